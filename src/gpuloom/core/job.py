@@ -1,0 +1,163 @@
+"""Jobs: what a user asked for (:class:`JobSpec`) and what happened to it (:class:`Job`).
+
+Units.  A job's *work* is measured in reference seconds: the time it would run at
+speed 1.0, i.e. with its requested GPUs on one node, GPU-proportional CPU and
+memory, median GPUs and nobody sharing them.  ``duration`` is that figure;
+when a trace gives iterations and a per-iteration time instead, ``duration =
+iterations * iter_time``.  The throughput model (:mod:`gpuloom.perf.model`)
+returns speeds relative to that reference, so a job at speed 0.5 needs twice
+its duration of wall time.
+
+``JobSpec`` is immutable input; ``Job`` is the mutable record the simulator and
+the runtime update (plain attributes, ``__slots__``, no I/O).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+
+class JobError(ValueError):
+    """A job that cannot be accepted; the message names the job and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """An immutable job request.
+
+    ``attrs`` carries what only some policies read (e.g. ``batch_size``, Muri's
+    per-resource stage times, PAL's application class); ``profile`` an optional
+    throughput profile object understood by the throughput model.
+    """
+
+    id: str
+    arrival: float
+    gpus: int
+    duration: float
+    model: str = ""
+    iterations: int | None = None
+    iter_time: float | None = None
+    user: str = ""
+    cpus: int | None = None
+    mem_mb: int | None = None
+    profile: Any = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise JobError("job id must not be empty")
+        if self.gpus < 1:
+            raise JobError(f"job {self.id}: gpus must be >= 1, got {self.gpus}")
+        if not math.isfinite(self.arrival) or self.arrival < 0:
+            raise JobError(f"job {self.id}: arrival must be a finite time >= 0, got {self.arrival}")
+        if not math.isfinite(self.duration) or self.duration <= 0:
+            raise JobError(f"job {self.id}: duration must be > 0, got {self.duration}")
+        if self.cpus is not None and self.cpus < 0:
+            raise JobError(f"job {self.id}: cpus must be >= 0")
+        if self.mem_mb is not None and self.mem_mb < 0:
+            raise JobError(f"job {self.id}: mem_mb must be >= 0")
+
+    @classmethod
+    def from_iterations(cls, id: str, arrival: float, gpus: int, iterations: int, iter_time: float, **kw: Any) -> JobSpec:
+        if iterations <= 0 or iter_time <= 0:
+            raise JobError(f"job {id}: iterations and iter_time must be > 0")
+        return cls(id, arrival, gpus, iterations * iter_time, iterations=iterations, iter_time=iter_time, **kw)
+
+
+class JobStatus(str, Enum):
+    PENDING = "pending"  # not yet arrived
+    WAITING = "waiting"  # arrived, holds no resources
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Job:
+    """Mutable state of one job during a run.
+
+    Progress is kept lazily: ``remaining`` is exact as of ``last_update``;
+    between updates the job progresses at ``speed`` once ``busy_until`` (end of
+    a launch/restart overhead) has passed.  Call :meth:`advance` before reading.
+    """
+
+    __slots__ = (
+        "spec", "index", "status", "remaining", "attained_gpu_time", "attained_time",
+        "alloc", "speed", "busy_until", "last_update", "first_start", "finish",
+        "preemptions", "migrations", "resizes", "version", "last_start", "queued_time",
+        "overhead_time", "extra",
+    )
+
+    def __init__(self, spec: JobSpec, index: int = 0) -> None:
+        self.spec = spec
+        self.index = index
+        self.status = JobStatus.PENDING
+        self.remaining = float(spec.duration)
+        self.attained_gpu_time = 0.0  # GPU-seconds held (LAS/2D-LAS service)
+        self.attained_time = 0.0  # wall seconds held
+        self.alloc: Any = None  # Allocation | None
+        self.speed = 0.0
+        self.busy_until = 0.0
+        self.last_update = spec.arrival
+        self.first_start: float | None = None
+        self.finish: float | None = None
+        self.preemptions = 0
+        self.migrations = 0
+        self.resizes = 0
+        self.version = 0
+        self.last_start: float | None = None
+        self.queued_time = 0.0
+        self.overhead_time = 0.0
+        self.extra: dict[str, Any] = {}
+
+    # convenient read-through properties
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.gpus
+
+    @property
+    def arrival(self) -> float:
+        return self.spec.arrival
+
+    @property
+    def running(self) -> bool:
+        return self.status is JobStatus.RUNNING
+
+    @property
+    def alloc_gpus(self) -> int:
+        return 0 if self.alloc is None else self.alloc.num_gpus
+
+    def advance(self, now: float) -> None:
+        """Bring ``remaining`` and the attained-service counters up to ``now``."""
+        dt = now - self.last_update
+        if dt <= 0:
+            return
+        if self.status is JobStatus.RUNNING:
+            held = self.alloc_gpus
+            self.attained_time += dt
+            self.attained_gpu_time += dt * held
+            start = self.last_update if self.last_update >= self.busy_until else self.busy_until
+            if now > start:
+                self.remaining -= (now - start) * self.speed
+                if self.remaining < 0.0:
+                    self.remaining = 0.0
+            self.overhead_time += min(dt, max(0.0, self.busy_until - self.last_update))
+        elif self.status is JobStatus.WAITING:
+            self.queued_time += dt
+        self.last_update = now
+
+    def predicted_finish(self, now: float) -> float:
+        """When the job would finish if nothing changed (``inf`` if not progressing)."""
+        if self.status is not JobStatus.RUNNING or self.speed <= 0:
+            return math.inf
+        return max(now, self.busy_until) + self.remaining / self.speed
+
+    def __repr__(self) -> str:
+        return f"Job({self.id}, {self.status.value}, gpus={self.gpus}, remaining={self.remaining:.1f})"

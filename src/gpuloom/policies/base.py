@@ -1,0 +1,353 @@
+"""The four pipeline stages, their registry, and the shared placement machinery.
+
+A round is ``order → group → size → place`` over a :class:`View`:
+
+* **order** (:class:`OrderPolicy`) sorts the active jobs, highest priority first;
+* **group** (:class:`GroupPolicy`) turns the ordered jobs into *units*: one job,
+  or several jobs that will share one set of GPUs (Muri);
+* **size** (:class:`SizePolicy`) says how much of each resource a unit gets,
+  as a :class:`Request` (GPUs; CPU cores and memory, ``None`` = GPU-proportional
+  on whichever node it lands);
+* **place** (:class:`PlacePolicy`) picks nodes and GPU ids and returns the
+  :class:`~gpuloom.core.plan.Plan`.
+
+Selection and placement (``PlacePolicy.place``) run in three phases, so that a
+placement quirk can never leave a multi-GPU job half placed:
+
+1. *select* – walk the requests in order, admitting each whose GPU count still
+   fits the cluster's total (skipping, i.e. backfilling, those that don't);
+   a non-preemptive order admits every running job first;
+2. *place* – sticky policies keep selected running jobs where they are; then
+   every other selected request gets a full gang from ``choose`` or nothing;
+3. *backfill* – requests left over, in order, take what is still free.
+
+Running jobs that end up without an allocation are preempted.  A new policy
+is one class with a ``name`` registered through :func:`register`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..core.cluster import Cluster
+from ..core.job import Job
+from ..core.plan import Allocation, Part, Plan
+from ..perf.model import ThroughputModel
+
+STAGES = ("order", "group", "size", "place")
+_REGISTRY: dict[str, dict[str, type]] = {s: {} for s in STAGES}
+
+
+class PolicyError(ValueError):
+    """Unknown policy name or bad policy parameter."""
+
+
+def register(stage: str, *names: str) -> Callable[[type], type]:
+    """Class decorator: make a policy findable by ``names`` in ``stage``."""
+    if stage not in _REGISTRY:
+        raise PolicyError(f"unknown stage {stage!r}")
+
+    def deco(cls: type) -> type:
+        for n in names:
+            _REGISTRY[stage][n] = cls
+        if not getattr(cls, "name", None):
+            cls.name = names[0]
+        return cls
+
+    return deco
+
+
+def names(stage: str) -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY[stage])
+
+
+def accepted_params(stage: str, name: str) -> set[str]:
+    cls = lookup(stage, name)
+    sig = inspect.signature(cls.__init__)
+    return {p for p in sig.parameters if p != "self"}
+
+
+def lookup(stage: str, name: str) -> type:
+    _load_builtin()
+    try:
+        return _REGISTRY[stage][name]
+    except KeyError:
+        raise PolicyError(
+            f"unknown {stage} policy {name!r}; choose from: {', '.join(sorted(_REGISTRY[stage]))}"
+        ) from None
+
+
+def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
+    """Instantiate a policy, passing only the parameters its constructor takes."""
+    cls = lookup(stage, name)
+    params = dict(params or {})
+    accepted = accepted_params(stage, name)
+    try:
+        obj = cls(**{k: v for k, v in params.items() if k in accepted})
+    except (TypeError, ValueError) as e:
+        raise PolicyError(f"{stage} policy {name!r}: {e}") from None
+    return obj
+
+
+def _load_builtin() -> None:
+    # importing the modules runs their @register decorators
+    from . import builtin  # noqa: F401
+
+
+# ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class View:
+    """What a policy sees in one round.  Policies must not mutate it."""
+
+    now: float
+    cluster: Cluster
+    jobs: list[Job]  # active jobs (arrived, unfinished), arrival order
+    current: Mapping[str, Allocation]  # what runs now
+    model: ThroughputModel
+    rng: np.random.Generator
+    round_index: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Request:
+    """How much a unit (one job, or a group sharing GPUs) should get.
+
+    ``cpus``/``mem_mb`` are totals over all the unit's nodes; ``None`` means the
+    GPU-proportional share of whichever node(s) it lands on.
+    """
+
+    jobs: tuple[Job, ...]
+    gpus: int
+    cpus: int | None = None
+    mem_mb: int | None = None
+
+    @property
+    def job(self) -> Job:
+        return self.jobs[0]
+
+    @property
+    def running(self) -> bool:
+        return any(j.alloc is not None for j in self.jobs)
+
+    @property
+    def prev(self) -> Allocation | None:
+        return self.jobs[0].alloc
+
+
+class OrderPolicy:
+    """Sort active jobs, highest priority first.
+
+    ``dynamic`` is False when the order can only change on arrivals and
+    completions (FIFO, SJF); the simulator then skips rounds in which nothing
+    happened.
+    """
+
+    name: ClassVar[str] = ""
+    dynamic: ClassVar[bool] = True
+
+    def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
+        raise NotImplementedError
+
+
+class GroupPolicy:
+    name: ClassVar[str] = ""
+    dynamic: ClassVar[bool] = False
+
+    def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
+        raise NotImplementedError
+
+
+class SizePolicy:
+    name: ClassVar[str] = ""
+    dynamic: ClassVar[bool] = False
+
+    def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
+        raise NotImplementedError
+
+    def allocate(self, requests: list[Request], view: View, place: PlacePolicy, preemptive: bool) -> Plan:
+        """Turn requests into a plan; sizers that must negotiate with placement override this."""
+        return place.place(requests, view, preemptive)
+
+
+# ---------------------------------------------------------------------------
+class FreeState:
+    """Free GPUs, cores and memory while a plan is being built (numpy arrays)."""
+
+    __slots__ = ("cluster", "gpu_free", "node_gpus", "node_cpus", "node_mem")
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.gpu_free = np.ones(cluster.num_gpus, dtype=bool)
+        self.node_gpus = np.array([n.gpus for n in cluster.nodes], dtype=np.int64)
+        self.node_cpus = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
+        self.node_mem = np.array([n.mem_mb for n in cluster.nodes], dtype=np.int64)
+
+    @property
+    def free_gpus(self) -> int:
+        return int(self.node_gpus.sum())
+
+    def free_on(self, node: int) -> list[int]:
+        lo, hi = self.cluster.gpu_offset[node], self.cluster.gpu_offset[node + 1]
+        return (np.flatnonzero(self.gpu_free[lo:hi]) + lo).tolist()
+
+    def fits(self, parts: Sequence[Part], members: int = 1) -> bool:
+        for p in parts:
+            if p.cpus * members > self.node_cpus[p.node] or p.mem_mb * members > self.node_mem[p.node]:
+                return False
+            if not self.gpu_free[list(p.gpus)].all():
+                return False
+        return True
+
+    def take(self, parts: Sequence[Part], members: int = 1) -> None:
+        for p in parts:
+            idx = list(p.gpus)
+            if not self.gpu_free[idx].all():
+                raise AssertionError(f"GPU in {p.gpus} is not free")
+            self.gpu_free[idx] = False
+            self.node_gpus[p.node] -= len(idx)
+            self.node_cpus[p.node] -= p.cpus * members
+            self.node_mem[p.node] -= p.mem_mb * members
+
+    def release(self, parts: Sequence[Part], members: int = 1) -> None:
+        for p in parts:
+            idx = list(p.gpus)
+            self.gpu_free[idx] = True
+            self.node_gpus[p.node] += len(idx)
+            self.node_cpus[p.node] += p.cpus * members
+            self.node_mem[p.node] += p.mem_mb * members
+
+
+def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[int]]) -> tuple[Part, ...]:
+    """Build parts for ``req`` from GPU ids grouped by node, sharing CPU/memory by GPU count.
+
+    Totals are split in proportion to the GPUs on each node (integer cores,
+    remainders to the first parts); ``None`` takes each node's proportional share.
+    """
+    parts = []
+    nodes = sorted(by_node)
+    total = req.gpus
+    cpu_left = req.cpus
+    mem_left = req.mem_mb
+    for i, node in enumerate(nodes):
+        gids = tuple(sorted(by_node[node]))
+        k = len(gids)
+        pc, pm = cluster.proportional(node, k)
+        if req.cpus is not None:
+            pc = req.cpus * k // total
+        if req.mem_mb is not None:
+            pm = req.mem_mb * k // total
+        parts.append([node, gids, pc, pm])
+        if cpu_left is not None:
+            cpu_left -= pc
+        if mem_left is not None:
+            mem_left -= pm
+    if parts:
+        if cpu_left:
+            parts[0][2] += cpu_left
+        if mem_left:
+            parts[0][3] += mem_left
+    return tuple(Part(n, g, c, m) for n, g, c, m in parts)
+
+
+def need_on(cluster: Cluster, req: Request, node: int, k: int) -> tuple[int, int]:
+    """CPU and memory ``req`` needs on ``node`` for ``k`` of its GPUs (upper bound)."""
+    pc, pm = cluster.proportional(node, k)
+    if req.cpus is not None:
+        pc = -(-req.cpus * k // req.gpus)
+    if req.mem_mb is not None:
+        pm = -(-req.mem_mb * k // req.gpus)
+    m = len(req.jobs)
+    return pc * m, pm * m
+
+
+class PlacePolicy:
+    """Base placement: the three-phase loop; subclasses implement :meth:`choose`."""
+
+    name: ClassVar[str] = ""
+    sticky: ClassVar[bool] = True
+    dynamic: ClassVar[bool] = False
+
+    def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+        raise NotImplementedError
+
+    # -- helpers shared by subclasses ---------------------------------------
+    def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
+        ids = tuple(j.id for j in req.jobs)
+        return [Allocation(jid, parts, tuple(x for x in ids if x != jid)) for jid in ids]
+
+    def keep_parts(self, req: Request, free: FreeState) -> tuple[Part, ...] | None:
+        """The request's previous GPUs with its new CPU/memory, if all still free."""
+        prev = req.prev
+        if prev is None or prev.num_gpus != req.gpus:
+            return None
+        by_node = {p.node: p.gpus for p in prev.parts}
+        parts = split_parts(free.cluster, req, by_node)
+        return parts if free.fits(parts, len(req.jobs)) else None
+
+    def _commit(self, plan: Plan, req: Request, parts: tuple[Part, ...], free: FreeState) -> None:
+        free.take(parts, len(req.jobs))
+        for a in self._allocs(req, parts):
+            plan.add(a)
+
+    def place(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> Plan:
+        plan = Plan()
+        free = FreeState(view.cluster)
+        n = len(requests)
+        # phase 1: select by GPU count
+        order = list(range(n))
+        if not preemptive:
+            order = [i for i in order if requests[i].running] + [i for i in order if not requests[i].running]
+        cap = free.free_gpus
+        selected = [False] * n
+        for i in order:
+            if cap <= 0:
+                break
+            g = requests[i].gpus
+            if g <= cap:
+                selected[i] = True
+                cap -= g
+        done = [False] * n
+        # phase 2a: sticky keeps selected running requests in place
+        if self.sticky:
+            for i in order:
+                if selected[i] and requests[i].running:
+                    parts = self.keep_parts(requests[i], free)
+                    if parts is not None:
+                        self._commit(plan, requests[i], parts, free)
+                        done[i] = True
+        # phase 2b: place the rest of the selection in order
+        for i in order:
+            if selected[i] and not done[i]:
+                req = requests[i]
+                parts = self.keep_parts(req, free) if self.sticky else None
+                if parts is None:
+                    parts = self.choose(req, free, view)
+                if parts is not None:
+                    self._commit(plan, req, parts, free)
+                    done[i] = True
+        # phase 3: backfill leftovers in order
+        for i in order:
+            if free.free_gpus <= 0:
+                break
+            if not done[i] and requests[i].gpus <= free.free_gpus:
+                req = requests[i]
+                parts = self.keep_parts(req, free) if self.sticky else None
+                if parts is None:
+                    parts = self.choose(req, free, view)
+                if parts is not None:
+                    self._commit(plan, req, parts, free)
+                    done[i] = True
+        return plan
+
+
+def place_request(policy: PlacePolicy, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+    """One request through a policy's stickiness and ``choose`` (used by sizers that place job by job)."""
+    parts = policy.keep_parts(req, free) if policy.sticky else None
+    return parts if parts is not None else policy.choose(req, free, view)

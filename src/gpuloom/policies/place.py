@@ -1,0 +1,98 @@
+"""Baseline placement policies: packed or random, sticky or not.
+
+=====================  ==========================================================
+packed-sticky          Tiresias: consolidate (best-fit single node, else fewest
+                       nodes); running jobs keep their GPUs, resumed jobs go back
+                       to their old GPUs when free
+packed-non-sticky      Gandiva: consolidate, re-placing every job each round
+                       (running jobs may migrate, paying the restart overhead)
+random-sticky          uniformly random free GPUs; running jobs stay put
+random-non-sticky      uniformly random free GPUs, drawn again every round
+=====================  ==========================================================
+
+Spanning nodes is allowed for every policy; the throughput model charges the
+locality penalty.  All selection and gang logic lives in
+:class:`~gpuloom.policies.base.PlacePolicy`; these classes only pick GPUs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.plan import Part
+from .base import FreeState, PlacePolicy, Request, View, need_on, register, split_parts
+
+
+def packed_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+    """Best fit on one node (fewest free GPUs that fit), else the fewest nodes."""
+    cl = free.cluster
+    k = req.gpus
+    ng = free.node_gpus
+    cand = np.flatnonzero(ng >= k)
+    if cand.size:
+        for node in cand[np.argsort(ng[cand], kind="stable")].tolist():
+            c, m = need_on(cl, req, node, k)
+            if free.node_cpus[node] >= c and free.node_mem[node] >= m:
+                parts = split_parts(cl, req, {node: free.free_on(node)[:k]})
+                if free.fits(parts, len(req.jobs)):
+                    return parts
+    if free.free_gpus < k:
+        return None
+    by_node: dict[int, list[int]] = {}
+    left = k
+    for node in np.argsort(-ng, kind="stable").tolist():
+        if left == 0 or ng[node] == 0:
+            break
+        take = min(left, int(ng[node]))
+        while take > 0:
+            c, m = need_on(cl, req, node, take)
+            if free.node_cpus[node] >= c and free.node_mem[node] >= m:
+                break
+            take -= 1
+        if take:
+            by_node[node] = free.free_on(node)[:take]
+            left -= take
+    if left:
+        return None
+    parts = split_parts(cl, req, by_node)
+    return parts if free.fits(parts, len(req.jobs)) else None
+
+
+def random_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+    """``k`` GPUs drawn uniformly from all free GPUs (may span nodes)."""
+    ids = np.flatnonzero(free.gpu_free)
+    if ids.size < req.gpus:
+        return None
+    pick = np.sort(view.rng.choice(ids, size=req.gpus, replace=False))
+    by_node: dict[int, list[int]] = {}
+    for g in pick.tolist():
+        by_node.setdefault(int(free.cluster.gpu_node[g]), []).append(g)
+    parts = split_parts(free.cluster, req, by_node)
+    return parts if free.fits(parts, len(req.jobs)) else None
+
+
+@register("place", "packed-sticky", "tiresias")
+class PackedSticky(PlacePolicy):
+    sticky = True
+
+    def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+        return packed_choice(req, free, view)
+
+
+@register("place", "packed-non-sticky", "gandiva")
+class PackedNonSticky(PackedSticky):
+    sticky = False
+
+
+@register("place", "random-sticky")
+class RandomSticky(PlacePolicy):
+    sticky = True
+
+    def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+        return random_choice(req, free, view)
+
+
+@register("place", "random-non-sticky")
+class RandomNonSticky(RandomSticky):
+    sticky = False
+    dynamic = True

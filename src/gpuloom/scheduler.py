@@ -1,0 +1,120 @@
+"""One scheduling round: order → group → size → place, then plan hooks.
+
+The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
+and the real service (:mod:`gpuloom.runtime`): both build a
+:class:`~gpuloom.policies.base.View` and receive a :class:`~gpuloom.core.plan.Plan`.
+
+Speed: when the sizer keeps every job at its requested GPU count
+(``fixed_gpus``) and there is no grouping, only the prefix of the ordered
+queue whose GPU demand can fill the cluster (counted as in phase 1 of
+placement) is sized and placed.  If that plan leaves GPUs free while jobs past
+the prefix wait, the round is redone on the whole queue, so the result is the
+same as without the shortcut.
+
+*Plan hooks* run after placement and may amend the plan against the current
+state (e.g. hysteresis: keep protected jobs where they are); each is a
+callable ``hook(plan, view) -> Plan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .core.job import Job
+from .core.plan import Plan
+from .policies import base as pb
+
+PlanHook = Callable[[Plan, pb.View], Plan]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        order: pb.OrderPolicy,
+        group: pb.GroupPolicy,
+        size: pb.SizePolicy,
+        place: pb.PlacePolicy,
+        preemptive: bool = True,
+        hooks: Sequence[PlanHook] = (),
+    ) -> None:
+        self.order = order
+        self.group = group
+        self.size = size
+        self.place = place
+        self.preemptive = preemptive
+        self.hooks = list(hooks)
+        self.last_requests: list[pb.Request] = []
+
+    @classmethod
+    def from_names(
+        cls,
+        order: str = "fifo",
+        group: str = "none",
+        size: str = "proportional",
+        place: str = "packed-sticky",
+        preemptive: bool = True,
+        params: Mapping[str, Any] | None = None,
+    ) -> Scheduler:
+        """Build from registry names; ``params`` go to whichever stage accepts them.
+
+        A parameter that no stage accepts is an error naming it.
+        """
+        params = dict(params or {})
+        chosen = {"order": order, "group": group, "size": size, "place": place}
+        accepted: set[str] = set()
+        for stage, name in chosen.items():
+            accepted |= pb.accepted_params(stage, name)
+        unknown = sorted(set(params) - accepted)
+        if unknown:
+            raise pb.PolicyError(
+                f"parameter(s) {', '.join(unknown)} not accepted by "
+                + ", ".join(f"{s}={n}" for s, n in chosen.items())
+            )
+        stages = {s: pb.make(s, n, params) for s, n in chosen.items()}
+        return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive)
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {"order": self.order.name, "group": self.group.name, "size": self.size.name, "place": self.place.name}
+
+    @property
+    def dynamic(self) -> bool:
+        """True if a round can change the plan although no job arrived or finished."""
+        return bool(
+            self.order.dynamic or self.group.dynamic or self.size.dynamic or self.place.dynamic or self.hooks
+        )
+
+    def _prefix(self, ordered: list[Job], capacity: int) -> list[Job]:
+        if not self.preemptive:
+            return ordered
+        cap = capacity
+        for i, j in enumerate(ordered):
+            g = j.spec.gpus
+            if g <= cap:
+                cap -= g
+                if cap <= 0:
+                    return ordered[: i + 1]
+        return ordered
+
+    def _run(self, ordered: list[Job], view: pb.View) -> Plan:
+        units = self.group.group(ordered, view)
+        requests = self.size.size(units, view)
+        self.last_requests = requests
+        return self.size.allocate(requests, view, self.place, self.preemptive)
+
+    def schedule(self, view: pb.View) -> Plan:
+        ordered = self.order.order(view.jobs, view)
+        shortcut = getattr(self.size, "fixed_gpus", False) and self.group.name == "none"
+        if shortcut:
+            prefix = self._prefix(ordered, view.cluster.num_gpus)
+            plan = self._run(prefix, view)
+            if len(prefix) < len(ordered):
+                used = sum(a.num_gpus for a in plan.allocations.values())
+                if used < view.cluster.num_gpus:
+                    plan = self._run(ordered, view)
+        else:
+            plan = self._run(ordered, view)
+        for hook in self.hooks:
+            plan = hook(plan, view)
+        return plan
