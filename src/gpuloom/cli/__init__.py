@@ -1,0 +1,21 @@
+"""The ``gpuloom`` command.  Each topic adds its commands in its own module,
+imported at the bottom of this file (one line per module)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="gpuloom",
+    help="A scheduler for shared GPU clusters: trace-driven simulator and real scheduler service.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def main() -> None:
+    app()
+
+
+from . import sim  # noqa: E402,F401  (registers simulate, compare)
