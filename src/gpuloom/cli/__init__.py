@@ -18,4 +18,5 @@ def main() -> None:
     app()
 
 
-from . import sim  # noqa: E402,F401  (registers simulate, compare)
+from . import sim  # noqa: E402,F401,I001  (registers simulate, compare)
+from . import service  # noqa: E402,F401  (registers serve, submit, queue, cancel, nodes, logs, token)

@@ -24,7 +24,8 @@ ClusterOpt = Annotated[str, typer.Option("--cluster", "-C", help="NODESxGPUS (e.
 
 
 def load_workload(trace: Path | None, fmt: str, generate: int | None, rate: float, seed: int, limit: int | None):  # noqa: ANN201
-    from ..sim.generator import builtin_workload, generate as gen
+    from ..sim.generator import builtin_workload
+    from ..sim.generator import generate as gen
 
     if trace is not None:
         from ..sim.traces import load_trace

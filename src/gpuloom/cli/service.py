@@ -1,0 +1,335 @@
+"""The service face of the CLI: ``gpuloom serve`` and Slurm-like clients.
+
+=====================  ==========  ============================================
+gpuloom                Slurm       what
+=====================  ==========  ============================================
+``serve``              slurmctld   run the scheduler service (API + loop)
+``submit job.yaml``    sbatch      submit a YAML/JSON job spec
+``queue``              squeue      active jobs (``--all`` for finished too)
+``cancel ID...``       scancel     cancel jobs (owner or admin)
+``nodes``              sinfo       nodes with used/total GPUs, cores, memory
+``logs ID``            (log file)  the job's stdout and stderr
+``token create USER``  (sacctmgr)  a token for a user (admin)
+=====================  ==========  ============================================
+
+Clients find the server and token from ``--url``/``--token``, else
+``GPULOOM_URL``/``GPULOOM_TOKEN``, else the state directory
+(``--state-dir``, ``GPULOOM_STATE_DIR``, default ``~/.gpuloom``) where
+``serve`` writes ``server.json`` and ``admin.token``.  Every command takes
+``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from . import app
+from .common import console, err_console, parse_params, user_errors
+
+token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+DEFAULT_PORT = 8642
+
+StateDirOpt = Annotated[
+    Path | None, typer.Option("--state-dir", envvar="GPULOOM_STATE_DIR", help="State directory (default ~/.gpuloom).")
+]
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="GPULOOM_URL", help="Server URL.")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="GPULOOM_TOKEN", help="API token.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def state_dir_path(p: Path | None) -> Path:
+    return p if p is not None else Path.home() / ".gpuloom"
+
+
+# ---------------------------------------------------------------------------------------------
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
+    db: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default sqlite file in the state dir).")] = None,
+    state_dir: StateDirOpt = None,
+    gpus: Annotated[int | None, typer.Option(help="Declared inventory: one node with N GPUs (this machine).")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-C", help="Declared inventory: NODESxGPUS or a cluster file.")] = None,
+    cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for a declared inventory.")] = None,
+    mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node (GB) for a declared inventory.")] = None,
+    order: Annotated[str, typer.Option(help="Order policy (same names as simulate).")] = "fifo",
+    group: Annotated[str, typer.Option(help="Group policy.")] = "none",
+    size: Annotated[str, typer.Option(help="Size policy.")] = "proportional",
+    place: Annotated[str, typer.Option(help="Place policy.")] = "packed-sticky",
+    non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
+    param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter name=value.")] = None,
+    round_s: Annotated[float, typer.Option("--round", help="Seconds between scheduling rounds.")] = 5.0,
+    grace: Annotated[float, typer.Option(help="Seconds a stopped job gets to checkpoint before SIGKILL.")] = 10.0,
+    seed: Annotated[int, typer.Option(help="Seed for random placement.")] = 0,
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Run the scheduler service: HTTP API + scheduling loop + executor."""
+    import socket
+
+    import uvicorn
+
+    from ..runtime.api import create_app, ensure_admin_token
+    from ..runtime.store import Store
+    from ..scheduler import Scheduler
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sd = state_dir_path(state_dir)
+    sd.mkdir(parents=True, exist_ok=True)
+    with user_errors():
+        inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
+        sched = Scheduler.from_names(order, group, size, place, not non_preemptive, parse_params(param))
+    if not round_s > 0:
+        raise typer.BadParameter(f"--round must be > 0, got {round_s}")
+    url = db or f"sqlite:///{sd / 'gpuloom.db'}"
+    store = Store(url)
+    token = ensure_admin_token(store, sd)
+    del token
+    executor = _executor(sd)
+    from ..runtime.service import Service
+
+    svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, seed=seed)
+    svc.start()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    server_url = f"http://{'[' + host + ']' if ':' in host else host}:{bound}"
+    (sd / "server.json").write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
+    logging.getLogger("gpuloom.service").info(
+        "serving %s on %s (%d nodes, %d GPUs; %s; store %s)",
+        "gpuloom", server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
+    )
+    config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        svc.shutdown()
+
+
+def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: float | None):  # noqa: ANN202
+    from ..core.cluster import Cluster, ClusterError, Node, parse_cluster
+
+    if gpus is not None and cluster is not None:
+        raise ClusterError("give --gpus or --cluster, not both")
+    if cluster is not None:
+        return parse_cluster(cluster, cpus, mem_gb)
+    if gpus is None:
+        try:
+            from ..runtime import discovery  # type: ignore[attr-defined]
+
+            return discovery.discover()  # type: ignore[attr-defined]
+        except (ImportError, AttributeError):
+            raise ClusterError("no GPU discovery here: declare an inventory with --gpus N or --cluster 2x4") from None
+    if gpus < 1:
+        raise ClusterError(f"--gpus must be >= 1, got {gpus}")
+    import psutil
+
+    ncpu = cpus if cpus is not None else (os.cpu_count() or 1)
+    mem = int(mem_gb * 1000) if mem_gb is not None else psutil.virtual_memory().total // (1024 * 1024)
+    return Cluster((Node("local", gpus, ncpu, mem),))
+
+
+def _executor(state_dir: Path):  # noqa: ANN202
+    """The local executor when available, else the minimal process executor."""
+    try:
+        from ..runtime.local import LocalExecutor  # type: ignore[import-not-found]
+
+        return LocalExecutor()
+    except ImportError:
+        from ..runtime.process import ProcessExecutor
+
+        return ProcessExecutor(state_dir / "run")
+
+
+# -- client ------------------------------------------------------------------------------------
+class Client:
+    def __init__(self, url: str | None, token: str | None, state_dir: Path | None) -> None:
+        import httpx
+
+        sd = state_dir_path(state_dir)
+        if url is None:
+            f = sd / "server.json"
+            url = json.loads(f.read_text())["url"] if f.exists() else f"http://127.0.0.1:{DEFAULT_PORT}"
+        if token is None:
+            f = sd / "admin.token"
+            if f.exists():
+                token = f.read_text().strip()
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        import httpx
+
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            err_console.print(f"[bold red]error:[/] cannot reach {self.url}: {e}", highlight=False)
+            raise typer.Exit(1) from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail")
+            except ValueError:
+                detail = r.text
+            if isinstance(detail, list):
+                msgs = [f"{'.'.join(str(x) for x in d.get('loc', [])[1:]) or 'request'}: {d.get('msg')}" for d in detail]
+                detail = "; ".join(msgs)
+            err_console.print(f"[bold red]error ({r.status_code}):[/] {detail}", highlight=False)
+            raise typer.Exit(2 if r.status_code in (400, 409, 422) else 1)
+        ctype = r.headers.get("content-type", "")
+        return r.json() if ctype.startswith("application/json") else r.text
+
+
+def load_job_file(path: Path) -> dict[str, Any]:
+    """A job spec from YAML or JSON; errors name the file."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise typer.BadParameter(f"{path}: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise typer.BadParameter(f"{path}: {e}") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path}: expected a mapping of job fields (name, command, gpus, ...)")
+    return data
+
+
+def _elapsed(job: dict[str, Any]) -> str:
+    if job.get("last_start") is None:
+        return "0:00"
+    end = job.get("end_time") or time.time()
+    s = int(job.get("held_time") or 0) if job["state"] != "RUNNING" else int(
+        (job.get("held_time") or 0) + end - job["last_start"]
+    )
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+@app.command()
+def submit(
+    spec: Annotated[Path, typer.Argument(help="Job spec file (YAML or JSON).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job (like sbatch)."""
+    body = load_job_file(spec)
+    job = Client(url, token, state_dir).call("POST", "/jobs", json=body)
+    if as_json:
+        console.print_json(json.dumps(job))
+    else:
+        console.print(f"Submitted job {job['id']}", highlight=False)
+
+
+@app.command()
+def queue(
+    all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished, failed and cancelled jobs.")] = False,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List jobs (like squeue)."""
+    params: dict[str, Any] = {}
+    if not all_jobs:
+        params["state"] = ["QUEUED", "RUNNING"]
+    if user:
+        params["user"] = user
+    jobs = Client(url, token, state_dir).call("GET", "/jobs", params=params)
+    if as_json:
+        console.print_json(json.dumps(jobs))
+        return
+    t = Table("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "NODES", "REASON", box=None)
+    for j in jobs:
+        t.add_row(str(j["id"]), j["name"], j["user"], j["state"], str(j["gpus"]), _elapsed(j),
+                  ",".join(j["nodes"]) or "-", j.get("reason") or "")
+    console.print(t)
+
+
+@app.command()
+def cancel(
+    job_ids: Annotated[list[int], typer.Argument(help="Job id(s).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel jobs (like scancel): your own, or any with the admin token."""
+    c = Client(url, token, state_dir)
+    out = [c.call("DELETE", f"/jobs/{i}") for i in job_ids]
+    if as_json:
+        console.print_json(json.dumps(out))
+    else:
+        for j in out:
+            console.print(f"job {j['id']}: {j['state']}{' (stopping)' if j['state'] == 'RUNNING' else ''}", highlight=False)
+
+
+@app.command()
+def nodes(
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Nodes and their use (like sinfo)."""
+    ns = Client(url, token, state_dir).call("GET", "/nodes")
+    if as_json:
+        console.print_json(json.dumps(ns))
+        return
+    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY (MB)", "TYPE", "JOBS", box=None)
+    for n in ns:
+        t.add_row(n["name"], n["state"], f"{n['gpus_used']}/{n['gpus']}", f"{n['cpus_used']}/{n['cpus']}",
+                  f"{n['mem_mb_used']}/{n['mem_mb']}", n["gpu_type"], ",".join(n["jobs"]) or "-")
+    console.print(t)
+
+
+@app.command()
+def logs(
+    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    tail: Annotated[int | None, typer.Option(help="Only the last N bytes.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a job's stdout and stderr."""
+    params = {"tail": tail} if tail else {}
+    text = Client(url, token, state_dir).call("GET", f"/jobs/{job_id}/logs", params=params)
+    if as_json:
+        console.print_json(json.dumps({"id": job_id, "log": text}))
+    else:
+        typer.echo(text, nl=False)
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Argument(help="User name the token acts as.")],
+    admin: Annotated[bool, typer.Option("--admin", help="Give the token admin rights.")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a token for USER (needs the admin token)."""
+    out = Client(url, token, state_dir).call("POST", "/tokens", json={"user": user, "admin": admin})
+    if as_json:
+        console.print_json(json.dumps(out))
+    else:
+        typer.echo(out["token"])

@@ -1,0 +1,763 @@
+"""The scheduler service core: store-backed jobs, the scheduling loop, plan → executor.
+
+The service is the simulator's twin.  Each round it builds a
+:class:`~gpuloom.policies.base.View` from its jobs (plain
+:class:`~gpuloom.core.job.Job` objects mirrored from the store) and the current
+allocations, asks the very same :class:`~gpuloom.scheduler.Scheduler` (built by
+``Scheduler.from_names`` from the names ``simulate`` takes) for a plan, checks
+it with :func:`~gpuloom.core.plan.check_plan`, and carries out
+``diff(current, plan)`` through an injected :class:`~.executor.Executor`:
+
+* ``start``  → one :meth:`Executor.launch` per part of the allocation (a part is
+  one node; a job spanning nodes gets one process per node, executor ids
+  ``ID.RANK``), with node-local GPU ids (``Cluster.local_index``), concrete
+  cores from a :class:`~.executor.CoreAllocator`, the part's memory limit and
+  ``GPULOOM_JOB_ID``, ``GPULOOM_CHECKPOINT_DIR`` and, when the job ran before,
+  ``GPULOOM_RESUME=1`` in its environment;
+* ``stop``   → :meth:`Executor.stop` with the grace period (SIGTERM, the job
+  checkpoints, SIGKILL after the grace), the job goes back to the queue;
+* ``move``/``resize`` → stop, then launch on the new allocation with resume;
+* ``regroup`` → only the record changes.
+
+Nothing here assumes one machine: every launch names its node.
+
+Design decisions:
+
+* **The store is the truth.**  API calls write to the store (committed) before
+  they answer; the loop picks new jobs up by id and keeps an in-memory mirror
+  for the scheduler.  Every state change the loop makes is committed before
+  the next action.  After a restart :meth:`Service.recover` rebuilds the
+  mirror from the store and re-attaches to processes that are still alive
+  (``Executor.adopt`` with pid + process start time); a job whose processes
+  died is requeued and resumes from its checkpoint.
+* **Rounds on a timer and on events.**  The loop wakes every ``tick`` (at most
+  0.1 s) to poll the executor; a round runs when ``round_s`` has elapsed or
+  something happened (submission, cancel, completion).
+* **Time.**  Job arrival times are seconds since the service's *epoch* (stored
+  in ``meta``, so it survives restarts).  A job's work estimate (``duration``)
+  is its time limit, or ``default_duration`` without one; SJF-like orders use
+  it, LAS-like orders use the wall seconds it has held GPUs (persisted).
+* **Job states** are the minimal set below (to be replaced by the lifecycle
+  state machine): ``QUEUED`` (holds nothing), ``RUNNING``, and the final
+  ``FINISHED`` / ``FAILED`` / ``CANCELLED``.
+* **Exits.**  A process that exits while the service did not stop it ends the
+  job: code 0 → ``FINISHED``, otherwise ``FAILED`` with the code.  A process
+  the service stopped (preemption, move, resize) is requeued whatever its
+  exit code: the job checkpoints on SIGTERM and resumes later.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.cluster import Cluster
+from ..core.job import Job, JobSpec, JobStatus
+from ..core.plan import Action, ActionKind, Allocation, Part, Plan, PlanError, check_plan, diff
+from ..perf.model import ThroughputModel
+from ..policies.base import View
+from ..scheduler import Scheduler
+from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
+from .store import JobRow, Store
+
+log = logging.getLogger("gpuloom.service")
+
+DEFAULT_DURATION = 3600.0  # work estimate (s) for jobs without a time limit
+
+
+class State(StrEnum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+ACTIVE_STATES = (State.QUEUED.value, State.RUNNING.value)
+FINAL_STATES = (State.FINISHED.value, State.FAILED.value, State.CANCELLED.value)
+
+
+class SubmitError(ValueError):
+    """A job the service refuses; ``field`` names the offending field when there is one."""
+
+    def __init__(self, msg: str, field: str | None = None) -> None:
+        super().__init__(msg)
+        self.field = field
+
+
+class PermissionDenied(PermissionError):
+    pass
+
+
+class NotFound(KeyError):
+    pass
+
+
+@dataclass(slots=True)
+class Running:
+    """What the loop knows about a launched job."""
+
+    procs: dict[str, ProcInfo]  # executor id -> process
+    exited: dict[str, int]  # executor id -> exit code, for parts already gone
+    cores: dict[str, tuple[int, ...]]  # node name -> core ids
+    start: float  # wall time (time.time) of this launch
+
+
+def alloc_to_json(alloc: Allocation, cluster: Cluster, cores: Mapping[str, Sequence[int]] | None = None) -> dict:
+    parts = []
+    for p in alloc.parts:
+        name = cluster.nodes[p.node].name
+        parts.append(
+            {
+                "node": name,
+                "gpus": list(p.gpus),
+                "local_gpus": [cluster.local_index(g) for g in p.gpus],
+                "cpus": p.cpus,
+                "mem_mb": p.mem_mb,
+                "cores": list((cores or {}).get(name, ())),
+            }
+        )
+    return {"parts": parts, "group": list(alloc.group)}
+
+
+def alloc_from_json(job_id: str, d: Mapping[str, Any], cluster: Cluster) -> Allocation:
+    """Inverse of :func:`alloc_to_json`; ``KeyError``/``ValueError`` if the cluster no longer matches."""
+    parts = []
+    for p in d["parts"]:
+        node = cluster.node_index(p["node"])
+        gpus = tuple(int(g) for g in p["gpus"])
+        for g in gpus:
+            if g not in cluster.node_gpus(node):
+                raise ValueError(f"GPU {g} is not on node {p['node']}")
+        parts.append(Part(node, gpus, int(p["cpus"]), int(p["mem_mb"])))
+    return Allocation(job_id, tuple(parts), tuple(d.get("group", ())))
+
+
+def refuse_reason(cluster: Cluster, gpus: int, cpus: int | None, mem_mb: int | None) -> tuple[str, str] | None:
+    """Why a job can never run on ``cluster`` (field, message), or None if it can."""
+    if gpus > cluster.num_gpus:
+        return "gpus", f"needs {gpus} GPUs, the cluster has {cluster.num_gpus}"
+    if cpus is not None and cpus > cluster.total_cpus:
+        return "cpus", f"needs {cpus} CPU cores, the cluster has {cluster.total_cpus}"
+    if mem_mb is not None and mem_mb > cluster.total_mem_mb:
+        return "mem", f"needs {mem_mb} MB of memory, the cluster has {cluster.total_mem_mb}"
+    if gpus <= cluster.max_node_gpus:
+        # fits on one node by GPUs: some node must also hold its CPU and memory
+        ok = any(
+            n.gpus >= gpus and (cpus is None or cpus <= n.cpus) and (mem_mb is None or mem_mb <= n.mem_mb)
+            for n in cluster.nodes
+        )
+        if not ok and gpus <= min(n.gpus for n in cluster.nodes if n.gpus > 0):
+            what = "cpus" if cpus is not None and all(cpus > n.cpus for n in cluster.nodes) else "mem"
+            return what, (
+                f"{gpus} GPUs with {cpus if cpus is not None else 'proportional'} cores and "
+                f"{mem_mb if mem_mb is not None else 'proportional'} MB fit on no node"
+            )
+    return None
+
+
+class Service:
+    """Runs scheduling rounds over the store's jobs and drives the executor."""
+
+    def __init__(
+        self,
+        store: Store,
+        cluster: Cluster,
+        executor: Executor,
+        scheduler: Scheduler,
+        state_dir: str | Path,
+        round_s: float = 5.0,
+        grace_s: float = 10.0,
+        default_duration: float = DEFAULT_DURATION,
+        model: ThroughputModel | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not round_s > 0:
+            raise ValueError(f"round length must be > 0, got {round_s}")
+        self.store = store
+        self.cluster = cluster
+        self.executor = executor
+        self.scheduler = scheduler
+        self.state_dir = Path(state_dir)
+        self.log_dir = self.state_dir / "logs"
+        self.ckpt_dir = self.state_dir / "checkpoints"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.round_s = float(round_s)
+        self.grace_s = float(grace_s)
+        self.default_duration = float(default_duration)
+        self.model = model or ThroughputModel.default(cluster)
+        self.rng = np.random.default_rng(seed)
+        self.epoch = float(store.set_meta_default("epoch", repr(time.time())))
+        self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
+        self.jobs: dict[int, Job] = {}  # active jobs, submission order
+        self.rows: dict[int, JobRow] = {}
+        self.current: dict[str, Allocation] = {}
+        self.running: dict[int, Running] = {}
+        self.exec_owner: dict[str, int] = {}  # executor id -> job id
+        self.last_id = 0
+        self.rounds = 0
+        self.lock = threading.RLock()  # in-memory state: loop vs API readers
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._cancels: set[int] = set()
+        self._cancel_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpuloom-stop")
+        self.last_round_s = 0.0
+
+    # -- clock ------------------------------------------------------------------
+    def now(self) -> float:
+        """Service time: seconds since the epoch stored in the database."""
+        return time.time() - self.epoch
+
+    # -- API side (any thread) -------------------------------------------------------
+    def validate(self, spec: Mapping[str, Any]) -> None:
+        reason = refuse_reason(self.cluster, int(spec["gpus"]), spec.get("cpus"), spec.get("mem_mb"))
+        if reason is not None:
+            raise SubmitError(f"job can never run on this cluster: {reason[1]}", reason[0])
+
+    def submit(self, spec: Mapping[str, Any], user: str) -> int:
+        """Store a validated spec (committed) and wake the loop; return the job id."""
+        self.validate(spec)
+        jid = self.store.add_job(spec, user, State.QUEUED.value)
+        self._wake.set()
+        return jid
+
+    def cancel(self, job_id: int, user: str, admin: bool) -> JobRow:
+        row = self.store.get_job(job_id)
+        if row is None:
+            raise NotFound(job_id)
+        if not admin and row.user != user:
+            raise PermissionDenied(f"job {job_id} belongs to {row.user}; only its owner or an admin may cancel it")
+        if row.state in FINAL_STATES:
+            return row
+        # queued: cancelled at once (compare-and-set against a concurrent launch)
+        done = self.store.update_job(
+            job_id,
+            {"state": State.CANCELLED.value, "cancel_requested": True, "end_time": time.time(), "reason": f"cancelled by {user}"},
+            "cancel",
+            {"by": user},
+            expect_state=[State.QUEUED.value],
+        )
+        if not done:
+            self.store.update_job(job_id, {"cancel_requested": True}, "cancel-request", {"by": user})
+        with self._cancel_lock:
+            self._cancels.add(job_id)
+        self._wake.set()
+        return self.store.get_job(job_id)  # type: ignore[return-value]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        with self.lock:
+            out = []
+            for i, n in enumerate(self.cluster.nodes):
+                used_g: set[int] = set()
+                cpus = mem = 0
+                jobs = []
+                for jid, a in self.current.items():
+                    for p in a.parts:
+                        if p.node == i:
+                            used_g.update(p.gpus)
+                            cpus += p.cpus
+                            mem += p.mem_mb
+                            jobs.append(jid)
+                out.append(
+                    {
+                        "name": n.name,
+                        "gpus": n.gpus,
+                        "gpus_used": len(used_g),
+                        "cpus": n.cpus,
+                        "cpus_used": cpus,
+                        "mem_mb": n.mem_mb,
+                        "mem_mb_used": mem,
+                        "gpu_type": n.gpu_type,
+                        "jobs": sorted(jobs, key=int),
+                        "state": "mixed" if 0 < len(used_g) < n.gpus else ("alloc" if used_g else "idle"),
+                    }
+                )
+            return out
+
+    def log_path(self, job_id: int) -> Path:
+        return self.log_dir / f"{job_id}.log"
+
+    # -- the loop ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Recover from the store, then run rounds in a background thread."""
+        self.recover()
+        self._thread = threading.Thread(target=self._loop, name="gpuloom-scheduler", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the loop; running jobs keep running (a restarted service adopts them)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True)
+        self.executor.close()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        tick = min(self.round_s, 0.1)
+        next_round = 0.0
+        while not self._stop.is_set():
+            woke = self._wake.wait(timeout=tick)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                with self.lock:
+                    changed = self._reap() or woke
+                    t = time.monotonic()
+                    if changed or t >= next_round:
+                        self.round()
+                        next_round = time.monotonic() + self.round_s
+            except Exception:  # a bad round must not kill the service
+                log.exception("scheduling round failed")
+
+    # -- recovery ----------------------------------------------------------------------
+    def recover(self) -> None:
+        """Rebuild the mirror from the store; adopt live processes, requeue dead ones."""
+        with self.lock:
+            for row in self.store.list_jobs(ACTIVE_STATES):
+                self.last_id = max(self.last_id, row.id)
+                job = self._mirror(row)
+                if row.state != State.RUNNING.value:
+                    continue
+                alive = False
+                alloc = None
+                procs = [ProcInfo(p["exec_id"], p["node"], int(p["pid"]), float(p["start_time"])) for p in row.procs or []]
+                if procs and row.alloc:
+                    try:
+                        alloc = alloc_from_json(str(row.id), row.alloc, self.cluster)
+                    except (KeyError, ValueError) as e:
+                        log.warning("job %s: stored allocation no longer fits the cluster (%s)", row.id, e)
+                    adopted = [p for p in procs if self.executor.adopt(p)]
+                    alive = alloc is not None and len(adopted) == len(procs)
+                    if not alive:
+                        for p in adopted:
+                            self.executor.stop(p.job_id, self.grace_s)
+                if alive and alloc is not None:
+                    cores = {p["node"]: tuple(p.get("cores", ())) for p in row.alloc["parts"]}  # type: ignore[index]
+                    for p in procs:
+                        self.cores.claim(p.node, p.job_id, cores.get(p.node, ()))
+                        self.exec_owner[p.job_id] = row.id
+                    self.running[row.id] = Running({p.job_id: p for p in procs}, {}, cores, row.last_start or time.time())
+                    self.current[str(row.id)] = alloc
+                    job.alloc = alloc
+                    job.status = JobStatus.RUNNING
+                    job.speed = self.model.speed(job, alloc)
+                    self.store.add_event(row.id, "adopt", {"pids": [p.pid for p in procs]})
+                    log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
+                else:
+                    held = row.held_time + max(0.0, time.time() - (row.last_start or time.time()))
+                    ngpu = int(row.spec["gpus"])
+                    self.store.update_job(
+                        row.id,
+                        {"state": State.QUEUED.value, "alloc": None, "procs": None, "held_time": held,
+                         "held_gpu_time": row.held_gpu_time + (held - row.held_time) * ngpu,
+                         "reason": "process lost while the service was down; requeued to resume"},
+                        "requeue",
+                        {"why": "process gone at recovery"},
+                    )
+                    row.state = State.QUEUED.value
+                    job.attained_time = held
+                    job.remaining = max(job.spec.duration - held, 1e-9)
+                if row.cancel_requested:
+                    with self._cancel_lock:
+                        self._cancels.add(row.id)
+            self.last_id = max(self.last_id, self._max_id())
+
+    def _max_id(self) -> int:
+        rows = self.store.list_jobs(None, after_id=self.last_id)
+        return max([self.last_id] + [r.id for r in rows])
+
+    # -- mirror ------------------------------------------------------------------------
+    def job_spec(self, row: JobRow) -> JobSpec:
+        s = row.spec
+        duration = float(s.get("time_limit") or self.default_duration)
+        attrs = {k: s[k] for k in ("priority", "batch_size") if s.get(k) is not None}
+        return JobSpec(
+            str(row.id),
+            max(0.0, row.submit_time - self.epoch),
+            int(s["gpus"]),
+            duration,
+            model=str(s.get("model") or ""),
+            user=row.user,
+            cpus=s.get("cpus"),
+            mem_mb=s.get("mem_mb"),
+            profile=s.get("profile"),
+            attrs=attrs,
+        )
+
+    def _mirror(self, row: JobRow) -> Job:
+        job = Job(self.job_spec(row), row.id)
+        job.status = JobStatus.WAITING
+        job.attained_time = row.held_time
+        job.attained_gpu_time = row.held_gpu_time
+        job.remaining = max(job.spec.duration - row.held_time, 1e-9)
+        job.preemptions = row.preemptions
+        job.first_start = None if row.first_start is None else row.first_start - self.epoch
+        job.last_update = self.now()
+        self.jobs[row.id] = job
+        self.rows[row.id] = row
+        return job
+
+    def _load_new(self) -> bool:
+        rows = self.store.list_jobs([State.QUEUED.value], after_id=self.last_id)
+        for row in rows:
+            self._mirror(row)
+        if rows:
+            self.last_id = rows[-1].id
+        return bool(rows)
+
+    # -- one round -----------------------------------------------------------------------
+    def compute_plan(self, now: float | None = None) -> Plan:
+        """The scheduler's plan for the current jobs and allocations (no side effects on processes)."""
+        now = self.now() if now is None else now
+        jobs = []
+        for j in self.jobs.values():
+            j.advance(now)
+            jobs.append(j)
+        view = View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds)
+        plan = self.scheduler.schedule(view)
+        check_plan(plan, self.cluster)
+        for req in self.scheduler.last_requests:
+            for j in req.jobs:
+                a = plan.allocations.get(j.id)
+                if a is not None and a.num_gpus != req.gpus:
+                    raise PlanError(f"job {j.id}: gang broken, holds {a.num_gpus} of {req.gpus} GPUs")
+        for jid in plan.allocations:
+            if int(jid) not in self.jobs:
+                raise PlanError(f"job {jid} planned but not active")
+        return plan
+
+    def round(self) -> list[Action]:
+        """Reap, enforce limits and cancels, pick up new jobs, plan, act.  Returns the actions taken."""
+        t0 = time.perf_counter()
+        with self.lock:
+            self._reap()
+            self._handle_cancels()
+            self._enforce_time_limits()
+            self._load_new()
+            self.rounds += 1
+            now = self.now()
+            plan = self.compute_plan(now)
+            actions = diff(self.current, plan)
+            stops = [a for a in actions if a.kind in (ActionKind.STOP, ActionKind.MOVE, ActionKind.RESIZE)]
+            self._stop_many([int(a.job_id) for a in stops], requeue=True)
+            for a in actions:
+                jid = int(a.job_id)
+                if jid not in self.jobs:
+                    continue
+                if a.kind is ActionKind.REGROUP:
+                    self.current[a.job_id] = a.new  # type: ignore[assignment]
+                    self.jobs[jid].alloc = a.new
+                    self.store.update_job(jid, {"alloc": alloc_to_json(a.new, self.cluster, self.running[jid].cores)})  # type: ignore[arg-type]
+                elif a.new is not None:
+                    self._launch(jid, a.new, a.kind)
+        self.last_round_s = time.perf_counter() - t0
+        return actions
+
+    # -- completions ---------------------------------------------------------------------
+    def _reap(self) -> bool:
+        codes = self.executor.poll()
+        changed = False
+        for eid, code in codes.items():
+            jid = self.exec_owner.get(eid)
+            if jid is None or jid not in self.running:
+                continue
+            run = self.running[jid]
+            if eid not in run.procs:
+                continue
+            run.exited[eid] = code
+            changed = True
+            if code != 0:
+                others = [e for e in run.procs if e not in run.exited]
+                for e in others:
+                    self.executor.stop(e, self.grace_s)
+                self._finish(jid, State.FAILED, code, f"process {eid} exited with code {code}")
+            elif len(run.exited) == len(run.procs):
+                self._finish(jid, State.FINISHED, 0, None)
+        return changed
+
+    def _finish(self, jid: int, state: State, code: int | None, reason: str | None) -> None:
+        job = self.jobs.pop(jid)
+        row = self.rows.pop(jid)
+        run = self.running.pop(jid, None)
+        held = row.held_time
+        if run is not None:
+            held += time.time() - run.start
+            self._release(jid, run)
+        alloc = self.current.pop(str(jid), None)
+        self.store.update_job(
+            jid,
+            {"state": state.value, "end_time": time.time(), "alloc": None, "procs": None, "exit_code": code,
+             "reason": reason, "held_time": held,
+             "held_gpu_time": row.held_gpu_time + (held - row.held_time) * (alloc.num_gpus if alloc else 0)},
+            state.value.lower(),
+            {"exit_code": code, "reason": reason},
+        )
+        job.status = JobStatus.FINISHED
+        # co-runners lose a partner
+        if alloc is not None:
+            for other in alloc.group:
+                oa = self.current.get(other)
+                if oa is not None:
+                    self.current[other] = Allocation(oa.job_id, oa.parts, tuple(x for x in oa.group if x != str(jid)))
+                    self.jobs[int(other)].alloc = self.current[other]
+
+    def _release(self, jid: int, run: Running) -> None:
+        for eid, p in run.procs.items():
+            self.cores.release(p.node, eid)
+            self.exec_owner.pop(eid, None)
+
+    def _handle_cancels(self) -> None:
+        with self._cancel_lock:
+            ids, self._cancels = self._cancels, set()
+        to_stop = []
+        for jid in sorted(ids):
+            if jid in self.running:
+                to_stop.append(jid)
+            elif jid in self.jobs:  # queued: the API already marked it cancelled in the store
+                self.jobs.pop(jid)
+                self.rows.pop(jid, None)
+            # not mirrored yet: _load_new only loads QUEUED rows, so it is skipped
+        if to_stop:
+            self._stop_many(to_stop, requeue=False)
+            for jid in to_stop:
+                self._finish(jid, State.CANCELLED, None, "cancelled")
+
+    def _enforce_time_limits(self) -> None:
+        t = time.time()
+        over = []
+        for jid, run in self.running.items():
+            limit = self.rows[jid].spec.get("time_limit")
+            if limit and self.rows[jid].held_time + (t - run.start) > float(limit):
+                over.append(jid)
+        if over:
+            self._stop_many(over, requeue=False)
+            for jid in over:
+                self._finish(jid, State.FAILED, None, f"time limit of {self.rows[jid].spec['time_limit']} s reached")
+
+    # -- actions ---------------------------------------------------------------------------
+    def _stop_many(self, jids: Sequence[int], requeue: bool) -> None:
+        """Stop jobs' processes in parallel (each gets the full grace period)."""
+        futs = []
+        for jid in jids:
+            run = self.running.get(jid)
+            if run is None:
+                continue
+            for eid in run.procs:
+                if eid not in run.exited:
+                    futs.append((jid, eid, self._pool.submit(self.executor.stop, eid, self.grace_s)))
+        for jid, eid, f in futs:
+            try:
+                code = f.result()
+            except Exception as e:  # executor failure: the process is gone or unreachable
+                log.warning("job %s: stopping %s failed: %s", jid, eid, e)
+                code = None
+            self.store.add_event(jid, "stopped", {"exec_id": eid, "exit_code": code})
+        if not requeue:
+            return
+        for jid in jids:
+            run = self.running.pop(jid, None)
+            if run is None:
+                continue
+            self._release(jid, run)
+            row = self.rows[jid]
+            job = self.jobs[jid]
+            alloc = self.current.pop(str(jid))
+            held = row.held_time + (time.time() - run.start)
+            row.held_gpu_time += (held - row.held_time) * alloc.num_gpus
+            row.held_time = held
+            row.preemptions += 1
+            job.alloc = None
+            job.status = JobStatus.WAITING
+            job.speed = 0.0
+            job.preemptions += 1
+            job.version += 1
+            self.store.update_job(
+                jid,
+                {"state": State.QUEUED.value, "alloc": None, "procs": None, "held_time": row.held_time,
+                 "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions, "reason": "preempted"},
+                "preempt",
+                {},
+            )
+
+    def _launch(self, jid: int, alloc: Allocation, kind: ActionKind) -> None:
+        row = self.rows[jid]
+        job = self.jobs[jid]
+        spec = row.spec
+        resume = row.attempts > 0
+        ckpt = spec.get("checkpoint_dir") or str(self.ckpt_dir / str(jid))
+        Path(ckpt).mkdir(parents=True, exist_ok=True)
+        multi = len(alloc.parts) > 1
+        procs: dict[str, ProcInfo] = {}
+        cores: dict[str, tuple[int, ...]] = {}
+        env_common = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        env_common.update(
+            {
+                "GPULOOM_JOB_ID": str(jid),
+                "GPULOOM_JOB_NAME": row.name,
+                "GPULOOM_CHECKPOINT_DIR": ckpt,
+                "GPULOOM_ATTEMPT": str(row.attempts + 1),
+                "GPULOOM_NUM_GPUS": str(alloc.num_gpus),
+                "GPULOOM_NUM_NODES": str(len(alloc.parts)),
+            }
+        )
+        if resume:
+            env_common["GPULOOM_RESUME"] = "1"
+        try:
+            for rank, p in enumerate(alloc.parts):
+                node = self.cluster.nodes[p.node].name
+                eid = f"{jid}.{rank}" if multi else str(jid)
+                c = self.cores.take(node, eid, p.cpus)
+                cores[node] = c
+                self.exec_owner[eid] = jid
+                env = dict(env_common, GPULOOM_NODE_RANK=str(rank))
+                ls = LaunchSpec(
+                    eid,
+                    str(spec["command"]),
+                    node,
+                    tuple(self.cluster.local_index(g) for g in p.gpus),
+                    c,
+                    int(p.mem_mb),
+                    str(self.log_path(jid)),
+                    env,
+                    spec.get("workdir"),
+                )
+                procs[eid] = self.executor.launch(ls)
+        except Exception as e:
+            log.exception("job %s: launch failed", jid)
+            for eid in procs:
+                self.executor.stop(eid, 0.0)
+            for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [str(jid)]:
+                for n in self.cluster.nodes:
+                    if eid in self.cores.used[n.name]:
+                        self.cores.release(n.name, eid)
+                self.exec_owner.pop(eid, None)
+            self.running.pop(jid, None)
+            self._finish(jid, State.FAILED, None, f"launch failed: {e}")
+            return
+        t = time.time()
+        self.running[jid] = Running(procs, {}, cores, t)
+        self.current[str(jid)] = alloc
+        now = self.now()
+        job.advance(now)
+        job.alloc = alloc
+        job.status = JobStatus.RUNNING
+        job.speed = self.model.speed(job, alloc)
+        job.last_start = now
+        if job.first_start is None:
+            job.first_start = now
+        job.version += 1
+        row.attempts += 1
+        if resume:
+            row.resume_count += 1
+        if row.first_start is None:
+            row.first_start = t
+        self.store.update_job(
+            jid,
+            {
+                "state": State.RUNNING.value,
+                "alloc": alloc_to_json(alloc, self.cluster, cores),
+                "procs": [
+                    {"exec_id": p.job_id, "node": p.node, "pid": p.pid, "start_time": p.start_time,
+                     "cores": list(cores[p.node])}
+                    for p in procs.values()
+                ],
+                "attempts": row.attempts,
+                "resume_count": row.resume_count,
+                "first_start": row.first_start,
+                "last_start": t,
+                "checkpoint_dir": ckpt,
+                "reason": None,
+            },
+            "launch" if kind is ActionKind.START else kind.value,
+            {"resume": resume, "pids": [p.pid for p in procs.values()]},
+        )
+
+    # -- introspection ------------------------------------------------------------------
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until no job is active (tests, shutdown scripts)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if not self.jobs and self.store.count_jobs(ACTIVE_STATES) == 0:
+                    return True
+            time.sleep(0.05)
+        return False
+
+
+def parse_mem(value: Any, where: str = "mem") -> int:
+    """``"8G"``/``"512M"``/``"1.5T"``/``2048`` (MB) → MB.  Raises ``ValueError`` naming ``where``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected a size like 8G or a number of MB, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"{where}: must be >= 0 MB, got {value}")
+        return int(value)
+    s = str(value).strip().upper().removesuffix("B")
+    mult = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    try:
+        if s and s[-1] in mult:
+            v = float(s[:-1]) * mult[s[-1]]
+        else:
+            v = float(s)
+    except ValueError:
+        raise ValueError(f"{where}: expected a size like 8G, 512M or a number of MB, got {value!r}") from None
+    if v < 0 or not math.isfinite(v):
+        raise ValueError(f"{where}: must be >= 0, got {value!r}")
+    return int(v)
+
+
+def parse_duration(value: Any, where: str = "time_limit") -> float:
+    """Seconds from a number or a Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) or ``90s/10m/2h/1d``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected seconds or a time like 1:30:00, got {value!r}")
+    if isinstance(value, int | float):
+        v = float(value)
+    else:
+        s = str(value).strip()
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        try:
+            if s and s[-1].lower() in units and s[:-1].replace(".", "", 1).isdigit():
+                v = float(s[:-1]) * units[s[-1].lower()]
+            else:
+                days = 0
+                if "-" in s:
+                    d, s = s.split("-", 1)
+                    days = int(d)
+                    fields = [int(x) for x in s.split(":")]
+                    while len(fields) < 3:
+                        fields.append(0)
+                    h, m, sec = fields
+                else:
+                    fields = [int(x) for x in s.split(":")]
+                    if len(fields) == 1:
+                        h, m, sec = 0, fields[0], 0  # Slurm: a bare number is minutes
+                    elif len(fields) == 2:
+                        h, m, sec = 0, fields[0], fields[1]
+                    elif len(fields) == 3:
+                        h, m, sec = fields
+                    else:
+                        raise ValueError
+                v = float(days * 86400 + h * 3600 + m * 60 + sec)
+        except ValueError:
+            raise ValueError(f"{where}: expected seconds or a time like 30:00, 1:30:00, 2-00:00:00 or 2h, got {value!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{where}: must be > 0, got {value!r}")
+    return v
