@@ -99,35 +99,36 @@ class ProcessExecutor(Executor):
             os.kill(pid, sig)
 
     def stop(self, job_id: str, grace_s: float) -> int | None:
+        """SIGTERM the job's process group, wait until the whole group is gone
+        (the job may still be writing its checkpoint after the wrapper ended),
+        SIGKILL what is left after ``grace_s``."""
         with self.lock:
-            child = self.children.get(job_id)
-            ad = self.adopted.get(job_id)
-        if child is not None:
-            if child.poll() is None:
-                self._signal(child.pid, signal.SIGTERM)
-                try:
-                    child.wait(timeout=grace_s)
-                except subprocess.TimeoutExpired:
-                    self._signal(child.pid, signal.SIGKILL)
-                    child.wait()
-            with self.lock:
-                self.children.pop(job_id, None)
-                self.codes.pop(job_id, None)
-            return child.returncode
-        if ad is not None:
-            self._signal(ad.pid, signal.SIGTERM)
-            try:
-                ad.wait(timeout=grace_s)
-            except psutil.TimeoutExpired:
-                self._signal(ad.pid, signal.SIGKILL)
-                try:
-                    ad.wait(timeout=5)
-                except psutil.TimeoutExpired:
-                    pass
-            with self.lock:
-                self.adopted.pop(job_id, None)
+            child = self.children.pop(job_id, None)
+            ad = self.adopted.pop(job_id, None)
+        if child is None and ad is None:
             return None
-        return None
+        pid = child.pid if child is not None else ad.pid  # type: ignore[union-attr]
+        self._signal(pid, signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end:
+            if child is not None:
+                child.poll()
+            if not _group_alive(pid):
+                break
+            time.sleep(0.02)
+        else:
+            self._signal(pid, signal.SIGKILL)
+            t = time.monotonic() + 5
+            while _group_alive(pid) and time.monotonic() < t:
+                if child is not None:
+                    child.poll()
+                time.sleep(0.02)
+        if child is not None:
+            try:
+                return child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                return None
+        return self._read_exit(job_id)
 
     def poll(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -168,6 +169,23 @@ class ProcessExecutor(Executor):
                 return p.poll() is None
             a = self.adopted.get(job_id)
         return a is not None and _running(a)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.info["pid"]) == pgid:
+                return True
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return False
 
 
 def _running(proc: psutil.Process) -> bool:

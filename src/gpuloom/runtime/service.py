@@ -669,11 +669,12 @@ class Service:
             row.resume_count += 1
         if row.first_start is None:
             row.first_start = t
+        alloc_json = alloc_to_json(alloc, self.cluster, cores)
         self.store.update_job(
             jid,
             {
                 "state": State.RUNNING.value,
-                "alloc": alloc_to_json(alloc, self.cluster, cores),
+                "alloc": alloc_json,
                 "procs": [
                     {"exec_id": p.job_id, "node": p.node, "pid": p.pid, "start_time": p.start_time,
                      "cores": list(cores[p.node])}
@@ -687,7 +688,7 @@ class Service:
                 "reason": None,
             },
             "launch" if kind is ActionKind.START else kind.value,
-            {"resume": resume, "pids": [p.pid for p in procs.values()]},
+            {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
         )
 
     # -- introspection ------------------------------------------------------------------

@@ -1,0 +1,81 @@
+"""A tiny checkpointing job for the service tests.
+
+``stepper.py STEPS DT``: does STEPS steps of DT seconds.  Each finished step is
+appended to ``$GPULOOM_CHECKPOINT_DIR/ledger`` and the checkpoint (next step)
+is replaced atomically; on SIGTERM it finishes the current step, checkpoints
+and exits 0; with ``GPULOOM_RESUME=1`` it restarts from the checkpoint.  So the
+ledger lists every step exactly once if no work is lost or repeated.  The
+first line of output is a JSON record of what the process was given.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+steps, dt = int(sys.argv[1]), float(sys.argv[2])
+ckdir = os.environ["GPULOOM_CHECKPOINT_DIR"]
+ck = os.path.join(ckdir, "step.json")
+ledger = os.path.join(ckdir, "ledger")
+stop = False
+
+
+def on_term(_sig, _frame):  # noqa: ANN001, ANN201
+    global stop
+    stop = True
+
+
+signal.signal(signal.SIGTERM, on_term)
+start = 0
+if os.environ.get("GPULOOM_RESUME") == "1" and os.path.exists(ck):
+    with open(ck) as f:
+        start = json.load(f)["next"]
+
+
+def cgroup_mem_limit() -> int | None:
+    """The memory limit (bytes) of this process's cgroup, v2 or v1, if readable."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrl, path = line.split(":", 2)
+        for base, fname, match in (
+            ("/sys/fs/cgroup", "memory.max", ctrl == ""),
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory" in ctrl.split(",")),
+        ):
+            if match:
+                try:
+                    v = open(os.path.join(base + path, fname)).read().strip()
+                except OSError:
+                    continue
+                if v != "max" and int(v) < 1 << 60:
+                    return int(v)
+    return None
+
+
+print(json.dumps({
+    "event": "start",
+    "job": os.environ.get("GPULOOM_JOB_ID"),
+    "resume": os.environ.get("GPULOOM_RESUME"),
+    "start": start,
+    "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "mem_env": os.environ.get("GPULOOM_MEM_MB"),
+    "mem_limit": cgroup_mem_limit(),
+    "pid": os.getpid(),
+}), flush=True)
+for i in range(start, steps):
+    time.sleep(dt)
+    with open(ledger, "a") as f:
+        f.write(f"{i}\n")
+    tmp = ck + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"next": i + 1}, f)
+    os.replace(tmp, ck)
+    print(f"GPULOOM_PROGRESS iter={i + 1}", flush=True)
+    if stop:
+        print(f"checkpointed at step {i + 1}", flush=True)
+        sys.exit(0)
+print("done", flush=True)

@@ -1,0 +1,126 @@
+"""Helpers for the service tests: a real ``gpuloom serve`` in a subprocess on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+STEPPER = Path(__file__).resolve().parent / "jobs" / "stepper.py"
+
+
+def stepper_cmd(steps: int, dt: float) -> str:
+    return f"{sys.executable} {STEPPER} {steps} {dt}"
+
+
+class Server:
+    """``gpuloom serve`` on 127.0.0.1 with a free port and its own state dir."""
+
+    def __init__(self, state_dir: Path, *args: str) -> None:
+        self.state_dir = state_dir
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.token = ""
+
+    def start(self, timeout: float = 30.0) -> Server:
+        (self.state_dir / "server.json").unlink(missing_ok=True)
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+        self.out = open(self.state_dir / "serve.out", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(self.state_dir),
+             "--log-level", "warning", *self.args],
+            env=env, stdout=self.out, stderr=subprocess.STDOUT, cwd=REPO,
+        )
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {(self.state_dir / 'serve.out').read_text()}")
+            f = self.state_dir / "server.json"
+            if f.exists():
+                self.url = json.loads(f.read_text())["url"]
+                self.token = (self.state_dir / "admin.token").read_text().strip()
+                try:
+                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not come up")
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30)
+
+    def kill(self) -> None:
+        """SIGKILL the server (job processes live in their own sessions and survive)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def kill_jobs(state_dir: Path) -> None:
+    """Kill every job process the store still records (test cleanup)."""
+    from gpuloom.runtime.store import Store
+
+    db = state_dir / "gpuloom.db"
+    if not db.exists():
+        return
+    store = Store(f"sqlite:///{db}")
+    for row in store.list_jobs():
+        for p in row.procs or []:
+            try:
+                proc = psutil.Process(int(p["pid"]))
+                if abs(proc.create_time() - float(p["start_time"])) < 1.0:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+                pass
+    store.close()
+
+
+def wait_for(fn: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job(c: httpx.Client, jid: int) -> dict[str, Any]:
+    r = c.get(f"/jobs/{jid}")
+    r.raise_for_status()
+    return r.json()
+
+
+def start_records(log: str) -> list[dict[str, Any]]:
+    """The JSON start records a stepper job printed (one per launch)."""
+    out = []
+    for line in log.splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            if d.get("event") == "start":
+                out.append(d)
+    return out
+
+
+def ledger(checkpoint_dir: str) -> list[int]:
+    p = Path(checkpoint_dir) / "ledger"
+    return [int(x) for x in p.read_text().split()] if p.exists() else []

@@ -1,0 +1,136 @@
+"""End-to-end: the real ``gpuloom serve`` on loopback runs real processes as planned."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, wait_for
+
+NCPU = len(os.sched_getaffinity(0))
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # noqa: ANN201
+    servers: list[Server] = []
+
+    def make(*args: str) -> Server:
+        s = Server(tmp_path, *args).start()
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+    kill_jobs(tmp_path)
+
+
+def test_jobs_get_the_planned_gpus_cores_and_memory(server) -> None:  # noqa: ANN001
+    # 2 nodes x 4 fake GPUs; each node has as many cores as this machine, 4 GB
+    s = server("--cluster", "2x4", "--cpus-per-node", str(NCPU), "--mem-gb-per-node", "4", "--round", "0.2")
+    with s.client() as c:
+        ids = []
+        for i in range(4):
+            r = c.post("/jobs", json={"name": f"j{i}", "command": stepper_cmd(3, 0.05), "gpus": 2})
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+        assert ids == [1, 2, 3, 4]
+        rows = [wait_for(lambda i=i: (j := job(c, i))["state"] == "FINISHED" and j, what=f"job {i}") for i in ids]
+        logs = {i: c.get(f"/jobs/{i}/logs").text for i in ids}
+        nodes = c.get("/nodes").json()
+    assert [n["gpus_used"] for n in nodes] == [0, 0]
+    seen_gpus: dict[str, set[int]] = {}
+    for row in rows:
+        assert row["exit_code"] == 0 and row["attempts"] == 1 and row["resume_count"] == 0
+        (rec,) = start_records(logs[row["id"]])
+        # the record written at launch (store) and what the process saw agree
+        launch = [e for e in c_events(s, row["id"]) if e["kind"] == "launch"]
+        assert len(launch) == 1
+        part = row_alloc(s, row["id"])
+        assert rec["cvd"] == ",".join(str(g) for g in part["local_gpus"])
+        assert rec["affinity"] == sorted(part["cores"])
+        assert int(rec["mem_env"]) == part["mem_mb"]
+        if rec["mem_limit"] is not None and os.environ.get("GPULOOM_EXPECT_CGROUP"):
+            assert rec["mem_limit"] == part["mem_mb"] * 1024 * 1024
+        assert len(part["local_gpus"]) == 2 and len(part["cores"]) == NCPU * 2 // 4
+        assert part["mem_mb"] == 4000 * 2 // 4
+        assert not seen_gpus.setdefault(part["node"], set()) & set(part["gpus"])
+        seen_gpus[part["node"]] |= set(part["gpus"])
+        assert ledger(row["checkpoint_dir"]) == [0, 1, 2]
+    # packed FIFO placement of four 2-GPU jobs on 2x4: jobs 1,2 fill node-0, jobs 3,4 node-1
+    assert seen_gpus == {"node-0": {0, 1, 2, 3}, "node-1": {4, 5, 6, 7}}
+
+
+def c_events(s: Server, jid: int) -> list[dict]:
+    with s.client() as c:
+        return c.get(f"/jobs/{jid}/events").json()
+
+
+def row_alloc(s: Server, jid: int) -> dict:
+    """The (single) part of the allocation recorded for the job's launch."""
+    (ev,) = [e for e in c_events(s, jid) if e["kind"] == "launch"]
+    assert ev["detail"]["resume"] is False
+    from gpuloom.runtime.store import Store
+
+    store = Store(f"sqlite:///{s.state_dir / 'gpuloom.db'}")
+    try:
+        ev_alloc = [e for e in store.events(jid) if e["kind"] == "launch"][0]["detail"]["alloc"]
+    finally:
+        store.close()
+    (part,) = ev_alloc["parts"]
+    return part
+
+
+def test_preempted_job_resumes_with_every_step_done_once(server) -> None:  # noqa: ANN001
+    # SJF: a short job arriving later preempts the long one, which checkpoints on SIGTERM and resumes
+    s = server("--cluster", "1x4", "--cpus-per-node", str(NCPU), "--order", "sjf", "--round", "0.2", "--grace", "10")
+    with s.client() as c:
+        long_id = c.post("/jobs", json={"name": "long", "command": stepper_cmd(30, 0.05), "gpus": 4,
+                                        "time_limit": 600}).json()["id"]
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, what="long job progress")
+        short_id = c.post("/jobs", json={"name": "short", "command": stepper_cmd(3, 0.05), "gpus": 2,
+                                         "time_limit": 60}).json()["id"]
+        short = wait_for(lambda: (j := job(c, short_id))["state"] == "FINISHED" and j, what="short job")
+        long = wait_for(lambda: (j := job(c, long_id))["state"] == "FINISHED" and j, what="long job")
+        log = c.get(f"/jobs/{long_id}/logs").text
+    assert short["exit_code"] == 0 and ledger(short["checkpoint_dir"]) == [0, 1, 2]
+    assert long["exit_code"] == 0
+    assert long["preemptions"] == 1 and long["attempts"] == 2 and long["resume_count"] == 1
+    recs = start_records(log)
+    assert [r["resume"] for r in recs] == [None, "1"]
+    assert recs[1]["start"] > 3  # resumed from its checkpoint, not from zero
+    assert "checkpointed at step" in log
+    # no lost and no repeated step
+    assert ledger(long["checkpoint_dir"]) == list(range(30))
+    # the short job started before the long one finished: it really preempted it
+    assert short["first_start"] < long["end_time"]
+
+
+def test_time_limit_and_cancel(server) -> None:  # noqa: ANN001
+    s = server("--cluster", "1x2", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "2")
+    with s.client() as c:
+        slow = c.post("/jobs", json={"command": stepper_cmd(1000, 0.05), "gpus": 1, "time_limit": 1}).json()["id"]
+        run = c.post("/jobs", json={"command": stepper_cmd(1000, 0.05), "gpus": 1}).json()["id"]
+        queued = c.post("/jobs", json={"command": "true", "gpus": 2}).json()["id"]
+        wait_for(lambda: job(c, run)["state"] == "RUNNING", what="running")
+        assert job(c, queued)["state"] == "QUEUED"
+        assert c.delete(f"/jobs/{queued}").json()["state"] == "CANCELLED"
+        c.delete(f"/jobs/{run}")
+        r = wait_for(lambda: (j := job(c, run))["state"] == "CANCELLED" and j, what="cancel of running job")
+        run_log = c.get(f"/jobs/{run}/logs").text
+        t = wait_for(lambda: (j := job(c, slow))["state"] == "FAILED" and j, what="time limit")
+    assert "time limit" in t["reason"]
+    assert r["end_time"] is not None and r["procs"] is None
+    (rec,) = start_records(run_log)
+    assert not running(rec["pid"])
+    with s.client() as c:
+        assert job(c, queued)["attempts"] == 0
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
