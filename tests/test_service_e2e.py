@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, wait_for
 
 NCPU = len(os.sched_getaffinity(0))

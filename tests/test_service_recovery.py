@@ -1,0 +1,77 @@
+"""Durability: SIGKILL the server with jobs running and queued, start it again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, wait_for
+
+NCPU = len(os.sched_getaffinity(0))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path) -> None:
+    args = ("--cluster", "1x4", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "10")
+    s = Server(tmp_path, *args).start()
+    try:
+        with s.client() as c:
+            a = c.post("/jobs", json={"name": "a", "command": stepper_cmd(50, 0.1), "gpus": 2}).json()["id"]
+            b = c.post("/jobs", json={"name": "b", "command": stepper_cmd(50, 0.05), "gpus": 2}).json()["id"]
+            q1 = c.post("/jobs", json={"name": "q1", "command": stepper_cmd(4, 0.05), "gpus": 4}).json()["id"]
+            q2 = c.post("/jobs", json={"name": "q2", "command": stepper_cmd(4, 0.05), "gpus": 2}).json()["id"]
+            for jid in (a, b):
+                wait_for(lambda jid=jid: "iter=3" in c.get(f"/jobs/{jid}/logs").text, what=f"job {jid} progress")
+            before = {jid: job(c, jid) for jid in (a, b, q1, q2)}
+            log_a = c.get(f"/jobs/{a}/logs").text
+            log_b = c.get(f"/jobs/{b}/logs").text
+        assert [before[j]["state"] for j in (a, b, q1, q2)] == ["RUNNING", "RUNNING", "QUEUED", "QUEUED"]
+        pid_a = start_records(log_a)[0]["pid"]
+        pid_b = start_records(log_b)[0]["pid"]
+
+        s.kill()  # SIGKILL: no shutdown code runs
+        assert not _gone(pid_a) and not _gone(pid_b)  # job processes outlive the server
+        # while the server is down, job b is stopped (it checkpoints on SIGTERM)
+        os.kill(pid_b, signal.SIGTERM)
+        wait_for(lambda: _gone(pid_b), what="job b to exit")
+        time.sleep(0.2)
+
+        s = Server(tmp_path, *args).start()
+        with s.client() as c:
+            # every accepted job is still there
+            assert [j["id"] for j in c.get("/jobs").json()] == [a, b, q1, q2]
+            done = {
+                jid: wait_for(lambda jid=jid: (j := job(c, jid))["state"] == "FINISHED" and j, timeout=60,
+                              what=f"job {jid} to finish")
+                for jid in (a, b, q1, q2)
+            }
+            ev_a = [e["kind"] for e in c.get(f"/jobs/{a}/events").json()]
+            ev_b = [e["kind"] for e in c.get(f"/jobs/{b}/events").json()]
+            log_a = c.get(f"/jobs/{a}/logs").text
+            log_b = c.get(f"/jobs/{b}/logs").text
+        # a was adopted, not restarted: one launch, one process, its own exit code read back
+        assert ev_a == ["submit", "launch", "adopt", "finished"]
+        assert done[a]["attempts"] == 1 and done[a]["resume_count"] == 0 and done[a]["exit_code"] == 0
+        assert [r["pid"] for r in start_records(log_a)] == [pid_a]
+        # b's process was gone: requeued and resumed from its checkpoint
+        assert ev_b[:3] == ["submit", "launch", "requeue"] and ev_b[-1] == "finished"
+        assert done[b]["attempts"] == 2 and done[b]["resume_count"] == 1
+        recs = start_records(log_b)
+        assert [r["resume"] for r in recs] == [None, "1"] and recs[1]["start"] >= 3
+        # no work lost or repeated, queued jobs ran
+        assert ledger(done[a]["checkpoint_dir"]) == list(range(50))
+        assert ledger(done[b]["checkpoint_dir"]) == list(range(50))
+        assert ledger(done[q1]["checkpoint_dir"]) == list(range(4))
+        assert ledger(done[q2]["checkpoint_dir"]) == list(range(4))
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
