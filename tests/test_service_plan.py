@@ -1,0 +1,72 @@
+"""The simulator and the service make the same plan for the same cluster and queue.
+
+Both use ``Scheduler.from_names``; the simulator's jobs come from JobSpecs, the
+service's from its store (submitted specs, time limit = duration).  The
+service really carries its plan out (real ``sleep`` processes through the
+process executor) and what it runs afterwards is compared with the simulator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.job import JobSpec
+from gpuloom.core.plan import Allocation
+from gpuloom.runtime.process import ProcessExecutor
+from gpuloom.runtime.service import Service, State
+from gpuloom.runtime.store import Store
+from gpuloom.scheduler import Scheduler
+from gpuloom.sim.engine import SimConfig, Simulator
+
+# (gpus, duration): first wave at t=0, second wave at t=1
+WAVE1 = [(2, 500.0), (4, 100.0), (1, 300.0), (3, 50.0), (2, 200.0)]
+WAVE2 = [(1, 10.0), (4, 20.0)]
+
+
+def sim_plans(cluster: Cluster, order: str, place: str) -> list[dict[str, Allocation]]:
+    specs = [JobSpec(str(i + 1), 0.0, g, d) for i, (g, d) in enumerate(WAVE1)]
+    specs += [JobSpec(str(len(WAVE1) + i + 1), 1.0, g, d) for i, (g, d) in enumerate(WAVE2)]
+    plans: dict[float, dict[str, Allocation]] = {}
+
+    def observe(sim: Simulator, what: str) -> None:
+        if what == "round":  # the last round at each instant
+            plans[sim.now] = dict(sim.current)
+
+    sched = Scheduler.from_names(order, "none", "proportional", place)
+    cfg = SimConfig(round_len=1000.0, reschedule_on_arrival=True, max_time=1.5)
+    Simulator(cluster, specs, sched, config=cfg, observers=[observe]).run()
+    assert sorted(plans) == [0.0, 1.0]
+    return [plans[0.0], plans[1.0]]
+
+
+@pytest.mark.parametrize(
+    "order,place",
+    [("fifo", "packed-sticky"), ("sjf", "packed-sticky"), ("sjf", "packed-non-sticky"), ("fifo", "random-sticky"),
+     ("sjf", "random-sticky"), ("fifo", "packed-non-sticky")],
+)
+def test_simulator_and_service_make_the_same_plan(tmp_path: Path, order: str, place: str) -> None:
+    cluster = Cluster.homogeneous(2, 4)
+    expected = sim_plans(cluster, order, place)
+    assert len(expected) == 2
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    svc = Service(store, cluster, ProcessExecutor(tmp_path / "run"), Scheduler.from_names(order, "none", "proportional", place),
+                  tmp_path, round_s=1000.0, grace_s=0.0)
+    try:
+        got = []
+        for wave in (WAVE1, WAVE2):
+            for g, d in wave:
+                svc.submit({"name": "j", "command": "sleep 60", "gpus": g, "time_limit": d}, "alice")
+            svc.round()
+            got.append(dict(svc.current))
+            # what the store says runs is what was planned
+            running = {str(r.id) for r in store.list_jobs([State.RUNNING.value])}
+            assert running == set(svc.current)
+        assert got == expected
+        assert any(len(p) for p in expected)
+    finally:
+        svc._stop_many(list(svc.running), requeue=False)
+        store.close()
