@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 
 import httpx
-from service_util import Server, kill_jobs, wait_for
 
 from gpuloom.runtime.store import Store
+from service_util import Server, kill_jobs, wait_for
 
 N = 1000
 CLIENTS = 16

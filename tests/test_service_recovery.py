@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+
 from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
