@@ -1,0 +1,173 @@
+"""API security and validation, store behaviour, spec parsing (in process, no loop running)."""
+
+from __future__ import annotations
+
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpuloom.core.cluster import Cluster, Node
+from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.process import ProcessExecutor
+from gpuloom.runtime.service import Service, parse_duration, parse_mem, refuse_reason
+from gpuloom.runtime.store import Store
+from gpuloom.scheduler import Scheduler
+
+
+@pytest.fixture
+def api(tmp_path: Path):  # noqa: ANN201
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    svc = Service(store, Cluster.homogeneous(2, 4), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(), tmp_path)
+    admin = ensure_admin_token(store, tmp_path)
+    tokens = {"admin": admin, "alice": create_token(store, "alice"), "bob": create_token(store, "bob")}
+    with TestClient(create_app(svc)) as client:
+        yield client, tokens, tmp_path
+    store.close()
+
+
+def h(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_admin_token_file_is_private_and_stable(api) -> None:  # noqa: ANN001
+    _, tokens, tmp = api
+    f = tmp / "admin.token"
+    assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert f.read_text().strip() == tokens["admin"]
+    store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
+    assert ensure_admin_token(store, tmp) == tokens["admin"]  # second start: same token
+    assert store.lookup_token(tokens["admin"]) == ("admin", True)
+    assert store.lookup_token("nope") is None
+    store.close()
+
+
+def test_tokens_are_required(api) -> None:  # noqa: ANN001
+    c, tokens, _ = api
+    job = {"command": "true", "gpus": 1}
+    assert c.post("/jobs", json=job).status_code == 401
+    assert c.post("/jobs", json=job, headers=h("wrong")).status_code == 401
+    assert c.delete("/jobs/1").status_code == 401
+    assert c.get("/health").status_code == 200
+    r = c.post("/jobs", json=job, headers=h(tokens["alice"]))
+    assert r.status_code == 201 and r.json()["user"] == "alice" and r.json()["state"] == "QUEUED"
+
+
+def test_bad_fields_get_422_naming_them(api) -> None:  # noqa: ANN001
+    c, tokens, _ = api
+    hd = h(tokens["alice"])
+
+    def locs(body: dict) -> list[str]:
+        r = c.post("/jobs", json=body, headers=hd)
+        assert r.status_code == 422, r.text
+        return [d["loc"][-1] for d in r.json()["detail"]]
+
+    assert locs({"command": "true", "gpus": "two"}) == ["gpus"]
+    assert locs({"command": "true", "gpus": 0}) == ["gpus"]
+    assert locs({"gpus": 1}) == ["command"]
+    assert locs({"command": "true", "gpus": 1, "colour": "red"}) == ["colour"]
+    assert locs({"command": "true", "gpus": 1, "mem": "8Q"}) == ["mem"]
+    assert locs({"command": "true", "gpus": 1, "time_limit": "soon"}) == ["time_limit"]
+    assert locs({"command": "true", "gpus": 1, "checkpoint_dir": "relative/dir"}) == ["checkpoint_dir"]
+    assert locs({"command": "true", "gpus": 1, "env": {"CUDA_VISIBLE_DEVICES": "0"}}) == ["env"]
+    assert locs({"command": "true", "gpus": 1, "user": "no spaces"}) == ["user"]
+
+
+def test_jobs_that_can_never_fit_are_refused_with_the_reason(api) -> None:  # noqa: ANN001
+    c, tokens, _ = api
+    hd = h(tokens["alice"])
+    r = c.post("/jobs", json={"command": "true", "gpus": 9}, headers=hd)
+    assert r.status_code == 422
+    (d,) = r.json()["detail"]
+    assert d["loc"] == ["body", "gpus"] and d["type"] == "never_fits"
+    assert d["msg"] == "job can never run on this cluster: needs 9 GPUs, the cluster has 8"
+    r = c.post("/jobs", json={"command": "true", "gpus": 1, "cpus": 25}, headers=hd)
+    assert r.json()["detail"][0]["loc"] == ["body", "cpus"]
+    r = c.post("/jobs", json={"command": "true", "gpus": 2, "cpus": 13}, headers=hd)  # no node has 13 cores
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "cpus"]
+    assert c.get("/jobs", headers=hd).json() == []  # nothing was stored
+
+
+def test_users_cancel_only_their_own_jobs(api) -> None:  # noqa: ANN001
+    c, tokens, _ = api
+    a = c.post("/jobs", json={"command": "true", "gpus": 1}, headers=h(tokens["alice"])).json()["id"]
+    b = c.post("/jobs", json={"command": "true", "gpus": 1}, headers=h(tokens["bob"])).json()["id"]
+    assert c.delete(f"/jobs/{a}", headers=h(tokens["bob"])).status_code == 403
+    assert c.get(f"/jobs/{a}/logs", headers=h(tokens["bob"])).status_code == 403
+    r = c.delete(f"/jobs/{a}", headers=h(tokens["alice"]))
+    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
+    assert c.delete(f"/jobs/{b}", headers=h(tokens["admin"])).json()["state"] == "CANCELLED"
+    assert c.delete("/jobs/999", headers=h(tokens["admin"])).status_code == 404
+    # submitting as someone else: admin only
+    assert c.post("/jobs", json={"command": "true", "gpus": 1, "user": "bob"}, headers=h(tokens["alice"])).status_code == 403
+    r = c.post("/jobs", json={"command": "true", "gpus": 1, "user": "bob"}, headers=h(tokens["admin"]))
+    assert r.status_code == 201 and r.json()["user"] == "bob"
+    # token creation: admin only
+    assert c.post("/tokens", json={"user": "carol"}, headers=h(tokens["alice"])).status_code == 403
+    t = c.post("/tokens", json={"user": "carol"}, headers=h(tokens["admin"])).json()["token"]
+    assert c.post("/jobs", json={"command": "true", "gpus": 1}, headers=h(t)).json()["user"] == "carol"
+    states = [j["state"] for j in c.get("/jobs", params={"state": "QUEUED"}, headers=h(t)).json()]
+    assert states == ["QUEUED", "QUEUED"]
+
+
+def test_spec_values_are_parsed(api) -> None:  # noqa: ANN001
+    c, tokens, _ = api
+    r = c.post("/jobs", json={"command": "true", "gpus": 1, "mem": "8G", "time_limit": "1:30:00", "cpus": 2},
+               headers=h(tokens["alice"]))
+    j = r.json()
+    assert (j["mem_mb"], j["time_limit"], j["cpus"]) == (8192, 5400.0, 2)
+
+
+def test_parsers() -> None:
+    assert parse_mem("8G") == 8192 and parse_mem("512M") == 512 and parse_mem(1000) == 1000
+    assert parse_mem("1.5T") == 1572864 and parse_mem("2gb") == 2048
+    assert parse_duration(90) == 90.0 and parse_duration("30") == 1800.0 and parse_duration("1:30") == 90.0
+    assert parse_duration("2-01:00:00") == 176400.0 and parse_duration("2h") == 7200.0
+    for bad in ("x", "-1", "1:2:3:4"):
+        with pytest.raises(ValueError, match="time_limit"):
+            parse_duration(bad)
+    with pytest.raises(ValueError, match="mem"):
+        parse_mem("lots")
+
+
+def test_refuse_reason_on_a_mixed_cluster() -> None:
+    cl = Cluster((Node("a", 8, 16, 100_000), Node("b", 2, 64, 500_000)))
+    assert refuse_reason(cl, 10, None, None) is None
+    assert refuse_reason(cl, 11, None, None) == ("gpus", "needs 11 GPUs, the cluster has 10")
+    assert refuse_reason(cl, 2, 64, None) is None  # fits node b
+    assert refuse_reason(cl, 1, 81, None) == ("cpus", "needs 81 CPU cores, the cluster has 80")
+
+
+def test_store_concurrent_writers_and_compare_and_set(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert store.journal_mode() == "wal"
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def writer(k: int) -> None:
+        for i in range(50):
+            jid = store.add_job({"name": f"w{k}-{i}", "command": "true", "gpus": 1}, f"u{k}", "QUEUED")
+            with lock:
+                ids.append(jid)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(ids) == list(range(1, 401))
+    assert store.count_jobs() == 400 and len(store.events()) == 400
+    assert store.update_job(1, {"state": "RUNNING"}, "launch", expect_state=["QUEUED"])
+    assert not store.update_job(1, {"state": "CANCELLED"}, "cancel", expect_state=["QUEUED"])
+    assert store.get_job(1).state == "RUNNING"  # type: ignore[union-attr]
+    assert [e["kind"] for e in store.events(1)] == ["submit", "launch"]
+    store.put_profile("resnet50", {"ips": 120.5})
+    store.put_profile("resnet50", {"ips": 130.0})
+    assert store.get_profile("resnet50") == {"ips": 130.0}
+    store.close()
+    # reopened: everything is still there
+    again = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert again.count_jobs(["QUEUED"]) == 399
+    again.close()
