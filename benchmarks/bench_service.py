@@ -1,0 +1,163 @@
+"""Service benchmark: submission throughput and submit-to-launch latency on loopback.
+
+Starts a real ``gpuloom serve`` (uvicorn, SQLite WAL store with synchronous=FULL,
+process executor) in a subprocess on 127.0.0.1 and drives it with concurrent
+httpx clients.
+
+* **submit**: N submissions from C concurrent clients while the cluster's only
+  GPU is busy (pure API + store path: validate, commit, acknowledge); reports
+  acknowledgements per second and request latency, and checks the store count
+  equals the acknowledged count.
+* **launch**: J one-GPU jobs (``sleep``) submitted by C clients to a cluster
+  with room for all of them; submit-to-launch latency is ``first_start -
+  submit_time`` from the store (includes the round, the plan, core selection
+  and the process launch, each committed before the next step).
+
+Run: ``PYTHONPATH=src python benchmarks/bench_service.py``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _Server:
+    def __init__(self, state_dir: Path, *args: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+        self.state_dir = state_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(state_dir),
+             "--log-level", "warning", *args],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            f = state_dir / "server.json"
+            if f.exists():
+                self.url = json.loads(f.read_text())["url"]
+                self.token = (state_dir / "admin.token").read_text().strip()
+                try:
+                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def close(self) -> None:
+        from gpuloom.runtime.store import Store
+
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        store = Store(f"sqlite:///{self.state_dir / 'gpuloom.db'}")
+        for row in store.list_jobs(["RUNNING"]):
+            for p in row.procs or []:
+                try:
+                    os.killpg(int(p["pid"]), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        store.close()
+
+
+def _drive(url: str, token: str, n: int, clients: int, body: dict) -> tuple[float, list[float], list[int]]:
+    lat: list[float] = []
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def run(k: int) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
+            for _ in range(k, n, clients):
+                t = time.perf_counter()
+                r = h.post("/jobs", json=body)
+                dt = time.perf_counter() - t
+                if r.status_code == 201:
+                    with lock:
+                        lat.append(dt)
+                        ids.append(r.json()["id"])
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, lat, ids
+
+
+def bench_submit(n: int, clients: int) -> dict:
+    from gpuloom.runtime.store import Store
+
+    with tempfile.TemporaryDirectory() as d:
+        sd = Path(d)
+        s = _Server(sd, "--cluster", "1x1", "--cpus-per-node", "1", "--round", "1")
+        try:
+            with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {s.token}"}) as c:
+                c.post("/jobs", json={"name": "blocker", "command": "sleep 600", "gpus": 1})
+            wall, lat, ids = _drive(s.url, s.token, n, clients, {"name": "b", "command": "true", "gpus": 1})
+        finally:
+            s.close()
+        store = Store(f"sqlite:///{sd / 'gpuloom.db'}")
+        stored = store.count_jobs() - 1
+        store.close()
+    a = np.array(lat) * 1000
+    return {"test": "submit", "jobs": n, "clients": clients, "acked": len(ids), "stored": stored,
+            "per_s": len(ids) / wall, "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+            "max_ms": float(a.max())}
+
+
+def bench_launch(n: int, clients: int, round_s: float) -> dict:
+    from gpuloom.runtime.store import Store
+
+    nodes = -(-n // 8)
+    with tempfile.TemporaryDirectory() as d:
+        sd = Path(d)
+        s = _Server(sd, "--cluster", f"{nodes}x8", "--cpus-per-node", "8", "--mem-gb-per-node", "8",
+                    "--round", str(round_s))
+        try:
+            wall, _, ids = _drive(s.url, s.token, n, clients, {"name": "l", "command": "sleep 30", "gpus": 1})
+            end = time.monotonic() + 120
+            store = Store(f"sqlite:///{sd / 'gpuloom.db'}")
+            while time.monotonic() < end and store.count_jobs(["RUNNING"]) < n:
+                time.sleep(0.1)
+            rows = store.list_jobs()
+            store.close()
+        finally:
+            s.close()
+    lat = np.array([r.first_start - r.submit_time for r in rows if r.first_start is not None]) * 1000
+    span = max(r.first_start for r in rows if r.first_start) - min(r.submit_time for r in rows)
+    return {"test": "launch", "jobs": n, "clients": clients, "round_s": round_s, "launched": len(lat),
+            "per_s": len(lat) / span, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "max_ms": float(lat.max())}
+
+
+def main() -> None:
+    print(f"gpuloom service on loopback; {psutil.cpu_count()} cores, SQLite WAL synchronous=FULL")
+    rows = [
+        bench_submit(1000, 16),
+        bench_submit(300, 1),
+        bench_launch(200, 8, 5.0),
+    ]
+    print(f"{'test':<7} {'jobs':>5} {'clients':>7} {'ok':>5} {'per s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  note")
+    for r in rows:
+        ok = r.get("acked", r.get("launched"))
+        note = f"stored={r['stored']}" if r["test"] == "submit" else f"round={r['round_s']}s; latency=submit->launch"
+        print(f"{r['test']:<7} {r['jobs']:>5} {r['clients']:>7} {ok:>5} {r['per_s']:>8.1f} {r['p50_ms']:>8.1f} "
+              f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f}  {note}")
+
+
+if __name__ == "__main__":
+    main()
