@@ -115,7 +115,7 @@ def test_time_limit_and_cancel(server) -> None:  # noqa: ANN001
         slow = c.post("/jobs", json={"command": stepper_cmd(1000, 0.05), "gpus": 1, "time_limit": 1}).json()["id"]
         run = c.post("/jobs", json={"command": stepper_cmd(1000, 0.05), "gpus": 1}).json()["id"]
         queued = c.post("/jobs", json={"command": "true", "gpus": 2}).json()["id"]
-        wait_for(lambda: job(c, run)["state"] == "RUNNING", what="running")
+        wait_for(lambda: "iter=1" in c.get(f"/jobs/{run}/logs").text, what="running")
         assert job(c, queued)["state"] == "QUEUED"
         assert c.delete(f"/jobs/{queued}").json()["state"] == "CANCELLED"
         c.delete(f"/jobs/{run}")

@@ -33,10 +33,10 @@ import psutil
 
 from .executor import Executor, LaunchSpec, ProcInfo
 
-# runs the command in a child shell (default signal dispositions), waits for it even
+# waits for the go-ahead on stdin (affinity set), then runs the command in a child shell (default signal dispositions), waits for it even
 # when SIGTERM arrives (the trap), and records its exit code atomically
 _WRAPPER = (
-    'trap true TERM INT; rm -f "$2"; /bin/sh -c "$1"; code=$?; '
+    'read -r _go; exec 0</dev/null; trap true TERM INT; rm -f "$2"; /bin/sh -c "$1"; code=$?; '
     'echo $code > "$2.tmp" && mv "$2.tmp" "$2"; exit $code'
 )
 
@@ -65,23 +65,33 @@ class ProcessExecutor(Executor):
         env["GPULOOM_MEM_MB"] = str(spec.mem_mb)
         env["GPULOOM_CPUS"] = ",".join(str(c) for c in spec.cpus)
         cores = {c % self.ncpu for c in spec.cpus}
-
-        def pin() -> None:
-            if cores:
-                os.sched_setaffinity(0, cores)
-
         os.makedirs(os.path.dirname(spec.log_path) or ".", exist_ok=True)
+        # no preexec_fn, so Python can vfork; the wrapper waits on stdin until
+        # the affinity is set, so the command never runs unpinned
         with open(spec.log_path, "ab") as log:
             p = subprocess.Popen(
                 ["/bin/sh", "-c", _WRAPPER, "gpuloom-job", spec.command, self._exit_file(spec.job_id)],
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=spec.workdir,
                 start_new_session=True,
-                preexec_fn=pin,
             )
+        try:
+            if cores:
+                os.sched_setaffinity(p.pid, cores)
+        except OSError:
+            p.kill()
+            p.wait()
+            raise
+        finally:
+            assert p.stdin is not None
+            try:
+                p.stdin.write(b"go\n")
+                p.stdin.close()
+            except BrokenPipeError:
+                pass
         with self.lock:
             self.children[spec.job_id] = p
         try:

@@ -23,8 +23,9 @@ Nothing here assumes one machine: every launch names its node.
 
 Design decisions:
 
-* **The store is the truth.**  API calls write to the store (committed) before
-  they answer; the loop picks new jobs up by id and keeps an in-memory mirror
+* **The store is the truth.**  API calls write to the store (committed with
+  ``synchronous=FULL``) before they answer; the loop's records of processes
+  commit with ``synchronous=NORMAL`` (see :mod:`.store` for why that is safe); the loop picks new jobs up by id and keeps an in-memory mirror
   for the scheduler.  Every state change the loop makes is committed before
   the next action.  After a restart :meth:`Service.recover` rebuilds the
   mirror from the store and re-attaches to processes that are still alive
@@ -359,7 +360,7 @@ class Service:
                     job.alloc = alloc
                     job.status = JobStatus.RUNNING
                     job.speed = self.model.speed(job, alloc)
-                    self.store.add_event(row.id, "adopt", {"pids": [p.pid for p in procs]})
+                    self.store.add_event(row.id, "adopt", {"pids": [p.pid for p in procs]}, durable=False)
                     log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
                 else:
                     held = row.held_time + max(0.0, time.time() - (row.last_start or time.time()))
@@ -371,6 +372,7 @@ class Service:
                          "reason": "process lost while the service was down; requeued to resume"},
                         "requeue",
                         {"why": "process gone at recovery"},
+                        durable=False,
                     )
                     row.state = State.QUEUED.value
                     job.attained_time = held
@@ -509,6 +511,7 @@ class Service:
              "held_gpu_time": row.held_gpu_time + (held - row.held_time) * (alloc.num_gpus if alloc else 0)},
             state.value.lower(),
             {"exit_code": code, "reason": reason},
+            durable=False,
         )
         job.status = JobStatus.FINISHED
         # co-runners lose a partner
@@ -569,7 +572,7 @@ class Service:
             except Exception as e:  # executor failure: the process is gone or unreachable
                 log.warning("job %s: stopping %s failed: %s", jid, eid, e)
                 code = None
-            self.store.add_event(jid, "stopped", {"exec_id": eid, "exit_code": code})
+            self.store.add_event(jid, "stopped", {"exec_id": eid, "exit_code": code}, durable=False)
         if not requeue:
             return
         for jid in jids:
@@ -595,6 +598,7 @@ class Service:
                  "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions, "reason": "preempted"},
                 "preempt",
                 {},
+                durable=False,
             )
 
     def _launch(self, jid: int, alloc: Allocation, kind: ActionKind) -> None:
@@ -689,6 +693,7 @@ class Service:
             },
             "launch" if kind is ActionKind.START else kind.value,
             {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
+            durable=False,
         )
 
     # -- introspection ------------------------------------------------------------------
