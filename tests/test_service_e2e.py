@@ -135,3 +135,17 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_job_spanning_two_nodes_gets_one_process_per_node(server) -> None:  # noqa: ANN001
+    s = server("--cluster", "2x2", "--cpus-per-node", str(NCPU), "--round", "0.2")
+    cmd = 'echo "rank=$GPULOOM_NODE_RANK of $GPULOOM_NUM_NODES gpus=$CUDA_VISIBLE_DEVICES total=$GPULOOM_NUM_GPUS"'
+    with s.client() as c:
+        jid = c.post("/jobs", json={"command": cmd, "gpus": 4}).json()["id"]
+        row = wait_for(lambda: (j := job(c, jid))["state"] == "FINISHED" and j, what="spanning job")
+        lines = sorted(c.get(f"/jobs/{jid}/logs").text.split("\n")[:-1])
+        (launch,) = [e for e in c.get(f"/jobs/{jid}/events").json() if e["kind"] == "launch"]
+    assert lines == ["rank=0 of 2 gpus=0,1 total=4", "rank=1 of 2 gpus=0,1 total=4"]
+    assert [p["node"] for p in launch["detail"]["alloc"]["parts"]] == ["node-0", "node-1"]
+    assert [p["gpus"] for p in launch["detail"]["alloc"]["parts"]] == [[0, 1], [2, 3]]
+    assert len(launch["detail"]["pids"]) == 2 and row["exit_code"] == 0

@@ -1,0 +1,67 @@
+"""The Slurm-like client commands against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpuloom.cli import app
+from service_util import Server, kill_jobs, wait_for
+
+NCPU = len(os.sched_getaffinity(0))
+runner = CliRunner()
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    r = runner.invoke(app, list(args), env=env)
+    return r.exit_code, r.output
+
+
+def test_submit_queue_nodes_logs_cancel_token(tmp_path: Path) -> None:
+    s = Server(tmp_path, "--cluster", "1x2", "--cpus-per-node", str(NCPU), "--round", "0.2").start()
+    sd = ("--state-dir", str(tmp_path))
+    try:
+        (tmp_path / "hello.yaml").write_text(
+            "name: hello\ncommand: echo hello from $GPULOOM_JOB_ID\ngpus: 1\nmem: 1G\ntime_limit: '10:00'\n"
+        )
+        (tmp_path / "sleep.json").write_text(json.dumps({"name": "sleeper", "command": "sleep 60", "gpus": 2}))
+        code, out = cli("submit", str(tmp_path / "hello.yaml"), *sd)
+        assert code == 0 and out.strip() == "Submitted job 1"
+        wait_for(lambda: cli("queue", "--all", "--json", *sd)[1].count("FINISHED") == 1, what="hello to finish")
+        code, out = cli("logs", "1", *sd)
+        assert out == "hello from 1\n"
+        code, out = cli("submit", str(tmp_path / "sleep.json"), "--json", *sd)
+        assert json.loads(out)["id"] == 2
+        wait_for(lambda: '"RUNNING"' in cli("queue", "--json", *sd)[1], what="sleeper to run")
+        code, out = cli("queue", *sd)
+        assert code == 0 and "sleeper" in out and "RUNNING" in out and "hello" not in out
+        code, out = cli("nodes", "--json", *sd)
+        (node,) = json.loads(out)
+        assert (node["name"], node["gpus_used"], node["jobs"]) == ("node-0", 2, ["2"])
+        code, out = cli("nodes", *sd)
+        assert "2/2" in out
+        # a user token cannot cancel the admin's job
+        code, tok = cli("token", "create", "alice", *sd)
+        assert code == 0
+        code, out = cli("cancel", "2", "--token", tok.strip(), *sd)
+        assert code == 1 and "403" in out
+        code, out = cli("cancel", "2", *sd)
+        assert code == 0 and out.startswith("job 2:")
+        wait_for(lambda: '"CANCELLED"' in cli("queue", "--all", "--json", *sd)[1], what="cancel")
+        # bad spec: the error names the field; a malformed file names the file
+        (tmp_path / "bad.yaml").write_text("command: x\ngpus: 3\n")
+        code, out = cli("submit", str(tmp_path / "bad.yaml"), *sd)
+        assert code == 2 and "gpus" in out and "needs 3 GPUs" in out
+        (tmp_path / "broken.yaml").write_text("command: [unclosed\n")
+        code, out = cli("submit", str(tmp_path / "broken.yaml"), *sd)
+        assert code == 2 and "broken.yaml" in out
+        # URL and token from the environment
+        env = {"GPULOOM_URL": s.url, "GPULOOM_TOKEN": tok.strip()}
+        code, out = cli("queue", "--all", "--json", "--state-dir", str(tmp_path / "elsewhere"), env=env)
+        assert code == 0 and len(json.loads(out)) == 2
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
