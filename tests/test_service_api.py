@@ -171,3 +171,16 @@ def test_store_concurrent_writers_and_compare_and_set(tmp_path: Path) -> None:
     again = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     assert again.count_jobs(["QUEUED"]) == 399
     again.close()
+
+
+def test_recovery_fails_jobs_the_cluster_can_no_longer_hold(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    big = Service(store, Cluster.homogeneous(2, 4), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(), tmp_path)
+    jid = big.submit({"name": "wide", "command": "true", "gpus": 8}, "alice")
+    small = Service(store, Cluster.homogeneous(1, 4), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(), tmp_path)
+    small.recover()
+    row = store.get_job(jid)
+    assert row is not None and row.state == "FAILED"
+    assert row.reason == "can never run on this cluster: needs 8 GPUs, the cluster has 4"
+    assert small.jobs == {} and small.round() == []
+    store.close()

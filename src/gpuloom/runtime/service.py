@@ -334,6 +334,8 @@ class Service:
         with self.lock:
             for row in self.store.list_jobs(ACTIVE_STATES):
                 self.last_id = max(self.last_id, row.id)
+                if row.state == State.QUEUED.value and not self._fits_or_fail(row):
+                    continue
                 job = self._mirror(row)
                 if row.state != State.RUNNING.value:
                     continue
@@ -417,10 +419,24 @@ class Service:
         self.rows[row.id] = row
         return job
 
+    def _fits_or_fail(self, row: JobRow) -> bool:
+        """False (and the job FAILED) if it can never run on the cluster, e.g. after the cluster shrank."""
+        s = row.spec
+        reason = refuse_reason(self.cluster, int(s["gpus"]), s.get("cpus"), s.get("mem_mb"))
+        if reason is None:
+            return True
+        self.store.update_job(
+            row.id, {"state": State.FAILED.value, "end_time": time.time(), "alloc": None, "procs": None,
+                     "reason": f"can never run on this cluster: {reason[1]}"},
+            "failed", {"reason": reason[1]},
+        )
+        return False
+
     def _load_new(self) -> bool:
         rows = self.store.list_jobs([State.QUEUED.value], after_id=self.last_id)
         for row in rows:
-            self._mirror(row)
+            if self._fits_or_fail(row):
+                self._mirror(row)
         if rows:
             self.last_id = rows[-1].id
         return bool(rows)
@@ -534,9 +550,13 @@ class Service:
         for jid in sorted(ids):
             if jid in self.running:
                 to_stop.append(jid)
-            elif jid in self.jobs:  # queued: the API already marked it cancelled in the store
+            elif jid in self.jobs:  # queued (the API marked it cancelled, unless it was running then)
                 self.jobs.pop(jid)
                 self.rows.pop(jid, None)
+                self.store.update_job(
+                    jid, {"state": State.CANCELLED.value, "end_time": time.time(), "reason": "cancelled"},
+                    "cancel", {}, expect_state=[State.QUEUED.value],
+                )
             # not mirrored yet: _load_new only loads QUEUED rows, so it is skipped
         if to_stop:
             self._stop_many(to_stop, requeue=False)
