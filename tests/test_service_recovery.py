@@ -22,39 +22,43 @@ def _gone(pid: int) -> bool:
 
 
 def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path) -> None:
-    args = ("--cluster", "1x4", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "10")
+    args = ("--cluster", "1x6", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "10")
     s = Server(tmp_path, *args).start()
     try:
         with s.client() as c:
             a = c.post("/jobs", json={"name": "a", "command": stepper_cmd(50, 0.1), "gpus": 2}).json()["id"]
             b = c.post("/jobs", json={"name": "b", "command": stepper_cmd(50, 0.05), "gpus": 2}).json()["id"]
-            q1 = c.post("/jobs", json={"name": "q1", "command": stepper_cmd(4, 0.05), "gpus": 4}).json()["id"]
+            f = c.post("/jobs", json={"name": "f", "command": stepper_cmd(20, 0.1), "gpus": 2}).json()["id"]
+            q1 = c.post("/jobs", json={"name": "q1", "command": stepper_cmd(4, 0.05), "gpus": 6}).json()["id"]
             q2 = c.post("/jobs", json={"name": "q2", "command": stepper_cmd(4, 0.05), "gpus": 2}).json()["id"]
-            for jid in (a, b):
+            for jid in (a, b, f):
                 wait_for(lambda jid=jid: "iter=3" in c.get(f"/jobs/{jid}/logs").text, what=f"job {jid} progress")
-            before = {jid: job(c, jid) for jid in (a, b, q1, q2)}
+            before = {jid: job(c, jid) for jid in (a, b, f, q1, q2)}
             log_a = c.get(f"/jobs/{a}/logs").text
             log_b = c.get(f"/jobs/{b}/logs").text
-        assert [before[j]["state"] for j in (a, b, q1, q2)] == ["RUNNING", "RUNNING", "QUEUED", "QUEUED"]
-        pid_a = start_records(log_a)[0]["pid"]
-        pid_b = start_records(log_b)[0]["pid"]
+            log_f = c.get(f"/jobs/{f}/logs").text
+        assert [before[j]["state"] for j in (a, b, f, q1, q2)] == ["RUNNING"] * 3 + ["QUEUED"] * 2
+        pid_a, pid_b, pid_f = (start_records(x)[0]["pid"] for x in (log_a, log_b, log_f))
 
         s.kill()  # SIGKILL: no shutdown code runs
         assert not _gone(pid_a) and not _gone(pid_b)  # job processes outlive the server
         # while the server is down, job b is stopped (it checkpoints on SIGTERM)
         os.kill(pid_b, signal.SIGTERM)
         wait_for(lambda: _gone(pid_b), what="job b to exit")
+        # and job f finishes on its own
+        wait_for(lambda: _gone(pid_f), what="job f to finish")
         time.sleep(0.2)
 
         s = Server(tmp_path, *args).start()
         with s.client() as c:
             # every accepted job is still there
-            assert [j["id"] for j in c.get("/jobs").json()] == [a, b, q1, q2]
+            assert [j["id"] for j in c.get("/jobs").json()] == [a, b, f, q1, q2]
             done = {
                 jid: wait_for(lambda jid=jid: (j := job(c, jid))["state"] == "FINISHED" and j, timeout=60,
                               what=f"job {jid} to finish")
-                for jid in (a, b, q1, q2)
+                for jid in (a, b, f, q1, q2)
             }
+            ev_f = [e["kind"] for e in c.get(f"/jobs/{f}/events").json()]
             ev_a = [e["kind"] for e in c.get(f"/jobs/{a}/events").json()]
             ev_b = [e["kind"] for e in c.get(f"/jobs/{b}/events").json()]
             log_a = c.get(f"/jobs/{a}/logs").text
@@ -68,6 +72,10 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
         assert done[b]["attempts"] == 2 and done[b]["resume_count"] == 1
         recs = start_records(log_b)
         assert [r["resume"] for r in recs] == [None, "1"] and recs[1]["start"] >= 3
+        # f finished while the server was down: its exit record says so, it is not rerun
+        assert ev_f == ["submit", "launch", "finished"] and done[f]["attempts"] == 1
+        assert done[f]["reason"] == "finished while the service was down"
+        assert ledger(done[f]["checkpoint_dir"]) == list(range(20))
         # no work lost or repeated, queued jobs ran
         assert ledger(done[a]["checkpoint_dir"]) == list(range(50))
         assert ledger(done[b]["checkpoint_dir"]) == list(range(50))

@@ -3,7 +3,7 @@
 ``stepper.py STEPS DT``: does STEPS steps of DT seconds.  Each finished step is
 appended to ``$GPULOOM_CHECKPOINT_DIR/ledger`` and the checkpoint (next step)
 is replaced atomically; on SIGTERM it finishes the current step, checkpoints
-and exits 0; with ``GPULOOM_RESUME=1`` it restarts from the checkpoint.  So the
+and exits 143 (exit 0 means all steps are done); with ``GPULOOM_RESUME=1`` it restarts from the checkpoint.  So the
 ledger lists every step exactly once if no work is lost or repeated.  The
 first line of output is a JSON record of what the process was given.
 """
@@ -77,5 +77,5 @@ for i in range(start, steps):
     print(f"GPULOOM_PROGRESS iter={i + 1}", flush=True)
     if stop:
         print(f"checkpointed at step {i + 1}", flush=True)
-        sys.exit(0)
+        sys.exit(143)  # 128 + SIGTERM: stopped, not done
 print("done", flush=True)

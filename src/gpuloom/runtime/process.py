@@ -161,6 +161,11 @@ class ProcessExecutor(Executor):
         except (OSError, ValueError):
             return -1
 
+    def exit_code(self, info: ProcInfo) -> int | None:
+        """The recorded exit code of a process that is gone (None if it left no record)."""
+        code = self._read_exit(info.job_id)
+        return None if code == -1 else code
+
     def adopt(self, info: ProcInfo) -> bool:
         try:
             proc = psutil.Process(info.pid)

@@ -43,12 +43,15 @@ Design decisions:
   ``FINISHED`` / ``FAILED`` / ``CANCELLED``.
 * **Exits.**  A process that exits while the service did not stop it ends the
   job: code 0 → ``FINISHED``, otherwise ``FAILED`` with the code.  A process
-  the service stopped (preemption, move, resize) is requeued whatever its
-  exit code: the job checkpoints on SIGTERM and resumes later.
+  the service stopped (preemption, move, resize) is requeued (the job
+  checkpoints on SIGTERM and exits non-zero, conventionally 143), unless it
+  exited 0: it had completed.  After a restart, a process that is gone but
+  left an exit record of 0 completed while the service was down.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -129,6 +132,16 @@ def alloc_to_json(alloc: Allocation, cluster: Cluster, cores: Mapping[str, Seque
             }
         )
     return {"parts": parts, "group": list(alloc.group)}
+
+
+def proc_to_json(p: ProcInfo, cores: Sequence[int]) -> dict[str, Any]:
+    """A launched process as stored: every :class:`ProcInfo` field plus its core ids."""
+    return {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)}, "cores": list(cores)}
+
+
+def proc_from_json(d: Mapping[str, Any]) -> ProcInfo:
+    names = {f.name for f in dataclasses.fields(ProcInfo)}
+    return ProcInfo(**{k: v for k, v in d.items() if k in names})
 
 
 def alloc_from_json(job_id: str, d: Mapping[str, Any], cluster: Cluster) -> Allocation:
@@ -341,17 +354,24 @@ class Service:
                     continue
                 alive = False
                 alloc = None
-                procs = [ProcInfo(p["exec_id"], p["node"], int(p["pid"]), float(p["start_time"])) for p in row.procs or []]
+                procs = [proc_from_json(d) for d in row.procs or []]
+                finished = False
                 if procs and row.alloc:
                     try:
                         alloc = alloc_from_json(str(row.id), row.alloc, self.cluster)
                     except (KeyError, ValueError) as e:
                         log.warning("job %s: stored allocation no longer fits the cluster (%s)", row.id, e)
-                    adopted = [p for p in procs if self.executor.adopt(p)]
+                    adopted = [p for p in procs if self._adopt(p)]
                     alive = alloc is not None and len(adopted) == len(procs)
                     if not alive:
+                        # all gone with exit records of 0: it finished while the service was down
+                        gone = [p for p in procs if p not in adopted]
+                        finished = not adopted and all(self._exit_code(p) == 0 for p in gone)
                         for p in adopted:
-                            self.executor.stop(p.job_id, self.grace_s)
+                            self._stop_quietly(p.job_id)
+                if finished:
+                    self._finish(row.id, State.FINISHED, 0, "finished while the service was down")
+                    continue
                 if alive and alloc is not None:
                     cores = {p["node"]: tuple(p.get("cores", ())) for p in row.alloc["parts"]}  # type: ignore[index]
                     for p in procs:
@@ -383,6 +403,28 @@ class Service:
                     with self._cancel_lock:
                         self._cancels.add(row.id)
             self.last_id = max(self.last_id, self._max_id())
+
+    def _adopt(self, p: ProcInfo) -> bool:
+        try:
+            return bool(self.executor.adopt(p))
+        except Exception as e:  # e.g. the node is no longer served by this executor
+            log.warning("job %s: cannot adopt pid %s on %s: %s", p.job_id, p.pid, p.node, e)
+            return False
+
+    def _exit_code(self, p: ProcInfo) -> int | None:
+        try:
+            return self.executor.exit_code(p)  # type: ignore[attr-defined]
+        except AttributeError:  # an executor without exit records
+            return None
+        except Exception:
+            return None
+
+    def _stop_quietly(self, eid: str) -> int | None:
+        try:
+            return self.executor.stop(eid, self.grace_s)
+        except Exception as e:
+            log.warning("stopping %s failed: %s", eid, e)
+            return None
 
     def _max_id(self) -> int:
         rows = self.store.list_jobs(None, after_id=self.last_id)
@@ -500,13 +542,14 @@ class Service:
             run = self.running[jid]
             if eid not in run.procs:
                 continue
-            run.exited[eid] = code
+            run.exited[eid] = -1 if code is None else code
             changed = True
             if code != 0:
                 others = [e for e in run.procs if e not in run.exited]
                 for e in others:
-                    self.executor.stop(e, self.grace_s)
-                self._finish(jid, State.FAILED, code, f"process {eid} exited with code {code}")
+                    self._stop_quietly(e)
+                what = "with an unknown exit code" if code is None else f"with code {code}"
+                self._finish(jid, State.FAILED, code, f"process {eid} ended {what}")
             elif len(run.exited) == len(run.procs):
                 self._finish(jid, State.FINISHED, 0, None)
         return changed
@@ -586,19 +629,26 @@ class Service:
             for eid in run.procs:
                 if eid not in run.exited:
                     futs.append((jid, eid, self._pool.submit(self.executor.stop, eid, self.grace_s)))
+        codes: dict[int, list[int | None]] = {}
         for jid, eid, f in futs:
             try:
                 code = f.result()
             except Exception as e:  # executor failure: the process is gone or unreachable
                 log.warning("job %s: stopping %s failed: %s", jid, eid, e)
                 code = None
+            codes.setdefault(jid, []).append(code)
             self.store.add_event(jid, "stopped", {"exec_id": eid, "exit_code": code}, durable=False)
         if not requeue:
             return
         for jid in jids:
-            run = self.running.pop(jid, None)
+            run = self.running.get(jid)
             if run is None:
                 continue
+            if codes.get(jid) and all(c == 0 for c in codes[jid]) and all(c == 0 for c in run.exited.values()):
+                # it completed as it was being stopped (exit 0 = done; a checkpointed stop exits 143)
+                self._finish(jid, State.FINISHED, 0, None)
+                continue
+            del self.running[jid]
             self._release(jid, run)
             row = self.rows[jid]
             job = self.jobs[jid]
@@ -667,7 +717,7 @@ class Service:
         except Exception as e:
             log.exception("job %s: launch failed", jid)
             for eid in procs:
-                self.executor.stop(eid, 0.0)
+                self._stop_quietly(eid)
             for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [str(jid)]:
                 for n in self.cluster.nodes:
                     if eid in self.cores.used[n.name]:
@@ -699,11 +749,7 @@ class Service:
             {
                 "state": State.RUNNING.value,
                 "alloc": alloc_json,
-                "procs": [
-                    {"exec_id": p.job_id, "node": p.node, "pid": p.pid, "start_time": p.start_time,
-                     "cores": list(cores[p.node])}
-                    for p in procs.values()
-                ],
+                "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
                 "attempts": row.attempts,
                 "resume_count": row.resume_count,
                 "first_start": row.first_start,
