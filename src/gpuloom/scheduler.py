@@ -110,8 +110,10 @@ class Scheduler:
             prefix = self._prefix(ordered, view.cluster.num_gpus)
             plan = self._run(prefix, view)
             if len(prefix) < len(ordered):
-                used = sum(a.num_gpus for a in plan.allocations.values())
-                if used < view.cluster.num_gpus:
+                free = plan.free_gpus
+                if free is None:
+                    free = view.cluster.num_gpus - len({g for a in plan.allocations.values() for g in a.gpu_ids})
+                if free > 0:
                     plan = self._run(ordered, view)
         else:
             plan = self._run(ordered, view)

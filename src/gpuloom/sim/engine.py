@@ -33,7 +33,7 @@ from ..core.cluster import Cluster
 from ..core.job import Job, JobError, JobSpec, JobStatus
 from ..core.plan import ActionKind, Allocation, PlanError, check_plan, diff
 from ..perf.model import ThroughputModel
-from ..policies.base import View
+from ..policies.base import FreeState, View
 from ..scheduler import Scheduler
 from .metrics import JobRecord, RunResult, TimeSeries
 
@@ -106,6 +106,7 @@ class Simulator:
         self._heap: list[tuple[float, int, str, int]] = []
         self._seq = 0
         self._used = [0, 0, 0]  # GPUs, cores, MB held
+        self.free = FreeState(cluster)  # what ``current`` leaves free, kept incrementally
 
     # -- bookkeeping --------------------------------------------------------
     def _record(self) -> None:
@@ -116,10 +117,15 @@ class Simulator:
 
     def _hold(self, alloc: Allocation, sign: int) -> None:
         # a group's GPUs count once: only the first member in / last member out moves them
-        if not any(o in self.current for o in alloc.group):
+        gpus = not any(o in self.current for o in alloc.group)
+        if gpus:
             self._used[0] += sign * alloc.num_gpus
         self._used[1] += sign * alloc.cpus
         self._used[2] += sign * alloc.mem_mb
+        if sign > 0:
+            self.free.take(alloc.parts, 1, gpus)
+        else:
+            self.free.release(alloc.parts, 1, gpus)
 
     def _push_completion(self, job: Job) -> None:
         t = job.predicted_finish(self.now)
@@ -184,39 +190,51 @@ class Simulator:
         self.rounds += 1
         self.rounds_computed += 1
         now = self.now
-        for jid in self.current:
-            self.by_id[jid].advance(now)
-        jobs = [j for j in self.active.values() if j.spec.gpus <= self.cluster.num_gpus]
-        view = View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds)
+        if self.scheduler.dynamic:
+            # time-dependent orders read remaining work and attained service
+            for jid in self.current:
+                self.by_id[jid].advance(now)
+        jobs = list(self.active.values())  # arrival order; impossible jobs never become active
+        view = View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds, free=self.free)
         plan = self.scheduler.schedule(view)
         if self.config.check:
             self._check(plan)
-        for act in diff(self.current, plan):
+        actions = diff(self.current, plan)
+        # three passes: free everything that changes, then take the new
+        # allocations, then compute speeds once every co-runner is in place
+        for act in actions:
             job = self.by_id[act.job_id]
             job.advance(now)
+            if act.old is not None:
+                self._set_alloc(job, None)
+        restart = self.config.restart_overhead
+        for act in actions:
+            job = self.by_id[act.job_id]
             k = act.kind
             if k is ActionKind.STOP:
-                self._set_alloc(job, None)
                 job.status = JobStatus.WAITING
                 job.speed = 0.0
                 job.preemptions += 1
-            else:
-                if k is ActionKind.START:
-                    job.status = JobStatus.RUNNING
-                    if job.first_start is None:
-                        job.first_start = now
-                        job.busy_until = now + self.config.launch_overhead
-                    else:
-                        job.busy_until = now + self.config.restart_overhead
-                    job.last_start = now
-                elif k is ActionKind.MOVE:
-                    job.migrations += 1
-                    job.busy_until = max(job.busy_until, now + self.config.restart_overhead)
-                elif k is ActionKind.RESIZE:
-                    job.resizes += 1
-                    job.busy_until = max(job.busy_until, now + self.config.restart_overhead)
-                self._set_alloc(job, act.new)
-                job.speed = self.model.speed(job, act.new)  # type: ignore[arg-type]
+                continue
+            if k is ActionKind.START:
+                job.status = JobStatus.RUNNING
+                if job.first_start is None:
+                    job.first_start = now
+                    job.busy_until = now + self.config.launch_overhead
+                else:
+                    job.busy_until = now + restart
+                job.last_start = now
+            elif k is ActionKind.MOVE:
+                job.migrations += 1
+                job.busy_until = max(job.busy_until, now + restart)
+            elif k is ActionKind.RESIZE:
+                job.resizes += 1
+                job.busy_until = max(job.busy_until, now + restart)
+            self._set_alloc(job, act.new)
+        for act in actions:
+            job = self.by_id[act.job_id]
+            if act.new is not None:
+                job.speed = self.model.speed(job, act.new)
             job.version += 1
             self._push_completion(job)
         for obs in self.observers:
