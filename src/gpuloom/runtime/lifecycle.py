@@ -9,6 +9,7 @@ States (F-scheduling's lifecycle, plus two terminal states the service needs)::
       -> STANDBY                  holds no running process; ready to be launched on the
                                   resources the plan gives it (also where a stopped job waits)
       -> LAUNCHING                process starting / restoring its checkpoint: no progress
+                                  (a launch the scheduler calls off goes LAUNCHING -> STOPPING)
       -> RUNNING_PROTECTED        making progress; the scheduler must not reallocate it
                                   until ``protected_until`` (= entry + 3 x latest launch time)
       -> RUNNING                  making progress; may be reallocated
@@ -62,11 +63,14 @@ HOLDING_STATES: frozenset[JobState] = frozenset(
     {S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING, S.CHECKPOINTING, S.STOPPING}
 )
 
+#: where a scheduler keeps a job's :class:`Lifecycle` (``job.extra[LIFECYCLE_KEY]``)
+LIFECYCLE_KEY = "lifecycle"
+
 _FORWARD: dict[JobState, frozenset[JobState]] = {
     S.WAITING_FOR_INITIAL_CONTACT: frozenset({S.WAITING_FOR_INITIAL_RESOURCE}),
     S.WAITING_FOR_INITIAL_RESOURCE: frozenset({S.STANDBY}),
     S.STANDBY: frozenset({S.LAUNCHING}),
-    S.LAUNCHING: frozenset({S.RUNNING_PROTECTED}),
+    S.LAUNCHING: frozenset({S.RUNNING_PROTECTED, S.STOPPING}),
     S.RUNNING_PROTECTED: frozenset({S.RUNNING, S.FINISHED}),
     S.RUNNING: frozenset({S.CHECKPOINTING, S.FINISHED}),
     S.CHECKPOINTING: frozenset({S.STOPPING}),
