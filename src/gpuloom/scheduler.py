@@ -115,6 +115,22 @@ class Scheduler:
                     plan = self._run(ordered, view)
         else:
             plan = self._run(ordered, view)
-        for hook in self.hooks:
-            plan = hook(plan, view)
+        if self.hooks:
+            placed = plan
+            for hook in self.hooks:
+                plan = hook(plan, view)
+            if plan is not placed:
+                self.last_requests = _kept_requests(self.last_requests, plan, view)
         return plan
+
+
+def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:
+    """A hook that keeps a job on its current allocation changes that job's request to match
+    (so the gang check compares with what the final plan asks for)."""
+    out = []
+    for r in requests:
+        a = plan.allocations.get(r.job.id)
+        if a is not None and a.num_gpus != r.gpus and view.current.get(r.job.id) == a:
+            r = pb.Request(r.jobs, a.num_gpus, r.cpus, r.mem_mb)
+        out.append(r)
+    return out
