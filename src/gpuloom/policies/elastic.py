@@ -28,7 +28,9 @@ The requests carry the chosen count (``fixed_gpus`` is not set: counts change),
 assigned jobs first, in order, so placement never prefers a job the sizer left
 out.  CPU and memory are GPU-proportional.
 
-:class:`Hysteresis` is a :class:`~gpuloom.scheduler.Scheduler` plan hook: a
+:class:`Hysteresis` is a :class:`~gpuloom.scheduler.Scheduler` plan hook (the
+elastic sizer offers it through ``plan_hooks()``, threshold ``-P hysteresis=1``,
+``-P hysteresis=null`` to switch it off; any scheduler can take it in ``hooks``): a
 new plan never moves or resizes a protected job, and it replaces the running
 one only if it raises total throughput by at least ``threshold`` iterations/s
 or starts a waiting job; otherwise the running allocations stay as they are.
@@ -88,6 +90,7 @@ class ElasticSize(SizePolicy):
         slowdown: str = "fraction",
         respect_protection: bool = True,
         span_nodes: bool = False,
+        hysteresis: float | None = 1.0,
     ) -> None:
         if not v_bound >= 0:
             raise ValueError(f"v_bound must be >= 0, got {v_bound}")
@@ -97,7 +100,14 @@ class ElasticSize(SizePolicy):
         self.slowdown = slowdown
         self.respect_protection = bool(respect_protection)
         self.span_nodes = bool(span_nodes)
+        if hysteresis is not None and hysteresis is not False and not float(hysteresis) >= 0:
+            raise ValueError(f"hysteresis threshold must be >= 0 iterations/s (or None to disable), got {hysteresis}")
+        self.hysteresis = None if hysteresis is None or hysteresis is False else float(hysteresis)
         self.last_unfairness = 0.0
+
+    def plan_hooks(self) -> list[Hysteresis]:
+        """The :class:`Hysteresis` hook (threshold ``hysteresis`` it/s) unless disabled with ``None``."""
+        return [] if self.hysteresis is None else [Hysteresis(self.hysteresis)]
 
     def _bounds(self, job: Job, sf: ScalingFactor, cap: int) -> tuple[int, int]:
         c = sf.curve(job)
