@@ -8,7 +8,9 @@ from its throughput curve f (:mod:`gpuloom.perf.scaling`):
    node(s), whatever their place in the order;
 2. in policy order, every other job gets its minimum (the smallest count with
    f > 0, or ``attrs["min_gpus"]``) while the cluster's free GPUs cover it;
-   a job that does not fit on one node (fragmentation) is skipped;
+   a job that does not fit on one node (fragmentation) is skipped; a running
+   job stays on its node if it can, a new one goes to the node with the most
+   free GPUs (room to grow);
 3. the remaining GPUs are handed out one at a time: among the jobs whose next
    GPU raises their throughput (and whose node has a free GPU), those whose
    extra GPU keeps the variance of the running jobs' slowdowns within
@@ -176,7 +178,7 @@ class ElasticSize(SizePolicy):
             if prev is not None and len(prev.parts) == 1 and node_free[prev.parts[0].node] >= lo:
                 pick = prev.parts[0].node
             if pick < 0:
-                pick = int(cand[np.argmin(node_free[cand])])  # best fit
+                pick = int(cand[np.argmax(node_free[cand])])  # most room to grow
             gpus[i] = lo
             node[i] = pick
             node_free[pick] -= lo
