@@ -225,6 +225,10 @@ def test_elastic_bad_parameters() -> None:
     cl = Cluster.homogeneous(1, 6)
     with pytest.raises(pb.PolicyError, match="min_gpus"):
         _sizes(ElasticSize(), [_job("a", SLOW, min_gpus=3, max_gpus=2)], cl)
+    with pytest.raises(pb.PolicyError, match="curve is 0"):
+        _sizes(ElasticSize(), [_job("a", {2: 1.0}, gpus=2, min_gpus=1)], cl)
+    with pytest.raises(pb.PolicyError, match="a node has 6"):
+        _sizes(ElasticSize(), [_job("a", {8: 1.0}, gpus=8)], cl)
 
 
 # ---------------------------------------------------------------------------

@@ -124,8 +124,12 @@ class ElasticSize(SizePolicy):
             hi = cap
         lo = int(attrs.get("min_gpus", lo))
         hi = int(attrs.get("max_gpus", hi))
+        if lo > cap:
+            raise PolicyError(f"job {job.id}: needs at least {lo} GPUs, a node has {cap} (span_nodes=True allows more)")
         if lo < 1 or hi < lo:
             raise PolicyError(f"job {job.id}: min_gpus {lo} / max_gpus {hi} are inconsistent")
+        if sf.throughput(job, lo) <= 0:
+            raise PolicyError(f"job {job.id}: its throughput curve is 0 at its minimum of {lo} GPUs")
         return lo, min(hi, cap)
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
@@ -218,12 +222,15 @@ class ElasticSize(SizePolicy):
         fu_a = fu[idx]
         m = len(idx)
         free_total = int(node_free.sum())
+        nodes_a = node[idx]
+        on_node = nodes_a >= 0
+        node_ix = np.maximum(nodes_a, 0)
+        growable = ~frozen[idx]
+        hi_a = hi[idx]
         while free_total > 0:
             s = self._s(f, fu_a)
-            room = np.array(
-                [(node_free[node[i]] > 0) if node[i] >= 0 else True for i in idx], dtype=bool
-            )
-            cand = np.flatnonzero(~frozen[idx] & (g < hi[idx]) & room & (fnext > f))
+            room = ~on_node | (node_free[node_ix] > 0)
+            cand = np.flatnonzero(growable & (g < hi_a) & room & (fnext > f))
             if cand.size == 0:
                 break
             s1, s2 = s.sum(), (s * s).sum()
