@@ -127,6 +127,13 @@ def test_slowdown_and_unfairness() -> None:
     lin = ScalingCurve({1: 1.0, 6: 6.0})
     assert slowdown(lin, 3, cl) == 0.5
     assert slowdown(ScalingCurve({2: 1.0}), 1, cl) == 0.0
+    # a curve that falls: f(U) is the best the job can do on the cluster (1 GPU here), not f(6)
+    alex = builtin_curve("alexnet")
+    assert alex(6) == pytest.approx((10.937 + 17.983) / 2)
+    assert slowdown(alex, 1, cl) == 1.0  # type: ignore[arg-type]
+    assert slowdown(alex, 2, cl) == pytest.approx(7.429 / 18.354)  # type: ignore[arg-type]
+    assert ScalingFactor().cluster_throughput(Job(JobSpec("r", 0, 2, 10.0, iter_time=0.5)), cl) == 2.0
+    assert ScalingFactor().cluster_throughput(Job(JobSpec("r", 0, 8, 10.0)), cl) == 0.0
     assert unfairness([0.5]) == 0.0
     assert unfairness([1 / 6, 5 / 6]) == pytest.approx(1 / 9)
 
@@ -215,6 +222,20 @@ def test_elastic_multi_node_keeps_each_job_on_one_node() -> None:
     assert sum(got.values()) == 8 and max(got.values()) <= 4
 
 
+def test_elastic_job_larger_than_a_node_spans_at_its_minimum() -> None:
+    cl = Cluster.homogeneous(2, 4)
+    big = Job(JobSpec("big", 0, 6, 100.0))  # no curve: rigid 6 GPUs
+    small = _job("s", {1: 1.0, 4: 4.0})
+    for j in (big,):
+        j.status = JobStatus.WAITING
+    view = _view(cl, [big, small])
+    reqs = ElasticSize().size([(big,), (small,)], view)
+    assert [(r.job.id, r.gpus) for r in reqs] == [("big", 6), ("s", 2)]
+    plan = pb.lookup("place", "packed-sticky")().place(reqs, view)
+    check_plan(plan, cl)
+    assert plan.allocations["big"].spans_nodes and plan.allocations["s"].num_gpus == 2
+
+
 def test_elastic_bad_parameters() -> None:
     with pytest.raises(pb.PolicyError, match="v_bound"):
         pb.make("size", "elastic", {"v_bound": -1})
@@ -227,7 +248,7 @@ def test_elastic_bad_parameters() -> None:
         _sizes(ElasticSize(), [_job("a", SLOW, min_gpus=3, max_gpus=2)], cl)
     with pytest.raises(pb.PolicyError, match="curve is 0"):
         _sizes(ElasticSize(), [_job("a", {2: 1.0}, gpus=2, min_gpus=1)], cl)
-    with pytest.raises(pb.PolicyError, match="a node has 6"):
+    with pytest.raises(pb.PolicyError, match="the cluster has 6"):
         _sizes(ElasticSize(), [_job("a", {8: 1.0}, gpus=8)], cl)
 
 

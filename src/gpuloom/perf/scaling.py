@@ -40,8 +40,11 @@ re-derive them from the files and compare):
   GPU).  Nearly linear; used for the models no other catalogue has.
 
 Slowdown and unfairness (F-scheduling): ``S_j = f_j(R_j) / f_j(U)`` where U is
-the whole cluster (:func:`slowdown`); unfairness is the variance of the
-running jobs' slowdowns (:func:`unfairness`).
+the whole cluster (:func:`slowdown`); f(U) is read as the best the job can do
+with the whole cluster at its disposal, max over n <= |U| of f(n), which is
+f(|U|) for non-decreasing curves and stays meaningful for rigid jobs and
+curves that fall (VGG, AlexNet in the Tiresias data).  Unfairness is the
+variance of the running jobs' slowdowns (:func:`unfairness`).
 
 :class:`ScalingFactor` (name ``"scaling"``) is the throughput-model factor:
 ``speed = f(alloc GPUs, alloc nodes) / f(requested GPUs)`` so that a job's
@@ -150,6 +153,12 @@ class ScalingCurve:
     @property
     def max_known(self) -> int:
         return int(self._n[-1])
+
+    def best(self, upto: int) -> float:
+        """max f(n) over 1 <= n <= ``upto`` (single-node values; the curve is piecewise linear,
+        so the maximum is at a known point or at ``upto``)."""
+        known = self._v[self._n <= upto]
+        return max(float(known.max()) if known.size else 0.0, self._single(upto))
 
     def __call__(self, gpus: int, nodes: int = 1) -> float:
         key = (gpus, nodes)
@@ -282,8 +291,13 @@ def curve_for(job: Job, sources: Sequence[str] = DEFAULT_ORDER) -> ScalingCurve 
 # slowdown fairness
 
 def cluster_throughput(curve: ScalingCurve, cluster: Cluster) -> float:
-    """f(U): the curve on the whole cluster (all GPUs, all nodes)."""
-    return curve(cluster.num_gpus, cluster.num_nodes)
+    """f(U): the job's best throughput given the whole cluster, max f(n) for n <= all its GPUs.
+
+    For a non-decreasing curve this is f(all GPUs); for a job that slows down
+    past some size (or runs at one size only) it is its best size, which it
+    could pick if it had the cluster to itself.
+    """
+    return curve.best(cluster.num_gpus)
 
 
 def slowdown(curve: ScalingCurve, gpus: int, cluster: Cluster, nodes: int = 1) -> float:
@@ -344,6 +358,15 @@ class ScalingFactor:
         if self.fallback == "linear":
             return gpus / req
         return 1.0 if gpus == req else 0.0
+
+    def cluster_throughput(self, job: Job, cluster: Cluster) -> float:
+        """f(U) for ``job`` (see :func:`cluster_throughput`), with the fallback for jobs without a curve."""
+        c = self.curve(job)
+        if c is not None:
+            return cluster_throughput(c, cluster)
+        g = cluster.num_gpus
+        best = g if self.fallback == "linear" else (job.spec.gpus if job.spec.gpus <= g else 0)
+        return self._fallback_speed(job, best) * self._fallback_rate(job) if best else 0.0
 
     def speed_at(self, job: Job, gpus: int, nodes: int = 1) -> float:
         c = self.curve(job)

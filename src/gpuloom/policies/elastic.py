@@ -111,7 +111,7 @@ class ElasticSize(SizePolicy):
         """The :class:`Hysteresis` hook (threshold ``hysteresis`` it/s) unless disabled with ``None``."""
         return [] if self.hysteresis is None else [Hysteresis(self.hysteresis)]
 
-    def _bounds(self, job: Job, sf: ScalingFactor, cap: int) -> tuple[int, int]:
+    def _bounds(self, job: Job, sf: ScalingFactor, cap: int, total: int) -> tuple[int, int]:
         c = sf.curve(job)
         attrs = job.spec.attrs or {}
         if c is None:
@@ -124,13 +124,15 @@ class ElasticSize(SizePolicy):
             hi = cap
         lo = int(attrs.get("min_gpus", lo))
         hi = int(attrs.get("max_gpus", hi))
-        if lo > cap:
-            raise PolicyError(f"job {job.id}: needs at least {lo} GPUs, a node has {cap} (span_nodes=True allows more)")
+        if lo > cap:  # larger than a node: it must span nodes, at its minimum
+            if lo > total:
+                raise PolicyError(f"job {job.id}: needs at least {lo} GPUs, the cluster has {total}")
+            hi = lo
         if lo < 1 or hi < lo:
             raise PolicyError(f"job {job.id}: min_gpus {lo} / max_gpus {hi} are inconsistent")
         if sf.throughput(job, lo) <= 0:
             raise PolicyError(f"job {job.id}: its throughput curve is 0 at its minimum of {lo} GPUs")
-        return lo, min(hi, cap)
+        return lo, hi if lo > cap else min(hi, cap)
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         cl = view.cluster
@@ -163,7 +165,7 @@ class ElasticSize(SizePolicy):
                 continue
             j = u[0]
             if elastic_ok[i]:
-                lo, hi[i] = self._bounds(j, sf, cap)
+                lo, hi[i] = self._bounds(j, sf, cap, cl.num_gpus)
             else:
                 lo = hi[i] = max(m.spec.gpus for m in u)
             if lo > free_total:
@@ -191,7 +193,7 @@ class ElasticSize(SizePolicy):
         # 3. one GPU at a time
         if assigned.any():
             for i in np.flatnonzero(assigned):
-                fu[i] = max(sf.throughput(units[i][0], cl.num_gpus, cl.num_nodes), 1e-300)
+                fu[i] = sf.cluster_throughput(units[i][0], cl)  # >= f(minimum) > 0
             self._grow(units, sf, gpus, hi, node, node_free, fixed | ~elastic_ok, assigned, fu)
         reqs: list[Request] = []
         rest: list[Request] = []
@@ -199,15 +201,16 @@ class ElasticSize(SizePolicy):
             if assigned[i]:
                 reqs.append(Request(tuple(u), int(gpus[i])))
             else:
-                lo = max(m.spec.gpus for m in u) if not elastic_ok[i] else self._bounds(u[0], sf, cap)[0]
+                lo = max(m.spec.gpus for m in u) if not elastic_ok[i] else self._bounds(u[0], sf, cap, cl.num_gpus)[0]
                 rest.append(Request(tuple(u), lo))
         return reqs + rest
 
     def _s(self, f: np.ndarray, fu: np.ndarray) -> np.ndarray:
         if self.slowdown == "fraction":
             return f / fu
-        with np.errstate(divide="ignore"):
-            return np.where(f > 0, fu / np.maximum(f, 1e-300), np.inf)
+        out = np.full(f.shape, np.inf)
+        np.divide(fu, f, out=out, where=f > 0)
+        return out
 
     def _grow(self, units, sf, gpus, hi, node, node_free, frozen, assigned, fu) -> None:  # noqa: ANN001
         idx = np.flatnonzero(assigned)
