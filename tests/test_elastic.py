@@ -497,3 +497,33 @@ def test_elastic_composes_with_orders_and_placements(order: str, place: str) -> 
         assert sim.by_id[rec.id].extra[LIFECYCLE_KEY].state is S.FINISHED
     _check_protection_respected(sim)
     assert math.isfinite(res.summary()["mean_jct"])
+
+
+def _tiresias_specs(path) -> list[JobSpec]:  # noqa: ANN001
+    import csv
+
+    with path.open(newline="") as fh:
+        return [
+            JobSpec.from_iterations(f"t{r['job_id']}", float(r["submit_time"]), int(r["num_gpu"]), int(r["iterations"]),
+                                    float(r["duration"]) / int(r["iterations"]), model=r["model_name"])
+            for r in csv.DictReader(fh)
+        ]
+
+
+def test_elastic_on_the_tiresias_trace(data_dir) -> None:  # noqa: ANN001
+    specs = _tiresias_specs(data_dir / "tiresias" / "60_job.csv")
+    cl = Cluster.homogeneous(2, 8)
+    lt = LifecycleTimes(launch=10, checkpoint=5, stop=2)
+    common = dict(round_len=60, reschedule_on_arrival=True, reschedule_on_completion=True, lifecycle=lt)
+    el = simulate(cl, specs, size="elastic", params={"v_bound": 0.5}, **common)
+    rigid = simulate(cl, specs, **common)
+    st = simulate(cl, specs, size="static", place="static", params={"slot": 2}, **common)
+    for res in (el, rigid, st):
+        assert len(res.finished) == 60
+        for rec in res.jobs:
+            assert sum(rec.phases.values()) == pytest.approx(rec.finish - rec.arrival)  # type: ignore[union-attr]
+    # with proportional sizing a job runs at speed 1, or 1/1.7 when its GPUs span the two nodes
+    for rec in rigid.jobs:
+        ratio = rec.phases["running"] / rec.duration  # type: ignore[index]
+        assert ratio == pytest.approx(1.0) or ratio == pytest.approx(1.7)
+    assert sum(r.resizes for r in el.jobs) > 0
