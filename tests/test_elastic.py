@@ -527,3 +527,40 @@ def test_elastic_on_the_tiresias_trace(data_dir) -> None:  # noqa: ANN001
         ratio = rec.phases["running"] / rec.duration  # type: ignore[index]
         assert ratio == pytest.approx(1.0) or ratio == pytest.approx(1.7)
     assert sum(r.resizes for r in el.jobs) > 0
+
+
+def test_utilisation_cdf_exact_for_static_single_gpu_slots() -> None:
+    # static n=1 on 6 GPUs: the four jobs hold 1,2,3,4,3,2,1 GPUs over [0,100,200,300,316.6,516.6,574.6,774.6]
+    runs = compare_elastic_static(thesis_specs(), Cluster.homogeneous(1, 6), slots=(1,), elastic={},
+                                  lifecycle=LifecycleTimes(10, 5, 2))
+    res = runs["static n=1"].result
+    e0 = 10 + 2000 / F1["resnet50"]  # 316.6: a ResNet-50 job's launch + run on 1 GPU
+    e1 = 10 + 2000 / F1["inception3"]  # 474.6
+    total = 300 + e1
+    u, c = utilisation_cdf(res)
+    assert u.tolist() == pytest.approx([1 / 6, 2 / 6, 3 / 6, 4 / 6])
+    # one GPU: [0,100) and [100+e1, 300+e1); two: [100,200) and [200+e0, 100+e1)
+    at1 = 100 + 200
+    at2 = 100 + (100 + e1) - (200 + e0)
+    at4 = e0 - 300
+    assert c.tolist() == pytest.approx([at1 / total, (at1 + at2) / total, 1 - at4 / total, 1.0])
+    # busy: the same minus the four 10-s launches (during which 1 GPU less is busy)
+    ub, cb = utilisation_cdf(res, runs["static n=1"].usage)
+    assert ub[0] == 0.0 and cb[0] == pytest.approx(10 / total)  # [0,10): nothing busy yet
+
+
+def test_usage_recorder_hand_checked() -> None:
+    from gpuloom.sim.elastic import UsageRecorder
+
+    cl = Cluster.homogeneous(1, 2)
+    sched = Scheduler.from_names("fifo", "none", "elastic", "packed-sticky")
+    cfg = SimConfig(round_len=10, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    lifecycle=LifecycleTimes(launch=10, checkpoint=5, stop=2))
+    rec = UsageRecorder()
+    Simulator(cl, [_lin_spec("a", 0), _lin_spec("b", 50)], sched, None, cfg, observers=[rec]).run()
+    t, held, busy = rec.series()
+    # timeline of test_lifecycle_timeline_hand_checked: a busy [10,50) on 2 and [67,87) on 1;
+    # b busy [60,90) on 1 and [107,142) on 2; both hold GPUs from their start to their end
+    pts = dict(zip(t.tolist(), zip(held.tolist(), busy.tolist(), strict=True), strict=True))
+    assert pts == {0: (2, 0), 10: (2, 2), 50: (2, 0), 60: (2, 1), 67: (2, 2), 87: (1, 1), 90: (2, 0),
+                   107: (2, 2), 142: (0, 0)}
