@@ -18,5 +18,6 @@ def main() -> None:
     app()
 
 
-from . import sim  # noqa: E402,F401,I001  (registers simulate, compare)
+from . import elastic  # noqa: E402,F401,I001  (registers elastic)
+from . import sim  # noqa: E402,F401  (registers simulate, compare)
 from . import service  # noqa: E402,F401  (registers serve, submit, queue, cancel, nodes, logs, token)
