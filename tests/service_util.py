@@ -124,3 +124,11 @@ def start_records(log: str) -> list[dict[str, Any]]:
 def ledger(checkpoint_dir: str) -> list[int]:
     p = Path(checkpoint_dir) / "ledger"
     return [int(x) for x in p.read_text().split()] if p.exists() else []
+
+
+KEY_EVENTS = ("submit", "launch", "adopt", "requeue", "preempt", "finished", "failed", "cancelled")
+
+
+def key_events(events: list[dict[str, Any]]) -> list[str]:
+    """Event kinds without the lifecycle's intermediate states."""
+    return [e["kind"] for e in events if e["kind"] in KEY_EVENTS]

@@ -52,7 +52,7 @@ def test_tokens_are_required(api) -> None:  # noqa: ANN001
     assert c.delete("/jobs/1").status_code == 401
     assert c.get("/health").status_code == 200
     r = c.post("/jobs", json=job, headers=h(tokens["alice"]))
-    assert r.status_code == 201 and r.json()["user"] == "alice" and r.json()["state"] == "QUEUED"
+    assert r.status_code == 201 and r.json()["user"] == "alice" and r.json()["state"] == "waiting_for_initial_contact"
 
 
 def test_bad_fields_get_422_naming_them(api) -> None:  # noqa: ANN001
@@ -97,8 +97,8 @@ def test_users_cancel_only_their_own_jobs(api) -> None:  # noqa: ANN001
     assert c.delete(f"/jobs/{a}", headers=h(tokens["bob"])).status_code == 403
     assert c.get(f"/jobs/{a}/logs", headers=h(tokens["bob"])).status_code == 403
     r = c.delete(f"/jobs/{a}", headers=h(tokens["alice"]))
-    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
-    assert c.delete(f"/jobs/{b}", headers=h(tokens["admin"])).json()["state"] == "CANCELLED"
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    assert c.delete(f"/jobs/{b}", headers=h(tokens["admin"])).json()["state"] == "cancelled"
     assert c.delete("/jobs/999", headers=h(tokens["admin"])).status_code == 404
     # submitting as someone else: admin only
     assert c.post("/jobs", json={"command": "true", "gpus": 1, "user": "bob"}, headers=h(tokens["alice"])).status_code == 403
@@ -108,8 +108,9 @@ def test_users_cancel_only_their_own_jobs(api) -> None:  # noqa: ANN001
     assert c.post("/tokens", json={"user": "carol"}, headers=h(tokens["alice"])).status_code == 403
     t = c.post("/tokens", json={"user": "carol"}, headers=h(tokens["admin"])).json()["token"]
     assert c.post("/jobs", json={"command": "true", "gpus": 1}, headers=h(t)).json()["user"] == "carol"
-    states = [j["state"] for j in c.get("/jobs", params={"state": "QUEUED"}, headers=h(t)).json()]
-    assert states == ["QUEUED", "QUEUED"]
+    states = [j["state"] for j in c.get("/jobs", params={"state": "waiting_for_initial_contact"}, headers=h(t)).json()]
+    assert states == ["waiting_for_initial_contact"] * 2
+    assert c.get("/jobs", params={"state": "queued"}, headers=h(t)).status_code == 422
 
 
 def test_spec_values_are_parsed(api) -> None:  # noqa: ANN001
@@ -180,7 +181,7 @@ def test_recovery_fails_jobs_the_cluster_can_no_longer_hold(tmp_path: Path) -> N
     small = Service(store, Cluster.homogeneous(1, 4), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(), tmp_path)
     small.recover()
     row = store.get_job(jid)
-    assert row is not None and row.state == "FAILED"
+    assert row is not None and row.state == "failed"
     assert row.reason == "can never run on this cluster: needs 8 GPUs, the cluster has 4"
     assert small.jobs == {} and small.round() == []
     store.close()

@@ -30,14 +30,14 @@ def test_submit_queue_nodes_logs_cancel_token(tmp_path: Path) -> None:
         (tmp_path / "sleep.json").write_text(json.dumps({"name": "sleeper", "command": "sleep 60", "gpus": 2}))
         code, out = cli("submit", str(tmp_path / "hello.yaml"), *sd)
         assert code == 0 and out.strip() == "Submitted job 1"
-        wait_for(lambda: cli("queue", "--all", "--json", *sd)[1].count("FINISHED") == 1, what="hello to finish")
+        wait_for(lambda: cli("queue", "--all", "--json", *sd)[1].count('"finished"') == 1, what="hello to finish")
         code, out = cli("logs", "1", *sd)
         assert out == "hello from 1\n"
         code, out = cli("submit", str(tmp_path / "sleep.json"), "--json", *sd)
         assert json.loads(out)["id"] == 2
-        wait_for(lambda: '"RUNNING"' in cli("queue", "--json", *sd)[1], what="sleeper to run")
+        wait_for(lambda: '"launching"' in cli("queue", "--json", *sd)[1], what="sleeper to launch")
         code, out = cli("queue", *sd)
-        assert code == 0 and "sleeper" in out and "RUNNING" in out and "hello" not in out
+        assert code == 0 and "sleeper" in out and "LAUNCHING" in out and "hello" not in out
         code, out = cli("nodes", "--json", *sd)
         (node,) = json.loads(out)
         assert (node["name"], node["gpus_used"], node["jobs"]) == ("node-0", 2, ["2"])
@@ -50,7 +50,7 @@ def test_submit_queue_nodes_logs_cancel_token(tmp_path: Path) -> None:
         assert code == 1 and "403" in out
         code, out = cli("cancel", "2", *sd)
         assert code == 0 and out.startswith("job 2:")
-        wait_for(lambda: '"CANCELLED"' in cli("queue", "--all", "--json", *sd)[1], what="cancel")
+        wait_for(lambda: '"cancelled"' in cli("queue", "--all", "--json", *sd)[1], what="cancel")
         # bad spec: the error names the field; a malformed file names the file
         (tmp_path / "bad.yaml").write_text("command: x\ngpus: 3\n")
         code, out = cli("submit", str(tmp_path / "bad.yaml"), *sd)

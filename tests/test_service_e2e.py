@@ -38,7 +38,7 @@ def test_jobs_get_the_planned_gpus_cores_and_memory(server) -> None:  # noqa: AN
             assert r.status_code == 201, r.text
             ids.append(r.json()["id"])
         assert ids == [1, 2, 3, 4]
-        rows = [wait_for(lambda i=i: (j := job(c, i))["state"] == "FINISHED" and j, what=f"job {i}") for i in ids]
+        rows = [wait_for(lambda i=i: (j := job(c, i))["state"] == "finished" and j, what=f"job {i}") for i in ids]
         logs = {i: c.get(f"/jobs/{i}/logs").text for i in ids}
         nodes = c.get("/nodes").json()
     assert [n["gpus_used"] for n in nodes] == [0, 0]
@@ -93,9 +93,10 @@ def test_preempted_job_resumes_with_every_step_done_once(server) -> None:  # noq
         wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, what="long job progress")
         short_id = c.post("/jobs", json={"name": "short", "command": stepper_cmd(3, 0.05), "gpus": 2,
                                          "time_limit": 60}).json()["id"]
-        short = wait_for(lambda: (j := job(c, short_id))["state"] == "FINISHED" and j, what="short job")
-        long = wait_for(lambda: (j := job(c, long_id))["state"] == "FINISHED" and j, what="long job")
+        short = wait_for(lambda: (j := job(c, short_id))["state"] == "finished" and j, what="short job")
+        long = wait_for(lambda: (j := job(c, long_id))["state"] == "finished" and j, what="long job")
         log = c.get(f"/jobs/{long_id}/logs").text
+        kinds = [e["kind"] for e in c.get(f"/jobs/{long_id}/events").json()]
     assert short["exit_code"] == 0 and ledger(short["checkpoint_dir"]) == [0, 1, 2]
     assert long["exit_code"] == 0
     assert long["preemptions"] == 1 and long["attempts"] == 2 and long["resume_count"] == 1
@@ -103,6 +104,11 @@ def test_preempted_job_resumes_with_every_step_done_once(server) -> None:  # noq
     assert [r["resume"] for r in recs] == [None, "1"]
     assert recs[1]["start"] > 3  # resumed from its checkpoint, not from zero
     assert "checkpointed at step" in log
+    # the lifecycle: launched, progressed, checkpointed, stopped, relaunched, finished
+    path = [k for k in kinds if k in ("waiting_for_initial_resource", "launch", "running_protected",
+                                      "checkpointing", "stopped", "preempt", "finished")]
+    assert path == ["waiting_for_initial_resource", "launch", "running_protected", "checkpointing", "stopped",
+                    "preempt", "launch", "running_protected", "finished"]
     # no lost and no repeated step
     assert ledger(long["checkpoint_dir"]) == list(range(30))
     # the short job started before the long one finished: it really preempted it
@@ -116,12 +122,12 @@ def test_time_limit_and_cancel(server) -> None:  # noqa: ANN001
         run = c.post("/jobs", json={"command": stepper_cmd(1000, 0.05), "gpus": 1}).json()["id"]
         queued = c.post("/jobs", json={"command": "true", "gpus": 2}).json()["id"]
         wait_for(lambda: "iter=1" in c.get(f"/jobs/{run}/logs").text, what="running")
-        assert job(c, queued)["state"] == "QUEUED"
-        assert c.delete(f"/jobs/{queued}").json()["state"] == "CANCELLED"
+        assert job(c, queued)["state"] == "waiting_for_initial_resource"
+        assert c.delete(f"/jobs/{queued}").json()["state"] == "cancelled"
         c.delete(f"/jobs/{run}")
-        r = wait_for(lambda: (j := job(c, run))["state"] == "CANCELLED" and j, what="cancel of running job")
+        r = wait_for(lambda: (j := job(c, run))["state"] == "cancelled" and j, what="cancel of running job")
         run_log = c.get(f"/jobs/{run}/logs").text
-        t = wait_for(lambda: (j := job(c, slow))["state"] == "FAILED" and j, what="time limit")
+        t = wait_for(lambda: (j := job(c, slow))["state"] == "failed" and j, what="time limit")
     assert "time limit" in t["reason"]
     assert r["end_time"] is not None and r["procs"] is None
     (rec,) = start_records(run_log)
@@ -142,7 +148,7 @@ def test_job_spanning_two_nodes_gets_one_process_per_node(server) -> None:  # no
     cmd = 'echo "rank=$GPULOOM_NODE_RANK of $GPULOOM_NUM_NODES gpus=$CUDA_VISIBLE_DEVICES total=$GPULOOM_NUM_GPUS"'
     with s.client() as c:
         jid = c.post("/jobs", json={"command": cmd, "gpus": 4}).json()["id"]
-        row = wait_for(lambda: (j := job(c, jid))["state"] == "FINISHED" and j, what="spanning job")
+        row = wait_for(lambda: (j := job(c, jid))["state"] == "finished" and j, what="spanning job")
         lines = sorted(c.get(f"/jobs/{jid}/logs").text.split("\n")[:-1])
         (launch,) = [e for e in c.get(f"/jobs/{jid}/events").json() if e["kind"] == "launch"]
     assert lines == ["rank=0 of 2 gpus=0,1 total=4", "rank=1 of 2 gpus=0,1 total=4"]

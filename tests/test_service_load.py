@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 
+from gpuloom.runtime.service import QUEUED_STATES
 from gpuloom.runtime.store import Store
 from service_util import Server, kill_jobs, wait_for
 
@@ -19,7 +20,7 @@ def test_thousand_concurrent_submissions_are_all_stored(tmp_path: Path) -> None:
     try:
         with s.client() as c:
             blocker = c.post("/jobs", json={"name": "blocker", "command": "sleep 120", "gpus": 1}).json()["id"]
-            wait_for(lambda: c.get(f"/jobs/{blocker}").json()["state"] == "RUNNING", what="blocker to run")
+            wait_for(lambda: c.get(f"/jobs/{blocker}").json()["state"] == "launching", what="blocker to launch")
         acked: list[int] = []
         errors: list[str] = []
         lock = threading.Lock()
@@ -49,7 +50,7 @@ def test_thousand_concurrent_submissions_are_all_stored(tmp_path: Path) -> None:
         try:
             stored = {r.id for r in store.list_jobs() if r.name.startswith("load-")}
             assert stored == set(acked)
-            assert store.count_jobs(["QUEUED"]) == N  # the blocker still holds the only GPU
+            assert store.count_jobs(QUEUED_STATES) == N  # the blocker still holds the only GPU
             assert store.journal_mode() == "wal"
         finally:
             store.close()

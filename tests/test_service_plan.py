@@ -16,7 +16,7 @@ from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import JobSpec
 from gpuloom.core.plan import Allocation
 from gpuloom.runtime.process import ProcessExecutor
-from gpuloom.runtime.service import Service, State
+from gpuloom.runtime.service import HOLDING, Service
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
@@ -63,7 +63,7 @@ def test_simulator_and_service_make_the_same_plan(tmp_path: Path, order: str, pl
             svc.round()
             got.append(dict(svc.current))
             # what the store says runs is what was planned
-            running = {str(r.id) for r in store.list_jobs([State.RUNNING.value])}
+            running = {str(r.id) for r in store.list_jobs(HOLDING)}
             assert running == set(svc.current)
         assert got == expected
         assert any(len(p) for p in expected)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, wait_for
+from service_util import Server, job, key_events, kill_jobs, ledger, start_records, stepper_cmd, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 
@@ -37,7 +37,8 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
             log_a = c.get(f"/jobs/{a}/logs").text
             log_b = c.get(f"/jobs/{b}/logs").text
             log_f = c.get(f"/jobs/{f}/logs").text
-        assert [before[j]["state"] for j in (a, b, f, q1, q2)] == ["RUNNING"] * 3 + ["QUEUED"] * 2
+        assert all(before[j]["state"] in ("running_protected", "running") for j in (a, b, f))
+        assert [before[j]["state"] for j in (q1, q2)] == ["waiting_for_initial_resource"] * 2
         pid_a, pid_b, pid_f = (start_records(x)[0]["pid"] for x in (log_a, log_b, log_f))
 
         s.kill()  # SIGKILL: no shutdown code runs
@@ -54,13 +55,13 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
             # every accepted job is still there
             assert [j["id"] for j in c.get("/jobs").json()] == [a, b, f, q1, q2]
             done = {
-                jid: wait_for(lambda jid=jid: (j := job(c, jid))["state"] == "FINISHED" and j, timeout=60,
+                jid: wait_for(lambda jid=jid: (j := job(c, jid))["state"] == "finished" and j, timeout=60,
                               what=f"job {jid} to finish")
                 for jid in (a, b, f, q1, q2)
             }
-            ev_f = [e["kind"] for e in c.get(f"/jobs/{f}/events").json()]
-            ev_a = [e["kind"] for e in c.get(f"/jobs/{a}/events").json()]
-            ev_b = [e["kind"] for e in c.get(f"/jobs/{b}/events").json()]
+            ev_f = key_events(c.get(f"/jobs/{f}/events").json())
+            ev_a = key_events(c.get(f"/jobs/{a}/events").json())
+            ev_b = key_events(c.get(f"/jobs/{b}/events").json())
             log_a = c.get(f"/jobs/{a}/logs").text
             log_b = c.get(f"/jobs/{b}/logs").text
         # a was adopted, not restarted: one launch, one process, its own exit code read back

@@ -214,7 +214,8 @@ def _elapsed(job: dict[str, Any]) -> str:
     if job.get("last_start") is None:
         return "0:00"
     end = job.get("end_time") or time.time()
-    s = int(job.get("held_time") or 0) if job["state"] != "RUNNING" else int(
+    holding = job["state"] in ("launching", "running_protected", "running", "checkpointing", "stopping")
+    s = int(job.get("held_time") or 0) if not holding else int(
         (job.get("held_time") or 0) + end - job["last_start"]
     )
     h, rem = divmod(s, 3600)
@@ -249,9 +250,11 @@ def queue(
     as_json: JsonOpt = False,
 ) -> None:
     """List jobs (like squeue)."""
+    from ..runtime.service import ACTIVE_STATES
+
     params: dict[str, Any] = {}
     if not all_jobs:
-        params["state"] = ["QUEUED", "RUNNING"]
+        params["state"] = list(ACTIVE_STATES)
     if user:
         params["user"] = user
     jobs = Client(url, token, state_dir).call("GET", "/jobs", params=params)
@@ -260,7 +263,7 @@ def queue(
         return
     t = Table("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "NODES", "REASON", box=None)
     for j in jobs:
-        t.add_row(str(j["id"]), j["name"], j["user"], j["state"], str(j["gpus"]), _elapsed(j),
+        t.add_row(str(j["id"]), j["name"], j["user"], j["state"].upper(), str(j["gpus"]), _elapsed(j),
                   ",".join(j["nodes"]) or "-", j.get("reason") or "")
     console.print(t)
 
@@ -280,7 +283,8 @@ def cancel(
         console.print_json(json.dumps(out))
     else:
         for j in out:
-            console.print(f"job {j['id']}: {j['state']}{' (stopping)' if j['state'] == 'RUNNING' else ''}", highlight=False)
+            note = "" if j["state"] in ("cancelled", "finished", "failed") else " (cancel requested)"
+            console.print(f"job {j['id']}: {j['state']}{note}", highlight=False)
 
 
 @app.command()

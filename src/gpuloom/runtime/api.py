@@ -5,7 +5,7 @@ Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer TOKEN``
 =========================  ==================================================
 ``GET  /health``           liveness, job counts, rounds run
 ``POST /jobs``             submit a job spec; 201 with the stored job
-``GET  /jobs``             all jobs (``?state=QUEUED&state=RUNNING``, ``?user=``)
+``GET  /jobs``             all jobs (``?state=standby&state=running``, ``?user=``)
 ``GET  /jobs/{id}``        one job, with its allocation and processes
 ``DELETE /jobs/{id}``      cancel: the owner or an admin
 ``GET  /jobs/{id}/logs``   the job's stdout+stderr (``?tail=BYTES``): owner or admin
@@ -40,7 +40,8 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .service import ACTIVE_STATES, NotFound, PermissionDenied, Service, State, SubmitError, parse_duration, parse_mem
+from .lifecycle import JobState
+from .service import ACTIVE_STATES, NotFound, PermissionDenied, Service, SubmitError, parse_duration, parse_mem
 from .store import JobRow, Store
 
 TOKEN_FILE = "admin.token"
@@ -221,7 +222,7 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/jobs")
     def list_jobs(
         who: Auth,
-        state: Annotated[list[State] | None, Query()] = None,
+        state: Annotated[list[JobState] | None, Query()] = None,
         user: Annotated[str | None, Query(pattern=USER_RE)] = None,
     ) -> list[dict[str, Any]]:
         states = [s.value for s in state] if state else None

@@ -38,9 +38,15 @@ Design decisions:
   in ``meta``, so it survives restarts).  A job's work estimate (``duration``)
   is its time limit, or ``default_duration`` without one; SJF-like orders use
   it, LAS-like orders use the wall seconds it has held GPUs (persisted).
-* **Job states** are the minimal set below (to be replaced by the lifecycle
-  state machine): ``QUEUED`` (holds nothing), ``RUNNING``, and the final
-  ``FINISHED`` / ``FAILED`` / ``CANCELLED``.
+* **Job states** are :class:`~.lifecycle.JobState` (the lifecycle shared with
+  the simulator), kept per job in ``job.extra["lifecycle"]`` so policies and
+  hysteresis hooks see them, and stored in ``jobs.state``: submitted →
+  ``waiting_for_initial_contact``; picked up by the loop →
+  ``waiting_for_initial_resource``; launched → ``standby`` → ``launching``;
+  first ``GPULOOM_PROGRESS`` line (or ``launch_timeout_s`` without any) →
+  ``running_protected`` (for 3 × the measured launch time) → ``running``;
+  preempted/moved/resized → ``checkpointing`` (SIGTERM sent) → ``stopping`` →
+  ``standby``; and ``finished`` / ``failed`` / ``cancelled``.
 * **Exits.**  A process that exits while the service did not stop it ends the
   job: code 0 → ``FINISHED``, otherwise ``FAILED`` with the code.  A process
   the service stopped (preemption, move, resize) is requeued (the job
@@ -59,7 +65,6 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -72,23 +77,22 @@ from ..perf.model import ThroughputModel
 from ..policies.base import View
 from ..scheduler import Scheduler
 from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
+from .lifecycle import HOLDING_STATES, LIFECYCLE_KEY, TERMINAL, JobState, Lifecycle
 from .store import JobRow, Store
 
 log = logging.getLogger("gpuloom.service")
 
 DEFAULT_DURATION = 3600.0  # work estimate (s) for jobs without a time limit
+PROGRESS_MARK = b"GPULOOM_PROGRESS"  # progress lines: ``GPULOOM_PROGRESS iter=N``
 
 
-class State(StrEnum):
-    QUEUED = "QUEUED"
-    RUNNING = "RUNNING"
-    FINISHED = "FINISHED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-ACTIVE_STATES = (State.QUEUED.value, State.RUNNING.value)
-FINAL_STATES = (State.FINISHED.value, State.FAILED.value, State.CANCELLED.value)
+S = JobState
+#: holding nothing, waiting for the plan to give it resources
+QUEUED_STATES = (S.WAITING_FOR_INITIAL_CONTACT.value, S.WAITING_FOR_INITIAL_RESOURCE.value, S.STANDBY.value)
+#: a process exists (starting, progressing, or being stopped)
+HOLDING = tuple(s.value for s in JobState if s in HOLDING_STATES)
+ACTIVE_STATES = QUEUED_STATES + HOLDING
+FINAL_STATES = tuple(s.value for s in JobState if s in TERMINAL)
 
 
 class SubmitError(ValueError):
@@ -115,6 +119,7 @@ class Running:
     exited: dict[str, int]  # executor id -> exit code, for parts already gone
     cores: dict[str, tuple[int, ...]]  # node name -> core ids
     start: float  # wall time (time.time) of this launch
+    log_offset: int = 0  # size of the log before this launch (progress lines after it count)
 
 
 def alloc_to_json(alloc: Allocation, cluster: Cluster, cores: Mapping[str, Sequence[int]] | None = None) -> dict:
@@ -195,6 +200,8 @@ class Service:
         default_duration: float = DEFAULT_DURATION,
         model: ThroughputModel | None = None,
         seed: int = 0,
+        protect_factor: float = 3.0,
+        launch_timeout_s: float = 60.0,
     ) -> None:
         if not round_s > 0:
             raise ValueError(f"round length must be > 0, got {round_s}")
@@ -210,6 +217,8 @@ class Service:
         self.round_s = float(round_s)
         self.grace_s = float(grace_s)
         self.default_duration = float(default_duration)
+        self.protect_factor = float(protect_factor)
+        self.launch_timeout_s = float(launch_timeout_s)
         self.model = model or ThroughputModel.default(cluster)
         self.rng = np.random.default_rng(seed)
         self.epoch = float(store.set_meta_default("epoch", repr(time.time())))
@@ -244,7 +253,7 @@ class Service:
     def submit(self, spec: Mapping[str, Any], user: str) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id."""
         self.validate(spec)
-        jid = self.store.add_job(spec, user, State.QUEUED.value)
+        jid = self.store.add_job(spec, user, S.WAITING_FOR_INITIAL_CONTACT.value)
         self._wake.set()
         return jid
 
@@ -259,10 +268,11 @@ class Service:
         # queued: cancelled at once (compare-and-set against a concurrent launch)
         done = self.store.update_job(
             job_id,
-            {"state": State.CANCELLED.value, "cancel_requested": True, "end_time": time.time(), "reason": f"cancelled by {user}"},
+            {"state": S.CANCELLED.value, "cancel_requested": True, "end_time": time.time(),
+             "reason": f"cancelled by {user}"},
             "cancel",
             {"by": user},
-            expect_state=[State.QUEUED.value],
+            expect_state=QUEUED_STATES,
         )
         if not done:
             self.store.update_job(job_id, {"cancel_requested": True}, "cancel-request", {"by": user})
@@ -343,66 +353,88 @@ class Service:
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self) -> None:
-        """Rebuild the mirror from the store; adopt live processes, requeue dead ones."""
+        """Rebuild the mirror from the store; adopt live processes, requeue dead ones.
+
+        A job that held a process (launching, running, being stopped) is adopted
+        if all its processes are alive (same pid and start time); a stop the
+        previous service had begun (checkpointing, stopping) is finished now.
+        A job whose processes are gone is FINISHED if they all left exit
+        records of 0 and it was running, else requeued (STANDBY) to resume from
+        its checkpoint.  Lifecycles restart from the stored state (their
+        history before the restart is in the events table).
+        """
         with self.lock:
             for row in self.store.list_jobs(ACTIVE_STATES):
                 self.last_id = max(self.last_id, row.id)
-                if row.state == State.QUEUED.value and not self._fits_or_fail(row):
+                if row.state in QUEUED_STATES:
+                    if self._fits_or_fail(row):
+                        self._mirror(row, JobState(row.state))
                     continue
-                job = self._mirror(row)
-                if row.state != State.RUNNING.value:
-                    continue
-                alive = False
-                alloc = None
-                procs = [proc_from_json(d) for d in row.procs or []]
-                finished = False
-                if procs and row.alloc:
-                    try:
-                        alloc = alloc_from_json(str(row.id), row.alloc, self.cluster)
-                    except (KeyError, ValueError) as e:
-                        log.warning("job %s: stored allocation no longer fits the cluster (%s)", row.id, e)
-                    adopted = [p for p in procs if self._adopt(p)]
-                    alive = alloc is not None and len(adopted) == len(procs)
-                    if not alive:
-                        # all gone with exit records of 0: it finished while the service was down
-                        gone = [p for p in procs if p not in adopted]
-                        finished = not adopted and all(self._exit_code(p) == 0 for p in gone)
-                        for p in adopted:
-                            self._stop_quietly(p.job_id)
-                if finished:
-                    self._finish(row.id, State.FINISHED, 0, "finished while the service was down")
-                    continue
-                if alive and alloc is not None:
-                    cores = {p["node"]: tuple(p.get("cores", ())) for p in row.alloc["parts"]}  # type: ignore[index]
-                    for p in procs:
-                        self.cores.claim(p.node, p.job_id, cores.get(p.node, ()))
-                        self.exec_owner[p.job_id] = row.id
-                    self.running[row.id] = Running({p.job_id: p for p in procs}, {}, cores, row.last_start or time.time())
-                    self.current[str(row.id)] = alloc
-                    job.alloc = alloc
-                    job.status = JobStatus.RUNNING
-                    job.speed = self.model.speed(job, alloc)
-                    self.store.add_event(row.id, "adopt", {"pids": [p.pid for p in procs]}, durable=False)
-                    log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
-                else:
-                    held = row.held_time + max(0.0, time.time() - (row.last_start or time.time()))
-                    ngpu = int(row.spec["gpus"])
-                    self.store.update_job(
-                        row.id,
-                        {"state": State.QUEUED.value, "alloc": None, "procs": None, "held_time": held,
-                         "held_gpu_time": row.held_gpu_time + (held - row.held_time) * ngpu,
-                         "reason": "process lost while the service was down; requeued to resume"},
-                        "requeue",
-                        {"why": "process gone at recovery"},
-                        durable=False,
-                    )
-                    row.state = State.QUEUED.value
-                    job.attained_time = held
-                    job.remaining = max(job.spec.duration - held, 1e-9)
+                self._recover_holding(row)
                 if row.cancel_requested:
                     with self._cancel_lock:
                         self._cancels.add(row.id)
             self.last_id = max(self.last_id, self._max_id())
+        self._wake.set()
+
+    def _recover_holding(self, row: JobRow) -> None:
+        state = JobState(row.state)
+        procs = [proc_from_json(d) for d in row.procs or []]
+        alloc = None
+        adopted: list[ProcInfo] = []
+        if procs and row.alloc:
+            try:
+                alloc = alloc_from_json(str(row.id), row.alloc, self.cluster)
+            except (KeyError, ValueError) as e:
+                log.warning("job %s: stored allocation no longer fits the cluster (%s)", row.id, e)
+            adopted = [p for p in procs if self._adopt(p)]
+        alive = alloc is not None and bool(procs) and len(adopted) == len(procs)
+        stopping = state in (S.CHECKPOINTING, S.STOPPING)
+        if alive and not stopping:
+            assert alloc is not None and row.alloc is not None
+            job = self._mirror(row, state)
+            cores = {p["node"]: tuple(p.get("cores", ())) for p in row.alloc["parts"]}
+            for p in procs:
+                self.cores.claim(p.node, p.job_id, cores.get(p.node, ()))
+                self.exec_owner[p.job_id] = row.id
+            self.running[row.id] = Running({p.job_id: p for p in procs}, {}, cores, row.last_start or time.time(),
+                                           self._log_size(row.id) if state is S.LAUNCHING else 0)
+            self.current[str(row.id)] = alloc
+            job.alloc = alloc
+            job.status = JobStatus.RUNNING
+            job.speed = self.model.speed(job, alloc)
+            self.store.add_event(row.id, "adopt", {"pids": [p.pid for p in procs]}, durable=False)
+            log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
+            return
+        for p in adopted:  # partly alive, or a stop to finish: stop what is left
+            self._stop_quietly(p.job_id)
+        gone = [p for p in procs if p not in adopted]
+        if (not stopping and procs and not adopted and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING)
+                and all(self._exit_code(p) == 0 for p in gone)):
+            self._mirror(row, state)
+            self._finish(row.id, S.FINISHED, 0, "finished while the service was down")
+            return
+        held = row.held_time + max(0.0, time.time() - (row.last_start or time.time()))
+        ngpu = int(row.spec["gpus"])
+        row.held_gpu_time += (held - row.held_time) * ngpu
+        row.held_time = held
+        why = "stop completed after a restart" if stopping else "process lost while the service was down"
+        self.store.update_job(
+            row.id,
+            {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": held,
+             "held_gpu_time": row.held_gpu_time, "reason": f"{why}; requeued to resume"},
+            "requeue",
+            {"why": why},
+            durable=False,
+        )
+        row.state = S.STANDBY.value
+        self._mirror(row, S.STANDBY)
+
+    def _log_size(self, jid: int) -> int:
+        try:
+            return self.log_path(jid).stat().st_size
+        except OSError:
+            return 0
 
     def _adopt(self, p: ProcInfo) -> bool:
         try:
@@ -448,9 +480,10 @@ class Service:
             attrs=attrs,
         )
 
-    def _mirror(self, row: JobRow) -> Job:
+    def _mirror(self, row: JobRow, state: JobState) -> Job:
         job = Job(self.job_spec(row), row.id)
         job.status = JobStatus.WAITING
+        job.extra[LIFECYCLE_KEY] = Lifecycle(str(row.id), self.now(), state, self.protect_factor)
         job.attained_time = row.held_time
         job.attained_gpu_time = row.held_gpu_time
         job.remaining = max(job.spec.duration - row.held_time, 1e-9)
@@ -468,20 +501,47 @@ class Service:
         if reason is None:
             return True
         self.store.update_job(
-            row.id, {"state": State.FAILED.value, "end_time": time.time(), "alloc": None, "procs": None,
+            row.id, {"state": S.FAILED.value, "end_time": time.time(), "alloc": None, "procs": None,
                      "reason": f"can never run on this cluster: {reason[1]}"},
             "failed", {"reason": reason[1]},
         )
         return False
 
     def _load_new(self) -> bool:
-        rows = self.store.list_jobs([State.QUEUED.value], after_id=self.last_id)
+        """Mirror jobs submitted since the last round; they make contact (-> WAITING_FOR_INITIAL_RESOURCE)."""
+        rows = self.store.list_jobs([S.WAITING_FOR_INITIAL_CONTACT.value], after_id=self.last_id)
         for row in rows:
             if self._fits_or_fail(row):
-                self._mirror(row)
+                self._mirror(row, S.WAITING_FOR_INITIAL_CONTACT)
         if rows:
             self.last_id = rows[-1].id
+        self._contact()
         return bool(rows)
+
+    def _contact(self) -> None:
+        """WAITING_FOR_INITIAL_CONTACT -> WAITING_FOR_INITIAL_RESOURCE for every mirrored job.
+
+        The service has no agent protocol: a job is in contact once the loop
+        has it.  One UPDATE for the whole batch."""
+        ids = [jid for jid, j in self.jobs.items()
+               if self._lc(jid).state is S.WAITING_FOR_INITIAL_CONTACT]
+        if not ids:
+            return
+        self.store.set_states(ids, S.WAITING_FOR_INITIAL_RESOURCE.value, [S.WAITING_FOR_INITIAL_CONTACT.value])
+        now = self.now()
+        for jid in ids:
+            self._to(jid, now, S.WAITING_FOR_INITIAL_RESOURCE)
+            self.rows[jid].state = S.WAITING_FOR_INITIAL_RESOURCE.value
+
+    def _lc(self, jid: int) -> Lifecycle:
+        return self.jobs[jid].extra[LIFECYCLE_KEY]
+
+    def _to(self, jid: int, now: float, *states: JobState) -> JobState:
+        """Walk the job's lifecycle through ``states`` (in memory); returns the last."""
+        lc = self._lc(jid)
+        for st in states:
+            lc.to(st, max(now, lc.since))
+        return lc.state
 
     # -- one round -----------------------------------------------------------------------
     def compute_plan(self, now: float | None = None) -> Plan:
@@ -512,6 +572,7 @@ class Service:
             self._handle_cancels()
             self._enforce_time_limits()
             self._load_new()
+            self._promote()
             self.rounds += 1
             now = self.now()
             plan = self.compute_plan(now)
@@ -549,12 +610,19 @@ class Service:
                 for e in others:
                     self._stop_quietly(e)
                 what = "with an unknown exit code" if code is None else f"with code {code}"
-                self._finish(jid, State.FAILED, code, f"process {eid} ended {what}")
+                self._finish(jid, S.FAILED, code, f"process {eid} ended {what}")
             elif len(run.exited) == len(run.procs):
-                self._finish(jid, State.FINISHED, 0, None)
+                self._finish(jid, S.FINISHED, 0, None)
         return changed
 
-    def _finish(self, jid: int, state: State, code: int | None, reason: str | None) -> None:
+    def _finish(self, jid: int, state: JobState, code: int | None, reason: str | None) -> None:
+        """End a job: FINISHED (from a launching or running state), FAILED or CANCELLED (from any)."""
+        lc = self._lc(jid)
+        now = self.now()
+        if state is S.FINISHED and lc.state is S.LAUNCHING:
+            # done before its first progress line: it ran, launch time is all we know
+            self._to(jid, now, S.RUNNING_PROTECTED)
+        self._to(jid, now, state)
         job = self.jobs.pop(jid)
         row = self.rows.pop(jid)
         run = self.running.pop(jid, None)
@@ -568,7 +636,7 @@ class Service:
             {"state": state.value, "end_time": time.time(), "alloc": None, "procs": None, "exit_code": code,
              "reason": reason, "held_time": held,
              "held_gpu_time": row.held_gpu_time + (held - row.held_time) * (alloc.num_gpus if alloc else 0)},
-            state.value.lower(),
+            state.value,
             {"exit_code": code, "reason": reason},
             durable=False,
         )
@@ -594,17 +662,18 @@ class Service:
             if jid in self.running:
                 to_stop.append(jid)
             elif jid in self.jobs:  # queued (the API marked it cancelled, unless it was running then)
+                self._to(jid, self.now(), S.CANCELLED)
                 self.jobs.pop(jid)
                 self.rows.pop(jid, None)
                 self.store.update_job(
-                    jid, {"state": State.CANCELLED.value, "end_time": time.time(), "reason": "cancelled"},
-                    "cancel", {}, expect_state=[State.QUEUED.value],
+                    jid, {"state": S.CANCELLED.value, "end_time": time.time(), "reason": "cancelled"},
+                    "cancel", {}, expect_state=QUEUED_STATES,
                 )
-            # not mirrored yet: _load_new only loads QUEUED rows, so it is skipped
+            # not mirrored yet: _load_new only loads jobs still waiting for contact, so it is skipped
         if to_stop:
             self._stop_many(to_stop, requeue=False)
             for jid in to_stop:
-                self._finish(jid, State.CANCELLED, None, "cancelled")
+                self._finish(jid, S.CANCELLED, None, "cancelled")
 
     def _enforce_time_limits(self) -> None:
         t = time.time()
@@ -616,16 +685,30 @@ class Service:
         if over:
             self._stop_many(over, requeue=False)
             for jid in over:
-                self._finish(jid, State.FAILED, None, f"time limit of {self.rows[jid].spec['time_limit']} s reached")
+                self._finish(jid, S.FAILED, None, f"time limit of {self.rows[jid].spec['time_limit']} s reached")
 
     # -- actions ---------------------------------------------------------------------------
     def _stop_many(self, jids: Sequence[int], requeue: bool) -> None:
-        """Stop jobs' processes in parallel (each gets the full grace period)."""
+        """Stop jobs' processes in parallel (each gets the full grace period).
+
+        With ``requeue`` (preemption, move, resize) the lifecycle goes
+        RUNNING -> CHECKPOINTING -> STOPPING -> STANDBY (a protected job ends
+        its protection first, a launching one goes straight to STOPPING), and
+        the checkpointing state is in the store while the job checkpoints.
+        Without, the caller ends the job (cancel, time limit).
+        """
         futs = []
+        now = self.now()
         for jid in jids:
             run = self.running.get(jid)
             if run is None:
                 continue
+            if requeue:
+                st = self._lc(jid).state
+                if st is S.RUNNING_PROTECTED:
+                    self._to(jid, now, S.RUNNING)
+                st = self._to(jid, now, S.STOPPING if st is S.LAUNCHING else S.CHECKPOINTING)
+                self.store.update_job(jid, {"state": st.value}, st.value, {}, durable=False)
             for eid in run.procs:
                 if eid not in run.exited:
                     futs.append((jid, eid, self._pool.submit(self.executor.stop, eid, self.grace_s)))
@@ -644,11 +727,13 @@ class Service:
             run = self.running.get(jid)
             if run is None:
                 continue
-            if codes.get(jid) and all(c == 0 for c in codes[jid]) and all(c == 0 for c in run.exited.values()):
-                # it completed as it was being stopped (exit 0 = done; a checkpointed stop exits 143)
-                self._finish(jid, State.FINISHED, 0, None)
-                continue
             del self.running[jid]
+            # a job that happened to complete as it was stopped (exit 0) is requeued too: the
+            # lifecycle has no CHECKPOINTING -> FINISHED; it resumes from a finished checkpoint
+            t = self.now()
+            if self._lc(jid).state is S.CHECKPOINTING:
+                self._to(jid, t, S.STOPPING)
+            self._to(jid, t, S.STANDBY)
             self._release(jid, run)
             row = self.rows[jid]
             job = self.jobs[jid]
@@ -664,7 +749,7 @@ class Service:
             job.version += 1
             self.store.update_job(
                 jid,
-                {"state": State.QUEUED.value, "alloc": None, "procs": None, "held_time": row.held_time,
+                {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": row.held_time,
                  "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions, "reason": "preempted"},
                 "preempt",
                 {},
@@ -694,6 +779,7 @@ class Service:
         )
         if resume:
             env_common["GPULOOM_RESUME"] = "1"
+        log_offset = self._log_size(jid)
         try:
             for rank, p in enumerate(alloc.parts):
                 node = self.cluster.nodes[p.node].name
@@ -724,10 +810,13 @@ class Service:
                         self.cores.release(n.name, eid)
                 self.exec_owner.pop(eid, None)
             self.running.pop(jid, None)
-            self._finish(jid, State.FAILED, None, f"launch failed: {e}")
+            self._finish(jid, S.FAILED, None, f"launch failed: {e}")
             return
         t = time.time()
-        self.running[jid] = Running(procs, {}, cores, t)
+        self.running[jid] = Running(procs, {}, cores, t, log_offset)
+        if self._lc(jid).state is S.WAITING_FOR_INITIAL_RESOURCE:
+            self._to(jid, self.now(), S.STANDBY)
+        self._to(jid, self.now(), S.LAUNCHING)
         self.current[str(jid)] = alloc
         now = self.now()
         job.advance(now)
@@ -747,7 +836,7 @@ class Service:
         self.store.update_job(
             jid,
             {
-                "state": State.RUNNING.value,
+                "state": S.LAUNCHING.value,
                 "alloc": alloc_json,
                 "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
                 "attempts": row.attempts,
@@ -761,6 +850,35 @@ class Service:
             {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
             durable=False,
         )
+
+    def _promote(self) -> None:
+        """LAUNCHING -> RUNNING_PROTECTED once the job prints its first progress line
+        (``GPULOOM_PROGRESS``) after this launch, or after ``launch_timeout_s`` for jobs that
+        print none; RUNNING_PROTECTED -> RUNNING when protection expires."""
+        now = self.now()
+        t = time.time()
+        for jid, run in self.running.items():
+            lc = self._lc(jid)
+            if lc.state is S.LAUNCHING:
+                if self._progress_since(run, jid) or t - run.start >= self.launch_timeout_s:
+                    self._to(jid, now, S.RUNNING_PROTECTED)
+                    self.store.update_job(jid, {"state": lc.state.value}, lc.state.value,
+                                          {"launch_s": lc.last_launch_time}, durable=False)
+            if lc.state is S.RUNNING_PROTECTED and lc.refresh(now) is S.RUNNING:
+                self.store.update_job(jid, {"state": S.RUNNING.value}, S.RUNNING.value, {}, durable=False)
+
+    def _progress_since(self, run: Running, jid: int) -> bool:
+        """Whether a progress line appeared in the log since ``run.log_offset`` (advanced as it reads)."""
+        try:
+            with open(self.log_path(jid), "rb") as f:
+                f.seek(run.log_offset)
+                chunk = f.read(1 << 16)
+        except OSError:
+            return False
+        if PROGRESS_MARK in chunk:
+            return True
+        run.log_offset += max(0, len(chunk) - len(PROGRESS_MARK))
+        return False
 
     # -- introspection ------------------------------------------------------------------
     def wait_idle(self, timeout: float = 10.0) -> bool:

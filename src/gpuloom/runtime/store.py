@@ -346,6 +346,21 @@ class Store:
                 )
         return changed
 
+    def set_states(self, job_ids: Iterable[int], state: str, expect_state: Iterable[str]) -> int:
+        """Move many jobs to ``state`` in one transaction (only those in ``expect_state``)."""
+        ids = list(job_ids)
+        if not ids:
+            return 0
+        now = time.time()
+        with self.lock, self._begin(False) as c:
+            res = c.execute(
+                update(jobs_t)
+                .where(jobs_t.c.id.in_(ids), jobs_t.c.state.in_(list(expect_state)))
+                .values(state=state)
+            )
+            c.execute(insert(events_t), [{"job_id": i, "time": now, "kind": state, "detail": "{}"} for i in ids])
+            return int(res.rowcount)
+
     def events(self, job_id: int | None = None) -> list[dict[str, Any]]:
         q = select(events_t).order_by(events_t.c.id)
         if job_id is not None:
