@@ -94,7 +94,7 @@ def serve(
     store = Store(url)
     token = ensure_admin_token(store, sd)
     del token
-    executor = _executor(sd)
+    executor = _executor(sd, inventory, declared=gpus is not None or cluster is not None)
     from ..runtime.service import Service
 
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, seed=seed)
@@ -142,16 +142,21 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
     return Cluster((Node("local", gpus, ncpu, mem),))
 
 
-def _executor(state_dir: Path):  # noqa: ANN202
-    """The local executor when available, else the minimal process executor."""
+def _executor(state_dir: Path, cluster, declared: bool):  # noqa: ANN001, ANN202
+    """One local executor per node (routed by node name) when the full local
+    executor is available, else the minimal process executor.  Declared
+    inventories may have more cores than this machine: their core ids fold onto it."""
     try:
         from ..runtime.local import LocalExecutor  # type: ignore[import-not-found]
-
-        return LocalExecutor()
     except ImportError:
         from ..runtime.process import ProcessExecutor
 
         return ProcessExecutor(state_dir / "run")
+    from ..runtime.router import NodeRouter
+
+    run = state_dir / "run"
+    execs = {n.name: LocalExecutor(n.name, run_dir=run / n.name, fold_cores=declared) for n in cluster.nodes}
+    return next(iter(execs.values())) if len(execs) == 1 else NodeRouter(execs)
 
 
 # -- client ------------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""An executor that routes each call to the executor serving the launch's node.
+
+The service talks to one :class:`~.executor.Executor`; a cluster of several
+nodes is served by one executor per node (a local executor on each machine,
+or, on one machine, one per declared node of a fake inventory).  The router
+remembers which node each executor id was launched or adopted on, so
+``stop``/``alive`` need only the id, and ``poll`` merges every node's exits.
+A multi-machine executor (Ray) can be one of its members or replace it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .executor import Executor, LaunchSpec, ProcInfo
+
+
+class RoutingError(RuntimeError):
+    """A call for a node or job no member executor serves; the message names it."""
+
+
+class NodeRouter(Executor):
+    def __init__(self, executors: Mapping[str, Executor]) -> None:
+        if not executors:
+            raise ValueError("a router needs at least one node executor")
+        self.executors = dict(executors)
+        self.where: dict[str, str] = {}  # executor job id -> node
+
+    def _for_node(self, node: str, job_id: str) -> Executor:
+        ex = self.executors.get(node)
+        if ex is None:
+            raise RoutingError(f"job {job_id}: no executor serves node {node!r} (serving: {', '.join(self.executors)})")
+        return ex
+
+    def _for_job(self, job_id: str) -> Executor:
+        node = self.where.get(job_id)
+        if node is None:
+            raise RoutingError(f"job {job_id}: not launched or adopted through this router")
+        return self.executors[node]
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        info = self._for_node(spec.node, spec.job_id).launch(spec)
+        self.where[spec.job_id] = spec.node
+        return info
+
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        code = self._for_job(job_id).stop(job_id, grace_s)
+        self.where.pop(job_id, None)
+        return code
+
+    def poll(self) -> dict[str, int | None]:  # type: ignore[override]
+        out: dict[str, int | None] = {}
+        for ex in self.executors.values():
+            out.update(ex.poll())
+        for job_id in out:
+            self.where.pop(job_id, None)
+        return out
+
+    def adopt(self, info: ProcInfo) -> bool:
+        ok = self._for_node(info.node, info.job_id).adopt(info)
+        if ok:
+            self.where[info.job_id] = info.node
+        return ok
+
+    def alive(self, job_id: str) -> bool:
+        node = self.where.get(job_id)
+        return node is not None and self.executors[node].alive(job_id)
+
+    def exit_code(self, info: ProcInfo) -> int | None:
+        ex = self.executors.get(info.node)
+        fn = getattr(ex, "exit_code", None)
+        return None if fn is None else fn(info)
+
+    def close(self) -> None:
+        for ex in self.executors.values():
+            ex.close()
