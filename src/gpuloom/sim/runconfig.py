@@ -57,14 +57,18 @@ from ..policies.base import PolicyError
 from ..scheduler import Scheduler
 from .engine import SimConfig, Simulator
 from .metrics import RunResult
+from .setup import build_model
 
 ModelBuilder = Callable[[Cluster], ThroughputModel]
 #: ``progress(label, done, total)``: ``done`` of ``total`` jobs of run ``label`` have finished.
 Progress = Callable[[str, int, int], None]
 
 
-class ConfigError(ValueError):
-    """A run configuration that cannot be used; the message names the key and the configuration."""
+class ConfigError(PolicyError):
+    """A run configuration that cannot be used; the message names the key and the configuration.
+
+    A :class:`~gpuloom.policies.base.PolicyError`, so whatever reports bad policy
+    names and parameters to a user reports these too."""
 
 
 _SIM_FIELDS = {f.name: f for f in dataclasses.fields(SimConfig)}
@@ -103,8 +107,9 @@ class RunConfig:
         self.scheduler(where)
         return self
 
-    def model(self, cluster: Cluster) -> ThroughputModel:
-        return ThroughputModel.default(cluster, self.locality_penalty)
+    def model(self, cluster: Cluster, specs: Sequence[JobSpec] = ()) -> ThroughputModel:
+        """The throughput model, built as ``gpuloom simulate`` builds it (:func:`~gpuloom.sim.setup.build_model`)."""
+        return build_model(cluster, specs, self.locality_penalty, self.params)
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in _TOP_KEYS}
@@ -303,7 +308,7 @@ def run_config(
     progress: Callable[[int, int], None] | None = None,
 ) -> RunResult:
     """Run one configuration; the result's ``config`` carries the label and parameters."""
-    model = model_builder(cluster) if model_builder is not None else rc.model(cluster)
+    model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
     result = Simulator(cluster, specs, rc.scheduler(), model, rc.sim).run(progress)
     result.config = {"label": rc.name, **result.config, "params": dict(rc.params),
                      "locality_penalty": rc.locality_penalty}
