@@ -210,3 +210,35 @@ def test_jsonable() -> None:
     doc = jsonable({"a": math.nan, "b": [math.inf, -math.inf, 1.5], "c": np.int64(3), "d": (1, Path("x"))})
     assert doc == {"a": None, "b": [None, None, 1.5], "c": 3, "d": [1, "x"]}
     json.dumps(doc, allow_nan=False)
+
+
+def test_real_workload_reports_and_compare(tmp_path: Path, data_dir: Path) -> None:
+    """PAL's Sia-Philly 160-job workload on 16x4: files agree with the summary; parallel = sequential."""
+    traces = pytest.importorskip("gpuloom.sim.traces")
+    from gpuloom.sim.runconfig import parse_run_config, run_many
+
+    specs = traces.load_trace(data_dir / "pal" / "traces" / "philly" / "workload-1.csv")
+    assert len(specs) == 160
+    cluster = Cluster.homogeneous(16, 4)
+    configs = [parse_run_config(f"order={o},round=360") for o in ("fifo", "srtf")]
+    par = run_many(configs, cluster, specs, processes=2)
+    seq = run_many(configs, cluster, specs, processes=1)
+    for label in par:
+        assert par[label].jobs == seq[label].jobs and par[label].series == seq[label].series
+    res = par["fifo/round_len=360"]
+    paths = write_run(res, tmp_path)
+    rows = list(csv.DictReader(paths["jobs"].open()))
+    assert len(rows) == 160 and all(r["jct"] for r in rows)
+    s = strict_json(paths["summary"])["summary"]
+    jcts = [float(r["jct"]) for r in rows]
+    assert s["completed"] == 160 and s["mean_jct"] == pytest.approx(np.mean(jcts), rel=1e-12)
+    assert s["p99_jct"] == pytest.approx(np.percentile(jcts, 99), rel=1e-12)
+    assert 0 < s["gpu_util"] <= 1
+    # time-weighted GPU utilisation recomputed from series.csv
+    ser = np.array([[float(x) for x in r] for r in list(csv.reader(paths["series"].open()))[1:]])
+    end = max(res.end_time, ser[-1, 0])
+    busy = (ser[:, 1] * np.diff(np.append(ser[:, 0], end))).sum()
+    assert s["gpu_util"] == pytest.approx(busy / (end - ser[0, 0]) / 64, rel=1e-9)
+    assert par["srtf/round_len=360"].summary()["mean_jct"] <= s["mean_jct"]
+    out = write_compare(par, tmp_path / "cmp")
+    assert len(list(csv.DictReader(out["csv"].open()))) == 2
