@@ -242,3 +242,13 @@ def test_real_workload_reports_and_compare(tmp_path: Path, data_dir: Path) -> No
     assert par["srtf/round_len=360"].summary()["mean_jct"] <= s["mean_jct"]
     out = write_compare(par, tmp_path / "cmp")
     assert len(list(csv.DictReader(out["csv"].open()))) == 2
+
+
+def test_lifecycle_phases_become_columns(tmp_path: Path) -> None:
+    from gpuloom.sim.engine import LifecycleTimes
+
+    res = run(lifecycle=LifecycleTimes(launch=20))
+    rows = {r["id"]: r for r in csv.DictReader(write_run(res, tmp_path)["jobs"].open())}
+    assert [float(rows[k]["jct"]) for k in "abc"] == [120, 190, 220]
+    assert (rows["c"]["phase_queued"], rows["c"]["phase_launching"], rows["c"]["phase_running"]) == \
+        ("180.0", "20.0", "20.0")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +177,19 @@ def test_run_many_rejects_duplicate_labels_and_bad_configs() -> None:
     with pytest.raises(ConfigError, match="unknown order policy 'zz'"):
         run_many([RunConfig(order="zz")], Cluster.homogeneous(1, 1), SPECS)
     assert run_many([], Cluster.homogeneous(1, 1), SPECS) == {}
+
+
+def test_lifecycle_table() -> None:
+    # launch 20 s before progress: a 0-120, b starts at 120 -> 190, c at 190 -> 230
+    rc = parse_run_config("order=fifo,round=10,lifecycle={launch=20, checkpoint=5}")
+    assert rc.sim.lifecycle is not None and (rc.sim.lifecycle.launch, rc.sim.lifecycle.stop) == (20, 2.0)
+    res = run_config(rc, Cluster.homogeneous(1, 1), SPECS)
+    assert [j.jct for j in res.jobs] == [120, 190, 220]
+    assert res.jobs[1].phases == {"queued": 120, "launching": 20, "running": 50}
+    assert parse_run_config("lifecycle=true").sim.lifecycle is not None
+    assert parse_run_config("lifecycle=false").sim.lifecycle is None
+    for text, msg in (("lifecycle=3", "must be true, false or a table"),
+                      ("lifecycle={foo=1}", "lifecycle: unknown key(s) foo"),
+                      ("lifecycle={launch=-1}", "launch must be a finite number >= 0")):
+        with pytest.raises(ConfigError, match=re.escape(msg)):
+            parse_run_config(text)

@@ -112,19 +112,28 @@ def _dump_json(obj: Any, path: Path) -> None:
 
 # -- one run: files -----------------------------------------------------------
 def write_jobs_csv(result: RunResult, path: Path) -> Path:
+    """One row per job (:data:`JOB_COLUMNS`), plus ``phase_<name>`` seconds in lifecycle mode."""
+    phase_names: list[str] = []
+    for j in result.jobs:
+        if j.phases:
+            phase_names += [k for k in j.phases if k not in phase_names]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(JOB_COLUMNS)
+        w.writerow(JOB_COLUMNS + tuple(f"phase_{k}" for k in phase_names))
         c = _cell
         for j in result.jobs:
             fin = j.finish
             fs = j.first_start
-            w.writerow((
+            row = [
                 j.id, j.model, j.gpus, c(j.arrival), c(j.duration), c(fs), c(fin),
                 "" if fin is None else c(fin - j.arrival), "" if fs is None else c(fs - j.arrival),
                 j.preemptions, j.migrations, j.resizes, c(j.run_time), c(j.overhead_time), c(j.queued_time),
                 "" if fin is None else c((fin - j.arrival) / j.duration),
-            ))
+            ]
+            if phase_names:
+                ph = j.phases or {}
+                row += [c(ph.get(k)) for k in phase_names]
+            w.writerow(row)
     return path
 
 

@@ -55,7 +55,7 @@ from ..core.job import JobSpec
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..policies.base import PolicyError
 from ..scheduler import Scheduler
-from .engine import SimConfig, Simulator
+from .engine import LifecycleTimes, SimConfig, Simulator
 from .metrics import RunResult
 from .setup import build_model
 
@@ -145,6 +145,8 @@ _MISSING = object()
 def _show(v: Any) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return "{" + ",".join(f"{f.name}={_show(getattr(v, f.name))}" for f in dataclasses.fields(v)) + "}"
     return str(v)
 
 
@@ -205,6 +207,24 @@ def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
     return value
 
 
+def _lifecycle(value: Any, where: str) -> LifecycleTimes | None:
+    """``lifecycle = true`` (default times), ``false``, or a table ``{launch = 20, checkpoint = 5, ...}``."""
+    if isinstance(value, LifecycleTimes) or value is None:
+        return value
+    if isinstance(value, bool):
+        return LifecycleTimes() if value else None
+    if isinstance(value, Mapping):
+        known = {f.name for f in dataclasses.fields(LifecycleTimes)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"{where}: lifecycle: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            return LifecycleTimes(**value)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+    raise ConfigError(f"{where}: lifecycle must be true, false or a table of times, got {value!r}")
+
+
 def apply(base: RunConfig, items: Mapping[str, Any], where: str) -> RunConfig:
     """A copy of ``base`` with ``items`` (already-typed or textual values) applied.
 
@@ -226,6 +246,8 @@ def apply(base: RunConfig, items: Mapping[str, Any], where: str) -> RunConfig:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{where}: params must be a table of name = value, got {value!r}")
             rc.params.update(value)
+        elif key == "lifecycle":
+            sim_updates[key] = _lifecycle(value, where)
         elif key in _SIM_FIELDS:
             sim_updates[key] = _coerce(key, value, _SIM_FIELDS[key].default, where)
         elif key in _TOP_KEYS:
