@@ -252,3 +252,11 @@ def test_lifecycle_phases_become_columns(tmp_path: Path) -> None:
     assert [float(rows[k]["jct"]) for k in "abc"] == [120, 190, 220]
     assert (rows["c"]["phase_queued"], rows["c"]["phase_launching"], rows["c"]["phase_running"]) == \
         ("180.0", "20.0", "20.0")
+
+
+def test_report_links_plots_elsewhere_relatively(tmp_path: Path) -> None:
+    res = run()
+    plots = plot_run(res, tmp_path / "plots")
+    md = write_report(res, tmp_path / "rep", plots=plots).read_text()
+    assert "](../plots/jct_cdf.png)" in md and "](../plots/queue.png)" in md
+    assert not (tmp_path / "rep" / "jct_cdf.png").exists()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -465,7 +466,7 @@ def write_report(result: RunResult, out_dir: str | Path, plots: Sequence[Path] |
     md += ["", "## Plots", ""]
     for p in plots:
         p = Path(p)
-        rel = p.name if p.parent.resolve() == out.resolve() else str(p)
+        rel = Path(os.path.relpath(p.resolve(), out.resolve())).as_posix()
         md += [f"![{p.stem}]({rel})", ""]
     md += ["Files: [jobs.csv](jobs.csv), [series.csv](series.csv), [summary.json](summary.json).", ""]
     path = out / "report.md"
