@@ -11,7 +11,9 @@ httpx clients.
 * **launch**: J one-GPU jobs (``sleep``) submitted by C clients to a cluster
   with room for all of them; submit-to-launch latency is ``first_start -
   submit_time`` from the store (includes the round, the plan, core selection
-  and the process launch, each committed before the next step).
+  and the process launch, each committed before the next step), once for
+  jobs arriving one at a time (the latency of one job) and once for a burst
+  (queueing behind other launches).
 
 Run: ``PYTHONPATH=src python benchmarks/bench_service.py``
 """
@@ -73,7 +75,7 @@ class _Server:
         store.close()
 
 
-def _drive(url: str, token: str, n: int, clients: int, body: dict) -> tuple[float, list[float], list[int]]:
+def _drive(url: str, token: str, n: int, clients: int, body: dict, gap: float = 0.0) -> tuple[float, list[float], list[int]]:
     lat: list[float] = []
     ids: list[int] = []
     lock = threading.Lock()
@@ -88,6 +90,8 @@ def _drive(url: str, token: str, n: int, clients: int, body: dict) -> tuple[floa
                     with lock:
                         lat.append(dt)
                         ids.append(r.json()["id"])
+                if gap:
+                    time.sleep(gap)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
     t0 = time.perf_counter()
@@ -119,7 +123,7 @@ def bench_submit(n: int, clients: int) -> dict:
             "max_ms": float(a.max())}
 
 
-def bench_launch(n: int, clients: int, round_s: float) -> dict:
+def bench_launch(n: int, clients: int, round_s: float, gap: float = 0.0) -> dict:
     from gpuloom.runtime.store import Store
 
     nodes = -(-n // 8)
@@ -128,7 +132,7 @@ def bench_launch(n: int, clients: int, round_s: float) -> dict:
         s = _Server(sd, "--cluster", f"{nodes}x8", "--cpus-per-node", "8", "--mem-gb-per-node", "8",
                     "--round", str(round_s))
         try:
-            wall, _, ids = _drive(s.url, s.token, n, clients, {"name": "l", "command": "sleep 30", "gpus": 1})
+            wall, _, ids = _drive(s.url, s.token, n, clients, {"name": "l", "command": "sleep 30", "gpus": 1}, gap)
             end = time.monotonic() + 120
             store = Store(f"sqlite:///{sd / 'gpuloom.db'}")
             while time.monotonic() < end and store.count_jobs(["RUNNING"]) < n:
@@ -139,7 +143,7 @@ def bench_launch(n: int, clients: int, round_s: float) -> dict:
             s.close()
     lat = np.array([r.first_start - r.submit_time for r in rows if r.first_start is not None]) * 1000
     span = max(r.first_start for r in rows if r.first_start) - min(r.submit_time for r in rows)
-    return {"test": "launch", "jobs": n, "clients": clients, "round_s": round_s, "launched": len(lat),
+    return {"test": "launch", "jobs": n, "clients": clients, "round_s": round_s, "gap": gap, "launched": len(lat),
             "per_s": len(lat) / span, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
             "max_ms": float(lat.max())}
 
@@ -149,12 +153,17 @@ def main() -> None:
     rows = [
         bench_submit(1000, 16),
         bench_submit(300, 1),
+        bench_launch(30, 1, 5.0, gap=0.2),
         bench_launch(200, 8, 5.0),
     ]
     print(f"{'test':<7} {'jobs':>5} {'clients':>7} {'ok':>5} {'per s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  note")
     for r in rows:
         ok = r.get("acked", r.get("launched"))
-        note = f"stored={r['stored']}" if r["test"] == "submit" else f"round={r['round_s']}s; latency=submit->launch"
+        if r["test"] == "submit":
+            note = f"stored={r['stored']}; latency=request round trip"
+        else:
+            note = f"round={r['round_s']}s; latency=submit->launch" + (
+                f"; one every {r['gap']}s" if r["gap"] else "; burst")
         print(f"{r['test']:<7} {r['jobs']:>5} {r['clients']:>7} {ok:>5} {r['per_s']:>8.1f} {r['p50_ms']:>8.1f} "
               f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f}  {note}")
 
