@@ -155,3 +155,25 @@ def test_job_spanning_two_nodes_gets_one_process_per_node(server) -> None:  # no
     assert [p["node"] for p in launch["detail"]["alloc"]["parts"]] == ["node-0", "node-1"]
     assert [p["gpus"] for p in launch["detail"]["alloc"]["parts"]] == [[0, 1], [2, 3]]
     assert len(launch["detail"]["pids"]) == 2 and row["exit_code"] == 0
+
+
+def test_elastic_sizing_resizes_a_running_job_for_real(server) -> None:  # noqa: ANN001
+    # elastic sizing gives a lone job the whole node, then shrinks it when a second job arrives:
+    # the service carries the resize out as stop (checkpoint) + relaunch on 2 GPUs with resume
+    s = server("--cluster", "1x4", "--cpus-per-node", str(NCPU), "--size", "elastic", "--round", "0.2")
+    curve = [1.0, 2.0, 3.0, 4.0]
+    with s.client() as c:
+        a = c.post("/jobs", json={"name": "a", "command": stepper_cmd(60, 0.05), "gpus": 1, "throughput": curve}).json()["id"]
+        wait_for(lambda: job(c, a)["state"] == "running", what="a out of its protection")
+        b = c.post("/jobs", json={"name": "b", "command": stepper_cmd(10, 0.05), "gpus": 1, "throughput": curve}).json()["id"]
+        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] == "finished" and x, timeout=60, what=f"job {j}")
+                for j in (a, b)}
+        log_a = c.get(f"/jobs/{a}/logs").text
+        ev_a = c.get(f"/jobs/{a}/events").json()
+    launches = [e for e in ev_a if e["kind"] in ("launch", "resize")]
+    assert [e["kind"] for e in launches][:2] == ["launch", "resize"]
+    assert [len(e["detail"]["alloc"]["parts"][0]["gpus"]) for e in launches][:2] == [4, 2]
+    recs = start_records(log_a)
+    assert [len(r["cvd"].split(",")) for r in recs][:2] == [4, 2] and recs[1]["resume"] == "1"
+    assert ledger(rows[a]["checkpoint_dir"]) == list(range(60))
+    assert ledger(rows[b]["checkpoint_dir"]) == list(range(10))

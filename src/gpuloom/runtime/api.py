@@ -67,6 +67,16 @@ class JobSubmit(BaseModel):
     workdir: str | None = Field(None, max_length=4096)
     priority: int | None = None
     batch_size: int | None = Field(None, ge=1)
+    throughput: dict[str, float] | list[float] | None = None  # scaling curve f(gpus) in it/s (elastic sizing)
+    min_gpus: int | None = Field(None, ge=1)
+
+    @field_validator("throughput")
+    @classmethod
+    def _curve(cls, v: Any) -> Any:
+        vals = v.values() if isinstance(v, dict) else (v or [])
+        if any(not (x >= 0) for x in vals):
+            raise ValueError("throughput values must be >= 0 iterations/s")
+        return v
 
     @field_validator("mem")
     @classmethod

@@ -76,6 +76,7 @@ from ..core.plan import Action, ActionKind, Allocation, Part, Plan, PlanError, c
 from ..perf.model import ThroughputModel
 from ..policies.base import View
 from ..scheduler import Scheduler
+from ..sim.setup import build_model
 from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
 from .lifecycle import HOLDING_STATES, LIFECYCLE_KEY, TERMINAL, JobState, Lifecycle
 from .store import JobRow, Store
@@ -219,7 +220,7 @@ class Service:
         self.default_duration = float(default_duration)
         self.protect_factor = float(protect_factor)
         self.launch_timeout_s = float(launch_timeout_s)
-        self.model = model or ThroughputModel.default(cluster)
+        self.model = model or build_model(cluster)  # the same model `simulate` builds
         self.rng = np.random.default_rng(seed)
         self.epoch = float(store.set_meta_default("epoch", repr(time.time())))
         self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
@@ -466,7 +467,7 @@ class Service:
     def job_spec(self, row: JobRow) -> JobSpec:
         s = row.spec
         duration = float(s.get("time_limit") or self.default_duration)
-        attrs = {k: s[k] for k in ("priority", "batch_size") if s.get(k) is not None}
+        attrs = {k: s[k] for k in ("priority", "batch_size", "throughput", "min_gpus") if s.get(k) is not None}
         return JobSpec(
             str(row.id),
             max(0.0, row.submit_time - self.epoch),
