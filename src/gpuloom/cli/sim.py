@@ -23,14 +23,20 @@ FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (au
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-C", help="NODESxGPUS (e.g. 16x4) or a TOML/YAML cluster file.")]
 
 
-def load_workload(trace: Path | None, fmt: str, generate: int | None, rate: float, seed: int, limit: int | None):  # noqa: ANN201
+TraceOptOpt = Annotated[
+    list[str] | None, typer.Option("--trace-opt", "-T", help="Trace reader option name=value (e.g. pending=error).")
+]
+
+
+def load_workload(trace: Path | None, fmt: str, generate: int | None, rate: float, seed: int, limit: int | None,
+                  trace_opts: list[str] | None = None):  # noqa: ANN201
     from ..sim.generator import builtin_workload
     from ..sim.generator import generate as gen
 
     if trace is not None:
         from ..sim.traces import load_trace
 
-        specs = load_trace(trace, fmt)
+        specs = load_trace(trace, fmt, **parse_params(trace_opts))
     elif generate:
         specs = gen(num_jobs=generate, jobs_per_hour=rate, seed=seed)
     else:
@@ -52,6 +58,7 @@ def _fmt(v: Any) -> str:
 def simulate(
     trace: TraceOpt = None,
     fmt: FormatOpt = "auto",
+    trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
     cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")] = None,
     mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")] = None,
@@ -86,7 +93,7 @@ def simulate(
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
         params = parse_params(param)
-        specs = load_workload(trace, fmt, generate, rate, seed, limit)
+        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)
         if reschedule_on not in ("none", "arrival", "completion", "both"):
             raise typer.BadParameter("--reschedule-on must be none, arrival, completion or both")
@@ -151,6 +158,7 @@ def compare(
     runs: Annotated[Path | None, typer.Option("--runs", help="TOML file with [[run]] tables.")] = None,
     trace: TraceOpt = None,
     fmt: FormatOpt = "auto",
+    trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
     cpus_per_node: Annotated[int | None, typer.Option()] = None,
     mem_gb_per_node: Annotated[float | None, typer.Option()] = None,
@@ -176,7 +184,7 @@ def compare(
             configs += load_run_configs(runs, base)
         if not configs:
             configs = [parse_run_config(c, base) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
-        specs = load_workload(trace, fmt, generate, rate, seed, limit)
+        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         results = report.run_many(configs, cl, specs, processes=processes)
     folder = out_dir(out)
     report.write_compare(results, folder)
