@@ -19,3 +19,4 @@ def main() -> None:
 
 
 from . import sim  # noqa: E402,F401  (registers simulate, compare)
+from . import topo  # noqa: E402,F401  (registers topo)

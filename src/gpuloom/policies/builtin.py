@@ -2,3 +2,4 @@
 
 from . import group, order, place, size  # noqa: F401
 from . import pal  # noqa: F401
+from . import topology  # noqa: F401
