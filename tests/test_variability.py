@@ -175,3 +175,14 @@ def test_app_class_kmeans():
     with pytest.raises(VariabilityError, match="at least k points"):
         fit_app_classes({"a": (1.0, 1.0)}, k=2)
 
+
+
+def test_build_model_options(data_dir):
+    from gpuloom.sim.setup import build_model
+
+    cl = Cluster.homogeneous(2, 8)
+    m = build_model(cl, (), 1.7, {"variability": f"generate:{data_dir / 'pal/variability'}", "variability_seed": 3,
+                                  "topology": str(data_dir / "topology/v100_dgx1class_8gpu_oneflow_dlperf.txt")})
+    assert [f.name for f in m.factors] == ["locality", "variability", "topology"]
+    assert m.get("variability").scores.shape == (16, 4)
+    assert build_model(cl).get("variability") is None

@@ -67,6 +67,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -280,11 +281,18 @@ def generate_for_cluster(cluster: Cluster, variability_dir: str | Path, seed: in
 
 def variability_from_spec(spec: str, cluster: Cluster, variability_dir: str | Path | None = None,
                           seed: int = 0) -> PMScores:
-    """``FILE`` (a PerfVar table) or ``generate`` / ``generate:DIR`` -> scores checked against ``cluster``."""
+    """``FILE`` (a PerfVar table) or ``generate`` / ``generate:DIR`` -> scores checked against ``cluster``.
+
+    ``generate`` without a folder reads ``$GPULOOM_DATA/pal/variability``.
+    """
     if spec == "generate" or spec.startswith("generate:"):
         d = spec.split(":", 1)[1] if ":" in spec else variability_dir
+        if d is None and os.environ.get("GPULOOM_DATA"):
+            d = Path(os.environ["GPULOOM_DATA"]) / "pal" / "variability"
         if d is None:
-            raise VariabilityError("--variability generate needs the variability data folder (generate:DIR)")
+            raise VariabilityError(
+                "variability 'generate' needs the measured data folder: generate:DIR or $GPULOOM_DATA"
+            )
         scores = generate_for_cluster(cluster, d, seed)
     else:
         scores = load_variability_csv(spec)

@@ -23,4 +23,14 @@ def build_model(
 ) -> ThroughputModel:
     options = dict(options or {})
     model = ThroughputModel.default(cluster, locality_penalty, options.get("per_model_penalty"))
+    if options.get("variability"):  # PAL PM-scores: a PerfVar CSV, or "generate[:DIR]"
+        from ..perf.variability import add_variability, variability_from_spec
+
+        seed = int(options.get("variability_seed", options.get("seed", 0)))
+        add_variability(model, variability_from_spec(str(options["variability"]), cluster,
+                                                     options.get("variability_dir"), seed))
+    if options.get("topology"):  # YARN-8821: an `nvidia-smi topo -m` file for the nodes
+        from ..perf.topology import add_topology, load_topology
+
+        add_topology(model, load_topology(options["topology"]))
     return model
