@@ -1,6 +1,6 @@
 """PAL placement: round cost at scale, and PAL's Sia-Philly evaluation.
 
-Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|all]``
+Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|all]``
 (``main()`` runs everything; the evaluation parts need ``../shared/data`` or
 ``$GPULOOM_DATA``).
 
@@ -21,6 +21,8 @@ Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|all]``
    Packed-Sticky, per workload ``1 - JCT/JCT_packed_sticky`` and the geometric
    mean over workloads ``1 - geomean(JCT/JCT_packed_sticky)``.
 3. **Locality sweep**: the penalty from 1.0 to 3.0 on one workload.
+4. **Score sources**: the geomean improvement for other seeds of the
+   generator and for PAL's measured 32-GPU table repeated over 64 GPUs.
 
 The PAL traces (``job_id,num_gpus,submit_time,duration,model``) are read
 here directly until ``gpuloom.sim.traces`` exists on this branch.
@@ -40,7 +42,7 @@ import numpy as np
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.perf.model import ThroughputModel
-from gpuloom.perf.variability import PMScores, add_variability, generate_for_cluster
+from gpuloom.perf.variability import PMScores, add_variability, generate_for_cluster, load_variability_csv
 from gpuloom.policies.base import View
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim import simulate
@@ -173,6 +175,28 @@ def bench_sweep(workload: int = 1, seed: int = 0) -> None:
               + f" {1 - jct['pm-first'] / jct['packed-sticky']:>13.1%} {1 - jct['pal'] / jct['packed-sticky']:>9.1%}")
 
 
+def bench_sources() -> None:
+    """Geomean improvement over packed-sticky for other score draws and for PAL's measured table."""
+    d = data_dir()
+    if d is None:
+        print("sources skipped: no ../shared/data")
+        return
+    cl = Cluster.homogeneous(16, 4)
+    table = load_variability_csv(d / "pal" / "variability" / "32gpu-variability.csv")
+    sources = {f"generated, seed {s}": generate_for_cluster(cl, d / "pal" / "variability", s) for s in range(4)}
+    sources["measured 32-GPU table x2"] = PMScores(np.vstack([table.scores, table.scores]), "32gpu x2")
+    specs = {w: read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv") for w in range(1, 9)}
+    print("\nPM-score source vs geomean improvement over packed-sticky (8 workloads, penalty 1.7)")
+    print(f"{'source':<26} {'class A max':>11} {'PM-First':>9} {'PAL':>7}")
+    for name, sc in sources.items():
+        rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
+        for w in range(1, 9):
+            base = _run(specs[w], cl, sc, "packed-sticky", 1.7)
+            for p in rat:
+                rat[p].append(_run(specs[w], cl, sc, p, 1.7) / base)
+        print(f"{name:<26} {sc.scores[:, 0].max():>11.3f} {_geo_impr(rat['pm-first']):>9.1%} {_geo_impr(rat['pal']):>7.1%}")
+
+
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 and __name__ == "__main__" else "all"
     if what in ("round", "all"):
@@ -181,6 +205,8 @@ def main() -> None:
         bench_eval()
     if what in ("sweep", "all"):
         bench_sweep()
+    if what in ("sources", "all"):
+        bench_sources()
 
 
 if __name__ == "__main__":

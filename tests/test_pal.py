@@ -28,8 +28,8 @@ def test_lv_product_example():
     assert [round(p, 4) for _, _, p in got] == [0.89, 0.94, 1.06, 1.335, 1.41, 1.59, 2.55, 3.825]
 
 
-def _setup(class_a: list[float], nodes: int, per_node: int, penalty: float = 1.5):
-    cl = Cluster.homogeneous(nodes, per_node)
+def _setup(class_a: list[float], nodes: int, per_node: int, penalty: float = 1.5, sizes: list[int] | None = None):
+    cl = Cluster.homogeneous(nodes, per_node) if sizes is None else Cluster.from_groups([{"gpus": g} for g in sizes])
     s = np.ones((cl.num_gpus, 4))
     s[:, 0] = class_a
     model = ThroughputModel.default(cl, penalty)
@@ -79,24 +79,26 @@ def _brute(vals: np.ndarray, node: np.ndarray, free: np.ndarray, k: int, pen: fl
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_pal_choice_has_minimal_lv_product(seed):
+@pytest.mark.parametrize("sizes", [[4, 4, 4], [2, 4, 3, 1]])
+def test_pal_choice_has_minimal_lv_product(seed, sizes):
     rng = np.random.default_rng(seed)
-    cl = Cluster.homogeneous(3, 4)
-    raw = rng.choice([0.9, 1.0, 1.05, 1.3], size=12)
-    _, _, view = _setup(raw.tolist(), 3, 4, penalty=float(rng.choice([1.0, 1.2, 1.5, 1.7, 3.0])))
+    n = sum(sizes)
+    raw = rng.choice([0.9, 1.0, 1.05, 1.3], size=n)
+    cl, _, view = _setup(raw.tolist(), 0, 0, penalty=float(rng.choice([1.0, 1.2, 1.5, 1.7, 3.0])), sizes=sizes)
     pen = view.model.get("locality").penalty
     vals = view.model.get("variability").bins(0).values
     free = FreeState(cl)
-    busy = rng.random(12) < 0.35
+    busy = rng.random(n) < 0.35
     free.gpu_free[busy] = False
-    for n in range(3):
-        free.node_gpus[n] = int(free.gpu_free[4 * n:4 * n + 4].sum())
+    for i in range(cl.num_nodes):
+        free.node_gpus[i] = int(free.gpu_free[list(cl.node_gpus(i))].sum())
     for k in (2, 3, 4):
         if free.gpu_free.sum() < k:
             continue
         parts = PAL().choose(_req(k), free, view)
         got = [g for p in parts for g in p.gpus]
         assert len(got) == k and free.gpu_free[got].all()
+        assert all(cl.gpu_node[g] == p.node for p in parts for g in p.gpus)
         lv = vals[got].max() * (1.0 if len(parts) == 1 else pen)
         assert lv == pytest.approx(_brute(vals, cl.gpu_node, free.gpu_free, k, pen))
 
@@ -114,6 +116,11 @@ def test_placement_priority_by_class():
     assert plan.allocations["a"].gpu_ids == (2,)
     plan = make("place", "pal", {"priority": "queue"}).place(reqs, view)
     assert plan.allocations["b"].gpu_ids == (2,)
+    # class-size: inside a class, larger jobs first
+    reqs = [_req(1, "vgg19", "small"), _req(2, "resnet50", "big")]
+    pol = make("place", "pm-first", {"priority": "class-size"})
+    assert [r.job.id for r in pol.priority_order(reqs, view)] == ["big", "small"]
+    assert [r.job.id for r in make("place", "pm-first").priority_order(reqs, view)] == ["small", "big"]
 
 
 def test_needs_variability_factor():
