@@ -185,11 +185,11 @@ class _VariabilityPlace(PlacePolicy):
     @staticmethod
     def pm_first(cv: _ClassView, free: FreeState, k: int) -> np.ndarray | None:
         """The ``k`` best free GPUs (PM-First), or None if fewer are free."""
-        fm = free.gpu_free[cv.order]
-        cand = cv.order[fm]
-        if cand.size < k:
+        idx = np.flatnonzero(free.gpu_free[cv.order])  # (much faster than boolean-mask indexing)
+        if idx.size < k:
             return None
-        cvals = cv.order_vals[fm]
+        cand = cv.order[idx]
+        cvals = cv.order_vals[idx]
         v_a = cvals[k - 1]
         lo = int(np.searchsorted(cvals, v_a, side="left"))
         hi = int(np.searchsorted(cvals, v_a, side="right"))
@@ -198,9 +198,25 @@ class _VariabilityPlace(PlacePolicy):
         need = k - lo
         tie = cand[lo:hi]
         tnode = free.cluster.gpu_node[tie]
-        cnt = np.bincount(tnode)[tnode]
-        pick = np.lexsort((tie, tnode, np.abs(cnt - need)))[:need]
-        return np.concatenate([cand[:lo], tie[pick]])
+        # the tie group is ordered by (node, GPU id): one run of GPUs per node; rank the runs by
+        # (|run length - need|, node) and take GPUs run by run.  At most `need` runs are needed,
+        # so only those are selected (argpartition) and sorted.
+        starts = np.flatnonzero(np.concatenate(([True], tnode[1:] != tnode[:-1])))
+        runs = np.diff(np.append(starts, tnode.size))
+        nr = runs.size
+        key = np.abs(runs - need) * nr + np.arange(nr)
+        m = min(need, nr)
+        sel = np.argpartition(key, m - 1)[:m] if m < nr else np.arange(nr)
+        sel = sel[np.argsort(key[sel])]
+        out = [cand[:lo]]
+        left = need
+        for r in sel.tolist():
+            take = min(left, int(runs[r]))
+            out.append(tie[starts[r]:starts[r] + take])
+            left -= take
+            if left == 0:
+                break
+        return np.concatenate(out)
 
     @staticmethod
     def best_within(cv: _ClassView, free: FreeState, k: int) -> tuple[float, np.ndarray] | None:
