@@ -153,3 +153,24 @@ def test_sia_philly_workload_runs(data_dir, policy):
     best = scores.scores.min()
     for j in runs[0].finished:
         assert j.run_time - j.overhead_time >= j.duration * best - 1e-6
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pm_first_matches_reference(seed):
+    # reference: sort free GPUs by (level, |free GPUs of that level on the node - still needed|, node, id)
+    rng = np.random.default_rng(seed)
+    cl, _, view = _setup(rng.choice([0.9, 1.0, 1.2], size=24).tolist(), 6, 4)
+    vals = view.model.get("variability").bins(0).values
+    free = FreeState(cl)
+    free.gpu_free[rng.random(24) < 0.4] = False
+    cv = make("place", "pm-first").scores(view).cls(0)
+    for k in range(1, int(free.gpu_free.sum()) + 1):
+        got = make("place", "pm-first").pm_first(cv, free, k)
+        ids = np.flatnonzero(free.gpu_free)
+        kth = np.sort(vals[ids])[k - 1]
+        below = ids[vals[ids] < kth]
+        tie = ids[vals[ids] == kth]
+        need = k - below.size
+        cnt = np.array([np.sum(cl.gpu_node[tie] == cl.gpu_node[g]) for g in tie])
+        ref = tie[np.lexsort((tie, cl.gpu_node[tie], np.abs(cnt - need)))][:need]
+        assert sorted(got.tolist()) == sorted(below.tolist() + ref.tolist())
