@@ -18,9 +18,10 @@ raises :class:`TopologyError` naming the token, the file line and column.
 **Link costs** (:data:`LINK_COST`, lower is faster): ``NV<n>`` costs
 ``100 / n`` (NV1 100, NV2 50, NV12 8.3, NV18 5.6: cost falls as bonded links,
 i.e. bandwidth, grow), then the PCIe paths by distance: PIX 200, PXB 300,
-PHB 400, NODE 500, SYS/SOC 600.  YARN's table ranks PIX/PXB (600/1200)
-*below* SYS (300), which contradicts NVIDIA's legend (PIX is the shortest
-PCIe path); we keep the legend's order.
+PHB 400, NODE 500, SYS/SOC 600.  YARN's weights make PIX and PXB (600,
+1200) costlier than PHB/NODE (200) and SYS/SOC (300), the reverse of
+NVIDIA's legend (PIX is the shortest PCIe path, SYS the longest); we keep
+the legend's order.
 
 **Cost table** (:meth:`Topology.cost_table`).  The cost of a GPU set is the sum
 of its pair costs.  For every set size the table lists every combination
