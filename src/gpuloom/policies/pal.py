@@ -198,25 +198,9 @@ class _VariabilityPlace(PlacePolicy):
         need = k - lo
         tie = cand[lo:hi]
         tnode = free.cluster.gpu_node[tie]
-        # the tie group is ordered by (node, GPU id): one run of GPUs per node; rank the runs by
-        # (|run length - need|, node) and take GPUs run by run.  At most `need` runs are needed,
-        # so only those are selected (argpartition) and sorted.
-        starts = np.flatnonzero(np.concatenate(([True], tnode[1:] != tnode[:-1])))
-        runs = np.diff(np.append(starts, tnode.size))
-        nr = runs.size
-        key = np.abs(runs - need) * nr + np.arange(nr)
-        m = min(need, nr)
-        sel = np.argpartition(key, m - 1)[:m] if m < nr else np.arange(nr)
-        sel = sel[np.argsort(key[sel])]
-        out = [cand[:lo]]
-        left = need
-        for r in sel.tolist():
-            take = min(left, int(runs[r]))
-            out.append(tie[starts[r]:starts[r] + take])
-            left -= take
-            if left == 0:
-                break
-        return np.concatenate(out)
+        cnt = np.bincount(tnode)[tnode]  # free GPUs of this level on the same node
+        pick = np.lexsort((tie, tnode, np.abs(cnt - need)))[:need]
+        return np.concatenate([cand[:lo], tie[pick]])
 
     @staticmethod
     def best_within(cv: _ClassView, free: FreeState, k: int) -> tuple[float, np.ndarray] | None:
