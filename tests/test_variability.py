@@ -183,6 +183,7 @@ def test_build_model_options(data_dir):
     cl = Cluster.homogeneous(2, 8)
     m = build_model(cl, (), 1.7, {"variability": f"generate:{data_dir / 'pal/variability'}", "variability_seed": 3,
                                   "topology": str(data_dir / "topology/v100_dgx1class_8gpu_oneflow_dlperf.txt")})
-    assert [f.name for f in m.factors] == ["locality", "variability", "topology"]
+    names = [f.name for f in m.factors]
+    assert names[0] == "locality" and names[-2:] == ["variability", "topology"]
     assert m.get("variability").scores.shape == (16, 4)
     assert build_model(cl).get("variability") is None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 
@@ -37,6 +37,9 @@ class Allocation:
     job_id: str
     parts: tuple[Part, ...]
     group: tuple[str, ...] = ()  # co-runners sharing these GPUs (excluding job_id)
+    # what was asked for: (gpus, cpus, mem_mb, members); lets placement reuse an
+    # allocation whose request did not change without rebuilding it
+    key: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
@@ -74,6 +77,7 @@ class Plan:
     """A round's decision: ``allocations[job_id]`` for every job that should run."""
 
     allocations: dict[str, Allocation] = field(default_factory=dict)
+    free_gpus: int | None = None  # GPUs left free, when the placer knows it
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self.allocations
@@ -91,7 +95,7 @@ class PlanError(AssertionError):
     """A plan that breaks an invariant."""
 
 
-class ActionKind(str, Enum):
+class ActionKind(StrEnum):
     START = "start"  # job holds nothing now, runs after
     STOP = "stop"  # job runs now, holds nothing after (preemption)
     MOVE = "move"  # different GPUs, same count (migration)
@@ -124,7 +128,7 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
         old = current.get(jid)
         if old is None:
             starts.append(Action(ActionKind.START, jid, None, a))
-        elif old == a:
+        elif old is a or old == a:
             continue
         elif old.num_gpus != a.num_gpus:
             changes.append(Action(ActionKind.RESIZE, jid, old, a))
