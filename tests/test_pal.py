@@ -123,11 +123,16 @@ def test_placement_priority_by_class():
     assert [r.job.id for r in make("place", "pm-first").priority_order(reqs, view)] == ["small", "big"]
 
 
-def test_needs_variability_factor():
+def test_without_variability_factor():
     cl = Cluster.homogeneous(1, 2)
     view = View(0.0, cl, [], {}, ThroughputModel.default(cl), np.random.default_rng(0))
     with pytest.raises(PolicyError, match="needs PM-scores"):
-        make("place", "pm-first").choose(_req(1), FreeState(cl), view)
+        make("place", "pm-first", {"require_scores": True}).choose(_req(1), FreeState(cl), view)
+    # without scores: uniform scores, a warning, and PAL only weighs locality
+    pol = make("place", "pal")
+    with pytest.warns(UserWarning, match="no PM-scores"):
+        parts = pol.choose(_req(2), FreeState(cl), view)
+    assert parts[0].gpus == (0, 1)
     with pytest.raises(PolicyError, match="priority"):
         make("place", "pal", {"priority": "size"})
 

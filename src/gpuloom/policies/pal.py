@@ -6,7 +6,10 @@ Both read the PM-scores from the throughput model's ``variability`` factor
 placement are the scores that decide speed.  Placement works on the *binned*
 scores of the job's class (bin levels, 1.0 = median bin); the locality
 penalty comes from the model's ``locality`` factor for the job's model
-(1.0 when the model has none), unless ``locality_penalty`` is given.  Both
+(1.0 when the model has none), unless ``locality_penalty`` is given.
+Without a variability factor every GPU counts as a median GPU (one bin; PAL
+then only weighs locality) and a warning says so; ``require_scores=True``
+makes that an error instead.  Both
 policies are non-sticky (every round re-places every job; a job placed on the
 GPUs it already holds does not move) and deterministic.
 
@@ -46,6 +49,7 @@ loop over GPUs), see ``benchmarks/bench_pal.py``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,7 +57,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.plan import Part, Plan
-from ..perf.variability import VariabilityFactor
+from ..perf.variability import PMScores, VariabilityFactor
 from .base import FreeState, PlacePolicy, PolicyError, Request, View, register, split_parts
 
 
@@ -112,27 +116,42 @@ class _Scores:
         return v
 
 
+_UNIFORM = "uniform (no PM-scores in the model)"
+
+
 class _VariabilityPlace(PlacePolicy):
     sticky = False
     dynamic = False
 
-    def __init__(self, locality_penalty: float | None = None, priority: str = "class") -> None:
+    def __init__(self, locality_penalty: float | None = None, priority: str = "class",
+                 require_scores: bool = False) -> None:
         if locality_penalty is not None and locality_penalty < 1.0:
             raise ValueError(f"locality_penalty must be >= 1, got {locality_penalty}")
         if priority not in ("class", "class-size", "queue"):
             raise ValueError(f"priority must be class, class-size or queue, got {priority!r}")
         self.locality_penalty = locality_penalty
         self.priority = priority
+        self.require_scores = require_scores
         self._state: _Scores | None = None
 
     # -- shared machinery -----------------------------------------------------
     def scores(self, view: View) -> _Scores:
         f = view.model.get("variability")
         if not isinstance(f, VariabilityFactor):
-            raise PolicyError(
-                f"place policy {self.name!r} needs PM-scores: add a variability factor to the throughput model "
-                "(gpuloom.perf.variability.add_variability)"
+            if self.require_scores:
+                raise PolicyError(
+                    f"place policy {self.name!r} needs PM-scores: add a variability factor to the throughput "
+                    "model (gpuloom.perf.variability.add_variability)"
+                )
+            st = self._state
+            if st is not None and st.cluster is view.cluster and st.factor.pm.source == _UNIFORM:
+                return st
+            warnings.warn(
+                f"place policy {self.name!r}: the throughput model has no PM-scores, every GPU counts as a "
+                "median GPU (add_variability to use measured or generated scores)",
+                stacklevel=2,
             )
+            f = VariabilityFactor(PMScores(np.ones((view.cluster.num_gpus, 4)), _UNIFORM))
         st = self._state
         if st is None or st.factor is not f or st.cluster is not view.cluster:
             if f.scores.shape[0] != view.cluster.num_gpus:
