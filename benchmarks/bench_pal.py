@@ -25,12 +25,11 @@ Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|a
    generator and for PAL's measured 32-GPU table repeated over 64 GPUs.
 
 The PAL traces (``job_id,num_gpus,submit_time,duration,model``) are read
-here directly until ``gpuloom.sim.traces`` exists on this branch.
+with :func:`gpuloom.sim.traces.read_pal`.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import sys
@@ -46,6 +45,7 @@ from gpuloom.perf.variability import PMScores, add_variability, generate_for_clu
 from gpuloom.policies.base import View
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim import simulate
+from gpuloom.sim.traces import read_pal
 
 POLICIES = ["packed-sticky", "packed-non-sticky", "random-sticky", "random-non-sticky", "pm-first", "pal"]
 SIZES = [1, 4, 6, 8, 12, 16, 24, 32, 48]
@@ -60,12 +60,7 @@ def data_dir() -> Path | None:
 
 
 def read_pal_trace(path: Path) -> list[JobSpec]:
-    out = []
-    with path.open(newline="") as fh:
-        for r in csv.DictReader(fh):
-            out.append(JobSpec(f"job-{r['job_id']}", float(r["submit_time"]), int(r["num_gpus"]),
-                               float(r["duration"]), model=r["model"]))
-    return out
+    return read_pal(path).jobs
 
 
 def _scores(cluster: Cluster, seed: int = 0) -> PMScores:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import itertools
 
 import numpy as np
@@ -16,6 +15,7 @@ from gpuloom.policies import PolicyError, make
 from gpuloom.policies.base import FreeState, Request, View
 from gpuloom.policies.pal import PAL, lv_order
 from gpuloom.sim import simulate
+from gpuloom.sim.traces import load_trace
 
 
 def test_lv_product_example():
@@ -137,17 +137,11 @@ def test_without_variability_factor():
         make("place", "pal", {"priority": "size"})
 
 
-def _workload(path) -> list[JobSpec]:
-    with open(path, newline="") as fh:
-        return [JobSpec(r["job_id"], float(r["submit_time"]), int(r["num_gpus"]), float(r["duration"]),
-                        model=r["model"]) for r in csv.DictReader(fh)]
-
-
 @pytest.mark.parametrize("policy", ["pm-first", "pal"])
 def test_sia_philly_workload_runs(data_dir, policy):
     cl = Cluster.homogeneous(16, 4)
     scores = generate_for_cluster(cl, data_dir / "pal/variability", seed=0)
-    specs = _workload(data_dir / "pal/traces/philly/workload-1.csv")
+    specs = load_trace(data_dir / "pal/traces/philly/workload-1.csv", "pal")
     runs = []
     for _ in range(2):
         model = add_variability(ThroughputModel.default(cl, 1.7), scores)
