@@ -1,3 +1,5 @@
 """Imports every module that registers policies.  Add one line per new module."""
 
 from . import elastic, group, order, place, size  # noqa: F401
+from . import pal  # noqa: F401
+from . import topology  # noqa: F401

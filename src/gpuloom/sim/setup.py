@@ -27,4 +27,14 @@ def build_model(
     # scaling curves f(N): speed 1 at a job's requested GPU count, so only sizers that
     # change GPU counts (elastic, static) see them; jobs without a curve stay rigid
     model.add(ScalingFactor())
+    if options.get("variability"):  # PAL PM-scores: a PerfVar CSV, or "generate[:DIR]"
+        from ..perf.variability import add_variability, variability_from_spec
+
+        seed = int(options.get("variability_seed", options.get("seed", 0)))
+        add_variability(model, variability_from_spec(str(options["variability"]), cluster,
+                                                     options.get("variability_dir"), seed))
+    if options.get("topology"):  # YARN-8821: an `nvidia-smi topo -m` file for the nodes
+        from ..perf.topology import add_topology, load_topology
+
+        add_topology(model, load_topology(options["topology"]))
     return model
