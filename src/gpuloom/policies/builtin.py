@@ -1,5 +1,11 @@
 """Imports every module that registers policies.  Add one line per new module."""
 
-from . import elastic, group, order, place, size  # noqa: F401
-from . import pal  # noqa: F401
-from . import topology  # noqa: F401
+from . import (  # noqa: F401
+    elastic,
+    group,
+    order,
+    pal,  # noqa: F401
+    place,
+    size,
+    topology,  # noqa: F401
+)
