@@ -23,11 +23,13 @@ The result carries the demand, every measured point, how many were measured
 (vs. the full grid, ``len(cpu) * len(mem)``) and a
 :class:`~gpuloom.perf.sensitivity.SensitivityProfile` estimated from them so
 the throughput model can use it right away: ``T(c, m) = min(Tcpu(c),
-Tmem(m))`` – the pipeline's slowest stage – where ``Tcpu`` is the measured
-CPU curve at maximum memory and ``Tmem`` the memory curve (cache model or
-measured) at the chosen CPU, both read from the nearest measured point at or
-below (linear from 0 below the first measured CPU point).  Measured points
-keep their measured values.
+Tmem(m))`` – the pipeline's slowest stage – where ``Tcpu`` is the CPU curve
+(the best measured point with at most ``c`` cores, a lower bound since more
+memory never hurts) and ``Tmem`` the memory curve (cache model or measured)
+at the chosen CPU, read from the nearest measured point at or below (linear
+from 0 below the first measured CPU point).  Measured points keep their
+measured values.  Pass ``reference`` (the GPU-proportional point) to measure
+it as well – one more point – so speeds relative to it are exact.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def optimistic_profile(
     *,
     gpus: int = 1,
     cache: DataPipelineModel | None = None,
+    reference: tuple[int, int] | None = None,
     model: str = "",
 ) -> ProfileResult:
     """Find the best-case (cores, MB) of a job with Synergy's optimistic search (see the module notes)."""
@@ -135,18 +138,22 @@ def optimistic_profile(
         mi = _binary_search(mps, lambda m: at(cpu, m), target)
         mem = mps[mi]
         mem_curve = {}
+    if reference is not None:
+        at(int(reference[0]), int(reference[1]))
     demand_tput = points.get((cpu, mem))
     if demand_tput is None:
         demand_tput = mem_curve[mem]
 
     # estimated matrix: min(CPU curve at max memory, memory curve at the chosen CPU)
-    cpu_meas = sorted((c, v) for (c, m), v in points.items() if m == mmax)
+    # (any measured point is a lower bound of the CPU curve at max memory)
+    cpu_meas = sorted((c, v) for (c, m), v in points.items())
 
     def tcpu(c: int) -> float:
         below = [v for cc, v in cpu_meas if cc <= c]
         if below:
             return max(below)
-        c0, v0 = cpu_meas[0]
+        c0 = cpu_meas[0][0]
+        v0 = max(v for cc, v in cpu_meas if cc == c0)
         return v0 * c / c0
 
     mem_meas = sorted((m, v) for (c, m), v in points.items() if c == cpu)
