@@ -389,3 +389,21 @@ def test_synergy_workload_from_philly(data_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "t.csv").write_text("0,alexnet,0,100\n")
     with pytest.raises(WorkloadError, match="t.csv:1: expected 5 fields"):
         load_synergy_trace(tmp_path / "t.csv")
+
+
+def test_profiles_parameter_builds_the_model(data_dir: Path) -> None:
+    from gpuloom.sim.setup import build_model
+
+    path = str(data_dir / "synergy/model_sensitivity_profiles.csv")
+    cl, specs = scenario()
+    sched = Scheduler.from_names("fifo", "none", "tune", "packed-sticky", params={"profiles": path})
+    model = build_model(cl, specs, options={"profiles": path})
+    assert model.get("sensitivity") is not None and len(model.get("sensitivity").catalogue) == 33
+    res = Simulator(cl, specs, sched, model, SimConfig(), observers=[tune_invariant_observer]).run()
+    assert res.summary()["completed"] == 8
+    # a sizer told about profiles refuses a model that ignores them
+    bare = Scheduler.from_names("fifo", "none", "opt", "packed-sticky", params={"profiles": path})
+    with pytest.raises(PolicyError, match="no sensitivity factor"):
+        Simulator(cl, specs, bare, build_model(cl, specs), SimConfig()).run()
+    with pytest.raises(SensitivityError, match="No such file"):
+        build_model(cl, specs, options={"profiles": str(data_dir / "absent.csv")})

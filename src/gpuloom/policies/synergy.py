@@ -15,6 +15,13 @@ the place policy's ``keep_parts`` (stickiness) and ``choose`` over a
 memory per node.  A job whose GPUs fit on one node is never spread over nodes
 just to get extra CPU or memory.  A unit must be one job (``--group none``).
 
+Parameters (``-P name=value``): ``threshold`` (all), ``profiles`` (all: the
+catalogue CSV; :func:`gpuloom.sim.setup.build_model` adds the sensitivity
+factor to the run's throughput model when it is given, and a sizer given it
+refuses to run on a model without that factor), ``time_limit`` and
+``max_jobs`` (opt).  Without a sensitivity factor every job is insensitive and
+the sizers hand out the proportional share.
+
 ``greedy`` (Synergy-GREEDY)
     In policy order, give each job its best-case demand where it fits
     (first fit through ``choose``), else skip it.  Packing three dimensions
@@ -110,11 +117,14 @@ def _ref_node(view: View) -> int:
 class _SynergySizer(SizePolicy):
     fixed_gpus = True
 
-    def __init__(self, threshold: float = DEFAULT_THRESHOLD) -> None:
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, profiles: str | None = None) -> None:
         threshold = float(threshold)
         if not 0 <= threshold < 10:
             raise ValueError(f"threshold must be in [0, 10), got {threshold}")
         self.threshold = threshold
+        # the catalogue file the run's throughput model loads (sim.setup.build_model);
+        # sizers read profiles from the model's sensitivity factor, never from here
+        self.profiles = profiles
         # demand vectors by (profile, GPUs): every job of a model shares one
         self._demand: dict[tuple[Any, int], tuple[int | None, int | None]] = {}
         self.last_order: list[str] = []
@@ -153,6 +163,11 @@ class _SynergySizer(SizePolicy):
 
     # -- shared round machinery --------------------------------------------
     def allocate(self, requests: list[Request], view: View, place: PlacePolicy, preemptive: bool) -> Plan:
+        if self.profiles and sensitivity_factor(view) is None:
+            raise PolicyError(
+                f"size policy {self.name!r}: profiles={self.profiles!r} given but the throughput model has no "
+                "sensitivity factor (build it with gpuloom.sim.setup.build_model or perf.sensitivity.add_sensitivity)"
+            )
         order = list(requests)
         if not preemptive:
             order = [r for r in order if r.running] + [r for r in order if not r.running]
@@ -437,8 +452,14 @@ def _candidates(
 class Opt(_SynergySizer):
     """Synergy-OPT: allocation LP + placement LP with HiGHS (see the module notes)."""
 
-    def __init__(self, threshold: float = DEFAULT_THRESHOLD, time_limit: float = 10.0, max_jobs: int = 1024) -> None:
-        super().__init__(threshold)
+    def __init__(
+        self,
+        threshold: float = DEFAULT_THRESHOLD,
+        profiles: str | None = None,
+        time_limit: float = 10.0,
+        max_jobs: int = 1024,
+    ) -> None:
+        super().__init__(threshold, profiles)
         if not time_limit > 0:
             raise ValueError(f"time_limit must be > 0, got {time_limit}")
         if int(max_jobs) < 1:

@@ -23,4 +23,8 @@ def build_model(
 ) -> ThroughputModel:
     options = dict(options or {})
     model = ThroughputModel.default(cluster, locality_penalty, options.get("per_model_penalty"))
+    if options.get("profiles"):  # Synergy: CPU/memory sensitivity (-P profiles=model_sensitivity_profiles.csv)
+        from ..perf.sensitivity import add_sensitivity, load_catalogue
+
+        add_sensitivity(model, load_catalogue(options["profiles"]))
     return model
