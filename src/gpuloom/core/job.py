@@ -93,7 +93,7 @@ class Job:
 
     def __init__(self, spec: JobSpec, index: int = 0) -> None:
         self.spec = spec
-        self.index = index
+        self.index = index  # position in arrival order: the tie-breaker of every order policy
         self.status = JobStatus.PENDING
         self.remaining = float(spec.duration)
         self.attained_gpu_time = 0.0  # GPU-seconds held (LAS/2D-LAS service)

@@ -1,7 +1,7 @@
 """Ordering policies: which jobs come first.
 
-Every policy sorts by a key, ties broken by arrival time and then job id, so
-results are deterministic.  Keys read the job's state as of the round (the
+Every policy sorts by a key, ties broken by arrival order (``Job.index``, the
+job's position in arrival order), so results are deterministic.  Keys read the job's state as of the round (the
 simulator advances every running job to ``now`` first).
 
 ========  =====================================================================
@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from operator import attrgetter
 
 from ..core.job import Job
 from .base import OrderPolicy, View, register
+
+
+_INDEX = attrgetter("index")
 
 
 class _KeyOrder(OrderPolicy):
@@ -30,7 +34,7 @@ class _KeyOrder(OrderPolicy):
         raise NotImplementedError
 
     def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
-        return sorted(jobs, key=lambda j: (self.key(j, view), j.spec.arrival, j.index))
+        return sorted(jobs, key=lambda j: (self.key(j, view), j.index))
 
 
 @register("order", "fifo")
@@ -41,8 +45,9 @@ class FIFO(_KeyOrder):
         return job.spec.arrival
 
     def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
-        # view.jobs is kept in arrival order already
-        return sorted(jobs, key=lambda j: (j.spec.arrival, j.index))
+        # Job.index is the position in arrival order; views list jobs in that
+        # order already, so this sort is a linear pass
+        return sorted(jobs, key=_INDEX)
 
 
 @register("order", "sjf")
