@@ -31,7 +31,8 @@ from gpuloom.policies.base import PolicyError, View
 from gpuloom.policies.synergy import check_tune_invariants, plan_throughput, tune_invariant_observer
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
-from gpuloom.sim.synergy_workload import WorkloadError, load_synergy_trace, synergy_workload
+from gpuloom.sim.synergy_workload import WorkloadError, synergy_workload
+from gpuloom.sim.traces import load_trace
 
 # A small hand-made catalogue with the real alexnet_1 and gnmt_1 rows, so the
 # allocator tests run without the data directory.
@@ -337,7 +338,7 @@ def small_full_catalogue() -> Catalogue:
 
 def test_synergy_deployment_trace_tune_beats_proportional(data_dir: Path) -> None:
     cat = load_catalogue(data_dir / "synergy/model_sensitivity_profiles.csv")
-    specs = load_synergy_trace(data_dir / "synergy/traces/dynamic_100job.csv", cat)
+    specs = load_trace(data_dir / "synergy/traces/dynamic_100job.csv")
     assert len(specs) == 100 and specs[0].model == "alexnet"
     assert specs[0].duration == pytest.approx(23349 * 0.6)
     cl = Cluster.homogeneous(4, 8, 24, 500_000)
@@ -386,9 +387,6 @@ def test_synergy_workload_from_philly(data_dir: Path, tmp_path: Path) -> None:
     bad.write_text("duration,num_gpus\n10,1\nabc,1\n")
     with pytest.raises(WorkloadError, match=r"p.csv:3"):
         synergy_workload(5, durations="philly", philly=bad)
-    (tmp_path / "t.csv").write_text("0,alexnet,0,100\n")
-    with pytest.raises(WorkloadError, match="t.csv:1: expected 5 fields"):
-        load_synergy_trace(tmp_path / "t.csv")
 
 
 def test_profiles_parameter_builds_the_model(data_dir: Path) -> None:

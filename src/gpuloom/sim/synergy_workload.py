@@ -26,10 +26,8 @@
 Durations are reference seconds: run time at the GPU-proportional share (the
 sensitivity factor speeds sensitive jobs up from there).
 
-:func:`load_synergy_trace` reads Synergy's own trace files
-(``synergy/traces/*.csv``: ``id, model, arrival s, iterations, GPUs``, no
-header); duration = iterations × the model's 1-GPU ``iter_time`` from a
-catalogue (1 s when unknown).
+Synergy's own trace files (``synergy/traces/*.csv``) are read by
+:func:`gpuloom.sim.traces.load_trace` (format ``synergy``).
 """
 
 from __future__ import annotations
@@ -41,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.job import JobError, JobSpec
-from ..perf.sensitivity import FAMILIES, Catalogue
+from ..core.job import JobSpec
+from ..perf.sensitivity import FAMILIES
 
 #: Synergy's synthetic GPU demand distribution.
 SYNERGY_GPU_MIX: dict[int, float] = {1: 0.70, 2: 0.10, 4: 0.15, 8: 0.05}
@@ -145,31 +143,4 @@ def synergy_workload(
         specs.append(
             JobSpec(f"j{i}", round(t, 3), int(g), max(float(d), min_duration), model=model, attrs={"family": fam})
         )
-    return specs
-
-
-def load_synergy_trace(path: str | Path, catalogue: Catalogue | None = None) -> list[JobSpec]:
-    """Read a Synergy trace (``id, model, arrival, iterations, GPUs``)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise WorkloadError(f"{path}: {e.strerror or e}") from None
-    specs = []
-    for line, row in enumerate(csv.reader(text.splitlines()), start=1):
-        if not row or not "".join(row).strip():
-            continue
-        if len(row) != 5:
-            raise WorkloadError(f"{path}:{line}: expected 5 fields (id, model, arrival, iterations, GPUs), got {len(row)}")
-        jid, model, arr, iters, gpus = (x.strip() for x in row)
-        try:
-            arrival, iterations, g = float(arr), int(float(iters)), int(gpus)
-        except ValueError:
-            raise WorkloadError(f"{path}:{line}: bad number in {row!r}") from None
-        prof = catalogue.get(model, 1) if catalogue is not None else None
-        it = prof.iter_time if prof is not None and prof.iter_time else 1.0
-        try:
-            specs.append(JobSpec.from_iterations(jid, arrival, g, iterations, it, model=model))
-        except JobError as e:
-            raise WorkloadError(f"{path}:{line}: {e}") from None
     return specs
