@@ -405,3 +405,17 @@ def test_profiles_parameter_builds_the_model(data_dir: Path) -> None:
         Simulator(cl, specs, bare, build_model(cl, specs), SimConfig()).run()
     with pytest.raises(SensitivityError, match="No such file"):
         build_model(cl, specs, options={"profiles": str(data_dir / "absent.csv")})
+
+
+@pytest.mark.parametrize(("size", "preemptive"), [("tune", False), ("opt", True), ("opt", False)])
+def test_invariants_hold_for_opt_and_non_preemptive_runs(size: str, preemptive: bool) -> None:
+    cl = Cluster.homogeneous(2, 8, 24, 500_000)
+    specs = synergy_workload(40, jobs_per_hour=30, split=(60, 20, 20), seed=11)
+    model = add_sensitivity(ThroughputModel.default(cl), small_full_catalogue())
+    sched = Scheduler.from_names("srtf", "none", size, "packed-sticky", preemptive)
+    res = Simulator(cl, specs, sched, model, SimConfig(round_len=300), observers=[tune_invariant_observer]).run()
+    assert res.summary()["completed"] == 40
+    if size == "opt":
+        assert sched.size.lp_rounds > 0 and sched.size.last_fallback is None
+    if not preemptive:
+        assert res.summary()["preemptions"] == 0
