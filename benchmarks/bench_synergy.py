@@ -34,13 +34,13 @@ import scipy.optimize  # noqa: F401  (imported up front so round times exclude i
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobStatus
-from gpuloom.perf.model import ThroughputModel
 from gpuloom.perf.profiler import optimistic_profile
-from gpuloom.perf.sensitivity import Catalogue, add_sensitivity, load_catalogue
+from gpuloom.perf.sensitivity import Catalogue, load_catalogue
 from gpuloom.policies.base import View
 from gpuloom.policies.synergy import check_tune_invariants, plan_throughput
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.setup import build_model
 from gpuloom.sim.synergy_workload import synergy_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def profiler_table(cat: Catalogue) -> None:
     print()
 
 
-def sim_table(cat: Catalogue, jobs: int, durations: str) -> None:
+def sim_table(prof: Path, jobs: int, durations: str) -> None:
     philly = data_dir() / "sia" / "philly_jobs.csv"
     specs = synergy_workload(jobs, 9.0, (20, 70, 10), seed=1, durations=durations, philly=philly)
     cl = Cluster.homogeneous(16, 8, 24, 500_000)
@@ -82,7 +82,7 @@ def sim_table(cat: Catalogue, jobs: int, durations: str) -> None:
     print(head)
     for order in ("fifo", "srtf"):
         for size in ("proportional", "greedy", "tune", "opt"):
-            model = add_sensitivity(ThroughputModel.default(cl), cat)
+            model = build_model(cl, specs, options={"profiles": prof})  # as `gpuloom simulate -P profiles=...`
             sched = Scheduler.from_names(order, "none", size, "packed-sticky")
             t0 = time.perf_counter()
             res = Simulator(cl, specs, sched, model, SimConfig(round_len=300)).run()
@@ -101,14 +101,14 @@ def sim_table(cat: Catalogue, jobs: int, durations: str) -> None:
     print()
 
 
-def round_times(cat: Catalogue) -> None:
+def round_times(prof: Path) -> None:
     cl = Cluster.homogeneous(64, 8, 24, 500_000)
     specs = synergy_workload(1000, 1e6, (20, 70, 10), seed=5)  # all queued within seconds
     print(f"One round on 64 servers x 8 GPUs (512 GPUs), {len(specs)} queued jobs "
           f"({sum(s.gpus for s in specs)} GPUs demanded), FIFO, packed-sticky")
     print(f"{'size':<14}{'cold ms':>9}{'warm ms':>9}{'placed':>8}{'GPUs':>6}{'sum speed':>11}")
     for size in ("proportional", "greedy", "tune", "opt"):
-        model = add_sensitivity(ThroughputModel.default(cl), cat)
+        model = build_model(cl, specs, options={"profiles": prof})
         jobs = [Job(s, i) for i, s in enumerate(specs)]
         for j in jobs:
             j.status = JobStatus.WAITING
@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     cat = load_catalogue(prof)
     profiler_table(cat)
-    round_times(cat)
+    round_times(prof)
     if not args.skip_sim:
-        sim_table(cat, args.jobs, args.durations)
+        sim_table(prof, args.jobs, args.durations)
 
 
 if __name__ == "__main__":

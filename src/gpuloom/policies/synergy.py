@@ -312,6 +312,16 @@ class _Round:
         free = self.free
         if free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m:
             return True
+        # demote nobody on a node where even demoting everyone would not be enough
+        rc = rm = 0
+        for jid in self.on_node.get(node, ()):
+            for p in self.plan.allocations[jid].parts:
+                if p.node == node:
+                    pc, pm = self.cluster.proportional(node, len(p.gpus))
+                    rc += max(0, p.cpus - pc)
+                    rm += max(0, p.mem_mb - pm)
+        if free.node_cpus[node] + rc < need_c or free.node_mem[node] + rm < need_m:
+            return False
         # lowest priority first
         victims = sorted(self.on_node.get(node, ()), key=lambda j: -self.rank.get(j, 0))
         for jid in victims:
