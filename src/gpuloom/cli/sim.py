@@ -24,7 +24,8 @@ ClusterOpt = Annotated[str, typer.Option("--cluster", "-C", help="NODESxGPUS (e.
 
 
 def load_workload(trace: Path | None, fmt: str, generate: int | None, rate: float, seed: int, limit: int | None):  # noqa: ANN201
-    from ..sim.generator import builtin_workload, generate as gen
+    from ..sim.generator import builtin_workload
+    from ..sim.generator import generate as gen
 
     if trace is not None:
         from ..sim.traces import load_trace
@@ -164,21 +165,22 @@ def compare(
     """Run several configurations on the same trace in parallel; one table, one overlaid CDF."""
     from ..core.cluster import parse_cluster
     from ..sim import report
-    from ..sim.runconfig import load_run_configs, parse_run_config
+    from ..sim.engine import SimConfig
+    from ..sim.runconfig import RunConfig, load_run_configs, parse_run_config
 
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        configs = [parse_run_config(c) for c in (config or [])]
+        base = RunConfig(sim=SimConfig(seed=seed))
+        configs = [parse_run_config(c, base) for c in (config or [])]
         if runs is not None:
-            configs += load_run_configs(runs)
+            configs += load_run_configs(runs, base)
         if not configs:
-            configs = [parse_run_config(c) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
+            configs = [parse_run_config(c, base) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
         specs = load_workload(trace, fmt, generate, rate, seed, limit)
         results = report.run_many(configs, cl, specs, processes=processes)
     folder = out_dir(out)
-    report.plot_compare(results, folder / "jct_cdf_compare.png")
+    report.write_compare(results, folder)
     rows = report.summary_rows(results)
-    (folder / "compare.json").write_text(json.dumps(rows, indent=2, default=str))
     if as_json:
         console.print_json(json.dumps(rows, default=str))
         return

@@ -107,7 +107,7 @@ class View:
 
     now: float
     cluster: Cluster
-    jobs: list[Job]  # active jobs (arrived, unfinished), arrival order
+    jobs: list[Job]  # active jobs (arrived, unfinished) in arrival order: Job.index increasing
     current: Mapping[str, Allocation]  # what runs now
     model: ThroughputModel
     rng: np.random.Generator
@@ -128,6 +128,17 @@ class Request:
     gpus: int
     cpus: int | None = None
     mem_mb: int | None = None
+    _key: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple:
+        """(gpus, cpus, mem_mb, job ids): equal keys mean an unchanged request."""
+        k = self._key
+        if k is None or k[0] != self.gpus or k[1] != self.cpus or k[2] != self.mem_mb:
+            jobs = self.jobs
+            ids = jobs[0].id if len(jobs) == 1 else tuple(j.id for j in jobs)
+            k = self._key = (self.gpus, self.cpus, self.mem_mb, ids)
+        return k
 
     @property
     def job(self) -> Job:
@@ -254,9 +265,7 @@ class FreeState:
 
 
 def req_key(req: Request) -> tuple:
-    jobs = req.jobs
-    ids = jobs[0].spec.id if len(jobs) == 1 else tuple(j.spec.id for j in jobs)
-    return (req.gpus, req.cpus, req.mem_mb, ids)
+    return req.key
 
 
 def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[int]]) -> tuple[Part, ...]:
@@ -270,7 +279,7 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
     total = req.gpus
     cpu_left = req.cpus
     mem_left = req.mem_mb
-    for i, node in enumerate(nodes):
+    for node in nodes:
         gids = tuple(sorted(by_node[node]))
         k = len(gids)
         pc, pm = cluster.proportional(node, k)
@@ -333,7 +342,7 @@ class PlacePolicy:
                 continue
             req = requests[i]
             prev = req.prev
-            if prev is None or prev.key != req_key(req):
+            if prev is None or prev.key != req.key:
                 continue
             if len(req.jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in req.jobs):
                 continue
