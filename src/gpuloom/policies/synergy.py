@@ -93,7 +93,6 @@ from ..perf.sensitivity import (
     DEFAULT_THRESHOLD,
     CpuMemProfile,
     SensitivityFactor,
-    SensitivityProfile,
     default_grid,
     demand_vector,
 )
@@ -372,7 +371,8 @@ class _Round:
     def _pick(self, node: int, k: int, prefer: Sequence[int] = ()) -> list[int]:
         avail = self.free.free_on(node)
         first = [g for g in prefer if self.free.gpu_free[g]]
-        rest = [g for g in avail if g not in set(first)]
+        taken = set(first)
+        rest = [g for g in avail if g not in taken]
         return (first + rest)[:k]
 
     def tune_one(self, req: Request) -> bool:
@@ -744,7 +744,3 @@ def plan_throughput(plan: Plan, view: View) -> float:
     """Sum of the planned jobs' speeds under ``view.model`` (normalised throughput)."""
     by_id = {j.id: j for j in view.jobs}
     return float(sum(view.model.speed(by_id[jid], a) for jid, a in plan.allocations.items()))
-
-
-def is_sensitive(profile: CpuMemProfile | None) -> bool:
-    return isinstance(profile, SensitivityProfile) and float(profile.tput.max()) > float(profile.tput.min()) + 1e-12
