@@ -57,6 +57,12 @@ def user_errors() -> Iterator[None]:
     except ImportError:  # pragma: no cover
         pass
     try:
+        from ..perf.sensitivity import SensitivityError
+
+        handled += (SensitivityError,)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
         yield
     except handled as e:
         err_console.print(f"[bold red]error:[/] {e}", highlight=False)

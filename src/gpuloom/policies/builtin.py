@@ -1,11 +1,3 @@
-"""Imports every module that registers policies.  Add one line per new module."""
+"""Imports every module that registers policies.  Add one name per new module."""
 
-from . import (  # noqa: F401
-    elastic,
-    group,
-    order,
-    pal,  # noqa: F401
-    place,
-    size,
-    topology,  # noqa: F401
-)
+from . import elastic, group, order, pal, place, size, synergy, topology  # noqa: F401

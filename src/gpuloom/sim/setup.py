@@ -37,4 +37,8 @@ def build_model(
         from ..perf.topology import add_topology, load_topology
 
         add_topology(model, load_topology(options["topology"]))
+    if options.get("profiles"):  # Synergy: CPU/memory sensitivity (-P profiles=model_sensitivity_profiles.csv)
+        from ..perf.sensitivity import add_sensitivity, load_catalogue
+
+        add_sensitivity(model, load_catalogue(options["profiles"]))
     return model
