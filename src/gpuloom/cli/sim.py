@@ -74,6 +74,10 @@ def simulate(
     launch_overhead: Annotated[float, typer.Option(help="Seconds lost on a job's first start.")] = 0.0,
     locality_penalty: Annotated[float, typer.Option(help="Slowdown of a job spanning nodes.")] = 1.7,
     seed: Annotated[int, typer.Option(help="Seed for random placement and generators.")] = 0,
+    profiles: Annotated[Path | None, typer.Option(help="Synergy sensitivity profiles CSV: CPU/memory speed-ups.")] = None,
+    variability: Annotated[str | None, typer.Option(help="PAL PM-scores: a PerfVar CSV, or generate[:DIR].")] = None,
+    variability_seed: Annotated[int | None, typer.Option(help="Seed for generated PM-scores (default --seed).")] = None,
+    topology: Annotated[Path | None, typer.Option(help="`nvidia-smi topo -m` output for the nodes (YARN-8821).")] = None,
     max_time: Annotated[float | None, typer.Option(help="Stop at this simulated time (s).")] = None,
     drop_impossible: Annotated[bool, typer.Option(help="Count jobs larger than the cluster as unfinished instead of failing.")] = False,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip per-round invariant checks (faster).")] = False,
@@ -88,11 +92,16 @@ def simulate(
     from ..core.cluster import parse_cluster
     from ..scheduler import Scheduler
     from ..sim.engine import SimConfig, Simulator
-    from ..sim.setup import build_model
+    from ..sim.setup import build_model, split_params
 
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        params = parse_params(param)
+        params, model_opts = split_params(parse_params(param))
+        for name, value in (("profiles", profiles), ("variability", variability), ("topology", topology),
+                            ("variability_seed", variability_seed)):
+            if value is not None:
+                model_opts[name] = str(value) if isinstance(value, Path) else value
+        model_opts.setdefault("seed", seed)
         specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)
         if reschedule_on not in ("none", "arrival", "completion", "both"):
@@ -108,7 +117,7 @@ def simulate(
             max_time=max_time if max_time is not None else math.inf,
             drop_impossible=drop_impossible,
         )
-        model = build_model(cl, specs, locality_penalty, params)
+        model = build_model(cl, specs, locality_penalty, model_opts)
         sim = Simulator(cl, specs, sched, model, cfg)
         result = _run_with_progress(sim, len(specs))
     summary = result.summary()

@@ -15,6 +15,18 @@ from ..core.job import JobSpec
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..perf.scaling import ScalingFactor
 
+#: Options read by :func:`build_model` rather than by a policy.  ``-P name=value``
+#: with one of these names configures the throughput model.
+MODEL_OPTIONS = frozenset({"profiles", "variability", "variability_seed", "variability_dir", "topology",
+                           "per_model_penalty"})
+
+
+def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(policy parameters, model options) from one ``-P`` mapping."""
+    policy = {k: v for k, v in params.items() if k not in MODEL_OPTIONS}
+    model = {k: v for k, v in params.items() if k in MODEL_OPTIONS}
+    return policy, model
+
 
 def build_model(
     cluster: Cluster,
