@@ -20,4 +20,5 @@ def main() -> None:
 
 from . import elastic  # noqa: E402,F401,I001  (registers elastic)
 from . import sim  # noqa: E402,F401  (registers simulate, compare)
+from . import topo  # noqa: E402,F401  (registers topo)
 from . import service  # noqa: E402,F401  (registers serve, submit, queue, cancel, nodes, logs, token)
