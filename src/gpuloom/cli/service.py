@@ -67,7 +67,11 @@ def serve(
     size: Annotated[str, typer.Option(help="Size policy.")] = "proportional",
     place: Annotated[str, typer.Option(help="Place policy.")] = "packed-sticky",
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
-    param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter name=value.")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter or model option name=value.")] = None,
+    profiles: Annotated[Path | None, typer.Option(help="Synergy sensitivity profiles CSV (as simulate).")] = None,
+    variability: Annotated[str | None, typer.Option(help="PAL PM-scores: a PerfVar CSV, or generate[:DIR].")] = None,
+    topology: Annotated[Path | None, typer.Option(help="`nvidia-smi topo -m` output for the nodes.")] = None,
+    locality_penalty: Annotated[float, typer.Option(help="Slowdown of a job spanning nodes.")] = 1.7,
     round_s: Annotated[float, typer.Option("--round", help="Seconds between scheduling rounds.")] = 5.0,
     grace: Annotated[float, typer.Option(help="Seconds a stopped job gets to checkpoint before SIGKILL.")] = 10.0,
     seed: Annotated[int, typer.Option(help="Seed for random placement.")] = 0,
@@ -85,25 +89,44 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sd = state_dir_path(state_dir)
     sd.mkdir(parents=True, exist_ok=True)
+    from ..sim.setup import build_model, split_params
+
     with user_errors():
         inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
-        sched = Scheduler.from_names(order, group, size, place, not non_preemptive, parse_params(param))
+        params, model_opts = split_params(parse_params(param))
+        for name, value in (("profiles", profiles), ("variability", variability), ("topology", topology)):
+            if value is not None:
+                model_opts[name] = str(value)
+        model_opts.setdefault("seed", seed)
+        # the throughput model and scheduler `simulate` would build for the same options
+        model = build_model(inventory, (), locality_penalty, model_opts)
+        sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)
     if not round_s > 0:
         raise typer.BadParameter(f"--round must be > 0, got {round_s}")
     url = db or f"sqlite:///{sd / 'gpuloom.db'}"
-    store = Store(url)
+    from ..runtime.store import StoreError
+
+    try:
+        store = Store(url)
+    except StoreError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
     token = ensure_admin_token(store, sd)
     del token
     executor = _executor(sd, inventory, declared=gpus is not None or cluster is not None)
     from ..runtime.service import Service
 
-    svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, seed=seed)
-    svc.start()
+    svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        err_console.print(f"[bold red]error:[/] cannot listen on {host}:{port}: {e.strerror}", highlight=False)
+        raise typer.Exit(2) from None
+    svc.start()
     bound = sock.getsockname()[1]
     server_url = f"http://{'[' + host + ']' if ':' in host else host}:{bound}"
     (sd / "server.json").write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
