@@ -1,0 +1,104 @@
+"""The store and a service round on PostgreSQL (a throw-away local server).
+
+Skipped unless ``initdb``/``pg_ctl`` and the ``psycopg`` driver (extra
+``postgres``) are installed.  The server listens on a Unix socket in a
+temporary directory only.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuloom.core.cluster import Cluster
+from gpuloom.runtime.process import ProcessExecutor
+from gpuloom.runtime.service import Service
+from gpuloom.runtime.store import Store
+from gpuloom.scheduler import Scheduler
+
+pytest.importorskip("psycopg")
+if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+    pytest.skip("PostgreSQL server binaries not installed", allow_module_level=True)
+
+
+def _as_pg_user(cmd: str) -> list[str]:
+    if os.geteuid() != 0:
+        return ["/bin/sh", "-c", cmd]
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("running as root and no 'postgres' user to run the server")
+    return ["su", "postgres", "-s", "/bin/sh", "-c", cmd]
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    # not under pytest's tmp root: that is private to this user, the server may run as another
+    d = Path(tempfile.mkdtemp(prefix="gpuloom-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(d, "postgres")
+        os.chmod(d, 0o755)
+    data = d / "data"
+    init = subprocess.run(_as_pg_user(f"initdb -D {data} -A trust -U gpuloom"), capture_output=True, text=True)
+    if init.returncode != 0:
+        pytest.skip(f"initdb failed: {init.stderr[-300:]}")
+    start = subprocess.run(
+        _as_pg_user(f"pg_ctl -D {data} -w -o \"-k {d} -c listen_addresses=''\" -l {d}/log start"),
+        capture_output=True, text=True,
+    )
+    if start.returncode != 0:
+        pytest.skip(f"pg_ctl start failed: {start.stderr[-300:]}")
+    try:
+        yield f"postgresql+psycopg://gpuloom@/postgres?host={d}"
+    finally:
+        subprocess.run(_as_pg_user(f"pg_ctl -D {data} -m fast stop"), capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_store_on_postgres(pg_url: str) -> None:
+    store = Store(pg_url)
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def writer(k: int) -> None:
+        for i in range(25):
+            jid = store.add_job({"name": f"w{k}-{i}", "command": "true", "gpus": 1}, f"u{k}", "standby")
+            with lock:
+                ids.append(jid)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 100 and store.count_jobs(["standby"]) == 100
+    assert store.update_job(ids[0], {"state": "launching"}, "launch", expect_state=["standby"])
+    assert not store.update_job(ids[0], {"state": "cancelled"}, "cancel", expect_state=["standby"])
+    assert store.set_states(ids[1:3], "running", ["standby"]) == 2
+    store.close()
+
+
+def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path) -> None:
+    store = Store(pg_url)
+    svc = Service(store, Cluster.homogeneous(1, 2), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(),
+                  tmp_path, round_s=100)
+    jid = svc.submit({"name": "pg", "command": "echo on postgres", "gpus": 2}, "alice")
+    svc.round()
+    assert store.get_job(jid).state == "launching"  # type: ignore[union-attr]
+    end = time.monotonic() + 10
+    while store.get_job(jid).state != "finished" and time.monotonic() < end:  # type: ignore[union-attr]
+        time.sleep(0.05)
+        svc.round()
+    row = store.get_job(jid)
+    assert row is not None and row.state == "finished" and row.exit_code == 0
+    assert svc.log_path(jid).read_text() == "on postgres\n"
+    store.close()
