@@ -45,6 +45,7 @@ from .service import ACTIVE_STATES, NotFound, PermissionDenied, Service, SubmitE
 from .store import JobRow, Store
 
 TOKEN_FILE = "admin.token"
+MAX_LOG_BYTES = 8 << 20  # /logs returns at most the last 8 MiB
 USER_RE = r"^[A-Za-z0-9_.@-]{1,64}$"
 
 
@@ -263,9 +264,8 @@ def create_app(service: Service) -> FastAPI:
         if not path.exists():
             return ""
         with open(path, "rb") as f:
-            if tail is not None:
-                size = path.stat().st_size
-                f.seek(max(0, size - tail))
+            size = path.stat().st_size
+            f.seek(max(0, size - min(tail or MAX_LOG_BYTES, MAX_LOG_BYTES)))
             return f.read().decode(errors="replace")
 
     @app.get("/jobs/{job_id}/events")

@@ -283,34 +283,36 @@ class Service:
         return self.store.get_job(job_id)  # type: ignore[return-value]
 
     def nodes(self) -> list[dict[str, Any]]:
-        with self.lock:
-            out = []
-            for i, n in enumerate(self.cluster.nodes):
-                used_g: set[int] = set()
-                cpus = mem = 0
-                jobs = []
-                for jid, a in self.current.items():
-                    for p in a.parts:
-                        if p.node == i:
-                            used_g.update(p.gpus)
-                            cpus += p.cpus
-                            mem += p.mem_mb
-                            jobs.append(jid)
-                out.append(
-                    {
-                        "name": n.name,
-                        "gpus": n.gpus,
-                        "gpus_used": len(used_g),
-                        "cpus": n.cpus,
-                        "cpus_used": cpus,
-                        "mem_mb": n.mem_mb,
-                        "mem_mb_used": mem,
-                        "gpu_type": n.gpu_type,
-                        "jobs": sorted(jobs, key=int),
-                        "state": "mixed" if 0 < len(used_g) < n.gpus else ("alloc" if used_g else "idle"),
-                    }
-                )
-            return out
+        """Per-node use.  Reads a snapshot of the allocations without the loop's lock, so it
+        answers at once even while a round waits for jobs to checkpoint."""
+        current = dict(self.current)  # a C-level copy: atomic under the GIL
+        out = []
+        for i, n in enumerate(self.cluster.nodes):
+            used_g: set[int] = set()
+            cpus = mem = 0
+            jobs = []
+            for jid, a in current.items():
+                for p in a.parts:
+                    if p.node == i:
+                        used_g.update(p.gpus)
+                        cpus += p.cpus
+                        mem += p.mem_mb
+                        jobs.append(jid)
+            out.append(
+                {
+                    "name": n.name,
+                    "gpus": n.gpus,
+                    "gpus_used": len(used_g),
+                    "cpus": n.cpus,
+                    "cpus_used": cpus,
+                    "mem_mb": n.mem_mb,
+                    "mem_mb_used": mem,
+                    "gpu_type": n.gpu_type,
+                    "jobs": sorted(jobs, key=int),
+                    "state": "mixed" if 0 < len(used_g) < n.gpus else ("alloc" if used_g else "idle"),
+                }
+            )
+        return out
 
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
