@@ -143,25 +143,34 @@ def serve(
 
 
 def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: float | None):  # noqa: ANN202
+    """A declared cluster (``--cluster``), else this machine: discovered, or with ``--gpus N`` declared GPUs."""
     from ..core.cluster import Cluster, ClusterError, Node, parse_cluster
 
     if gpus is not None and cluster is not None:
         raise ClusterError("give --gpus or --cluster, not both")
     if cluster is not None:
         return parse_cluster(cluster, cpus, mem_gb)
-    if gpus is None:
-        try:
-            from ..runtime import discovery  # type: ignore[attr-defined]
-
-            return discovery.discover()  # type: ignore[attr-defined]
-        except (ImportError, AttributeError):
-            raise ClusterError("no GPU discovery here: declare an inventory with --gpus N or --cluster 2x4") from None
-    if gpus < 1:
+    if gpus is not None and gpus < 1:
         raise ClusterError(f"--gpus must be >= 1, got {gpus}")
+    mem_mb = int(mem_gb * 1000) if mem_gb is not None else None
+    try:
+        from ..runtime.discovery import discover  # type: ignore[import-not-found]
+    except ImportError:
+        discover = None
+    if discover is not None:
+        try:
+            cl = discover(gpus, cpus, mem_mb)
+        except ValueError as e:  # DiscoveryError
+            raise ClusterError(str(e)) from None
+        if cl.num_gpus == 0:
+            raise ClusterError("no GPUs found on this machine: declare an inventory with --gpus N or --cluster 2x4")
+        return cl
+    if gpus is None:
+        raise ClusterError("no GPU discovery here: declare an inventory with --gpus N or --cluster 2x4")
     import psutil
 
-    ncpu = cpus if cpus is not None else (os.cpu_count() or 1)
-    mem = int(mem_gb * 1000) if mem_gb is not None else psutil.virtual_memory().total // (1024 * 1024)
+    ncpu = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    mem = mem_mb if mem_mb is not None else psutil.virtual_memory().total // (1024 * 1024)
     return Cluster((Node("local", gpus, ncpu, mem),))
 
 
