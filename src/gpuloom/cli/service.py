@@ -74,6 +74,7 @@ def serve(
     locality_penalty: Annotated[float, typer.Option(help="Slowdown of a job spanning nodes.")] = 1.7,
     round_s: Annotated[float, typer.Option("--round", help="Seconds between scheduling rounds.")] = 5.0,
     grace: Annotated[float, typer.Option(help="Seconds a stopped job gets to checkpoint before SIGKILL.")] = 10.0,
+    launch_timeout: Annotated[float, typer.Option(help="Seconds a job without progress lines counts as launching.")] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed for random placement.")] = 0,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
@@ -116,7 +117,8 @@ def serve(
     executor = _executor(sd, inventory, declared=gpus is not None or cluster is not None)
     from ..runtime.service import Service
 
-    svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed)
+    svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
+                  launch_timeout_s=launch_timeout)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request
