@@ -33,26 +33,28 @@ if os.environ.get("GPULOOM_RESUME") == "1" and os.path.exists(ck):
         start = json.load(f)["next"]
 
 
-def cgroup_mem_limit() -> int | None:
-    """The memory limit (bytes) of this process's cgroup, v2 or v1, if readable."""
+def cgroup_mem_limit() -> tuple[str | None, int | None]:
+    """(memory cgroup path, its limit in bytes) of this process, v1 or v2, if readable."""
     try:
         lines = open("/proc/self/cgroup").read().splitlines()
     except OSError:
-        return None
+        return None, None
     for line in lines:
         _, ctrl, path = line.split(":", 2)
         for base, fname, match in (
-            ("/sys/fs/cgroup", "memory.max", ctrl == ""),
             ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory" in ctrl.split(",")),
+            ("/sys/fs/cgroup", "memory.max", ctrl == ""),
         ):
             if match:
                 try:
                     v = open(os.path.join(base + path, fname)).read().strip()
                 except OSError:
                     continue
-                if v != "max" and int(v) < 1 << 60:
-                    return int(v)
-    return None
+                return path, (int(v) if v != "max" and int(v) < 1 << 60 else None)
+    return None, None
+
+
+mem_cgroup, mem_limit = cgroup_mem_limit()
 
 
 print(json.dumps({
@@ -63,7 +65,8 @@ print(json.dumps({
     "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "affinity": sorted(os.sched_getaffinity(0)),
     "mem_env": os.environ.get("GPULOOM_MEM_MB"),
-    "mem_limit": cgroup_mem_limit(),
+    "mem_cgroup": mem_cgroup,
+    "mem_limit": mem_limit,
     "pid": os.getpid(),
 }), flush=True)
 for i in range(start, steps):
