@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.process import ProcessExecutor
+from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service, parse_duration, parse_mem, refuse_reason
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
@@ -20,7 +20,8 @@ from gpuloom.scheduler import Scheduler
 @pytest.fixture
 def api(tmp_path: Path):  # noqa: ANN201
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    svc = Service(store, Cluster.homogeneous(2, 4), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(), tmp_path)
+    cluster = Cluster.homogeneous(2, 4)
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run"), Scheduler.from_names(), tmp_path)
     admin = ensure_admin_token(store, tmp_path)
     tokens = {"admin": admin, "alice": create_token(store, "alice"), "bob": create_token(store, "bob")}
     with TestClient(create_app(svc)) as client:
@@ -176,9 +177,10 @@ def test_store_concurrent_writers_and_compare_and_set(tmp_path: Path) -> None:
 
 def test_recovery_fails_jobs_the_cluster_can_no_longer_hold(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    big = Service(store, Cluster.homogeneous(2, 4), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(), tmp_path)
+    cl2, cl1 = Cluster.homogeneous(2, 4), Cluster.homogeneous(1, 4)
+    big = Service(store, cl2, local_executor(cl2, tmp_path / "run"), Scheduler.from_names(), tmp_path)
     jid = big.submit({"name": "wide", "command": "true", "gpus": 8}, "alice")
-    small = Service(store, Cluster.homogeneous(1, 4), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(), tmp_path)
+    small = Service(store, cl1, local_executor(cl1, tmp_path / "run"), Scheduler.from_names(), tmp_path)
     small.recover()
     row = store.get_job(jid)
     assert row is not None and row.state == "failed"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.process import ProcessExecutor
+from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
@@ -89,7 +89,8 @@ def test_store_on_postgres(pg_url: str) -> None:
 
 def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path) -> None:
     store = Store(pg_url)
-    svc = Service(store, Cluster.homogeneous(1, 2), ProcessExecutor(tmp_path / "run"), Scheduler.from_names(),
+    cluster = Cluster.homogeneous(1, 2)
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run"), Scheduler.from_names(),
                   tmp_path, round_s=100)
     jid = svc.submit({"name": "pg", "command": "echo on postgres", "gpus": 2}, "alice")
     svc.round()

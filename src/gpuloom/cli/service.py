@@ -114,7 +114,10 @@ def serve(
         raise typer.Exit(2) from None
     token = ensure_admin_token(store, sd)
     del token
-    executor = _executor(sd, inventory, declared=gpus is not None or cluster is not None)
+    from ..runtime.router import local_executor
+
+    # declared inventories may have more cores than this machine: their ids fold onto it
+    executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None)
     from ..runtime.service import Service
 
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
@@ -174,23 +177,6 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
     ncpu = cpus if cpus is not None else len(os.sched_getaffinity(0))
     mem = mem_mb if mem_mb is not None else psutil.virtual_memory().total // (1024 * 1024)
     return Cluster((Node("local", gpus, ncpu, mem),))
-
-
-def _executor(state_dir: Path, cluster, declared: bool):  # noqa: ANN001, ANN202
-    """One local executor per node (routed by node name) when the full local
-    executor is available, else the minimal process executor.  Declared
-    inventories may have more cores than this machine: their core ids fold onto it."""
-    try:
-        from ..runtime.local import LocalExecutor  # type: ignore[import-not-found]
-    except ImportError:
-        from ..runtime.process import ProcessExecutor
-
-        return ProcessExecutor(state_dir / "run")
-    from ..runtime.router import NodeRouter
-
-    run = state_dir / "run"
-    execs = {n.name: LocalExecutor(n.name, run_dir=run / n.name, fold_cores=declared) for n in cluster.nodes}
-    return next(iter(execs.values())) if len(execs) == 1 else NodeRouter(execs)
 
 
 # -- client ------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ A multi-machine executor (Ray) can be one of its members or replace it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
+from ..core.cluster import Cluster
 from .executor import Executor, LaunchSpec, ProcInfo
 
 
@@ -74,3 +76,21 @@ class NodeRouter(Executor):
     def close(self) -> None:
         for ex in self.executors.values():
             ex.close()
+
+
+def local_executor(cluster: Cluster, run_dir: str | Path, fold_cores: bool = False) -> Executor:
+    """Executors for a cluster whose nodes all live on this machine: one local
+    executor per node behind a :class:`NodeRouter` (a declared inventory of
+    several fake nodes), or the node's own executor for a one-node cluster.
+    ``fold_cores``: declared core ids beyond this machine's run on its cores."""
+    try:
+        from .local import LocalExecutor  # type: ignore[import-not-found]
+    except ImportError:  # the full local executor is not available: processes without cgroups
+        from .process import ProcessExecutor
+
+        return ProcessExecutor(Path(run_dir))
+    run = Path(run_dir)
+    execs: dict[str, Executor] = {
+        n.name: LocalExecutor(n.name, run_dir=run / n.name, fold_cores=fold_cores) for n in cluster.nodes
+    }
+    return next(iter(execs.values())) if len(execs) == 1 else NodeRouter(execs)
