@@ -84,6 +84,7 @@ from .store import JobRow, Store
 log = logging.getLogger("gpuloom.service")
 
 DEFAULT_DURATION = 3600.0  # work estimate (s) for jobs without a time limit
+MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
 PROGRESS_MARK = b"GPULOOM_PROGRESS"  # progress lines: ``GPULOOM_PROGRESS iter=N``
 
 
@@ -338,9 +339,14 @@ class Service:
 
     def _loop(self) -> None:
         tick = min(self.round_s, 0.1)
+        gap = min(self.round_s, MIN_EVENT_GAP_S)
         next_round = 0.0
+        last = 0.0
         while not self._stop.is_set():
             woke = self._wake.wait(timeout=tick)
+            if woke:
+                # a burst of submissions: let it gather for a moment so one round takes them all
+                time.sleep(max(0.0, last + gap - time.monotonic()))
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -350,7 +356,8 @@ class Service:
                     t = time.monotonic()
                     if changed or t >= next_round:
                         self.round()
-                        next_round = time.monotonic() + self.round_s
+                        last = time.monotonic()
+                        next_round = last + self.round_s
             except Exception:  # a bad round must not kill the service
                 log.exception("scheduling round failed")
 
