@@ -1,0 +1,358 @@
+"""Running job processes on this machine.
+
+Two layers, so that a multi-machine executor reuses the launch logic unchanged:
+
+* :class:`NodeAgent` launches, stops, polls and adopts processes *on the machine
+  it runs on*.  It knows nothing about node names.  A Ray executor runs one
+  ``NodeAgent`` inside one actor per node and forwards the same calls to it.
+* :class:`LocalExecutor` is the :class:`~gpuloom.runtime.executor.Executor` for a
+  one-node cluster: it serves one node name and refuses launches for any other.
+
+What a launch does
+------------------
+The job's command runs through ``/bin/sh -c`` inside a small wrapper shell::
+
+    /bin/sh -c 'trap : TERM INT HUP; /bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp"; mv "$2.tmp" "$2"; exit $rc'
+
+* the wrapper is the leader of a new session (``start_new_session``), so jobs
+  survive a crash of the service and one ``killpg`` reaches the whole job;
+* between fork and exec the wrapper joins the job's cgroups (memory limit and
+  cpuset, :mod:`gpuloom.runtime.cgroups`) and sets its CPU affinity with
+  ``sched_setaffinity`` - both where possible, affinity alone where cgroups are
+  not writable - so the command starts already constrained, and everything it
+  forks inherits the constraints.  The cgroup ``cgroup.procs`` files are opened
+  by the parent before the fork: the child only calls ``os.write`` and
+  ``os.sched_setaffinity`` (no locks, safe with a threaded service);
+* the environment gets ``CUDA_VISIBLE_DEVICES`` (node-local GPU indices, comma
+  separated; ``""`` for a job with no GPUs, which hides every GPU),
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so indices mean what NVML and ``nvidia-smi``
+  call them), ``OMP_NUM_THREADS`` = number of cores (unless given),
+  ``GPULOOM_JOB_ID``, ``GPULOOM_CPUS`` and whatever the spec adds
+  (``GPULOOM_RESUME``, ``GPULOOM_CHECKPOINT_DIR``...);
+* stdout and stderr are appended to the job's log, after one ``[gpuloom]`` line
+  recording the allocation.
+
+The exit record
+---------------
+The wrapper catches SIGTERM/SIGINT/SIGHUP (the trap is reset to the default in
+its child, so the job still receives them), waits for the job, and writes the
+job's exit status to ``<log>.exit`` atomically (write + rename).  A process
+that is our child is reaped through :class:`subprocess.Popen`; a process
+*adopted* after a restart is not our child, so its end is detected by pid
+liveness (a zombie or a pid reused by another process - different creation time -
+counts as gone) and its exit code is read from the exit record.  Only a SIGKILL
+of the wrapper itself (by :meth:`NodeAgent.stop` after the grace period, or by
+someone else) leaves no record: the code is then ``137`` when we sent the
+SIGKILL, ``None`` (unknown) otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from gpuloom.runtime.cgroups import CgroupError, CgroupManager, JobCgroup, format_cpus
+from gpuloom.runtime.executor import Executor, LaunchSpec, ProcInfo
+
+_WRAPPER = (
+    "trap : TERM INT HUP; "
+    '/bin/sh -c "$1"; rc=$?; '
+    'printf "%d\\n" "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"; '
+    'exit "$rc"'
+)
+
+#: How close the creation time of a pid must be to the recorded one to be the same process.
+START_TIME_TOLERANCE_S = 0.05
+
+
+class ExecutorError(RuntimeError):
+    """A launch or stop that cannot be carried out; the message names the job."""
+
+
+def exit_path_for(log_path: str) -> str:
+    return log_path + ".exit"
+
+
+def read_exit_record(path: str) -> int | None:
+    """The exit code a wrapper wrote to ``path``, or None if absent/unreadable."""
+    if not path:
+        return None
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def process_start_time(pid: int) -> float | None:
+    """Creation time of ``pid`` (seconds since the epoch), None if there is no such live process."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def same_process(info: ProcInfo) -> bool:
+    """Is ``info.pid`` still the process we launched (alive, not a zombie, same creation time)?"""
+    t = process_start_time(info.pid)
+    return t is not None and abs(t - info.start_time) <= START_TIME_TOLERANCE_S
+
+
+@dataclass(slots=True)
+class _Proc:
+    info: ProcInfo
+    popen: subprocess.Popen[bytes] | None  # None: adopted after a restart
+    cgroup: JobCgroup | None
+    killed: bool = False  # we sent SIGKILL
+
+    def ended(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is not None
+        return not same_process(self.info)
+
+    def exit_code(self) -> int | None:
+        rec = read_exit_record(self.info.exit_path)
+        if rec is not None:
+            return rec
+        if self.popen is not None and self.popen.returncode is not None:
+            rc = self.popen.returncode
+            return 128 - rc if rc < 0 else rc  # killed wrapper: report it shell-style
+        return 128 + signal.SIGKILL if self.killed else None
+
+
+class NodeAgent:
+    """Launches and controls job processes on the machine it runs on.
+
+    ``cgroups=None`` creates a :class:`CgroupManager` (detecting v1/v2 once);
+    pass ``CgroupManager(enabled=False)`` for affinity-only operation.
+    """
+
+    def __init__(self, cgroups: CgroupManager | None = None) -> None:
+        self.cgroups = cgroups if cgroups is not None else CgroupManager()
+        self._procs: dict[str, _Proc] = {}
+        self._lock = threading.RLock()
+        self.available_cpus = tuple(sorted(os.sched_getaffinity(0)))
+
+    # -- launching --------------------------------------------------------------
+    def _check(self, spec: LaunchSpec) -> None:
+        bad = [c for c in spec.cpus if c not in self.available_cpus]
+        if bad:
+            raise ExecutorError(
+                f"job {spec.job_id}: CPU core(s) {bad} do not exist here (available: {format_cpus(self.available_cpus)})"
+            )
+        if len(set(spec.cpus)) != len(spec.cpus):
+            raise ExecutorError(f"job {spec.job_id}: repeated CPU core ids {list(spec.cpus)}")
+        if any(g < 0 for g in spec.gpus):
+            raise ExecutorError(f"job {spec.job_id}: negative GPU index in {list(spec.gpus)}")
+        if spec.mem_mb < 0:
+            raise ExecutorError(f"job {spec.job_id}: negative memory limit {spec.mem_mb}")
+        if not spec.log_path:
+            raise ExecutorError(f"job {spec.job_id}: no log path")
+
+    @staticmethod
+    def environment(spec: LaunchSpec) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        if spec.cpus:
+            env["OMP_NUM_THREADS"] = str(len(spec.cpus))
+        env.update(spec.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        env["GPULOOM_JOB_ID"] = spec.job_id
+        env["GPULOOM_CPUS"] = format_cpus(spec.cpus)
+        return env
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        self._check(spec)
+        with self._lock:
+            old = self._procs.get(spec.job_id)
+            if old is not None and not old.ended():
+                raise ExecutorError(f"job {spec.job_id}: already running as pid {old.info.pid}")
+            log_path = Path(spec.log_path)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            exit_path = exit_path_for(str(log_path))
+            for stale in (exit_path, exit_path + ".tmp"):
+                Path(stale).unlink(missing_ok=True)
+
+            cg: JobCgroup | None = None
+            fds: list[int] = []
+            if self.cgroups.mode != "none":
+                try:
+                    cg = self.cgroups.create(spec.job_id, spec.cpus, spec.mem_mb)
+                    fds = [os.open(d / "cgroup.procs", os.O_WRONLY) for d in cg.paths()]
+                except (CgroupError, OSError) as e:
+                    for fd in fds:
+                        os.close(fd)
+                    raise ExecutorError(f"job {spec.job_id}: {e}") from None
+            cpus = set(spec.cpus)
+
+            def enter() -> None:  # runs in the child between fork and exec: no locks, no imports
+                pid = str(os.getpid()).encode()
+                for fd in fds:
+                    os.write(fd, pid)
+                if cpus:
+                    os.sched_setaffinity(0, cpus)
+
+            header = (
+                f"[gpuloom] {time.strftime('%Y-%m-%dT%H:%M:%S%z')} launch job {spec.job_id}: "
+                f"gpus={','.join(map(str, spec.gpus)) or '-'} cpus={format_cpus(spec.cpus) or '-'} "
+                f"mem_mb={spec.mem_mb} cgroups={self.cgroups.mode}\n"
+            )
+            try:
+                with open(log_path, "ab") as log:
+                    log.write(header.encode())
+                    log.flush()
+                    popen = subprocess.Popen(
+                        ["/bin/sh", "-c", _WRAPPER, "gpuloom-job", spec.command, exit_path],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=spec.workdir,
+                        env=self.environment(spec),
+                        start_new_session=True,
+                        preexec_fn=enter,
+                        close_fds=True,
+                    )
+            except (OSError, subprocess.SubprocessError) as e:
+                if cg is not None:
+                    cg.remove()
+                raise ExecutorError(f"job {spec.job_id}: launch failed: {e}") from None
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            start = process_start_time(popen.pid)
+            if start is None:  # ended already (e.g. `true`): creation time from /proc is gone
+                start = time.time()
+            info = ProcInfo(spec.job_id, "", popen.pid, start, str(log_path), exit_path)
+            self._procs[spec.job_id] = _Proc(info, popen, cg)
+            return info
+
+    # -- controlling ----------------------------------------------------------------
+    def alive(self, job_id: str) -> bool:
+        with self._lock:
+            p = self._procs.get(job_id)
+            return p is not None and not p.ended()
+
+    def running(self) -> dict[str, ProcInfo]:
+        with self._lock:
+            return {j: p.info for j, p in self._procs.items()}
+
+    def _signal(self, p: _Proc, sig: int) -> None:
+        try:
+            os.killpg(p.info.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if sig == signal.SIGKILL and p.cgroup is not None:
+            p.cgroup.kill_all(signal.SIGKILL)  # stragglers that left the process group
+
+    def _wait(self, p: _Proc, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if p.popen is not None:
+                try:
+                    p.popen.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+                    return True
+                except subprocess.TimeoutExpired:
+                    pass
+            elif p.ended():
+                return True
+            else:
+                time.sleep(0.02)
+            if time.monotonic() >= deadline:
+                return p.ended()
+
+    def _finish(self, job_id: str, p: _Proc) -> int | None:
+        code = p.exit_code()
+        if p.cgroup is not None:
+            p.cgroup.remove()
+        self._procs.pop(job_id, None)
+        return code
+
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        """SIGTERM to the job's process group, ``grace_s`` to exit, then SIGKILL. Returns its exit code."""
+        with self._lock:
+            p = self._procs.get(job_id)
+            if p is None:
+                raise ExecutorError(f"job {job_id}: not running here")
+            if not p.ended():
+                self._signal(p, signal.SIGTERM)
+                if not self._wait(p, grace_s):
+                    p.killed = True
+                    self._signal(p, signal.SIGKILL)
+                    if not self._wait(p, 5.0):
+                        raise ExecutorError(f"job {job_id}: pid {p.info.pid} survived SIGKILL")
+            return self._finish(job_id, p)
+
+    def poll(self) -> dict[str, int | None]:
+        with self._lock:
+            done = {j: p for j, p in self._procs.items() if p.ended()}
+            return {j: self._finish(j, p) for j, p in done.items()}
+
+    # -- restarts --------------------------------------------------------------------
+    def adopt(self, info: ProcInfo) -> bool:
+        """Track a process launched by an earlier incarnation of the service, if it is still the same one."""
+        with self._lock:
+            cur = self._procs.get(info.job_id)
+            if cur is not None:
+                return cur.info.pid == info.pid and not cur.ended()
+            cg = self.cgroups.job(info.job_id) if self.cgroups.mode != "none" else None
+            if not same_process(info):
+                if cg is not None:
+                    cg.remove()
+                return False
+            try:
+                if os.getpgid(info.pid) != info.pid:
+                    return False  # not the session leader we started
+            except ProcessLookupError:
+                return False
+            self._procs[info.job_id] = _Proc(info, None, cg)
+            return True
+
+    @staticmethod
+    def exit_code(info: ProcInfo) -> int | None:
+        return read_exit_record(info.exit_path)
+
+
+class LocalExecutor(Executor):
+    """The executor for one node: this machine, known to the scheduler as ``node``."""
+
+    def __init__(self, node: str, agent: NodeAgent | None = None, cgroups: CgroupManager | None = None) -> None:
+        self.node = node
+        self.agent = agent if agent is not None else NodeAgent(cgroups)
+
+    def _own(self, node: str, job_id: str) -> None:
+        if node and node != self.node:
+            raise ExecutorError(f"job {job_id}: node {node!r} is not served here (this executor runs {self.node!r})")
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        self._own(spec.node, spec.job_id)
+        info = self.agent.launch(spec)
+        return ProcInfo(info.job_id, self.node, info.pid, info.start_time, info.log_path, info.exit_path)
+
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        return self.agent.stop(job_id, grace_s)
+
+    def poll(self) -> dict[str, int | None]:
+        return self.agent.poll()
+
+    def adopt(self, info: ProcInfo) -> bool:
+        self._own(info.node, info.job_id)
+        return self.agent.adopt(info)
+
+    def alive(self, job_id: str) -> bool:
+        return self.agent.alive(job_id)
+
+    def exit_code(self, info: ProcInfo) -> int | None:
+        return self.agent.exit_code(info)
+
+    @property
+    def cgroup_mode(self) -> str:
+        return self.agent.cgroups.mode
