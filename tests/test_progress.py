@@ -1,0 +1,71 @@
+"""The progress protocol: line parsing, rates over windows and segments, tailing a growing log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuloom.runtime.progress import Point, ProgressError, ProgressTail, parse_line, rate
+
+
+def test_parse_lines() -> None:
+    p = parse_line("GPULOOM_PROGRESS iter=120\n")
+    assert p is not None and (p.iter, p.t, p.samples, p.fields) == (120, None, None, {})
+    p = parse_line("  GPULOOM_PROGRESS iter=130 samples=4160 t=1732172400.25 loss=0.731")
+    assert p is not None and (p.iter, p.t, p.samples, p.fields) == (130, 1732172400.25, 4160, {"loss": "0.731"})
+    assert parse_line("epoch 3 loss 0.2") is None
+    assert parse_line("GPULOOM_PROGRESSIVE iter=1") is None
+    for bad, msg in [
+        ("GPULOOM_PROGRESS samples=3", "no iter= field"),
+        ("GPULOOM_PROGRESS", "no iter= field"),
+        ("GPULOOM_PROGRESS iter=x", "invalid literal"),
+        ("GPULOOM_PROGRESS iter=-4", "must be >= 0"),
+        ("GPULOOM_PROGRESS iter=4 junk", "'junk' is not key=value"),
+        ("GPULOOM_PROGRESS iter=4 t=nan", "t finite"),
+    ]:
+        with pytest.raises(ProgressError, match=msg):
+            parse_line(bad)
+
+
+def test_rate_window_and_segments() -> None:
+    pts = [Point(0.0, 0, 0), Point(1.0, 10, 320), Point(2.0, 30, 960), Point(4.0, 70, 2240)]
+    assert rate(pts) == 70 / 4
+    assert rate(pts, window_s=2.0) == (70 - 30) / 2
+    assert rate(pts, window_s=3.0) == (70 - 10) / 3
+    assert rate(pts, attr="samples") == 2240 / 4
+    assert rate(pts[:1]) is None
+    assert rate([Point(1.0, 5, None), Point(1.0, 6, None)]) is None  # no time elapsed
+    # the job restarted from an older checkpoint at t=5: only the new segment counts
+    pts += [Point(5.0, 50, None), Point(6.0, 56, None), Point(8.0, 68, None)]
+    assert rate(pts) == (68 - 50) / 3
+    assert rate(pts, attr="samples") is None
+
+
+def test_tail_reads_incrementally(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    now = [100.0]
+    tail = ProgressTail(log, clock=lambda: now[0])
+    assert tail.read() == [] and tail.latest is None  # no file yet
+    with open(log, "w") as f:
+        f.write("[gpuloom] launch\nGPULOOM_PROGRESS iter=1 t=10.0\nGPULOOM_PROGRESS iter=3 t=11")
+    assert [(p.t, p.iter) for p in tail.read()] == [(10.0, 1)]  # last line is still partial
+    with open(log, "a") as f:
+        f.write(".0\nnoise\nGPULOOM_PROGRESS iter=oops\nGPULOOM_PROGRESS iter=7\n")
+    now[0] = 12.0
+    assert [(p.t, p.iter) for p in tail.read()] == [(11.0, 3), (12.0, 7)]  # no t= field: time of reading
+    assert tail.bad_lines == 1
+    assert tail.throughput() == (7 - 1) / 2
+    assert tail.throughput(since=11.0) == 4.0
+    log.write_text("GPULOOM_PROGRESS iter=2 t=20\n")  # truncated and rewritten
+    assert [(p.t, p.iter) for p in tail.read()] == [(20.0, 2)]
+
+
+def test_tail_start_at_end_skips_old_runs(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("GPULOOM_PROGRESS iter=50 t=1\nGPULOOM_PROGRESS iter=60 t=2\n")
+    tail = ProgressTail(log, start_at_end=True)
+    with open(log, "a") as f:
+        f.write("GPULOOM_PROGRESS iter=60 t=10\nGPULOOM_PROGRESS iter=64 t=12\n")
+    tail.read()
+    assert tail.throughput() == 2.0
