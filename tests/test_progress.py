@@ -69,3 +69,62 @@ def test_tail_start_at_end_skips_old_runs(tmp_path: Path) -> None:
         f.write("GPULOOM_PROGRESS iter=60 t=10\nGPULOOM_PROGRESS iter=64 t=12\n")
     tail.read()
     assert tail.throughput() == 2.0
+
+
+# -- real profiling through the executor ---------------------------------------------------------
+
+SLEEPY = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
+
+
+def _profiler(tmp_path: Path, args: str, **kw):
+    import os
+    import shlex
+    import sys
+
+    from gpuloom.runtime.local import LocalExecutor
+    from gpuloom.runtime.profiling import RealProfiler
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(SLEEPY))} {args}"
+    return RealProfiler(LocalExecutor("local"), f"p-{tmp_path.name[-12:]}", cmd, "local", (0,), cores, tmp_path,
+                        warmup_s=0.2, window_s=1.0, startup_timeout_s=20.0, grace_s=2.0, **kw)
+
+
+def test_real_profiler_measures_cpu_sensitivity(tmp_path: Path) -> None:
+    import os
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPU cores")
+    # quoted for 2 cores: 0.05 s/step on 2 cores (20 it/s), 0.1 s/step on 1 core (10 it/s)
+    prof = _profiler(tmp_path, "--steps 1000 --step-s 0.05 --cpu-ref 2")
+    one, two = prof(1, 0), prof(2, 0)
+    assert 7.0 < one < 10.5
+    assert 14.0 < two < 21.0
+    assert two > 1.5 * one
+    assert [(r.cpus, r.mem_mb) for r in prof.runs] == [(1, 0), (2, 0)]
+    assert all(r.exit_code == 143 for r in prof.runs)  # stopped by SIGTERM, after a scratch checkpoint
+    assert not any(p.name.endswith(".ckpt") for p in tmp_path.iterdir())  # scratch removed
+
+
+def test_real_profiler_out_of_memory_is_zero(tmp_path: Path) -> None:
+    from gpuloom.runtime.cgroups import CgroupManager
+
+    if not CgroupManager().support.memory:
+        pytest.skip("no writable memory cgroup")
+    prof = _profiler(tmp_path, "--steps 1000 --step-s 0.02 --ballast-mb 150")
+    assert prof(1, 64) == 0.0
+    assert prof.runs[-1].exit_code == 137
+    assert prof(1, 400) > 20.0
+
+
+def test_silent_job_cannot_be_profiled(tmp_path: Path) -> None:
+    from gpuloom.runtime.profiling import NoProgress, grid_profile, profile_job
+
+    prof = _profiler(tmp_path, "--steps 3 > /dev/null")
+    prof.startup_timeout_s = 5.0
+    with pytest.raises(NoProgress, match="exited without printing a GPULOOM_PROGRESS line"):
+        prof(1, 0)
+    assert profile_job(prof, [1], [0]) is None
+    g = grid_profile(lambda c, m: float(c * 10 + m), [1, 2], [100, 200])
+    assert g.matrix.tolist() == [[110.0, 210.0], [120.0, 220.0]]
+    assert g.best() == (2, 200, 220.0) and g.measured == 4

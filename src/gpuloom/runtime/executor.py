@@ -32,6 +32,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 
+class ExecutorError(RuntimeError):
+    """A launch or stop that cannot be carried out; the message names the job."""
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     job_id: str

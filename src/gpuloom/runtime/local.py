@@ -59,7 +59,9 @@ from pathlib import Path
 import psutil
 
 from gpuloom.runtime.cgroups import CgroupError, CgroupManager, JobCgroup, format_cpus
-from gpuloom.runtime.executor import Executor, LaunchSpec, ProcInfo
+from gpuloom.runtime.executor import Executor, ExecutorError, LaunchSpec, ProcInfo
+
+__all__ = ["ExecutorError", "LocalExecutor", "NodeAgent", "exit_path_for", "read_exit_record", "same_process"]
 
 _WRAPPER = (
     "trap : TERM INT HUP; "
@@ -70,10 +72,6 @@ _WRAPPER = (
 
 #: How close the creation time of a pid must be to the recorded one to be the same process.
 START_TIME_TOLERANCE_S = 0.05
-
-
-class ExecutorError(RuntimeError):
-    """A launch or stop that cannot be carried out; the message names the job."""
 
 
 def exit_path_for(log_path: str) -> str:
