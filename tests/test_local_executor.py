@@ -141,6 +141,16 @@ def test_stop_gives_grace_then_kills(ex: LocalExecutor, tmp_path: Path) -> None:
         ex.stop(polite, 1.0)
 
 
+def test_a_stopped_command_list_does_not_go_on(ex: LocalExecutor, tmp_path: Path) -> None:
+    job = jid()
+    handler = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); print('ready', flush=True); time.sleep(30)"
+    ex.launch(spec(job, f"{PY} -c {shlex.quote(handler)}; echo NEXT-RAN", tmp_path))
+    while "ready" not in (tmp_path / f"{job}.log").read_text():
+        time.sleep(0.02)
+    assert ex.stop(job, 5.0) == 7  # the job's own handler ran and its code is reported
+    assert "NEXT-RAN" not in (tmp_path / f"{job}.log").read_text()
+
+
 def test_memory_limit_is_enforced(ex: LocalExecutor, tmp_path: Path) -> None:
     if not ex.agent.cgroups.support.memory:
         pytest.skip(f"no writable memory cgroup: {ex.agent.cgroups.support.reason}")

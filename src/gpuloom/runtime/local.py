@@ -10,9 +10,19 @@ Two layers, so that a multi-machine executor reuses the launch logic unchanged:
 
 What a launch does
 ------------------
-The job's command runs through ``/bin/sh -c`` inside a small wrapper shell::
+The job's command runs in two shells::
 
-    /bin/sh -c 'trap : TERM INT HUP; /bin/sh -c "$1"; rc=$?; echo $rc > "$2.tmp"; mv "$2.tmp" "$2"; exit $rc'
+    /bin/sh -c 'trap : TERM INT HUP                                 # the wrapper
+                /bin/sh -c \'trap "exit $?" TERM INT HUP; eval "$1"\' gpuloom-job "$1"
+                rc=$?; echo $rc > "$2.tmp"; mv "$2.tmp" "$2"; exit $rc' gpuloom-job COMMAND EXIT_FILE
+
+Both shells survive the SIGTERM sent to the job's process group until their
+foreground child has exited (``/bin/sh`` may not ``exec`` the last command: dash
+does not), so the job's own SIGTERM handler can checkpoint; a caught trap is
+reset to the default in children, so every process of the job still receives
+the signal.  The inner shell's trap then exits with the child's status instead of
+running the rest of a command list (``a.py; b.py`` does not start ``b.py`` after a
+preemption); the wrapper records that status.
 
 * the wrapper is the leader of a new session (``start_new_session``), so jobs
   survive a crash of the service and one ``killpg`` reaches the whole job;
@@ -34,9 +44,8 @@ The job's command runs through ``/bin/sh -c`` inside a small wrapper shell::
 
 The exit record
 ---------------
-The wrapper catches SIGTERM/SIGINT/SIGHUP (the trap is reset to the default in
-its child, so the job still receives them), waits for the job, and writes the
-job's exit status to ``<log>.exit`` atomically (write + rename).  A process
+The wrapper waits for the job and writes its exit status to ``<log>.exit``
+atomically (write + rename).  A process
 that is our child is reaped through :class:`subprocess.Popen`; a process
 *adopted* after a restart is not our child, so its end is detected by pid
 liveness (a zombie or a pid reused by another process - different creation time -
@@ -65,7 +74,7 @@ __all__ = ["ExecutorError", "LocalExecutor", "NodeAgent", "exit_path_for", "read
 
 _WRAPPER = (
     "trap : TERM INT HUP; "
-    '/bin/sh -c "$1"; rc=$?; '
+    """/bin/sh -c 'trap "exit \\$?" TERM INT HUP; eval "$1"' gpuloom-job "$1"; rc=$?; """
     'printf "%d\\n" "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"; '
     'exit "$rc"'
 )
