@@ -220,3 +220,29 @@ def test_stop_an_adopted_process(tmp_path: Path) -> None:
     assert second.adopt(info)
     assert second.stop(job, 5.0) == 0
     assert first.poll() == {job: 0}
+
+
+def test_run_dir_exit_records_found_from_the_job_id_alone(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = LocalExecutor("local", run_dir=run)
+    live, gone = jid(), jid()
+    info = first.launch(spec(live, "sleep 0.6; exit 4", tmp_path))
+    ended = first.launch(spec(gone, "exit 9", tmp_path))
+    assert info.exit_path == str(run / f"{live}.exit")
+    time.sleep(0.2)
+    second = LocalExecutor("local", run_dir=run)
+    bare = ProcInfo(live, "local", info.pid, info.start_time)  # what a store that keeps only pid + start time has
+    assert second.adopt(bare)
+    assert not second.adopt(ProcInfo(gone, "local", ended.pid, ended.start_time))
+    assert second.exit_code(ProcInfo(gone, "local", ended.pid, ended.start_time)) == 9
+    assert wait_done(second, live) == {live: 4}
+    first.poll()
+
+
+def test_fold_cores_maps_a_declared_inventory_onto_this_machine(tmp_path: Path) -> None:
+    e = LocalExecutor("local", fold_cores=True)
+    job = jid()
+    n = len(CORES)
+    e.launch(spec(job, probe_cmd(tmp_path), tmp_path, cpus=(n + 1, 2 * n + 1) if n > 1 else (3,)))
+    wait_done(e, job)
+    assert probe(tmp_path, job)["cpus"] == [CORES[1 % n]]

@@ -62,12 +62,12 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
-from gpuloom.runtime.cgroups import CgroupError, CgroupManager, JobCgroup, format_cpus
+from gpuloom.runtime.cgroups import CgroupError, CgroupManager, JobCgroup, cgroup_name, format_cpus
 from gpuloom.runtime.executor import Executor, ExecutorError, LaunchSpec, ProcInfo
 
 __all__ = ["ExecutorError", "LocalExecutor", "NodeAgent", "exit_path_for", "read_exit_record", "same_process"]
@@ -141,17 +141,43 @@ class NodeAgent:
 
     ``cgroups=None`` creates a :class:`CgroupManager` (detecting v1/v2 once);
     pass ``CgroupManager(enabled=False)`` for affinity-only operation.
+
+    ``run_dir``: where exit records go (``<run_dir>/<job>.exit``), so that a
+    restarted service finds them from the job id alone; without it they go next
+    to the job's log (``<log>.exit``) and :class:`ProcInfo` carries the path.
+
+    ``fold_cores``: a declared inventory may have more cores than this machine
+    (tests of a 24-core node on a laptop).  Strict by default (a core id that does
+    not exist is refused); folded, plan core ``c`` runs on the machine's
+    ``c mod n``-th core.  ``GPULOOM_CPUS`` always carries the plan's ids.
     """
 
-    def __init__(self, cgroups: CgroupManager | None = None) -> None:
+    def __init__(self, cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
+                 fold_cores: bool = False) -> None:
         self.cgroups = cgroups if cgroups is not None else CgroupManager()
         self._procs: dict[str, _Proc] = {}
         self._lock = threading.RLock()
         self.available_cpus = tuple(sorted(os.sched_getaffinity(0)))
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.fold_cores = fold_cores
+
+    def exit_path(self, job_id: str, log_path: str) -> str:
+        if self.run_dir is not None:
+            return str(self.run_dir / f"{cgroup_name(job_id)}.exit")
+        return exit_path_for(log_path) if log_path else ""
+
+    def machine_cores(self, cpus: tuple[int, ...]) -> tuple[int, ...]:
+        """The cores of this machine a plan's core ids run on (see ``fold_cores``)."""
+        if not self.fold_cores:
+            return cpus
+        n = len(self.available_cpus)
+        return tuple(sorted({self.available_cpus[c % n] for c in cpus}))
 
     # -- launching --------------------------------------------------------------
     def _check(self, spec: LaunchSpec) -> None:
-        bad = [c for c in spec.cpus if c not in self.available_cpus]
+        bad = [] if self.fold_cores else [c for c in spec.cpus if c not in self.available_cpus]
         if bad:
             raise ExecutorError(
                 f"job {spec.job_id}: CPU core(s) {bad} do not exist here (available: {format_cpus(self.available_cpus)})"
@@ -185,21 +211,22 @@ class NodeAgent:
                 raise ExecutorError(f"job {spec.job_id}: already running as pid {old.info.pid}")
             log_path = Path(spec.log_path)
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            exit_path = exit_path_for(str(log_path))
+            exit_path = self.exit_path(spec.job_id, str(log_path))
             for stale in (exit_path, exit_path + ".tmp"):
                 Path(stale).unlink(missing_ok=True)
 
+            cores = self.machine_cores(spec.cpus)
             cg: JobCgroup | None = None
             fds: list[int] = []
             if self.cgroups.mode != "none":
                 try:
-                    cg = self.cgroups.create(spec.job_id, spec.cpus, spec.mem_mb)
+                    cg = self.cgroups.create(spec.job_id, cores, spec.mem_mb)
                     fds = [os.open(d / "cgroup.procs", os.O_WRONLY) for d in cg.paths()]
                 except (CgroupError, OSError) as e:
                     for fd in fds:
                         os.close(fd)
                     raise ExecutorError(f"job {spec.job_id}: {e}") from None
-            cpus = set(spec.cpus)
+            cpus = set(cores)
 
             def enter() -> None:  # runs in the child between fork and exec: no locks, no imports
                 pid = str(os.getpid()).encode()
@@ -210,7 +237,7 @@ class NodeAgent:
 
             header = (
                 f"[gpuloom] {time.strftime('%Y-%m-%dT%H:%M:%S%z')} launch job {spec.job_id}: "
-                f"gpus={','.join(map(str, spec.gpus)) or '-'} cpus={format_cpus(spec.cpus) or '-'} "
+                f"gpus={','.join(map(str, spec.gpus)) or '-'} cpus={format_cpus(cores) or '-'} "
                 f"mem_mb={spec.mem_mb} cgroups={self.cgroups.mode}\n"
             )
             try:
@@ -320,20 +347,22 @@ class NodeAgent:
                     return False  # not the session leader we started
             except ProcessLookupError:
                 return False
+            if not info.exit_path and self.run_dir is not None:
+                info = replace(info, exit_path=self.exit_path(info.job_id, info.log_path))
             self._procs[info.job_id] = _Proc(info, None, cg)
             return True
 
-    @staticmethod
-    def exit_code(info: ProcInfo) -> int | None:
-        return read_exit_record(info.exit_path)
+    def exit_code(self, info: ProcInfo) -> int | None:
+        return read_exit_record(info.exit_path or self.exit_path(info.job_id, info.log_path))
 
 
 class LocalExecutor(Executor):
     """The executor for one node: this machine, known to the scheduler as ``node``."""
 
-    def __init__(self, node: str, agent: NodeAgent | None = None, cgroups: CgroupManager | None = None) -> None:
+    def __init__(self, node: str, agent: NodeAgent | None = None, cgroups: CgroupManager | None = None,
+                 run_dir: str | Path | None = None, fold_cores: bool = False) -> None:
         self.node = node
-        self.agent = agent if agent is not None else NodeAgent(cgroups)
+        self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores)
 
     def _own(self, node: str, job_id: str) -> None:
         if node and node != self.node:
