@@ -118,3 +118,15 @@ def test_process_moved_in_sees_limits_and_stragglers_are_killed(manager: CgroupM
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_v2_hierarchy_without_memory_and_cpuset_controllers() -> None:
+    unified = Path(cgroups.DEFAULT_ROOT) / "unified"
+    if not (unified / "cgroup.controllers").exists():
+        pytest.skip("no hybrid cgroup2 mount beside cgroup v1 here")
+    ctrls = (unified / "cgroup.controllers").read_text().split()
+    if "memory" in ctrls or "cpuset" in ctrls:
+        pytest.skip("the unified hierarchy here has memory/cpuset")
+    s = detect(str(unified))
+    assert s.version == 2 and s.mode == "none"
+    assert "controller memory not available" in s.reason or "gpuloom" in s.reason
