@@ -105,7 +105,7 @@ def test_torch_example_is_faster_with_more_cores(tmp_path: Path) -> None:
     logs = {p.name: p.read_text() for p in tmp_path.glob("*.log")}
     assert any("cores=1 workers=1" in t for t in logs.values())
     assert any("cores=2 workers=2" in t for t in logs.values())
-    assert one > 0 and two > 1.25 * one, f"1 core: {one:.2f} it/s, 2 cores: {two:.2f} it/s"
+    assert one > 0 and two > 1.15 * one, f"1 core: {one:.2f} it/s, 2 cores: {two:.2f} it/s"
     assert all(r.exit_code == 143 for r in prof.runs)
 
 
