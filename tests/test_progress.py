@@ -128,3 +128,21 @@ def test_silent_job_cannot_be_profiled(tmp_path: Path) -> None:
     g = grid_profile(lambda c, m: float(c * 10 + m), [1, 2], [100, 200])
     assert g.matrix.tolist() == [[110.0, 210.0], [120.0, 220.0]]
     assert g.best() == (2, 200, 220.0) and g.measured == 4
+
+
+def test_real_profiler_drives_the_optimistic_profiler(tmp_path: Path) -> None:
+    import os
+
+    pytest.importorskip("gpuloom.perf.profiler", reason="optimistic profiler not merged yet")
+    from gpuloom.runtime.cgroups import CgroupManager
+    from gpuloom.runtime.profiling import profile_job
+
+    if len(os.sched_getaffinity(0)) < 2 or not CgroupManager().support.memory:
+        pytest.skip("needs 2 cores and a writable memory cgroup")
+    # CPU-bound on 2 cores; 150 MiB of ballast: 100 MiB is fatal (measured as 0), 300 and 600 are fine
+    prof = _profiler(tmp_path, "--steps 1000 --step-s 0.04 --cpu-ref 2 --ballast-mb 150")
+    res = profile_job(prof, [1, 2], [100, 300, 600], threshold=0.10)
+    assert res is not None
+    assert (res.cpus, res.mem_mb) == (2, 300)
+    assert res.points[(1, 600)] < 0.7 * res.points[(2, 600)]
+    assert res.points_measured < res.grid_size

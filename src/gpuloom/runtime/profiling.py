@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -199,20 +200,26 @@ def grid_profile(measure: Measure, cpu_points: Sequence[int], mem_points: Sequen
     return GridProfile(cps, mps, mat)
 
 
-def profile_job(measure: Measure, cpu_points: Sequence[int], mem_points: Sequence[int], threshold: float = 0.10):
-    """Profile with the optimistic profiler when it is available, else the full grid.
+def profile_job(measure: Measure, cpu_points: Sequence[int], mem_points: Sequence[int], threshold: float = 0.10,
+                **kw: Any) -> Any:
+    """Profile with the optimistic profiler (``gpuloom.perf.profiler``) when it is available, else the full grid.
 
-    Returns its result, or ``None`` for a job that reports no progress (the caller
-    then runs it with GPU-proportional resources).
+    ``kw`` (e.g. ``gpus=``, ``model=``) goes to the optimistic profiler.  Returns its
+    ``ProfileResult`` (or a :class:`GridProfile`), or ``None`` for a job that cannot be
+    profiled - it reports no progress, or runs at no allocation - and then runs with
+    GPU-proportional resources.
     """
     try:
-        from gpuloom.perf.profiler import optimistic_profile  # type: ignore[import-not-found]
+        from gpuloom.perf import profiler as opt
     except ImportError:
-        optimistic_profile = None
+        opt = None
+    unusable: tuple[type[Exception], ...] = (NoProgress,)
+    if opt is not None:
+        unusable += (opt.ProfileError,)
     try:
-        if optimistic_profile is not None:
-            return optimistic_profile(measure, list(cpu_points), list(mem_points), threshold=threshold)
+        if opt is not None:
+            return opt.optimistic_profile(measure, list(cpu_points), list(mem_points), threshold=threshold, **kw)
         return grid_profile(measure, cpu_points, mem_points)
-    except NoProgress as e:
+    except unusable as e:
         log.warning("%s: running it unprofiled, with GPU-proportional resources", e)
         return None
