@@ -15,7 +15,6 @@ import pytest
 
 from gpuloom.runtime.executor import LaunchSpec
 from gpuloom.runtime.local import LocalExecutor
-from gpuloom.runtime.profiling import RealProfiler
 from gpuloom.runtime.progress import ProgressTail
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -94,19 +93,79 @@ def test_resume_without_checkpoint_starts_over(tmp_path: Path) -> None:
 torch = pytest.importorskip("torch", reason="the PyTorch example needs the optional extra: pip install '.[torch]'")
 
 
+def _spin(core: int, seconds: float, out) -> None:
+    os.sched_setaffinity(0, {core})
+    end, n = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end:
+        for _ in range(2000):
+            pass
+        n += 1
+    out.put(n)
+
+
+def two_core_gain(seconds: float = 0.4) -> float:
+    """Work two pinned busy loops do on two cores / on one core, right now (2.0 on an idle machine).
+
+    Where unpinned processes of others saturate the machine, the scheduler moves them off the core a
+    job is confined to, and a job's cores stop mattering: the premise of the next test is gone."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    work = []
+    for cores in ((CORES[0], CORES[0]), (CORES[0], CORES[1])):
+        q = ctx.Queue()
+        ps = [ctx.Process(target=_spin, args=(c, seconds, q)) for c in cores]
+        for p in ps:
+            p.start()
+        work.append(sum(q.get() for _ in ps))
+        for p in ps:
+            p.join()
+    return work[1] / work[0]
+
+
 def test_torch_example_is_faster_with_more_cores(tmp_path: Path) -> None:
+    """One run, started on 2 cores (2 loader workers), alternately confined to 1 core and given 2 back.
+
+    Interleaving the windows within one process cancels the drift of whatever else loads the machine,
+    which sequential runs would measure instead."""
     if len(CORES) < 2:
         pytest.skip("needs 2 CPU cores")
-    prof = RealProfiler(LocalExecutor("local"), f"torch-{uuid.uuid4().hex[:6]}",
-                        run_cmd("train.py", "--steps 100000 --work 12 --image-size 48"), "local", (), CORES[:2],
-                        tmp_path, warmup_s=0.5, window_s=2.0, startup_timeout_s=90.0, grace_s=10.0)
-    one = prof(1, 0)
-    two = prof(2, 0)
-    logs = {p.name: p.read_text() for p in tmp_path.glob("*.log")}
-    assert any("cores=1 workers=1" in t for t in logs.values())
-    assert any("cores=2 workers=2" in t for t in logs.values())
-    assert one > 0 and two > 1.15 * one, f"1 core: {one:.2f} it/s, 2 cores: {two:.2f} it/s"
-    assert all(r.exit_code == 143 for r in prof.runs)
+    gain = two_core_gain()
+    if gain < 1.6:
+        pytest.skip(f"CPU cores oversubscribed by other processes: 2 pinned busy loops do {gain:.2f}x "
+                    "the work on 2 cores as on 1 (2.0 when idle), so no job can gain from a second core now")
+    ex = LocalExecutor("local")
+    job = f"torch-{uuid.uuid4().hex[:6]}"
+    log = tmp_path / "job.log"
+    ex.launch(LaunchSpec(job, run_cmd("train.py", "--steps 100000 --work 12"), "local", (), tuple(CORES[:2]), 0,
+                         str(log)))
+    try:
+        wait_for(reached(log, 3), 120.0, "torch progress")
+        windows: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
+        for _ in range(3):
+            for n in (1, 2):
+                ex.repin(job, tuple(CORES[:n]))
+                time.sleep(0.4)  # let the queue of prefetched batches adapt
+                t0 = time.time()
+                time.sleep(1.5)
+                windows[n].append((t0, time.time()))
+    finally:
+        ex.stop(job, 10.0)
+    tail = ProgressTail(log)
+    tail.read()
+    assert "cores=2 workers=2" in log.read_text()
+
+    def speed(n: int) -> float:
+        iters = secs = 0.0
+        for a, b in windows[n]:
+            pts = [p for p in tail.points if a <= p.t <= b]
+            assert len(pts) >= 2, f"too few progress lines in a {n}-core window"
+            iters += pts[-1].iter - pts[0].iter
+            secs += pts[-1].t - pts[0].t
+        return iters / secs
+
+    one, two = speed(1), speed(2)
+    assert two > 1.3 * one, f"1 core: {one:.2f} it/s, 2 cores: {two:.2f} it/s"
 
 
 def test_torch_example_preempted_ends_with_the_same_weights(tmp_path: Path) -> None:
@@ -114,12 +173,12 @@ def test_torch_example_preempted_ends_with_the_same_weights(tmp_path: Path) -> N
     tag = uuid.uuid4().hex[:6]
     args = "--steps 16 --work 1 --image-size 16 --batch-size 16"
     runs = {}
-    for name in ("straight", "preempted"):
+    for name, cores in (("straight", CORES[:2]), ("preempted", CORES[:1])):
         d = tmp_path / name
         d.mkdir()
         runs[name] = d
         cmd = run_cmd("train.py", f"{args} --ledger {shlex.quote(str(d / 'ledger'))}")
-        ex.launch(LaunchSpec(f"{name}-{tag}", cmd, "local", (0,), CORES[:1], 0, str(d / "job.log"),
+        ex.launch(LaunchSpec(f"{name}-{tag}", cmd, "local", (0,), tuple(cores), 0, str(d / "job.log"),
                              {"GPULOOM_CHECKPOINT_DIR": str(d / "ckpt")}))
     pre = runs["preempted"]
     wait_for(reached(pre / "job.log", 5), 90.0, "torch progress")
@@ -133,6 +192,9 @@ def test_torch_example_preempted_ends_with_the_same_weights(tmp_path: Path) -> N
     assert wait_exit(ex, f"straight-{tag}", 120.0) == 0
     assert wait_exit(ex, f"preempted-{tag}", 120.0) == 0
     assert ledger_steps(pre / "ledger") == list(range(1, 17))
+    # the loader sized itself by the cores it was given; the data, hence the weights, do not depend on it
+    assert f"cores={min(2, len(CORES))} workers={min(2, len(CORES))}" in (runs["straight"] / "job.log").read_text()
+    assert "cores=1 workers=1" in (pre / "job.log").read_text()
     a = torch.load(runs["straight"] / "ckpt" / "train.pt")
     b = torch.load(pre / "ckpt" / "train.pt")
     assert a["step"] == b["step"] == 16

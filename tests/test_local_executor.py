@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime.cgroups import CgroupManager
+from gpuloom.runtime.cgroups import CgroupManager, format_cpus
 from gpuloom.runtime.executor import LaunchSpec, ProcInfo
 from gpuloom.runtime.local import ExecutorError, LocalExecutor, read_exit_record
 
@@ -246,3 +246,30 @@ def test_fold_cores_maps_a_declared_inventory_onto_this_machine(tmp_path: Path) 
     e.launch(spec(job, probe_cmd(tmp_path), tmp_path, cpus=(n + 1, 2 * n + 1) if n > 1 else (3,)))
     wait_done(e, job)
     assert probe(tmp_path, job)["cpus"] == [CORES[1 % n]]
+
+
+def test_repin_moves_every_process_and_thread(ex: LocalExecutor, tmp_path: Path) -> None:
+    if len(CORES) < 2:
+        pytest.skip("needs 2 cores")
+    job = jid()
+    threads = "import threading, time; [threading.Thread(target=time.sleep, args=(30,), daemon=True).start() for _ in range(3)]; print('ready', flush=True); time.sleep(30)"
+    info = ex.launch(spec(job, f"{PY} -c {shlex.quote(threads)} & wait", tmp_path, cpus=CORES[:2]))
+    while "ready" not in (tmp_path / f"{job}.log").read_text():
+        time.sleep(0.02)
+
+    def affinities() -> set[tuple[int, ...]]:
+        import psutil
+
+        procs = [psutil.Process(info.pid), *psutil.Process(info.pid).children(recursive=True)]
+        return {tuple(sorted(os.sched_getaffinity(int(t)))) for p in procs for t in os.listdir(f"/proc/{p.pid}/task")}
+
+    assert affinities() == {tuple(CORES[:2])}
+    assert ex.repin(job, (CORES[1],)) >= 3  # wrapper, inner shell, python (and its threads)
+    assert affinities() == {(CORES[1],)}
+    ex.repin(job, tuple(CORES[:2]))
+    assert affinities() == {tuple(CORES[:2])}
+    cg = ex.agent.cgroups.job(job)
+    if "cpuset" in cg.dirs:
+        assert (cg.dirs["cpuset"] / "cpuset.cpus").read_text().strip() == format_cpus(CORES[:2])
+    with pytest.raises(ExecutorError, match="do not exist"):
+        ex.repin(job, (9999,))

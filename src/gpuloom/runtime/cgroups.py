@@ -343,6 +343,12 @@ class CgroupManager:
             _write(d / "cpuset.mems", _read(parent / "cpuset.mems") + "\n")
         _write(d / "cpuset.cpus", cpu_text + "\n")
 
+    def set_cpus(self, job_id: str, cpus: tuple[int, ...]) -> None:
+        """Change the cpuset of an existing job cgroup (its processes follow at once)."""
+        cg = self.job(job_id)
+        if "cpuset" in cg.dirs:
+            self._set_cpuset(cg.dirs["cpuset"], cpus)
+
     def remove(self, job_id: str) -> bool:
         return self.job(job_id).remove()
 

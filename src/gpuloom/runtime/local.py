@@ -270,6 +270,47 @@ class NodeAgent:
             return info
 
     # -- controlling ----------------------------------------------------------------
+    def repin(self, job_id: str, cpus: tuple[int, ...]) -> int:
+        """Move a running job to other CPU cores in place (no restart): cpuset and every process's affinity.
+
+        The number of threads or workers a job chose at start stays what it was, so
+        the service resizes by restart; this is for cores that must be vacated at
+        once and for measurements that compare allocations within one run.
+        Returns the number of processes re-pinned.
+        """
+        with self._lock:
+            p = self._procs.get(job_id)
+            if p is None or p.ended():
+                raise ExecutorError(f"job {job_id}: not running here")
+            spec_like = LaunchSpec(job_id, "", "", (), tuple(cpus), 0, "-")
+            self._check(spec_like)
+            cores = set(self.machine_cores(tuple(cpus))) or set(self.available_cpus)
+            try:
+                pids = {q.pid for q in psutil.Process(p.info.pid).children(recursive=True)} | {p.info.pid}
+            except psutil.NoSuchProcess:
+                pids = set()
+            if p.cgroup is not None:
+                pids |= p.cgroup.pids()
+            old = set(os.sched_getaffinity(p.info.pid)) if pids else set()
+            # a cpuset may only shrink below the affinities of its tasks, so: expand it first, shrink it last
+            if p.cgroup is not None and "cpuset" in p.cgroup.dirs and not cores <= old:
+                self.cgroups.set_cpus(job_id, tuple(sorted(cores | old)))
+            n = 0
+            for pid in pids:
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+                except OSError:
+                    continue
+                for tid in tids:  # affinity is per thread
+                    try:
+                        os.sched_setaffinity(tid, cores)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                n += 1
+            if p.cgroup is not None and "cpuset" in p.cgroup.dirs:
+                self.cgroups.set_cpus(job_id, tuple(sorted(cores)))
+            return n
+
     def alive(self, job_id: str) -> bool:
         with self._lock:
             p = self._procs.get(job_id)
@@ -385,6 +426,9 @@ class LocalExecutor(Executor):
 
     def alive(self, job_id: str) -> bool:
         return self.agent.alive(job_id)
+
+    def repin(self, job_id: str, cpus: tuple[int, ...]) -> int:
+        return self.agent.repin(job_id, cpus)
 
     def exit_code(self, info: ProcInfo) -> int | None:
         return self.agent.exit_code(info)
