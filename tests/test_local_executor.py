@@ -273,3 +273,20 @@ def test_repin_moves_every_process_and_thread(ex: LocalExecutor, tmp_path: Path)
         assert (cg.dirs["cpuset"] / "cpuset.cpus").read_text().strip() == format_cpus(CORES[:2])
     with pytest.raises(ExecutorError, match="do not exist"):
         ex.repin(job, (9999,))
+
+
+def test_stops_of_several_jobs_run_in_parallel(ex: LocalExecutor, tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [jid() for _ in range(3)]
+    for j in jobs:
+        ex.launch(spec(j, "trap '' TERM; echo ready; sleep 30", tmp_path))
+    for j in jobs:
+        while "ready" not in (tmp_path / f"{j}.log").read_text():
+            time.sleep(0.02)
+    t = time.monotonic()
+    with ThreadPoolExecutor(3) as pool:
+        codes = list(pool.map(lambda j: ex.stop(j, 0.5), jobs))
+    assert codes == [137, 137, 137]
+    assert time.monotonic() - t < 1.4  # three grace periods of 0.5 s overlap
+    assert ex.poll() == {}

@@ -120,6 +120,7 @@ class _Proc:
     popen: subprocess.Popen[bytes] | None  # None: adopted after a restart
     cgroup: JobCgroup | None
     killed: bool = False  # we sent SIGKILL
+    stopping: bool = False  # a stop() is in progress: poll() leaves the exit to it
 
     def ended(self) -> bool:
         if self.popen is not None:
@@ -207,8 +208,10 @@ class NodeAgent:
         self._check(spec)
         with self._lock:
             old = self._procs.get(spec.job_id)
-            if old is not None and not old.ended():
+            if old is not None and (old.stopping or not old.ended()):
                 raise ExecutorError(f"job {spec.job_id}: already running as pid {old.info.pid}")
+            if old is not None:  # ended, exit not collected yet: it is superseded
+                self._finish(spec.job_id, old)
             log_path = Path(spec.log_path)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             exit_path = self.exit_path(spec.job_id, str(log_path))
@@ -353,10 +356,12 @@ class NodeAgent:
 
     def stop(self, job_id: str, grace_s: float) -> int | None:
         """SIGTERM to the job's process group, ``grace_s`` to exit, then SIGKILL. Returns its exit code."""
-        with self._lock:
+        with self._lock:  # not held during the grace period: stops of several jobs run in parallel
             p = self._procs.get(job_id)
-            if p is None:
-                raise ExecutorError(f"job {job_id}: not running here")
+            if p is None or p.stopping:
+                raise ExecutorError(f"job {job_id}: not running here" if p is None else f"job {job_id}: already stopping")
+            p.stopping = True
+        try:
             if not p.ended():
                 self._signal(p, signal.SIGTERM)
                 if not self._wait(p, grace_s):
@@ -364,11 +369,15 @@ class NodeAgent:
                     self._signal(p, signal.SIGKILL)
                     if not self._wait(p, 5.0):
                         raise ExecutorError(f"job {job_id}: pid {p.info.pid} survived SIGKILL")
+        except BaseException:
+            p.stopping = False
+            raise
+        with self._lock:
             return self._finish(job_id, p)
 
     def poll(self) -> dict[str, int | None]:
         with self._lock:
-            done = {j: p for j, p in self._procs.items() if p.ended()}
+            done = {j: p for j, p in self._procs.items() if not p.stopping and p.ended()}
             return {j: self._finish(j, p) for j, p in done.items()}
 
     # -- restarts --------------------------------------------------------------------
