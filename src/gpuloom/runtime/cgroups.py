@@ -3,8 +3,9 @@
 Detection (:func:`detect`) happens once, when an executor starts:
 
 * **cgroup v2** (unified): ``<root>/cgroup.controllers`` exists.  A job gets
-  ``<root>/<parent>/<job>`` with ``memory.max``, ``memory.swap.max = 0`` (where
-  present), ``cpuset.cpus`` and ``cpuset.mems``.  The ``memory`` and ``cpuset``
+  ``<root>/<parent>/<job>`` with ``memory.max``, ``memory.swap.max = 0`` and
+  ``memory.oom.group = 1`` (where present: an OOM kills the whole job rather than
+  leaving it crippled), ``cpuset.cpus`` and ``cpuset.mems``.  The ``memory`` and ``cpuset``
   controllers are enabled in ``cgroup.subtree_control`` of the root and of the
   parent (v2's rule: a cgroup can only hand controllers it has to its children).
 * **cgroup v1**: one hierarchy per controller, ``<root>/memory`` and
@@ -316,6 +317,8 @@ class CgroupManager:
             _write(d / "memory.max", f"{mem_mb * 1024 * 1024}\n" if mem_mb > 0 else "max\n")
             if (d / "memory.swap.max").exists():
                 _write(d / "memory.swap.max", "0\n" if mem_mb > 0 else "max\n")
+            if (d / "memory.oom.group").exists():
+                _write(d / "memory.oom.group", "1\n")  # an OOM kills the whole job, not one worker
             return
         value = f"{mem_mb * 1024 * 1024}\n" if mem_mb > 0 else "-1\n"
         memsw = d / "memory.memsw.limit_in_bytes"
