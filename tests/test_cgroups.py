@@ -130,3 +130,28 @@ def test_v2_hierarchy_without_memory_and_cpuset_controllers() -> None:
     s = detect(str(unified))
     assert s.version == 2 and s.mode == "none"
     assert "controller memory not available" in s.reason or "gpuloom" in s.reason
+
+
+def test_v2_files_written(tmp_path: Path) -> None:
+    """What a v2 job cgroup gets, checked on a directory laid out like a cgroup2 mount (this machine
+    runs v1, so the kernel side of v2 is not exercised here): controllers delegated through
+    ``cgroup.subtree_control`` of the root and of ``gpuloom/``, then the limits."""
+    root = tmp_path
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    (root / "cgroup.procs").write_text("")
+    (root / "gpuloom").mkdir()
+    for f, text in (("cgroup.procs", ""), ("cgroup.subtree_control", ""), ("cpuset.cpus", ""),
+                    ("cpuset.mems.effective", "0\n")):
+        (root / "gpuloom" / f).write_text(text)
+    m = CgroupManager(root=str(root))
+    assert m.mode == "v2" and m.support.memory and m.support.cpuset, m.support.reason
+    cg = m.create("job/7", (2, 3, 4, 6), 1500)
+    d = root / "gpuloom" / "job_7"
+    assert cg.paths() == [d]
+    assert (d / "memory.max").read_text() == f"{1500 * 2**20}\n"
+    assert (d / "cpuset.cpus").read_text() == "2-4,6\n"
+    assert (d / "cpuset.mems").read_text() == "0\n"
+    assert cg.memory_limit_file() == d / "memory.max"
+    m.create("job/7", (), 0)
+    assert (d / "memory.max").read_text() == "max\n"
