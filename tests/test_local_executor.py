@@ -290,3 +290,17 @@ def test_stops_of_several_jobs_run_in_parallel(ex: LocalExecutor, tmp_path: Path
     assert codes == [137, 137, 137]
     assert time.monotonic() - t < 1.4  # three grace periods of 0.5 s overlap
     assert ex.poll() == {}
+
+
+def test_several_node_names_on_one_machine(tmp_path: Path) -> None:
+    e = LocalExecutor(["node-0", "node-1"])
+    a, b = jid(), jid()
+    ia = e.launch(LaunchSpec(a, "echo $GPULOOM_MEM_MB", "node-0", (0,), (), 300, str(tmp_path / "a.log")))
+    ib = e.launch(LaunchSpec(b, "true", "node-1", (0,), (), 0, str(tmp_path / "b.log")))
+    assert (ia.node, ib.node) == ("node-0", "node-1")
+    with pytest.raises(ExecutorError, match="node 'node-2' is not served here"):
+        e.launch(LaunchSpec(jid(), "true", "node-2", (), (), 0, str(tmp_path / "c.log")))
+    wait_done(e, a)
+    assert (tmp_path / "a.log").read_text().splitlines()[-1] == "300"
+    with pytest.raises(ExecutorError, match="at least one"):
+        LocalExecutor([])

@@ -37,7 +37,7 @@ preemption); the wrapper records that status.
   separated; ``""`` for a job with no GPUs, which hides every GPU),
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so indices mean what NVML and ``nvidia-smi``
   call them), ``OMP_NUM_THREADS`` = number of cores (unless given),
-  ``GPULOOM_JOB_ID``, ``GPULOOM_CPUS`` and whatever the spec adds
+  ``GPULOOM_JOB_ID``, ``GPULOOM_CPUS``, ``GPULOOM_MEM_MB`` and whatever the spec adds
   (``GPULOOM_RESUME``, ``GPULOOM_CHECKPOINT_DIR``...);
 * stdout and stderr are appended to the job's log, after one ``[gpuloom]`` line
   recording the allocation.
@@ -62,6 +62,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -202,6 +203,7 @@ class NodeAgent:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
         env["GPULOOM_JOB_ID"] = spec.job_id
         env["GPULOOM_CPUS"] = format_cpus(spec.cpus)
+        env["GPULOOM_MEM_MB"] = str(spec.mem_mb)
         return env
 
     def launch(self, spec: LaunchSpec) -> ProcInfo:
@@ -407,21 +409,33 @@ class NodeAgent:
 
 
 class LocalExecutor(Executor):
-    """The executor for one node: this machine, known to the scheduler as ``node``."""
+    """The executor for one node: this machine, known to the scheduler as ``node``.
 
-    def __init__(self, node: str, agent: NodeAgent | None = None, cgroups: CgroupManager | None = None,
-                 run_dir: str | Path | None = None, fold_cores: bool = False) -> None:
-        self.node = node
+    ``node`` may also be a list of names: all of them then run on this machine
+    (a multi-node plan tried out on one box, as the service's tests do; their
+    core ids overlap on the same physical cores, so combine with ``fold_cores``
+    as needed).  Launches for any other node are refused.
+    """
+
+    def __init__(self, node: str | Sequence[str], agent: NodeAgent | None = None,
+                 cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
+                 fold_cores: bool = False) -> None:
+        names = [node] if isinstance(node, str) else list(node)
+        if not names or not all(names):
+            raise ExecutorError("LocalExecutor needs at least one non-empty node name")
+        self.node = names[0]
+        self.nodes = frozenset(names)
         self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores)
 
     def _own(self, node: str, job_id: str) -> None:
-        if node and node != self.node:
-            raise ExecutorError(f"job {job_id}: node {node!r} is not served here (this executor runs {self.node!r})")
+        if node and node not in self.nodes:
+            served = ", ".join(repr(n) for n in sorted(self.nodes))
+            raise ExecutorError(f"job {job_id}: node {node!r} is not served here (this executor runs {served})")
 
     def launch(self, spec: LaunchSpec) -> ProcInfo:
         self._own(spec.node, spec.job_id)
         info = self.agent.launch(spec)
-        return ProcInfo(info.job_id, self.node, info.pid, info.start_time, info.log_path, info.exit_path)
+        return replace(info, node=spec.node or self.node)
 
     def stop(self, job_id: str, grace_s: float) -> int | None:
         return self.agent.stop(job_id, grace_s)
