@@ -10,6 +10,7 @@ import pytest
 from gpuloom.runtime.discovery import (
     DiscoveryError,
     discover,
+    discover_inventory,
     discover_nvml,
     host_mem_mb,
     local_cluster,
@@ -24,7 +25,7 @@ SMI_OUTPUT = """\
 
 
 def test_declared_inventory_builds_a_one_node_cluster() -> None:
-    inv = discover(gpus=8, cpus=16, mem_mb=64_000, name="box")
+    inv = discover_inventory(gpus=8, cpus=16, mem_mb=64_000, name="box")
     assert inv.source == "declared"
     assert [g.index for g in inv.gpus] == list(range(8))
     assert inv.gpu_type == "declared"
@@ -36,7 +37,7 @@ def test_declared_inventory_builds_a_one_node_cluster() -> None:
 
 
 def test_declared_gpus_take_host_cpus_and_memory() -> None:
-    inv = discover(gpus=2, name="h")
+    inv = discover_inventory(gpus=2, name="h")
     assert inv.cpus == len(os.sched_getaffinity(0)) == len(inv.core_ids)
     assert inv.mem_mb == host_mem_mb()
     assert inv.mem_mb > 0
@@ -53,7 +54,7 @@ def test_meminfo_parsing(tmp_path: Path) -> None:
 
 def test_bad_declared_values_are_refused() -> None:
     with pytest.raises(DiscoveryError, match="declared gpus must be an integer >= 0, got -1"):
-        discover(gpus=-1)
+        discover_inventory(gpus=-1)
     with pytest.raises(DiscoveryError, match="declared mem_mb"):
         discover(gpus=1, mem_mb="lots")  # type: ignore[arg-type]
 
@@ -72,7 +73,7 @@ def test_nvidia_smi_csv() -> None:
 
 
 def test_this_machine() -> None:
-    inv = discover(name="here")
+    inv = discover_inventory(name="here")
     nvml = discover_nvml()
     if nvml:
         assert inv.source == "nvml" and len(inv.gpus) == len(nvml)
@@ -82,3 +83,8 @@ def test_this_machine() -> None:
         assert inv.source in ("nvidia-smi", "none")
         if inv.source == "none":
             assert inv.gpus == () and inv.node().gpus == 0
+
+
+def test_discover_returns_the_cluster() -> None:
+    c = discover(gpus=4, cpus=8, mem_mb=32_000, name="n")
+    assert c.num_nodes == 1 and c.num_gpus == 4 and c.nodes[0].name == "n" and c.total_cpus == 8

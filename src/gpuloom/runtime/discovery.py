@@ -18,7 +18,8 @@ Whenever ``nvidia-smi`` exists its ``topo -m`` matrix is captured as text
 CPU cores are the ones this process may run on (``os.sched_getaffinity``), because
 those are the ids the executor can pin jobs to; memory is ``MemTotal`` from
 ``/proc/meminfo``.  The result converts to the scheduler's plain data:
-:meth:`Inventory.node` and :func:`local_cluster`.
+:meth:`Inventory.node`, :func:`local_cluster`; :func:`discover` goes straight to
+the one-node :class:`Cluster`.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def topology_text(smi: str = "nvidia-smi") -> str | None:
     return None if exe is None else _run([exe, "topo", "-m"])
 
 
-def discover(
+def discover_inventory(
     gpus: int | None = None,
     cpus: int | None = None,
     mem_mb: int | None = None,
@@ -205,6 +206,17 @@ def discover(
             return Inventory(node_name, tuple(got), n_cpus, n_mem, source, topo, core_ids)
     log.warning("no GPUs found (NVML and nvidia-smi unavailable); declare an inventory, e.g. --gpus 8")
     return Inventory(node_name, (), n_cpus, n_mem, "none", topo, core_ids)
+
+
+def discover(
+    gpus: int | None = None,
+    cpus: int | None = None,
+    mem_mb: int | None = None,
+    name: str | None = None,
+    gpu_name: str = "declared",
+) -> Cluster:
+    """This machine as a one-node :class:`Cluster` (see :func:`discover_inventory` for the details)."""
+    return local_cluster(discover_inventory(gpus, cpus, mem_mb, name, gpu_name))
 
 
 def local_cluster(inventory: Inventory) -> Cluster:

@@ -409,26 +409,29 @@ class NodeAgent:
 
 
 class LocalExecutor(Executor):
-    """The executor for one node: this machine, known to the scheduler as ``node``.
+    """The executor for this machine, known to the scheduler as ``node``.
 
-    ``node`` may also be a list of names: all of them then run on this machine
-    (a multi-node plan tried out on one box, as the service's tests do; their
-    core ids overlap on the same physical cores, so combine with ``fold_cores``
-    as needed).  Launches for any other node are refused.
+    ``node`` may also be a list of names, all run on this machine, or ``None``
+    (the default): every node of a plan runs here.  Several names on one box
+    serve to try multi-node plans out (as the service's tests do); their core ids
+    overlap on the same physical cores, so combine with ``fold_cores`` as needed.
+    Launches for a node not served are refused.
     """
 
-    def __init__(self, node: str | Sequence[str], agent: NodeAgent | None = None,
+    def __init__(self, node: str | Sequence[str] | None = None, agent: NodeAgent | None = None,
                  cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
                  fold_cores: bool = False) -> None:
-        names = [node] if isinstance(node, str) else list(node)
-        if not names or not all(names):
-            raise ExecutorError("LocalExecutor needs at least one non-empty node name")
-        self.node = names[0]
-        self.nodes = frozenset(names)
+        if node is None:
+            self.node, self.nodes = "local", None
+        else:
+            names = [node] if isinstance(node, str) else list(node)
+            if not names or not all(names):
+                raise ExecutorError("LocalExecutor needs at least one non-empty node name")
+            self.node, self.nodes = names[0], frozenset(names)
         self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores)
 
     def _own(self, node: str, job_id: str) -> None:
-        if node and node not in self.nodes:
+        if node and self.nodes is not None and node not in self.nodes:
             served = ", ".join(repr(n) for n in sorted(self.nodes))
             raise ExecutorError(f"job {job_id}: node {node!r} is not served here (this executor runs {served})")
 
