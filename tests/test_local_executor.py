@@ -86,8 +86,7 @@ def test_process_gets_its_gpus_cores_and_memory_limit(ex: LocalExecutor, tmp_pat
         assert p["cg"][key].endswith(f"/gpuloom/{job}")
     # the job's cgroup is removed once its end has been seen
     assert all(not d.exists() for d in ex.agent.cgroups.job(job).paths())
-    log = (tmp_path / f"{job}.log").read_text()
-    assert log.startswith("[gpuloom] ") and f"launch job {job}: gpus=3,1" in log
+    assert (tmp_path / f"{job}.log").read_text().startswith("PROBE ")  # the log is the job's output only
 
 
 def test_no_gpus_means_empty_visible_devices_and_own_session(ex: LocalExecutor, tmp_path: Path) -> None:

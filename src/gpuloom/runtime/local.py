@@ -39,8 +39,8 @@ preemption); the wrapper records that status.
   call them), ``OMP_NUM_THREADS`` = number of cores (unless given),
   ``GPULOOM_JOB_ID``, ``GPULOOM_CPUS``, ``GPULOOM_MEM_MB`` and whatever the spec adds
   (``GPULOOM_RESUME``, ``GPULOOM_CHECKPOINT_DIR``...);
-* stdout and stderr are appended to the job's log, after one ``[gpuloom]`` line
-  recording the allocation.
+* stdout and stderr are appended to the job's log (nothing else is written
+  there: the log is the job's own output; the service records launches).
 
 The exit record
 ---------------
@@ -240,15 +240,8 @@ class NodeAgent:
                 if cpus:
                     os.sched_setaffinity(0, cpus)
 
-            header = (
-                f"[gpuloom] {time.strftime('%Y-%m-%dT%H:%M:%S%z')} launch job {spec.job_id}: "
-                f"gpus={','.join(map(str, spec.gpus)) or '-'} cpus={format_cpus(cores) or '-'} "
-                f"mem_mb={spec.mem_mb} cgroups={self.cgroups.mode}\n"
-            )
             try:
                 with open(log_path, "ab") as log:
-                    log.write(header.encode())
-                    log.flush()
                     popen = subprocess.Popen(
                         ["/bin/sh", "-c", _WRAPPER, "gpuloom-job", spec.command, exit_path],
                         stdin=subprocess.DEVNULL,
