@@ -289,8 +289,11 @@ class NodeAgent:
                 pids = set()
             if p.cgroup is not None:
                 pids |= p.cgroup.pids()
-            old = set(os.sched_getaffinity(p.info.pid)) if pids else set()
-            # a cpuset may only shrink below the affinities of its tasks, so: expand it first, shrink it last
+            try:
+                old = set(os.sched_getaffinity(p.info.pid))
+            except ProcessLookupError:
+                old = set()
+            # a task's affinity must lie inside its cpuset: widen the cpuset first, narrow it last
             if p.cgroup is not None and "cpuset" in p.cgroup.dirs and not cores <= old:
                 self.cgroups.set_cpus(job_id, tuple(sorted(cores | old)))
             n = 0
