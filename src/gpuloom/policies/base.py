@@ -279,7 +279,7 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
     total = req.gpus
     cpu_left = req.cpus
     mem_left = req.mem_mb
-    for i, node in enumerate(nodes):
+    for node in nodes:
         gids = tuple(sorted(by_node[node]))
         k = len(gids)
         pc, pm = cluster.proportional(node, k)

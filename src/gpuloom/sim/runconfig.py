@@ -57,7 +57,7 @@ from ..policies.base import PolicyError
 from ..scheduler import Scheduler
 from .engine import LifecycleTimes, SimConfig, Simulator
 from .metrics import RunResult
-from .setup import build_model
+from .setup import MODEL_OPTIONS, build_model
 
 ModelBuilder = Callable[[Cluster], ThroughputModel]
 #: ``progress(label, done, total)``: ``done`` of ``total`` jobs of run ``label`` have finished.
@@ -98,7 +98,8 @@ class RunConfig:
 
     def scheduler(self, where: str = "") -> Scheduler:
         try:
-            return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, self.params)
+            policy_params = {k: v for k, v in self.params.items() if k not in MODEL_OPTIONS}
+            return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy_params)
         except PolicyError as e:
             raise ConfigError(f"{where or f'config {self.name!r}'}: {e}") from None
 
