@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,16 @@ def test_this_machine() -> None:
 def test_discover_returns_the_cluster() -> None:
     c = discover(gpus=4, cpus=8, mem_mb=32_000, name="n")
     assert c.num_nodes == 1 and c.num_gpus == 4 and c.nodes[0].name == "n" and c.total_cpus == 8
+
+
+def test_declared_inventory_with_a_real_topology(data_dir: Path) -> None:
+    f = data_dir / "topology" / "a100_hgx_8gpu_epyc7763_mlx5.txt"
+    inv = discover_inventory(gpus=8, cpus=64, mem_mb=512_000, name="a100", topology_file=f)
+    t = inv.topology()
+    assert t is not None and t.num_gpus == 8
+    with pytest.raises(DiscoveryError, match="describes 8 GPUs, the inventory has 4"):
+        discover_inventory(gpus=4, topology_file=f)
+    with pytest.raises(DiscoveryError, match="topology file .*missing.txt"):
+        discover_inventory(gpus=4, topology_file=data_dir / "topology" / "missing.txt")
+    if shutil.which("nvidia-smi") is None:
+        assert discover_inventory(gpus=2).topology() is None  # nothing captured, nothing parsed

@@ -73,6 +73,14 @@ class Inventory:
             log.warning("node %s has mixed GPU models %s; typed as the first", self.name, sorted(names))
         return self.gpus[0].name
 
+    def topology(self):  # -> gpuloom.perf.topology.Topology | None
+        """The parsed ``nvidia-smi topo -m`` matrix (None when none was captured)."""
+        if not self.topology_text:
+            return None
+        from gpuloom.perf.topology import parse_topology
+
+        return parse_topology(self.topology_text, source=f"topology of {self.name}")
+
     def node(self, rack: int = 0) -> Node:
         return Node(self.name, len(self.gpus), self.cpus, self.mem_mb, self.gpu_type, rack)
 
@@ -182,8 +190,14 @@ def discover_inventory(
     gpu_name: str = "declared",
     use_nvml: bool = True,
     smi: str = "nvidia-smi",
+    topology_file: str | Path | None = None,
 ) -> Inventory:
-    """This machine's inventory; any of ``gpus``/``cpus``/``mem_mb`` given overrides what is found."""
+    """This machine's inventory; any of ``gpus``/``cpus``/``mem_mb`` given overrides what is found.
+
+    ``topology_file``: saved ``nvidia-smi topo -m`` output to use instead of this machine's
+    (a declared 8-GPU node can then be given a real NVLink topology); it must describe as
+    many GPUs as the inventory has.
+    """
     for field_name, v in (("gpus", gpus), ("cpus", cpus), ("mem_mb", mem_mb)):
         if v is not None and (not isinstance(v, int) or v < 0):
             raise DiscoveryError(f"declared {field_name} must be an integer >= 0, got {v!r}")
@@ -194,7 +208,24 @@ def discover_inventory(
     n_cpus = cpus if cpus is not None else len(core_ids)
     n_mem = mem_mb if mem_mb is not None else host_mem_mb()
     node_name = name or socket.gethostname() or "local"
-    topo = topology_text(smi)
+    if topology_file is not None:
+        try:
+            topo = Path(topology_file).read_text()
+        except OSError as e:
+            raise DiscoveryError(f"topology file {topology_file}: {e.strerror or e}") from None
+    else:
+        topo = topology_text(smi)
+    inv = _inventory(gpus, gpu_name, use_nvml, smi, node_name, n_cpus, n_mem, topo, core_ids)
+    if topology_file is not None:
+        t = inv.topology()
+        if t is not None and t.num_gpus != len(inv.gpus):
+            raise DiscoveryError(f"topology file {topology_file} describes {t.num_gpus} GPUs, "
+                                 f"the inventory has {len(inv.gpus)}")
+    return inv
+
+
+def _inventory(gpus: int | None, gpu_name: str, use_nvml: bool, smi: str, node_name: str, n_cpus: int,
+               n_mem: int, topo: str | None, core_ids: tuple[int, ...]) -> Inventory:
     if gpus is not None:
         found = [GpuInfo(i, gpu_name) for i in range(gpus)]
         return Inventory(node_name, tuple(found), n_cpus, n_mem, "declared", topo, core_ids)
