@@ -102,3 +102,19 @@ def test_declared_inventory_with_a_real_topology(data_dir: Path) -> None:
         discover_inventory(gpus=4, topology_file=data_dir / "topology" / "missing.txt")
     if shutil.which("nvidia-smi") is None:
         assert discover_inventory(gpus=2).topology() is None  # nothing captured, nothing parsed
+
+
+def test_inventory_command() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+
+    r = CliRunner().invoke(app, ["inventory", "--gpus", "2", "--cpus", "1", "--mem-gb", "3", "--name", "box", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert (data["node"], data["source"], len(data["gpus"]), data["cpus"], data["mem_mb"]) == ("box", "declared", 2, 1, 3000)
+    assert data["cgroups"]["mode"] in ("v1", "v2", "none")
+    r = CliRunner().invoke(app, ["inventory", "--gpus", "-3"])
+    assert r.exit_code == 2 and "declared gpus must be an integer >= 0" in r.output
