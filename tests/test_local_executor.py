@@ -303,3 +303,37 @@ def test_several_node_names_on_one_machine(tmp_path: Path) -> None:
     assert (tmp_path / "a.log").read_text().splitlines()[-1] == "300"
     with pytest.raises(ExecutorError, match="at least one"):
         LocalExecutor([])
+
+
+def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path) -> None:
+    import dataclasses
+    import signal
+    import subprocess
+
+    run = tmp_path / "run"
+    job = jid()
+    log = tmp_path / "job.log"
+    sleepy = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
+    service = (
+        "import dataclasses, json, sys, time\n"
+        "from gpuloom.runtime.executor import LaunchSpec\n"
+        "from gpuloom.runtime.local import LocalExecutor\n"
+        f"ex = LocalExecutor('local', run_dir={str(run)!r})\n"
+        f"info = ex.launch(LaunchSpec({job!r}, {f'{sys.executable} {sleepy} --steps 40 --step-s 0.02'!r}, 'local',"
+        f" (0,), (), 100, {str(log)!r}))\n"
+        "print(json.dumps(dataclasses.asdict(info)), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    svc = subprocess.Popen([sys.executable, "-c", service], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": SRC})
+    try:
+        info = ProcInfo(**json.loads(svc.stdout.readline()))
+        while "iter=3 " not in log.read_text():
+            time.sleep(0.02)
+    finally:
+        svc.send_signal(signal.SIGKILL)  # the service dies without a word
+        svc.wait()
+    ex = LocalExecutor("local", run_dir=run)
+    assert ex.adopt(dataclasses.replace(info, exit_path="", log_path=""))  # found from pid, start time, job id
+    assert wait_done(ex, job, 20.0) == {job: 0}
+    assert "done steps=40" in log.read_text()
