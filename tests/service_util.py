@@ -132,3 +132,10 @@ KEY_EVENTS = ("submit", "launch", "adopt", "requeue", "preempt", "finished", "fa
 def key_events(events: list[dict[str, Any]]) -> list[str]:
     """Event kinds without the lifecycle's intermediate states."""
     return [e["kind"] for e in events if e["kind"] in KEY_EVENTS]
+
+
+def submit(c: httpx.Client, **spec: Any) -> int:
+    """POST a job; fails with the server's answer unless it was accepted."""
+    r = c.post("/jobs", json=spec)
+    assert r.status_code == 201, f"{r.status_code}: {r.text}"
+    return int(r.json()["id"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, wait_for
+from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, submit, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 
@@ -120,9 +120,9 @@ def test_preempted_job_resumes_with_every_step_done_once(server) -> None:  # noq
 def test_time_limit_and_cancel(server) -> None:  # noqa: ANN001
     s = server("--cluster", "1x2", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "2")
     with s.client() as c:
-        slow = c.post("/jobs", json={"command": stepper_cmd(1000, 0.05), "gpus": 1, "time_limit": 1}).json()["id"]
-        run = c.post("/jobs", json={"command": stepper_cmd(1000, 0.05), "gpus": 1}).json()["id"]
-        queued = c.post("/jobs", json={"command": "true", "gpus": 2}).json()["id"]
+        slow = submit(c, **{"command": stepper_cmd(1000, 0.05), "gpus": 1, "time_limit": 1})
+        run = submit(c, **{"command": stepper_cmd(1000, 0.05), "gpus": 1})
+        queued = submit(c, **{"command": "true", "gpus": 2})
         wait_for(lambda: "iter=1" in c.get(f"/jobs/{run}/logs").text, what="running")
         assert job(c, queued)["state"] == "waiting_for_initial_resource"
         assert c.delete(f"/jobs/{queued}").json()["state"] == "cancelled"
@@ -149,7 +149,7 @@ def test_job_spanning_two_nodes_gets_one_process_per_node(server) -> None:  # no
     s = server("--cluster", "2x2", "--cpus-per-node", str(NCPU), "--round", "0.2")
     cmd = 'echo "rank=$GPULOOM_NODE_RANK of $GPULOOM_NUM_NODES gpus=$CUDA_VISIBLE_DEVICES total=$GPULOOM_NUM_GPUS"'
     with s.client() as c:
-        jid = c.post("/jobs", json={"command": cmd, "gpus": 4}).json()["id"]
+        jid = submit(c, **{"command": cmd, "gpus": 4})
         row = wait_for(lambda: (j := job(c, jid))["state"] == "finished" and j, what="spanning job")
         lines = sorted(c.get(f"/jobs/{jid}/logs").text.split("\n")[:-1])
         (launch,) = [e for e in c.get(f"/jobs/{jid}/events").json() if e["kind"] == "launch"]
@@ -165,9 +165,9 @@ def test_elastic_sizing_resizes_a_running_job_for_real(server) -> None:  # noqa:
     s = server("--cluster", "1x4", "--cpus-per-node", str(NCPU), "--size", "elastic", "--round", "0.2")
     curve = [1.0, 2.0, 3.0, 4.0]
     with s.client() as c:
-        a = c.post("/jobs", json={"name": "a", "command": stepper_cmd(60, 0.05), "gpus": 1, "throughput": curve}).json()["id"]
+        a = submit(c, **{"name": "a", "command": stepper_cmd(60, 0.05), "gpus": 1, "throughput": curve})
         wait_for(lambda: job(c, a)["state"] == "running", what="a out of its protection")
-        b = c.post("/jobs", json={"name": "b", "command": stepper_cmd(10, 0.05), "gpus": 1, "throughput": curve}).json()["id"]
+        b = submit(c, **{"name": "b", "command": stepper_cmd(10, 0.05), "gpus": 1, "throughput": curve})
         rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] == "finished" and x, timeout=60, what=f"job {j}")
                 for j in (a, b)}
         log_a = c.get(f"/jobs/{a}/logs").text

@@ -53,7 +53,7 @@ def test_simulator_and_service_make_the_same_plan(tmp_path: Path, order: str, pl
     assert len(expected) == 2
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run"), Scheduler.from_names(order, "none", "proportional", place),
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", fold_cores=True), Scheduler.from_names(order, "none", "proportional", place),
                   tmp_path, round_s=1000.0, grace_s=0.0)
     try:
         got = []

@@ -90,7 +90,7 @@ def test_store_on_postgres(pg_url: str) -> None:
 def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path) -> None:
     store = Store(pg_url)
     cluster = Cluster.homogeneous(1, 2)
-    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run"), Scheduler.from_names(),
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", fold_cores=True), Scheduler.from_names(),
                   tmp_path, round_s=100)
     jid = svc.submit({"name": "pg", "command": "echo on postgres", "gpus": 2}, "alice")
     svc.round()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from service_util import Server, job, key_events, kill_jobs, ledger, start_records, stepper_cmd, wait_for
+from service_util import Server, job, key_events, kill_jobs, ledger, start_records, stepper_cmd, submit, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 
@@ -26,11 +26,11 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
     s = Server(tmp_path, *args).start()
     try:
         with s.client() as c:
-            a = c.post("/jobs", json={"name": "a", "command": stepper_cmd(50, 0.1), "gpus": 2}).json()["id"]
-            b = c.post("/jobs", json={"name": "b", "command": stepper_cmd(50, 0.05), "gpus": 2}).json()["id"]
-            f = c.post("/jobs", json={"name": "f", "command": stepper_cmd(20, 0.1), "gpus": 2}).json()["id"]
-            q1 = c.post("/jobs", json={"name": "q1", "command": stepper_cmd(4, 0.05), "gpus": 6}).json()["id"]
-            q2 = c.post("/jobs", json={"name": "q2", "command": stepper_cmd(4, 0.05), "gpus": 2}).json()["id"]
+            a = submit(c, **{"name": "a", "command": stepper_cmd(50, 0.1), "gpus": 2})
+            b = submit(c, **{"name": "b", "command": stepper_cmd(50, 0.05), "gpus": 2})
+            f = submit(c, **{"name": "f", "command": stepper_cmd(20, 0.1), "gpus": 2})
+            q1 = submit(c, **{"name": "q1", "command": stepper_cmd(4, 0.05), "gpus": 6})
+            q2 = submit(c, **{"name": "q2", "command": stepper_cmd(4, 0.05), "gpus": 2})
             for jid in (a, b, f):
                 wait_for(lambda jid=jid: "iter=3" in c.get(f"/jobs/{jid}/logs").text, what=f"job {jid} progress")
             before = {jid: job(c, jid) for jid in (a, b, f, q1, q2)}

@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 
 from gpuloom.runtime.executor import LaunchSpec
-from gpuloom.runtime.process import ProcessExecutor
+from gpuloom.runtime.local import LocalExecutor
 from gpuloom.runtime.router import NodeRouter, RoutingError
 
 
 def test_router_routes_by_node_and_merges_polls(tmp_path: Path) -> None:
-    a, b = ProcessExecutor(tmp_path / "a"), ProcessExecutor(tmp_path / "b")
+    a = LocalExecutor("n0", run_dir=tmp_path / "a", fold_cores=True)
+    b = LocalExecutor("n1", run_dir=tmp_path / "b", fold_cores=True)
     r = NodeRouter({"n0": a, "n1": b})
     log = str(tmp_path / "log")
-    r.launch(LaunchSpec("1", "exit 3", "n1", (0,), (0,), 100, log))
+    r.launch(LaunchSpec("1", "sleep 0.3; exit 3", "n1", (0,), (0,), 100, log))
     r.launch(LaunchSpec("2", "sleep 30", "n0", (1,), (0,), 100, log))
-    assert set(b.children) == {"1"} and set(a.children) == {"2"}
+    assert set(b.agent.running()) == {"1"} and set(a.agent.running()) == {"2"}
     with pytest.raises(RoutingError, match="node 'n9'"):
         r.launch(LaunchSpec("3", "true", "n9", (0,), (0,), 100, log))
     end = time.monotonic() + 10

@@ -134,7 +134,9 @@ def serve(
     svc.start()
     bound = sock.getsockname()[1]
     server_url = f"http://{'[' + host + ']' if ':' in host else host}:{bound}"
-    (sd / "server.json").write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
+    tmp = sd / "server.json.tmp"  # atomically: clients may be polling for it
+    tmp.write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
+    os.replace(tmp, sd / "server.json")
     logging.getLogger("gpuloom.service").info(
         "serving %s on %s (%d nodes, %d GPUs; %s; store %s)",
         "gpuloom", server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,

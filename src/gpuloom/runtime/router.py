@@ -83,12 +83,8 @@ def local_executor(cluster: Cluster, run_dir: str | Path, fold_cores: bool = Fal
     executor per node behind a :class:`NodeRouter` (a declared inventory of
     several fake nodes), or the node's own executor for a one-node cluster.
     ``fold_cores``: declared core ids beyond this machine's run on its cores."""
-    try:
-        from .local import LocalExecutor  # type: ignore[import-not-found]
-    except ImportError:  # the full local executor is not available: processes without cgroups
-        from .process import ProcessExecutor
+    from .local import LocalExecutor
 
-        return ProcessExecutor(Path(run_dir))
     run = Path(run_dir)
     execs: dict[str, Executor] = {
         n.name: LocalExecutor(n.name, run_dir=run / n.name, fold_cores=fold_cores) for n in cluster.nodes
