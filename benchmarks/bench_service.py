@@ -66,13 +66,23 @@ class _Server:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         store = Store(f"sqlite:///{self.state_dir / 'gpuloom.db'}")
-        for row in store.list_jobs(["RUNNING"]):
+        for row in store.list_jobs():
             for p in row.procs or []:
                 try:
                     os.killpg(int(p["pid"]), signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        sid = store.get_meta("service_id")
         store.close()
+        time.sleep(0.2)
+        for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
+            parent = base / f"gpuloom-{sid}"
+            if sid and parent.is_dir():  # the service's (now empty) job cgroups
+                for child in [c for c in parent.iterdir() if c.is_dir()] + [parent]:
+                    try:
+                        child.rmdir()
+                    except OSError:
+                        pass
 
 
 def _drive(url: str, token: str, n: int, clients: int, body: dict, gap: float = 0.0) -> tuple[float, list[float], list[int]]:

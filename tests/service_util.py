@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +77,33 @@ class Server:
                 self.kill()
 
 
+def remove_cgroups(parent: str) -> None:
+    """Remove the (empty) job cgroups under ``parent`` and the parent itself, v1 or v2."""
+    for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
+        p = base / parent
+        if not p.is_dir():
+            continue
+        for child in p.iterdir():
+            if child.is_dir():
+                try:
+                    child.rmdir()
+                except OSError:
+                    pass
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
 def kill_jobs(state_dir: Path) -> None:
-    """Kill every job process the store still records (test cleanup)."""
+    """Kill every job process the store still records and remove the service's cgroups (test cleanup)."""
     from gpuloom.runtime.store import Store
 
     db = state_dir / "gpuloom.db"
     if not db.exists():
         return
     store = Store(f"sqlite:///{db}")
+    sid = store.get_meta("service_id")
     for row in store.list_jobs():
         for p in row.procs or []:
             try:
@@ -92,6 +113,9 @@ def kill_jobs(state_dir: Path) -> None:
             except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
                 pass
     store.close()
+    if sid:
+        time.sleep(0.1)
+        remove_cgroups(f"gpuloom-{sid}")
 
 
 def wait_for(fn: Any, timeout: float = 30.0, what: str = "condition") -> Any:
@@ -139,3 +163,10 @@ def submit(c: httpx.Client, **spec: Any) -> int:
     r = c.post("/jobs", json=spec)
     assert r.status_code == 201, f"{r.status_code}: {r.text}"
     return int(r.json()["id"])
+
+
+def own_cgroup_parent() -> Iterator[str]:
+    """A cgroup parent of its own for an in-process test's jobs, removed afterwards (for fixtures)."""
+    name = f"gpuloom-test-{uuid.uuid4().hex[:8]}"
+    yield name
+    remove_cgroups(name)

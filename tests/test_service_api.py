@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,19 @@ from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service, parse_duration, parse_mem, refuse_reason
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
+from service_util import own_cgroup_parent
 
 
 @pytest.fixture
-def api(tmp_path: Path):  # noqa: ANN201
+def cgroup_parent() -> Iterator[str]:
+    yield from own_cgroup_parent()
+
+
+@pytest.fixture
+def api(tmp_path: Path, cgroup_parent: str):  # noqa: ANN201
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cluster = Cluster.homogeneous(2, 4)
-    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", fold_cores=True), Scheduler.from_names(), tmp_path)
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(), tmp_path)
     admin = ensure_admin_token(store, tmp_path)
     tokens = {"admin": admin, "alice": create_token(store, "alice"), "bob": create_token(store, "bob")}
     with TestClient(create_app(svc)) as client:
@@ -175,12 +182,12 @@ def test_store_concurrent_writers_and_compare_and_set(tmp_path: Path) -> None:
     again.close()
 
 
-def test_recovery_fails_jobs_the_cluster_can_no_longer_hold(tmp_path: Path) -> None:
+def test_recovery_fails_jobs_the_cluster_can_no_longer_hold(tmp_path: Path, cgroup_parent: str) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl2, cl1 = Cluster.homogeneous(2, 4), Cluster.homogeneous(1, 4)
-    big = Service(store, cl2, local_executor(cl2, tmp_path / "run", fold_cores=True), Scheduler.from_names(), tmp_path)
+    big = Service(store, cl2, local_executor(cl2, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(), tmp_path)
     jid = big.submit({"name": "wide", "command": "true", "gpus": 8}, "alice")
-    small = Service(store, cl1, local_executor(cl1, tmp_path / "run", fold_cores=True), Scheduler.from_names(), tmp_path)
+    small = Service(store, cl1, local_executor(cl1, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(), tmp_path)
     small.recover()
     row = store.get_job(jid)
     assert row is not None and row.state == "failed"

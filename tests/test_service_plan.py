@@ -8,6 +8,7 @@ process executor) and what it runs afterwards is compared with the simulator.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,12 @@ from gpuloom.runtime.service import HOLDING, Service
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
+from service_util import own_cgroup_parent
+
+
+@pytest.fixture
+def cgroup_parent() -> Iterator[str]:
+    yield from own_cgroup_parent()
 
 # (gpus, duration): first wave at t=0, second wave at t=1
 WAVE1 = [(2, 500.0), (4, 100.0), (1, 300.0), (3, 50.0), (2, 200.0)]
@@ -47,13 +54,13 @@ def sim_plans(cluster: Cluster, order: str, place: str) -> list[dict[str, Alloca
     [("fifo", "packed-sticky"), ("sjf", "packed-sticky"), ("sjf", "packed-non-sticky"), ("fifo", "random-sticky"),
      ("sjf", "random-sticky"), ("fifo", "packed-non-sticky")],
 )
-def test_simulator_and_service_make_the_same_plan(tmp_path: Path, order: str, place: str) -> None:
+def test_simulator_and_service_make_the_same_plan(tmp_path: Path, order: str, place: str, cgroup_parent: str) -> None:
     cluster = Cluster.homogeneous(2, 4)
     expected = sim_plans(cluster, order, place)
     assert len(expected) == 2
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", fold_cores=True), Scheduler.from_names(order, "none", "proportional", place),
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(order, "none", "proportional", place),
                   tmp_path, round_s=1000.0, grace_s=0.0)
     try:
         got = []

@@ -24,6 +24,12 @@ from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
+from service_util import own_cgroup_parent
+
+
+@pytest.fixture
+def cgroup_parent() -> Iterator[str]:
+    yield from own_cgroup_parent()
 
 pytest.importorskip("psycopg")
 if not (shutil.which("initdb") and shutil.which("pg_ctl")):
@@ -87,10 +93,10 @@ def test_store_on_postgres(pg_url: str) -> None:
     store.close()
 
 
-def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path) -> None:
+def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path, cgroup_parent: str) -> None:
     store = Store(pg_url)
     cluster = Cluster.homogeneous(1, 2)
-    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", fold_cores=True), Scheduler.from_names(),
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
                   tmp_path, round_s=100)
     jid = svc.submit({"name": "pg", "command": "echo on postgres", "gpus": 2}, "alice")
     svc.round()

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuloom.runtime.cgroups import CgroupManager
 from gpuloom.runtime.executor import LaunchSpec
 from gpuloom.runtime.local import LocalExecutor
 from gpuloom.runtime.router import NodeRouter, RoutingError
+from service_util import own_cgroup_parent
 
 
-def test_router_routes_by_node_and_merges_polls(tmp_path: Path) -> None:
-    a = LocalExecutor("n0", run_dir=tmp_path / "a", fold_cores=True)
-    b = LocalExecutor("n1", run_dir=tmp_path / "b", fold_cores=True)
+@pytest.fixture
+def cgroup_parent() -> Iterator[str]:
+    yield from own_cgroup_parent()
+
+
+def test_router_routes_by_node_and_merges_polls(tmp_path: Path, cgroup_parent: str) -> None:
+    cg = CgroupManager(parent=cgroup_parent)
+    a = LocalExecutor("n0", cgroups=cg, run_dir=tmp_path / "a", fold_cores=True)
+    b = LocalExecutor("n1", cgroups=cg, run_dir=tmp_path / "b", fold_cores=True)
     r = NodeRouter({"n0": a, "n1": b})
     log = str(tmp_path / "log")
     r.launch(LaunchSpec("1", "sleep 0.3; exit 3", "n1", (0,), (0,), 100, log))

@@ -114,10 +114,14 @@ def serve(
         raise typer.Exit(2) from None
     token = ensure_admin_token(store, sd)
     del token
+    # declared inventories may have more cores than this machine: their ids fold onto it
+    import secrets
+
     from ..runtime.router import local_executor
 
-    # declared inventories may have more cores than this machine: their ids fold onto it
-    executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None)
+    service_id = store.set_meta_default("service_id", secrets.token_hex(4))
+    executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
+                              cgroup_parent=f"gpuloom-{service_id}")
     from ..runtime.service import Service
 
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,

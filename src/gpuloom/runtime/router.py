@@ -78,15 +78,22 @@ class NodeRouter(Executor):
             ex.close()
 
 
-def local_executor(cluster: Cluster, run_dir: str | Path, fold_cores: bool = False) -> Executor:
+def local_executor(
+    cluster: Cluster, run_dir: str | Path, fold_cores: bool = False, cgroup_parent: str | None = None
+) -> Executor:
     """Executors for a cluster whose nodes all live on this machine: one local
     executor per node behind a :class:`NodeRouter` (a declared inventory of
     several fake nodes), or the node's own executor for a one-node cluster.
-    ``fold_cores``: declared core ids beyond this machine's run on its cores."""
+    ``fold_cores``: declared core ids beyond this machine's run on its cores.
+    ``cgroup_parent``: the cgroup under which job cgroups are made (one per
+    service, so two services on a machine never share a job cgroup name)."""
+    from .cgroups import CgroupManager
     from .local import LocalExecutor
 
     run = Path(run_dir)
+    cgroups = CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager()
     execs: dict[str, Executor] = {
-        n.name: LocalExecutor(n.name, run_dir=run / n.name, fold_cores=fold_cores) for n in cluster.nodes
+        n.name: LocalExecutor(n.name, cgroups=cgroups, run_dir=run / n.name, fold_cores=fold_cores)
+        for n in cluster.nodes
     }
     return next(iter(execs.values())) if len(execs) == 1 else NodeRouter(execs)
