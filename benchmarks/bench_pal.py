@@ -20,11 +20,14 @@ Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|a
    Average JCT per workload and policy; improvement of PM-First and PAL over
    Packed-Sticky, per workload ``1 - JCT/JCT_packed_sticky`` and the geometric
    mean over workloads ``1 - geomean(JCT/JCT_packed_sticky)``.
-   The evaluation runs twice: with our default scores (each GPU's median
-   run, whole measured nodes) and with the scores built the way PAL's
-   artifact builds them for its simulations (each GPU's slowest run, GPUs
-   drawn independently: ``per_gpu="max", draw="gpu"``).
-3. **Locality sweep**: the penalty from 1.0 to 3.0 on one workload.
+   The evaluation (and the sweep) runs twice: with our semantics (each
+   GPU's median run, whole measured nodes; the paper's classes; trace
+   durations in seconds; backfill; 10 s restart cost) and with PAL's
+   artifact's simulation semantics (``SEMANTICS["artifact"]``: each GPU's
+   slowest run, GPUs drawn independently; the artifact's classes; duration x
+   per-model iteration time; strict queue; no restart cost).
+3. **Locality sweep**: the penalty from 1.0 to 3.0 on workload 6 (the
+   workload of the artifact's sweep, ``run_sia_sim_losweep.sh``).
 4. **Score sources**: the geomean improvement for other seeds of the
    generator and for PAL's measured 32-GPU table repeated over 64 GPUs.
 5. **Ablation** (``ablation``, not part of ``all``): starting from our
@@ -73,8 +76,6 @@ MODELS = ["vgg19", "resnet50", "DCGAN", "BERT", "GPT2", "PointNet"]
 #: ``duration`` as a number of iterations, so a job's work there is ``duration * ARTIFACT_ITER_TIME``.
 ARTIFACT_ITER_TIME = {"vgg19": 0.3006, "resnet50": 0.1754, "DCGAN": 0.0469, "BERT": 0.179, "GPT2": 3.5714,
                       "PointNet": 0.28125}
-#: score constructions: ours (median run per GPU, whole nodes) and the artifact's (slowest run, per GPU)
-SCORES = {"median/node": ("median", "node"), "max/gpu": ("max", "gpu")}
 
 
 def data_dir() -> Path | None:
@@ -159,28 +160,42 @@ def _geo_impr(ratios: list[float]) -> float:
     return 1.0 - math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
 
-def _gen(cl: Cluster, d: Path, seed: int, scores: str) -> PMScores:
-    per_gpu, draw = SCORES[scores]
-    return generate_for_cluster(cl, d / "pal" / "variability", seed, per_gpu=per_gpu, draw=draw)
+#: evaluation semantics: ours, and PAL's artifact's (scores, classes, work, strict queue, no restart cost)
+SEMANTICS: dict[str, dict] = {
+    "ours": {"scores": "median/node", "classes": False, "work": False, "backfill": True, "restart": 10.0},
+    "artifact": {"scores": "max/gpu", "classes": True, "work": True, "backfill": False, "restart": 0.0},
+}
 
 
-def bench_eval(workloads: range = range(1, 9), seed: int = 0, score_kind: str = "median/node") -> None:
+def _setup(semantics: str, cl: Cluster, d: Path, seed: int) -> tuple[PMScores, dict[str, str] | None, dict]:
+    sem = SEMANTICS[semantics]
+    per_gpu, draw = sem["scores"].split("/")
+    scores = generate_for_cluster(cl, d / "pal" / "variability", seed, per_gpu=per_gpu, draw=draw)
+    mc = ARTIFACT_MODEL_CLASSES if sem["classes"] else None
+    return scores, mc, {"backfill": sem["backfill"], "restart": sem["restart"]}
+
+
+def _specs(d: Path, w: int, semantics: str) -> list[JobSpec]:
+    specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv")
+    return artifact_work(specs) if SEMANTICS[semantics]["work"] else specs
+
+
+def bench_eval(workloads: range = range(1, 9), seed: int = 0, semantics: str = "ours") -> None:
     d = data_dir()
     if d is None:
         print("evaluation skipped: no ../shared/data")
         return
     cl = Cluster.homogeneous(16, 4)
-    scores = _gen(cl, d, seed, score_kind)
-    print(f"\nSia-Philly workloads, 16x4 GPUs, FIFO, 360 s rounds, locality 1.7, PM-scores generated (seed {seed}, "
-          f"per-GPU {SCORES[score_kind][0]} run, drawn per {SCORES[score_kind][1]}; class A max "
-          f"{scores.scores[:, 0].max():.3f})")
+    scores, mc, kw = _setup(semantics, cl, d, seed)
+    print(f"\nSia-Philly workloads, 16x4 GPUs, FIFO, 360 s rounds, locality 1.7, {semantics} semantics "
+          f"{SEMANTICS[semantics]} (seed {seed}; class A max score {scores.scores[:, 0].max():.3f})")
     print("average JCT in hours")
     print(f"{'workload':>8} " + " ".join(f"{p:>17}" for p in POLICIES) + f" {'PM-First impr':>13} {'PAL impr':>9}")
     rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
     t0 = time.perf_counter()
     for w in workloads:
-        specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv")
-        jct = {p: _run(specs, cl, scores, p, 1.7) for p in POLICIES}
+        specs = _specs(d, w, semantics)
+        jct = {p: _run(specs, cl, scores, p, 1.7, mc, **kw) for p in POLICIES}
         for p in rat:
             rat[p].append(jct[p] / jct["packed-sticky"])
         print(f"{w:>8} " + " ".join(f"{jct[p] / 3600:>17.2f}" for p in POLICIES)
@@ -189,42 +204,46 @@ def bench_eval(workloads: range = range(1, 9), seed: int = 0, score_kind: str = 
           f"PAL {_geo_impr(rat['pal']):.1%}   ({time.perf_counter() - t0:.1f} s)")
 
 
-def bench_sweep(workload: int = 1, seed: int = 0, score_kind: str = "median/node") -> None:
+def bench_sweep(workload: int = 6, seed: int = 0, semantics: str = "ours") -> None:
     d = data_dir()
     if d is None:
         print("sweep skipped: no ../shared/data")
         return
     cl = Cluster.homogeneous(16, 4)
-    scores = _gen(cl, d, seed, score_kind)
-    specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{workload}.csv")
-    print(f"\nLocality penalty sweep, workload {workload}, scores {score_kind} (average JCT in hours)")
+    scores, mc, kw = _setup(semantics, cl, d, seed)
+    specs = _specs(d, workload, semantics)
+    print(f"\nLocality penalty sweep, workload {workload}, {semantics} semantics (average JCT in hours)")
     print(f"{'penalty':>7} " + " ".join(f"{p:>17}" for p in POLICIES) + f" {'PM-First impr':>13} {'PAL impr':>9}")
     for pen in (1.0, 1.5, 2.0, 2.5, 3.0):
-        jct = {p: _run(specs, cl, scores, p, pen) for p in POLICIES}
+        jct = {p: _run(specs, cl, scores, p, pen, mc, **kw) for p in POLICIES}
         print(f"{pen:>7.1f} " + " ".join(f"{jct[p] / 3600:>17.2f}" for p in POLICIES)
               + f" {1 - jct['pm-first'] / jct['packed-sticky']:>13.1%} {1 - jct['pal'] / jct['packed-sticky']:>9.1%}")
 
 
-def bench_sources() -> None:
-    """Geomean improvement over packed-sticky for other score draws and for PAL's measured table."""
+def bench_sources(seeds: range = range(4)) -> None:
+    """Geomean improvement over packed-sticky for other score draws, PAL's measured table, both semantics."""
     d = data_dir()
     if d is None:
         print("sources skipped: no ../shared/data")
         return
     cl = Cluster.homogeneous(16, 4)
     table = load_variability_csv(d / "pal" / "variability" / "32gpu-variability.csv")
-    sources = {f"generated, seed {s}": generate_for_cluster(cl, d / "pal" / "variability", s) for s in range(4)}
-    sources["measured 32-GPU table x2"] = PMScores(np.vstack([table.scores, table.scores]), "32gpu x2")
-    specs = {w: read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv") for w in range(1, 9)}
+    measured = PMScores(np.vstack([table.scores, table.scores]), "32gpu x2")
     print("\nPM-score source vs geomean improvement over packed-sticky (8 workloads, penalty 1.7)")
-    print(f"{'source':<26} {'class A max':>11} {'PM-First':>9} {'PAL':>7}")
-    for name, sc in sources.items():
-        rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
-        for w in range(1, 9):
-            base = _run(specs[w], cl, sc, "packed-sticky", 1.7)
-            for p in rat:
-                rat[p].append(_run(specs[w], cl, sc, p, 1.7) / base)
-        print(f"{name:<26} {sc.scores[:, 0].max():>11.3f} {_geo_impr(rat['pm-first']):>9.1%} {_geo_impr(rat['pal']):>7.1%}")
+    print(f"{'semantics':<9} {'source':<26} {'class A max':>11} {'PM-First':>9} {'PAL':>7}")
+    for sem in SEMANTICS:
+        sources = {f"generated, seed {s}": _setup(sem, cl, d, s)[0] for s in seeds}
+        sources["measured 32-GPU table x2"] = measured
+        _, mc, kw = _setup(sem, cl, d, 0)
+        specs = {w: _specs(d, w, sem) for w in range(1, 9)}
+        for name, sc in sources.items():
+            rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
+            for w in range(1, 9):
+                base = _run(specs[w], cl, sc, "packed-sticky", 1.7, mc, **kw)
+                for p in rat:
+                    rat[p].append(_run(specs[w], cl, sc, p, 1.7, mc, **kw) / base)
+            print(f"{sem:<9} {name:<26} {sc.scores[:, 0].max():>11.3f} {_geo_impr(rat['pm-first']):>9.1%} "
+                  f"{_geo_impr(rat['pal']):>7.1%}")
 
 
 def artifact_work(specs: list[JobSpec]) -> list[JobSpec]:
@@ -282,11 +301,10 @@ def main() -> None:
         bench_round()
     if what in ("eval", "all"):
         bench_eval()
-        bench_eval(score_kind="max/gpu")
+        bench_eval(semantics="artifact")
     if what in ("sweep", "all"):
         bench_sweep()
-    if what == "sweep":
-        bench_sweep(score_kind="max/gpu")
+        bench_sweep(semantics="artifact")
     if what == "sources":  # not part of "all": keeps main() near two minutes
         bench_sources()
     if what == "ablation":
