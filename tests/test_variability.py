@@ -244,3 +244,16 @@ def test_artifact_model_classes():
     # default: the paper's classes
     f0 = VariabilityFactor(PMScores(np.ones((4, 4))))
     assert ["ABCD"[f0.job_class(_job(m))] for m in ("vgg19", "DCGAN", "PointNet")] == ["A", "A", "C"]
+
+
+def test_spec_artifact_generator(data_dir, monkeypatch):
+    d = data_dir / "pal/variability"
+    cl = Cluster.homogeneous(16, 4)
+    got = variability_from_spec(f"artifact:{d}", cl, seed=5)
+    want = generate_pm_scores([4] * 16, load_class_profiles(d, per_gpu="max"), seed=5, draw="gpu")
+    assert got.scores.tolist() == want.scores.tolist()
+    monkeypatch.delenv("GPULOOM_DATA", raising=False)
+    with pytest.raises(VariabilityError, match="'artifact' needs the measured data folder"):
+        variability_from_spec("artifact", cl)
+    monkeypatch.setenv("GPULOOM_DATA", str(data_dir))
+    assert variability_from_spec("artifact", cl, seed=5).scores.tolist() == want.scores.tolist()

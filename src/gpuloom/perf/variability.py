@@ -330,21 +330,30 @@ def generate_for_cluster(cluster: Cluster, variability_dir: str | Path, seed: in
                               draw)
 
 
+#: spec word -> (per_gpu, draw) for :func:`variability_from_spec`
+GENERATORS = {"generate": ("median", "node"), "artifact": ("max", "gpu")}
+
+
 def variability_from_spec(spec: str, cluster: Cluster, variability_dir: str | Path | None = None,
                           seed: int = 0) -> PMScores:
-    """``FILE`` (a PerfVar table) or ``generate`` / ``generate:DIR`` -> scores checked against ``cluster``.
+    """``FILE`` (a PerfVar table), ``generate[:DIR]`` or ``artifact[:DIR]`` -> scores checked against ``cluster``.
 
-    ``generate`` without a folder reads ``$GPULOOM_DATA/pal/variability``.
+    ``generate`` draws our way (median run per GPU, whole nodes), ``artifact``
+    the way PAL's artifact does for its simulations (slowest run per GPU,
+    GPUs drawn independently).  Without a folder they read
+    ``$GPULOOM_DATA/pal/variability``.
     """
-    if spec == "generate" or spec.startswith("generate:"):
-        d = spec.split(":", 1)[1] if ":" in spec else variability_dir
+    word, _, folder = spec.partition(":")
+    if word in GENERATORS and (folder or spec == word):
+        d: str | Path | None = folder or variability_dir
         if d is None and os.environ.get("GPULOOM_DATA"):
             d = Path(os.environ["GPULOOM_DATA"]) / "pal" / "variability"
         if d is None:
             raise VariabilityError(
-                "variability 'generate' needs the measured data folder: generate:DIR or $GPULOOM_DATA"
+                f"variability {word!r} needs the measured data folder: {word}:DIR or $GPULOOM_DATA"
             )
-        scores = generate_for_cluster(cluster, d, seed)
+        per_gpu, draw = GENERATORS[word]
+        scores = generate_for_cluster(cluster, d, seed, per_gpu=per_gpu, draw=draw)
     else:
         scores = load_variability_csv(spec)
     scores.check_cluster(cluster)
