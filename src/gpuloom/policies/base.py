@@ -393,6 +393,14 @@ class PlacePolicy:
         parts = split_parts(free.cluster, req, by_node)
         return parts if free.fits(parts, len(req.jobs)) else None
 
+    def _try(self, plan: Plan, req: Request, free: FreeState, view: View) -> bool:
+        """Place ``req`` (its old GPUs if sticky, else ``choose``) and commit; False if it gets nothing."""
+        parts = place_request(self, req, free, view)
+        if parts is None:
+            return False
+        self._commit(plan, req, parts, free)
+        return True
+
     def _commit(self, plan: Plan, req: Request, parts: tuple[Part, ...], free: FreeState) -> None:
         free.take(parts, len(req.jobs))
         for a in self._allocs(req, parts):
@@ -433,27 +441,15 @@ class PlacePolicy:
         # phase 2b: place the rest of the selection in order
         for i in order:
             if selected[i] and not done[i]:
-                req = requests[i]
-                parts = self.keep_parts(req, free) if self.sticky else None
-                if parts is None:
-                    parts = self.choose(req, free, view)
-                if parts is not None:
-                    self._commit(plan, req, parts, free)
-                    done[i] = True
-                elif not self.backfill:
+                done[i] = self._try(plan, requests[i], free, view)
+                if not done[i] and not self.backfill:
                     break
         # phase 3: backfill leftovers in order (free.free_gpus is cheap: a numpy sum)
         for i in order if self.backfill else ():
             if free.free_gpus <= 0:
                 break
             if not done[i] and requests[i].gpus <= free.free_gpus:
-                req = requests[i]
-                parts = self.keep_parts(req, free) if self.sticky else None
-                if parts is None:
-                    parts = self.choose(req, free, view)
-                if parts is not None:
-                    self._commit(plan, req, parts, free)
-                    done[i] = True
+                done[i] = self._try(plan, requests[i], free, view)
         plan.free_gpus = free.free_gpus
         return plan
 
