@@ -45,6 +45,7 @@ def test_jobs_get_the_planned_gpus_cores_and_memory(server) -> None:  # noqa: AN
     seen_gpus: dict[str, set[int]] = {}
     for row in rows:
         assert row["exit_code"] == 0 and row["attempts"] == 1 and row["resume_count"] == 0
+        assert row["progress"] == 3  # its last GPULOOM_PROGRESS line
         (rec,) = start_records(logs[row["id"]])
         # the record written at launch (store) and what the process saw agree
         launch = [e for e in c_events(s, row["id"]) if e["kind"] == "launch"]
@@ -100,7 +101,7 @@ def test_preempted_job_resumes_with_every_step_done_once(server) -> None:  # noq
         log = c.get(f"/jobs/{long_id}/logs").text
         kinds = [e["kind"] for e in c.get(f"/jobs/{long_id}/events").json()]
     assert short["exit_code"] == 0 and ledger(short["checkpoint_dir"]) == [0, 1, 2]
-    assert long["exit_code"] == 0
+    assert long["exit_code"] == 0 and long["progress"] == 30
     assert long["preemptions"] == 1 and long["attempts"] == 2 and long["resume_count"] == 1
     recs = start_records(log)
     assert [r["resume"] for r in recs] == [None, "1"]

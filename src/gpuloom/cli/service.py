@@ -292,10 +292,11 @@ def queue(
     if as_json:
         console.print_json(json.dumps(jobs))
         return
-    t = Table("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "NODES", "REASON", box=None)
+    t = Table("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "ITER", "NODES", "REASON", box=None)
     for j in jobs:
+        it = j.get("progress")
         t.add_row(str(j["id"]), j["name"], j["user"], j["state"].upper(), str(j["gpus"]), _elapsed(j),
-                  ",".join(j["nodes"]) or "-", j.get("reason") or "")
+                  "-" if it is None else str(int(it)), ",".join(j["nodes"]) or "-", j.get("reason") or "")
     console.print(t)
 
 

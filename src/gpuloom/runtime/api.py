@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .lifecycle import JobState
-from .service import ACTIVE_STATES, NotFound, PermissionDenied, Service, SubmitError, parse_duration, parse_mem
+from .service import ACTIVE_STATES, HOLDING, NotFound, PermissionDenied, Service, SubmitError, parse_duration, parse_mem
 from .store import JobRow, Store
 
 TOKEN_FILE = "admin.token"
@@ -119,7 +119,7 @@ class TokenCreate(BaseModel):
     admin: bool = False
 
 
-def job_json(row: JobRow) -> dict[str, Any]:
+def job_json(row: JobRow, live_progress: int | None = None) -> dict[str, Any]:
     s = row.spec
     nodes = [p["node"] for p in (row.alloc or {}).get("parts", [])]
     return {
@@ -145,6 +145,7 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "preemptions": row.preemptions,
         "held_time": row.held_time,
         "checkpoint_dir": row.checkpoint_dir,
+        "progress": live_progress if live_progress is not None else row.progress,
         "exit_code": row.exit_code,
         "reason": row.reason,
         "cancel_requested": row.cancel_requested,
@@ -196,6 +197,11 @@ def create_app(service: Service) -> FastAPI:
     app.state.service = service
     store = service.store
 
+    def as_json(row: JobRow) -> dict[str, Any]:
+        # a job holding a process: its progress now, from its log; else what was stored when it stopped
+        live = service.last_progress(row.id) if row.state in HOLDING else None
+        return job_json(row, live)
+
     def get_row(job_id: int) -> JobRow:
         row = store.get_job(job_id)
         if row is None:
@@ -237,11 +243,11 @@ def create_app(service: Service) -> FastAPI:
         user: Annotated[str | None, Query(pattern=USER_RE)] = None,
     ) -> list[dict[str, Any]]:
         states = [s.value for s in state] if state else None
-        return [job_json(r) for r in store.list_jobs(states, user=user)]
+        return [as_json(r) for r in store.list_jobs(states, user=user)]
 
     @app.get("/jobs/{job_id}")
     def get_job(job_id: int, who: Auth) -> dict[str, Any]:
-        return job_json(get_row(job_id))
+        return as_json(get_row(job_id))
 
     @app.delete("/jobs/{job_id}")
     def cancel(job_id: int, who: Auth) -> dict[str, Any]:

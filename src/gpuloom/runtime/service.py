@@ -79,6 +79,8 @@ from ..scheduler import Scheduler
 from ..sim.setup import build_model
 from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
 from .lifecycle import HOLDING_STATES, LIFECYCLE_KEY, TERMINAL, JobState, Lifecycle
+from .progress import ProgressError
+from .progress import parse_line as parse_progress
 from .store import JobRow, Store
 
 log = logging.getLogger("gpuloom.service")
@@ -317,6 +319,24 @@ class Service:
 
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
+
+    def last_progress(self, job_id: int) -> int | None:
+        """The iteration count of the job's last ``GPULOOM_PROGRESS`` line (last 8 KiB of its log)."""
+        try:
+            with open(self.log_path(job_id), "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 8192))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        for line in reversed(tail.splitlines()):
+            try:
+                p = parse_progress(line)
+            except ProgressError:
+                continue
+            if p is not None:
+                return p.iter
+        return None
 
     # -- the loop ----------------------------------------------------------------------
     def start(self) -> None:
@@ -644,7 +664,7 @@ class Service:
         self.store.update_job(
             jid,
             {"state": state.value, "end_time": time.time(), "alloc": None, "procs": None, "exit_code": code,
-             "reason": reason, "held_time": held,
+             "reason": reason, "held_time": held, "progress": self.last_progress(jid),
              "held_gpu_time": row.held_gpu_time + (held - row.held_time) * (alloc.num_gpus if alloc else 0)},
             state.value,
             {"exit_code": code, "reason": reason},
@@ -760,7 +780,8 @@ class Service:
             self.store.update_job(
                 jid,
                 {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": row.held_time,
-                 "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions, "reason": "preempted"},
+                 "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions, "reason": "preempted",
+                 "progress": self.last_progress(jid)},
                 "preempt",
                 {},
                 durable=False,

@@ -76,7 +76,7 @@ jobs_t = Table(
     Column("resume_count", Integer, nullable=False, default=0),  # launches with GPULOOM_RESUME=1
     Column("preemptions", Integer, nullable=False, default=0),
     Column("checkpoint_dir", Text),
-    Column("progress", Float),  # last reported iteration count
+    Column("progress", Float),  # iterations done by its last progress line when it last stopped
     Column("held_time", Float, nullable=False, default=0.0),  # wall seconds held before the current run
     Column("held_gpu_time", Float, nullable=False, default=0.0),
     Column("exit_code", Integer),
