@@ -1,0 +1,250 @@
+"""Muri's grouping (SIGCOMM'22): jobs with different bottlenecks share one set of GPUs.
+
+Registered as group policy ``muri``.  Muri-S is ``--order srsf --group muri``
+(durations known: remaining time × GPUs), Muri-L is ``--order 2d-las --group
+muri`` (durations unknown: attained GPU-time, Tiresias' queues); both names are
+also in :data:`VARIANTS` for scripts.  The order decides *which* jobs enter the
+grouping and the rank of every resulting unit; this stage only decides who
+shares with whom.
+
+One round:
+
+1. **Admission** (Muri's rule): walk the ordered jobs keeping a count of the
+   cluster's GPUs; a job whose GPU count still fits takes them and brings the
+   next ``max_group - 1`` not yet admitted jobs *of its GPU count* along as
+   candidates to share its GPUs.  So at most ``max_group``-fold the cluster
+   enters the grouping, the highest-priority jobs first.  Jobs without a stage
+   profile are admitted alone and never grouped.
+2. **Buckets**: candidates are split by GPU count; a multi-GPU job is grouped
+   only with jobs of the same count, so no member holds GPUs it cannot use and
+   no job waits on a bigger group.
+3. **Matching rounds** per bucket: nodes start as single jobs.  Each round
+   builds the graph whose edges join two nodes that may merge - together at
+   most ``max_group`` jobs, and interleaving them beats letting them take turns
+   (the merged group's iteration time, overhead included, is below the sum of
+   the two nodes' own) - weighted by the merged group's interleaving efficiency
+   (:func:`~gpuloom.perf.interleave.efficiency`, scaled to integers by
+   ``WEIGHT_SCALE``), and takes a maximum-weight matching (Blossom,
+   ``rustworkx.max_weight_matching``).  Matched nodes merge.  With two
+   resource types one round is the optimal pairing; with ``k`` types rounds
+   repeat (pairs, then pairs of pairs or pair + single, ...) until groups hold
+   ``max_group`` (default ``k``) jobs or nothing merges.
+4. **Units**: every group and every job left alone becomes a unit, ranked by
+   its highest-priority member; the size and place stages then treat a unit as
+   one request holding one GPU set (``Request.jobs``; see
+   :meth:`~gpuloom.policies.base.PlacePolicy._allocs`), each member getting an
+   even share of the GPU-proportional CPU and memory
+   (:func:`~gpuloom.policies.base.split_parts`).
+
+Speed: edge weights come from :func:`~gpuloom.perf.interleave.cycle_times`,
+batched in numpy over the *distinct* profile combinations of a bucket (a trace
+has a few dozen model × GPU-count profiles), then gathered for every node pair.
+The interleaving model (threshold, per-size overhead) is read from the
+throughput model's ``interleave`` factor, so grouping and simulation agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+import rustworkx as rx
+
+from ..core.job import Job
+from ..perf.interleave import InterleaveFactor, Profile, cycle_times
+from .base import GroupPolicy, PolicyError, View, register
+
+#: integer scale of efficiencies (in [0, 1]) for the Blossom weights
+WEIGHT_SCALE = 1_000_000
+#: (order, group) registry names of Muri's two variants
+VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
+
+
+def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """Maximum-weight matching on nodes ``0..n-1`` with integer-weighted edges, as sorted pairs."""
+    if n < 2 or not edges:
+        return []
+    g = rx.PyGraph(multigraph=False)
+    g.add_nodes_from(range(n))
+    g.add_edges_from(list(edges))
+    m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
+    return sorted((min(a, b), max(a, b)) for a, b in m)
+
+
+@register("group", "muri")
+class MuriGrouping(GroupPolicy):
+    """Blossom matching rounds over GPU-count buckets (see the module docstring)."""
+
+    name: ClassVar[str] = "muri"
+
+    def __init__(self, max_group: int | None = None) -> None:
+        if max_group is not None and int(max_group) < 1:
+            raise ValueError(f"max_group must be >= 1, got {max_group}")
+        self.max_group = None if max_group is None else int(max_group)
+        self.last_rounds = 0  # matching rounds in the last call (for tests/benchmarks)
+        # weight of merging two nodes, keyed by their (sorted) profile tuples
+        self._wcache: dict[tuple[tuple[Profile, ...], tuple[Profile, ...]], int] = {}
+        self._tcache: dict[tuple[Profile, ...], float] = {}
+        self._cache_sig: tuple = ()
+
+    # -- public ---------------------------------------------------------------
+    def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
+        factor = view.model.get("interleave")
+        if not isinstance(factor, InterleaveFactor):
+            raise PolicyError("group policy 'muri' needs an 'interleave' factor in the throughput model")
+        profiles: list[Profile | None] = [factor.profile(j) for j in ordered]
+        ks = {len(p) for p in profiles if p is not None}
+        if len(ks) > 1:
+            raise PolicyError(f"group policy 'muri': jobs have stage profiles of different lengths {sorted(ks)}")
+        k = ks.pop() if ks else 1
+        cap_group = min(self.max_group or k, k)
+        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group)
+        units: list[list[int]] = []
+        buckets: dict[int, list[int]] = {}
+        for i in admitted:
+            if profiles[i] is None or cap_group < 2:
+                units.append([i])
+            else:
+                buckets.setdefault(ordered[i].spec.gpus, []).append(i)
+        self.last_rounds = 0
+        for members in buckets.values():
+            for grp in self.match_bucket([profiles[i] for i in members], cap_group, factor):  # type: ignore[misc]
+                units.append([members[x] for x in grp])
+        in_unit = set(admitted)
+        units.extend([i] for i in range(len(ordered)) if i not in in_unit)
+        for u in units:
+            u.sort()
+        units.sort(key=lambda u: u[0])
+        return [tuple(ordered[i] for i in u) for u in units]
+
+    def match_bucket(self, profiles: list[Profile], max_group: int, factor: InterleaveFactor) -> list[list[int]]:
+        """Groups (lists of indices into ``profiles``) from repeated maximum-weight matchings."""
+        nodes: list[list[int]] = [[i] for i in range(len(profiles))]
+        if len(profiles) < 2:
+            return nodes
+        self._check_cache(factor)
+        while True:
+            sizes = np.array([len(nd) for nd in nodes])
+            if len(nodes) < 2 or sizes.min() * 2 > max_group:
+                break
+            # nodes with the same multiset of profiles share weights: work on distinct keys
+            keys = [tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
+            key_id: dict[tuple[Profile, ...], int] = {}
+            kid = np.array([key_id.setdefault(kk, len(key_id)) for kk in keys], dtype=np.int64)
+            W = self._weights(list(key_id), max_group, factor)
+            n = len(nodes)
+            iu, ju = np.triu_indices(n, 1)
+            ww = W[kid[iu], kid[ju]]
+            sel = np.flatnonzero(ww > 0)
+            if sel.size == 0:
+                break
+            edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
+            pairs = max_weight_pairs(n, edges)
+            self.last_rounds += 1
+            if not pairs:
+                break
+            used = [False] * n
+            merged: list[list[int]] = []
+            for a, c in pairs:
+                merged.append(sorted(nodes[a] + nodes[c]))
+                used[a] = used[c] = True
+            merged.extend(nodes[i] for i in range(n) if not used[i])
+            merged.sort(key=lambda nd: nd[0])
+            nodes = merged
+        return nodes
+
+    # -- helpers ------------------------------------------------------------------
+    def _check_cache(self, factor: InterleaveFactor) -> None:
+        sig = (factor.threshold, tuple(sorted(factor.overhead.items())))
+        if sig != self._cache_sig or len(self._wcache) > 2_000_000:
+            self._cache_sig = sig
+            self._wcache.clear()
+            self._tcache.clear()
+
+    def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
+        t = self._tcache.get(key)
+        if t is None:
+            t = factor.group_time(key)
+            self._tcache[key] = t
+        return t
+
+    def _weights(self, ukeys: list[tuple[Profile, ...]], max_group: int, factor: InterleaveFactor) -> np.ndarray:
+        """Integer edge weights between distinct node keys (0 = may not merge); cached across rounds.
+
+        A pair may merge when the union holds at most ``max_group`` jobs and
+        its interleaved iteration time is below the sum of the two nodes' own
+        (taking turns); its weight is the union's efficiency x ``WEIGHT_SCALE``.
+        """
+        nk = len(ukeys)
+        W = np.zeros((nk, nk), dtype=np.int64)
+        cache = self._wcache
+        missing: dict[int, list[tuple[int, int, tuple[Profile, ...]]]] = {}
+        for a in range(nk):
+            ka = ukeys[a]
+            for b in range(a, nk):
+                kb = ukeys[b]
+                if len(ka) + len(kb) > max_group:
+                    continue
+                ck = (ka, kb) if ka <= kb else (kb, ka)
+                w = cache.get(ck)
+                if w is None:
+                    missing.setdefault(len(ka) + len(kb), []).append((a, b, ck))
+                else:
+                    W[a, b] = W[b, a] = w
+        if missing:
+            k = len(ukeys[0][0])
+            for m, todo in missing.items():
+                members = np.array([x + y for _, _, (x, y) in todo], dtype=np.float64)  # (E, m, k)
+                T, _ = cycle_times(members)
+                T = T * factor.overhead_for(m)
+                work = members.sum(axis=(1, 2))
+                for (a, b, ck), t, wk in zip(todo, T.tolist(), work.tolist(), strict=True):
+                    apart = self._own_time(ukeys[a], factor) + self._own_time(ukeys[b], factor)
+                    if t < apart * (1.0 - 1e-12):
+                        w = max(1, int(round(WEIGHT_SCALE * wk / (k * t))))
+                    else:
+                        w = 0
+                    cache[ck] = w
+                    W[a, b] = W[b, a] = w
+        return W
+
+    @staticmethod
+    def _admit(ordered: Sequence[Job], profiles: Sequence[Profile | None], capacity: int, max_group: int) -> list[int]:
+        """Indices of the jobs that enter the grouping (Muri's k-fold admission)."""
+        admitted: list[int] = []
+        taken = [False] * len(ordered)
+        by_gpus: dict[int, list[int]] = {}
+        for i, j in enumerate(ordered):
+            if profiles[i] is not None:
+                by_gpus.setdefault(j.spec.gpus, []).append(i)
+        ptr = dict.fromkeys(by_gpus, 0)
+        cap = capacity
+        for i, j in enumerate(ordered):
+            if cap <= 0:
+                break
+            if taken[i]:
+                continue
+            g = j.spec.gpus
+            if g > cap:
+                continue
+            cap -= g
+            taken[i] = True
+            admitted.append(i)
+            if profiles[i] is None:
+                continue
+            lst = by_gpus[g]
+            extra = max_group - 1
+            p = ptr[g]
+            while extra > 0 and p < len(lst):
+                x = lst[p]
+                p += 1
+                if not taken[x]:
+                    taken[x] = True
+                    admitted.append(x)
+                    extra -= 1
+            ptr[g] = p
+        return admitted
+
+
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs"]
