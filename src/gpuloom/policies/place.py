@@ -23,17 +23,32 @@ from ..core.plan import Part
 from .base import FreeState, PlacePolicy, Request, View, need_on, register, split_parts
 
 
+def _prefer(ids: list[int], prev: frozenset[int]) -> list[int]:
+    """Free GPU ids with the job's current GPUs first (no pointless moves on a node)."""
+    if not prev:
+        return ids
+    return [g for g in ids if g in prev] + [g for g in ids if g not in prev]
+
+
 def packed_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
-    """Best fit on one node (fewest free GPUs that fit), else the fewest nodes."""
+    """Best fit on one node (fewest free GPUs that fit), else the fewest nodes.
+
+    Ties between equally good nodes go to the node the job already runs on, and
+    on a node the job's current GPUs come first, so re-placing a running job
+    (non-sticky) only moves it when that consolidates it.
+    """
     cl = free.cluster
     k = req.gpus
     ng = free.node_gpus
+    prev = frozenset(req.prev.gpu_ids) if req.prev is not None else frozenset()
+    prev_nodes = set(req.prev.nodes) if req.prev is not None else set()
     cand = np.flatnonzero(ng >= k)
     if cand.size:
-        for node in cand[np.argsort(ng[cand], kind="stable")].tolist():
+        ranked = sorted(cand.tolist(), key=lambda nd: (int(ng[nd]), nd not in prev_nodes, nd))
+        for node in ranked:
             c, m = need_on(cl, req, node, k)
             if free.node_cpus[node] >= c and free.node_mem[node] >= m:
-                parts = split_parts(cl, req, {node: free.free_on(node)[:k]})
+                parts = split_parts(cl, req, {node: _prefer(free.free_on(node), prev)[:k]})
                 if free.fits(parts, len(req.jobs)):
                     return parts
     if free.free_gpus < k:
@@ -50,7 +65,7 @@ def packed_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...]
                 break
             take -= 1
         if take:
-            by_node[node] = free.free_on(node)[:take]
+            by_node[node] = _prefer(free.free_on(node), prev)[:take]
             left -= take
     if left:
         return None

@@ -1,0 +1,69 @@
+"""Helpers shared by CLI commands: parameter parsing, clusters, workloads, errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def parse_value(text: str) -> Any:
+    """``"0.5"`` → 0.5, ``"true"`` → True, ``"1,2,3"`` → [1, 2, 3], JSON as JSON, else the string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if "," in text:
+        return [parse_value(x) for x in text.split(",") if x.strip()]
+    return text
+
+
+def parse_params(items: Sequence[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise typer.BadParameter(f"policy parameter {item!r} must look like name=value")
+        k, v = item.split("=", 1)
+        k = k.strip().replace("-", "_")
+        if not k:
+            raise typer.BadParameter(f"policy parameter {item!r} has an empty name")
+        out[k] = parse_value(v)
+    return out
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the library's input errors into one clear line and exit code 2."""
+    from ..core.cluster import ClusterError
+    from ..core.job import JobError
+    from ..policies.base import PolicyError
+
+    handled: tuple[type[BaseException], ...] = (ClusterError, JobError, PolicyError, FileNotFoundError)
+    try:
+        from ..sim.traces import TraceError
+
+        handled += (TraceError,)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        yield
+    except handled as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def out_dir(path: Path | None, default: str = "gpuloom-out") -> Path:
+    p = path or Path(default)
+    p.mkdir(parents=True, exist_ok=True)
+    return p

@@ -1,0 +1,1 @@
+"""The real scheduler service: store, API, job lifecycle, executors, GPU discovery."""

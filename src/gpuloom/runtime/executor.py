@@ -1,0 +1,101 @@
+"""The executor interface: who carries a plan out on real machines.
+
+The service turns each plan action into calls on an :class:`Executor`:
+``start`` → :meth:`Executor.launch`, ``stop`` → :meth:`Executor.stop`, and
+``move``/``resize`` → stop (SIGTERM, grace period for the job to checkpoint)
+then launch on the new allocation with ``GPULOOM_RESUME=1`` in its environment.
+Nothing in the scheduler assumes one machine: every launch names its node, and
+a multi-machine executor (Ray) implements the same methods.
+
+:class:`LaunchSpec` is fully concrete: node-local GPU indices (what
+``CUDA_VISIBLE_DEVICES`` gets), concrete CPU core ids (the service picks them
+with :class:`CoreAllocator` from the core *counts* in the plan), a memory limit.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    job_id: str
+    command: str  # run through /bin/sh -c
+    node: str  # node name, as in the Cluster
+    gpus: tuple[int, ...]  # node-local GPU indices -> CUDA_VISIBLE_DEVICES
+    cpus: tuple[int, ...]  # concrete core ids -> CPU affinity / cpuset
+    mem_mb: int  # memory limit
+    log_path: str  # stdout and stderr go here (appended)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (GPULOOM_RESUME, GPULOOM_CHECKPOINT_DIR, ...)
+    workdir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """Enough to find a launched process again after the service restarts."""
+
+    job_id: str
+    node: str
+    pid: int
+    start_time: float  # process creation time (guards against pid reuse when adopting)
+
+
+class Executor(ABC):
+    """Runs job processes on nodes.  Implementations: local processes; Ray across nodes."""
+
+    @abstractmethod
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        """Start the job's process with exactly the given GPUs, cores and memory limit."""
+
+    @abstractmethod
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        """SIGTERM, wait up to ``grace_s`` for the job to checkpoint and exit, then SIGKILL.
+
+        Returns the exit code (``None`` if unknown)."""
+
+    @abstractmethod
+    def poll(self) -> dict[str, int]:
+        """Exit codes of job processes that ended since the last poll."""
+
+    @abstractmethod
+    def adopt(self, info: ProcInfo) -> bool:
+        """Re-attach to a process launched before a service restart; False if it is gone."""
+
+    @abstractmethod
+    def alive(self, job_id: str) -> bool: ...
+
+    def close(self) -> None:
+        """Release resources; running jobs are left running (they can be adopted)."""
+
+
+class CoreAllocator:
+    """Picks concrete CPU core ids on each node from the core counts in a plan.
+
+    Lowest free ids first; ``take``/``release`` keep per-node sets of used cores.
+    """
+
+    def __init__(self, cores_per_node: dict[str, int]) -> None:
+        self.total = dict(cores_per_node)
+        self.used: dict[str, dict[str, tuple[int, ...]]] = {n: {} for n in cores_per_node}
+
+    def free(self, node: str) -> list[int]:
+        taken = {c for cs in self.used[node].values() for c in cs}
+        return [c for c in range(self.total[node]) if c not in taken]
+
+    def take(self, node: str, job_id: str, count: int) -> tuple[int, ...]:
+        if job_id in self.used[node]:
+            raise ValueError(f"job {job_id} already holds cores on {node}")
+        free = self.free(node)
+        if count > len(free):
+            raise ValueError(f"node {node}: {count} cores wanted, {len(free)} free")
+        cores = tuple(free[:count])
+        self.used[node][job_id] = cores
+        return cores
+
+    def claim(self, node: str, job_id: str, cores: tuple[int, ...]) -> None:
+        """Record cores an adopted process already holds."""
+        self.used[node][job_id] = tuple(cores)
+
+    def release(self, node: str, job_id: str) -> None:
+        self.used[node].pop(job_id, None)

@@ -1,0 +1,108 @@
+"""Core data: clusters, jobs, plans, diffs and the plan invariants."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuloom.core import (
+    ActionKind, Allocation, Cluster, ClusterError, JobError, JobSpec, Part, Plan, PlanError,
+    check_plan, diff, load_cluster_file, parse_cluster,
+)
+
+
+def test_homogeneous_cluster_ids_and_defaults() -> None:
+    c = parse_cluster("3x4")
+    assert c.num_nodes == 3 and c.num_gpus == 12
+    assert list(c.node_gpus(1)) == [4, 5, 6, 7]
+    assert c.local_index(6) == 2 and int(c.gpu_node[6]) == 1
+    assert c.nodes[0].cpus == 12 and c.nodes[0].mem_mb == 256_000
+    assert c.proportional(0, 2) == (6, 128_000)
+
+
+def test_cluster_file_toml_and_yaml(tmp_path) -> None:
+    t = tmp_path / "c.toml"
+    t.write_text('[[nodes]]\ncount = 2\ngpus = 8\ncpus = 24\nmem_gb = 500\nname = "big"\n'
+                 '[[nodes]]\ngpus = 4\ncpus = 16\nmem_mb = 1000\n')
+    c = load_cluster_file(t)
+    assert [n.name for n in c.nodes] == ["big-0", "big-1", "g1-0"]
+    assert c.num_gpus == 20 and c.nodes[2].mem_mb == 1000 and c.nodes[0].mem_mb == 500_000
+    y = tmp_path / "c.yaml"
+    y.write_text("nodes:\n  - {count: 1, gpus: 2, cpus: 4, mem_gb: 8}\n")
+    assert parse_cluster(str(y)).num_gpus == 2
+
+
+def test_cluster_errors_name_the_problem(tmp_path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[nodes]]\ncount = 1\ncpus = 4\n")
+    with pytest.raises(ClusterError, match=r"nodes\[0\].*'gpus'"):
+        load_cluster_file(bad)
+    bad.write_text("[[nodes]]\ngpus = 1\ncolor = 'red'\n")
+    with pytest.raises(ClusterError, match="unknown field.*color"):
+        load_cluster_file(bad)
+    with pytest.raises(ClusterError, match="16y4"):
+        parse_cluster("16y4")
+    with pytest.raises(ClusterError):
+        parse_cluster("0x4")
+
+
+def test_jobspec_validation() -> None:
+    with pytest.raises(JobError, match="j1: gpus"):
+        JobSpec("j1", 0, 0, 10)
+    with pytest.raises(JobError, match="j2: duration"):
+        JobSpec("j2", 0, 1, 0)
+    with pytest.raises(JobError, match="arrival"):
+        JobSpec("j3", -1, 1, 5)
+    s = JobSpec.from_iterations("j4", 5, 2, iterations=100, iter_time=0.5)
+    assert s.duration == 50 and s.iterations == 100
+
+
+def _alloc(jid: str, node: int, gpus: tuple[int, ...], cpus: int = 1, mem: int = 10, group: tuple[str, ...] = ()) -> Allocation:
+    return Allocation(jid, (Part(node, gpus, cpus, mem),), group)
+
+
+def test_check_plan_catches_double_booking_and_overcommit() -> None:
+    c = Cluster.homogeneous(2, 2, cpus_per_node=4, mem_mb_per_node=100)
+    ok = Plan()
+    ok.add(_alloc("a", 0, (0, 1)))
+    ok.add(_alloc("b", 1, (2,)))
+    check_plan(ok, c, {"a": 2, "b": 1})
+    with pytest.raises(PlanError, match="gang"):
+        check_plan(ok, c, {"a": 2, "b": 2})
+    double = Plan({"a": _alloc("a", 0, (0,)), "b": _alloc("b", 0, (0,))})
+    with pytest.raises(PlanError, match="given twice|different GPU sets"):
+        check_plan(double, c)
+    grouped = Plan({"a": _alloc("a", 0, (0,), group=("b",)), "b": _alloc("b", 0, (0,), group=("a",))})
+    check_plan(grouped, c)
+    wrong_node = Plan({"a": _alloc("a", 1, (0,))})
+    with pytest.raises(PlanError, match="not on node"):
+        check_plan(wrong_node, c)
+    cpu = Plan({"a": _alloc("a", 0, (0,), cpus=3), "b": _alloc("b", 0, (1,), cpus=2)})
+    with pytest.raises(PlanError, match="5 cores given, has 4"):
+        check_plan(cpu, c)
+    with pytest.raises(PlanError, match="twice"):
+        ok.add(_alloc("a", 1, (3,)))
+
+
+def test_diff_classifies_actions() -> None:
+    cur = {
+        "stay": _alloc("stay", 0, (0,)),
+        "gone": _alloc("gone", 0, (1,)),
+        "moved": _alloc("moved", 1, (2,)),
+        "grown": _alloc("grown", 1, (3,)),
+        "cpu": _alloc("cpu", 2, (4,)),
+        "regroup": _alloc("regroup", 2, (5,)),
+    }
+    plan = Plan({
+        "stay": cur["stay"],
+        "moved": _alloc("moved", 1, (3,)),
+        "grown": Allocation("grown", (Part(1, (2, 3), 1, 10),)),
+        "cpu": _alloc("cpu", 2, (4,), cpus=2),
+        "regroup": _alloc("regroup", 2, (5,), group=("x",)),
+        "new": _alloc("new", 0, (1,)),
+    })
+    acts = {a.job_id: a.kind for a in diff(cur, plan)}
+    assert acts == {
+        "gone": ActionKind.STOP, "moved": ActionKind.MOVE, "grown": ActionKind.RESIZE,
+        "cpu": ActionKind.RESIZE, "regroup": ActionKind.REGROUP, "new": ActionKind.START,
+    }
+    assert diff(cur, plan)[0].kind is ActionKind.STOP  # stops first
