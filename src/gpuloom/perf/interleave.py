@@ -88,7 +88,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.job import Job, JobSpec
+from ..core.job import Job, JobError, JobSpec
 from ..core.plan import Allocation
 
 #: resource names of the stages in Muri's traces (``resource_time_0..2``)
@@ -101,7 +101,7 @@ MURI_OVERHEAD: Mapping[int, float] = {2: 1.33 / 1.015, 3: 1.5 / 1.015, 4: 1.37 /
 Profile = tuple[float, ...]
 
 
-class ProfileError(ValueError):
+class ProfileError(JobError):
     """A job whose stage profile is missing or malformed; the message names it."""
 
 
