@@ -65,6 +65,25 @@ def test_matching_equals_brute_force(case: tuple[int, dict[tuple[int, int], int]
     assert total(pairs, edges) == brute_force_matching(n, edges)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(*[st.integers(0, 9)] * 3), min_size=2, max_size=7))
+def test_muri_pairing_is_optimal_against_brute_force(raw: list[tuple[int, int, int]]) -> None:
+    # with pairs only, Muri's grouping must reach the best total pair efficiency over all pairings
+    profs = [tuple(float(x) for x in p) if sum(p) else (1.0, 0.0, 0.0) for p in raw]
+    jobs = [Job(spec(f"j{i}", p)) for i, p in enumerate(profs)]
+    pol = MuriGrouping(max_group=2)
+    units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, len(jobs))))
+    f = InterleaveFactor(threshold=0.0)
+    keys = [(f.profile(j),) for j in jobs]
+    W = pol._weights(keys, 2, f)  # noqa: SLF001
+    edges = {(a, b): int(W[a, b]) for a in range(len(jobs)) for b in range(a + 1, len(jobs)) if W[a, b] > 0}
+    index = {j.id: i for i, j in enumerate(jobs)}
+    got = [tuple(sorted(index[j.id] for j in u)) for u in units if len(u) == 2]
+    assert all(len(u) <= 2 for u in units)
+    assert sorted(index[j.id] for u in units for j in u) == list(range(len(jobs)))
+    assert total(got, edges) == brute_force_matching(len(jobs), edges)
+
+
 @pytest.mark.parametrize("n,seed", [(40, 0), (80, 1), (150, 2)])
 def test_matching_equals_networkx_on_larger_graphs(n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -122,6 +141,23 @@ def test_pairs_complementary_jobs() -> None:
     # two CPU jobs gain nothing together; each pairs with a GPU job; units ranked by best member
     assert ids(units) == [("c1", "g1"), ("c2", "g2")] or ids(units) == [("c1", "g2"), ("c2", "g1")]
     assert pol.last_rounds == 1
+
+
+@pytest.mark.parametrize("pairs", [[("c1", "g1"), ("c2", "g2")], [("c1", "g2"), ("c2", "g1")]])
+def test_running_groups_are_kept_among_equal_matchings(pairs: list[tuple[str, str]]) -> None:
+    from gpuloom.core.plan import Allocation, Part
+
+    jobs = [Job(spec("c1", CPU)), Job(spec("c2", CPU)), Job(spec("g1", GPU)), Job(spec("g2", GPU))]
+    cl = Cluster.homogeneous(1, 4)
+    view = view_for(jobs, cl)
+    cur = {}
+    for gpu, (a, b) in enumerate(pairs):
+        part = (Part(0, (gpu,), 1, 100),)
+        cur[a] = Allocation(a, part, (b,))
+        cur[b] = Allocation(b, part, (a,))
+    view.current = cur
+    units = MuriGrouping().group(jobs, view)
+    assert {frozenset(u) for u in ids(units)} == {frozenset(p) for p in pairs}
 
 
 def test_three_resource_types_form_triples_in_two_rounds() -> None:

@@ -57,6 +57,8 @@ from .base import GroupPolicy, PolicyError, View, register
 
 #: integer scale of efficiencies (in [0, 1]) for the Blossom weights
 WEIGHT_SCALE = 1_000_000
+#: extra weight for keeping jobs that already run together (tie-breaker; 1e-6 of efficiency)
+STICKY_BONUS = 1
 #: (order, group) registry names of Muri's two variants
 VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
 
@@ -108,8 +110,14 @@ class MuriGrouping(GroupPolicy):
             else:
                 buckets.setdefault(ordered[i].spec.gpus, []).append(i)
         self.last_rounds = 0
+        # current group of each job (the smallest id among it and its co-runners), to keep groups stable
+        cur = view.current
         for members in buckets.values():
-            for grp in self.match_bucket([profiles[i] for i in members], cap_group, factor):  # type: ignore[misc]
+            labels: list[str | None] = []
+            for i in members:
+                a = cur.get(ordered[i].id)
+                labels.append(min((ordered[i].id, *a.group)) if a is not None and a.group else None)
+            for grp in self.match_bucket([profiles[i] for i in members], cap_group, factor, labels):  # type: ignore[misc]
                 units.append([members[x] for x in grp])
         in_unit = set(admitted)
         units.extend([i] for i in range(len(ordered)) if i not in in_unit)
@@ -118,11 +126,26 @@ class MuriGrouping(GroupPolicy):
         units.sort(key=lambda u: u[0])
         return [tuple(ordered[i] for i in u) for u in units]
 
-    def match_bucket(self, profiles: list[Profile], max_group: int, factor: InterleaveFactor) -> list[list[int]]:
-        """Groups (lists of indices into ``profiles``) from repeated maximum-weight matchings."""
+    def match_bucket(
+        self,
+        profiles: list[Profile],
+        max_group: int,
+        factor: InterleaveFactor,
+        current: Sequence[str | None] | None = None,
+    ) -> list[list[int]]:
+        """Groups (lists of indices into ``profiles``) from repeated maximum-weight matchings.
+
+        ``current[i]`` labels the group member ``i`` runs in now (``None``: none).
+        Merging nodes that already run together earns ``STICKY_BONUS`` extra
+        weight: among equally good matchings - common, since many jobs share a
+        profile - the one that keeps running groups wins, instead of shuffling
+        partners (and paying restarts) every round.
+        """
         nodes: list[list[int]] = [[i] for i in range(len(profiles))]
         if len(profiles) < 2:
             return nodes
+        lab_id: dict[str, int] = {}
+        lab = np.array([-1 if c is None else lab_id.setdefault(c, len(lab_id)) for c in (current or [None] * len(profiles))])
         self._check_cache(factor)
         while True:
             sizes = np.array([len(nd) for nd in nodes])
@@ -136,6 +159,11 @@ class MuriGrouping(GroupPolicy):
             n = len(nodes)
             iu, ju = np.triu_indices(n, 1)
             ww = W[kid[iu], kid[ju]]
+            if lab_id:
+                # a node's label: its members' common current group, else unique negative
+                nl = np.array([lab[nd[0]] if lab[nd[0]] >= 0 and (lab[nd] == lab[nd[0]]).all() else -2 - x
+                               for x, nd in enumerate(nodes)])
+                ww = ww + STICKY_BONUS * ((nl[iu] == nl[ju]) & (ww > 0))
             sel = np.flatnonzero(ww > 0)
             if sel.size == 0:
                 break
