@@ -303,6 +303,9 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
     def obs(sim: Simulator, what: str) -> None:
         nonlocal grouped
         check_plan(sim.current, cl)
+        # utilisation bookkeeping: a shared GPU counts once
+        assert sim._used[0] == len({g for a in sim.current.values() for g in a.gpu_ids})  # noqa: SLF001
+        assert sim._used[1] == sum(a.cpus for a in sim.current.values())  # noqa: SLF001
         for jid, a in sim.current.items():
             job = sim.by_id[jid]
             assert job.status is JobStatus.RUNNING
@@ -318,7 +321,9 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
 
     sched = Scheduler.from_names(*VARIANTS["muri-s"])
     res = Simulator(cl, specs, sched, config=SimConfig(round_len=600.0), observers=[obs]).run()
-    assert res.summary()["completed"] == len(specs)
+    summary = res.summary()
+    assert summary["completed"] == len(specs)
+    assert 0 < summary["gpu_util"] <= 1 and 0 < summary["cpu_util"] <= 1
     assert grouped > 0
     for r in res.jobs:  # nobody beats running alone
         assert r.finish - r.first_start >= r.duration * (1 - 1e-9)

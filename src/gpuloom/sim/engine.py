@@ -107,6 +107,7 @@ class Simulator:
         self._heap: list[tuple[float, int, str, int]] = []
         self._seq = 0
         self._used = [0, 0, 0]  # GPUs, cores, MB held
+        self._gpu_ref = [0] * cluster.num_gpus  # jobs holding each GPU
 
     # -- bookkeeping --------------------------------------------------------
     def _record(self) -> None:
@@ -116,9 +117,16 @@ class Simulator:
         )
 
     def _hold(self, alloc: Allocation, sign: int) -> None:
-        # a group's GPUs count once: only the first member in / last member out moves them
-        if not any(o in self.current for o in alloc.group):
-            self._used[0] += sign * alloc.num_gpus
+        # a GPU shared by a group counts once: per-GPU holder counts, busy = count > 0
+        # (exact however the members' allocations change, one by one, within a round)
+        ref = self._gpu_ref
+        for g in alloc.gpu_ids:
+            before = ref[g]
+            ref[g] = before + sign
+            if before == 0 and sign > 0:
+                self._used[0] += 1
+            elif before == 1 and sign < 0:
+                self._used[0] -= 1
         self._used[1] += sign * alloc.cpus
         self._used[2] += sign * alloc.mem_mb
 
