@@ -180,20 +180,25 @@ def main() -> None:
 
 def table(procs: int, traces: list[str], labels: list[str]) -> None:
     tasks = [(t, lab) for t in traces for lab in labels]
-    if procs > 1:
-        with ProcessPoolExecutor(procs) as ex:
-            rows = list(ex.map(run_config, *zip(*tasks, strict=True)))
-    else:
-        rows = [run_config(t, lab) for t, lab in tasks]
     print(f"Muri traces on n8g8 (64 GPUs, 92 cores, 520 GB per node); simulator: {SIM}")
     print()
     print("| trace | policy | completed | mean JCT (h) | p99 JCT (h) | makespan (h) | GPU util | wall (s) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['trace']} | {r['policy']} | {r['completed']}/{r['jobs']} | {r['mean_jct_h']:.1f} | "
-              f"{r['p99_jct_h']:.1f} | {r['makespan_h']:.1f} | {r['gpu_util']:.2f} | {r['wall_s']:.0f} |")
-        if not math.isfinite(float(r["mean_jct_h"])):
-            print(f"warning: {r['trace']} {r['policy']} finished no job", file=sys.stderr)
+    print("|---|---|---:|---:|---:|---:|---:|---:|", flush=True)
+    if procs > 1:
+        with ProcessPoolExecutor(procs) as ex:
+            rows = ex.map(run_config, *zip(*tasks, strict=True))
+            for r in rows:
+                _row(r)
+    else:
+        for t, lab in tasks:
+            _row(run_config(t, lab))
+
+
+def _row(r: dict[str, float | str]) -> None:
+    print(f"| {r['trace']} | {r['policy']} | {r['completed']}/{r['jobs']} | {r['mean_jct_h']:.1f} | "
+          f"{r['p99_jct_h']:.1f} | {r['makespan_h']:.1f} | {r['gpu_util']:.2f} | {r['wall_s']:.0f} |", flush=True)
+    if not math.isfinite(float(r["mean_jct_h"])):
+        print(f"warning: {r['trace']} {r['policy']} finished no job", file=sys.stderr)
 
 
 if __name__ == "__main__":
