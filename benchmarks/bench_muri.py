@@ -42,6 +42,7 @@ from gpuloom.policies.base import View, make
 from gpuloom.policies.muri import VARIANTS
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 #: simulator settings of every run in the table: Muri's simulator reschedules on
@@ -65,28 +66,7 @@ def data_dir() -> Path:
 
 
 def load_muri(path: Path) -> list[JobSpec]:
-    """Muri's trace format (ms) as JobSpecs (s); the project's reader when available."""
-    try:
-        from gpuloom.sim.traces import load_trace  # type: ignore[import-not-found]
-
-        return load_trace(path, "muri")
-    except ImportError:
-        pass
-    out = []
-    with open(path) as fh:
-        for line, r in enumerate(csv.DictReader(fh), start=2):
-            try:
-                it = float(r["iteration_time"]) / 1000
-                rt = tuple(float(r[f"resource_time_{k}"]) / 1000 for k in range(3))
-                out.append(JobSpec(
-                    r["job_id"], float(r["submit_time"]) / 1000, int(r["num_gpu"]), float(r["duration"]) / 1000,
-                    model=r["model_name"], iterations=int(r["iterations"]), iter_time=it,
-                    attrs={"resource_times": rt, "iteration_time": it, "batch_size": int(r["batch_size"]),
-                           "priority": int(r["priority"])},
-                ))
-            except (KeyError, ValueError) as e:
-                raise ValueError(f"{path}:{line}: {e}") from None
-    return out
+    return load_trace(path, "muri")
 
 
 def muri_cluster(path: Path) -> Cluster:

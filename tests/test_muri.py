@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import networkx as nx
@@ -16,10 +15,11 @@ from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.core.plan import check_plan
 from gpuloom.perf.interleave import InterleaveFactor, group_cycle
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
-from gpuloom.policies.base import PolicyError, View, make
+from gpuloom.policies.base import FreeState, PolicyError, View, make
 from gpuloom.policies.muri import VARIANTS, MuriGrouping, max_weight_pairs
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.traces import load_trace
 
 CPU = (6.0, 0.0, 0.0)
 GPU = (0.0, 6.0, 0.0)
@@ -282,17 +282,7 @@ def test_group_shares_node_cpu_and_memory() -> None:
 
 # -- real traces ----------------------------------------------------------------------------
 def load_muri(path: Path, limit: int | None = None) -> list[JobSpec]:
-    out = []
-    with open(path) as fh:
-        for i, r in enumerate(csv.DictReader(fh)):
-            if limit is not None and i >= limit:
-                break
-            it = float(r["iteration_time"]) / 1000
-            rt = tuple(float(r[f"resource_time_{k}"]) / 1000 for k in range(3))
-            out.append(JobSpec(r["job_id"], float(r["submit_time"]) / 1000, int(r["num_gpu"]),
-                               float(r["duration"]) / 1000, model=r["model_name"], iterations=int(r["iterations"]),
-                               iter_time=it, attrs={"resource_times": rt, "iteration_time": it}))
-    return out
+    return load_trace(path, "muri")[:limit]
 
 
 def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
@@ -306,6 +296,9 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
         # utilisation bookkeeping: a shared GPU counts once
         assert sim._used[0] == len({g for a in sim.current.values() for g in a.gpu_ids})  # noqa: SLF001
         assert sim._used[1] == sum(a.cpus for a in sim.current.values())  # noqa: SLF001
+        ref = FreeState.of(cl, sim.current)  # the incrementally kept free state is exact
+        assert (sim.free.gpu_free == ref.gpu_free).all() and (sim.free.node_gpus == ref.node_gpus).all()
+        assert (sim.free.node_cpus == ref.node_cpus).all() and (sim.free.node_mem == ref.node_mem).all()
         for jid, a in sim.current.items():
             job = sim.by_id[jid]
             assert job.status is JobStatus.RUNNING

@@ -13,7 +13,10 @@ same as without the shortcut.
 
 *Plan hooks* run after placement and may amend the plan against the current
 state (e.g. hysteresis: keep protected jobs where they are); each is a
-callable ``hook(plan, view) -> Plan``.
+callable ``hook(plan, view) -> Plan``.  :meth:`Scheduler.from_names` adds
+the hooks a stage offers through an optional ``plan_hooks()`` method.  When a
+hook keeps a job on its current allocation, that job's request is updated to
+match, so the simulator's gang check still holds against the final plan.
 """
 
 from __future__ import annotations
@@ -72,7 +75,9 @@ class Scheduler:
                 + ", ".join(f"{s}={n}" for s, n in chosen.items())
             )
         stages = {s: pb.make(s, n, params) for s, n in chosen.items()}
-        return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive)
+        # a stage may bring plan hooks of its own (e.g. elastic sizing's hysteresis)
+        hooks = [h for st in stages.values() for h in (st.plan_hooks() if hasattr(st, "plan_hooks") else ())]
+        return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks)
 
     @property
     def names(self) -> dict[str, str]:
@@ -110,11 +115,29 @@ class Scheduler:
             prefix = self._prefix(ordered, view.cluster.num_gpus)
             plan = self._run(prefix, view)
             if len(prefix) < len(ordered):
-                used = sum(a.num_gpus for a in plan.allocations.values())
-                if used < view.cluster.num_gpus:
+                free = plan.free_gpus
+                if free is None:
+                    free = view.cluster.num_gpus - len({g for a in plan.allocations.values() for g in a.gpu_ids})
+                if free > 0:
                     plan = self._run(ordered, view)
         else:
             plan = self._run(ordered, view)
-        for hook in self.hooks:
-            plan = hook(plan, view)
+        if self.hooks:
+            placed = plan
+            for hook in self.hooks:
+                plan = hook(plan, view)
+            if plan is not placed:
+                self.last_requests = _kept_requests(self.last_requests, plan, view)
         return plan
+
+
+def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:
+    """A hook that keeps a job on its current allocation changes that job's request to match
+    (so the gang check compares with what the final plan asks for)."""
+    out = []
+    for r in requests:
+        a = plan.allocations.get(r.job.id)
+        if a is not None and a.num_gpus != r.gpus and view.current.get(r.job.id) == a:
+            r = pb.Request(r.jobs, a.num_gpus, r.cpus, r.mem_mb)
+        out.append(r)
+    return out

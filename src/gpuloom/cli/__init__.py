@@ -18,4 +18,5 @@ def main() -> None:
     app()
 
 
+from . import elastic  # noqa: E402,F401,I001  (registers elastic)
 from . import sim  # noqa: E402,F401  (registers simulate, compare)

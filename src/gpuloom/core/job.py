@@ -85,7 +85,7 @@ class Job:
     """
 
     __slots__ = (
-        "spec", "index", "status", "remaining", "attained_gpu_time", "attained_time",
+        "spec", "id", "index", "status", "remaining", "attained_gpu_time", "attained_time",
         "alloc", "speed", "busy_until", "last_update", "first_start", "finish",
         "preemptions", "migrations", "resizes", "version", "last_start", "queued_time",
         "overhead_time", "extra",
@@ -93,7 +93,8 @@ class Job:
 
     def __init__(self, spec: JobSpec, index: int = 0) -> None:
         self.spec = spec
-        self.index = index
+        self.id = spec.id  # a plain attribute: read in every hot loop
+        self.index = index  # position in arrival order: the tie-breaker of every order policy  # position in arrival order: the tie-breaker of every order policy
         self.status = JobStatus.PENDING
         self.remaining = float(spec.duration)
         self.attained_gpu_time = 0.0  # GPU-seconds held (LAS/2D-LAS service)
@@ -114,10 +115,6 @@ class Job:
         self.extra: dict[str, Any] = {}
 
     # convenient read-through properties
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
     @property
     def gpus(self) -> int:
         return self.spec.gpus

@@ -37,6 +37,9 @@ class Allocation:
     job_id: str
     parts: tuple[Part, ...]
     group: tuple[str, ...] = ()  # co-runners sharing these GPUs (excluding job_id)
+    # what was asked for: (gpus, cpus, mem_mb, members); lets placement reuse an
+    # allocation whose request did not change without rebuilding it
+    key: tuple = field(default=(), compare=False, repr=False)
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
@@ -74,6 +77,7 @@ class Plan:
     """A round's decision: ``allocations[job_id]`` for every job that should run."""
 
     allocations: dict[str, Allocation] = field(default_factory=dict)
+    free_gpus: int | None = None  # GPUs left free, when the placer knows it
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self.allocations
@@ -124,7 +128,7 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
         old = current.get(jid)
         if old is None:
             starts.append(Action(ActionKind.START, jid, None, a))
-        elif old == a:
+        elif old is a or old == a:
             continue
         elif old.num_gpus != a.num_gpus:
             changes.append(Action(ActionKind.RESIZE, jid, old, a))

@@ -107,12 +107,13 @@ class View:
 
     now: float
     cluster: Cluster
-    jobs: list[Job]  # active jobs (arrived, unfinished), arrival order
+    jobs: list[Job]  # active jobs (arrived, unfinished) in arrival order: Job.index increasing
     current: Mapping[str, Allocation]  # what runs now
     model: ThroughputModel
     rng: np.random.Generator
     round_index: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    free: FreeState | None = None  # free resources given ``current``, if the caller keeps them
 
 
 @dataclass(slots=True)
@@ -127,6 +128,17 @@ class Request:
     gpus: int
     cpus: int | None = None
     mem_mb: int | None = None
+    _key: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple:
+        """(gpus, cpus, mem_mb, job ids): equal keys mean an unchanged request."""
+        k = self._key
+        if k is None or k[0] != self.gpus or k[1] != self.cpus or k[2] != self.mem_mb:
+            jobs = self.jobs
+            ids = jobs[0].id if len(jobs) == 1 else tuple(j.id for j in jobs)
+            k = self._key = (self.gpus, self.cpus, self.mem_mb, ids)
+        return k
 
     @property
     def job(self) -> Job:
@@ -178,7 +190,12 @@ class SizePolicy:
 
 # ---------------------------------------------------------------------------
 class FreeState:
-    """Free GPUs, cores and memory while a plan is being built (numpy arrays)."""
+    """Free GPUs, cores and memory while a plan is being built (numpy arrays).
+
+    The simulator keeps one up to date with the running allocations
+    (``View.free``); sticky placement starts from a copy of it and releases
+    only what changes, so a round costs O(changes), not O(running jobs).
+    """
 
     __slots__ = ("cluster", "gpu_free", "node_gpus", "node_cpus", "node_mem")
 
@@ -188,6 +205,26 @@ class FreeState:
         self.node_gpus = np.array([n.gpus for n in cluster.nodes], dtype=np.int64)
         self.node_cpus = np.array([n.cpus for n in cluster.nodes], dtype=np.int64)
         self.node_mem = np.array([n.mem_mb for n in cluster.nodes], dtype=np.int64)
+
+    @classmethod
+    def of(cls, cluster: Cluster, allocs: Mapping[str, Allocation]) -> FreeState:
+        """The free state left by ``allocs`` (a group's GPUs taken once)."""
+        free = cls(cluster)
+        seen: set[tuple[int, ...]] = set()
+        for a in allocs.values():
+            g = a.gpu_ids
+            free.take(a.parts, 1, gpus=g not in seen)
+            seen.add(g)
+        return free
+
+    def copy(self) -> FreeState:
+        new = FreeState.__new__(FreeState)
+        new.cluster = self.cluster
+        new.gpu_free = self.gpu_free.copy()
+        new.node_gpus = self.node_gpus.copy()
+        new.node_cpus = self.node_cpus.copy()
+        new.node_mem = self.node_mem.copy()
+        return new
 
     @property
     def free_gpus(self) -> int:
@@ -205,23 +242,30 @@ class FreeState:
                 return False
         return True
 
-    def take(self, parts: Sequence[Part], members: int = 1) -> None:
+    def take(self, parts: Sequence[Part], members: int = 1, gpus: bool = True) -> None:
+        """Charge ``parts`` (CPU/memory once per member; GPUs unless ``gpus`` is False)."""
         for p in parts:
-            idx = list(p.gpus)
-            if not self.gpu_free[idx].all():
-                raise AssertionError(f"GPU in {p.gpus} is not free")
-            self.gpu_free[idx] = False
-            self.node_gpus[p.node] -= len(idx)
+            if gpus:
+                idx = list(p.gpus)
+                if not self.gpu_free[idx].all():
+                    raise AssertionError(f"GPU in {p.gpus} is not free")
+                self.gpu_free[idx] = False
+                self.node_gpus[p.node] -= len(idx)
             self.node_cpus[p.node] -= p.cpus * members
             self.node_mem[p.node] -= p.mem_mb * members
 
-    def release(self, parts: Sequence[Part], members: int = 1) -> None:
+    def release(self, parts: Sequence[Part], members: int = 1, gpus: bool = True) -> None:
         for p in parts:
-            idx = list(p.gpus)
-            self.gpu_free[idx] = True
-            self.node_gpus[p.node] += len(idx)
+            if gpus:
+                idx = list(p.gpus)
+                self.gpu_free[idx] = True
+                self.node_gpus[p.node] += len(idx)
             self.node_cpus[p.node] += p.cpus * members
             self.node_mem[p.node] += p.mem_mb * members
+
+
+def req_key(req: Request) -> tuple:
+    return req.key
 
 
 def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[int]]) -> tuple[Part, ...]:
@@ -287,7 +331,42 @@ class PlacePolicy:
     # -- helpers shared by subclasses ---------------------------------------
     def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
         ids = tuple(j.id for j in req.jobs)
-        return [Allocation(jid, parts, tuple(x for x in ids if x != jid)) for jid in ids]
+        key = req_key(req)
+        return [Allocation(jid, parts, tuple(x for x in ids if x != jid), key) for jid in ids]
+
+    def _sticky_start(
+        self, requests: Sequence[Request], order: Sequence[int], selected: list[bool], done: list[bool],
+        plan: Plan, view: View,
+    ) -> FreeState:
+        """Keep every selected running request whose request is unchanged; free the rest.
+
+        Starts from the current free state and releases only allocations that
+        are not kept, so the cost is proportional to what changes.
+        """
+        kept: set[str] = set()
+        for i in order:
+            if not selected[i]:
+                continue
+            req = requests[i]
+            prev = req.prev
+            if prev is None or prev.key != req.key:
+                continue
+            if len(req.jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in req.jobs):
+                continue
+            for j in req.jobs:
+                plan.allocations[j.id] = j.alloc
+                kept.add(j.id)
+            done[i] = True
+        free = view.free.copy() if view.free is not None else FreeState.of(view.cluster, view.current)
+        released: set[tuple[int, ...]] = set()
+        for jid, a in view.current.items():
+            if jid in kept:
+                continue
+            g = a.gpu_ids
+            share = g in released or any(o in kept for o in a.group)
+            free.release(a.parts, 1, gpus=not share)
+            released.add(g)
+        return free
 
     def keep_parts(self, req: Request, free: FreeState) -> tuple[Part, ...] | None:
         """The request's previous GPUs with its new CPU/memory, if all still free."""
@@ -305,13 +384,12 @@ class PlacePolicy:
 
     def place(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> Plan:
         plan = Plan()
-        free = FreeState(view.cluster)
         n = len(requests)
         # phase 1: select by GPU count
         order = list(range(n))
         if not preemptive:
             order = [i for i in order if requests[i].running] + [i for i in order if not requests[i].running]
-        cap = free.free_gpus
+        cap = view.cluster.num_gpus
         selected = [False] * n
         for i in order:
             if cap <= 0:
@@ -321,14 +399,19 @@ class PlacePolicy:
                 selected[i] = True
                 cap -= g
         done = [False] * n
-        # phase 2a: sticky keeps selected running requests in place
+        if self.sticky:
+            free = self._sticky_start(requests, order, selected, done, plan, view)
+        else:
+            free = FreeState(view.cluster)
+        # phase 2a: sticky keeps selected running requests whose size changed on their GPUs if they fit
         if self.sticky:
             for i in order:
-                if selected[i] and requests[i].running:
-                    parts = self.keep_parts(requests[i], free)
-                    if parts is not None:
-                        self._commit(plan, requests[i], parts, free)
-                        done[i] = True
+                if done[i] or not selected[i] or not requests[i].running:
+                    continue
+                parts = self.keep_parts(requests[i], free)
+                if parts is not None:
+                    self._commit(plan, requests[i], parts, free)
+                    done[i] = True
         # phase 2b: place the rest of the selection in order
         for i in order:
             if selected[i] and not done[i]:
@@ -339,7 +422,7 @@ class PlacePolicy:
                 if parts is not None:
                     self._commit(plan, req, parts, free)
                     done[i] = True
-        # phase 3: backfill leftovers in order
+        # phase 3: backfill leftovers in order (free.free_gpus is cheap: a numpy sum)
         for i in order:
             if free.free_gpus <= 0:
                 break
@@ -351,6 +434,7 @@ class PlacePolicy:
                 if parts is not None:
                     self._commit(plan, req, parts, free)
                     done[i] = True
+        plan.free_gpus = free.free_gpus
         return plan
 
 

@@ -20,6 +20,14 @@ class Proportional(SizePolicy):
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         out = []
         for unit in units:
-            j = unit[0]
-            out.append(Request(tuple(unit), max(m.spec.gpus for m in unit), j.spec.cpus, j.spec.mem_mb))
+            if len(unit) == 1:
+                # a lone job's request never changes: build it once (hot path)
+                j = unit[0]
+                req = j.extra.get("proportional_request")
+                if req is None:
+                    req = j.extra["proportional_request"] = Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb)
+                out.append(req)
+            else:
+                j = unit[0]
+                out.append(Request(tuple(unit), max(m.spec.gpus for m in unit), j.spec.cpus, j.spec.mem_mb))
         return out

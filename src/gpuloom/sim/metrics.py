@@ -36,6 +36,7 @@ class JobRecord:
     run_time: float  # wall seconds holding resources
     overhead_time: float  # of which launching/restarting
     queued_time: float  # wall seconds waiting after arrival
+    phases: dict[str, float] | None = None  # lifecycle mode: queued / launching / running seconds
 
     @property
     def jct(self) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 from ..core.cluster import Cluster
 from ..core.job import JobSpec
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
+from ..perf.scaling import ScalingFactor
 
 
 def build_model(
@@ -23,4 +24,7 @@ def build_model(
 ) -> ThroughputModel:
     options = dict(options or {})
     model = ThroughputModel.default(cluster, locality_penalty, options.get("per_model_penalty"))
+    # scaling curves f(N): speed 1 at a job's requested GPU count, so only sizers that
+    # change GPU counts (elastic, static) see them; jobs without a curve stay rigid
+    model.add(ScalingFactor())
     return model
