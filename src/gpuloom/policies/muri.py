@@ -46,6 +46,7 @@ throughput model's ``interleave`` factor, so grouping and simulation agree.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -72,6 +73,24 @@ def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tupl
     g.add_edges_from(list(edges))
     m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
     return sorted((min(a, b), max(a, b)) for a, b in m)
+
+
+@lru_cache(maxsize=256)
+def _triu(n: int) -> tuple[np.ndarray, np.ndarray]:
+    iu, ju = np.triu_indices(n, 1)
+    iu.setflags(write=False)
+    ju.setflags(write=False)
+    return iu, ju
+
+
+def _common_label(lab: list[int], node: list[int], otherwise: int) -> int:
+    first = lab[node[0]]
+    if first < 0:
+        return otherwise
+    for x in node:
+        if lab[x] != first:
+            return otherwise
+    return first
 
 
 @register("group", "muri")
@@ -145,24 +164,25 @@ class MuriGrouping(GroupPolicy):
         if len(profiles) < 2:
             return nodes
         lab_id: dict[str, int] = {}
-        lab = np.array([-1 if c is None else lab_id.setdefault(c, len(lab_id)) for c in (current or [None] * len(profiles))])
+        lab = [-1 if c is None else lab_id.setdefault(c, len(lab_id)) for c in (current or [None] * len(profiles))]
         self._check_cache(factor)
         while True:
-            sizes = np.array([len(nd) for nd in nodes])
-            if len(nodes) < 2 or sizes.min() * 2 > max_group:
+            sizes = [len(nd) for nd in nodes]
+            if len(nodes) < 2 or min(sizes) * 2 > max_group:
                 break
             # nodes with the same multiset of profiles share weights: work on distinct keys
-            keys = [tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
+            keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
             key_id: dict[tuple[Profile, ...], int] = {}
             kid = np.array([key_id.setdefault(kk, len(key_id)) for kk in keys], dtype=np.int64)
             W = self._weights(list(key_id), max_group, factor)
+            if not W.any():
+                break
             n = len(nodes)
-            iu, ju = np.triu_indices(n, 1)
+            iu, ju = _triu(n)
             ww = W[kid[iu], kid[ju]]
             if lab_id:
                 # a node's label: its members' common current group, else unique negative
-                nl = np.array([lab[nd[0]] if lab[nd[0]] >= 0 and (lab[nd] == lab[nd[0]]).all() else -2 - x
-                               for x, nd in enumerate(nodes)])
+                nl = np.array([_common_label(lab, nd, -2 - x) for x, nd in enumerate(nodes)])
                 ww = ww + STICKY_BONUS * ((nl[iu] == nl[ju]) & (ww > 0))
             sel = np.flatnonzero(ww > 0)
             if sel.size == 0:
