@@ -71,7 +71,7 @@ def test_muri_pairing_is_optimal_against_brute_force(raw: list[tuple[int, int, i
     # with pairs only, Muri's grouping must reach the best total pair efficiency over all pairings
     profs = [tuple(float(x) for x in p) if sum(p) else (1.0, 0.0, 0.0) for p in raw]
     jobs = [Job(spec(f"j{i}", p)) for i, p in enumerate(profs)]
-    pol = MuriGrouping(max_group=2)
+    pol = MuriGrouping(max_group=2, pack_all=True)  # every matched pair, whatever the demand
     units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, len(jobs))))
     f = InterleaveFactor(threshold=0.0)
     keys = [(f.profile(j),) for j in jobs]
@@ -137,7 +137,9 @@ def ids(units: list[tuple[Job, ...]]) -> list[tuple[str, ...]]:
 def test_pairs_complementary_jobs() -> None:
     jobs = [Job(spec("c1", CPU)), Job(spec("c2", CPU)), Job(spec("g1", GPU)), Job(spec("g2", GPU))]
     pol = MuriGrouping(max_group=2)
-    units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 4)))
+    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 4)))) == [("c1",), ("c2",), ("g1",), ("g2",)]
+    assert pol.last_rounds == 0  # they all fit: nobody shares
+    units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 2)))
     # two CPU jobs gain nothing together; each pairs with a GPU job; units ranked by best member
     assert ids(units) == [("c1", "g1"), ("c2", "g2")] or ids(units) == [("c1", "g2"), ("c2", "g1")]
     assert pol.last_rounds == 1
@@ -148,7 +150,7 @@ def test_running_groups_are_kept_among_equal_matchings(pairs: list[tuple[str, st
     from gpuloom.core.plan import Allocation, Part
 
     jobs = [Job(spec("c1", CPU)), Job(spec("c2", CPU)), Job(spec("g1", GPU)), Job(spec("g2", GPU))]
-    cl = Cluster.homogeneous(1, 4)
+    cl = Cluster.homogeneous(1, 2)
     view = view_for(jobs, cl)
     cur = {}
     for gpu, (a, b) in enumerate(pairs):
@@ -164,6 +166,8 @@ def test_three_resource_types_form_triples_in_two_rounds() -> None:
     jobs = [Job(spec(n, p)) for n, p in [("c", CPU), ("g", GPU), ("n", NET)]]
     pol = MuriGrouping()
     units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 2)))
+    assert sorted(len(u) for u in units) == [1, 2] and pol.last_rounds == 1  # one pair makes it fit 2 GPUs
+    units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1)))
     assert ids(units) == [("c", "g", "n")]  # round 1 pairs two of them, round 2 adds the third
     assert pol.last_rounds == 2
     assert group_cycle([CPU, GPU, NET]) == 6.0  # a perfect triple
@@ -190,19 +194,23 @@ def test_four_resource_types_merge_pairs_of_pairs() -> None:
 def test_partial_benefit_and_no_benefit() -> None:
     A, B = (4.0, 2.0, 0.0), (1.0, 4.0, 1.0)
     jobs = [Job(spec("a", A)), Job(spec("b", B)), Job(spec("x", GPU)), Job(spec("y", GPU))]
-    units = MuriGrouping(max_group=2).group(jobs, view_for(jobs, Cluster.homogeneous(1, 4)))
+    units = MuriGrouping(max_group=2).group(jobs, view_for(jobs, Cluster.homogeneous(1, 1)))
     # weights: a+x and b+? ... every grouping is checked against taking turns; two GPU-only jobs never pair
     assert all(set(u) != {"x", "y"} for u in ids(units))
     # a grouping whose interleaved time equals taking turns is not made
     jobs2 = [Job(spec("g1", GPU)), Job(spec("g2", GPU))]
-    assert ids(MuriGrouping().group(jobs2, view_for(jobs2, Cluster.homogeneous(1, 2)))) == [("g1",), ("g2",)]
+    assert ids(MuriGrouping().group(jobs2, view_for(jobs2, Cluster.homogeneous(1, 1)))) == [("g1",), ("g2",)]
 
 
 def test_buckets_keep_gpu_counts_apart() -> None:
     jobs = [Job(spec("c1", CPU, gpus=1)), Job(spec("g2", GPU, gpus=2)), Job(spec("c2", CPU, gpus=2)),
             Job(spec("g1", GPU, gpus=1))]
-    units = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, 8)))
+    pol = MuriGrouping()
+    units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 3)))  # 6 GPUs wanted, 3 there
     assert sorted(ids(units)) == [("c1", "g1"), ("g2", "c2")]
+    # 6 wanted, 5 there: one merge is enough, and the 1-GPU pair goes first ((1 - eff) x GPUs)
+    units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 5)))
+    assert ids(units) == [("c1", "g1"), ("g2",), ("c2",)]
     for u in units:
         assert len({j.spec.gpus for j in u}) == 1
 
@@ -227,7 +235,7 @@ def test_admission_takes_k_fold_the_cluster_in_priority_order() -> None:
 
 def test_jobs_without_profiles_stay_alone_and_config_errors() -> None:
     jobs = [Job(spec("c", CPU)), Job(JobSpec("plain", 0.0, 1, 10.0)), Job(spec("g", GPU))]
-    units = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, 4)))
+    units = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, 2)))
     assert ids(units) == [("c", "g"), ("plain",)]
     cl = Cluster.homogeneous(1, 4)
     bare = View(0.0, cl, jobs, {}, ThroughputModel(cl, [LocalityFactor()]), np.random.default_rng(0))
@@ -264,7 +272,7 @@ def test_group_members_progress_at_interleaved_rate_and_speed_up_when_alone() ->
 
 
 def test_group_shares_node_cpu_and_memory() -> None:
-    cl = Cluster.homogeneous(1, 8, 92, 520_000)
+    cl = Cluster.homogeneous(1, 1, 92, 520_000)
     specs = [spec("c", CPU, duration=100.0), spec("g", GPU, duration=100.0)]
     seen: list[dict] = []
 
@@ -277,7 +285,7 @@ def test_group_shares_node_cpu_and_memory() -> None:
               observers=[obs]).run()
     a, b = seen[0]["c"], seen[0]["g"]
     assert a.gpu_ids == b.gpu_ids and a.group == ("g",) and b.group == ("c",)
-    assert (a.cpus, a.mem_mb) == (92 // 8 // 2, 520_000 // 8 // 2)  # half of one GPU's proportional share
+    assert (a.cpus, a.mem_mb) == (46, 260_000)  # half of the GPU's proportional share each
 
 
 # -- real traces ----------------------------------------------------------------------------

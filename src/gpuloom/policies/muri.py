@@ -18,17 +18,22 @@ One round:
 2. **Buckets**: candidates are split by GPU count; a multi-GPU job is grouped
    only with jobs of the same count, so no member holds GPUs it cannot use and
    no job waits on a bigger group.
-3. **Matching rounds** per bucket: nodes start as single jobs.  Each round
-   builds the graph whose edges join two nodes that may merge - together at
-   most ``max_group`` jobs, and interleaving them beats letting them take turns
-   (the merged group's iteration time, overhead included, is below the sum of
-   the two nodes' own) - weighted by the merged group's interleaving efficiency
-   (:func:`~gpuloom.perf.interleave.efficiency`, scaled to integers by
-   ``WEIGHT_SCALE``), and takes a maximum-weight matching (Blossom,
-   ``rustworkx.max_weight_matching``).  Matched nodes merge.  With two
-   resource types one round is the optimal pairing; with ``k`` types rounds
-   repeat (pairs, then pairs of pairs or pair + single, ...) until groups hold
-   ``max_group`` (default ``k``) jobs or nothing merges.
+3. **Matching rounds**: in every bucket nodes start as single jobs.  A round
+   builds, per bucket, the graph whose edges join two nodes that may merge -
+   together at most ``max_group`` jobs, and interleaving them beats letting
+   them take turns (the merged group's iteration time, overhead included, is
+   below the sum of the two nodes' own) - weighted by the merged group's
+   interleaving efficiency (:func:`~gpuloom.perf.interleave.efficiency`,
+   scaled to integers by ``WEIGHT_SCALE``), and takes a maximum-weight
+   matching (Blossom, ``rustworkx.max_weight_matching``).  As in Muri, matched
+   pairs are merged only while the admitted units need more GPUs than the
+   cluster has - most efficient pairs first, weighted by their GPU count
+   (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
+   member down and is worth it only instead of waiting.  Rounds repeat (pairs,
+   then pairs of pairs or pair + single, ...) until the units fit, groups hold
+   ``max_group`` (default ``k``, one job per resource) jobs, or nothing can
+   merge.  With two resource types one round is the optimal pairing.
+   ``pack_all=True`` merges every matched pair regardless of demand.
 4. **Units**: every group and every job left alone becomes a unit, ranked by
    its highest-priority member; the size and place stages then treat a unit as
    one request holding one GPU set (``Request.jobs``; see
@@ -93,16 +98,41 @@ def _common_label(lab: list[int], node: list[int], otherwise: int) -> int:
     return first
 
 
+class _BucketState:
+    """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
+
+    __slots__ = ("gpus", "members", "profiles", "labels", "nodes")
+
+    def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
+        self.gpus = gpus
+        self.members = members
+        self.profiles = profiles
+        ids: dict[str, int] = {}
+        self.labels = [-1 if c is None else ids.setdefault(c, len(ids)) for c in current]
+        self.nodes: list[list[int]] = [[i] for i in range(len(members))]
+
+    def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
+        used = [False] * len(self.nodes)
+        merged: list[list[int]] = []
+        for a, c in pairs:
+            merged.append(sorted(self.nodes[a] + self.nodes[c]))
+            used[a] = used[c] = True
+        merged.extend(nd for i, nd in enumerate(self.nodes) if not used[i])
+        merged.sort(key=lambda nd: nd[0])
+        self.nodes = merged
+
+
 @register("group", "muri")
 class MuriGrouping(GroupPolicy):
     """Blossom matching rounds over GPU-count buckets (see the module docstring)."""
 
     name: ClassVar[str] = "muri"
 
-    def __init__(self, max_group: int | None = None) -> None:
+    def __init__(self, max_group: int | None = None, pack_all: bool = False) -> None:
         if max_group is not None and int(max_group) < 1:
             raise ValueError(f"max_group must be >= 1, got {max_group}")
         self.max_group = None if max_group is None else int(max_group)
+        self.pack_all = bool(pack_all)  # merge every matched pair, even when the cluster has room
         self.last_rounds = 0  # matching rounds in the last call (for tests/benchmarks)
         # weight of merging two nodes, keyed by their (sorted) profile tuples
         self._wcache: dict[tuple[tuple[Profile, ...], tuple[Profile, ...]], int] = {}
@@ -131,13 +161,40 @@ class MuriGrouping(GroupPolicy):
         self.last_rounds = 0
         # current group of each job (the smallest id among it and its co-runners), to keep groups stable
         cur = view.current
-        for members in buckets.values():
+        states: list[_BucketState] = []
+        for g, members in buckets.items():
             labels: list[str | None] = []
             for i in members:
                 a = cur.get(ordered[i].id)
                 labels.append(min((ordered[i].id, *a.group)) if a is not None and a.group else None)
-            for grp in self.match_bucket([profiles[i] for i in members], cap_group, factor, labels):  # type: ignore[misc]
-                units.append([members[x] for x in grp])
+            states.append(_BucketState(g, members, [profiles[i] for i in members], labels))  # type: ignore[misc]
+        # demand of the admitted units; sharing only as much as needed to fit the cluster
+        required = sum(ordered[i].spec.gpus for i in admitted)
+        capacity = view.cluster.num_gpus
+        while self.pack_all or required > capacity:
+            cands: list[tuple[int, int, int, _BucketState, int, int]] = []
+            for bs in states:
+                for a, c, w in self.match_round(bs.profiles, bs.nodes, cap_group, factor, bs.labels):
+                    best = min(bs.nodes[a][0], bs.nodes[c][0])
+                    # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
+                    cands.append(((WEIGHT_SCALE - w) * bs.gpus, bs.members[best], w, bs, a, c))
+            if not cands:
+                break
+            self.last_rounds += 1
+            cands.sort(key=lambda t: (t[0], t[1]))
+            merged_pairs: dict[int, list[tuple[int, int]]] = {}
+            for _, _, _, bs, a, c in cands:
+                if required <= capacity and not self.pack_all:
+                    break
+                merged_pairs.setdefault(id(bs), []).append((a, c))
+                required -= bs.gpus
+            for bs in states:
+                pairs = merged_pairs.get(id(bs))
+                if pairs:
+                    bs.merge(pairs)
+        for bs in states:
+            for grp in bs.nodes:
+                units.append([bs.members[x] for x in grp])
         in_unit = set(admitted)
         units.extend([i] for i in range(len(ordered)) if i not in in_unit)
         for u in units:
@@ -145,62 +202,58 @@ class MuriGrouping(GroupPolicy):
         units.sort(key=lambda u: u[0])
         return [tuple(ordered[i] for i in u) for u in units]
 
-    def match_bucket(
+    def match_bucket(self, profiles: list[Profile], max_group: int, factor: InterleaveFactor,
+                     current: Sequence[str | None] | None = None) -> list[list[int]]:
+        """Groups (lists of indices into ``profiles``) from matching rounds with no capacity limit."""
+        bs = _BucketState(1, list(range(len(profiles))), profiles, list(current or [None] * len(profiles)))
+        while True:
+            pairs = self.match_round(profiles, bs.nodes, max_group, factor, bs.labels)
+            if not pairs:
+                return bs.nodes
+            self.last_rounds += 1
+            bs.merge([(a, c) for a, c, _ in pairs])
+
+    def match_round(
         self,
         profiles: list[Profile],
+        nodes: list[list[int]],
         max_group: int,
         factor: InterleaveFactor,
-        current: Sequence[str | None] | None = None,
-    ) -> list[list[int]]:
-        """Groups (lists of indices into ``profiles``) from repeated maximum-weight matchings.
+        labels: Sequence[int] | None = None,
+    ) -> list[tuple[int, int, int]]:
+        """One maximum-weight matching over ``nodes`` (lists of indices into ``profiles``).
 
-        ``current[i]`` labels the group member ``i`` runs in now (``None``: none).
-        Merging nodes that already run together earns ``STICKY_BONUS`` extra
-        weight: among equally good matchings - common, since many jobs share a
-        profile - the one that keeps running groups wins, instead of shuffling
-        partners (and paying restarts) every round.
+        Returns matched node pairs ``(a, b, weight)``.  ``labels[i] >= 0`` names
+        the group member ``i`` runs in now; merging nodes that already run
+        together earns ``STICKY_BONUS`` extra weight: among equally good
+        matchings - common, since many jobs share a profile - the one that keeps
+        running groups wins instead of shuffling partners (and paying
+        restarts) every round.
         """
-        nodes: list[list[int]] = [[i] for i in range(len(profiles))]
-        if len(profiles) < 2:
-            return nodes
-        lab_id: dict[str, int] = {}
-        lab = [-1 if c is None else lab_id.setdefault(c, len(lab_id)) for c in (current or [None] * len(profiles))]
+        sizes = [len(nd) for nd in nodes]
+        if len(nodes) < 2 or min(sizes) * 2 > max_group:
+            return []
         self._check_cache(factor)
-        while True:
-            sizes = [len(nd) for nd in nodes]
-            if len(nodes) < 2 or min(sizes) * 2 > max_group:
-                break
-            # nodes with the same multiset of profiles share weights: work on distinct keys
-            keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
-            key_id: dict[tuple[Profile, ...], int] = {}
-            kid = np.array([key_id.setdefault(kk, len(key_id)) for kk in keys], dtype=np.int64)
-            W = self._weights(list(key_id), max_group, factor)
-            if not W.any():
-                break
-            n = len(nodes)
-            iu, ju = _triu(n)
-            ww = W[kid[iu], kid[ju]]
-            if lab_id:
-                # a node's label: its members' common current group, else unique negative
-                nl = np.array([_common_label(lab, nd, -2 - x) for x, nd in enumerate(nodes)])
-                ww = ww + STICKY_BONUS * ((nl[iu] == nl[ju]) & (ww > 0))
-            sel = np.flatnonzero(ww > 0)
-            if sel.size == 0:
-                break
-            edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
-            pairs = max_weight_pairs(n, edges)
-            self.last_rounds += 1
-            if not pairs:
-                break
-            used = [False] * n
-            merged: list[list[int]] = []
-            for a, c in pairs:
-                merged.append(sorted(nodes[a] + nodes[c]))
-                used[a] = used[c] = True
-            merged.extend(nodes[i] for i in range(n) if not used[i])
-            merged.sort(key=lambda nd: nd[0])
-            nodes = merged
-        return nodes
+        # nodes with the same multiset of profiles share weights: work on distinct keys
+        keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
+        key_id: dict[tuple[Profile, ...], int] = {}
+        kid = np.array([key_id.setdefault(kk, len(key_id)) for kk in keys], dtype=np.int64)
+        W = self._weights(list(key_id), max_group, factor)
+        if not W.any():
+            return []
+        n = len(nodes)
+        iu, ju = _triu(n)
+        ww = W[kid[iu], kid[ju]]
+        if labels is not None and any(x >= 0 for x in labels):
+            nl = np.array([_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)])
+            ww = ww + STICKY_BONUS * ((nl[iu] == nl[ju]) & (ww > 0))
+        sel = np.flatnonzero(ww > 0)
+        if sel.size == 0:
+            return []
+        edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
+        pairs = max_weight_pairs(n, edges)
+        wmap = {(a, c): w for a, c, w in edges}
+        return [(a, c, wmap[(a, c)]) for a, c in pairs]
 
     # -- helpers ------------------------------------------------------------------
     def _check_cache(self, factor: InterleaveFactor) -> None:
