@@ -5,8 +5,19 @@ from __future__ import annotations
 import pytest
 
 from gpuloom.core import (
-    ActionKind, Allocation, Cluster, ClusterError, JobError, JobSpec, Part, Plan, PlanError,
-    check_plan, diff, load_cluster_file, parse_cluster,
+    ActionKind,
+    Allocation,
+    Cluster,
+    ClusterError,
+    JobError,
+    JobSpec,
+    Part,
+    Plan,
+    PlanError,
+    check_plan,
+    diff,
+    load_cluster_file,
+    parse_cluster,
 )
 
 

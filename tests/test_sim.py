@@ -12,8 +12,8 @@ import pytest
 
 from gpuloom.core import Cluster, JobError, JobSpec
 from gpuloom.policies import PolicyError, names
-from gpuloom.sim import SimConfig, Simulator, simulate
 from gpuloom.scheduler import Scheduler
+from gpuloom.sim import SimConfig, Simulator, simulate
 
 ONE_GPU = Cluster.homogeneous(1, 1)
 # a: 100 s at 0; b: 50 s at 0; c: 20 s at 10 -- all on one GPU

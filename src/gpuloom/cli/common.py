@@ -47,15 +47,17 @@ def user_errors() -> Iterator[None]:
     """Turn the library's input errors into one clear line and exit code 2."""
     from ..core.cluster import ClusterError
     from ..core.job import JobError
+    from ..perf.scaling import ScalingError
+    from ..perf.sensitivity import SensitivityError
+    from ..perf.topology import TopologyError
+    from ..perf.variability import VariabilityError
     from ..policies.base import PolicyError
+    from ..sim.traces import TraceError
 
-    handled: tuple[type[BaseException], ...] = (ClusterError, JobError, PolicyError, FileNotFoundError)
-    try:
-        from ..sim.traces import TraceError
-
-        handled += (TraceError,)
-    except ImportError:  # pragma: no cover
-        pass
+    handled: tuple[type[BaseException], ...] = (
+        ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
+        SensitivityError, ScalingError,
+    )
     try:
         yield
     except handled as e:

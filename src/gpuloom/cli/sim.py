@@ -23,13 +23,20 @@ FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (au
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-C", help="NODESxGPUS (e.g. 16x4) or a TOML/YAML cluster file.")]
 
 
-def load_workload(trace: Path | None, fmt: str, generate: int | None, rate: float, seed: int, limit: int | None):  # noqa: ANN201
-    from ..sim.generator import builtin_workload, generate as gen
+TraceOptOpt = Annotated[
+    list[str] | None, typer.Option("--trace-opt", "-T", help="Trace reader option name=value (e.g. pending=error).")
+]
+
+
+def load_workload(trace: Path | None, fmt: str, generate: int | None, rate: float, seed: int, limit: int | None,
+                  trace_opts: list[str] | None = None):  # noqa: ANN201
+    from ..sim.generator import builtin_workload
+    from ..sim.generator import generate as gen
 
     if trace is not None:
         from ..sim.traces import load_trace
 
-        specs = load_trace(trace, fmt)
+        specs = load_trace(trace, fmt, **parse_params(trace_opts))
     elif generate:
         specs = gen(num_jobs=generate, jobs_per_hour=rate, seed=seed)
     else:
@@ -51,6 +58,7 @@ def _fmt(v: Any) -> str:
 def simulate(
     trace: TraceOpt = None,
     fmt: FormatOpt = "auto",
+    trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
     cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")] = None,
     mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")] = None,
@@ -66,6 +74,10 @@ def simulate(
     launch_overhead: Annotated[float, typer.Option(help="Seconds lost on a job's first start.")] = 0.0,
     locality_penalty: Annotated[float, typer.Option(help="Slowdown of a job spanning nodes.")] = 1.7,
     seed: Annotated[int, typer.Option(help="Seed for random placement and generators.")] = 0,
+    profiles: Annotated[Path | None, typer.Option(help="Synergy sensitivity profiles CSV: CPU/memory speed-ups.")] = None,
+    variability: Annotated[str | None, typer.Option(help="PAL PM-scores: a PerfVar CSV, or generate[:DIR].")] = None,
+    variability_seed: Annotated[int | None, typer.Option(help="Seed for generated PM-scores (default --seed).")] = None,
+    topology: Annotated[Path | None, typer.Option(help="`nvidia-smi topo -m` output for the nodes (YARN-8821).")] = None,
     max_time: Annotated[float | None, typer.Option(help="Stop at this simulated time (s).")] = None,
     drop_impossible: Annotated[bool, typer.Option(help="Count jobs larger than the cluster as unfinished instead of failing.")] = False,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip per-round invariant checks (faster).")] = False,
@@ -80,12 +92,17 @@ def simulate(
     from ..core.cluster import parse_cluster
     from ..scheduler import Scheduler
     from ..sim.engine import SimConfig, Simulator
-    from ..sim.setup import build_model
+    from ..sim.setup import build_model, split_params
 
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        params = parse_params(param)
-        specs = load_workload(trace, fmt, generate, rate, seed, limit)
+        params, model_opts = split_params(parse_params(param))
+        for name, value in (("profiles", profiles), ("variability", variability), ("topology", topology),
+                            ("variability_seed", variability_seed)):
+            if value is not None:
+                model_opts[name] = str(value) if isinstance(value, Path) else value
+        model_opts.setdefault("seed", seed)
+        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)
         if reschedule_on not in ("none", "arrival", "completion", "both"):
             raise typer.BadParameter("--reschedule-on must be none, arrival, completion or both")
@@ -100,7 +117,7 @@ def simulate(
             max_time=max_time if max_time is not None else math.inf,
             drop_impossible=drop_impossible,
         )
-        model = build_model(cl, specs, locality_penalty, params)
+        model = build_model(cl, specs, locality_penalty, model_opts)
         sim = Simulator(cl, specs, sched, model, cfg)
         result = _run_with_progress(sim, len(specs))
     summary = result.summary()
@@ -150,6 +167,7 @@ def compare(
     runs: Annotated[Path | None, typer.Option("--runs", help="TOML file with [[run]] tables.")] = None,
     trace: TraceOpt = None,
     fmt: FormatOpt = "auto",
+    trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
     cpus_per_node: Annotated[int | None, typer.Option()] = None,
     mem_gb_per_node: Annotated[float | None, typer.Option()] = None,
@@ -164,21 +182,22 @@ def compare(
     """Run several configurations on the same trace in parallel; one table, one overlaid CDF."""
     from ..core.cluster import parse_cluster
     from ..sim import report
-    from ..sim.runconfig import load_run_configs, parse_run_config
+    from ..sim.engine import SimConfig
+    from ..sim.runconfig import RunConfig, load_run_configs, parse_run_config
 
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        configs = [parse_run_config(c) for c in (config or [])]
+        base = RunConfig(sim=SimConfig(seed=seed))
+        configs = [parse_run_config(c, base) for c in (config or [])]
         if runs is not None:
-            configs += load_run_configs(runs)
+            configs += load_run_configs(runs, base)
         if not configs:
-            configs = [parse_run_config(c) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
-        specs = load_workload(trace, fmt, generate, rate, seed, limit)
+            configs = [parse_run_config(c, base) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
+        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         results = report.run_many(configs, cl, specs, processes=processes)
     folder = out_dir(out)
-    report.plot_compare(results, folder / "jct_cdf_compare.png")
+    report.write_compare(results, folder)
     rows = report.summary_rows(results)
-    (folder / "compare.json").write_text(json.dumps(rows, indent=2, default=str))
     if as_json:
         console.print_json(json.dumps(rows, default=str))
         return

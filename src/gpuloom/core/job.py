@@ -17,9 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
-
 
 
 class JobError(ValueError):
@@ -69,7 +68,7 @@ class JobSpec:
         return cls(id, arrival, gpus, iterations * iter_time, iterations=iterations, iter_time=iter_time, **kw)
 
 
-class JobStatus(str, Enum):
+class JobStatus(StrEnum):
     PENDING = "pending"  # not yet arrived
     WAITING = "waiting"  # arrived, holds no resources
     RUNNING = "running"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 
@@ -95,7 +95,7 @@ class PlanError(AssertionError):
     """A plan that breaks an invariant."""
 
 
-class ActionKind(str, Enum):
+class ActionKind(StrEnum):
     START = "start"  # job holds nothing now, runs after
     STOP = "stop"  # job runs now, holds nothing after (preemption)
     MOVE = "move"  # different GPUs, same count (migration)

@@ -284,7 +284,7 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
     cpu_left = req.cpus
     mem_left = req.mem_mb
     members = len(req.jobs)
-    for i, node in enumerate(nodes):
+    for node in nodes:
         gids = tuple(sorted(by_node[node]))
         k = len(gids)
         pc, pm = cluster.proportional(node, k)

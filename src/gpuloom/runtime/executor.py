@@ -65,7 +65,7 @@ class Executor(ABC):
     @abstractmethod
     def alive(self, job_id: str) -> bool: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; running jobs are left running (they can be adopted)."""
 
 

@@ -86,6 +86,18 @@ class TimeSeries:
         self.running.append(running)
         self.queued.append(queued)
 
+    FIELDS = ("gpus", "cpus", "mem_mb", "running", "queued")
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The series as numpy arrays (``t`` float, the rest int64)."""
+        out = {"t": np.asarray(self.t, dtype=float)}
+        for name in self.FIELDS:
+            out[name] = np.asarray(getattr(self, name), dtype=np.int64)
+        return out
+
     def mean(self, name: str, end: float) -> float:
         """Time-weighted mean of series ``name`` from its first point to ``end``."""
         if not self.t or end <= self.t[0]:
@@ -112,6 +124,22 @@ class RunResult:
     wall_time: float = 0.0
     rounds: int = 0
     rounds_computed: int = 0
+
+    @property
+    def label(self) -> str:
+        """The configuration's label (set by :mod:`gpuloom.sim.runconfig`), else ``order/place``."""
+        c = self.config
+        return str(c.get("label") or f"{c.get('order', '?')}/{c.get('place', '?')}")
+
+    @property
+    def span_end(self) -> float:
+        """The end of the observed period: the last event or the last finish."""
+        last = max((j.finish for j in self.jobs if j.finish is not None), default=0.0)
+        return max(self.end_time, last, self.series.t[-1] if self.series.t else 0.0)
+
+    def jcts(self) -> np.ndarray:
+        """JCTs of the finished jobs, in job order."""
+        return np.fromiter((j.finish - j.arrival for j in self.jobs if j.finish is not None), dtype=float)
 
     @property
     def finished(self) -> list[JobRecord]:

@@ -15,6 +15,18 @@ from ..core.job import JobSpec
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..perf.scaling import ScalingFactor
 
+#: Options read by :func:`build_model` rather than by a policy.  ``-P name=value``
+#: with one of these names configures the throughput model.
+MODEL_OPTIONS = frozenset({"profiles", "variability", "variability_seed", "variability_dir", "topology",
+                           "per_model_penalty"})
+
+
+def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(policy parameters, model options) from one ``-P`` mapping."""
+    policy = {k: v for k, v in params.items() if k not in MODEL_OPTIONS}
+    model = {k: v for k, v in params.items() if k in MODEL_OPTIONS}
+    return policy, model
+
 
 def build_model(
     cluster: Cluster,
@@ -27,4 +39,18 @@ def build_model(
     # scaling curves f(N): speed 1 at a job's requested GPU count, so only sizers that
     # change GPU counts (elastic, static) see them; jobs without a curve stay rigid
     model.add(ScalingFactor())
+    if options.get("variability"):  # PAL PM-scores: a PerfVar CSV, or "generate[:DIR]"
+        from ..perf.variability import add_variability, variability_from_spec
+
+        seed = int(options.get("variability_seed", options.get("seed", 0)))
+        add_variability(model, variability_from_spec(str(options["variability"]), cluster,
+                                                     options.get("variability_dir"), seed))
+    if options.get("topology"):  # YARN-8821: an `nvidia-smi topo -m` file for the nodes
+        from ..perf.topology import add_topology, load_topology
+
+        add_topology(model, load_topology(options["topology"]))
+    if options.get("profiles"):  # Synergy: CPU/memory sensitivity (-P profiles=model_sensitivity_profiles.csv)
+        from ..perf.sensitivity import add_sensitivity, load_catalogue
+
+        add_sensitivity(model, load_catalogue(options["profiles"]))
     return model

@@ -1,0 +1,210 @@
+"""PAL placement: round cost at scale, and PAL's Sia-Philly evaluation.
+
+Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|all]``
+(``main()`` runs everything; the evaluation parts need ``../shared/data`` or
+``$GPULOOM_DATA``).
+
+1. **Round cost.**  One scheduling round (FIFO order, proportional sizing,
+   the place policy) at 256, 1,024 and 10,240 GPUs (nodes of 4 GPUs), with a
+   full queue: jobs drawn from the Sia-Philly size mix (1-48 GPUs) and models
+   until they ask for twice the cluster.  ``cold`` is the first round
+   (includes binning the PM-scores and building the per-class arrays),
+   ``warm`` the best of three later rounds from an empty cluster, ``steady`` (best of three)
+   a round in which the previous plan's jobs are running (non-sticky
+   policies re-place all of them).  Scores: generated from PAL's measured
+   data when present, else drawn from N(1, 0.03) (same cost either way).
+2. **Evaluation** (PAL, SC'24, Sec. V.B): the eight Sia-Philly 160-job
+   workloads on 16 nodes x 4 GPUs, FIFO, 360 s rounds, locality penalty 1.7,
+   restart overhead 10 s; PM-scores for the 64 GPUs generated from the
+   measured Longhorn distributions (``generate_for_cluster``, seed 0).
+   Average JCT per workload and policy; improvement of PM-First and PAL over
+   Packed-Sticky, per workload ``1 - JCT/JCT_packed_sticky`` and the geometric
+   mean over workloads ``1 - geomean(JCT/JCT_packed_sticky)``.
+3. **Locality sweep**: the penalty from 1.0 to 3.0 on one workload.
+4. **Score sources**: the geomean improvement for other seeds of the
+   generator and for PAL's measured 32-GPU table repeated over 64 GPUs.
+
+The PAL traces (``job_id,num_gpus,submit_time,duration,model``) are read
+with :func:`gpuloom.sim.traces.read_pal`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.job import Job, JobSpec, JobStatus
+from gpuloom.perf.model import ThroughputModel
+from gpuloom.perf.variability import PMScores, add_variability, generate_for_cluster, load_variability_csv
+from gpuloom.policies.base import View
+from gpuloom.scheduler import Scheduler
+from gpuloom.sim import simulate
+from gpuloom.sim.traces import read_pal
+
+POLICIES = ["packed-sticky", "packed-non-sticky", "random-sticky", "random-non-sticky", "pm-first", "pal"]
+SIZES = [1, 4, 6, 8, 12, 16, 24, 32, 48]
+SIZE_P = np.array([44800, 5100, 17100, 14900, 16500, 11300, 700, 900, 700], dtype=float)  # Sia-Philly mix
+MODELS = ["vgg19", "resnet50", "DCGAN", "BERT", "GPT2", "PointNet"]
+
+
+def data_dir() -> Path | None:
+    env = os.environ.get("GPULOOM_DATA")
+    p = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return p if p.is_dir() else None
+
+
+def read_pal_trace(path: Path) -> list[JobSpec]:
+    return read_pal(path).jobs
+
+
+def _scores(cluster: Cluster, seed: int = 0) -> PMScores:
+    d = data_dir()
+    if d is not None:
+        return generate_for_cluster(cluster, d / "pal" / "variability", seed)
+    rng = np.random.default_rng(seed)
+    return PMScores(np.clip(rng.normal(1.0, 0.03, (cluster.num_gpus, 4)), 0.8, None), "synthetic")
+
+
+# ---------------------------------------------------------------------------
+def bench_round() -> None:
+    print("One placement round, full queue (demand = 2x the cluster), nodes of 4 GPUs")
+    print(f"{'GPUs':>6} {'queue':>6} {'placed':>7} {'policy':<14} {'cold ms':>9} {'warm ms':>9} {'steady ms':>10}")
+    for g in (256, 1024, 10240):
+        cl = Cluster.homogeneous(g // 4, 4)
+        scores = _scores(cl)
+        rng = np.random.default_rng(1)
+        jobs: list[Job] = []
+        demand = 0
+        while demand < 2 * g:
+            k = int(rng.choice(SIZES, p=SIZE_P / SIZE_P.sum()))
+            spec = JobSpec(f"j{len(jobs)}", float(len(jobs)), k, 3600.0, model=str(rng.choice(MODELS)))
+            j = Job(spec, len(jobs))
+            j.status = JobStatus.WAITING
+            jobs.append(j)
+            demand += k
+        for pol in ("packed-sticky", "pm-first", "pal"):
+            model = add_variability(ThroughputModel.default(cl, 1.7), scores)
+            sched = Scheduler.from_names("fifo", "none", "proportional", pol)
+
+            def view(current: dict) -> View:
+                return View(0.0, cl, jobs, current, model, np.random.default_rng(0))  # noqa: B023
+
+            for j in jobs:
+                j.alloc = None
+            t0 = time.perf_counter()
+            plan = sched.schedule(view({}))
+            cold = time.perf_counter() - t0
+            warm = math.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                sched.schedule(view({}))
+                warm = min(warm, time.perf_counter() - t0)
+            for j in jobs:
+                j.alloc = plan.allocations.get(j.id)
+            steady = math.inf
+            for _ in range(3):
+                t0 = time.perf_counter()
+                plan2 = sched.schedule(view(dict(plan.allocations)))
+                steady = min(steady, time.perf_counter() - t0)
+            assert len(plan2) >= 1
+            for j in jobs:
+                j.alloc = None
+            print(f"{g:>6} {len(jobs):>6} {len(plan):>7} {pol:<14} {cold * 1e3:>9.1f} {warm * 1e3:>9.1f} "
+                  f"{steady * 1e3:>10.1f}")
+
+
+# ---------------------------------------------------------------------------
+def _run(specs: list[JobSpec], cluster: Cluster, scores: PMScores, place: str, penalty: float) -> float:
+    model = add_variability(ThroughputModel.default(cluster, penalty), scores)
+    res = simulate(cluster, specs, order="fifo", place=place, model=model, round_len=360.0, seed=0)
+    s = res.summary()
+    if s["unfinished"]:
+        raise RuntimeError(f"{place}: {s['unfinished']} jobs unfinished")
+    return float(s["mean_jct"])
+
+
+def _geo_impr(ratios: list[float]) -> float:
+    return 1.0 - math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def bench_eval(workloads: range = range(1, 9), seed: int = 0) -> None:
+    d = data_dir()
+    if d is None:
+        print("evaluation skipped: no ../shared/data")
+        return
+    cl = Cluster.homogeneous(16, 4)
+    scores = generate_for_cluster(cl, d / "pal" / "variability", seed)
+    print(f"\nSia-Philly workloads, 16x4 GPUs, FIFO, 360 s rounds, locality 1.7, PM-scores generated (seed {seed})")
+    print("average JCT in hours")
+    print(f"{'workload':>8} " + " ".join(f"{p:>17}" for p in POLICIES) + f" {'PM-First impr':>13} {'PAL impr':>9}")
+    rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
+    t0 = time.perf_counter()
+    for w in workloads:
+        specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv")
+        jct = {p: _run(specs, cl, scores, p, 1.7) for p in POLICIES}
+        for p in rat:
+            rat[p].append(jct[p] / jct["packed-sticky"])
+        print(f"{w:>8} " + " ".join(f"{jct[p] / 3600:>17.2f}" for p in POLICIES)
+              + f" {1 - jct['pm-first'] / jct['packed-sticky']:>13.1%} {1 - jct['pal'] / jct['packed-sticky']:>9.1%}")
+    print(f"geomean improvement over packed-sticky: PM-First {_geo_impr(rat['pm-first']):.1%}, "
+          f"PAL {_geo_impr(rat['pal']):.1%}   ({time.perf_counter() - t0:.1f} s)")
+
+
+def bench_sweep(workload: int = 1, seed: int = 0) -> None:
+    d = data_dir()
+    if d is None:
+        print("sweep skipped: no ../shared/data")
+        return
+    cl = Cluster.homogeneous(16, 4)
+    scores = generate_for_cluster(cl, d / "pal" / "variability", seed)
+    specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{workload}.csv")
+    print(f"\nLocality penalty sweep, workload {workload} (average JCT in hours)")
+    print(f"{'penalty':>7} " + " ".join(f"{p:>17}" for p in POLICIES) + f" {'PM-First impr':>13} {'PAL impr':>9}")
+    for pen in (1.0, 1.5, 2.0, 2.5, 3.0):
+        jct = {p: _run(specs, cl, scores, p, pen) for p in POLICIES}
+        print(f"{pen:>7.1f} " + " ".join(f"{jct[p] / 3600:>17.2f}" for p in POLICIES)
+              + f" {1 - jct['pm-first'] / jct['packed-sticky']:>13.1%} {1 - jct['pal'] / jct['packed-sticky']:>9.1%}")
+
+
+def bench_sources() -> None:
+    """Geomean improvement over packed-sticky for other score draws and for PAL's measured table."""
+    d = data_dir()
+    if d is None:
+        print("sources skipped: no ../shared/data")
+        return
+    cl = Cluster.homogeneous(16, 4)
+    table = load_variability_csv(d / "pal" / "variability" / "32gpu-variability.csv")
+    sources = {f"generated, seed {s}": generate_for_cluster(cl, d / "pal" / "variability", s) for s in range(4)}
+    sources["measured 32-GPU table x2"] = PMScores(np.vstack([table.scores, table.scores]), "32gpu x2")
+    specs = {w: read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv") for w in range(1, 9)}
+    print("\nPM-score source vs geomean improvement over packed-sticky (8 workloads, penalty 1.7)")
+    print(f"{'source':<26} {'class A max':>11} {'PM-First':>9} {'PAL':>7}")
+    for name, sc in sources.items():
+        rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
+        for w in range(1, 9):
+            base = _run(specs[w], cl, sc, "packed-sticky", 1.7)
+            for p in rat:
+                rat[p].append(_run(specs[w], cl, sc, p, 1.7) / base)
+        print(f"{name:<26} {sc.scores[:, 0].max():>11.3f} {_geo_impr(rat['pm-first']):>9.1%} {_geo_impr(rat['pal']):>7.1%}")
+
+
+def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 and __name__ == "__main__" else "all"
+    if what in ("round", "all"):
+        bench_round()
+    if what in ("eval", "all"):
+        bench_eval()
+    if what in ("sweep", "all"):
+        bench_sweep()
+    if what == "sources":  # not part of "all": keeps main() near a minute and a half
+        bench_sources()
+
+
+if __name__ == "__main__":
+    main()

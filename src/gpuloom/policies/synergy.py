@@ -1,0 +1,746 @@
+"""Synergy's multi-resource allocators as "size" policies: ``greedy``, ``tune``, ``opt``.
+
+Each job's *demand vector* is its GPUs plus the smallest CPU cores and memory
+that reach its best throughput within ``threshold`` (default 10 %), from the
+job's sensitivity profile (:mod:`gpuloom.perf.sensitivity`; the profile comes
+from the throughput model's ``sensitivity`` factor, the single source of truth
+about speed).  The demand is capped at one node and never gives less throughput
+than the GPU-proportional share; jobs larger than a node, and jobs without a
+profile, demand the proportional share (or their spec's explicit cpus/mem).
+
+All three sizers keep GPU counts fixed and override
+:meth:`~gpuloom.policies.base.SizePolicy.allocate`, placing job by job through
+the place policy's ``keep_parts`` (stickiness) and ``choose`` over a
+:class:`~gpuloom.policies.base.FreeState` that tracks free GPUs, cores and
+memory per node.  A job whose GPUs fit on one node is never spread over nodes
+just to get extra CPU or memory.  A unit must be one job (``--group none``).
+
+Parameters (``-P name=value``): ``threshold`` (all), ``profiles`` (all: the
+catalogue CSV; :func:`gpuloom.sim.setup.build_model` adds the sensitivity
+factor to the run's throughput model when it is given, and a sizer given it
+refuses to run on a model without that factor), ``time_limit`` and
+``max_jobs`` (opt).  Without a sensitivity factor every job is insensitive and
+the sizers hand out the proportional share.
+
+``greedy`` (Synergy-GREEDY)
+    In policy order, give each job its best-case demand where it fits
+    (first fit through ``choose``), else skip it.  Packing three dimensions
+    greedily strands GPUs: CPU or memory runs out while GPUs sit idle.
+
+``tune`` (Synergy-TUNE)
+    In policy order: best-case demand if it fits; else the GPU-proportional
+    share; else pick the node (best fit on free GPUs; the nodes with most free
+    GPUs when the job must span) and *demote* jobs already placed there that
+    hold more than their proportional share – lowest priority first – to
+    ``min(current, proportional)`` per dimension (exactly proportional if that
+    would cost them throughput), until the job fits at its demand capped at the
+    proportional share.  Jobs are skipped only when too few GPUs are free.
+    Promises, checked by :func:`check_tune_invariants`:
+
+    1. no job runs below its GPU-proportional throughput;
+    2. the policy order is respected: a job waits only if the GPUs left by the
+       jobs ahead of it are too few for it;
+    3. no GPU is idle while a runnable job waits for CPU or memory.
+
+    (After demotions, freed resources are not handed back to other jobs in
+    the same round; Synergy's TUNE does not either.)
+
+``opt`` (Synergy-OPT)
+    Two linear programs solved with HiGHS (``scipy.optimize.linprog``):
+
+    1. *allocation*: over the jobs selected in policy order while their GPUs
+       fit the cluster, choose for each a convex combination of its
+       Pareto-efficient (cores, memory) grid points – all at least as fast as
+       proportional – maximising the sum of normalised throughputs subject to
+       the cluster's total cores and memory (the cluster seen as one big
+       machine).  A basic solution splits at most two jobs; each is rounded
+       to its cheaper point.
+    2. *placement*: a configuration LP – jobs with equal (GPUs, cores, memory)
+       form a *type*, ``y[t, s]`` is how many jobs of type ``t`` node ``s``
+       hosts – under every node's GPU, core and memory capacity, minimising
+       moves (placing a job on the node it runs on costs 0) then packing onto
+       low-numbered nodes (first-fit order, keeping free space together).
+       Grouping by type removes the nodes' symmetry: a few thousand variables
+       instead of jobs x nodes (at 512 GPUs and 274 jobs the per-job LP took
+       1.2 s, this one ~0.05 s).  Each node takes ``floor(y)`` whole jobs of
+       each type (running jobs keep their GPUs where the LP leaves them on
+       their node); the fractional remainders – jobs the LP split across
+       nodes – are rounded to whole-GPU gangs by TUNE's steps (on one node
+       when one has room, else spread over several).
+
+    A job whose rounded placement does not fit, a job larger than a node, and
+    every job the LPs did not cover goes through TUNE's steps (so no GPU is stranded).  On solver
+    failure or time-out (``time_limit`` seconds per LP) the round falls back to
+    TUNE and the reason is logged (``last_fallback``).  ``max_jobs`` caps the
+    LP window (default 1024 jobs; a 512-GPU cluster holds at most 512).
+    A round whose window is the last round's, placed in full and still running
+    exactly as planned, reuses that plan without solving: the allocation LP
+    sees the same jobs and the current placement costs 0 in the placement LP,
+    so it is optimal there (``lp_rounds`` / ``reused_rounds`` count both kinds).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.job import Job
+from ..core.plan import Allocation, Part, Plan, PlanError
+from ..perf.sensitivity import (
+    DEFAULT_THRESHOLD,
+    CpuMemProfile,
+    SensitivityFactor,
+    default_grid,
+    demand_vector,
+)
+from .base import FreeState, PlacePolicy, PolicyError, Request, SizePolicy, View, need_on, register, split_parts
+
+log = logging.getLogger(__name__)
+_EPS = 1e-9
+
+
+def sensitivity_factor(view: View) -> SensitivityFactor | None:
+    f = view.model.get("sensitivity")
+    return f if isinstance(f, SensitivityFactor) else None
+
+
+def _ref_node(view: View) -> int:
+    """The node whose shape defines single-node demands (the one with most GPUs)."""
+    gpus = [n.gpus for n in view.cluster.nodes]
+    return int(np.argmax(gpus))
+
+
+class _SynergySizer(SizePolicy):
+    fixed_gpus = True
+
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, profiles: str | None = None) -> None:
+        threshold = float(threshold)
+        if not 0 <= threshold < 10:
+            raise ValueError(f"threshold must be in [0, 10), got {threshold}")
+        self.threshold = threshold
+        # the catalogue file the run's throughput model loads (sim.setup.build_model);
+        # sizers read profiles from the model's sensitivity factor, never from here
+        self.profiles = profiles
+        # demand vectors by (profile, GPUs): every job of a model shares one
+        self._demand: dict[tuple[Any, int], tuple[int | None, int | None]] = {}
+        self.last_order: list[str] = []
+        self.last_stats: dict[str, Any] = {}
+
+    # -- demand vectors ----------------------------------------------------
+    def profile(self, job: Job, view: View) -> CpuMemProfile | None:
+        f = sensitivity_factor(view)
+        return None if f is None else f.profile_for(job)
+
+    def demand(self, job: Job, view: View) -> tuple[int | None, int | None]:
+        """Best-case (cores, MB) totals; ``None`` = GPU-proportional on whichever node."""
+        p = self.profile(job, view)
+        g = job.spec.gpus
+        rn = _ref_node(view)
+        node = view.cluster.nodes[rn]
+        if p is None or g > node.gpus:
+            return (job.spec.cpus, job.spec.mem_mb)
+        d = self._demand.get((p, g))
+        if d is None:
+            prop = view.cluster.proportional(rn, g)
+            cps, mps = default_grid(p, g, node.cpus, node.mem_mb)
+            dv = demand_vector(p, g, cps, mps, self.threshold, floor=prop)
+            d = self._demand[(p, g)] = (dv.cpus, dv.mem_mb)
+        return d
+
+    def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
+        out = []
+        for unit in units:
+            if len(unit) != 1:
+                raise PolicyError(f"size policy {self.name!r} places one job per GPU set; use group 'none'")
+            j = unit[0]
+            c, m = self.demand(j, view)
+            out.append(Request(tuple(unit), j.spec.gpus, c, m))
+        return out
+
+    # -- shared round machinery --------------------------------------------
+    def allocate(self, requests: list[Request], view: View, place: PlacePolicy, preemptive: bool) -> Plan:
+        if self.profiles and sensitivity_factor(view) is None:
+            raise PolicyError(
+                f"size policy {self.name!r}: profiles={self.profiles!r} given but the throughput model has no "
+                "sensitivity factor (build it with gpuloom.sim.setup.build_model or perf.sensitivity.add_sensitivity)"
+            )
+        order = list(requests)
+        if not preemptive:
+            order = [r for r in order if r.running] + [r for r in order if not r.running]
+        self.last_order = [r.job.id for r in order]
+        rnd = _Round(self, view, place)
+        self._run(rnd, order)
+        self.last_stats = rnd.stats
+        return rnd.plan
+
+    def _run(self, rnd: _Round, order: list[Request]) -> None:
+        raise NotImplementedError
+
+
+class _Round:
+    """State of one allocation round: free resources, the plan, who sits where."""
+
+    def __init__(self, sizer: _SynergySizer, view: View, place: PlacePolicy) -> None:
+        self.sizer = sizer
+        self.view = view
+        self.place = place
+        self.cluster = view.cluster
+        self.free = FreeState(view.cluster)
+        self.plan = Plan()
+        self.on_node: dict[int, list[str]] = {}
+        self.rank: dict[str, int] = {}
+        self.jobs: dict[str, Job] = {}
+        self.stats: dict[str, Any] = {"best": 0, "proportional": 0, "reclaimed": 0, "demoted": 0, "skipped": 0}
+        ncap = self.cluster.nodes
+        self.node_gpus_total = np.array([n.gpus for n in ncap], dtype=np.int64)
+        self.node_cpus_total = np.array([n.cpus for n in ncap], dtype=np.int64)
+        self.node_mem_total = np.array([n.mem_mb for n in ncap], dtype=np.int64)
+
+    # -- bookkeeping --------------------------------------------------------
+    def commit(self, req: Request, parts: tuple[Part, ...]) -> None:
+        job = req.job
+        self.free.take(parts)
+        self.plan.add(Allocation(job.id, parts))
+        for p in parts:
+            self.on_node.setdefault(p.node, []).append(job.id)
+
+    def prop_parts(self, parts: Sequence[Part]) -> tuple[Part, ...]:
+        return tuple(Part(p.node, p.gpus, *self.cluster.proportional(p.node, len(p.gpus))) for p in parts)
+
+    # -- placing one request --------------------------------------------------
+    def try_place(self, req: Request) -> tuple[Part, ...] | None:
+        """Keep the job's GPUs (sticky) or ``choose``; never span a job that one node could host."""
+        free = self.free
+        if self.place.sticky:
+            parts = self.place.keep_parts(req, free)
+            if parts is not None:
+                return parts
+        g = req.gpus
+        single = free.node_gpus >= g
+        if single.any():
+            if req.cpus is None:
+                c_need = self.node_cpus_total * g // np.maximum(self.node_gpus_total, 1)
+            else:
+                c_need = np.full(len(single), req.cpus)
+            if req.mem_mb is None:
+                m_need = self.node_mem_total * g // np.maximum(self.node_gpus_total, 1)
+            else:
+                m_need = np.full(len(single), req.mem_mb)
+            ok = single & (free.node_cpus >= c_need) & (free.node_mem >= m_need)
+            if not ok.any():
+                return None
+        elif g > free.free_gpus:
+            return None
+        parts = self.place.choose(req, free, self.view)
+        if parts is not None and len(parts) > 1 and single.any():
+            return None
+        return parts
+
+    def place_best_or_proportional(self, req: Request, allow_prop: bool = True) -> str | None:
+        parts = self.try_place(req)
+        if parts is not None:
+            self.commit(req, parts)
+            return "best"
+        if not allow_prop or (req.cpus is None and req.mem_mb is None):
+            return None
+        prop = Request(req.jobs, req.gpus, None, None)
+        parts = self.try_place(prop)
+        if parts is not None:
+            self.commit(prop, parts)
+            return "proportional"
+        return None
+
+    def capped_request(self, req: Request) -> Request:
+        """The demand capped at the proportional share, if that keeps proportional throughput."""
+        job = req.job
+        rn = _ref_node(self.view)
+        if req.gpus > self.cluster.nodes[rn].gpus or (req.cpus is None and req.mem_mb is None):
+            return Request(req.jobs, req.gpus, None, None)
+        pc, pm = self.cluster.proportional(rn, req.gpus)
+        c = pc if req.cpus is None else min(req.cpus, pc)
+        m = pm if req.mem_mb is None else min(req.mem_mb, pm)
+        p = self.sizer.profile(job, self.view)
+        if p is not None and p.throughput_at(c, m, req.gpus) < p.throughput_at(pc, pm, req.gpus) * (1 - 1e-12):
+            return Request(req.jobs, req.gpus, None, None)
+        return Request(req.jobs, req.gpus, c, m)
+
+    def demote(self, jid: str, node: int) -> bool:
+        """Cut ``jid``'s part on ``node`` to its proportional share; False if it holds no more than that."""
+        alloc = self.plan.allocations[jid]
+        job = self.jobs[jid]
+        new_parts = []
+        changed = False
+        for p in alloc.parts:
+            if p.node != node:
+                new_parts.append(p)
+                continue
+            pc, pm = self.cluster.proportional(node, len(p.gpus))
+            if p.cpus <= pc and p.mem_mb <= pm:
+                return False
+            new_parts.append(Part(node, p.gpus, min(p.cpus, pc), min(p.mem_mb, pm)))
+            changed = True
+        if not changed:
+            return False
+        cand = Allocation(jid, tuple(new_parts), alloc.group)
+        model = self.view.model
+        floor = model.speed(job, Allocation(jid, self.prop_parts(alloc.parts), alloc.group))
+        if model.speed(job, cand) < floor - _EPS:
+            cand = Allocation(
+                jid,
+                tuple(
+                    Part(p.node, p.gpus, *self.cluster.proportional(p.node, len(p.gpus))) if p.node == node else p
+                    for p in alloc.parts
+                ),
+                alloc.group,
+            )
+        old = next(p for p in alloc.parts if p.node == node)
+        new = next(p for p in cand.parts if p.node == node)
+        dc, dm = old.cpus - new.cpus, old.mem_mb - new.mem_mb
+        if self.free.node_cpus[node] + dc < 0 or self.free.node_mem[node] + dm < 0:
+            return False
+        self.free.node_cpus[node] += dc
+        self.free.node_mem[node] += dm
+        self.plan.allocations[jid] = cand
+        self.stats["demoted"] += 1
+        return True
+
+    def make_room(self, node: int, need_c: int, need_m: int) -> bool:
+        free = self.free
+        if free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m:
+            return True
+        # demote nobody on a node where even demoting everyone would not be enough
+        rc = rm = 0
+        for jid in self.on_node.get(node, ()):
+            for p in self.plan.allocations[jid].parts:
+                if p.node == node:
+                    pc, pm = self.cluster.proportional(node, len(p.gpus))
+                    rc += max(0, p.cpus - pc)
+                    rm += max(0, p.mem_mb - pm)
+        if free.node_cpus[node] + rc < need_c or free.node_mem[node] + rm < need_m:
+            return False
+        # lowest priority first
+        victims = sorted(self.on_node.get(node, ()), key=lambda j: -self.rank.get(j, 0))
+        for jid in victims:
+            if free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m:
+                break
+            self.demote(jid, node)
+        return bool(free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m)
+
+    def reclaim(self, req: Request) -> tuple[Part, ...] | None:
+        """TUNE's last step: free CPU/memory on a node with enough GPUs by demoting over-share jobs."""
+        free = self.free
+        g = req.gpus
+        prev = req.prev
+        prev_on = {p.node: p.gpus for p in prev.parts} if prev is not None else {}
+        cand = np.flatnonzero(free.node_gpus >= g)
+        if cand.size:
+            req = self.capped_request(req)
+            # best fit on free GPUs; the job's previous node first
+            order = sorted(cand.tolist(), key=lambda n: (n not in prev_on, int(free.node_gpus[n]), n))
+            for node in order:
+                c, m = need_on(self.cluster, req, node, g)
+                if self.make_room(node, c, m):
+                    gids = self._pick(node, g, prev_on.get(node, ()))
+                    parts = split_parts(self.cluster, req, {node: gids})
+                    if free.fits(parts):
+                        return parts
+            return None
+        if free.free_gpus < g:
+            return None
+        req = Request(req.jobs, g, None, None)
+        take: dict[int, int] = {}
+        left = g
+        for node in np.argsort(-free.node_gpus, kind="stable").tolist():
+            k = min(left, int(free.node_gpus[node]))
+            if k <= 0:
+                break
+            take[node] = k
+            left -= k
+        if left:
+            return None
+        for node, k in take.items():
+            c, m = need_on(self.cluster, req, node, k)
+            if not self.make_room(node, c, m):
+                return None
+        parts = split_parts(self.cluster, req, {n: self._pick(n, k, prev_on.get(n, ())) for n, k in take.items()})
+        return parts if free.fits(parts) else None
+
+    def _pick(self, node: int, k: int, prefer: Sequence[int] = ()) -> list[int]:
+        avail = self.free.free_on(node)
+        first = [g for g in prefer if self.free.gpu_free[g]]
+        taken = set(first)
+        rest = [g for g in avail if g not in taken]
+        return (first + rest)[:k]
+
+    def tune_one(self, req: Request) -> bool:
+        """TUNE's steps for one job; returns whether it was placed."""
+        if req.gpus > self.free.free_gpus:
+            self.stats["skipped"] += 1
+            return False
+        how = self.place_best_or_proportional(req)
+        if how is not None:
+            self.stats[how] += 1
+            return True
+        parts = self.reclaim(req)
+        if parts is None:
+            self.stats["skipped"] += 1
+            return False
+        self.commit(Request(req.jobs, req.gpus, parts[0].cpus, parts[0].mem_mb), parts)
+        self.stats["reclaimed"] += 1
+        return True
+
+    def register(self, order: Sequence[Request]) -> None:
+        for i, r in enumerate(order):
+            self.rank[r.job.id] = i
+            self.jobs[r.job.id] = r.job
+
+
+@register("size", "greedy", "synergy-greedy")
+class Greedy(_SynergySizer):
+    """Synergy-GREEDY: best-case demand first fit, in order; skip what does not fit."""
+
+    def _run(self, rnd: _Round, order: list[Request]) -> None:
+        rnd.register(order)
+        for req in order:
+            if req.gpus > rnd.free.free_gpus:
+                rnd.stats["skipped"] += 1
+                continue
+            if rnd.place_best_or_proportional(req, allow_prop=False):
+                rnd.stats["best"] += 1
+            else:
+                rnd.stats["skipped"] += 1
+
+
+@register("size", "tune", "synergy-tune")
+class Tune(_SynergySizer):
+    """Synergy-TUNE (see the module notes)."""
+
+    def _run(self, rnd: _Round, order: list[Request]) -> None:
+        rnd.register(order)
+        for req in order:
+            rnd.tune_one(req)
+
+
+# ---------------------------------------------------------------------------
+def _candidates(
+    sizer: _SynergySizer, job: Job, view: View, req: Request
+) -> tuple[list[tuple[int, int]], list[float]]:
+    """Pareto-efficient (cores, MB) points at least as fast as proportional, with their relative speeds."""
+    rn = _ref_node(view)
+    node = view.cluster.nodes[rn]
+    g = req.gpus
+    pc, pm = view.cluster.proportional(rn, g) if g <= node.gpus else (
+        view.cluster.total_cpus * g // max(view.cluster.num_gpus, 1),
+        view.cluster.total_mem_mb * g // max(view.cluster.num_gpus, 1),
+    )
+    p = sizer.profile(job, view)
+    if p is None or g > node.gpus:
+        c = pc if req.cpus is None else req.cpus
+        m = pm if req.mem_mb is None else req.mem_mb
+        return [(c, m)], [1.0]
+    base = p.throughput_at(pc, pm, g)
+    if base <= 0:
+        return [(pc, pm)], [1.0]
+    cps, mps = default_grid(p, g, node.cpus, node.mem_mb)
+    pts = {(c, m): p.throughput_at(c, m, g) / base for c in cps for m in mps}
+    pts[(pc, pm)] = 1.0
+    good = [(c, m, s) for (c, m), s in pts.items() if s >= 1.0 - 1e-12]
+    # Pareto: drop points dominated (more or equal resources, no more speed)
+    good.sort(key=lambda t: (t[0], t[1], -t[2]))
+    keep: list[tuple[int, int, float]] = []
+    for c, m, s in good:
+        if any(kc <= c and km <= m and ks >= s - 1e-12 for kc, km, ks in keep):
+            continue
+        keep.append((c, m, s))
+    return [(c, m) for c, m, _ in keep], [s for _, _, s in keep]
+
+
+@register("size", "opt", "synergy-opt")
+class Opt(_SynergySizer):
+    """Synergy-OPT: allocation LP + placement LP with HiGHS (see the module notes)."""
+
+    def __init__(
+        self,
+        threshold: float = DEFAULT_THRESHOLD,
+        profiles: str | None = None,
+        time_limit: float = 10.0,
+        max_jobs: int = 1024,
+    ) -> None:
+        super().__init__(threshold, profiles)
+        if not time_limit > 0:
+            raise ValueError(f"time_limit must be > 0, got {time_limit}")
+        if int(max_jobs) < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
+        self.time_limit = float(time_limit)
+        self.max_jobs = int(max_jobs)
+        self.last_objective: float | None = None
+        self.last_fallback: str | None = None
+        self._last_window: frozenset[str] | None = None
+        self._last_plan: Plan | None = None
+        self.lp_rounds = 0
+        self.reused_rounds = 0
+        self._cands: dict[tuple[Any, ...], tuple[list[tuple[int, int]], list[float]]] = {}
+
+    def _run(self, rnd: _Round, order: list[Request]) -> None:
+        rnd.register(order)
+        self.last_fallback = None
+        self.last_objective = None
+        # window: in order, while GPUs fit the cluster
+        cap = rnd.free.free_gpus
+        window: list[Request] = []
+        rest: list[Request] = []
+        for r in order:
+            if len(window) < self.max_jobs and r.gpus <= cap:
+                window.append(r)
+                cap -= r.gpus
+            else:
+                rest.append(r)
+        if not window:
+            return
+        key = frozenset(r.job.id for r in window)
+        last = self._last_plan
+        if (
+            key == self._last_window
+            and last is not None
+            and set(last.allocations) == key
+            and all(rnd.view.current.get(j) == a for j, a in last.allocations.items())
+        ):
+            # same window, placed in full and running as planned: the LPs would
+            # reproduce this plan, and no job outside the window fits the GPUs left
+            for a in last.allocations.values():
+                rnd.free.take(a.parts)
+                rnd.plan.add(a)
+            self.reused_rounds += 1
+            return
+        self.lp_rounds += 1
+        try:
+            chosen = self._allocation_lp(rnd, window)
+            placed = self._placement_lp(rnd, window, chosen)
+        except _SolverFailure as e:
+            self.last_fallback = str(e)
+            log.warning("synergy-opt: %s; this round falls back to TUNE", e)
+            for r in order:
+                rnd.tune_one(r)
+            return
+        left = [r for r in order if r.job.id not in placed]
+        for r in left:
+            rnd.tune_one(r)
+        self._last_window = key
+        self._last_plan = Plan(dict(rnd.plan.allocations))
+
+    # -- LP 1: allocation -----------------------------------------------------
+    def _allocation_lp(self, rnd: _Round, window: list[Request]) -> list[tuple[int, int, float]]:
+        from scipy.optimize import linprog
+        from scipy.sparse import csr_matrix
+
+        view = rnd.view
+        cands = []
+        for r in window:
+            p = self.profile(r.job, view)
+            key = (p, r.gpus) if p is not None else (None, r.gpus, r.cpus, r.mem_mb)
+            cd = self._cands.get(key)
+            if cd is None:
+                cd = self._cands[key] = _candidates(self, r.job, view, r)
+            cands.append(cd)
+        n = sum(len(c[0]) for c in cands)
+        cost = np.empty(n)
+        cpu = np.empty(n)
+        mem = np.empty(n)
+        owner = np.empty(n, dtype=np.int64)
+        k = 0
+        for j, (pts, spd) in enumerate(cands):
+            for (c, m), s in zip(pts, spd, strict=True):
+                cost[k], cpu[k], mem[k], owner[k] = -s, c, m, j
+                k += 1
+        a_ub = np.vstack([cpu, mem])
+        b_ub = np.array([rnd.cluster.total_cpus, rnd.cluster.total_mem_mb], dtype=float)
+        a_eq = csr_matrix((np.ones(n), (owner, np.arange(n))), shape=(len(window), n))
+        b_eq = np.ones(len(window))
+        res = self._solve(linprog, "allocation", c=cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq)
+        x = res.x
+        self.last_objective = float(-res.fun)
+        chosen: list[tuple[int, int, float]] = []
+        k = 0
+        tc, tm = b_ub
+        for pts, spd in cands:
+            xs = x[k : k + len(pts)]
+            k += len(pts)
+            used = [i for i in range(len(pts)) if xs[i] > 1e-7]
+            if len(used) == 1 or xs.max() >= 1 - 1e-7:
+                i = int(np.argmax(xs))
+            else:  # split by the LP: round to the cheaper point
+                i = min(used, key=lambda i: pts[i][0] / tc + pts[i][1] / tm)
+            chosen.append((pts[i][0], pts[i][1], spd[i]))
+        return chosen
+
+    # -- LP 2: placement -------------------------------------------------------
+    def _placement_lp(self, rnd: _Round, window: list[Request], chosen: list[tuple[int, int, float]]) -> set[str]:
+        """Place the window's single-node jobs with a configuration LP over job types.
+
+        Jobs with the same (GPUs, cores, MB) are one *type*; ``y[t, s]`` is how
+        many jobs of type ``t`` node ``s`` hosts (fractional in the LP).  This
+        is the placement LP with its node symmetry removed: a few thousand
+        variables instead of jobs x nodes.  Each node takes ``floor(y)`` whole
+        jobs of a type; the fractional remainders (jobs the LP split across
+        nodes) are rounded to whole-GPU gangs by TUNE's steps afterwards.
+        Jobs larger than a node are also left to TUNE's steps.
+        """
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+
+        free = rnd.free
+        ns = rnd.cluster.num_nodes
+        node_max = int(rnd.node_gpus_total.max())
+        types: dict[tuple[int, int, int], list[int]] = {}
+        for j, r in enumerate(window):
+            if r.gpus <= node_max:
+                types.setdefault((r.gpus, int(chosen[j][0]), int(chosen[j][1])), []).append(j)
+        if not types:
+            return set()
+        keys = list(types)
+        nt = len(keys)
+        # current jobs of each type per node: those placements cost nothing (no move)
+        cur = np.zeros((nt, ns))
+        for t, key in enumerate(keys):
+            for j in types[key]:
+                prev = window[j].prev
+                if prev is not None and len(prev.parts) == 1:
+                    cur[t, prev.parts[0].node] += 1
+        tt, ss = np.nonzero(np.ones((nt, ns)))
+        st, sn = np.nonzero(cur)
+        var_t = np.concatenate([tt, st])
+        var_s = np.concatenate([ss, sn])
+        nv = var_t.size
+        cost = np.concatenate([1.0 + ss / max(ns, 1) * 1e-2, np.zeros(st.size)])
+        gt = np.array([k[0] for k in keys], dtype=float)
+        ct = np.array([k[1] for k in keys], dtype=float)
+        mt = np.array([k[2] for k in keys], dtype=float)
+        cnt = np.array([len(types[k]) for k in keys], dtype=float)
+        ub = np.concatenate([np.minimum(cnt[tt], free.node_gpus[ss] // gt[tt]), cur[st, sn]])
+        rows = np.concatenate([var_s, ns + var_s, 2 * ns + var_s])
+        cols = np.concatenate([np.arange(nv)] * 3)
+        vals = np.concatenate([gt[var_t], ct[var_t], mt[var_t]])
+        a_ub = coo_matrix((vals, (rows, cols)), shape=(3 * ns, nv)).tocsr()
+        b_ub = np.concatenate([free.node_gpus, free.node_cpus, free.node_mem]).astype(float)
+        a_eq = coo_matrix((np.ones(nv), (var_t, np.arange(nv))), shape=(nt, nv)).tocsr()
+        res = self._solve(
+            linprog, "placement", c=cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=cnt, bounds=np.c_[np.zeros(nv), ub]
+        )
+        y = np.zeros((nt, ns))
+        np.add.at(y, (var_t, var_s), res.x)
+        slots = np.floor(y + 1e-7).astype(np.int64)
+        placed: set[str] = set()
+        for t, key in enumerate(keys):
+            g, c, m = key
+            members = types[key]
+            todo: list[tuple[int, int]] = []  # (job index, node)
+            # sticky first: jobs whose previous node has a slot of their type
+            rest = []
+            for j in members:
+                prev = window[j].prev
+                node = prev.parts[0].node if prev is not None and len(prev.parts) == 1 else -1
+                if node >= 0 and slots[t, node] > 0:
+                    slots[t, node] -= 1
+                    todo.append((j, node))
+                else:
+                    rest.append(j)
+            it = iter(rest)
+            for node in np.flatnonzero(slots[t]).tolist():
+                for _ in range(int(slots[t, node])):
+                    j = next(it, None)
+                    if j is None:
+                        break
+                    todo.append((j, node))
+            for j, node in todo:
+                r = window[j]
+                prev = r.prev
+                prev_gpus = prev.parts[0].gpus if prev is not None and prev.parts[0].node == node else ()
+                req = Request(r.jobs, g, c, m)
+                parts = split_parts(rnd.cluster, req, {node: rnd._pick(node, g, prev_gpus)})
+                if len(parts[0].gpus) != g or not free.fits(parts):
+                    continue  # left to TUNE's steps
+                rnd.commit(req, parts)
+                rnd.stats["best"] += 1
+                placed.add(r.job.id)
+        return placed
+
+    def _solve(self, linprog: Any, what: str, **kw: Any) -> Any:
+        try:
+            kw.setdefault("bounds", (0, 1))
+            res = linprog(method="highs", options={"time_limit": self.time_limit, "presolve": True}, **kw)
+        except Exception as e:  # the solver itself failed: never crash the round
+            raise _SolverFailure(f"{what} LP raised {type(e).__name__}: {e}") from None
+        if res.status != 0 or res.x is None:
+            raise _SolverFailure(f"{what} LP: {res.message} (status {res.status})")
+        return res
+
+
+class _SolverFailure(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------
+def check_tune_invariants(
+    plan: Plan | dict[str, Allocation],
+    view: View,
+    order: Sequence[str] | None = None,
+) -> None:
+    """Raise :class:`~gpuloom.core.plan.PlanError` unless TUNE's three promises hold.
+
+    ``order`` is the effective order the sizer used (``Tune.last_order``);
+    jobs of ``view.jobs`` not in it count as coming after it.
+    """
+    allocs = plan.allocations if isinstance(plan, Plan) else plan
+    by_id = {j.id: j for j in view.jobs}
+    cluster = view.cluster
+    model = view.model
+    # 1. throughput floor
+    for jid, a in allocs.items():
+        job = by_id.get(jid)
+        if job is None:
+            raise PlanError(f"job {jid} planned but not active")
+        prop = Allocation(
+            jid, tuple(Part(p.node, p.gpus, *cluster.proportional(p.node, len(p.gpus))) for p in a.parts), a.group
+        )
+        s, s0 = model.speed(job, a), model.speed(job, prop)
+        if s < s0 - 1e-9:
+            raise PlanError(f"job {jid}: speed {s:.4f} below its GPU-proportional {s0:.4f}")
+    total = cluster.num_gpus
+    used = sum(a.num_gpus for a in allocs.values())
+    # 2. order: a waiting job did not fit in the GPUs the jobs ahead of it left
+    if order is not None:
+        ahead = 0
+        for jid in order:
+            job = by_id.get(jid)
+            if job is None:
+                continue
+            if jid in allocs:
+                ahead += allocs[jid].num_gpus
+            elif job.spec.gpus <= total - ahead:
+                raise PlanError(
+                    f"job {jid} waits although the jobs ahead of it leave {total - ahead} GPUs (it needs {job.spec.gpus})"
+                )
+    # 3. no GPU idle while a runnable job waits for CPU or memory
+    idle = total - used
+    for job in view.jobs:
+        if job.id not in allocs and job.spec.gpus <= idle:
+            raise PlanError(f"job {job.id} waits for {job.spec.gpus} GPUs while {idle} GPUs are idle")
+
+
+def tune_invariant_observer(sim: Any, event: str) -> None:
+    """Simulator observer: check :func:`check_tune_invariants` after every round."""
+    if event != "round":
+        return
+    jobs = [j for j in sim.active.values() if j.spec.gpus <= sim.cluster.num_gpus]
+    view = View(sim.now, sim.cluster, jobs, sim.current, sim.model, sim.rng, sim.rounds)
+    order = getattr(sim.scheduler.size, "last_order", None)
+    check_tune_invariants(dict(sim.current), view, order)
+
+
+def plan_throughput(plan: Plan, view: View) -> float:
+    """Sum of the planned jobs' speeds under ``view.model`` (normalised throughput)."""
+    by_id = {j.id: j for j in view.jobs}
+    return float(sum(view.model.speed(by_id[jid], a) for jid, a in plan.allocations.items()))

@@ -1,0 +1,262 @@
+"""Reports: files parse back with the exact values of small hand-checked runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from gpuloom.core.cluster import Cluster, Node
+from gpuloom.core.job import JobSpec
+from gpuloom.sim import RunResult, simulate
+from gpuloom.sim.report import (
+    JOB_COLUMNS,
+    METRICS,
+    binned_series,
+    cdf_points,
+    jsonable,
+    plot_compare,
+    plot_run,
+    summary_rows,
+    summary_table,
+    write_compare,
+    write_report,
+    write_run,
+)
+
+# FIFO on one GPU: a (100 s) and b (50 s) at 0, c (20 s) at 10 -> a 0-100, b 100-150, c 150-170
+SPECS = [JobSpec("a", 0, 1, 100, model="resnet50"), JobSpec("b", 0, 1, 50), JobSpec("c", 10, 1, 20)]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run(order: str = "fifo", cluster: Cluster | None = None, **kw: object) -> RunResult:
+    return simulate(cluster or Cluster.homogeneous(1, 1), SPECS, order=order, round_len=10, restart_overhead=0, **kw)
+
+
+def strict_json(path: Path) -> dict:
+    def bad(x: str) -> None:
+        raise AssertionError(f"{path}: non-standard JSON constant {x}")
+
+    return json.loads(path.read_text(), parse_constant=bad)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG, f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_write_run_files_parse_back_exactly(tmp_path: Path) -> None:
+    paths = write_run(run(), tmp_path / "out")
+    assert set(paths) == {"jobs", "series", "summary"}
+    rows = list(csv.DictReader(paths["jobs"].open()))
+    assert list(rows[0]) == list(JOB_COLUMNS)
+    got = {r["id"]: r for r in rows}
+    expect = {  # first_start, finish, jct, queueing_delay, queued_time, ftf_rho
+        "a": (0, 100, 100, 0, 0, 1),
+        "b": (100, 150, 150, 100, 100, 3),
+        "c": (150, 170, 160, 140, 140, 8),
+    }
+    for jid, (fs, fin, jct, qd, qt, rho) in expect.items():
+        r = got[jid]
+        assert [float(r[k]) for k in ("first_start", "finish", "jct", "queueing_delay", "queued_time", "ftf_rho")] \
+            == [fs, fin, jct, qd, qt, rho]
+        assert int(r["preemptions"]) == int(r["migrations"]) == int(r["resizes"]) == 0
+        assert float(r["run_time"]) == float(r["duration"])
+    assert got["a"]["model"] == "resnet50" and got["c"]["arrival"] == "10" and got["c"]["gpus"] == "1"
+
+    series = [tuple(map(float, r)) for r in list(csv.reader(paths["series"].open()))[1:]]
+    assert series == [(0, 1, 3, 64000, 1, 1), (10, 1, 3, 64000, 1, 2), (100, 1, 3, 64000, 1, 1),
+                      (150, 1, 3, 64000, 1, 0), (170, 0, 0, 0, 0, 0)]
+
+    doc = strict_json(paths["summary"])
+    s = doc["summary"]
+    assert s["mean_jct"] == pytest.approx(410 / 3, rel=1e-12)
+    assert (s["median_jct"], s["makespan"], s["completed"], s["unfinished"]) == (150, 170, 3, 0)
+    assert s["p95_jct"] == pytest.approx(159.0) and s["p99_jct"] == pytest.approx(159.8)
+    assert s["geomean_jct"] == pytest.approx((100 * 150 * 160) ** (1 / 3))
+    assert s["mean_queueing_delay"] == 80 and s["max_ftf_rho"] == 8
+    assert s["gpu_util"] == s["cpu_util"] == s["mem_util"] == 1.0
+    assert doc["config"]["order"] == "fifo" and doc["config"]["max_time"] is None  # inf -> null
+    assert doc["cluster"] == {"gpus": 1, "cpus": 3, "mem_mb": 64000}
+    assert doc["end_time"] == 170
+
+
+def test_unfinished_jobs_give_empty_cells_and_null_json(tmp_path: Path) -> None:
+    res = run(max_time=60)  # nothing finishes by t=60; b and c never start
+    paths = write_run(res, tmp_path)
+    rows = {r["id"]: r for r in csv.DictReader(paths["jobs"].open())}
+    assert rows["a"]["first_start"] == "0.0" and rows["a"]["finish"] == "" and rows["a"]["jct"] == ""
+    assert all(rows["b"][k] == "" for k in ("first_start", "finish", "jct", "queueing_delay", "ftf_rho"))
+    s = strict_json(paths["summary"])["summary"]
+    assert (s["completed"], s["unfinished"]) == (0, 3)
+    assert s["mean_jct"] is None and s["p99_jct"] is None and s["geomean_jct"] is None
+
+
+def test_plot_run_pngs(tmp_path: Path) -> None:
+    paths = plot_run(run(), tmp_path)
+    assert [p.name for p in paths] == ["jct_cdf.png", "utilisation.png", "queue.png"]
+    for p in paths:
+        assert p.stat().st_size > 5000
+        png_size(p)
+    # GPU, CPU and memory panels: three times the height of a GPU-only cluster's figure
+    full = png_size(tmp_path / "utilisation.png")[1]
+    gpu_only = Cluster((Node("n0", 1, 0, 0),))
+    plot_run(run(cluster=gpu_only), tmp_path / "g")
+    assert png_size(tmp_path / "g" / "utilisation.png")[1] * 3 == full
+
+
+def test_plot_run_with_no_finished_job(tmp_path: Path) -> None:
+    paths = plot_run(run(max_time=5), tmp_path)
+    assert all(p.read_bytes()[:8] == PNG for p in paths)
+
+
+def test_write_report_links_existing_plots(tmp_path: Path) -> None:
+    path = write_report(run(), tmp_path)
+    md = path.read_text()
+    assert "| mean JCT (s) | 136.7 |" in md and "| makespan (s) | 170.0 |" in md
+    assert "| GPU utilisation (%) | 100.0 |" in md and "| order | fifo |" in md
+    for name in ("jct_cdf.png", "utilisation.png", "queue.png"):
+        assert f"]({name})" in md and (tmp_path / name).read_bytes()[:8] == PNG
+    txt = (tmp_path / "report.txt").read_text()
+    assert "mean JCT (s)" in txt and "136.7" in txt
+
+
+def test_summary_table_side_by_side() -> None:
+    results = {"fifo": run("fifo"), "srtf": run("srtf")}
+    # SRTF: c preempts a at 10, b runs 30-80 -> a finishes at 170, b at 80, c at 30
+    assert [j.jct for j in results["srtf"].jobs] == [170, 70, 20]
+    table = summary_table(results)
+    assert [c.header for c in table.columns] == ["metric", "fifo", "srtf"]
+    assert table.row_count == len(METRICS)
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None).print(table)
+    text = buf.getvalue()
+    mean_line = next(line for line in text.splitlines() if "mean JCT" in line)
+    assert "136.7" in mean_line and "86.7" in mean_line
+    rows = summary_rows(results)
+    assert [r["label"] for r in rows] == ["fifo", "srtf"]
+    assert rows[1]["mean_jct"] == pytest.approx(260 / 3) and rows[1]["preemptions"] == 1
+    assert rows[0]["order"] == "fifo" and rows[1]["order"] == "srtf"
+
+
+def test_time_rows_share_a_unit() -> None:
+    long_specs = [JobSpec("x", 0, 1, 20_000), JobSpec("y", 0, 1, 50)]
+    res = {"fifo": simulate(Cluster.homogeneous(1, 1), long_specs, round_len=50, restart_overhead=0),
+           "sjf": simulate(Cluster.homogeneous(1, 1), long_specs, order="sjf", round_len=50,
+                          restart_overhead=0)}
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None).print(summary_table(res))
+    # fifo: y waits for x -> max JCT 20,050 s = 334.2 min; sjf: 50 s and 20,050 s
+    line = next(s for s in buf.getvalue().splitlines() if "makespan" in s)
+    assert "(min)" in line and line.count("334.2") == 2
+
+
+def test_write_compare(tmp_path: Path) -> None:
+    results = {"fifo": run("fifo"), "srtf": run("srtf")}
+    paths = write_compare(results, tmp_path)
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert [r["label"] for r in rows] == ["fifo", "srtf"]
+    assert float(rows[0]["mean_jct"]) == pytest.approx(410 / 3, rel=1e-12)
+    doc = strict_json(paths["json"])
+    assert [r["label"] for r in doc["runs"]] == ["fifo", "srtf"]
+    assert doc["runs"][1]["summary"]["median_jct"] == 70
+    assert paths["plot"].read_bytes()[:8] == PNG
+    assert "jct_cdf_compare.png" in paths["report"].read_text()
+    assert plot_compare(results, tmp_path / "sub" / "c.png").stat().st_size > 5000
+
+
+def test_binned_series_exact_against_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    n = 5000
+    t = np.concatenate([[0.0], np.cumsum(rng.exponential(2.0, n - 1))])
+    v = rng.integers(0, 20, n).astype(float)
+    end = t[-1] + 7.0
+    edges, mean, lo, hi = binned_series(t, v, end, bins=97)
+    assert len(edges) == 98 and edges[0] == 0 and edges[-1] == end
+    tt = np.append(t, end)
+    for k in range(97):
+        a, b = edges[k], edges[k + 1]
+        overlap = np.clip(np.minimum(tt[1:], b) - np.maximum(tt[:-1], a), 0, None)
+        held = overlap > 0
+        assert mean[k] == pytest.approx((overlap * v).sum() / (b - a), rel=1e-9)
+        assert (lo[k], hi[k]) == (v[held].min(), v[held].max())
+    # the integral is kept: the bins' means average to the series' time-weighted mean
+    assert np.mean(mean) == pytest.approx((v * np.diff(tt)).sum() / end, rel=1e-9)
+
+
+def test_binned_series_short_series_unchanged() -> None:
+    edges, mean, lo, hi = binned_series(np.array([0.0, 5.0]), np.array([2.0, 1.0]), 8.0)
+    assert edges.tolist() == [0, 5, 8] and mean.tolist() == lo.tolist() == hi.tolist() == [2, 1]
+
+
+def test_cdf_points() -> None:
+    x, y = cdf_points(np.array([3.0, 1.0, 2.0]))
+    assert x.tolist() == [1, 2, 3] and y.tolist() == pytest.approx([1 / 3, 2 / 3, 1])
+    vals = np.random.default_rng(0).lognormal(5, 2, 100_000)
+    x, y = cdf_points(vals, max_points=500)
+    assert len(x) <= 500 and x[-1] == vals.max() and x[0] == vals.min() and y[-1] == 1.0
+    assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) > 0)
+
+
+def test_jsonable() -> None:
+    doc = jsonable({"a": math.nan, "b": [math.inf, -math.inf, 1.5], "c": np.int64(3), "d": (1, Path("x"))})
+    assert doc == {"a": None, "b": [None, None, 1.5], "c": 3, "d": [1, "x"]}
+    json.dumps(doc, allow_nan=False)
+
+
+def test_real_workload_reports_and_compare(tmp_path: Path, data_dir: Path) -> None:
+    """PAL's Sia-Philly 160-job workload on 16x4: files agree with the summary; parallel = sequential."""
+    traces = pytest.importorskip("gpuloom.sim.traces")
+    from gpuloom.sim.runconfig import parse_run_config, run_many
+
+    specs = traces.load_trace(data_dir / "pal" / "traces" / "philly" / "workload-1.csv")
+    assert len(specs) == 160
+    cluster = Cluster.homogeneous(16, 4)
+    configs = [parse_run_config(f"order={o},round=360") for o in ("fifo", "srtf")]
+    par = run_many(configs, cluster, specs, processes=2)
+    seq = run_many(configs, cluster, specs, processes=1)
+    for label in par:
+        assert par[label].jobs == seq[label].jobs and par[label].series == seq[label].series
+    res = par["fifo/round_len=360"]
+    paths = write_run(res, tmp_path)
+    rows = list(csv.DictReader(paths["jobs"].open()))
+    assert len(rows) == 160 and all(r["jct"] for r in rows)
+    s = strict_json(paths["summary"])["summary"]
+    jcts = [float(r["jct"]) for r in rows]
+    assert s["completed"] == 160 and s["mean_jct"] == pytest.approx(np.mean(jcts), rel=1e-12)
+    assert s["p99_jct"] == pytest.approx(np.percentile(jcts, 99), rel=1e-12)
+    assert 0 < s["gpu_util"] <= 1
+    # time-weighted GPU utilisation recomputed from series.csv
+    ser = np.array([[float(x) for x in r] for r in list(csv.reader(paths["series"].open()))[1:]])
+    end = max(res.end_time, ser[-1, 0])
+    busy = (ser[:, 1] * np.diff(np.append(ser[:, 0], end))).sum()
+    assert s["gpu_util"] == pytest.approx(busy / (end - ser[0, 0]) / 64, rel=1e-9)
+    assert par["srtf/round_len=360"].summary()["mean_jct"] <= s["mean_jct"]
+    out = write_compare(par, tmp_path / "cmp")
+    assert len(list(csv.DictReader(out["csv"].open()))) == 2
+
+
+def test_lifecycle_phases_become_columns(tmp_path: Path) -> None:
+    from gpuloom.sim.engine import LifecycleTimes
+
+    res = run(lifecycle=LifecycleTimes(launch=20))
+    rows = {r["id"]: r for r in csv.DictReader(write_run(res, tmp_path)["jobs"].open())}
+    assert [float(rows[k]["jct"]) for k in "abc"] == [120, 190, 220]
+    assert (rows["c"]["phase_queued"], rows["c"]["phase_launching"], rows["c"]["phase_running"]) == \
+        ("180.0", "20.0", "20.0")
+
+
+def test_report_links_plots_elsewhere_relatively(tmp_path: Path) -> None:
+    res = run()
+    plots = plot_run(res, tmp_path / "plots")
+    md = write_report(res, tmp_path / "rep", plots=plots).read_text()
+    assert "](../plots/jct_cdf.png)" in md and "](../plots/queue.png)" in md
+    assert not (tmp_path / "rep" / "jct_cdf.png").exists()

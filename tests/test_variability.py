@@ -1,0 +1,189 @@
+"""PM-scores, application classes, binning and the variability factor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.job import Job, JobSpec
+from gpuloom.core.plan import Allocation, Part
+from gpuloom.perf.model import ThroughputModel
+from gpuloom.perf.variability import (
+    PMScores,
+    VariabilityError,
+    VariabilityFactor,
+    _kmeans_1d,
+    _silhouette_1d,
+    add_variability,
+    bin_scores,
+    fit_app_classes,
+    generate_pm_scores,
+    load_aggregate,
+    load_class_profiles,
+    load_variability_csv,
+    model_class,
+    variability_from_spec,
+)
+
+
+def _job(model: str = "resnet50", gpus: int = 1, **attrs: object) -> Job:
+    return Job(JobSpec("j", 0.0, gpus, 100.0, model=model, attrs=attrs))
+
+
+def _alloc(cl: Cluster, gpus: list[int]) -> Allocation:
+    by: dict[int, list[int]] = {}
+    for g in gpus:
+        by.setdefault(int(cl.gpu_node[g]), []).append(g)
+    return Allocation("j", tuple(Part(n, tuple(v), 0, 0) for n, v in sorted(by.items())))
+
+
+def test_load_32gpu_table(data_dir):
+    s = load_variability_csv(data_dir / "pal/variability/32gpu-variability.csv")
+    assert s.scores.shape == (32, 4)
+    assert s.scores[0, 0] == pytest.approx(1.014469743078943, abs=0)
+    # B and C come from the same profile in PAL's table
+    assert np.array_equal(s.for_class("B"), s.for_class("classC"))
+    # node 7 (GPUs 28-31) is the slow node for compute-bound class A
+    assert s.scores[28:32, 0].min() > 1.10 and s.scores[:28, 0].max() < 1.06
+
+
+def test_variability_factor_slowest_gpu(data_dir):
+    s = load_variability_csv(data_dir / "pal/variability/32gpu-variability.csv")
+    cl = Cluster.homogeneous(8, 4)
+    f = VariabilityFactor(s)
+    # class A job on GPU 0 (1.0145) and GPU 28 (1.1098): pace of GPU 28
+    assert f(_job("resnet50", 2), _alloc(cl, [0, 28])) == 1.0 / 1.1098080838626039
+    # class D job on the same GPUs: PageRank barely varies
+    assert f(_job("pagerank", 2), _alloc(cl, [0, 28])) == 1.0 / 1.0006066217454985
+    m = add_variability(ThroughputModel.default(cl, 1.7), s)
+    # spans nodes 0 and 7: locality 1/1.7 times variability
+    assert m.speed(_job("vgg19", 2), _alloc(cl, [0, 28])) == pytest.approx(1 / 1.7 / 1.1098080838626039)
+    with pytest.raises(VariabilityError, match="32 GPUs, the cluster has 64"):
+        add_variability(ThroughputModel.default(Cluster.homogeneous(16, 4)), s)
+
+
+@pytest.mark.parametrize(
+    "model,cls",
+    [("ResNet-50", "A"), ("resnet50", "A"), ("vgg19", "A"), ("DCGAN", "A"), ("BERT", "B"), ("GPT2", "B"),
+     ("PointNet", "C"), ("PageRank", "D"), ("ncf", "D"), ("imagenet", "A"), ("deepspeech2", "B")],
+)
+def test_model_classes(model, cls):
+    assert model_class(model) == cls
+
+
+def test_job_class_sources():
+    f = VariabilityFactor(PMScores(np.ones((4, 4))), model_classes={"mystery-net": "C"})
+    assert f.job_class(_job("BERT")) == 1
+    assert f.job_class(_job("unknown-model")) == 0  # default: assume the worst (A)
+    assert f.job_class(_job("mystery_net")) == 2
+    assert f.job_class(_job("BERT", pal_class="classD")) == 3
+    with pytest.raises(VariabilityError, match="job j: unknown application class 'E'"):
+        f.job_class(_job("BERT", pal_class="E"))
+
+
+def test_bin_scores_hand_checked():
+    b = bin_scores(np.array([1.0, 2.0, 1.0, 2.0, 1.0, 2.0]))
+    assert b.levels.tolist() == [1.0 / 1.5, 2.0 / 1.5]
+    assert b.index.tolist() == [0, 1, 0, 1, 0, 1]
+    # flat class: one bin; memory-bound flag: one bin
+    assert bin_scores(np.array([1.0, 1.001, 0.999, 1.0])).levels.tolist() == [1.0]
+    assert bin_scores(np.array([1.0, 2.0, 1.0, 2.0]), single=True).index.tolist() == [0, 0, 0, 0]
+    # three clear groups
+    x = np.array([0.9, 0.91, 0.9, 1.0, 1.01, 1.0, 1.2, 1.21, 1.2])
+    b = bin_scores(x, outlier_sigma=10)
+    assert len(b.levels) == 3 and b.index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert b.levels[1] == 1.0
+
+
+def test_silhouette_matches_brute_force():
+    rng = np.random.default_rng(3)
+    xs = np.sort(np.concatenate([rng.normal(1, 0.01, 30), rng.normal(1.1, 0.02, 20), rng.normal(1.3, 0.01, 5)]))
+    lab = _kmeans_1d(xs, 3)
+    d = np.abs(xs[:, None] - xs[None])
+    s = []
+    for i in range(xs.size):
+        own = lab == lab[i]
+        a = d[i, own].sum() / (own.sum() - 1)
+        b = min(d[i, lab == c].mean() for c in set(lab.tolist()) if c != lab[i])
+        s.append((b - a) / max(a, b))
+    assert _silhouette_1d(xs, lab) == pytest.approx(float(np.mean(s)), rel=1e-12)
+
+
+def test_bins_on_measured_table(data_dir):
+    s = load_variability_csv(data_dir / "pal/variability/32gpu-variability.csv")
+    f = VariabilityFactor(s)
+    a = f.bins(0)
+    # the slow node lands in the worst bin; the class-D table is one bin
+    assert set(a.index[28:32].tolist()) == {len(a.levels) - 1}
+    assert f.bins(3).levels.tolist() == [1.0]
+    assert np.all(np.diff(a.levels) > 0)
+
+
+def test_aggregates_and_generator(data_dir):
+    d = data_dir / "pal/variability"
+    res = load_aggregate(d / "sim/resnet-longhorn-agg.csv")
+    assert len(res.keys) == 336 and np.median(res.scores) == 1.0
+    prof = load_class_profiles(d)
+    assert prof["B"] is prof["C"]  # class_profiles.json maps both to BERT
+    g1 = generate_pm_scores([4] * 16, prof, seed=7)
+    g2 = generate_pm_scores([4] * 16, prof, seed=7)
+    g3 = generate_pm_scores([4] * 16, prof, seed=8)
+    assert np.array_equal(g1.scores, g2.scores) and not np.array_equal(g1.scores, g3.scores)
+    assert g1.scores.shape == (64, 4)
+    assert np.allclose(np.median(g1.scores, axis=0), 1.0)
+    # every generated node is a measured node (scaled by one factor per class)
+    nodes = [tuple(np.round(v, 9)) for v in res.by_node()]
+    for n in range(16):
+        col = g1.scores[4 * n:4 * n + 4, 0]
+        scale = col[0] / next(v[0] for v in res.by_node() if np.allclose(v / v[0], col / col[0]))
+        assert tuple(np.round(col / scale, 9)) in nodes
+    # any size, uneven nodes
+    big = generate_pm_scores([8] * 3 + [3], prof, seed=1)
+    assert big.scores.shape == (27, 4)
+    cl = Cluster.homogeneous(16, 4)
+    assert variability_from_spec(f"generate:{d}", cl, seed=7).scores.tolist() == g1.scores.tolist()
+    with pytest.raises(VariabilityError, match="scores for 32 GPUs"):
+        variability_from_spec(str(d / "32gpu-variability.csv"), cl)
+
+
+def test_bad_files(tmp_path):
+    p = tmp_path / "v.csv"
+    p.write_text("GPU_ID,PerfVar_classA\n0,1.0\n")
+    with pytest.raises(VariabilityError, match="missing column"):
+        load_variability_csv(p)
+    p.write_text("PerfVar_classA,PerfVar_classB,PerfVar_classC,PerfVar_classD\n1,1,1,1\n1,x,1,1\n")
+    with pytest.raises(VariabilityError, match=r"v.csv:3: non-numeric"):
+        load_variability_csv(p)
+    p.write_text("PerfVar_classA,PerfVar_classB,PerfVar_classC,PerfVar_classD\n1,1,1,0\n")
+    with pytest.raises(VariabilityError, match=r"v.csv:2: PM-scores must be > 0"):
+        load_variability_csv(p)
+
+
+def test_app_class_kmeans():
+    pts = {
+        "conv1": (10.0, 90.0), "conv2": (12.0, 88.0),
+        "lm1": (35.0, 60.0), "lm2": (33.0, 62.0),
+        "pc1": (55.0, 40.0), "pc2": (57.0, 42.0),
+        "mem1": (90.0, 10.0), "mem2": (88.0, 12.0),
+    }
+    clf, got = fit_app_classes(pts, k=4, seed=0)
+    assert got == {"conv1": "A", "conv2": "A", "lm1": "B", "lm2": "B", "pc1": "C", "pc2": "C",
+                   "mem1": "D", "mem2": "D"}
+    assert clf.classify(80.0, 5.0) == "D" and clf.classify(15.0, 95.0) == "A"
+    assert clf.centroids[0].tolist() == [11.0, 89.0]
+    with pytest.raises(VariabilityError, match="at least k points"):
+        fit_app_classes({"a": (1.0, 1.0)}, k=2)
+
+
+
+def test_build_model_options(data_dir):
+    from gpuloom.sim.setup import build_model
+
+    cl = Cluster.homogeneous(2, 8)
+    m = build_model(cl, (), 1.7, {"variability": f"generate:{data_dir / 'pal/variability'}", "variability_seed": 3,
+                                  "topology": str(data_dir / "topology/v100_dgx1class_8gpu_oneflow_dlperf.txt")})
+    names = [f.name for f in m.factors]
+    assert names[0] == "locality" and names[-2:] == ["variability", "topology"]
+    assert m.get("variability").scores.shape == (16, 4)
+    assert build_model(cl).get("variability") is None
