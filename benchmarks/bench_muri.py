@@ -36,12 +36,13 @@ import numpy as np
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec
-from gpuloom.perf.interleave import MURI_OVERHEAD, InterleaveFactor
+from gpuloom.perf.interleave import InterleaveFactor
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
 from gpuloom.policies.base import View, make
 from gpuloom.policies.muri import VARIANTS
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.setup import build_model
 from gpuloom.sim.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +80,8 @@ def muri_cluster(path: Path) -> Cluster:
 
 
 def model_for(cluster: Cluster, overhead: bool) -> ThroughputModel:
-    return ThroughputModel(cluster, [LocalityFactor(), InterleaveFactor(overhead=MURI_OVERHEAD if overhead else None)])
+    """The model the CLI builds (``-P interleave_overhead=muri`` for Muri's overheads)."""
+    return build_model(cluster, options={"interleave_overhead": "muri" if overhead else None})
 
 
 # -- grouping time -------------------------------------------------------------------

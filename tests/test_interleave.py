@@ -24,10 +24,11 @@ from gpuloom.perf.interleave import (
     group_cycle,
     group_iteration_times,
     orderings,
+    parse_overhead,
     spec_profile,
     stage_profile,
 )
-from gpuloom.perf.model import ThroughputModel
+from gpuloom.sim.setup import build_model
 
 A = (4.0, 2.0, 0.0)  # CPU-heavy
 B = (1.0, 4.0, 1.0)  # GPU-heavy
@@ -166,11 +167,24 @@ def test_factor_speed_is_solo_over_group_time() -> None:
     assert f(jb, Allocation("b", part, ("a", "c"))) == pytest.approx(6 / 8)
     g = InterleaveFactor(specs, threshold=0.0, overhead={2: 1.25})
     assert g(ja, Allocation("a", part, ("b",))) == pytest.approx(6 / (7 * 1.25))
-    # the default model carries the factor; the simulator binds it
-    model = ThroughputModel.default(Cluster.homogeneous(1, 1))
+    # build_model (CLI, compare, service) switches the factor on; the simulator binds it
+    model = build_model(Cluster.homogeneous(1, 1), options={"interleave_threshold": 0.0})
     assert model.get("interleave") is not None
     model.bind({k: Job(v) for k, v in specs.items()})
     assert model.speed(ja, Allocation("a", part, ("b",))) == pytest.approx(6 / 7)
+    model = build_model(Cluster.homogeneous(1, 1), options={"interleave_threshold": 0.0, "interleave_overhead": "muri"})
+    model.bind({k: Job(v) for k, v in specs.items()})
+    assert model.speed(ja, Allocation("a", part, ("b",))) == pytest.approx(6 / (7 * 1.33 / 1.015))
+
+
+def test_overhead_option() -> None:
+    assert parse_overhead(None) is None and parse_overhead("none") is None
+    assert parse_overhead("muri") == dict(MURI_OVERHEAD)
+    assert parse_overhead([1.2, 1.4]) == {2: 1.2, 3: 1.4}
+    assert parse_overhead(1.1)[4] == 1.1
+    assert parse_overhead({"2": "1.5"}) == {2: 1.5}
+    with pytest.raises(ValueError, match="interleave overhead"):
+        parse_overhead("fast")
 
 
 def test_factor_errors_name_the_job() -> None:

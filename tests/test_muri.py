@@ -19,6 +19,7 @@ from gpuloom.policies.base import FreeState, PolicyError, View, make
 from gpuloom.policies.muri import VARIANTS, MuriGrouping, max_weight_pairs
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.setup import build_model
 from gpuloom.sim.traces import load_trace
 
 CPU = (6.0, 0.0, 0.0)
@@ -321,7 +322,7 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
             grouped += bool(a.group)
 
     sched = Scheduler.from_names(*VARIANTS["muri-s"])
-    res = Simulator(cl, specs, sched, config=SimConfig(round_len=600.0), observers=[obs]).run()
+    res = Simulator(cl, specs, sched, build_model(cl), SimConfig(round_len=600.0), observers=[obs]).run()
     summary = res.summary()
     assert summary["completed"] == len(specs)
     assert 0 < summary["gpu_util"] <= 1 and 0 < summary["cpu_util"] <= 1

@@ -254,6 +254,27 @@ def group_iteration_times(profiles: Sequence[Profile], overhead: Mapping[int, fl
     return [max(T, float(sum(p))) for p in profiles]
 
 
+def parse_overhead(value: Any) -> dict[int, float] | None:
+    """Sharing overhead per group size from an option: ``None``/``"none"``, ``"muri"``
+    (:data:`MURI_OVERHEAD`), one factor for every size, a list for sizes 2, 3, ...,
+    or a mapping size → factor."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "muri":
+        return dict(MURI_OVERHEAD)
+    try:
+        if isinstance(value, Mapping):
+            out = {int(k): float(v) for k, v in value.items()}
+        elif isinstance(value, (list, tuple)):
+            out = {m: float(v) for m, v in enumerate(value, start=2)}
+        else:
+            f = float(value)
+            out = dict.fromkeys(range(2, 9), f)
+    except (TypeError, ValueError):
+        raise ValueError(f"interleave overhead {value!r}: expected muri, a number, a list or size=factor pairs") from None
+    return out
+
+
 # ---------------------------------------------------------------------------
 class InterleaveFactor:
     """Throughput factor ``"interleave"``: a job's speed while it shares GPUs with its group.

@@ -10,9 +10,10 @@ means its trace duration is its run time.  It is the product of independent
   known.
 * :class:`~gpuloom.perf.interleave.InterleaveFactor` – a job sharing GPUs
   with a group (Muri) runs at its solo iteration time over the group's
-  interleaved iteration time; 1.0 for a job alone.  Factors that must see
-  other jobs (this one: the co-runners' stage profiles) have a ``bind(jobs)``
-  method; the simulator calls it with its id → Job table.
+  interleaved iteration time; 1.0 for a job alone (switched on by
+  :func:`gpuloom.sim.setup.build_model`).  Factors that must see other jobs
+  (this one: the co-runners' stage profiles) have a ``bind(jobs)`` method;
+  the simulator calls :meth:`ThroughputModel.bind` with its id → Job table.
 * further factors plug in the same way: CPU/memory sensitivity (Synergy),
   per-GPU variability and topology cost (PAL, YARN-8821), scaling curves f(N)
   (F-scheduling).
@@ -71,9 +72,7 @@ class ThroughputModel:
     @classmethod
     def default(cls, cluster: Cluster, locality_penalty: float = DEFAULT_LOCALITY_PENALTY,
                 per_model_penalty: Mapping[str, float] | None = None) -> ThroughputModel:
-        from .interleave import InterleaveFactor
-
-        return cls(cluster, [LocalityFactor(locality_penalty, per_model_penalty), InterleaveFactor()])
+        return cls(cluster, [LocalityFactor(locality_penalty, per_model_penalty)])
 
     def bind(self, jobs: Mapping[str, Job]) -> None:
         """Give every factor that looks at other jobs (has ``bind``) the id → Job table."""
