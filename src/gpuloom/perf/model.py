@@ -8,9 +8,15 @@ means its trace duration is its run time.  It is the product of independent
 * :class:`LocalityFactor` – a multi-GPU job spread over several nodes is slowed
   down by a multiplicative penalty (PAL's evaluation uses 1.7), per model where
   known.
+* :class:`~gpuloom.perf.interleave.InterleaveFactor` – a job sharing GPUs
+  with a group (Muri) runs at its solo iteration time over the group's
+  interleaved iteration time; 1.0 for a job alone (switched on by
+  :func:`gpuloom.sim.setup.build_model`).  Factors that must see other jobs
+  (this one: the co-runners' stage profiles) have a ``bind(jobs)`` method;
+  the simulator calls :meth:`ThroughputModel.bind` with its id → Job table.
 * further factors plug in the same way: CPU/memory sensitivity (Synergy),
-  per-GPU variability and topology cost (PAL, YARN-8821), interleaving
-  efficiency of a group (Muri), scaling curves f(N) (F-scheduling).
+  per-GPU variability and topology cost (PAL, YARN-8821), scaling curves f(N)
+  (F-scheduling).
 
 Policies ask the model (to compare candidate allocations), the simulator uses
 it to advance jobs, the runtime refines what it knows from measurements.  No
@@ -67,6 +73,13 @@ class ThroughputModel:
     def default(cls, cluster: Cluster, locality_penalty: float = DEFAULT_LOCALITY_PENALTY,
                 per_model_penalty: Mapping[str, float] | None = None) -> ThroughputModel:
         return cls(cluster, [LocalityFactor(locality_penalty, per_model_penalty)])
+
+    def bind(self, jobs: Mapping[str, Job]) -> None:
+        """Give every factor that looks at other jobs (has ``bind``) the id → Job table."""
+        for f in self.factors:
+            b = getattr(f, "bind", None)
+            if callable(b):
+                b(jobs)
 
     def add(self, factor: Factor) -> ThroughputModel:
         self.factors.append(factor)

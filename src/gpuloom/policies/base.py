@@ -292,16 +292,22 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
 
     Totals are split in proportion to the GPUs on each node (integer cores,
     remainders to the first parts); ``None`` takes each node's proportional share.
+    A part's CPU/memory are *per member* (charged once per member of the unit),
+    so for a group of ``m`` jobs sharing GPUs the proportional share is split
+    evenly: each member gets ``share // m`` and the group together no more than
+    a lone job would.
     """
     parts = []
     nodes = sorted(by_node)
     total = req.gpus
     cpu_left = req.cpus
     mem_left = req.mem_mb
+    members = len(req.jobs)
     for node in nodes:
         gids = tuple(sorted(by_node[node]))
         k = len(gids)
         pc, pm = cluster.proportional(node, k)
+        pc, pm = pc // members, pm // members
         if req.cpus is not None:
             pc = req.cpus * k // total
         if req.mem_mb is not None:
@@ -320,13 +326,14 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
 
 
 def need_on(cluster: Cluster, req: Request, node: int, k: int) -> tuple[int, int]:
-    """CPU and memory ``req`` needs on ``node`` for ``k`` of its GPUs (upper bound)."""
+    """CPU and memory ``req`` needs on ``node`` for ``k`` of its GPUs, all members together (upper bound)."""
+    m = len(req.jobs)
     pc, pm = cluster.proportional(node, k)
+    pc, pm = pc // m, pm // m
     if req.cpus is not None:
         pc = -(-req.cpus * k // req.gpus)
     if req.mem_mb is not None:
         pm = -(-req.mem_mb * k // req.gpus)
-    m = len(req.jobs)
     return pc * m, pm * m
 
 

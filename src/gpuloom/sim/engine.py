@@ -154,6 +154,7 @@ class Simulator:
         order = sorted(range(len(specs)), key=lambda i: (specs[i].arrival, i))
         self.jobs: list[Job] = [Job(specs[i], k) for k, i in enumerate(order)]
         self.by_id = {j.id: j for j in self.jobs}
+        self.model.bind(self.by_id)  # factors that need co-runners' specs (interleaving)
         self.impossible: set[str] = set()
         biggest = cluster.num_gpus
         for j in self.jobs:

@@ -18,7 +18,7 @@ from ..perf.scaling import ScalingFactor
 #: Options read by :func:`build_model` rather than by a policy.  ``-P name=value``
 #: with one of these names configures the throughput model.
 MODEL_OPTIONS = frozenset({"profiles", "variability", "variability_seed", "variability_dir", "topology",
-                           "per_model_penalty"})
+                           "per_model_penalty", "interleave_overhead", "interleave_threshold"})
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -39,6 +39,12 @@ def build_model(
     # scaling curves f(N): speed 1 at a job's requested GPU count, so only sizers that
     # change GPU counts (elastic, static) see them; jobs without a curve stay rigid
     model.add(ScalingFactor())
+    # Muri: speed of jobs sharing GPUs in a group (1.0 alone, so free for runs without groups);
+    # -P interleave_overhead=muri|F|F2,F3,F4 and -P interleave_threshold=0.02 configure it
+    from ..perf.interleave import DEFAULT_THRESHOLD, InterleaveFactor, parse_overhead
+
+    model.add(InterleaveFactor(threshold=float(options.get("interleave_threshold", DEFAULT_THRESHOLD)),
+                               overhead=parse_overhead(options.get("interleave_overhead"))))
     if options.get("variability"):  # PAL PM-scores: a PerfVar CSV, or "generate[:DIR]"
         from ..perf.variability import add_variability, variability_from_spec
 

@@ -1,0 +1,351 @@
+"""Muri's grouping (SIGCOMM'22): jobs with different bottlenecks share one set of GPUs.
+
+Registered as group policy ``muri``.  Muri-S is ``--order srsf --group muri``
+(durations known: remaining time × GPUs), Muri-L is ``--order 2d-las --group
+muri`` (durations unknown: attained GPU-time, Tiresias' queues); both names are
+also in :data:`VARIANTS` for scripts.  The order decides *which* jobs enter the
+grouping and the rank of every resulting unit; this stage only decides who
+shares with whom.
+
+One round:
+
+1. **Admission** (Muri's rule): walk the ordered jobs keeping a count of the
+   cluster's GPUs; a job whose GPU count still fits takes them and brings the
+   next ``max_group - 1`` not yet admitted jobs *of its GPU count* along as
+   candidates to share its GPUs.  So at most ``max_group``-fold the cluster
+   enters the grouping, the highest-priority jobs first.  Jobs without a stage
+   profile are admitted alone and never grouped.
+2. **Buckets**: candidates are split by GPU count; a multi-GPU job is grouped
+   only with jobs of the same count, so no member holds GPUs it cannot use and
+   no job waits on a bigger group.
+3. **Matching rounds**: in every bucket nodes start as single jobs.  A round
+   builds, per bucket, the graph whose edges join two nodes that may merge -
+   together at most ``max_group`` jobs, and interleaving them beats letting
+   them take turns (the merged group's iteration time, overhead included, is
+   below the sum of the two nodes' own) - weighted by the merged group's
+   interleaving efficiency (:func:`~gpuloom.perf.interleave.efficiency`,
+   scaled to integers by ``WEIGHT_SCALE``), and takes a maximum-weight
+   matching (Blossom, ``rustworkx.max_weight_matching``).  As in Muri, matched
+   pairs are merged only while the admitted units need more GPUs than the
+   cluster has - most efficient pairs first, weighted by their GPU count
+   (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
+   member down and is worth it only instead of waiting.  Rounds repeat (pairs,
+   then pairs of pairs or pair + single, ...) until the units fit, groups hold
+   ``max_group`` (default ``k``, one job per resource) jobs, or nothing can
+   merge.  With two resource types one round is the optimal pairing.
+   ``pack_all=True`` merges every matched pair regardless of demand.
+4. **Units**: every group and every job left alone becomes a unit, ranked by
+   its highest-priority member; the size and place stages then treat a unit as
+   one request holding one GPU set (``Request.jobs``; see
+   :meth:`~gpuloom.policies.base.PlacePolicy._allocs`), each member getting an
+   even share of the GPU-proportional CPU and memory
+   (:func:`~gpuloom.policies.base.split_parts`).
+
+Speed: edge weights come from :func:`~gpuloom.perf.interleave.cycle_times`,
+batched in numpy over the *distinct* profile combinations of a bucket (a trace
+has a few dozen model × GPU-count profiles), then gathered for every node pair.
+The interleaving model (threshold, per-size overhead) is read from the
+throughput model's ``interleave`` factor, so grouping and simulation agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import ClassVar
+
+import numpy as np
+import rustworkx as rx
+
+from ..core.job import Job
+from ..perf.interleave import InterleaveFactor, Profile, cycle_times
+from .base import GroupPolicy, PolicyError, View, register
+
+#: integer scale of efficiencies (in [0, 1]) for the Blossom weights
+WEIGHT_SCALE = 1_000_000
+#: extra weight for keeping jobs that already run together (tie-breaker; 1e-6 of efficiency)
+STICKY_BONUS = 1
+#: (order, group) registry names of Muri's two variants
+VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
+
+
+def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """Maximum-weight matching on nodes ``0..n-1`` with integer-weighted edges, as sorted pairs."""
+    if n < 2 or not edges:
+        return []
+    g = rx.PyGraph(multigraph=False)
+    g.add_nodes_from(range(n))
+    g.add_edges_from(list(edges))
+    m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
+    return sorted((min(a, b), max(a, b)) for a, b in m)
+
+
+@lru_cache(maxsize=256)
+def _triu(n: int) -> tuple[np.ndarray, np.ndarray]:
+    iu, ju = np.triu_indices(n, 1)
+    iu.setflags(write=False)
+    ju.setflags(write=False)
+    return iu, ju
+
+
+def _common_label(lab: list[int], node: list[int], otherwise: int) -> int:
+    first = lab[node[0]]
+    if first < 0:
+        return otherwise
+    for x in node:
+        if lab[x] != first:
+            return otherwise
+    return first
+
+
+class _BucketState:
+    """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
+
+    __slots__ = ("gpus", "members", "profiles", "labels", "nodes")
+
+    def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
+        self.gpus = gpus
+        self.members = members
+        self.profiles = profiles
+        ids: dict[str, int] = {}
+        self.labels = [-1 if c is None else ids.setdefault(c, len(ids)) for c in current]
+        self.nodes: list[list[int]] = [[i] for i in range(len(members))]
+
+    def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
+        used = [False] * len(self.nodes)
+        merged: list[list[int]] = []
+        for a, c in pairs:
+            merged.append(sorted(self.nodes[a] + self.nodes[c]))
+            used[a] = used[c] = True
+        merged.extend(nd for i, nd in enumerate(self.nodes) if not used[i])
+        merged.sort(key=lambda nd: nd[0])
+        self.nodes = merged
+
+
+@register("group", "muri")
+class MuriGrouping(GroupPolicy):
+    """Blossom matching rounds over GPU-count buckets (see the module docstring)."""
+
+    name: ClassVar[str] = "muri"
+
+    def __init__(self, max_group: int | None = None, pack_all: bool = False) -> None:
+        if max_group is not None and int(max_group) < 1:
+            raise ValueError(f"max_group must be >= 1, got {max_group}")
+        self.max_group = None if max_group is None else int(max_group)
+        self.pack_all = bool(pack_all)  # merge every matched pair, even when the cluster has room
+        self.last_rounds = 0  # matching rounds in the last call (for tests/benchmarks)
+        # weight of merging two nodes, keyed by their (sorted) profile tuples
+        self._wcache: dict[tuple[tuple[Profile, ...], tuple[Profile, ...]], int] = {}
+        self._tcache: dict[tuple[Profile, ...], float] = {}
+        self._cache_sig: tuple = ()
+
+    # -- public ---------------------------------------------------------------
+    def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
+        factor = view.model.get("interleave")
+        if not isinstance(factor, InterleaveFactor):
+            raise PolicyError("group policy 'muri' needs an 'interleave' factor in the throughput model")
+        profiles: list[Profile | None] = [factor.profile(j) for j in ordered]
+        ks = {len(p) for p in profiles if p is not None}
+        if len(ks) > 1:
+            raise PolicyError(f"group policy 'muri': jobs have stage profiles of different lengths {sorted(ks)}")
+        k = ks.pop() if ks else 1
+        cap_group = min(self.max_group or k, k)
+        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group)
+        units: list[list[int]] = []
+        buckets: dict[int, list[int]] = {}
+        for i in admitted:
+            if profiles[i] is None or cap_group < 2:
+                units.append([i])
+            else:
+                buckets.setdefault(ordered[i].spec.gpus, []).append(i)
+        self.last_rounds = 0
+        # current group of each job (the smallest id among it and its co-runners), to keep groups stable
+        cur = view.current
+        states: list[_BucketState] = []
+        for g, members in buckets.items():
+            labels: list[str | None] = []
+            for i in members:
+                a = cur.get(ordered[i].id)
+                labels.append(min((ordered[i].id, *a.group)) if a is not None and a.group else None)
+            states.append(_BucketState(g, members, [profiles[i] for i in members], labels))  # type: ignore[misc]
+        # demand of the admitted units; sharing only as much as needed to fit the cluster
+        required = sum(ordered[i].spec.gpus for i in admitted)
+        capacity = view.cluster.num_gpus
+        while self.pack_all or required > capacity:
+            cands: list[tuple[int, int, int, _BucketState, int, int]] = []
+            for bs in states:
+                for a, c, w in self.match_round(bs.profiles, bs.nodes, cap_group, factor, bs.labels):
+                    best = min(bs.nodes[a][0], bs.nodes[c][0])
+                    # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
+                    cands.append(((WEIGHT_SCALE - w) * bs.gpus, bs.members[best], w, bs, a, c))
+            if not cands:
+                break
+            self.last_rounds += 1
+            cands.sort(key=lambda t: (t[0], t[1]))
+            merged_pairs: dict[int, list[tuple[int, int]]] = {}
+            for _, _, _, bs, a, c in cands:
+                if required <= capacity and not self.pack_all:
+                    break
+                merged_pairs.setdefault(id(bs), []).append((a, c))
+                required -= bs.gpus
+            for bs in states:
+                pairs = merged_pairs.get(id(bs))
+                if pairs:
+                    bs.merge(pairs)
+        for bs in states:
+            for grp in bs.nodes:
+                units.append([bs.members[x] for x in grp])
+        in_unit = set(admitted)
+        units.extend([i] for i in range(len(ordered)) if i not in in_unit)
+        for u in units:
+            u.sort()
+        units.sort(key=lambda u: u[0])
+        return [tuple(ordered[i] for i in u) for u in units]
+
+    def match_bucket(self, profiles: list[Profile], max_group: int, factor: InterleaveFactor,
+                     current: Sequence[str | None] | None = None) -> list[list[int]]:
+        """Groups (lists of indices into ``profiles``) from matching rounds with no capacity limit."""
+        bs = _BucketState(1, list(range(len(profiles))), profiles, list(current or [None] * len(profiles)))
+        while True:
+            pairs = self.match_round(profiles, bs.nodes, max_group, factor, bs.labels)
+            if not pairs:
+                return bs.nodes
+            self.last_rounds += 1
+            bs.merge([(a, c) for a, c, _ in pairs])
+
+    def match_round(
+        self,
+        profiles: list[Profile],
+        nodes: list[list[int]],
+        max_group: int,
+        factor: InterleaveFactor,
+        labels: Sequence[int] | None = None,
+    ) -> list[tuple[int, int, int]]:
+        """One maximum-weight matching over ``nodes`` (lists of indices into ``profiles``).
+
+        Returns matched node pairs ``(a, b, weight)``.  ``labels[i] >= 0`` names
+        the group member ``i`` runs in now; merging nodes that already run
+        together earns ``STICKY_BONUS`` extra weight: among equally good
+        matchings - common, since many jobs share a profile - the one that keeps
+        running groups wins instead of shuffling partners (and paying
+        restarts) every round.
+        """
+        sizes = [len(nd) for nd in nodes]
+        if len(nodes) < 2 or min(sizes) * 2 > max_group:
+            return []
+        self._check_cache(factor)
+        # nodes with the same multiset of profiles share weights: work on distinct keys
+        keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
+        key_id: dict[tuple[Profile, ...], int] = {}
+        kid = np.array([key_id.setdefault(kk, len(key_id)) for kk in keys], dtype=np.int64)
+        W = self._weights(list(key_id), max_group, factor)
+        if not W.any():
+            return []
+        n = len(nodes)
+        iu, ju = _triu(n)
+        ww = W[kid[iu], kid[ju]]
+        if labels is not None and any(x >= 0 for x in labels):
+            nl = np.array([_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)])
+            ww = ww + STICKY_BONUS * ((nl[iu] == nl[ju]) & (ww > 0))
+        sel = np.flatnonzero(ww > 0)
+        if sel.size == 0:
+            return []
+        edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
+        pairs = max_weight_pairs(n, edges)
+        wmap = {(a, c): w for a, c, w in edges}
+        return [(a, c, wmap[(a, c)]) for a, c in pairs]
+
+    # -- helpers ------------------------------------------------------------------
+    def _check_cache(self, factor: InterleaveFactor) -> None:
+        sig = (factor.threshold, tuple(sorted(factor.overhead.items())))
+        if sig != self._cache_sig or len(self._wcache) > 2_000_000:
+            self._cache_sig = sig
+            self._wcache.clear()
+            self._tcache.clear()
+
+    def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
+        t = self._tcache.get(key)
+        if t is None:
+            t = factor.group_time(key)
+            self._tcache[key] = t
+        return t
+
+    def _weights(self, ukeys: list[tuple[Profile, ...]], max_group: int, factor: InterleaveFactor) -> np.ndarray:
+        """Integer edge weights between distinct node keys (0 = may not merge); cached across rounds.
+
+        A pair may merge when the union holds at most ``max_group`` jobs and
+        its interleaved iteration time is below the sum of the two nodes' own
+        (taking turns); its weight is the union's efficiency x ``WEIGHT_SCALE``.
+        """
+        nk = len(ukeys)
+        W = np.zeros((nk, nk), dtype=np.int64)
+        cache = self._wcache
+        missing: dict[int, list[tuple[int, int, tuple[Profile, ...]]]] = {}
+        for a in range(nk):
+            ka = ukeys[a]
+            for b in range(a, nk):
+                kb = ukeys[b]
+                if len(ka) + len(kb) > max_group:
+                    continue
+                ck = (ka, kb) if ka <= kb else (kb, ka)
+                w = cache.get(ck)
+                if w is None:
+                    missing.setdefault(len(ka) + len(kb), []).append((a, b, ck))
+                else:
+                    W[a, b] = W[b, a] = w
+        if missing:
+            k = len(ukeys[0][0])
+            for m, todo in missing.items():
+                members = np.array([x + y for _, _, (x, y) in todo], dtype=np.float64)  # (E, m, k)
+                T, _ = cycle_times(members)
+                T = T * factor.overhead_for(m)
+                work = members.sum(axis=(1, 2))
+                for (a, b, ck), t, wk in zip(todo, T.tolist(), work.tolist(), strict=True):
+                    apart = self._own_time(ukeys[a], factor) + self._own_time(ukeys[b], factor)
+                    if t < apart * (1.0 - 1e-12):
+                        w = max(1, int(round(WEIGHT_SCALE * wk / (k * t))))
+                    else:
+                        w = 0
+                    cache[ck] = w
+                    W[a, b] = W[b, a] = w
+        return W
+
+    @staticmethod
+    def _admit(ordered: Sequence[Job], profiles: Sequence[Profile | None], capacity: int, max_group: int) -> list[int]:
+        """Indices of the jobs that enter the grouping (Muri's k-fold admission)."""
+        admitted: list[int] = []
+        taken = [False] * len(ordered)
+        by_gpus: dict[int, list[int]] = {}
+        for i, j in enumerate(ordered):
+            if profiles[i] is not None:
+                by_gpus.setdefault(j.spec.gpus, []).append(i)
+        ptr = dict.fromkeys(by_gpus, 0)
+        cap = capacity
+        for i, j in enumerate(ordered):
+            if cap <= 0:
+                break
+            if taken[i]:
+                continue
+            g = j.spec.gpus
+            if g > cap:
+                continue
+            cap -= g
+            taken[i] = True
+            admitted.append(i)
+            if profiles[i] is None:
+                continue
+            lst = by_gpus[g]
+            extra = max_group - 1
+            p = ptr[g]
+            while extra > 0 and p < len(lst):
+                x = lst[p]
+                p += 1
+                if not taken[x]:
+                    taken[x] = True
+                    admitted.append(x)
+                    extra -= 1
+            ptr[g] = p
+        return admitted
+
+
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs"]
