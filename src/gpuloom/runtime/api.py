@@ -70,6 +70,15 @@ class JobSubmit(BaseModel):
     batch_size: int | None = Field(None, ge=1)
     throughput: dict[str, float] | list[float] | None = None  # scaling curve f(gpus) in it/s (elastic sizing)
     min_gpus: int | None = Field(None, ge=1)
+    resource_times: list[float] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
+    iteration_time: float | None = Field(None, gt=0)  # seconds per iteration (Muri)
+
+    @field_validator("resource_times")
+    @classmethod
+    def _stages(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(not (x >= 0) for x in v):
+            raise ValueError("resource_times must be >= 0 seconds per iteration")
+        return v
 
     @field_validator("throughput")
     @classmethod

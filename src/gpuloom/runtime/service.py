@@ -62,7 +62,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +86,8 @@ from .store import JobRow, Store
 log = logging.getLogger("gpuloom.service")
 
 DEFAULT_DURATION = 3600.0  # work estimate (s) for jobs without a time limit
+#: job-spec fields passed to policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves)
+SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time")
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
 PROGRESS_MARK = b"GPULOOM_PROGRESS"  # progress lines: ``GPULOOM_PROGRESS iter=N``
 
@@ -189,6 +191,22 @@ def refuse_reason(cluster: Cluster, gpus: int, cpus: int | None, mem_mb: int | N
     return None
 
 
+class _JobsById(Mapping[str, Job]):
+    """The service's active jobs keyed by string id, as throughput factors look co-runners up."""
+
+    def __init__(self, jobs: dict[int, Job]) -> None:
+        self.jobs = jobs
+
+    def __getitem__(self, key: str) -> Job:
+        return self.jobs[int(key)]
+
+    def __iter__(self) -> Iterator[str]:
+        return (str(k) for k in self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
 class Service:
     """Runs scheduling rounds over the store's jobs and drives the executor."""
 
@@ -228,6 +246,7 @@ class Service:
         self.epoch = float(store.set_meta_default("epoch", repr(time.time())))
         self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
         self.jobs: dict[int, Job] = {}  # active jobs, submission order
+        self.model.bind(_JobsById(self.jobs))  # factors that need co-runners' specs (interleaving)
         self.rows: dict[int, JobRow] = {}
         self.current: dict[str, Allocation] = {}
         self.running: dict[int, Running] = {}
@@ -496,7 +515,7 @@ class Service:
     def job_spec(self, row: JobRow) -> JobSpec:
         s = row.spec
         duration = float(s.get("time_limit") or self.default_duration)
-        attrs = {k: s[k] for k in ("priority", "batch_size", "throughput", "min_gpus") if s.get(k) is not None}
+        attrs = {k: s[k] for k in SPEC_ATTRS if s.get(k) is not None}
         return JobSpec(
             str(row.id),
             max(0.0, row.submit_time - self.epoch),
