@@ -20,9 +20,23 @@ Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|a
    Average JCT per workload and policy; improvement of PM-First and PAL over
    Packed-Sticky, per workload ``1 - JCT/JCT_packed_sticky`` and the geometric
    mean over workloads ``1 - geomean(JCT/JCT_packed_sticky)``.
-3. **Locality sweep**: the penalty from 1.0 to 3.0 on one workload.
+   The evaluation (and the sweep) runs twice: with our semantics (each
+   GPU's median run, whole measured nodes; the paper's classes; trace
+   durations in seconds; backfill; 10 s restart cost) and with PAL's
+   artifact's simulation semantics (``SEMANTICS["artifact"]``: each GPU's
+   slowest run, GPUs drawn independently; the artifact's classes; duration x
+   per-model iteration time; strict queue; no restart cost).
+3. **Locality sweep**: the penalty from 1.0 to 3.0 on workload 6 (the
+   workload of the artifact's sweep, ``run_sia_sim_losweep.sh``).
 4. **Score sources**: the geomean improvement for other seeds of the
    generator and for PAL's measured 32-GPU table repeated over 64 GPUs.
+5. **Ablation** (``ablation``, not part of ``all``): starting from our
+   setup, the artifact's simulation semantics switched on one at a time -
+   its scores, its model classes (:data:`ARTIFACT_MODEL_CLASSES`), its work
+   (the trace's ``duration`` read as a number of iterations of a per-model
+   iteration time, :data:`ARTIFACT_ITER_TIME`), its strict queue (no
+   backfill) and no restart cost - with the geomean improvement of PM-First
+   and PAL over Packed-Sticky after each step.  See ``docs/pal.md``.
 
 The PAL traces (``job_id,num_gpus,submit_time,duration,model``) are read
 with :func:`gpuloom.sim.traces.read_pal`.
@@ -34,6 +48,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +56,13 @@ import numpy as np
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.perf.model import ThroughputModel
-from gpuloom.perf.variability import PMScores, add_variability, generate_for_cluster, load_variability_csv
+from gpuloom.perf.variability import (
+    ARTIFACT_MODEL_CLASSES,
+    PMScores,
+    add_variability,
+    generate_for_cluster,
+    load_variability_csv,
+)
 from gpuloom.policies.base import View
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim import simulate
@@ -51,6 +72,10 @@ POLICIES = ["packed-sticky", "packed-non-sticky", "random-sticky", "random-non-s
 SIZES = [1, 4, 6, 8, 12, 16, 24, 32, 48]
 SIZE_P = np.array([44800, 5100, 17100, 14900, 16500, 11300, 700, 900, 700], dtype=float)  # Sia-Philly mix
 MODELS = ["vgg19", "resnet50", "DCGAN", "BERT", "GPT2", "PointNet"]
+#: Seconds per iteration PAL's artifact assigns each Sia-Philly model; it reads a trace's
+#: ``duration`` as a number of iterations, so a job's work there is ``duration * ARTIFACT_ITER_TIME``.
+ARTIFACT_ITER_TIME = {"vgg19": 0.3006, "resnet50": 0.1754, "DCGAN": 0.0469, "BERT": 0.179, "GPT2": 3.5714,
+                      "PointNet": 0.28125}
 
 
 def data_dir() -> Path | None:
@@ -120,9 +145,11 @@ def bench_round() -> None:
 
 
 # ---------------------------------------------------------------------------
-def _run(specs: list[JobSpec], cluster: Cluster, scores: PMScores, place: str, penalty: float) -> float:
-    model = add_variability(ThroughputModel.default(cluster, penalty), scores)
-    res = simulate(cluster, specs, order="fifo", place=place, model=model, round_len=360.0, seed=0)
+def _run(specs: list[JobSpec], cluster: Cluster, scores: PMScores, place: str, penalty: float,
+         model_classes: dict[str, str] | None = None, backfill: bool = True, restart: float = 10.0) -> float:
+    model = add_variability(ThroughputModel.default(cluster, penalty), scores, model_classes=model_classes)
+    res = simulate(cluster, specs, order="fifo", place=place, model=model, round_len=360.0, seed=0,
+                   params={"backfill": backfill}, restart_overhead=restart)
     s = res.summary()
     if s["unfinished"]:
         raise RuntimeError(f"{place}: {s['unfinished']} jobs unfinished")
@@ -133,21 +160,42 @@ def _geo_impr(ratios: list[float]) -> float:
     return 1.0 - math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
 
-def bench_eval(workloads: range = range(1, 9), seed: int = 0) -> None:
+#: evaluation semantics: ours, and PAL's artifact's (scores, classes, work, strict queue, no restart cost)
+SEMANTICS: dict[str, dict] = {
+    "ours": {"scores": "median/node", "classes": False, "work": False, "backfill": True, "restart": 10.0},
+    "artifact": {"scores": "max/gpu", "classes": True, "work": True, "backfill": False, "restart": 0.0},
+}
+
+
+def _setup(semantics: str, cl: Cluster, d: Path, seed: int) -> tuple[PMScores, dict[str, str] | None, dict]:
+    sem = SEMANTICS[semantics]
+    per_gpu, draw = sem["scores"].split("/")
+    scores = generate_for_cluster(cl, d / "pal" / "variability", seed, per_gpu=per_gpu, draw=draw)
+    mc = ARTIFACT_MODEL_CLASSES if sem["classes"] else None
+    return scores, mc, {"backfill": sem["backfill"], "restart": sem["restart"]}
+
+
+def _specs(d: Path, w: int, semantics: str) -> list[JobSpec]:
+    specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv")
+    return artifact_work(specs) if SEMANTICS[semantics]["work"] else specs
+
+
+def bench_eval(workloads: range = range(1, 9), seed: int = 0, semantics: str = "ours") -> None:
     d = data_dir()
     if d is None:
         print("evaluation skipped: no ../shared/data")
         return
     cl = Cluster.homogeneous(16, 4)
-    scores = generate_for_cluster(cl, d / "pal" / "variability", seed)
-    print(f"\nSia-Philly workloads, 16x4 GPUs, FIFO, 360 s rounds, locality 1.7, PM-scores generated (seed {seed})")
+    scores, mc, kw = _setup(semantics, cl, d, seed)
+    print(f"\nSia-Philly workloads, 16x4 GPUs, FIFO, 360 s rounds, locality 1.7, {semantics} semantics "
+          f"{SEMANTICS[semantics]} (seed {seed}; class A max score {scores.scores[:, 0].max():.3f})")
     print("average JCT in hours")
     print(f"{'workload':>8} " + " ".join(f"{p:>17}" for p in POLICIES) + f" {'PM-First impr':>13} {'PAL impr':>9}")
     rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
     t0 = time.perf_counter()
     for w in workloads:
-        specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv")
-        jct = {p: _run(specs, cl, scores, p, 1.7) for p in POLICIES}
+        specs = _specs(d, w, semantics)
+        jct = {p: _run(specs, cl, scores, p, 1.7, mc, **kw) for p in POLICIES}
         for p in rat:
             rat[p].append(jct[p] / jct["packed-sticky"])
         print(f"{w:>8} " + " ".join(f"{jct[p] / 3600:>17.2f}" for p in POLICIES)
@@ -156,42 +204,95 @@ def bench_eval(workloads: range = range(1, 9), seed: int = 0) -> None:
           f"PAL {_geo_impr(rat['pal']):.1%}   ({time.perf_counter() - t0:.1f} s)")
 
 
-def bench_sweep(workload: int = 1, seed: int = 0) -> None:
+def bench_sweep(workload: int = 6, seed: int = 0, semantics: str = "ours") -> None:
     d = data_dir()
     if d is None:
         print("sweep skipped: no ../shared/data")
         return
     cl = Cluster.homogeneous(16, 4)
-    scores = generate_for_cluster(cl, d / "pal" / "variability", seed)
-    specs = read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{workload}.csv")
-    print(f"\nLocality penalty sweep, workload {workload} (average JCT in hours)")
+    scores, mc, kw = _setup(semantics, cl, d, seed)
+    specs = _specs(d, workload, semantics)
+    print(f"\nLocality penalty sweep, workload {workload}, {semantics} semantics (average JCT in hours)")
     print(f"{'penalty':>7} " + " ".join(f"{p:>17}" for p in POLICIES) + f" {'PM-First impr':>13} {'PAL impr':>9}")
     for pen in (1.0, 1.5, 2.0, 2.5, 3.0):
-        jct = {p: _run(specs, cl, scores, p, pen) for p in POLICIES}
+        jct = {p: _run(specs, cl, scores, p, pen, mc, **kw) for p in POLICIES}
         print(f"{pen:>7.1f} " + " ".join(f"{jct[p] / 3600:>17.2f}" for p in POLICIES)
               + f" {1 - jct['pm-first'] / jct['packed-sticky']:>13.1%} {1 - jct['pal'] / jct['packed-sticky']:>9.1%}")
 
 
-def bench_sources() -> None:
-    """Geomean improvement over packed-sticky for other score draws and for PAL's measured table."""
+def bench_sources(seeds: range = range(4)) -> None:
+    """Geomean improvement over packed-sticky for other score draws, PAL's measured table, both semantics."""
     d = data_dir()
     if d is None:
         print("sources skipped: no ../shared/data")
         return
     cl = Cluster.homogeneous(16, 4)
     table = load_variability_csv(d / "pal" / "variability" / "32gpu-variability.csv")
-    sources = {f"generated, seed {s}": generate_for_cluster(cl, d / "pal" / "variability", s) for s in range(4)}
-    sources["measured 32-GPU table x2"] = PMScores(np.vstack([table.scores, table.scores]), "32gpu x2")
-    specs = {w: read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv") for w in range(1, 9)}
+    measured = PMScores(np.vstack([table.scores, table.scores]), "32gpu x2")
     print("\nPM-score source vs geomean improvement over packed-sticky (8 workloads, penalty 1.7)")
-    print(f"{'source':<26} {'class A max':>11} {'PM-First':>9} {'PAL':>7}")
-    for name, sc in sources.items():
+    print(f"{'semantics':<9} {'source':<26} {'class A max':>11} {'PM-First':>9} {'PAL':>7}")
+    for sem in SEMANTICS:
+        sources = {f"generated, seed {s}": _setup(sem, cl, d, s)[0] for s in seeds}
+        sources["measured 32-GPU table x2"] = measured
+        _, mc, kw = _setup(sem, cl, d, 0)
+        specs = {w: _specs(d, w, sem) for w in range(1, 9)}
+        for name, sc in sources.items():
+            rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
+            for w in range(1, 9):
+                base = _run(specs[w], cl, sc, "packed-sticky", 1.7, mc, **kw)
+                for p in rat:
+                    rat[p].append(_run(specs[w], cl, sc, p, 1.7, mc, **kw) / base)
+            print(f"{sem:<9} {name:<26} {sc.scores[:, 0].max():>11.3f} {_geo_impr(rat['pm-first']):>9.1%} "
+                  f"{_geo_impr(rat['pal']):>7.1%}")
+
+
+def artifact_work(specs: list[JobSpec]) -> list[JobSpec]:
+    """The artifact's work: ``duration`` read as iterations of the model's iteration time."""
+    out = []
+    for s in specs:
+        if s.model not in ARTIFACT_ITER_TIME:
+            raise ValueError(f"job {s.id}: no artifact iteration time for model {s.model!r}")
+        out.append(replace(s, duration=s.duration * ARTIFACT_ITER_TIME[s.model]))
+    return out
+
+
+#: ablation steps: (label, scores, artifact classes, artifact work, backfill, restart overhead)
+ABLATION = [
+    ("ours", "median/node", False, False, True, 10.0),
+    ("+ artifact scores (max/gpu)", "max/gpu", False, False, True, 10.0),
+    ("+ artifact classes", "max/gpu", True, False, True, 10.0),
+    ("+ artifact work (dur x iter time)", "max/gpu", True, True, True, 10.0),
+    ("+ strict queue (no backfill)", "max/gpu", True, True, False, 10.0),
+    ("+ no restart cost = artifact", "max/gpu", True, True, False, 0.0),
+    ("artifact, but our scores", "median/node", True, True, False, 0.0),
+    ("ours, scores max/node", "max/node", False, False, True, 10.0),
+    ("ours, scores median/gpu", "median/gpu", False, False, True, 10.0),
+]
+
+
+def bench_ablation(seed: int = 0) -> None:
+    d = data_dir()
+    if d is None:
+        print("ablation skipped: no ../shared/data")
+        return
+    cl = Cluster.homogeneous(16, 4)
+    base = {w: read_pal_trace(d / "pal" / "traces" / "philly" / f"workload-{w}.csv") for w in range(1, 9)}
+    print(f"\nAblation: PAL artifact's simulation semantics one by one (8 workloads, penalty 1.7, seed {seed})")
+    print(f"{'setup':<36} {'PM-First':>9} {'PAL':>7}   mean JCT h (packed-sticky / PM-First / PAL), workload 1")
+    for label, kind, classes, work, backfill, restart in ABLATION:
+        per_gpu, draw = kind.split("/")
+        scores = generate_for_cluster(cl, d / "pal" / "variability", seed, per_gpu=per_gpu, draw=draw)
+        mc = ARTIFACT_MODEL_CLASSES if classes else None
         rat: dict[str, list[float]] = {"pm-first": [], "pal": []}
+        w1 = ""
         for w in range(1, 9):
-            base = _run(specs[w], cl, sc, "packed-sticky", 1.7)
+            specs = artifact_work(base[w]) if work else base[w]
+            j = {p: _run(specs, cl, scores, p, 1.7, mc, backfill, restart) for p in ("packed-sticky", "pm-first", "pal")}
             for p in rat:
-                rat[p].append(_run(specs[w], cl, sc, p, 1.7) / base)
-        print(f"{name:<26} {sc.scores[:, 0].max():>11.3f} {_geo_impr(rat['pm-first']):>9.1%} {_geo_impr(rat['pal']):>7.1%}")
+                rat[p].append(j[p] / j["packed-sticky"])
+            if w == 1:
+                w1 = " / ".join(f"{j[p] / 3600:.2f}" for p in ("packed-sticky", "pm-first", "pal"))
+        print(f"{label:<36} {_geo_impr(rat['pm-first']):>9.1%} {_geo_impr(rat['pal']):>7.1%}   {w1}")
 
 
 def main() -> None:
@@ -200,10 +301,14 @@ def main() -> None:
         bench_round()
     if what in ("eval", "all"):
         bench_eval()
+        bench_eval(semantics="artifact")
     if what in ("sweep", "all"):
         bench_sweep()
-    if what == "sources":  # not part of "all": keeps main() near a minute and a half
+        bench_sweep(semantics="artifact")
+    if what == "sources":  # not part of "all": keeps main() near two minutes
         bench_sources()
+    if what == "ablation":
+        bench_ablation()
 
 
 if __name__ == "__main__":

@@ -173,3 +173,24 @@ def test_pm_first_matches_reference(seed):
         cnt = np.array([np.sum(cl.gpu_node[tie] == cl.gpu_node[g]) for g in tie])
         ref = tie[np.lexsort((tie, cl.gpu_node[tie], np.abs(cnt - need)))][:need]
         assert sorted(got.tolist()) == sorted(below.tolist() + ref.tolist())
+
+
+@pytest.mark.parametrize("place", ["packed-sticky", "packed-non-sticky", "random-sticky", "pm-first", "pal"])
+def test_strict_queue_without_backfill(place):
+    # one node of 4 GPUs, FIFO, all at t=0: a (2 GPUs, 100 s), b (4 GPUs, 100 s), c (1 GPU, 50 s)
+    cl = Cluster.homogeneous(1, 4)
+    specs = [JobSpec("a", 0.0, 2, 100.0, model="resnet50"), JobSpec("b", 0.0, 4, 100.0, model="resnet50"),
+             JobSpec("c", 0.0, 1, 50.0, model="resnet50")]
+    model = add_variability(ThroughputModel.default(cl, 1.7), PMScores(np.ones((4, 4))))
+
+    def finish(**params: object) -> dict[str, float]:
+        res = simulate(cl, specs, place=place, model=model, round_len=360.0, params=params)
+        return {r.id: r.finish for r in res.jobs}
+
+    # backfill: c starts beside a at 0; b starts at the 360 s round
+    assert finish() == {"a": 100.0, "b": 460.0, "c": 50.0}
+    # strict queue (Blox / PAL's artifact): c waits behind b, starts at the 720 s round
+    assert finish(backfill=False) == {"a": 100.0, "b": 460.0, "c": 770.0}
+    assert finish(backfill="false") == finish(backfill=False)
+    with pytest.raises(PolicyError, match="backfill must be true or false"):
+        make("place", place, {"backfill": "sometimes"})

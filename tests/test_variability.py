@@ -187,3 +187,73 @@ def test_build_model_options(data_dir):
     assert names[0] == "locality" and names[-2:] == ["variability", "topology"]
     assert m.get("variability").scores.shape == (16, 4)
     assert build_model(cl).get("variability") is None
+
+
+def test_per_gpu_statistic_hand_checked(tmp_path):
+    # GPU c1-1-0 ran 10, 20, 60; c1-1-1 ran 30; c1-2-0 ran 40, 40  (perf = iteration time)
+    p = tmp_path / "agg.csv"
+    p.write_text("cabinet,node,device,perf\n"
+                 "c1,1,0,10\nc1,1,0,20\nc1,1,0,60\nc1,1,1,30\nc1,2,0,40\nc1,2,0,40\nc1,2,1,nan\n")
+    med = load_aggregate(p)
+    assert med.keys == ("c1-1-0", "c1-1-1", "c1-2-0") and med.nodes == ("c1-1", "c1-1", "c1-2")
+    # medians 20, 30, 40 -> over their median 30
+    assert med.scores.tolist() == pytest.approx([20 / 30, 1.0, 40 / 30])
+    mx = load_aggregate(p, per_gpu="max")
+    # slowest runs 60, 30, 40 -> over their median 40
+    assert mx.scores.tolist() == pytest.approx([60 / 40, 30 / 40, 1.0])
+    with pytest.raises(VariabilityError, match="per_gpu must be one of median, max"):
+        load_aggregate(p, per_gpu="mean")
+
+
+def test_per_gpu_max_widens_measured_spread(data_dir):
+    # the artifact's per-GPU statistic (slowest run) vs ours (median run) on the class-A source
+    d = data_dir / "pal/variability"
+    med = load_aggregate(d / "sim/resnet-longhorn-agg.csv").scores
+    mx = load_aggregate(d / "sim/resnet-longhorn-agg.csv", per_gpu="max").scores
+    assert med.size == mx.size == 336
+    assert round(float(med.max()), 2) == 1.12 and round(float(mx.max()), 2) == 3.41
+    assert round(float(np.percentile(med, 95)), 2) == 1.06 and round(float(np.percentile(mx, 95)), 2) == 1.21
+    # PAL's measured 32-GPU table agrees with the median statistic, not with the slowest run
+    table = load_variability_csv(d / "32gpu-variability.csv").scores[:, 0]
+    assert round(float(table.max()), 3) == 1.117
+
+
+def test_generator_gpu_draw(data_dir):
+    d = data_dir / "pal/variability"
+    prof = load_class_profiles(d, per_gpu="max")
+    g = generate_pm_scores([4] * 16, prof, seed=3, draw="gpu")
+    assert g.scores.shape == (64, 4) and np.allclose(np.median(g.scores, axis=0), 1.0)
+    assert np.array_equal(g.scores, generate_pm_scores([4] * 16, prof, seed=3, draw="gpu").scores)
+    # every GPU is one measured GPU drawn independently (one stream, class by class), renormalised
+    rng = np.random.default_rng(3)
+    for ci, c in enumerate("ABCD"):
+        v = prof[c].scores[rng.integers(prof[c].scores.size, size=64)]
+        assert g.scores[:, ci].tolist() == (v / np.median(v)).tolist()
+    # no within-node correlation is imposed: class-A nodes are not copies of measured nodes
+    assert np.any(g.scores[:, 0] > 1.2)  # the slowest-run tail is present
+    with pytest.raises(VariabilityError, match="draw must be one of node, gpu"):
+        generate_pm_scores([4], prof, draw="rack")
+
+
+def test_artifact_model_classes():
+    from gpuloom.perf.variability import ARTIFACT_MODEL_CLASSES
+
+    f = VariabilityFactor(PMScores(np.ones((4, 4))), model_classes=ARTIFACT_MODEL_CLASSES)
+    got = {m: "ABCD"[f.job_class(_job(m))] for m in ("resnet50", "vgg19", "DCGAN", "BERT", "GPT2", "PointNet")}
+    assert got == {"resnet50": "A", "vgg19": "C", "DCGAN": "B", "BERT": "B", "GPT2": "B", "PointNet": "D"}
+    # default: the paper's classes
+    f0 = VariabilityFactor(PMScores(np.ones((4, 4))))
+    assert ["ABCD"[f0.job_class(_job(m))] for m in ("vgg19", "DCGAN", "PointNet")] == ["A", "A", "C"]
+
+
+def test_spec_artifact_generator(data_dir, monkeypatch):
+    d = data_dir / "pal/variability"
+    cl = Cluster.homogeneous(16, 4)
+    got = variability_from_spec(f"artifact:{d}", cl, seed=5)
+    want = generate_pm_scores([4] * 16, load_class_profiles(d, per_gpu="max"), seed=5, draw="gpu")
+    assert got.scores.tolist() == want.scores.tolist()
+    monkeypatch.delenv("GPULOOM_DATA", raising=False)
+    with pytest.raises(VariabilityError, match="'artifact' needs the measured data folder"):
+        variability_from_spec("artifact", cl)
+    monkeypatch.setenv("GPULOOM_DATA", str(data_dir))
+    assert variability_from_spec("artifact", cl, seed=5).scores.tolist() == want.scores.tolist()

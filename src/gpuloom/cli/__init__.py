@@ -21,3 +21,4 @@ def main() -> None:
 from . import elastic  # noqa: E402,F401,I001  (registers elastic)
 from . import sim  # noqa: E402,F401  (registers simulate, compare)
 from . import topo  # noqa: E402,F401  (registers topo)
+from . import inventory  # noqa: E402,F401  (registers inventory)

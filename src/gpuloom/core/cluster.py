@@ -65,6 +65,8 @@ class Cluster:
     nodes: tuple[Node, ...]
     gpu_node: np.ndarray = field(init=False, repr=False, compare=False)
     gpu_offset: np.ndarray = field(init=False, repr=False, compare=False)
+    cpu_caps: np.ndarray = field(init=False, repr=False, compare=False)
+    mem_caps: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -78,6 +80,8 @@ class Cluster:
         object.__setattr__(
             self, "gpu_node", np.repeat(np.arange(len(self.nodes)), counts).astype(np.int64)
         )
+        object.__setattr__(self, "cpu_caps", np.array([n.cpus for n in self.nodes], dtype=np.int64))
+        object.__setattr__(self, "mem_caps", np.array([n.mem_mb for n in self.nodes], dtype=np.int64))
 
     # -- sizes -------------------------------------------------------------
     @property

@@ -155,51 +155,78 @@ def check_plan(
     * when ``demands`` is given, each job holds exactly that many GPUs (gang).
     """
     allocs = plan.allocations if isinstance(plan, Plan) else plan
-    g = cluster.num_gpus
-    owner: list[str | None] = [None] * g
-    owner_set: dict[str, tuple[int, ...]] = {}
-    cpu = np.zeros(cluster.num_nodes, dtype=np.int64)
-    mem = np.zeros(cluster.num_nodes, dtype=np.int64)
-    for jid, a in allocs.items():
+    # one Python pass gathers flat arrays; numpy checks them (this runs every round)
+    ids = list(allocs)
+    gpu_list: list[int] = []
+    gpu_owner: list[int] = []
+    part_node: list[int] = []
+    part_cpu: list[int] = []
+    part_mem: list[int] = []
+    part_len: list[int] = []
+    for k, jid in enumerate(ids):
+        a = allocs[jid]
         if a.job_id != jid:
             raise PlanError(f"allocation for {jid} is labelled {a.job_id}")
-        if not a.parts or a.num_gpus == 0:
-            raise PlanError(f"job {jid}: allocation holds no GPU")
-        gset = tuple(sorted(a.gpu_ids))
-        if len(set(gset)) != len(gset):
-            raise PlanError(f"job {jid}: a GPU listed twice")
-        seen_nodes = set()
+        held = 0
         for p in a.parts:
-            if not 0 <= p.node < cluster.num_nodes:
-                raise PlanError(f"job {jid}: unknown node {p.node}")
-            if p.node in seen_nodes:
-                raise PlanError(f"job {jid}: node {p.node} in two parts")
-            seen_nodes.add(p.node)
-            rng = cluster.node_gpus(p.node)
-            for gid in p.gpus:
-                if gid not in rng:
-                    raise PlanError(f"job {jid}: GPU {gid} is not on node {p.node}")
-            if p.cpus < 0 or p.mem_mb < 0:
-                raise PlanError(f"job {jid}: negative CPU or memory")
-            cpu[p.node] += p.cpus
-            mem[p.node] += p.mem_mb
-        for gid in gset:
-            other = owner[gid]
-            if other is None:
-                owner[gid] = jid
-            else:
-                if owner_set[other] != gset:
-                    raise PlanError(f"GPU {gid} held by {other} and {jid} with different GPU sets")
-                if other not in a.group and jid not in allocs[other].group:
-                    raise PlanError(f"GPU {gid} given twice: {other} and {jid} are not a group")
-        owner_set[jid] = gset
-        if demands is not None and jid in demands and a.num_gpus != demands[jid]:
-            raise PlanError(f"job {jid}: holds {a.num_gpus} GPUs, gang demand is {demands[jid]}")
-    for i, node in enumerate(cluster.nodes):
+            gl = p.gpus
+            gpu_list.extend(gl)
+            gpu_owner.extend([k] * len(gl))
+            part_node.append(p.node)
+            part_cpu.append(p.cpus)
+            part_mem.append(p.mem_mb)
+            part_len.append(len(gl))
+            held += len(gl)
+        if held == 0:
+            raise PlanError(f"job {jid}: allocation holds no GPU")
+        if len(a.parts) > 1 and len({p.node for p in a.parts}) != len(a.parts):
+            raise PlanError(f"job {jid}: a node in two parts")
+        if demands is not None and jid in demands and held != demands[jid]:
+            raise PlanError(f"job {jid}: holds {held} GPUs, gang demand is {demands[jid]}")
+    if not ids:
+        return
+    n = cluster.num_nodes
+    nodes = np.asarray(part_node, dtype=np.int64)
+    bad = np.flatnonzero((nodes < 0) | (nodes >= n))
+    if bad.size:
+        raise PlanError(f"unknown node {int(nodes[bad[0]])} in the plan")
+    cpus = np.asarray(part_cpu, dtype=np.int64)
+    mems = np.asarray(part_mem, dtype=np.int64)
+    if (cpus < 0).any() or (mems < 0).any():
+        k = int(np.flatnonzero((cpus < 0) | (mems < 0))[0])
+        raise PlanError(f"negative CPU or memory in a part on node {int(nodes[k])}")
+    G = np.asarray(gpu_list, dtype=np.int64)
+    owner = np.asarray(gpu_owner, dtype=np.int64)
+    bad = np.flatnonzero((G < 0) | (G >= cluster.num_gpus))
+    if bad.size:
+        raise PlanError(f"job {ids[int(owner[bad[0]])]}: unknown GPU {int(G[bad[0]])}")
+    on = np.repeat(nodes, part_len)
+    bad = np.flatnonzero(cluster.gpu_node[G] != on)
+    if bad.size:
+        i = int(bad[0])
+        raise PlanError(f"job {ids[int(owner[i])]}: GPU {int(G[i])} is not on node {int(on[i])}")
+    order = np.argsort(G, kind="stable")
+    gs = G[order]
+    dup = np.flatnonzero(gs[1:] == gs[:-1])
+    for d in dup.tolist():
+        gid = int(gs[d])
+        j1, j2 = ids[int(owner[order[d]])], ids[int(owner[order[d + 1]])]
+        if j1 == j2:
+            raise PlanError(f"job {j1}: GPU {gid} listed twice")
+        a1, a2 = allocs[j1], allocs[j2]
+        if sorted(a1.gpu_ids) != sorted(a2.gpu_ids):
+            raise PlanError(f"GPU {gid} held by {j1} and {j2} with different GPU sets")
+        if j1 not in a2.group and j2 not in a1.group:
+            raise PlanError(f"GPU {gid} given twice: {j1} and {j2} are not a group")
+    cpu = np.bincount(nodes, weights=cpus, minlength=n)
+    mem = np.bincount(nodes, weights=mems, minlength=n)
+    over = np.flatnonzero((cpu > cluster.cpu_caps) | (mem > cluster.mem_caps))
+    if over.size:
+        i = int(over[0])
+        node = cluster.nodes[i]
         if cpu[i] > node.cpus:
-            raise PlanError(f"node {node.name}: {cpu[i]} cores given, has {node.cpus}")
-        if mem[i] > node.mem_mb:
-            raise PlanError(f"node {node.name}: {mem[i]} MB given, has {node.mem_mb}")
+            raise PlanError(f"node {node.name}: {int(cpu[i])} cores given, has {node.cpus}")
+        raise PlanError(f"node {node.name}: {int(mem[i])} MB given, has {node.mem_mb}")
 
 
 def gpus_in_use(allocs: Iterable[Allocation]) -> set[int]:

@@ -21,6 +21,13 @@ placement quirk can never leave a multi-GPU job half placed:
    every other selected request gets a full gang from ``choose`` or nothing;
 3. *backfill* – requests left over, in order, take what is still free.
 
+``backfill=False`` (a parameter of every place policy built on this loop)
+makes the queue strict: selection stops at the first request that does not
+fit what is left, placement stops at the first selected request that gets no
+GPUs, and there is no phase 3, so no job ever starts ahead of an earlier
+waiting one.  This is how Blox's placement loops (and so PAL's artifact)
+behave: they walk the queue and ``break`` at the first job they cannot place.
+
 Running jobs that end up without an allocation are preempted.  A new policy
 is one class with a ``name`` registered through :func:`register`.
 """
@@ -264,6 +271,18 @@ class FreeState:
             self.node_mem[p.node] += p.mem_mb * members
 
 
+def parse_flag(value: bool | str, name: str) -> bool:
+    """A boolean policy parameter given as a bool or as true/false/1/0/yes/no (from ``-P``)."""
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in ("true", "1", "yes", "on"):
+        return True
+    if s in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 def req_key(req: Request) -> tuple:
     return req.key
 
@@ -324,6 +343,10 @@ class PlacePolicy:
     name: ClassVar[str] = ""
     sticky: ClassVar[bool] = True
     dynamic: ClassVar[bool] = False
+    backfill: bool = True
+
+    def __init__(self, backfill: bool | str = True) -> None:
+        self.backfill = parse_flag(backfill, "backfill")
 
     def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         raise NotImplementedError
@@ -377,6 +400,14 @@ class PlacePolicy:
         parts = split_parts(free.cluster, req, by_node)
         return parts if free.fits(parts, len(req.jobs)) else None
 
+    def _try(self, plan: Plan, req: Request, free: FreeState, view: View) -> bool:
+        """Place ``req`` (its old GPUs if sticky, else ``choose``) and commit; False if it gets nothing."""
+        parts = place_request(self, req, free, view)
+        if parts is None:
+            return False
+        self._commit(plan, req, parts, free)
+        return True
+
     def _commit(self, plan: Plan, req: Request, parts: tuple[Part, ...], free: FreeState) -> None:
         free.take(parts, len(req.jobs))
         for a in self._allocs(req, parts):
@@ -398,6 +429,8 @@ class PlacePolicy:
             if g <= cap:
                 selected[i] = True
                 cap -= g
+            elif not self.backfill:
+                break
         done = [False] * n
         if self.sticky:
             free = self._sticky_start(requests, order, selected, done, plan, view)
@@ -415,25 +448,15 @@ class PlacePolicy:
         # phase 2b: place the rest of the selection in order
         for i in order:
             if selected[i] and not done[i]:
-                req = requests[i]
-                parts = self.keep_parts(req, free) if self.sticky else None
-                if parts is None:
-                    parts = self.choose(req, free, view)
-                if parts is not None:
-                    self._commit(plan, req, parts, free)
-                    done[i] = True
+                done[i] = self._try(plan, requests[i], free, view)
+                if not done[i] and not self.backfill:
+                    break
         # phase 3: backfill leftovers in order (free.free_gpus is cheap: a numpy sum)
-        for i in order:
+        for i in order if self.backfill else ():
             if free.free_gpus <= 0:
                 break
             if not done[i] and requests[i].gpus <= free.free_gpus:
-                req = requests[i]
-                parts = self.keep_parts(req, free) if self.sticky else None
-                if parts is None:
-                    parts = self.choose(req, free, view)
-                if parts is not None:
-                    self._commit(plan, req, parts, free)
-                    done[i] = True
+                done[i] = self._try(plan, requests[i], free, view)
         plan.free_gpus = free.free_gpus
         return plan
 

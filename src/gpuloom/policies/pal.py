@@ -19,7 +19,8 @@ cluster size) are placed class by class, A (most variability-sensitive)
 first, so compute-bound jobs get first pick of the fast GPUs; inside a class
 the order policy's order is kept (``priority="class"``, PAL's artifact), or
 larger jobs go first (``priority="class-size"``, they have the fewest good
-options).  Jobs past the prefix follow in queue order (backfill).
+options).  Jobs past the prefix follow in queue order (backfill; with
+``backfill=False`` they wait, as in PAL's artifact).
 ``priority="queue"`` keeps the order policy's order unchanged.
 
 **PM-First** takes the job's ``N`` free GPUs with the best (lowest) levels;
@@ -124,7 +125,8 @@ class _VariabilityPlace(PlacePolicy):
     dynamic = False
 
     def __init__(self, locality_penalty: float | None = None, priority: str = "class",
-                 require_scores: bool = False) -> None:
+                 require_scores: bool = False, backfill: bool | str = True) -> None:
+        super().__init__(backfill)
         if locality_penalty is not None and locality_penalty < 1.0:
             raise ValueError(f"locality_penalty must be >= 1, got {locality_penalty}")
         if priority not in ("class", "class-size", "queue"):

@@ -10,12 +10,30 @@ a multi-machine executor (Ray) implements the same methods.
 :class:`LaunchSpec` is fully concrete: node-local GPU indices (what
 ``CUDA_VISIBLE_DEVICES`` gets), concrete CPU core ids (the service picks them
 with :class:`CoreAllocator` from the core *counts* in the plan), a memory limit.
+
+Exit codes follow the shell: ``0`` success, ``128 + n`` for a job that died of
+signal ``n`` (``143`` after SIGTERM, ``137`` after SIGKILL or the OOM killer).
+``None`` means unknown: a process adopted after a restart that vanished without
+leaving its exit record (see :mod:`gpuloom.runtime.local` for the wrapper that
+writes it).  :meth:`Executor.stop` consumes the exit: :meth:`Executor.poll` does
+not report a stopped job again.
+
+:class:`ProcInfo` is what the service stores to find a process again after a
+restart.  ``log_path`` and ``exit_path`` (the file the job's wrapper writes its
+exit code to) have defaults, so older records still load; with ``exit_path``
+known, :meth:`Executor.exit_code` tells a job that *finished* while the service
+was down (code 0: mark it done) from one that died (requeue, resume from its
+checkpoint).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+
+
+class ExecutorError(RuntimeError):
+    """A launch or stop that cannot be carried out; the message names the job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +57,8 @@ class ProcInfo:
     node: str
     pid: int
     start_time: float  # process creation time (guards against pid reuse when adopting)
+    log_path: str = ""
+    exit_path: str = ""  # where the job's wrapper writes its exit code when it ends
 
 
 class Executor(ABC):
@@ -55,8 +75,8 @@ class Executor(ABC):
         Returns the exit code (``None`` if unknown)."""
 
     @abstractmethod
-    def poll(self) -> dict[str, int]:
-        """Exit codes of job processes that ended since the last poll."""
+    def poll(self) -> dict[str, int | None]:
+        """Exit codes of job processes that ended since the last poll (None: unknown)."""
 
     @abstractmethod
     def adopt(self, info: ProcInfo) -> bool:
@@ -64,6 +84,10 @@ class Executor(ABC):
 
     @abstractmethod
     def alive(self, job_id: str) -> bool: ...
+
+    def exit_code(self, info: ProcInfo) -> int | None:
+        """For a process that is gone (``adopt`` returned False): its recorded exit code, if any."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; running jobs are left running (they can be adopted)."""

@@ -94,12 +94,10 @@ Per-format decisions (the data README in ``shared/data`` lists the files):
 
 from __future__ import annotations
 
-import ast
 import csv
 import io
 import json
 import math
-import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -538,40 +536,12 @@ def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = 
 
 # --------------------------------------------------------------------------- synergy
 
-_BINOPS: dict[type, Callable[[float, float], float]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
-}
-
-
 def safe_arith(text: str) -> float:
-    """Evaluate ``62.5*2``, ``int(62.5/3)``, ``(1+2)/3``: numbers, + - * / //, unary -, int(), round().
+    """Evaluate ``62.5*2``, ``int(62.5/3)``: one safe evaluator for the project, without ``eval``
+    (see :func:`gpuloom.perf.sensitivity.safe_number`)."""
+    from ..perf.sensitivity import safe_number
 
-    Anything else (names, attributes, other calls) raises ``ValueError``; nothing is ``eval``-ed.
-    """
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
-        raise ValueError(f"not an arithmetic expression: {text!r}") from None
-
-    def ev(n: ast.AST) -> float:
-        if isinstance(n, ast.Constant) and isinstance(n.value, int | float) and not isinstance(n.value, bool):
-            return n.value
-        if isinstance(n, ast.BinOp) and type(n.op) in _BINOPS:
-            return _BINOPS[type(n.op)](ev(n.left), ev(n.right))
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub | ast.UAdd):
-            v = ev(n.operand)
-            return -v if isinstance(n.op, ast.USub) else v
-        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("int", "round")
-                and len(n.args) == 1 and not n.keywords):
-            v = ev(n.args[0])
-            return int(v) if n.func.id == "int" else round(v)
-        raise ValueError(f"not an arithmetic expression: {text!r}")
-
-    try:
-        return float(ev(tree.body))
-    except ZeroDivisionError:
-        raise ValueError(f"division by zero in {text!r}") from None
+    return safe_number(text)
 
 
 def read_synergy_profiles(path: str | Path) -> dict[str, dict[str, Any]]:

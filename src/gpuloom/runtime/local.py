@@ -1,0 +1,460 @@
+"""Running job processes on this machine.
+
+Two layers, so that a multi-machine executor reuses the launch logic unchanged:
+
+* :class:`NodeAgent` launches, stops, polls and adopts processes *on the machine
+  it runs on*.  It knows nothing about node names.  A Ray executor runs one
+  ``NodeAgent`` inside one actor per node and forwards the same calls to it.
+* :class:`LocalExecutor` is the :class:`~gpuloom.runtime.executor.Executor` for a
+  one-node cluster: it serves one node name and refuses launches for any other.
+
+What a launch does
+------------------
+The job's command runs in two shells::
+
+    /bin/sh -c 'trap : TERM INT HUP                                 # the wrapper
+                /bin/sh -c \'trap "exit $?" TERM INT HUP; eval "$1"\' gpuloom-job "$1"
+                rc=$?; echo $rc > "$2.tmp"; mv "$2.tmp" "$2"; exit $rc' gpuloom-job COMMAND EXIT_FILE
+
+Both shells survive the SIGTERM sent to the job's process group until their
+foreground child has exited (``/bin/sh`` may not ``exec`` the last command: dash
+does not), so the job's own SIGTERM handler can checkpoint; a caught trap is
+reset to the default in children, so every process of the job still receives
+the signal.  The inner shell's trap then exits with the child's status instead of
+running the rest of a command list (``a.py; b.py`` does not start ``b.py`` after a
+preemption); the wrapper records that status.
+
+* the wrapper is the leader of a new session (``start_new_session``), so jobs
+  survive a crash of the service and one ``killpg`` reaches the whole job;
+* between fork and exec the wrapper joins the job's cgroups (memory limit and
+  cpuset, :mod:`gpuloom.runtime.cgroups`) and sets its CPU affinity with
+  ``sched_setaffinity`` - both where possible, affinity alone where cgroups are
+  not writable - so the command starts already constrained, and everything it
+  forks inherits the constraints.  The cgroup ``cgroup.procs`` files are opened
+  by the parent before the fork: the child only calls ``os.write`` and
+  ``os.sched_setaffinity`` (no locks, safe with a threaded service);
+* the environment gets ``CUDA_VISIBLE_DEVICES`` (node-local GPU indices, comma
+  separated; ``""`` for a job with no GPUs, which hides every GPU),
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so indices mean what NVML and ``nvidia-smi``
+  call them), ``OMP_NUM_THREADS`` = number of cores (unless given),
+  ``GPULOOM_JOB_ID``, ``GPULOOM_CPUS``, ``GPULOOM_MEM_MB`` and whatever the spec adds
+  (``GPULOOM_RESUME``, ``GPULOOM_CHECKPOINT_DIR``...);
+* stdout and stderr are appended to the job's log (nothing else is written
+  there: the log is the job's own output; the service records launches).
+
+The exit record
+---------------
+The wrapper waits for the job and writes its exit status to ``<log>.exit``
+atomically (write + rename).  A process
+that is our child is reaped through :class:`subprocess.Popen`; a process
+*adopted* after a restart is not our child, so its end is detected by pid
+liveness (a zombie or a pid reused by another process - different creation time -
+counts as gone) and its exit code is read from the exit record.  Only a SIGKILL
+of the wrapper itself (by :meth:`NodeAgent.stop` after the grace period, or by
+someone else) leaves no record: the code is then ``137`` when we sent the
+SIGKILL, ``None`` (unknown) otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+
+from gpuloom.runtime.cgroups import CgroupError, CgroupManager, JobCgroup, cgroup_name, format_cpus
+from gpuloom.runtime.executor import Executor, ExecutorError, LaunchSpec, ProcInfo
+
+__all__ = ["ExecutorError", "LocalExecutor", "NodeAgent", "exit_path_for", "read_exit_record", "same_process"]
+
+_WRAPPER = (
+    "trap : TERM INT HUP; "
+    """/bin/sh -c 'trap "exit \\$?" TERM INT HUP; eval "$1"' gpuloom-job "$1"; rc=$?; """
+    'printf "%d\\n" "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"; '
+    'exit "$rc"'
+)
+
+#: How close the creation time of a pid must be to the recorded one to be the same process.
+START_TIME_TOLERANCE_S = 0.05
+
+
+def exit_path_for(log_path: str) -> str:
+    return log_path + ".exit"
+
+
+def read_exit_record(path: str) -> int | None:
+    """The exit code a wrapper wrote to ``path``, or None if absent/unreadable."""
+    if not path:
+        return None
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def process_start_time(pid: int) -> float | None:
+    """Creation time of ``pid`` (seconds since the epoch), None if there is no such live process."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def same_process(info: ProcInfo) -> bool:
+    """Is ``info.pid`` still the process we launched (alive, not a zombie, same creation time)?"""
+    t = process_start_time(info.pid)
+    return t is not None and abs(t - info.start_time) <= START_TIME_TOLERANCE_S
+
+
+@dataclass(slots=True)
+class _Proc:
+    info: ProcInfo
+    popen: subprocess.Popen[bytes] | None  # None: adopted after a restart
+    cgroup: JobCgroup | None
+    killed: bool = False  # we sent SIGKILL
+    stopping: bool = False  # a stop() is in progress: poll() leaves the exit to it
+
+    def ended(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is not None
+        return not same_process(self.info)
+
+    def exit_code(self) -> int | None:
+        rec = read_exit_record(self.info.exit_path)
+        if rec is not None:
+            return rec
+        if self.popen is not None and self.popen.returncode is not None:
+            rc = self.popen.returncode
+            return 128 - rc if rc < 0 else rc  # killed wrapper: report it shell-style
+        return 128 + signal.SIGKILL if self.killed else None
+
+
+class NodeAgent:
+    """Launches and controls job processes on the machine it runs on.
+
+    ``cgroups=None`` creates a :class:`CgroupManager` (detecting v1/v2 once);
+    pass ``CgroupManager(enabled=False)`` for affinity-only operation.
+
+    ``run_dir``: where exit records go (``<run_dir>/<job>.exit``), so that a
+    restarted service finds them from the job id alone; without it they go next
+    to the job's log (``<log>.exit``) and :class:`ProcInfo` carries the path.
+
+    ``fold_cores``: a declared inventory may have more cores than this machine
+    (tests of a 24-core node on a laptop).  Strict by default (a core id that does
+    not exist is refused); folded, plan core ``c`` runs on the machine's
+    ``c mod n``-th core.  ``GPULOOM_CPUS`` always carries the plan's ids.
+    """
+
+    def __init__(self, cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
+                 fold_cores: bool = False) -> None:
+        self.cgroups = cgroups if cgroups is not None else CgroupManager()
+        self._procs: dict[str, _Proc] = {}
+        self._lock = threading.RLock()
+        self.available_cpus = tuple(sorted(os.sched_getaffinity(0)))
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.fold_cores = fold_cores
+
+    def exit_path(self, job_id: str, log_path: str) -> str:
+        if self.run_dir is not None:
+            return str(self.run_dir / f"{cgroup_name(job_id)}.exit")
+        return exit_path_for(log_path) if log_path else ""
+
+    def machine_cores(self, cpus: tuple[int, ...]) -> tuple[int, ...]:
+        """The cores of this machine a plan's core ids run on (see ``fold_cores``)."""
+        if not self.fold_cores:
+            return cpus
+        n = len(self.available_cpus)
+        return tuple(sorted({self.available_cpus[c % n] for c in cpus}))
+
+    # -- launching --------------------------------------------------------------
+    def _check(self, spec: LaunchSpec) -> None:
+        bad = [] if self.fold_cores else [c for c in spec.cpus if c not in self.available_cpus]
+        if bad:
+            raise ExecutorError(
+                f"job {spec.job_id}: CPU core(s) {bad} do not exist here (available: {format_cpus(self.available_cpus)})"
+            )
+        if len(set(spec.cpus)) != len(spec.cpus):
+            raise ExecutorError(f"job {spec.job_id}: repeated CPU core ids {list(spec.cpus)}")
+        if any(g < 0 for g in spec.gpus):
+            raise ExecutorError(f"job {spec.job_id}: negative GPU index in {list(spec.gpus)}")
+        if spec.mem_mb < 0:
+            raise ExecutorError(f"job {spec.job_id}: negative memory limit {spec.mem_mb}")
+        if not spec.log_path:
+            raise ExecutorError(f"job {spec.job_id}: no log path")
+
+    @staticmethod
+    def environment(spec: LaunchSpec) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        if spec.cpus:
+            env["OMP_NUM_THREADS"] = str(len(spec.cpus))
+        env.update(spec.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        env["GPULOOM_JOB_ID"] = spec.job_id
+        env["GPULOOM_CPUS"] = format_cpus(spec.cpus)
+        env["GPULOOM_MEM_MB"] = str(spec.mem_mb)
+        return env
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        self._check(spec)
+        with self._lock:
+            old = self._procs.get(spec.job_id)
+            if old is not None and (old.stopping or not old.ended()):
+                raise ExecutorError(f"job {spec.job_id}: already running as pid {old.info.pid}")
+            if old is not None:  # ended, exit not collected yet: it is superseded
+                self._finish(spec.job_id, old)
+            log_path = Path(spec.log_path)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            exit_path = self.exit_path(spec.job_id, str(log_path))
+            for stale in (exit_path, exit_path + ".tmp"):
+                Path(stale).unlink(missing_ok=True)
+
+            cores = self.machine_cores(spec.cpus)
+            cg: JobCgroup | None = None
+            fds: list[int] = []
+            if self.cgroups.mode != "none":
+                try:
+                    cg = self.cgroups.create(spec.job_id, cores, spec.mem_mb)
+                    fds = [os.open(d / "cgroup.procs", os.O_WRONLY) for d in cg.paths()]
+                except (CgroupError, OSError) as e:
+                    for fd in fds:
+                        os.close(fd)
+                    raise ExecutorError(f"job {spec.job_id}: {e}") from None
+            cpus = set(cores)
+
+            def enter() -> None:  # runs in the child between fork and exec: no locks, no imports
+                pid = str(os.getpid()).encode()
+                for fd in fds:
+                    os.write(fd, pid)
+                if cpus:
+                    os.sched_setaffinity(0, cpus)
+
+            try:
+                with open(log_path, "ab") as log:
+                    popen = subprocess.Popen(
+                        ["/bin/sh", "-c", _WRAPPER, "gpuloom-job", spec.command, exit_path],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=spec.workdir,
+                        env=self.environment(spec),
+                        start_new_session=True,
+                        preexec_fn=enter,
+                        close_fds=True,
+                    )
+            except (OSError, subprocess.SubprocessError) as e:
+                if cg is not None:
+                    cg.remove()
+                raise ExecutorError(f"job {spec.job_id}: launch failed: {e}") from None
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            start = process_start_time(popen.pid)
+            if start is None:  # ended already (e.g. `true`): creation time from /proc is gone
+                start = time.time()
+            info = ProcInfo(spec.job_id, "", popen.pid, start, str(log_path), exit_path)
+            self._procs[spec.job_id] = _Proc(info, popen, cg)
+            return info
+
+    # -- controlling ----------------------------------------------------------------
+    def repin(self, job_id: str, cpus: tuple[int, ...]) -> int:
+        """Move a running job to other CPU cores in place (no restart): cpuset and every process's affinity.
+
+        The number of threads or workers a job chose at start stays what it was, so
+        the service resizes by restart; this is for cores that must be vacated at
+        once and for measurements that compare allocations within one run.
+        Returns the number of processes re-pinned.
+        """
+        with self._lock:
+            p = self._procs.get(job_id)
+            if p is None or p.ended():
+                raise ExecutorError(f"job {job_id}: not running here")
+            spec_like = LaunchSpec(job_id, "", "", (), tuple(cpus), 0, "-")
+            self._check(spec_like)
+            cores = set(self.machine_cores(tuple(cpus))) or set(self.available_cpus)
+            try:
+                pids = {q.pid for q in psutil.Process(p.info.pid).children(recursive=True)} | {p.info.pid}
+            except psutil.NoSuchProcess:
+                pids = set()
+            if p.cgroup is not None:
+                pids |= p.cgroup.pids()
+            try:
+                old = set(os.sched_getaffinity(p.info.pid))
+            except ProcessLookupError:
+                old = set()
+            # a task's affinity must lie inside its cpuset: widen the cpuset first, narrow it last
+            if p.cgroup is not None and "cpuset" in p.cgroup.dirs and not cores <= old:
+                self.cgroups.set_cpus(job_id, tuple(sorted(cores | old)))
+            n = 0
+            for pid in pids:
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+                except OSError:
+                    continue
+                for tid in tids:  # affinity is per thread
+                    try:
+                        os.sched_setaffinity(tid, cores)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                n += 1
+            if p.cgroup is not None and "cpuset" in p.cgroup.dirs:
+                self.cgroups.set_cpus(job_id, tuple(sorted(cores)))
+            return n
+
+    def alive(self, job_id: str) -> bool:
+        with self._lock:
+            p = self._procs.get(job_id)
+            return p is not None and not p.ended()
+
+    def running(self) -> dict[str, ProcInfo]:
+        with self._lock:
+            return {j: p.info for j, p in self._procs.items()}
+
+    def _signal(self, p: _Proc, sig: int) -> None:
+        try:
+            os.killpg(p.info.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if sig == signal.SIGKILL and p.cgroup is not None:
+            p.cgroup.kill_all(signal.SIGKILL)  # stragglers that left the process group
+
+    def _wait(self, p: _Proc, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if p.popen is not None:
+                try:
+                    p.popen.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
+                    return True
+                except subprocess.TimeoutExpired:
+                    pass
+            elif p.ended():
+                return True
+            else:
+                time.sleep(0.02)
+            if time.monotonic() >= deadline:
+                return p.ended()
+
+    def _finish(self, job_id: str, p: _Proc) -> int | None:
+        code = p.exit_code()
+        if p.cgroup is not None:
+            p.cgroup.remove()
+        self._procs.pop(job_id, None)
+        return code
+
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        """SIGTERM to the job's process group, ``grace_s`` to exit, then SIGKILL. Returns its exit code."""
+        with self._lock:  # not held during the grace period: stops of several jobs run in parallel
+            p = self._procs.get(job_id)
+            if p is None or p.stopping:
+                raise ExecutorError(f"job {job_id}: not running here" if p is None else f"job {job_id}: already stopping")
+            p.stopping = True
+        try:
+            if not p.ended():
+                self._signal(p, signal.SIGTERM)
+                if not self._wait(p, grace_s):
+                    p.killed = True
+                    self._signal(p, signal.SIGKILL)
+                    if not self._wait(p, 5.0):
+                        raise ExecutorError(f"job {job_id}: pid {p.info.pid} survived SIGKILL")
+        except BaseException:
+            p.stopping = False
+            raise
+        with self._lock:
+            return self._finish(job_id, p)
+
+    def poll(self) -> dict[str, int | None]:
+        with self._lock:
+            done = {j: p for j, p in self._procs.items() if not p.stopping and p.ended()}
+            return {j: self._finish(j, p) for j, p in done.items()}
+
+    # -- restarts --------------------------------------------------------------------
+    def adopt(self, info: ProcInfo) -> bool:
+        """Track a process launched by an earlier incarnation of the service, if it is still the same one."""
+        with self._lock:
+            cur = self._procs.get(info.job_id)
+            if cur is not None:
+                return cur.info.pid == info.pid and not cur.ended()
+            cg = self.cgroups.job(info.job_id) if self.cgroups.mode != "none" else None
+            if not same_process(info):
+                if cg is not None:
+                    cg.remove()
+                return False
+            try:
+                if os.getpgid(info.pid) != info.pid:
+                    return False  # not the session leader we started
+            except ProcessLookupError:
+                return False
+            if not info.exit_path and self.run_dir is not None:
+                info = replace(info, exit_path=self.exit_path(info.job_id, info.log_path))
+            self._procs[info.job_id] = _Proc(info, None, cg)
+            return True
+
+    def exit_code(self, info: ProcInfo) -> int | None:
+        return read_exit_record(info.exit_path or self.exit_path(info.job_id, info.log_path))
+
+
+class LocalExecutor(Executor):
+    """The executor for this machine, known to the scheduler as ``node``.
+
+    ``node`` may also be a list of names, all run on this machine, or ``None``
+    (the default): every node of a plan runs here.  Several names on one box
+    serve to try multi-node plans out (as the service's tests do); their core ids
+    overlap on the same physical cores, so combine with ``fold_cores`` as needed.
+    Launches for a node not served are refused.
+    """
+
+    def __init__(self, node: str | Sequence[str] | None = None, agent: NodeAgent | None = None,
+                 cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
+                 fold_cores: bool = False) -> None:
+        if node is None:
+            self.node, self.nodes = "local", None
+        else:
+            names = [node] if isinstance(node, str) else list(node)
+            if not names or not all(names):
+                raise ExecutorError("LocalExecutor needs at least one non-empty node name")
+            self.node, self.nodes = names[0], frozenset(names)
+        self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores)
+
+    def _own(self, node: str, job_id: str) -> None:
+        if node and self.nodes is not None and node not in self.nodes:
+            served = ", ".join(repr(n) for n in sorted(self.nodes))
+            raise ExecutorError(f"job {job_id}: node {node!r} is not served here (this executor runs {served})")
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        self._own(spec.node, spec.job_id)
+        info = self.agent.launch(spec)
+        return replace(info, node=spec.node or self.node)
+
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        return self.agent.stop(job_id, grace_s)
+
+    def poll(self) -> dict[str, int | None]:
+        return self.agent.poll()
+
+    def adopt(self, info: ProcInfo) -> bool:
+        self._own(info.node, info.job_id)
+        return self.agent.adopt(info)
+
+    def alive(self, job_id: str) -> bool:
+        return self.agent.alive(job_id)
+
+    def repin(self, job_id: str, cpus: tuple[int, ...]) -> int:
+        return self.agent.repin(job_id, cpus)
+
+    def exit_code(self, info: ProcInfo) -> int | None:
+        return self.agent.exit_code(info)
+
+    @property
+    def cgroup_mode(self) -> str:
+        return self.agent.cgroups.mode
