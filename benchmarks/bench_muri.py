@@ -3,10 +3,11 @@
 ``main()`` (what ``benchmarks/run.py`` calls) prints
 
 * grouping time of :class:`~gpuloom.policies.muri.MuriGrouping` for 100, 400
-  and 1,000 queued jobs, ordered by SRSF: on Muri's 8 x 8 cluster (Muri's
-  admission lets at most 3-fold the cluster into the matching) and on a cluster
-  big enough that every queued job enters it; cold = fresh policy (no cached
-  weights), warm = the next call (what every round after the first pays);
+  and 1,000 queued jobs (drawn from trace2), ordered by SRSF: on Muri's 8 x 8
+  cluster (Muri's admission lets at most 3-fold the cluster into the
+  matching) and, as a stress test, with every queued job admitted and every
+  matched pair merged (``pack_all``) so the matching runs over the whole
+  queue; cold = fresh policy (no cached weights), warm = the next call;
 * the wall time of a whole Muri-S run on trace3 (n8g8).
 
 ``--table`` instead runs Muri traces 1-4 on n8g8 under SRTF, SRSF and 2D-LAS
@@ -104,7 +105,7 @@ def queue_of(n: int, rng: np.random.Generator) -> list[Job]:
     return jobs
 
 
-def time_grouping(n: int, cluster: Cluster, reps: int = 5) -> tuple[float, float, int]:
+def time_grouping(n: int, cluster: Cluster, reps: int = 5, pack_all: bool = False) -> tuple[float, float, int]:
     rng = np.random.default_rng(n)
     jobs = queue_of(n, rng)
     f = InterleaveFactor({j.id: j for j in jobs})
@@ -113,7 +114,7 @@ def time_grouping(n: int, cluster: Cluster, reps: int = 5) -> tuple[float, float
     cold, warm = [], []
     units: list = []
     for _ in range(reps):
-        pol = make("group", "muri")
+        pol = make("group", "muri", {"pack_all": pack_all})
         t = time.perf_counter()
         units = pol.group(ordered, view)
         cold.append(time.perf_counter() - t)
@@ -147,9 +148,10 @@ def main() -> None:
     for n in (100, 400, 1000):
         jobs = queue_of(n, np.random.default_rng(n))
         demand = sum(j.spec.gpus for j in jobs)
-        for name, cl in (("8x8", n8g8), ("all enter", Cluster.homogeneous(-(-demand // 8), 8, 92, 520_000))):
+        big = Cluster.homogeneous(-(-demand // 8), 8, 92, 520_000)
+        for name, cl, pack in (("8x8", n8g8, False), ("all enter, pack_all", big, True)):
             adm = len(make("group", "muri")._admit(jobs, [(1.0,)] * n, cl.num_gpus, 3))  # noqa: SLF001
-            cold, warm, groups = time_grouping(n, cl)
+            cold, warm, groups = time_grouping(n, cl, pack_all=pack)
             print(f"| {n} | {name} ({cl.num_gpus} GPUs) | {adm} | {groups} | {cold * 1e3:.1f} | {warm * 1e3:.1f} |")
     print()
     if not (data_dir() / "muri/sim_traces/trace3.csv").exists():
