@@ -393,6 +393,15 @@ def run_many(
             cb = (lambda d, t, _l=label: progress(_l, d, t)) if progress is not None else None
             out[label] = run_config(rc, cluster, specs, model_builder, cb)
         return out
+    if progress is not None:
+        # updates from workers arrive late and out of order: forward only forward progress
+        user, last = progress, {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if done >= last.get(label, -1):
+                last[label] = done
+                user(label, done, total)
+
     ctx = mp.get_context()
     q = ctx.Queue() if progress is not None else None
     results: dict[str, RunResult] = {}
@@ -405,7 +414,10 @@ def run_many(
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             _drain(q, progress)
             for f in done:
-                results[futures[f]] = f.result()
+                r = results[futures[f]] = f.result()
+                if progress is not None:
+                    # a worker's last queued update may still be in flight: report the end here
+                    progress(futures[f], len(r.finished), len(r.jobs))
         _drain(q, progress)
     return {lb: results[lb] for lb in labels}
 
