@@ -142,7 +142,11 @@ def serve(
                                         threshold=float(params.get("threshold", DEFAULT_THRESHOLD)),
                                         grace_s=min(grace, 5.0))
         except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
+            msg = str(e)
+            for field, opt in (("warmup_s", "--profile-warmup"), ("window_s", "--profile-window"),
+                               ("timeout_s", "--profile-timeout"), ("profiling threshold", "-P threshold")):
+                msg = msg.replace(field, opt)
+            raise typer.BadParameter(msg) from None
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                   launch_timeout_s=launch_timeout, profiling=profiling)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
