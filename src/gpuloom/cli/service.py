@@ -38,6 +38,7 @@ token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
 DEFAULT_PORT = 8642
+SYNERGY_SIZERS = ("greedy", "tune", "opt")  # size policies that use CPU/memory profiles: profiling on by default
 
 StateDirOpt = Annotated[
     Path | None, typer.Option("--state-dir", envvar="GPULOOM_STATE_DIR", help="State directory (default ~/.gpuloom).")
@@ -76,6 +77,14 @@ def serve(
     grace: Annotated[float, typer.Option(help="Seconds a stopped job gets to checkpoint before SIGKILL.")] = 10.0,
     launch_timeout: Annotated[float, typer.Option(help="Seconds a job without progress lines counts as launching.")] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed for random placement.")] = 0,
+    profile: Annotated[bool | None, typer.Option(
+        "--profile/--no-profile",
+        help="Profile new jobs with a model (or profile: true) before their first launch "
+             "(default: on for the Synergy sizers greedy, tune, opt).")] = None,
+    profile_window: Annotated[float, typer.Option(help="Seconds of progress measured per profiling point.")] = 5.0,
+    profile_warmup: Annotated[float, typer.Option(help="Seconds skipped after a profile run's first progress line.")] = 2.0,
+    profile_timeout: Annotated[float, typer.Option(
+        help="Seconds a profile run may print no progress line before its job counts as unprofilable.")] = 60.0,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
@@ -122,10 +131,24 @@ def serve(
     service_id = store.set_meta_default("service_id", secrets.token_hex(4))
     executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
                               cgroup_parent=f"gpuloom-{service_id}")
-    from ..runtime.service import Service
+    from ..runtime.service import ProfilingConfig, Service
 
+    profiling = None
+    if profile if profile is not None else size in SYNERGY_SIZERS:
+        from ..perf.sensitivity import DEFAULT_THRESHOLD
+
+        try:
+            profiling = ProfilingConfig(warmup_s=profile_warmup, window_s=profile_window, timeout_s=profile_timeout,
+                                        threshold=float(params.get("threshold", DEFAULT_THRESHOLD)),
+                                        grace_s=min(grace, 5.0))
+        except ValueError as e:
+            msg = str(e)
+            for field, opt in (("warmup_s", "--profile-warmup"), ("window_s", "--profile-window"),
+                               ("timeout_s", "--profile-timeout"), ("profiling threshold", "-P threshold")):
+                msg = msg.replace(field, opt)
+            raise typer.BadParameter(msg) from None
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
-                  launch_timeout_s=launch_timeout)
+                  launch_timeout_s=launch_timeout, profiling=profiling)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request

@@ -60,7 +60,7 @@ class JobSubmit(BaseModel):
     cpus: int | None = Field(None, ge=0, le=1_000_000)
     mem: int | float | str | None = None  # "8G", "512M", or MB
     model: str | None = Field(None, max_length=200)
-    profile: dict[str, Any] | None = None
+    profile: bool | dict[str, Any] | None = None  # true/false: ask for / opt out of profiling
     checkpoint_dir: str | None = Field(None, max_length=4096)
     time_limit: float | str | None = None  # seconds or Slurm time (1:30:00)
     user: str | None = Field(None, pattern=USER_RE)

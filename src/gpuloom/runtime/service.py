@@ -21,6 +21,33 @@ it with :func:`~gpuloom.core.plan.check_plan`, and carries out
 
 Nothing here assumes one machine: every launch names its node.
 
+Profiling (with a :class:`ProfilingConfig`; ``gpuloom serve --profile``):
+
+* a job is profiled before its first launch when it wants a profile (a
+  ``model``, or ``profile: true``; :func:`.profiles.wants_profile`) and neither
+  the store (``profiles`` table, key ``<model>/<gpus>gpu``) nor the throughput
+  model's catalogue (``--profiles``) has one for its model and GPU count;
+* profiling is the first part of the job's first ``start``: on the GPUs the
+  plan gave it, with every core of its node that no running job holds (taken
+  in the core allocator meanwhile) and memory up to the node's free memory,
+  :func:`~gpuloom.perf.profiler.optimistic_profile` drives a
+  :class:`~.profiling.RealProfiler` (short runs of the job's command measured
+  from its ``GPULOOM_PROGRESS`` lines).  It runs synchronously in the round,
+  after the round's stops and before its other launches, so nothing else can
+  be given those GPUs or cores: no double booking, no lifecycle state of its
+  own (the job stays ``waiting_for_initial_resource``; events
+  ``profile-start``/``profiled``/``unprofilable`` record it).  The price is a
+  round that lasts as long as the profiling (about ``points x (startup +
+  warmup + window)``, 5 points for a 4-core node); the API keeps answering;
+* the outcome is stored (demand, measured points, estimated matrix), every
+  queued job of the model gets the profile as its ``JobSpec.profile`` (what
+  :class:`~gpuloom.perf.sensitivity.SensitivityFactor` and the Synergy sizers
+  read), the round's remaining starts are left to the next round, which sizes
+  the job with its demand and launches it for real;
+* a job that prints no progress line within the timeout (or exits without
+  one) is recorded ``unprofilable`` and launched at once on the plan's
+  (GPU-proportional) allocation; its model is not profiled again.
+
 Design decisions:
 
 * **The store is the truth.**  API calls write to the store (committed with
@@ -74,11 +101,28 @@ from ..core.cluster import Cluster
 from ..core.job import Job, JobSpec, JobStatus
 from ..core.plan import Action, ActionKind, Allocation, Part, Plan, PlanError, check_plan, diff
 from ..perf.model import ThroughputModel
+from ..perf.profiler import ProfileError, optimistic_profile
+from ..perf.sensitivity import (
+    DEFAULT_THRESHOLD,
+    SensitivityError,
+    SensitivityFactor,
+    SensitivityProfile,
+    add_sensitivity,
+)
 from ..policies.base import View
 from ..scheduler import Scheduler
 from ..sim.setup import build_model
 from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
 from .lifecycle import HOLDING_STATES, LIFECYCLE_KEY, TERMINAL, JobState, Lifecycle
+from .profiles import (
+    OK,
+    profile_from_record,
+    profile_key,
+    record_from_result,
+    unprofilable_record,
+    wants_profile,
+)
+from .profiling import NoProgress, RealProfiler
 from .progress import ProgressError
 from .progress import parse_line as parse_progress
 from .store import JobRow, Store
@@ -99,6 +143,37 @@ QUEUED_STATES = (S.WAITING_FOR_INITIAL_CONTACT.value, S.WAITING_FOR_INITIAL_RESO
 HOLDING = tuple(s.value for s in JobState if s in HOLDING_STATES)
 ACTIVE_STATES = QUEUED_STATES + HOLDING
 FINAL_STATES = tuple(s.value for s in JobState if s in TERMINAL)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingConfig:
+    """How the service profiles new jobs (see :mod:`.profiles` and "Profiling" in the module notes).
+
+    ``warmup_s``/``window_s``: job time skipped after the first progress line, then
+    measured, per point; ``timeout_s``: a run with no progress line by then makes
+    the job unprofilable; ``mem_points``: memory points (equal steps up to the
+    node's free memory); ``threshold``: the optimistic profiler's (and Synergy's)
+    10 % rule; ``grace_s``: how long a profile run gets to exit on SIGTERM.
+    """
+
+    warmup_s: float = 2.0
+    window_s: float = 5.0
+    timeout_s: float = 60.0
+    threshold: float = DEFAULT_THRESHOLD
+    mem_points: int = 4
+    grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_s", "grace_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"profiling {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("window_s", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"profiling {name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.threshold < 10:
+            raise ValueError(f"profiling threshold must be in [0, 10), got {self.threshold}")
+        if self.mem_points < 1:
+            raise ValueError(f"profiling mem_points must be >= 1, got {self.mem_points}")
 
 
 class SubmitError(ValueError):
@@ -224,6 +299,7 @@ class Service:
         seed: int = 0,
         protect_factor: float = 3.0,
         launch_timeout_s: float = 60.0,
+        profiling: ProfilingConfig | None = None,
     ) -> None:
         if not round_s > 0:
             raise ValueError(f"round length must be > 0, got {round_s}")
@@ -242,6 +318,11 @@ class Service:
         self.protect_factor = float(protect_factor)
         self.launch_timeout_s = float(launch_timeout_s)
         self.model = model or build_model(cluster)  # the same model `simulate` builds
+        self.profiling = profiling
+        if profiling is not None and not isinstance(self.model.get("sensitivity"), SensitivityFactor):
+            add_sensitivity(self.model)  # stored profiles reach the sizers through it
+        self._profiles: dict[str, SensitivityProfile | None] = {}  # profile key -> profile (None: unprofilable)
+        self._profiled = False  # a job got a profile in this round
         self.rng = np.random.default_rng(seed)
         self.epoch = float(store.set_meta_default("epoch", repr(time.time())))
         self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
@@ -525,7 +606,7 @@ class Service:
             user=row.user,
             cpus=s.get("cpus"),
             mem_mb=s.get("mem_mb"),
-            profile=s.get("profile"),
+            profile=self._stored_profile(s) or s.get("profile"),
             attrs=attrs,
         )
 
@@ -628,10 +709,13 @@ class Service:
             actions = diff(self.current, plan)
             stops = [a for a in actions if a.kind in (ActionKind.STOP, ActionKind.MOVE, ActionKind.RESIZE)]
             self._stop_many([int(a.job_id) for a in stops], requeue=True)
+            self._profiled = False
             for a in actions:
                 jid = int(a.job_id)
                 if jid not in self.jobs:
                     continue
+                if self._profiled and a.kind is ActionKind.START:
+                    continue  # a new profile changes sizes: the next round re-plans the starts left
                 if a.kind is ActionKind.REGROUP:
                     self.current[a.job_id] = a.new  # type: ignore[assignment]
                     self.jobs[jid].alloc = a.new
@@ -808,6 +892,9 @@ class Service:
 
     def _launch(self, jid: int, alloc: Allocation, kind: ActionKind) -> None:
         row = self.rows[jid]
+        if kind is ActionKind.START and self._needs_profile(row) and self._profile(jid, alloc):
+            self._profiled = True
+            return  # profiled: queued again, the next round sizes it with its profile
         job = self.jobs[jid]
         spec = row.spec
         resume = row.attempts > 0
@@ -929,6 +1016,115 @@ class Service:
             return True
         run.log_offset += max(0, len(chunk) - len(PROGRESS_MARK))
         return False
+
+    # -- profiling ----------------------------------------------------------------------
+    def _stored_profile(self, spec: Mapping[str, Any]) -> SensitivityProfile | None:
+        """The stored profile of a job's model (cached), when profiling is on and the job wants one."""
+        if self.profiling is None or not wants_profile(spec):
+            return None
+        key = profile_key(spec)
+        if key not in self._profiles:
+            rec = self.store.get_profile(key)
+            if rec is None:
+                return None
+            try:
+                self._profiles[key] = profile_from_record(key, rec)
+            except SensitivityError as e:
+                log.warning("%s: it will be profiled again", e)
+                return None
+        return self._profiles[key]
+
+    def _needs_profile(self, row: JobRow) -> bool:
+        """A first launch of a job that wants a profile its model does not have yet (store or catalogue)."""
+        if self.profiling is None or row.attempts > 0 or not wants_profile(row.spec):
+            return False
+        key = profile_key(row.spec)
+        if key in self._profiles or self._stored_profile(row.spec) is not None or key in self._profiles:
+            return False
+        f = self.model.get("sensitivity")
+        model, g = row.spec.get("model"), int(row.spec["gpus"])
+        if model and isinstance(f, SensitivityFactor):
+            p = f.catalogue.get(str(model), g)
+            if p is not None and p.gpus == g:  # --profiles already has a measured matrix
+                return False
+        return True
+
+    def _profile(self, jid: int, alloc: Allocation) -> bool:
+        """Profile a job on the GPUs its plan gave it, before its first real launch.
+
+        Runs synchronously inside the round (see the module notes): the job's GPUs
+        are its plan's, its cores every core of its node no running job holds
+        (taken in the core allocator for the duration), its memory points equal
+        steps up to the node's memory no running job holds.  Stores the outcome
+        under the model's key and returns True when the job got a profile (it
+        stays queued and the next round sizes it with the profile), False when it
+        should launch now on ``alloc`` (unprofilable, or profiling impossible).
+        """
+        cfg = self.profiling
+        assert cfg is not None
+        row = self.rows[jid]
+        spec = row.spec
+        key = profile_key(spec)
+        if len(alloc.parts) != 1:  # the profiler measures one process
+            log.info("job %s: spans %d nodes, not profiled", jid, len(alloc.parts))
+            self._profiles[key] = None  # for this service run only
+            self.store.add_event(jid, "profile-skip", {"why": "spans nodes"}, durable=False)
+            return False
+        part = alloc.parts[0]
+        node = self.cluster.nodes[part.node]
+        rid = f"{jid}.profile"
+        cores = self.cores.take(node.name, rid, len(self.cores.free(node.name)))
+        used_mem = sum(p.mem_mb for a in self.current.values() for p in a.parts if p.node == part.node)
+        mem_cap = max(int(part.mem_mb), node.mem_mb - used_mem, 1)
+        n = cfg.mem_points
+        mem_points = sorted({max(1, mem_cap * k // n) for k in range(1, n + 1)})
+        cpu_points = list(range(1, len(cores) + 1))
+        g = alloc.num_gpus
+        env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        env.update({"GPULOOM_JOB_NAME": row.name, "GPULOOM_NUM_GPUS": str(g), "GPULOOM_NUM_NODES": "1",
+                    "GPULOOM_NODE_RANK": "0"})
+        prof = RealProfiler(
+            self.executor, str(jid), str(spec["command"]), node.name,
+            tuple(self.cluster.local_index(x) for x in part.gpus), cores, self.log_dir / "profile", env,
+            spec.get("workdir"), warmup_s=cfg.warmup_s, window_s=cfg.window_s, startup_timeout_s=cfg.timeout_s,
+            grace_s=min(self.grace_s, cfg.grace_s),
+        )
+        where = {"key": key, "node": node.name, "gpus": list(part.gpus), "cpu_points": cpu_points,
+                 "mem_points": mem_points}
+        self.store.add_event(jid, "profile-start", where, durable=False)
+        log.info("job %s: profiling %s on %s (%d cores, up to %d MB)", jid, key, node.name, len(cores), mem_cap)
+        t0 = time.monotonic()
+        try:
+            res = optimistic_profile(prof, cpu_points, mem_points, cfg.threshold, gpus=g, model=key)
+            rec = record_from_result(res)
+        except (NoProgress, ProfileError) as e:
+            rec = unprofilable_record(g, str(e))
+        except Exception as e:  # executor trouble: not the job's fault, nothing stored
+            log.exception("job %s: profiling failed", jid)
+            self._profiles[key] = None
+            self.store.add_event(jid, "profile-failed", {"error": str(e)}, durable=False)
+            return False
+        finally:
+            self.cores.release(node.name, rid)
+        wall = time.monotonic() - t0
+        rec.update(node=node.name, window_s=cfg.window_s, warmup_s=cfg.warmup_s, wall_s=round(wall, 3),
+                   runs=len(prof.runs), job=jid)
+        self.store.put_profile(key, rec)
+        p = profile_from_record(key, rec)
+        self._profiles[key] = p
+        detail = {k: rec[k] for k in ("status", "wall_s", "runs") if k in rec}
+        if p is None:
+            detail["reason"] = rec["reason"]
+            log.warning("job %s: %s; it runs with GPU-proportional resources", jid, rec["reason"])
+        else:
+            detail.update({k: rec[k] for k in ("cpus", "mem_mb", "points_measured", "grid_size")})
+            for oid, other in self.jobs.items():  # every queued job of the model gets it
+                ospec = self.rows[oid].spec
+                if wants_profile(ospec) and profile_key(ospec) == key:
+                    other.spec = dataclasses.replace(other.spec, profile=p)
+        self.store.add_event(jid, "profiled" if rec["status"] == OK else "unprofilable", detail, durable=False)
+        self._wake.set()
+        return p is not None
 
     # -- introspection ------------------------------------------------------------------
     def wait_idle(self, timeout: float = 10.0) -> bool:
