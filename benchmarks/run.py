@@ -27,7 +27,11 @@ def main(argv: list[str]) -> int:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         t0 = time.perf_counter()
-        mod.main()
+        saved, sys.argv = sys.argv, [str(f)]  # each benchmark runs with its own defaults
+        try:
+            mod.main()
+        finally:
+            sys.argv = saved
         print(f"--- {name}: {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .core.job import Job
-from .core.plan import Plan
+from .core.plan import Plan, PlanError, check_plan
 from .policies import base as pb
 
 PlanHook = Callable[[Plan, pb.View], Plan]
@@ -107,6 +107,25 @@ class Scheduler:
         requests = self.size.size(units, view)
         self.last_requests = requests
         return self.size.allocate(requests, view, self.place, self.preemptive)
+
+    def check(self, plan: Plan, view: pb.View) -> None:
+        """Raise :class:`~gpuloom.core.plan.PlanError` unless ``plan`` is sound for ``view``.
+
+        :func:`~gpuloom.core.plan.check_plan` (no GPU given twice outside a group,
+        no node over its cores or memory), every job holding exactly the GPUs its
+        request asked for (gang), and only active jobs planned.  The simulator and
+        the service run it on every round's plan.
+        """
+        check_plan(plan, view.cluster)
+        for req in self.last_requests:
+            for j in req.jobs:
+                a = plan.allocations.get(j.id)
+                if a is not None and a.num_gpus != req.gpus:
+                    raise PlanError(f"job {j.id}: gang broken, holds {a.num_gpus} of {req.gpus} GPUs")
+        active = {j.id for j in view.jobs}
+        for jid in plan.allocations:
+            if jid not in active:
+                raise PlanError(f"job {jid} planned but not active")
 
     def schedule(self, view: pb.View) -> Plan:
         ordered = self.order.order(view.jobs, view)

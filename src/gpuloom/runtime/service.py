@@ -99,7 +99,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import Job, JobSpec, JobStatus
-from ..core.plan import Action, ActionKind, Allocation, Part, Plan, PlanError, check_plan, diff
+from ..core.plan import Action, ActionKind, Allocation, Part, Plan, diff
 from ..perf.model import ThroughputModel
 from ..perf.profiler import ProfileError, optimistic_profile
 from ..perf.sensitivity import (
@@ -683,15 +683,7 @@ class Service:
             jobs.append(j)
         view = View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds)
         plan = self.scheduler.schedule(view)
-        check_plan(plan, self.cluster)
-        for req in self.scheduler.last_requests:
-            for j in req.jobs:
-                a = plan.allocations.get(j.id)
-                if a is not None and a.num_gpus != req.gpus:
-                    raise PlanError(f"job {j.id}: gang broken, holds {a.num_gpus} of {req.gpus} GPUs")
-        for jid in plan.allocations:
-            if int(jid) not in self.jobs:
-                raise PlanError(f"job {jid} planned but not active")
+        self.scheduler.check(plan, view)
         return plan
 
     def round(self) -> list[Action]:

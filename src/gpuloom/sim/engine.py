@@ -56,7 +56,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import Job, JobError, JobSpec, JobStatus
-from ..core.plan import ActionKind, Allocation, PlanError, check_plan, diff
+from ..core.plan import ActionKind, Allocation, diff
 from ..perf.model import ThroughputModel
 from ..policies.base import FreeState, View
 from ..runtime.lifecycle import LIFECYCLE_KEY, JobState, Lifecycle
@@ -335,7 +335,7 @@ class Simulator:
         view = View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds, free=self.free)
         plan = self.scheduler.schedule(view)
         if self.config.check:
-            self._check(plan)
+            self.scheduler.check(plan, view)
         actions = diff(self.current, plan)
         # three passes: free everything that changes, then take the new
         # allocations, then compute speeds once every co-runner is in place
@@ -381,17 +381,6 @@ class Simulator:
             self._push_completion(job)
         for obs in self.observers:
             obs(self, "round")
-
-    def _check(self, plan) -> None:  # noqa: ANN001
-        check_plan(plan, self.cluster)
-        for req in self.scheduler.last_requests:
-            for j in req.jobs:
-                a = plan.allocations.get(j.id)
-                if a is not None and a.num_gpus != req.gpus:
-                    raise PlanError(f"job {j.id}: gang broken, holds {a.num_gpus} of {req.gpus} GPUs")
-        for jid in plan.allocations:
-            if jid not in self.active:
-                raise PlanError(f"job {jid} planned but not active")
 
     # -- main loop ----------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:
