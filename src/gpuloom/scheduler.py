@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .core.job import Job
+from .core.job import Job, JobStatus
 from .core.plan import Plan, PlanError, check_plan
 from .policies import base as pb
 
@@ -117,13 +117,20 @@ class Scheduler:
         the service run it on every round's plan.
         """
         check_plan(plan, view.cluster)
+        requested: dict[str, Job] = {}
         for req in self.last_requests:
             for j in req.jobs:
+                requested[j.id] = j
                 a = plan.allocations.get(j.id)
                 if a is not None and a.num_gpus != req.gpus:
                     raise PlanError(f"job {j.id}: gang broken, holds {a.num_gpus} of {req.gpus} GPUs")
-        active = {j.id for j in view.jobs}
+        active: set[str] | None = None  # built only if a hook planned a job outside the requests
         for jid in plan.allocations:
+            j = requested.get(jid)
+            if j is not None and j.status in (JobStatus.WAITING, JobStatus.RUNNING):
+                continue
+            if active is None:
+                active = {x.id for x in view.jobs}
             if jid not in active:
                 raise PlanError(f"job {jid} planned but not active")
 
