@@ -10,7 +10,7 @@
 2. Scale: 400 generated jobs of the built-in models on 8 nodes x 8 GPUs,
    elastic vs static n=2, with the invariant checks on every round; wall time.
 
-Run: PYTHONPATH=src /work/venv/bin/python benchmarks/bench_elastic.py [out-folder]
+Run: python benchmarks/bench_elastic.py [out-folder]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Synergy benchmark: profiler cost, FIFO/SRTF x proportional/greedy/tune/opt, round times at 512 GPUs.
 
-Run: ``PYTHONPATH=src /work/venv/bin/python benchmarks/bench_synergy.py [--jobs N] [--durations synthetic|philly]``
+Run: ``python benchmarks/bench_synergy.py [--jobs N] [--durations synthetic|philly]``
 
 1. The optimistic profiler on every catalogue profile: saturating CPU and
    memory found, points measured vs the full grid.
