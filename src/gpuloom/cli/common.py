@@ -42,6 +42,26 @@ def parse_params(items: Sequence[str] | None) -> dict[str, Any]:
     return out
 
 
+def policy_and_model_options(
+    param: Sequence[str] | None, seed: int, **flags: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``-P`` items plus model flags (``profiles=``, ``variability=``, ...) → (policy params, model options).
+
+    ``-P`` names listed in :data:`gpuloom.sim.setup.MODEL_OPTIONS` configure the
+    throughput model; flags that are not ``None`` do too; ``seed`` is the default
+    seed for generated model data.  ``simulate`` and ``serve`` share this, so both
+    build the same model from the same options.
+    """
+    from ..sim.setup import split_params
+
+    params, model_opts = split_params(parse_params(param))
+    for name, value in flags.items():
+        if value is not None:
+            model_opts[name] = str(value) if isinstance(value, Path) else value
+    model_opts.setdefault("seed", seed)
+    return params, model_opts
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the library's input errors into one clear line and exit code 2."""

@@ -32,7 +32,7 @@ import typer
 from rich.table import Table
 
 from . import app
-from .common import console, err_console, parse_params, user_errors
+from .common import console, err_console, policy_and_model_options, user_errors
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -99,15 +99,13 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sd = state_dir_path(state_dir)
     sd.mkdir(parents=True, exist_ok=True)
-    from ..sim.setup import build_model, split_params
+    from ..sim.setup import build_model
 
     with user_errors():
         inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
-        params, model_opts = split_params(parse_params(param))
-        for name, value in (("profiles", profiles), ("variability", variability), ("topology", topology)):
-            if value is not None:
-                model_opts[name] = str(value)
-        model_opts.setdefault("seed", seed)
+        params, model_opts = policy_and_model_options(
+            param, seed, profiles=profiles, variability=variability, topology=topology
+        )
         # the throughput model and scheduler `simulate` would build for the same options
         model = build_model(inventory, (), locality_penalty, model_opts)
         sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)

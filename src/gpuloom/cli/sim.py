@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from . import app
-from .common import console, out_dir, parse_params, user_errors
+from .common import console, out_dir, parse_params, policy_and_model_options, user_errors
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
@@ -92,16 +92,14 @@ def simulate(
     from ..core.cluster import parse_cluster
     from ..scheduler import Scheduler
     from ..sim.engine import SimConfig, Simulator
-    from ..sim.setup import build_model, split_params
+    from ..sim.setup import build_model
 
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        params, model_opts = split_params(parse_params(param))
-        for name, value in (("profiles", profiles), ("variability", variability), ("topology", topology),
-                            ("variability_seed", variability_seed)):
-            if value is not None:
-                model_opts[name] = str(value) if isinstance(value, Path) else value
-        model_opts.setdefault("seed", seed)
+        params, model_opts = policy_and_model_options(
+            param, seed, profiles=profiles, variability=variability, topology=topology,
+            variability_seed=variability_seed,
+        )
         specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)
         if reschedule_on not in ("none", "arrival", "completion", "both"):
