@@ -37,13 +37,13 @@ import numpy as np
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec
+from gpuloom.perf.assembly import build_model
 from gpuloom.perf.interleave import InterleaveFactor
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
 from gpuloom.policies.base import View, make
 from gpuloom.policies.muri import VARIANTS
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
-from gpuloom.sim.setup import build_model
 from gpuloom.sim.traces import load_trace
 
 REPO = Path(__file__).resolve().parents[1]

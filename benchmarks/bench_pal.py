@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.core.job import Job, JobSpec, JobStatus
+from gpuloom.core.job import Job, JobSpec
 from gpuloom.perf.model import ThroughputModel
 from gpuloom.perf.variability import (
     ARTIFACT_MODEL_CLASSES,
@@ -110,7 +110,7 @@ def bench_round() -> None:
             k = int(rng.choice(SIZES, p=SIZE_P / SIZE_P.sum()))
             spec = JobSpec(f"j{len(jobs)}", float(len(jobs)), k, 3600.0, model=str(rng.choice(MODELS)))
             j = Job(spec, len(jobs))
-            j.status = JobStatus.WAITING
+            j.arrive(j.arrival)
             jobs.append(j)
             demand += k
         for pol in ("packed-sticky", "pm-first", "pal"):
@@ -123,7 +123,7 @@ def bench_round() -> None:
             for j in jobs:
                 j.alloc = None
             t0 = time.perf_counter()
-            plan = sched.schedule(view({}))
+            plan = sched.schedule(view({})).plan
             cold = time.perf_counter() - t0
             warm = math.inf
             for _ in range(3):
@@ -135,7 +135,7 @@ def bench_round() -> None:
             steady = math.inf
             for _ in range(3):
                 t0 = time.perf_counter()
-                plan2 = sched.schedule(view(dict(plan.allocations)))
+                plan2 = sched.schedule(view(dict(plan.allocations))).plan
                 steady = min(steady, time.perf_counter() - t0)
             assert len(plan2) >= 1
             for j in jobs:

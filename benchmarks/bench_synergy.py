@@ -33,14 +33,14 @@ import numpy as np
 import scipy.optimize  # noqa: F401  (imported up front so round times exclude it)
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.core.job import Job, JobStatus
+from gpuloom.core.job import Job
+from gpuloom.perf.assembly import build_model
 from gpuloom.perf.profiler import optimistic_profile
 from gpuloom.perf.sensitivity import Catalogue, load_catalogue
 from gpuloom.policies.base import View
 from gpuloom.policies.synergy import check_tune_invariants, plan_throughput
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
-from gpuloom.sim.setup import build_model
 from gpuloom.sim.synergy_workload import synergy_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def sim_table(prof: Path, jobs: int, durations: str) -> None:
     print(head)
     for order in ("fifo", "srtf"):
         for size in ("proportional", "greedy", "tune", "opt"):
-            model = build_model(cl, specs, options={"profiles": prof})  # as `gpuloom simulate -P profiles=...`
+            model = build_model(cl, options={"profiles": prof})  # as `gpuloom simulate -P profiles=...`
             sched = Scheduler.from_names(order, "none", size, "packed-sticky")
             t0 = time.perf_counter()
             res = Simulator(cl, specs, sched, model, SimConfig(round_len=300)).run()
@@ -108,17 +108,17 @@ def round_times(prof: Path) -> None:
           f"({sum(s.gpus for s in specs)} GPUs demanded), FIFO, packed-sticky")
     print(f"{'size':<14}{'cold ms':>9}{'warm ms':>9}{'placed':>8}{'GPUs':>6}{'sum speed':>11}")
     for size in ("proportional", "greedy", "tune", "opt"):
-        model = build_model(cl, specs, options={"profiles": prof})
+        model = build_model(cl, options={"profiles": prof})
         jobs = [Job(s, i) for i, s in enumerate(specs)]
         for j in jobs:
-            j.status = JobStatus.WAITING
+            j.arrive(j.arrival)
         view = View(specs[-1].arrival, cl, jobs, {}, model, np.random.default_rng(0))
         sched = Scheduler.from_names("fifo", "none", size, "packed-sticky")
         t0 = time.perf_counter()
-        plan = sched.schedule(view)
+        plan = sched.schedule(view).plan
         cold = time.perf_counter() - t0
         t0 = time.perf_counter()
-        plan = sched.schedule(view)
+        plan = sched.schedule(view).plan
         warm = time.perf_counter() - t0
         if size == "tune":
             check_tune_invariants(plan, view, sched.size.last_order)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.core.job import Job, JobError, JobSpec, JobStatus
+from gpuloom.core.job import Job, JobError, JobSpec
+from gpuloom.core.lifecycle import JobState, Lifecycle
 from gpuloom.core.plan import Allocation, Part, Plan, check_plan
 from gpuloom.perf.model import ThroughputModel
 from gpuloom.perf.scaling import (
@@ -31,7 +32,6 @@ from gpuloom.perf.scaling import (
 )
 from gpuloom.policies import base as pb
 from gpuloom.policies.elastic import ElasticSize, Hysteresis, StaticPlace, StaticSize, is_protected
-from gpuloom.runtime.lifecycle import LIFECYCLE_KEY, JobState, Lifecycle
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.elastic import (
     compare_elastic_static,
@@ -142,7 +142,7 @@ def test_slowdown_and_unfairness() -> None:
 # elastic sizing
 def _job(jid: str, table: dict, gpus: int = 1, arrival: float = 0.0, **attrs: object) -> Job:
     j = Job(JobSpec(jid, arrival, gpus, 100.0, attrs={"throughput": table, **attrs}))
-    j.status = JobStatus.WAITING
+    j.arrive(j.arrival)
     return j
 
 
@@ -205,7 +205,7 @@ def test_elastic_keeps_protected_jobs_whatever_the_order() -> None:
     for st in (S.WAITING_FOR_INITIAL_RESOURCE, S.STANDBY, S.LAUNCHING):
         lc.to(st, 0.0)
     lc.to(S.RUNNING_PROTECTED, 10.0)  # protected until 40
-    a.extra[LIFECYCLE_KEY] = lc
+    a.lifecycle = lc
     cur = {"a": Allocation("a", (Part(0, (0, 1, 2, 3), 12, 256_000),))}
     assert is_protected(a, 20.0) and not is_protected(a, 40.0) and not is_protected(b, 20.0)
     # b comes first in the order, yet a keeps its 4 GPUs while protected
@@ -227,7 +227,7 @@ def test_elastic_job_larger_than_a_node_spans_at_its_minimum() -> None:
     big = Job(JobSpec("big", 0, 6, 100.0))  # no curve: rigid 6 GPUs
     small = _job("s", {1: 1.0, 4: 4.0})
     for j in (big,):
-        j.status = JobStatus.WAITING
+        j.arrive(j.arrival)
     view = _view(cl, [big, small])
     reqs = ElasticSize().size([(big,), (small,)], view)
     assert [(r.job.id, r.gpus) for r in reqs] == [("big", 6), ("s", 2)]
@@ -306,7 +306,7 @@ def test_hysteresis_never_reallocates_a_protected_job() -> None:
     for st in (S.WAITING_FOR_INITIAL_RESOURCE, S.STANDBY, S.LAUNCHING):
         lc.to(st, 0.0)
     lc.to(S.RUNNING_PROTECTED, 10.0)  # protected until 40
-    a.extra[LIFECYCLE_KEY] = lc
+    a.lifecycle = lc
     cur = {"a": _alloc("a", (0, 1, 2, 3))}
     view = _view(cl, [a, b], current=cur, now=20.0)
     cand = Plan({"a": _alloc("a", (0,)), "b": _alloc("b", (1, 2, 3, 4, 5))})
@@ -323,9 +323,10 @@ def test_scheduler_gang_requests_follow_a_hook_that_keeps_a_job() -> None:
     cur = {"a": _alloc("a", (0, 1))}
     sched = Scheduler.from_names("fifo", "none", "elastic", "packed-sticky", params={"v_bound": 0.5})
     assert len(sched.hooks) == 1 and isinstance(sched.hooks[0], Hysteresis)
-    plan = sched.schedule(_view(cl, [a], current=cur))
+    rnd = sched.schedule(_view(cl, [a], current=cur))
+    plan = rnd.plan
     assert plan.allocations == cur  # growing to 6 GPUs gains 0.4 it/s < 1
-    assert [r.gpus for r in sched.last_requests] == [2]
+    assert [r.gpus for r in rnd.requests] == [2]
     no_h = Scheduler.from_names("fifo", "none", "elastic", "packed-sticky", params={"hysteresis": None})
     assert no_h.hooks == []
 
@@ -357,13 +358,13 @@ def test_lifecycle_timeline_hand_checked() -> None:
     a, b = res.job("a"), res.job("b")  # type: ignore[attr-defined]
     assert a.finish == pytest.approx(87.0) and b.finish == pytest.approx(142.0)
     assert (a.resizes, b.resizes) == (1, 1)
-    la = sim.by_id["a"].extra[LIFECYCLE_KEY]
+    la = sim.by_id["a"].lifecycle
     assert [(t, s) for t, s in la.history] == [
         (0, S.WAITING_FOR_INITIAL_CONTACT), (0, S.WAITING_FOR_INITIAL_RESOURCE), (0, S.STANDBY),
         (0, S.LAUNCHING), (10, S.RUNNING_PROTECTED), (40, S.RUNNING), (50, S.CHECKPOINTING),
         (55, S.STOPPING), (57, S.STANDBY), (57, S.LAUNCHING), (67, S.RUNNING_PROTECTED), (87, S.FINISHED),
     ]
-    lb = sim.by_id["b"].extra[LIFECYCLE_KEY]
+    lb = sim.by_id["b"].lifecycle
     assert [(t, s) for t, s in lb.history][3:] == [
         (50, S.LAUNCHING), (60, S.RUNNING_PROTECTED), (90, S.RUNNING), (90, S.CHECKPOINTING),
         (95, S.STOPPING), (97, S.STANDBY), (97, S.LAUNCHING), (107, S.RUNNING_PROTECTED),
@@ -380,7 +381,7 @@ def test_lifecycle_without_hysteresis_overrides_protection_visibly() -> None:
     cfg = SimConfig(round_len=10, reschedule_on_arrival=True, lifecycle=LifecycleTimes(10, 5, 2))
     sim = Simulator(cl, [_lin_spec("a", 0), _lin_spec("b", 15)], sched, None, cfg)
     sim.run()
-    hist = sim.by_id["a"].extra[LIFECYCLE_KEY].history
+    hist = sim.by_id["a"].lifecycle.history
     # a is protected 10-40, but the plan at 15 shrinks it: protection ends at 15, then a checkpoint
     assert (15, S.RUNNING) in hist and (15, S.CHECKPOINTING) in hist
 
@@ -410,10 +411,12 @@ def test_lifecycle_durations_per_job_and_bad_values() -> None:
         LifecycleTimes(checkpoint=float("nan"))
 
 
-def test_lifecycle_off_keeps_old_behaviour() -> None:
+def test_overhead_preset_keeps_old_behaviour() -> None:
+    # no lifecycle times given: the overhead preset (launch_overhead for a first start), walked as a lifecycle
     cl = Cluster.homogeneous(1, 2)
     res = simulate(cl, [JobSpec("a", 0, 1, 10.0)], round_len=10, launch_overhead=3.0)
-    assert res.job("a").finish == pytest.approx(13.0) and res.job("a").phases is None
+    assert res.job("a").finish == pytest.approx(13.0)
+    assert res.job("a").phases == {"queued": 0.0, "launching": 3.0, "running": 10.0}
 
 
 def test_user_model_without_scaling_factor_is_an_error() -> None:
@@ -463,7 +466,7 @@ def test_thesis_scenario_elastic_beats_static(tmp_path) -> None:  # noqa: ANN001
 
 def _check_protection_respected(sim: Simulator) -> None:
     for j in sim.jobs:
-        lc = j.extra[LIFECYCLE_KEY]
+        lc = j.lifecycle
         h = lc.history
         for (t0, s0), (t1, s1) in zip(h, h[1:], strict=False):
             if s0 is S.RUNNING_PROTECTED and s1 is S.RUNNING:
@@ -494,7 +497,7 @@ def test_elastic_composes_with_orders_and_placements(order: str, place: str) -> 
     assert len(res.finished) == len(specs)  # invariants were checked every round by the engine
     for rec in res.jobs:
         assert sum(rec.phases.values()) == pytest.approx(rec.finish - rec.arrival)  # type: ignore[union-attr]
-        assert sim.by_id[rec.id].extra[LIFECYCLE_KEY].state is S.FINISHED
+        assert sim.by_id[rec.id].lifecycle.state is S.FINISHED
     _check_protection_respected(sim)
     assert math.isfinite(res.summary()["mean_jct"])
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec
 from gpuloom.core.plan import Allocation, Part
+from gpuloom.perf.assembly import build_model
 from gpuloom.perf.interleave import (
     MURI_OVERHEAD,
     InterleaveFactor,
@@ -28,7 +29,6 @@ from gpuloom.perf.interleave import (
     spec_profile,
     stage_profile,
 )
-from gpuloom.sim.setup import build_model
 
 A = (4.0, 2.0, 0.0)  # CPU-heavy
 B = (1.0, 4.0, 1.0)  # GPU-heavy

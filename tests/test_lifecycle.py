@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from gpuloom.runtime.lifecycle import (
+from gpuloom.core.lifecycle import (
     PROGRESS_STATES,
     TERMINAL,
     TRANSITIONS,

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.core.plan import check_plan
+from gpuloom.perf.assembly import build_model
 from gpuloom.perf.interleave import InterleaveFactor, group_cycle
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
 from gpuloom.policies.base import FreeState, PolicyError, View, make
 from gpuloom.policies.muri import VARIANTS, MuriGrouping, max_weight_pairs
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
-from gpuloom.sim.setup import build_model
 from gpuloom.sim.traces import load_trace
 
 CPU = (6.0, 0.0, 0.0)
@@ -303,8 +303,8 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
         nonlocal grouped
         check_plan(sim.current, cl)
         # utilisation bookkeeping: a shared GPU counts once
-        assert sim._used[0] == len({g for a in sim.current.values() for g in a.gpu_ids})  # noqa: SLF001
-        assert sim._used[1] == sum(a.cpus for a in sim.current.values())  # noqa: SLF001
+        assert sim.used[0] == len({g for a in sim.current.values() for g in a.gpu_ids})  # noqa: SLF001
+        assert sim.used[1] == sum(a.cpus for a in sim.current.values())  # noqa: SLF001
         ref = FreeState.of(cl, sim.current)  # the incrementally kept free state is exact
         assert (sim.free.gpu_free == ref.gpu_free).all() and (sim.free.node_gpus == ref.node_gpus).all()
         assert (sim.free.node_cpus == ref.node_cpus).all() and (sim.free.node_mem == ref.node_mem).all()

@@ -57,7 +57,8 @@ def test_write_run_files_parse_back_exactly(tmp_path: Path) -> None:
     paths = write_run(run(), tmp_path / "out")
     assert set(paths) == {"jobs", "series", "summary"}
     rows = list(csv.DictReader(paths["jobs"].open()))
-    assert list(rows[0]) == list(JOB_COLUMNS)
+    # every job walks the lifecycle: its phases follow the fixed columns
+    assert list(rows[0]) == [*JOB_COLUMNS, "phase_queued", "phase_launching", "phase_running"]
     got = {r["id"]: r for r in rows}
     expect = {  # first_start, finish, jct, queueing_delay, queued_time, ftf_rho
         "a": (0, 100, 100, 0, 0, 1),

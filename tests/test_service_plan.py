@@ -16,12 +16,12 @@ import pytest
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import JobSpec
 from gpuloom.core.plan import Allocation
+from gpuloom.perf.assembly import build_model
 from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import HOLDING, Service
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
-from gpuloom.sim.setup import build_model
 from service_util import own_cgroup_parent
 
 
@@ -53,7 +53,7 @@ def sim_plans(cluster: Cluster, order: str, place: str, group: str = "none") -> 
     sched = Scheduler.from_names(order, group, "proportional", place)
     cfg = SimConfig(round_len=1000.0, reschedule_on_arrival=True, max_time=1.5)
     # the same throughput model the service builds (as `simulate` does)
-    Simulator(cluster, specs, sched, build_model(cluster, specs), config=cfg, observers=[observe]).run()
+    Simulator(cluster, specs, sched, build_model(cluster), config=cfg, observers=[observe]).run()
     assert sorted(plans) == [0.0, 1.0]
     return [plans[0.0], plans[1.0]]
 
@@ -92,5 +92,5 @@ def test_simulator_and_service_make_the_same_plan(
         assert got == expected
         assert any(len(p) for p in expected)
     finally:
-        svc._stop_many(list(svc.running), requeue=False)
+        svc.terminate_all()
         store.close()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.core.job import Job, JobSpec, JobStatus
+from gpuloom.core.job import Job, JobSpec
 from gpuloom.core.plan import Allocation, Part, Plan, PlanError, check_plan
 from gpuloom.perf.model import ThroughputModel
 from gpuloom.perf.sensitivity import (
@@ -30,7 +30,7 @@ from gpuloom.perf.sensitivity import (
 from gpuloom.policies.base import PolicyError, View
 from gpuloom.policies.synergy import check_tune_invariants, plan_throughput, tune_invariant_observer
 from gpuloom.scheduler import Scheduler
-from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.engine import SimConfig, SimulationError, Simulator
 from gpuloom.sim.synergy_workload import WorkloadError, synergy_workload
 from gpuloom.sim.traces import load_trace
 
@@ -63,7 +63,7 @@ def make_view(cluster: Cluster, specs: list[JobSpec], cat: Catalogue) -> View:
     model = add_sensitivity(ThroughputModel.default(cluster), cat)
     jobs = [Job(s, i) for i, s in enumerate(specs)]
     for j in jobs:
-        j.status = JobStatus.WAITING
+        j.arrive(j.arrival)
     return View(0.0, cluster, jobs, {}, model, np.random.default_rng(0))
 
 
@@ -77,7 +77,7 @@ def scenario() -> tuple[Cluster, list[JobSpec]]:
 
 def run_size(size: str, view: View, **params: object) -> tuple[Plan, Scheduler]:
     sched = Scheduler.from_names("fifo", "none", size, "packed-sticky", params=params)
-    plan = sched.schedule(view)
+    plan = sched.schedule(view).plan
     check_plan(plan, view.cluster)
     return plan, sched
 
@@ -390,21 +390,21 @@ def test_synergy_workload_from_philly(data_dir: Path, tmp_path: Path) -> None:
 
 
 def test_profiles_parameter_builds_the_model(data_dir: Path) -> None:
-    from gpuloom.sim.setup import build_model
+    from gpuloom.perf.assembly import build_model
 
     path = str(data_dir / "synergy/model_sensitivity_profiles.csv")
     cl, specs = scenario()
     sched = Scheduler.from_names("fifo", "none", "tune", "packed-sticky", params={"profiles": path})
-    model = build_model(cl, specs, options={"profiles": path})
+    model = build_model(cl, options={"profiles": path})
     assert model.get("sensitivity") is not None and len(model.get("sensitivity").catalogue) == 33
     res = Simulator(cl, specs, sched, model, SimConfig(), observers=[tune_invariant_observer]).run()
     assert res.summary()["completed"] == 8
-    # a sizer told about profiles refuses a model that ignores them
+    # a sizer refuses a given model without the sensitivity factor it declares it needs
     bare = Scheduler.from_names("fifo", "none", "opt", "packed-sticky", params={"profiles": path})
-    with pytest.raises(PolicyError, match="no sensitivity factor"):
-        Simulator(cl, specs, bare, build_model(cl, specs), SimConfig()).run()
+    with pytest.raises(SimulationError, match="needs the 'sensitivity' factor"):
+        Simulator(cl, specs, bare, build_model(cl), SimConfig()).run()
     with pytest.raises(SensitivityError, match="No such file"):
-        build_model(cl, specs, options={"profiles": str(data_dir / "absent.csv")})
+        build_model(cl, options={"profiles": str(data_dir / "absent.csv")})
 
 
 @pytest.mark.parametrize(("size", "preemptive"), [("tune", False), ("opt", True), ("opt", False)])

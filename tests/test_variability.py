@@ -178,10 +178,10 @@ def test_app_class_kmeans():
 
 
 def test_build_model_options(data_dir):
-    from gpuloom.sim.setup import build_model
+    from gpuloom.perf.assembly import build_model
 
     cl = Cluster.homogeneous(2, 8)
-    m = build_model(cl, (), 1.7, {"variability": f"generate:{data_dir / 'pal/variability'}", "variability_seed": 3,
+    m = build_model(cl, {"variability": f"generate:{data_dir / 'pal/variability'}", "variability_seed": 3,
                                   "topology": str(data_dir / "topology/v100_dgx1class_8gpu_oneflow_dlperf.txt")})
     names = [f.name for f in m.factors]
     assert names[0] == "locality" and names[-2:] == ["variability", "topology"]

@@ -1,8 +1,22 @@
 """One scheduling round: order → group → size → place, then plan hooks.
 
 The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
-and the real service (:mod:`gpuloom.runtime`): both build a
-:class:`~gpuloom.policies.base.View` and receive a :class:`~gpuloom.core.plan.Plan`.
+and the real service (:mod:`gpuloom.runtime`), both through the driver
+(:mod:`gpuloom.driver`): it builds a :class:`~gpuloom.policies.base.View`
+and receives a :class:`Round`, the plan together with the requests it answers,
+so :meth:`Scheduler.check` reads nothing left behind by an earlier call.
+
+**Binding.**  :meth:`Scheduler.bind` checks the stages' declared needs
+(``requires_factors``) against a throughput model before the first round:
+missing factors are added (their declared default) or, with ``strict``, refused
+naming the stage and the factor.  Both faces bind through the driver.
+
+**Parameters.**  :meth:`Scheduler.from_names` takes ``-P`` style parameters:
+``stage.name`` goes to that stage only; a bare ``name`` to the one chosen stage
+that accepts it.  A bare name two chosen stages accept is ambiguous (an error
+that lists the qualified forms) unless every one of them declares it shared
+(``shared_params``: static slots); a name no chosen stage accepts is an error
+that lists the accepted names.
 
 Speed: when the sizer keeps every job at its requested GPU count
 (``fixed_gpus``) and there is no grouping, only the prefix of the ordered
@@ -11,24 +25,38 @@ placement) is sized and placed.  If that plan leaves GPUs free while jobs past
 the prefix wait, the round is redone on the whole queue, so the result is the
 same as without the shortcut.
 
-*Plan hooks* run after placement and may amend the plan against the current
-state (e.g. hysteresis: keep protected jobs where they are); each is a
-callable ``hook(plan, view) -> Plan``.  :meth:`Scheduler.from_names` adds
-the hooks a stage offers through an optional ``plan_hooks()`` method.  When a
-hook keeps a job on its current allocation, that job's request is updated to
-match, so the simulator's gang check still holds against the final plan.
+*Plan hooks* (:meth:`~gpuloom.policies.base.Stage.plan_hooks`) run after
+placement and may amend the plan against the current state (e.g. hysteresis:
+keep protected jobs where they are); each is a callable ``hook(plan, view) ->
+Plan``.  When a hook keeps a job on its current allocation, that job's request
+is updated to match, so the gang check still holds against the final plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from .core.job import Job, JobStatus
+from .core.job import Job
 from .core.plan import Plan, PlanError, check_plan
+from .perf.model import ThroughputModel
 from .policies import base as pb
 
-PlanHook = Callable[[Plan, pb.View], Plan]
+PlanHook = pb.PlanHook
+
+
+class RequirementError(pb.PolicyError):
+    """A stage needs something the throughput model lacks; the message names both."""
+
+
+@dataclass(slots=True)
+class Round:
+    """A round's decision: the plan, and the requests (one per unit) it answers."""
+
+    plan: Plan
+    requests: list[pb.Request] = field(default_factory=list)
 
 
 class Scheduler:
@@ -47,7 +75,6 @@ class Scheduler:
         self.place = place
         self.preemptive = preemptive
         self.hooks = list(hooks)
-        self.last_requests: list[pb.Request] = []
 
     @classmethod
     def from_names(
@@ -59,37 +86,53 @@ class Scheduler:
         preemptive: bool = True,
         params: Mapping[str, Any] | None = None,
     ) -> Scheduler:
-        """Build from registry names; ``params`` go to whichever stage accepts them.
-
-        A parameter that no stage accepts is an error naming it.
-        """
-        params = dict(params or {})
+        """Build from registry names; ``params`` (bare or ``stage.name``) go to the stage that takes them."""
         chosen = {"order": order, "group": group, "size": size, "place": place}
-        accepted: set[str] = set()
-        for stage, name in chosen.items():
-            accepted |= pb.accepted_params(stage, name)
-        unknown = sorted(set(params) - accepted)
-        if unknown:
-            raise pb.PolicyError(
-                f"parameter(s) {', '.join(unknown)} not accepted by "
-                + ", ".join(f"{s}={n}" for s, n in chosen.items())
-            )
-        stages = {s: pb.make(s, n, params) for s, n in chosen.items()}
+        per_stage = route_params(chosen, params or {})
+        stages = {s: pb.make(s, n, per_stage[s]) for s, n in chosen.items()}
         # a stage may bring plan hooks of its own (e.g. elastic sizing's hysteresis)
-        hooks = [h for st in stages.values() for h in (st.plan_hooks() if hasattr(st, "plan_hooks") else ())]
+        hooks = [h for st in stages.values() for h in st.plan_hooks()]
         return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks)
+
+    @property
+    def stages(self) -> tuple[pb.Stage, ...]:
+        return (self.order, self.group, self.size, self.place)
 
     @property
     def names(self) -> dict[str, str]:
         return {"order": self.order.name, "group": self.group.name, "size": self.size.name, "place": self.place.name}
 
     @property
+    def label(self) -> str:
+        """``order/group/size/place`` (the full stack, for titles)."""
+        return "/".join(self.names.values())
+
+    @property
     def dynamic(self) -> bool:
         """True if a round can change the plan although no job arrived or finished."""
-        return bool(
-            self.order.dynamic or self.group.dynamic or self.size.dynamic or self.place.dynamic or self.hooks
-        )
+        return any(st.dynamic for st in self.stages) or bool(self.hooks)
 
+    @property
+    def needs_profiles(self) -> bool:
+        return any(st.needs_profiles for st in self.stages)
+
+    def bind(self, model: ThroughputModel, strict: bool = False) -> None:
+        """Enforce the stages' ``requires_factors`` on ``model`` (see the module notes)."""
+        for st in self.stages:
+            for fname, make in st.requires_factors.items():
+                if model.get(fname) is not None:
+                    continue
+                if strict:
+                    raise RequirementError(
+                        f"{st.stage} policy {st.name!r} needs the {fname!r} factor in the throughput model; add it"
+                    )
+                model.add(make(model.cluster))
+
+    def stats(self) -> dict[str, Any]:
+        """Every stage's counters of the last round, keyed ``stage.counter``."""
+        return {f"{st.stage}.{k}": v for st in self.stages for k, v in st.stats().items()}
+
+    # -- one round ----------------------------------------------------------------------
     def _prefix(self, ordered: list[Job], capacity: int) -> list[Job]:
         if not self.preemptive:
             return ordered
@@ -102,59 +145,97 @@ class Scheduler:
                     return ordered[: i + 1]
         return ordered
 
-    def _run(self, ordered: list[Job], view: pb.View) -> Plan:
+    def _run(self, ordered: list[Job], view: pb.View) -> Round:
         units = self.group.group(ordered, view)
         requests = self.size.size(units, view)
-        self.last_requests = requests
-        return self.size.allocate(requests, view, self.place, self.preemptive)
+        return Round(self.size.allocate(requests, view, self.place, self.preemptive), requests)
 
-    def check(self, plan: Plan, view: pb.View) -> None:
-        """Raise :class:`~gpuloom.core.plan.PlanError` unless ``plan`` is sound for ``view``.
+    def schedule(self, view: pb.View) -> Round:
+        ordered = self.order.order(view.jobs, view)
+        if self.size.fixed_gpus and self.group.name == "none":
+            prefix = self._prefix(ordered, view.cluster.num_gpus)
+            rnd = self._run(prefix, view)
+            if len(prefix) < len(ordered):
+                free = rnd.plan.free_gpus
+                if free is None:
+                    free = view.cluster.num_gpus - len({g for a in rnd.plan.allocations.values() for g in a.gpu_ids})
+                if free > 0:
+                    rnd = self._run(ordered, view)
+        else:
+            rnd = self._run(ordered, view)
+        if self.hooks:
+            placed = plan = rnd.plan
+            for hook in self.hooks:
+                plan = hook(plan, view)
+            if plan is not placed:
+                rnd = Round(plan, _kept_requests(rnd.requests, plan, view))
+        return rnd
+
+    def check(self, rnd: Round, view: pb.View) -> None:
+        """Raise :class:`~gpuloom.core.plan.PlanError` unless ``rnd.plan`` is sound for ``view``.
 
         :func:`~gpuloom.core.plan.check_plan` (no GPU given twice outside a group,
         no node over its cores or memory), every job holding exactly the GPUs its
         request asked for (gang), and only active jobs planned.  The simulator and
         the service run it on every round's plan.
         """
+        plan = rnd.plan
         check_plan(plan, view.cluster)
-        requested: dict[str, Job] = {}
-        for req in self.last_requests:
+        requested: set[str] = set()
+        for req in rnd.requests:
             for j in req.jobs:
-                requested[j.id] = j
+                requested.add(j.id)
                 a = plan.allocations.get(j.id)
                 if a is not None and a.num_gpus != req.gpus:
                     raise PlanError(f"job {j.id}: gang broken, holds {a.num_gpus} of {req.gpus} GPUs")
         active: set[str] | None = None  # built only if a hook planned a job outside the requests
         for jid in plan.allocations:
-            j = requested.get(jid)
-            if j is not None and j.status in (JobStatus.WAITING, JobStatus.RUNNING):
+            if jid in requested:
                 continue
             if active is None:
                 active = {x.id for x in view.jobs}
             if jid not in active:
                 raise PlanError(f"job {jid} planned but not active")
 
-    def schedule(self, view: pb.View) -> Plan:
-        ordered = self.order.order(view.jobs, view)
-        shortcut = getattr(self.size, "fixed_gpus", False) and self.group.name == "none"
-        if shortcut:
-            prefix = self._prefix(ordered, view.cluster.num_gpus)
-            plan = self._run(prefix, view)
-            if len(prefix) < len(ordered):
-                free = plan.free_gpus
-                if free is None:
-                    free = view.cluster.num_gpus - len({g for a in plan.allocations.values() for g in a.gpu_ids})
-                if free > 0:
-                    plan = self._run(ordered, view)
+
+def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split ``-P`` parameters by stage (see the module notes); errors name the parameter."""
+    accepted = {s: pb.accepted_params(s, n) for s, n in chosen.items()}
+    out: dict[str, dict[str, Any]] = {s: {} for s in chosen}
+    problems: list[str] = []
+    for key, value in params.items():
+        stage, dot, name = key.partition(".")
+        if dot:
+            if stage not in chosen:
+                problems.append(f"{key!r}: unknown stage {stage!r} (stages: {', '.join(chosen)})")
+            elif name not in accepted[stage]:
+                problems.append(f"{key!r}: {stage} policy {chosen[stage]!r} takes {_listing(accepted[stage])}"
+                                + _did_you_mean(name, accepted[stage]))
+            else:
+                out[stage][name] = value
+            continue
+        takers = [s for s in chosen if key in accepted[s]]
+        if len(takers) == 1 or (takers and all(key in pb.lookup(s, chosen[s]).shared_params for s in takers)):
+            for s in takers:
+                out[s][key] = value
+        elif takers:
+            problems.append(f"{key!r} is taken by several stages: give {' or '.join(f'{s}.{key}' for s in takers)}")
         else:
-            plan = self._run(ordered, view)
-        if self.hooks:
-            placed = plan
-            for hook in self.hooks:
-                plan = hook(plan, view)
-            if plan is not placed:
-                self.last_requests = _kept_requests(self.last_requests, plan, view)
-        return plan
+            every = set().union(*accepted.values())
+            problems.append(f"{key!r} is not taken by " + ", ".join(f"{s}={n}" for s, n in chosen.items())
+                            + f" (they take {_listing(every)})" + _did_you_mean(key, every))
+    if problems:
+        raise pb.PolicyError("parameter " + "; ".join(problems))
+    return out
+
+
+def _listing(names: set[str]) -> str:
+    return ", ".join(sorted(names)) if names else "no parameters"
+
+
+def _did_you_mean(name: str, names: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -42,24 +44,45 @@ def parse_params(items: Sequence[str] | None) -> dict[str, Any]:
     return out
 
 
-def policy_and_model_options(
-    param: Sequence[str] | None, seed: int, **flags: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``-P`` items plus model flags (``profiles=``, ``variability=``, ...) → (policy params, model options).
+def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command one flag per model option declared in :mod:`gpuloom.perf.assembly`.
 
-    ``-P`` names listed in :data:`gpuloom.sim.setup.MODEL_OPTIONS` configure the
-    throughput model; flags that are not ``None`` do too; ``seed`` is the default
-    seed for generated model data.  ``simulate`` and ``serve`` share this, so both
-    build the same model from the same options.
+    The command takes a ``model_opts: dict`` parameter instead: the flags given
+    (``None`` for those not given).  ``simulate``, ``compare`` and ``serve`` use
+    it, so a factor's options reach all three from its declaration.
     """
-    from ..sim.setup import split_params
+    from ..perf.assembly import FLAG_OPTIONS
 
-    params, model_opts = split_params(parse_params(param))
-    for name, value in flags.items():
-        if value is not None:
-            model_opts[name] = str(value) if isinstance(value, Path) else value
-    model_opts.setdefault("seed", seed)
-    return params, model_opts
+    sig = inspect.signature(fn, eval_str=True)
+    params = [p for p in sig.parameters.values() if p.name != "model_opts"]
+    extra = [
+        inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[o.cli_type | None,  # type: ignore[name-defined]
+                                               typer.Option(o.cli, help=o.help, metavar=o.metavar or None,
+                                                            rich_help_panel="Throughput model")])
+        for o in FLAG_OPTIONS
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        opts = {o.name: kw.pop(o.name, None) for o in FLAG_OPTIONS}
+        return fn(*args, model_opts=opts, **kw)
+
+    wrapper.__signature__ = sig.replace(parameters=params + extra)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def stack_params(param: Sequence[str] | None, model_opts: dict[str, Any]) -> dict[str, Any]:
+    """``-P`` items plus model flags as one parameter mapping (what a :class:`~gpuloom.driver.Stack`
+    or a run configuration takes); a model option given both ways is an error."""
+    params = parse_params(param)
+    for name, value in model_opts.items():
+        if value is None:
+            continue
+        if name in params:
+            raise typer.BadParameter(f"model option {name} given both as --{name.replace('_', '-')} and -P {name}=")
+        params[name] = str(value) if isinstance(value, Path) else value
+    return params
 
 
 @contextmanager
@@ -67,6 +90,7 @@ def user_errors() -> Iterator[None]:
     """Turn the library's input errors into one clear line and exit code 2."""
     from ..core.cluster import ClusterError
     from ..core.job import JobError
+    from ..perf.assembly import ModelOptionError
     from ..perf.scaling import ScalingError
     from ..perf.sensitivity import SensitivityError
     from ..perf.topology import TopologyError
@@ -76,7 +100,7 @@ def user_errors() -> Iterator[None]:
 
     handled: tuple[type[BaseException], ...] = (
         ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
-        SensitivityError, ScalingError,
+        SensitivityError, ScalingError, ModelOptionError,
     )
     try:
         yield

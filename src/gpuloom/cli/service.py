@@ -32,13 +32,12 @@ import typer
 from rich.table import Table
 
 from . import app
-from .common import console, err_console, policy_and_model_options, user_errors
+from .common import console, err_console, model_options, stack_params, user_errors
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 
 DEFAULT_PORT = 8642
-SYNERGY_SIZERS = ("greedy", "tune", "opt")  # size policies that use CPU/memory profiles: profiling on by default
 
 StateDirOpt = Annotated[
     Path | None, typer.Option("--state-dir", envvar="GPULOOM_STATE_DIR", help="State directory (default ~/.gpuloom).")
@@ -54,7 +53,9 @@ def state_dir_path(p: Path | None) -> Path:
 
 # ---------------------------------------------------------------------------------------------
 @app.command()
+@model_options
 def serve(
+    model_opts: dict,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
     db: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default sqlite file in the state dir).")] = None,
@@ -69,10 +70,6 @@ def serve(
     place: Annotated[str, typer.Option(help="Place policy.")] = "packed-sticky",
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter or model option name=value.")] = None,
-    profiles: Annotated[Path | None, typer.Option(help="Synergy sensitivity profiles CSV (as simulate).")] = None,
-    variability: Annotated[str | None, typer.Option(help="PAL PM-scores: a PerfVar CSV, or generate[:DIR].")] = None,
-    topology: Annotated[Path | None, typer.Option(help="`nvidia-smi topo -m` output for the nodes.")] = None,
-    locality_penalty: Annotated[float, typer.Option(help="Slowdown of a job spanning nodes.")] = 1.7,
     round_s: Annotated[float, typer.Option("--round", help="Seconds between scheduling rounds.")] = 5.0,
     grace: Annotated[float, typer.Option(help="Seconds a stopped job gets to checkpoint before SIGKILL.")] = 10.0,
     launch_timeout: Annotated[float, typer.Option(help="Seconds a job without progress lines counts as launching.")] = 60.0,
@@ -80,7 +77,7 @@ def serve(
     profile: Annotated[bool | None, typer.Option(
         "--profile/--no-profile",
         help="Profile new jobs with a model (or profile: true) before their first launch "
-             "(default: on for the Synergy sizers greedy, tune, opt).")] = None,
+             "(default: on when a stage needs profiles: the Synergy sizers greedy, tune, opt).")] = None,
     profile_window: Annotated[float, typer.Option(help="Seconds of progress measured per profiling point.")] = 5.0,
     profile_warmup: Annotated[float, typer.Option(help="Seconds skipped after a profile run's first progress line.")] = 2.0,
     profile_timeout: Annotated[float, typer.Option(
@@ -92,23 +89,19 @@ def serve(
 
     import uvicorn
 
+    from ..driver import Stack
     from ..runtime.api import create_app, ensure_admin_token
     from ..runtime.store import Store
-    from ..scheduler import Scheduler
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sd = state_dir_path(state_dir)
     sd.mkdir(parents=True, exist_ok=True)
-    from ..sim.setup import build_model
 
     with user_errors():
         inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
-        params, model_opts = policy_and_model_options(
-            param, seed, profiles=profiles, variability=variability, topology=topology
-        )
-        # the throughput model and scheduler `simulate` would build for the same options
-        model = build_model(inventory, (), locality_penalty, model_opts)
-        sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)
+        # the scheduler and throughput model `simulate` builds for the same options
+        stack = Stack(order, group, size, place, not non_preemptive, stack_params(param, model_opts))
+        sched, model = stack.build(inventory, seed)
     if not round_s > 0:
         raise typer.BadParameter(f"--round must be > 0, got {round_s}")
     url = db or f"sqlite:///{sd / 'gpuloom.db'}"
@@ -132,12 +125,12 @@ def serve(
     from ..runtime.service import ProfilingConfig, Service
 
     profiling = None
-    if profile if profile is not None else size in SYNERGY_SIZERS:
+    if profile if profile is not None else sched.needs_profiles:
         from ..perf.sensitivity import DEFAULT_THRESHOLD
 
         try:
             profiling = ProfilingConfig(warmup_s=profile_warmup, window_s=profile_window, timeout_s=profile_timeout,
-                                        threshold=float(params.get("threshold", DEFAULT_THRESHOLD)),
+                                        threshold=float(getattr(sched.size, "threshold", DEFAULT_THRESHOLD)),
                                         grace_s=min(grace, 5.0))
         except ValueError as e:
             msg = str(e)

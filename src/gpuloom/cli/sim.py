@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from . import app
-from .common import console, out_dir, parse_params, policy_and_model_options, user_errors
+from .common import console, model_options, out_dir, parse_params, stack_params, user_errors
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
@@ -55,7 +55,9 @@ def _fmt(v: Any) -> str:
 
 
 @app.command()
+@model_options
 def simulate(
+    model_opts: dict,
     trace: TraceOpt = None,
     fmt: FormatOpt = "auto",
     trace_opt: TraceOptOpt = None,
@@ -67,17 +69,12 @@ def simulate(
     size: Annotated[str, typer.Option(help="Size policy: proportional, greedy, opt, tune, elastic, ...")] = "proportional",
     place: Annotated[str, typer.Option(help="Place policy: packed-sticky, packed-non-sticky, random-sticky, ...")] = "packed-sticky",
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
-    param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter name=value (repeatable).")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter (name or stage.name) or model option, name=value (repeatable).")] = None,
     round_len: Annotated[float, typer.Option("--round", help="Round length in seconds.")] = 300.0,
     reschedule_on: Annotated[str, typer.Option(help="Also reschedule on: arrival, completion, both or none.")] = "none",
     restart_overhead: Annotated[float, typer.Option(help="Seconds lost per resume, migration or resize.")] = 10.0,
     launch_overhead: Annotated[float, typer.Option(help="Seconds lost on a job's first start.")] = 0.0,
-    locality_penalty: Annotated[float, typer.Option(help="Slowdown of a job spanning nodes.")] = 1.7,
     seed: Annotated[int, typer.Option(help="Seed for random placement and generators.")] = 0,
-    profiles: Annotated[Path | None, typer.Option(help="Synergy sensitivity profiles CSV: CPU/memory speed-ups.")] = None,
-    variability: Annotated[str | None, typer.Option(help="PAL PM-scores: a PerfVar CSV, or generate[:DIR].")] = None,
-    variability_seed: Annotated[int | None, typer.Option(help="Seed for generated PM-scores (default --seed).")] = None,
-    topology: Annotated[Path | None, typer.Option(help="`nvidia-smi topo -m` output for the nodes (YARN-8821).")] = None,
     max_time: Annotated[float | None, typer.Option(help="Stop at this simulated time (s).")] = None,
     drop_impossible: Annotated[bool, typer.Option(help="Count jobs larger than the cluster as unfinished instead of failing.")] = False,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip per-round invariant checks (faster).")] = False,
@@ -90,18 +87,13 @@ def simulate(
 ) -> None:
     """Simulate one scheduler configuration on a trace (or the built-in workload)."""
     from ..core.cluster import parse_cluster
-    from ..scheduler import Scheduler
-    from ..sim.engine import SimConfig, Simulator
-    from ..sim.setup import build_model
+    from ..perf.model import DEFAULT_LOCALITY_PENALTY
+    from ..sim.engine import SimConfig
+    from ..sim.runconfig import RunConfig, run_config
 
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        params, model_opts = policy_and_model_options(
-            param, seed, profiles=profiles, variability=variability, topology=topology,
-            variability_seed=variability_seed,
-        )
-        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
-        sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)
+        penalty = model_opts.pop("locality_penalty", None)
         if reschedule_on not in ("none", "arrival", "completion", "both"):
             raise typer.BadParameter("--reschedule-on must be none, arrival, completion or both")
         cfg = SimConfig(
@@ -115,9 +107,10 @@ def simulate(
             max_time=max_time if max_time is not None else math.inf,
             drop_impossible=drop_impossible,
         )
-        model = build_model(cl, specs, locality_penalty, model_opts)
-        sim = Simulator(cl, specs, sched, model, cfg)
-        result = _run_with_progress(sim, len(specs))
+        rc = RunConfig("", order, group, size, place, not non_preemptive, stack_params(param, model_opts),
+                       DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty), cfg).validate()
+        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        result = _run_with_progress(lambda cb: run_config(rc, cl, specs, progress=cb), len(specs))
     summary = result.summary()
     folder = out_dir(out)
     from ..sim import report
@@ -129,11 +122,11 @@ def simulate(
     if as_json:
         console.print_json(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}))
         return
-    console.print(report.summary_table({f"{order}/{group}/{size}/{place}": result}))
+    console.print(report.summary_table({rc.stack.label: result}))
     console.print(f"[dim]{len(specs)} jobs on {cl.num_nodes} nodes / {cl.num_gpus} GPUs; results in {folder}/[/]")
 
 
-def _run_with_progress(sim, total: int):  # noqa: ANN001, ANN202
+def _run_with_progress(run, total: int):  # noqa: ANN001, ANN202
     """Run, showing a rich progress bar once the run has taken more than a second."""
     import time
 
@@ -153,14 +146,16 @@ def _run_with_progress(sim, total: int):  # noqa: ANN001, ANN202
         state["bar"].update(state["task"], completed=done)
 
     try:
-        return sim.run(progress=cb)
+        return run(cb)
     finally:
         if state["bar"] is not None:
             state["bar"].stop()
 
 
 @app.command()
+@model_options
 def compare(
+    model_opts: dict,
     config: Annotated[list[str] | None, typer.Option("--config", "-c", help="A run: 'order=srtf,place=pal,P.v_bound=0.5' (repeatable).")] = None,
     runs: Annotated[Path | None, typer.Option("--runs", help="TOML file with [[run]] tables.")] = None,
     trace: TraceOpt = None,
@@ -173,6 +168,7 @@ def compare(
     rate: Annotated[float, typer.Option(help="Generated arrival rate, jobs/hour.")] = 20.0,
     limit: Annotated[int | None, typer.Option(help="Use only the first N jobs by arrival.")] = None,
     seed: Annotated[int, typer.Option()] = 0,
+    param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Parameter or model option for every run, name=value (repeatable).")] = None,
     processes: Annotated[int | None, typer.Option("--processes", "-j", help="Parallel processes (default: CPU count).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -185,7 +181,11 @@ def compare(
 
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        base = RunConfig(sim=SimConfig(seed=seed))
+        from ..perf.model import DEFAULT_LOCALITY_PENALTY
+
+        penalty = model_opts.pop("locality_penalty", None)
+        base = RunConfig(params=stack_params(param, model_opts), sim=SimConfig(seed=seed),
+                         locality_penalty=DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty))
         configs = [parse_run_config(c, base) for c in (config or [])]
         if runs is not None:
             configs += load_run_configs(runs, base)

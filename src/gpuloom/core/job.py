@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .lifecycle import TERMINAL, JobState, Lifecycle
+
 
 class JobError(ValueError):
     """A job that cannot be accepted; the message names the job and the field."""
@@ -69,22 +71,31 @@ class JobSpec:
 
 
 class JobStatus(StrEnum):
+    """A coarse view of a job, derived (:attr:`Job.status`): never stored."""
+
     PENDING = "pending"  # not yet arrived
     WAITING = "waiting"  # arrived, holds no resources
-    RUNNING = "running"
-    FINISHED = "finished"
+    RUNNING = "running"  # holds an allocation
+    FINISHED = "finished"  # its lifecycle ended (finished, failed or cancelled)
 
 
 class Job:
     """Mutable state of one job during a run.
 
+    ``lifecycle`` is the job's :class:`~gpuloom.core.lifecycle.Lifecycle` from
+    its arrival on (None before); ``status`` is derived from it and from
+    ``alloc``: a job *runs* while it holds an allocation (the simulator frees a
+    stopped job's GPUs at the decision, while its lifecycle may still show it
+    checkpointing).
+
     Progress is kept lazily: ``remaining`` is exact as of ``last_update``;
     between updates the job progresses at ``speed`` once ``busy_until`` (end of
-    a launch/restart overhead) has passed.  Call :meth:`advance` before reading.
+    a launch/restart, i.e. its entry to RUNNING_PROTECTED) has passed.  Call
+    :meth:`advance` before reading.
     """
 
     __slots__ = (
-        "spec", "id", "index", "status", "remaining", "attained_gpu_time", "attained_time",
+        "spec", "id", "index", "lifecycle", "remaining", "attained_gpu_time", "attained_time",
         "alloc", "speed", "busy_until", "last_update", "first_start", "finish",
         "preemptions", "migrations", "resizes", "version", "last_start", "queued_time",
         "overhead_time", "extra",
@@ -93,8 +104,8 @@ class Job:
     def __init__(self, spec: JobSpec, index: int = 0) -> None:
         self.spec = spec
         self.id = spec.id  # a plain attribute: read in every hot loop
-        self.index = index  # position in arrival order: the tie-breaker of every order policy  # position in arrival order: the tie-breaker of every order policy
-        self.status = JobStatus.PENDING
+        self.index = index  # position in arrival order: the tie-breaker of every order policy
+        self.lifecycle: Lifecycle | None = None
         self.remaining = float(spec.duration)
         self.attained_gpu_time = 0.0  # GPU-seconds held (LAS/2D-LAS service)
         self.attained_time = 0.0  # wall seconds held
@@ -111,7 +122,7 @@ class Job:
         self.last_start: float | None = None
         self.queued_time = 0.0
         self.overhead_time = 0.0
-        self.extra: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}  # caches of policies and factors (never scheduling state)
 
     # convenient read-through properties
     @property
@@ -123,35 +134,67 @@ class Job:
         return self.spec.arrival
 
     @property
+    def status(self) -> JobStatus:
+        lc = self.lifecycle
+        if lc is None:
+            return JobStatus.PENDING
+        if lc.state in TERMINAL:
+            return JobStatus.FINISHED
+        return JobStatus.WAITING if self.alloc is None else JobStatus.RUNNING
+
+    @property
+    def state(self) -> JobState | None:
+        """The lifecycle state (None before arrival)."""
+        lc = self.lifecycle
+        return None if lc is None else lc.state
+
+    @property
     def running(self) -> bool:
-        return self.status is JobStatus.RUNNING
+        return self.alloc is not None
 
     @property
     def alloc_gpus(self) -> int:
         return 0 if self.alloc is None else self.alloc.num_gpus
+
+    def arrive(self, now: float, protect_factor: float = 3.0,
+               state: JobState = JobState.WAITING_FOR_INITIAL_RESOURCE) -> Lifecycle:
+        """Start the job's lifecycle at ``now``.
+
+        By default the job makes contact at once (WAITING_FOR_INITIAL_CONTACT ->
+        WAITING_FOR_INITIAL_RESOURCE), as a simulated job does; another ``state``
+        starts the lifecycle there (the service's mirror of a stored job).
+        """
+        if state is JobState.WAITING_FOR_INITIAL_RESOURCE:
+            lc = Lifecycle(self.id, now, JobState.WAITING_FOR_INITIAL_CONTACT, protect_factor)
+            lc.to(state, now)
+        else:
+            lc = Lifecycle(self.id, now, state, protect_factor)
+        self.lifecycle = lc
+        self.last_update = now
+        return lc
 
     def advance(self, now: float) -> None:
         """Bring ``remaining`` and the attained-service counters up to ``now``."""
         dt = now - self.last_update
         if dt <= 0:
             return
-        if self.status is JobStatus.RUNNING:
-            held = self.alloc_gpus
+        alloc = self.alloc
+        if alloc is not None:
             self.attained_time += dt
-            self.attained_gpu_time += dt * held
+            self.attained_gpu_time += dt * alloc.num_gpus
             start = self.last_update if self.last_update >= self.busy_until else self.busy_until
             if now > start:
                 self.remaining -= (now - start) * self.speed
                 if self.remaining < 0.0:
                     self.remaining = 0.0
             self.overhead_time += min(dt, max(0.0, self.busy_until - self.last_update))
-        elif self.status is JobStatus.WAITING:
+        elif self.lifecycle is not None and self.lifecycle.state not in TERMINAL:
             self.queued_time += dt
         self.last_update = now
 
     def predicted_finish(self, now: float) -> float:
         """When the job would finish if nothing changed (``inf`` if not progressing)."""
-        if self.status is not JobStatus.RUNNING or self.speed <= 0:
+        if self.alloc is None or self.speed <= 0:
             return math.inf
         return max(now, self.busy_until) + self.remaining / self.speed
 

@@ -11,7 +11,7 @@ means its trace duration is its run time.  It is the product of independent
 * :class:`~gpuloom.perf.interleave.InterleaveFactor` – a job sharing GPUs
   with a group (Muri) runs at its solo iteration time over the group's
   interleaved iteration time; 1.0 for a job alone (switched on by
-  :func:`gpuloom.sim.setup.build_model`).  Factors that must see other jobs
+  :func:`gpuloom.perf.assembly.build_model`).  Factors that must see other jobs
   (this one: the co-runners' stage profiles) have a ``bind(jobs)`` method;
   the simulator calls :meth:`ThroughputModel.bind` with its id → Job table.
 * further factors plug in the same way: CPU/memory sensitivity (Synergy),

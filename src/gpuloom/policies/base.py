@@ -30,6 +30,31 @@ behave: they walk the queue and ``break`` at the first job they cannot place.
 
 Running jobs that end up without an allocation are preempted.  A new policy
 is one class with a ``name`` registered through :func:`register`.
+
+**The stage contract.**  Every stage derives from :class:`Stage`, which
+declares what the scheduler and the drivers may rely on, as class attributes
+and methods with defaults (never found with ``hasattr``):
+
+* ``dynamic``: a round can change this stage's output although no job arrived
+  or finished (time-dependent orders, protection that expires);
+* ``requires_factors``: throughput-model factors the stage reads, name -> a
+  constructor of a default one; enforced when a scheduler is bound to a model
+  (:meth:`gpuloom.scheduler.Scheduler.bind`), in the simulator and the service;
+* ``needs_profiles``: the stage reads per-job CPU/memory sensitivity profiles
+  (the service profiles new jobs before their first launch for it);
+* ``fixed_gpus`` (size): every request asks for exactly the job's GPUs;
+* ``shared_params``: parameter names two stages take with one meaning (static
+  slots), so a bare ``-P name=value`` reaches both;
+* :meth:`Stage.plan_hooks`: callables ``hook(plan, view) -> Plan`` run after
+  placement (e.g. hysteresis);
+* :meth:`Stage.stats`: counters of the last round, for reports.
+
+Place policies also own the *order in which requests are placed*
+(:meth:`PlacePolicy.arrange`: PAL's class priority, non-preemptive running
+first) and the *backfill rule*; sizers that place job by job (Synergy's
+greedy/tune/opt) walk :meth:`PlacePolicy.arrange`'s order and stop at the
+first request that gets nothing when ``backfill`` is off, so both hold under
+them too.
 """
 
 from __future__ import annotations
@@ -44,7 +69,7 @@ import numpy as np
 from ..core.cluster import Cluster
 from ..core.job import Job
 from ..core.plan import Allocation, Part, Plan
-from ..perf.model import ThroughputModel
+from ..perf.model import Factor, ThroughputModel
 
 STAGES = ("order", "group", "size", "place")
 _REGISTRY: dict[str, dict[str, type]] = {s: {} for s in STAGES}
@@ -60,10 +85,15 @@ def register(stage: str, *names: str) -> Callable[[type], type]:
         raise PolicyError(f"unknown stage {stage!r}")
 
     def deco(cls: type) -> type:
+        # resolved when a policy module registers a class (this module is fully loaded by then)
+        base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise PolicyError(f"{cls.__name__} is registered as a {stage} policy but does not derive from "
+                              f"{base.__name__}")
         for n in names:
             _REGISTRY[stage][n] = cls
-        if not getattr(cls, "name", None):
-            cls.name = names[0]
+        if not cls.__dict__.get("name"):
+            cls.name = names[0]  # type: ignore[misc]
         return cls
 
     return deco
@@ -77,7 +107,8 @@ def names(stage: str) -> list[str]:
 def accepted_params(stage: str, name: str) -> set[str]:
     cls = lookup(stage, name)
     sig = inspect.signature(cls.__init__)
-    return {p for p in sig.parameters if p != "self"}
+    return {n for n, p in sig.parameters.items()
+            if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def lookup(stage: str, name: str) -> type:
@@ -160,7 +191,33 @@ class Request:
         return self.jobs[0].alloc
 
 
-class OrderPolicy:
+PlanHook = Callable[["Plan", "View"], "Plan"]
+
+
+class Stage:
+    """The common base of every pipeline stage: what a stage declares (see the module notes)."""
+
+    stage: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    #: True if a round can change this stage's output without an arrival or completion
+    dynamic: ClassVar[bool] = False
+    #: throughput-model factors the stage reads: name -> constructor of a default one (given the cluster)
+    requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor]]] = {}
+    #: the stage reads per-job CPU/memory sensitivity profiles (Synergy)
+    needs_profiles: ClassVar[bool] = False
+    #: parameters meant to be shared: a bare ``-P name=`` reaches every chosen stage that shares it
+    shared_params: ClassVar[frozenset[str]] = frozenset()
+
+    def plan_hooks(self) -> Sequence[PlanHook]:
+        """Hooks run after placement, in order; none by default."""
+        return ()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the last round (reports and benchmarks); none by default."""
+        return {}
+
+
+class OrderPolicy(Stage):
     """Sort active jobs, highest priority first.
 
     ``dynamic`` is False when the order can only change on arrivals and
@@ -168,30 +225,31 @@ class OrderPolicy:
     happened.
     """
 
-    name: ClassVar[str] = ""
+    stage: ClassVar[str] = "order"
     dynamic: ClassVar[bool] = True
 
     def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
         raise NotImplementedError
 
 
-class GroupPolicy:
-    name: ClassVar[str] = ""
-    dynamic: ClassVar[bool] = False
+class GroupPolicy(Stage):
+    stage: ClassVar[str] = "group"
 
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
         raise NotImplementedError
 
 
-class SizePolicy:
-    name: ClassVar[str] = ""
-    dynamic: ClassVar[bool] = False
+class SizePolicy(Stage):
+    stage: ClassVar[str] = "size"
+    #: every request asks for exactly its job's GPUs (lets the scheduler size only a prefix)
+    fixed_gpus: ClassVar[bool] = False
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         raise NotImplementedError
 
     def allocate(self, requests: list[Request], view: View, place: PlacePolicy, preemptive: bool) -> Plan:
-        """Turn requests into a plan; sizers that must negotiate with placement override this."""
+        """Turn requests into a plan; sizers that must negotiate with placement override this
+        (walking ``place.arrange(...)`` and honouring ``place.backfill``)."""
         return place.place(requests, view, preemptive)
 
 
@@ -337,12 +395,17 @@ def need_on(cluster: Cluster, req: Request, node: int, k: int) -> tuple[int, int
     return pc * m, pm * m
 
 
-class PlacePolicy:
-    """Base placement: the three-phase loop; subclasses implement :meth:`choose`."""
+class PlacePolicy(Stage):
+    """Base placement: the three-phase loop; subclasses implement :meth:`choose`.
 
-    name: ClassVar[str] = ""
+    :meth:`arrange` decides the order in which requests are placed (the order
+    policy's, with running jobs first when not preemptive; PAL puts classes
+    first); ``backfill`` whether a request that does not fit lets later ones
+    pass.  Sizers that place job by job use both.
+    """
+
+    stage: ClassVar[str] = "place"
     sticky: ClassVar[bool] = True
-    dynamic: ClassVar[bool] = False
     backfill: bool = True
 
     def __init__(self, backfill: bool | str = True) -> None:
@@ -350,6 +413,12 @@ class PlacePolicy:
 
     def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         raise NotImplementedError
+
+    def arrange(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> list[Request]:
+        """The order in which requests are placed: as given, running requests first when not preemptive."""
+        if preemptive:
+            return list(requests)
+        return [r for r in requests if r.running] + [r for r in requests if not r.running]
 
     # -- helpers shared by subclasses ---------------------------------------
     def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
@@ -415,11 +484,10 @@ class PlacePolicy:
 
     def place(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> Plan:
         plan = Plan()
+        requests = self.arrange(requests, view, preemptive)
         n = len(requests)
         # phase 1: select by GPU count
         order = list(range(n))
-        if not preemptive:
-            order = [i for i in order if requests[i].running] + [i for i in order if not requests[i].running]
         cap = view.cluster.num_gpus
         selected = [False] * n
         for i in order:

@@ -49,10 +49,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.job import Job
+from ..core.lifecycle import JobState
 from ..core.plan import Allocation, Part, Plan
 from ..perf.model import ThroughputModel
 from ..perf.scaling import ScalingFactor
-from ..runtime.lifecycle import LIFECYCLE_KEY, JobState
 from .base import FreeState, PlacePolicy, PolicyError, Request, SizePolicy, View, register, split_parts
 
 _DEFAULT_FACTOR = ScalingFactor()
@@ -68,13 +68,12 @@ def scaling_of(model: ThroughputModel) -> ScalingFactor:
 def is_protected(job: Job, now: float) -> bool:
     """True if ``job`` must not be reallocated at ``now``.
 
-    Reads the job's :class:`~gpuloom.runtime.lifecycle.Lifecycle` from
-    ``job.extra[LIFECYCLE_KEY]``: protected while launching, checkpointing or
-    stopping, and while RUNNING_PROTECTED before its ``protected_until``.  A
-    job still busy with an overhead (``busy_until > now``) is protected too.
-    Jobs without a lifecycle are never protected.
+    Reads the job's :class:`~gpuloom.core.lifecycle.Lifecycle`: protected while
+    launching, checkpointing or stopping, and while RUNNING_PROTECTED before its
+    ``protected_until``.  A job still busy with an overhead (``busy_until > now``)
+    is protected too.  Jobs without a lifecycle (not arrived) are never protected.
     """
-    lc = job.extra.get(LIFECYCLE_KEY)
+    lc = job.lifecycle
     if lc is None:
         return False
     return lc.state in _TRANSIENT or lc.is_protected(now) or job.busy_until > now
@@ -84,7 +83,7 @@ def is_protected(job: Job, now: float) -> bool:
 class ElasticSize(SizePolicy):
     dynamic = True  # protection expires with time, so rounds matter
     #: throughput-model factors this sizer relies on (the simulator adds them to a default model)
-    requires_factors = {"scaling": ScalingFactor}
+    requires_factors = {"scaling": lambda cluster: ScalingFactor()}
 
     def __init__(
         self,
@@ -110,6 +109,9 @@ class ElasticSize(SizePolicy):
     def plan_hooks(self) -> list[Hysteresis]:
         """The :class:`Hysteresis` hook (threshold ``hysteresis`` it/s) unless disabled with ``None``."""
         return [] if self.hysteresis is None else [Hysteresis(self.hysteresis)]
+
+    def stats(self) -> dict[str, float]:
+        return {"unfairness": self.last_unfairness}
 
     def _bounds(self, job: Job, sf: ScalingFactor, cap: int, total: int) -> tuple[int, int]:
         c = sf.curve(job)
@@ -359,7 +361,8 @@ def _check_slot(slot: int) -> int:
 class StaticSize(SizePolicy):
     """Every job gets one slot of ``slot`` GPUs (throughput f(slot), whatever it asked for)."""
 
-    requires_factors = {"scaling": ScalingFactor}
+    requires_factors = {"scaling": lambda cluster: ScalingFactor()}
+    shared_params = frozenset({"slot"})  # -P slot=N sizes and places the same slots
 
     def __init__(self, slot: int = 1) -> None:
         self.slot = _check_slot(slot)
@@ -385,6 +388,7 @@ class StaticPlace(PlacePolicy):
     """Fixed slots: node GPUs ``[k*slot, (k+1)*slot)`` (local ids); a request takes whole free slots on one node."""
 
     sticky = True
+    shared_params = frozenset({"slot"})
 
     def __init__(self, slot: int = 1) -> None:
         self.slot = _check_slot(slot)

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.cluster import Cluster
-from ..core.plan import Part, Plan
+from ..core.plan import Part
 from ..perf.variability import PMScores, VariabilityFactor
 from .base import FreeState, PlacePolicy, PolicyError, Request, View, register, split_parts
 
@@ -191,8 +191,9 @@ class _VariabilityPlace(PlacePolicy):
             head.sort(key=lambda r: (f.job_class(r.job), -r.gpus))
         return head + list(requests[cut:])
 
-    def place(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> Plan:
-        return super().place(self.priority_order(requests, view), view, preemptive)
+    def arrange(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> list[Request]:
+        """PAL's placement priority (see the module notes), then the base rule (running first if not preemptive)."""
+        return super().arrange(self.priority_order(requests, view), view, preemptive)
 
     def _parts(self, req: Request, free: FreeState, gpus: np.ndarray) -> tuple[Part, ...] | None:
         cl = free.cluster

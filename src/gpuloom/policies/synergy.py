@@ -16,7 +16,7 @@ memory per node.  A job whose GPUs fit on one node is never spread over nodes
 just to get extra CPU or memory.  A unit must be one job (``--group none``).
 
 Parameters (``-P name=value``): ``threshold`` (all), ``profiles`` (all: the
-catalogue CSV; :func:`gpuloom.sim.setup.build_model` adds the sensitivity
+catalogue CSV; :func:`gpuloom.perf.assembly.build_model` adds the sensitivity
 factor to the run's throughput model when it is given, and a sizer given it
 refuses to run on a model without that factor), ``time_limit`` and
 ``max_jobs`` (opt).  Without a sensitivity factor every job is insensitive and
@@ -115,13 +115,17 @@ def _ref_node(view: View) -> int:
 
 class _SynergySizer(SizePolicy):
     fixed_gpus = True
+    needs_profiles = True
+    #: the sizers read profiles from the model's sensitivity factor; a default one reads
+    #: each job's own profile (``JobSpec.profile``, e.g. from Synergy's trace reader)
+    requires_factors = {"sensitivity": lambda cluster: SensitivityFactor(None, cluster)}
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, profiles: str | None = None) -> None:
         threshold = float(threshold)
         if not 0 <= threshold < 10:
             raise ValueError(f"threshold must be in [0, 10), got {threshold}")
         self.threshold = threshold
-        # the catalogue file the run's throughput model loads (sim.setup.build_model);
+        # the catalogue file the run's throughput model loads (perf.assembly.build_model);
         # sizers read profiles from the model's sensitivity factor, never from here
         self.profiles = profiles
         # demand vectors by (profile, GPUs): every job of a model shares one
@@ -165,11 +169,10 @@ class _SynergySizer(SizePolicy):
         if self.profiles and sensitivity_factor(view) is None:
             raise PolicyError(
                 f"size policy {self.name!r}: profiles={self.profiles!r} given but the throughput model has no "
-                "sensitivity factor (build it with gpuloom.sim.setup.build_model or perf.sensitivity.add_sensitivity)"
+                "sensitivity factor (build it with gpuloom.perf.assembly.build_model or perf.sensitivity.add_sensitivity)"
             )
-        order = list(requests)
-        if not preemptive:
-            order = [r for r in order if r.running] + [r for r in order if not r.running]
+        # the place policy's order (PAL's class priority, running first if not preemptive)
+        order = place.arrange(requests, view, preemptive)
         self.last_order = [r.job.id for r in order]
         rnd = _Round(self, view, place)
         self._run(rnd, order)
@@ -178,6 +181,9 @@ class _SynergySizer(SizePolicy):
 
     def _run(self, rnd: _Round, order: list[Request]) -> None:
         raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.last_stats)
 
 
 class _Round:
@@ -392,6 +398,13 @@ class _Round:
         self.stats["reclaimed"] += 1
         return True
 
+    def tune_all(self, order: Sequence[Request]) -> None:
+        """TUNE's steps in order; with the place policy's ``backfill`` off, stop at the first miss."""
+        strict = not self.place.backfill
+        for req in order:
+            if not self.tune_one(req) and strict:
+                break
+
     def register(self, order: Sequence[Request]) -> None:
         for i, r in enumerate(order):
             self.rank[r.job.id] = i
@@ -404,14 +417,14 @@ class Greedy(_SynergySizer):
 
     def _run(self, rnd: _Round, order: list[Request]) -> None:
         rnd.register(order)
+        strict = not rnd.place.backfill
         for req in order:
-            if req.gpus > rnd.free.free_gpus:
-                rnd.stats["skipped"] += 1
-                continue
-            if rnd.place_best_or_proportional(req, allow_prop=False):
+            if req.gpus <= rnd.free.free_gpus and rnd.place_best_or_proportional(req, allow_prop=False):
                 rnd.stats["best"] += 1
-            else:
-                rnd.stats["skipped"] += 1
+                continue
+            rnd.stats["skipped"] += 1
+            if strict:  # a strict queue: nothing passes a request that got nothing
+                break
 
 
 @register("size", "tune", "synergy-tune")
@@ -420,8 +433,7 @@ class Tune(_SynergySizer):
 
     def _run(self, rnd: _Round, order: list[Request]) -> None:
         rnd.register(order)
-        for req in order:
-            rnd.tune_one(req)
+        rnd.tune_all(order)
 
 
 # ---------------------------------------------------------------------------
@@ -492,8 +504,10 @@ class Opt(_SynergySizer):
         cap = rnd.free.free_gpus
         window: list[Request] = []
         rest: list[Request] = []
+        strict = not rnd.place.backfill
         for r in order:
-            if len(window) < self.max_jobs and r.gpus <= cap:
+            # a strict queue's window ends at the first request that does not fit
+            if len(window) < self.max_jobs and r.gpus <= cap and not (strict and rest):
                 window.append(r)
                 cap -= r.gpus
             else:
@@ -522,12 +536,9 @@ class Opt(_SynergySizer):
         except _SolverFailure as e:
             self.last_fallback = str(e)
             log.warning("synergy-opt: %s; this round falls back to TUNE", e)
-            for r in order:
-                rnd.tune_one(r)
+            rnd.tune_all(order)
             return
-        left = [r for r in order if r.job.id not in placed]
-        for r in left:
-            rnd.tune_one(r)
+        rnd.tune_all([r for r in order if r.job.id not in placed])
         self._last_window = key
         self._last_plan = Plan(dict(rnd.plan.allocations))
 

@@ -40,8 +40,10 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .lifecycle import JobState
-from .service import ACTIVE_STATES, HOLDING, NotFound, PermissionDenied, Service, SubmitError, parse_duration, parse_mem
+from ..core.lifecycle import JobState
+from .admission import NotFound, PermissionDenied, SubmitError
+from .service import ACTIVE_STATES, HOLDING, Service
+from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
 
 TOKEN_FILE = "admin.token"

@@ -82,7 +82,14 @@ jobs_t = Table(
     Column("exit_code", Integer),
     Column("reason", Text),  # why it ended / waits / was refused
     Column("cancel_requested", Boolean, nullable=False, default=False),
+    # the job's remaining work (reference seconds) exactly as of ``work_at`` (service time): a
+    # restarted service continues from it at the model's speed instead of guessing from held time
+    Column("work_left", Float),
+    Column("work_at", Float),
 )
+
+#: columns added after the first release: created on stores that predate them
+_ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"))}
 
 events_t = Table(
     "events",
@@ -150,6 +157,8 @@ class JobRow:
     exit_code: int | None = None
     reason: str | None = None
     cancel_requested: bool = False
+    work_left: float | None = None
+    work_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -225,6 +234,20 @@ class Store:
 
         with self.lock:
             metadata.create_all(self.engine)
+            self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A store made by an older release lacks columns added since: add them (nullable)."""
+        from sqlalchemy import inspect as sa_inspect
+
+        insp = sa_inspect(self.engine)
+        for table, cols in _ADDED_COLUMNS.items():
+            have = {c["name"] for c in insp.get_columns(table)}
+            missing = [(n, t) for n, t in cols if n not in have]
+            if missing:
+                with self.engine.begin() as c:
+                    for name, typ in missing:
+                        c.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {typ}")
 
     def close(self) -> None:
         self.engine.dispose()
@@ -346,12 +369,13 @@ class Store:
                 )
         return changed
 
-    def set_states(self, job_ids: Iterable[int], state: str, expect_state: Iterable[str]) -> int:
+    def set_states(self, job_ids: Iterable[int], state: str, expect_state: Iterable[str],
+                   now: float | None = None) -> int:
         """Move many jobs to ``state`` in one transaction (only those in ``expect_state``)."""
         ids = list(job_ids)
         if not ids:
             return 0
-        now = time.time()
+        now = time.time() if now is None else now
         with self.lock, self._begin(False) as c:
             res = c.execute(
                 update(jobs_t)
@@ -370,12 +394,14 @@ class Store:
         return [{**r, "detail": json.loads(r["detail"]) if r["detail"] else {}} for r in rows]
 
     def add_event(
-        self, job_id: int | None, kind: str, detail: Mapping[str, Any] | None = None, durable: bool = True
+        self, job_id: int | None, kind: str, detail: Mapping[str, Any] | None = None, durable: bool = True,
+        now: float | None = None,
     ) -> None:
+        now = time.time() if now is None else now
         with self.lock, self._begin(durable) as c:
             c.execute(
                 insert(events_t).values(
-                    job_id=job_id, time=time.time(), kind=kind, detail=json.dumps(dict(detail or {}), sort_keys=True)
+                    job_id=job_id, time=now, kind=kind, detail=json.dumps(dict(detail or {}), sort_keys=True)
                 )
             )
 

@@ -1,47 +1,43 @@
 """The event loop: arrivals, completions and scheduling rounds, nothing hidden.
 
+The simulator is the driver's (:mod:`gpuloom.driver`) first face: this module
+keeps the clock and the event queue, and :class:`SimBackend` says what the
+driver's decisions mean in simulated time.  Everything about jobs and plans
+(rounds, actions, co-runners, speeds, lifecycle steps) is the driver's.
+
 Time advances from event to event.  At equal times completions come first,
 then arrivals, then the round, so a GPU freed at ``t`` is reusable at ``t``.
 
 * **Arrivals** join the queue; with ``reschedule_on_arrival`` a round runs at once.
-* **Rounds** happen every ``round_len`` seconds (the first at time 0).  A round
-  asks the :class:`~gpuloom.scheduler.Scheduler` for a plan, checks it
-  (:func:`~gpuloom.core.plan.check_plan` plus the gang rule) and carries out
-  ``diff(current, plan)``.  When the scheduler is not ``dynamic`` and nothing
-  arrived or finished since the last round, the round is skipped: it could
-  not change anything.
+* **Rounds** happen every ``round_len`` seconds (the first at time 0).  When the
+  scheduler is not ``dynamic`` and nothing arrived or finished since the last
+  round, the round is skipped: it could not change anything.
 * **Completions** happen exactly when a job's remaining work reaches zero
   (its predicted finish), not at the next round; the job is checked to have
   done exactly its work.  Predictions are invalidated by bumping ``job.version``.
 
-Overheads: a job's first start costs ``launch_overhead`` seconds without
-progress; a resume after preemption, a migration, or a resize costs
-``restart_overhead`` (checkpoint restore + warm-up).  Deterministic for a given seed.
+**The lifecycle always runs.**  Every job walks the lifecycle the service uses
+(:mod:`gpuloom.core.lifecycle`), timed by :class:`~gpuloom.core.lifecycle.LifecycleTimes`:
 
-Lifecycle mode (``SimConfig.lifecycle = LifecycleTimes(...)``): every job gets
-a :class:`~gpuloom.runtime.lifecycle.Lifecycle` in ``job.extra["lifecycle"]``
-(the state machine the runtime uses) and the overheads follow it instead:
-
-* arrival: WAITING_FOR_INITIAL_CONTACT → WAITING_FOR_INITIAL_RESOURCE;
-* start: (→ STANDBY) → LAUNCHING for ``launch`` s → RUNNING_PROTECTED, which
+* start: (→ STANDBY) → LAUNCHING for the launch time → RUNNING_PROTECTED, which
   lasts ``protect_factor`` × that launch time → RUNNING;
-* move/resize of a running job: CHECKPOINTING (``checkpoint`` s) → STOPPING
-  (``stop`` s) → STANDBY → LAUNCHING (``launch`` s) → RUNNING_PROTECTED; a job
-  still launching is stopped (``stop`` s) and launched again; a job already
-  in the middle of a reallocation keeps its schedule (only its target changes);
+* move/resize of a running job: CHECKPOINTING → STOPPING → STANDBY → LAUNCHING
+  → RUNNING_PROTECTED; a job still launching is stopped and launched again; a
+  job already in the middle of a reallocation keeps its schedule;
 * stop (preemption): CHECKPOINTING → STOPPING → STANDBY; a later start waits
   until the stop has finished;
-* completion: → FINISHED (only reachable from the two running states).
+* completion: → FINISHED.
 
 A job makes progress only while RUNNING_PROTECTED or RUNNING: ``busy_until``
-is set to the time it enters RUNNING_PROTECTED, which is all
-:meth:`Job.advance` needs.  Future transitions are kept in
-``job.extra["lifecycle_pending"]`` and recorded when time reaches them, so the
-lifecycle never shows a state before it happens.  Simplification: the plan's
-resources are taken (and the old ones freed) at the decision time; the job
-holds its new GPUs through checkpoint/stop/launch, and a stopped job's GPUs
-are free at once.  Per job, ``attrs["launch_time"|"checkpoint_time"|"stop_time"]``
-override the configured durations (e.g. measured by the runtime).
+is its entry to RUNNING_PROTECTED.  Simplification: the plan's resources are
+taken (and the old ones freed) at the decision time.
+
+``SimConfig.lifecycle`` gives the times; without it the classic overhead model
+is the preset :meth:`LifecycleTimes.overheads <gpuloom.core.lifecycle.LifecycleTimes.overheads>`
+(a first start costs ``launch_overhead``, every resume, migration or resize
+``restart_overhead``, stops are instant, no protection).  Per job,
+``attrs["launch_time"|"checkpoint_time"|"stop_time"]`` override the times.
+Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -55,48 +51,21 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..core.cluster import Cluster
-from ..core.job import Job, JobError, JobSpec, JobStatus
-from ..core.plan import ActionKind, Allocation, diff
+from ..core.job import Job, JobError, JobSpec
+from ..core.lifecycle import LifecycleTimes
+from ..core.plan import ActionKind, Allocation
+from ..driver import Driver, Step
+from ..perf.assembly import build_model
 from ..perf.model import ThroughputModel
-from ..policies.base import FreeState, View
-from ..runtime.lifecycle import LIFECYCLE_KEY, JobState, Lifecycle
-from ..scheduler import Scheduler
+from ..policies.base import FreeState
+from ..scheduler import RequirementError, Scheduler
 from .metrics import JobRecord, RunResult, TimeSeries
+
+__all__ = ["LifecycleTimes", "SimConfig", "SimulationError", "Simulator", "simulate"]
 
 
 class SimulationError(RuntimeError):
     pass
-
-
-@dataclass(slots=True)
-class LifecycleTimes:
-    """Durations (s) of the lifecycle's non-progress states, and the protection factor."""
-
-    launch: float = 10.0
-    checkpoint: float = 5.0
-    stop: float = 2.0
-    protect_factor: float = 3.0
-
-    def __post_init__(self) -> None:
-        for k in ("launch", "checkpoint", "stop", "protect_factor"):
-            v = getattr(self, k)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"lifecycle {k} must be a finite number >= 0, got {v!r}")
-
-    def of(self, job: Job) -> tuple[float, float, float]:
-        """(launch, checkpoint, stop) for ``job``: its ``attrs`` override the configured values."""
-        a = job.spec.attrs or {}
-        out = []
-        for key, dflt in (("launch_time", self.launch), ("checkpoint_time", self.checkpoint), ("stop_time", self.stop)):
-            v = a.get(key, dflt)
-            try:
-                v = float(v)
-            except (TypeError, ValueError):
-                raise JobError(f"job {job.id}: attrs[{key!r}] must be a number, got {v!r}") from None
-            if not math.isfinite(v) or v < 0:
-                raise JobError(f"job {job.id}: attrs[{key!r}] must be >= 0, got {v}")
-            out.append(v)
-        return out[0], out[1], out[2]
 
 
 @dataclass(slots=True)
@@ -110,7 +79,7 @@ class SimConfig:
     check: bool = True  # verify plan invariants every round
     max_time: float = math.inf  # stop here; jobs not done are unfinished
     drop_impossible: bool = False  # jobs that can never fit: error (False) or unfinished (True)
-    lifecycle: LifecycleTimes | None = None  # lifecycle mode (see the module docstring)
+    lifecycle: LifecycleTimes | None = None  # lifecycle times; None: the overhead preset
 
     def __post_init__(self) -> None:
         if not self.round_len > 0:
@@ -118,9 +87,61 @@ class SimConfig:
         if self.launch_overhead < 0 or self.restart_overhead < 0:
             raise ValueError("overheads must be >= 0")
 
+    @property
+    def times(self) -> LifecycleTimes:
+        """The lifecycle times in force (the overhead preset unless ``lifecycle`` is given)."""
+        if self.lifecycle is not None:
+            return self.lifecycle
+        return LifecycleTimes.overheads(self.launch_overhead, self.restart_overhead)
+
+
+class SimBackend:
+    """The driver's backend in simulated time: times lifecycle steps, keeps completion events."""
+
+    def __init__(self, times: LifecycleTimes) -> None:
+        self.times = times
+        self.heap: list[tuple[float, int, str, int]] = []
+        self.seq = 0
+
+    def _times(self, job: Job, first: bool) -> tuple[float, float, float]:
+        try:
+            return self.times.of(job.id, job.spec.attrs, first)
+        except ValueError as e:
+            raise JobError(str(e)) from None
+
+    def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
+        for st in steps:
+            job = st.job
+            self.times.schedule(job.lifecycle, st.stop, (), now, self._times(job, False))  # type: ignore[arg-type]
+            if st.kind is ActionKind.STOP:
+                job.busy_until = now
+
+    def launch(self, driver: Driver, step: Step, now: float) -> bool:
+        job = step.job
+        lc = job.lifecycle
+        assert lc is not None
+        # the first launch costs `launch`; every later one `relaunch` (taken before the steps run)
+        ready = self.times.schedule(lc, None, step.start, now, self._times(job, not lc.launched))
+        job.busy_until = ready
+        return True
+
+    def regrouped(self, driver: Driver, job: Job, now: float) -> None:
+        pass
+
+    def progressed(self, driver: Driver, job: Job, now: float) -> None:
+        t = job.predicted_finish(now)
+        if math.isfinite(t):
+            self.seq += 1
+            heapq.heappush(self.heap, (t, self.seq, job.id, job.version))
+
 
 class Simulator:
-    """Replays ``specs`` on ``cluster`` under ``scheduler``; :meth:`run` returns a :class:`RunResult`."""
+    """Replays ``specs`` on ``cluster`` under ``scheduler``; :meth:`run` returns a :class:`RunResult`.
+
+    ``model`` None: the model ``gpuloom simulate`` builds with default options,
+    plus any factor a stage requires; a given model must already have them
+    (:class:`SimulationError` otherwise).
+    """
 
     def __init__(
         self,
@@ -133,17 +154,8 @@ class Simulator:
     ) -> None:
         self.cluster = cluster
         self.scheduler = scheduler
-        defaulted = model is None
-        self.model = model or ThroughputModel.default(cluster)
-        # factors a stage relies on (e.g. elastic sizing needs the scaling curves)
-        for stage in (scheduler.order, scheduler.group, scheduler.size, scheduler.place):
-            for fname, make in getattr(stage, "requires_factors", {}).items():
-                if self.model.get(fname) is None:
-                    if not defaulted:
-                        raise SimulationError(
-                            f"{stage.name} policy needs the {fname!r} factor in the throughput model; add it"
-                        )
-                    self.model.add(make())
+        strict = model is not None
+        self.model = model if model is not None else build_model(cluster)
         self.config = config or SimConfig()
         self.observers = list(observers)
         ids = set()
@@ -154,7 +166,6 @@ class Simulator:
         order = sorted(range(len(specs)), key=lambda i: (specs[i].arrival, i))
         self.jobs: list[Job] = [Job(specs[i], k) for k, i in enumerate(order)]
         self.by_id = {j.id: j for j in self.jobs}
-        self.model.bind(self.by_id)  # factors that need co-runners' specs (interleaving)
         self.impossible: set[str] = set()
         biggest = cluster.num_gpus
         for j in self.jobs:
@@ -167,59 +178,49 @@ class Simulator:
                 self.impossible.add(j.id)
         self.now = 0.0
         self.rng = np.random.default_rng(self.config.seed)
-        self.active: dict[str, Job] = {}
-        self.current: dict[str, Allocation] = {}
+        times = self.config.times
+        self.backend = SimBackend(times)
+        try:
+            self.driver = Driver(cluster, scheduler, self.model, self.backend, self.rng, self.config.check,
+                                 times.protect_factor, strict=strict)
+        except RequirementError as e:
+            raise SimulationError(str(e)) from None
         self.series = TimeSeries()
         self.rounds = 0
         self.rounds_computed = 0
-        self._heap: list[tuple[float, int, str, int]] = []
-        self._seq = 0
-        self._used = [0, 0, 0]  # GPUs, cores, MB held
-        self.free = FreeState(cluster)  # what ``current`` leaves free, kept incrementally
 
-    # -- bookkeeping --------------------------------------------------------
+    # -- what observers and tests read ----------------------------------------------------
+    @property
+    def current(self) -> dict[str, Allocation]:
+        return self.driver.current
+
+    @property
+    def active(self) -> dict[str, Job]:
+        return self.driver.jobs
+
+    @property
+    def free(self) -> FreeState:
+        return self.driver.free
+
+    @property
+    def used(self) -> list[int]:
+        return self.driver.used
+
     def _record(self) -> None:
-        self.series.record(
-            self.now, self._used[0], self._used[1], self._used[2], len(self.current),
-            len(self.active) - len(self.current),
-        )
-
-    def _hold(self, alloc: Allocation, sign: int) -> None:
-        # a group's GPUs count once: only the first member in / last member out moves them
-        gpus = not any(o in self.current for o in alloc.group)
-        if gpus:
-            self._used[0] += sign * alloc.num_gpus
-        self._used[1] += sign * alloc.cpus
-        self._used[2] += sign * alloc.mem_mb
-        if sign > 0:
-            self.free.take(alloc.parts, 1, gpus)
-        else:
-            self.free.release(alloc.parts, 1, gpus)
-
-    def _push_completion(self, job: Job) -> None:
-        t = job.predicted_finish(self.now)
-        if math.isfinite(t):
-            self._seq += 1
-            heapq.heappush(self._heap, (t, self._seq, job.id, job.version))
+        u = self.driver.used
+        self.series.record(self.now, u[0], u[1], u[2], len(self.driver.current),
+                           len(self.driver.jobs) - len(self.driver.current))
 
     def _next_completion(self) -> float:
-        h = self._heap
+        h = self.backend.heap
+        by_id = self.by_id
         while h:
             t, _, jid, ver = h[0]
-            j = self.by_id[jid]
-            if j.version == ver and j.status is JobStatus.RUNNING:
+            j = by_id[jid]
+            if j.version == ver and j.alloc is not None:
                 return t
             heapq.heappop(h)
         return math.inf
-
-    def _set_alloc(self, job: Job, alloc: Allocation | None) -> None:
-        old = self.current.pop(job.id, None)
-        if old is not None:
-            self._hold(old, -1)
-        job.alloc = alloc
-        if alloc is not None:
-            self._hold(alloc, +1)
-            self.current[job.id] = alloc
 
     # -- events -------------------------------------------------------------
     def _complete(self, job: Job) -> None:
@@ -228,157 +229,17 @@ class Simulator:
         if job.remaining > tol:
             raise SimulationError(f"job {job.id} completed with {job.remaining} work left")
         job.remaining = 0.0
-        alloc = job.alloc
-        self._set_alloc(job, None)
-        lc = job.extra.get(LIFECYCLE_KEY)
-        if lc is not None:
-            self._lc_sync(job)
-            lc.to(JobState.FINISHED, self.now)
-        job.status = JobStatus.FINISHED
-        job.finish = self.now
-        job.speed = 0.0
-        job.version += 1
-        del self.active[job.id]
-        # co-runners lose a partner: same GPUs, new group, new speed
-        if alloc is not None:
-            for other_id in alloc.group:
-                other = self.by_id[other_id]
-                oa = other.alloc
-                if oa is not None:
-                    other.advance(self.now)
-                    na = Allocation(oa.job_id, oa.parts, tuple(x for x in oa.group if x != job.id))
-                    self._set_alloc(other, na)
-                    other.speed = self.model.speed(other, na)
-                    other.version += 1
-                    self._push_completion(other)
+        self.driver.finish(job, self.now)
         for obs in self.observers:
             obs(self, "complete")
 
     def _arrive(self, job: Job) -> None:
-        job.status = JobStatus.WAITING
-        job.last_update = self.now
-        self.active[job.id] = job
-        lt = self.config.lifecycle
-        if lt is not None:
-            lc = Lifecycle(job.id, self.now, protect_factor=lt.protect_factor)
-            lc.to(JobState.WAITING_FOR_INITIAL_RESOURCE, self.now)
-            job.extra[LIFECYCLE_KEY] = lc
-            job.extra["lifecycle_pending"] = []
-
-    # -- lifecycle mode -----------------------------------------------------
-    def _lc_sync(self, job: Job, now: float | None = None) -> Lifecycle:
-        """Record the job's scheduled transitions up to ``now``, then expire its protection."""
-        now = self.now if now is None else now
-        lc: Lifecycle = job.extra[LIFECYCLE_KEY]
-        pend: list[tuple[float, JobState]] = job.extra["lifecycle_pending"]
-        k = 0
-        while k < len(pend) and pend[k][0] <= now:
-            lc.to(pend[k][1], pend[k][0])
-            k += 1
-        if k:
-            del pend[:k]
-        lc.refresh(now)
-        return lc
-
-    def _lc_action(self, job: Job, kind: ActionKind) -> None:
-        """Schedule the lifecycle of a start / move / resize / stop at ``now``; set ``busy_until``."""
-        now = self.now
-        lt = self.config.lifecycle
-        assert lt is not None
-        launch, ckpt, stop = lt.of(job)
-        lc = self._lc_sync(job)
-        pend: list[tuple[float, JobState]] = job.extra["lifecycle_pending"]
-        st = lc.state
-        S = JobState
-        if st is S.RUNNING_PROTECTED:
-            lc.to(S.RUNNING, now)  # protection ends early: the plan overrides it
-            st = S.RUNNING
-        if kind is ActionKind.START:
-            if st is S.WAITING_FOR_INITIAL_RESOURCE:
-                lc.to(S.STANDBY, now)
-            # after a stop, launch once the stop has finished
-            t = pend[-1][0] if pend else now
-            if pend and pend[-1][1] is not S.STANDBY:  # pragma: no cover - guarded by diff()
-                raise SimulationError(f"job {job.id}: start while {pend[-1][1].name} is scheduled")
-            pend += [(t, S.LAUNCHING), (t + launch, S.RUNNING_PROTECTED)]
-        else:
-            if st is S.RUNNING:
-                pend[:] = [(now, S.CHECKPOINTING), (now + ckpt, S.STOPPING), (now + ckpt + stop, S.STANDBY)]
-            elif st is S.LAUNCHING:
-                pend[:] = [(now, S.STOPPING), (now + stop, S.STANDBY)]
-            elif st is S.STANDBY:
-                pend.clear()  # a launch still waiting for its stop to finish is called off
-            else:  # already checkpointing / stopping: keep the way down to STANDBY
-                cut = next((i for i, (_, s2) in enumerate(pend) if s2 is S.STANDBY), None)
-                if cut is None:
-                    raise SimulationError(f"job {job.id}: cannot reallocate in state {st.name}")
-                del pend[cut + 1 :]
-            if kind is not ActionKind.STOP:
-                t = pend[-1][0] if pend else now
-                pend += [(t, S.LAUNCHING), (t + launch, S.RUNNING_PROTECTED)]
-        self._lc_sync(job)  # zero-length steps happen now
-        job.busy_until = pend[-1][0] if kind is not ActionKind.STOP else now
+        self.driver.admit(job, self.now)
 
     def _round(self) -> None:
         self.rounds += 1
         self.rounds_computed += 1
-        now = self.now
-        lifecycle = self.config.lifecycle is not None
-        if self.scheduler.dynamic or lifecycle:
-            # time-dependent orders read remaining work and attained service
-            for jid in self.current:
-                self.by_id[jid].advance(now)
-        if lifecycle:
-            for j in self.active.values():
-                self._lc_sync(j)
-        jobs = list(self.active.values())  # arrival order; impossible jobs never become active
-        view = View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds, free=self.free)
-        plan = self.scheduler.schedule(view)
-        if self.config.check:
-            self.scheduler.check(plan, view)
-        actions = diff(self.current, plan)
-        # three passes: free everything that changes, then take the new
-        # allocations, then compute speeds once every co-runner is in place
-        for act in actions:
-            job = self.by_id[act.job_id]
-            job.advance(now)
-            if act.old is not None:
-                self._set_alloc(job, None)
-        restart = self.config.restart_overhead
-        for act in actions:
-            job = self.by_id[act.job_id]
-            k = act.kind
-            if lifecycle and k is not ActionKind.REGROUP:
-                self._lc_action(job, k)
-            if k is ActionKind.STOP:
-                job.status = JobStatus.WAITING
-                job.speed = 0.0
-                job.preemptions += 1
-                continue
-            if k is ActionKind.START:
-                job.status = JobStatus.RUNNING
-                if job.first_start is None:
-                    job.first_start = now
-                    if not lifecycle:
-                        job.busy_until = now + self.config.launch_overhead
-                elif not lifecycle:
-                    job.busy_until = now + restart
-                job.last_start = now
-            elif k is ActionKind.MOVE:
-                job.migrations += 1
-                if not lifecycle:
-                    job.busy_until = max(job.busy_until, now + restart)
-            elif k is ActionKind.RESIZE:
-                job.resizes += 1
-                if not lifecycle:
-                    job.busy_until = max(job.busy_until, now + restart)
-            self._set_alloc(job, act.new)
-        for act in actions:
-            job = self.by_id[act.job_id]
-            if act.new is not None:
-                job.speed = self.model.speed(job, act.new)
-            job.version += 1
-            self._push_completion(job)
+        self.driver.round(self.now)
         for obs in self.observers:
             obs(self, "round")
 
@@ -395,10 +256,13 @@ class Simulator:
         done = 0
         idle_rounds = 0
         total_to_finish = n - len(self.impossible)
+        active = self.driver.jobs
+        current = self.driver.current
+        heap = self.backend.heap
         while done < total_to_finish:
             t_arr = jobs[ptr].spec.arrival if ptr < n else math.inf
             t_done = self._next_completion()
-            if not self.active and t_arr > next_round:
+            if not active and t_arr > next_round:
                 # nothing to schedule until the next arrival: jump to its round
                 next_round = t_arr if cfg.reschedule_on_arrival else math.ceil(t_arr / R) * R
             t = min(t_arr, t_done, next_round)
@@ -408,7 +272,7 @@ class Simulator:
                 raise SimulationError(f"time ran backwards: {t} < {self.now}")
             self.now = t
             if t_done == t:
-                _, _, jid, _ = heapq.heappop(self._heap)
+                _, _, jid, _ = heapq.heappop(heap)
                 self._complete(self.by_id[jid])
                 done += 1
                 changed = True
@@ -440,7 +304,7 @@ class Simulator:
                 self._round()
                 changed = False
                 # stall guard: active jobs, nothing runs, nothing will arrive
-                if not self.current and ptr >= n and self.active:
+                if not current and ptr >= n and active:
                     idle_rounds += 1
                     if idle_rounds > 2:
                         break
@@ -450,17 +314,16 @@ class Simulator:
                 self.rounds += 1
             self._record()
         for j in self.jobs:
-            if j.status is JobStatus.RUNNING or j.status is JobStatus.WAITING:
+            if j.lifecycle is not None and j.finish is None:
                 j.advance(self.now)
-                if LIFECYCLE_KEY in j.extra:
-                    self._lc_sync(j)
+                j.lifecycle.sync(self.now)
         if progress is not None:
             progress(done, total_to_finish)
         records = [
             JobRecord(
                 j.id, j.spec.model, j.spec.gpus, j.spec.arrival, j.spec.duration, j.first_start, j.finish,
                 j.preemptions, j.migrations, j.resizes, j.attained_time, j.overhead_time, j.queued_time,
-                _phases(j, self.now),
+                None if j.lifecycle is None else j.lifecycle.phases(self.now),
             )
             for j in self.jobs
         ]
@@ -482,21 +345,6 @@ class Simulator:
             rounds=self.rounds,
             rounds_computed=self.rounds_computed,
         )
-
-
-def _phases(job: Job, now: float) -> dict[str, float] | None:
-    """Seconds per lifecycle phase: queued, launching (incl. checkpoint/stop), running."""
-    lc = job.extra.get(LIFECYCLE_KEY)
-    if lc is None:
-        return None
-    d = lc.durations(now)
-    S = JobState
-    return {
-        "queued": d.get(S.WAITING_FOR_INITIAL_CONTACT, 0.0) + d.get(S.WAITING_FOR_INITIAL_RESOURCE, 0.0)
-        + d.get(S.STANDBY, 0.0),
-        "launching": d.get(S.LAUNCHING, 0.0) + d.get(S.CHECKPOINTING, 0.0) + d.get(S.STOPPING, 0.0),
-        "running": d.get(S.RUNNING_PROTECTED, 0.0) + d.get(S.RUNNING, 0.0),
-    }
 
 
 def simulate(

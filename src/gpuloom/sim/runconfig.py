@@ -52,12 +52,14 @@ from typing import Any
 
 from ..core.cluster import Cluster
 from ..core.job import JobSpec
+from ..core.lifecycle import LifecycleTimes
+from ..driver import Stack
+from ..perf.assembly import ModelOptionError
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..policies.base import PolicyError
 from ..scheduler import Scheduler
-from .engine import LifecycleTimes, SimConfig, Simulator
+from .engine import SimConfig, Simulator
 from .metrics import RunResult
-from .setup import MODEL_OPTIONS, build_model
 
 ModelBuilder = Callable[[Cluster], ThroughputModel]
 #: ``progress(label, done, total)``: ``done`` of ``total`` jobs of run ``label`` have finished.
@@ -96,10 +98,15 @@ class RunConfig:
         """The label, or one made from what differs from the defaults (see :func:`auto_label`)."""
         return self.label or auto_label(self)
 
+    @property
+    def stack(self) -> Stack:
+        """The policy stack this configuration runs (the route ``simulate`` and ``serve`` share)."""
+        return Stack(self.order, self.group, self.size, self.place, self.preemptive, dict(self.params),
+                     {"locality_penalty": self.locality_penalty})
+
     def scheduler(self, where: str = "") -> Scheduler:
         try:
-            policy_params = {k: v for k, v in self.params.items() if k not in MODEL_OPTIONS}
-            return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy_params)
+            return self.stack.scheduler()
         except PolicyError as e:
             raise ConfigError(f"{where or f'config {self.name!r}'}: {e}") from None
 
@@ -108,9 +115,12 @@ class RunConfig:
         self.scheduler(where)
         return self
 
-    def model(self, cluster: Cluster, specs: Sequence[JobSpec] = ()) -> ThroughputModel:
-        """The throughput model, built as ``gpuloom simulate`` builds it (:func:`~gpuloom.sim.setup.build_model`)."""
-        return build_model(cluster, specs, self.locality_penalty, self.params)
+    def model(self, cluster: Cluster) -> ThroughputModel:
+        """The throughput model for this configuration (:func:`~gpuloom.perf.assembly.build_model`)."""
+        try:
+            return self.stack.model(cluster, self.sim.seed)
+        except ModelOptionError as e:
+            raise ConfigError(f"config {self.name!r}: {e}") from None
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in _TOP_KEYS}
@@ -331,8 +341,10 @@ def run_config(
     progress: Callable[[int, int], None] | None = None,
 ) -> RunResult:
     """Run one configuration; the result's ``config`` carries the label and parameters."""
-    model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
-    result = Simulator(cluster, specs, rc.scheduler(), model, rc.sim).run(progress)
+    sched = rc.scheduler()
+    model = model_builder(cluster) if model_builder is not None else rc.model(cluster)
+    sched.bind(model)  # the factors a stage requires, as the service binds them
+    result = Simulator(cluster, specs, sched, model, rc.sim).run(progress)
     result.config = {"label": rc.name, **result.config, "params": dict(rc.params),
                      "locality_penalty": rc.locality_penalty}
     return result

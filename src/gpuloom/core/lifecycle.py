@@ -1,5 +1,8 @@
 """The job lifecycle: one state machine shared by the simulator and the real service.
 
+Every :class:`~gpuloom.core.job.Job` carries one (``job.lifecycle``) from its
+arrival on; :attr:`Job.status <gpuloom.core.job.Job.status>` is derived from it.
+
 States (F-scheduling's lifecycle, plus two terminal states the service needs)::
 
     WAITING_FOR_INITIAL_CONTACT   submitted; the job has not yet reported to the scheduler
@@ -37,7 +40,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class JobState(StrEnum):
@@ -62,9 +67,6 @@ PROGRESS_STATES: frozenset[JobState] = frozenset({S.RUNNING_PROTECTED, S.RUNNING
 HOLDING_STATES: frozenset[JobState] = frozenset(
     {S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING, S.CHECKPOINTING, S.STOPPING}
 )
-
-#: where a scheduler keeps a job's :class:`Lifecycle` (``job.extra[LIFECYCLE_KEY]``)
-LIFECYCLE_KEY = "lifecycle"
 
 _FORWARD: dict[JobState, frozenset[JobState]] = {
     S.WAITING_FOR_INITIAL_CONTACT: frozenset({S.WAITING_FOR_INITIAL_RESOURCE}),
@@ -104,9 +106,15 @@ class Lifecycle:
 
     ``protect_factor`` (3 by default) times the latest launch time is how long a
     job stays RUNNING_PROTECTED after its launch completes.
+
+    ``planned`` holds transitions decided but not yet due, as ``(time, state)``
+    pairs in time order (the simulator times a whole stop/launch sequence at the
+    decision, see :class:`LifecycleTimes`); :meth:`sync` records those due by
+    ``now``, so the history never shows a state before it happens.
     """
 
-    __slots__ = ("job_id", "history", "protect_factor", "last_launch_time", "protected_until", "_launch_start")
+    __slots__ = ("job_id", "history", "protect_factor", "last_launch_time", "protected_until", "_launch_start",
+                 "planned")
 
     def __init__(
         self,
@@ -125,6 +133,7 @@ class Lifecycle:
         self.last_launch_time: float | None = None
         self.protected_until: float | None = None
         self._launch_start: float | None = now if state is JobState.LAUNCHING else None
+        self.planned: list[tuple[float, JobState]] = []
 
     # -- reading ------------------------------------------------------------
     @property
@@ -143,6 +152,15 @@ class Lifecycle:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def holding(self) -> bool:
+        return self.state in HOLDING_STATES
+
+    @property
+    def launched(self) -> bool:
+        """Whether the job has ever entered LAUNCHING (its next launch is a relaunch)."""
+        return self._launch_start is not None
 
     def is_protected(self, now: float) -> bool:
         """True while RUNNING_PROTECTED and ``now`` is before ``protected_until``."""
@@ -169,6 +187,16 @@ class Lifecycle:
             return d.get(states, 0.0)
         return sum(d.get(s, 0.0) for s in states)
 
+    def phases(self, now: float) -> dict[str, float]:
+        """Seconds queued (waiting states), launching (incl. checkpoint and stop) and running."""
+        d = self.durations(now)
+        return {
+            "queued": d.get(S.WAITING_FOR_INITIAL_CONTACT, 0.0) + d.get(S.WAITING_FOR_INITIAL_RESOURCE, 0.0)
+            + d.get(S.STANDBY, 0.0),
+            "launching": d.get(S.LAUNCHING, 0.0) + d.get(S.CHECKPOINTING, 0.0) + d.get(S.STOPPING, 0.0),
+            "running": d.get(S.RUNNING_PROTECTED, 0.0) + d.get(S.RUNNING, 0.0),
+        }
+
     # -- changing -----------------------------------------------------------
     def to(self, state: JobState, now: float) -> None:
         """Move to ``state`` at time ``now``; raises :class:`IllegalTransition` if not allowed."""
@@ -189,6 +217,12 @@ class Lifecycle:
             self.protected_until = None
         self.history.append((now, dst))
 
+    def walk(self, states: Iterable[JobState], now: float) -> JobState:
+        """Go through ``states`` in order at ``now`` (never before the current state's entry)."""
+        for st in states:
+            self.to(st, max(now, self.since))
+        return self.state
+
     def refresh(self, now: float) -> JobState:
         """End protection if it has expired by ``now`` (recorded at ``protected_until``).
 
@@ -203,5 +237,133 @@ class Lifecycle:
             self.to(JobState.RUNNING, max(self.protected_until, self.since))
         return self.state
 
+    def sync(self, now: float) -> JobState:
+        """Record the planned transitions due by ``now``, then expire protection."""
+        pend = self.planned
+        if pend:
+            k = 0
+            while k < len(pend) and pend[k][0] <= now:
+                self.to(pend[k][1], pend[k][0])
+                k += 1
+            if k:
+                del pend[:k]
+        return self.refresh(now)
+
     def __repr__(self) -> str:
         return f"Lifecycle({self.job_id}, {self.state.name} since {self.since:g})"
+
+
+# -- the sequences an action walks ---------------------------------------------------------
+_STOP_FROM: dict[JobState, tuple[JobState, ...]] = {
+    S.RUNNING_PROTECTED: (S.RUNNING, S.CHECKPOINTING, S.STOPPING, S.STANDBY),
+    S.RUNNING: (S.CHECKPOINTING, S.STOPPING, S.STANDBY),
+    S.LAUNCHING: (S.STOPPING, S.STANDBY),
+    S.CHECKPOINTING: (S.STOPPING, S.STANDBY),
+    S.STOPPING: (S.STANDBY,),
+    S.STANDBY: (),
+}
+_START_FROM: dict[JobState, tuple[JobState, ...]] = {
+    S.WAITING_FOR_INITIAL_RESOURCE: (S.STANDBY, S.LAUNCHING, S.RUNNING_PROTECTED),
+    S.STANDBY: (S.LAUNCHING, S.RUNNING_PROTECTED),
+}
+
+
+def stop_steps(job_id: str, state: JobState) -> tuple[JobState, ...]:
+    """The states a job in ``state`` walks to STANDBY when stopped (preemption, or the first half
+    of a move/resize).  A protected job ends its protection first (the plan overrides it)."""
+    try:
+        return _STOP_FROM[state]
+    except KeyError:
+        raise IllegalTransition(job_id, state, S.STANDBY, "cannot stop a job in this state") from None
+
+
+def start_steps(job_id: str, state: JobState) -> tuple[JobState, ...]:
+    """The states a job holding nothing walks to RUNNING_PROTECTED when launched."""
+    try:
+        return _START_FROM[state]
+    except KeyError:
+        raise IllegalTransition(job_id, state, S.LAUNCHING, "cannot launch a job in this state") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleTimes:
+    """How long the non-progress states last in a simulation, and the protection factor.
+
+    ``launch`` is a job's first launch, ``relaunch`` (default: ``launch``) every
+    later one (a resume after preemption, or the second half of a move or
+    resize); ``checkpoint`` and ``stop`` the two halves of a stop.  Per job,
+    ``attrs["launch_time"|"checkpoint_time"|"stop_time"]`` override them (e.g.
+    times the service measured).
+
+    :meth:`overheads` is the classic overhead model as a preset: a first start
+    costs ``launch_overhead`` seconds, every resume, migration or resize
+    ``restart_overhead``, a stop frees its GPUs at once, and no protection.
+    """
+
+    launch: float = 10.0
+    checkpoint: float = 5.0
+    stop: float = 2.0
+    protect_factor: float = 3.0
+    relaunch: float | None = None
+
+    def __post_init__(self) -> None:
+        for k in ("launch", "checkpoint", "stop", "protect_factor", "relaunch"):
+            v = getattr(self, k)
+            if k == "relaunch" and v is None:
+                continue
+            if isinstance(v, bool) or not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"lifecycle {k} must be a finite number >= 0, got {v!r}")
+
+    @classmethod
+    def overheads(cls, launch_overhead: float = 0.0, restart_overhead: float = 10.0) -> LifecycleTimes:
+        return cls(launch=launch_overhead, checkpoint=0.0, stop=0.0, protect_factor=0.0, relaunch=restart_overhead)
+
+    def of(self, job_id: str, attrs: Mapping[str, Any] | None, first: bool) -> tuple[float, float, float]:
+        """(launch, checkpoint, stop) seconds for a job; ``first``: its first launch."""
+        a = attrs or {}
+        base = self.launch if first or self.relaunch is None else self.relaunch
+        out = []
+        for key, dflt in (("launch_time", base), ("checkpoint_time", self.checkpoint), ("stop_time", self.stop)):
+            v = a.get(key, dflt)
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"job {job_id}: attrs[{key!r}] must be a number, got {v!r}") from None
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"job {job_id}: attrs[{key!r}] must be >= 0, got {v}")
+            out.append(v)
+        return out[0], out[1], out[2]
+
+    def schedule(self, lc: Lifecycle, stop: tuple[JobState, ...] | None, start: tuple[JobState, ...],
+                 now: float, times: tuple[float, float, float]) -> float:
+        """Time the ``stop`` then ``start`` steps from ``now`` into ``lc.planned``; record what is due.
+
+        ``stop`` is None for an action without a stop half (a start).  Returns
+        when the job makes progress again (its entry to RUNNING_PROTECTED), or
+        ``now`` when there is no start.  A stop already under way (checkpointing
+        or stopping) keeps its own timing down to STANDBY; a stop of a job in
+        STANDBY calls off a launch still waiting; a start waits for a stop to
+        finish.
+        """
+        launch, ckpt, stop_s = times
+        dur = {S.CHECKPOINTING: ckpt, S.STOPPING: stop_s, S.LAUNCHING: launch}
+        pend = lc.planned
+        if stop is not None:
+            cut = next((i for i, (_, s2) in enumerate(pend) if s2 is S.STANDBY), None)
+            if lc.state in (S.CHECKPOINTING, S.STOPPING) and cut is not None:
+                del pend[cut + 1:]  # already on its way down: keep that schedule
+            else:
+                pend.clear()
+                t = now
+                for st in stop:
+                    pend.append((t, st))
+                    t += dur.get(st, 0.0)
+        ready = now
+        if start:
+            t = pend[-1][0] if pend else now
+            for st in start:
+                pend.append((t, st))
+                ready = t
+                t += dur.get(st, 0.0)
+        lc.sync(now)  # zero-length steps happen now
+        return ready

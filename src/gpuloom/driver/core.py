@@ -1,0 +1,341 @@
+"""The driver: one owner of jobs and the current plan, for the simulator and the service.
+
+Both faces hand their jobs to a :class:`Driver` and call it at the same
+moments; a :class:`Backend` says what the decisions mean for that face.
+
+* :meth:`Driver.admit` — a job arrives (simulator) or is picked up from the
+  store (service): it joins the active jobs, with its lifecycle.
+* :meth:`Driver.round` — :meth:`plan` (a :class:`~gpuloom.policies.base.View`
+  → the scheduler's :class:`~gpuloom.scheduler.Round`, checked) then
+  :meth:`apply` (``diff(current, plan)``).
+* :meth:`Driver.finish` — a job ends (its work done, a crash, a cancel); its
+  co-runners lose a partner: same GPUs, a smaller group, a new speed.
+
+Applying a round's actions, in three passes:
+
+1. every job whose allocation changes is advanced to ``now`` and releases its
+   old allocation (so a round's stops free what its starts take);
+2. the stop half of every stop, move and resize goes to :meth:`Backend.stop`
+   together, with the lifecycle steps it walks (:func:`~gpuloom.core.lifecycle.stop_steps`);
+   the driver then counts preemptions, migrations and resizes and takes the
+   new allocations;
+3. once every co-runner is in place, each job's speed comes from
+   :meth:`Driver.speed` (the one place that asks the throughput model for
+   either face), then :meth:`Backend.launch` carries out the start half
+   (:func:`~gpuloom.core.lifecycle.start_steps`) or :meth:`Backend.regrouped`
+   records a new group.  A launch the backend does not carry out (it returns
+   False: the service profiled the job first) is rolled back; one that fails
+   (:class:`LaunchFailed`) fails that job alone.
+
+What differs between the faces is only in the backend: the simulator's times
+the lifecycle steps (:class:`~gpuloom.core.lifecycle.LifecycleTimes`) and
+schedules completion events; the service's stops and launches processes and
+records everything in its store.  The driver never reads a clock: ``now``
+comes from the caller.
+
+The driver keeps what ``current`` leaves free (:class:`FreeState`, updated
+per change) and passes it to the policies in the view, so a round costs
+O(changes) in both faces, and the GPUs, cores and memory held (``used``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..core.cluster import Cluster
+from ..core.job import Job
+from ..core.lifecycle import JobState, Lifecycle, start_steps, stop_steps
+from ..core.plan import Action, ActionKind, Allocation, diff
+from ..perf.model import ThroughputModel
+from ..policies.base import FreeState, View
+from ..scheduler import Round, Scheduler
+
+S = JobState
+
+
+class DriverError(RuntimeError):
+    """A driver invariant broken (a bug, not bad input)."""
+
+
+class LaunchFailed(RuntimeError):
+    """Raised by :meth:`Backend.launch`: this job cannot be launched; it fails alone, with this reason."""
+
+
+@dataclass(slots=True)
+class Step:
+    """One action for one job, with the lifecycle steps it walks.
+
+    ``stop`` is None for an action without a stop half (a start); ``start`` is
+    empty for a stop.
+    """
+
+    job: Job
+    action: Action
+    stop: tuple[JobState, ...] | None
+    start: tuple[JobState, ...]
+
+    @property
+    def kind(self) -> ActionKind:
+        return self.action.kind
+
+
+class Backend(Protocol):
+    """What a face does with the driver's decisions (see the module notes)."""
+
+    def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
+        """Carry out the stop halves of a round, together; on return each job's lifecycle has
+        walked (or planned) its ``stop`` steps."""
+
+    def launch(self, driver: Driver, step: Step, now: float) -> bool:
+        """Carry out a start, or the start half of a move/resize, on ``step.action.new`` (the job's
+        speed is already set).  False: not launched this round (rolled back); raise
+        :class:`LaunchFailed` to fail the job."""
+
+    def regrouped(self, driver: Driver, job: Job, now: float) -> None:
+        """``job`` keeps its resources with other co-runners (new ``alloc`` and speed)."""
+
+    def progressed(self, driver: Driver, job: Job, now: float) -> None:
+        """``job``'s speed, ``busy_until`` or allocation changed (its predicted finish moved)."""
+
+
+def lifecycle_steps(job: Job, kind: ActionKind, now: float) -> tuple[tuple[JobState, ...] | None,
+                                                                     tuple[JobState, ...]]:
+    """(stop steps or None, start steps) that ``kind`` walks from the job's state at ``now``.
+
+    A start waits where a stop still in progress will leave the job (STANDBY).
+    """
+    lc = job.lifecycle
+    if lc is None:
+        raise DriverError(f"job {job.id}: an action before it arrived")
+    state = lc.sync(now)  # what is due happened first (e.g. protection that expired)
+    if kind is ActionKind.START:
+        end = lc.planned[-1][1] if lc.planned else state
+        return None, start_steps(job.id, S.STANDBY if end is S.STANDBY else state)
+    stop = stop_steps(job.id, state)
+    return stop, (() if kind is ActionKind.STOP else start_steps(job.id, S.STANDBY))
+
+
+class Driver:
+    """Owns the active jobs and the current allocations; applies rounds and completions."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        scheduler: Scheduler,
+        model: ThroughputModel,
+        backend: Backend,
+        rng: np.random.Generator | None = None,
+        check: bool = True,
+        protect_factor: float = 3.0,
+        strict: bool = False,
+    ) -> None:
+        scheduler.bind(model, strict)
+        self.cluster = cluster
+        self.scheduler = scheduler
+        self.model = model
+        self.backend = backend
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.check = check
+        self.protect_factor = protect_factor
+        self.jobs: dict[str, Job] = {}  # active: arrived, not ended; in arrival order
+        self.current: dict[str, Allocation] = {}
+        self.free = FreeState(cluster)
+        self.used = [0, 0, 0]  # GPUs (a group's once), cores, MB held
+        self.rounds = 0
+        self._pending: set[str] = set()  # jobs whose lifecycle has planned transitions
+        model.bind(self.jobs)  # factors that look up co-runners (interleaving)
+
+    # -- jobs -------------------------------------------------------------------------------
+    def admit(self, job: Job, now: float, state: JobState = S.WAITING_FOR_INITIAL_RESOURCE) -> Job:
+        """A job becomes active at ``now`` (lifecycle started in ``state`` unless it has one)."""
+        if job.id in self.jobs:
+            raise DriverError(f"job {job.id} admitted twice")
+        if job.lifecycle is None:
+            job.arrive(now, self.protect_factor, state)
+        self.jobs[job.id] = job
+        return job
+
+    def speed(self, job: Job, alloc: Allocation) -> float:
+        """The job's speed on ``alloc``: the throughput model's answer, the same for both faces."""
+        return self.model.speed(job, alloc)
+
+    def sync(self, now: float) -> None:
+        """Record the lifecycle transitions due by ``now`` of every job that has some planned."""
+        done = []
+        for jid in self._pending:
+            job = self.jobs.get(jid)
+            if job is None or job.lifecycle is None:
+                done.append(jid)
+                continue
+            job.lifecycle.sync(now)
+            if not job.lifecycle.planned:
+                done.append(jid)
+        self._pending.difference_update(done)
+
+    def watch(self, job: Job) -> None:
+        """Note that ``job``'s lifecycle has planned transitions (:meth:`sync` records them)."""
+        if job.lifecycle is not None and job.lifecycle.planned:
+            self._pending.add(job.id)
+
+    # -- holding -----------------------------------------------------------------------------
+    def _hold(self, alloc: Allocation, sign: int) -> None:
+        # a group's GPUs count once: only the first member in / last member out moves them
+        gpus = not any(o in self.current for o in alloc.group)
+        if gpus:
+            self.used[0] += sign * alloc.num_gpus
+        self.used[1] += sign * alloc.cpus
+        self.used[2] += sign * alloc.mem_mb
+        if sign > 0:
+            self.free.take(alloc.parts, 1, gpus)
+        else:
+            self.free.release(alloc.parts, 1, gpus)
+
+    def hold(self, job: Job, alloc: Allocation | None) -> None:
+        """Set ``job``'s allocation (None: it holds nothing), keeping ``current``, ``free`` and ``used``."""
+        old = self.current.pop(job.id, None)
+        if old is not None:
+            self._hold(old, -1)
+        job.alloc = alloc
+        if alloc is not None:
+            self._hold(alloc, +1)
+            self.current[job.id] = alloc
+
+    # -- one round ---------------------------------------------------------------------------
+    def view(self, now: float) -> View:
+        return View(now, self.cluster, list(self.jobs.values()), self.current, self.model, self.rng, self.rounds,
+                    free=self.free)
+
+    def plan(self, now: float) -> tuple[Round, list[Action]]:
+        """The scheduler's round for the active jobs at ``now`` (checked), and its actions."""
+        self.rounds += 1
+        if self.scheduler.dynamic:
+            # time-dependent orders read remaining work and attained service
+            for jid in self.current:
+                self.jobs[jid].advance(now)
+        self.sync(now)
+        view = self.view(now)
+        rnd = self.scheduler.schedule(view)
+        if self.check:
+            self.scheduler.check(rnd, view)
+        return rnd, diff(self.current, rnd.plan)
+
+    def round(self, now: float) -> list[Action]:
+        """Plan and apply one round; returns its actions."""
+        _, actions = self.plan(now)
+        self.apply(actions, now)
+        return actions
+
+    def apply(self, actions: Sequence[Action], now: float) -> list[Job]:
+        """Carry out ``actions`` at ``now`` (see the module notes); returns the jobs that failed to launch."""
+        jobs = self.jobs
+        for act in actions:
+            job = jobs[act.job_id]
+            job.advance(now)
+            if act.old is not None:
+                self.hold(job, None)
+        steps: list[Step] = []
+        for act in actions:
+            if act.kind is ActionKind.REGROUP:
+                steps.append(Step(jobs[act.job_id], act, None, ()))
+                continue
+            job = jobs[act.job_id]
+            stop, start = lifecycle_steps(job, act.kind, now)
+            steps.append(Step(job, act, stop, start))
+        stopping = [st for st in steps if st.stop is not None]
+        if stopping:
+            self.backend.stop(self, stopping, now)
+        for st in steps:
+            job, act, k = st.job, st.action, st.kind
+            if k is ActionKind.STOP:
+                job.speed = 0.0
+                job.preemptions += 1
+            elif k is ActionKind.START:
+                if job.first_start is None:
+                    job.first_start = now
+                job.last_start = now
+            elif k is ActionKind.MOVE:
+                job.migrations += 1
+            elif k is ActionKind.RESIZE:
+                job.resizes += 1
+            if act.new is not None:
+                self.hold(job, act.new)
+        for st in steps:
+            job, act = st.job, st.action
+            if act.new is not None:
+                job.speed = self.speed(job, act.new)
+        failed: list[Job] = []
+        skipped: list[Job] = []
+        for st in steps:
+            job, k = st.job, st.kind
+            if k is ActionKind.REGROUP:
+                self.backend.regrouped(self, job, now)
+            elif k is not ActionKind.STOP:
+                try:
+                    if not self.backend.launch(self, st, now):
+                        skipped.append(job)
+                except LaunchFailed as e:
+                    job.extra["failure"] = str(e)
+                    failed.append(job)
+            job.version += 1
+            self.watch(job)
+            self.backend.progressed(self, job, now)
+        for job in skipped:
+            self._drop(job, now)
+        for job in failed:
+            self.finish(job, now, S.FAILED)
+        return failed
+
+    def _drop(self, job: Job, now: float) -> None:
+        """Undo a start the backend did not carry out: the job holds nothing, its group shrinks."""
+        alloc = job.alloc
+        if alloc is None:
+            return
+        self.hold(job, None)
+        job.speed = 0.0
+        job.version += 1
+        self._regroup_without(alloc.group, job.id, now)
+
+    # -- endings ----------------------------------------------------------------------------
+    def finish(self, job: Job, now: float, state: JobState = S.FINISHED) -> Allocation | None:
+        """End ``job`` at ``now`` in ``state`` (FINISHED, FAILED or CANCELLED); returns what it held.
+
+        A job that finishes while still launching (done before it reported
+        progress) passes through RUNNING_PROTECTED.  Its co-runners are regrouped.
+        """
+        job.advance(now)
+        alloc = job.alloc
+        if alloc is not None:
+            self.hold(job, None)
+        lc: Lifecycle = job.lifecycle  # type: ignore[assignment]
+        lc.sync(now)
+        lc.planned.clear()
+        if state is S.FINISHED and lc.state is S.LAUNCHING:
+            lc.to(S.RUNNING_PROTECTED, now)
+        lc.to(state, now)
+        job.finish = now
+        job.speed = 0.0
+        job.version += 1
+        self.jobs.pop(job.id, None)
+        self._pending.discard(job.id)
+        if alloc is not None:
+            self._regroup_without(alloc.group, job.id, now)
+        return alloc
+
+    def _regroup_without(self, members: Sequence[str], gone: str, now: float) -> None:
+        """Co-runners of ``gone`` keep their GPUs in a group without it, at a new speed."""
+        for oid in members:
+            other = self.jobs.get(oid)
+            oa = None if other is None else other.alloc
+            if other is None or oa is None:
+                continue
+            other.advance(now)
+            na = Allocation(oa.job_id, oa.parts, tuple(x for x in oa.group if x != gone))
+            self.hold(other, na)
+            other.speed = self.speed(other, na)
+            other.version += 1
+            self.backend.regrouped(self, other, now)
+            self.backend.progressed(self, other, now)

@@ -1,0 +1,72 @@
+"""A policy stack: the one route from options to a scheduler and a throughput model.
+
+``gpuloom simulate``, ``compare`` (and its worker processes) and ``serve`` all
+describe what to run as a :class:`Stack`: four stage names, preemption,
+``-P`` parameters and model options.  :meth:`Stack.scheduler` builds the
+scheduler (parameters routed to stages by :func:`~gpuloom.scheduler.route_params`),
+:meth:`Stack.model` the throughput model (:func:`~gpuloom.perf.assembly.build_model`);
+``-P`` names that are model options (:data:`~gpuloom.perf.assembly.MODEL_OPTIONS`)
+configure the model, every other one a stage.  The driver then binds the two
+(:meth:`~gpuloom.scheduler.Scheduler.bind`), adding factors a stage requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.cluster import Cluster
+from ..perf.assembly import build_model, split_params
+from ..perf.model import ThroughputModel
+from ..scheduler import Scheduler
+
+STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky"}
+
+
+@dataclass(slots=True)
+class Stack:
+    order: str = "fifo"
+    group: str = "none"
+    size: str = "proportional"
+    place: str = "packed-sticky"
+    preemptive: bool = True
+    #: ``-P`` items: policy parameters (bare or ``stage.name``) and model options, mixed
+    params: dict[str, Any] = field(default_factory=dict)
+    #: model options given as flags (``--profiles``, ``--locality-penalty``, ...); ``-P`` wins
+    model_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {"order": self.order, "group": self.group, "size": self.size, "place": self.place}
+
+    @property
+    def label(self) -> str:
+        return "/".join(self.names.values())
+
+    def split(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(policy parameters, model options)."""
+        policy, model = split_params(self.params)
+        return policy, {**{k: v for k, v in self.model_options.items() if v is not None}, **model}
+
+    def scheduler(self) -> Scheduler:
+        policy, _ = self.split()
+        return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy)
+
+    def model(self, cluster: Cluster, seed: int | None = None) -> ThroughputModel:
+        _, opts = self.split()
+        if seed is not None:
+            opts.setdefault("seed", seed)
+        return build_model(cluster, opts)
+
+    def build(self, cluster: Cluster, seed: int | None = None) -> tuple[Scheduler, ThroughputModel]:
+        """Scheduler and model, bound (the stages' required factors added)."""
+        sched = self.scheduler()
+        model = self.model(cluster, seed)
+        sched.bind(model)
+        return sched, model
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any]) -> Stack:
+        return cls(**{k: d[k] for k in ("order", "group", "size", "place", "preemptive", "params", "model_options")
+                      if k in d})

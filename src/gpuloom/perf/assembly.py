@@ -1,0 +1,205 @@
+"""Assemble a throughput model from options, driven by declarations of the factors.
+
+Each factor is declared once, as a :class:`FactorDecl`: its name, the options
+it reads (:class:`ModelOption`: name, type, default, help, and whether it is a
+command-line flag or only a ``-P name=value`` option), and how to build it.
+Everything else follows from the declarations:
+
+* :func:`build_model` builds the model for any options, the same way for the
+  simulator (``simulate``, ``compare`` and their worker processes) and the
+  service (``serve``);
+* :data:`MODEL_OPTIONS` tells a ``-P`` model option from a policy parameter;
+* the CLI adds one flag per ``flag=True`` option to every command that runs
+  the model (:mod:`gpuloom.cli.common`), so a new factor's options reach
+  ``simulate``, ``compare`` and ``serve`` from its declaration alone.
+
+A factor with ``always=True`` is built for every model (neutral unless its
+options or the jobs say otherwise); the others are built when their main
+option (the first one) is given.  ``seed`` is a shared option: the run's seed,
+the default of every seed-like option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.cluster import Cluster
+from .model import DEFAULT_LOCALITY_PENALTY, Factor, LocalityFactor, ThroughputModel
+
+
+class ModelOptionError(ValueError):
+    """A model option with a bad value; the message names the option."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOption:
+    """One option of a factor.  ``type`` converts a textual value; ``flag`` exposes ``--name``."""
+
+    name: str
+    type: Callable[[Any], Any]
+    default: Any = None
+    help: str = ""
+    flag: bool = True
+    metavar: str = ""
+    cli_type: type = str  # what the command line parses the flag as
+
+    @property
+    def cli(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True, slots=True)
+class FactorDecl:
+    """A throughput factor: its options and how to build it (``None``: not for these options)."""
+
+    name: str
+    options: tuple[ModelOption, ...]
+    build: Callable[[Cluster, Mapping[str, Any]], Factor | None]
+    always: bool = False
+    help: str = ""
+
+
+def _path(v: Any) -> str:
+    return str(v) if isinstance(v, Path) else str(v)
+
+
+def _penalty(v: Any) -> float:
+    f = float(v)
+    if not f >= 1.0 or f == float("inf"):
+        raise ValueError(f"must be a finite number >= 1, got {v!r}")
+    return f
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError(f"expected an integer, got {v!r}")
+    f = float(v)
+    if not f.is_integer():
+        raise ValueError(f"expected an integer, got {v!r}")
+    return int(f)
+
+
+def _any(v: Any) -> Any:
+    return v
+
+
+# -- the factors ----------------------------------------------------------------------------
+def _locality(cluster: Cluster, o: Mapping[str, Any]) -> Factor:
+    return LocalityFactor(o["locality_penalty"], o.get("per_model_penalty"))
+
+
+def _scaling(cluster: Cluster, o: Mapping[str, Any]) -> Factor:
+    from .scaling import ScalingFactor
+
+    # speed 1 at a job's requested GPU count, so only sizers that change GPU counts
+    # (elastic, static) see the curves; jobs without a curve stay rigid
+    return ScalingFactor()
+
+
+def _interleave(cluster: Cluster, o: Mapping[str, Any]) -> Factor:
+    from .interleave import DEFAULT_THRESHOLD, InterleaveFactor, parse_overhead
+
+    thr = o.get("interleave_threshold")
+    return InterleaveFactor(threshold=DEFAULT_THRESHOLD if thr is None else float(thr),
+                            overhead=parse_overhead(o.get("interleave_overhead")))
+
+
+def _variability(cluster: Cluster, o: Mapping[str, Any]) -> Factor | None:
+    from .variability import VariabilityFactor, variability_from_spec
+
+    seed = o.get("variability_seed")
+    scores = variability_from_spec(str(o["variability"]), cluster, o.get("variability_dir"),
+                                   int(o.get("seed", 0) if seed is None else seed))
+    return VariabilityFactor(scores)
+
+
+def _topology(cluster: Cluster, o: Mapping[str, Any]) -> Factor | None:
+    from .topology import TopologyFactor, load_topology
+
+    return TopologyFactor(cluster, load_topology(o["topology"]))
+
+
+def _sensitivity(cluster: Cluster, o: Mapping[str, Any]) -> Factor | None:
+    from .sensitivity import SensitivityFactor, load_catalogue
+
+    return SensitivityFactor(load_catalogue(o["profiles"]), cluster)
+
+
+#: every factor gpuloom knows, in the order the model multiplies them
+FACTORS: tuple[FactorDecl, ...] = (
+    FactorDecl("locality", (
+        ModelOption("locality_penalty", _penalty, DEFAULT_LOCALITY_PENALTY,
+                    f"Slowdown of a job spanning nodes (default {DEFAULT_LOCALITY_PENALTY}).", metavar="X",
+                    cli_type=float),
+        ModelOption("per_model_penalty", _any, None, "Per-model locality penalties (a table).", flag=False),
+    ), _locality, always=True, help="cross-node penalty (PAL)"),
+    FactorDecl("scaling", (), _scaling, always=True, help="scaling curves f(N) (F-scheduling)"),
+    FactorDecl("interleave", (
+        ModelOption("interleave_overhead", _any, None, "Muri sharing overhead: muri, a factor or a list.", flag=False),
+        ModelOption("interleave_threshold", float, None, "Muri stage threshold (fraction).", flag=False),
+    ), _interleave, always=True, help="GPU sharing of a group (Muri)"),
+    FactorDecl("variability", (
+        ModelOption("variability", str, None, "PAL PM-scores: a PerfVar CSV, or generate[:DIR] / artifact[:DIR].",
+                    metavar="SPEC"),
+        ModelOption("variability_seed", _int, None, "Seed for generated PM-scores (default --seed).", metavar="N",
+                    cli_type=int),
+        ModelOption("variability_dir", _path, None, "Folder of PAL's measured variability data.", flag=False),
+    ), _variability, help="per-GPU PM-scores (PAL)"),
+    FactorDecl("topology", (
+        ModelOption("topology", _path, None, "`nvidia-smi topo -m` output for the nodes (YARN-8821).",
+                    metavar="FILE"),
+    ), _topology, help="GPU interconnect cost (YARN-8821)"),
+    FactorDecl("sensitivity", (
+        ModelOption("profiles", _path, None, "Synergy sensitivity profiles CSV: CPU/memory speed-ups.",
+                    metavar="FILE"),
+    ), _sensitivity, help="CPU/memory sensitivity (Synergy)"),
+)
+
+SHARED_OPTIONS: tuple[ModelOption, ...] = (ModelOption("seed", _int, 0, "Seed of generated model data.", flag=False),)
+
+OPTIONS: dict[str, ModelOption] = {o.name: o for d in FACTORS for o in d.options} | {o.name: o for o in SHARED_OPTIONS}
+#: names that configure the throughput model rather than a policy (``-P name=value``)
+MODEL_OPTIONS: frozenset[str] = frozenset(OPTIONS)
+#: the options exposed as command-line flags, in declaration order
+FLAG_OPTIONS: tuple[ModelOption, ...] = tuple(o for d in FACTORS for o in d.options if o.flag)
+
+
+def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(policy parameters, model options) from one ``-P`` mapping."""
+    policy = {k: v for k, v in params.items() if k not in MODEL_OPTIONS}
+    model = {k: v for k, v in params.items() if k in MODEL_OPTIONS}
+    return policy, model
+
+
+def normalise_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Typed options with every default filled in; unknown names and bad values are errors naming them."""
+    out: dict[str, Any] = {}
+    for k, v in (options or {}).items():
+        opt = OPTIONS.get(k)
+        if opt is None:
+            raise ModelOptionError(f"unknown model option {k!r}; known: {', '.join(sorted(OPTIONS))}")
+        if v is None:
+            continue
+        try:
+            out[k] = opt.type(v)
+        except (TypeError, ValueError) as e:
+            raise ModelOptionError(f"model option {k} ({opt.cli}): {e}") from None
+    for name, opt in OPTIONS.items():
+        out.setdefault(name, opt.default)
+    return out
+
+
+def build_model(cluster: Cluster, options: Mapping[str, Any] | None = None) -> ThroughputModel:
+    """The throughput model for ``options`` (see the module notes); the same for every face."""
+    opts = normalise_options(options)
+    model = ThroughputModel(cluster)
+    for decl in FACTORS:
+        if not decl.always and opts.get(decl.options[0].name) is None:
+            continue
+        f = decl.build(cluster, opts)
+        if f is not None:
+            model.add(f)
+    return model

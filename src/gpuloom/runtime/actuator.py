@@ -1,0 +1,363 @@
+"""Launch and stop: the service's driver backend, carrying plans out through the executor.
+
+:class:`Actuator` implements :class:`~gpuloom.driver.Backend` for the service:
+
+* **stop** (preemption, and the first half of a move or resize): the job walks
+  its stop steps up to CHECKPOINTING (or STOPPING, if it was still launching),
+  which is in the store while every process of the round gets SIGTERM *in
+  parallel* (each gets the full grace period to checkpoint; SIGKILL after);
+  once they exited, the job walks on to STANDBY, its cores are released and
+  its held time, remaining work and stop count are recorded;
+* **launch** (a start, or the second half of a move or resize): one
+  :meth:`Executor.launch <gpuloom.runtime.executor.Executor.launch>` per part
+  of the allocation (a part is one node; a job spanning nodes gets one
+  process per node, executor ids ``ID.RANK``), with node-local GPU ids
+  (``Cluster.local_index``), concrete cores from a
+  :class:`~.executor.CoreAllocator`, the part's memory limit and
+  ``GPULOOM_JOB_ID``, ``GPULOOM_CHECKPOINT_DIR`` and, when the job ran before,
+  ``GPULOOM_RESUME=1``.  The job walks its start steps to LAUNCHING; it
+  makes no progress (``busy_until`` = inf) until its first ``GPULOOM_PROGRESS``
+  line promotes it (:meth:`Actuator.promote`).  A launch that raises fails the
+  job alone (:class:`~gpuloom.driver.LaunchFailed`), its processes stopped and
+  cores released;
+* **regrouped**: only the record changes (new co-runners, new remaining work).
+
+A first launch of a job that wants a profile goes to the profiling manager
+first; when it profiles the job, the launch is not carried out this round
+(the next round sizes the job with its profile), nor is any other start of
+the round.  :meth:`reap` and :meth:`terminate` are the observe side: exits
+reported by the executor, and stops that end a job (cancel, time limit).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..core.cluster import Cluster
+from ..core.job import Job
+from ..core.lifecycle import JobState
+from ..core.plan import ActionKind
+from ..driver import Driver, LaunchFailed, Step
+from .codec import alloc_to_json, proc_to_json
+from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
+from .mirror import Mirror
+from .progress import ProgressError
+from .progress import parse_line as parse_progress
+
+if TYPE_CHECKING:
+    from .profile_manager import ProfilingManager
+
+log = logging.getLogger("gpuloom.service")
+S = JobState
+PROGRESS_MARK = b"GPULOOM_PROGRESS"  # progress lines: ``GPULOOM_PROGRESS iter=N``
+
+
+@dataclass(slots=True)
+class Running:
+    """What the service knows about a launched job."""
+
+    procs: dict[str, ProcInfo]  # executor id -> process
+    exited: dict[str, int]  # executor id -> exit code, for parts already gone
+    cores: dict[str, tuple[int, ...]]  # node name -> core ids
+    start: float  # wall time of this launch
+    log_offset: int = 0  # size of the log before this launch (progress lines after it count)
+
+
+class Actuator:
+    def __init__(self, mirror: Mirror, cluster: Cluster, executor: Executor, state_dir: Path, grace_s: float,
+                 launch_timeout_s: float) -> None:
+        self.mirror = mirror
+        self.cluster = cluster
+        self.executor = executor
+        self.grace_s = grace_s
+        self.launch_timeout_s = launch_timeout_s
+        self.log_dir = state_dir / "logs"
+        self.ckpt_dir = state_dir / "checkpoints"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
+        self.running: dict[str, Running] = {}
+        self.exec_owner: dict[str, str] = {}  # executor id -> job id
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpuloom-stop")
+        self.profiler: ProfilingManager | None = None
+        self.profiled = False  # a job got a profile in this round: later starts wait for the next
+        self.on_change: Callable[[], None] = lambda: None
+
+    # -- logs and progress ------------------------------------------------------------------
+    def log_path(self, jid: str | int) -> Path:
+        return self.log_dir / f"{jid}.log"
+
+    def log_size(self, jid: str) -> int:
+        try:
+            return self.log_path(jid).stat().st_size
+        except OSError:
+            return 0
+
+    def last_progress(self, jid: str | int) -> int | None:
+        """The iteration count of the job's last ``GPULOOM_PROGRESS`` line (last 8 KiB of its log)."""
+        try:
+            with open(self.log_path(jid), "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 8192))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        for line in reversed(tail.splitlines()):
+            try:
+                p = parse_progress(line)
+            except ProgressError:
+                continue
+            if p is not None:
+                return p.iter
+        return None
+
+    def progress_since(self, run: Running, jid: str) -> bool:
+        """Whether a progress line appeared in the log since ``run.log_offset`` (advanced as it reads)."""
+        try:
+            with open(self.log_path(jid), "rb") as f:
+                f.seek(run.log_offset)
+                chunk = f.read(1 << 16)
+        except OSError:
+            return False
+        if PROGRESS_MARK in chunk:
+            return True
+        run.log_offset += max(0, len(chunk) - len(PROGRESS_MARK))
+        return False
+
+    # -- the driver's backend ---------------------------------------------------------------
+    def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
+        """Stop halves of a round, in parallel (see the module notes)."""
+        rest: dict[str, tuple[JobState, ...]] = {}
+        for st in steps:
+            jid = st.job.id
+            lc = st.job.lifecycle
+            assert lc is not None and st.stop is not None
+            # SIGTERM is sent in CHECKPOINTING (or STOPPING, for a job still launching); the rest
+            # of the steps follow once the processes exited
+            k = next((i + 1 for i, s in enumerate(st.stop) if s in (S.CHECKPOINTING, S.STOPPING)), 0)
+            lc.walk(st.stop[:k], now)
+            rest[jid] = st.stop[k:]
+            if k:
+                self.mirror.write(jid, {"state": lc.state.value}, lc.state.value, {})
+        self._terminate(list(rest))
+        t = self.mirror.now()
+        wall = self.mirror.clock.time()
+        for st in steps:
+            job, jid = st.job, st.job.id
+            run = self.running.pop(jid, None)
+            lc = job.lifecycle
+            assert lc is not None
+            lc.walk(rest[jid], t)
+            row = self.mirror.rows[jid]
+            old = st.action.old
+            if run is not None:
+                self.release(jid, run)
+                held = row.held_time + (wall - run.start)
+                row.held_gpu_time += (held - row.held_time) * (old.num_gpus if old is not None else 0)
+                row.held_time = held
+            row.preemptions += 1
+            job.busy_until = math.inf
+            self.mirror.write(
+                jid,
+                {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": row.held_time,
+                 "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions,
+                 "reason": "preempted" if st.kind is ActionKind.STOP else f"{st.kind.value}: relaunching",
+                 "progress": self.last_progress(jid), **self.mirror.work(job)},
+                "preempt" if st.kind is ActionKind.STOP else "stop-for-" + st.kind.value,
+                {},
+            )
+
+    def launch(self, driver: Driver, step: Step, now: float) -> bool:
+        job, alloc, kind = step.job, step.action.new, step.kind
+        assert alloc is not None
+        jid = job.id
+        row = self.mirror.rows[jid]
+        if kind is ActionKind.START:
+            if self.profiled:
+                return False  # a new profile changes sizes: the next round re-plans the starts left
+            if self.profiler is not None and self.profiler.needs_profile(row) and self.profiler.profile(job, alloc):
+                self.profiled = True
+                return False  # profiled: queued again, the next round sizes it with its profile
+        spec = row.spec
+        resume = row.attempts > 0
+        multi = len(alloc.parts) > 1
+        procs: dict[str, ProcInfo] = {}
+        cores: dict[str, tuple[int, ...]] = {}
+        ckpt = spec.get("checkpoint_dir") or str(self.ckpt_dir / jid)
+        try:
+            Path(ckpt).mkdir(parents=True, exist_ok=True)
+            env_common = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+            env_common.update(
+                {
+                    "GPULOOM_JOB_ID": jid,
+                    "GPULOOM_JOB_NAME": row.name,
+                    "GPULOOM_CHECKPOINT_DIR": ckpt,
+                    "GPULOOM_ATTEMPT": str(row.attempts + 1),
+                    "GPULOOM_NUM_GPUS": str(alloc.num_gpus),
+                    "GPULOOM_NUM_NODES": str(len(alloc.parts)),
+                }
+            )
+            if resume:
+                env_common["GPULOOM_RESUME"] = "1"
+            log_offset = self.log_size(jid)
+            for rank, p in enumerate(alloc.parts):
+                node = self.cluster.nodes[p.node].name
+                eid = f"{jid}.{rank}" if multi else jid
+                c = self.cores.take(node, eid, p.cpus)
+                cores[node] = c
+                self.exec_owner[eid] = jid
+                env = dict(env_common, GPULOOM_NODE_RANK=str(rank))
+                ls = LaunchSpec(eid, str(spec["command"]), node, tuple(self.cluster.local_index(g) for g in p.gpus),
+                                c, int(p.mem_mb), str(self.log_path(jid)), env, spec.get("workdir"))
+                procs[eid] = self.executor.launch(ls)
+        except Exception as e:
+            log.exception("job %s: launch failed", jid)
+            for eid in procs:
+                self.stop_quietly(eid)
+            for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [jid]:
+                for n in self.cluster.nodes:
+                    if eid in self.cores.used[n.name]:
+                        self.cores.release(n.name, eid)
+                self.exec_owner.pop(eid, None)
+            raise LaunchFailed(f"launch failed: {e}") from None
+        wall = self.mirror.clock.time()
+        self.running[jid] = Running(procs, {}, cores, wall, log_offset)
+        lc = job.lifecycle
+        assert lc is not None
+        lc.walk([s for s in step.start if s is not S.RUNNING_PROTECTED], now)  # promoted on its first progress
+        job.busy_until = math.inf
+        row.attempts += 1
+        if resume:
+            row.resume_count += 1
+        if row.first_start is None:
+            row.first_start = wall
+        alloc_json = alloc_to_json(alloc, self.cluster, cores)
+        self.mirror.write(
+            jid,
+            {"state": S.LAUNCHING.value, "alloc": alloc_json,
+             "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
+             "attempts": row.attempts, "resume_count": row.resume_count, "first_start": row.first_start,
+             "last_start": wall, "checkpoint_dir": ckpt, "reason": None, **self.mirror.work(job)},
+            "launch" if kind is ActionKind.START else kind.value,
+            {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
+        )
+        return True
+
+    def regrouped(self, driver: Driver, job: Job, now: float) -> None:
+        run = self.running.get(job.id)
+        if job.alloc is None:
+            return
+        self.mirror.write(job.id, {"alloc": alloc_to_json(job.alloc, self.cluster, run.cores if run else None),
+                                   **self.mirror.work(job)}, "regroup", {"group": list(job.alloc.group)})
+
+    def progressed(self, driver: Driver, job: Job, now: float) -> None:
+        pass  # the service learns of completions from the executor, not from predictions
+
+    # -- observe ----------------------------------------------------------------------------
+    def promote(self, jobs: Mapping[str, Job], now: float) -> None:
+        """LAUNCHING -> RUNNING_PROTECTED once the job prints its first progress line after this
+        launch (or after ``launch_timeout_s`` for jobs that print none); RUNNING_PROTECTED ->
+        RUNNING when protection expires."""
+        wall = self.mirror.clock.time()
+        for jid, run in self.running.items():
+            job = jobs[jid]
+            lc = job.lifecycle
+            assert lc is not None
+            if lc.state is S.LAUNCHING:
+                if self.progress_since(run, jid) or wall - run.start >= self.launch_timeout_s:
+                    job.advance(now)
+                    lc.to(S.RUNNING_PROTECTED, now)
+                    job.busy_until = now
+                    self.mirror.write(jid, {"state": lc.state.value, **self.mirror.work(job)}, lc.state.value,
+                                      {"launch_s": lc.last_launch_time})
+            if lc.state is S.RUNNING_PROTECTED and lc.refresh(now) is S.RUNNING:
+                self.mirror.write(jid, {"state": S.RUNNING.value}, S.RUNNING.value, {})
+
+    def reap(self) -> list[tuple[str, JobState, int | None, str | None]]:
+        """Jobs whose processes ended since the last poll: (job id, end state, exit code, reason).
+
+        A part that exits non-zero fails the whole job (its other parts are stopped)."""
+        ended = []
+        for eid, code in self.executor.poll().items():
+            jid = self.exec_owner.get(eid)
+            if jid is None or jid not in self.running:
+                continue
+            run = self.running[jid]
+            if eid not in run.procs or eid in run.exited:
+                continue
+            run.exited[eid] = -1 if code is None else code
+            if code != 0:
+                for e in [e for e in run.procs if e not in run.exited]:
+                    self.stop_quietly(e)
+                    run.exited[e] = -1
+                what = "with an unknown exit code" if code is None else f"with code {code}"
+                ended.append((jid, S.FAILED, code, f"process {eid} ended {what}"))
+            elif len(run.exited) == len(run.procs):
+                ended.append((jid, S.FINISHED, 0, None))
+        return ended
+
+    def terminate(self, jids: Sequence[str]) -> None:
+        """Stop the jobs' processes (in parallel); the caller ends the jobs (cancel, time limit)."""
+        self._terminate([j for j in jids if j in self.running])
+
+    def _terminate(self, jids: Sequence[str]) -> None:
+        futs = []
+        for jid in jids:
+            run = self.running.get(jid)
+            if run is None:
+                continue
+            for eid in run.procs:
+                if eid not in run.exited:
+                    futs.append((jid, eid, self.pool.submit(self.executor.stop, eid, self.grace_s)))
+        for jid, eid, f in futs:
+            try:
+                code = f.result()
+            except Exception as e:  # executor failure: the process is gone or unreachable
+                log.warning("job %s: stopping %s failed: %s", jid, eid, e)
+                code = None
+            self.running[jid].exited[eid] = -1 if code is None else code
+            self.mirror.event(jid, "stopped", {"exec_id": eid, "exit_code": code})
+
+    def release(self, jid: str, run: Running) -> None:
+        for eid, p in run.procs.items():
+            self.cores.release(p.node, eid)
+            self.exec_owner.pop(eid, None)
+
+    def end(self, jid: str) -> tuple[Running | None, float]:
+        """Forget a job's processes; (its run, wall seconds held in it)."""
+        run = self.running.pop(jid, None)
+        if run is None:
+            return None, 0.0
+        self.release(jid, run)
+        return run, self.mirror.clock.time() - run.start
+
+    # -- executor calls that must not raise -------------------------------------------------
+    def stop_quietly(self, eid: str) -> int | None:
+        try:
+            return self.executor.stop(eid, self.grace_s)
+        except Exception as e:
+            log.warning("stopping %s failed: %s", eid, e)
+            return None
+
+    def adopt(self, p: ProcInfo) -> bool:
+        try:
+            return bool(self.executor.adopt(p))
+        except Exception as e:  # e.g. the node is no longer served by this executor
+            log.warning("job %s: cannot adopt pid %s on %s: %s", p.job_id, p.pid, p.node, e)
+            return False
+
+    def exit_code(self, p: ProcInfo) -> int | None:
+        try:
+            return self.executor.exit_code(p)
+        except Exception:
+            return None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+

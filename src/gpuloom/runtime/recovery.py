@@ -1,0 +1,130 @@
+"""Recovery after a restart: rebuild the mirror from the store, adopt live processes, requeue the rest.
+
+A job that held a process (launching, running, being stopped) is adopted if
+all its processes are alive (same pid and start time); a stop the previous
+service had begun (checkpointing, stopping) is finished now.  A job whose
+processes are gone is FINISHED if they all left exit records of 0 and it was
+running, else requeued (STANDBY) to resume from its checkpoint.  Lifecycles
+restart from the stored state (the history before the restart is in the
+events table).
+
+An adopted job continues from its stored remaining work (``work_left`` as of
+``work_at``) at the speed the throughput model gives its stored allocation,
+group included, so it has the remaining work, group and speed the simulator
+would give it at the same instant.  Co-runners that were not adopted leave
+their partners' groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from ..core.lifecycle import PROGRESS_STATES, JobState
+from ..core.plan import Allocation
+from .actuator import Running
+from .codec import alloc_from_json, proc_from_json
+from .executor import ProcInfo
+from .store import JobRow
+
+if TYPE_CHECKING:
+    from .service import Service
+
+log = logging.getLogger("gpuloom.service")
+S = JobState
+
+
+def recover(svc: Service) -> None:
+    from .service import ACTIVE_STATES, QUEUED_STATES
+
+    with svc.lock:
+        for row in svc.store.list_jobs(ACTIVE_STATES):
+            svc.last_id = max(svc.last_id, row.id)
+            if row.state in QUEUED_STATES:
+                if svc.fits_or_fail(row):
+                    svc.admit_row(row, JobState(row.state))
+                continue
+            _recover_holding(svc, row)
+            if row.cancel_requested:
+                svc.request_cancel(str(row.id))
+        _drop_missing_partners(svc)
+        rows = svc.store.list_jobs(None, after_id=svc.last_id)
+        svc.last_id = max([svc.last_id] + [r.id for r in rows])
+    svc.wake()
+
+
+def _recover_holding(svc: Service, row: JobRow) -> None:
+    act = svc.actuator
+    state = JobState(row.state)
+    procs = [proc_from_json(d) for d in row.procs or []]
+    alloc = None
+    adopted: list[ProcInfo] = []
+    jid = str(row.id)
+    if procs and row.alloc:
+        try:
+            alloc = alloc_from_json(jid, row.alloc, svc.cluster)
+        except (KeyError, ValueError) as e:
+            log.warning("job %s: stored allocation no longer fits the cluster (%s)", row.id, e)
+        adopted = [p for p in procs if act.adopt(p)]
+    alive = alloc is not None and bool(procs) and len(adopted) == len(procs)
+    stopping = state in (S.CHECKPOINTING, S.STOPPING)
+    now = svc.now()
+    wall = svc.clock.time()
+    if alive and not stopping:
+        assert alloc is not None and row.alloc is not None
+        job = svc.admit_row(row, state)
+        cores = {p["node"]: tuple(p.get("cores", ())) for p in row.alloc["parts"]}
+        for p in procs:
+            act.cores.claim(p.node, p.job_id, cores.get(p.node, ()))
+            act.exec_owner[p.job_id] = jid
+        act.running[jid] = Running({p.job_id: p for p in procs}, {}, cores, row.last_start or wall,
+                                   act.log_size(jid) if state is S.LAUNCHING else 0)
+        svc.driver.hold(job, alloc)
+        job.speed = svc.driver.speed(job, alloc)
+        if state in PROGRESS_STATES:
+            job.busy_until = job.last_update  # progressing since its last record
+        else:
+            job.busy_until = math.inf
+        job.advance(now)
+        svc.mirror.event(jid, "adopt", {"pids": [p.pid for p in procs]})
+        log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
+        return
+    for p in adopted:  # partly alive, or a stop to finish: stop what is left
+        act.stop_quietly(p.job_id)
+    gone = [p for p in procs if p not in adopted]
+    if (not stopping and procs and not adopted and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING)
+            and all(act.exit_code(p) == 0 for p in gone)):
+        svc.admit_row(row, state)
+        svc.end(jid, S.FINISHED, 0, "finished while the service was down")
+        return
+    held = row.held_time + max(0.0, wall - (row.last_start or wall))
+    ngpu = int(row.spec["gpus"])
+    row.held_gpu_time += (held - row.held_time) * ngpu
+    row.held_time = held
+    why = "stop completed after a restart" if stopping else "process lost while the service was down"
+    svc.mirror.write(
+        jid,
+        {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": held,
+         "held_gpu_time": row.held_gpu_time, "reason": f"{why}; requeued to resume"},
+        "requeue",
+        {"why": why},
+    )
+    row.state = S.STANDBY.value
+    svc.admit_row(row, S.STANDBY)
+
+
+def _drop_missing_partners(svc: Service) -> None:
+    """Adopted members of a group whose partners were not adopted keep their GPUs, alone."""
+    drv = svc.driver
+    now = svc.now()
+    for jid, a in list(drv.current.items()):
+        missing = [o for o in a.group if o not in drv.current]
+        if not missing:
+            continue
+        job = drv.jobs[jid]
+        job.advance(now)
+        na = Allocation(a.job_id, a.parts, tuple(o for o in a.group if o in drv.current))
+        drv.hold(job, na)
+        job.speed = drv.speed(job, na)
+        svc.actuator.regrouped(drv, job, now)
