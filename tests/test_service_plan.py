@@ -94,3 +94,99 @@ def test_simulator_and_service_make_the_same_plan(
     finally:
         svc.terminate_all()
         store.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the same instant in both faces: a co-runner completion, then a service restart
+# Muri pairs on one 4-GPU node: a GPU-heavy and a CPU-heavy job share 2 GPUs
+PAIRS = [(2, 40.0, [0.0, 0.1, 0.3, 0.0]), (2, 400.0, [0.0, 0.3, 0.1, 0.0]),
+         (2, 500.0, [0.0, 0.1, 0.3, 0.0]), (2, 600.0, [0.0, 0.3, 0.1, 0.0])]
+ZERO = None  # set below: lifecycle times of zero, as a service whose jobs launch at once
+
+
+def _sim_at_completion(cluster: Cluster) -> tuple[float, dict[str, tuple[float, tuple[str, ...], float]], float]:
+    """The simulator's instant the first job completes: (time, id -> (remaining, group, speed), next event)."""
+    from gpuloom.core.lifecycle import LifecycleTimes
+
+    specs = [JobSpec(str(i + 1), 0.0, g, d, attrs={"resource_times": rt}) for i, (g, d, rt) in enumerate(PAIRS)]
+    seen: dict = {}
+
+    def observe(sim: Simulator, what: str) -> None:
+        if what == "complete" and not seen:
+            for j in sim.active.values():
+                j.advance(sim.now)  # remaining work is kept lazily
+            seen["t"] = sim.now
+            seen["jobs"] = {jid: (j.remaining, j.alloc.group, j.speed) for jid, j in sim.active.items()
+                            if j.alloc is not None}
+            seen["next"] = min(j.predicted_finish(sim.now) for j in sim.active.values())
+
+    cfg = SimConfig(round_len=100_000.0, reschedule_on_arrival=True,
+                    lifecycle=LifecycleTimes(launch=0.0, checkpoint=0.0, stop=0.0, protect_factor=0.0))
+    sched = Scheduler.from_names("fifo", "muri", "proportional", "packed-sticky")
+    Simulator(cluster, specs, sched, build_model(cluster), config=cfg, observers=[observe]).run()
+    return seen["t"], seen["jobs"], seen["next"]
+
+
+def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart(
+    tmp_path: Path, cgroup_parent: str
+) -> None:
+    import time
+
+    from gpuloom.runtime.clock import ManualClock
+
+    cluster = Cluster.homogeneous(1, 4)
+    t_done, expect, t_next = _sim_at_completion(cluster)
+    assert any(g == () for _, g, _ in expect.values())  # the finished job's partner now runs alone
+    assert any(g != () for _, g, _ in expect.values())  # and another pair still shares
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    clock = ManualClock()
+    epoch = clock.time()
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+    def service() -> Service:
+        return Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
+                       Scheduler.from_names("fifo", "muri", "proportional", "packed-sticky"), tmp_path,
+                       round_s=1000.0, grace_s=0.0, launch_timeout_s=0.0, protect_factor=0.0, clock=clock)
+
+    svc = service()
+    try:
+        for g, d, rt in PAIRS:  # each job runs until its flag file appears
+            svc.submit({"name": "j", "command": f"while [ ! -e {flags}/$GPULOOM_JOB_ID ]; do sleep 0.02; done",
+                        "gpus": g, "time_limit": d, "resource_times": rt}, "alice")
+        svc.round()  # t = 0: plan and launch
+        svc.observe()  # t = 0: no progress lines, launch timeout 0: progressing from now on
+        assert all(j.lifecycle.makes_progress and j.busy_until == 0.0 for j in svc.jobs.values())
+        # the first job completes at the simulator's instant
+        clock.set(epoch + t_done)
+        first = next(jid for jid in svc.jobs if jid not in expect)
+        (flags / first).touch()
+        deadline = time.monotonic() + 20
+        while svc.executor.alive(first) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        svc.observe()
+        assert first not in svc.jobs and store.get_job(int(first)).state == "finished"
+        for j in svc.jobs.values():
+            j.advance(svc.now())  # remaining work is kept lazily, as in the simulator
+        got = {jid: (j.remaining, svc.current[jid].group, j.speed) for jid, j in svc.jobs.items()}
+        assert got.keys() == expect.keys()
+        for jid, (rem, group, speed) in expect.items():
+            assert got[jid][0] == pytest.approx(rem, rel=1e-9, abs=1e-9)
+            assert got[jid][1] == group and got[jid][2] == pytest.approx(speed, rel=1e-12)
+        # the service is killed (nothing shut down) and restarts later: same work, group and speed
+        t_restart = t_done + 7.0
+        assert t_restart < t_next  # the simulator has no event in between
+        clock.set(epoch + t_restart)
+        svc2 = service()
+        svc2.recover()
+        assert svc2.jobs.keys() == expect.keys()
+        for jid, (rem, group, speed) in expect.items():
+            j = svc2.jobs[jid]
+            assert j.speed == pytest.approx(speed, rel=1e-12) and svc2.current[jid].group == group
+            assert j.remaining == pytest.approx(rem - (t_restart - t_done) * speed, rel=1e-9, abs=1e-9)
+        svc = svc2
+    finally:
+        for jid in list(svc.jobs):
+            (flags / jid).touch()
+        svc.terminate_all()
+        store.close()

@@ -48,7 +48,7 @@ def recover(svc: Service) -> None:
             _recover_holding(svc, row)
             if row.cancel_requested:
                 svc.request_cancel(str(row.id))
-        _drop_missing_partners(svc)
+        _settle(svc)
         rows = svc.store.list_jobs(None, after_id=svc.last_id)
         svc.last_id = max([svc.last_id] + [r.id for r in rows])
     svc.wake()
@@ -69,7 +69,6 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
         adopted = [p for p in procs if act.adopt(p)]
     alive = alloc is not None and bool(procs) and len(adopted) == len(procs)
     stopping = state in (S.CHECKPOINTING, S.STOPPING)
-    now = svc.now()
     wall = svc.clock.time()
     if alive and not stopping:
         assert alloc is not None and row.alloc is not None
@@ -80,13 +79,11 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
             act.exec_owner[p.job_id] = jid
         act.running[jid] = Running({p.job_id: p for p in procs}, {}, cores, row.last_start or wall,
                                    act.log_size(jid) if state is S.LAUNCHING else 0)
-        svc.driver.hold(job, alloc)
-        job.speed = svc.driver.speed(job, alloc)
+        svc.driver.hold(job, alloc)  # its speed once every co-runner is back (_settle)
         if state in PROGRESS_STATES:
             job.busy_until = job.last_update  # progressing since its last record
         else:
             job.busy_until = math.inf
-        job.advance(now)
         svc.mirror.event(jid, "adopt", {"pids": [p.pid for p in procs]})
         log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
         return
@@ -114,17 +111,19 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
     svc.admit_row(row, S.STANDBY)
 
 
-def _drop_missing_partners(svc: Service) -> None:
-    """Adopted members of a group whose partners were not adopted keep their GPUs, alone."""
+def _settle(svc: Service) -> None:
+    """Once every adopted job is back: members of a group whose partners were not adopted keep
+    their GPUs in a smaller group; every adopted job gets its speed and is advanced to now."""
     drv = svc.driver
     now = svc.now()
     for jid, a in list(drv.current.items()):
-        missing = [o for o in a.group if o not in drv.current]
-        if not missing:
-            continue
         job = drv.jobs[jid]
+        if any(o not in drv.current for o in a.group):
+            a = Allocation(a.job_id, a.parts, tuple(o for o in a.group if o in drv.current))
+            drv.hold(job, a)
+            job.speed = drv.speed(job, a)
+            job.advance(now)
+            svc.actuator.regrouped(drv, job, now)
+            continue
+        job.speed = drv.speed(job, a)
         job.advance(now)
-        na = Allocation(a.job_id, a.parts, tuple(o for o in a.group if o in drv.current))
-        drv.hold(job, na)
-        job.speed = drv.speed(job, na)
-        svc.actuator.regrouped(drv, job, now)
