@@ -8,8 +8,9 @@ so :meth:`Scheduler.check` reads nothing left behind by an earlier call.
 
 **Binding.**  :meth:`Scheduler.bind` checks the stages' declared needs
 (``requires_factors``) against a throughput model before the first round:
-missing factors are added (their declared default) or, with ``strict``, refused
-naming the stage and the factor.  Both faces bind through the driver.
+missing factors are added (their declared default) or, with ``strict`` or when
+there is no default (node topologies), refused naming the stage, the factor and
+the option that gives it.  Both faces bind through the driver.
 
 **Parameters.**  :meth:`Scheduler.from_names` takes ``-P`` style parameters:
 ``stage.name`` goes to that stage only; a bare ``name`` to the one chosen stage
@@ -122,9 +123,10 @@ class Scheduler:
             for fname, make in st.requires_factors.items():
                 if model.get(fname) is not None:
                     continue
-                if strict:
+                if strict or make is None:
                     raise RequirementError(
-                        f"{st.stage} policy {st.name!r} needs the {fname!r} factor in the throughput model; add it"
+                        f"{st.stage} policy {st.name!r} needs the {fname!r} factor in the throughput model; "
+                        + (f"give {_option_for(fname)}" if make is None else "add it")
                     )
                 model.add(make(model.cluster))
 
@@ -227,6 +229,16 @@ def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[s
     if problems:
         raise pb.PolicyError("parameter " + "; ".join(problems))
     return out
+
+
+def _option_for(factor: str) -> str:
+    """The command-line option that configures ``factor`` (from its declaration)."""
+    from .perf.assembly import FACTORS
+
+    for d in FACTORS:
+        if d.name == factor and d.options:
+            return f"{d.options[0].cli} (or -P {d.options[0].name}=...)"
+    return f"a {factor!r} factor"
 
 
 def _listing(names: set[str]) -> str:

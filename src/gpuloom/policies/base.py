@@ -38,7 +38,8 @@ and methods with defaults (never found with ``hasattr``):
 * ``dynamic``: a round can change this stage's output although no job arrived
   or finished (time-dependent orders, protection that expires);
 * ``requires_factors``: throughput-model factors the stage reads, name -> a
-  constructor of a default one; enforced when a scheduler is bound to a model
+  constructor of a default one (or None: no default, the user must configure
+  it); enforced when a scheduler is bound to a model
   (:meth:`gpuloom.scheduler.Scheduler.bind`), in the simulator and the service;
 * ``needs_profiles``: the stage reads per-job CPU/memory sensitivity profiles
   (the service profiles new jobs before their first launch for it);
@@ -201,8 +202,9 @@ class Stage:
     name: ClassVar[str] = ""
     #: True if a round can change this stage's output without an arrival or completion
     dynamic: ClassVar[bool] = False
-    #: throughput-model factors the stage reads: name -> constructor of a default one (given the cluster)
-    requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor]]] = {}
+    #: throughput-model factors the stage reads: name -> constructor of a default one (given the
+    #: cluster), or None when there is no default (the user must configure the factor)
+    requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor] | None]] = {}
     #: the stage reads per-job CPU/memory sensitivity profiles (Synergy)
     needs_profiles: ClassVar[bool] = False
     #: parameters meant to be shared: a bare ``-P name=`` reaches every chosen stage that shares it

@@ -35,6 +35,7 @@ from .place import packed_choice
 class TopologyPlace(PlacePolicy):
     sticky = True
     mode: ClassVar[str] = PACK
+    requires_factors = {"topology": None}  # node topologies have no default: --topology FILE
 
     def _factor(self, view: View) -> TopologyFactor:
         f = view.model.get("topology")
