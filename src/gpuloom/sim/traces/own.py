@@ -3,7 +3,8 @@
 ``id, arrival, gpus`` and ``duration`` or ``iterations`` + ``iter_time``;
 optional ``model, user, cpus, mem_mb``; any other column/key goes to attrs (a
 JSON ``attrs`` object is merged).  In CSV, an extra cell becomes an int or a
-float where it parses as one, else stays a string.
+float where it parses as one, a bool where it reads ``true``/``false`` (any
+case: what :func:`save_trace` writes for a bool), else stays a string.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.job import JobSpec
+from ...core.parse import bool_literal
 from .fields import (
     Builder,
     Header,
@@ -72,7 +74,7 @@ def _own_job(d: Mapping[str, Any], w: Where, attrs: dict[str, Any]) -> JobSpec:
 
 
 def _cell_value(s: str) -> Any:
-    """An extra CSV column's value: int, float, or the string as is."""
+    """An extra CSV column's value: int, float, bool (``true``/``false``), or the string as is."""
     try:
         return int(s)
     except ValueError:
@@ -80,7 +82,9 @@ def _cell_value(s: str) -> Any:
     try:
         return float(s)
     except ValueError:
-        return s
+        pass
+    flag = bool_literal(s)
+    return s if flag is None else flag
 
 
 def read_csv(path: str | Path) -> Trace:
