@@ -16,7 +16,9 @@ Common rules (every reader):
   is an error, and so is a job id seen twice (the message names both lines);
 * times become seconds since the trace's origin; work is measured in reference
   seconds (``JobSpec.duration``), from ``iterations * iter_time`` where a trace
-  gives both.
+  gives both;
+* model names are matched (duration, throughput and profile tables) through
+  :func:`gpuloom.core.parse.normalise_model`.
 
 The modules (each format's decisions are in its module docstring; the data
 README in ``shared/data`` lists the files):

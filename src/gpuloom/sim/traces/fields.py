@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.job import JobError, JobSpec
+from ...core.parse import FieldError
 
 __all__ = [
     "Builder",
@@ -38,26 +39,14 @@ __all__ = [
 ]
 
 
-class TraceError(ValueError):
+class TraceError(FieldError):
     """A trace that cannot be read; the message names file, line and field.
 
     ``TraceError(message, path=None, line=None, field=None)``; ``str(e)`` is
     ``"<file name>:<line>: field '<field>': <message>"`` with the missing parts
     left out.  ``e.path``, ``e.line``, ``e.field`` and ``e.reason`` (the bare
-    message) are kept.
+    message) are kept.  A ``ValueError``.
     """
-
-    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None,
-                 field: str | None = None) -> None:
-        self.path = None if path is None else str(path)
-        self.line = line
-        self.field = field
-        self.reason = message
-        where = "" if path is None else Path(path).name
-        if line is not None:
-            where += f":{line}"
-        text = f"field {field!r}: {message}" if field else message
-        super().__init__(f"{where}: {text}" if where else text)
 
 
 @dataclass(slots=True)

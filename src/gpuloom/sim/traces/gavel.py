@@ -11,7 +11,8 @@ steps_per_second``.  No throughput measurements are in the data, so
 :data:`GAVEL_SAMPLES_PER_SECOND` is an **assumption**: rough single-V100
 samples/s per model (steps/s = samples/s / batch size), the same for every
 scale factor.  Pass ``steps_per_second={job_type or model: steps/s}`` for real
-numbers.
+numbers: an exact job type wins; models are matched through
+:func:`gpuloom.core.parse.normalise_model`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.job import JobSpec
+from ...core.parse import normalise_model
 from .fields import Builder, Trace, Where, float_field, int_field, read_rows, str_field
 
 # ASSUMPTION (no throughput measurements ship with the data): rough single-V100
@@ -34,6 +36,8 @@ GAVEL_SAMPLES_PER_SECOND: dict[str, float] = {
     "Recommendation": 300000.0,  # ML-20m users/s (autoencoder)
 }
 GAVEL_STEPS_PER_SECOND: dict[str, float] = {"A3C": 5.0, "CycleGAN": 2.0}
+_SAMPLES = {normalise_model(m): v for m, v in GAVEL_SAMPLES_PER_SECOND.items()}
+_STEPS = {normalise_model(m): v for m, v in GAVEL_STEPS_PER_SECOND.items()}
 
 
 def _gavel_job_type(job_type: str) -> tuple[str, int | None]:
@@ -50,6 +54,8 @@ def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = 
     w = Where(p)
     b = Builder(p, "gavel")
     sps = dict(steps_per_second or {})
+    # keys that are not job types with a batch size also match a model in any spelling
+    sps_model = {normalise_model(k): v for k, v in sps.items() if _gavel_job_type(k)[1] is None}
     for row in read_rows(p, w, delimiter="\t"):
         b.rows += 1
         if len(row) == 7:
@@ -66,12 +72,13 @@ def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = 
         arrival = float_field(arrival_s, "arrival_time", w)
         gpus = int_field(scale_s, "scale_factor", w)
         model, batch = _gavel_job_type(job_type)
-        rate = sps.get(job_type, sps.get(model))
+        norm = normalise_model(model)
+        rate = sps.get(job_type, sps_model.get(norm))
         if rate is None:
-            if model in GAVEL_STEPS_PER_SECOND:
-                rate = GAVEL_STEPS_PER_SECOND[model]
-            elif model in GAVEL_SAMPLES_PER_SECOND and batch:
-                rate = GAVEL_SAMPLES_PER_SECOND[model] / batch
+            if norm in _STEPS:
+                rate = _STEPS[norm]
+            elif norm in _SAMPLES and batch:
+                rate = _SAMPLES[norm] / batch
             else:
                 raise w.error("job_type", f"no throughput known for {job_type!r} (pass steps_per_second=)")
         if not rate > 0:

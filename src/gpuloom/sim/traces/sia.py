@@ -11,7 +11,8 @@ alexnet).  Those pairs are :data:`SIA_DURATIONS`.  A GPU count PAL never used
 squares).  PAL also replaced about half the cifar10 rows by 1-GPU gnmt jobs of
 32 s; this reader keeps Sia's job (application, GPUs) instead.  Pass
 ``durations={"cifar10": 600, "bert": {8: 2400}}`` to use your own; an
-application with no duration anywhere is a :class:`TraceError`.
+application with no duration anywhere is a :class:`TraceError`.  Applications
+are matched through :func:`gpuloom.core.parse.normalise_model`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.job import JobSpec
+from ...core.parse import normalise_model
 from .fields import Builder, Header, Trace, Where, check_width, first_row, float_field, int_field, read_rows, str_field
 
 # (application, GPUs) -> seconds, as PAL's conversion of Sia's Philly workloads
@@ -49,14 +51,16 @@ def _power_law(points: Mapping[int, float]) -> Callable[[int], float]:
 def _duration_table(durations: Mapping[str, float | Mapping[int, float]]) -> Callable[[str, int], float | None]:
     exact: dict[str, dict[int, float]] = {}
     flat: dict[str, float] = {}
-    for app, v in durations.items():
+    for name, v in durations.items():
+        app = normalise_model(name)
         if isinstance(v, Mapping):
             exact[app] = {int(g): float(d) for g, d in v.items()}
         else:
             flat[app] = float(v)
     fits = {app: _power_law(pts) for app, pts in exact.items() if pts}
 
-    def lookup(app: str, gpus: int) -> float | None:
+    def lookup(name: str, gpus: int) -> float | None:
+        app = normalise_model(name)
         if app in exact and gpus in exact[app]:
             return exact[app][gpus]
         if app in flat:

@@ -3,11 +3,17 @@
 Iteration times come from Synergy's ``model_sensitivity_profiles.csv``: the
 ``iter_time`` of row ``<model>_<gpus>``, else of the model's row with the
 nearest lower GPU count.  The file is looked for beside the trace or one folder
-up, or given as ``profiles=``; ``iter_times={model: s}`` overrides.  The
-profile row (GPU-proportional CPUs and memory, best speedup, the CPU x memory
-throughput matrix) goes to ``attrs["sensitivity"]``.  Cells such as ``62.5*2``
-or ``int(62.5/3)`` are evaluated by a tiny ``ast`` arithmetic evaluator, never
-``eval``.
+up, or given as ``profiles=``; ``iter_times={model: s}`` overrides.  Model
+names are compared through :func:`gpuloom.core.parse.normalise_model`
+(``res50`` in a trace finds ``resnet50_1``).  The profile row (best-case CPUs
+and memory, best speedup, the CPU x memory throughput matrix) goes to
+``attrs["sensitivity"]``.
+
+The profile file is parsed by :func:`gpuloom.perf.synergy_profiles.read_profile_rows`,
+the project's one parser of it (cells such as ``62.5*2`` or ``int(62.5/3)`` are
+evaluated by :func:`gpuloom.core.parse.safe_arith`, never ``eval``).  A malformed
+profile file read for a trace is a :class:`TraceError` with the parser's file,
+line, field and message.
 """
 
 from __future__ import annotations
@@ -17,69 +23,51 @@ from pathlib import Path
 from typing import Any
 
 from ...core.job import JobSpec
-from .fields import (
-    Builder,
-    Header,
-    Trace,
-    TraceError,
-    Where,
-    check_width,
-    first_row,
-    float_field,
-    int_field,
-    read_rows,
-    str_field,
-)
+from ...core.parse import normalise_model
+from ...core.parse import safe_arith as safe_arith  # re-exported: the one arithmetic evaluator
+from ...perf.synergy_profiles import ProfileFileError, ProfileRow, read_profile_rows
+from .fields import Builder, Trace, TraceError, Where, check_width, float_field, int_field, read_rows, str_field
+
+PROFILES_FILE = "model_sensitivity_profiles.csv"
 
 
-def safe_arith(text: str) -> float:
-    """Evaluate ``62.5*2``, ``int(62.5/3)``: one safe evaluator for the project, without ``eval``
-    (see :func:`gpuloom.perf.sensitivity.safe_number`)."""
-    from ...perf.sensitivity import safe_number
-
-    return safe_number(text)
+def _record(r: ProfileRow) -> dict[str, Any]:
+    rec: dict[str, Any] = {"cpus": r.cpus, "mem_gb": r.mem_gb}
+    for k in ("iter_time", "speedup", "tput"):
+        if getattr(r, k) is not None:
+            rec[k] = getattr(r, k)
+    return rec
 
 
 def read_synergy_profiles(path: str | Path) -> dict[str, dict[str, Any]]:
-    """``model_sensitivity_profiles.csv`` -> ``{"res50_2": {"iter_time", "cpus", "mem_gb", "speedup", "tput"}}``."""
-    p = Path(path)
-    w = Where(p)
-    rows = read_rows(p, w)
-    h = Header(first_row(rows, p), ("model_file", "cpus", "mem", "iter_time"), w)
-    pt = next((i for i, c in enumerate(h.names) if c.startswith("tput_rows")), None)
-    out: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        check_width(row, h.width, w)
-        name = str_field(row[h.pos["model_file"]], "model_file", w)
-        rec: dict[str, Any] = {}
-        for col, key in (("iter_time", "iter_time"), ("cpus", "cpus"), ("mem", "mem_gb"), ("speedup", "speedup")):
-            if col not in h.pos:
-                continue
-            cell = row[h.pos[col]]
-            try:
-                rec[key] = safe_arith(cell)
-            except ValueError as e:
-                raise w.error(col, str(e)) from None
-        if not rec["iter_time"] > 0:
-            raise w.error("iter_time", f"expected a number > 0, got {row[h.pos['iter_time']]!r}")
-        if pt is not None and row[pt].strip():
-            try:
-                rec["tput"] = tuple(tuple(safe_arith(c) for c in r.split(",")) for r in row[pt].split("|"))
-            except ValueError as e:
-                raise w.error(h.names[pt], str(e)) from None
-        out[name] = rec
-    if not out:
-        raise TraceError("empty profile file", p)
-    return out
+    """``model_sensitivity_profiles.csv`` -> ``{"res50_2": {"iter_time", "cpus", "mem_gb", "speedup", "tput"}}``.
+
+    Keys are the ``model_file`` names as written; a value's ``iter_time``,
+    ``speedup`` and ``tput`` are left out where the file has none.  A thin view
+    of :func:`gpuloom.perf.synergy_profiles.read_profile_rows`: a malformed file
+    raises its :class:`~gpuloom.perf.synergy_profiles.ProfileFileError`.
+    """
+    return {r.name: _record(r) for r in read_profile_rows(path)}
 
 
 def find_profiles(trace: Path) -> Path | None:
     """The ``model_sensitivity_profiles.csv`` beside ``trace`` or one folder up, if any."""
     for d in (trace.parent, trace.parent.parent):
-        q = d / "model_sensitivity_profiles.csv"
+        q = d / PROFILES_FILE
         if q.is_file():
             return q
     return None
+
+
+def _profile_index(path: Path | None) -> dict[tuple[str, int], ProfileRow]:
+    """(normalised model, GPUs) -> row, for rows with an iteration time."""
+    if path is None:
+        return {}
+    try:
+        rows = read_profile_rows(path)
+    except ProfileFileError as e:
+        raise TraceError(e.reason, e.path, e.line, e.field) from e
+    return {(normalise_model(r.model), r.gpus): r for r in rows if r.iter_time is not None}
 
 
 def read_synergy(path: str | Path, profiles: str | Path | None = None,
@@ -89,8 +77,8 @@ def read_synergy(path: str | Path, profiles: str | Path | None = None,
     w = Where(p)
     b = Builder(p, "synergy")
     prof_path = Path(profiles) if profiles is not None else find_profiles(p)
-    prof = read_synergy_profiles(prof_path) if prof_path is not None else {}
-    overrides = dict(iter_times or {})
+    prof = _profile_index(prof_path)
+    overrides = {normalise_model(m): float(v) for m, v in (iter_times or {}).items()}
     for row in read_rows(p, w):
         b.rows += 1
         check_width(row, 5, w)
@@ -99,18 +87,18 @@ def read_synergy(path: str | Path, profiles: str | Path | None = None,
         arrival = float_field(row[2], "arrival", w)
         iters = int_field(row[3], "iterations", w)
         gpus = int_field(row[4], "gpus", w)
+        norm = normalise_model(model)
         rec = None
-        if model in overrides:
-            it = float(overrides[model])
+        if norm in overrides:
+            it = overrides[norm]
         else:
-            cands = [g for g in range(gpus, 0, -1) if f"{model}_{g}" in prof]
-            if not cands:
-                where = f"in {prof_path.name}" if prof_path else "(no model_sensitivity_profiles.csv found)"
+            rec = next((prof[(norm, g)] for g in range(gpus, 0, -1) if (norm, g) in prof), None)
+            if rec is None:
+                where = f"in {prof_path.name}" if prof_path else f"(no {PROFILES_FILE} found)"
                 raise w.error("model", f"no iteration time for {model!r} with {gpus} GPU(s) {where}; "
                                        "pass profiles= or iter_times=")
-            rec = prof[f"{model}_{cands[0]}"]
-            it = rec["iter_time"]
+            it = rec.iter_time
         attrs: dict[str, Any] = {} if rec is None else {
-            "sensitivity": {k: rec[k] for k in ("cpus", "mem_gb", "speedup", "tput") if k in rec}}
+            "sensitivity": {k: v for k, v in _record(rec).items() if k != "iter_time"}}
         b.add(w, JobSpec.from_iterations, jid, arrival, gpus, iters, it, model=model, attrs=attrs)
     return b.done(profiles=None if prof_path is None else prof_path.name)
