@@ -129,7 +129,7 @@ def test_catalogue_bad_files(tmp_path: Path) -> None:
     rows = " | ".join(["1,1,1,1,1"] * 9)
     cases = {
         "no_gpus": (f'alexnet,1,1,1,1,1,1,1,1,"{rows}"\n', "not MODEL_GPUS"),
-        "bad_cell": (f'alexnet_1,os.system(1),1,1,1,1,1,1,1,"{rows}"\n', ":2: column cpus"),
+        "bad_cell": (f'alexnet_1,os.system(1),1,1,1,1,1,1,1,"{rows}"\n', ":2: field 'cpus'"),
         "bad_tput": ('alexnet_1,1,1,1,1,1,1,1,1,"1,1,x,1,1"\n', "tput row 0"),
         "ragged": ('alexnet_1,1,1,1,1,1,1,1,1,"1,1,1,1,1 | 1,1"\n', "different lengths"),
         "rows": ('alexnet_1,1,1,1,1,1,1,1,1,"1,1,1,1,1 | 1,1,1,1,1"\n', "2 CPU rows"),

@@ -13,15 +13,17 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from ..core.parse import bool_literal
+
 console = Console()
 err_console = Console(stderr=True)
 
 
 def parse_value(text: str) -> Any:
     """``"0.5"`` → 0.5, ``"true"`` → True, ``"1,2,3"`` → [1, 2, 3], JSON as JSON, else the string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
+    flag = bool_literal(text)
+    if flag is not None:
+        return flag
     try:
         return json.loads(text)
     except ValueError:

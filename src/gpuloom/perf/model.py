@@ -31,6 +31,7 @@ from typing import Protocol
 
 from ..core.cluster import Cluster
 from ..core.job import Job
+from ..core.parse import normalise_model
 from ..core.plan import Allocation
 
 DEFAULT_LOCALITY_PENALTY = 1.7
@@ -51,10 +52,10 @@ class LocalityFactor:
         if penalty < 1.0:
             raise ValueError(f"locality penalty must be >= 1, got {penalty}")
         self.penalty = penalty
-        self.per_model = {k.lower(): v for k, v in (per_model or {}).items()}
+        self.per_model = {normalise_model(k): v for k, v in (per_model or {}).items()}
 
     def penalty_for(self, model: str) -> float:
-        return self.per_model.get(model.lower(), self.penalty)
+        return self.per_model.get(normalise_model(model), self.penalty) if self.per_model else self.penalty
 
     def __call__(self, job: Job, alloc: Allocation) -> float:
         if len(alloc.parts) <= 1:

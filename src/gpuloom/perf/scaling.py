@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -67,7 +66,9 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import Job, JobError, JobSpec
+from ..core.parse import normalise_model
 from ..core.plan import Allocation
+from .synergy_profiles import read_profile_rows
 
 
 class ScalingError(ValueError):
@@ -233,18 +234,9 @@ CATALOGUES: dict[str, dict[str, dict[int, float]]] = {"tiresias": TIRESIAS, "pal
 #: catalogues searched, in order, for a model without a user table
 DEFAULT_ORDER = ("tiresias", "pal", "synergy")
 
-_ALIASES = {
-    "res50": "resnet50", "res18": "resnet18", "res101": "resnet101", "res152": "resnet152",
-    "inceptionv3": "inception3", "inceptionv4": "inception4",
-    "bertbase": "bert", "deepspeech2": "deepspeech",
-}
-
-
-def canonical_model(name: str) -> str:
-    """``"ResNet-50 (batch size 64)"`` → ``"resnet50"``; ``"InceptionV3"`` → ``"inception3"``."""
-    s = re.sub(r"\(.*?\)", "", name).lower()
-    s = re.sub(r"[^a-z0-9]", "", s)
-    return _ALIASES.get(s, s)
+#: ``"ResNet-50 (batch size 64)"`` → ``"resnet50"``; ``"InceptionV3"`` → ``"inception3"``: the
+#: project's one model-name normalisation (:func:`gpuloom.core.parse.normalise_model`).
+canonical_model = normalise_model
 
 
 _BUILTIN_CACHE: dict[tuple[str, str], ScalingCurve | None] = {}
@@ -252,7 +244,7 @@ _BUILTIN_CACHE: dict[tuple[str, str], ScalingCurve | None] = {}
 
 def builtin_curve(model: str, sources: Sequence[str] = DEFAULT_ORDER) -> ScalingCurve | None:
     """The first built-in curve for ``model`` in ``sources`` order, or None."""
-    key = (canonical_model(model), ",".join(sources))
+    key = (normalise_model(model), ",".join(sources))
     if key in _BUILTIN_CACHE:
         return _BUILTIN_CACHE[key]
     out = None
@@ -394,7 +386,7 @@ def tiresias_curves(path: str | Path) -> dict[str, dict[int, float]]:
                 raise ScalingError(f"{path}:{i}: {e}") from None
     out: dict[str, dict[int, float]] = defaultdict(dict)
     for (m, n), v in sorted(acc.items()):
-        out[canonical_model(m)][n] = round(n * sum(v) / len(v), 3)
+        out[normalise_model(m)][n] = round(n * sum(v) / len(v), 3)
     return dict(out)
 
 
@@ -407,21 +399,21 @@ def pal_curves(path: str | Path) -> dict[str, dict[int, float]]:
             if row.get("pipeline_strategy", "NA") != "NA":
                 continue
             try:
-                out[canonical_model(row["model"])][int(row["gpu_num"])] = float(row["speed"])
+                out[normalise_model(row["model"])][int(row["gpu_num"])] = float(row["speed"])
             except (KeyError, ValueError) as e:
                 raise ScalingError(f"{path}:{i}: {e}") from None
     return dict(out)
 
 
 def synergy_curves(path: str | Path) -> dict[str, dict[int, float]]:
-    """f(n) = n / iter_time(n) from Synergy's ``model_sensitivity_profiles.csv`` (``model_n`` rows)."""
+    """f(n) = n / iter_time(n) from Synergy's ``model_sensitivity_profiles.csv`` (``model_n`` rows).
+
+    The file is read by :func:`gpuloom.perf.synergy_profiles.read_profile_rows` (its
+    :class:`~gpuloom.perf.synergy_profiles.ProfileFileError` names file, line and column);
+    rows without an ``iter_time`` give no point.
+    """
     out: dict[str, dict[int, float]] = defaultdict(dict)
-    path = Path(path)
-    with path.open(newline="") as fh:
-        for i, row in enumerate(csv.DictReader(fh), start=2):
-            try:
-                m, n = row["model_file"].rsplit("_", 1)
-                out[canonical_model(m)][int(n)] = round(int(n) / float(row["iter_time"]), 4)
-            except (KeyError, ValueError, ZeroDivisionError) as e:
-                raise ScalingError(f"{path}:{i}: {e}") from None
+    for r in read_profile_rows(path):
+        if r.iter_time is not None:
+            out[normalise_model(r.model)][r.gpus] = round(r.gpus / r.iter_time, 4)
     return dict(out)

@@ -18,9 +18,14 @@ The profile file
 Each row is ``model_gpus`` (``alexnet_1``, ``res18_4``; ``shufflenet_12`` is a
 12-GPU job) with ``cpus``, ``mem`` (GB), ``speedup``, ``iter_time`` and
 ``tput_rows``: the matrix rows separated by ``|``.  Cells may be arithmetic
-expressions (``62.5*2``, ``int(62.5/3)``); they are evaluated by a tiny
-``ast`` walker that accepts numbers, ``+ - * / // %``, unary minus and
-``int``/``float``/``round`` – never ``eval``.
+expressions (``62.5*2``, ``int(62.5/3)``); they are evaluated by
+:func:`gpuloom.core.parse.safe_arith` (numbers, ``+ - * / // %``, unary minus
+and ``int``/``float``/``round`` – never ``eval``).  The file is parsed by
+:func:`gpuloom.perf.synergy_profiles.read_profile_rows`; a malformed file raises
+its :class:`~gpuloom.perf.synergy_profiles.ProfileFileError` (a
+:class:`SensitivityError`) naming file, line and column.  Model names are
+compared through :func:`gpuloom.core.parse.normalise_model` (``res50`` is
+``ResNet-50``).
 
 Grid axes (from Synergy's simulator, ``jobs/job.py``: ``cpu_val`` /
 ``mem_val``): rows are CPU cores **per GPU** ``1, 2, 3, 4, 5, 6, 9, 12, 24``;
@@ -57,12 +62,9 @@ GPU counts without their own matrix use the largest profiled count below
 
 from __future__ import annotations
 
-import ast
 import bisect
-import csv
 import math
-import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -71,8 +73,11 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import Job
+from ..core.parse import normalise_model
+from ..core.parse import safe_arith as safe_number  # noqa: F401  (the one arithmetic evaluator, old name)
 from ..core.plan import Allocation
 from .model import ThroughputModel
+from .synergy_profiles import ProfileFileError, SensitivityError, read_profile_rows  # noqa: F401  (re-exported)
 
 #: Synergy's CPU axis: cores per GPU of the matrix rows.
 CPU_AXIS: tuple[float, ...] = (1, 2, 3, 4, 5, 6, 9, 12, 24)
@@ -95,59 +100,6 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 
 DEFAULT_THRESHOLD = 0.10
 _EPS = 1e-9
-
-
-class SensitivityError(ValueError):
-    """A profile file or profile that cannot be used; the message says where."""
-
-
-# ---------------------------------------------------------------------------
-# safe arithmetic
-_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_FUNCS: dict[str, Callable[[float], float]] = {"int": int, "float": float, "round": round}
-
-
-def safe_number(text: str) -> float:
-    """Evaluate a numeric cell such as ``62.5*2`` or ``int(62.5/3)`` without ``eval``."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
-        raise ValueError(f"not a number or arithmetic expression: {text!r}") from None
-
-    def ev(node: ast.AST) -> float:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-            v = ev(node.operand)
-            return -v if isinstance(node.op, ast.USub) else v
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in _FUNCS
-            and len(node.args) == 1
-            and not node.keywords
-        ):
-            return _FUNCS[node.func.id](ev(node.args[0]))
-        raise ValueError(f"unsupported expression element {type(node).__name__} in {text!r}")
-
-    try:
-        value = float(ev(tree))
-    except ZeroDivisionError:
-        raise ValueError(f"division by zero in {text!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"not a finite number: {text!r}")
-    return value
 
 
 # ---------------------------------------------------------------------------
@@ -286,20 +238,26 @@ class DataPipelineModel:
 
 # ---------------------------------------------------------------------------
 class Catalogue:
-    """Profiles by (model, GPU count); lookups fall back to the largest profiled count below."""
+    """Profiles by (model, GPU count); lookups fall back to the largest profiled count below.
+
+    Model names are compared through :func:`~gpuloom.core.parse.normalise_model`:
+    ``get("ResNet-50", 2)`` finds Synergy's ``res50_2``.
+    """
 
     def __init__(self, profiles: Iterable[SensitivityProfile] = ()) -> None:
         self._by: dict[tuple[str, int], SensitivityProfile] = {}
         self._counts: dict[str, list[int]] = {}
+        self._names: dict[str, str] = {}
         self._cache: dict[tuple[str, int], SensitivityProfile | None] = {}
         for p in profiles:
             self.add(p)
 
     def add(self, p: SensitivityProfile) -> None:
-        key = (p.model.lower(), p.gpus)
+        key = (normalise_model(p.model), p.gpus)
         if key in self._by:
             raise SensitivityError(f"catalogue: {p.model}_{p.gpus} given twice")
         self._by[key] = p
+        self._names.setdefault(key[0], p.model)
         self._counts.setdefault(key[0], []).append(p.gpus)
         self._counts[key[0]].sort()
         self._cache.clear()
@@ -312,111 +270,73 @@ class Catalogue:
 
     @property
     def models(self) -> list[str]:
-        return sorted(self._counts)
+        """The models, as the profiles name them."""
+        return sorted(self._names.values())
 
     def get(self, model: str, gpus: int) -> SensitivityProfile | None:
         """The profile for ``model`` on ``gpus`` GPUs, or ``None`` if the model is unknown."""
-        key = (model.lower(), gpus)
-        if key in self._cache:
-            return self._cache[key]
-        p = self._by.get(key)
+        ck = (model, gpus)
+        if ck in self._cache:
+            return self._cache[ck]
+        norm = normalise_model(model)
+        p = self._by.get((norm, gpus))
         if p is None:
-            counts = self._counts.get(key[0])
+            counts = self._counts.get(norm)
             if counts:
                 below = [c for c in counts if c <= gpus]
-                p = self._by[(key[0], below[-1] if below else counts[0])]
-        self._cache[key] = p
+                p = self._by[(norm, below[-1] if below else counts[0])]
+        self._cache[ck] = p
         return p
 
 
-def parse_matrix(text: str, where: str) -> list[list[float]]:
-    rows = []
-    for ri, row in enumerate(text.split("|")):
-        cells = [c for c in row.split(",")]
-        try:
-            rows.append([safe_number(c) for c in cells])
-        except ValueError as e:
-            raise SensitivityError(f"{where}: tput row {ri}: {e}") from None
-    widths = {len(r) for r in rows}
-    if len(widths) != 1:
-        raise SensitivityError(f"{where}: tput rows have different lengths {sorted(widths)}")
-    return rows
-
-
 def load_catalogue(path: str | Path) -> Catalogue:
-    """Read Synergy's ``model_sensitivity_profiles.csv`` (see the module notes)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SensitivityError(f"{path}: {e.strerror or e}") from None
-    reader = csv.reader(text.splitlines())
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise SensitivityError(f"{path}: empty file") from None
-    cols = [h.strip().split("(")[0].strip() for h in header]
-    need = ("model_file", "cpus", "mem", "speedup", "iter_time", "tput_rows")
-    missing = [c for c in need if c not in cols]
-    if missing:
-        raise SensitivityError(f"{path}: missing column(s) {', '.join(missing)}")
-    idx = {c: cols.index(c) for c in need}
+    """Read Synergy's ``model_sensitivity_profiles.csv`` (see the module notes).
+
+    Every row needs its ``tput_rows`` matrix: 9 CPU rows (:data:`CPU_AXIS`) of 5
+    (1-GPU, :data:`MEM_AXIS_5`) or 4 (:data:`MEM_AXIS_4`) memory columns.  Any
+    problem raises :class:`~gpuloom.perf.synergy_profiles.ProfileFileError`
+    naming file, line and column.
+    """
     cat = Catalogue()
-    for line_no, row in enumerate(reader, start=2):
-        if not row or not "".join(row).strip():
-            continue
-        where = f"{path}:{line_no}"
-        if len(row) != len(cols):
-            raise SensitivityError(f"{where}: {len(row)} fields, header has {len(cols)}")
-        name = row[idx["model_file"]].strip()
-        model, _, g = name.rpartition("_")
-        if not model or not g.isdigit() or int(g) < 1:
-            raise SensitivityError(f"{where}: model_file {name!r} is not MODEL_GPUS")
+    for r in read_profile_rows(path):
 
-        def num(col: str, optional: bool = False, where: str = where, row: list[str] = row) -> float | None:
-            cell = row[idx[col]].strip()
-            if not cell and optional:
-                return None
-            try:
-                return safe_number(cell)
-            except ValueError as e:
-                raise SensitivityError(f"{where}: column {col}: {e}") from None
+        def err(message: str, field: str | None = "tput_rows", r: Any = r) -> ProfileFileError:
+            return ProfileFileError(message, path, r.line, field)
 
-        matrix = parse_matrix(row[idx["tput_rows"]], f"{where}: {name}")
-        ncol = len(matrix[0])
-        if len(matrix) != len(CPU_AXIS):
-            raise SensitivityError(f"{where}: {name} has {len(matrix)} CPU rows, expected {len(CPU_AXIS)}")
-        if ncol == 5:
-            mem_axis = MEM_AXIS_5
-        elif ncol == 4:
-            mem_axis = MEM_AXIS_4
-        else:
-            raise SensitivityError(f"{where}: {name} has {ncol} memory columns, expected 4 or 5")
-        mem_gb = num("mem")
-        cat.add(
-            SensitivityProfile(
-                model=model,
-                gpus=int(g),
+        if r.tput is None:
+            raise err("missing: a catalogue profile needs its throughput matrix")
+        if len(r.tput) != len(CPU_AXIS):
+            raise err(f"{r.name} has {len(r.tput)} CPU rows, expected {len(CPU_AXIS)}")
+        ncol = len(r.tput[0])
+        if ncol not in (4, 5):
+            raise err(f"{r.name} has {ncol} memory columns, expected 4 or 5")
+        try:
+            prof = SensitivityProfile(
+                model=r.model,
+                gpus=r.gpus,
                 cpu_axis=CPU_AXIS,
-                mem_axis=mem_axis,
-                raw=np.array(matrix, dtype=float),
-                best_cpus=num("cpus"),
-                best_mem_mb=None if mem_gb is None else mem_gb * 1000.0,
-                speedup=num("speedup", optional=True),
-                iter_time=num("iter_time", optional=True),
+                mem_axis=MEM_AXIS_5 if ncol == 5 else MEM_AXIS_4,
+                raw=np.array(r.tput, dtype=float),
+                best_cpus=r.cpus,
+                best_mem_mb=r.mem_gb * 1000.0,
+                speedup=r.speedup,
+                iter_time=r.iter_time,
             )
-        )
-    if not len(cat):
-        raise SensitivityError(f"{path}: no profiles")
+        except SensitivityError as e:
+            raise err(str(e)) from None
+        try:
+            cat.add(prof)  # two spellings of one model and count, e.g. res50_1 and resnet50_1
+        except SensitivityError as e:
+            raise err(str(e), "model_file") from None
     return cat
 
 
+_FAMILY_OF: dict[str, str] = {normalise_model(m): fam for fam, names in FAMILIES.items() for m in names}
+
+
 def family_of(model: str) -> str | None:
-    m = model.lower()
-    for fam, names in FAMILIES.items():
-        if m in names:
-            return fam
-    return None
+    """``"image"``, ``"language"`` or ``"speech"`` for a Synergy model (any spelling), else ``None``."""
+    return _FAMILY_OF.get(normalise_model(model))
 
 
 # ---------------------------------------------------------------------------

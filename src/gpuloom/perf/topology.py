@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from ..core.job import Job
+from ..core.parse import normalise_model
 from ..core.plan import Allocation
 from .model import ThroughputModel
 
@@ -266,17 +267,14 @@ def load_topology(path: str | Path) -> Topology:
 
 
 # ---------------------------------------------------------------------------
-TOPOLOGY_SENSITIVITY: dict[str, float] = {
+#: Model -> sensitivity (keys normalised by :func:`~gpuloom.core.parse.normalise_model`, as lookups are).
+TOPOLOGY_SENSITIVITY: dict[str, float] = {normalise_model(m): v for m, v in {
     **dict.fromkeys(["vgg16", "vgg19", "vgg"], 0.30),
     **dict.fromkeys(["bert", "bertbase", "bertlarge", "gpt2", "gpt2medium", "gpt", "transformer", "lm"], 0.25),
     **dict.fromkeys(["deepspeech2"], 0.20),
     **dict.fromkeys(["resnet50", "resnet", "imagenet", "dcgan", "resnet101", "inception", "inceptionv3"], 0.10),
     **dict.fromkeys(["resnet18", "cifar10", "yolov3"], 0.05),
-}
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
+}.items()}
 
 
 class TopologyFactor:
@@ -298,11 +296,11 @@ class TopologyFactor:
         for m, s in (sensitivity or {}).items():
             if s < 0:
                 raise ValueError(f"topology sensitivity of {m!r} must be >= 0")
-            self.sensitivity[_norm(m)] = float(s)
+            self.sensitivity[normalise_model(m)] = float(s)
 
     def sensitivity_of(self, job: Job) -> float:
         v = job.spec.attrs.get("topology_sensitivity") if job.spec.attrs else None
-        return float(v) if v is not None else self.sensitivity.get(_norm(job.spec.model), 0.0)
+        return float(v) if v is not None else self.sensitivity.get(normalise_model(job.spec.model), 0.0)
 
     def __call__(self, job: Job, alloc: Allocation) -> float:
         s = self.sensitivity_of(job)

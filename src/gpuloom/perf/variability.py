@@ -79,7 +79,6 @@ import csv
 import json
 import math
 import os
-import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +89,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import Job
+from ..core.parse import normalise_model
 from ..core.plan import Allocation
 from .model import ThroughputModel
 
@@ -101,12 +101,8 @@ class VariabilityError(ValueError):
     """Unusable variability data; the message names the file, line or value."""
 
 
-def _norm_model(name: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", name.lower())
-
-
-#: Known models -> class (keys normalised: lower case, letters and digits only).
-MODEL_CLASSES: dict[str, str] = {
+#: Known models -> class (keys normalised by :func:`~gpuloom.core.parse.normalise_model`, as lookups are).
+MODEL_CLASSES: dict[str, str] = {normalise_model(m): c for m, c in {
     # A: compute-bound convolutional models (and dense GEMM)
     **dict.fromkeys(
         ["resnet50", "resnet", "resnet18", "resnet101", "vgg19", "vgg16", "vgg", "dcgan", "imagenet",
@@ -119,7 +115,7 @@ MODEL_CLASSES: dict[str, str] = {
     **dict.fromkeys(["pointnet", "pointnet2"], "C"),
     # D: memory-bound
     **dict.fromkeys(["pagerank", "ncf", "dlrm", "recommendation"], "D"),
-}
+}.items()}
 
 
 #: The classes PAL's artifact gives the Sia-Philly models when it simulates
@@ -143,7 +139,7 @@ def parse_class(value: object, where: str = "class") -> int:
 
 
 def model_class(model: str, default: str = "A") -> str:
-    return MODEL_CLASSES.get(_norm_model(model), default)
+    return MODEL_CLASSES.get(normalise_model(model), default)
 
 
 # ---------------------------------------------------------------------------
@@ -534,7 +530,7 @@ class VariabilityFactor:
         self.scores = scores.scores
         self.model_classes = dict(MODEL_CLASSES)
         for m, c in (model_classes or {}).items():
-            self.model_classes[_norm_model(m)] = CLASSES[parse_class(c, f"model {m!r}")]
+            self.model_classes[normalise_model(m)] = CLASSES[parse_class(c, f"model {m!r}")]
         self.default_class = parse_class(default_class, "default_class")
         self.max_bins = max_bins
         self.single = {parse_class(c) for c in single_bin_classes}
@@ -550,7 +546,7 @@ class VariabilityFactor:
         m = job.spec.model
         c = self._by_model.get(m)
         if c is None:
-            name = self.model_classes.get(_norm_model(m))
+            name = self.model_classes.get(normalise_model(m))
             c = CLASS_INDEX[name] if name is not None else self.default_class
             self._by_model[m] = c
         return c

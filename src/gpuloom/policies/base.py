@@ -69,6 +69,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import Job
+from ..core.parse import parse_bool
 from ..core.plan import Allocation, Part, Plan
 from ..perf.model import Factor, ThroughputModel
 
@@ -332,15 +333,11 @@ class FreeState:
 
 
 def parse_flag(value: bool | str, name: str) -> bool:
-    """A boolean policy parameter given as a bool or as true/false/1/0/yes/no (from ``-P``)."""
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in ("true", "1", "yes", "on"):
-        return True
-    if s in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {value!r}")
+    """A boolean policy parameter given as a bool or as true/false/1/0/yes/no/on/off (from ``-P``).
+
+    :func:`gpuloom.core.parse.parse_bool` under its policy name.
+    """
+    return parse_bool(value, name)
 
 
 def req_key(req: Request) -> tuple:

@@ -53,6 +53,7 @@ from typing import Any
 from ..core.cluster import Cluster
 from ..core.job import JobSpec
 from ..core.lifecycle import LifecycleTimes
+from ..core.parse import parse_bool
 from ..driver import Stack
 from ..perf.assembly import ModelOptionError
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
@@ -196,11 +197,10 @@ def _split(text: str) -> list[str]:
 def _coerce(key: str, value: Any, default: Any, where: str) -> Any:
     """Make ``value`` the type of ``default`` (int → float allowed; nothing else converts silently)."""
     if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+        try:
+            return parse_bool(value, f"{where}: {key}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if isinstance(default, float):
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)

@@ -1,0 +1,57 @@
+"""``pal`` / ``blox``: Blox and PAL traces.
+
+``job_id,num_gpus,submit_time,duration,model[,batch_size]``; the ``-noheader``
+variants are ``id,model,submit,duration,gpus`` (checked: the first 160 rows of
+``workload-N-noheader.csv`` match Sia's workload N, not PAL's headered
+``workload-N.csv``, which holds different jobs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from ...core.job import JobSpec
+from .fields import (
+    Builder,
+    Header,
+    Trace,
+    Where,
+    chain_first,
+    check_width,
+    first_row,
+    float_field,
+    int_field,
+    read_rows,
+    str_field,
+)
+
+
+def read_pal(path: str | Path) -> Trace:
+    """Blox/PAL CSV: ``job_id,num_gpus,submit_time,duration,model[,batch_size]`` or the headerless
+    ``id,model,submit,duration,gpus`` variant (recognised by a non-header first row)."""
+    p = Path(path)
+    w = Where(p)
+    b = Builder(p, "pal")
+    rows = read_rows(p, w)
+    first = first_row(rows, p)
+    if "job_id" in [c.strip() for c in first]:
+        h = Header(first, ("job_id", "num_gpus", "submit_time", "duration", "model"), w)
+        pi, pg, ps, pd, pm = (h.pos[c] for c in ("job_id", "num_gpus", "submit_time", "duration", "model"))
+        pb = h.pos.get("batch_size")
+        width = h.width
+        body: Iterable[list[str]] = rows
+    else:  # headerless: id, model, submit, duration, gpus
+        pi, pm, ps, pd, pg, pb, width = 0, 1, 2, 3, 4, None, 5
+        body = chain_first(first, rows)
+    for row in body:
+        b.rows += 1
+        check_width(row, width, w)
+        jid = str_field(row[pi], "job_id", w)
+        gpus = int_field(row[pg], "num_gpus", w)
+        t = float_field(row[ps], "submit_time", w)
+        dur = float_field(row[pd], "duration", w, positive=True)
+        model = str_field(row[pm], "model", w)
+        attrs = {} if pb is None else {"batch_size": int_field(row[pb], "batch_size", w)}
+        b.add(w, JobSpec, jid, t, gpus, dur, model=model, attrs=attrs)
+    return b.done()
