@@ -1,0 +1,277 @@
+"""Synergy-OPT: the two linear programs (allocation, then placement), TUNE for what they leave.
+
+Split from :mod:`gpuloom.policies.synergy` (the shared sizer machinery, GREEDY
+and TUNE); the algorithm is described there, under ``opt``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from ..core.job import Job
+from ..core.plan import Plan
+from ..perf.sensitivity import DEFAULT_THRESHOLD, default_grid
+from .base import Request, View, register, split_parts
+from .synergy import _ref_node, _Round, _SynergySizer
+
+log = logging.getLogger("gpuloom.policies.synergy")
+
+
+# ---------------------------------------------------------------------------
+def _candidates(
+    sizer: _SynergySizer, job: Job, view: View, req: Request
+) -> tuple[list[tuple[int, int]], list[float]]:
+    """Pareto-efficient (cores, MB) points at least as fast as proportional, with their relative speeds."""
+    rn = _ref_node(view)
+    node = view.cluster.nodes[rn]
+    g = req.gpus
+    pc, pm = view.cluster.proportional(rn, g) if g <= node.gpus else (
+        view.cluster.total_cpus * g // max(view.cluster.num_gpus, 1),
+        view.cluster.total_mem_mb * g // max(view.cluster.num_gpus, 1),
+    )
+    p = sizer.profile(job, view)
+    if p is None or g > node.gpus:
+        c = pc if req.cpus is None else req.cpus
+        m = pm if req.mem_mb is None else req.mem_mb
+        return [(c, m)], [1.0]
+    base = p.throughput_at(pc, pm, g)
+    if base <= 0:
+        return [(pc, pm)], [1.0]
+    cps, mps = default_grid(p, g, node.cpus, node.mem_mb)
+    pts = {(c, m): p.throughput_at(c, m, g) / base for c in cps for m in mps}
+    pts[(pc, pm)] = 1.0
+    good = [(c, m, s) for (c, m), s in pts.items() if s >= 1.0 - 1e-12]
+    # Pareto: drop points dominated (more or equal resources, no more speed)
+    good.sort(key=lambda t: (t[0], t[1], -t[2]))
+    keep: list[tuple[int, int, float]] = []
+    for c, m, s in good:
+        if any(kc <= c and km <= m and ks >= s - 1e-12 for kc, km, ks in keep):
+            continue
+        keep.append((c, m, s))
+    return [(c, m) for c, m, _ in keep], [s for _, _, s in keep]
+
+
+@register("size", "opt", "synergy-opt")
+class Opt(_SynergySizer):
+    """Synergy-OPT: allocation LP + placement LP with HiGHS (see the module notes)."""
+
+    def __init__(
+        self,
+        threshold: float = DEFAULT_THRESHOLD,
+        profiles: str | None = None,
+        time_limit: float = 10.0,
+        max_jobs: int = 1024,
+    ) -> None:
+        super().__init__(threshold, profiles)
+        if not time_limit > 0:
+            raise ValueError(f"time_limit must be > 0, got {time_limit}")
+        if int(max_jobs) < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
+        self.time_limit = float(time_limit)
+        self.max_jobs = int(max_jobs)
+        self.last_objective: float | None = None
+        self.last_fallback: str | None = None
+        self._last_window: frozenset[str] | None = None
+        self._last_plan: Plan | None = None
+        self.lp_rounds = 0
+        self.reused_rounds = 0
+        self._cands: dict[tuple[Any, ...], tuple[list[tuple[int, int]], list[float]]] = {}
+
+    def _run(self, rnd: _Round, order: list[Request]) -> None:
+        rnd.register(order)
+        self.last_fallback = None
+        self.last_objective = None
+        # window: in order, while GPUs fit the cluster
+        cap = rnd.free.free_gpus
+        window: list[Request] = []
+        rest: list[Request] = []
+        strict = not rnd.place.backfill
+        for r in order:
+            # a strict queue's window ends at the first request that does not fit
+            if len(window) < self.max_jobs and r.gpus <= cap and not (strict and rest):
+                window.append(r)
+                cap -= r.gpus
+            else:
+                rest.append(r)
+        if not window:
+            return
+        key = frozenset(r.job.id for r in window)
+        last = self._last_plan
+        if (
+            key == self._last_window
+            and last is not None
+            and set(last.allocations) == key
+            and all(rnd.view.current.get(j) == a for j, a in last.allocations.items())
+        ):
+            # same window, placed in full and running as planned: the LPs would
+            # reproduce this plan, and no job outside the window fits the GPUs left
+            for a in last.allocations.values():
+                rnd.free.take(a.parts)
+                rnd.plan.add(a)
+            self.reused_rounds += 1
+            return
+        self.lp_rounds += 1
+        try:
+            chosen = self._allocation_lp(rnd, window)
+            placed = self._placement_lp(rnd, window, chosen)
+        except _SolverFailure as e:
+            self.last_fallback = str(e)
+            log.warning("synergy-opt: %s; this round falls back to TUNE", e)
+            rnd.tune_all(order)
+            return
+        rnd.tune_all([r for r in order if r.job.id not in placed])
+        self._last_window = key
+        self._last_plan = Plan(dict(rnd.plan.allocations))
+
+    # -- LP 1: allocation -----------------------------------------------------
+    def _allocation_lp(self, rnd: _Round, window: list[Request]) -> list[tuple[int, int, float]]:
+        from scipy.optimize import linprog
+        from scipy.sparse import csr_matrix
+
+        view = rnd.view
+        cands = []
+        for r in window:
+            p = self.profile(r.job, view)
+            key = (p, r.gpus) if p is not None else (None, r.gpus, r.cpus, r.mem_mb)
+            cd = self._cands.get(key)
+            if cd is None:
+                cd = self._cands[key] = _candidates(self, r.job, view, r)
+            cands.append(cd)
+        n = sum(len(c[0]) for c in cands)
+        cost = np.empty(n)
+        cpu = np.empty(n)
+        mem = np.empty(n)
+        owner = np.empty(n, dtype=np.int64)
+        k = 0
+        for j, (pts, spd) in enumerate(cands):
+            for (c, m), s in zip(pts, spd, strict=True):
+                cost[k], cpu[k], mem[k], owner[k] = -s, c, m, j
+                k += 1
+        a_ub = np.vstack([cpu, mem])
+        b_ub = np.array([rnd.cluster.total_cpus, rnd.cluster.total_mem_mb], dtype=float)
+        a_eq = csr_matrix((np.ones(n), (owner, np.arange(n))), shape=(len(window), n))
+        b_eq = np.ones(len(window))
+        res = self._solve(linprog, "allocation", c=cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq)
+        x = res.x
+        self.last_objective = float(-res.fun)
+        chosen: list[tuple[int, int, float]] = []
+        k = 0
+        tc, tm = b_ub
+        for pts, spd in cands:
+            xs = x[k : k + len(pts)]
+            k += len(pts)
+            used = [i for i in range(len(pts)) if xs[i] > 1e-7]
+            if len(used) == 1 or xs.max() >= 1 - 1e-7:
+                i = int(np.argmax(xs))
+            else:  # split by the LP: round to the cheaper point
+                i = min(used, key=lambda i: pts[i][0] / tc + pts[i][1] / tm)
+            chosen.append((pts[i][0], pts[i][1], spd[i]))
+        return chosen
+
+    # -- LP 2: placement -------------------------------------------------------
+    def _placement_lp(self, rnd: _Round, window: list[Request], chosen: list[tuple[int, int, float]]) -> set[str]:
+        """Place the window's single-node jobs with a configuration LP over job types.
+
+        Jobs with the same (GPUs, cores, MB) are one *type*; ``y[t, s]`` is how
+        many jobs of type ``t`` node ``s`` hosts (fractional in the LP).  This
+        is the placement LP with its node symmetry removed: a few thousand
+        variables instead of jobs x nodes.  Each node takes ``floor(y)`` whole
+        jobs of a type; the fractional remainders (jobs the LP split across
+        nodes) are rounded to whole-GPU gangs by TUNE's steps afterwards.
+        Jobs larger than a node are also left to TUNE's steps.
+        """
+        from scipy.optimize import linprog
+        from scipy.sparse import coo_matrix
+
+        free = rnd.free
+        ns = rnd.cluster.num_nodes
+        node_max = int(rnd.node_gpus_total.max())
+        types: dict[tuple[int, int, int], list[int]] = {}
+        for j, r in enumerate(window):
+            if r.gpus <= node_max:
+                types.setdefault((r.gpus, int(chosen[j][0]), int(chosen[j][1])), []).append(j)
+        if not types:
+            return set()
+        keys = list(types)
+        nt = len(keys)
+        # current jobs of each type per node: those placements cost nothing (no move)
+        cur = np.zeros((nt, ns))
+        for t, key in enumerate(keys):
+            for j in types[key]:
+                prev = window[j].prev
+                if prev is not None and len(prev.parts) == 1:
+                    cur[t, prev.parts[0].node] += 1
+        tt, ss = np.nonzero(np.ones((nt, ns)))
+        st, sn = np.nonzero(cur)
+        var_t = np.concatenate([tt, st])
+        var_s = np.concatenate([ss, sn])
+        nv = var_t.size
+        cost = np.concatenate([1.0 + ss / max(ns, 1) * 1e-2, np.zeros(st.size)])
+        gt = np.array([k[0] for k in keys], dtype=float)
+        ct = np.array([k[1] for k in keys], dtype=float)
+        mt = np.array([k[2] for k in keys], dtype=float)
+        cnt = np.array([len(types[k]) for k in keys], dtype=float)
+        ub = np.concatenate([np.minimum(cnt[tt], free.node_gpus[ss] // gt[tt]), cur[st, sn]])
+        rows = np.concatenate([var_s, ns + var_s, 2 * ns + var_s])
+        cols = np.concatenate([np.arange(nv)] * 3)
+        vals = np.concatenate([gt[var_t], ct[var_t], mt[var_t]])
+        a_ub = coo_matrix((vals, (rows, cols)), shape=(3 * ns, nv)).tocsr()
+        b_ub = np.concatenate([free.node_gpus, free.node_cpus, free.node_mem]).astype(float)
+        a_eq = coo_matrix((np.ones(nv), (var_t, np.arange(nv))), shape=(nt, nv)).tocsr()
+        res = self._solve(
+            linprog, "placement", c=cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=cnt, bounds=np.c_[np.zeros(nv), ub]
+        )
+        y = np.zeros((nt, ns))
+        np.add.at(y, (var_t, var_s), res.x)
+        slots = np.floor(y + 1e-7).astype(np.int64)
+        placed: set[str] = set()
+        for t, key in enumerate(keys):
+            g, c, m = key
+            members = types[key]
+            todo: list[tuple[int, int]] = []  # (job index, node)
+            # sticky first: jobs whose previous node has a slot of their type
+            rest = []
+            for j in members:
+                prev = window[j].prev
+                node = prev.parts[0].node if prev is not None and len(prev.parts) == 1 else -1
+                if node >= 0 and slots[t, node] > 0:
+                    slots[t, node] -= 1
+                    todo.append((j, node))
+                else:
+                    rest.append(j)
+            it = iter(rest)
+            for node in np.flatnonzero(slots[t]).tolist():
+                for _ in range(int(slots[t, node])):
+                    j = next(it, None)
+                    if j is None:
+                        break
+                    todo.append((j, node))
+            for j, node in todo:
+                r = window[j]
+                prev = r.prev
+                prev_gpus = prev.parts[0].gpus if prev is not None and prev.parts[0].node == node else ()
+                req = Request(r.jobs, g, c, m)
+                parts = split_parts(rnd.cluster, req, {node: rnd._pick(node, g, prev_gpus)})
+                if len(parts[0].gpus) != g or not free.fits(parts):
+                    continue  # left to TUNE's steps
+                rnd.commit(req, parts)
+                rnd.stats["best"] += 1
+                placed.add(r.job.id)
+        return placed
+
+    def _solve(self, linprog: Any, what: str, **kw: Any) -> Any:
+        try:
+            kw.setdefault("bounds", (0, 1))
+            res = linprog(method="highs", options={"time_limit": self.time_limit, "presolve": True}, **kw)
+        except Exception as e:  # the solver itself failed: never crash the round
+            raise _SolverFailure(f"{what} LP raised {type(e).__name__}: {e}") from None
+        if res.status != 0 or res.x is None:
+            raise _SolverFailure(f"{what} LP: {res.message} (status {res.status})")
+        return res
+
+
+class _SolverFailure(RuntimeError):
+    pass
