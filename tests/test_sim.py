@@ -98,16 +98,26 @@ def test_completion_is_not_rounded_to_rounds_and_reschedule_on_completion() -> N
 
 # -- placement -----------------------------------------------------------------
 # 2 nodes x 2 GPUs.  A(1 GPU) and B(1 GPU, short) fill node 0; D arrives at 10 and
-# takes node 1; B ends at 20 and E (2 GPUs) arrives.  Sticky: E must span nodes
-# (locality penalty 1.7).  Non-sticky packed: D migrates to node 0 and E gets node 1.
+# takes node 1; B ends at 20 and E (2 GPUs) arrives.  Sticky and consolidating (the
+# default): E fits on one node, so it waits for A to end at 1000 and runs there.
+# Sticky with consolidate=false: E spans nodes (locality penalty 1.7, it could have
+# used one node).  Non-sticky packed: D migrates to node 0 and E gets node 1.
 FRAG = [
     JobSpec("A", 0, 1, 1000), JobSpec("B", 0, 1, 20), JobSpec("D", 10, 1, 1000), JobSpec("E", 20, 2, 170),
 ]
 TWO_BY_TWO = Cluster.homogeneous(2, 2)
 
 
-def test_packed_sticky_spans_nodes_with_locality_penalty() -> None:
+def test_packed_sticky_consolidates_by_default() -> None:
     r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, restart_overhead=5)
+    # E waits from 20 until A ends at 1000, then runs 170 s on node 0 alone
+    assert r.job("E").jct == pytest.approx(1000 - 20 + 170)
+    assert r.job("D").jct == 1000 and r.job("D").migrations == 0
+
+
+def test_packed_sticky_spans_nodes_with_locality_penalty() -> None:
+    r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, restart_overhead=5,
+                 params={"consolidate": False})
     assert r.job("E").jct == pytest.approx(170 * 1.7)
     assert r.job("D").jct == 1000 and r.job("D").migrations == 0
 
@@ -123,7 +133,7 @@ def test_locality_penalty_parameter() -> None:
     from gpuloom.perf import ThroughputModel
 
     m = ThroughputModel.default(TWO_BY_TWO, locality_penalty=1.0)
-    r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, model=m)
+    r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, model=m, params={"consolidate": False})
     assert r.job("E").jct == 170
 
 
@@ -138,7 +148,14 @@ def test_random_placement_is_seeded() -> None:
 
 
 def test_gang_multi_gpu_job_spans_when_needed() -> None:
+    # 3 GPUs on 2-GPU nodes need two nodes: its measured duration already includes that (no penalty)
     r = simulate(TWO_BY_TWO, [JobSpec("big", 0, 3, 100)], round_len=10)
+    assert r.job("big").jct == pytest.approx(100)
+    # under rule "any" (PAL's artifact) every spanning job pays 1.7
+    from gpuloom.perf import ThroughputModel
+
+    m = ThroughputModel.default(TWO_BY_TWO, locality_rule="any")
+    r = simulate(TWO_BY_TWO, [JobSpec("big", 0, 3, 100)], round_len=10, model=m)
     assert r.job("big").jct == pytest.approx(170)
 
 

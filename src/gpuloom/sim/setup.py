@@ -18,7 +18,8 @@ from ..perf.scaling import ScalingFactor
 #: Options read by :func:`build_model` rather than by a policy.  ``-P name=value``
 #: with one of these names configures the throughput model.
 MODEL_OPTIONS = frozenset({"profiles", "variability", "variability_seed", "variability_dir", "topology",
-                           "per_model_penalty", "interleave_overhead", "interleave_threshold"})
+                           "per_model_penalty", "interleave_overhead", "interleave_threshold",
+                           "locality_rule", "interleave_stages"})
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -35,7 +36,9 @@ def build_model(
     options: Mapping[str, Any] | None = None,
 ) -> ThroughputModel:
     options = dict(options or {})
-    model = ThroughputModel.default(cluster, locality_penalty, options.get("per_model_penalty"))
+    # -P locality_rule=excess (default: pay only for nodes beyond the fewest needed) | any (PAL's artifact)
+    model = ThroughputModel.default(cluster, locality_penalty, options.get("per_model_penalty"),
+                                    str(options.get("locality_rule", "excess")))
     # scaling curves f(N): speed 1 at a job's requested GPU count, so only sizers that
     # change GPU counts (elastic, static) see them; jobs without a curve stay rigid
     model.add(ScalingFactor())
