@@ -66,6 +66,36 @@ def test_2d_las_demotes_after_threshold() -> None:
     assert jcts(r) == {"a": 130, "b": 150}
 
 
+def test_2d_las_tiresias_queue_rules() -> None:
+    # 2 GPUs, every job stays in queue 0.  A (1 GPU, 30 s) runs from 0; P (2 GPUs) arrives at 1
+    # and R (1 GPU) at 2.  t=10: A runs, P does not fit, R backfills the free GPU; after the pass
+    # the waiting P moves behind the running R.  t=30: A ends; Tiresias' queue is [R, P]: R keeps
+    # its GPU and P waits for it (R ends at 10 + 100 = 110, P runs 110-210).  Ordering the queue by
+    # arrival instead puts P first: R is preempted at 30 and P runs 30-130, R 130-210.
+    cl = Cluster.homogeneous(1, 2)
+    specs = [JobSpec("A", 0, 1, 30), JobSpec("P", 1, 2, 100), JobSpec("R", 2, 1, 100)]
+    params = {"thresholds": [1e9]}
+    r = simulate(cl, specs, order="2d-las", params=params, round_len=10, restart_overhead=0)
+    assert jcts(r) == {"A": 30, "R": 108, "P": 209}
+    assert r.job("R").preemptions == 0
+    r = simulate(cl, specs, order="2d-las", params={**params, "queue_order": "fifo"}, round_len=10,
+                 restart_overhead=0)
+    assert jcts(r) == {"A": 30, "P": 129, "R": 208}
+
+
+def test_2d_las_demoted_job_joins_the_tail() -> None:
+    # 1 GPU, threshold 30 GPU-s.  a (arrival 0) runs 0-30 and is demoted at 30; b (arrival 0) runs
+    # 30-60 and is demoted at 60 behind a; c arrives at 40 into queue 0 and runs first at 60 (30 s);
+    # then queue 1 in demotion order: a (70 left) 90-160, b (20 left) 160-180.  The default
+    # thresholds are Tiresias' three queues (3250, 7200 GPU-s).
+    specs = [JobSpec("a", 0, 1, 100), JobSpec("b", 0, 1, 50), JobSpec("c", 40, 1, 30)]
+    r = simulate(ONE_GPU, specs, order="2d-las", params={"thresholds": [30]}, round_len=10, restart_overhead=0)
+    assert jcts(r) == {"a": 160, "b": 180, "c": 50}
+    from gpuloom.policies.base import make
+
+    assert make("order", "2d-las").thresholds == [3250.0, 7200.0]
+
+
 def test_non_preemptive_keeps_running_job() -> None:
     r = simulate(ONE_GPU, THREE, order="srtf", preemptive=False, round_len=10, restart_overhead=0)
     # b 0-50 keeps its GPU when c arrives; c 50-70; a 70-170

@@ -43,11 +43,13 @@ def build_model(
     # change GPU counts (elastic, static) see them; jobs without a curve stay rigid
     model.add(ScalingFactor())
     # Muri: speed of jobs sharing GPUs in a group (1.0 alone, so free for runs without groups);
-    # -P interleave_overhead=muri|F|F2,F3,F4 and -P interleave_threshold=0.02 configure it
-    from ..perf.interleave import DEFAULT_THRESHOLD, InterleaveFactor, parse_overhead
+    # -P interleave_overhead=muri (default: Muri's measured sharing slowdown)|none|F|F2,F3,F4,
+    # -P interleave_threshold=0.02 and -P interleave_stages=4 (storage, CPU, GPU, network) | 3 configure it
+    from ..perf.interleave import DEFAULT_RESOURCES, DEFAULT_THRESHOLD, InterleaveFactor, parse_overhead
 
     model.add(InterleaveFactor(threshold=float(options.get("interleave_threshold", DEFAULT_THRESHOLD)),
-                               overhead=parse_overhead(options.get("interleave_overhead"))))
+                               overhead=parse_overhead(options.get("interleave_overhead", "muri")),
+                               resources=int(options.get("interleave_stages", DEFAULT_RESOURCES))))
     if options.get("variability"):  # PAL PM-scores: a PerfVar CSV, or "generate[:DIR]"
         from ..perf.variability import add_variability, variability_from_spec
 
