@@ -107,6 +107,11 @@ def sensitivity_factor(view: View) -> SensitivityFactor | None:
     return f if isinstance(f, SensitivityFactor) else None
 
 
+def uses_profiles(size: SizePolicy) -> bool:
+    """Whether a size policy sizes by CPU/memory profiles (Synergy's greedy, tune, opt)."""
+    return isinstance(size, _SynergySizer)
+
+
 def _ref_node(view: View) -> int:
     """The node whose shape defines single-node demands (the one with most GPUs)."""
     gpus = [n.gpus for n in view.cluster.nodes]
@@ -151,6 +156,12 @@ class _SynergySizer(SizePolicy):
         return d
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
+        if units and sensitivity_factor(view) is None:
+            raise PolicyError(
+                f"size policy {self.name!r} needs CPU/memory profiles: pass --profiles FILE (-P profiles=FILE), "
+                "read a trace that carries them (Synergy traces find model_sensitivity_profiles.csv), or add "
+                "them with perf.sensitivity.add_sensitivity; without them it would size like 'proportional'"
+            )
         out = []
         for unit in units:
             if len(unit) != 1:

@@ -319,8 +319,11 @@ class Service:
         self.launch_timeout_s = float(launch_timeout_s)
         self.model = model or build_model(cluster)  # the same model `simulate` builds
         self.profiling = profiling
-        if profiling is not None and not isinstance(self.model.get("sensitivity"), SensitivityFactor):
-            add_sensitivity(self.model)  # stored profiles reach the sizers through it
+        from ..policies.synergy import uses_profiles
+
+        if (profiling is not None or uses_profiles(scheduler.size)) and not isinstance(self.model.get("sensitivity"), SensitivityFactor):
+            # stored profiles, and profiles submitted with a job, reach the sizers through it
+            add_sensitivity(self.model)
         self._profiles: dict[str, SensitivityProfile | None] = {}  # profile key -> profile (None: unprofilable)
         self._profiled = False  # a job got a profile in this round
         self.rng = np.random.default_rng(seed)

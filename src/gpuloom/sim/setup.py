@@ -19,7 +19,7 @@ from ..perf.scaling import ScalingFactor
 #: with one of these names configures the throughput model.
 MODEL_OPTIONS = frozenset({"profiles", "variability", "variability_seed", "variability_dir", "topology",
                            "per_model_penalty", "interleave_overhead", "interleave_threshold",
-                           "locality_rule", "interleave_stages"})
+                           "locality_rule", "interleave_stages", "storage_mbps"})
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -60,8 +60,21 @@ def build_model(
         from ..perf.topology import add_topology, load_topology
 
         add_topology(model, load_topology(options["topology"]))
-    if options.get("profiles"):  # Synergy: CPU/memory sensitivity (-P profiles=model_sensitivity_profiles.csv)
+    # Synergy: CPU/memory sensitivity (-P profiles=model_sensitivity_profiles.csv), or the
+    # profiles the trace reader already loaded (a Synergy trace names its profile file)
+    profiles = options.get("profiles") or trace_profiles(specs)
+    if profiles:
         from ..perf.sensitivity import add_sensitivity, load_catalogue
 
-        add_sensitivity(model, load_catalogue(options["profiles"]))
+        add_sensitivity(model, load_catalogue(profiles))
+    if options.get("storage_mbps"):  # Synergy's storage-bandwidth demands against each node's bandwidth
+        from ..perf.storage import add_storage
+
+        add_storage(model, float(options["storage_mbps"]), profiles)
     return model
+
+
+def trace_profiles(specs: Sequence[JobSpec]) -> str | None:
+    """The profile file the trace reader loaded for these jobs (Synergy traces), if exactly one."""
+    files = {s.attrs.get("profiles_file") for s in specs if s.attrs and s.attrs.get("profiles_file")}
+    return files.pop() if len(files) == 1 else None

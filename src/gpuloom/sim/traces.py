@@ -593,6 +593,7 @@ def read_synergy(path: str | Path, profiles: str | Path | None = None,
     b = _Builder(p, "synergy")
     prof_path = Path(profiles) if profiles is not None else _find_profiles(p)
     prof = read_synergy_profiles(prof_path) if prof_path is not None else {}
+    prof_str = None if prof_path is None else str(prof_path)
     overrides = dict(iter_times or {})
     for row in _rows(p, w):
         b.rows += 1
@@ -614,7 +615,9 @@ def read_synergy(path: str | Path, profiles: str | Path | None = None,
             rec = prof[f"{model}_{cands[0]}"]
             it = rec["iter_time"]
         attrs: dict[str, Any] = {} if rec is None else {
-            "sensitivity": {k: rec[k] for k in ("cpus", "mem_gb", "speedup", "tput") if k in rec}}
+            "sensitivity": {k: rec[k] for k in ("cpus", "mem_gb", "speedup", "tput") if k in rec},
+            # where the profiles came from: build_model loads them for the sizers (greedy/tune/opt)
+            "profiles_file": prof_str}
         b.add(w, JobSpec.from_iterations, jid, arrival, gpus, iters, it, model=model, attrs=attrs)
     return b.done(profiles=None if prof_path is None else prof_path.name)
 
