@@ -29,11 +29,10 @@ matplotlib is imported lazily (Agg backend) so that the simulator never needs it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import math
 
 import numpy as np
 
