@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core.cluster import Cluster
-from ...perf.sensitivity import add_sensitivity, load_catalogue
 from ...perf.model import ThroughputModel
 from ...perf.scaling import ScalingFactor
+from ...perf.sensitivity import add_sensitivity, load_catalogue
 from ..engine import SimConfig, simulate
 from ..synergy_workload import synergy_workload
 from ..traces import load_trace
@@ -62,5 +62,5 @@ def run(data: Path, preset: str = "paper", seeds: int = 3, limit: int | None = N
              "(9 jobs/h), so the direction (TUNE < proportional) is what it checks",
              "Synergy's simulator tracks storage bandwidth but never enforces it; gpuloom enforces it only "
              "with -P storage_mbps=N"]
-    _ = SimConfig
+
     return Result("synergy", preset, "Synergy (OSDI'22): TUNE vs GPU-proportional", rows, notes, seeds)
