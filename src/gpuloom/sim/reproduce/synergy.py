@@ -22,7 +22,7 @@ from ...core.cluster import Cluster
 from ...perf.model import ThroughputModel
 from ...perf.scaling import ScalingFactor
 from ...perf.sensitivity import add_sensitivity, load_catalogue
-from ..engine import SimConfig, simulate
+from ..engine import simulate
 from ..synergy_workload import synergy_workload
 from ..traces import load_trace
 from .common import Result, Row, need
