@@ -31,7 +31,7 @@ def make_view():  # noqa: ANN201
     """``make_view(jobs=..., current=..., cluster=..., model=..., now=...)`` -> a policy ``View``.
 
     Defaults: a 2x4 cluster (12 cores, 64 GB per node), the model ``simulate``
-    builds, and six arrived jobs of 1-4 GPUs whose specs carry what every
+    builds (plus an empty sensitivity catalogue), and six arrived jobs of 1-4 GPUs whose specs carry what every
     registered policy may read (Muri stage times, a scaling curve, a model name).
     ``current`` maps job id -> Allocation; those jobs hold them.
     """
@@ -40,6 +40,7 @@ def make_view():  # noqa: ANN201
     from gpuloom.core.cluster import Cluster
     from gpuloom.core.job import Job, JobSpec
     from gpuloom.perf.assembly import build_model
+    from gpuloom.perf.sensitivity import add_sensitivity
     from gpuloom.policies.base import FreeState, View
 
     def _jobs() -> list[Job]:
@@ -61,7 +62,8 @@ def make_view():  # noqa: ANN201
         cur = dict(current or {})
         for jid, a in cur.items():
             by_id[jid].alloc = a
-        m = model if model is not None else build_model(cl)
+        # the model `simulate` builds, with an (empty) profile catalogue the Synergy sizers can read
+        m = model if model is not None else add_sensitivity(build_model(cl))
         m.bind(by_id)
         return View(now, cl, js, cur, m, np.random.default_rng(seed), 1, free=FreeState.of(cl, cur))
 

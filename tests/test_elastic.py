@@ -433,16 +433,45 @@ F6 = {"resnet50": (12.062 + 23.714) / 2, "inception3": (8.468 + 16.696) / 2}
 
 
 def test_thesis_specs() -> None:
-    specs = thesis_specs()
+    specs = thesis_specs(step="gpu")
     assert [(s.arrival, s.model, s.gpus, s.iterations) for s in specs] == [
         (0, "resnet50", 1, 2000), (100, "inception3", 1, 2000), (200, "resnet50", 1, 2000), (300, "inception3", 1, 2000)
     ]
     assert specs[0].duration == pytest.approx(2000 / F1["resnet50"])
 
 
+def test_thesis_global_steps_strong_scaling_by_hand() -> None:
+    # ResNet-50's weak-scaling curve: f(1) = 6.524, f(2) = 6.667 mini-batches/s (batch 32 per GPU), so
+    # one mini-batch computes in T(1) = 1/6.524 = 0.1533 s and a 2-GPU step synchronises for
+    # T(2) - T(1) = 2/6.667 - 0.1533 = 0.1467 s.  A thesis step is 90 samples split over the GPUs:
+    # g(1) = 1 / (90/32 x 0.1533) = 2.319 steps/s; g(2) = 1 / (90/64 x 0.1533 + 0.1467) = 2.762.
+    specs = thesis_specs()
+    g = specs[0].attrs["throughput"]
+    t1 = 1 / F1["resnet50"]
+    assert g[1] == pytest.approx(1 / (90 / 32 * t1), rel=1e-3) == pytest.approx(2.319, abs=1e-3)
+    assert g[2] == pytest.approx(1 / (90 / 64 * t1 + 2 / 6.667 - t1), rel=2e-3)
+    assert specs[0].duration == pytest.approx(2000 / g[1])
+    # the hysteresis threshold (1 step/s) compares global steps/s: the model's iterations/s
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation, Part
+    from gpuloom.perf.model import ThroughputModel
+
+    m = ThroughputModel.default(Cluster.homogeneous(1, 6)).add(ScalingFactor())
+    two = Allocation("0", (Part(0, (0, 1), 2, 2000),))
+    assert m.iterations_per_second(Job(specs[0]), two) == pytest.approx(g[2])
+    # the thesis' ranking: F-scheduling beats every static partition, n = 6 is the worst
+    runs = compare_elastic_static(specs, Cluster.homogeneous(1, 6), slots=(1, 2, 3, 6))
+    jct = {k: r.result.summary()["mean_jct"] for k, r in runs.items()}
+    ms = {k: r.result.summary()["makespan"] for k, r in runs.items()}
+    assert all(jct["elastic v<=0.5"] < v for k, v in jct.items() if k.startswith("static"))
+    assert all(ms["elastic v<=0.5"] < v for k, v in ms.items() if k.startswith("static"))
+    assert max(jct, key=jct.get) == "static n=6" and max(ms, key=ms.get) == "static n=6"
+
+
 def test_thesis_scenario_elastic_beats_static(tmp_path) -> None:  # noqa: ANN001
     lt = LifecycleTimes(launch=10, checkpoint=5, stop=2)
-    runs = compare_elastic_static(thesis_specs(), Cluster.homogeneous(1, 6), slots=(1, 6), lifecycle=lt)
+    runs = compare_elastic_static(thesis_specs(step="gpu"), Cluster.homogeneous(1, 6), slots=(1, 6), lifecycle=lt,
+                                  round_len=10.0)
     ms = {k: r.result.summary()["makespan"] for k, r in runs.items()}
     # static n=1: every job alone on one GPU: the last (InceptionV3 at 300) ends at 300 + 10 + 2000/f(1)
     assert ms["static n=1"] == pytest.approx(300 + 10 + 2000 / F1["inception3"], abs=1e-6)
@@ -534,7 +563,7 @@ def test_elastic_on_the_tiresias_trace(data_dir) -> None:  # noqa: ANN001
 
 def test_utilisation_cdf_exact_for_static_single_gpu_slots() -> None:
     # static n=1 on 6 GPUs: the four jobs hold 1,2,3,4,3,2,1 GPUs over [0,100,200,300,316.6,516.6,574.6,774.6]
-    runs = compare_elastic_static(thesis_specs(), Cluster.homogeneous(1, 6), slots=(1,), elastic={},
+    runs = compare_elastic_static(thesis_specs(step="gpu"), Cluster.homogeneous(1, 6), slots=(1,), elastic={},
                                   lifecycle=LifecycleTimes(10, 5, 2))
     res = runs["static n=1"].result
     e0 = 10 + 2000 / F1["resnet50"]  # 316.6: a ResNet-50 job's launch + run on 1 GPU

@@ -45,7 +45,14 @@ def _req(gpus: int, model: str = "resnet50", jid: str = "j") -> Request:
 def test_pm_first_takes_best_gpus():
     # node 0: 1.0 1.2 1.0 1.2 | node 1: 0.8 1.2 1.2 1.0
     cl, _, view = _setup([1.0, 1.2, 1.0, 1.2, 0.8, 1.2, 1.2, 1.0], 2, 4)
+    # the paper's PM-First: raw scores, ties by GPU id, no locality tie-break
     pol = make("place", "pm-first")
+    parts = pol.choose(_req(2), FreeState(cl), view)
+    assert sorted(g for p in parts for g in p.gpus) == [0, 4]  # 0.8, then the first 1.0 (GPU 0, node 0)
+    parts = pol.choose(_req(3), FreeState(cl), view)
+    assert sorted(g for p in parts for g in p.gpus) == [0, 2, 4]
+    # the artifact's PM-First: binned levels with the best-match locality tie-break
+    pol = make("place", "pm-first", {"pm_sort": "binned"})
     parts = pol.choose(_req(2), FreeState(cl), view)
     assert sorted(g for p in parts for g in p.gpus) == [4, 7]  # 0.8 then the 1.0 on the same node
     parts = pol.choose(_req(3), FreeState(cl), view)

@@ -134,10 +134,13 @@ def test_run_config_hand_checked_and_recorded() -> None:
 
 
 def test_locality_penalty_reaches_the_model() -> None:
-    # one 2-GPU job on two 1-GPU nodes must span them: duration 100 runs 100 * penalty
+    # one 2-GPU job on two 1-GPU nodes must span them.  Under the default rule it
+    # needs both nodes anyway and pays nothing (JCT 100); under rule "any" (every
+    # spanning job pays) duration 100 runs 100 * penalty.
     specs = [JobSpec("w", 0, 2, 100)]
     cluster = Cluster.homogeneous(2, 1)
-    for text, jct in (("order=fifo", 170), ("order=fifo,locality_penalty=2", 200)):
+    for text, jct in (("order=fifo", 100), ("order=fifo,P.locality_rule=any", 170),
+                      ("order=fifo,locality_penalty=2,P.locality_rule=any", 200)):
         res = run_config(parse_run_config(text + ",restart_overhead=0"), cluster, specs)
         assert res.jobs[0].jct == pytest.approx(jct)
 

@@ -66,6 +66,36 @@ def test_2d_las_demotes_after_threshold() -> None:
     assert jcts(r) == {"a": 130, "b": 150}
 
 
+def test_2d_las_tiresias_queue_rules() -> None:
+    # 2 GPUs, every job stays in queue 0.  A (1 GPU, 30 s) runs from 0; P (2 GPUs) arrives at 1
+    # and R (1 GPU) at 2.  t=10: A runs, P does not fit, R backfills the free GPU; after the pass
+    # the waiting P moves behind the running R.  t=30: A ends; Tiresias' queue is [R, P]: R keeps
+    # its GPU and P waits for it (R ends at 10 + 100 = 110, P runs 110-210).  Ordering the queue by
+    # arrival instead puts P first: R is preempted at 30 and P runs 30-130, R 130-210.
+    cl = Cluster.homogeneous(1, 2)
+    specs = [JobSpec("A", 0, 1, 30), JobSpec("P", 1, 2, 100), JobSpec("R", 2, 1, 100)]
+    params = {"thresholds": [1e9]}
+    r = simulate(cl, specs, order="2d-las", params=params, round_len=10, restart_overhead=0)
+    assert jcts(r) == {"A": 30, "R": 108, "P": 209}
+    assert r.job("R").preemptions == 0
+    r = simulate(cl, specs, order="2d-las", params={**params, "queue_order": "fifo"}, round_len=10,
+                 restart_overhead=0)
+    assert jcts(r) == {"A": 30, "P": 129, "R": 208}
+
+
+def test_2d_las_demoted_job_joins_the_tail() -> None:
+    # 1 GPU, threshold 30 GPU-s.  a (arrival 0) runs 0-30 and is demoted at 30; b (arrival 0) runs
+    # 30-60 and is demoted at 60 behind a; c arrives at 40 into queue 0 and runs first at 60 (30 s);
+    # then queue 1 in demotion order: a (70 left) 90-160, b (20 left) 160-180.  The default
+    # thresholds are Tiresias' three queues (3250, 7200 GPU-s).
+    specs = [JobSpec("a", 0, 1, 100), JobSpec("b", 0, 1, 50), JobSpec("c", 40, 1, 30)]
+    r = simulate(ONE_GPU, specs, order="2d-las", params={"thresholds": [30]}, round_len=10, restart_overhead=0)
+    assert jcts(r) == {"a": 160, "b": 180, "c": 50}
+    from gpuloom.policies.base import make
+
+    assert make("order", "2d-las").thresholds == [3250.0, 7200.0]
+
+
 def test_non_preemptive_keeps_running_job() -> None:
     r = simulate(ONE_GPU, THREE, order="srtf", preemptive=False, round_len=10, restart_overhead=0)
     # b 0-50 keeps its GPU when c arrives; c 50-70; a 70-170
@@ -98,16 +128,26 @@ def test_completion_is_not_rounded_to_rounds_and_reschedule_on_completion() -> N
 
 # -- placement -----------------------------------------------------------------
 # 2 nodes x 2 GPUs.  A(1 GPU) and B(1 GPU, short) fill node 0; D arrives at 10 and
-# takes node 1; B ends at 20 and E (2 GPUs) arrives.  Sticky: E must span nodes
-# (locality penalty 1.7).  Non-sticky packed: D migrates to node 0 and E gets node 1.
+# takes node 1; B ends at 20 and E (2 GPUs) arrives.  Sticky and consolidating (the
+# default): E fits on one node, so it waits for A to end at 1000 and runs there.
+# Sticky with consolidate=false: E spans nodes (locality penalty 1.7, it could have
+# used one node).  Non-sticky packed: D migrates to node 0 and E gets node 1.
 FRAG = [
     JobSpec("A", 0, 1, 1000), JobSpec("B", 0, 1, 20), JobSpec("D", 10, 1, 1000), JobSpec("E", 20, 2, 170),
 ]
 TWO_BY_TWO = Cluster.homogeneous(2, 2)
 
 
-def test_packed_sticky_spans_nodes_with_locality_penalty() -> None:
+def test_packed_sticky_consolidates_by_default() -> None:
     r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, restart_overhead=5)
+    # E waits from 20 until A ends at 1000, then runs 170 s on node 0 alone
+    assert r.job("E").jct == pytest.approx(1000 - 20 + 170)
+    assert r.job("D").jct == 1000 and r.job("D").migrations == 0
+
+
+def test_packed_sticky_spans_nodes_with_locality_penalty() -> None:
+    r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, restart_overhead=5,
+                 params={"consolidate": False})
     assert r.job("E").jct == pytest.approx(170 * 1.7)
     assert r.job("D").jct == 1000 and r.job("D").migrations == 0
 
@@ -123,7 +163,7 @@ def test_locality_penalty_parameter() -> None:
     from gpuloom.perf import ThroughputModel
 
     m = ThroughputModel.default(TWO_BY_TWO, locality_penalty=1.0)
-    r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, model=m)
+    r = simulate(TWO_BY_TWO, FRAG, place="packed-sticky", round_len=10, model=m, params={"consolidate": False})
     assert r.job("E").jct == 170
 
 
@@ -138,7 +178,14 @@ def test_random_placement_is_seeded() -> None:
 
 
 def test_gang_multi_gpu_job_spans_when_needed() -> None:
+    # 3 GPUs on 2-GPU nodes need two nodes: its measured duration already includes that (no penalty)
     r = simulate(TWO_BY_TWO, [JobSpec("big", 0, 3, 100)], round_len=10)
+    assert r.job("big").jct == pytest.approx(100)
+    # under rule "any" (PAL's artifact) every spanning job pays 1.7
+    from gpuloom.perf import ThroughputModel
+
+    m = ThroughputModel.default(TWO_BY_TWO, locality_rule="any")
+    r = simulate(TWO_BY_TWO, [JobSpec("big", 0, 3, 100)], round_len=10, model=m)
     assert r.job("big").jct == pytest.approx(170)
 
 

@@ -290,13 +290,43 @@ def test_sizer_parameters_and_groups() -> None:
     assert (r.cpus, r.mem_mb) == (9, 62_500)
 
 
-def test_without_sensitivity_factor_sizers_are_proportional() -> None:
+def test_without_sensitivity_factor_sizers_error() -> None:
+    # a profile-driven sizer with no profiles in the model would silently size like 'proportional'
     cl, specs = scenario()
     view = make_view(cl, specs, small_catalogue())
     view.model = ThroughputModel.default(cl)
     for size in ("greedy", "tune", "opt"):
+        with pytest.raises(PolicyError, match="needs CPU/memory profiles"):
+            run_size(size, view)
+    # an empty factor (profiles may come with jobs, as in the service): jobs without one are proportional
+    view.model = add_sensitivity(ThroughputModel.default(cl))
+    for size in ("greedy", "tune", "opt"):
         plan, _ = run_size(size, view)
         assert len(plan) == 8 and all((a.cpus, a.mem_mb) == (3, 62_500) for a in plan.allocations.values())
+
+
+def test_tune_without_profiles_option_uses_the_trace_profiles(data_dir: Path) -> None:
+    # the Synergy trace reader finds model_sensitivity_profiles.csv; build_model loads it for the sizers
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.sim.traces import load_trace
+
+    specs = load_trace(data_dir / "synergy/traces/dynamic_100job.csv", "synergy")[:20]
+    cl = Cluster.homogeneous(1, 8, 24, 500_000)
+    model = build_model(cl, specs=specs)
+    assert model.get("sensitivity") is not None and len(model.get("sensitivity").catalogue) == 33
+    sched = Scheduler.from_names("srtf", "none", "tune", "packed-sticky")
+    res = Simulator(cl, specs, sched, model, SimConfig(), observers=[tune_invariant_observer]).run()
+    assert res.summary()["completed"] == 20
+    # the profiles were used: some job ran with other than the proportional 3 cores per GPU
+    seen: list[int] = []
+    Simulator(cl, specs, Scheduler.from_names("srtf", "none", "tune", "packed-sticky"), build_model(cl, specs=specs),
+              SimConfig(), observers=[lambda sim, ev: seen.extend(a.cpus for a in sim.current.values())]).run()
+    assert any(c != 3 for c in seen)
+    from gpuloom.sim.synergy_workload import synergy_workload
+
+    gen = synergy_workload(5, seed=0)  # carries no profile file: tune errors instead of running proportional
+    with pytest.raises(SimulationError, match="needs the 'sensitivity' factor.*--profiles"):
+        Simulator(cl, gen, Scheduler.from_names("fifo", "none", "tune", "packed-sticky"), build_model(cl, specs=gen)).run()
 
 
 # -- simulations ----------------------------------------------------------------
@@ -419,3 +449,21 @@ def test_invariants_hold_for_opt_and_non_preemptive_runs(size: str, preemptive: 
         assert sched.size.lp_rounds > 0 and sched.size.last_fallback is None
     if not preemptive:
         assert res.summary()["preemptions"] == 0
+
+
+def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
+    # Synergy's profiles give each model's storage demand per GPU (column "speed", MB/s):
+    # alexnet 62.5*2 = 125, bert int(62.5/3) = 20.  On a 500 MB/s, 8-GPU server a GPU's share is
+    # 62.5 MB/s: alexnet runs at 62.5 / 125 = 0.5 of its speed, bert is not bound.
+    from gpuloom.perf.storage import load_storage_demands
+    from gpuloom.perf.assembly import build_model
+
+    path = data_dir / "synergy/model_sensitivity_profiles.csv"
+    d = load_storage_demands(path)
+    assert d[("alexnet", 1)] == 125.0 and d[("bert", 1)] == 20.0
+    cl = Cluster.homogeneous(1, 8, 24, 500_000)
+    model = build_model(cl, options={"storage_mbps": 500, "profiles": str(path)})
+    part = (Part(0, (0,), 3, 62_500),)
+    assert model.get("storage")(Job(JobSpec("a", 0, 1, 10, model="alexnet")), Allocation("a", part)) == 0.5
+    assert model.get("storage")(Job(JobSpec("b", 0, 1, 10, model="bert")), Allocation("b", part)) == 1.0
+    assert build_model(cl, options={"profiles": str(path)}).get("storage") is None  # off unless given

@@ -27,11 +27,13 @@ def elastic(
     v_bound: Annotated[float, typer.Option(help="Bound on the variance of slowdowns.")] = 0.5,
     slowdown: Annotated[str, typer.Option(help="fraction: f(R)/f(U); factor: f(U)/f(R); both: run each.")] = "both",
     slots: Annotated[str, typer.Option(help="Static slot sizes to compare, comma-separated.")] = "1,2,3,6",
-    hysteresis: Annotated[float, typer.Option(help="Min. throughput gain (it/s) to apply a new plan; <0: off.")] = 1.0,
-    launch: Annotated[float, typer.Option(help="Launch time, s.")] = 10.0,
-    checkpoint: Annotated[float, typer.Option(help="Checkpoint time, s.")] = 5.0,
-    stop: Annotated[float, typer.Option(help="Stop time, s.")] = 2.0,
-    round_len: Annotated[float, typer.Option("--round", help="Round length, s.")] = 10.0,
+    hysteresis: Annotated[float, typer.Option(
+        help="Min. total throughput gain to apply a new plan, in the jobs' iterations/s (thesis: global steps/s); <0: off.")] = 1.0,
+    launch: Annotated[float, typer.Option(help="Launch time, s (an assumption: the thesis gives none).")] = 10.0,
+    checkpoint: Annotated[float, typer.Option(help="Checkpoint time, s (an assumption).")] = 5.0,
+    stop: Annotated[float, typer.Option(help="Stop time, s (an assumption).")] = 2.0,
+    round_len: Annotated[float, typer.Option("--round", help="Also reschedule every this many s (default: on events only, as the thesis).")] = math.inf,
+    step: Annotated[str, typer.Option(help="Thesis step: global (90 samples split over the GPUs) or gpu (per-GPU mini-batch).")] = "global",
     order: Annotated[str, typer.Option(help="Order policy.")] = "fifo",
     place: Annotated[str, typer.Option(help="Place policy for the elastic runs.")] = "packed-sticky",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
@@ -60,7 +62,7 @@ def elastic(
 
             specs = load_trace(trace, fmt)
         else:
-            specs = thesis_specs()
+            specs = thesis_specs(step=step)
         try:
             lt = LifecycleTimes(launch, checkpoint, stop)
         except ValueError as e:

@@ -101,7 +101,8 @@ def serve(
         inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
         # the scheduler and throughput model `simulate` builds for the same options
         stack = Stack(order, group, size, place, not non_preemptive, stack_params(param, model_opts))
-        sched, model = stack.build(inventory, seed)
+        # (bound to each other by the service's driver, after it adds what profiling needs)
+        sched, model = stack.scheduler(), stack.model(inventory, seed)
     if not round_s > 0:
         raise typer.BadParameter(f"--round must be > 0, got {round_s}")
     url = db or f"sqlite:///{sd / 'gpuloom.db'}"

@@ -12,11 +12,12 @@ configure the model, every other one a stage.  The driver then binds the two
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.cluster import Cluster
+from ..core.job import JobSpec
 from ..perf.assembly import build_model, split_params
 from ..perf.model import ThroughputModel
 from ..scheduler import Scheduler
@@ -53,16 +54,17 @@ class Stack:
         policy, _ = self.split()
         return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy)
 
-    def model(self, cluster: Cluster, seed: int | None = None) -> ThroughputModel:
+    def model(self, cluster: Cluster, seed: int | None = None, specs: Sequence[JobSpec] = ()) -> ThroughputModel:
         _, opts = self.split()
         if seed is not None:
             opts.setdefault("seed", seed)
-        return build_model(cluster, opts)
+        return build_model(cluster, opts, specs)
 
-    def build(self, cluster: Cluster, seed: int | None = None) -> tuple[Scheduler, ThroughputModel]:
+    def build(self, cluster: Cluster, seed: int | None = None,
+              specs: Sequence[JobSpec] = ()) -> tuple[Scheduler, ThroughputModel]:
         """Scheduler and model, bound (the stages' required factors added)."""
         sched = self.scheduler()
-        model = self.model(cluster, seed)
+        model = self.model(cluster, seed, specs)
         sched.bind(model)
         return sched, model
 

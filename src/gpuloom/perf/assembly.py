@@ -13,21 +13,24 @@ Everything else follows from the declarations:
   the model (:mod:`gpuloom.cli.common`), so a new factor's options reach
   ``simulate``, ``compare`` and ``serve`` from its declaration alone.
 
-A factor with ``always=True`` is built for every model (neutral unless its
-options or the jobs say otherwise); the others are built when their main
-option (the first one) is given.  ``seed`` is a shared option: the run's seed,
-the default of every seed-like option.
+A factor with ``always=True`` is asked for every model (it may decline, e.g.
+sensitivity without any profiles); the others are built when their main
+option (the first one) is given.  A factor's builder sees the options and the
+run's job specs (a Synergy trace names the profile file its reader loaded, and
+the sizers use those profiles without ``--profiles``).  ``seed`` is a shared
+option: the run's seed, the default of every seed-like option.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core.cluster import Cluster
-from .model import DEFAULT_LOCALITY_PENALTY, Factor, LocalityFactor, ThroughputModel
+from ..core.job import JobSpec
+from .model import DEFAULT_LOCALITY_PENALTY, LOCALITY_RULES, Factor, LocalityFactor, ThroughputModel
 
 
 class ModelOptionError(ValueError):
@@ -57,7 +60,7 @@ class FactorDecl:
 
     name: str
     options: tuple[ModelOption, ...]
-    build: Callable[[Cluster, Mapping[str, Any]], Factor | None]
+    build: Callable[[Cluster, Mapping[str, Any], Sequence[JobSpec]], Factor | None]
     always: bool = False
     help: str = ""
 
@@ -86,12 +89,32 @@ def _any(v: Any) -> Any:
     return v
 
 
+def _rule(v: Any) -> str:
+    r = str(v)
+    if r not in LOCALITY_RULES:
+        raise ValueError(f"expected one of {', '.join(LOCALITY_RULES)}, got {v!r}")
+    return r
+
+
+def _positive(v: Any) -> float:
+    f = float(v)
+    if not f > 0 or f == float("inf"):
+        raise ValueError(f"must be a finite number > 0, got {v!r}")
+    return f
+
+
+def trace_profiles(specs: Sequence[JobSpec]) -> str | None:
+    """The profile file a trace reader loaded for these jobs (Synergy traces), if exactly one."""
+    files = {s.attrs.get("profiles_file") for s in specs if s.attrs and s.attrs.get("profiles_file")}
+    return str(files.pop()) if len(files) == 1 else None
+
+
 # -- the factors ----------------------------------------------------------------------------
-def _locality(cluster: Cluster, o: Mapping[str, Any]) -> Factor:
-    return LocalityFactor(o["locality_penalty"], o.get("per_model_penalty"))
+def _locality(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor:
+    return LocalityFactor(o["locality_penalty"], o.get("per_model_penalty"), cluster, o["locality_rule"])
 
 
-def _scaling(cluster: Cluster, o: Mapping[str, Any]) -> Factor:
+def _scaling(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor:
     from .scaling import ScalingFactor
 
     # speed 1 at a job's requested GPU count, so only sizers that change GPU counts
@@ -99,15 +122,16 @@ def _scaling(cluster: Cluster, o: Mapping[str, Any]) -> Factor:
     return ScalingFactor()
 
 
-def _interleave(cluster: Cluster, o: Mapping[str, Any]) -> Factor:
+def _interleave(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor:
     from .interleave import DEFAULT_THRESHOLD, InterleaveFactor, parse_overhead
 
     thr = o.get("interleave_threshold")
     return InterleaveFactor(threshold=DEFAULT_THRESHOLD if thr is None else float(thr),
-                            overhead=parse_overhead(o.get("interleave_overhead")))
+                            overhead=parse_overhead(o["interleave_overhead"]),
+                            resources=int(o["interleave_stages"]))
 
 
-def _variability(cluster: Cluster, o: Mapping[str, Any]) -> Factor | None:
+def _variability(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
     from .variability import VariabilityFactor, variability_from_spec
 
     seed = o.get("variability_seed")
@@ -116,16 +140,28 @@ def _variability(cluster: Cluster, o: Mapping[str, Any]) -> Factor | None:
     return VariabilityFactor(scores)
 
 
-def _topology(cluster: Cluster, o: Mapping[str, Any]) -> Factor | None:
+def _topology(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
     from .topology import TopologyFactor, load_topology
 
     return TopologyFactor(cluster, load_topology(o["topology"]))
 
 
-def _sensitivity(cluster: Cluster, o: Mapping[str, Any]) -> Factor | None:
+def _sensitivity(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
     from .sensitivity import SensitivityFactor, load_catalogue
 
-    return SensitivityFactor(load_catalogue(o["profiles"]), cluster)
+    path = o.get("profiles") or trace_profiles(specs)
+    return None if path is None else SensitivityFactor(load_catalogue(path), cluster)
+
+
+def _storage(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
+    from .storage import StorageFactor, load_storage_demands
+    from .synergy_profiles import SensitivityError
+
+    path = o.get("profiles") or trace_profiles(specs)
+    if path is None:
+        raise SensitivityError("storage_mbps needs the profiles' storage demands: give --profiles FILE "
+                               "or a trace that carries them")
+    return StorageFactor(load_storage_demands(path), cluster, o["storage_mbps"])
 
 
 #: every factor gpuloom knows, in the order the model multiplies them
@@ -135,11 +171,16 @@ FACTORS: tuple[FactorDecl, ...] = (
                     f"Slowdown of a job spanning nodes (default {DEFAULT_LOCALITY_PENALTY}).", metavar="X",
                     cli_type=float),
         ModelOption("per_model_penalty", _any, None, "Per-model locality penalties (a table).", flag=False),
+        ModelOption("locality_rule", _rule, "excess", "excess: pay for nodes beyond the fewest a job needs; "
+                    "any: every job spanning nodes pays (PAL's artifact).", flag=False),
     ), _locality, always=True, help="cross-node penalty (PAL)"),
     FactorDecl("scaling", (), _scaling, always=True, help="scaling curves f(N) (F-scheduling)"),
     FactorDecl("interleave", (
-        ModelOption("interleave_overhead", _any, None, "Muri sharing overhead: muri, a factor or a list.", flag=False),
+        ModelOption("interleave_overhead", _any, "muri", "Muri sharing overhead: muri (default), none, a factor "
+                    "or a list.", flag=False),
         ModelOption("interleave_threshold", float, None, "Muri stage threshold (fraction).", flag=False),
+        ModelOption("interleave_stages", _int, 4, "Resources interleaved: 4 (storage, CPU, GPU, network) or 3.",
+                    flag=False),
     ), _interleave, always=True, help="GPU sharing of a group (Muri)"),
     FactorDecl("variability", (
         ModelOption("variability", str, None, "PAL PM-scores: a PerfVar CSV, or generate[:DIR] / artifact[:DIR].",
@@ -155,7 +196,11 @@ FACTORS: tuple[FactorDecl, ...] = (
     FactorDecl("sensitivity", (
         ModelOption("profiles", _path, None, "Synergy sensitivity profiles CSV: CPU/memory speed-ups.",
                     metavar="FILE"),
-    ), _sensitivity, help="CPU/memory sensitivity (Synergy)"),
+    ), _sensitivity, always=True, help="CPU/memory sensitivity (Synergy)"),
+    FactorDecl("storage", (
+        ModelOption("storage_mbps", _positive, None, "Storage bandwidth per node, MB/s (Synergy's speed column).",
+                    flag=False),
+    ), _storage, help="storage bandwidth (Synergy)"),
 )
 
 SHARED_OPTIONS: tuple[ModelOption, ...] = (ModelOption("seed", _int, 0, "Seed of generated model data.", flag=False),)
@@ -192,14 +237,15 @@ def normalise_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def build_model(cluster: Cluster, options: Mapping[str, Any] | None = None) -> ThroughputModel:
-    """The throughput model for ``options`` (see the module notes); the same for every face."""
+def build_model(cluster: Cluster, options: Mapping[str, Any] | None = None,
+                specs: Sequence[JobSpec] = ()) -> ThroughputModel:
+    """The throughput model for ``options`` and the run's jobs (see the module notes); the same for every face."""
     opts = normalise_options(options)
     model = ThroughputModel(cluster)
     for decl in FACTORS:
         if not decl.always and opts.get(decl.options[0].name) is None:
             continue
-        f = decl.build(cluster, opts)
+        f = decl.build(cluster, opts, specs)
         if f is not None:
             model.add(f)
     return model

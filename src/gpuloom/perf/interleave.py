@@ -25,13 +25,18 @@ index  resource             evidence in the traces
                             8, 133 ms on 32)
 =====  ===================  ================================================
 
-Muri's paper names four resources: storage I/O, CPU, GPU and network.  Its
-profiler measures data loading (reading samples from storage and preprocessing
-them on the CPU) as one stage, ``resource_time_0``; Muri's own simulator lets
-that stage span the storage and CPU slots of its 4-resource cycle.  Here the
-two are one resource (index 0): we cannot split a time we never see split.
-A profile with four measured stages (storage, CPU, GPU, network) works the same
-way with ``k = 4``; nothing below assumes ``k = 3``.
+Muri's paper names four resources: storage I/O, CPU, GPU and network, and a
+group interleaves up to four jobs, one per resource.  Its profiler measures
+data loading (reading samples from storage and preprocessing them on the CPU)
+as one stage, ``resource_time_0``; Muri's own simulator lets that stage span
+the storage and CPU slots of its 4-resource cycle.  gpuloom does the same: a
+profile has a *layout*, the number of consecutive phases (resources) each
+stage occupies.  A Muri trace profile (3 stages) has layout ``(2, 1, 1)``:
+data loading over storage + CPU, then GPU, then network, a 4-phase cycle
+(:data:`MURI_LAYOUT`).  A profile with four measured stages (storage, CPU,
+GPU, network) has layout ``(1, 1, 1, 1)``.  ``InterleaveFactor(resources=3)``
+keeps the older model in which storage and CPU are one resource (layout
+``(1, 1, 1)``, groups of at most 3).
 
 The trace's stage times do not add up to its ``iteration_time``: stages overlap
 (a prefetching data loader works while the GPU computes: vgg19 on 1 GPU lists
@@ -54,13 +59,27 @@ So a profile always sums to the job's solo iteration time.
 
 Interleaving efficiency
 -----------------------
-A group of ``m <= k`` jobs runs in lock-step *phases*.  An *ordering* gives
+With a layout of spans ``w`` (one per stage) the cycle has ``K = Σ w`` phases
+and a group holds at most ``K`` jobs.  A group of ``m <= K`` jobs runs in
+lock-step *phases*.  An *ordering* gives
 each member a distinct offset ``s_j`` in ``0..k-1``; in phase ``p`` member ``j``
 runs its stage on resource ``(p - s_j) mod k``, so no two members ever want the
 same resource at once.  A phase lasts as long as its longest stage; one cycle
 of ``k`` phases completes one iteration of *every* member::
 
     T(ordering) = Σ_p  max_j  t_j[(p - s_j) mod k]
+
+A stage spanning two phases (data loading over storage and CPU) only needs the
+two phases together to be as long as it: with phase lengths ``d_p``, single-phase
+stages require ``d_p >= a_p`` (the longest single-phase stage in phase ``p``) and
+two-phase stages ``d_p + d_{p+1} >= b_p``.  The cycle is the least ``Σ d_p``, a
+tiny LP solved in closed form: with ``c_p = max(0, b_p - a_p - a_{p+1})`` it is
+``Σ a_p`` plus the largest total of ``c`` over edges of the phase ring that share
+no phase (a maximum matching on the cycle of phases, LP duality; on a 4-ring,
+``max(c_0 + c_2, c_1 + c_3)``).  With every span 1 this is the sum of maxima
+above.  Muri's simulator solves the same constraints by an as-soon-as-possible
+recurrence over two cycles (``matching.py``, ``calc_iteration_time``); the
+steady state is the same where its recurrence converges.
 
 Orderings that differ by a rotation are the same cycle, so the first member is
 fixed at offset 0: ``(k-1)!/(k-m)!`` orderings (2 for pairs at k=3, 3 for pairs
@@ -93,9 +112,17 @@ from ..core.plan import Allocation
 
 #: resource names of the stages in Muri's traces (``resource_time_0..2``)
 MURI_RESOURCES = ("cpu", "gpu", "network")
+#: phases each of those stages occupies in Muri's 4-resource cycle: data loading
+#: spans storage and CPU, then GPU, then network (Muri's paper, Sec. 3; its simulator)
+MURI_LAYOUT = (2, 1, 1)
+#: resources a group interleaves on by default (storage, CPU, GPU, network)
+DEFAULT_RESOURCES = 4
 #: stages shorter than this fraction of the iteration count as zero
 DEFAULT_THRESHOLD = 0.02
-#: Muri's simulator's measured slowdown of a shared iteration, by group size
+#: Muri's measured slowdown of a shared iteration, by group size, relative to a job
+#: alone: its simulator (``jobs.py``, ``itertime_overhead_list``) charges a job alone
+#: 1.015 x its iteration time and a group of 2/3/4 its ideal cycle x 1.33, 1.5,
+#: 1.37 over 1.015, i.e. 1.310, 1.478, 1.350.  On by default (``build_model``).
 MURI_OVERHEAD: Mapping[int, float] = {2: 1.33 / 1.015, 3: 1.5 / 1.015, 4: 1.37 / 1.015}
 
 Profile = tuple[float, ...]
@@ -168,6 +195,52 @@ def _cached_profile(rt: tuple[float, ...], it: float | None, threshold: float) -
 
 
 # ---------------------------------------------------------------------------
+# layouts
+Layout = tuple[int, ...]
+
+
+def layout_for(stages: int, resources: int = DEFAULT_RESOURCES) -> Layout:
+    """The layout of a ``stages``-stage profile on a ``resources``-phase cycle.
+
+    Equal counts: one phase per stage.  Three stages on four resources: Muri's
+    trace layout :data:`MURI_LAYOUT` (data loading over storage and CPU).
+    """
+    if stages == resources:
+        return (1,) * stages
+    if stages == 3 and resources == 4:
+        return MURI_LAYOUT
+    raise ProfileError(f"no layout for {stages}-stage profiles on {resources} resources "
+                       "(profiles need as many stages as resources, or Muri's 3 stages on 4)")
+
+
+def _check_layout(spans: Layout, k: int) -> None:
+    if len(spans) != k or any(w not in (1, 2) for w in spans):
+        raise ProfileError(f"layout {spans} must give 1 or 2 phases to each of the {k} stages")
+
+
+@lru_cache(maxsize=64)
+def _ring_matchings(K: int) -> np.ndarray:
+    """Vertices of the fractional matching polytope of a K-ring of phases: shape (M, K).
+
+    Edge ``p`` joins phases ``p`` and ``p+1``.  Rows are the integral matchings
+    and, for odd K, the all-1/2 vector; max over rows of ``c @ row`` is the LP value.
+    """
+    rows = []
+    for mask in range(1 << K):
+        e = [(mask >> p) & 1 for p in range(K)]
+        if K > 1 and any(e[p] and e[(p + 1) % K] for p in range(K)) and K != 2:
+            continue
+        if K == 2 and e[0] and e[1]:
+            continue
+        rows.append(e)
+    if K % 2 == 1 and K > 1:
+        rows.append([0.5] * K)
+    out = np.array(rows, dtype=np.float64)
+    out.setflags(write=False)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # orderings and cycle times
 @lru_cache(maxsize=64)
 def orderings(m: int, k: int) -> np.ndarray:
@@ -187,27 +260,60 @@ def _gather_index(m: int, k: int) -> np.ndarray:
     return (np.arange(k)[None, None, :] - offs[:, :, None]) % k
 
 
-def cycle_times(profiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+@lru_cache(maxsize=64)
+def _span_index(m: int, spans: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """For a layout: idx[o, j, p] = stage member j *starts* in phase p (k = none), and its span there."""
+    K = sum(spans)
+    k = len(spans)
+    start = np.full(K, k, dtype=np.int64)
+    width = np.zeros(K, dtype=np.int64)
+    q = 0
+    for r, w in enumerate(spans):
+        start[q], width[q] = r, w
+        q += w
+    rel = _gather_index(m, K)  # relative phase of member j in phase p
+    return start[rel], width[rel]
+
+
+def cycle_times(profiles: np.ndarray, spans: Layout | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Best cycle time of each group in a batch.
 
-    ``profiles``: shape (E, m, k) - E groups of m members with k stages.
-    Returns ``(T, best)``: the minimum cycle time over all orderings (E,) and
-    the index of the best ordering into :func:`orderings` ``(m, k)`` (E,).
+    ``profiles``: shape (E, m, k) - E groups of m members with k stages;
+    ``spans``: the layout (phases per stage; default one each).  Returns
+    ``(T, best)``: the minimum cycle time over all orderings (E,) and the index
+    of the best ordering into :func:`orderings` ``(m, K)`` (E,), ``K = Σ spans``.
     """
     P = np.asarray(profiles, dtype=np.float64)
     if P.ndim != 3:
         raise ValueError(f"profiles must have shape (groups, members, stages), got {P.shape}")
     E, m, k = P.shape
-    idx = _gather_index(m, k)  # (O, m, k)
-    # G[e, o, j, p] = P[e, j, idx[o, j, p]]
-    G = P[:, np.arange(m)[None, :, None], idx]
-    T = G.max(axis=2).sum(axis=2)  # (E, O)
+    if spans is None or all(w == 1 for w in spans):
+        if spans is not None:
+            _check_layout(tuple(spans), k)
+        idx = _gather_index(m, k)  # (O, m, k)
+        # G[e, o, j, p] = P[e, j, idx[o, j, p]]
+        G = P[:, np.arange(m)[None, :, None], idx]
+        T = G.max(axis=2).sum(axis=2)  # (E, O)
+    else:
+        spans = tuple(int(w) for w in spans)
+        _check_layout(spans, k)
+        K = sum(spans)
+        if m > K:
+            raise ValueError(f"a group of {m} jobs cannot interleave on {K} resources")
+        sidx, width = _span_index(m, spans)  # (O, m, K)
+        Ppad = np.concatenate([P, np.zeros((E, m, 1))], axis=2)
+        G = Ppad[:, np.arange(m)[None, :, None], sidx]  # (E, O, m, K): stage starting at p
+        a = np.where(width == 1, G, 0.0).max(axis=2)  # (E, O, K)
+        b = np.where(width == 2, G, 0.0).max(axis=2)
+        c = np.maximum(b - a - np.roll(a, -1, axis=2), 0.0)
+        extra = (c @ _ring_matchings(K).T).max(axis=2)
+        T = a.sum(axis=2) + extra
     best = T.argmin(axis=1)
     return T[np.arange(E), best], best
 
 
 def cycle_time_of(profiles: Sequence[Profile], offsets: Sequence[int]) -> float:
-    """Cycle time of one explicit ordering (member ``j`` at offset ``offsets[j]``)."""
+    """Cycle time of one explicit ordering (member ``j`` at offset ``offsets[j]``; one phase per stage)."""
     k = len(profiles[0])
     if len(set(o % k for o in offsets)) != len(offsets):
         raise ValueError("offsets must be distinct modulo the number of resources")
@@ -215,42 +321,48 @@ def cycle_time_of(profiles: Sequence[Profile], offsets: Sequence[int]) -> float:
 
 
 @lru_cache(maxsize=65536)
-def _group_cycle_sorted(profiles: tuple[Profile, ...]) -> float:
+def _group_cycle_sorted(profiles: tuple[Profile, ...], spans: Layout | None = None) -> float:
     if len(profiles) == 1:
         return float(sum(profiles[0]))
-    T, _ = cycle_times(np.array([profiles]))
+    T, _ = cycle_times(np.array([profiles]), spans)
     return float(T[0])
 
 
-def group_cycle(profiles: Sequence[Profile]) -> float:
-    """The cycle time of a group at its best ordering (cached; member order is irrelevant)."""
+def group_cycle(profiles: Sequence[Profile], spans: Layout | None = None) -> float:
+    """The cycle time of a group at its best ordering (cached; member order is irrelevant).
+
+    ``spans``: the profiles' layout (default one phase per stage).
+    """
     if not profiles:
         raise ValueError("empty group")
     k = len(profiles[0])
     if any(len(p) != k for p in profiles):
         raise ProfileError("all members of a group need profiles over the same resources")
-    if len(profiles) > k:
-        raise ProfileError(f"a group of {len(profiles)} jobs cannot interleave on {k} resources")
-    return _group_cycle_sorted(tuple(sorted(tuple(p) for p in profiles)))
+    K = k if spans is None else sum(spans)
+    if len(profiles) > K:
+        raise ProfileError(f"a group of {len(profiles)} jobs cannot interleave on {K} resources")
+    sp = None if spans is None or all(w == 1 for w in spans) else tuple(spans)
+    return _group_cycle_sorted(tuple(sorted(tuple(p) for p in profiles)), sp)
 
 
-def best_ordering(profiles: Sequence[Profile]) -> tuple[float, tuple[int, ...]]:
+def best_ordering(profiles: Sequence[Profile], spans: Layout | None = None) -> tuple[float, tuple[int, ...]]:
     """``(T, offsets)`` of the best ordering, offsets in the members' given order."""
-    k = len(profiles[0])
-    T, best = cycle_times(np.array([list(profiles)]))
-    return float(T[0]), tuple(int(x) for x in orderings(len(profiles), k)[int(best[0])])
+    K = len(profiles[0]) if spans is None else sum(spans)
+    T, best = cycle_times(np.array([list(profiles)]), spans)
+    return float(T[0]), tuple(int(x) for x in orderings(len(profiles), K)[int(best[0])])
 
 
-def efficiency(profiles: Sequence[Profile]) -> float:
-    """Fraction of resource time busy at the best ordering: Σ stage times / (k · T)."""
-    k = len(profiles[0])
-    return float(sum(sum(p) for p in profiles) / (k * group_cycle(profiles)))
+def efficiency(profiles: Sequence[Profile], spans: Layout | None = None) -> float:
+    """Fraction of resource time busy at the best ordering: Σ stage times / (K · T)."""
+    K = len(profiles[0]) if spans is None else sum(spans)
+    return float(sum(sum(p) for p in profiles) / (K * group_cycle(profiles, spans)))
 
 
-def group_iteration_times(profiles: Sequence[Profile], overhead: Mapping[int, float] | None = None) -> list[float]:
+def group_iteration_times(profiles: Sequence[Profile], overhead: Mapping[int, float] | None = None,
+                          spans: Layout | None = None) -> list[float]:
     """Each member's iteration time inside the group (the same cycle for all)."""
     m = len(profiles)
-    T = group_cycle(profiles) * (overhead or {}).get(m, 1.0) if m > 1 else float(sum(profiles[0]))
+    T = group_cycle(profiles, spans) * (overhead or {}).get(m, 1.0) if m > 1 else float(sum(profiles[0]))
     return [max(T, float(sum(p))) for p in profiles]
 
 
@@ -290,7 +402,10 @@ class InterleaveFactor:
 
     ``overhead`` multiplies the cycle of a group of size m by ``overhead[m]``
     (measured interference of sharing; :data:`MURI_OVERHEAD` are Muri's
-    values); ``threshold`` is the stage threshold of :func:`stage_profile`.
+    values); ``threshold`` is the stage threshold of :func:`stage_profile`;
+    ``resources`` is the cycle a group interleaves on (4: storage, CPU, GPU,
+    network, Muri's model; a 3-stage trace profile then has layout
+    :data:`MURI_LAYOUT`; 3: storage and CPU as one resource).
     """
 
     name = "interleave"
@@ -300,7 +415,11 @@ class InterleaveFactor:
         jobs: Mapping[str, Job | JobSpec] | Callable[[str], Job | JobSpec] | None = None,
         threshold: float = DEFAULT_THRESHOLD,
         overhead: Mapping[int, float] | None = None,
+        resources: int = DEFAULT_RESOURCES,
     ) -> None:
+        if int(resources) < 1:
+            raise ValueError(f"interleave resources must be >= 1, got {resources}")
+        self.resources = int(resources)
         if not 0 <= threshold < 1:
             raise ValueError(f"interleave threshold must be in [0, 1), got {threshold}")
         for m, f in (overhead or {}).items():
@@ -319,6 +438,16 @@ class InterleaveFactor:
 
     def overhead_for(self, m: int) -> float:
         return self.overhead.get(m, 1.0) if m > 1 else 1.0
+
+    def layout(self, stages: int) -> Layout:
+        """Phases per stage for ``stages``-stage profiles on this factor's cycle."""
+        if stages != self.resources and not (stages == 3 and self.resources == 4):
+            return (1,) * stages  # profiles of another length: one phase per stage
+        return layout_for(stages, self.resources)
+
+    def cycle_length(self, stages: int) -> int:
+        """Most jobs a group of ``stages``-stage profiles can hold."""
+        return sum(self.layout(stages))
 
     def profile(self, job: Job | JobSpec) -> Profile | None:
         spec = job.spec if isinstance(job, Job) else job
@@ -342,7 +471,7 @@ class InterleaveFactor:
         """Iteration time of every member of a group with these profiles (overhead included)."""
         if len(profiles) == 1:
             return float(sum(profiles[0]))
-        return group_cycle(profiles) * self.overhead_for(len(profiles))
+        return group_cycle(profiles, self.layout(len(profiles[0]))) * self.overhead_for(len(profiles))
 
     def __call__(self, job: Job, alloc: Allocation) -> float:
         if not alloc.group:

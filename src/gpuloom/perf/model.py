@@ -5,9 +5,13 @@
 means its trace duration is its run time.  It is the product of independent
 *factors*, each a small object with ``__call__(job, alloc) -> float``:
 
-* :class:`LocalityFactor` – a multi-GPU job spread over several nodes is slowed
-  down by a multiplicative penalty (PAL's evaluation uses 1.7), per model where
-  known.
+* :class:`LocalityFactor` – a multi-GPU job spread over more nodes than it
+  must use is slowed down by a multiplicative penalty (PAL's evaluation uses
+  1.7), per model where known.  A job larger than a node already needs several
+  nodes, and its measured iteration time includes that all-reduce (Muri's and
+  Tiresias' traces); it pays only for spanning *more* nodes than the fewest
+  that can hold it (``rule="excess"``, the default).  ``rule="any"`` charges
+  every job that spans nodes (PAL's artifact).
 * :class:`~gpuloom.perf.interleave.InterleaveFactor` – a job sharing GPUs
   with a group (Muri) runs at its solo iteration time over the group's
   interleaved iteration time; 1.0 for a job alone (switched on by
@@ -26,7 +30,7 @@ that allocation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from ..core.cluster import Cluster
@@ -43,22 +47,60 @@ class Factor(Protocol):
     def __call__(self, job: Job, alloc: Allocation) -> float: ...
 
 
+LOCALITY_RULES = ("excess", "any")
+
+
+def min_nodes(node_sizes: Sequence[int], gpus: int) -> int:
+    """The fewest nodes (``node_sizes`` sorted largest first) whose GPUs add up to ``gpus``."""
+    total = 0
+    for i, n in enumerate(node_sizes):
+        total += n
+        if total >= gpus:
+            return i + 1
+    return max(1, len(node_sizes))
+
+
 class LocalityFactor:
-    """Slowdown ``1/penalty`` for a job whose GPUs span more than one node."""
+    """Slowdown ``1/penalty`` for a job spread over more nodes than it needs.
+
+    ``rule="excess"`` (default): a job pays when its parts outnumber the fewest
+    nodes of the cluster that could hold its GPUs (``min_nodes``; 1 for a job
+    that fits on a node).  Without a cluster every multi-node job needs one
+    node more than it has, i.e. the rule is ``"any"``.  ``rule="any"``: every
+    job that spans nodes pays (PAL's artifact; the old behaviour).
+    """
 
     name = "locality"
 
-    def __init__(self, penalty: float = DEFAULT_LOCALITY_PENALTY, per_model: Mapping[str, float] | None = None) -> None:
+    def __init__(self, penalty: float = DEFAULT_LOCALITY_PENALTY, per_model: Mapping[str, float] | None = None,
+                 cluster: Cluster | None = None, rule: str = "excess") -> None:
         if penalty < 1.0:
             raise ValueError(f"locality penalty must be >= 1, got {penalty}")
+        if rule not in LOCALITY_RULES:
+            raise ValueError(f"locality rule must be one of {', '.join(LOCALITY_RULES)}, got {rule!r}")
         self.penalty = penalty
         self.per_model = {normalise_model(k): v for k, v in (per_model or {}).items()}
+        self.rule = rule
+        self.node_sizes: tuple[int, ...] = (
+            tuple(sorted((n.gpus for n in cluster.nodes), reverse=True)) if cluster is not None else ()
+        )
+        self._need: dict[int, int] = {}
 
     def penalty_for(self, model: str) -> float:
         return self.per_model.get(normalise_model(model), self.penalty) if self.per_model else self.penalty
 
+    def needed_nodes(self, gpus: int) -> int:
+        """Nodes a job of ``gpus`` GPUs must span at least (1 without a cluster or under ``rule="any"``)."""
+        if self.rule == "any" or not self.node_sizes:
+            return 1
+        n = self._need.get(gpus)
+        if n is None:
+            n = self._need[gpus] = min_nodes(self.node_sizes, gpus)
+        return n
+
     def __call__(self, job: Job, alloc: Allocation) -> float:
-        if len(alloc.parts) <= 1:
+        k = len(alloc.parts)
+        if k <= 1 or k <= self.needed_nodes(alloc.num_gpus):
             return 1.0
         return 1.0 / self.penalty_for(job.spec.model)
 
@@ -72,8 +114,8 @@ class ThroughputModel:
 
     @classmethod
     def default(cls, cluster: Cluster, locality_penalty: float = DEFAULT_LOCALITY_PENALTY,
-                per_model_penalty: Mapping[str, float] | None = None) -> ThroughputModel:
-        return cls(cluster, [LocalityFactor(locality_penalty, per_model_penalty)])
+                per_model_penalty: Mapping[str, float] | None = None, locality_rule: str = "excess") -> ThroughputModel:
+        return cls(cluster, [LocalityFactor(locality_penalty, per_model_penalty, cluster, locality_rule)])
 
     def bind(self, jobs: Mapping[str, Job]) -> None:
         """Give every factor that looks at other jobs (has ``bind``) the id → Job table."""

@@ -417,3 +417,38 @@ def synergy_curves(path: str | Path) -> dict[str, dict[int, float]]:
         if r.iter_time is not None:
             out[normalise_model(r.model)][r.gpus] = round(r.gpus / r.iter_time, 4)
     return dict(out)
+
+
+#: samples in one global step of the F-scheduling thesis' jobs, split over the job's GPUs
+THESIS_SAMPLES_PER_STEP = 90
+#: per-GPU mini-batch of the weak-scaling measurements (Tiresias' CNN benchmarks); an assumption:
+#: the 60-job trace does not record batch sizes
+WEAK_SCALING_BATCH = 32
+
+
+def strong_scaling_curve(
+    weak: ScalingCurve, samples_per_step: float = THESIS_SAMPLES_PER_STEP, batch: float = WEAK_SCALING_BATCH,
+    max_gpus: int = 8,
+) -> dict[int, float]:
+    """Global steps/s on n GPUs when each step's ``samples_per_step`` are split over the GPUs.
+
+    ``weak`` is a weak-scaling curve (per-GPU mini-batches of ``batch`` samples,
+    f(n) = n / step time).  Its step time T(n) = n / f(n) is compute on one
+    mini-batch, T(1), plus synchronisation, T(n) - T(1).  A strong-scaling step
+    computes ``samples_per_step / n`` samples per GPU, at the same per-sample
+    cost, and synchronises the same gradients:
+    ``g(n) = 1 / ((samples_per_step / (n batch)) T(1) + T(n) - T(1))``.
+    """
+    if not samples_per_step > 0 or not batch > 0:
+        raise ScalingError("samples per step and batch must be > 0")
+    if weak(1) <= 0:
+        raise ScalingError(f"{weak.source}: no throughput on 1 GPU")
+    t1 = 1.0 / weak(1)
+    out = {}
+    for n in range(1, max_gpus + 1):
+        f = weak(n)
+        if f <= 0:
+            out[n] = 0.0
+            continue
+        out[n] = 1.0 / (samples_per_step / (n * batch) * t1 + max(0.0, n / f - t1))
+    return out

@@ -20,9 +20,11 @@ One row per ``model_gpus`` (``alexnet_1``, ``res18_4``; ``shufflenet_12`` is a
     iteration, > 0;
 ``speedup`` (optional; may be empty)  best throughput over GPU-proportional;
 ``tput_rows`` (optional; may be empty)  the CPU x memory throughput matrix,
-    rows separated by ``|``, cells by ``,``; every row as long as the first.
+    rows separated by ``|``, cells by ``,``; every row as long as the first;
+``speed`` (optional; may be empty)  the storage bandwidth the job reads, MB/s
+    per GPU (:mod:`gpuloom.perf.storage`).
 
-Other columns (``speed``, ``batch``, ...) are ignored.  Cells may be arithmetic
+Other columns (``batch``, ...) are ignored.  Cells may be arithmetic
 (``62.5*2``, ``int(62.5/3)``), evaluated by :func:`gpuloom.core.parse.safe_arith`.
 Blank lines are skipped; a name given twice is an error.  What the matrix axes
 mean is the sensitivity module's business (:mod:`gpuloom.perf.sensitivity`).
@@ -40,7 +42,7 @@ from ..core.parse import FieldError, safe_arith
 __all__ = ["ProfileFileError", "ProfileRow", "SensitivityError", "read_profile_rows"]
 
 REQUIRED = ("model_file", "cpus", "mem", "iter_time")
-OPTIONAL = ("speedup", "tput_rows")
+OPTIONAL = ("speedup", "tput_rows", "speed")
 
 
 class SensitivityError(ValueError):
@@ -67,6 +69,7 @@ class ProfileRow:
     iter_time: float | None
     speedup: float | None
     tput: Matrix | None
+    storage_mbps: float | None = None  # the `speed` column: storage MB/s per GPU
 
 
 def _rows(p: Path) -> Iterator[tuple[int, list[str]]]:
@@ -145,7 +148,7 @@ def read_profile_rows(path: str | Path) -> list[ProfileRow]:
         tput = None
         if "tput_rows" in idx and row[idx["tput_rows"]].strip():
             tput = _matrix(row[idx["tput_rows"]], p, line)
-        out.append(ProfileRow(name, model, int(g), line, cpus, mem, iter_time, num("speedup"), tput))
+        out.append(ProfileRow(name, model, int(g), line, cpus, mem, iter_time, num("speedup"), tput, num("speed")))
     if not out:
         raise ProfileFileError("no profiles", p)
     return out

@@ -31,8 +31,9 @@ One round:
    (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
    member down and is worth it only instead of waiting.  Rounds repeat (pairs,
    then pairs of pairs or pair + single, ...) until the units fit, groups hold
-   ``max_group`` (default ``k``, one job per resource) jobs, or nothing can
-   merge.  With two resource types one round is the optimal pairing.
+   ``max_group`` (default: one job per resource of the interleaving cycle, 4
+   for Muri's storage/CPU/GPU/network; a larger value is an error) jobs, or
+   nothing can merge.  With two resource types one round is the optimal pairing.
    ``pack_all=True`` merges every matched pair regardless of demand.
 4. **Units**: every group and every job left alone becomes a unit, ranked by
    its highest-priority member; the size and place stages then treat a unit as
@@ -148,8 +149,13 @@ class MuriGrouping(GroupPolicy):
         ks = {len(p) for p in profiles if p is not None}
         if len(ks) > 1:
             raise PolicyError(f"group policy 'muri': jobs have stage profiles of different lengths {sorted(ks)}")
+        has_profiles = bool(ks)
         k = ks.pop() if ks else 1
-        cap_group = min(self.max_group or k, k)
+        K = factor.cycle_length(k) if has_profiles else 1
+        if self.max_group is not None and has_profiles and self.max_group > K:
+            raise PolicyError(f"group policy 'muri': max_group={self.max_group}, but jobs with {k}-stage profiles "
+                              f"interleave on {K} resources, so a group holds at most {K} jobs")
+        cap_group = min(self.max_group or K, K)
         admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group)
         units: list[list[int]] = []
         buckets: dict[int, list[int]] = {}
@@ -294,10 +300,11 @@ class MuriGrouping(GroupPolicy):
                 else:
                     W[a, b] = W[b, a] = w
         if missing:
-            k = len(ukeys[0][0])
+            spans = factor.layout(len(ukeys[0][0]))
+            k = sum(spans)
             for m, todo in missing.items():
                 members = np.array([x + y for _, _, (x, y) in todo], dtype=np.float64)  # (E, m, k)
-                T, _ = cycle_times(members)
+                T, _ = cycle_times(members, spans)
                 T = T * factor.overhead_for(m)
                 work = members.sum(axis=(1, 2))
                 for (a, b, ck), t, wk in zip(todo, T.tolist(), work.tolist(), strict=True):

@@ -23,10 +23,12 @@ options).  Jobs past the prefix follow in queue order (backfill; with
 ``backfill=False`` they wait, as in PAL's artifact).
 ``priority="queue"`` keeps the order policy's order unchanged.
 
-**PM-First** takes the job's ``N`` free GPUs with the best (lowest) levels;
-among GPUs of the same level it prefers nodes whose count of free GPUs of
-that level best matches what is still needed (PAL's best-match locality
-score), then lower node and GPU ids.
+**PM-First** takes the job's ``N`` free GPUs with the best (lowest) raw
+PM-scores for its class, ties by GPU id, with no locality tie-break: the
+paper's PM-First (SC'24, Sec. IV).  ``-P pm_sort=binned`` sorts by binned
+level instead and, among GPUs of the same level, prefers nodes whose count of
+free GPUs of that level best matches what is still needed (PAL's best-match
+locality score), then lower node and GPU ids: PAL's artifact.
 
 **PAL** walks the LV matrix: every (level ``v``, within/across) pair has the
 LV-product ``v * L`` with ``L = 1`` inside a node and ``L = penalty`` across
@@ -243,11 +245,35 @@ class _VariabilityPlace(PlacePolicy):
 
 @register("place", "pm-first")
 class PMFirst(_VariabilityPlace):
-    """PM-First: the job's N best free GPUs for its class, wherever they are."""
+    """PM-First: the job's N best free GPUs for its class, wherever they are.
+
+    ``pm_sort="raw"`` (default, the paper): by raw PM-score, ties by GPU id;
+    ``"binned"``: by binned level with the best-match locality tie-break (the artifact).
+    """
+
+    def __init__(self, locality_penalty: float | None = None, priority: str = "class",
+                 require_scores: bool = False, backfill: bool | str = True, pm_sort: str = "raw") -> None:
+        super().__init__(locality_penalty, priority, require_scores, backfill)
+        if pm_sort not in ("raw", "binned"):
+            raise ValueError(f"pm_sort must be raw or binned, got {pm_sort!r}")
+        self.pm_sort = pm_sort
+        self._raw: dict[tuple[int, int], np.ndarray] = {}
 
     def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         st = self.scores(view)
-        cv = st.cls(st.factor.job_class(req.job))
+        c = st.factor.job_class(req.job)
+        if self.pm_sort == "raw":
+            key = (id(st), c)
+            order = self._raw.get(key)
+            if order is None:
+                raw = np.asarray(st.factor.scores, dtype=np.float64)
+                col = raw[:, c] if raw.ndim == 2 else raw
+                order = self._raw[key] = np.lexsort((np.arange(col.size), col))
+            idx = np.flatnonzero(free.gpu_free[order])
+            if idx.size < req.gpus:
+                return None
+            return self._parts(req, free, order[idx[: req.gpus]])
+        cv = st.cls(c)
         gpus = self.pm_first(cv, free, req.gpus)
         return None if gpus is None else self._parts(req, free, gpus)
 

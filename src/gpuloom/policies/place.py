@@ -10,8 +10,13 @@ random-sticky          uniformly random free GPUs; running jobs stay put
 random-non-sticky      uniformly random free GPUs, drawn again every round
 =====================  ==========================================================
 
-Spanning nodes is allowed for every policy; the throughput model charges the
-locality penalty.  All selection and gang logic lives in
+The packed policies *consolidate* by default, as Tiresias' and Muri's YARN-style
+placement does: a job that fits on one node runs on one node or waits, and a
+larger job takes the fewest nodes that can hold it or waits.  ``-P
+consolidate=false`` lets them split a job over more nodes when no such set is
+free (Gandiva-style); the throughput model then charges the locality penalty
+for the extra nodes.  Random placement draws GPUs from the whole cluster
+(PAL's random baselines).  All selection and gang logic lives in
 :class:`~gpuloom.policies.base.PlacePolicy`; these classes only pick GPUs.
 """
 
@@ -20,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.plan import Part
-from .base import FreeState, PlacePolicy, Request, View, need_on, register, split_parts
+from ..perf.model import min_nodes
+from .base import FreeState, PlacePolicy, Request, View, need_on, parse_flag, register, split_parts
 
 
 def _prefer(ids: list[int], prev: frozenset[int]) -> list[int]:
@@ -30,8 +36,12 @@ def _prefer(ids: list[int], prev: frozenset[int]) -> list[int]:
     return [g for g in ids if g in prev] + [g for g in ids if g not in prev]
 
 
-def packed_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool = False) -> tuple[Part, ...] | None:
     """Best fit on one node (fewest free GPUs that fit), else the fewest nodes.
+
+    With ``consolidate`` a job never spans more nodes than the fewest that
+    could hold it on an empty cluster (one, for a job that fits on a node):
+    if no such set is free, it gets nothing and waits.
 
     Ties between equally good nodes go to the node the job already runs on, and
     on a node the job's current GPUs come first, so re-placing a running job
@@ -53,6 +63,9 @@ def packed_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...]
                     return parts
     if free.free_gpus < k:
         return None
+    limit = min_nodes(_node_sizes(cl), k) if consolidate else cl.num_nodes
+    if limit <= 1 and consolidate:
+        return None
     by_node: dict[int, list[int]] = {}
     left = k
     for node in np.argsort(-ng, kind="stable").tolist():
@@ -65,12 +78,29 @@ def packed_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...]
                 break
             take -= 1
         if take:
+            if len(by_node) >= limit:
+                return None
             by_node[node] = _prefer(free.free_on(node), prev)[:take]
             left -= take
     if left:
         return None
     parts = split_parts(cl, req, by_node)
     return parts if free.fits(parts, len(req.jobs)) else None
+
+
+_SIZES: dict[int, tuple[object, tuple[int, ...]]] = {}
+
+
+def _node_sizes(cl) -> tuple[int, ...]:  # noqa: ANN001
+    """Node GPU counts, largest first (cached per cluster object)."""
+    hit = _SIZES.get(id(cl))
+    if hit is not None and hit[0] is cl:
+        return hit[1]
+    sizes = tuple(sorted((n.gpus for n in cl.nodes), reverse=True))
+    if len(_SIZES) > 64:
+        _SIZES.clear()
+    _SIZES[id(cl)] = (cl, sizes)
+    return sizes
 
 
 def random_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
@@ -88,10 +118,16 @@ def random_choice(req: Request, free: FreeState, view: View) -> tuple[Part, ...]
 
 @register("place", "packed-sticky", "tiresias")
 class PackedSticky(PlacePolicy):
+    """Packed placement; ``consolidate`` (default true) keeps jobs on the fewest nodes or makes them wait."""
+
     sticky = True
 
+    def __init__(self, backfill: bool | str = True, consolidate: bool | str = True) -> None:
+        super().__init__(backfill)
+        self.consolidate = parse_flag(consolidate, "consolidate")
+
     def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
-        return packed_choice(req, free, view)
+        return packed_choice(req, free, view, self.consolidate)
 
 
 @register("place", "packed-non-sticky", "gandiva")

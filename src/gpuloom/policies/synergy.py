@@ -116,9 +116,10 @@ def _ref_node(view: View) -> int:
 class _SynergySizer(SizePolicy):
     fixed_gpus = True
     needs_profiles = True
-    #: the sizers read profiles from the model's sensitivity factor; a default one reads
-    #: each job's own profile (``JobSpec.profile``, e.g. from Synergy's trace reader)
-    requires_factors = {"sensitivity": lambda cluster: SensitivityFactor(None, cluster)}
+    #: the sizers read profiles from the model's sensitivity factor, which has no default: without
+    #: --profiles, a trace that carries them, or the service's profiling, they would size like
+    #: 'proportional' in silence, so a run without profiles is refused
+    requires_factors = {"sensitivity": None}
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, profiles: str | None = None) -> None:
         threshold = float(threshold)
@@ -155,6 +156,12 @@ class _SynergySizer(SizePolicy):
         return d
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
+        if units and sensitivity_factor(view) is None:
+            raise PolicyError(
+                f"size policy {self.name!r} needs CPU/memory profiles: pass --profiles FILE (-P profiles=FILE), "
+                "read a trace that carries them (Synergy traces find model_sensitivity_profiles.csv), or add "
+                "them with perf.sensitivity.add_sensitivity; without them it would size like 'proportional'"
+            )
         out = []
         for unit in units:
             if len(unit) != 1:

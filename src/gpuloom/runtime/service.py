@@ -134,8 +134,10 @@ class Service:
         self.clock: Clock = clock or SystemClock()
         self.round_s = float(round_s)
         self.model = model or build_model(cluster)  # the same model `simulate` builds
-        if profiling is not None and not isinstance(self.model.get("sensitivity"), SensitivityFactor):
-            add_sensitivity(self.model)  # stored profiles reach the sizers through it
+        if (profiling is not None or scheduler.needs_profiles) and not isinstance(self.model.get("sensitivity"),
+                                                                                   SensitivityFactor):
+            # stored profiles, and profiles submitted with a job, reach the sizers through it
+            add_sensitivity(self.model)
         epoch = float(store.set_meta_default("epoch", repr(self.clock.time())))
         self.mirror = Mirror(store, self.clock, epoch, float(default_duration), float(protect_factor))
         self.actuator = Actuator(self.mirror, cluster, executor, self.state_dir, float(grace_s),

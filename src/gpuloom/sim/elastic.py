@@ -2,9 +2,14 @@
 
 * :func:`thesis_specs` builds the F-scheduling thesis workload: ResNet-50 and
   InceptionV3 training jobs of 2,000 steps arriving at 0, 100, 200, 300 s on
-  one 6-GPU machine.  A job asks for 1 GPU; a "step" is one per-GPU
-  mini-batch (the built-in curves' unit), so its reference duration is
-  2000 / f(1) seconds and on n GPUs it runs at f(n) steps/s.
+  one 6-GPU machine.  A job asks for 1 GPU.  As in the thesis a "step" is a
+  *global* step of 90 samples split over the job's GPUs (strong scaling):
+  each job carries its curve g(n) in global steps/s
+  (:func:`~gpuloom.perf.scaling.strong_scaling_curve` of the built-in
+  weak-scaling curve), so its reference duration is 2000 / g(1) s, and the
+  hysteresis threshold (1 step/s in the thesis) is in global steps/s, the
+  unit of ``iterations_per_second``.  ``step="gpu"`` keeps the older reading
+  (one per-GPU mini-batch on the weak-scaling curve).
 * :func:`compare_elastic_static` runs elastic sizing (F-scheduling) and the
   static-slot baseline on the same jobs in lifecycle mode and returns the
   results by name.
@@ -24,6 +29,7 @@ matplotlib is imported lazily (Agg backend) so that the simulator never needs it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +38,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import JobSpec
-from ..perf.scaling import builtin_curve
+from ..perf.scaling import THESIS_SAMPLES_PER_STEP, WEAK_SCALING_BATCH, builtin_curve, strong_scaling_curve
 from ..scheduler import Scheduler
 from .engine import LifecycleTimes, SimConfig, Simulator
 from .metrics import RunResult
@@ -40,13 +46,22 @@ from .metrics import RunResult
 THESIS_ARRIVALS = ((0.0, "resnet50"), (100.0, "inception3"), (200.0, "resnet50"), (300.0, "inception3"))
 
 
-def thesis_specs(steps: int = 2000, arrivals: Sequence[tuple[float, str]] = THESIS_ARRIVALS) -> list[JobSpec]:
+def thesis_specs(steps: int = 2000, arrivals: Sequence[tuple[float, str]] = THESIS_ARRIVALS,
+                 step: str = "global", samples_per_step: float = THESIS_SAMPLES_PER_STEP,
+                 batch: float = WEAK_SCALING_BATCH, max_gpus: int = 6) -> list[JobSpec]:
+    if step not in ("global", "gpu"):
+        raise ValueError(f"step must be global or gpu, got {step!r}")
     out = []
     for i, (t, model) in enumerate(arrivals):
         c = builtin_curve(model)
         if c is None or c(1) <= 0:
             raise ValueError(f"no built-in throughput curve for {model!r} at 1 GPU")
-        out.append(JobSpec.from_iterations(f"{i}-{model}", t, 1, steps, 1.0 / c(1), model=model))
+        if step == "gpu":
+            out.append(JobSpec.from_iterations(f"{i}-{model}", t, 1, steps, 1.0 / c(1), model=model))
+            continue
+        g = strong_scaling_curve(c, samples_per_step, batch, max_gpus)
+        out.append(JobSpec.from_iterations(f"{i}-{model}", t, 1, steps, 1.0 / g[1], model=model,
+                                           attrs={"throughput": g}))
     return out
 
 
@@ -127,14 +142,15 @@ def compare_elastic_static(
     slots: Sequence[int] = (1, 2, 3, 6),
     elastic: Mapping[str, Mapping[str, object]] | None = None,
     lifecycle: LifecycleTimes | None = None,
-    round_len: float = 10.0,
+    round_len: float = math.inf,
     order: str = "fifo",
     place: str = "packed-sticky",
 ) -> dict[str, ElasticRun]:
     """Elastic configurations (name -> size params) and ``static n=…`` for each slot size.
 
-    Every run: lifecycle mode, rounds every ``round_len`` s and on every
-    arrival and completion, grouping off, invariant checks every round.
+    Every run: lifecycle mode, rounds on every arrival and completion (the
+    thesis schedules on events; ``round_len`` adds periodic rounds), grouping
+    off, invariant checks every round.
     """
     lt = lifecycle or LifecycleTimes()
     elastic = elastic if elastic is not None else {"elastic v<=0.5": {"v_bound": 0.5}}

@@ -116,10 +116,10 @@ class RunConfig:
         self.scheduler(where)
         return self
 
-    def model(self, cluster: Cluster) -> ThroughputModel:
-        """The throughput model for this configuration (:func:`~gpuloom.perf.assembly.build_model`)."""
+    def model(self, cluster: Cluster, specs: Sequence[JobSpec] = ()) -> ThroughputModel:
+        """The throughput model for this configuration and trace (:func:`~gpuloom.perf.assembly.build_model`)."""
         try:
-            return self.stack.model(cluster, self.sim.seed)
+            return self.stack.model(cluster, self.sim.seed, specs)
         except ModelOptionError as e:
             raise ConfigError(f"config {self.name!r}: {e}") from None
 
@@ -342,8 +342,11 @@ def run_config(
 ) -> RunResult:
     """Run one configuration; the result's ``config`` carries the label and parameters."""
     sched = rc.scheduler()
-    model = model_builder(cluster) if model_builder is not None else rc.model(cluster)
-    sched.bind(model)  # the factors a stage requires, as the service binds them
+    model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
+    try:
+        sched.bind(model)  # the factors a stage requires, as the service binds them
+    except PolicyError as e:
+        raise ConfigError(f"config {rc.name!r}: {e}") from None
     result = Simulator(cluster, specs, sched, model, rc.sim).run(progress)
     result.config = {"label": rc.name, **result.config, "params": dict(rc.params),
                      "locality_penalty": rc.locality_penalty}

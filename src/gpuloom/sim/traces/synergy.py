@@ -99,6 +99,8 @@ def read_synergy(path: str | Path, profiles: str | Path | None = None,
                                        "pass profiles= or iter_times=")
             it = rec.iter_time
         attrs: dict[str, Any] = {} if rec is None else {
-            "sensitivity": {k: v for k, v in _record(rec).items() if k != "iter_time"}}
+            "sensitivity": {k: v for k, v in _record(rec).items() if k != "iter_time"},
+            # where the profiles came from: the model loads them for the sizers (greedy/tune/opt)
+            "profiles_file": str(prof_path)}
         b.add(w, JobSpec.from_iterations, jid, arrival, gpus, iters, it, model=model, attrs=attrs)
     return b.done(profiles=None if prof_path is None else prof_path.name)

@@ -1,0 +1,62 @@
+"""``gpuloom reproduce``: each source's headline experiment, published figures beside gpuloom's.
+
+=========  ============================================================  =====================
+name       experiment                                                    published figure
+=========  ============================================================  =====================
+muri       trace 3 on 8x8: SRTF, SRSF, Muri-S, Tiresias, Muri-L          Muri Fig. 9 and 10
+synergy    TUNE vs GPU-proportional, 128 GPUs, Synergy's model mix       Synergy abstract
+pal        PM-First and PAL vs Packed-Sticky, 8 Sia-Philly workloads     PAL Sec. V-B
+fsched     F-scheduling vs static partitions, thesis scenario            thesis (direction)
+=========  ============================================================  =====================
+
+Each module's docstring states its setting, its presets (``paper``,
+``artifact``) and where gpuloom differs.  Results are :class:`Result` objects
+(rows of published vs gpuloom over seeds); :func:`run` also writes a JSON file
+and a bar chart per experiment.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import fsched, muri, pal, synergy
+from .common import PRESETS, ReproduceError, Result, Row, data_dir, plot, table
+
+EXPERIMENTS: dict[str, Callable[..., Result]] = {
+    "muri": muri.run, "synergy": synergy.run, "pal": pal.run, "fsched": fsched.run,
+}
+#: seeds by default where randomness enters (workload draws, PM-score draws)
+DEFAULT_SEEDS = {"muri": 1, "synergy": 3, "pal": 3, "fsched": 1}
+
+
+def run(names: str | list[str], data: str | Path | None = None, preset: str = "paper", seeds: int | None = None,
+        out: str | Path | None = None, limit: int | None = None) -> list[Result]:
+    """Run experiments by name (``all`` = every one); write ``reproduce.json`` and plots to ``out``."""
+    if isinstance(names, str):
+        names = list(EXPERIMENTS) if names == "all" else [names]
+    for n in names:
+        if n not in EXPERIMENTS:
+            raise ReproduceError(f"unknown experiment {n!r}; choose from {', '.join(EXPERIMENTS)} or all")
+    if preset not in PRESETS:
+        raise ReproduceError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    d = data_dir(data)
+    results = []
+    for n in names:
+        t0 = time.perf_counter()
+        s = seeds if seeds is not None else DEFAULT_SEEDS[n]
+        res = EXPERIMENTS[n](d, preset, s if DEFAULT_SEEDS[n] > 1 else 1, limit)
+        res.wall_s = time.perf_counter() - t0
+        results.append(res)
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "reproduce.json").write_text(json.dumps([r.as_dict() for r in results], indent=2))
+        for r in results:
+            plot(r, folder)
+    return results
+
+
+__all__ = ["EXPERIMENTS", "PRESETS", "ReproduceError", "Result", "Row", "run", "table"]
