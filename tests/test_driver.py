@@ -1,0 +1,205 @@
+"""The driver layer: one owner of jobs and plans for both faces, with a backend per face.
+
+Hand-checked scenarios on a recording backend (no simulator, no service):
+co-runners regrouped at a completion, a launch that fails alone, a launch the
+backend defers, lifecycle steps per action; and the routes from options to a
+run (qualified parameters, model flags on every command, requirements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.job import Job, JobSpec, JobStatus
+from gpuloom.core.lifecycle import JobState
+from gpuloom.core.plan import ActionKind, Allocation, Part
+from gpuloom.driver import Driver, LaunchFailed, Stack, Step, lifecycle_steps
+from gpuloom.perf.assembly import FLAG_OPTIONS, build_model
+from gpuloom.policies.base import PolicyError
+from gpuloom.scheduler import RequirementError, Scheduler
+
+S = JobState
+
+
+class Recorder:
+    """A backend that records what the driver asks for; ``fail``/``defer`` name jobs to refuse."""
+
+    def __init__(self, fail: Sequence[str] = (), defer: Sequence[str] = ()) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail, self.defer = set(fail), set(defer)
+
+    def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
+        for st in steps:
+            st.job.lifecycle.walk(st.stop, now)  # type: ignore[union-attr]
+            self.calls.append(("stop", st.job.id))
+
+    def launch(self, driver: Driver, step: Step, now: float) -> bool:
+        self.calls.append(("launch", step.job.id))
+        if step.job.id in self.fail:
+            raise LaunchFailed("no such command")
+        if step.job.id in self.defer:
+            return False
+        step.job.lifecycle.walk(step.start, now)  # type: ignore[union-attr]
+        return True
+
+    def regrouped(self, driver: Driver, job: Job, now: float) -> None:
+        self.calls.append(("regroup", job.id))
+
+    def progressed(self, driver: Driver, job: Job, now: float) -> None:
+        pass
+
+
+def _driver(cluster: Cluster, backend: Recorder, group: str = "none") -> Driver:
+    sched = Scheduler.from_names("fifo", group, "proportional", "packed-sticky")
+    return Driver(cluster, sched, build_model(cluster, {"interleave_overhead": "none"}), backend,
+                  np.random.default_rng(0))
+
+
+def test_a_completion_regroups_co_runners_at_their_new_speed() -> None:
+    # two 1-GPU jobs with complementary stages share GPU 0 (Muri) at the interleaving model's speed;
+    # when one finishes, the other keeps the GPU alone, at 1.0, advanced at the shared speed until then
+    cl = Cluster.homogeneous(1, 1)
+    rec = Recorder()
+    drv = _driver(cl, rec, group="muri")
+    a = drv.admit(Job(JobSpec("a", 0, 1, 100.0, attrs={"resource_times": [0, 0.1, 0.3, 0]})), 0.0)
+    b = drv.admit(Job(JobSpec("b", 0, 1, 100.0, attrs={"resource_times": [0, 0.3, 0.1, 0]})), 0.0)
+    drv.round(0.0)
+    assert a.alloc.group == ("b",) and b.alloc.group == ("a",)
+    shared = b.speed
+    assert 0.5 <= shared < 1.0 and drv.used[0] == 1  # one GPU, counted once
+    drv.finish(a, 10.0)
+    assert a.status is JobStatus.FINISHED and a.lifecycle.state is S.FINISHED
+    assert b.alloc.group == () and b.speed == 1.0 and ("regroup", "b") in rec.calls
+    assert b.remaining == pytest.approx(100.0 - 10.0 * shared)  # advanced at the old speed first
+    assert drv.used == [1, b.alloc.cpus, b.alloc.mem_mb] and drv.free.free_gpus == 0
+
+
+def test_a_failed_launch_fails_that_job_alone() -> None:
+    cl = Cluster.homogeneous(1, 4)
+    drv = _driver(cl, Recorder(fail=["b"]))
+    jobs = [drv.admit(Job(JobSpec(x, 0, 1, 50.0)), 0.0) for x in "abc"]
+    failed = drv.apply(drv.plan(0.0)[1], 0.0)
+    assert [j.id for j in failed] == ["b"] and jobs[1].lifecycle.state is S.FAILED
+    assert "no such command" in jobs[1].extra["failure"]
+    assert set(drv.current) == {"a", "c"} and drv.free.free_gpus == 2 and "b" not in drv.jobs
+
+
+def test_a_deferred_launch_is_rolled_back_and_planned_again() -> None:
+    cl = Cluster.homogeneous(1, 2)
+    drv = _driver(cl, Recorder(defer=["a"]))
+    a = drv.admit(Job(JobSpec("a", 0, 1, 50.0)), 0.0)
+    drv.round(0.0)
+    assert a.alloc is None and not drv.current and drv.free.free_gpus == 2
+    assert a.lifecycle.state is S.WAITING_FOR_INITIAL_RESOURCE
+    drv.backend.defer.clear()  # type: ignore[attr-defined]
+    drv.round(1.0)
+    assert a.alloc is not None and a.lifecycle.state is S.RUNNING_PROTECTED
+
+
+@pytest.mark.parametrize("state,kind,stop,start", [
+    (S.WAITING_FOR_INITIAL_RESOURCE, ActionKind.START, None, (S.STANDBY, S.LAUNCHING, S.RUNNING_PROTECTED)),
+    (S.RUNNING, ActionKind.STOP, (S.CHECKPOINTING, S.STOPPING, S.STANDBY), ()),
+    (S.RUNNING_PROTECTED, ActionKind.MOVE, (S.RUNNING, S.CHECKPOINTING, S.STOPPING, S.STANDBY),
+     (S.LAUNCHING, S.RUNNING_PROTECTED)),
+    (S.LAUNCHING, ActionKind.RESIZE, (S.STOPPING, S.STANDBY), (S.LAUNCHING, S.RUNNING_PROTECTED)),
+])
+def test_each_action_walks_its_lifecycle_steps(state: JobState, kind: ActionKind, stop: tuple | None,
+                                               start: tuple) -> None:
+    j = Job(JobSpec("x", 0, 1, 10.0))
+    j.arrive(0.0, protect_factor=100.0, state=state)
+    assert lifecycle_steps(j, kind, 0.0) == (stop, start)
+
+
+def test_an_action_sees_protection_that_expired_before_it() -> None:
+    j = Job(JobSpec("x", 0, 1, 10.0))
+    lc = j.arrive(0.0, protect_factor=2.0)
+    lc.walk([S.STANDBY, S.LAUNCHING], 0.0)
+    lc.to(S.RUNNING_PROTECTED, 5.0)  # launch took 5 s: protected until 15
+    assert lifecycle_steps(j, ActionKind.STOP, 20.0)[0] == (S.CHECKPOINTING, S.STOPPING, S.STANDBY)
+    assert lc.history[-1] == (15.0, S.RUNNING)  # recorded when it happened
+
+
+# -- from options to a run ------------------------------------------------------------------
+def test_parameters_route_to_stages_bare_or_qualified() -> None:
+    s = Scheduler.from_names("fifo", "none", "tune", "packed-sticky", params={"threshold": 0.2, "backfill": False})
+    assert s.size.threshold == 0.2 and s.place.backfill is False
+    s = Scheduler.from_names("fifo", "none", "tune", "pal", params={"size.threshold": 0.3, "place.priority": "queue"})
+    assert s.size.threshold == 0.3 and s.place.priority == "queue"
+    # a shared parameter reaches both stages that declare it shared
+    s = Scheduler.from_names("fifo", "none", "static", "static", params={"slot": 2})
+    assert s.size.slot == 2 and s.place.slot == 2
+
+
+def test_bad_parameters_are_named_with_what_is_accepted() -> None:
+    with pytest.raises(PolicyError, match=r"'treshold' is not taken .*threshold.*did you mean 'threshold'"):
+        Scheduler.from_names("fifo", "none", "tune", params={"treshold": 0.2})
+    with pytest.raises(PolicyError, match=r"'size.backfill': size policy 'tune' takes .*profiles, threshold"):
+        Scheduler.from_names("fifo", "none", "tune", params={"size.backfill": False})
+    with pytest.raises(PolicyError, match=r"unknown stage 'sise'"):
+        Scheduler.from_names(params={"sise.threshold": 0.1})
+
+
+def test_requirements_are_enforced_when_bound() -> None:
+    cl = Cluster.homogeneous(1, 4)
+    with pytest.raises(RequirementError, match=r"place policy 'topo-pack' needs the 'topology' factor.*--topology"):
+        Stack(place="topo-pack").build(cl)
+    with pytest.raises(RequirementError, match=r"size policy 'tune' needs the 'sensitivity' factor.*--profiles"):
+        Stack(size="tune").build(cl)
+    sched, model = Stack(size="elastic").build(cl)  # a factor with a default is added
+    assert model.get("scaling") is not None and sched.size.name == "elastic"
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "serve"])
+def test_every_declared_model_flag_reaches_every_command(command: str) -> None:
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+
+    out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+    for opt in FLAG_OPTIONS:
+        assert opt.cli in out, f"{command} lacks {opt.cli}"
+
+
+def _arrived(shapes: Sequence[tuple[str, int, str]]) -> list[Job]:
+    out = []
+    for i, (jid, g, model) in enumerate(shapes):
+        j = Job(JobSpec(jid, float(i), g, 100.0, model=model), i)
+        j.arrive(float(i))
+        out.append(j)
+    return out
+
+
+def test_pal_priority_holds_under_a_synergy_sizer(make_view) -> None:  # noqa: ANN001
+    from gpuloom.perf.sensitivity import add_sensitivity
+    from gpuloom.perf.variability import PMScores, add_variability
+
+    cl = Cluster.homogeneous(1, 4, 12, 64_000)
+    m = add_sensitivity(build_model(cl))
+    add_variability(m, PMScores(np.array([[0.9] * 4, [0.9] * 4, [1.3] * 4, [1.3] * 4])))  # GPUs 0, 1 fast
+    jobs = _arrived([("bert", 2, "bert"), ("resnet", 2, "resnet50")])  # FIFO: the class-B job first
+    got = {}
+    for priority in ("queue", "class"):
+        s = Scheduler.from_names("fifo", "none", "tune", "pal", params={"priority": priority})
+        s.bind(m)
+        got[priority] = s.schedule(make_view(jobs=jobs, cluster=cl, model=m)).plan.allocations["resnet"].gpu_ids
+    # in queue order the BERT job takes the fast GPUs; PAL's class priority gives them to ResNet (class A)
+    assert got == {"queue": (2, 3), "class": (0, 1)}
+
+
+def test_a_strict_queue_holds_under_a_synergy_sizer(make_view) -> None:  # noqa: ANN001
+    cl = Cluster.homogeneous(1, 4, 12, 64_000)
+    jobs = _arrived([("run", 1, ""), ("big", 4, ""), ("small", 1, "")])
+    cur = {"run": Allocation("run", (Part(0, (0,), 3, 16_000),))}
+    placed = {}
+    for size in ("tune", "greedy", "opt"):
+        for backfill in (True, False):
+            s = Scheduler.from_names("fifo", "none", size, "packed-sticky", params={"backfill": backfill})
+            view = make_view(jobs=jobs, cluster=cl, current=cur)
+            placed[size, backfill] = set(s.schedule(view).plan.allocations)
+    for size in ("tune", "greedy", "opt"):
+        assert placed[size, True] == {"run", "small"}  # the 1-GPU job passes the 4-GPU one
+        assert placed[size, False] == {"run"}  # a strict queue: nothing passes a job that does not fit
