@@ -203,3 +203,22 @@ def test_a_strict_queue_holds_under_a_synergy_sizer(make_view) -> None:  # noqa:
     for size in ("tune", "greedy", "opt"):
         assert placed[size, True] == {"run", "small"}  # the 1-GPU job passes the 4-GPU one
         assert placed[size, False] == {"run"}  # a strict queue: nothing passes a job that does not fit
+
+
+def test_a_round_says_why_each_waiting_job_waits(make_view) -> None:  # noqa: ANN001
+    cl = Cluster.homogeneous(2, 2, 6, 32_000)
+    # fifo: a (2 GPUs) and b (1) run; c (2) finds 1 GPU free -> Resources; d (1) would fit the last GPU
+    # but only on a strict queue is it held behind c -> Priority; e (1) never gets a look in either
+    jobs = _arrived([("a", 2, ""), ("b", 1, ""), ("c", 2, ""), ("d", 1, ""), ("e", 1, "")])
+    s = Scheduler.from_names("fifo", "none", "proportional", "packed-sticky")
+    rnd = s.schedule(make_view(jobs=jobs, cluster=cl))
+    assert set(rnd.plan.allocations) == {"a", "b", "d"} and rnd.reasons == {"c": "Resources", "e": "Resources"}
+    strict = Scheduler.from_names("fifo", "none", "proportional", "packed-sticky", params={"backfill": False})
+    rnd = strict.schedule(make_view(jobs=jobs, cluster=cl))
+    assert set(rnd.plan.allocations) == {"a", "b"}
+    assert rnd.reasons == {"c": "Resources", "d": "Priority", "e": "Priority"}
+    # two 1-GPU holes on two nodes: a 2-GPU job that must stay on one node waits for Placement
+    frag = _arrived([("x", 1, ""), ("y", 1, ""), ("z", 2, "")])
+    cur = {"x": Allocation("x", (Part(0, (0,), 3, 16_000),)), "y": Allocation("y", (Part(1, (2,), 3, 16_000),))}
+    rnd = s.schedule(make_view(jobs=frag, cluster=cl, current=cur))
+    assert "z" not in rnd.plan.allocations and rnd.reasons == {"z": "Placement"}

@@ -26,6 +26,15 @@ placement) is sized and placed.  If that plan leaves GPUs free while jobs past
 the prefix wait, the round is redone on the whole queue, so the result is the
 same as without the shortcut.
 
+**Pending reasons.**  A round also says why each active job it leaves waiting
+waits (``Round.reasons``, Slurm's REASON column): ``Resources`` when the GPUs
+the plan leaves free are fewer than it asks for, ``Priority`` when enough are
+free but jobs ahead of it hold it back (a strict queue, a non-preemptive
+order), ``Placement`` when free GPUs exist but no placement of its gang does
+(fragmentation, consolidation).  A stage may give its own reasons
+(:meth:`~gpuloom.policies.base.Stage.pending_reasons`: a queue at its quota,
+say), which take precedence.
+
 *Plan hooks* (:meth:`~gpuloom.policies.base.Stage.plan_hooks`) run after
 placement and may amend the plan against the current state (e.g. hysteresis:
 keep protected jobs where they are); each is a callable ``hook(plan, view) ->
@@ -52,12 +61,17 @@ class RequirementError(pb.PolicyError):
     """A stage needs something the throughput model lacks; the message names both."""
 
 
+#: pending reasons the scheduler gives on its own (stages may add theirs)
+RESOURCES, PRIORITY, PLACEMENT = "Resources", "Priority", "Placement"
+
+
 @dataclass(slots=True)
 class Round:
-    """A round's decision: the plan, and the requests (one per unit) it answers."""
+    """A round's decision: the plan, the requests (one per unit) it answers, and why jobs wait."""
 
     plan: Plan
     requests: list[pb.Request] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -171,7 +185,31 @@ class Scheduler:
                 plan = hook(plan, view)
             if plan is not placed:
                 rnd = Round(plan, _kept_requests(rnd.requests, plan, view))
+        rnd.reasons = self.reasons(rnd, view, ordered)
         return rnd
+
+    def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job]) -> dict[str, str]:
+        """Why each active job the plan leaves out waits (see the module notes)."""
+        plan = rnd.plan.allocations
+        waiting = [j for j in ordered if j.id not in plan]
+        if not waiting:
+            return {}
+        free = rnd.plan.free_gpus
+        if free is None:
+            free = view.cluster.num_gpus - len({g for a in plan.values() for g in a.gpu_ids})
+        asked = {j.id: r.gpus for r in rnd.requests for j in r.jobs}
+        out: dict[str, str] = {}
+        for j in waiting:
+            need = asked.get(j.id, j.spec.gpus)
+            if need > free:
+                out[j.id] = RESOURCES
+            elif j.id in asked and self.place.backfill and self.preemptive:
+                out[j.id] = PLACEMENT
+            else:
+                out[j.id] = PRIORITY
+        for st in self.stages:
+            out.update({k: v for k, v in st.pending_reasons(rnd.plan, view).items() if k in out})
+        return out
 
     def check(self, rnd: Round, view: pb.View) -> None:
         """Raise :class:`~gpuloom.core.plan.PlanError` unless ``rnd.plan`` is sound for ``view``.

@@ -98,7 +98,7 @@ class Job:
         "spec", "id", "index", "lifecycle", "remaining", "attained_gpu_time", "attained_time",
         "alloc", "speed", "busy_until", "last_update", "first_start", "finish",
         "preemptions", "migrations", "resizes", "version", "last_start", "queued_time",
-        "overhead_time", "extra",
+        "overhead_time", "reason", "extra",
     )
 
     def __init__(self, spec: JobSpec, index: int = 0) -> None:
@@ -122,6 +122,7 @@ class Job:
         self.last_start: float | None = None
         self.queued_time = 0.0
         self.overhead_time = 0.0
+        self.reason: str | None = None  # why it waits, as of the last round (None while it holds resources)
         self.extra: dict[str, Any] = {}  # caches of policies and factors (never scheduling state)
 
     # convenient read-through properties

@@ -221,6 +221,9 @@ class Driver:
         rnd = self.scheduler.schedule(view)
         if self.check:
             self.scheduler.check(rnd, view)
+        reasons = rnd.reasons
+        for jid, job in self.jobs.items():
+            job.reason = reasons.get(jid)
         return rnd, diff(self.current, rnd.plan)
 
     def round(self, now: float) -> list[Action]:

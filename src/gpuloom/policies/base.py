@@ -48,7 +48,9 @@ and methods with defaults (never found with ``hasattr``):
   slots), so a bare ``-P name=value`` reaches both;
 * :meth:`Stage.plan_hooks`: callables ``hook(plan, view) -> Plan`` run after
   placement (e.g. hysteresis);
-* :meth:`Stage.stats`: counters of the last round, for reports.
+* :meth:`Stage.stats`: counters of the last round, for reports;
+* :meth:`Stage.pending_reasons`: why the stage holds jobs back (a queue at
+  its quota), shown as the job's pending reason.
 
 Place policies also own the *order in which requests are placed*
 (:meth:`PlacePolicy.arrange`: PAL's class priority, non-preemptive running
@@ -218,6 +220,11 @@ class Stage:
 
     def stats(self) -> dict[str, Any]:
         """Counters of the last round (reports and benchmarks); none by default."""
+        return {}
+
+    def pending_reasons(self, plan: Plan, view: View) -> Mapping[str, str]:
+        """Why this stage holds jobs back in ``plan`` (job id -> reason), overriding the
+        scheduler's own (``Resources``/``Priority``/``Placement``); none by default."""
         return {}
 
 
