@@ -127,6 +127,16 @@ class Scheduler:
         """True if a round can change the plan although no job arrived or finished."""
         return any(st.dynamic for st in self.stages) or bool(self.hooks)
 
+    def next_change(self, view: pb.View) -> float:
+        """The earliest time a round could plan differently from the one that just left
+        ``view``'s state unchanged, if no job arrives or ends: the soonest of the stages'
+        :meth:`~gpuloom.policies.base.Stage.next_change` (``view.now`` with a plan hook no
+        stage brought: it may read anything)."""
+        own = [h for st in self.stages for h in st.plan_hooks()]
+        if any(h not in own for h in self.hooks):
+            return view.now
+        return min(st.next_change(view) for st in self.stages)
+
     @property
     def needs_profiles(self) -> bool:
         return any(st.needs_profiles for st in self.stages)

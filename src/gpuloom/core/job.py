@@ -193,6 +193,30 @@ class Job:
             self.queued_time += dt
         self.last_update = now
 
+    # what advance(now) would give, without changing the job (a round that plans nothing changes
+    # nothing, so a run's results cannot depend on how many such rounds were computed)
+    def remaining_at(self, now: float) -> float:
+        """``remaining`` as :meth:`advance` would leave it at ``now``; the job is not changed."""
+        lu = self.last_update
+        if now <= lu or self.alloc is None:
+            return self.remaining
+        start = lu if lu >= self.busy_until else self.busy_until
+        if now <= start:
+            return self.remaining
+        r = self.remaining - (now - start) * self.speed
+        return r if r > 0.0 else 0.0
+
+    def attained_at(self, now: float) -> float:
+        """``attained_time`` (wall seconds held) as of ``now``, like :meth:`remaining_at`."""
+        dt = now - self.last_update
+        return self.attained_time + dt if dt > 0 and self.alloc is not None else self.attained_time
+
+    def attained_gpu_at(self, now: float) -> float:
+        """``attained_gpu_time`` (GPU-seconds held) as of ``now``, like :meth:`remaining_at`."""
+        dt = now - self.last_update
+        a = self.alloc
+        return self.attained_gpu_time + dt * a.num_gpus if dt > 0 and a is not None else self.attained_gpu_time
+
     def predicted_finish(self, now: float) -> float:
         """When the job would finish if nothing changed (``inf`` if not progressing)."""
         if self.alloc is None or self.speed <= 0:

@@ -212,10 +212,6 @@ class Driver:
     def plan(self, now: float) -> tuple[Round, list[Action]]:
         """The scheduler's round for the active jobs at ``now`` (checked), and its actions."""
         self.rounds += 1
-        if self.scheduler.dynamic:
-            # time-dependent orders read remaining work and attained service
-            for jid in self.current:
-                self.jobs[jid].advance(now)
         self.sync(now)
         view = self.view(now)
         rnd = self.scheduler.schedule(view)
@@ -231,6 +227,11 @@ class Driver:
         _, actions = self.plan(now)
         self.apply(actions, now)
         return actions
+
+    def settled_until(self, now: float) -> float:
+        """After a round at ``now`` that planned no action: until when a round would plan none
+        either, if no job arrives or ends (:meth:`Scheduler.next_change`)."""
+        return self.scheduler.next_change(self.view(now))
 
     def apply(self, actions: Sequence[Action], now: float) -> list[Job]:
         """Carry out ``actions`` at ``now`` (see the module notes); returns the jobs that failed to launch."""

@@ -37,6 +37,13 @@ and methods with defaults (never found with ``hasattr``):
 
 * ``dynamic``: a round can change this stage's output although no job arrived
   or finished (time-dependent orders, protection that expires);
+* :meth:`Stage.next_change`: *when* it can: the earliest time at which the
+  stage's output could differ from its output now, if no job arrives or ends
+  and the plan stays as it is (running jobs progressing at their speeds).
+  ``math.inf`` (the default when not ``dynamic``) lets the simulator skip every
+  periodic round until the next arrival or completion; ``view.now`` (the
+  default when ``dynamic``) makes it compute every round.  A time-dependent
+  order computes the next time two of its keys cross (:mod:`gpuloom.policies.order`);
 * ``requires_factors``: throughput-model factors the stage reads, name -> a
   constructor of a default one (or None: no default, the user must configure
   it); enforced when a scheduler is bound to a model
@@ -63,6 +70,7 @@ them too.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -213,6 +221,16 @@ class Stage:
     needs_profiles: ClassVar[bool] = False
     #: parameters meant to be shared: a bare ``-P name=`` reaches every chosen stage that shares it
     shared_params: ClassVar[frozenset[str]] = frozenset()
+
+    def next_change(self, view: View) -> float:
+        """The earliest time at which this stage's output could differ from its output at
+        ``view.now``, with the same jobs and allocations (see the module notes).
+
+        Called on the state a round left unchanged (a round that planned no action); a
+        stage whose output depends on time must answer no later than the first moment
+        it could change, or the simulator's results would depend on its round skipping.
+        """
+        return view.now if self.dynamic else math.inf
 
     def plan_hooks(self) -> Sequence[PlanHook]:
         """Hooks run after placement, in order; none by default."""

@@ -1,8 +1,9 @@
 """Ordering policies: which jobs come first.
 
 Every policy sorts by a key, ties broken by arrival order (``Job.index``, the
-job's position in arrival order), so results are deterministic.  Keys read the job's state as of the round (the
-simulator advances every running job to ``now`` first).
+job's position in arrival order), so results are deterministic.  Keys read the
+job's progress as of the round (``Job.remaining_at(view.now)`` and the like:
+a round changes no job, so computing more rounds or fewer changes nothing).
 
 ========  =====================================================================
 fifo      arrival time
@@ -17,27 +18,110 @@ srsf      remaining work × GPUs
 ftf       Themis finish-time fairness ρ = (elapsed + remaining) / duration,
           largest ρ first
 ========  =====================================================================
+
+**When the order changes** (:meth:`~gpuloom.policies.base.Stage.next_change`).
+FIFO and SJF never change between arrivals and completions.  The keys of the
+others move linearly while nothing changes: a running job's remaining work
+falls at its speed once its launch is over (``busy_until``), its attained
+service grows while it holds GPUs, and FTF's ρ grows with the waiting time.
+Each such order says how its key moves (:meth:`KeyOrder.slopes`: a rate until
+a breakpoint and one after it), and the order can first change when two jobs
+next to each other in it meet: the earliest crossing of neighbours, computed
+over the order of the last round (less a margin for rounding).  2D-LAS
+changes when a running job is demoted (its attained GPU-time reaches the next
+queue's limit).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
+from operator import itemgetter
 
 from ..core.job import Job
 from .base import OrderPolicy, View, register
 
+#: the change times computed from crossing keys are moved this much earlier (relative to the
+#: keys' size over the rate at which they meet), so rounding in the jobs' progress never
+#: lets the order change before the time given
+_MARGIN = 1e-7
 
-class _KeyOrder(OrderPolicy):
+Slopes = tuple[float, float, float]
+
+
+class KeyOrder(OrderPolicy):
+    """Sort by ``key``, ties by arrival (``Job.index``); the last order is kept for :meth:`next_change`."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[float, int, int], list[Job], list[float]] | None = None
+
     def key(self, job: Job, view: View) -> float:
         raise NotImplementedError
 
+    def slopes(self, job: Job, now: float) -> Slopes | None:
+        """How ``job``'s key moves from ``now`` while nothing changes: ``(rate, rate_after, b)``,
+        the rate until time ``b`` and the rate after it; None if it stays put."""
+        return None
+
     def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
-        return sorted(jobs, key=lambda j: (self.key(j, view), j.index))
+        keys = [self.key(j, view) for j in jobs]
+        dec = sorted(zip(keys, [j.index for j in jobs], jobs, strict=True), key=itemgetter(0, 1))
+        ordered = [d[2] for d in dec]
+        if self.dynamic:
+            self._last = ((view.now, view.round_index, len(jobs)), ordered, [d[0] for d in dec])
+        return ordered
+
+    def next_change(self, view: View) -> float:
+        """The earliest time two neighbours in the order can meet (see the module notes)."""
+        if not self.dynamic:
+            return math.inf
+        now = view.now
+        last = self._last
+        if last is None or last[0] != (now, view.round_index, len(view.jobs)):
+            self.order(view.jobs, view)
+            last = self._last
+            assert last is not None
+        _, ordered, keys = last
+        slopes = self.slopes
+        best = math.inf
+        prev = slopes(ordered[0], now) if ordered else None
+        for i in range(1, len(ordered)):
+            cur = slopes(ordered[i], now)
+            if prev is not None or cur is not None:
+                t = first_meeting(keys[i - 1], prev, keys[i], cur, now)
+                if t < best:
+                    best = t
+                    if t <= now:
+                        return now
+            prev = cur
+        return best
+
+
+def first_meeting(ka: float, sa: Slopes | None, kb: float, sb: Slopes | None, now: float) -> float:
+    """The first time ``t >= now`` at which key ``b`` (behind, ``kb >= ka``) falls to key ``a``,
+    less the rounding margin; ``inf`` if it never does.  Keys move as :meth:`KeyOrder.slopes` says."""
+    ra1, ra2, ba = sa if sa is not None else (0.0, 0.0, now)
+    rb1, rb2, bb = sb if sb is not None else (0.0, 0.0, now)
+    ba, bb = max(ba, now), max(bb, now)
+    gap = kb - ka
+    t0 = now
+    for t1 in (*sorted({ba, bb} - {now}), math.inf):
+        slope = (rb1 if t0 < bb else rb2) - (ra1 if t0 < ba else ra2)
+        if slope < 0:
+            t = t0 + gap / -slope
+            if t <= t1:
+                return max(now, t - _MARGIN * (abs(ka) + abs(kb) + 1.0) / -slope)
+        if t1 == math.inf:
+            break
+        gap += slope * (t1 - t0)
+        t0 = t1
+    return math.inf
+
 
 
 @register("order", "fifo")
-class FIFO(_KeyOrder):
+class FIFO(KeyOrder):
     dynamic = False
 
     def key(self, job: Job, view: View) -> float:
@@ -50,7 +134,7 @@ class FIFO(_KeyOrder):
 
 
 @register("order", "sjf")
-class SJF(_KeyOrder):
+class SJF(KeyOrder):
     dynamic = False
 
     def key(self, job: Job, view: View) -> float:
@@ -58,29 +142,47 @@ class SJF(_KeyOrder):
 
 
 @register("order", "srtf")
-class SRTF(_KeyOrder):
+class SRTF(KeyOrder):
     def key(self, job: Job, view: View) -> float:
-        return job.remaining
+        return job.remaining_at(view.now)
+
+    def slopes(self, job: Job, now: float) -> Slopes | None:
+        # remaining work falls at the job's speed once its launch is over
+        return None if job.alloc is None or job.speed <= 0 else (0.0, -job.speed, job.busy_until)
 
 
 @register("order", "las")
-class LAS(_KeyOrder):
+class LAS(KeyOrder):
     def key(self, job: Job, view: View) -> float:
-        return job.attained_time
+        return job.attained_at(view.now)
+
+    def slopes(self, job: Job, now: float) -> Slopes | None:
+        return None if job.alloc is None else (1.0, 1.0, now)
 
 
 @register("order", "srsf")
-class SRSF(_KeyOrder):
+class SRSF(KeyOrder):
     def key(self, job: Job, view: View) -> float:
-        return job.remaining * job.spec.gpus
+        return job.remaining_at(view.now) * job.spec.gpus
+
+    def slopes(self, job: Job, now: float) -> Slopes | None:
+        if job.alloc is None or job.speed <= 0:
+            return None
+        return (0.0, -job.speed * job.spec.gpus, job.busy_until)
 
 
 @register("order", "las-gpu")
-class LASGPU(_KeyOrder):
+class LASGPU(KeyOrder):
     """Least attained GPU-seconds first (2D-LAS without queues)."""
 
     def key(self, job: Job, view: View) -> float:
-        return job.attained_gpu_time
+        return job.attained_gpu_at(view.now)
+
+    def slopes(self, job: Job, now: float) -> Slopes | None:
+        if job.alloc is None:
+            return None
+        g = float(job.alloc.num_gpus)
+        return (g, g, now)
 
 
 @register("order", "2d-las", "tiresias")
@@ -119,7 +221,26 @@ class TwoDLAS(OrderPolicy):
         self._next = 0
 
     def key(self, job: Job, view: View) -> float:
-        return bisect.bisect_right(self.thresholds, job.attained_gpu_time)
+        return bisect.bisect_right(self.thresholds, job.attained_gpu_at(view.now))
+
+    def next_change(self, view: View) -> float:
+        """The first demotion: a running job's attained GPU-time reaching its queue's limit.
+
+        (Moving waiting jobs behind running ones changes nothing on a state the last
+        round left unchanged: it already did.)
+        """
+        best = math.inf
+        th = self.thresholds
+        for job in view.jobs:
+            a = job.alloc
+            if a is None:
+                continue
+            att = job.attained_gpu_at(view.now)
+            q = bisect.bisect_right(th, att)
+            if q < len(th):
+                t = view.now + (th[q] - att) / a.num_gpus
+                best = min(best, max(view.now, t - _MARGIN * (th[q] + 1.0) / a.num_gpus))
+        return best
 
     def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
         if self.queue_order == "fifo":
@@ -150,7 +271,7 @@ class TwoDLAS(OrderPolicy):
 
 
 @register("order", "ftf", "themis")
-class FTF(_KeyOrder):
+class FTF(KeyOrder):
     """Themis finish-time fairness: ρ = T_shared / T_ideal, worst-off first.
 
     T_shared = time since arrival + remaining work at full speed; T_ideal =
@@ -161,6 +282,13 @@ class FTF(_KeyOrder):
     def key(self, job: Job, view: View) -> float:
         return -ftf_rho(job, view.now)
 
+    def slopes(self, job: Job, now: float) -> Slopes:
+        # -rho grows more negative with the time waited, less so while the job progresses
+        d = job.spec.duration
+        if job.alloc is None or job.speed <= 0:
+            return (-1.0 / d, -1.0 / d, now)
+        return (-1.0 / d, -(1.0 - job.speed) / d, job.busy_until)
+
 
 def ftf_rho(job: Job, now: float) -> float:
-    return ((now - job.spec.arrival) + job.remaining) / job.spec.duration
+    return ((now - job.spec.arrival) + job.remaining_at(now)) / job.spec.duration

@@ -9,9 +9,14 @@ Time advances from event to event.  At equal times completions come first,
 then arrivals, then the round, so a GPU freed at ``t`` is reusable at ``t``.
 
 * **Arrivals** join the queue; with ``reschedule_on_arrival`` a round runs at once.
-* **Rounds** happen every ``round_len`` seconds (the first at time 0).  When the
-  scheduler is not ``dynamic`` and nothing arrived or finished since the last
-  round, the round is skipped: it could not change anything.
+* **Rounds** happen every ``round_len`` seconds (the first at time 0).  A
+  periodic round is skipped when the stack proves it could change nothing: the
+  last round computed planned no action, no job arrived or finished since, and
+  the round comes before the stages' :meth:`~gpuloom.scheduler.Scheduler.next_change`
+  (never, for a stack whose output does not change with time alone: FIFO; the
+  next crossing of two jobs' keys for SRTF, SRSF, LAS, FTF; the next demotion
+  for 2D-LAS).  The results are those of computing every round
+  (``SimConfig.skip_rounds=False`` does; ``RunResult.rounds_computed`` counts).
 * **Completions** happen exactly when a job's remaining work reaches zero
   (its predicted finish), not at the next round; the job is checked to have
   done exactly its work.  Predictions are invalidated by bumping ``job.version``.
@@ -80,6 +85,7 @@ class SimConfig:
     max_time: float = math.inf  # stop here; jobs not done are unfinished
     drop_impossible: bool = False  # jobs that can never fit: error (False) or unfinished (True)
     lifecycle: LifecycleTimes | None = None  # lifecycle times; None: the overhead preset
+    skip_rounds: bool = True  # skip periodic rounds that provably change nothing (False: compute all)
 
     def __post_init__(self) -> None:
         if not self.round_len > 0:
@@ -236,12 +242,16 @@ class Simulator:
     def _arrive(self, job: Job) -> None:
         self.driver.admit(job, self.now)
 
-    def _round(self) -> None:
+    def _round(self) -> float:
+        """Compute a round; returns until when periodic rounds may be skipped (see the module notes)."""
         self.rounds += 1
         self.rounds_computed += 1
-        self.driver.round(self.now)
+        actions = self.driver.round(self.now)
         for obs in self.observers:
             obs(self, "round")
+        if actions or not self.config.skip_rounds:
+            return -math.inf
+        return self.driver.settled_until(self.now)
 
     # -- main loop ----------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:
@@ -252,7 +262,7 @@ class Simulator:
         n = len(jobs)
         ptr = 0
         next_round = 0.0
-        changed = True
+        settled = -math.inf  # periodic rounds before this time can change nothing
         done = 0
         idle_rounds = 0
         total_to_finish = n - len(self.impossible)
@@ -266,7 +276,7 @@ class Simulator:
                 # nothing to schedule until the next arrival: jump to its round
                 next_round = t_arr if cfg.reschedule_on_arrival else math.ceil(t_arr / R) * R
             t = min(t_arr, t_done, next_round)
-            if t > cfg.max_time or t == math.inf:
+            if t > cfg.max_time or t == math.inf or (settled == math.inf and t_arr == t_done == math.inf):
                 break
             if t < self.now:
                 raise SimulationError(f"time ran backwards: {t} < {self.now}")
@@ -275,11 +285,11 @@ class Simulator:
                 _, _, jid, _ = heapq.heappop(heap)
                 self._complete(self.by_id[jid])
                 done += 1
-                changed = True
+                settled = -math.inf
                 if progress is not None and done % 256 == 0:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
-                    self._round()
+                    settled = self._round()
                 self._record()
                 continue
             if t_arr == t:
@@ -288,21 +298,20 @@ class Simulator:
                 if job.id in self.impossible:
                     continue
                 self._arrive(job)
-                changed = True
+                settled = -math.inf
                 if cfg.reschedule_on_arrival:
                     # batch every arrival at this instant into one round
                     while ptr < n and jobs[ptr].spec.arrival == t:
                         if jobs[ptr].id not in self.impossible:
                             self._arrive(jobs[ptr])
                         ptr += 1
-                    self._round()
+                    settled = self._round()
                 self._record()
                 continue
             # a periodic round
             next_round = t + R
-            if changed or self.scheduler.dynamic:
-                self._round()
-                changed = False
+            if t >= settled:
+                settled = self._round()
                 # stall guard: active jobs, nothing runs, nothing will arrive
                 if not current and ptr >= n and active:
                     idle_rounds += 1

@@ -1,0 +1,279 @@
+"""The simulator's speed targets, and a before/after table against another checkout.
+
+Run: ``python benchmarks/run.py targets`` (this checkout only), or
+
+    python benchmarks/bench_targets.py --base ../gpuloom-before [--cases philly,muri] [--timeout 900]
+
+to run every case against both checkouts, back to back in fresh processes
+(``PYTHONPATH`` set to each checkout's ``src``; the case code is this file's, so
+both run exactly the same benchmark), and print one table: seconds before and
+after, their ratio, and whether each target is met.  ``cpu s`` is the process
+CPU time, the steadier figure on a shared machine.  A case that runs past
+``--timeout`` counts as that many seconds (``>``).  The ``result`` column is a
+fingerprint of what the run computed (mean JCT, jobs finished), so a speed-up
+that changed the results shows.
+
+Cases (data from ../shared/data or ``$GPULOOM_DATA``):
+
+=================  ================================================================  ========
+philly             Philly list (82,247 jobs) on 64 x 8 GPUs, FIFO, packed-sticky,   5 s
+                   300 s rounds, invariant checks on (simulation only, not loading)
+philly-nocheck     the same with checks off                                           -
+muri-s             Muri-S on Muri's trace3, the flags of docs/muri.md                 3 s
+                   (8 x 8, 92 cores, 520 GB; srsf + muri, rescheduling on both)
+synergy-tune-fifo  bench_synergy's 1,000 jobs on 16 x 8 GPUs, FIFO / SRTF,           3 s
+synergy-tune-srtf  Synergy-TUNE
+synergy-opt-fifo   the same with Synergy-OPT                                          6 s
+synergy-opt-srtf
+place-10240        one round on 1,280 x 8 GPUs in a loaded steady state: 64 jobs      0.1 s
+                   just finished and 64 arrived, FIFO, packed-sticky, checks on
+                   (median of 5 such rounds; the first round from an empty
+                   cluster is reported beside it)
+million            1,000,000 generated jobs on 1,280 x 8 GPUs (built-in mix, about    120 s,
+                   85 % offered load), FIFO, packed-sticky, checks on: simulation      2 GB
+                   time and the process's peak memory
+=================  ================================================================  ========
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def data_dir() -> Path:
+    env = os.environ.get("GPULOOM_DATA")
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+# -- the cases (run in a child process; only APIs both checkouts have) -------------------------
+def _timed(fn):  # noqa: ANN001, ANN202
+    t, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t, time.process_time() - c
+
+
+def _summary_fp(res) -> str:  # noqa: ANN001
+    s = res.summary()
+    return f"jct {s['mean_jct']:.6g} done {s['completed']}"
+
+
+def case_philly(check: bool) -> dict:
+    from gpuloom.core import parse_cluster
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim import SimConfig, Simulator
+    from gpuloom.sim.traces import load_trace
+
+    specs = load_trace(data_dir() / "sia" / "philly_jobs.csv", "philly")
+    sim = Simulator(parse_cluster("64x8"), specs, Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"),
+                    config=SimConfig(round_len=300.0, check=check))
+    res, wall, cpu = _timed(sim.run)
+    return {"wall": wall, "cpu": cpu, "result": _summary_fp(res) + f" rounds {res.rounds_computed}/{res.rounds}"}
+
+
+def case_muri_s() -> dict:
+    from gpuloom.core.cluster import parse_cluster
+    from gpuloom.perf.model import DEFAULT_LOCALITY_PENALTY
+    from gpuloom.sim.engine import SimConfig
+    from gpuloom.sim.runconfig import RunConfig, run_config
+    from gpuloom.sim.traces import load_trace
+
+    # gpuloom simulate --trace trace3.csv --format muri --cluster 8x8 --cpus-per-node 92
+    #   --mem-gb-per-node 520 --order srsf --group muri --reschedule-on both   (the rest: defaults)
+    cl = parse_cluster("8x8", 92, 520)
+    specs = load_trace(data_dir() / "muri" / "sim_traces" / "trace3.csv", "muri")
+    cfg = SimConfig(round_len=300.0, reschedule_on_arrival=True, reschedule_on_completion=True)
+    rc = RunConfig("", "srsf", "muri", "proportional", "packed-sticky", True, {}, DEFAULT_LOCALITY_PENALTY, cfg)
+    res, wall, cpu = _timed(lambda: run_config(rc.validate(), cl, specs))
+    return {"wall": wall, "cpu": cpu, "result": _summary_fp(res) + f" rounds {res.rounds_computed}/{res.rounds}"}
+
+
+def case_synergy(size: str, order: str) -> dict:
+    from gpuloom.core.cluster import Cluster
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim.engine import SimConfig, Simulator
+    from gpuloom.sim.synergy_workload import synergy_workload
+
+    # bench_synergy.py's simulation table (1,000 jobs, 9 jobs/h, split (20, 70, 10), synthetic durations)
+    prof = data_dir() / "synergy" / "model_sensitivity_profiles.csv"
+    specs = synergy_workload(1000, 9.0, (20, 70, 10), seed=1, durations="synthetic",
+                             philly=data_dir() / "sia" / "philly_jobs.csv")
+    cl = Cluster.homogeneous(16, 8, 24, 500_000)
+    model = build_model(cl, options={"profiles": prof})
+    sim = Simulator(cl, specs, Scheduler.from_names(order, "none", size, "packed-sticky"), model,
+                    SimConfig(round_len=300))
+    res, wall, cpu = _timed(sim.run)
+    return {"wall": wall, "cpu": cpu, "result": _summary_fp(res)}
+
+
+def _loaded(num_jobs: int, rate: float, until: float, seed: int = 0):  # noqa: ANN202
+    """A 1,280 x 8 simulator run up to ``until`` on generated jobs (FIFO, packed-sticky, checks on)."""
+    from gpuloom.core import parse_cluster
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim import SimConfig, Simulator
+    from gpuloom.sim.generator import generate
+
+    specs = generate(num_jobs, rate, seed)
+    sim = Simulator(parse_cluster("1280x8"), specs, Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"),
+                    config=SimConfig(round_len=300.0, max_time=until))
+    return sim, specs
+
+
+def case_place() -> dict:
+    import statistics
+
+    from gpuloom.core.job import Job
+    from gpuloom.driver import Driver
+    from gpuloom.sim.engine import SimBackend
+
+    # about 1.3x the cluster's GPUs offered: the cluster fills and a queue builds
+    sim, specs = _loaded(30_000, 2_000.0, 6 * 3600.0)
+    sim.run()
+    d = sim.driver
+    now = sim.now
+    pending = [j for j in sim.jobs if j.lifecycle is None]
+    times = []
+    for k in range(5):
+        now += 300.0
+        for job in list(d.jobs.values()):
+            job.advance(now)
+        running = [d.jobs[jid] for jid in list(d.current)[k * 64: k * 64 + 64]]
+        for job in running:
+            d.finish(job, now)
+        for job in pending[k * 64: k * 64 + 64]:
+            d.admit(job, now)
+        t = time.perf_counter()
+        d.round(now)
+        times.append(time.perf_counter() - t)
+    steady = statistics.median(times)
+    # the first round from an empty cluster: every active job placed at once
+    active = [Job(j.spec, j.index) for j in d.jobs.values()]
+    cold = Driver(sim.cluster, sim.scheduler, sim.model, SimBackend(sim.config.times), sim.rng, True)
+    for job in active:
+        cold.admit(job, now)
+    t = time.perf_counter()
+    cold.round(now)
+    first = time.perf_counter() - t
+    return {"wall": steady, "cpu": steady,
+            "result": f"active {len(d.jobs)} running {len(d.current)}; first round {first:.3f} s "
+                      f"({len(cold.current)} placed)"}
+
+
+def case_million() -> dict:
+    import resource
+
+    from gpuloom.core import parse_cluster
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim import SimConfig, Simulator
+    from gpuloom.sim.generator import generate
+
+    # the built-in mix offers about 24,000 GPU-seconds per job (mean of 200,000 draws):
+    # 1,300 jobs/h is about 85 % of 10,240 GPUs
+    (specs, gen_s, _) = _timed(lambda: generate(1_000_000, 1_300.0, 0))
+    sim = Simulator(parse_cluster("1280x8"), specs, Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"),
+                    config=SimConfig(round_len=300.0))
+    del specs
+    res, wall, cpu = _timed(sim.run)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"wall": wall, "cpu": cpu, "peak_mb": peak,
+            "result": _summary_fp(res) + f"; generation {gen_s:.1f} s"}
+
+
+CASES = {
+    # name: (target seconds or None, memory target MB or None, runner)
+    "philly": (5.0, None, lambda: case_philly(True)),
+    "philly-nocheck": (None, None, lambda: case_philly(False)),
+    "muri-s": (3.0, None, case_muri_s),
+    "synergy-tune-fifo": (3.0, None, lambda: case_synergy("tune", "fifo")),
+    "synergy-tune-srtf": (3.0, None, lambda: case_synergy("tune", "srtf")),
+    "synergy-opt-fifo": (6.0, None, lambda: case_synergy("opt", "fifo")),
+    "synergy-opt-srtf": (6.0, None, lambda: case_synergy("opt", "srtf")),
+    "place-10240": (0.1, None, case_place),
+    "million": (120.0, 2048.0, case_million),
+}
+
+
+# -- the parent ------------------------------------------------------------------------------------
+def run_child(checkout: Path, case: str, timeout: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
+    try:
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", case], env=env,
+                             capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"wall": timeout, "cpu": timeout, "timeout": True, "result": "timed out"}
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": tail, "result": f"failed: {tail}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _secs(r: dict | None) -> str:
+    if r is None or "wall" not in r:
+        return "-"
+    return (">" if r.get("timeout") else "") + f"{r['wall']:.3g}"
+
+
+def table(cases: list[str], base: Path | None, timeout: float) -> None:
+    here = REPO
+    print(f"after: {here}" + (f"\nbefore: {base}" if base else ""))
+    head = f"{'case':18} {'target':>8} " + (f"{'before s':>9} {'cpu s':>7} " if base else "") + \
+        f"{'after s':>8} {'cpu s':>7} " + (f"{'ratio':>7} " if base else "") + f"{'met':>4}  result (before | after)"
+    print(head)
+    for name in cases:
+        target, mem, _ = CASES[name]
+        before = run_child(base, name, timeout) if base else None
+        after = run_child(here, name, timeout)
+        ratio = "-"
+        if before and "wall" in before and "wall" in after and after["wall"] > 0:
+            ratio = ("≥" if before.get("timeout") else "") + f"{before['wall'] / after['wall']:.1f}x"
+        met = "-"
+        if target is not None and "wall" in after:
+            met = "yes" if after["wall"] <= target and not after.get("timeout") else "no"
+            if mem is not None and after.get("peak_mb", 0) > mem:
+                met = "no"
+        tgt = "-" if target is None else f"{target:g} s" + (f"/{mem / 1024:g}GB" if mem else "")
+        extra = ""
+        for r in (before, after):
+            if r and "peak_mb" in r:
+                extra += f" [peak {r['peak_mb']:.0f} MB]"
+        res = f"{before['result']} | {after['result']}" if before else after["result"]
+        cols = f"{name:18} {tgt:>8} "
+        if base:
+            cols += f"{_secs(before):>9} {(before or {}).get('cpu', float('nan')):7.3g} "
+        cols += f"{_secs(after):>8} {after.get('cpu', float('nan')):7.3g} "
+        if base:
+            cols += f"{ratio:>7} "
+        print(f"{cols}{met:>4}  {res}{extra}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", type=Path, help="a checkout to compare with (before)")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from: {', '.join(CASES)}")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per case and checkout")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv if argv is not None else [])
+    if a.child:
+        print(json.dumps(CASES[a.child][2]()))
+        return
+    if not data_dir().is_dir():
+        print(f"bench_targets: data not found at {data_dir()}; set GPULOOM_DATA")
+        return
+    cases = [c for c in a.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        ap.error(f"unknown cases {unknown}; choose from {list(CASES)}")
+    table(cases, a.base.resolve() if a.base else None, a.timeout)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,135 @@
+"""Skipping rounds that provably change nothing (``Stage.next_change``).
+
+The simulator skips a periodic round when the last computed round planned no
+action, no job arrived or finished since, and the stages say their output
+cannot have changed yet.  A run must be the same, to the last bit, as one that
+computes every round (``SimConfig.skip_rounds=False``): every job record, the
+time series, the number of rounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpuloom.core import Cluster, JobSpec
+from gpuloom.core.job import Job
+from gpuloom.core.plan import Allocation, Part
+from gpuloom.policies import make
+from gpuloom.policies.order import first_meeting
+from gpuloom.scheduler import Scheduler
+from gpuloom.sim import SimConfig, Simulator
+from gpuloom.sim.generator import PHILLY_DURATIONS, generate
+from gpuloom.sim.traces import load_trace
+
+CLUSTER = Cluster.homogeneous(4, 4)
+WORKLOAD = generate(80, 12.0, 3, duration_dist=PHILLY_DURATIONS.clipped(60.0, 6 * 3600.0))
+
+
+def both_ways(cluster, specs, stack: dict, **cfg):  # noqa: ANN001, ANN201
+    out = []
+    for skip in (True, False):
+        sched = Scheduler.from_names(**stack)
+        out.append(Simulator(cluster, specs, sched, config=SimConfig(skip_rounds=skip, **cfg)).run())
+    return out
+
+
+def assert_same_run(skipped, every) -> None:  # noqa: ANN001
+    assert skipped.jobs == every.jobs  # every field of every job, bit for bit
+    assert skipped.series == every.series
+    assert (skipped.rounds, skipped.end_time) == (every.rounds, every.end_time)
+    assert every.rounds_computed == every.rounds
+
+
+STACKS = [
+    {"order": o} for o in ("fifo", "sjf", "srtf", "srsf", "las", "las-gpu", "2d-las", "ftf")
+] + [
+    {"order": "srtf", "place": "packed-non-sticky"},
+    {"order": "srsf", "place": "random-sticky"},
+    {"order": "las", "place": "packed-sticky", "params": {"consolidate": False}},
+    {"order": "2d-las", "params": {"thresholds": (600.0, 3600.0)}},
+    {"order": "fifo", "preemptive": False},
+    {"order": "srtf", "size": "elastic"},
+]
+
+
+@pytest.mark.parametrize("resched", ["none", "both"])
+@pytest.mark.parametrize("stack", STACKS, ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_skipping_rounds_changes_nothing(stack: dict, resched: str) -> None:
+    on = resched == "both"
+    skipped, every = both_ways(CLUSTER, WORKLOAD, stack, reschedule_on_arrival=on, reschedule_on_completion=on,
+                               restart_overhead=30.0)
+    assert_same_run(skipped, every)
+    if stack.get("size") == "elastic":  # dynamic, no next_change of its own: every round computed
+        assert skipped.rounds_computed == skipped.rounds
+    else:
+        assert skipped.rounds_computed < skipped.rounds
+
+
+def test_muri_both_ways_on_real_profiles(data_dir) -> None:  # noqa: ANN001
+    # Muri-S and Muri-L on the first 200 jobs of up to 8 GPUs of Muri's trace 3, 2 x 8 GPUs: groups form and split
+    specs = sorted(load_trace(data_dir / "muri" / "sim_traces" / "trace3.csv", "muri"), key=lambda s: s.arrival)
+    specs = [s for s in specs if s.gpus <= 8][:200]
+    cl = Cluster.homogeneous(2, 8, 92, 520_000)
+    for order in ("srsf", "2d-las"):
+        skipped, every = both_ways(cl, specs, {"order": order, "group": "muri"},
+                                   reschedule_on_arrival=True, reschedule_on_completion=True)
+        assert_same_run(skipped, every)
+        assert skipped.rounds_computed < skipped.rounds / 2
+        assert sum(j.preemptions for j in every.jobs) > 0  # something changes between events
+
+
+def test_fifo_skips_every_round_without_events() -> None:
+    # one long job: after the first round nothing can change until it ends
+    r = Simulator(Cluster.homogeneous(1, 1), [JobSpec("a", 0, 1, 3000)], Scheduler.from_names("fifo"),
+                  config=SimConfig(round_len=100, restart_overhead=0)).run()
+    assert r.rounds == 30 and r.rounds_computed == 2  # the round that starts it, the one that finds it settled
+
+
+# -- when an order can change ---------------------------------------------------------------------
+def test_first_meeting_by_hand() -> None:
+    # b (key 20) falls at 2/s onto a (key 10): they meet 5 s later (the margin is far below 1e-3)
+    assert first_meeting(10.0, None, 20.0, (-2.0, -2.0, 0.0), 100.0) == pytest.approx(105.0, abs=1e-3)
+    assert first_meeting(10.0, None, 20.0, (-2.0, -2.0, 0.0), 100.0) < 105.0
+    # b still launching until 103: it starts falling then, meets at 108
+    assert first_meeting(10.0, None, 20.0, (0.0, -2.0, 103.0), 100.0) == pytest.approx(108.0, abs=1e-3)
+    # both fall at the same rate: never
+    assert first_meeting(10.0, (0.0, -1.0, 0.0), 20.0, (0.0, -1.0, 0.0), 0.0) == math.inf
+    # a (attained 5) grows at 1/s past b (8, waiting): 3 s
+    assert first_meeting(5.0, (1.0, 1.0, 0.0), 8.0, None, 0.0) == pytest.approx(3.0, abs=1e-3)
+    # a still launching grows, then b starts falling faster: a +1/s until 2 (gap 4 -> 2), then gap closes at 3/s
+    assert first_meeting(0.0, (1.0, 1.0, 0.0), 4.0, (0.0, -2.0, 2.0), 0.0) == pytest.approx(2.0 + 2.0 / 3.0, abs=1e-3)
+    # equal keys and b pulling ahead of a: now
+    assert first_meeting(7.0, None, 7.0, (-1.0, -1.0, 0.0), 50.0) == 50.0
+
+
+def _running(job: Job, speed: float, busy_until: float = 0.0) -> None:
+    job.alloc = Allocation(job.id, (Part(0, (0,), 1, 1000),))
+    job.speed = speed
+    job.busy_until = busy_until
+
+
+def test_srtf_changes_when_a_running_job_passes_a_waiting_one(make_view) -> None:  # noqa: ANN001
+    a, b = Job(JobSpec("a", 0, 1, 100.0), 0), Job(JobSpec("b", 0, 1, 60.0), 1)
+    for j in (a, b):
+        j.arrive(0.0)
+    _running(a, 0.5)  # 100 s of work left at half speed: reaches b's 60 at t = 80
+    view = make_view(jobs=[a, b], now=0.0)
+    pol = make("order", "srtf")
+    assert [j.id for j in pol.order(view.jobs, view)] == ["b", "a"]
+    assert pol.next_change(view) == pytest.approx(80.0, abs=1e-3)
+    assert make("order", "srsf").next_change(view) == pytest.approx(80.0, abs=1e-3)
+    assert make("order", "fifo").next_change(view) == math.inf
+    # LAS: a's attained time grows past b's 0 at once
+    assert make("order", "las").next_change(view) == 0.0
+
+
+def test_2d_las_changes_at_the_next_demotion(make_view) -> None:  # noqa: ANN001
+    a, b = Job(JobSpec("a", 0, 2, 1e5), 0), Job(JobSpec("b", 0, 1, 1e5), 1)
+    for j in (a, b):
+        j.arrive(0.0)
+    a.alloc = Allocation("a", (Part(0, (0, 1), 2, 1000),))
+    a.attained_gpu_time, a.last_update = 3000.0, 10.0  # 250 GPU-s below the first limit, at 2 GPUs: 125 s
+    view = make_view(jobs=[a, b], now=10.0)
+    assert make("order", "2d-las").next_change(view) == pytest.approx(135.0, abs=1e-3)
