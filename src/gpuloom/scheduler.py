@@ -45,12 +45,12 @@ is updated to match, so the gang check still holds against the final plan.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .core.job import Job
-from .core.plan import Plan, PlanError, check_plan
+from .core.plan import Action, Plan, PlanError, check_actions, check_plan
 from .perf.model import ThroughputModel
 from .policies import base as pb
 
@@ -246,6 +246,38 @@ class Scheduler:
                 active = {x.id for x in view.jobs}
             if jid not in active:
                 raise PlanError(f"job {jid} planned but not active")
+
+    def check_changes(
+        self,
+        rnd: Round,
+        view: pb.View,
+        actions: Sequence[Action],
+        holders: Mapping[int, Collection[str]],
+        active: Mapping[str, Job],
+    ) -> None:
+        """:meth:`check` for what ``rnd`` changes, in O(actions), given that ``view.current`` passed it.
+
+        ``actions`` are ``diff(view.current, rnd.plan)``; ``holders`` maps each GPU to the
+        jobs holding it in ``view.current`` and ``active`` the active jobs by id (the driver
+        keeps both).  :func:`~gpuloom.core.plan.check_actions` checks every changed
+        allocation against the unchanged ones; a changed job must be active and hold what
+        its request asks (its spec's GPUs when the sizer keeps them, ``fixed_gpus``).
+        """
+        free = view.free if view.free is not None else pb.FreeState.of(view.cluster, view.current)
+        check_actions(actions, rnd.plan, view.cluster, free.node_cpus, free.node_mem, holders)
+        asked: dict[str, int] | None = None
+        if not self.size.fixed_gpus or self.hooks:
+            asked = {j.id: r.gpus for r in rnd.requests for j in r.jobs}
+        for act in actions:
+            a = act.new
+            if a is None:
+                continue
+            job = active.get(act.job_id)
+            if job is None:
+                raise PlanError(f"job {act.job_id} planned but not active")
+            want = job.spec.gpus if asked is None else asked.get(act.job_id)
+            if want is not None and a.num_gpus != want:
+                raise PlanError(f"job {act.job_id}: gang broken, holds {a.num_gpus} of {want} GPUs")
 
 
 def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

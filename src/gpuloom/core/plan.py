@@ -10,12 +10,14 @@ A :class:`Plan` is the whole decision of a round: job id → allocation.  Jobs
 not in the plan hold nothing.  :func:`diff` compares the current allocations
 with a plan and yields the :class:`Action` list the simulator or an executor
 carries out.  :func:`check_plan` verifies the invariants every consumer relies
-on; tests run it every round.
+on over a whole plan; :func:`check_actions` verifies the same invariants where
+a plan differs from sound current allocations, in time proportional to the
+actions (the drivers run it every round and the whole check now and then).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -208,16 +210,17 @@ def check_plan(
     order = np.argsort(G, kind="stable")
     gs = G[order]
     dup = np.flatnonzero(gs[1:] == gs[:-1])
-    for d in dup.tolist():
-        gid = int(gs[d])
-        j1, j2 = ids[int(owner[order[d]])], ids[int(owner[order[d + 1]])]
-        if j1 == j2:
-            raise PlanError(f"job {j1}: GPU {gid} listed twice")
-        a1, a2 = allocs[j1], allocs[j2]
-        if sorted(a1.gpu_ids) != sorted(a2.gpu_ids):
-            raise PlanError(f"GPU {gid} held by {j1} and {j2} with different GPU sets")
-        if j1 not in a2.group and j2 not in a1.group:
-            raise PlanError(f"GPU {gid} given twice: {j1} and {j2} are not a group")
+    if dup.size:
+        sharing: dict[int, list[str]] = {}
+        for d in dup.tolist():
+            gid = int(gs[d])
+            j1, j2 = ids[int(owner[order[d]])], ids[int(owner[order[d + 1]])]
+            if j1 == j2:
+                raise PlanError(f"job {j1}: GPU {gid} listed twice")
+            on = sharing.setdefault(gid, [j1])
+            on.append(j2)
+        for gid, jobs in sharing.items():
+            _check_sharing(gid, jobs, allocs)
     cpu = np.bincount(nodes, weights=cpus, minlength=n)
     mem = np.bincount(nodes, weights=mems, minlength=n)
     over = np.flatnonzero((cpu > cluster.cpu_caps) | (mem > cluster.mem_caps))
@@ -227,6 +230,98 @@ def check_plan(
         if cpu[i] > node.cpus:
             raise PlanError(f"node {node.name}: {int(cpu[i])} cores given, has {node.cpus}")
         raise PlanError(f"node {node.name}: {int(mem[i])} MB given, has {node.mem_mb}")
+
+
+def check_actions(
+    actions: Sequence[Action],
+    plan: Plan | Mapping[str, Allocation],
+    cluster: Cluster,
+    free_cpus: np.ndarray,
+    free_mem: np.ndarray,
+    holders: Mapping[int, Collection[str]],
+) -> None:
+    """:func:`check_plan` for the allocations ``actions`` change, in O(actions).
+
+    ``actions`` are ``diff(current, plan)`` for allocations ``current`` that are
+    themselves sound; ``free_cpus``/``free_mem`` are the cores and memory per node
+    ``current`` leaves free, ``holders[g]`` the jobs holding GPU ``g`` in it.  A
+    plan passes exactly when :func:`check_plan` passes it: only a changed
+    allocation can break an invariant, and each one is checked against what the
+    unchanged ones hold.
+    """
+    allocs = plan.allocations if isinstance(plan, Plan) else plan
+    changed = {a.job_id for a in actions}
+    dcpu: dict[int, int] = {}
+    dmem: dict[int, int] = {}
+    claims: dict[int, list[str]] = {}
+    for act in actions:
+        if act.old is not None:
+            for p in act.old.parts:
+                dcpu[p.node] = dcpu.get(p.node, 0) + p.cpus
+                dmem[p.node] = dmem.get(p.node, 0) + p.mem_mb
+        a = act.new
+        if a is None:
+            continue
+        _check_allocation(act.job_id, a, cluster)
+        for p in a.parts:
+            dcpu[p.node] = dcpu.get(p.node, 0) - p.cpus
+            dmem[p.node] = dmem.get(p.node, 0) - p.mem_mb
+            for g in p.gpus:
+                claims.setdefault(g, []).append(act.job_id)
+    for g, claimants in claims.items():
+        sharing = claimants + [j for j in holders.get(g, ()) if j not in changed]
+        if len(sharing) > 1:
+            _check_sharing(g, sharing, allocs)
+    for node in sorted(dcpu):
+        cpu, mem = int(free_cpus[node]) + dcpu[node], int(free_mem[node]) + dmem[node]
+        if cpu < 0 or mem < 0:
+            n = cluster.nodes[node]
+            if cpu < 0:
+                raise PlanError(f"node {n.name}: {n.cpus - cpu} cores given, has {n.cpus}")
+            raise PlanError(f"node {n.name}: {n.mem_mb - mem} MB given, has {n.mem_mb}")
+
+
+def _check_allocation(jid: str, a: Allocation, cluster: Cluster) -> None:
+    """One allocation's own invariants (what :func:`check_plan` checks per allocation), same messages."""
+    if a.job_id != jid:
+        raise PlanError(f"allocation for {jid} is labelled {a.job_id}")
+    held = 0
+    seen: set[int] = set()
+    n = cluster.num_nodes
+    for p in a.parts:
+        if not 0 <= p.node < n:
+            raise PlanError(f"unknown node {p.node} in the plan")
+        if p.cpus < 0 or p.mem_mb < 0:
+            raise PlanError(f"negative CPU or memory in a part on node {p.node}")
+        for g in p.gpus:
+            if not 0 <= g < cluster.num_gpus:
+                raise PlanError(f"job {jid}: unknown GPU {g}")
+            if cluster.gpu_node[g] != p.node:
+                raise PlanError(f"job {jid}: GPU {g} is not on node {p.node}")
+            if g in seen:
+                raise PlanError(f"job {jid}: GPU {g} listed twice")
+            seen.add(g)
+        held += len(p.gpus)
+    if held == 0:
+        raise PlanError(f"job {jid}: allocation holds no GPU")
+    if len(a.parts) > 1 and len({p.node for p in a.parts}) != len(a.parts):
+        raise PlanError(f"job {jid}: a node in two parts")
+
+
+def _check_sharing(gid: int, jobs: Sequence[str], allocs: Mapping[str, Allocation]) -> None:
+    """Jobs on one GPU must form a group: the same GPU set, each listing every other as a co-runner."""
+    first = jobs[0]
+    mine = sorted(allocs[first].gpu_ids)
+    for other in jobs[1:]:
+        a = allocs.get(other)
+        if a is None:  # an unchanged holder the plan drops without a stop: not a sound current
+            raise PlanError(f"GPU {gid} held by {other}, which the plan does not hold")
+        if sorted(a.gpu_ids) != mine:
+            raise PlanError(f"GPU {gid} held by {first} and {other} with different GPU sets")
+    for i, j1 in enumerate(jobs):
+        for j2 in jobs[i + 1:]:
+            if j2 not in allocs[j1].group or j1 not in allocs[j2].group:
+                raise PlanError(f"GPU {gid} given twice: {j1} and {j2} are not a group")
 
 
 def gpus_in_use(allocs: Iterable[Allocation]) -> set[int]:

@@ -36,6 +36,16 @@ comes from the caller.
 The driver keeps what ``current`` leaves free (:class:`FreeState`, updated
 per change) and passes it to the policies in the view, so a round costs
 O(changes) in both faces, and the GPUs, cores and memory held (``used``).
+
+**Checks.**  With ``check`` on, every round's plan is verified before it is
+applied, in O(actions): :meth:`Scheduler.check_changes
+<gpuloom.scheduler.Scheduler.check_changes>` checks each changed allocation
+against what the unchanged ones hold (the free state and ``holders``, the jobs
+on each GPU), which is sound because ``current`` passed the same checks.
+Every ``full_check_every`` rounds (more rarely with many jobs running, so the
+whole check costs no more per round than the incremental one) the whole plan
+is checked (:meth:`Scheduler.check <gpuloom.scheduler.Scheduler.check>`) and
+:meth:`Driver.check_state` recomputes the incremental state from ``current``.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ import numpy as np
 from ..core.cluster import Cluster
 from ..core.job import Job
 from ..core.lifecycle import JobState, Lifecycle, start_steps, stop_steps
-from ..core.plan import Action, ActionKind, Allocation, diff
+from ..core.plan import Action, ActionKind, Allocation, PlanError, check_plan, diff
 from ..perf.model import ThroughputModel
 from ..policies.base import FreeState, View
 from ..scheduler import Round, Scheduler
@@ -132,6 +142,7 @@ class Driver:
         check: bool = True,
         protect_factor: float = 3.0,
         strict: bool = False,
+        full_check_every: int = 100,
     ) -> None:
         scheduler.bind(model, strict)
         self.cluster = cluster
@@ -140,11 +151,14 @@ class Driver:
         self.backend = backend
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.check = check
+        self.full_check_every = full_check_every
+        self._since_full = 0
         self.protect_factor = protect_factor
         self.jobs: dict[str, Job] = {}  # active: arrived, not ended; in arrival order
         self.current: dict[str, Allocation] = {}
         self.free = FreeState(cluster)
         self.used = [0, 0, 0]  # GPUs (a group's once), cores, MB held
+        self.holders: dict[int, set[str]] = {}  # GPU -> the jobs holding it
         self.rounds = 0
         self._pending: set[str] = set()  # jobs whose lifecycle has planned transitions
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
@@ -189,10 +203,25 @@ class Driver:
             self.used[0] += sign * alloc.num_gpus
         self.used[1] += sign * alloc.cpus
         self.used[2] += sign * alloc.mem_mb
+        holders = self.holders
+        jid = alloc.job_id
         if sign > 0:
             self.free.take(alloc.parts, 1, gpus)
+            for p in alloc.parts:
+                for g in p.gpus:
+                    h = holders.get(g)
+                    if h is None:
+                        holders[g] = {jid}
+                    else:
+                        h.add(jid)
         else:
             self.free.release(alloc.parts, 1, gpus)
+            for p in alloc.parts:
+                for g in p.gpus:
+                    h = holders[g]
+                    h.discard(jid)
+                    if not h:
+                        del holders[g]
 
     def hold(self, job: Job, alloc: Allocation | None) -> None:
         """Set ``job``'s allocation (None: it holds nothing), keeping ``current``, ``free`` and ``used``."""
@@ -215,12 +244,42 @@ class Driver:
         self.sync(now)
         view = self.view(now)
         rnd = self.scheduler.schedule(view)
+        actions = diff(self.current, rnd.plan)
         if self.check:
-            self.scheduler.check(rnd, view)
+            self._since_full += 1
+            if self._since_full >= max(self.full_check_every, len(self.current) // 8):
+                self._since_full = 0
+                self.check_state()
+                self.scheduler.check(rnd, view)
+            else:
+                self.scheduler.check_changes(rnd, view, actions, self.holders, self.jobs)
         reasons = rnd.reasons
         for jid, job in self.jobs.items():
             job.reason = reasons.get(jid)
-        return rnd, diff(self.current, rnd.plan)
+        return rnd, actions
+
+    def check_state(self) -> None:
+        """Raise :class:`~gpuloom.core.plan.PlanError` unless ``current`` is sound and the state kept
+        for it incrementally (free resources, GPU holders, resources used) is what it gives."""
+        check_plan(self.current, self.cluster)
+        expect = FreeState.of(self.cluster, self.current)
+        f = self.free
+        for name in ("gpu_free", "node_gpus", "node_cpus", "node_mem"):
+            if not (getattr(f, name) == getattr(expect, name)).all():
+                raise PlanError(f"driver state: free {name} differs from what the running jobs leave")
+        holders: dict[int, set[str]] = {}
+        for jid, a in self.current.items():
+            for g in a.gpu_ids:
+                holders.setdefault(g, set()).add(jid)
+        if holders != self.holders:
+            raise PlanError("driver state: the jobs on each GPU differ from the running allocations")
+        used = [int(expect.cluster.num_gpus - expect.free_gpus),
+                sum(a.cpus for a in self.current.values()), sum(a.mem_mb for a in self.current.values())]
+        if used != self.used:
+            raise PlanError(f"driver state: resources used {self.used}, the running allocations hold {used}")
+        for jid in self.current:
+            if jid not in self.jobs:
+                raise PlanError(f"driver state: job {jid} holds resources but is not active")
 
     def round(self, now: float) -> list[Action]:
         """Plan and apply one round; returns its actions."""

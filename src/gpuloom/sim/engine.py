@@ -81,7 +81,7 @@ class SimConfig:
     launch_overhead: float = 0.0
     restart_overhead: float = 10.0
     seed: int = 0
-    check: bool = True  # verify plan invariants every round
+    check: bool = True  # verify plan invariants every round (incrementally; the whole plan now and then)
     max_time: float = math.inf  # stop here; jobs not done are unfinished
     drop_impossible: bool = False  # jobs that can never fit: error (False) or unfinished (True)
     lifecycle: LifecycleTimes | None = None  # lifecycle times; None: the overhead preset
@@ -322,6 +322,8 @@ class Simulator:
             else:
                 self.rounds += 1
             self._record()
+        if cfg.check:
+            self.driver.check_state()  # the incremental state, once more at the end
         for j in self.jobs:
             if j.lifecycle is not None and j.finish is None:
                 j.advance(self.now)
