@@ -23,14 +23,18 @@ Design decisions:
   memory) and the launched processes (node, pid, process start time: enough
   to adopt them after a restart) as JSON text.
 * Tables: ``jobs``, ``events`` (history of each job), ``profiles`` (model →
-  measured profile), ``tokens`` (sha256 of a token → user, admin flag) and
-  ``meta`` (service epoch and other key/values).
+  measured profile), ``tokens`` (sha256 of a token → user, admin flag,
+  expiry), ``idempotency`` (a submission's key → its job) and ``meta`` (service
+  epoch and other key/values).
+* **Private.**  An SQLite file is created 0600 (its WAL and shared-memory
+  files take the same mode): job specs hold users' environments.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -48,6 +52,7 @@ from sqlalchemy import (
     Table,
     Text,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -89,7 +94,7 @@ jobs_t = Table(
 )
 
 #: columns added after the first release: created on stores that predate them
-_ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"))}
+_ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT")), "tokens": (("expires", "FLOAT"),)}
 
 events_t = Table(
     "events",
@@ -115,6 +120,17 @@ tokens_t = Table(
     Column("token_hash", String(64), primary_key=True),
     Column("user", String(100), nullable=False),
     Column("admin", Boolean, nullable=False, default=False),
+    Column("created", Float, nullable=False),
+    Column("expires", Float),  # wall time after which the token is refused (null: never)
+)
+
+#: a submission's idempotency key -> the job it created (a retried submission gets the same job)
+idempotency_t = Table(
+    "idempotency",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("job_id", Integer, nullable=False),
     Column("created", Float, nullable=False),
 )
 
@@ -214,6 +230,10 @@ class Store:
             path = url.split("///", 1)[1] if "///" in url else ""
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                # private from the start (SQLite gives its -wal and -shm files the same mode)
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+                if os.stat(path).st_uid == os.geteuid():
+                    os.chmod(path, 0o600)
         try:
             self.engine: Engine = create_engine(url, **kw)
         except Exception as e:  # bad URL, missing driver
@@ -288,29 +308,67 @@ class Store:
         """Insert a job and its 'submit' event in one committed transaction; return its id."""
         now = time.time() if now is None else now
         with self.lock, self._begin(True) as c:
-            res = c.execute(
-                insert(jobs_t).values(
-                    **_encode(
-                        {
-                            "name": str(spec.get("name") or "job"),
-                            "user": user,
-                            "spec": dict(spec),
-                            "state": state,
-                            "submit_time": now,
-                            "checkpoint_dir": spec.get("checkpoint_dir"),
-                            "attempts": 0,
-                            "resume_count": 0,
-                            "preemptions": 0,
-                            "held_time": 0.0,
-                            "held_gpu_time": 0.0,
-                            "cancel_requested": False,
-                        }
-                    )
+            return self._insert_job(c, spec, user, state, now)
+
+    @staticmethod
+    def _insert_job(c: Any, spec: Mapping[str, Any], user: str, state: str, now: float) -> int:
+        res = c.execute(
+            insert(jobs_t).values(
+                **_encode(
+                    {
+                        "name": str(spec.get("name") or "job"),
+                        "user": user,
+                        "spec": dict(spec),
+                        "state": state,
+                        "submit_time": now,
+                        "checkpoint_dir": spec.get("checkpoint_dir"),
+                        "attempts": 0,
+                        "resume_count": 0,
+                        "preemptions": 0,
+                        "held_time": 0.0,
+                        "held_gpu_time": 0.0,
+                        "cancel_requested": False,
+                    }
                 )
             )
-            jid = int(res.inserted_primary_key[0])
-            c.execute(insert(events_t).values(job_id=jid, time=now, kind="submit", detail=json.dumps({"user": user})))
-            return jid
+        )
+        jid = int(res.inserted_primary_key[0])
+        c.execute(insert(events_t).values(job_id=jid, time=now, kind="submit", detail=json.dumps({"user": user})))
+        return jid
+
+    def job_for_key(self, user: str, key: str) -> int | None:
+        """The job a submission with idempotency ``key`` by ``user`` created, if any."""
+        with self.lock, self.engine.connect() as c:
+            v = c.execute(select(idempotency_t.c.job_id).where(idempotency_t.c.user == user,
+                                                                idempotency_t.c.key == key)).scalar()
+        return None if v is None else int(v)
+
+    def add_job_once(self, spec: Mapping[str, Any], user: str, state: str, key: str,
+                     now: float | None = None) -> tuple[int, bool]:
+        """:meth:`add_job` and the key's record in one transaction: (new id, True), or (the id the key
+        already names, False)."""
+        now = time.time() if now is None else now
+        with self.lock:
+            old = self.job_for_key(user, key)
+            if old is not None:
+                return old, False
+            with self._begin(True) as c:
+                jid = self._insert_job(c, spec, user, state, now)
+                c.execute(insert(idempotency_t).values(user=user, key=key, job_id=jid, created=now))
+            return jid, True
+
+    def purge_jobs(self, before: float, states: Iterable[str]) -> list[int]:
+        """Delete jobs in ``states`` that ended before ``before`` (wall time), with their events and
+        idempotency keys; returns their ids."""
+        with self.lock, self._begin(True) as c:
+            ids = [int(r[0]) for r in c.execute(select(jobs_t.c.id).where(
+                jobs_t.c.state.in_(list(states)), jobs_t.c.end_time < before))]
+            for k in range(0, len(ids), 500):
+                chunk = ids[k:k + 500]
+                c.execute(delete(events_t).where(events_t.c.job_id.in_(chunk)))
+                c.execute(delete(idempotency_t).where(idempotency_t.c.job_id.in_(chunk)))
+                c.execute(delete(jobs_t).where(jobs_t.c.id.in_(chunk)))
+        return ids
 
     def get_job(self, job_id: int) -> JobRow | None:
         with self.lock, self.engine.connect() as c:
@@ -318,8 +376,11 @@ class Store:
         return None if row is None else _decode(row)
 
     def list_jobs(
-        self, states: Iterable[str] | None = None, user: str | None = None, after_id: int | None = None
+        self, states: Iterable[str] | None = None, user: str | None = None, after_id: int | None = None,
+        since: float | None = None, limit: int | None = None,
     ) -> list[JobRow]:
+        """Jobs by id; filtered by state, user, id (``after_id``) and submission time (``since``, wall
+        time), at most ``limit`` of them."""
         q = select(jobs_t)
         if states is not None:
             q = q.where(jobs_t.c.state.in_(list(states)))
@@ -327,7 +388,11 @@ class Store:
             q = q.where(jobs_t.c.user == user)
         if after_id is not None:
             q = q.where(jobs_t.c.id > after_id)
+        if since is not None:
+            q = q.where(jobs_t.c.submit_time >= since)
         q = q.order_by(jobs_t.c.id)
+        if limit is not None:
+            q = q.limit(limit)
         with self.lock, self.engine.connect() as c:
             rows = c.execute(q).mappings().all()
         return [_decode(r) for r in rows]
@@ -421,18 +486,23 @@ class Store:
         return None if v is None else json.loads(v)
 
     # -- tokens -----------------------------------------------------------------
-    def add_token(self, token: str, user: str, admin: bool = False) -> None:
+    def add_token(self, token: str, user: str, admin: bool = False, expires: float | None = None) -> None:
         with self.lock, self._begin(True) as c:
             c.execute(
-                insert(tokens_t).values(token_hash=hash_token(token), user=user, admin=admin, created=time.time())
+                insert(tokens_t).values(token_hash=hash_token(token), user=user, admin=admin, created=time.time(),
+                                        expires=expires)
             )
 
-    def lookup_token(self, token: str) -> tuple[str, bool] | None:
+    def lookup_token(self, token: str, now: float | None = None) -> tuple[str, bool] | None:
+        """(user, admin) of a token that exists and has not expired, else None."""
         with self.lock, self.engine.connect() as c:
             row = c.execute(
-                select(tokens_t.c.user, tokens_t.c.admin).where(tokens_t.c.token_hash == hash_token(token))
+                select(tokens_t.c.user, tokens_t.c.admin, tokens_t.c.expires)
+                .where(tokens_t.c.token_hash == hash_token(token))
             ).first()
-        return None if row is None else (str(row[0]), bool(row[1]))
+        if row is None or (row[2] is not None and row[2] <= (time.time() if now is None else now)):
+            return None
+        return str(row[0]), bool(row[1])
 
     def has_admin(self) -> bool:
         with self.lock, self.engine.connect() as c:
