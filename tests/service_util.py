@@ -61,6 +61,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.token = ""
+        self.verify: Any = True  # a CA file for a server with its own TLS certificate
 
     def start(self, timeout: float = 30.0) -> Server:
         (self.state_dir / "server.json").unlink(missing_ok=True)
@@ -80,7 +81,7 @@ class Server:
                 self.url = json.loads(f.read_text())["url"]
                 self.token = (self.state_dir / "admin.token").read_text().strip()
                 try:
-                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    if httpx.get(self.url + "/health", timeout=2, verify=self.verify).status_code == 200:
                         return self
                 except httpx.HTTPError:
                     pass
@@ -88,7 +89,8 @@ class Server:
         raise RuntimeError("server did not come up")
 
     def client(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30)
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30,
+                            verify=self.verify)
 
     def kill(self) -> None:
         """SIGKILL the server (job processes live in their own sessions and survive)."""

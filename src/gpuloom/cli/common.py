@@ -12,11 +12,21 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from ..core.parse import bool_literal
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+_CONTROL = {c: "?" for c in [*range(0, 32), *range(127, 160)]}
+
+
+def cell(value: Any) -> Text:
+    """A table cell that shows ``value`` as it is: never read as Rich markup (a job named ``[/]``), with
+    control characters (terminal escape sequences) shown as ``?``."""
+    return Text(str(value).translate(_CONTROL))
 
 
 def parse_value(text: str) -> Any:

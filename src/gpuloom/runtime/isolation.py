@@ -38,9 +38,9 @@ def _plans(driver: Driver, jobs: Sequence[Job], now: float) -> str | None:
         rnd = driver.scheduler.schedule(view)
         if driver.check:
             driver.scheduler.check(rnd, view)
-        for jid, a in rnd.plan.items():
-            job = next(j for j in jobs if j.id == jid)
-            driver.model.speed(job, a)
+        by_id = {j.id: j for j in jobs}
+        for jid, a in rnd.plan.allocations.items():
+            driver.model.speed(by_id[jid], a)
     except Exception as e:  # any error of a policy or the model is what we look for
         return f"{type(e).__name__}: {e}"
     return None
