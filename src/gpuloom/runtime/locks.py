@@ -85,7 +85,9 @@ class PgAdvisoryLock:
 
     def release(self) -> None:
         if self.conn is not None:
-            self.conn.close()  # the session ends: PostgreSQL drops its advisory locks
+            # the session ends (not back to the pool, where it would keep the lock): PostgreSQL drops it
+            self.conn.invalidate()
+            self.conn.close()
             self.conn = None
 
 
