@@ -164,14 +164,14 @@ def bench_launch(n: int, clients: int, round_s: float, gap: float = 0.0) -> dict
             "max_ms": float(lat.max())}
 
 
-def compare_submit(baseline: Path, n: int = 1000, clients: int = 32, repeats: int = 3) -> None:
+def compare_submit(baseline: Path, n: int = 1000, clients: int = 32, repeats: int = 5) -> None:
     """Submission throughput and p99 latency from ``clients`` clients: this checkout against another
     (``baseline``, e.g. a worktree of an earlier commit), alternating, in one run; medians and ratios."""
     runs: dict[str, list[dict]] = {"baseline": [], "this": []}
     for _ in range(repeats):
         for name, src in (("baseline", baseline / "src"), ("this", REPO / "src")):
             runs[name].append(bench_submit(n, clients, src))
-    print(f"submit: {n} jobs from {clients} clients, {repeats} alternating runs each; "
+    print(f"submit: {n} jobs from {clients} clients, {repeats} alternating pairs; "
           f"{psutil.cpu_count()} cores, SQLite WAL synchronous=FULL")
     med = {}
     for name, rs in runs.items():
@@ -180,8 +180,12 @@ def compare_submit(baseline: Path, n: int = 1000, clients: int = 32, repeats: in
         med[name] = (per_s, p99)
         print(f"  {name:<8} per_s={per_s:8.1f}  p99_ms={p99:8.1f}  (runs: "
               + ", ".join(f"{r['per_s']:.0f}/s p99 {r['p99_ms']:.0f} ms, {r['stored']} stored" for r in rs) + ")")
-    print(f"  ratio this/baseline: throughput x{med['this'][0] / med['baseline'][0]:.2f}, "
+    print(f"  ratio of medians this/baseline: throughput x{med['this'][0] / med['baseline'][0]:.2f}, "
           f"p99 x{med['this'][1] / med['baseline'][1]:.2f}")
+    # each pair ran back to back: its ratio is less sensitive to a machine whose load drifts
+    tp = [t["per_s"] / b["per_s"] for b, t in zip(runs["baseline"], runs["this"], strict=True)]
+    lat = [t["p99_ms"] / b["p99_ms"] for b, t in zip(runs["baseline"], runs["this"], strict=True)]
+    print(f"  median of paired ratios: throughput x{float(np.median(tp)):.2f}, p99 x{float(np.median(lat)):.2f}")
 
 
 def main() -> None:

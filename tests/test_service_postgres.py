@@ -7,6 +7,7 @@ temporary directory only.
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shutil
@@ -32,7 +33,11 @@ def cgroup_parent() -> Iterator[str]:
     yield from own_cgroup_parent()
 
 pytest.importorskip("psycopg")
-if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+# on PATH, or where Debian's postgresql packages put them
+_PG_BIN = next((str(Path(p).parent) for p in [shutil.which("initdb") or "",
+                                              *sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)]
+                if p and os.access(p, os.X_OK) and os.access(Path(p).parent / "pg_ctl", os.X_OK)), None)
+if _PG_BIN is None:
     pytest.skip("PostgreSQL server binaries not installed", allow_module_level=True)
 
 
@@ -54,11 +59,12 @@ def pg_url() -> Iterator[str]:
         shutil.chown(d, "postgres")
         os.chmod(d, 0o755)
     data = d / "data"
-    init = subprocess.run(_as_pg_user(f"initdb -D {data} -A trust -U gpuloom"), capture_output=True, text=True)
+    init = subprocess.run(_as_pg_user(f"{_PG_BIN}/initdb -D {data} -A trust -U gpuloom"), capture_output=True,
+                          text=True)
     if init.returncode != 0:
         pytest.skip(f"initdb failed: {init.stderr[-300:]}")
     start = subprocess.run(
-        _as_pg_user(f"pg_ctl -D {data} -w -o \"-k {d} -c listen_addresses=''\" -l {d}/log start"),
+        _as_pg_user(f"{_PG_BIN}/pg_ctl -D {data} -w -o \"-k {d} -c listen_addresses=''\" -l {d}/log start"),
         capture_output=True, text=True,
     )
     if start.returncode != 0:
@@ -66,7 +72,7 @@ def pg_url() -> Iterator[str]:
     try:
         yield f"postgresql+psycopg://gpuloom@/postgres?host={d}"
     finally:
-        subprocess.run(_as_pg_user(f"pg_ctl -D {data} -m fast stop"), capture_output=True)
+        subprocess.run(_as_pg_user(f"{_PG_BIN}/pg_ctl -D {data} -m fast stop"), capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
 
 
