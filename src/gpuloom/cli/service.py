@@ -1,5 +1,7 @@
 """The service face of the CLI: ``gpuloom serve`` and Slurm-like clients.
 
+(Over 500 lines: ``serve``'s options and the client commands it answers belong together.)
+
 =====================  ==========  ============================================
 gpuloom                Slurm       what
 =====================  ==========  ============================================

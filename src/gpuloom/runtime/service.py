@@ -1,5 +1,8 @@
 """The scheduler service: store-backed jobs, rounds on a timer and on events, plan → executor.
 
+(Over 500 lines: the API entry points and the loop's phases share the service's lock and mirror; the
+parts that stand alone are in the modules listed below.)
+
 The service is the simulator's twin: both are faces of one
 :class:`~gpuloom.driver.Driver`, which owns the active jobs and the current
 plan and asks the very same :class:`~gpuloom.scheduler.Scheduler` (built from

@@ -1,5 +1,7 @@
 """The service's state store: the truth about every accepted job.
 
+(Over 500 lines: every table's SQL lives here, so one lock and one transaction discipline cover all of it.)
+
 SQLAlchemy 2.0 Core over an SQLite file by default (``sqlite:///PATH``), or
 PostgreSQL by URL (``postgresql+psycopg://...``, optional extra ``postgres``).
 
