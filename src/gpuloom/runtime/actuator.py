@@ -205,6 +205,9 @@ class Actuator:
             )
             if resume:
                 env_common["GPULOOM_RESUME"] = "1"
+            if row.array_id is not None:  # Slurm's SLURM_ARRAY_JOB_ID / SLURM_ARRAY_TASK_ID
+                env_common["GPULOOM_ARRAY_JOB_ID"] = str(row.array_id)
+                env_common["GPULOOM_ARRAY_TASK_ID"] = str(row.array_task)
             log_offset = self.log_size(jid)
             for rank, p in enumerate(alloc.parts):
                 node = self.cluster.nodes[p.node].name

@@ -14,6 +14,10 @@ Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer TOKEN``
 ``POST /tokens``           admin only: a new token for a user
 =========================  ==================================================
 
+The operator's endpoints (``/metrics``, ``/history``, ``/cluster``, the
+dashboard at ``/``, the OpenAPI page ``/docs`` with local assets) are in
+:mod:`.ops_api`.  Times in job JSON are ISO 8601 (UTC).
+
 Design decisions:
 
 * **Validation is Pydantic's**: unknown or malformed fields get a 422 whose
@@ -33,15 +37,19 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.lifecycle import JobState
 from .admission import NotFound, PermissionDenied, SubmitError
+from .deps import parse_array, parse_dependency
+from .history import array_label, iso, short_state
 from .service import ACTIVE_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
@@ -74,6 +82,22 @@ class JobSubmit(BaseModel):
     min_gpus: int | None = Field(None, ge=1)
     resource_times: list[float] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
     iteration_time: float | None = Field(None, gt=0)  # seconds per iteration (Muri)
+    array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
+    dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_array(v)
+        return v
+
+    @field_validator("dependency")
+    @classmethod
+    def _dependency(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_dependency(v)
+        return v
 
     @field_validator("resource_times")
     @classmethod
@@ -130,24 +154,35 @@ class TokenCreate(BaseModel):
     admin: bool = False
 
 
-def job_json(row: JobRow, live_progress: int | None = None) -> dict[str, Any]:
+def job_json(row: JobRow, live_progress: int | None = None, now: float | None = None) -> dict[str, Any]:
+    """A job as the API returns it; ``now`` (wall seconds) adds the live ``held_s`` of a running job."""
     s = row.spec
     nodes = [p["node"] for p in (row.alloc or {}).get("parts", [])]
+    held = row.held_time
+    if now is not None and row.alloc and row.last_start is not None and row.end_time is None:
+        held += max(0.0, now - row.last_start)
     return {
         "id": row.id,
         "name": row.name,
         "user": row.user,
         "state": row.state,
+        "st": short_state(row.state),
+        "pending_reason": row.pending_reason,
+        "queue": str(s.get("queue") or ""),
+        "array": array_label(row),
+        "array_id": row.array_id,
+        "array_task": row.array_task,
+        "dependency": s.get("dependency"),
         "gpus": s.get("gpus"),
         "cpus": s.get("cpus"),
         "mem_mb": s.get("mem_mb"),
         "command": s.get("command"),
         "model": s.get("model"),
         "time_limit": s.get("time_limit"),
-        "submit_time": row.submit_time,
-        "first_start": row.first_start,
-        "last_start": row.last_start,
-        "end_time": row.end_time,
+        "submit_time": iso(row.submit_time),
+        "first_start": iso(row.first_start),
+        "last_start": iso(row.last_start),
+        "end_time": iso(row.end_time),
         "nodes": nodes,
         "alloc": row.alloc,
         "procs": row.procs,
@@ -155,6 +190,7 @@ def job_json(row: JobRow, live_progress: int | None = None) -> dict[str, Any]:
         "resume_count": row.resume_count,
         "preemptions": row.preemptions,
         "held_time": row.held_time,
+        "held_s": held,
         "checkpoint_dir": row.checkpoint_dir,
         "progress": live_progress if live_progress is not None else row.progress,
         "exit_code": row.exit_code,
@@ -189,11 +225,16 @@ def create_token(store: Store, user: str, admin: bool = False) -> str:
     return token
 
 
-def _auth(request: Request, authorization: Annotated[str | None, Header()] = None) -> tuple[str, bool]:
+#: declared in the OpenAPI document, so ``/docs`` has an Authorize button
+bearer = HTTPBearer(auto_error=False, description="A token from `gpuloom token create USER` (or STATE_DIR/admin.token).")
+
+
+def _auth(request: Request,
+          creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> tuple[str, bool]:
     """(user, is_admin) for the request's bearer token, or 401."""
-    if not authorization or not authorization.lower().startswith("bearer "):
+    if creds is None or creds.scheme.lower() != "bearer":
         raise HTTPException(401, "missing token: send 'Authorization: Bearer TOKEN'", headers={"WWW-Authenticate": "Bearer"})
-    who = request.app.state.service.store.lookup_token(authorization[7:].strip())
+    who = request.app.state.service.store.lookup_token(creds.credentials.strip())
     if who is None:
         raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
     return who
@@ -204,14 +245,18 @@ Auth = Annotated[tuple[str, bool], Depends(_auth)]
 
 def create_app(service: Service) -> FastAPI:
     """The API over a (started or not) :class:`Service`."""
-    app = FastAPI(title="gpuloom", version="0.1.0")
+    from .. import __version__
+
+    app = FastAPI(title="gpuloom", version=__version__, docs_url=None, redoc_url=None,
+                  description="The scheduler service's API.  Authorize with a bearer token "
+                              "(`gpuloom token create USER`, or the admin token in the state directory).")
     app.state.service = service
     store = service.store
 
     def as_json(row: JobRow) -> dict[str, Any]:
         # a job holding a process: its progress now, from its log; else what was stored when it stopped
         live = service.last_progress(row.id) if row.state in HOLDING else None
-        return job_json(row, live)
+        return job_json(row, live, service.clock.time())
 
     def get_row(job_id: int) -> JobRow:
         row = store.get_job(job_id)
@@ -223,7 +268,7 @@ def create_app(service: Service) -> FastAPI:
     def _refused(_req: Request, e: SubmitError) -> JSONResponse:
         return JSONResponse(
             status_code=422,
-            content={"detail": [{"loc": ["body", e.field or "spec"], "msg": str(e), "type": "never_fits"}]},
+            content={"detail": [{"loc": ["body", e.field or "spec"], "msg": str(e), "type": e.kind}]},
         )
 
     @app.get("/health")
@@ -239,12 +284,14 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/jobs", status_code=201)
     def submit(body: JobSubmit, who: Auth) -> dict[str, Any]:
+        t0 = time.perf_counter()
         user, admin = who
         spec = body.to_spec()
         owner = spec.pop("user", None) or user
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
         jid = service.submit(spec, owner)
+        service.telemetry.submit_seconds.observe(time.perf_counter() - t0)
         return job_json(get_row(jid))
 
     @app.get("/jobs")
@@ -272,23 +319,32 @@ def create_app(service: Service) -> FastAPI:
         return job_json(row)
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
-    def logs(job_id: int, who: Auth, tail: Annotated[int | None, Query(ge=1)] = None) -> str:
+    def logs(job_id: int, who: Auth, tail: Annotated[int | None, Query(ge=1)] = None,
+             offset: Annotated[int | None, Query(ge=0, description="Read from this byte (for -f).")] = None,
+             ) -> PlainTextResponse:
+        """The log's last ``tail`` bytes, or the bytes from ``offset``; header ``X-Log-Offset``: where
+        the text returned ends (the next ``offset``)."""
         user, admin = who
         row = get_row(job_id)
         if not admin and row.user != user:
             raise HTTPException(403, f"job {job_id} belongs to {row.user}")
         path = service.log_path(job_id)
         if not path.exists():
-            return ""
+            return PlainTextResponse("", headers={"X-Log-Offset": "0"})
         with open(path, "rb") as f:
             size = path.stat().st_size
-            f.seek(max(0, size - min(tail or MAX_LOG_BYTES, MAX_LOG_BYTES)))
-            return f.read().decode(errors="replace")
+            start = offset if offset is not None else max(0, size - min(tail or MAX_LOG_BYTES, MAX_LOG_BYTES))
+            f.seek(min(start, size))
+            data = f.read(MAX_LOG_BYTES)
+        if offset is not None and data:  # whole lines (and whole UTF-8 characters) only, when following
+            cut = data.rfind(b"\n") + 1
+            data = data[:cut] if cut else (data if len(data) == MAX_LOG_BYTES else b"")
+        return PlainTextResponse(data.decode(errors="replace"), headers={"X-Log-Offset": str(min(start, size) + len(data))})
 
     @app.get("/jobs/{job_id}/events")
     def job_events(job_id: int, who: Auth) -> list[dict[str, Any]]:
         get_row(job_id)
-        return store.events(job_id)
+        return [{**e, "time": iso(e["time"])} for e in store.events(job_id)]
 
     @app.get("/nodes")
     def nodes(who: Auth) -> list[dict[str, Any]]:
@@ -300,4 +356,7 @@ def create_app(service: Service) -> FastAPI:
             raise HTTPException(403, "only an admin may create tokens")
         return {"user": body.user, "admin": body.admin, "token": create_token(store, body.user, body.admin)}
 
+    from .ops_api import mount
+
+    mount(app, service, _auth)
     return app

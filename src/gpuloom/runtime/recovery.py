@@ -41,6 +41,10 @@ def recover(svc: Service) -> None:
     with svc.lock:
         for row in svc.store.list_jobs(ACTIVE_STATES):
             svc.last_id = max(svc.last_id, row.id)
+            if row.state == S.WAITING_FOR_INITIAL_CONTACT.value:
+                if svc.fits_or_fail(row):
+                    svc.gate.add(row)  # dependencies and array limits first, like a new submission
+                continue
             if row.state in QUEUED_STATES:
                 if svc.fits_or_fail(row):
                     svc.admit_row(row, JobState(row.state))

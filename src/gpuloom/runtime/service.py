@@ -79,6 +79,7 @@ from ..scheduler import Scheduler
 from .actuator import PROGRESS_MARK, Actuator, Running
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
 from .clock import Clock, SystemClock
+from .deps import Gate, parse_array, resolve_dependency
 from .executor import Executor
 from .mirror import Mirror
 from .profile_manager import ProfilingConfig, ProfilingManager
@@ -154,6 +155,10 @@ class Service:
         self._cancel_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.last_round_s = 0.0
+        self.gate = Gate(store, self._cancel_dependent)  # arrays and dependencies (:mod:`.deps`)
+        from .telemetry import Telemetry
+
+        self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
 
     # -- what the API and tests read --------------------------------------------------------
     @property
@@ -195,11 +200,23 @@ class Service:
         check_submittable(self.cluster, dict(spec))
 
     def submit(self, spec: Mapping[str, Any], user: str) -> int:
-        """Store a validated spec (committed) and wake the loop; return the job id."""
+        """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
         self.validate(spec)
-        jid = self.store.add_job(spec, user, S.WAITING_FOR_INITIAL_CONTACT.value, now=self.clock.time())
+        spec = dict(spec)
+        tasks = None
+        if spec.get("array") is not None:
+            try:
+                tasks, limit = parse_array(spec["array"])
+            except ValueError as e:
+                raise SubmitError(str(e), "array", "bad_array") from None
+            if limit is not None:
+                spec["array_limit"] = limit
+        if spec.get("dependency"):
+            spec["depends_on"] = resolve_dependency(self.store, spec["dependency"])
+        ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
+                                  now=self.clock.time(), array_tasks=tasks)
         self._wake.set()
-        return jid
+        return ids[0]
 
     def cancel(self, job_id: int, user: str, admin: bool) -> JobRow:
         row = self.store.get_job(job_id)
@@ -277,6 +294,7 @@ class Service:
             self._thread.join(timeout=30)
         self.actuator.close()
         self.executor.close()
+        self.telemetry.close()
 
     def _loop(self) -> None:
         tick = min(self.round_s, 0.1)
@@ -329,6 +347,25 @@ class Service:
         )
         return False
 
+    def _cancel_dependent(self, row: JobRow, why: str) -> None:
+        """A held job whose dependency can never be met (:mod:`.deps`) is cancelled with the reason."""
+        self.store.update_job(
+            row.id, {"state": S.CANCELLED.value, "end_time": self.clock.time(), "reason": why, "pending_reason": None},
+            S.CANCELLED.value, {"reason": why}, expect_state=[S.WAITING_FOR_INITIAL_CONTACT.value],
+            now=self.clock.time(),
+        )
+
+    def _record_reasons(self) -> None:
+        """Store why each queued job waits, as the round just said (only the changes)."""
+        changed: dict[int, str | None] = {}
+        rows = self.mirror.rows
+        for jid, job in self.driver.jobs.items():
+            row = rows.get(jid)
+            if row is not None and row.pending_reason != job.reason:
+                row.pending_reason = job.reason
+                changed[int(jid)] = job.reason
+        self.store.set_pending_reasons(changed)
+
     # -- one round: observe, then act ------------------------------------------------------
     def round(self) -> list[Action]:
         """Observe (reap, cancels, time limits, new jobs, progress), then act (plan → actions)."""
@@ -337,6 +374,7 @@ class Service:
             self.observe()
             actions = self.act()
         self.last_round_s = self.clock.monotonic() - t0
+        self.telemetry.round_done(actions, self.last_round_s)
         return actions
 
     def observe(self) -> bool:
@@ -353,6 +391,7 @@ class Service:
         for j in self.driver.jobs.values():
             j.advance(now)
         _, actions = self.driver.plan(now)
+        self._record_reasons()
         self.actuator.profiled = False
         failed = self.driver.apply(actions, now)
         for job in failed:
@@ -403,7 +442,8 @@ class Service:
                     int(jid), {"state": S.CANCELLED.value, "end_time": self.clock.time(), "reason": "cancelled"},
                     "cancel", {}, expect_state=QUEUED_STATES, now=self.clock.time(),
                 )
-            # not mirrored yet: _load_new only loads jobs still waiting for contact, so it is skipped
+            else:  # not mirrored yet: held back by the gate, or skipped by _load_new (no longer waiting for contact)
+                self.gate.drop(int(jid))
         if to_stop:
             self.actuator.terminate(to_stop)
             for jid in to_stop:
@@ -429,10 +469,12 @@ class Service:
         has it.  One UPDATE for the whole batch."""
         rows = self.store.list_jobs([S.WAITING_FOR_INITIAL_CONTACT.value], after_id=self.last_id)
         for row in rows:
-            if self.fits_or_fail(row):
-                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT)
+            self.gate.add(row)
         if rows:
             self.last_id = rows[-1].id
+        for row in self.gate.ready():  # those whose dependencies and array limits let them run
+            if self.fits_or_fail(row):
+                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT)
         new = [jid for jid, j in self.driver.jobs.items()
                if j.lifecycle is not None and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
         if new:

@@ -1,5 +1,7 @@
 """The service's state store: the truth about every accepted job.
 
+(Over 500 lines on purpose: every table and every transaction lives here, behind one writer lock.)
+
 SQLAlchemy 2.0 Core over an SQLite file by default (``sqlite:///PATH``), or
 PostgreSQL by URL (``postgresql+psycopg://...``, optional extra ``postgres``).
 
@@ -22,7 +24,11 @@ Design decisions:
   validated spec, the current allocation (node names, global GPU ids, core ids,
   memory) and the launched processes (node, pid, process start time: enough
   to adopt them after a restart) as JSON text.
-* Tables: ``jobs``, ``events`` (history of each job), ``profiles`` (model →
+* **Listeners** (:attr:`Store.listeners`) hear of every job event once it is
+  committed (logging and metrics subscribe; a listener that raises is logged
+  and ignored).
+* Tables: ``jobs``, ``events`` (history of each job), ``allocations`` (what
+  each job held, from when to when), ``profiles`` (model →
   measured profile), ``tokens`` (sha256 of a token → user, admin flag) and
   ``meta`` (service epoch and other key/values).
 """
@@ -31,9 +37,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +54,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
     create_engine,
     event,
     func,
@@ -56,6 +64,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
+log = logging.getLogger("gpuloom.store")
 metadata = MetaData()
 
 jobs_t = Table(
@@ -86,10 +95,14 @@ jobs_t = Table(
     # restarted service continues from it at the model's speed instead of guessing from held time
     Column("work_left", Float),
     Column("work_at", Float),
+    Column("pending_reason", String(200)),  # why a queued job waits, as of the last round (Slurm's REASON)
+    Column("array_id", Integer, index=True),  # job arrays: the first task's id, and this task's index
+    Column("array_task", Integer),
 )
 
 #: columns added after the first release: created on stores that predate them
-_ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"))}
+_ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"), ("pending_reason", "VARCHAR(200)"),
+                           ("array_id", "INTEGER"), ("array_task", "INTEGER"))}
 
 events_t = Table(
     "events",
@@ -99,6 +112,22 @@ events_t = Table(
     Column("time", Float, nullable=False),
     Column("kind", String(40), nullable=False),
     Column("detail", Text),
+)
+
+#: what each job held over time: one row per allocation (a launch, a regroup, an adoption keeps it);
+#: kept by :meth:`Store.update_job` whenever a job's ``alloc`` changes, in the same transaction
+allocations_t = Table(
+    "allocations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, nullable=False, index=True),
+    Column("start_time", Float, nullable=False),  # wall seconds
+    Column("end_time", Float),  # null while held
+    Column("gpus", Integer, nullable=False),
+    Column("nodes", Text, nullable=False),  # comma-separated node names
+    Column("alloc", Text, nullable=False),  # JSON, as in jobs.alloc
+    Column("opened_by", String(40)),  # the event that took it (launch, resume, move, resize, regroup)
+    Column("closed_by", String(40)),  # the event that gave it up (preempt, finished, failed, ...)
 )
 
 profiles_t = Table(
@@ -159,6 +188,9 @@ class JobRow:
     cancel_requested: bool = False
     work_left: float | None = None
     work_at: float | None = None
+    pending_reason: str | None = None
+    array_id: int | None = None
+    array_task: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,6 +239,8 @@ class Store:
         """``synchronous`` is the level of durable writes (FULL or NORMAL); other writes use NORMAL."""
         self.url = url
         self.lock = threading.RLock()
+        #: ``fn(job_id, kind, detail, fields)`` called after each job event commits (see the module notes)
+        self.listeners: list[Callable[[int | None, str, Mapping[str, Any], Mapping[str, Any]], None]] = []
         self.is_sqlite = url.startswith("sqlite")
         kw: dict[str, Any] = {"future": True}
         if self.is_sqlite:
@@ -286,31 +320,57 @@ class Store:
 
     def add_job(self, spec: Mapping[str, Any], user: str, state: str, now: float | None = None) -> int:
         """Insert a job and its 'submit' event in one committed transaction; return its id."""
+        return self.add_jobs([spec], user, state, now)[0]
+
+    def add_jobs(self, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float | None = None,
+                 array_tasks: Sequence[int] | None = None) -> list[int]:
+        """Insert jobs and their 'submit' events in one committed transaction; return their ids.
+
+        With ``array_tasks`` (one index per spec) they are one job array: each row's ``array_id``
+        is the first job's id (Slurm's array job id), ``array_task`` its index."""
         now = time.time() if now is None else now
+        if array_tasks is not None and len(array_tasks) != len(specs):
+            raise ValueError("one array task index per spec")
+        ids: list[int] = []
         with self.lock, self._begin(True) as c:
-            res = c.execute(
-                insert(jobs_t).values(
-                    **_encode(
-                        {
-                            "name": str(spec.get("name") or "job"),
-                            "user": user,
-                            "spec": dict(spec),
-                            "state": state,
-                            "submit_time": now,
-                            "checkpoint_dir": spec.get("checkpoint_dir"),
-                            "attempts": 0,
-                            "resume_count": 0,
-                            "preemptions": 0,
-                            "held_time": 0.0,
-                            "held_gpu_time": 0.0,
-                            "cancel_requested": False,
-                        }
+            for k, spec in enumerate(specs):
+                res = c.execute(
+                    insert(jobs_t).values(
+                        **_encode(
+                            {
+                                "name": str(spec.get("name") or "job"),
+                                "user": user,
+                                "spec": dict(spec),
+                                "state": state,
+                                "submit_time": now,
+                                "checkpoint_dir": spec.get("checkpoint_dir"),
+                                "attempts": 0,
+                                "resume_count": 0,
+                                "preemptions": 0,
+                                "held_time": 0.0,
+                                "held_gpu_time": 0.0,
+                                "cancel_requested": False,
+                                "array_id": ids[0] if array_tasks is not None and ids else None,
+                                "array_task": None if array_tasks is None else int(array_tasks[k]),
+                            }
+                        )
                     )
                 )
-            )
-            jid = int(res.inserted_primary_key[0])
-            c.execute(insert(events_t).values(job_id=jid, time=now, kind="submit", detail=json.dumps({"user": user})))
-            return jid
+                ids.append(int(res.inserted_primary_key[0]))
+            if array_tasks is not None:
+                c.execute(update(jobs_t).where(jobs_t.c.id == ids[0]).values(array_id=ids[0]))
+            c.execute(insert(events_t), [{"job_id": jid, "time": now, "kind": "submit",
+                                          "detail": json.dumps({"user": user})} for jid in ids])
+        for jid in ids:
+            self._notify(jid, "submit", {"user": user}, {"state": state, "submit_time": now})
+        return ids
+
+    def _notify(self, job_id: int | None, kind: str, detail: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn(job_id, kind, detail, fields)
+            except Exception:  # a listener must never undo or block a committed change
+                log.exception("store listener failed on %s of job %s", kind, job_id)
 
     def get_job(self, job_id: int) -> JobRow | None:
         with self.lock, self.engine.connect() as c:
@@ -318,9 +378,16 @@ class Store:
         return None if row is None else _decode(row)
 
     def list_jobs(
-        self, states: Iterable[str] | None = None, user: str | None = None, after_id: int | None = None
+        self, states: Iterable[str] | None = None, user: str | None = None, after_id: int | None = None,
+        since: float | None = None, until: float | None = None,
     ) -> list[JobRow]:
+        """Jobs by id; ``since``/``until`` (wall seconds): only those not ended before ``since`` and
+        submitted by ``until``."""
         q = select(jobs_t)
+        if since is not None:
+            q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
+        if until is not None:
+            q = q.where(jobs_t.c.submit_time <= until)
         if states is not None:
             q = q.where(jobs_t.c.state.in_(list(states)))
         if user is not None:
@@ -367,7 +434,64 @@ class Store:
                         job_id=job_id, time=now, kind=event_kind, detail=json.dumps(dict(detail or {}), sort_keys=True)
                     )
                 )
+            if changed and "alloc" in fields:
+                self._track_alloc(c, job_id, fields["alloc"], event_kind or "update", now)
+        if changed and event_kind is not None:
+            self._notify(job_id, event_kind, detail or {}, fields)
         return changed
+
+    @staticmethod
+    def _track_alloc(c: Any, job_id: int, alloc: Mapping[str, Any] | None, kind: str, now: float) -> None:
+        """Close the job's open allocation record; open one for ``alloc`` (see ``allocations_t``)."""
+        c.execute(update(allocations_t).where(allocations_t.c.job_id == job_id, allocations_t.c.end_time.is_(None))
+                  .values(end_time=now, closed_by=kind))
+        if alloc:
+            parts = alloc.get("parts", [])
+            c.execute(insert(allocations_t).values(
+                job_id=job_id, start_time=now, end_time=None, gpus=sum(len(p.get("gpus", ())) for p in parts),
+                nodes=",".join(str(p["node"]) for p in parts), alloc=json.dumps(dict(alloc), sort_keys=True),
+                opened_by=kind, closed_by=None))
+
+    def allocations(self, job_ids: Iterable[int] | None = None, since: float | None = None,
+                    until: float | None = None) -> list[dict[str, Any]]:
+        """Allocation records (all, or the jobs'), those overlapping [since, until], by start time."""
+        q = select(allocations_t).order_by(allocations_t.c.start_time, allocations_t.c.id)
+        if job_ids is not None:
+            q = q.where(allocations_t.c.job_id.in_(list(job_ids)))
+        if since is not None:
+            q = q.where((allocations_t.c.end_time.is_(None)) | (allocations_t.c.end_time >= since))
+        if until is not None:
+            q = q.where(allocations_t.c.start_time <= until)
+        with self.lock, self.engine.connect() as c:
+            rows = c.execute(q).mappings().all()
+        return [{**r, "alloc": json.loads(r["alloc"])} for r in rows]
+
+    def set_pending_reasons(self, reasons: Mapping[int, str | None]) -> None:
+        """Store why queued jobs wait (``pending_reason``), many in one transaction, no events."""
+        if not reasons:
+            return
+        q = update(jobs_t).where(jobs_t.c.id == bindparam("_id")).values(pending_reason=bindparam("_why"))
+        with self.lock, self._begin(False) as c:
+            c.execute(q, [{"_id": int(k), "_why": v} for k, v in reasons.items()])
+
+    def count_by_state(self) -> dict[str, int]:
+        q = select(jobs_t.c.state, func.count()).group_by(jobs_t.c.state)
+        with self.lock, self.engine.connect() as c:
+            return {str(s): int(n) for s, n in c.execute(q).all()}
+
+    def array_tasks(self, array_id: int) -> list[JobRow]:
+        """The tasks of job array ``array_id``, by task index."""
+        q = select(jobs_t).where(jobs_t.c.array_id == array_id).order_by(jobs_t.c.array_task)
+        with self.lock, self.engine.connect() as c:
+            return [_decode(r) for r in c.execute(q).mappings().all()]
+
+    def get_jobs(self, job_ids: Iterable[int]) -> dict[int, JobRow]:
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        with self.lock, self.engine.connect() as c:
+            rows = c.execute(select(jobs_t).where(jobs_t.c.id.in_(ids))).mappings().all()
+        return {int(r["id"]): _decode(r) for r in rows}
 
     def set_states(self, job_ids: Iterable[int], state: str, expect_state: Iterable[str],
                    now: float | None = None) -> int:
@@ -383,7 +507,10 @@ class Store:
                 .values(state=state)
             )
             c.execute(insert(events_t), [{"job_id": i, "time": now, "kind": state, "detail": "{}"} for i in ids])
-            return int(res.rowcount)
+            n = int(res.rowcount)
+        for i in ids:
+            self._notify(i, state, {}, {"state": state})
+        return n
 
     def events(self, job_id: int | None = None) -> list[dict[str, Any]]:
         q = select(events_t).order_by(events_t.c.id)
@@ -404,6 +531,7 @@ class Store:
                     job_id=job_id, time=now, kind=kind, detail=json.dumps(dict(detail or {}), sort_keys=True)
                 )
             )
+        self._notify(job_id, kind, detail or {}, {})
 
     # -- profiles ---------------------------------------------------------------
     def put_profile(self, model: str, profile: Mapping[str, Any]) -> None:
