@@ -3,13 +3,12 @@
 =====================  ==========  ============================================
 gpuloom                Slurm       what
 =====================  ==========  ============================================
-``serve``              slurmctld   run the scheduler service (API + loop)
-``submit job.yaml``    sbatch      submit a YAML/JSON job spec
-``queue``              squeue      active jobs (``--all`` for finished too)
+``serve``              slurmctld   run the scheduler service (API + loop + dashboard)
 ``cancel ID...``       scancel     cancel jobs (owner or admin)
 ``nodes``              sinfo       nodes with used/total GPUs, cores, memory
-``logs ID``            (log file)  the job's stdout and stderr
 ``token create USER``  (sacctmgr)  a token for a user (admin)
+
+``submit``, ``queue``, ``show``, ``history`` and ``logs`` are in :mod:`.jobs`.
 =====================  ==========  ============================================
 
 Clients find the server and token from ``--url``/``--token``, else
@@ -24,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -82,7 +80,8 @@ def serve(
     profile_warmup: Annotated[float, typer.Option(help="Seconds skipped after a profile run's first progress line.")] = 2.0,
     profile_timeout: Annotated[float, typer.Option(
         help="Seconds a profile run may print no progress line before its job counts as unprofilable.")] = 60.0,
-    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
+    log_format: Annotated[str, typer.Option(help="Log lines as text or json (one object per line).")] = "text",
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -91,9 +90,13 @@ def serve(
 
     from ..driver import Stack
     from ..runtime.api import create_app, ensure_admin_token
+    from ..runtime.logfmt import configure
     from ..runtime.store import Store
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configure(log_level, log_format)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     sd = state_dir_path(state_dir)
     sd.mkdir(parents=True, exist_ok=True)
 
@@ -157,8 +160,8 @@ def serve(
     tmp.write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
     os.replace(tmp, sd / "server.json")
     logging.getLogger("gpuloom.service").info(
-        "serving %s on %s (%d nodes, %d GPUs; %s; store %s)",
-        "gpuloom", server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
+        "serving %s on %s (dashboard %s/, API docs %s/docs; %d nodes, %d GPUs; %s; store %s)",
+        "gpuloom", server_url, server_url, server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
     )
     config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False)
     server = uvicorn.Server(config)
@@ -217,7 +220,8 @@ class Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
-    def call(self, method: str, path: str, **kw: Any) -> Any:
+    def call(self, method: str, path: str, raw: bool = False, **kw: Any) -> Any:
+        """The answer's JSON (or text); with ``raw`` the response itself.  Errors exit with their message."""
         import httpx
 
         try:
@@ -235,6 +239,8 @@ class Client:
                 detail = "; ".join(msgs)
             err_console.print(f"[bold red]error ({r.status_code}):[/] {detail}", highlight=False)
             raise typer.Exit(2 if r.status_code in (400, 409, 422) else 1)
+        if raw:
+            return r
         ctype = r.headers.get("content-type", "")
         return r.json() if ctype.startswith("application/json") else r.text
 
@@ -254,65 +260,6 @@ def load_job_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path}: expected a mapping of job fields (name, command, gpus, ...)")
     return data
-
-
-def _elapsed(job: dict[str, Any]) -> str:
-    if job.get("last_start") is None:
-        return "0:00"
-    end = job.get("end_time") or time.time()
-    holding = job["state"] in ("launching", "running_protected", "running", "checkpointing", "stopping")
-    s = int(job.get("held_time") or 0) if not holding else int(
-        (job.get("held_time") or 0) + end - job["last_start"]
-    )
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
-
-
-@app.command()
-def submit(
-    spec: Annotated[Path, typer.Argument(help="Job spec file (YAML or JSON).")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Submit a job (like sbatch)."""
-    body = load_job_file(spec)
-    job = Client(url, token, state_dir).call("POST", "/jobs", json=body)
-    if as_json:
-        console.print_json(json.dumps(job))
-    else:
-        console.print(f"Submitted job {job['id']}", highlight=False)
-
-
-@app.command()
-def queue(
-    all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished, failed and cancelled jobs.")] = False,
-    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """List jobs (like squeue)."""
-    from ..runtime.service import ACTIVE_STATES
-
-    params: dict[str, Any] = {}
-    if not all_jobs:
-        params["state"] = list(ACTIVE_STATES)
-    if user:
-        params["user"] = user
-    jobs = Client(url, token, state_dir).call("GET", "/jobs", params=params)
-    if as_json:
-        console.print_json(json.dumps(jobs))
-        return
-    t = Table("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "ITER", "NODES", "REASON", box=None)
-    for j in jobs:
-        it = j.get("progress")
-        t.add_row(str(j["id"]), j["name"], j["user"], j["state"].upper(), str(j["gpus"]), _elapsed(j),
-                  "-" if it is None else str(int(it)), ",".join(j["nodes"]) or "-", j.get("reason") or "")
-    console.print(t)
 
 
 @app.command()
@@ -346,29 +293,13 @@ def nodes(
     if as_json:
         console.print_json(json.dumps(ns))
         return
-    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY (MB)", "TYPE", "JOBS", box=None)
+    from ..runtime.history import format_mem
+
+    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY", "TYPE", "JOBS", box=None)
     for n in ns:
         t.add_row(n["name"], n["state"], f"{n['gpus_used']}/{n['gpus']}", f"{n['cpus_used']}/{n['cpus']}",
-                  f"{n['mem_mb_used']}/{n['mem_mb']}", n["gpu_type"], ",".join(n["jobs"]) or "-")
+                  f"{format_mem(n['mem_mb_used'])}/{format_mem(n['mem_mb'])}", n["gpu_type"], ",".join(n["jobs"]) or "-")
     console.print(t)
-
-
-@app.command()
-def logs(
-    job_id: Annotated[int, typer.Argument(help="Job id.")],
-    tail: Annotated[int | None, typer.Option(help="Only the last N bytes.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Print a job's stdout and stderr."""
-    params = {"tail": tail} if tail else {}
-    text = Client(url, token, state_dir).call("GET", f"/jobs/{job_id}/logs", params=params)
-    if as_json:
-        console.print_json(json.dumps({"id": job_id, "log": text}))
-    else:
-        typer.echo(text, nl=False)
 
 
 @token_app.command("create")

@@ -50,7 +50,7 @@ from ..core.lifecycle import JobState
 from .admission import NotFound, PermissionDenied, SubmitError
 from .deps import parse_array, parse_dependency
 from .history import array_label, iso, short_state
-from .service import ACTIVE_STATES, HOLDING, Service
+from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
 
@@ -336,7 +336,7 @@ def create_app(service: Service) -> FastAPI:
             start = offset if offset is not None else max(0, size - min(tail or MAX_LOG_BYTES, MAX_LOG_BYTES))
             f.seek(min(start, size))
             data = f.read(MAX_LOG_BYTES)
-        if offset is not None and data:  # whole lines (and whole UTF-8 characters) only, when following
+        if offset is not None and data and row.state not in FINAL_STATES:  # following: whole lines only
             cut = data.rfind(b"\n") + 1
             data = data[:cut] if cut else (data if len(data) == MAX_LOG_BYTES else b"")
         return PlainTextResponse(data.decode(errors="replace"), headers={"X-Log-Offset": str(min(start, size) + len(data))})

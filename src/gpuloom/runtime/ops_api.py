@@ -159,10 +159,11 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
              state: Annotated[list[str] | None, Query(description="states or Slurm codes (CD, F, CA, ...)")] = None,
              since: Annotated[str | None, Query(description="jobs not ended before: ISO, Unix or an age (2h)")] = None,
              until: Annotated[str | None, Query(description="jobs submitted by: ISO, Unix or an age")] = None,
-             allocations: bool = False) -> list[dict[str, Any]]:
+             allocations: bool = False,
+             job: Annotated[list[int] | None, Query(description="only these job ids")] = None) -> list[dict[str, Any]]:
         """Accounting (like sacct): start, end, elapsed, GPU-hours, exit code; with the allocations held."""
         return history(store, now(), user, states_of(state), _time(since, "since"), _time(until, "until"),
-                       allocations)
+                       allocations, job)
 
     @app.get("/jobs/{job_id}/allocations", tags=["operations"])
     def job_allocs(job_id: int, who: Auth) -> list[dict[str, Any]]:
