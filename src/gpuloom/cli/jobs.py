@@ -55,6 +55,16 @@ def _print_json(obj: Any) -> None:
     console.print_json(json.dumps(obj))
 
 
+def _print_table(t: Table) -> None:
+    """A table on a terminal fits its width; into a pipe or file it is printed whole (like squeue/sacct)."""
+    if console.is_terminal:
+        console.print(t)
+    else:
+        from rich.console import Console
+
+        Console(width=4000, highlight=False, soft_wrap=False).print(t)
+
+
 # ---------------------------------------------------------------------------------------------
 @app.command()
 def submit(
@@ -157,7 +167,7 @@ def queue(
             row += [j["state"].upper(), format_duration(j.get("time_limit"))]
         row += [format_duration(j.get("held_s")), str(j["gpus"]), "-" if it is None else str(int(it)), _reason(j)]
         t.add_row(*row)
-    console.print(t)
+    _print_table(t)
 
 
 @app.command()
@@ -206,14 +216,14 @@ def show(
             t.add_row(_local(a["start"]), _local(a["end"]) if a["end"] else "(holding)", ",".join(a["nodes"]),
                       " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items()), str(a["cpus"]),
                       format_mem(a["mem_mb"]), a["opened_by"] or "", a["closed_by"] or "")
-        console.print(t)
+        _print_table(t)
     typer.echo("Events:")
     t = Table("TIME", "EVENT", "DETAIL", box=None)
     for e in events:
         d = e.get("detail") or {}
         d = {k: v for k, v in d.items() if k != "alloc"}
         t.add_row(_local(e["time"]), e["kind"], json.dumps(d, sort_keys=True) if d else "")
-    console.print(t)
+    _print_table(t)
 
 
 @app.command()
@@ -255,7 +265,7 @@ def history(
             gpus = " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items())
             t.add_row("", f"  {a['opened_by']}", "", "", "", "", _local(a["start"]), _local(a["end"]), "", str(a["gpus"]),
                       "", gpus)
-    console.print(t)
+    _print_table(t)
 
 
 @app.command()
