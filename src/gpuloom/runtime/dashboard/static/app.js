@@ -88,7 +88,7 @@ function lineChart(title, series, opts = {}) {
   svg.append(sv("text", { x: 4, y: H - B }, "0"));
   svg.append(sv("text", { x: L, y: H - 6 }, opts.xLabel ? opts.xLabel(x0) : ""));
   svg.append(sv("text", { x: W - R - 60, y: H - 6 }, opts.xLabel ? opts.xLabel(x1) : ""));
-  let lx = L + 120;
+  let lx = L + 7 * title.length + 12;
   for (const s of series) {
     const d = s.points.map((p, i) => `${i ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
     svg.append(sv("path", { d, fill: "none", stroke: s.color, "stroke-width": 2 }));
@@ -180,7 +180,7 @@ async function jobPage(main, id) {
     el("h2", {}, "Timeline"),
     el("table", { id: "timeline" }, el("thead", {}, el("tr", {}, ["TIME", "EVENT", "DETAIL"].map(h => el("th", {}, h)))),
       el("tbody", {}, events.map(e => el("tr", {}, el("td", {}, when(e.time)), el("td", {}, e.kind),
-        el("td", { class: "reason" }, Object.keys(e.detail || {}).length ? JSON.stringify(e.detail) : "")))))),
+        el("td", { class: "reason" }, Object.keys(e.detail || {}).length ? JSON.stringify(e.detail) : ""))))),
     el("h2", {}, "Allocations"),
     el("table", { id: "allocations" }, el("thead", {}, el("tr", {}, ["FROM", "TO", "NODES", "GPUS", "CORES", "MEMORY", "BY"]
       .map(h => el("th", {}, h)))), el("tbody", {}, allocs.map(a => el("tr", {}, el("td", {}, when(a.start)),
