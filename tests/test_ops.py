@@ -221,6 +221,14 @@ def test_metrics_read_by_a_prometheus_parser(make, tmp_path: Path) -> None:  # n
         "gpuloom_submit_latency_seconds_count"] == 3.0  # API submissions
     assert {s.name: s.value for s in fams["gpuloom_launch_latency_seconds"].samples}[
         "gpuloom_launch_latency_seconds_count"] == 3.0  # big, bad, wait launched once each
+    # the sample Grafana dashboard queries only series the service exports
+    import re
+
+    dash = json.loads((Path(__file__).resolve().parents[1] / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    series = {s.name for f in fams.values() for s in f.samples}
+    used = {m for e in exprs for m in re.findall(r"gpuloom_[a-z_]+", e)}
+    assert used and used <= series, used - series
 
 
 def test_one_json_log_line_per_transition(make) -> None:  # noqa: ANN001
@@ -251,7 +259,7 @@ def test_one_json_log_line_per_transition(make) -> None:  # noqa: ANN001
     assert la["level"] == "info" and la["user"] == "alice" and la["nodes"] == ["node-0"]
     assert la["gpus"] == ["node-0:0", "node-0:1"] and la["msg"] == "job 1 launched on node-0 GPUs 0,1"
     fb = by[b, "fail"]
-    assert fb["level"] == "warning" and fb["exit_code"] == 2 and fb["gpus"] == ["node-1:0"]
+    assert fb["level"] == "warning" and fb["exit_code"] == 2 and fb["gpus"] == ["node-1:0"] and fb["user"] == "bob"
     assert by[a, "cancel"]["nodes"] == ["node-0"]  # the end line names what the job held
     assert by[a, "submit"]["user"] == "alice"
 

@@ -24,11 +24,12 @@ own dependents, as Slurm does with ``kill_invalid_depend``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from ..core.lifecycle import JobState
 from .admission import SubmitError
+from .clock import Clock
 from .store import JobRow, Store
 
 S = JobState
@@ -139,12 +140,12 @@ class Gate:
     """Jobs picked up from the store wait here until their dependencies and array limits allow them.
 
     :meth:`add` takes a new row; :meth:`ready` returns the rows that may run now (in id order),
-    cancels those whose dependencies can never be met (through ``cancel(row, reason)``) and
-    records the pending reason of the rest (``store.set_pending_reasons``)."""
+    cancels those whose dependencies can never be met and records the pending reason of the
+    rest (``store.set_pending_reasons``)."""
 
-    def __init__(self, store: Store, cancel: Callable[[JobRow, str], None]) -> None:
+    def __init__(self, store: Store, clock: Clock) -> None:
         self.store = store
-        self.cancel = cancel
+        self.clock = clock
         self.held: dict[int, JobRow] = {}
         self.reasons: dict[int, str | None] = {}
 
@@ -157,6 +158,14 @@ class Gate:
     def drop(self, job_id: int) -> None:
         self.held.pop(job_id, None)
         self.reasons.pop(job_id, None)
+
+    def cancel(self, row: JobRow, why: str) -> None:
+        """A held job whose dependency can never be met is cancelled, with the reason."""
+        now = self.clock.time()
+        self.store.update_job(row.id, {"state": S.CANCELLED.value, "end_time": now, "reason": why,
+                                       "pending_reason": None},
+                              S.CANCELLED.value, {"reason": why}, expect_state=[S.WAITING_FOR_INITIAL_CONTACT.value],
+                              now=now)
 
     def ready(self) -> list[JobRow]:
         if not self.held:

@@ -18,6 +18,9 @@ its own modules:
 :mod:`.admission`         what is refused at submission
 :mod:`.codec`             allocations and processes as stored JSON
 :mod:`.clock`             the injected clock
+:mod:`.deps`              job arrays and dependencies: the gate new jobs pass
+:mod:`.telemetry`         a log line per job transition, metrics, samples
+:mod:`.history`           accounting from the store (``gpuloom history``)
 ========================  ==================================================
 
 **A round is observe, then act** (as Ray's autoscaler v2 reconciler does):
@@ -155,7 +158,7 @@ class Service:
         self._cancel_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.last_round_s = 0.0
-        self.gate = Gate(store, self._cancel_dependent)  # arrays and dependencies (:mod:`.deps`)
+        self.gate = Gate(store, self.clock)  # arrays and dependencies (:mod:`.deps`)
         from .telemetry import Telemetry
 
         self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
@@ -347,25 +350,6 @@ class Service:
         )
         return False
 
-    def _cancel_dependent(self, row: JobRow, why: str) -> None:
-        """A held job whose dependency can never be met (:mod:`.deps`) is cancelled with the reason."""
-        self.store.update_job(
-            row.id, {"state": S.CANCELLED.value, "end_time": self.clock.time(), "reason": why, "pending_reason": None},
-            S.CANCELLED.value, {"reason": why}, expect_state=[S.WAITING_FOR_INITIAL_CONTACT.value],
-            now=self.clock.time(),
-        )
-
-    def _record_reasons(self) -> None:
-        """Store why each queued job waits, as the round just said (only the changes)."""
-        changed: dict[int, str | None] = {}
-        rows = self.mirror.rows
-        for jid, job in self.driver.jobs.items():
-            row = rows.get(jid)
-            if row is not None and row.pending_reason != job.reason:
-                row.pending_reason = job.reason
-                changed[int(jid)] = job.reason
-        self.store.set_pending_reasons(changed)
-
     # -- one round: observe, then act ------------------------------------------------------
     def round(self) -> list[Action]:
         """Observe (reap, cancels, time limits, new jobs, progress), then act (plan → actions)."""
@@ -391,7 +375,7 @@ class Service:
         for j in self.driver.jobs.values():
             j.advance(now)
         _, actions = self.driver.plan(now)
-        self._record_reasons()
+        self.mirror.record_reasons(self.driver.jobs)
         self.actuator.profiled = False
         failed = self.driver.apply(actions, now)
         for job in failed:

@@ -361,8 +361,9 @@ class Store:
                 c.execute(update(jobs_t).where(jobs_t.c.id == ids[0]).values(array_id=ids[0]))
             c.execute(insert(events_t), [{"job_id": jid, "time": now, "kind": "submit",
                                           "detail": json.dumps({"user": user})} for jid in ids])
-        for jid in ids:
-            self._notify(jid, "submit", {"user": user}, {"state": state, "submit_time": now})
+        for k, jid in enumerate(ids):
+            arr = {} if array_tasks is None else {"array_id": ids[0], "array_task": int(array_tasks[k])}
+            self._notify(jid, "submit", {"user": user}, {"state": state, "submit_time": now, **arr})
         return ids
 
     def _notify(self, job_id: int | None, kind: str, detail: Mapping[str, Any], fields: Mapping[str, Any]) -> None:

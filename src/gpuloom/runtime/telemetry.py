@@ -84,6 +84,7 @@ class Telemetry:
         self.samples: deque[dict[str, float]] = deque(maxlen=history_points)
         self._last_sample = -1e18
         self._alloc: dict[int, Mapping[str, Any]] = {}  # last stored allocation per job (for stop/end lines)
+        self._users: dict[int, tuple[str | None, str | None]] = {}  # (user, array task) per job until it ends
         self._lock = threading.Lock()
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.rounds = Counter("gpuloom_rounds", "Scheduling rounds run.", registry=r)
@@ -133,22 +134,42 @@ class Telemetry:
             self.launch_seconds.observe(max(0.0, float(fields["first_start"]) - row.submit_time))
         if not jlog.isEnabledFor(level):
             return
+        who = self._who(job_id, kind, detail, fields, row, level)
         nodes, gpus = gpus_of(alloc)
         extra: dict[str, Any] = {"event": event, "job": job_id}
-        user = detail.get("user") if kind == "submit" else (row.user if row is not None else None)
-        if user:
-            extra["user"] = user
+        if who[0]:
+            extra["user"] = who[0]
         if nodes:
             extra["nodes"], extra["gpus"] = nodes, gpus
         for k in ("exit_code", "reason"):
             v = detail.get(k, fields.get(k))
             if v is not None:
                 extra[k] = v
-        if row is not None and row.array_id is not None:
-            extra["array"] = f"{row.array_id}_{row.array_task}"
+        if who[1]:
+            extra["array"] = who[1]
         where = f" on {','.join(nodes)} GPUs {','.join(g.split(':', 1)[1] for g in gpus)}" if nodes else ""
         tail = f": {extra['reason']}" if extra.get("reason") else ""
         jlog.log(level, "job %s %s%s%s", job_id, _VERB.get(event, event), where, tail, extra=extra)
+
+    def _who(self, job_id: int, kind: str, detail: Mapping[str, Any], fields: Mapping[str, Any], row: Any,
+             level: int) -> tuple[str | None, str | None]:
+        """(user, array task label) of a job, remembered from its first logged event until its end."""
+        with self._lock:
+            who = self._users.get(job_id)
+        if who is None:
+            if row is None and kind != "submit" and level >= logging.INFO:
+                row = self.svc.store.get_job(job_id)  # e.g. a job that ended before the mirror loaded it
+            user = detail.get("user") if kind == "submit" else (row.user if row is not None else None)
+            arr = None if row is None or row.array_id is None else f"{row.array_id}_{row.array_task}"
+            if kind == "submit" and fields.get("array_id") is not None:
+                arr = f"{fields['array_id']}_{fields['array_task']}"
+            who = (user, arr)
+        with self._lock:
+            if kind in _ENDS:
+                self._users.pop(job_id, None)
+            else:
+                self._users[job_id] = who
+        return who
 
     # -- rounds ------------------------------------------------------------------------------
     def round_done(self, actions: Sequence[Action], seconds: float) -> None:
