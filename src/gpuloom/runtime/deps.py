@@ -40,6 +40,7 @@ NEVER = "DependencyNeverSatisfied"
 ARRAY_LIMIT = "JobArrayTaskLimit"
 _ENDED = {S.FINISHED.value, S.FAILED.value, S.CANCELLED.value}
 _BAD_END = {S.FAILED.value, S.CANCELLED.value}
+_PAST_GATE = tuple(s.value for s in JobState if s.value not in _ENDED and s is not S.WAITING_FOR_INITIAL_CONTACT)
 
 
 def parse_array(text: str) -> tuple[list[int], int | None]:
@@ -213,10 +214,7 @@ class Gate:
         return out
 
     def _active_tasks(self) -> dict[int, int]:
-        """Per limited array: its tasks past the gate and not ended."""
+        """Per limited array: its tasks past the gate and not ended.  Held tasks wait for contact, and
+        so does no released one once its round is over (it was handed on, or failed to fit)."""
         arrays = {r.array_id for r in self.held.values() if r.array_id is not None and r.spec.get("array_limit")}
-        counts: dict[int, int] = {}
-        for aid in arrays:
-            counts[aid] = sum(1 for r in self.store.array_tasks(aid)
-                              if r.state not in _ENDED and r.id not in self.held)
-        return counts
+        return {aid: self.store.count_array(aid, _PAST_GATE) for aid in arrays}

@@ -486,6 +486,13 @@ class Store:
         with self.lock, self.engine.connect() as c:
             return [_decode(r) for r in c.execute(q).mappings().all()]
 
+    def count_array(self, array_id: int, states: Iterable[str]) -> int:
+        """How many tasks of job array ``array_id`` are in ``states``."""
+        q = select(func.count()).select_from(jobs_t).where(jobs_t.c.array_id == array_id,
+                                                             jobs_t.c.state.in_(list(states)))
+        with self.lock, self.engine.connect() as c:
+            return int(c.execute(q).scalar() or 0)
+
     def get_jobs(self, job_ids: Iterable[int]) -> dict[int, JobRow]:
         ids = list(job_ids)
         if not ids:
