@@ -59,7 +59,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     params = [p for p in sig.parameters.values() if p.name != "model_opts"]
     extra = [
         inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[o.cli_type | None,  # type: ignore[name-defined]
+                          annotation=Annotated[o.cli_type | None,
                                                typer.Option(o.cli, help=o.help, metavar=o.metavar or None,
                                                             rich_help_panel="Throughput model")])
         for o in FLAG_OPTIONS

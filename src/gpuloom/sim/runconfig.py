@@ -174,7 +174,9 @@ def _value(text: str) -> Any:
 
 def _split(text: str) -> list[str]:
     """Split on commas outside brackets and quotes."""
-    out, depth, quote, cur = [], 0, "", []
+    out: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             if ch == quote:
@@ -410,7 +412,8 @@ def run_many(
         return out
     if progress is not None:
         # updates from workers arrive late and out of order: forward only forward progress
-        user, last = progress, {}
+        user = progress
+        last: dict[str, int] = {}
 
         def progress(label: str, done: int, total: int) -> None:
             if done >= last.get(label, -1):
