@@ -70,6 +70,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         opts = {o.name: kw.pop(o.name, None) for o in FLAG_OPTIONS}
         return fn(*args, model_opts=opts, **kw)
 
+    # typer reads the signature it shows from ``__signature__``, an attribute functions lack in the type system
     wrapper.__signature__ = sig.replace(parameters=params + extra)  # type: ignore[attr-defined]
     return wrapper
 

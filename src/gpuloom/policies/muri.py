@@ -173,7 +173,8 @@ class MuriGrouping(GroupPolicy):
             for i in members:
                 alloc = cur.get(ordered[i].id)
                 labels.append(min((ordered[i].id, *alloc.group)) if alloc is not None and alloc.group else None)
-            states.append(_BucketState(g, members, [profiles[i] for i in members], labels))  # type: ignore[misc]
+            # every member has a profile (profiled jobs alone join buckets)
+            states.append(_BucketState(g, members, [p for i in members if (p := profiles[i]) is not None], labels))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
         required = sum(ordered[i].spec.gpus for i in admitted)
         capacity = view.cluster.num_gpus

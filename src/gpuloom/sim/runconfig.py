@@ -44,6 +44,7 @@ import multiprocessing as mp
 import os
 import queue as _queue
 import tomllib
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -376,8 +377,7 @@ def _work(rc: RunConfig) -> RunResult:
 
 def unique_labels(configs: Sequence[RunConfig]) -> list[str]:
     labels = [rc.name for rc in configs]
-    seen: set[str] = set()
-    dups = sorted({x for x in labels if x in seen or seen.add(x)})  # type: ignore[func-returns-value]
+    dups = sorted(x for x, n in Counter(labels).items() if n > 1)
     if dups:
         raise ConfigError(f"two configurations share the label(s) {', '.join(map(repr, dups))}; give each a label=")
     return labels
