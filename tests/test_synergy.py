@@ -455,8 +455,8 @@ def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
     # Synergy's profiles give each model's storage demand per GPU (column "speed", MB/s):
     # alexnet 62.5*2 = 125, bert int(62.5/3) = 20.  On a 500 MB/s, 8-GPU server a GPU's share is
     # 62.5 MB/s: alexnet runs at 62.5 / 125 = 0.5 of its speed, bert is not bound.
-    from gpuloom.perf.storage import load_storage_demands
     from gpuloom.perf.assembly import build_model
+    from gpuloom.perf.storage import load_storage_demands
 
     path = data_dir / "synergy/model_sensitivity_profiles.csv"
     d = load_storage_demands(path)

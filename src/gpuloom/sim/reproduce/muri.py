@@ -27,8 +27,8 @@ from pathlib import Path
 
 from ...core.cluster import Cluster
 from ...core.job import JobSpec
-from ..engine import SimConfig, Simulator
 from ...perf.assembly import build_model
+from ..engine import SimConfig, Simulator
 from ..traces import load_trace
 from .common import Result, Row, need
 
