@@ -62,7 +62,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, RowMapping
 
 log = logging.getLogger("gpuloom.store")
 metadata = MetaData()
@@ -198,7 +198,7 @@ class JobRow:
         return d
 
 
-def _decode(row: Mapping[str, Any]) -> JobRow:
+def _decode(row: RowMapping) -> JobRow:
     d = dict(row)
     for k in _JSON_COLS:
         if d.get(k) is not None:

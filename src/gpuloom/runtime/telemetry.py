@@ -70,7 +70,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 def gpus_of(alloc: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
     """(node names, ``node:local GPU index`` labels) of a stored allocation."""
-    nodes, gpus = [], []
+    nodes: list[str] = []
+    gpus: list[str] = []
     for p in (alloc or {}).get("parts", []):
         nodes.append(str(p["node"]))
         gpus.extend(f"{p['node']}:{g}" for g in p.get("local_gpus", p.get("gpus", [])))
@@ -242,8 +243,8 @@ class _Collector(Collector):
         by_state = GaugeMetricFamily("gpuloom_jobs", "Jobs in the store, by lifecycle state and Slurm code.",
                                      labels=["state", "st"])
         counts = svc.store.count_by_state()
-        for st in JobState:
-            by_state.add_metric([st.value, SHORT_STATE[st]], counts.get(st.value, 0))
+        for state in JobState:
+            by_state.add_metric([state.value, SHORT_STATE[state]], counts.get(state.value, 0))
         yield by_state
         by_queue: dict[tuple[str, str], int] = {}
         by_reason: dict[str, int] = {}
@@ -259,12 +260,12 @@ class _Collector(Collector):
                 by_reason[r] = by_reason.get(r, 0) + 1
         fam = GaugeMetricFamily("gpuloom_queue_jobs", "Active jobs by queue and Slurm state code (PD, R, CG).",
                                 labels=["queue", "st"])
-        for (q, st), n in sorted(by_queue.items()):
-            fam.add_metric([q, st], n)
+        for (q, code), count in sorted(by_queue.items()):
+            fam.add_metric([q, code], count)
         yield fam
         fam = GaugeMetricFamily("gpuloom_pending_jobs", "Pending jobs by reason.", labels=["reason"])
-        for r, n in sorted(by_reason.items()):
-            fam.add_metric([r], n)
+        for reason, count in sorted(by_reason.items()):
+            fam.add_metric([reason], count)
         yield fam
         up = GaugeMetricFamily("gpuloom_last_round_seconds", "Duration of the last round.")
         up.add_metric([], svc.last_round_s)
