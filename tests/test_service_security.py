@@ -411,9 +411,11 @@ def test_7_listing_is_paginated_filtered_and_finished_jobs_expire(tmp_path: Path
         r = e.client.get("/jobs", params={"limit": 3, "after": ids[2]}, headers=hd)
         assert [j["id"] for j in r.json()] == ids[3:6]
         assert [j["id"] for j in e.client.get("/jobs", params={"user": "alice"}, headers=hd).json()] == ids[1::2]
-        assert e.client.get("/jobs", params={"since": time.time() + 60}, headers=hd).json() == []
         assert e.client.get("/jobs", params={"limit": 0}, headers=hd).status_code == 422
         e.run_until(ids)
+        # since: jobs not ended before that time (sacct's start time)
+        assert e.client.get("/jobs", params={"since": time.time() + 60}, headers=hd).json() == []
+        assert len(e.client.get("/jobs", params={"since": time.time() - 3600}, headers=hd).json()) == 7
         # retention: jobs that ended more than keep_finished_s ago go, with their events and logs
         old = ids[:4]
         for j in old:
@@ -432,16 +434,20 @@ def test_8_names_are_shown_as_they_are_in_every_table(monkeypatch: pytest.Monkey
     from gpuloom.cli import app
     from gpuloom.cli.service import Client
 
-    job = {"id": 1, "name": "[/]", "user": "[bold]x", "state": "running", "gpus": 1, "progress": None,
-           "nodes": ["\x1b[31mred"], "reason": "[red]", "last_start": None, "held_time": 0}
+    job = {"id": 1, "name": "[/]", "user": "[bold]x", "state": "running", "st": "R", "gpus": 1, "progress": None,
+           "nodes": ["\x1b[31mred"], "reason": "[red]", "pending_reason": None, "last_start": None, "held_time": 0,
+           "held_s": 0, "array": None, "queue": "[/]", "command": "echo \x1b]0;title\x07", "attempts": 1,
+           "resume_count": 0, "preemptions": 0, "alloc": None, "time_limit": None}
     node = {"name": "[/]", "state": "idle", "gpus": 1, "gpus_used": 0, "cpus": 1, "cpus_used": 0, "mem_mb": 1,
             "mem_mb_used": 0, "gpu_type": "\x1b]0;title\x07", "jobs": []}
-    monkeypatch.setattr(Client, "call", lambda self, m, p, **kw: [job] if p == "/jobs" else [node])
+    answers = {"/jobs": [job], "/nodes": [node], "/jobs/1": job,
+               "/jobs/1/events": [{"time": None, "kind": "[/]", "detail": {"why": "\x1b[2J"}}], "/history": []}
+    monkeypatch.setattr(Client, "call", lambda self, m, p, **kw: answers[p])
     runner = CliRunner()
-    for cmd in ("queue", "nodes"):
-        r = runner.invoke(app, [cmd, "--url", "http://127.0.0.1:1", "--token", "t"])
-        assert r.exit_code == 0, r.output
-        assert "[/]" in r.output and "\x1b" not in r.output and "\x07" not in r.output
+    for cmd in (["queue"], ["nodes"], ["show", "1"]):
+        r = runner.invoke(app, [*cmd, "--url", "http://127.0.0.1:1", "--token", "t"])
+        assert r.exit_code == 0, (cmd, r.output, r.exception)
+        assert "[/]" in r.output and "\x1b" not in r.output and "\x07" not in r.output, (cmd, r.output)
     assert "[bold]x" in runner.invoke(app, ["queue", "--url", "http://127.0.0.1:1", "--token", "t"]).output
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from ..core.parse import bool_literal
@@ -23,10 +24,23 @@ err_console = Console(stderr=True)
 _CONTROL = {c: "?" for c in [*range(0, 32), *range(127, 160)]}
 
 
+def plain(value: Any) -> str:
+    """``value`` as text with control characters (terminal escape sequences) shown as ``?``."""
+    return str(value).translate(_CONTROL)
+
+
 def cell(value: Any) -> Text:
     """A table cell that shows ``value`` as it is: never read as Rich markup (a job named ``[/]``), with
     control characters (terminal escape sequences) shown as ``?``."""
     return Text(str(value).translate(_CONTROL))
+
+
+class SafeTable(Table):
+    """A Rich table whose text cells show their text as it is (:func:`cell`): names, users, reasons and
+    paths come from users, and must neither be read as markup nor reach the terminal as escapes."""
+
+    def add_row(self, *renderables: Any, **kw: Any) -> None:
+        super().add_row(*(cell(r) if isinstance(r, str) else r for r in renderables), **kw)
 
 
 def parse_value(text: str) -> Any:
@@ -69,7 +83,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     params = [p for p in sig.parameters.values() if p.name != "model_opts"]
     extra = [
         inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[o.cli_type | None,  # type: ignore[name-defined]
+                          annotation=Annotated[o.cli_type | None,
                                                typer.Option(o.cli, help=o.help, metavar=o.metavar or None,
                                                             rich_help_panel="Throughput model")])
         for o in FLAG_OPTIONS
@@ -80,6 +94,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         opts = {o.name: kw.pop(o.name, None) for o in FLAG_OPTIONS}
         return fn(*args, model_opts=opts, **kw)
 
+    # typer reads the signature it shows from ``__signature__``, an attribute functions lack in the type system
     wrapper.__signature__ = sig.replace(parameters=params + extra)  # type: ignore[attr-defined]
     return wrapper
 

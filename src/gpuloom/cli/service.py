@@ -5,14 +5,13 @@
 =====================  ==========  ============================================
 gpuloom                Slurm       what
 =====================  ==========  ============================================
-``serve``              slurmctld   run the scheduler service (API + loop)
-``submit job.yaml``    sbatch      submit a YAML/JSON job spec
-``queue``              squeue      active jobs (``--all`` for finished too)
+``serve``              slurmctld   run the scheduler service (API + loop + dashboard)
 ``cancel ID...``       scancel     cancel jobs (owner or admin)
 ``nodes``              sinfo       nodes with used/total GPUs, cores, memory
-``logs ID``            (log file)  the job's stdout and stderr
 ``token create USER``  (sacctmgr)  a token for a user (admin; ``--expires 30d``)
 ``token list|revoke``  (sacctmgr)  tokens by id; revoke one
+
+``submit``, ``queue``, ``show``, ``history`` and ``logs`` are in :mod:`.jobs`.
 =====================  ==========  ============================================
 
 Clients find the server and token from ``--url``/``--token``, else
@@ -28,14 +27,15 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from . import app
+from .common import SafeTable as Table
 from .common import cell, console, err_console, model_options, stack_params, user_errors
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
@@ -86,7 +86,8 @@ def serve(
     profile_warmup: Annotated[float, typer.Option(help="Seconds skipped after a profile run's first progress line.")] = 2.0,
     profile_timeout: Annotated[float, typer.Option(
         help="Seconds a profile run may print no progress line before its job counts as unprofilable.")] = 60.0,
-    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
+    log_format: Annotated[str, typer.Option(help="Log lines as text or json (one object per line).")] = "text",
     users: Annotated[Path | None, typer.Option(
         help="YAML/TOML map of gpuloom user to the OS account their jobs run as ('*': everyone else).")] = None,
     job_user: Annotated[str | None, typer.Option(
@@ -115,10 +116,14 @@ def serve(
     from ..runtime.api import create_app, ensure_admin_token
     from ..runtime.identity import Identities, IdentityError, private_dir
     from ..runtime.locks import AlreadyServed, ServerLocks
+    from ..runtime.logfmt import configure
     from ..runtime.specs import parse_duration
     from ..runtime.store import Store
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configure(log_level, log_format)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     os.umask(0o077)  # everything the server writes is private: database, tokens, logs, run records
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise typer.BadParameter("give both --ssl-keyfile and --ssl-certfile, or neither")
@@ -212,8 +217,8 @@ def serve(
     tmp.write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
     os.replace(tmp, sd / "server.json")
     logging.getLogger("gpuloom.service").info(
-        "serving %s on %s (%d nodes, %d GPUs; %s; store %s)",
-        "gpuloom", server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
+        "serving %s on %s (dashboard %s/, API docs %s/docs; %d nodes, %d GPUs; %s; store %s)",
+        "gpuloom", server_url, server_url, server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
     )
     config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False,
                             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
@@ -248,8 +253,9 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
     if gpus is not None and gpus < 1:
         raise ClusterError(f"--gpus must be >= 1, got {gpus}")
     mem_mb = int(mem_gb * 1000) if mem_gb is not None else None
+    discover: Callable[..., Cluster] | None
     try:
-        from ..runtime.discovery import discover  # type: ignore[import-not-found]
+        from ..runtime.discovery import discover
     except ImportError:
         discover = None
     if discover is not None:
@@ -293,8 +299,9 @@ class Client:
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=verify)
         self.last: Any = None  # the last response
 
-    def call(self, method: str, path: str, retries: int = 0, **kw: Any) -> Any:
-        """One request; ``retries`` more tries on transport errors (only for idempotent requests)."""
+    def call(self, method: str, path: str, raw: bool = False, retries: int = 0, **kw: Any) -> Any:
+        """The answer's JSON (or text); with ``raw`` the response itself.  Errors exit with their message.
+        ``retries``: more tries on transport errors (for requests safe to repeat)."""
         import httpx
 
         for attempt in range(retries + 1):
@@ -319,6 +326,8 @@ class Client:
                 detail = "; ".join(msgs)
             err_console.print(f"[bold red]error ({r.status_code}):[/] {escape(str(detail))}", highlight=False)
             raise typer.Exit(2 if r.status_code in (400, 409, 422) else 1)
+        if raw:
+            return r
         ctype = r.headers.get("content-type", "")
         return r.json() if ctype.startswith("application/json") else r.text
 
@@ -338,73 +347,6 @@ def load_job_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise typer.BadParameter(f"{path}: expected a mapping of job fields (name, command, gpus, ...)")
     return data
-
-
-def _elapsed(job: dict[str, Any]) -> str:
-    if job.get("last_start") is None:
-        return "0:00"
-    end = job.get("end_time") or time.time()
-    holding = job["state"] in ("launching", "running_protected", "running", "checkpointing", "stopping")
-    s = int(job.get("held_time") or 0) if not holding else int(
-        (job.get("held_time") or 0) + end - job["last_start"]
-    )
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
-
-
-@app.command()
-def submit(
-    spec: Annotated[Path, typer.Argument(help="Job spec file (YAML or JSON).")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Submit a job (like sbatch)."""
-    import uuid
-
-    body = load_job_file(spec)
-    # a retry after a lost answer must not submit twice: the key makes the server answer with the same job
-    key = {"Idempotency-Key": uuid.uuid4().hex}
-    job = Client(url, token, state_dir).call("POST", "/jobs", retries=2, json=body, headers=key)
-    if as_json:
-        console.print_json(json.dumps(job))
-    else:
-        console.print(f"Submitted job {job['id']}", highlight=False)
-
-
-@app.command()
-def queue(
-    all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished, failed and cancelled jobs.")] = False,
-    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """List jobs (like squeue)."""
-    from ..runtime.service import ACTIVE_STATES
-
-    params: dict[str, Any] = {}
-    if not all_jobs:
-        params["state"] = list(ACTIVE_STATES)
-    if user:
-        params["user"] = user
-    client = Client(url, token, state_dir)
-    jobs = client.call("GET", "/jobs", params=params)
-    while client.last is not None and client.last.headers.get("X-Next-After"):  # the next page
-        jobs += client.call("GET", "/jobs", params={**params, "after": client.last.headers["X-Next-After"]})
-    if as_json:
-        console.print_json(json.dumps(jobs))
-        return
-    t = Table("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "ITER", "NODES", "REASON", box=None)
-    for j in jobs:
-        it = j.get("progress")
-        t.add_row(cell(j["id"]), cell(j["name"]), cell(j["user"]), cell(j["state"].upper()), cell(j["gpus"]),
-                  cell(_elapsed(j)), cell("-" if it is None else int(it)), cell(",".join(j["nodes"]) or "-"),
-                  cell(j.get("reason") or ""))
-    console.print(t)
 
 
 @app.command()
@@ -438,30 +380,13 @@ def nodes(
     if as_json:
         console.print_json(json.dumps(ns))
         return
-    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY (MB)", "TYPE", "JOBS", box=None)
+    from ..runtime.history import format_mem
+
+    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY", "TYPE", "JOBS", box=None)
     for n in ns:
-        t.add_row(cell(n["name"]), cell(n["state"]), cell(f"{n['gpus_used']}/{n['gpus']}"),
-                  cell(f"{n['cpus_used']}/{n['cpus']}"), cell(f"{n['mem_mb_used']}/{n['mem_mb']}"),
-                  cell(n["gpu_type"]), cell(",".join(n["jobs"]) or "-"))
+        t.add_row(n["name"], n["state"], f"{n['gpus_used']}/{n['gpus']}", f"{n['cpus_used']}/{n['cpus']}",
+                  f"{format_mem(n['mem_mb_used'])}/{format_mem(n['mem_mb'])}", n["gpu_type"], ",".join(n["jobs"]) or "-")
     console.print(t)
-
-
-@app.command()
-def logs(
-    job_id: Annotated[int, typer.Argument(help="Job id.")],
-    tail: Annotated[int | None, typer.Option(help="Only the last N bytes.")] = None,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Print a job's stdout and stderr."""
-    params = {"tail": tail} if tail else {}
-    text = Client(url, token, state_dir).call("GET", f"/jobs/{job_id}/logs", params=params)
-    if as_json:
-        console.print_json(json.dumps({"id": job_id, "log": text}))
-    else:
-        typer.echo(text, nl=False)
 
 
 @token_app.command("create")

@@ -208,6 +208,9 @@ class Actuator:
             )
             if resume:
                 env_common["GPULOOM_RESUME"] = "1"
+            if row.array_id is not None:  # Slurm's SLURM_ARRAY_JOB_ID / SLURM_ARRAY_TASK_ID
+                env_common["GPULOOM_ARRAY_JOB_ID"] = str(row.array_id)
+                env_common["GPULOOM_ARRAY_TASK_ID"] = str(row.array_task)
             log_offset = self.log_size(jid)
             launches = []
             for rank, p in enumerate(alloc.parts):
@@ -294,7 +297,7 @@ class Actuator:
         """Jobs whose processes ended since the last poll: (job id, end state, exit code, reason).
 
         A part that exits non-zero fails the whole job (its other parts are stopped)."""
-        ended = []
+        ended: list[tuple[str, JobState, int | None, str | None]] = []
         for eid, code in self.executor.poll().items():
             jid = self.exec_owner.get(eid)
             if jid is None or jid not in self.running:

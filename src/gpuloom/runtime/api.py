@@ -17,6 +17,10 @@ Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer TOKEN``
 ``DELETE /tokens/{id}``    revoke a token: one's own, or any for an admin
 =========================  ==================================================
 
+The operator's endpoints (``/metrics``, ``/history``, ``/cluster``, the
+dashboard at ``/``, the OpenAPI page ``/docs`` with local assets) are in
+:mod:`.ops_api`.  Times in job JSON are ISO 8601 (UTC).
+
 Design decisions:
 
 * **Validation is Pydantic's**: unknown or malformed fields get a 422 whose
@@ -42,6 +46,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,10 +54,13 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Res
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.lifecycle import JobState
 from .admission import NotFound, PermissionDenied, SubmitError
+from .deps import parse_array, parse_dependency
+from .history import array_label, iso, short_state
 from .limits import (
     MAX_COMMAND,
     MAX_CURVE_POINTS,
@@ -69,7 +77,7 @@ from .limits import (
     validation_error,
 )
 from .privacy import redact_events, redact_job
-from .service import ACTIVE_STATES, HOLDING, Service
+from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
 from .tokens import create_token as _create_token
@@ -132,7 +140,24 @@ class JobSubmit(BaseModel):
     resource_times: list[Finite] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
     iteration_time: Finite | None = Field(None, gt=0)  # seconds per iteration (Muri)
 
-    @field_validator("name", "command", "model", "checkpoint_dir", "workdir")
+    array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
+    dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_array(v)
+        return v
+
+    @field_validator("dependency")
+    @classmethod
+    def _dependency(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_dependency(v)
+        return v
+
+    @field_validator("name", "command", "model", "checkpoint_dir", "workdir", "array", "dependency")
     @classmethod
     def _text(cls, v: str | None, info: Any) -> str | None:
         return v if v is None else check_text(v, info.field_name)
@@ -222,24 +247,35 @@ class TokenCreate(BaseModel):
         return None if v is None else parse_duration(v, "expires")
 
 
-def job_json(row: JobRow, live_progress: int | None = None) -> dict[str, Any]:
+def job_json(row: JobRow, live_progress: int | None = None, now: float | None = None) -> dict[str, Any]:
+    """A job as the API returns it; ``now`` (wall seconds) adds the live ``held_s`` of a running job."""
     s = row.spec
     nodes = [p["node"] for p in (row.alloc or {}).get("parts", [])]
+    held = row.held_time
+    if now is not None and row.alloc and row.last_start is not None and row.end_time is None:
+        held += max(0.0, now - row.last_start)
     return {
         "id": row.id,
         "name": row.name,
         "user": row.user,
         "state": row.state,
+        "st": short_state(row.state),
+        "pending_reason": row.pending_reason,
+        "queue": str(s.get("queue") or ""),
+        "array": array_label(row),
+        "array_id": row.array_id,
+        "array_task": row.array_task,
+        "dependency": s.get("dependency"),
         "gpus": s.get("gpus"),
         "cpus": s.get("cpus"),
         "mem_mb": s.get("mem_mb"),
         "command": s.get("command"),
         "model": s.get("model"),
         "time_limit": s.get("time_limit"),
-        "submit_time": row.submit_time,
-        "first_start": row.first_start,
-        "last_start": row.last_start,
-        "end_time": row.end_time,
+        "submit_time": iso(row.submit_time),
+        "first_start": iso(row.first_start),
+        "last_start": iso(row.last_start),
+        "end_time": iso(row.end_time),
         "nodes": nodes,
         "alloc": row.alloc,
         "procs": row.procs,
@@ -247,6 +283,7 @@ def job_json(row: JobRow, live_progress: int | None = None) -> dict[str, Any]:
         "resume_count": row.resume_count,
         "preemptions": row.preemptions,
         "held_time": row.held_time,
+        "held_s": held,
         "checkpoint_dir": row.checkpoint_dir,
         "progress": live_progress if live_progress is not None else row.progress,
         "exit_code": row.exit_code,
@@ -279,11 +316,16 @@ def create_token(store: Store, user: str, admin: bool = False, expires_in: float
     return _create_token(store, user, admin, expires_in)
 
 
-def _auth(request: Request, authorization: Annotated[str | None, Header()] = None) -> tuple[str, bool]:
+#: declared in the OpenAPI document, so ``/docs`` has an Authorize button
+bearer = HTTPBearer(auto_error=False, description="A token from `gpuloom token create USER` (or STATE_DIR/admin.token).")
+
+
+def _auth(request: Request,
+          creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> tuple[str, bool]:
     """(user, is_admin) for the request's bearer token, or 401."""
-    if not authorization or not authorization.lower().startswith("bearer "):
+    if creds is None or creds.scheme.lower() != "bearer":
         raise HTTPException(401, "missing token: send 'Authorization: Bearer TOKEN'", headers={"WWW-Authenticate": "Bearer"})
-    token = authorization[7:].strip()
+    token = creds.credentials.strip()
     who = request.app.state.service.store.lookup_token(token) if len(token) <= 256 else None
     if who is None:
         raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
@@ -296,7 +338,11 @@ JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 def create_app(service: Service) -> FastAPI:
     """The API over a (started or not) :class:`Service`."""
-    app = FastAPI(title="gpuloom", version="0.1.0")
+    from .. import __version__
+
+    app = FastAPI(title="gpuloom", version=__version__, docs_url=None, redoc_url=None,
+                  description="The scheduler service's API.  Authorize with a bearer token "
+                              "(`gpuloom token create USER`, or the admin token in the state directory).")
     app.state.service = service
     app.add_middleware(BodyLimit)
     app.add_exception_handler(RequestValidationError, validation_error)
@@ -305,7 +351,7 @@ def create_app(service: Service) -> FastAPI:
     def as_json(row: JobRow, who: tuple[str, bool] | None = None) -> dict[str, Any]:
         # a job holding a process: its progress now, from its log; else what was stored when it stopped
         live = service.last_progress(row.id) if row.state in HOLDING else None
-        d = job_json(row, live)
+        d = job_json(row, live, service.clock.time())
         return d if who is None else redact_job(d, who[0], who[1])
 
     def get_row(job_id: int) -> JobRow:
@@ -318,7 +364,7 @@ def create_app(service: Service) -> FastAPI:
     def _refused(_req: Request, e: SubmitError) -> JSONResponse:
         return JSONResponse(
             status_code=422,
-            content={"detail": [{"loc": ["body", e.field or "spec"], "msg": str(e), "type": "never_fits"}]},
+            content={"detail": [{"loc": ["body", e.field or "spec"], "msg": str(e), "type": e.kind}]},
         )
 
     @app.get("/health")
@@ -336,6 +382,7 @@ def create_app(service: Service) -> FastAPI:
     def submit(body: JobSubmit, who: Auth, response: Response,
                idempotency_key: Annotated[str | None, Header(max_length=200, pattern=r"^[\x21-\x7e]+$")] = None,
                ) -> dict[str, Any]:
+        t0 = time.perf_counter()
         user, admin = who
         spec = body.to_spec()
         owner = spec.pop("user", None) or user
@@ -347,6 +394,7 @@ def create_app(service: Service) -> FastAPI:
             jid, new = service.submit_once(spec, owner, idempotency_key)
             if not new:
                 response.status_code = 200
+        service.telemetry.submit_seconds.observe(time.perf_counter() - t0)
         return job_json(get_row(jid))
 
     @app.get("/jobs")
@@ -359,8 +407,9 @@ def create_app(service: Service) -> FastAPI:
         after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
     ) -> list[dict[str, Any]]:
-        """Jobs by id, filtered by state, user and submission time (``since``, Unix seconds); a page of at
-        most ``limit`` after id ``after``.  A full page names the next one in ``X-Next-After``."""
+        """Jobs by id, filtered by state, user and time (``since``, Unix seconds: jobs not ended before it,
+        like sacct's start time); a page of at most ``limit`` after id ``after``.  A full page names the
+        next one in ``X-Next-After``."""
         states = [s.value for s in state] if state else None
         rows = store.list_jobs(states, user=user, after_id=after, since=since, limit=limit)
         if len(rows) == limit:
@@ -383,23 +432,33 @@ def create_app(service: Service) -> FastAPI:
         return job_json(row)
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
-    def logs(job_id: JobId, who: Auth, tail: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None) -> str:
+    def logs(job_id: JobId, who: Auth, tail: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+             offset: Annotated[int | None, Query(ge=0, le=MAX_ID, description="Read from this byte (for -f).")] = None,
+             ) -> PlainTextResponse:
+        """The log's last ``tail`` bytes, or the bytes from ``offset``; header ``X-Log-Offset``: where
+        the text returned ends (the next ``offset``)."""
         user, admin = who
         row = get_row(job_id)
         if not admin and row.user != user:
             raise HTTPException(403, f"job {job_id} belongs to {row.user}")
         path = service.log_path(job_id)
         if not path.exists():
-            return ""
+            return PlainTextResponse("", headers={"X-Log-Offset": "0"})
         with open(path, "rb") as f:
             size = path.stat().st_size
-            f.seek(max(0, size - min(tail or MAX_LOG_BYTES, MAX_LOG_BYTES)))
-            return f.read().decode(errors="replace")
+            start = offset if offset is not None else max(0, size - min(tail or MAX_LOG_BYTES, MAX_LOG_BYTES))
+            f.seek(min(start, size))
+            data = f.read(MAX_LOG_BYTES)
+        if offset is not None and data and row.state not in FINAL_STATES:  # following: whole lines only
+            cut = data.rfind(b"\n") + 1
+            data = data[:cut] if cut else (data if len(data) == MAX_LOG_BYTES else b"")
+        return PlainTextResponse(data.decode(errors="replace"), headers={"X-Log-Offset": str(min(start, size) + len(data))})
 
     @app.get("/jobs/{job_id}/events")
     def job_events(job_id: JobId, who: Auth) -> list[dict[str, Any]]:
         row = get_row(job_id)
-        return redact_events(store.events(job_id), row.user, who[0], who[1])
+        events = [{**e, "time": iso(e["time"])} for e in store.events(job_id)]
+        return redact_events(events, row.user, who[0], who[1])
 
     @app.get("/nodes")
     def nodes(who: Auth) -> list[dict[str, Any]]:
@@ -424,4 +483,7 @@ def create_app(service: Service) -> FastAPI:
             raise HTTPException(404, f"no token {token_id[:64]!r}" + ("" if who[1] else " of yours"))
         return {"id": token_id, "revoked": True}
 
+    from .ops_api import mount
+
+    mount(app, service, _auth)
     return app

@@ -122,7 +122,7 @@ class Identities:
                  allow_root: bool = False, switch: bool | None = None) -> None:
         self.switch = os.geteuid() == 0 if switch is None else switch
         self.users = dict(users or {})
-        self.default = self.users.pop("*", None) or job_user or DEFAULT_JOB_USER
+        self.default = self.users.pop("*", "") or job_user or DEFAULT_JOB_USER
         self.allow_root = allow_root
         self._accounts: dict[str, Account] = {}
 

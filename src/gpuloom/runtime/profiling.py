@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ class RealProfiler:
         poll_s: float = 0.05,
         user: str | None = None,
         scratch_dir: str | Path | None = None,
-        make_scratch: Callable[[Path], None] | None = None,
+        make_scratch: Callable[[Path], object] | None = None,
     ) -> None:
         """``user``: the OS account the runs run as; ``scratch_dir``: where their throw-away checkpoint
         directories go (default ``log_dir``), each made by ``make_scratch`` (default ``mkdir``)."""
@@ -218,6 +219,7 @@ def profile_job(measure: Measure, cpu_points: Sequence[int], mem_points: Sequenc
     profiled - it reports no progress, or runs at no allocation - and then runs with
     GPU-proportional resources.
     """
+    opt: ModuleType | None
     try:
         from gpuloom.perf import profiler as opt
     except ImportError:

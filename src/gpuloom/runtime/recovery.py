@@ -52,6 +52,10 @@ def recover(svc: Service) -> None:
     with svc.lock:
         for row in svc.store.list_jobs(ACTIVE_STATES):
             svc.last_id = max(svc.last_id, row.id)
+            if row.state == S.WAITING_FOR_INITIAL_CONTACT.value:
+                if svc.fits_or_fail(row):
+                    svc.gate.add(row)  # dependencies and array limits first, like a new submission
+                continue
             if row.state in QUEUED_STATES:
                 if row.procs:  # a launch was intended and not confirmed: its process, if any, is swept
                     svc.mirror.write(str(row.id), {"procs": None}, "launch-unconfirmed", {})

@@ -64,7 +64,7 @@ class Guard:
         try:
             acc = self.identities.account(user or "")
         except IdentityError as e:
-            raise SubmitError(str(e), "user") from None
+            raise SubmitError(str(e), "user", "not_allowed") from None
         path = spec.get("checkpoint_dir")
         if path is not None:
             check_checkpoint_dir(path, self.roots, acc)

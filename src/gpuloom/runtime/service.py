@@ -21,6 +21,9 @@ its own modules:
 :mod:`.admission`         what is refused at submission
 :mod:`.codec`             allocations and processes as stored JSON
 :mod:`.clock`             the injected clock
+:mod:`.deps`              job arrays and dependencies: the gate new jobs pass
+:mod:`.telemetry`         a log line per job transition, metrics, samples
+:mod:`.history`           accounting from the store (``gpuloom history``)
 ========================  ==================================================
 
 **A round is observe, then act** (as Ray's autoscaler v2 reconciler does):
@@ -84,6 +87,7 @@ from ..scheduler import Scheduler
 from .actuator import PROGRESS_MARK, Actuator, Running
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
 from .clock import Clock, SystemClock
+from .deps import Gate, parse_array, resolve_dependency
 from .executor import Executor
 from .identity import Identities
 from .isolation import Backoff, culprits
@@ -170,6 +174,10 @@ class Service:
         self._thread: threading.Thread | None = None
         self.last_round_s = 0.0
         self.backoff = Backoff()
+        self.gate = Gate(store, self.clock)  # arrays and dependencies (:mod:`.deps`)
+        from .telemetry import Telemetry
+
+        self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
 
     # -- what the API and tests read --------------------------------------------------------
     @property
@@ -212,11 +220,28 @@ class Service:
         self.guard.check_spec(self.cluster, dict(spec), user)
 
     def submit(self, spec: Mapping[str, Any], user: str) -> int:
-        """Store a validated spec (committed) and wake the loop; return the job id."""
+        """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
         self.validate(spec, user)
-        jid = self.store.add_job(spec, user, S.WAITING_FOR_INITIAL_CONTACT.value, now=self.clock.time())
+        spec, tasks = self._expand(spec)
+        ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
+                                  now=self.clock.time(), array_tasks=tasks)
         self._wake.set()
-        return jid
+        return ids[0]
+
+    def _expand(self, spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[int] | None]:
+        """The spec as stored (array limit, resolved dependencies) and its array's task indices."""
+        spec = dict(spec)
+        tasks = None
+        if spec.get("array") is not None:
+            try:
+                tasks, limit = parse_array(spec["array"])
+            except ValueError as e:
+                raise SubmitError(str(e), "array", "bad_array") from None
+            if limit is not None:
+                spec["array_limit"] = limit
+        if spec.get("dependency"):
+            spec["depends_on"] = resolve_dependency(self.store, spec["dependency"])
+        return spec, tasks
 
     def submit_once(self, spec: Mapping[str, Any], user: str, key: str) -> tuple[int, bool]:
         """:meth:`submit` under an idempotency key: (job id, True) the first time, (the same id, False)
@@ -225,11 +250,13 @@ class Service:
         if old is not None:
             return old, False
         self.validate(spec, user)
-        jid, new = self.store.add_job_once(spec, user, S.WAITING_FOR_INITIAL_CONTACT.value, key,
-                                           now=self.clock.time())
+        spec, tasks = self._expand(spec)
+        ids, new = self.store.add_jobs_once([spec] * (len(tasks) if tasks else 1), user,
+                                            S.WAITING_FOR_INITIAL_CONTACT.value, key, now=self.clock.time(),
+                                            array_tasks=tasks)
         if new:
             self._wake.set()
-        return jid, new
+        return ids[0], new
 
     def cancel(self, job_id: int, user: str, admin: bool) -> JobRow:
         row = self.store.get_job(job_id)
@@ -254,7 +281,9 @@ class Service:
                                   now=self.clock.time())
         self.request_cancel(str(job_id))
         self._wake.set()
-        return self.store.get_job(job_id)  # type: ignore[return-value]
+        row = self.store.get_job(job_id)
+        assert row is not None  # it was there above, and jobs are never deleted
+        return row
 
     def request_cancel(self, jid: str) -> None:
         with self._cancel_lock:
@@ -307,6 +336,7 @@ class Service:
             self._thread.join(timeout=30)
         self.actuator.close()
         self.executor.close()
+        self.telemetry.close()
 
     def _loop(self) -> None:
         tick = min(self.round_s, 0.1)
@@ -369,6 +399,7 @@ class Service:
             self.observe()
             actions = self.act()
         self.last_round_s = self.clock.monotonic() - t0
+        self.telemetry.round_done(actions, self.last_round_s)
         return actions
 
     def observe(self) -> bool:
@@ -394,6 +425,7 @@ class Service:
                 log.warning("job %s cannot be scheduled, failed: %s", job.id, why)
                 self.fail(job.id, f"cannot be scheduled: {why}")
             _, actions = self.driver.plan(now)
+        self.mirror.record_reasons(self.driver.jobs)
         self.actuator.profiled = False
         failed = self.driver.apply(actions, now)
         for job in failed:
@@ -458,7 +490,8 @@ class Service:
                     int(jid), {"state": S.CANCELLED.value, "end_time": self.clock.time(), "reason": "cancelled"},
                     "cancel", {}, expect_state=QUEUED_STATES, now=self.clock.time(),
                 )
-            # not mirrored yet: _load_new only loads jobs still waiting for contact, so it is skipped
+            else:  # not mirrored yet: held back by the gate, or skipped by _load_new (no longer waiting for contact)
+                self.gate.drop(int(jid))
         if to_stop:
             self.actuator.terminate(to_stop)
             for jid in to_stop:
@@ -484,10 +517,12 @@ class Service:
         has it.  One UPDATE for the whole batch."""
         rows = self.store.list_jobs([S.WAITING_FOR_INITIAL_CONTACT.value], after_id=self.last_id)
         for row in rows:
-            if self.fits_or_fail(row):
-                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT)
+            self.gate.add(row)
         if rows:
             self.last_id = rows[-1].id
+        for row in self.gate.ready():  # those whose dependencies and array limits let them run
+            if self.fits_or_fail(row):
+                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT)
         new = [jid for jid, j in self.driver.jobs.items()
                if j.lifecycle is not None and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
         if new:
