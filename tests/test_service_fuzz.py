@@ -1,6 +1,7 @@
 """Property-based fuzzing of the HTTP API (hypothesis): no input gets a 500.
 
-Every endpoint gets generated input: job bodies with each field set to any JSON value (NaN, ±inf,
+Every endpoint (the job API, tokens, and the operator's: history, series, cluster, metrics,
+allocations, progress) gets generated input: job bodies with each field set to any JSON value (NaN, ±inf,
 integers beyond 64 bits, NUL bytes and control characters, deep nesting, unknown keys), raw
 bodies that are not JSON, query strings and path segments of any text, tokens of any shape.  The
 answer must be a 2xx or a 4xx, never a 5xx, and the test reports how many requests it sent.
@@ -103,6 +104,19 @@ def test_fuzz_api_never_answers_500(client: tuple[TestClient, dict[str, str]]) -
         _send(c, method if not sub else "GET", path, params=params, headers=hd)
         _send(c, "GET", "/jobs", params=params, headers=hd)
 
+    @fuzz(200)
+    @given(path=st.sampled_from(["/history", "/stats/series", "/cluster", "/whoami", "/metrics", "/nodes",
+                                 "/health", "/tokens"]),
+           sub=st.sampled_from(["allocations", "progress"]), segment=NASTY_TEXT | NUMBERS.map(str),
+           params=st.lists(st.tuples(st.sampled_from(["since", "until", "state", "user", "job", "allocations", "x"]),
+                                     NASTY_TEXT | NUMBERS.map(str)), max_size=5))
+    def operations(path: str, sub: str, segment: str, params: list) -> None:
+        from urllib.parse import quote
+
+        _send(c, "GET", path, params=params, headers=hd)
+        _send(c, "GET", path, params=params, headers=admin)
+        _send(c, "GET", f"/jobs/{quote(segment, safe='')}/{sub}", params=params, headers=hd)
+
     @fuzz(100)
     @given(body=JSON, token=NASTY_TEXT, tid=NASTY_TEXT)
     def tokens_and_auth(body: Any, token: str, tid: str) -> None:
@@ -113,7 +127,7 @@ def test_fuzz_api_never_answers_500(client: tuple[TestClient, dict[str, str]]) -
             _send(c, "GET", "/jobs", headers={"Authorization": f"Bearer {token}"})
         _send(c, "DELETE", f"/tokens/{quote(tid, safe='') or 'x'}", headers=hd)
 
-    for run in (submit, raw_body, paths, tokens_and_auth):
+    for run in (submit, raw_body, paths, operations, tokens_and_auth):
         run()
     print(f"\nAPI fuzz: {COUNT['requests']} requests, {COUNT['5xx']} answers of 5xx")
     assert COUNT["requests"] >= 1000 and COUNT["5xx"] == 0
