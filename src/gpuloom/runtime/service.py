@@ -60,8 +60,11 @@ Design decisions:
   job: code 0 → ``FINISHED``, otherwise ``FAILED`` with the code.  A process
   the service stopped (preemption, move, resize) is requeued (the job
   checkpoints on SIGTERM and exits non-zero, conventionally 143), unless it
-  exited 0: it had completed.  After a restart, a process that is gone but
-  left an exit record of 0 completed while the service was down.
+  exited 0: it had completed.  After a restart, exit records are final: a
+  process that is gone and left 0 completed while the service was down, one
+  that left another code failed (:mod:`.recovery`).
+* **Sharing** (:mod:`.security`): jobs run as unprivileged OS accounts, the
+  state is private, one bad job fails alone (:mod:`.isolation`).
 """
 
 from __future__ import annotations
