@@ -64,7 +64,7 @@ def test_parse_on_top_of_a_base() -> None:
         ("order=fifo,foo=1", "config 'order=fifo,foo=1': unknown key 'foo'"),
         ("order=nope", "config 'order=nope': unknown order policy 'nope'"),
         ("order=fifo,place=tetris", "unknown place policy 'tetris'"),
-        ("order=fifo,P.zzz=1", "config 'order=fifo,P.zzz=1': parameter(s) zzz not accepted"),
+        ("order=fifo,P.zzz=1", "config 'order=fifo,P.zzz=1': parameter 'zzz' is not accepted by order=fifo"),
         ("order=fifo,Q.x=1", "unknown key 'Q.x'"),
         ("round_len=-1", "config 'round_len=-1': round length must be > 0"),
         ("round_len=abc", "round_len must be a number, got 'abc'"),

@@ -419,7 +419,7 @@ class Simulator:
                 self._complete(self.by_id[jid])
                 done += 1
                 changed = True
-                if progress is not None and done % 256 == 0:
+                if progress is not None and done % 32 == 0:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
                     self._round()

@@ -501,7 +501,7 @@ def formatted(results: Results) -> tuple[list[str], list[tuple[str, list[str], i
             cell = _fmt(kind, v, scale, unit)
             h = agg[lb].get(key, {}).get("ci95", math.nan)
             if seeded and cell != "–" and math.isfinite(h) and kind != "wall":
-                cell += " ± " + _fmt("ratio" if kind == "int" else kind, h, scale, unit)
+                cell += " ± " + (f"{h:,.1f}" if kind == "int" else _fmt(kind, h, scale, unit))
             cells.append(cell)
         suffix = {"time": f" ({unit})", "pct": " (%)"}.get(kind, "")
         best = None
