@@ -53,6 +53,7 @@ class Progress:
 
     what: str
     runs: int = 1
+    jobs: int = 0  # jobs expected over all runs, known before they report (0: only what they report)
     console: Console | None = None
     interval: float = 10.0
     delay: float = 1.0
@@ -78,7 +79,7 @@ class Progress:
     def totals(self) -> tuple[int, int, int, float]:
         """(jobs done, jobs in all, runs finished, furthest simulated time)."""
         done = sum(d for d, _, _, _ in self.state.values())
-        total = sum(t for _, t, _, _ in self.state.values())
+        total = max(self.jobs, sum(t for _, t, _, _ in self.state.values()))
         finished = sum(1 for *_, f in self.state.values() if f)
         now = max((n for _, _, n, _ in self.state.values()), default=0.0)
         return done, total, finished, now

@@ -32,7 +32,7 @@ import typer
 from rich.table import Table
 
 from . import app
-from .common import console, err_console, policy_and_model_options, user_errors
+from .common import check_policies, console, err_console, policy_and_model_options, user_errors
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -56,7 +56,7 @@ def state_dir_path(p: Path | None) -> Path:
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option(envvar="GPULOOM_PORT", help="Port (0 = any free port).")] = DEFAULT_PORT,
     db: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default sqlite file in the state dir).")] = None,
     state_dir: StateDirOpt = None,
     gpus: Annotated[int | None, typer.Option(help="Declared inventory: one node with N GPUs (this machine).")] = None,
@@ -106,6 +106,7 @@ def serve(
         params, model_opts = policy_and_model_options(
             param, seed, profiles=profiles, variability=variability, topology=topology
         )
+        check_policies(order, group, size, place, list(params))  # did-you-mean, accepted -P names
         # the throughput model and scheduler `simulate` would build for the same options
         model = build_model(inventory, (), locality_penalty, model_opts)
         sched = Scheduler.from_names(order, group, size, place, not non_preemptive, params)

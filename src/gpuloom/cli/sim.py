@@ -281,6 +281,8 @@ def parse_seeds(text: str | None, seed: int) -> list[int]:
 def compare(
     config: Annotated[list[str] | None, typer.Option("--config", "-c", help="A run: 'order=srtf,place=pal,P.v_bound=0.5' (repeatable).")] = None,
     runs: Annotated[Path | None, typer.Option("--runs", help="TOML file with [[run]] tables.")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-P", help="Policy parameter or model option name=value for every configuration (repeatable).")] = None,
     trace: TraceOpt = None,
     fmt: FormatOpt = None,
     trace_opt: TraceOptOpt = None,
@@ -290,6 +292,10 @@ def compare(
     generate: GenerateOpt = None,
     rate: RateOpt = None,
     limit: LimitOpt = None,
+    round_len: Annotated[float | None, typer.Option(
+        "--round", help="Round length in seconds for every configuration (default 300; a config's round= wins).")] = None,
+    reschedule_on: Annotated[str | None, typer.Option(
+        help="Also reschedule on: arrival, completion, both or none, for every configuration.")] = None,
     seed: Annotated[int, typer.Option(help="Seed (or first seed with --seeds N).")] = 0,
     seeds: Annotated[str | None, typer.Option(
         help="Run every configuration with N seeds (from --seed) or with a list (0,3,7): mean and 95 % CI.")] = None,
@@ -317,7 +323,15 @@ def compare(
             raise OptionError(f"--processes must be >= 1, got {processes}")
         seed_list = parse_seeds(seeds, seed)
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
-        base = RunConfig(sim=SimConfig(seed=seed, drop_impossible=drop_impossible))
+        positive("--round", round_len)
+        sim_base: dict[str, Any] = {"seed": seed, "drop_impossible": drop_impossible}
+        if round_len is not None:
+            sim_base["round_len"] = round_len
+        if reschedule_on is not None:
+            reschedule_on = choice("--reschedule-on", reschedule_on, ("none", "arrival", "completion", "both"))
+            sim_base["reschedule_on_arrival"] = reschedule_on in ("arrival", "both")
+            sim_base["reschedule_on_completion"] = reschedule_on in ("completion", "both")
+        base = RunConfig(sim=SimConfig(**sim_base), params=parse_params(param))
         configs = [parse_run_config(c, base) for c in (config or [])]
         if runs is not None:
             configs += load_run_configs(runs, base)
@@ -341,7 +355,8 @@ def compare(
         what = cache[seed_list[0]][1]
         if seeded and len(seed_list) > 1:
             what = what.replace(f"(seed {seed_list[0]})", "(one per seed)")
-        with Progress("compare", runs=len(configs) * len(seed_list)) as prog:
+        n_jobs = sum(len(load(s)) for s in seed_list) if seeded else len(load(seed_list[0])) * len(seed_list)
+        with Progress("compare", runs=len(configs) * len(seed_list), jobs=n_jobs * len(configs)) as prog:
             results = run_seeds(configs, cl, seed_list, load if seeded else load(seed_list[0]), processes,
                                 on_progress=lambda p: prog.update(p.key, p.done, p.total, p.now, p.finished),
                                 poll=prog.tick)
@@ -356,6 +371,6 @@ def compare(
         console.print_json(json.dumps(report.jsonable(report.summary_rows(results))))
         return
     console.print(report.summary_table(results))
-    n_jobs = len(next(iter(cache.values()))[0])
+    n_jobs = len(next(iter(cache.values()))[0])  # per run
     seeds_txt = f"; {len(seed_list)} seeds: mean ± 95 % CI" if len(seed_list) > 1 else ""
     console.print(f"[dim]{n_jobs} jobs ({what}){seeds_txt}; results in {folder}/[/]", highlight=False)
