@@ -281,23 +281,17 @@ def run_block(block: Block, root: Path) -> Outcome:
 
 
 # -- the tests ------------------------------------------------------------------------------
-_POOL: ThreadPoolExecutor | None = None
-_FUTURES: dict[str, Future[Outcome]] = {}
-
-
 @pytest.fixture(scope="module")
 def doc_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """Start every selected block at once (slow ones first); yield ``{key: Future[Outcome]}``."""
-    global _POOL
     selected = {item.callspec.params["block"].key for item in request.session.items
                 if getattr(item, "originalname", "") == "test_doc_block" and hasattr(item, "callspec")}
     todo = [b for b in RUNNABLE if b.key in selected and not (b.needs_data and not data_dir().is_dir())]
     todo.sort(key=lambda b: not b.slow)
-    _POOL = ThreadPoolExecutor(max(2, os.cpu_count() or 2))
-    for b in todo:
-        _FUTURES[b.key] = _POOL.submit(run_block, b, tmp_path_factory.mktemp("doc"))
-    yield _FUTURES
-    _POOL.shutdown(wait=True, cancel_futures=True)
+    pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2))
+    futures = {b.key: pool.submit(run_block, b, tmp_path_factory.mktemp("doc")) for b in todo}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.parametrize(
@@ -325,6 +319,8 @@ def test_blocks_are_found() -> None:
     assert {"README.md", "docs/service.md", "docs/reports.md"} <= {k.split(":")[0] for k in keys}
     b = Block(REPO / "x.md", 1, "bash", "gpuloom a \\\n  --b 1   # c\n# comment\n\ngpuloom d &\n")
     assert b.commands() == ["gpuloom a --b 1   # c", "gpuloom d &"]
+    assert strip_comment("gpuloom serve &   # a 'note'") == "gpuloom serve &"
+    assert strip_comment("echo '# not a comment' x#y") == "echo '# not a comment' x#y"
 
 
 def test_markers_are_read(tmp_path: Path) -> None:

@@ -106,9 +106,8 @@ class Progress:
             if self._bar is None and t - self.start >= self.delay:
                 self._open_bar()
             if self._bar is not None:
-                d, tot, _, now_max = self.totals()
-                self._bar.update(self._task, completed=d, total=max(tot, 1), sim=sim_time(now_max),
-                                 runs=self._runs_text())
+                d, tot, _, _ = self.totals()
+                self._bar.update(self._task, completed=d, total=max(tot, 1), **self._fields())
         elif t - self._last_line >= self.interval:
             self._last_line = t
             text = self.line()
@@ -116,7 +115,9 @@ class Progress:
             self.console.print(text, highlight=False, soft_wrap=True)
 
     def tick(self) -> None:
-        """Nothing new, but time passes: print the plain line when its interval is up."""
+        """Nothing new, but time passes: refresh the bar's clocks, or print the plain line when its interval is up."""
+        if self._bar is not None:
+            self._bar.update(self._task, **self._fields())
         if not self.tty and self.state and self.clock() - self._last_line >= self.interval:
             self._last_line = self.clock()
             text = self.line()
@@ -128,14 +129,19 @@ class Progress:
         return f"{finished}/{self.runs} runs " if self.runs > 1 else ""
 
     def _open_bar(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
         from rich.progress import Progress as Bar
 
         self._bar = Bar(TextColumn(self.what), TextColumn("{task.fields[runs]}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("jobs, sim {task.fields[sim]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                        TimeRemainingColumn(), console=self.console, transient=True)
+                        TextColumn("jobs, sim {task.fields[sim]}, {task.fields[elapsed]} elapsed, ETA {task.fields[eta]}"),
+                        console=self.console, transient=True, auto_refresh=True)
+        d, tot, _, now_max = self.totals()
+        self._task = self._bar.add_task(self.what, total=max(tot, 1), completed=d, **self._fields())
         self._bar.start()
-        self._task = self._bar.add_task(self.what, total=1, sim="0 s", runs="")
+
+    def _fields(self) -> dict[str, str]:
+        return {"sim": sim_time(self.totals()[3]), "runs": self._runs_text(),
+                "elapsed": hms(self.clock() - self.start), "eta": hms(self.eta())}
 
     def close(self) -> None:
         """Stop the bar; in plain mode, a last line if any line was printed."""
