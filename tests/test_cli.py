@@ -113,12 +113,16 @@ def test_unknown_p_name_lists_the_accepted_names(monkeypatch, capsys) -> None:
 
 def test_warnings_for_ignored_and_conflicting_options(tmp_path, monkeypatch, capsys) -> None:
     code, _, err = main_output(monkeypatch, capsys, "simulate", "--rate", "5", "--format", "csv", "--cluster",
-                               "2x4", "--generate", "20", "--size", "elastic", "--place", "static",
+                               "2x4", "--generate", "20", "--place", "static", "-P", "slot=2",
                                "--no-plots", "-o", str(tmp_path))
     lines = err.splitlines()
     assert code == 0
     assert "warning: --format is ignored without --trace" in lines
     assert any(x.startswith("warning: --place static places only whole slots") for x in lines)
+    # and so it goes: 1-GPU jobs never start; the stall guard ends the run and names them
+    stall = next(x for x in lines if "stalled" in x)
+    assert stall.startswith("warning: fifo/none/proportional/static: the run stalled at t=") and "job-00" in stall
+    assert json.loads((tmp_path / "summary.json").read_text())["stalled"][:2] == ["job-00", "job-01"]
     # --rate with --generate is used, not ignored
     assert not any("--rate is ignored" in x for x in lines)
     code, _, err = main_output(monkeypatch, capsys, "simulate", "--rate", "5", "--no-plots", "-o", str(tmp_path))
