@@ -36,7 +36,7 @@ from rich.markup import escape
 
 from . import app
 from .common import SafeTable as Table
-from .common import cell, console, err_console, model_options, stack_params, user_errors
+from .common import cell, check_policies, console, err_console, model_options, stack_params, user_errors
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -61,7 +61,7 @@ def state_dir_path(p: Path | None) -> Path:
 def serve(
     model_opts: dict,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option(envvar="GPULOOM_PORT", help="Port (0 = any free port).")] = DEFAULT_PORT,
     db: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default sqlite file in the state dir).")] = None,
     state_dir: StateDirOpt = None,
     gpus: Annotated[int | None, typer.Option(help="Declared inventory: one node with N GPUs (this machine).")] = None,
@@ -143,8 +143,10 @@ def serve(
 
     with user_errors():
         inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
+        params = stack_params(param, model_opts)
+        check_policies(order, group, size, place, list(params))  # did-you-mean, accepted -P names
         # the scheduler and throughput model `simulate` builds for the same options
-        stack = Stack(order, group, size, place, not non_preemptive, stack_params(param, model_opts))
+        stack = Stack(order, group, size, place, not non_preemptive, params)
         # (bound to each other by the service's driver, after it adds what profiling needs)
         sched, model = stack.scheduler(), stack.model(inventory, seed)
     if not round_s > 0:
