@@ -162,7 +162,7 @@ def test_driver_checks_every_round_and_the_whole_plan_now_and_then() -> None:
     d.full_check_every = 3
     bad = Plan(dict(d.current) | {"x": A("x", 0, (1, 3))})
 
-    def schedule(view):  # noqa: ANN001, ANN202
+    def schedule(view, reasons=True):  # noqa: ANN001, ANN202
         return Round(bad, [])
 
     d.scheduler.schedule = schedule  # type: ignore[method-assign]

@@ -53,6 +53,8 @@ from .core.job import Job
 from .core.plan import Action, Plan, PlanError, check_actions, check_plan
 from .perf.model import ThroughputModel
 from .policies import base as pb
+from .policies.incremental import TailWalk, all_fit_plan
+from .policies.order import KeyOrder
 
 PlanHook = pb.PlanHook
 
@@ -176,18 +178,32 @@ class Scheduler:
         requests = self.size.size(units, view)
         return Round(self.size.allocate(requests, view, self.place, self.preemptive), requests)
 
-    def schedule(self, view: pb.View) -> Round:
-        ordered = self.order.order(view.jobs, view)
-        if self.size.fixed_gpus and self.group.name == "none":
+    def schedule(self, view: pb.View, reasons: bool = True) -> Round:
+        """The round for ``view``; ``reasons=False`` leaves ``Round.reasons`` empty (the simulator
+        has no use for them, and they cost a pass over every waiting job)."""
+        ordered: list[Job] | None = None
+        every_asked = False  # every job past the requests would be asked for its spec's GPUs
+        rnd_fit = self._all_fit(view)
+        if rnd_fit is not None:
+            rnd, every_asked = rnd_fit, True
+        elif self.size.fixed_gpus and self.group.name == "none":
+            ordered = self.order.order(view.jobs, view)
             prefix = self._prefix(ordered, view.cluster.num_gpus)
-            rnd = self._run(prefix, view)
-            if len(prefix) < len(ordered):
-                free = rnd.plan.free_gpus
-                if free is None:
-                    free = view.cluster.num_gpus - len({g for a in rnd.plan.allocations.values() for g in a.gpu_ids})
-                if free > 0:
-                    rnd = self._run(ordered, view)
+            walk = self._tail(ordered, len(prefix), view) if len(prefix) < len(ordered) else None
+            if walk is not None:
+                requests = self.size.size([(j,) for j in prefix], view)
+                rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk), requests + walk.visited)
+                every_asked = True
+            else:
+                rnd = self._run(prefix, view)
+                if len(prefix) < len(ordered):
+                    free = rnd.plan.free_gpus
+                    if free is None:
+                        free = view.cluster.num_gpus - len({g for a in rnd.plan.allocations.values() for g in a.gpu_ids})
+                    if free > 0:
+                        rnd = self._run(ordered, view)
         else:
+            ordered = self.order.order(view.jobs, view)
             rnd = self._run(ordered, view)
         if self.hooks:
             placed = plan = rnd.plan
@@ -195,11 +211,44 @@ class Scheduler:
                 plan = hook(plan, view)
             if plan is not placed:
                 rnd = Round(plan, _kept_requests(rnd.requests, plan, view))
-        rnd.reasons = self.reasons(rnd, view, ordered)
+        if reasons:
+            if ordered is None:
+                ordered = self.order.order(view.jobs, view)
+            rnd.reasons = self.reasons(rnd, view, ordered, every_asked)
         return rnd
 
-    def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job]) -> dict[str, str]:
-        """Why each active job the plan leaves out waits (see the module notes)."""
+    def _tail(self, ordered: list[Job], start: int, view: pb.View) -> TailWalk | None:
+        """Backfill past ``ordered[:start]`` without walking the rest (:mod:`gpuloom.policies.tail`),
+        when the stack declares what that needs; None otherwise (the whole queue is placed)."""
+        size, place, order = self.size, self.place, self.order
+        if not (self._incremental(view) and place.pure_choose and place.backfill):
+            return None
+        assert view.tally is not None
+        return TailWalk(ordered, start, lambda j: size.size([(j,)], view)[0], lambda j: order.sort_key(j, view),
+                        view.tally.waiting, view.current)
+
+    def _incremental(self, view: pb.View) -> bool:
+        """The stack declares what the shortcuts of :mod:`gpuloom.policies.incremental` rest on."""
+        size, place, order, tally = self.size, self.place, self.order, view.tally
+        return (tally is not None and view.free is not None and size.fixed_gpus and size.static_requests
+                and self.group.name == "none" and type(size).allocate is pb.SizePolicy.allocate
+                and place.sticky and type(place).place is pb.PlacePolicy.place
+                and isinstance(order, KeyOrder) and (tally.index_order or not order.follows_view))
+
+    def _all_fit(self, view: pb.View) -> Round | None:
+        """The round when every active job fits by GPU count (:func:`~gpuloom.policies.incremental.all_fit_plan`)."""
+        tally = view.tally
+        if tally is None or tally.demand > view.cluster.num_gpus or tally.unkeyed or not self._incremental(view):
+            return None
+        order = self.order
+        waiting = sorted(tally.idle.values(), key=lambda j: order.sort_key(j, view))
+        size = self.size
+        plan, requests = all_fit_plan(waiting, lambda j: size.size([(j,)], view)[0], self.place, view)
+        return Round(plan, requests)
+
+    def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job], every_asked: bool = False) -> dict[str, str]:
+        """Why each active job the plan leaves out waits (see the module notes); ``every_asked``: the
+        jobs without a request in ``rnd`` would have asked for their spec's GPUs."""
         plan = rnd.plan.allocations
         waiting = [j for j in ordered if j.id not in plan]
         if not waiting:
@@ -213,7 +262,7 @@ class Scheduler:
             need = asked.get(j.id, j.spec.gpus)
             if need > free:
                 out[j.id] = RESOURCES
-            elif j.id in asked and self.place.backfill and self.preemptive:
+            elif (every_asked or j.id in asked) and self.place.backfill and self.preemptive:
                 out[j.id] = PLACEMENT
             else:
                 out[j.id] = PRIORITY

@@ -80,6 +80,15 @@ class Plan:
 
     allocations: dict[str, Allocation] = field(default_factory=dict)
     free_gpus: int | None = None  # GPUs left free, when the placer knows it
+    #: with :meth:`extending`: the allocations the plan keeps whole, and the jobs it adds to them
+    base: Mapping[str, Allocation] | None = field(default=None, repr=False, compare=False)
+    added: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    @classmethod
+    def extending(cls, current: Mapping[str, Allocation]) -> Plan:
+        """A plan that keeps every allocation of ``current`` and adds new jobs with :meth:`add`
+        (:func:`diff` against ``current`` then costs O(added))."""
+        return cls(dict(current), base=current)
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self.allocations
@@ -91,6 +100,8 @@ class Plan:
         if alloc.job_id in self.allocations:
             raise PlanError(f"job {alloc.job_id} allocated twice in one plan")
         self.allocations[alloc.job_id] = alloc
+        if self.base is not None:
+            self.added.append(alloc.job_id)
 
 
 class PlanError(AssertionError):
@@ -119,10 +130,13 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
     Stops come first so an executor frees resources before reusing them.
     Order within a kind follows the plan's (policy) order, deterministic.
     """
+    new = plan.allocations
+    if plan.base is current and len(new) == len(current) + len(plan.added):
+        # everything in current kept as it is: only the added jobs start
+        return [Action(ActionKind.START, jid, None, new[jid]) for jid in plan.added]
     stops: list[Action] = []
     changes: list[Action] = []
     starts: list[Action] = []
-    new = plan.allocations
     for jid, gone in current.items():
         if jid not in new:
             stops.append(Action(ActionKind.STOP, jid, gone, None))
@@ -281,6 +295,19 @@ def check_actions(
             raise PlanError(f"node {n.name}: {n.mem_mb - mem} MB given, has {n.mem_mb}")
 
 
+_GPU_NODE: dict[int, tuple[Cluster, list[int]]] = {}
+
+
+def _gpu_node(cluster: Cluster) -> list[int]:
+    """``cluster.gpu_node`` as a list (cached per cluster object): read one GPU at a time."""
+    hit = _GPU_NODE.get(id(cluster))
+    if hit is None or hit[0] is not cluster:
+        if len(_GPU_NODE) > 64:
+            _GPU_NODE.clear()
+        hit = _GPU_NODE[id(cluster)] = (cluster, cluster.gpu_node.tolist())
+    return hit[1]
+
+
 def _check_allocation(jid: str, a: Allocation, cluster: Cluster) -> None:
     """One allocation's own invariants (what :func:`check_plan` checks per allocation), same messages."""
     if a.job_id != jid:
@@ -288,15 +315,17 @@ def _check_allocation(jid: str, a: Allocation, cluster: Cluster) -> None:
     held = 0
     seen: set[int] = set()
     n = cluster.num_nodes
+    ng = cluster.num_gpus
+    gpu_node = _gpu_node(cluster)
     for p in a.parts:
         if not 0 <= p.node < n:
             raise PlanError(f"unknown node {p.node} in the plan")
         if p.cpus < 0 or p.mem_mb < 0:
             raise PlanError(f"negative CPU or memory in a part on node {p.node}")
         for g in p.gpus:
-            if not 0 <= g < cluster.num_gpus:
+            if not 0 <= g < ng:
                 raise PlanError(f"job {jid}: unknown GPU {g}")
-            if cluster.gpu_node[g] != p.node:
+            if gpu_node[g] != p.node:
                 raise PlanError(f"job {jid}: GPU {g} is not on node {p.node}")
             if g in seen:
                 raise PlanError(f"job {jid}: GPU {g} listed twice")

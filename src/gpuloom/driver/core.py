@@ -63,6 +63,7 @@ from ..core.lifecycle import JobState, start_steps, stop_steps
 from ..core.plan import Action, ActionKind, Allocation, PlanError, check_plan, diff
 from ..perf.model import ThroughputModel
 from ..policies.base import FreeState, View
+from ..policies.incremental import Tally
 from ..scheduler import Round, Scheduler
 
 S = JobState
@@ -144,6 +145,7 @@ class Driver:
         protect_factor: float = 3.0,
         strict: bool = False,
         full_check_every: int = 100,
+        reasons: bool = True,
     ) -> None:
         scheduler.bind(model, strict)
         self.cluster = cluster
@@ -153,6 +155,7 @@ class Driver:
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.check = check
         self.full_check_every = full_check_every
+        self.reasons = reasons  # keep each waiting job's pending reason (job.reason) up to date
         self._since_full = 0
         self.protect_factor = protect_factor
         self.jobs: dict[str, Job] = {}  # active: arrived, not ended; in arrival order
@@ -160,6 +163,7 @@ class Driver:
         self.free = FreeState(cluster)
         self.used = [0, 0, 0]  # GPUs (a group's once), cores, MB held
         self.holders: dict[int, set[str]] = {}  # GPU -> the jobs holding it
+        self.tally = Tally()  # active jobs counted for the scheduler's shortcuts (policies/incremental.py)
         self.rounds = 0
         self._pending: set[str] = set()  # jobs whose lifecycle has planned transitions
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
@@ -172,6 +176,9 @@ class Driver:
         if job.lifecycle is None:
             job.arrive(now, self.protect_factor, state)
         self.jobs[job.id] = job
+        self.tally.admitted(job)
+        if job.id not in self.current:
+            self.tally.count_waiting(job, 1)
         return job
 
     def speed(self, job: Job, alloc: Allocation) -> float:
@@ -206,6 +213,8 @@ class Driver:
         self.used[2] += sign * alloc.mem_mb
         holders = self.holders
         jid = alloc.job_id
+        if not alloc.key:
+            self.tally.unkeyed += sign
         if sign > 0:
             self.free.take(alloc.parts, 1, gpus)
             for p in alloc.parts:
@@ -233,30 +242,34 @@ class Driver:
         if alloc is not None:
             self._hold(alloc, +1)
             self.current[job.id] = alloc
+        if (old is None) != (alloc is None) and job.id in self.jobs:
+            self.tally.count_waiting(job, 1 if alloc is None else -1)
 
     # -- one round ---------------------------------------------------------------------------
     def view(self, now: float) -> View:
         return View(now, self.cluster, list(self.jobs.values()), self.current, self.model, self.rng, self.rounds,
-                    free=self.free)
+                    free=self.free, by_id=self.jobs, tally=self.tally)
 
     def plan(self, now: float) -> tuple[Round, list[Action]]:
         """The scheduler's round for the active jobs at ``now`` (checked), and its actions."""
         self.rounds += 1
         self.sync(now)
         view = self.view(now)
-        rnd = self.scheduler.schedule(view)
+        rnd = self.scheduler.schedule(view, self.reasons)
         actions = diff(self.current, rnd.plan)
         if self.check:
             self._since_full += 1
-            if self._since_full >= max(self.full_check_every, len(self.current) // 8):
+            # the whole check costs O(jobs): done rarely enough that it costs a few µs per round
+            if self._since_full >= max(self.full_check_every, (len(self.jobs) + len(self.current)) // 8):
                 self._since_full = 0
                 self.check_state()
                 self.scheduler.check(rnd, view)
             else:
                 self.scheduler.check_changes(rnd, view, actions, self.holders, self.jobs)
-        reasons = rnd.reasons
-        for jid, job in self.jobs.items():
-            job.reason = reasons.get(jid)
+        if self.reasons:
+            reasons = rnd.reasons
+            for jid, job in self.jobs.items():
+                job.reason = reasons.get(jid)
         return rnd, actions
 
     def check_state(self) -> None:
@@ -281,6 +294,15 @@ class Driver:
         for jid in self.current:
             if jid not in self.jobs:
                 raise PlanError(f"driver state: job {jid} holds resources but is not active")
+        tally = Tally()
+        for jid, job in self.jobs.items():
+            tally.admitted(job)
+            if jid not in self.current:
+                tally.count_waiting(job, 1)
+        tally.unkeyed = sum(1 for a in self.current.values() if not a.key)
+        tally.index_order = tally.index_order and self.tally.index_order  # (earlier jobs may have left)
+        if tally.as_tuple() != self.tally.as_tuple():
+            raise PlanError(f"driver state: tally {self.tally.as_tuple()}, the active jobs give {tally.as_tuple()}")
 
     def round(self, now: float) -> list[Action]:
         """Plan and apply one round; returns its actions."""
@@ -391,7 +413,9 @@ class Driver:
         job.finish = now
         job.speed = 0.0
         job.version += 1
-        self.jobs.pop(job.id, None)
+        if self.jobs.pop(job.id, None) is not None:
+            self.tally.count_waiting(job, -1)
+            self.tally.demand -= job.spec.gpus
         self._pending.discard(job.id)
         if alloc is not None:
             self._regroup_without(alloc.group, job.id, now)

@@ -51,6 +51,11 @@ and methods with defaults (never found with ``hasattr``):
 * ``needs_profiles``: the stage reads per-job CPU/memory sensitivity profiles
   (the service profiles new jobs before their first launch for it);
 * ``fixed_gpus`` (size): every request asks for exactly the job's GPUs;
+  ``static_requests`` (size): a lone job's request is its spec's GPUs, cores
+  and memory; ``pure_choose`` (place): ``choose`` answers a request with no
+  previous allocation from its shape and the free state alone, and refuses it
+  on any smaller free state too.  Together they let the scheduler backfill
+  past a long queue without walking it (:mod:`gpuloom.policies.incremental`);
 * ``shared_params``: parameter names two stages take with one meaning (static
   slots), so a bare ``-P name=value`` reaches both;
 * :meth:`Stage.plan_hooks`: callables ``hook(plan, view) -> Plan`` run after
@@ -73,7 +78,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -83,6 +88,9 @@ from ..core.parse import parse_bool
 from ..core.plan import Allocation, Part, Plan
 from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
+
+if TYPE_CHECKING:
+    from .incremental import TailWalk, Tally
 
 STAGES = ("order", "group", "size", "place")
 _REGISTRY: dict[str, dict[str, type[Stage]]] = {s: {} for s in STAGES}
@@ -166,6 +174,8 @@ class View:
     round_index: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     free: FreeState | None = None  # free resources given ``current``, if the caller keeps them
+    by_id: Mapping[str, Job] | None = None  # the active jobs by id, if the caller keeps them
+    tally: Tally | None = None  # counts of the active jobs, if the caller keeps them (policies/incremental.py)
 
 
 @dataclass(slots=True)
@@ -273,6 +283,8 @@ class SizePolicy(Stage):
     stage: ClassVar[str] = "size"
     #: every request asks for exactly its job's GPUs (lets the scheduler size only a prefix)
     fixed_gpus: ClassVar[bool] = False
+    #: a lone job's request is ``Request((job,), spec.gpus, spec.cpus, spec.mem_mb)``
+    static_requests: ClassVar[bool] = False
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         raise NotImplementedError
@@ -354,6 +366,8 @@ class PlacePolicy(Stage):
 
     stage: ClassVar[str] = "place"
     sticky: ClassVar[bool] = True
+    #: choose() depends only on a new request's shape and the free state, and is monotone (module notes)
+    pure_choose: ClassVar[bool] = False
     backfill: bool = True
 
     def __init__(self, backfill: bool | str = True) -> None:
@@ -370,6 +384,10 @@ class PlacePolicy(Stage):
 
     # -- helpers shared by subclasses ---------------------------------------
     def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
+        if len(req.jobs) == 1:  # a lone job kept where it was, as it was: its allocation itself
+            prev = req.jobs[0].alloc
+            if prev is not None and prev.parts is parts and not prev.group and prev.key == req.key:
+                return [prev]
         ids = tuple(j.id for j in req.jobs)
         key = req_key(req)
         return [Allocation(jid, parts, tuple(x for x in ids if x != jid), key) for jid in ids]
@@ -413,8 +431,10 @@ class PlacePolicy(Stage):
         prev = req.prev
         if prev is None or prev.num_gpus != req.gpus:
             return None
-        by_node = {p.node: p.gpus for p in prev.parts}
-        parts = split_parts(free.cluster, req, by_node)
+        if prev.key == req.key:  # the same request: split_parts would give its parts again
+            parts = prev.parts
+        else:
+            parts = split_parts(free.cluster, req, {p.node: p.gpus for p in prev.parts})
         return parts if free.fits(parts, len(req.jobs)) else None
 
     def _try(self, plan: Plan, req: Request, free: FreeState, view: View) -> bool:
@@ -430,7 +450,9 @@ class PlacePolicy(Stage):
         for a in self._allocs(req, parts):
             plan.add(a)
 
-    def place(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> Plan:
+    def place(self, requests: Sequence[Request], view: View, preemptive: bool = True,
+              tail: TailWalk | None = None) -> Plan:
+        """The three phases over ``requests``; phase 3 goes on over ``tail`` (jobs past them)."""
         plan = Plan()
         requests = self.arrange(requests, view, preemptive)
         n = len(requests)
@@ -461,20 +483,37 @@ class PlacePolicy(Stage):
                 if parts is not None:
                     self._commit(plan, requests[i], parts, free)
                     done[i] = True
-        # phase 2b: place the rest of the selection in order
+        # phase 2b: place the rest of the selection in order.  From here on resources are only
+        # taken, so with pure_choose a new request refused once is refused again: its shape is
+        # remembered and later requests of that shape are not tried
+        refused: set[tuple] = set()
         for i in order:
             if selected[i] and not done[i]:
-                done[i] = self._try(plan, requests[i], free, view)
+                done[i] = self._try_new(plan, requests[i], free, view, refused)
                 if not done[i] and not self.backfill:
                     break
-        # phase 3: backfill leftovers in order (free.free_gpus is cheap: a numpy sum)
+        # phase 3: backfill leftovers in order
         for i in order if self.backfill else ():
             if free.free_gpus <= 0:
                 break
             if not done[i] and requests[i].gpus <= free.free_gpus:
-                done[i] = self._try(plan, requests[i], free, view)
+                done[i] = self._try_new(plan, requests[i], free, view, refused)
+        if tail is not None and self.backfill:
+            tail.backfill(self, plan, free, view, refused)
         plan.free_gpus = free.free_gpus
         return plan
+
+    def _try_new(self, plan: Plan, req: Request, free: FreeState, view: View, refused: set[tuple]) -> bool:
+        """:meth:`_try`, not trying a new request whose shape was refused before (``pure_choose``)."""
+        if not self.pure_choose or req.prev is not None:
+            return self._try(plan, req, free, view)
+        shape = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
+        if shape in refused:
+            return False
+        if self._try(plan, req, free, view):
+            return True
+        refused.add(shape)
+        return False
 
 
 def place_request(policy: PlacePolicy, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:

@@ -38,6 +38,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from operator import itemgetter
+from typing import ClassVar
 
 from ..core.job import Job
 from .base import OrderPolicy, View, register
@@ -53,11 +54,18 @@ Slopes = tuple[float, float, float]
 class KeyOrder(OrderPolicy):
     """Sort by ``key``, ties by arrival (``Job.index``); the last order is kept for :meth:`next_change`."""
 
+    #: the order is View.jobs' own (FIFO): ``sort_key`` matches it only while jobs arrive in index order
+    follows_view: ClassVar[bool] = False
+
     def __init__(self) -> None:
         self._last: tuple[tuple[float, int, int], list[Job], list[float]] | None = None
 
     def key(self, job: Job, view: View) -> float:
         raise NotImplementedError
+
+    def sort_key(self, job: Job, view: View) -> tuple[float, int]:
+        """Where ``job`` stands in :meth:`order`: earlier for a smaller key."""
+        return (self.key(job, view), job.index)
 
     def slopes(self, job: Job, now: float) -> Slopes | None:
         """How ``job``'s key moves from ``now`` while nothing changes: ``(rate, rate_after, b)``,
@@ -126,6 +134,12 @@ class FIFO(KeyOrder):
 
     def key(self, job: Job, view: View) -> float:
         return job.spec.arrival
+
+    #: the order is View.jobs' (Job.index increasing when jobs arrive in index order)
+    follows_view = True
+
+    def sort_key(self, job: Job, view: View) -> tuple[float, int]:
+        return (0.0, job.index)  # the order of View.jobs when it is sorted by index
 
     def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
         # a View lists its jobs in arrival order (Job.index increasing) already:

@@ -22,6 +22,8 @@ for the extra nodes.  Random placement draws GPUs from the whole cluster
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from ..core.plan import Part
@@ -54,8 +56,13 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     prev_nodes = set(req.prev.nodes) if req.prev is not None else set()
     cand = np.flatnonzero(ng >= k)
     if cand.size:
-        ranked = sorted(cand.tolist(), key=lambda nd: (int(ng[nd]), nd not in prev_nodes, nd))
-        for node in ranked:
+        # best fit: fewest free GPUs first, then the job's own nodes, then node order
+        rank = ng[cand] * 2
+        if prev_nodes:
+            rank += 1
+            for nd in prev_nodes:
+                rank[cand == nd] -= 1
+        for node in _ranked(cand, rank):
             c, m = need_on(cl, req, node, k)
             if free.node_cpus[node] >= c and free.node_mem[node] >= m:
                 parts = split_parts(cl, req, {node: _prefer(free.free_on(node), prev)[:k]})
@@ -86,6 +93,16 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
         return None
     parts = split_parts(cl, req, by_node)
     return parts if free.fits(parts, len(req.jobs)) else None
+
+
+def _ranked(cand: np.ndarray, rank: np.ndarray) -> Iterator[int]:
+    """``cand`` by ``rank`` (stable): the best first without sorting, the rest only if it is asked for."""
+    best = int(np.argmin(rank))  # the first of the smallest, as a stable sort would put it
+    yield int(cand[best])
+    if cand.size > 1:
+        for i in np.argsort(rank, kind="stable").tolist():
+            if i != best:
+                yield int(cand[i])
 
 
 _SIZES: dict[int, tuple[object, tuple[int, ...]]] = {}
@@ -121,6 +138,7 @@ class PackedSticky(PlacePolicy):
     """Packed placement; ``consolidate`` (default true) keeps jobs on the fewest nodes or makes them wait."""
 
     sticky = True
+    pure_choose = True
 
     def __init__(self, backfill: bool | str = True, consolidate: bool | str = True) -> None:
         super().__init__(backfill)

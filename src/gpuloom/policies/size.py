@@ -16,6 +16,7 @@ from .base import Request, SizePolicy, View, register
 @register("size", "proportional", "gpu-proportional")
 class Proportional(SizePolicy):
     fixed_gpus = True  # never changes a job's GPU count
+    static_requests = True  # a lone job asks for its spec's GPUs, cores and memory
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         out = []

@@ -1,0 +1,196 @@
+"""Rounds in time proportional to what changes, for stacks that declare what it takes.
+
+A round sizes and places the whole ordered queue.  With tens of thousands of
+jobs queued or thousands running, that walk costs more than everything else
+in a simulation, though almost nothing in it changes from one round to the
+next.  Two shortcuts give exactly the plan the whole walk gives, when the
+stages declare the capabilities they rest on (``policies/base.py``): the
+sizer keeps every job at its GPU count and sizes a lone job from its spec
+(``fixed_gpus``, ``static_requests``), nothing groups, the place policy uses the
+three-phase loop and keeps running jobs where they are (``sticky``), and the
+order sorts by a key (:class:`~gpuloom.policies.order.KeyOrder`).  The driver
+keeps a :class:`Tally` of its active jobs (``View.tally``) for them.
+
+**Everything fits** (:func:`all_fit_plan`).  When the active jobs together ask
+for no more GPUs than the cluster has, placement selects every request, keeps
+every running job where it is (its request has not changed), and places the
+waiting ones in order.  The round does just that: the plan extends the current
+allocations (:meth:`~gpuloom.core.plan.Plan.extending`) with the waiting jobs,
+so neither the round nor :func:`~gpuloom.core.plan.diff` touches the running
+jobs.
+
+**Backfilling past the prefix** (:class:`TailWalk`).  Otherwise the scheduler
+sizes and places only the prefix of the ordered queue whose GPUs fill the
+cluster (:mod:`gpuloom.scheduler`).  Placement's third phase (a request left
+over takes what is still free, in order) must then go on over the rest of the
+queue, the *tail*: no job there is selected, so a waiting one can only be
+backfilled and a running one keeps its GPUs only if they are still free.  Two
+facts let the walk stop early:
+
+* the free state only shrinks during the third phase, and under a place policy
+  with ``pure_choose`` a new request that gets nothing would get nothing from
+  any smaller free state; with ``static_requests`` every waiting job of one
+  *shape* (its spec's GPUs, cores, memory) asks the same.  So once one waiting
+  job of a shape gets nothing (or asks for more GPUs than are free), every
+  later one of that shape is skipped unseen;
+* the tally counts the waiting jobs of each shape, so the walk knows how many
+  of each are still ahead.  When none of a shape that can still be placed is
+  left, only the running jobs of the tail matter: they are placed in their
+  order (the order's ``sort_key``) without walking the waiting jobs between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..core.job import Job
+from ..core.plan import Allocation, Plan
+from .free import FreeState
+
+if TYPE_CHECKING:
+    from .base import PlacePolicy, Request, View
+
+Shape = tuple[int, int | None, int | None]
+
+
+def shape_of(job: Job) -> Shape:
+    sp = job.spec
+    return (sp.gpus, sp.cpus, sp.mem_mb)
+
+
+class Tally:
+    """What a driver keeps about its active jobs as they change, for the shortcuts above."""
+
+    __slots__ = ("idle", "waiting", "demand", "unkeyed", "index_order", "_last_index")
+
+    def __init__(self) -> None:
+        self.idle: dict[str, Job] = {}  # active jobs holding nothing
+        self.waiting: dict[Shape, int] = {}  # how many of them, by shape
+        self.demand = 0  # GPUs the active jobs ask for (their specs')
+        self.unkeyed = 0  # running allocations placement did not make from a request (no key)
+        self.index_order = True  # jobs were admitted in Job.index order (View.jobs is sorted by it)
+        self._last_index = -1
+
+    def admitted(self, job: Job) -> None:
+        self.demand += job.spec.gpus
+        if job.index <= self._last_index:
+            self.index_order = False
+        self._last_index = max(self._last_index, job.index)
+
+    def count_waiting(self, job: Job, sign: int) -> None:
+        """``job`` starts (``sign=1``) or stops waiting."""
+        if sign > 0:
+            self.idle[job.id] = job
+        else:
+            del self.idle[job.id]
+        shape = shape_of(job)
+        n = self.waiting.get(shape, 0) + sign
+        if n:
+            self.waiting[shape] = n
+        else:
+            del self.waiting[shape]
+
+    def as_tuple(self) -> tuple:
+        return (set(self.idle), self.waiting, self.demand, self.unkeyed)
+
+
+def all_fit_plan(ordered_waiting: Sequence[Job], request: Callable[[Job], Request], place: PlacePolicy,
+                 view: View) -> tuple[Plan, list[Request]]:
+    """Placement when every active job fits by GPU count (see the module notes): the current
+    allocations kept, the waiting jobs placed in order, those refused tried once more."""
+    assert view.free is not None
+    plan = Plan.extending(view.current)
+    free = view.free.copy()
+    requests = [request(j) for j in ordered_waiting]
+    refused: set[tuple] = set()
+    done: list[bool] = []
+    for r in requests:  # phase 2b (every request selected, every running one kept)
+        done.append(place._try_new(plan, r, free, view, refused))
+        if not done[-1] and not place.backfill:
+            break
+    for r, ok in zip(requests, done, strict=True) if place.backfill else ():  # phase 3
+        if free.free_gpus <= 0:
+            break
+        if not ok and r.gpus <= free.free_gpus:
+            place._try_new(plan, r, free, view, refused)
+    plan.free_gpus = free.free_gpus
+    return plan, requests
+
+
+class TailWalk:
+    """The jobs ``ordered[start:]`` for placement's third phase (see the module notes).
+
+    ``request(job)`` sizes one job; ``sort_key(job)`` is its place in the order;
+    ``waiting`` counts the active jobs holding nothing by shape (:class:`Tally`);
+    ``current`` is what runs now.  ``visited`` collects the requests the walk built.
+    """
+
+    def __init__(
+        self,
+        ordered: Sequence[Job],
+        start: int,
+        request: Callable[[Job], Request],
+        sort_key: Callable[[Job], Any],
+        waiting: Mapping[Shape, int],
+        current: Mapping[str, Allocation],
+    ) -> None:
+        self.ordered = ordered
+        self.start = start
+        self.request = request
+        self.sort_key = sort_key
+        self.waiting = waiting
+        self.current = current
+        self.visited: list[Request] = []
+
+    def backfill(self, place: PlacePolicy, plan: Plan, free: FreeState, view: View,
+                 refused: Collection[tuple] = ()) -> None:
+        """Phase 3 over the tail: ``place._try`` each job in order that can still get something.
+
+        ``refused``: request shapes ``(gpus, cpus, mem_mb, members)`` placement already refused
+        this round (on a larger free state)."""
+        ordered, start = self.ordered, self.start
+        left = dict(self.waiting)  # waiting jobs of each shape not yet passed
+        seen: set[str] = set()  # running jobs met (in the prefix or on the walk)
+        for j in ordered[:start]:
+            if j.alloc is None:
+                left[shape_of(j)] -= 1
+            else:
+                seen.add(j.id)
+        dead: set[Shape] = {(g, c, m) for g, c, m, k in refused if k == 1}
+        live = sum(k for s, k in left.items() if s not in dead)  # waiting jobs ahead whose shape may be placed
+        visited = self.visited
+        n = len(ordered)
+        i = start
+        while i < n and live > 0:
+            if free.free_gpus <= 0:
+                return
+            j = ordered[i]
+            i += 1
+            if j.alloc is not None:
+                seen.add(j.id)
+                req = self.request(j)
+                visited.append(req)
+                if req.gpus <= free.free_gpus:
+                    place._try(plan, req, free, view)
+                continue
+            s = shape_of(j)
+            left[s] -= 1
+            if s in dead:
+                continue
+            live -= 1
+            req = self.request(j)
+            visited.append(req)
+            if req.gpus > free.free_gpus or not place._try(plan, req, free, view):
+                dead.add(s)
+                live -= left[s]
+        # only running jobs of the tail are left that could be placed: in their order
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in ordered}
+        rest = sorted((by_id[jid] for jid in self.current if jid not in seen), key=self.sort_key)
+        for j in rest:
+            if free.free_gpus <= 0:
+                return
+            req = self.request(j)
+            visited.append(req)
+            if req.gpus <= free.free_gpus:
+                place._try(plan, req, free, view)

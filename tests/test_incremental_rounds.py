@@ -1,0 +1,93 @@
+"""The shortcuts of ``policies/incremental.py`` change no plan.
+
+Every round of these runs is scheduled twice: with the shortcuts (the view
+carries the driver's tally of its jobs: a round where everything fits extends
+the current plan, a long queue is backfilled without walking it) and without
+them (the whole queue is sized and placed, and every request tried even when
+one of the same shape was refused before, as without ``pure_choose``).  The
+plans must be identical, with the same actions in the same order, the same
+free GPUs and the same pending reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gpuloom.core import Cluster, JobSpec
+from gpuloom.core.plan import diff
+from gpuloom.policies import base as pb
+from gpuloom.scheduler import Round, Scheduler
+from gpuloom.sim import SimConfig, Simulator
+from gpuloom.sim.generator import PHILLY_DURATIONS, generate
+
+
+class BothWays(Scheduler):
+    """Schedules each round with and without the tail walk and insists they agree."""
+
+    walked = fitted = 0
+
+    def schedule(self, view: pb.View, reasons: bool = True) -> Round:
+        fast = super().schedule(view, True)
+        # the whole queue, and every request tried even if one of its shape was refused
+        self.place.pure_choose = False  # type: ignore[misc]
+        try:
+            slow = super().schedule(dataclasses.replace(view, tally=None), True)
+        finally:
+            del self.place.pure_choose  # type: ignore[misc]
+        assert fast.plan.allocations == slow.plan.allocations
+        assert diff(view.current, fast.plan) == diff(view.current, slow.plan)
+        assert fast.plan.free_gpus == slow.plan.free_gpus
+        assert fast.reasons == slow.reasons
+        if fast.plan.base is not None:
+            BothWays.fitted += 1
+        elif len(fast.requests) < len(slow.requests):
+            BothWays.walked += 1
+        return fast
+
+
+def workload(seed: int, n: int = 300) -> list[JobSpec]:
+    """A queue that builds up: 1-16 GPU jobs, some asking for their own cores and memory."""
+    rng = np.random.default_rng(seed)
+    base = generate(n, 40.0, seed, gpu_dist={1: 0.6, 2: 0.1, 4: 0.1, 8: 0.15, 16: 0.05},
+                    duration_dist=PHILLY_DURATIONS.clipped(300.0, 8 * 3600.0))
+    out = []
+    for s in base:
+        if rng.random() < 0.2:
+            s = dataclasses.replace(s, cpus=int(rng.integers(1, 4)) * s.gpus, mem_mb=int(rng.integers(1, 6)) * 10_000)
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(("order", "params"), [
+    ("fifo", {}), ("fifo", {"consolidate": False}), ("sjf", {}), ("srtf", {}), ("las", {"consolidate": False}),
+])
+def test_shortcuts_plan_what_the_whole_queue_plans(order: str, params: dict, seed: int) -> None:
+    BothWays.walked = BothWays.fitted = 0
+    sched = BothWays.from_names(order, params=params)
+    cl = Cluster.homogeneous(3, 8, 24, 200_000)
+    Simulator(cl, workload(seed), sched, config=SimConfig(round_len=600.0, restart_overhead=30.0)).run()
+    assert BothWays.walked > 10  # the walk stopped short of the whole queue in many rounds
+    assert BothWays.fitted > 0  # and everything fitted in some
+
+
+@pytest.mark.parametrize("order", ["fifo", "srtf"])
+def test_everything_fits_under_light_load(order: str) -> None:
+    BothWays.walked = BothWays.fitted = 0
+    sched = BothWays.from_names(order)
+    specs = generate(200, 6.0, 5, duration_dist=PHILLY_DURATIONS.clipped(300.0, 4 * 3600.0))
+    Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(round_len=300.0)).run()
+    assert BothWays.fitted > 50
+
+
+def test_no_walk_without_the_declarations() -> None:
+    # random placement draws from the generator: every job of the tail must be tried
+    sched = Scheduler.from_names("fifo", place="random-sticky")
+    assert not sched.place.pure_choose
+    cl = Cluster.homogeneous(4, 4)
+    sim = Simulator(cl, workload(3, 80), sched, config=SimConfig(round_len=600.0))
+    view = sim.driver.view(0.0)
+    assert sched._tail([], 0, view) is None  # noqa: SLF001
