@@ -266,12 +266,20 @@ def test_opt_falls_back_to_tune_when_the_solver_fails(monkeypatch: pytest.Monkey
     def broken(*a: object, **k: object) -> None:
         raise ValueError("solver exploded")
 
+    import gpuloom.policies.synergy_opt as so
+
+    # HiGHS through highspy, and scipy's linprog where highspy is missing
+    monkeypatch.setattr(so, "_highs_solve", broken)
     monkeypatch.setattr(scipy.optimize, "linprog", broken)
-    with caplog.at_level(logging.WARNING):
-        plan, s = run_size("opt", view)
-    assert "falls back to TUNE" in caplog.text and "solver exploded" in caplog.text
-    assert s.size.last_fallback.startswith("allocation LP raised ValueError")
-    assert plan.allocations == tune.allocations
+    for highspy_missing in (False, True):
+        if highspy_missing:
+            monkeypatch.setattr(so.Opt, "_solver", lambda self: None)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            plan, s = run_size("opt", view)
+        assert "falls back to TUNE" in caplog.text and "solver exploded" in caplog.text
+        assert s.size.last_fallback.startswith("allocation LP raised ValueError")
+        assert plan.allocations == tune.allocations
 
 
 def test_sizer_parameters_and_groups() -> None:

@@ -139,11 +139,12 @@ class _SynergySizer(SizePolicy):
         f = sensitivity_factor(view)
         return None if f is None else f.profile_for(job)
 
-    def demand(self, job: Job, view: View) -> tuple[int | None, int | None]:
-        """Best-case (cores, MB) totals; ``None`` = GPU-proportional on whichever node."""
+    def demand(self, job: Job, view: View, rn: int | None = None) -> tuple[int | None, int | None]:
+        """Best-case (cores, MB) totals; ``None`` = GPU-proportional on whichever node (``rn``: the
+        reference node, if known)."""
         p = self.profile(job, view)
         g = job.spec.gpus
-        rn = _ref_node(view)
+        rn = _ref_node(view) if rn is None else rn
         node = view.cluster.nodes[rn]
         if p is None or g > node.gpus:
             return (job.spec.cpus, job.spec.mem_mb)
@@ -163,11 +164,12 @@ class _SynergySizer(SizePolicy):
                 "them with perf.sensitivity.add_sensitivity; without them it would size like 'proportional'"
             )
         out = []
+        rn = _ref_node(view)
         for unit in units:
             if len(unit) != 1:
                 raise PolicyError(f"size policy {self.name!r} places one job per GPU set; use group 'none'")
             j = unit[0]
-            c, m = self.demand(j, view)
+            c, m = self.demand(j, view, rn)
             out.append(Request(tuple(unit), j.spec.gpus, c, m))
         return out
 

@@ -7,6 +7,11 @@ and TUNE); the algorithm is described there, under ``opt``.
 from __future__ import annotations
 
 import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -79,6 +84,7 @@ class Opt(_SynergySizer):
         self.lp_rounds = 0
         self.reused_rounds = 0
         self._cands: dict[tuple[Any, ...], tuple[list[tuple[int, int]], list[float]]] = {}
+        self._highs: Any = None  # the HiGHS solver (False: highspy missing, scipy's linprog instead)
 
     def _run(self, rnd: _Round, order: list[Request]) -> None:
         rnd.register(order)
@@ -128,9 +134,6 @@ class Opt(_SynergySizer):
 
     # -- LP 1: allocation -----------------------------------------------------
     def _allocation_lp(self, rnd: _Round, window: list[Request]) -> list[tuple[int, int, float]]:
-        from scipy.optimize import linprog
-        from scipy.sparse import csr_matrix
-
         view = rnd.view
         cands = []
         for r in window:
@@ -150,11 +153,13 @@ class Opt(_SynergySizer):
             for (c, m), s in zip(pts, spd, strict=True):
                 cost[k], cpu[k], mem[k], owner[k] = -s, c, m, j
                 k += 1
-        a_ub = np.vstack([cpu, mem])
         b_ub = np.array([rnd.cluster.total_cpus, rnd.cluster.total_mem_mb], dtype=float)
-        a_eq = csr_matrix((np.ones(n), (owner, np.arange(n))), shape=(len(window), n))
-        b_eq = np.ones(len(window))
-        res = self._solve(linprog, "allocation", c=cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq)
+        # rows: total cores, total memory (<=), one per job: its points' shares sum to 1 (=)
+        cols = np.arange(n)
+        ub = _Sparse.of(np.concatenate([np.zeros(n, np.int64), np.ones(n, np.int64)]), np.concatenate([cols, cols]),
+                        np.concatenate([cpu, mem]), 2, n, drop_zeros=True)
+        eq = _Sparse.of(owner, cols, np.ones(n), len(window), n)
+        res = self._solve("allocation", cost, ub, b_ub, eq, np.ones(len(window)))
         x = res.x
         self.last_objective = float(-res.fun)
         chosen: list[tuple[int, int, float]] = []
@@ -183,9 +188,6 @@ class Opt(_SynergySizer):
         nodes) are rounded to whole-GPU gangs by TUNE's steps afterwards.
         Jobs larger than a node are also left to TUNE's steps.
         """
-        from scipy.optimize import linprog
-        from scipy.sparse import coo_matrix
-
         free = rnd.free
         ns = rnd.cluster.num_nodes
         node_max = int(rnd.node_gpus_total.max())
@@ -218,12 +220,9 @@ class Opt(_SynergySizer):
         rows = np.concatenate([var_s, ns + var_s, 2 * ns + var_s])
         cols = np.concatenate([np.arange(nv)] * 3)
         vals = np.concatenate([gt[var_t], ct[var_t], mt[var_t]])
-        a_ub = coo_matrix((vals, (rows, cols)), shape=(3 * ns, nv)).tocsr()
         b_ub = np.concatenate([free.node_gpus, free.node_cpus, free.node_mem]).astype(float)
-        a_eq = coo_matrix((np.ones(nv), (var_t, np.arange(nv))), shape=(nt, nv)).tocsr()
-        res = self._solve(
-            linprog, "placement", c=cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=cnt, bounds=np.c_[np.zeros(nv), ub]
-        )
+        res = self._solve("placement", cost, _Sparse.of(rows, cols, vals, 3 * ns, nv), b_ub,
+                          _Sparse.of(var_t, np.arange(nv), np.ones(nv), nt, nv), cnt, np.c_[np.zeros(nv), ub])
         y = np.zeros((nt, ns))
         np.add.at(y, (var_t, var_s), res.x)
         slots = np.floor(y + 1e-7).astype(np.int64)
@@ -262,15 +261,135 @@ class Opt(_SynergySizer):
                 placed.add(r.job.id)
         return placed
 
-    def _solve(self, linprog: Any, what: str, **kw: Any) -> Any:
+    def _solve(self, what: str, c: np.ndarray, a_ub: _Sparse, b_ub: np.ndarray, a_eq: _Sparse, b_eq: np.ndarray,
+               bounds: Any = (0, 1)) -> _LPResult:
+        """min c.x subject to a_ub x <= b_ub, a_eq x = b_eq, ``bounds`` (per variable or for all), with HiGHS.
+
+        The LPs are small (tens to hundreds of variables) and solved thousands of times in a
+        run: they go to HiGHS directly (one solver object, reused), as the model
+        ``scipy.optimize.linprog(method="highs")`` would pass it (its input checks cost three
+        times the solve); linprog itself where highspy cannot be imported.
+        """
+        n = len(c)
+        b = np.asarray(bounds, dtype=float)
+        lb, ub = (np.full(n, b[0]), np.full(n, b[1])) if b.ndim == 1 else (b[:, 0].copy(), b[:, 1].copy())
         try:
-            kw.setdefault("bounds", (0, 1))
-            res = linprog(method="highs", options={"time_limit": self.time_limit, "presolve": True}, **kw)
+            h = self._solver()
+            if h is None:
+                return _linprog(what, self.time_limit, c, a_ub, b_ub, a_eq, b_eq, np.c_[lb, ub])
+            return _highs_solve(h, what, c, lb, ub, a_ub.stack(a_eq),
+                                np.concatenate([np.full(len(b_ub), -np.inf), b_eq]), np.concatenate([b_ub, b_eq]))
+        except _SolverFailure:
+            raise
         except Exception as e:  # the solver itself failed: never crash the round
             raise _SolverFailure(f"{what} LP raised {type(e).__name__}: {e}") from None
-        if res.status != 0 or res.x is None:
-            raise _SolverFailure(f"{what} LP: {res.message} (status {res.status})")
-        return res
+
+    def _solver(self) -> Any:
+        """The HiGHS object, made on first use; None where highspy cannot be imported."""
+        if self._highs is False:
+            return None
+        if self._highs is None:
+            try:
+                import highspy
+            except ImportError:
+                self._highs = False
+                return None
+            with _stdout_muted():  # HiGHS prints a banner when the object is made, before any option
+                h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            h.setOptionValue("time_limit", self.time_limit)
+            h.setOptionValue("presolve", "on")
+            self._highs = h
+        return self._highs
+
+
+@dataclass(slots=True)
+class _Sparse:
+    """A matrix as (row, column, value) triplets."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, rows: Any, cols: Any, vals: Any, nrows: int, ncols: int, drop_zeros: bool = False) -> _Sparse:
+        rows, cols, vals = np.asarray(rows, np.int64), np.asarray(cols, np.int64), np.asarray(vals, float)
+        if drop_zeros:  # as a dense matrix becomes sparse
+            keep = vals != 0
+            rows, cols, vals = rows[keep], cols[keep], vals[keep]
+        return cls(rows, cols, vals, (nrows, ncols))
+
+    def stack(self, below: _Sparse) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """[self; below] column-wise (CSC: starts, row indices sorted in each column, values), and its rows."""
+        rows = np.concatenate([self.rows, below.rows + self.shape[0]])
+        cols = np.concatenate([self.cols, below.cols])
+        vals = np.concatenate([self.vals, below.vals])
+        order = np.lexsort((rows, cols))
+        start = np.zeros(self.shape[1] + 1, dtype=np.int32)
+        np.cumsum(np.bincount(cols, minlength=self.shape[1]), out=start[1:])
+        return start, rows[order].astype(np.int32), vals[order], self.shape[0] + below.shape[0]
+
+    def scipy(self) -> Any:
+        from scipy.sparse import coo_matrix
+
+        return coo_matrix((self.vals, (self.rows, self.cols)), shape=self.shape).tocsr()
+
+
+@dataclass(slots=True)
+class _LPResult:
+    x: np.ndarray
+    fun: float
+
+
+def _highs_solve(h: Any, what: str, c: np.ndarray, lb: np.ndarray, ub: np.ndarray,
+                 a: tuple[np.ndarray, np.ndarray, np.ndarray, int], row_lo: np.ndarray, row_hi: np.ndarray) -> _LPResult:
+    """One LP on the HiGHS object ``h``: min c.x, row_lo <= A x <= row_hi, lb <= x <= ub (A column-wise)."""
+    import highspy
+
+    start, index, value, nrows = a
+    n = len(c)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n, nrows
+    lp.col_cost_ = np.asarray(c, dtype=float)
+    lp.col_lower_, lp.col_upper_ = lb, ub
+    lp.row_lower_, lp.row_upper_ = row_lo, row_hi
+    m = lp.a_matrix_
+    m.format_ = highspy.MatrixFormat.kColwise
+    m.num_col_, m.num_row_ = n, nrows
+    m.start_, m.index_, m.value_ = start, index, value
+    h.clearModel()
+    h.passModel(lp)
+    h.run()
+    status = h.getModelStatus()
+    if status != highspy.HighsModelStatus.kOptimal:
+        raise _SolverFailure(f"{what} LP: {h.modelStatusToString(status)}")
+    return _LPResult(np.array(h.getSolution().col_value), float(h.getInfo().objective_function_value))
+
+
+def _linprog(what: str, time_limit: float, c: np.ndarray, a_ub: _Sparse, b_ub: np.ndarray, a_eq: _Sparse,
+             b_eq: np.ndarray, bounds: np.ndarray) -> Any:
+    from scipy.optimize import linprog
+
+    res = linprog(c=c, A_ub=a_ub.scipy(), b_ub=b_ub, A_eq=a_eq.scipy(), b_eq=b_eq, bounds=bounds, method="highs",
+                  options={"time_limit": time_limit, "presolve": True})
+    if res.status != 0 or res.x is None:
+        raise _SolverFailure(f"{what} LP: {res.message} (status {res.status})")
+    return res
+
+
+@contextmanager
+def _stdout_muted() -> Iterator[None]:
+    """File descriptor 1 to /dev/null for a moment (output written from C, not through sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class _SolverFailure(RuntimeError):
