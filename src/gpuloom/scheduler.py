@@ -218,13 +218,13 @@ class Scheduler:
         return rnd
 
     def _tail(self, ordered: list[Job], start: int, view: pb.View) -> TailWalk | None:
-        """Backfill past ``ordered[:start]`` without walking the rest (:mod:`gpuloom.policies.tail`),
+        """Backfill past ``ordered[:start]`` without walking the rest (:mod:`gpuloom.policies.incremental`),
         when the stack declares what that needs; None otherwise (the whole queue is placed)."""
-        size, place, order = self.size, self.place, self.order
+        place, order, size = self.place, self.order, self.size
         if not (self._incremental(view) and place.pure_choose and place.backfill):
             return None
         assert view.tally is not None
-        return TailWalk(ordered, start, lambda j: size.size([(j,)], view)[0], lambda j: order.sort_key(j, view),
+        return TailWalk(ordered, start, lambda j: size.request(j, view), lambda j: order.sort_key(j, view),
                         view.tally.waiting, view.current)
 
     def _incremental(self, view: pb.View) -> bool:
@@ -243,7 +243,7 @@ class Scheduler:
         order = self.order
         waiting = sorted(tally.idle.values(), key=lambda j: order.sort_key(j, view))
         size = self.size
-        plan, requests = all_fit_plan(waiting, lambda j: size.size([(j,)], view)[0], self.place, view)
+        plan, requests = all_fit_plan(waiting, lambda j: size.request(j, view), self.place, view)
         return Round(plan, requests)
 
     def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job], every_asked: bool = False) -> dict[str, str]:

@@ -210,7 +210,7 @@ class Lifecycle:
     def to(self, state: JobState, now: float) -> None:
         """Move to ``state`` at time ``now``; raises :class:`IllegalTransition` if not allowed."""
         src = self.state
-        dst = JobState(state)
+        dst = state if type(state) is JobState else JobState(state)
         if dst not in TRANSITIONS[src]:
             raise IllegalTransition(self.job_id, src, dst)
         if not now >= self.since:  # also rejects NaN
@@ -331,6 +331,8 @@ class LifecycleTimes:
         """(launch, checkpoint, stop) seconds for a job; ``first``: its first launch."""
         a = attrs or {}
         base = self.launch if first or self.relaunch is None else self.relaunch
+        if "launch_time" not in a and "checkpoint_time" not in a and "stop_time" not in a:
+            return float(base), float(self.checkpoint), float(self.stop)  # (checked when made)
         out = []
         for key, dflt in (("launch_time", base), ("checkpoint_time", self.checkpoint), ("stop_time", self.stop)):
             v = a.get(key, dflt)

@@ -42,6 +42,10 @@ class Allocation:
     # what was asked for: (gpus, cpus, mem_mb, members); lets placement reuse an
     # allocation whose request did not change without rebuilding it
     key: tuple = field(default=(), compare=False, repr=False)
+    num_gpus: int = field(init=False, compare=False, repr=False)  # GPUs in all (read in every hot loop)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_gpus", sum(len(p.gpus) for p in self.parts))
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
@@ -49,10 +53,6 @@ class Allocation:
         for p in self.parts:
             out += p.gpus
         return out
-
-    @property
-    def num_gpus(self) -> int:
-        return sum(len(p.gpus) for p in self.parts)
 
     @property
     def nodes(self) -> tuple[int, ...]:

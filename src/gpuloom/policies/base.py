@@ -37,13 +37,9 @@ and methods with defaults (never found with ``hasattr``):
 
 * ``dynamic``: a round can change this stage's output although no job arrived
   or finished (time-dependent orders, protection that expires);
-* :meth:`Stage.next_change`: *when* it can: the earliest time at which the
-  stage's output could differ from its output now, if no job arrives or ends
-  and the plan stays as it is (running jobs progressing at their speeds).
-  ``math.inf`` (the default when not ``dynamic``) lets the simulator skip every
-  periodic round until the next arrival or completion; ``view.now`` (the
-  default when ``dynamic``) makes it compute every round.  A time-dependent
-  order computes the next time two of its keys cross (:mod:`gpuloom.policies.order`);
+* :meth:`Stage.next_change`: *when* it can, if no job arrives or ends and the
+  plan stays (``math.inf`` when not ``dynamic``: the simulator skips rounds
+  until the next event; ``view.now`` when it is; orders compute when two keys cross);
 * ``requires_factors``: throughput-model factors the stage reads, name -> a
   constructor of a default one (or None: no default, the user must configure
   it); enforced when a scheduler is bound to a model
@@ -51,11 +47,8 @@ and methods with defaults (never found with ``hasattr``):
 * ``needs_profiles``: the stage reads per-job CPU/memory sensitivity profiles
   (the service profiles new jobs before their first launch for it);
 * ``fixed_gpus`` (size): every request asks for exactly the job's GPUs;
-  ``static_requests`` (size): a lone job's request is its spec's GPUs, cores
-  and memory; ``pure_choose`` (place): ``choose`` answers a request with no
-  previous allocation from its shape and the free state alone, and refuses it
-  on any smaller free state too.  Together they let the scheduler backfill
-  past a long queue without walking it (:mod:`gpuloom.policies.incremental`);
+  ``static_requests`` (size) and ``pure_choose`` (place): see
+  :mod:`gpuloom.policies.incremental` (rounds in O(changes));
 * ``shared_params``: parameter names two stages take with one meaning (static
   slots), so a bare ``-P name=value`` reaches both;
 * :meth:`Stage.plan_hooks`: callables ``hook(plan, view) -> Plan`` run after
@@ -78,7 +71,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -88,9 +81,7 @@ from ..core.parse import parse_bool
 from ..core.plan import Allocation, Part, Plan
 from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
-
-if TYPE_CHECKING:
-    from .incremental import TailWalk, Tally
+from .incremental import TailWalk, Tally, try_new
 
 STAGES = ("order", "group", "size", "place")
 _REGISTRY: dict[str, dict[str, type[Stage]]] = {s: {} for s in STAGES}
@@ -234,13 +225,8 @@ class Stage:
     shared_params: ClassVar[frozenset[str]] = frozenset()
 
     def next_change(self, view: View) -> float:
-        """The earliest time at which this stage's output could differ from its output at
-        ``view.now``, with the same jobs and allocations (see the module notes).
-
-        Called on the state a round left unchanged (a round that planned no action); a
-        stage whose output depends on time must answer no later than the first moment
-        it could change, or the simulator's results would depend on its round skipping.
-        """
+        """The earliest time this stage's output could differ from its output at ``view.now``, on
+        the state a round left unchanged (no action): never later, or results would depend on it."""
         return view.now if self.dynamic else math.inf
 
     def plan_hooks(self) -> Sequence[PlanHook]:
@@ -283,11 +269,14 @@ class SizePolicy(Stage):
     stage: ClassVar[str] = "size"
     #: every request asks for exactly its job's GPUs (lets the scheduler size only a prefix)
     fixed_gpus: ClassVar[bool] = False
-    #: a lone job's request is ``Request((job,), spec.gpus, spec.cpus, spec.mem_mb)``
-    static_requests: ClassVar[bool] = False
+    static_requests: ClassVar[bool] = False  #: a lone job asks for its spec's GPUs, cores, memory
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         raise NotImplementedError
+
+    def request(self, job: Job, view: View) -> Request:
+        """One lone job's request (what :meth:`size` gives it alone)."""
+        return self.size([(job,)], view)[0]
 
     def allocate(self, requests: list[Request], view: View, place: PlacePolicy, preemptive: bool) -> Plan:
         """Turn requests into a plan; sizers that must negotiate with placement override this
@@ -366,8 +355,7 @@ class PlacePolicy(Stage):
 
     stage: ClassVar[str] = "place"
     sticky: ClassVar[bool] = True
-    #: choose() depends only on a new request's shape and the free state, and is monotone (module notes)
-    pure_choose: ClassVar[bool] = False
+    pure_choose: ClassVar[bool] = False  #: see policies/incremental.py
     backfill: bool = True
 
     def __init__(self, backfill: bool | str = True) -> None:
@@ -384,10 +372,6 @@ class PlacePolicy(Stage):
 
     # -- helpers shared by subclasses ---------------------------------------
     def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
-        if len(req.jobs) == 1:  # a lone job kept where it was, as it was: its allocation itself
-            prev = req.jobs[0].alloc
-            if prev is not None and prev.parts is parts and not prev.group and prev.key == req.key:
-                return [prev]
         ids = tuple(j.id for j in req.jobs)
         key = req_key(req)
         return [Allocation(jid, parts, tuple(x for x in ids if x != jid), key) for jid in ids]
@@ -402,17 +386,19 @@ class PlacePolicy(Stage):
         are not kept, so the cost is proportional to what changes.
         """
         kept: set[str] = set()
+        allocations = plan.allocations
         for i in order:
             if not selected[i]:
                 continue
             req = requests[i]
-            prev = req.prev
+            jobs = req.jobs
+            prev = jobs[0].alloc
             if prev is None or prev.key != req.key:
                 continue
-            if len(req.jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in req.jobs):
+            if len(jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
                 continue
-            for j in req.jobs:
-                plan.allocations[j.id] = j.alloc
+            for j in jobs:
+                allocations[j.id] = j.alloc
                 kept.add(j.id)
             done[i] = True
         free = view.free.copy() if view.free is not None else FreeState.of(view.cluster, view.current)
@@ -439,6 +425,12 @@ class PlacePolicy(Stage):
 
     def _try(self, plan: Plan, req: Request, free: FreeState, view: View) -> bool:
         """Place ``req`` (its old GPUs if sticky, else ``choose``) and commit; False if it gets nothing."""
+        if self.sticky and len(req.jobs) == 1:  # a lone job kept as it is (what the steps below do)
+            prev = req.jobs[0].alloc
+            if prev is not None and not prev.group and prev.key == req.key and free.fits(prev.parts):
+                free.take(prev.parts)
+                plan.add(prev)
+                return True
         parts = place_request(self, req, free, view)
         if parts is None:
             return False
@@ -483,13 +475,11 @@ class PlacePolicy(Stage):
                 if parts is not None:
                     self._commit(plan, requests[i], parts, free)
                     done[i] = True
-        # phase 2b: place the rest of the selection in order.  From here on resources are only
-        # taken, so with pure_choose a new request refused once is refused again: its shape is
-        # remembered and later requests of that shape are not tried
-        refused: set[tuple] = set()
+        # phase 2b: place the rest of the selection in order (from here on resources are only taken)
+        refused: set[tuple] = set()  # shapes of new requests refused (policies/incremental.py: try_new)
         for i in order:
             if selected[i] and not done[i]:
-                done[i] = self._try_new(plan, requests[i], free, view, refused)
+                done[i] = try_new(self, plan, requests[i], free, view, refused)
                 if not done[i] and not self.backfill:
                     break
         # phase 3: backfill leftovers in order
@@ -497,23 +487,11 @@ class PlacePolicy(Stage):
             if free.free_gpus <= 0:
                 break
             if not done[i] and requests[i].gpus <= free.free_gpus:
-                done[i] = self._try_new(plan, requests[i], free, view, refused)
+                done[i] = try_new(self, plan, requests[i], free, view, refused)
         if tail is not None and self.backfill:
             tail.backfill(self, plan, free, view, refused)
         plan.free_gpus = free.free_gpus
         return plan
-
-    def _try_new(self, plan: Plan, req: Request, free: FreeState, view: View, refused: set[tuple]) -> bool:
-        """:meth:`_try`, not trying a new request whose shape was refused before (``pure_choose``)."""
-        if not self.pure_choose or req.prev is not None:
-            return self._try(plan, req, free, view)
-        shape = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
-        if shape in refused:
-            return False
-        if self._try(plan, req, free, view):
-            return True
-        refused.add(shape)
-        return False
 
 
 def place_request(policy: PlacePolicy, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:

@@ -95,6 +95,20 @@ class Tally:
         return (set(self.idle), self.waiting, self.demand, self.unkeyed)
 
 
+def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view: View, refused: set[tuple]) -> bool:
+    """``place._try``, except that a new request of a shape refused before in this round is not
+    tried again (under ``pure_choose``, on a free state that has only shrunk since)."""
+    if not place.pure_choose or req.prev is not None:
+        return place._try(plan, req, free, view)
+    shape = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
+    if shape in refused:
+        return False
+    if place._try(plan, req, free, view):
+        return True
+    refused.add(shape)
+    return False
+
+
 def all_fit_plan(ordered_waiting: Sequence[Job], request: Callable[[Job], Request], place: PlacePolicy,
                  view: View) -> tuple[Plan, list[Request]]:
     """Placement when every active job fits by GPU count (see the module notes): the current
@@ -106,14 +120,14 @@ def all_fit_plan(ordered_waiting: Sequence[Job], request: Callable[[Job], Reques
     refused: set[tuple] = set()
     done: list[bool] = []
     for r in requests:  # phase 2b (every request selected, every running one kept)
-        done.append(place._try_new(plan, r, free, view, refused))
+        done.append(try_new(place, plan, r, free, view, refused))
         if not done[-1] and not place.backfill:
             break
     for r, ok in zip(requests, done, strict=True) if place.backfill else ():  # phase 3
         if free.free_gpus <= 0:
             break
         if not ok and r.gpus <= free.free_gpus:
-            place._try_new(plan, r, free, view, refused)
+            try_new(place, plan, r, free, view, refused)
     plan.free_gpus = free.free_gpus
     return plan, requests
 

@@ -18,6 +18,14 @@ class Proportional(SizePolicy):
     fixed_gpus = True  # never changes a job's GPU count
     static_requests = True  # a lone job asks for its spec's GPUs, cores and memory
 
+    def request(self, job: Job, view: View) -> Request:
+        """A lone job's request (built once: it never changes)."""
+        req = job.extra.get("proportional_request")
+        if req is None:
+            sp = job.spec
+            req = job.extra["proportional_request"] = Request((job,), sp.gpus, sp.cpus, sp.mem_mb)
+        return req
+
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         out = []
         for unit in units:
