@@ -45,14 +45,16 @@ is updated to match, so the gang check still holds against the final plan.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .core.job import Job
-from .core.plan import Plan, PlanError, check_plan
+from .core.plan import Allocation, Plan, PlanError, check_plan
 from .perf.model import ThroughputModel
 from .policies import base as pb
+from .policies.free import FreeState
 
 PlanHook = pb.PlanHook
 
@@ -83,6 +85,7 @@ class Scheduler:
         place: pb.PlacePolicy,
         preemptive: bool = True,
         hooks: Sequence[PlanHook] = (),
+        queue: pb.QueuePolicy | None = None,
     ) -> None:
         self.order = order
         self.group = group
@@ -90,6 +93,7 @@ class Scheduler:
         self.place = place
         self.preemptive = preemptive
         self.hooks = list(hooks)
+        self.queue = queue if queue is not None else pb.make("queue", "none")
 
     @classmethod
     def from_names(
@@ -100,22 +104,28 @@ class Scheduler:
         place: str = "packed-sticky",
         preemptive: bool = True,
         params: Mapping[str, Any] | None = None,
+        queue: str = "none",
     ) -> Scheduler:
         """Build from registry names; ``params`` (bare or ``stage.name``) go to the stage that takes them."""
-        chosen = {"order": order, "group": group, "size": size, "place": place}
+        chosen = {"order": order, "group": group, "size": size, "place": place, "queue": queue}
         per_stage = route_params(chosen, params or {})
         stages = {s: pb.make(s, n, per_stage[s]) for s, n in chosen.items()}
         # a stage may bring plan hooks of its own (e.g. elastic sizing's hysteresis)
         hooks = [h for st in stages.values() for h in st.plan_hooks()]
-        return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks)
+        return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks,
+                   stages["queue"])
 
     @property
     def stages(self) -> tuple[pb.Stage, ...]:
-        return (self.order, self.group, self.size, self.place)
+        return (self.order, self.group, self.size, self.place, self.queue)
 
     @property
     def names(self) -> dict[str, str]:
-        return {"order": self.order.name, "group": self.group.name, "size": self.size.name, "place": self.place.name}
+        """The stages' names; ``queue`` only when there is a queue stage."""
+        out = {"order": self.order.name, "group": self.group.name, "size": self.size.name, "place": self.place.name}
+        if self.queue.enabled:
+            out["queue"] = self.queue.name
+        return out
 
     @property
     def label(self) -> str:
@@ -166,27 +176,147 @@ class Scheduler:
         requests = self.size.size(units, view)
         return Round(self.size.allocate(requests, view, self.place, self.preemptive), requests)
 
-    def schedule(self, view: pb.View) -> Round:
-        ordered = self.order.order(view.jobs, view)
+    def _plan(self, ordered: list[Job], view: pb.View) -> Round:
+        """group → size → place over ``ordered`` (only the prefix that fills the cluster when that is exact)."""
         if self.size.fixed_gpus and self.group.name == "none":
             prefix = self._prefix(ordered, view.cluster.num_gpus)
             rnd = self._run(prefix, view)
-            if len(prefix) < len(ordered):
-                free = rnd.plan.free_gpus
-                if free is None:
-                    free = view.cluster.num_gpus - len({g for a in rnd.plan.allocations.values() for g in a.gpu_ids})
-                if free > 0:
-                    rnd = self._run(ordered, view)
-        else:
-            rnd = self._run(ordered, view)
+            if len(prefix) < len(ordered) and _free_gpus(rnd.plan, view) > 0:
+                rnd = self._run(ordered, view)
+            return rnd
+        return self._run(ordered, view)
+
+    def _hooked(self, rnd: Round, view: pb.View) -> Round:
         if self.hooks:
             placed = plan = rnd.plan
             for hook in self.hooks:
                 plan = hook(plan, view)
             if plan is not placed:
                 rnd = Round(plan, _kept_requests(rnd.requests, plan, view))
+        return rnd
+
+    def schedule(self, view: pb.View) -> Round:
+        ordered = self.order.order(view.jobs, view)
+        if self.queue.enabled:
+            rnd = self._queued(ordered, view)
+        else:
+            rnd = self._hooked(self._plan(ordered, view), view)
         rnd.reasons = self.reasons(rnd, view, ordered)
         return rnd
+
+    # -- the queue stage (policies/queues.py) -------------------------------------------------
+    def _queued(self, ordered: list[Job], view: pb.View) -> Round:
+        """Admit across queues, plan the admitted jobs, reclaim lent GPUs, hooks, limits.
+
+        Reclaim happens where a queue below its guarantee has a waiting job
+        while borrowed (tier B) work holds GPUs.  First, if a guaranteed job was
+        left out, the round is planned again in two passes (:meth:`_two_pass`).
+        Then every job the queue stage still owes a place (a waiting job that
+        fits its queue's unused guarantee, in the queue's order:
+        :meth:`~gpuloom.policies.base.QueuePolicy.owed`) is placed by the place
+        policy on what the non-borrowed jobs leave, evicting the borrowed work
+        in its way (:meth:`_evict_for`).  So a guaranteed job that fits nowhere
+        (the guaranteed jobs fragment the cluster) does not keep its queue's
+        smaller jobs from the guarantee.
+        """
+        q = self.queue
+        strict = not self.place.backfill
+        adm = q.admit(ordered, view, strict)
+        rnd = self._plan(adm.ordered, view)
+        if adm.truncated and _free_gpus(rnd.plan, view) > 0:
+            adm = q.admit(ordered, view, strict, full=True)
+            rnd = self._plan(adm.ordered, view)
+        if adm.over and any(j.id in rnd.plan.allocations for j in adm.over):
+            if _left_out_while_lent(adm, rnd.plan):
+                rnd = self._two_pass(adm, view)
+                q.note_reclaim()
+            owed = q.owed(rnd.plan, view)
+            if owed:
+                rnd = self._evict_for(owed, adm, rnd, view)
+        rnd = self._hooked(rnd, view)
+        plan = q.enforce(rnd.plan, view)
+        return rnd if plan is rnd.plan else Round(plan, rnd.requests)
+
+    def _evict_for(self, owed: Sequence[tuple[float, Sequence[Job]]], adm: pb.Admission, rnd: Round,
+                   view: pb.View) -> Round:
+        """Place owed jobs (per queue: its unused guaranteed GPUs and its waiting jobs, in order) on what
+        the non-borrowed jobs leave, evicting the borrowed work in their way (latest in the cross-queue
+        order first).  Within a queue, after a job finds no placement, jobs as large are not tried."""
+        allocs = dict(rnd.plan.allocations)
+        over = [j for j in adm.over if j.id in allocs]
+        over_ids = {j.id for j in over}
+        asked = {j.id: r for r in rnd.requests for j in r.jobs}
+        requests = list(rnd.requests)
+        base = FreeState.of(view.cluster, {k: a for k, a in allocs.items() if k not in over_ids})
+        placed: list[Job] = []
+        for room, jobs in owed:
+            too_big = math.inf
+            for j in jobs:
+                if j.id in allocs or j.spec.gpus >= too_big or j.spec.gpus > room + 1e-9:
+                    continue
+                r = asked.get(j.id)
+                req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
+                       pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
+                parts = self.place.choose(req, base, view)
+                if parts is None:
+                    too_big = j.spec.gpus
+                    continue
+                gpus = {g for p in parts for g in p.gpus}
+                nodes = {p.node for p in parts}
+                for b in reversed(over):
+                    a = allocs.get(b.id)
+                    if a is not None and gpus.intersection(a.gpu_ids):
+                        _drop(allocs, b.id)
+                free = FreeState.of(view.cluster, allocs)
+                for b in reversed(over):  # cores or memory still short: more borrowers leave those nodes
+                    if free.fits(parts):
+                        break
+                    a = allocs.get(b.id)
+                    if a is not None and nodes.intersection(a.nodes):
+                        _drop(allocs, b.id)
+                        free = FreeState.of(view.cluster, allocs)
+                base.take(parts)
+                room -= req.gpus
+                allocs[j.id] = Allocation(j.id, parts, (), req.key)
+                placed.append(j)
+                if r is None or len(r.jobs) > 1:
+                    requests.append(req)
+        if not placed:
+            return rnd
+        self.queue.note_guaranteed(placed)
+        return Round(Plan(allocs), requests)
+
+    def _two_pass(self, adm: pb.Admission, view: pb.View) -> Round:
+        """Plan tier A alone on the whole cluster, then everything with tier A pinned where it landed.
+
+        The second pass sees tier A's jobs as running on their first-pass
+        allocations and borrowed work as running only where tier A left its GPUs
+        free (the rest looks waiting: its ``alloc`` is hidden for the pass), so
+        sticky placement keeps what the owners took and lent GPUs are reclaimed.
+        Placement that is not sticky re-places everything, tier A first, as the
+        first pass did.
+        """
+        first = self._plan(adm.guaranteed, view).plan.allocations
+        free = FreeState.of(view.cluster, first)
+        current: dict[str, Allocation] = dict(first)
+        for j in adm.over:
+            a = view.current.get(j.id)
+            if a is not None and not a.group and free.fits(a.parts):
+                free.take(a.parts)
+                current[j.id] = a
+        swapped: list[tuple[Job, Any]] = []
+        for j in adm.ordered:
+            want = current.get(j.id)
+            if j.alloc is not want:
+                swapped.append((j, j.alloc))
+                j.alloc = want
+        try:
+            pinned = pb.View(view.now, view.cluster, view.jobs, current, view.model, view.rng, view.round_index,
+                             view.extra, free)
+            return self._plan(adm.ordered, pinned)
+        finally:
+            for j, a in swapped:
+                j.alloc = a
 
     def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job]) -> dict[str, str]:
         """Why each active job the plan leaves out waits (see the module notes)."""
@@ -236,6 +366,8 @@ class Scheduler:
                 active = {x.id for x in view.jobs}
             if jid not in active:
                 raise PlanError(f"job {jid} planned but not active")
+        if self.queue.enabled:
+            self.queue.check(plan, view, self.place)
 
 
 def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -286,6 +418,28 @@ def _listing(names: set[str]) -> str:
 def _did_you_mean(name: str, names: set[str]) -> str:
     close = difflib.get_close_matches(name, sorted(names), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _left_out_while_lent(adm: pb.Admission, plan: Plan) -> bool:
+    """A guaranteed job is not in ``plan`` while borrowed work is."""
+    allocs = plan.allocations
+    return any(j.id not in allocs for j in adm.guaranteed) and any(j.id in allocs for j in adm.over)
+
+
+def _drop(allocs: dict[str, Allocation], jid: str) -> None:
+    """Remove ``jid`` from a plan; its co-runners keep their GPUs in a group without it."""
+    a = allocs.pop(jid)
+    for oid in a.group:
+        o = allocs.get(oid)
+        if o is not None:
+            allocs[oid] = Allocation(o.job_id, o.parts, tuple(x for x in o.group if x != jid), o.key)
+
+
+def _free_gpus(plan: Plan, view: pb.View) -> int:
+    free = plan.free_gpus
+    if free is None:
+        free = view.cluster.num_gpus - len({g for a in plan.allocations.values() for g in a.gpu_ids})
+    return free
 
 
 def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:

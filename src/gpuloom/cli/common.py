@@ -92,6 +92,7 @@ def user_errors() -> Iterator[None]:
     """Turn the library's input errors into one clear line and exit code 2."""
     from ..core.cluster import ClusterError
     from ..core.job import JobError
+    from ..core.queues import QueueError
     from ..perf.assembly import ModelOptionError
     from ..perf.scaling import ScalingError
     from ..perf.sensitivity import SensitivityError
@@ -102,7 +103,7 @@ def user_errors() -> Iterator[None]:
 
     handled: tuple[type[BaseException], ...] = (
         ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
-        SensitivityError, ScalingError, ModelOptionError,
+        SensitivityError, ScalingError, ModelOptionError, QueueError,
     )
     try:
         yield

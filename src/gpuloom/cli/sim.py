@@ -17,6 +17,7 @@ import typer
 
 from . import app
 from .common import console, model_options, out_dir, parse_params, stack_params, user_errors
+from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queue_stage
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
@@ -69,6 +70,8 @@ def simulate(
     size: Annotated[str, typer.Option(help="Size policy: proportional, greedy, opt, tune, elastic, ...")] = "proportional",
     place: Annotated[str, typer.Option(help="Place policy: packed-sticky, packed-non-sticky, random-sticky, ...")] = "packed-sticky",
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
+    queue_policy: QueuePolicyOpt = None,
+    queues: QueuesOpt = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter (name or stage.name) or model option, name=value (repeatable).")] = None,
     round_len: Annotated[float, typer.Option("--round", help="Round length in seconds.")] = 300.0,
     reschedule_on: Annotated[str, typer.Option(help="Also reschedule on: arrival, completion, both or none.")] = "none",
@@ -108,9 +111,11 @@ def simulate(
             drop_impossible=drop_impossible,
         )
         rc = RunConfig("", order, group, size, place, not non_preemptive, stack_params(param, model_opts),
-                       DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty), cfg).validate()
+                       DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty), cfg,
+                       queue_stage(queue_policy, queues)).validate()
         specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
-        result = _run_with_progress(lambda cb: run_config(rc, cl, specs, progress=cb), len(specs))
+        tree = apply_queues([rc], queues, specs, cl)
+        result = _run_with_progress(lambda cb: run_config(rc, cl, specs, progress=cb, queues=tree), len(specs))
     summary = result.summary()
     folder = out_dir(out)
     from ..sim import report
@@ -119,10 +124,13 @@ def simulate(
     if plots:
         report.plot_run(result, folder)
         report.write_report(result, folder)
+    per_queue = queue_outputs({rc.stack.label: result}, folder, plots)
     if as_json:
         console.print_json(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}))
         return
     console.print(report.summary_table({rc.stack.label: result}))
+    if per_queue is not None:
+        console.print(per_queue)
     console.print(f"[dim]{len(specs)} jobs on {cl.num_nodes} nodes / {cl.num_gpus} GPUs; results in {folder}/[/]")
 
 
@@ -169,6 +177,7 @@ def compare(
     limit: Annotated[int | None, typer.Option(help="Use only the first N jobs by arrival.")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Parameter or model option for every run, name=value (repeatable).")] = None,
+    queues: QueuesOpt = None,
     processes: Annotated[int | None, typer.Option("--processes", "-j", help="Parallel processes (default: CPU count).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -192,12 +201,16 @@ def compare(
         if not configs:
             configs = [parse_run_config(c, base) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
         specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
-        results = report.run_many(configs, cl, specs, processes=processes)
+        tree = apply_queues(configs, queues, specs, cl)
+        results = report.run_many(configs, cl, specs, processes=processes, queues=tree)
     folder = out_dir(out)
     report.write_compare(results, folder)
+    per_queue = queue_outputs(results, folder, False)
     rows = report.summary_rows(results)
     if as_json:
         console.print_json(json.dumps(rows, default=str))
         return
     console.print(report.summary_table(results))
+    if per_queue is not None:
+        console.print(per_queue)
     console.print(f"[dim]{len(specs)} jobs; results in {folder}/[/]")

@@ -76,7 +76,7 @@ from ..core.plan import Allocation, Part, Plan
 from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
 
-STAGES = ("order", "group", "size", "place")
+STAGES = ("order", "group", "size", "place", "queue")
 _REGISTRY: dict[str, dict[str, type]] = {s: {} for s in STAGES}
 
 
@@ -91,7 +91,8 @@ def register(stage: str, *names: str) -> Callable[[type], type]:
 
     def deco(cls: type) -> type:
         # resolved when a policy module registers a class (this module is fully loaded by then)
-        base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
+        base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy,
+                "queue": QueuePolicy}[stage]
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise PolicyError(f"{cls.__name__} is registered as a {stage} policy but does not derive from "
                               f"{base.__name__}")
@@ -262,6 +263,57 @@ class SizePolicy(Stage):
         """Turn requests into a plan; sizers that must negotiate with placement override this
         (walking ``place.arrange(...)`` and honouring ``place.backfill``)."""
         return place.place(requests, view, preemptive)
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the queue stage admits in one round (:mod:`gpuloom.policies.queues`)."""
+
+    guaranteed: list[Job] = field(default_factory=list)  # tier A: within their queue's guarantee
+    over: list[Job] = field(default_factory=list)  # tier B: borrowing, in the cross-queue order
+    held: dict[str, str] = field(default_factory=dict)  # job id -> why it is not admitted
+    truncated: bool = False  # the walk stopped once the admitted jobs asked for every GPU
+
+    @property
+    def ordered(self) -> list[Job]:
+        return self.guaranteed + self.over if self.over else self.guaranteed
+
+
+class QueuePolicy(Stage):
+    """The queue stage: admission and order across queues (:mod:`gpuloom.policies.queues`).
+
+    The base (registered as ``none``) admits every job as ordered, and the
+    scheduler then runs the pipeline exactly as without a queue stage.
+    """
+
+    stage: ClassVar[str] = "queue"
+    dynamic: ClassVar[bool] = False
+    #: False: the scheduler skips the stage (no admission, no two-pass reclaim, no checks)
+    enabled: ClassVar[bool] = False
+
+    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+        """Tiers of ``ordered`` (the order policy's order); ``strict``: no job passes one that does not fit;
+        ``full``: walk past the point where the admitted jobs ask for every GPU."""
+        return Admission(ordered)
+
+    def owed(self, plan: Plan, view: View) -> list[tuple[float, list[Job]]]:
+        """Per queue below its guarantee in ``plan``: the GPUs unused (within every limit) and the waiting
+        jobs that fit them, in the queue's order."""
+        return []
+
+    def note_guaranteed(self, jobs: Sequence[Job]) -> None:
+        """The scheduler placed these owed jobs by evicting borrowed work: they count as guaranteed."""
+
+    def enforce(self, plan: Plan, view: View) -> Plan:
+        """The plan after placement and hooks, amended to respect the queues' limits."""
+        return plan
+
+    def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
+        """Raise :class:`~gpuloom.core.plan.PlanError` where the plan breaks a queue invariant."""
+        return None
+
+    def note_reclaim(self) -> None:
+        """The scheduler planned again in two passes to reclaim lent GPUs."""
 
 
 def parse_flag(value: bool | str, name: str) -> bool:

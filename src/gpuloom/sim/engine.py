@@ -358,9 +358,10 @@ def simulate(
     params: dict | None = None,
     model: ThroughputModel | None = None,
     hooks: Sequence[Callable] = (),
+    queue: str = "none",
     **config: object,
 ) -> RunResult:
     """One call: build the scheduler from names and run (``config`` → :class:`SimConfig`)."""
-    sched = Scheduler.from_names(order, group, size, place, preemptive, params)
+    sched = Scheduler.from_names(order, group, size, place, preemptive, params, queue)
     sched.hooks.extend(hooks)
     return Simulator(cluster, specs, sched, model, SimConfig(**config)).run()  # type: ignore[arg-type]

@@ -124,6 +124,8 @@ class RunResult:
     wall_time: float = 0.0
     rounds: int = 0
     rounds_computed: int = 0
+    #: what observers recorded, by topic (``"queues"``: :mod:`gpuloom.sim.queue_report`); plain values
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

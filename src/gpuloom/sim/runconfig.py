@@ -54,11 +54,13 @@ from ..core.cluster import Cluster
 from ..core.job import JobSpec
 from ..core.lifecycle import LifecycleTimes
 from ..core.parse import parse_bool
+from ..core.queues import QueueTree
 from ..driver import Stack
 from ..perf.assembly import ModelOptionError
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..policies.base import PolicyError
 from ..scheduler import Scheduler
+from . import queue_report
 from .engine import SimConfig, Simulator
 from .metrics import RunResult
 
@@ -75,7 +77,8 @@ class ConfigError(PolicyError):
 
 
 _SIM_FIELDS = {f.name: f for f in dataclasses.fields(SimConfig)}
-_STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky"}
+_STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky",
+                   "queue": "none"}
 _ALIASES = {"round": "round_len", "P": "params"}
 _TOP_KEYS = ("label", *_STAGE_DEFAULTS, "preemptive", "locality_penalty", "params")
 
@@ -93,6 +96,7 @@ class RunConfig:
     params: dict[str, Any] = field(default_factory=dict)
     locality_penalty: float = DEFAULT_LOCALITY_PENALTY
     sim: SimConfig = field(default_factory=SimConfig)
+    queue: str = "none"  # the queue stage (policies/queues.py)
 
     @property
     def name(self) -> str:
@@ -103,7 +107,7 @@ class RunConfig:
     def stack(self) -> Stack:
         """The policy stack this configuration runs (the route ``simulate`` and ``serve`` share)."""
         return Stack(self.order, self.group, self.size, self.place, self.preemptive, dict(self.params),
-                     {"locality_penalty": self.locality_penalty})
+                     {"locality_penalty": self.locality_penalty}, self.queue)
 
     def scheduler(self, where: str = "") -> Scheduler:
         try:
@@ -135,7 +139,7 @@ def auto_label(rc: RunConfig, ref: RunConfig | None = None) -> str:
     """``order`` then every other setting that differs from ``ref``, joined by ``/``."""
     ref = ref or RunConfig()
     parts = [rc.order]
-    for stage in ("group", "size", "place"):
+    for stage in ("group", "size", "place", "queue"):
         v = getattr(rc, stage)
         if v != getattr(ref, stage):
             parts.append(v)
@@ -239,7 +243,7 @@ def _lifecycle(value: Any, where: str) -> LifecycleTimes | None:
 def apply(base: RunConfig, items: Mapping[str, Any], where: str) -> RunConfig:
     """A copy of ``base`` with ``items`` (already-typed or textual values) applied.
 
-    Keys: ``label``, ``order``, ``group``, ``size``, ``place``, ``preemptive``,
+    Keys: ``label``, ``order``, ``group``, ``size``, ``place``, ``queue``, ``preemptive``,
     ``locality_penalty``, ``params`` (a table), ``P.name`` / ``params.name``,
     ``round`` (= ``round_len``) and every :class:`SimConfig` field.
     """
@@ -339,15 +343,24 @@ def run_config(
     specs: Sequence[JobSpec],
     model_builder: ModelBuilder | None = None,
     progress: Callable[[int, int], None] | None = None,
+    queues: QueueTree | None = None,
 ) -> RunResult:
-    """Run one configuration; the result's ``config`` carries the label and parameters."""
+    """Run one configuration; the result's ``config`` carries the label and parameters.
+
+    Per-queue data (:mod:`.queue_report`) are recorded into ``result.extra["queues"]``
+    when the configuration has a queue stage, or against ``queues`` when given.
+    """
     sched = rc.scheduler()
     model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
     try:
         sched.bind(model)  # the factors a stage requires, as the service binds them
     except PolicyError as e:
         raise ConfigError(f"config {rc.name!r}: {e}") from None
-    result = Simulator(cluster, specs, sched, model, rc.sim).run(progress)
+    recorder = queue_report.attach(sched, queues)
+    sim = Simulator(cluster, specs, sched, model, rc.sim, observers=[recorder] if recorder is not None else ())
+    result = sim.run(progress)
+    if recorder is not None:
+        result.extra["queues"] = recorder.finish(sim)
     result.config = {"label": rc.name, **result.config, "params": dict(rc.params),
                      "locality_penalty": rc.locality_penalty}
     return result
@@ -358,8 +371,8 @@ _W: dict[str, Any] = {}
 
 
 def _init_worker(cluster: Cluster, specs: Sequence[JobSpec], model_builder: ModelBuilder | None,
-                 q: Any) -> None:
-    _W.update(cluster=cluster, specs=specs, model_builder=model_builder, queue=q)
+                 q: Any, queues: QueueTree | None = None) -> None:
+    _W.update(cluster=cluster, specs=specs, model_builder=model_builder, queue=q, queues=queues)
 
 
 def _work(rc: RunConfig) -> RunResult:
@@ -369,7 +382,8 @@ def _work(rc: RunConfig) -> RunResult:
     def report(done: int, total: int) -> None:
         q.put((name, done, total))
 
-    return run_config(rc, _W["cluster"], _W["specs"], _W["model_builder"], report if q is not None else None)
+    return run_config(rc, _W["cluster"], _W["specs"], _W["model_builder"], report if q is not None else None,
+                      _W.get("queues"))
 
 
 def unique_labels(configs: Sequence[RunConfig]) -> list[str]:
@@ -388,11 +402,13 @@ def run_many(
     processes: int | None = None,
     progress: Progress | None = None,
     model_builder: ModelBuilder | None = None,
+    queues: QueueTree | None = None,
 ) -> dict[str, RunResult]:
     """Run every configuration on the same cluster and trace; results keyed by label, in input order.
 
     ``processes``: worker processes (default: one per configuration, at most
-    the CPU count); 1 runs everything in this process.
+    the CPU count); 1 runs everything in this process.  ``queues``: a queue
+    tree every run is measured against (:func:`run_config`).
     """
     labels = unique_labels(configs)
     for rc in configs:
@@ -406,7 +422,7 @@ def run_many(
         out = {}
         for label, rc in zip(labels, configs, strict=True):
             cb = (lambda d, t, _l=label: progress(_l, d, t)) if progress is not None else None
-            out[label] = run_config(rc, cluster, specs, model_builder, cb)
+            out[label] = run_config(rc, cluster, specs, model_builder, cb, queues)
         return out
     if progress is not None:
         # updates from workers arrive late and out of order: forward only forward progress
@@ -421,7 +437,7 @@ def run_many(
     q = ctx.Queue() if progress is not None else None
     results: dict[str, RunResult] = {}
     with ProcessPoolExecutor(min(n, len(configs)), mp_context=ctx, initializer=_init_worker,
-                             initargs=(cluster, list(specs), model_builder, q)) as pool:
+                             initargs=(cluster, list(specs), model_builder, q, queues)) as pool:
         futures: dict[Future[RunResult], str] = {pool.submit(_work, rc): lb for lb, rc in zip(labels, configs,
                                                                                                strict=True)}
         pending = set(futures)
