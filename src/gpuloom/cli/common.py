@@ -59,7 +59,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     params = [p for p in sig.parameters.values() if p.name != "model_opts"]
     extra = [
         inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[o.cli_type | None,  # type: ignore[name-defined]
+                          annotation=Annotated[o.cli_type | None,
                                                typer.Option(o.cli, help=o.help, metavar=o.metavar or None,
                                                             rich_help_panel="Throughput model")])
         for o in FLAG_OPTIONS
@@ -70,6 +70,7 @@ def model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         opts = {o.name: kw.pop(o.name, None) for o in FLAG_OPTIONS}
         return fn(*args, model_opts=opts, **kw)
 
+    # typer reads the signature it shows from ``__signature__``, an attribute functions lack in the type system
     wrapper.__signature__ = sig.replace(parameters=params + extra)  # type: ignore[attr-defined]
     return wrapper
 

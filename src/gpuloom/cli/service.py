@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -179,8 +180,9 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
     if gpus is not None and gpus < 1:
         raise ClusterError(f"--gpus must be >= 1, got {gpus}")
     mem_mb = int(mem_gb * 1000) if mem_gb is not None else None
+    discover: Callable[..., Cluster] | None
     try:
-        from ..runtime.discovery import discover  # type: ignore[import-not-found]
+        from ..runtime.discovery import discover
     except ImportError:
         discover = None
     if discover is not None:

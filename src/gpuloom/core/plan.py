@@ -121,9 +121,9 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
     changes: list[Action] = []
     starts: list[Action] = []
     new = plan.allocations
-    for jid, old in current.items():
+    for jid, gone in current.items():
         if jid not in new:
-            stops.append(Action(ActionKind.STOP, jid, old, None))
+            stops.append(Action(ActionKind.STOP, jid, gone, None))
     for jid, a in new.items():
         old = current.get(jid)
         if old is None:

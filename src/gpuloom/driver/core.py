@@ -48,7 +48,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.job import Job
-from ..core.lifecycle import JobState, Lifecycle, start_steps, stop_steps
+from ..core.lifecycle import JobState, start_steps, stop_steps
 from ..core.plan import Action, ActionKind, Allocation, diff
 from ..perf.model import ThroughputModel
 from ..policies.base import FreeState, View
@@ -313,7 +313,8 @@ class Driver:
         alloc = job.alloc
         if alloc is not None:
             self.hold(job, None)
-        lc: Lifecycle = job.lifecycle  # type: ignore[assignment]
+        lc = job.lifecycle
+        assert lc is not None  # a job that ends has arrived
         lc.sync(now)
         lc.planned.clear()
         if state is S.FINISHED and lc.state is S.LAUNCHING:

@@ -23,6 +23,7 @@ option: the run's seed, the default of every seed-like option.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ class ModelOption:
     help: str = ""
     flag: bool = True
     metavar: str = ""
-    cli_type: type = str  # what the command line parses the flag as
+    cli_type: builtins.type = str  # what the command line parses the flag as
 
     @property
     def cli(self) -> str:

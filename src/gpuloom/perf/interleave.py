@@ -225,7 +225,7 @@ def _ring_matchings(K: int) -> np.ndarray:
     Edge ``p`` joins phases ``p`` and ``p+1``.  Rows are the integral matchings
     and, for odd K, the all-1/2 vector; max over rows of ``c @ row`` is the LP value.
     """
-    rows = []
+    rows: list[Sequence[float]] = []
     for mask in range(1 << K):
         e = [(mask >> p) & 1 for p in range(K)]
         if K > 1 and any(e[p] and e[(p + 1) % K] for p in range(K)) and K != 2:

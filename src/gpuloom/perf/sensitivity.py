@@ -67,7 +67,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -78,6 +78,8 @@ from ..core.parse import safe_arith as safe_number  # noqa: F401  (the one arith
 from ..core.plan import Allocation
 from .model import ThroughputModel
 from .synergy_profiles import ProfileFileError, SensitivityError, read_profile_rows  # noqa: F401  (re-exported)
+
+_Point = TypeVar("_Point", int, float)
 
 #: Synergy's CPU axis: cores per GPU of the matrix rows.
 CPU_AXIS: tuple[float, ...] = (1, 2, 3, 4, 5, 6, 9, 12, 24)
@@ -228,7 +230,7 @@ class DataPipelineModel:
             return 0.0
         return min(self.gpu_rate * gpus, self.cpu_rate * cpus, self.io_rate(mem_mb))
 
-    def memory_for(self, rate: float, mem_points: Iterable[float]) -> float | None:
+    def memory_for(self, rate: float, mem_points: Iterable[_Point]) -> _Point | None:
         """Smallest memory point at which the fetch stage delivers ``rate``."""
         for m in sorted(mem_points):
             if self.io_rate(m) >= rate * (1 - 1e-12):
@@ -450,7 +452,7 @@ def default_grid(profile: CpuMemProfile, gpus: int, cpu_cap: int, mem_cap: int) 
 
 def catalogue_table(cat: Catalogue) -> list[Mapping[str, Any]]:
     """One row per profile: model, GPUs, best point of the file and the matrix maximum."""
-    out = []
+    out: list[Mapping[str, Any]] = []
     for p in cat:
         out.append(
             {

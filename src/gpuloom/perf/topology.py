@@ -209,7 +209,7 @@ def parse_topology(text: str, source: str = "topology") -> Topology:
     cols = _header_devices(lines[start].split())
     ncols = len(cols)
     gpu_cols = [j for j, c in enumerate(cols) if _GPU.match(c)]
-    if [int(_GPU.match(cols[j]).group(1)) for j in gpu_cols] != list(range(len(gpu_cols))):  # type: ignore[union-attr]
+    if [int(m.group(1)) for j in gpu_cols if (m := _GPU.match(cols[j]))] != list(range(len(gpu_cols))):
         raise TopologyError(f"{source}:{start + 1}: GPU columns must be GPU0..GPU{len(gpu_cols) - 1} in order")
     nic_cols = [j for j in range(ncols) if j not in gpu_cols]
     rows: dict[str, tuple[int, list[str]]] = {}

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -77,7 +77,7 @@ from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
 
 STAGES = ("order", "group", "size", "place", "queue")
-_REGISTRY: dict[str, dict[str, type]] = {s: {} for s in STAGES}
+_REGISTRY: dict[str, dict[str, type[Stage]]] = {s: {} for s in STAGES}
 
 
 class PolicyError(ValueError):
@@ -99,7 +99,7 @@ def register(stage: str, *names: str) -> Callable[[type], type]:
         for n in names:
             _REGISTRY[stage][n] = cls
         if not cls.__dict__.get("name"):
-            cls.name = names[0]  # type: ignore[misc]
+            cls.name = names[0]
         return cls
 
     return deco
@@ -112,12 +112,12 @@ def names(stage: str) -> list[str]:
 
 def accepted_params(stage: str, name: str) -> set[str]:
     cls = lookup(stage, name)
-    sig = inspect.signature(cls.__init__)
+    sig = inspect.signature(cls)
     return {n for n, p in sig.parameters.items()
             if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
-def lookup(stage: str, name: str) -> type:
+def lookup(stage: str, name: str) -> type[Stage]:
     _load_builtin()
     try:
         return _REGISTRY[stage][name]
@@ -338,7 +338,7 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
     evenly: each member gets ``share // m`` and the group together no more than
     a lone job would.
     """
-    parts = []
+    parts: list[Part] = []
     nodes = sorted(by_node)
     total = req.gpus
     cpu_left = req.cpus
@@ -353,17 +353,15 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
             pc = req.cpus * k // total
         if req.mem_mb is not None:
             pm = req.mem_mb * k // total
-        parts.append([node, gids, pc, pm])
+        parts.append(Part(node, gids, pc, pm))
         if cpu_left is not None:
             cpu_left -= pc
         if mem_left is not None:
             mem_left -= pm
-    if parts:
-        if cpu_left:
-            parts[0][2] += cpu_left
-        if mem_left:
-            parts[0][3] += mem_left
-    return tuple(Part(n, g, c, m) for n, g, c, m in parts)
+    if parts and (cpu_left or mem_left):
+        first = parts[0]
+        parts[0] = replace(first, cpus=first.cpus + (cpu_left or 0), mem_mb=first.mem_mb + (mem_left or 0))
+    return tuple(parts)
 
 
 def need_on(cluster: Cluster, req: Request, node: int, k: int) -> tuple[int, int]:

@@ -194,7 +194,7 @@ class ElasticSize(SizePolicy):
         assigned = gpus > 0
         # 3. one GPU at a time
         if assigned.any():
-            for i in np.flatnonzero(assigned):
+            for i in np.flatnonzero(assigned).tolist():
                 fu[i] = sf.cluster_throughput(units[i][0], cl)  # >= f(minimum) > 0
             self._grow(units, sf, gpus, hi, node, node_free, fixed | ~elastic_ok, assigned, fu)
         reqs: list[Request] = []

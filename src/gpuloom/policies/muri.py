@@ -89,7 +89,7 @@ def _triu(n: int) -> tuple[np.ndarray, np.ndarray]:
     return iu, ju
 
 
-def _common_label(lab: list[int], node: list[int], otherwise: int) -> int:
+def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
     first = lab[node[0]]
     if first < 0:
         return otherwise
@@ -171,9 +171,10 @@ class MuriGrouping(GroupPolicy):
         for g, members in buckets.items():
             labels: list[str | None] = []
             for i in members:
-                a = cur.get(ordered[i].id)
-                labels.append(min((ordered[i].id, *a.group)) if a is not None and a.group else None)
-            states.append(_BucketState(g, members, [profiles[i] for i in members], labels))  # type: ignore[misc]
+                alloc = cur.get(ordered[i].id)
+                labels.append(min((ordered[i].id, *alloc.group)) if alloc is not None and alloc.group else None)
+            # every member has a profile (profiled jobs alone join buckets)
+            states.append(_BucketState(g, members, [p for i in members if (p := profiles[i]) is not None], labels))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
         required = sum(ordered[i].spec.gpus for i in admitted)
         capacity = view.cluster.num_gpus
@@ -286,7 +287,7 @@ class MuriGrouping(GroupPolicy):
         nk = len(ukeys)
         W = np.zeros((nk, nk), dtype=np.int64)
         cache = self._wcache
-        missing: dict[int, list[tuple[int, int, tuple[Profile, ...]]]] = {}
+        missing: dict[int, list[tuple[int, int, tuple[tuple[Profile, ...], tuple[Profile, ...]]]]] = {}
         for a in range(nk):
             ka = ukeys[a]
             for b in range(a, nk):

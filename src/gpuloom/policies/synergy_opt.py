@@ -245,10 +245,10 @@ class Opt(_SynergySizer):
             it = iter(rest)
             for node in np.flatnonzero(slots[t]).tolist():
                 for _ in range(int(slots[t, node])):
-                    j = next(it, None)
-                    if j is None:
+                    nxt = next(it, None)
+                    if nxt is None:
                         break
-                    todo.append((j, node))
+                    todo.append((nxt, node))
             for j, node in todo:
                 r = window[j]
                 prev = r.prev

@@ -283,7 +283,7 @@ class Actuator:
         """Jobs whose processes ended since the last poll: (job id, end state, exit code, reason).
 
         A part that exits non-zero fails the whole job (its other parts are stopped)."""
-        ended = []
+        ended: list[tuple[str, JobState, int | None, str | None]] = []
         for eid, code in self.executor.poll().items():
             jid = self.exec_owner.get(eid)
             if jid is None or jid not in self.running:

@@ -208,6 +208,7 @@ def discover_inventory(
     n_cpus = cpus if cpus is not None else len(core_ids)
     n_mem = mem_mb if mem_mb is not None else host_mem_mb()
     node_name = name or socket.gethostname() or "local"
+    topo: str | None
     if topology_file is not None:
         try:
             topo = Path(topology_file).read_text()

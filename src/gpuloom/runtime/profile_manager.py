@@ -183,7 +183,7 @@ class ProfilingManager:
         svc.store.put_profile(key, rec)
         p = profile_from_record(key, rec)
         self._profiles[key] = p
-        detail = {k: rec[k] for k in ("status", "wall_s", "runs") if k in rec}
+        detail: dict[str, Any] = {k: rec[k] for k in ("status", "wall_s", "runs") if k in rec}
         if p is None:
             detail["reason"] = rec["reason"]
             log.warning("job %s: %s; it runs with GPU-proportional resources", jid, rec["reason"])

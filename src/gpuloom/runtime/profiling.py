@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -209,6 +210,7 @@ def profile_job(measure: Measure, cpu_points: Sequence[int], mem_points: Sequenc
     profiled - it reports no progress, or runs at no allocation - and then runs with
     GPU-proportional resources.
     """
+    opt: ModuleType | None
     try:
         from gpuloom.perf import profiler as opt
     except ImportError:

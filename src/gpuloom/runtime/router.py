@@ -50,7 +50,7 @@ class NodeRouter(Executor):
         self.where.pop(job_id, None)
         return code
 
-    def poll(self) -> dict[str, int | None]:  # type: ignore[override]
+    def poll(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}
         for ex in self.executors.values():
             out.update(ex.poll())

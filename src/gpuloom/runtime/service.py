@@ -224,7 +224,9 @@ class Service:
                                   now=self.clock.time())
         self.request_cancel(str(job_id))
         self._wake.set()
-        return self.store.get_job(job_id)  # type: ignore[return-value]
+        row = self.store.get_job(job_id)
+        assert row is not None  # it was there above, and jobs are never deleted
+        return row
 
     def request_cancel(self, jid: str) -> None:
         with self._cancel_lock:

@@ -54,7 +54,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, RowMapping
 
 metadata = MetaData()
 
@@ -166,7 +166,7 @@ class JobRow:
         return d
 
 
-def _decode(row: Mapping[str, Any]) -> JobRow:
+def _decode(row: RowMapping) -> JobRow:
     d = dict(row)
     for k in _JSON_COLS:
         if d.get(k) is not None:

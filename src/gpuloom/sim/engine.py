@@ -112,7 +112,8 @@ class SimBackend:
     def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
         for st in steps:
             job = st.job
-            self.times.schedule(job.lifecycle, st.stop, (), now, self._times(job, False))  # type: ignore[arg-type]
+            assert job.lifecycle is not None  # a job being stopped has arrived
+            self.times.schedule(job.lifecycle, st.stop, (), now, self._times(job, False))
             if st.kind is ActionKind.STOP:
                 job.busy_until = now
 
@@ -364,4 +365,5 @@ def simulate(
     """One call: build the scheduler from names and run (``config`` → :class:`SimConfig`)."""
     sched = Scheduler.from_names(order, group, size, place, preemptive, params, queue)
     sched.hooks.extend(hooks)
+    # ``config`` is SimConfig's fields by name: typing it would take a TypedDict copy of SimConfig
     return Simulator(cluster, specs, sched, model, SimConfig(**config)).run()  # type: ignore[arg-type]

@@ -44,6 +44,7 @@ import multiprocessing as mp
 import os
 import queue as _queue
 import tomllib
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -178,7 +179,9 @@ def _value(text: str) -> Any:
 
 def _split(text: str) -> list[str]:
     """Split on commas outside brackets and quotes."""
-    out, depth, quote, cur = [], 0, "", []
+    out: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             if ch == quote:
@@ -388,8 +391,7 @@ def _work(rc: RunConfig) -> RunResult:
 
 def unique_labels(configs: Sequence[RunConfig]) -> list[str]:
     labels = [rc.name for rc in configs]
-    seen: set[str] = set()
-    dups = sorted({x for x in labels if x in seen or seen.add(x)})  # type: ignore[func-returns-value]
+    dups = sorted(x for x, n in Counter(labels).items() if n > 1)
     if dups:
         raise ConfigError(f"two configurations share the label(s) {', '.join(map(repr, dups))}; give each a label=")
     return labels
@@ -426,7 +428,8 @@ def run_many(
         return out
     if progress is not None:
         # updates from workers arrive late and out of order: forward only forward progress
-        user, last = progress, {}
+        user = progress
+        last: dict[str, int] = {}
 
         def progress(label: str, done: int, total: int) -> None:
             if done >= last.get(label, -1):

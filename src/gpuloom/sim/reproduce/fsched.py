@@ -39,7 +39,7 @@ def run(data: Path, preset: str = "paper", seeds: int = 1, limit: int | None = N
     jct = {r.setting: r.mean for r in rows if r.metric == "mean JCT"}
     ms = {r.setting: r.mean for r in rows if r.metric == "total completion"}
     ok = all(jct["F-scheduling"] < v for k, v in jct.items() if k != "F-scheduling") and \
-        max(jct, key=jct.get) == "static n=6" and max(ms, key=ms.get) == "static n=6"
+        max(jct, key=jct.__getitem__) == "static n=6" and max(ms, key=ms.__getitem__) == "static n=6"
     notes = [f"thesis direction reproduced: {'yes' if ok else 'NO'} (F-scheduling lowest mean JCT and total "
              "completion; static n=6 highest)"]
     return Result("fsched", preset, "F-scheduling thesis scenario: 1 x 6 GPUs", rows, notes, 1)

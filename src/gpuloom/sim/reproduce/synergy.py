@@ -45,7 +45,7 @@ def run(data: Path, preset: str = "paper", seeds: int = 3, limit: int | None = N
             jct = {}
             for size in ("proportional", "tune"):
                 res = simulate(cl, specs, order=order, size=size, model=_model(cl, cat), round_len=300.0,
-                               check=False, **{"seed": seed})
+                               check=False, seed=seed)
                 jct[size] = res.summary()["mean_jct"]
             ratio.values.append(jct["proportional"] / jct["tune"])
         rows.append(ratio)

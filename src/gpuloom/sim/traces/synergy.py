@@ -97,6 +97,7 @@ def read_synergy(path: str | Path, profiles: str | Path | None = None,
                 where = f"in {prof_path.name}" if prof_path else f"(no {PROFILES_FILE} found)"
                 raise w.error("model", f"no iteration time for {model!r} with {gpus} GPU(s) {where}; "
                                        "pass profiles= or iter_times=")
+            assert rec.iter_time is not None  # _profile_index keeps only rows with one
             it = rec.iter_time
         attrs: dict[str, Any] = {} if rec is None else {
             "sensitivity": {k: v for k, v in _record(rec).items() if k != "iter_time"},
