@@ -10,6 +10,8 @@ gpuloom                Slurm       what
 ``nodes``              sinfo       nodes with used/total GPUs, cores, memory
 ``logs ID``            (log file)  the job's stdout and stderr
 ``token create USER``  (sacctmgr)  a token for a user (admin)
+``queues``             (sshare)    usage vs quota per queue; admin changes
+                                   (:mod:`gpuloom.cli.queues`)
 =====================  ==========  ============================================
 
 Clients find the server and token from ``--url``/``--token``, else
@@ -34,6 +36,7 @@ from rich.table import Table
 
 from . import app
 from .common import console, err_console, model_options, stack_params, user_errors
+from .queues import queue_stage
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -70,6 +73,10 @@ def serve(
     size: Annotated[str, typer.Option(help="Size policy.")] = "proportional",
     place: Annotated[str, typer.Option(help="Place policy.")] = "packed-sticky",
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
+    queue_policy: Annotated[str | None, typer.Option(
+        "--queue-policy", help="Queue stage: none, quota, drf, fairshare (default: quota with --queues, else none).")] = None,
+    queues: Annotated[Path | None, typer.Option(
+        "--queues", help="Queue tree (TOML); replaces the stored one. Without it the stored tree is used.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter or model option name=value.")] = None,
     round_s: Annotated[float, typer.Option("--round", help="Seconds between scheduling rounds.")] = 5.0,
     grace: Annotated[float, typer.Option(help="Seconds a stopped job gets to checkpoint before SIGKILL.")] = 10.0,
@@ -91,6 +98,7 @@ def serve(
     import uvicorn
 
     from ..driver import Stack
+    from ..policies.queues import load_queue_file
     from ..runtime.api import create_app, ensure_admin_token
     from ..runtime.store import Store
 
@@ -101,7 +109,8 @@ def serve(
     with user_errors():
         inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
         # the scheduler and throughput model `simulate` builds for the same options
-        stack = Stack(order, group, size, place, not non_preemptive, stack_params(param, model_opts))
+        stack = Stack(order, group, size, place, not non_preemptive, stack_params(param, model_opts),
+                      queue=queue_stage(queue_policy, str(queues) if queues else None))
         # (bound to each other by the service's driver, after it adds what profiling needs)
         sched, model = stack.scheduler(), stack.model(inventory, seed)
     if not round_s > 0:
@@ -142,6 +151,9 @@ def serve(
             raise typer.BadParameter(msg) from None
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                   launch_timeout_s=launch_timeout, profiling=profiling)
+    if queues is not None:
+        with user_errors():
+            svc.queues.configure(load_queue_file(queues))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request
@@ -274,6 +286,7 @@ def _elapsed(job: dict[str, Any]) -> str:
 @app.command()
 def submit(
     spec: Annotated[Path, typer.Argument(help="Job spec file (YAML or JSON).")],
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue (default: your default queue).")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
@@ -281,6 +294,8 @@ def submit(
 ) -> None:
     """Submit a job (like sbatch)."""
     body = load_job_file(spec)
+    if queue is not None:
+        body["queue"] = queue
     job = Client(url, token, state_dir).call("POST", "/jobs", json=body)
     if as_json:
         console.print_json(json.dumps(job))
@@ -309,11 +324,11 @@ def queue(
     if as_json:
         console.print_json(json.dumps(jobs))
         return
-    t = Table("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "ITER", "NODES", "REASON", box=None)
+    t = Table("JOBID", "NAME", "USER", "QUEUE", "STATE", "GPUS", "TIME", "ITER", "NODES", "REASON", box=None)
     for j in jobs:
         it = j.get("progress")
-        t.add_row(str(j["id"]), j["name"], j["user"], j["state"].upper(), str(j["gpus"]), _elapsed(j),
-                  "-" if it is None else str(int(it)), ",".join(j["nodes"]) or "-", j.get("reason") or "")
+        t.add_row(str(j["id"]), j["name"], j["user"], j.get("queue") or "-", j["state"].upper(), str(j["gpus"]),
+                  _elapsed(j), "-" if it is None else str(int(it)), ",".join(j["nodes"]) or "-", j.get("reason") or "")
     console.print(t)
 
 

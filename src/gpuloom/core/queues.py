@@ -124,9 +124,9 @@ class QueueTree:
             if not (q.weight > 0 and math.isfinite(q.weight)):
                 raise QueueError(f"{where}: queue {q.name!r}: weight must be a positive number, got {q.weight}")
             for label, quota in (("guarantee", q.guarantee), ("limit", q.limit)):
-                for r, v in zip(RESOURCES, (quota.gpus, quota.cpus, quota.mem_mb), strict=True):
+                for res, v in zip(RESOURCES, (quota.gpus, quota.cpus, quota.mem_mb), strict=True):
                     if v is not None and not (v >= 0):
-                        raise QueueError(f"{where}: queue {q.name!r}: {label} {r} must be >= 0, got {v}")
+                        raise QueueError(f"{where}: queue {q.name!r}: {label} {res} must be >= 0, got {v}")
         by_name = {q.name: q for q in queues}
         for q in queues:
             if q.parent is not None and q.parent not in by_name:
@@ -183,7 +183,7 @@ class QueueTree:
         self.guarantee = g
         # what admission checks a guarantee against: GPUs always; cores and memory only where some
         # queue's guarantee names them (elsewhere they are not quota'd: inf)
-        named = [any(getattr(q.guarantee, r) is not None for q in self.queues) for r in RESOURCES]
+        named = [any(getattr(q.guarantee, res) is not None for q in self.queues) for res in RESOURCES]
         named[0] = True
         self.owed: list[tuple[float, float, float]] = [
             tuple(v if named[r] else INF for r, v in enumerate(g[i])) for i in range(n)]  # type: ignore[misc]

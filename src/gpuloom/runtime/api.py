@@ -12,6 +12,7 @@ Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer TOKEN``
 ``GET  /jobs/{id}/events`` its history
 ``GET  /nodes``            nodes with used/total GPUs, cores, memory
 ``POST /tokens``           admin only: a new token for a user
+``/queues``...             queues: usage vs quota, admin changes (:mod:`.queue_api`)
 =========================  ==================================================
 
 Design decisions:
@@ -41,7 +42,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.lifecycle import JobState
+from ..core.queues import QueueError
 from .admission import NotFound, PermissionDenied, SubmitError
+from .queue_api import QUEUE_RE, add_queue_routes
 from .service import ACTIVE_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
@@ -74,6 +77,7 @@ class JobSubmit(BaseModel):
     min_gpus: int | None = Field(None, ge=1)
     resource_times: list[float] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
     iteration_time: float | None = Field(None, gt=0)  # seconds per iteration (Muri)
+    queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/queues.py)
 
     @field_validator("resource_times")
     @classmethod
@@ -160,6 +164,7 @@ def job_json(row: JobRow, live_progress: int | None = None) -> dict[str, Any]:
         "exit_code": row.exit_code,
         "reason": row.reason,
         "cancel_requested": row.cancel_requested,
+        "queue": s.get("queue"),
     }
 
 
@@ -244,6 +249,10 @@ def create_app(service: Service) -> FastAPI:
         owner = spec.pop("user", None) or user
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
+        try:
+            spec = service.queues.assign(spec, owner)
+        except QueueError as e:
+            raise HTTPException(422, [{"loc": ["body", "queue"], "msg": str(e), "type": "no_queue"}]) from None
         jid = service.submit(spec, owner)
         return job_json(get_row(jid))
 
@@ -300,4 +309,5 @@ def create_app(service: Service) -> FastAPI:
             raise HTTPException(403, "only an admin may create tokens")
         return {"user": body.user, "admin": body.admin, "token": create_token(store, body.user, body.admin)}
 
+    add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app

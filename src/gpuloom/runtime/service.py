@@ -82,6 +82,7 @@ from .clock import Clock, SystemClock
 from .executor import Executor
 from .mirror import Mirror
 from .profile_manager import ProfilingConfig, ProfilingManager
+from .queues import QueueAdmin
 from .specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
 from .store import JobRow, Store
 
@@ -154,6 +155,7 @@ class Service:
         self._cancel_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.last_round_s = 0.0
+        self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
 
     # -- what the API and tests read --------------------------------------------------------
     @property
