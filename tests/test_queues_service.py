@@ -79,6 +79,9 @@ def test_jobs_go_to_the_named_queue_else_the_users_default_else_the_default(api)
     assert "no queue 'nope'" in r.json()["detail"][0]["msg"]
     r = client.post("/jobs", json=job(1, queue="research"), headers=h(tok["bob"]))
     assert r.status_code == 422 and "has sub-queues" in r.json()["detail"][0]["msg"]
+    r = client.post("/jobs", json=job(4), headers=h(tok["alice"]))  # vision is under research's limit of 3
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["msg"] == "queue 'vision' can never hold more than 3 GPUs; the job asks for 4"
     assert len(client.get("/jobs", headers=h(tok["admin"])).json()) == 3  # nothing refused was stored
 
 

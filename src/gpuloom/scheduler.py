@@ -237,21 +237,22 @@ class Scheduler:
         plan = q.enforce(rnd.plan, view)
         return rnd if plan is rnd.plan else Round(plan, rnd.requests)
 
-    def _evict_for(self, owed: Sequence[tuple[float, Sequence[Job]]], adm: pb.Admission, rnd: Round,
-                   view: pb.View) -> Round:
-        """Place owed jobs (per queue: its unused guaranteed GPUs and its waiting jobs, in order) on what
-        the non-borrowed jobs leave, evicting the borrowed work in their way (latest in the cross-queue
-        order first).  Within a queue, after a job finds no placement, jobs as large are not tried."""
+    def _evict_for(self, owed: Sequence[pb.Owed], adm: pb.Admission, rnd: Round, view: pb.View) -> Round:
+        """Place owed jobs (:class:`~gpuloom.policies.base.Owed`, queue by queue, each queue's in its order,
+        within its room) on what is left once other queues' borrowed work is set aside, evicting the
+        borrowed work in their way (latest in the cross-queue order first).  Within a queue, after a job
+        finds no placement, jobs as large are not tried."""
         allocs = dict(rnd.plan.allocations)
         over = [j for j in adm.over if j.id in allocs]
-        over_ids = {j.id for j in over}
         asked = {j.id: r for r in rnd.requests for j in r.jobs}
         requests = list(rnd.requests)
-        base = FreeState.of(view.cluster, {k: a for k, a in allocs.items() if k not in over_ids})
         placed: list[Job] = []
-        for room, jobs in owed:
-            too_big = math.inf
-            for j in jobs:
+        for o in owed:
+            theirs = [j for j in over if j.id not in o.own]  # other queues' borrowed work, still placed
+            ids = {j.id for j in theirs}
+            base = FreeState.of(view.cluster, {k: a for k, a in allocs.items() if k not in ids})
+            room, too_big = o.room, math.inf
+            for j in o.jobs:
                 if j.id in allocs or j.spec.gpus >= too_big or j.spec.gpus > room + 1e-9:
                     continue
                 r = asked.get(j.id)
@@ -263,12 +264,12 @@ class Scheduler:
                     continue
                 gpus = {g for p in parts for g in p.gpus}
                 nodes = {p.node for p in parts}
-                for b in reversed(over):
+                for b in reversed(theirs):
                     a = allocs.get(b.id)
                     if a is not None and gpus.intersection(a.gpu_ids):
                         _drop(allocs, b.id)
                 free = FreeState.of(view.cluster, allocs)
-                for b in reversed(over):  # cores or memory still short: more borrowers leave those nodes
+                for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
                     if free.fits(parts):
                         break
                     a = allocs.get(b.id)

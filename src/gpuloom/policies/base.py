@@ -279,6 +279,16 @@ class Admission:
         return self.guaranteed + self.over if self.over else self.guaranteed
 
 
+@dataclass(slots=True)
+class Owed:
+    """A queue below its guarantee: the GPUs it may still take (within every limit), its waiting jobs that
+    fit them in its order, and the ids of all its jobs (evicting its own work would not help it)."""
+
+    room: float
+    jobs: list[Job]
+    own: set[str]
+
+
 class QueuePolicy(Stage):
     """The queue stage: admission and order across queues (:mod:`gpuloom.policies.queues`).
 
@@ -296,9 +306,8 @@ class QueuePolicy(Stage):
         ``full``: walk past the point where the admitted jobs ask for every GPU."""
         return Admission(ordered)
 
-    def owed(self, plan: Plan, view: View) -> list[tuple[float, list[Job]]]:
-        """Per queue below its guarantee in ``plan``: the GPUs unused (within every limit) and the waiting
-        jobs that fit them, in the queue's order."""
+    def owed(self, plan: Plan, view: View) -> list[Owed]:
+        """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""
         return []
 
     def note_guaranteed(self, jobs: Sequence[Job]) -> None:

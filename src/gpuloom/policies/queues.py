@@ -83,8 +83,8 @@ from typing import Any
 
 from ..core.job import Job
 from ..core.plan import Allocation, Plan, PlanError
-from ..core.queues import INF, DecayedUsage, QueueError, QueueTree, parse_queues, usage
-from .base import Admission, PlacePolicy, QueuePolicy, Request, View, parse_flag, register
+from ..core.queues import INF, DecayedUsage, QueueError, QueueTree, job_share, parse_queues, usage
+from .base import Admission, Owed, PlacePolicy, QueuePolicy, Request, View, parse_flag, register
 from .free import FreeState
 
 QUEUE_AT_QUOTA = "QueueAtQuota"
@@ -371,7 +371,7 @@ class QuotaQueues(QueuePolicy):
             over = {n for n in over if _above(u[n], tree.limit[n])}
         return Plan(new)
 
-    def owed(self, plan: Plan, view: View) -> list[tuple[float, list[Job]]]:
+    def owed(self, plan: Plan, view: View) -> list[Owed]:
         if not self.guarantees or self.tree is None:
             return []
         tree = self.tree
@@ -385,7 +385,7 @@ class QuotaQueues(QueuePolicy):
                 continue
             jobs = [j for _, j in self._lists[q] if j.id not in allocs and j.spec.gpus <= room + _EPS]
             if jobs:
-                out.append((room, jobs))
+                out.append(Owed(room, jobs, {j.id for _, j in self._lists[q]}))
         return out
 
     def note_guaranteed(self, jobs: Sequence[Job]) -> None:
@@ -415,7 +415,7 @@ class QuotaQueues(QueuePolicy):
                 free = plan.free_gpus
                 if free is None:
                     free = view.cluster.num_gpus - len({g for a in allocs.values() for g in a.gpu_ids})
-                for j in adm.ordered:
+                for j in view.jobs:
                     if j.id in allocs or j.id in out:
                         continue
                     p = job_priority(j)
@@ -448,12 +448,16 @@ class QuotaQueues(QueuePolicy):
             self._starved = set()
             return
         G = tree.guarantee
-        # what admission calls guaranteed must be: every queue's tier-A jobs within its guarantee
-        tier_a = {j.id for j in self._last.guaranteed}
-        ua = usage(tree, {jid: a for jid, a in allocs.items() if jid in tier_a}, leaf)
+        # what admission calls guaranteed must be: every queue's tier-A jobs within its guarantee (each
+        # counted as asked for, or as held if less: a sizer may grow a job, a group shares its GPUs)
+        ua = [0.0] * len(tree)
+        for j in self._last.guaranteed:
+            a = allocs.get(j.id)
+            if a is not None:
+                ua[leaf[j.id]] += min(job_share(a)[0], j.spec.gpus)
         for q in tree.leaves:
-            if ua[q][0] > G[q][0] + _EPS:
-                raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q][0]:g} GPUs, more "
+            if ua[q] > G[q][0] + _EPS:
+                raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q]:g} GPUs, more "
                                 f"than its guarantee of {G[q][0]:g}")
         lent = {q: max(0.0, u[q][0] - G[q][0]) for q in tree.leaves}
         total_lent = sum(lent.values())
@@ -523,17 +527,34 @@ class FairShareQueues(QuotaQueues):
         self.half_life = float(half_life)
         self.decayed: DecayedUsage | None = None
         self._names: list[str] = []
+        self._held: list[float] = []
 
-    def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
+    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+        tree = self._tree(ordered, view)
         if self.decayed is None or self._names != tree.names:
             old = dict(zip(self._names, self.decayed.values, strict=True)) if self.decayed is not None else {}
             last = self.decayed.last if self.decayed is not None else None
             self.decayed = DecayedUsage(len(tree), self.half_life)
             self.decayed.values = [old.get(n, 0.0) for n in tree.names]
             self.decayed.last = last
+            self._held = [0.0] * len(tree)
             self._names = tree.names
-        held = usage(tree, view.current, self.leaves([j for j in view.jobs if j.id in view.current]))
-        self.decayed.advance(view.now, [h[0] for h in held])
+        # what the last round's plan gave each queue, held until now (a job that finished since counts
+        # until now: exact when rounds follow completions)
+        self.decayed.advance(view.now, self._held)
+        return super().admit(ordered, view, strict, full)
+
+    def enforce(self, plan: Plan, view: View) -> Plan:
+        plan = super().enforce(plan, view)
+        tree = self.tree
+        if tree is not None and self._names == tree.names:
+            allocs = plan.allocations
+            held = usage(tree, allocs, {j.id: self.leaf(j) for j in view.jobs if j.id in allocs})
+            self._held = [h[0] for h in held]
+        return plan
+
+    def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
+        assert self.decayed is not None
         tau = self.half_life / math.log(2)
         past = self.decayed.values
         rel = tree.sibling_weight

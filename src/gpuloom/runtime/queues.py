@@ -17,7 +17,8 @@ The service schedules with the same queue stage as the simulator
   user's default does not move submitted jobs.  A queue that does not exist, or
   has sub-queues, is refused (422).  With a queue stage but no tree (``serve
   --queue-policy drf`` alone) each queue name is its own queue, the user's name
-  by default.
+  by default.  A job larger than its queue can ever hold (its limits, or its
+  guarantee under strict quotas) is refused: it could never run.
 * **Usage** (:meth:`QueueAdmin.usage`): per queue, the GPUs, cores and memory
   its running jobs hold (a job's GPUs divided among its group), against its
   guarantee and limit, and its jobs' pending reasons.
@@ -162,7 +163,14 @@ class QueueAdmin:
         if tree is None:
             return {**spec, "queue": named or user}
         leaf = tree.leaf_of("(new)", {"queue": named}, user)
-        return {**spec, "queue": tree.queues[leaf].name}
+        name = tree.queues[leaf].name
+        # what the queue can ever hold: its limits up the tree, and its guarantee under strict quotas
+        cap = min(tree.limit[n][0] for n in tree.path[leaf])
+        if not self.stage.borrow:
+            cap = min(cap, tree.guarantee[leaf][0])
+        if int(spec.get("gpus") or 0) > cap:
+            raise QueueError(f"queue {name!r} can never hold more than {cap:g} GPUs; the job asks for {spec['gpus']}")
+        return {**spec, "queue": name}
 
     # -- usage --------------------------------------------------------------------------------------
     def usage(self) -> dict[str, Any]:

@@ -304,15 +304,16 @@ class Simulator:
             if changed or self.scheduler.dynamic:
                 self._round()
                 changed = False
-                # stall guard: active jobs, nothing runs, nothing will arrive
-                if not current and ptr >= n and active:
-                    idle_rounds += 1
-                    if idle_rounds > 2:
-                        break
-                else:
-                    idle_rounds = 0
             else:
                 self.rounds += 1
+            # stall guard: active jobs, nothing runs, nothing will arrive (a job no round will ever start,
+            # e.g. one larger than its queue's quota): counted on skipped rounds too, or time runs forever
+            if not current and ptr >= n and active:
+                idle_rounds += 1
+                if idle_rounds > 2:
+                    break
+            else:
+                idle_rounds = 0
             self._record()
         for j in self.jobs:
             if j.lifecycle is not None and j.finish is None:
