@@ -18,6 +18,7 @@ from gpuloom.core.job import Job, JobSpec
 from gpuloom.core.plan import Allocation, Part, Plan, PlanError
 from gpuloom.core.queues import DecayedUsage, Queue, QueueError, QueueTree, Quota, parse_queues, usage
 from gpuloom.policies import base as pb
+from gpuloom.policies.queue_base import Admission
 from gpuloom.policies.queues import QUEUE_AT_QUOTA, WAITING_FOR_RECLAIM, QuotaQueues, load_queue_file
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator, simulate
@@ -275,13 +276,13 @@ def test_the_check_catches_lending_that_outlives_one_round(make_view) -> None:  
     stage: QuotaQueues = pb.make("queue", "quota", {"queues": TWO})  # type: ignore[assignment]
     place = pb.make("place", "packed-sticky")
     stage._tree([*b, a], view)
-    stage._last = pb.Admission(b[:2], b[2:])  # what a faulty admission would say
+    stage._last = Admission(b[:2], b[2:])  # what a faulty admission would say
     stage.check(plan, view, place)
     with pytest.raises(PlanError, match="queue 'a' holds 0 of its 2 guaranteed GPUs and has waited two rounds "
                                         "while 2 GPUs are lent"):
         stage.check(plan, view, place)
     # an admission that calls more than a queue's guarantee guaranteed is caught at once
-    stage._last = pb.Admission(b, [])
+    stage._last = Admission(b, [])
     with pytest.raises(PlanError, match="queue 'b': its guaranteed jobs hold 4 GPUs, more than its guarantee of 2"):
         stage.check(plan, view, place)
 

@@ -1,4 +1,4 @@
-"""One scheduling round: order → group → size → place, then plan hooks.
+"""One scheduling round: order → queue → group → size → place, then plan hooks.
 
 The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
 and the real service (:mod:`gpuloom.runtime`), both through the driver
@@ -35,6 +35,12 @@ order), ``Placement`` when free GPUs exist but no placement of its gang does
 (:meth:`~gpuloom.policies.base.Stage.pending_reasons`: a queue at its quota,
 say), which take precedence.
 
+**Queues.**  With a queue stage (:mod:`gpuloom.policies.queues`) the
+pipeline runs on what it admits, guaranteed jobs first; lent GPUs are
+reclaimed in the same round (:meth:`Scheduler._queued`: two passes, then
+eviction for what a queue is still owed), the stage enforces its limits after
+the hooks, and :meth:`Scheduler.check` runs its invariants.
+
 *Plan hooks* (:meth:`~gpuloom.policies.base.Stage.plan_hooks`) run after
 placement and may amend the plan against the current state (e.g. hysteresis:
 keep protected jobs where they are); each is a callable ``hook(plan, view) ->
@@ -55,6 +61,7 @@ from .core.plan import Allocation, Plan, PlanError, check_plan
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.free import FreeState
+from .policies.queue_base import Admission, Owed, QueuePolicy
 
 PlanHook = pb.PlanHook
 
@@ -85,7 +92,7 @@ class Scheduler:
         place: pb.PlacePolicy,
         preemptive: bool = True,
         hooks: Sequence[PlanHook] = (),
-        queue: pb.QueuePolicy | None = None,
+        queue: QueuePolicy | None = None,
     ) -> None:
         self.order = order
         self.group = group
@@ -237,7 +244,7 @@ class Scheduler:
         plan = q.enforce(rnd.plan, view)
         return rnd if plan is rnd.plan else Round(plan, rnd.requests)
 
-    def _evict_for(self, owed: Sequence[pb.Owed], adm: pb.Admission, rnd: Round, view: pb.View) -> Round:
+    def _evict_for(self, owed: Sequence[Owed], adm: Admission, rnd: Round, view: pb.View) -> Round:
         """Place owed jobs (:class:`~gpuloom.policies.base.Owed`, queue by queue, each queue's in its order,
         within its room) on what is left once other queues' borrowed work is set aside, evicting the
         borrowed work in their way (latest in the cross-queue order first).  Within a queue, after a job
@@ -287,7 +294,7 @@ class Scheduler:
         self.queue.note_guaranteed(placed)
         return Round(Plan(allocs), requests)
 
-    def _two_pass(self, adm: pb.Admission, view: pb.View) -> Round:
+    def _two_pass(self, adm: Admission, view: pb.View) -> Round:
         """Plan tier A alone on the whole cluster, then everything with tier A pinned where it landed.
 
         The second pass sees tier A's jobs as running on their first-pass
@@ -421,7 +428,7 @@ def _did_you_mean(name: str, names: set[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _left_out_while_lent(adm: pb.Admission, plan: Plan) -> bool:
+def _left_out_while_lent(adm: Admission, plan: Plan) -> bool:
     """A guaranteed job is not in ``plan`` while borrowed work is."""
     allocs = plan.allocations
     return any(j.id not in allocs for j in adm.guaranteed) and any(j.id in allocs for j in adm.over)

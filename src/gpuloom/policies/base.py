@@ -1,8 +1,11 @@
-"""The four pipeline stages, their registry, and the shared placement machinery.
+"""The pipeline stages, their registry, and the shared placement machinery.
 
-A round is ``order → group → size → place`` over a :class:`View`:
+A round is ``order → queue → group → size → place`` over a :class:`View`:
 
 * **order** (:class:`OrderPolicy`) sorts the active jobs, highest priority first;
+* **queue** (:class:`~.queue_base.QueuePolicy`, :mod:`.queues`) admits and interleaves them
+  across teams' queues (guarantees, limits, borrowing, fair share); ``none``
+  (the default) passes them on unchanged;
 * **group** (:class:`GroupPolicy`) turns the ordered jobs into *units*: one job,
   or several jobs that will share one set of GPUs (Muri);
 * **size** (:class:`SizePolicy`) says how much of each resource a unit gets,
@@ -91,8 +94,12 @@ def register(stage: str, *names: str) -> Callable[[type], type]:
 
     def deco(cls: type) -> type:
         # resolved when a policy module registers a class (this module is fully loaded by then)
-        base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy,
-                "queue": QueuePolicy}[stage]
+        if stage == "queue":
+            from .queue_base import QueuePolicy  # the queue stage's base lives beside it (no registrations)
+
+            base: type[Stage] = QueuePolicy
+        else:
+            base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise PolicyError(f"{cls.__name__} is registered as a {stage} policy but does not derive from "
                               f"{base.__name__}")
@@ -263,66 +270,6 @@ class SizePolicy(Stage):
         """Turn requests into a plan; sizers that must negotiate with placement override this
         (walking ``place.arrange(...)`` and honouring ``place.backfill``)."""
         return place.place(requests, view, preemptive)
-
-
-@dataclass(slots=True)
-class Admission:
-    """What the queue stage admits in one round (:mod:`gpuloom.policies.queues`)."""
-
-    guaranteed: list[Job] = field(default_factory=list)  # tier A: within their queue's guarantee
-    over: list[Job] = field(default_factory=list)  # tier B: borrowing, in the cross-queue order
-    held: dict[str, str] = field(default_factory=dict)  # job id -> why it is not admitted
-    truncated: bool = False  # the walk stopped once the admitted jobs asked for every GPU
-
-    @property
-    def ordered(self) -> list[Job]:
-        return self.guaranteed + self.over if self.over else self.guaranteed
-
-
-@dataclass(slots=True)
-class Owed:
-    """A queue below its guarantee: the GPUs it may still take (within every limit), its waiting jobs that
-    fit them in its order, and the ids of all its jobs (evicting its own work would not help it)."""
-
-    room: float
-    jobs: list[Job]
-    own: set[str]
-
-
-class QueuePolicy(Stage):
-    """The queue stage: admission and order across queues (:mod:`gpuloom.policies.queues`).
-
-    The base (registered as ``none``) admits every job as ordered, and the
-    scheduler then runs the pipeline exactly as without a queue stage.
-    """
-
-    stage: ClassVar[str] = "queue"
-    dynamic: ClassVar[bool] = False
-    #: False: the scheduler skips the stage (no admission, no two-pass reclaim, no checks)
-    enabled: ClassVar[bool] = False
-
-    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
-        """Tiers of ``ordered`` (the order policy's order); ``strict``: no job passes one that does not fit;
-        ``full``: walk past the point where the admitted jobs ask for every GPU."""
-        return Admission(ordered)
-
-    def owed(self, plan: Plan, view: View) -> list[Owed]:
-        """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""
-        return []
-
-    def note_guaranteed(self, jobs: Sequence[Job]) -> None:
-        """The scheduler placed these owed jobs by evicting borrowed work: they count as guaranteed."""
-
-    def enforce(self, plan: Plan, view: View) -> Plan:
-        """The plan after placement and hooks, amended to respect the queues' limits."""
-        return plan
-
-    def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
-        """Raise :class:`~gpuloom.core.plan.PlanError` where the plan breaks a queue invariant."""
-        return None
-
-    def note_reclaim(self) -> None:
-        """The scheduler planned again in two passes to reclaim lent GPUs."""
 
 
 def parse_flag(value: bool | str, name: str) -> bool:

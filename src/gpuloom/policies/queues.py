@@ -50,16 +50,20 @@ the whole cluster, then tier B on what it left, so borrowed work is preempted
 left out while borrowed work holds GPUs (a hook kept it: elastic sizing's
 protection) waits with reason ``WaitingForReclaim``.
 
-**After placement** (:meth:`QueuePolicy.enforce`) a sizer that grows jobs
+**After placement** (:meth:`QuotaQueues.enforce`) a sizer that grows jobs
 (elastic, Synergy) could take a queue over its limit: the latest-admitted jobs
 of that queue are dropped from the plan until it is within.
 
-**Invariants** (:meth:`QueuePolicy.check`, run with the scheduler's round
-check in both faces): no queue holds more than its limit; and a leaf queue
-below its guarantee with a waiting job that fits the rest of it is never left
-waiting for two rounds in a row while other queues hold GPUs beyond their
-guarantees that, with the free ones, could place that job (the place policy
-is asked).  One round of grace covers a reclaim in progress.
+**Invariants** (:mod:`.queue_checks`, run with the scheduler's round check
+in both faces): no queue holds more than its limit; and a leaf queue below its
+guarantee with a waiting job that fits the rest of it is never left waiting
+for two rounds in a row while other queues hold GPUs beyond their guarantees
+that, with the free ones, could place that job (the place policy is asked).
+One round of grace covers a reclaim in progress.
+
+Modules: the contract in :mod:`.queue_base`, ``none`` and ``quota`` here,
+``drf`` and ``fairshare`` in :mod:`.queue_fair`, the invariants in
+:mod:`.queue_checks`, the tree in :mod:`gpuloom.core.queues`.
 
 Accounting: a job counts its allocation's GPUs divided among its group's
 members (Muri), its own cores and memory; admission counts what a job asks
@@ -75,17 +79,17 @@ guarantees or limits: DRF or fair share between users.
 from __future__ import annotations
 
 import heapq
-import math
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.job import Job
-from ..core.plan import Allocation, Plan, PlanError
-from ..core.queues import INF, DecayedUsage, QueueError, QueueTree, job_share, parse_queues, usage
-from .base import Admission, Owed, PlacePolicy, QueuePolicy, Request, View, parse_flag, register
-from .free import FreeState
+from ..core.plan import Allocation, Plan
+from ..core.queues import INF, QueueError, QueueTree, parse_queues, usage
+from .base import PlacePolicy, View, parse_flag, register
+from .queue_base import Admission, Owed, QueuePolicy
+from .queue_checks import above, check_queues
 
 QUEUE_AT_QUOTA = "QueueAtQuota"
 WAITING_FOR_RECLAIM = "WaitingForReclaim"
@@ -210,11 +214,11 @@ class QuotaQueues(QueuePolicy):
         tree = self._tree(ordered, view)
         nq = len(tree)
         cl = view.cluster
-        cpg = cl.total_cpus / cl.num_gpus if cl.num_gpus else 0.0
-        mpg = cl.total_mem_mb / cl.num_gpus if cl.num_gpus else 0.0
+        per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
         lists: list[list[tuple[int, Job]]] = [[] for _ in range(nq)]
+        leaf = self.leaf
         for i, j in enumerate(ordered):
-            lists[self.leaf(j)].append((i, j))
+            lists[leaf(j)].append((i, j))
         if self.priority:
             for q in tree.leaves:
                 lst = lists[q]
@@ -222,10 +226,14 @@ class QuotaQueues(QueuePolicy):
                     lst.sort(key=lambda x: -job_priority(x[1]))
 
         def demand(j: Job) -> Triple:
-            s = j.spec
-            g = s.gpus
-            return (float(g), float(s.cpus) if s.cpus is not None else g * cpg,
-                    float(s.mem_mb) if s.mem_mb is not None else g * mpg)
+            c = j.extra.get("queue_demand")
+            if c is None or c[0] != per_gpu:
+                s = j.spec
+                g = s.gpus
+                c = j.extra["queue_demand"] = (per_gpu, (
+                    float(g), float(s.cpus) if s.cpus is not None else g * per_gpu[0],
+                    float(s.mem_mb) if s.mem_mb is not None else g * per_gpu[1]))
+            return c[1]
 
         self._lists = lists
         use = [[0.0, 0.0, 0.0] for _ in range(nq)]
@@ -267,24 +275,25 @@ class QuotaQueues(QueuePolicy):
                         break
                 tier_a.append(mine)
             # in the order policy's order across queues (running jobs first under FIFO), each queue's kept
-            adm.guaranteed = [j for _, j in _merge_by_rank(tier_a)]
+            adm.guaranteed = [j for _, (_, j) in _merge_by_rank(tier_a)]
         rest = [[x for x in lists[q] if x[1].id not in taken] if taken else lists[q] for q in range(nq)]
         asked = sum(use[n][0] for n in range(nq) if tree.parent[n] < 0)
-        capacity = float(cl.num_gpus)
+        # without ``full`` the walk hands on jobs asking for up to twice the cluster (placement rarely needs
+        # more to fill it; the scheduler walks again with ``full`` when it does)
+        enough = INF if full else 2.0 * cl.num_gpus
         # tier B, part 1: an inner queue's guarantee surplus goes to its own subtree
-        if self.guarantees:
+        if self.guarantees and tree.surplus:
             for n in tree.surplus:
                 subtree = [q for q in tree.leaves if n in path[q]]
-                for _, j in _merge_by_rank([rest[q] for q in subtree]):
-                    q = self.leaf(j)
+                for k, (_, j) in _merge_by_rank([rest[q] for q in subtree]):
+                    q = subtree[k]
                     d = demand(j)
                     if fits(d, owed, (n,)) and fits(d, limit, path[q]):
                         take(q, d)
                         adm.over.append(j)
                         taken.add(j.id)
                         asked += d[0]
-                if taken:
-                    rest = [[x for x in rest[q] if x[1].id not in taken] for q in range(nq)]
+                rest = [[x for x in rest[q] if x[1].id not in taken] for q in range(nq)]
         if not self.borrow:
             for q in tree.leaves:
                 for _, j in rest[q]:
@@ -293,8 +302,10 @@ class QuotaQueues(QueuePolicy):
             return adm
         # tier B, part 2: everything else in the cross-queue order, within every limit
         key = self.share_key(tree, use, view)
-        blocked: set[int] = set()
+        done = [0] * nq  # per leaf: jobs of ``rest`` walked
+        blocked: set[int] = set()  # strict: a leaf stops at its first job a limit keeps out
         for q, (_, j) in self._cross(rest, key, tree):
+            done[q] += 1
             if q in blocked:
                 adm.held[j.id] = QUEUE_AT_QUOTA
                 continue
@@ -304,12 +315,21 @@ class QuotaQueues(QueuePolicy):
                 if strict:
                     blocked.add(q)
                 continue
-            if not full and asked >= capacity:
-                adm.truncated = True
-                continue  # beyond the cluster: classified (limits) but not handed on
             take(q, d)
             adm.over.append(j)
             asked += d[0]
+            if asked >= enough:
+                break
+        # beyond that: not handed on; those a limit keeps out still say so
+        for q in tree.leaves:
+            left = rest[q][done[q]:]
+            if not left:
+                continue
+            adm.truncated = True
+            if q in blocked:
+                adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in left)
+            elif any(limit[n][0] != INF or limit[n][1] != INF or limit[n][2] != INF for n in path[q]):
+                adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in left if not fits(demand(j), limit, path[q]))
         self._remember(adm, view)
         return adm
 
@@ -324,11 +344,10 @@ class QuotaQueues(QueuePolicy):
 
     def _cross(self, rest: list[list[tuple[int, Job]]], key: Callable[[int], Any] | None,
                tree: QueueTree) -> Iterator[tuple[int, tuple[int, Job]]]:
-        """(leaf, (rank, job)) over every remaining job: by rank, or by lowest ``key`` (lazy heap: keys only
-        grow as jobs are taken), each leaf's jobs in its own order."""
+        """(leaf, (rank, job)) over the remaining jobs: by rank, or by lowest ``key`` (lazy heap: keys only
+        grow as jobs are taken), each leaf's jobs in its own order.  A consumer may stop early."""
         if key is None:
-            for rj in _merge_by_rank(rest):
-                yield self.leaf(rj[1]), rj
+            yield from _merge_by_rank(rest)
             return
         heap = [(key(q), rest[q][0][0], q) for q in tree.leaves if rest[q]]
         heapq.heapify(heap)
@@ -354,7 +373,7 @@ class QuotaQueues(QueuePolicy):
         allocs = plan.allocations
         leaf = {jid: self.leaf(j) for j in self._last.ordered if (jid := j.id) in allocs}
         u = usage(tree, allocs, leaf)
-        over = {n for n in range(len(tree)) if _above(u[n], tree.limit[n])}
+        over = {n for n in range(len(tree)) if above(u[n], tree.limit[n])}
         if not over:
             return plan
         new = dict(allocs)
@@ -368,7 +387,7 @@ class QuotaQueues(QueuePolicy):
             _drop(new, j.id)
             self.counters["dropped"] += 1
             u = usage(tree, new, leaf)
-            over = {n for n in over if _above(u[n], tree.limit[n])}
+            over = {n for n in over if above(u[n], tree.limit[n])}
         return Plan(new)
 
     def owed(self, plan: Plan, view: View) -> list[Owed]:
@@ -433,164 +452,24 @@ class QuotaQueues(QueuePolicy):
     # -- invariants ------------------------------------------------------------------------------
     def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
         """Raise :class:`~gpuloom.core.plan.PlanError` if a queue is over its limit, or a queue below its
-        guarantee has waited two rounds in a row while GPUs it could use are lent (module notes)."""
-        tree = self.tree
-        if tree is None:
-            return
-        allocs = plan.allocations
-        leaf = {j.id: self.leaf(j) for j in view.jobs}
-        u = usage(tree, allocs, leaf)
-        for n in range(len(tree)):
-            if _above(u[n], tree.limit[n]):
-                raise PlanError(f"queue {tree.queues[n].name!r} holds {_show(u[n])}, over its limit "
-                                f"{_show(tree.limit[n])}")
-        if not self.guarantees:
-            self._starved = set()
-            return
-        G = tree.guarantee
-        # what admission calls guaranteed must be: every queue's tier-A jobs within its guarantee (each
-        # counted as asked for, or as held if less: a sizer may grow a job, a group shares its GPUs)
-        ua = [0.0] * len(tree)
-        for j in self._last.guaranteed:
-            a = allocs.get(j.id)
-            if a is not None:
-                ua[leaf[j.id]] += min(job_share(a)[0], j.spec.gpus)
-        for q in tree.leaves:
-            if ua[q] > G[q][0] + _EPS:
-                raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q]:g} GPUs, more "
-                                f"than its guarantee of {G[q][0]:g}")
-        lent = {q: max(0.0, u[q][0] - G[q][0]) for q in tree.leaves}
-        total_lent = sum(lent.values())
-        starved: set[int] = set()
-        if total_lent > 0:
-            free_gpus = view.cluster.num_gpus - len({g for a in allocs.values() for g in a.gpu_ids})
-            waiting: dict[int, list[Job]] = {}
-            for j in view.jobs:
-                if j.id not in allocs:
-                    waiting.setdefault(leaf[j.id], []).append(j)
-            for q, jobs in waiting.items():
-                room = G[q][0] - u[q][0]
-                if room < 1 - _EPS:
-                    continue
-                fit = [j for j in jobs if j.spec.gpus <= room + _EPS
-                       and j.spec.gpus <= free_gpus + total_lent - lent[q] + _EPS]
-                if fit and self._placeable(min(fit, key=lambda j: (j.spec.gpus, j.index)), q, plan, view, place,
-                                           leaf, u):
-                    starved.add(q)
-        again = starved & self._starved
-        self._starved = starved
-        if again:
-            q = min(again)
-            raise PlanError(f"queue {tree.queues[q].name!r} holds {u[q][0]:g} of its {G[q][0]:g} guaranteed GPUs "
-                            f"and has waited two rounds while {total_lent - lent[q]:g} GPUs are lent to other queues")
-
-    def _placeable(self, job: Job, q: int, plan: Plan, view: View, place: PlacePolicy,
-                   leaf: Mapping[str, int], u: list[list[float]]) -> bool:
-        """Could ``job`` be placed if every other queue over its guarantee gave back its borrowed work
-        (the jobs admission did not call guaranteed; those are within the guarantee: checked)?"""
-        tree = self.tree
-        assert tree is not None
-        lenders = {o for o in tree.leaves if o != q and u[o][0] > tree.guarantee[o][0] + _EPS}
-        tier_a = {j.id for j in self._last.guaranteed}
-        kept = {jid: a for jid, a in plan.allocations.items() if jid in tier_a or leaf.get(jid) not in lenders}
-        free = FreeState.of(view.cluster, kept)
-        return place.choose(Request((job,), job.spec.gpus, job.spec.cpus, job.spec.mem_mb), free, view) is not None
-
-
-@register("queue", "drf")
-class DRFQueues(QuotaQueues):
-    """Guarantees first, then weighted DRF between queues (progressive filling down the tree)."""
-
-    def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
-        cl = view.cluster
-        caps = (float(cl.num_gpus) or 1.0, float(cl.total_cpus) or 1.0, float(cl.total_mem_mb) or 1.0)
-        rel = tree.sibling_weight
-
-        def key(q: int) -> tuple[float, ...]:
-            return tuple(max(use[n][0] / caps[0], use[n][1] / caps[1], use[n][2] / caps[2]) / rel[n]
-                         for n in tree.path[q])
-
-        return key
-
-
-@register("queue", "fairshare", "fair-share")
-class FairShareQueues(QuotaQueues):
-    """Guarantees first, then Slurm's fair share on decayed GPU usage (see the module notes)."""
-
-    dynamic = True  # usage decays with time
-
-    def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
-                 guarantees: bool | str = True, half_life: float = 7 * 86400.0) -> None:
-        super().__init__(queues, borrow, priority, guarantees)
-        if not (float(half_life) > 0):
-            raise ValueError(f"half_life must be > 0 seconds, got {half_life}")
-        self.half_life = float(half_life)
-        self.decayed: DecayedUsage | None = None
-        self._names: list[str] = []
-        self._held: list[float] = []
-
-    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
-        tree = self._tree(ordered, view)
-        if self.decayed is None or self._names != tree.names:
-            old = dict(zip(self._names, self.decayed.values, strict=True)) if self.decayed is not None else {}
-            last = self.decayed.last if self.decayed is not None else None
-            self.decayed = DecayedUsage(len(tree), self.half_life)
-            self.decayed.values = [old.get(n, 0.0) for n in tree.names]
-            self.decayed.last = last
-            self._held = [0.0] * len(tree)
-            self._names = tree.names
-        # what the last round's plan gave each queue, held until now (a job that finished since counts
-        # until now: exact when rounds follow completions)
-        self.decayed.advance(view.now, self._held)
-        return super().admit(ordered, view, strict, full)
-
-    def enforce(self, plan: Plan, view: View) -> Plan:
-        plan = super().enforce(plan, view)
-        tree = self.tree
-        if tree is not None and self._names == tree.names:
-            allocs = plan.allocations
-            held = usage(tree, allocs, {j.id: self.leaf(j) for j in view.jobs if j.id in allocs})
-            self._held = [h[0] for h in held]
-        return plan
-
-    def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
-        assert self.decayed is not None
-        tau = self.half_life / math.log(2)
-        past = self.decayed.values
-        rel = tree.sibling_weight
-
-        def key(q: int) -> tuple[float, ...]:
-            return tuple((past[n] + use[n][0] * tau) / rel[n] for n in tree.path[q])
-
-        return key
-
-    def stats(self) -> dict[str, Any]:
-        out = super().stats()
-        if self.decayed is not None:
-            out["decayed_gpu_s"] = dict(zip(self._names, self.decayed.values, strict=True))
-        return out
+        guarantee has waited two rounds in a row while GPUs it could use are lent (:mod:`.queue_checks`)."""
+        if self.tree is not None:
+            self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
+                                         self.guarantees)
 
 
 # ---------------------------------------------------------------------------------------------------
-def _merge_by_rank(lists: Sequence[list[tuple[int, Job]]]) -> Iterator[tuple[int, Job]]:
-    """Every (rank, job) of ``lists``, lowest head rank first, each list's order kept."""
+def _merge_by_rank(lists: Sequence[list[tuple[int, Job]]]) -> Iterator[tuple[int, tuple[int, Job]]]:
+    """(list index, (rank, job)) over every item of ``lists``, lowest head rank first, each list's order
+    kept."""
     heap = [(lst[0][0], k, 0) for k, lst in enumerate(lists) if lst]
     heapq.heapify(heap)
     while heap:
         _, k, i = heapq.heappop(heap)
         lst = lists[k]
-        yield lst[i]
+        yield k, lst[i]
         if i + 1 < len(lst):
             heapq.heappush(heap, (lst[i + 1][0], k, i + 1))
-
-
-def _above(u: Sequence[float], cap: Sequence[float]) -> bool:
-    return u[0] > cap[0] + _EPS or u[1] > cap[1] + _EPS or u[2] > cap[2] + _EPS
-
-
-def _show(t: Sequence[float]) -> str:
-    parts = [f"{v:g} {r}" for v, r in zip(t, ("GPUs", "cores", "MB"), strict=True) if v != INF]
-    return ", ".join(parts) or "nothing"
 
 
 def _drop(allocs: dict[str, Allocation], jid: str) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -284,35 +284,32 @@ def plot_queue_share(result: RunResult, path: str | Path, max_queues: int = 16) 
     return p
 
 
-def queue_table(results: Mapping[str, RunResult], columns: Sequence[str] = ("mean_jct", "mean_queueing_delay",
-                                                                             "mean_share", "deficit_gpu_h")) -> Table:
-    """A rich table: one row per queue, per run the chosen columns (times in hours)."""
+def queue_table(results: Mapping[str, RunResult]) -> Table:
+    """A rich table: one row per queue (and run, for several), times in hours."""
     from rich.table import Table
 
-    t = Table(title="per queue", box=None)
-    t.add_column("queue")
-    t.add_column("guarantee", justify="right")
-    for label in results:
-        for c in columns:
-            t.add_column(f"{label}\n{c}", justify="right")
-    per = {label: {r["queue"]: r for r in queue_rows(res)} for label, res in results.items()}
-    names: list[str] = []
-    for rows in per.values():
-        names += [n for n in rows if n not in names]
-    for n in names:
-        g = next((rows[n]["guarantee"] for rows in per.values() if n in rows), 0.0)
-        cells = [n, f"{g:g}"]
-        for label in results:
-            r = per[label].get(n)
-            for c in columns:
-                cells.append("–" if r is None else _fmt(c, r[c]))
-        t.add_row(*cells)
+    several = len(results) > 1
+    t = Table(title="per queue: mean JCT and queueing delay, GPU share vs quota, GPU-hours owed but not held",
+              box=None)
+    for c in (["queue", "run"] if several else ["queue"]):
+        t.add_column(c)
+    cols = (("guarantee", "quota"), ("jobs", "jobs"), ("completed", "done"), ("mean_jct", "JCT"),
+            ("mean_queueing_delay", "wait"), ("mean_share", "share"), ("guaranteed_share", "quota %"),
+            ("deficit_gpu_h", "short GPU-h"), ("limit_violations", "over"))
+    for _, title in cols:
+        t.add_column(title, justify="right")
+    for label, res in results.items():
+        for r in queue_rows(res):
+            head = [r["queue"], label] if several else [r["queue"]]
+            t.add_row(*head, *(_fmt(c, r[c]) for c, _ in cols))
     return t
 
 
 def _fmt(col: str, v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
+    if col == "guarantee":
+        return f"{v:g}"
     if col.endswith("_jct") or col.endswith("delay"):
         return f"{v / 3600:,.2f} h"
     if col.endswith("share") or col == "short_time":
