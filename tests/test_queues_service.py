@@ -151,3 +151,18 @@ def test_a_service_without_queues_refuses_a_queue(tmp_path: Path, cgroup_parent:
         assert svc.queues.usage()["queues"] == []
     finally:
         svc.store.close()
+
+
+def test_a_stored_tree_that_no_longer_fits_is_an_error_at_start(tmp_path: Path, cgroup_parent: str) -> None:
+    svc = make_service(tmp_path, cgroup_parent)
+    svc.queues.configure(parse_queues(TREE))
+    svc.store.close()
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    small = Cluster.homogeneous(1, 2)
+    svc2 = Service(store, small, local_executor(small, tmp_path / "run", True, cgroup_parent),
+                   Scheduler.from_names(queue="quota"), tmp_path)
+    try:
+        with pytest.raises(QueueError, match="guarantees ask for 4 gpus, the cluster has 2"):
+            svc2.queues.validate()
+    finally:
+        store.close()

@@ -224,7 +224,9 @@ class Scheduler:
         policy on what the non-borrowed jobs leave, evicting the borrowed work
         in its way (:meth:`_evict_for`).  So a guaranteed job that fits nowhere
         (the guaranteed jobs fragment the cluster) does not keep its queue's
-        smaller jobs from the guarantee.
+        smaller jobs from the guarantee.  A plan hook may undo a reclaim (it
+        keeps running jobs where they are) for one round; a queue still owed
+        after the hooks in the next round too reclaims over the hook.
         """
         q = self.queue
         strict = not self.place.backfill
@@ -241,6 +243,12 @@ class Scheduler:
             if owed:
                 rnd = self._evict_for(owed, adm, rnd, view)
         rnd = self._hooked(rnd, view)
+        if self.hooks and adm.over:
+            # a hook (elastic sizing's protection) may keep borrowed work where an owner's job should go:
+            # for one round; a queue owed after the hooks two rounds running reclaims over the hook
+            again = q.owed_again(q.owed(rnd.plan, view))
+            if again:
+                rnd = self._evict_for(again, adm, rnd, view)
         plan = q.enforce(rnd.plan, view)
         return rnd if plan is rnd.plan else Round(plan, rnd.requests)
 

@@ -125,15 +125,21 @@ def _num(v: Any) -> str:
 def print_usage(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
-    t = Table("QUEUE", "PARENT", "WEIGHT", "GPUS", "GUARANTEE", "LIMIT", "BORROWED", "RUNNING", "PENDING",
-              "REASONS", box=None)
+    t = Table(box=None)
+    t.add_column("QUEUE", no_wrap=True, min_width=max((len(r["name"]) + 2 * r.get("depth", 0) for r in rows),
+                                                       default=5) + 2)
+    for c in ("GPUS", "QUOTA", "LIMIT", "OVER", "WEIGHT", "RUN", "PEND"):
+        t.add_column(c, justify="right", no_wrap=True)
+    t.add_column("REASONS")
     for r in rows:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.get("reasons", {}).items()))
         name = ("  " * r.get("depth", 0)) + r["name"] + (" *" if r.get("default") else "")
-        t.add_row(name, r.get("parent") or "-", _num(r["weight"]), _num(r["used"]["gpus"]),
-                  _num(r["guarantee"].get("gpus")), _num(r["limit"].get("gpus")), _num(r.get("borrowed")),
-                  str(r.get("running", 0)), str(r.get("pending", 0)), reasons)
+        t.add_row(name, _num(r["used"]["gpus"]), _num(r["guarantee"].get("gpus")), _num(r["limit"].get("gpus")),
+                  _num(r.get("borrowed")), _num(r["weight"]), str(r.get("running", 0)), str(r.get("pending", 0)),
+                  reasons)
     console.print(t)
+    console.print("[dim]GPUS held / QUOTA guaranteed / LIMIT at most; OVER: held beyond the quota (borrowed); "
+                  "* the default queue[/]")
 
 
 @queues_app.callback()

@@ -151,9 +151,11 @@ def serve(
             raise typer.BadParameter(msg) from None
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                   launch_timeout_s=launch_timeout, profiling=profiling)
-    if queues is not None:
-        with user_errors():
+    with user_errors():
+        if queues is not None:
             svc.queues.configure(load_queue_file(queues))
+        else:
+            svc.queues.validate()  # a stored tree must still fit the cluster and hold every active job
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request

@@ -204,7 +204,7 @@ class QueueTree:
         self.default = default
         for who, qn in [("default", default), *((f"user {u!r}", q) for u, q in self.users.items())]:
             if qn is not None:
-                self._leaf(qn, f"{where}: {who}")
+                self.leaf_index(qn, f"{where}: {who}")
 
     # -- look-ups -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -214,7 +214,8 @@ class QueueTree:
     def names(self) -> list[str]:
         return [q.name for q in self.queues]
 
-    def _leaf(self, name: str, who: str) -> int:
+    def leaf_index(self, name: str, who: str) -> int:
+        """The index of leaf queue ``name``; :class:`QueueError` saying ``who`` names what does not exist."""
         i = self.index.get(name)
         if i is None:
             raise QueueError(f"{who}: no queue {name!r} (queues: {', '.join(self.leaf_names) or 'none'})")
@@ -242,7 +243,7 @@ class QueueTree:
         if name is None:
             raise QueueError(f"job {job_id}: names no queue, its user {user!r} has no default queue and there is "
                              f"no default queue (queues: {', '.join(self.leaf_names)})")
-        return self._leaf(name, f"job {job_id}")
+        return self.leaf_index(name, f"job {job_id}")
 
     def check_capacity(self, cluster: Cluster) -> None:
         """The top-level guarantees must fit the cluster (else no guarantee can be honoured)."""

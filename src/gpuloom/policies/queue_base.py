@@ -3,9 +3,10 @@
 The scheduler (:meth:`gpuloom.scheduler.Scheduler._queued`) calls, each round:
 :meth:`QueuePolicy.admit` (tiers of the ordered jobs), :meth:`QueuePolicy.owed`
 after planning (what queues below their guarantee are still owed, for reclaim
-by eviction) and :meth:`QueuePolicy.note_guaranteed`, then
-:meth:`QueuePolicy.enforce` after the hooks; :meth:`QueuePolicy.check` with the
-round check.  The base, registered as ``none``, is disabled: the scheduler then
+by eviction) and :meth:`QueuePolicy.note_guaranteed`; after the plan hooks
+:meth:`QueuePolicy.owed` and :meth:`QueuePolicy.owed_again` (a hook may delay a
+reclaim by one round, not more), then :meth:`QueuePolicy.enforce`;
+:meth:`QueuePolicy.check` with the round check.  The base, registered as ``none``, is disabled: the scheduler then
 runs the pipeline as if there were no queue stage.
 """
 
@@ -36,9 +37,11 @@ class Admission:
 
 @dataclass(slots=True)
 class Owed:
-    """A queue below its guarantee: the GPUs it may still take (within every limit), its waiting jobs that
-    fit them in its order, and the ids of all its jobs (evicting its own work would not help it)."""
+    """A queue below its guarantee: which (``queue``, a stage's own number), the GPUs it may still take
+    (within every limit), its waiting jobs that fit them in its order, and the ids of all its jobs
+    (evicting its own work would not help it)."""
 
+    queue: int
     room: float
     jobs: list[Job]
     own: set[str]
@@ -59,6 +62,11 @@ class QueuePolicy(Stage):
 
     def owed(self, plan: Plan, view: View) -> list[Owed]:
         """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""
+        return []
+
+    def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
+        """Of ``owed`` (after the plan hooks), what was owed after the last round's hooks too; remembers
+        ``owed`` for the next round.  The scheduler reclaims these over the hooks' objection."""
         return []
 
     def note_guaranteed(self, jobs: Sequence[Job]) -> None:

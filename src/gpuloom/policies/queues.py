@@ -158,6 +158,7 @@ class QuotaQueues(QueuePolicy):
         self._last = Admission()
         self._lists: list[list[tuple[int, Job]]] = []
         self._starved: set[int] = set()
+        self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         self.counters = {"guaranteed": 0, "borrowed": 0, "held": 0, "reclaim_passes": 0, "dropped": 0}
 
     # -- the tree --------------------------------------------------------------------------------
@@ -366,18 +367,22 @@ class QuotaQueues(QueuePolicy):
 
     # -- after placement -------------------------------------------------------------------------
     def enforce(self, plan: Plan, view: View) -> Plan:
-        """Drop the latest-admitted placed jobs of any queue over its limit (a sizer grew them)."""
+        """Drop placed jobs of any queue over its limit (a sizer grew them, a hook kept them): first those a
+        hook kept without admission, then the latest admitted."""
         tree = self.tree
         if tree is None:
             return plan
         allocs = plan.allocations
-        leaf = {jid: self.leaf(j) for j in self._last.ordered if (jid := j.id) in allocs}
+        placed = [j for j in view.jobs if j.id in allocs]
+        leaf = {j.id: self.leaf(j) for j in placed}
         u = usage(tree, allocs, leaf)
         over = {n for n in range(len(tree)) if above(u[n], tree.limit[n])}
         if not over:
             return plan
         new = dict(allocs)
-        for j in reversed(self._last.ordered):
+        admitted = {j.id for j in self._last.ordered}
+        # first what a hook kept without admission, then the latest admitted
+        for j in [j for j in placed if j.id not in admitted] + self._last.ordered[::-1]:
             if not over:
                 break
             a = new.get(j.id)
@@ -404,8 +409,13 @@ class QuotaQueues(QueuePolicy):
                 continue
             jobs = [j for _, j in self._lists[q] if j.id not in allocs and j.spec.gpus <= room + _EPS]
             if jobs:
-                out.append(Owed(room, jobs, {j.id for _, j in self._lists[q]}))
+                out.append(Owed(q, room, jobs, {j.id for _, j in self._lists[q]}))
         return out
+
+    def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
+        again = [o for o in owed if o.queue in self._owed_before]
+        self._owed_before = {o.queue for o in owed}
+        return again
 
     def note_guaranteed(self, jobs: Sequence[Job]) -> None:
         adm = self._last
@@ -438,8 +448,8 @@ class QuotaQueues(QueuePolicy):
                     if j.id in allocs or j.id in out:
                         continue
                     p = job_priority(j)
-                    above = sum(g for pr, g in held_by.get(self.leaf(j), ()) if pr > p)
-                    if above and j.spec.gpus <= free + above:
+                    higher = sum(g for pr, g in held_by.get(self.leaf(j), ()) if pr > p)
+                    if higher and j.spec.gpus <= free + higher:
                         out[j.id] = PRIORITY
         return out
 

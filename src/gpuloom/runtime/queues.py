@@ -106,10 +106,22 @@ class QueueAdmin:
             raise QueueError("queues need a queue stage: --queue-policy quota, drf or fairshare")
         self.commit(tree)
 
+    def validate(self) -> None:
+        """The tree in use (the stored one after a restart) against this cluster and every active job."""
+        if self.tree is not None:
+            self._check(self.tree)
+
     def commit(self, tree: QueueTree) -> QueueTree:
         """Validate ``tree`` against the cluster and every active job, store it, then schedule with it."""
         if not self.enabled:
             raise QueueError("this service runs without queues (serve --queue-policy quota|drf|fairshare)")
+        self._check(tree)
+        self._put(tree)
+        with self.service.lock:
+            self.stage.set_tree(tree)
+        return tree
+
+    def _check(self, tree: QueueTree) -> None:
         tree.check_capacity(self.service.cluster)
         homeless = []
         for jid, attrs, user in self._active():
@@ -120,10 +132,6 @@ class QueueAdmin:
         if homeless:
             raise QueueConflict("active jobs would have no queue: " + "; ".join(homeless[:5])
                                 + (f" (and {len(homeless) - 5} more)" if len(homeless) > 5 else ""))
-        self._put(tree)
-        with self.service.lock:
-            self.stage.set_tree(tree)
-        return tree
 
     def _active(self) -> list[tuple[str, Mapping[str, Any], str]]:
         """(id, attrs, user) of every active job: mirrored ones and those not picked up yet."""
@@ -162,8 +170,11 @@ class QueueAdmin:
         tree = self.tree
         if tree is None:
             return {**spec, "queue": named or user}
-        leaf = tree.leaf_of("(new)", {"queue": named}, user)
-        name = tree.queues[leaf].name
+        name = tree.queue_name({"queue": named}, user)
+        if name is None:
+            raise QueueError(f"name a queue: user {user!r} has no default queue and there is no default queue "
+                             f"(queues: {', '.join(tree.leaf_names)})")
+        leaf = tree.leaf_index(name, "the job")
         # what the queue can ever hold: its limits up the tree, and its guarantee under strict quotas
         cap = min(tree.limit[n][0] for n in tree.path[leaf])
         if not self.stage.borrow:

@@ -3,6 +3,9 @@
 Philly's virtual clusters (``attrs["queue"]``, from its ``cluster`` column)
 become flat queues.  Their guaranteed GPUs split the cluster:
 
+A job's queue is its ``attrs["queue"]``, else its user's name, else
+``default`` (so a trace without queues shares the cluster between users).
+
 * :func:`demand_quotas`: in proportion to each queue's GPU demand in the trace
   (GPU-seconds asked for), as an operator sizing quotas from history would;
 * :func:`config_quotas`: in proportion to another cluster's VC sizes, e.g.
@@ -50,21 +53,26 @@ def split(total: int, weights: Mapping[str, float]) -> dict[str, int]:
 
 
 def tree_from_shares(guarantees: Mapping[str, int], total: int, limit_factor: float | None = None,
-                     order: Sequence[str] | None = None) -> QueueTree:
-    """Flat queues with these GPU guarantees, weights = guaranteed share, limits = ``limit_factor`` × guarantee."""
+                     order: Sequence[str] | None = None, specs: Sequence[JobSpec] = ()) -> QueueTree:
+    """Flat queues with these GPU guarantees, weights = guaranteed share, limits = ``limit_factor`` × guarantee.
+
+    With ``specs``, a job that names no queue finds the one :func:`queue_demand` counted it under: its
+    user's (as the user's default queue), else ``default``."""
     names = list(order or sorted(guarantees))
     qs = []
     for n in names:
         g = guarantees.get(n, 0)
         lim = None if limit_factor is None else max(1.0, g * limit_factor)
         qs.append(Queue(n, None, Quota(gpus=g), Quota(gpus=lim), max(g / max(total, 1), 1e-3)))
-    return QueueTree(qs)
+    users = {s.user: s.user for s in specs if not (s.attrs or {}).get("queue") and s.user and s.user in names}
+    default = "default" if "default" in names else None
+    return QueueTree(qs, default, users)
 
 
 def demand_quotas(specs: Sequence[JobSpec], total_gpus: int, limit_factor: float | None = None) -> QueueTree:
     """One queue per queue name in the trace; guarantees in proportion to GPU demand."""
     d = queue_demand(specs)
-    return tree_from_shares(split(total_gpus, d), total_gpus, limit_factor, sorted(d, key=lambda k: -d[k]))
+    return tree_from_shares(split(total_gpus, d), total_gpus, limit_factor, sorted(d, key=lambda k: -d[k]), specs)
 
 
 def read_vc_config(path: str | Path) -> dict[str, float]:
@@ -104,7 +112,7 @@ def config_quotas(specs: Sequence[JobSpec], total_gpus: int, sizes: Mapping[str,
     vcs = sorted(sizes, key=lambda k: (-sizes[k], k))
     match = dict(zip(queues, vcs, strict=False))
     g = split(total_gpus, {q: sizes[v] for q, v in match.items()})
-    return tree_from_shares({q: g.get(q, 0) for q in queues}, total_gpus, limit_factor, queues), match
+    return tree_from_shares({q: g.get(q, 0) for q in queues}, total_gpus, limit_factor, queues, specs), match
 
 
 def quota_spec(spec: str, specs: Sequence[JobSpec], total_gpus: int) -> QueueTree | str:
