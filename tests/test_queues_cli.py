@@ -66,7 +66,7 @@ def test_serve_queues_submit_and_usage(tmp_path: Path) -> None:
         assert "Submitted job 2" in run("submit", str(spec), "--queue", "shared", env=env)
         bad = runner.invoke(app, ["submit", str(spec), "--queue", "research"], env=env)
         assert bad.exit_code == 2 and "queue: the job: queue 'research' has sub-queues" in bad.output
-        jobs = json.loads(run("queue", "--json", env=env))
+        jobs = json.loads(run("queue", "--all", "--json", env=env))
         assert [(j["id"], j["queue"]) for j in jobs] == [(1, "vision"), (2, "shared")]
         wait_for(lambda: json.loads(run("queues", "--json", env=env))["queues"][1]["used"]["gpus"] == 2,
                  what="vision to hold its job's GPUs")

@@ -114,9 +114,12 @@ class Scheduler:
         queue: str = "none",
     ) -> Scheduler:
         """Build from registry names; ``params`` (bare or ``stage.name``) go to the stage that takes them."""
-        chosen = {"order": order, "group": group, "size": size, "place": place, "queue": queue}
+        chosen = {"order": order, "group": group, "size": size, "place": place}
+        if queue != "none":  # (no queue stage: error messages do not list one)
+            chosen["queue"] = queue
         per_stage = route_params(chosen, params or {})
         stages = {s: pb.make(s, n, per_stage[s]) for s, n in chosen.items()}
+        stages.setdefault("queue", pb.make("queue", "none"))
         # a stage may bring plan hooks of its own (e.g. elastic sizing's hysteresis)
         hooks = [h for st in stages.values() for h in st.plan_hooks()]
         return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks,
@@ -409,9 +412,13 @@ def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[s
         elif takers:
             problems.append(f"{key!r} is taken by several stages: give {' or '.join(f'{s}.{key}' for s in takers)}")
         else:
+            from .policies.check import _takers
+
             every = set().union(*accepted.values())
+            others = _takers(key)
             problems.append(f"{key!r} is not taken by " + ", ".join(f"{s}={n}" for s, n in chosen.items())
-                            + f" (they take {_listing(every)})" + _did_you_mean(key, every))
+                            + f" (they take {_listing(every)})" + _did_you_mean(key, every)
+                            + (f"; {key} is a parameter of {', '.join(others)}" if others else ""))
     if problems:
         raise pb.PolicyError("parameter " + "; ".join(problems))
     return out

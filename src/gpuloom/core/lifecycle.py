@@ -68,6 +68,15 @@ HOLDING_STATES: frozenset[JobState] = frozenset(
     {S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING, S.CHECKPOINTING, S.STOPPING}
 )
 
+#: Slurm's short state codes (squeue's ST column): pending, running, completing (stopping),
+#: completed, failed, cancelled
+SHORT_STATE: Mapping[JobState, str] = {
+    S.WAITING_FOR_INITIAL_CONTACT: "PD", S.WAITING_FOR_INITIAL_RESOURCE: "PD", S.STANDBY: "PD",
+    S.LAUNCHING: "R", S.RUNNING_PROTECTED: "R", S.RUNNING: "R",
+    S.CHECKPOINTING: "CG", S.STOPPING: "CG",
+    S.FINISHED: "CD", S.FAILED: "F", S.CANCELLED: "CA",
+}
+
 _FORWARD: dict[JobState, frozenset[JobState]] = {
     S.WAITING_FOR_INITIAL_CONTACT: frozenset({S.WAITING_FOR_INITIAL_RESOURCE}),
     S.WAITING_FOR_INITIAL_RESOURCE: frozenset({S.STANDBY}),

@@ -1,5 +1,7 @@
 """The service's state store: the truth about every accepted job.
 
+(Over 500 lines on purpose: every table and every transaction lives here, behind one writer lock.)
+
 SQLAlchemy 2.0 Core over an SQLite file by default (``sqlite:///PATH``), or
 PostgreSQL by URL (``postgresql+psycopg://...``, optional extra ``postgres``).
 
@@ -22,18 +24,27 @@ Design decisions:
   validated spec, the current allocation (node names, global GPU ids, core ids,
   memory) and the launched processes (node, pid, process start time: enough
   to adopt them after a restart) as JSON text.
-* Tables: ``jobs``, ``events`` (history of each job), ``profiles`` (model →
-  measured profile), ``tokens`` (sha256 of a token → user, admin flag) and
-  ``meta`` (service epoch and other key/values).
+* **Listeners** (:attr:`Store.listeners`) hear of every job event once it is
+  committed (logging and metrics subscribe; a listener that raises is logged
+  and ignored).
+* Tables: ``jobs``, ``events`` (history of each job), ``allocations`` (what
+  each job held, from when to when), ``profiles`` (model →
+  measured profile), ``tokens`` (sha256 of a token → user, admin flag,
+  expiry), ``idempotency`` (a submission's key → its jobs) and ``meta``
+  (service epoch and other key/values).
+* **Private.**  An SQLite file is created 0600 (its WAL and shared-memory
+  files take the same mode): job specs hold users' environments.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +58,9 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -56,6 +69,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine, RowMapping
 
+log = logging.getLogger("gpuloom.store")
 metadata = MetaData()
 
 jobs_t = Table(
@@ -86,10 +100,15 @@ jobs_t = Table(
     # restarted service continues from it at the model's speed instead of guessing from held time
     Column("work_left", Float),
     Column("work_at", Float),
+    Column("pending_reason", String(200)),  # why a queued job waits, as of the last round (Slurm's REASON)
+    Column("array_id", Integer, index=True),  # job arrays: the first task's id, and this task's index
+    Column("array_task", Integer),
 )
 
 #: columns added after the first release: created on stores that predate them
-_ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"))}
+_ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"), ("pending_reason", "VARCHAR(200)"),
+                           ("array_id", "INTEGER"), ("array_task", "INTEGER")),
+                  "tokens": (("expires", "FLOAT"),)}
 
 events_t = Table(
     "events",
@@ -99,6 +118,22 @@ events_t = Table(
     Column("time", Float, nullable=False),
     Column("kind", String(40), nullable=False),
     Column("detail", Text),
+)
+
+#: what each job held over time: one row per allocation (a launch, a regroup, an adoption keeps it);
+#: kept by :meth:`Store.update_job` whenever a job's ``alloc`` changes, in the same transaction
+allocations_t = Table(
+    "allocations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, nullable=False, index=True),
+    Column("start_time", Float, nullable=False),  # wall seconds
+    Column("end_time", Float),  # null while held
+    Column("gpus", Integer, nullable=False),
+    Column("nodes", Text, nullable=False),  # comma-separated node names
+    Column("alloc", Text, nullable=False),  # JSON, as in jobs.alloc
+    Column("opened_by", String(40)),  # the event that took it (launch, resume, move, resize, regroup)
+    Column("closed_by", String(40)),  # the event that gave it up (preempt, finished, failed, ...)
 )
 
 profiles_t = Table(
@@ -115,6 +150,17 @@ tokens_t = Table(
     Column("token_hash", String(64), primary_key=True),
     Column("user", String(100), nullable=False),
     Column("admin", Boolean, nullable=False, default=False),
+    Column("created", Float, nullable=False),
+    Column("expires", Float),  # wall time after which the token is refused (null: never)
+)
+
+#: a submission's idempotency key -> the job it created (a retried submission gets the same job)
+idempotency_t = Table(
+    "idempotency",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("job_id", Integer, nullable=False),
     Column("created", Float, nullable=False),
 )
 
@@ -159,6 +205,9 @@ class JobRow:
     cancel_requested: bool = False
     work_left: float | None = None
     work_at: float | None = None
+    pending_reason: str | None = None
+    array_id: int | None = None
+    array_task: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,6 +256,8 @@ class Store:
         """``synchronous`` is the level of durable writes (FULL or NORMAL); other writes use NORMAL."""
         self.url = url
         self.lock = threading.RLock()
+        #: ``fn(job_id, kind, detail, fields)`` called after each job event commits (see the module notes)
+        self.listeners: list[Callable[[int | None, str, Mapping[str, Any], Mapping[str, Any]], None]] = []
         self.is_sqlite = url.startswith("sqlite")
         kw: dict[str, Any] = {"future": True}
         if self.is_sqlite:
@@ -214,6 +265,10 @@ class Store:
             path = url.split("///", 1)[1] if "///" in url else ""
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                # private from the start (SQLite gives its -wal and -shm files the same mode)
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+                if os.stat(path).st_uid == os.geteuid():
+                    os.chmod(path, 0o600)
         try:
             self.engine: Engine = create_engine(url, **kw)
         except Exception as e:  # bad URL, missing driver
@@ -286,8 +341,26 @@ class Store:
 
     def add_job(self, spec: Mapping[str, Any], user: str, state: str, now: float | None = None) -> int:
         """Insert a job and its 'submit' event in one committed transaction; return its id."""
+        return self.add_jobs([spec], user, state, now)[0]
+
+    def add_jobs(self, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float | None = None,
+                 array_tasks: Sequence[int] | None = None) -> list[int]:
+        """Insert jobs and their 'submit' events in one committed transaction; return their ids.
+
+        With ``array_tasks`` (one index per spec) they are one job array: each row's ``array_id``
+        is the first job's id (Slurm's array job id), ``array_task`` its index."""
         now = time.time() if now is None else now
+        if array_tasks is not None and len(array_tasks) != len(specs):
+            raise ValueError("one array task index per spec")
         with self.lock, self._begin(True) as c:
+            ids = self._insert_jobs(c, specs, user, state, now, array_tasks)
+        self._notify_submitted(ids, user, state, now, array_tasks)
+        return ids
+
+    def _insert_jobs(self, c: Any, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float,
+                     array_tasks: Sequence[int] | None) -> list[int]:
+        ids: list[int] = []
+        for k, spec in enumerate(specs):
             res = c.execute(
                 insert(jobs_t).values(
                     **_encode(
@@ -304,13 +377,67 @@ class Store:
                             "held_time": 0.0,
                             "held_gpu_time": 0.0,
                             "cancel_requested": False,
+                            "array_id": ids[0] if array_tasks is not None and ids else None,
+                            "array_task": None if array_tasks is None else int(array_tasks[k]),
                         }
                     )
                 )
             )
-            jid = int(res.inserted_primary_key[0])
-            c.execute(insert(events_t).values(job_id=jid, time=now, kind="submit", detail=json.dumps({"user": user})))
-            return jid
+            ids.append(int(res.inserted_primary_key[0]))
+        if array_tasks is not None:
+            c.execute(update(jobs_t).where(jobs_t.c.id == ids[0]).values(array_id=ids[0]))
+        c.execute(insert(events_t), [{"job_id": jid, "time": now, "kind": "submit",
+                                      "detail": json.dumps({"user": user})} for jid in ids])
+        return ids
+
+    def _notify_submitted(self, ids: Sequence[int], user: str, state: str, now: float,
+                          array_tasks: Sequence[int] | None) -> None:
+        for k, jid in enumerate(ids):
+            arr = {} if array_tasks is None else {"array_id": ids[0], "array_task": int(array_tasks[k])}
+            self._notify(jid, "submit", {"user": user}, {"state": state, "submit_time": now, **arr})
+
+    def _notify(self, job_id: int | None, kind: str, detail: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn(job_id, kind, detail, fields)
+            except Exception:  # a listener must never undo or block a committed change
+                log.exception("store listener failed on %s of job %s", kind, job_id)
+
+    def job_for_key(self, user: str, key: str) -> int | None:
+        """The (first) job a submission with idempotency ``key`` by ``user`` created, if any."""
+        with self.lock, self.engine.connect() as c:
+            v = c.execute(select(idempotency_t.c.job_id).where(idempotency_t.c.user == user,
+                                                                idempotency_t.c.key == key)).scalar()
+        return None if v is None else int(v)
+
+    def add_jobs_once(self, specs: Sequence[Mapping[str, Any]], user: str, state: str, key: str,
+                      now: float | None = None, array_tasks: Sequence[int] | None = None) -> tuple[list[int], bool]:
+        """:meth:`add_jobs` and the key's record in one transaction: (new ids, True), or ([the first id the
+        key already names], False)."""
+        now = time.time() if now is None else now
+        with self.lock:
+            old = self.job_for_key(user, key)
+            if old is not None:
+                return [old], False
+            with self._begin(True) as c:
+                ids = self._insert_jobs(c, specs, user, state, now, array_tasks)
+                c.execute(insert(idempotency_t).values(user=user, key=key, job_id=ids[0], created=now))
+        self._notify_submitted(ids, user, state, now, array_tasks)
+        return ids, True
+
+    def purge_jobs(self, before: float, states: Iterable[str]) -> list[int]:
+        """Delete jobs in ``states`` that ended before ``before`` (wall time), with their events,
+        allocation records and idempotency keys; returns their ids."""
+        with self.lock, self._begin(True) as c:
+            ids = [int(r[0]) for r in c.execute(select(jobs_t.c.id).where(
+                jobs_t.c.state.in_(list(states)), jobs_t.c.end_time < before))]
+            for k in range(0, len(ids), 500):
+                chunk = ids[k:k + 500]
+                c.execute(delete(events_t).where(events_t.c.job_id.in_(chunk)))
+                c.execute(delete(allocations_t).where(allocations_t.c.job_id.in_(chunk)))
+                c.execute(delete(idempotency_t).where(idempotency_t.c.job_id.in_(chunk)))
+                c.execute(delete(jobs_t).where(jobs_t.c.id.in_(chunk)))
+        return ids
 
     def get_job(self, job_id: int) -> JobRow | None:
         with self.lock, self.engine.connect() as c:
@@ -318,9 +445,16 @@ class Store:
         return None if row is None else _decode(row)
 
     def list_jobs(
-        self, states: Iterable[str] | None = None, user: str | None = None, after_id: int | None = None
+        self, states: Iterable[str] | None = None, user: str | None = None, after_id: int | None = None,
+        since: float | None = None, until: float | None = None, limit: int | None = None,
     ) -> list[JobRow]:
+        """Jobs by id; ``since``/``until`` (wall seconds): only those not ended before ``since`` and
+        submitted by ``until``; at most ``limit`` of them, after id ``after_id``."""
         q = select(jobs_t)
+        if since is not None:
+            q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
+        if until is not None:
+            q = q.where(jobs_t.c.submit_time <= until)
         if states is not None:
             q = q.where(jobs_t.c.state.in_(list(states)))
         if user is not None:
@@ -328,6 +462,8 @@ class Store:
         if after_id is not None:
             q = q.where(jobs_t.c.id > after_id)
         q = q.order_by(jobs_t.c.id)
+        if limit is not None:
+            q = q.limit(limit)
         with self.lock, self.engine.connect() as c:
             rows = c.execute(q).mappings().all()
         return [_decode(r) for r in rows]
@@ -367,7 +503,71 @@ class Store:
                         job_id=job_id, time=now, kind=event_kind, detail=json.dumps(dict(detail or {}), sort_keys=True)
                     )
                 )
+            if changed and "alloc" in fields:
+                self._track_alloc(c, job_id, fields["alloc"], event_kind or "update", now)
+        if changed and event_kind is not None:
+            self._notify(job_id, event_kind, detail or {}, fields)
         return changed
+
+    @staticmethod
+    def _track_alloc(c: Any, job_id: int, alloc: Mapping[str, Any] | None, kind: str, now: float) -> None:
+        """Close the job's open allocation record; open one for ``alloc`` (see ``allocations_t``)."""
+        c.execute(update(allocations_t).where(allocations_t.c.job_id == job_id, allocations_t.c.end_time.is_(None))
+                  .values(end_time=now, closed_by=kind))
+        if alloc:
+            parts = alloc.get("parts", [])
+            c.execute(insert(allocations_t).values(
+                job_id=job_id, start_time=now, end_time=None, gpus=sum(len(p.get("gpus", ())) for p in parts),
+                nodes=",".join(str(p["node"]) for p in parts), alloc=json.dumps(dict(alloc), sort_keys=True),
+                opened_by=kind, closed_by=None))
+
+    def allocations(self, job_ids: Iterable[int] | None = None, since: float | None = None,
+                    until: float | None = None) -> list[dict[str, Any]]:
+        """Allocation records (all, or the jobs'), those overlapping [since, until], by start time."""
+        q = select(allocations_t).order_by(allocations_t.c.start_time, allocations_t.c.id)
+        if job_ids is not None:
+            q = q.where(allocations_t.c.job_id.in_(list(job_ids)))
+        if since is not None:
+            q = q.where((allocations_t.c.end_time.is_(None)) | (allocations_t.c.end_time >= since))
+        if until is not None:
+            q = q.where(allocations_t.c.start_time <= until)
+        with self.lock, self.engine.connect() as c:
+            rows = c.execute(q).mappings().all()
+        return [{**r, "alloc": json.loads(r["alloc"])} for r in rows]
+
+    def set_pending_reasons(self, reasons: Mapping[int, str | None]) -> None:
+        """Store why queued jobs wait (``pending_reason``), many in one transaction, no events."""
+        if not reasons:
+            return
+        q = update(jobs_t).where(jobs_t.c.id == bindparam("_id")).values(pending_reason=bindparam("_why"))
+        with self.lock, self._begin(False) as c:
+            c.execute(q, [{"_id": int(k), "_why": v} for k, v in reasons.items()])
+
+    def count_by_state(self) -> dict[str, int]:
+        q = select(jobs_t.c.state, func.count()).group_by(jobs_t.c.state)
+        with self.lock, self.engine.connect() as c:
+            return {str(s): int(n) for s, n in c.execute(q).all()}
+
+    def array_tasks(self, array_id: int) -> list[JobRow]:
+        """The tasks of job array ``array_id``, by task index."""
+        q = select(jobs_t).where(jobs_t.c.array_id == array_id).order_by(jobs_t.c.array_task)
+        with self.lock, self.engine.connect() as c:
+            return [_decode(r) for r in c.execute(q).mappings().all()]
+
+    def count_array(self, array_id: int, states: Iterable[str]) -> int:
+        """How many tasks of job array ``array_id`` are in ``states``."""
+        q = select(func.count()).select_from(jobs_t).where(jobs_t.c.array_id == array_id,
+                                                             jobs_t.c.state.in_(list(states)))
+        with self.lock, self.engine.connect() as c:
+            return int(c.execute(q).scalar() or 0)
+
+    def get_jobs(self, job_ids: Iterable[int]) -> dict[int, JobRow]:
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        with self.lock, self.engine.connect() as c:
+            rows = c.execute(select(jobs_t).where(jobs_t.c.id.in_(ids))).mappings().all()
+        return {int(r["id"]): _decode(r) for r in rows}
 
     def set_states(self, job_ids: Iterable[int], state: str, expect_state: Iterable[str],
                    now: float | None = None) -> int:
@@ -383,7 +583,10 @@ class Store:
                 .values(state=state)
             )
             c.execute(insert(events_t), [{"job_id": i, "time": now, "kind": state, "detail": "{}"} for i in ids])
-            return int(res.rowcount)
+            n = int(res.rowcount)
+        for i in ids:
+            self._notify(i, state, {}, {"state": state})
+        return n
 
     def events(self, job_id: int | None = None) -> list[dict[str, Any]]:
         q = select(events_t).order_by(events_t.c.id)
@@ -404,6 +607,7 @@ class Store:
                     job_id=job_id, time=now, kind=kind, detail=json.dumps(dict(detail or {}), sort_keys=True)
                 )
             )
+        self._notify(job_id, kind, detail or {}, {})
 
     # -- profiles ---------------------------------------------------------------
     def put_profile(self, model: str, profile: Mapping[str, Any]) -> None:
@@ -421,18 +625,23 @@ class Store:
         return None if v is None else json.loads(v)
 
     # -- tokens -----------------------------------------------------------------
-    def add_token(self, token: str, user: str, admin: bool = False) -> None:
+    def add_token(self, token: str, user: str, admin: bool = False, expires: float | None = None) -> None:
         with self.lock, self._begin(True) as c:
             c.execute(
-                insert(tokens_t).values(token_hash=hash_token(token), user=user, admin=admin, created=time.time())
+                insert(tokens_t).values(token_hash=hash_token(token), user=user, admin=admin, created=time.time(),
+                                        expires=expires)
             )
 
-    def lookup_token(self, token: str) -> tuple[str, bool] | None:
+    def lookup_token(self, token: str, now: float | None = None) -> tuple[str, bool] | None:
+        """(user, admin) of a token that exists and has not expired, else None."""
         with self.lock, self.engine.connect() as c:
             row = c.execute(
-                select(tokens_t.c.user, tokens_t.c.admin).where(tokens_t.c.token_hash == hash_token(token))
+                select(tokens_t.c.user, tokens_t.c.admin, tokens_t.c.expires)
+                .where(tokens_t.c.token_hash == hash_token(token))
             ).first()
-        return None if row is None else (str(row[0]), bool(row[1]))
+        if row is None or (row[2] is not None and row[2] <= (time.time() if now is None else now)):
+            return None
+        return str(row[0]), bool(row[1])
 
     def has_admin(self) -> bool:
         with self.lock, self.engine.connect() as c:

@@ -1,0 +1,311 @@
+"""Slurm-grade job commands: ``submit``, ``queue``, ``show``, ``history``, ``logs``.
+
+=======================================  ==========  =========================================
+gpuloom                                  Slurm       what
+=======================================  ==========  =========================================
+``submit job.yaml``                      sbatch      a YAML/JSON job spec (flags override it)
+``submit --gpus 2 -- python t.py``       sbatch      a job from flags; ``--wrap "cmd"`` too;
+                                                     ``--array 0-9%2``, ``--dependency afterok:5``
+``queue``                                squeue      short states (PD R CG CD F CA) and reasons
+``show ID``                              scontrol    every field, the allocations, the timeline
+``history``                              sacct       start, end, elapsed, GPU-hours, exit code
+``logs ID [-f]``                         (log file)  the job's output; ``-f`` follows it
+=======================================  ==========  =========================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..runtime.history import format_duration, format_mem, parse_time
+from . import app
+from .common import SafeTable as Table
+from .common import console, err_console, plain
+from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt, load_job_file
+
+ACTIVE_CODES = ("PD", "R", "CG")
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _local(iso: str | None) -> str:
+    """An API time (ISO 8601, UTC) as local time without zone, like Slurm prints it."""
+    if not iso:
+        return "-"
+    return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _reason(j: dict[str, Any]) -> str:
+    """squeue's NODELIST(REASON): the nodes of a job holding some, else why it waits or ended."""
+    if j["st"] in ("R", "CG"):
+        return ",".join(j.get("nodes") or []) or "-"
+    if j["st"] == "PD":
+        return f"({j.get('pending_reason') or j.get('reason') or 'None'})"
+    return f"({j['reason']})" if j.get("reason") else ""
+
+
+def _print_json(obj: Any) -> None:
+    console.print_json(json.dumps(obj))
+
+
+def _print_table(t: Table) -> None:
+    """A table on a terminal fits its width; into a pipe or file it is printed whole (like squeue/sacct)."""
+    if console.is_terminal:
+        console.print(t)
+    else:
+        from rich.console import Console
+
+        Console(width=4000, highlight=False, soft_wrap=False).print(t)
+
+
+# ---------------------------------------------------------------------------------------------
+@app.command()
+def submit(
+    args: Annotated[list[str] | None, typer.Argument(
+        help="A job spec file (.yaml/.yml/.json), or the command to run (after --).", show_default=False)] = None,
+    name: Annotated[str | None, typer.Option("--name", "-J", help="Job name.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", "-G", help="GPUs (default 1).")] = None,
+    cpus: Annotated[int | None, typer.Option("--cpus", "-c", help="CPU cores (default: the GPU-proportional share).")] = None,
+    mem: Annotated[str | None, typer.Option("--mem", help="Memory: 8G (10^9 bytes), 8Gi (2^30 bytes), 512M, or MB.")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM:SS, 90m, 2h.")] = None,
+    wrap: Annotated[str | None, typer.Option("--wrap", help="The command as one string (run by /bin/sh -c).")] = None,
+    array: Annotated[str | None, typer.Option("--array", "-a", help="Job array: 0-9, 1,3,5-7, 0-15:4, 0-9%2 (at most 2 at once).")] = None,
+    dependency: Annotated[str | None, typer.Option("--dependency", "-d", help="afterok:ID[:ID], afterany:, afternotok:, after:; ID_N for one array task; comma = all.")] = None,
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue to submit to.")] = None,
+    workdir: Annotated[str | None, typer.Option("--chdir", "-D", help="Working directory (absolute).")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="Extra environment NAME=VALUE (repeatable).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job (like sbatch): from a spec file, or from flags and a command.
+
+    \b
+    gpuloom submit job.yaml
+    gpuloom submit --gpus 2 --mem 16G --time 1:00:00 -- python train.py --epochs 3
+    gpuloom submit --wrap "python train.py" --array 0-9 --dependency afterok:5
+    """
+    args = list(args or [])
+    body: dict[str, Any] = {}
+    if len(args) == 1 and args[0].lower().endswith(SPEC_SUFFIXES) and wrap is None:
+        body = load_job_file(Path(args[0]))
+    elif args:
+        if wrap is not None:
+            raise typer.BadParameter("give the command after -- or with --wrap, not both")
+        body["command"] = shlex.join(args) if len(args) > 1 else args[0]
+    if wrap is not None:
+        body["command"] = wrap
+    if "command" not in body:
+        raise typer.BadParameter("nothing to run: give a job spec file, a command after --, or --wrap \"command\"")
+    flags = {"name": name, "gpus": gpus, "cpus": cpus, "mem": mem, "time_limit": time_limit, "array": array,
+             "dependency": dependency, "queue": queue, "workdir": workdir}
+    body.update({k: v for k, v in flags.items() if v is not None})
+    if env:
+        extra = dict(body.get("env") or {})
+        for item in env:
+            k, eq, v = item.partition("=")
+            if not eq or not k:
+                raise typer.BadParameter(f"--env {item!r}: expected NAME=VALUE")
+            extra[k] = v
+        body["env"] = extra
+    body.setdefault("gpus", 1)
+    if "name" not in body:
+        body["name"] = "wrap" if wrap is not None else os.path.basename(shlex.split(body["command"])[0]) or "job"
+    import uuid
+
+    # a retry after a lost answer must not submit twice: the key makes the server answer with the same job
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    job = Client(url, token, state_dir).call("POST", "/jobs", retries=2, json=body, headers=key)
+    if as_json:
+        _print_json(job)
+    elif job.get("array_id") is not None:
+        console.print(f"Submitted job array {job['array_id']} ({body['array']})", highlight=False)
+    else:
+        console.print(f"Submitted job {job['id']}", highlight=False)
+
+
+@app.command()
+def queue(
+    all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished, failed and cancelled jobs.")] = False,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    state: Annotated[list[str] | None, typer.Option("--state", "-t", help="Only these states: PD, R, CG, CD, F, CA or lifecycle names (repeatable, or comma-separated).")] = None,
+    long: Annotated[bool, typer.Option("--long", "-l", help="Also the lifecycle state and the time limit.")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List jobs (like squeue): ST is PD (pending), R (running), CG (stopping), CD, F, CA; pending jobs show why."""
+    from ..runtime.ops_api import states_of
+    from ..runtime.service import ACTIVE_STATES
+
+    params: dict[str, Any] = {}
+    if state:
+        try:
+            params["state"] = states_of(state)
+        except Exception as e:  # HTTPException from states_of
+            raise typer.BadParameter(getattr(e, "detail", str(e))) from None
+    elif not all_jobs:
+        params["state"] = list(ACTIVE_STATES)
+    if user:
+        params["user"] = user
+    client = Client(url, token, state_dir)
+    jobs = client.call("GET", "/jobs", params=params)
+    while client.last is not None and client.last.headers.get("X-Next-After"):  # the next page
+        jobs += client.call("GET", "/jobs", params={**params, "after": client.last.headers["X-Next-After"]})
+    if as_json:
+        _print_json(jobs)
+        return
+    cols = ["JOBID", "ARRAY", "NAME", "USER", "QUEUE", "ST"] + (["STATE", "TIME_LIMIT"] if long else []) + \
+        ["TIME", "GPUS", "ITER", "NODELIST(REASON)"]
+    t = Table(*cols, box=None)
+    for j in jobs:
+        it = j.get("progress")
+        row = [str(j["id"]), j.get("array") or "", j["name"], j["user"], j.get("queue") or "-", j["st"]]
+        if long:
+            row += [j["state"].upper(), format_duration(j.get("time_limit"))]
+        row += [format_duration(j.get("held_s")), str(j["gpus"]), "-" if it is None else str(int(it)), _reason(j)]
+        t.add_row(*row)
+    _print_table(t)
+
+
+@app.command()
+def show(
+    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Everything about one job (like scontrol show job), with its allocations and event timeline."""
+    c = Client(url, token, state_dir)
+    j = c.call("GET", f"/jobs/{job_id}")
+    events = c.call("GET", f"/jobs/{job_id}/events")
+    (rec,) = c.call("GET", "/history", params={"job": job_id, "allocations": True}) or [None]
+    if as_json:
+        _print_json({**j, "events": events, "accounting": rec})
+        return
+    gpus = " ".join(f"{p['node']}:{','.join(map(str, p.get('local_gpus', p['gpus'])))}"
+                    for p in (j.get("alloc") or {}).get("parts", [])) or "-"
+    lines = [
+        [("JobId", j["id"]), ("JobName", j["name"]), ("ArrayJob", j.get("array") or "-")],
+        [("User", j["user"]), ("Queue", j.get("queue") or "-"), ("JobState", f"{j['state'].upper()} ({j['st']})")],
+        [("Reason", (j.get("pending_reason") if j["st"] == "PD" else None) or j.get("reason") or "None"),
+         ("Dependency", j.get("dependency") or "-")],
+        [("GPUs", j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
+         ("Memory", format_mem(j.get("mem_mb")) if j.get("mem_mb") is not None else "proportional"),
+         ("TimeLimit", format_duration(j.get("time_limit")) if j.get("time_limit") else "UNLIMITED")],
+        [("SubmitTime", _local(j.get("submit_time"))), ("StartTime", _local(j.get("first_start"))),
+         ("EndTime", _local(j.get("end_time")))],
+        [("Elapsed", format_duration(rec["elapsed_s"]) if rec else "-"), ("Held", format_duration(j.get("held_s"))),
+         ("GPUHours", f"{rec['gpu_hours']:.4f}" if rec else "-")],
+        [("Nodes", ",".join(j.get("nodes") or []) or "-"), ("GPUIds", gpus)],
+        [("Attempts", j["attempts"]), ("Resumes", j["resume_count"]), ("Preemptions", j["preemptions"]),
+         ("Iterations", "-" if j.get("progress") is None else int(j["progress"])),
+         ("ExitCode", "-" if j.get("exit_code") is None else j["exit_code"])],
+        [("Command", j.get("command"))],
+        [("CheckpointDir", j.get("checkpoint_dir") or "-")],
+    ]
+    for i, kv in enumerate(lines):
+        typer.echo(plain(("" if i == 0 else "   ") + " ".join(f"{k}={v}" for k, v in kv)))
+    if rec and rec.get("allocations"):
+        typer.echo("Allocations:")
+        t = Table("FROM", "TO", "NODES", "GPUS", "CPUS", "MEMORY", "TAKEN BY", "GIVEN UP BY", box=None)
+        for a in rec["allocations"]:
+            t.add_row(_local(a["start"]), _local(a["end"]) if a["end"] else "(holding)", ",".join(a["nodes"]),
+                      " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items()), str(a["cpus"]),
+                      format_mem(a["mem_mb"]), a["opened_by"] or "", a["closed_by"] or "")
+        _print_table(t)
+    typer.echo("Events:")
+    t = Table("TIME", "EVENT", "DETAIL", box=None)
+    for e in events:
+        d = e.get("detail") or {}
+        d = {k: v for k, v in d.items() if k != "alloc"}
+        t.add_row(_local(e["time"]), e["kind"], json.dumps(d, sort_keys=True) if d else "")
+    _print_table(t)
+
+
+@app.command()
+def history(
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    state: Annotated[list[str] | None, typer.Option("--state", "-s", help="Only these states: CD, F, CA, PD, R, CG or lifecycle names (repeatable).")] = None,
+    since: Annotated[str | None, typer.Option("--since", "-S", help="Jobs not ended before: 2026-01-31, 2026-01-31T09:00, or an age (2h, 7d).")] = None,
+    until: Annotated[str | None, typer.Option("--until", "-E", help="Jobs submitted by this time (same forms).")] = None,
+    allocations: Annotated[bool, typer.Option("--allocations", help="Also each allocation a job held (nodes, GPUs, from, to).")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Accounting (like sacct): submit, start, end, elapsed, GPU-hours and exit code of past and current jobs."""
+    now = time.time()
+    params: dict[str, Any] = {"allocations": allocations}
+    for key, v in (("since", since), ("until", until)):
+        if v is not None:
+            try:
+                params[key] = repr(parse_time(v, now, f"--{key}"))
+            except ValueError as e:
+                raise typer.BadParameter(str(e)) from None
+    if user:
+        params["user"] = user
+    if state:
+        params["state"] = state
+    recs = Client(url, token, state_dir).call("GET", "/history", params=params)
+    if as_json:
+        _print_json(recs)
+        return
+    t = Table("JOBID", "NAME", "USER", "QUEUE", "STATE", "SUBMIT", "START", "END", "ELAPSED", "GPUS", "GPU-HOURS",
+              "EXITCODE", box=None)
+    for r in recs:
+        t.add_row(r["array"] or str(r["id"]), r["name"], r["user"], r["queue"] or "-", r["state"].upper(),
+                  _local(r["submit"]), _local(r["start"]), _local(r["end"]), format_duration(r["elapsed_s"]),
+                  str(r["gpus"]), f"{r['gpu_hours']:.3f}", "-" if r["exit_code"] is None else str(r["exit_code"]))
+        for a in r.get("allocations") or []:
+            gpus = " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items())
+            t.add_row("", f"  {a['opened_by']}", "", "", "", "", _local(a["start"]), _local(a["end"]), "", str(a["gpus"]),
+                      "", gpus)
+    _print_table(t)
+
+
+@app.command()
+def logs(
+    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    tail: Annotated[int | None, typer.Option(help="Only the last N bytes.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new output until the job ends.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between reads with -f.")] = 0.5,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a job's stdout and stderr (-f: follow it until the job ends)."""
+    c = Client(url, token, state_dir)
+    params = {"tail": tail} if tail else {}
+    r = c.call("GET", f"/jobs/{job_id}/logs", params=params, raw=True)
+    if as_json and not follow:
+        _print_json({"id": job_id, "log": r.text})
+        return
+    typer.echo(r.text, nl=False)
+    if not follow:
+        return
+    offset = int(r.headers.get("X-Log-Offset", 0))
+    try:
+        while True:
+            ended = c.call("GET", f"/jobs/{job_id}")["st"] in ("CD", "F", "CA")
+            r = c.call("GET", f"/jobs/{job_id}/logs", params={"offset": offset}, raw=True)
+            if r.text:
+                typer.echo(r.text, nl=False)
+            offset = int(r.headers.get("X-Log-Offset", offset))
+            if ended and not r.text:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        err_console.print("")
