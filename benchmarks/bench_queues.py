@@ -166,8 +166,14 @@ def bench_philly(processes: int, out: Path | None, splits: list[str]) -> None:
     tasks = [(sp, label) for sp in splits for label in CONFIGS]
     print(f"Philly: 82,247 jobs, 15 VCs, 64x8 GPUs, 300 s rounds; {len(tasks)} runs in {processes} processes",
           flush=True)
+    results = []
     with ProcessPoolExecutor(processes) as pool:
-        results = list(pool.map(_run_philly, tasks))
+        for r in pool.map(_run_philly, tasks):  # in task order, each as soon as it (and those before) end
+            s = r["summary"]
+            print(f"  {r['split']:6} {r['config']:18} util {s['gpu_util']:.1%}  mean JCT {s['mean_jct'] / 3600:.1f} h  "
+                  f"queueing {s['mean_queueing_delay'] / 3600:.1f} h  done {s['completed']:,}  "
+                  f"({r['wall_s']:.0f} s)", flush=True)
+            results.append(r)
     for sp in splits:
         rows = [r for r in results if r["split"] == sp]
         text = philly_tables(sp, rows)

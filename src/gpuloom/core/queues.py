@@ -167,6 +167,8 @@ class QueueTree:
         self.is_leaf = [not c for c in self.children]
         self.weight = [q.weight for q in self.queues]
         self.limit = [q.limit.triple(INF) for q in self.queues]
+        #: some queue has a limit
+        self.limited = any(v != INF for lim in self.limit for v in lim)
         # guarantees: leaves as given; inner queues at least the children's sum (post-order)
         g: list[tuple[float, float, float]] = [q.guarantee.triple(0.0) for q in self.queues]
         for i in reversed(range(n)):

@@ -76,6 +76,5 @@ class Stack:
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> Stack:
-        return cls(**{k: d[k] for k in ("order", "group", "size", "place", "preemptive", "params", "model_options",
-                                                 "queue")
-                      if k in d})
+        keys = ("order", "group", "size", "place", "preemptive", "params", "model_options", "queue")
+        return cls(**{k: d[k] for k in keys if k in d})

@@ -157,6 +157,7 @@ class QuotaQueues(QueuePolicy):
         self._checked_for: Any = None  # the cluster the tree's capacity was checked against
         self._last = Admission()
         self._lists: list[list[tuple[int, Job]]] = []
+        self._prioritised = False  # the last admission saw a job of non-zero priority
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         self.counters = {"guaranteed": 0, "borrowed": 0, "held": 0, "reclaim_passes": 0, "dropped": 0}
@@ -194,14 +195,18 @@ class QuotaQueues(QueuePolicy):
         c = job.extra.get("queue_leaf")
         if c is not None and c[0] == self.version and c[1] is self.tree:
             return c[2]
+        return self._look_up(job)[2]
+
+    def _look_up(self, job: Job) -> tuple[int, QueueTree, int, float]:
+        """(tree version, tree, leaf, priority): what ``job.extra["queue_leaf"]`` caches."""
         tree = self.tree
         assert tree is not None
         if self.auto:
             q = tree.index[self._auto_name(job)]
         else:
             q = tree.leaf_of(job.id, job.spec.attrs, job.spec.user)
-        job.extra["queue_leaf"] = (self.version, tree, q)
-        return q
+        c = job.extra["queue_leaf"] = (self.version, tree, q, job_priority(job))
+        return c
 
     def queue_of(self, job: Job) -> str:
         assert self.tree is not None
@@ -217,14 +222,19 @@ class QuotaQueues(QueuePolicy):
         cl = view.cluster
         per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
         lists: list[list[tuple[int, Job]]] = [[] for _ in range(nq)]
-        leaf = self.leaf
+        prioritised: set[int] = set()  # leaves with a job of non-zero priority
+        version, look_up = self.version, self._look_up
         for i, j in enumerate(ordered):
-            lists[leaf(j)].append((i, j))
+            c = j.extra.get("queue_leaf")
+            if c is None or c[0] != version or c[1] is not tree:
+                c = look_up(j)
+            lists[c[2]].append((i, j))
+            if c[3]:
+                prioritised.add(c[2])
+        self._prioritised = bool(prioritised) and self.priority
         if self.priority:
-            for q in tree.leaves:
-                lst = lists[q]
-                if lst and any(job_priority(j) for _, j in lst):
-                    lst.sort(key=lambda x: -job_priority(x[1]))
+            for q in prioritised:
+                lists[q].sort(key=lambda x: -x[1].extra["queue_leaf"][3])
 
         def demand(j: Job) -> Triple:
             c = j.extra.get("queue_demand")
@@ -370,7 +380,7 @@ class QuotaQueues(QueuePolicy):
         """Drop placed jobs of any queue over its limit (a sizer grew them, a hook kept them): first those a
         hook kept without admission, then the latest admitted."""
         tree = self.tree
-        if tree is None:
+        if tree is None or not tree.limited:
             return plan
         allocs = plan.allocations
         placed = [j for j in view.jobs if j.id in allocs]
@@ -433,7 +443,7 @@ class QuotaQueues(QueuePolicy):
             for j in adm.guaranteed:
                 if j.id not in allocs:
                     out[j.id] = WAITING_FOR_RECLAIM
-        if self.priority:
+        if self._prioritised:
             # a job that would fit in what higher-priority jobs of its queue hold waits for priority
             held_by: dict[int, list[tuple[float, float]]] = {}
             for j in adm.ordered:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.job import Job
-from ..core.queues import QueueTree, job_share
+from ..core.queues import QueueTree
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -62,7 +62,15 @@ class QueueRecorder:
         self.deficit: list[list[float]] = []
         self.limit_violations: dict[str, int] = {}
         self._leaf: dict[str, str] = {}
-        self._waiting: dict[str, float] = {}
+        self._tree_seen: QueueTree | None = None
+        self._col: dict[str, int] = {}
+        self._guarantee: list[float] = []
+        self._limit: list[float] = []
+        self._held: list[float] = []  # per column: GPUs held now
+        self._demand: list[float] = []  # per column: GPUs the active jobs ask for
+        self._running: dict[str, tuple[Any, int]] = {}  # job id -> (allocation, column) as last seen
+        self._active: dict[str, tuple[int, int]] = {}  # job id -> (column, GPUs asked) as last seen
+        self._waiting_now: list[float] = []
 
     def _current_tree(self) -> QueueTree | None:
         return self.tree if self.tree is not None else self.policy.tree
@@ -81,26 +89,55 @@ class QueueRecorder:
         tree = self._current_tree()
         if tree is None:
             return
-        leaves = [tree.queues[i] for i in tree.leaves]
-        for q in leaves:
-            if q.name not in self.names:
-                self.names.append(q.name)
-        held = dict.fromkeys(self.names, 0.0)
-        jobs = sim.active
-        for jid, a in sim.current.items():
-            held[self.queue_of(jobs[jid])] += job_share(a)[0]
+        if tree is not self._tree_seen:  # (a queue stage's own tree grows as queue names appear)
+            self._tree_seen = tree
+            for i in tree.leaves:
+                name = tree.queues[i].name
+                if name not in self.names:
+                    self.names.append(name)
+            self._col = {n: k for k, n in enumerate(self.names)}
+            self._guarantee = [tree.guarantee[tree.index[n]][0] if n in tree.index else 0.0 for n in self.names]
+            self._limit = [tree.limit[tree.index[n]][0] if n in tree.index else math.inf for n in self.names]
+            grow = len(self.names) - len(self._held)
+            self._held += [0.0] * grow
+            self._demand += [0.0] * grow
+        jobs, current, col = sim.active, sim.current, self._col
+        held = self._held
+        # what runs: only the changes since the last event (starts, ends, moves, regroups)
+        tracked = self._running
+        for jid in tracked.keys() - current.keys():
+            a, k = tracked.pop(jid)
+            held[k] -= a.num_gpus / (1 + len(a.group))
+        for jid, a in current.items():
+            old = tracked.get(jid)
+            if old is not None and old[0] is a:
+                continue
+            if old is not None:
+                held[old[1]] -= old[0].num_gpus / (1 + len(old[0].group))
+            k = col[self.queue_of(jobs[jid])]
+            held[k] += a.num_gpus / (1 + len(a.group))
+            tracked[jid] = (a, k)
         if event == "round":
-            waiting = dict.fromkeys(self.names, 0.0)
-            for jid, j in jobs.items():
-                if jid not in sim.current:
-                    waiting[self.queue_of(j)] += j.spec.gpus
-            self._waiting = waiting
-            for q in leaves:
-                if held[q.name] > tree.limit[tree.index[q.name]][0] + 1e-6:
-                    self.limit_violations[q.name] = self.limit_violations.get(q.name, 0) + 1
-        gua = {q.name: tree.guarantee[tree.index[q.name]][0] for q in leaves}
-        deficit = [max(0.0, min(gua.get(n, 0.0), held[n] + self._waiting.get(n, 0.0)) - held[n]) for n in self.names]
-        row = [held[n] for n in self.names]
+            # what is asked for: the GPUs of every active job, kept from arrivals and ends
+            seen, demand = self._active, self._demand
+            for jid in jobs.keys() - seen.keys():
+                j = jobs[jid]
+                k = col[self.queue_of(j)]
+                seen[jid] = (k, j.spec.gpus)
+                demand[k] += j.spec.gpus
+            for jid in seen.keys() - jobs.keys():
+                k, g = seen.pop(jid)
+                demand[k] -= g
+            asked_by_running = [0.0] * len(self.names)
+            for a, k in tracked.values():
+                asked_by_running[k] += seen[a.job_id][1]
+            self._waiting_now = [max(0.0, d - r) for d, r in zip(demand, asked_by_running, strict=True)]
+            for k, n in enumerate(self.names):
+                if held[k] > self._limit[k] + 1e-6:
+                    self.limit_violations[n] = self.limit_violations.get(n, 0) + 1
+        waiting = self._waiting_now + [0.0] * (len(held) - len(self._waiting_now))
+        row = [round(h, 9) + 0.0 for h in held]  # (sums of fractions: no -0.0 or 1e-16 left over)
+        deficit = [max(0.0, min(g, h + w) - h) for g, h, w in zip(self._guarantee, row, waiting, strict=True)]
         t = sim.now
         if self.t and self.t[-1] == t:
             self.held[-1], self.deficit[-1] = row, deficit
