@@ -50,7 +50,7 @@ def test_a_tree_from_toml_with_resources_users_and_inner_guarantees(tmp_path: Pa
     t = load_queue_file(f)
     assert t.names == ["research", "vision", "nlp", "shared"] and t.leaf_names == ["vision", "nlp", "shared"]
     r = t.index["research"]
-    assert t.guarantee[r] == (8.0, 24.0, 2048.0) and t.limit[r] == (12.0, math.inf, math.inf)
+    assert t.guarantee[r] == (8.0, 24.0, 2000.0) and t.limit[r] == (12.0, math.inf, math.inf)  # GB = 1000 MB
     assert t.surplus == (r,)  # 8 > 4 + 2: the spare 2 GPUs go to research's teams first
     assert t.path[t.index["nlp"]] == (r, t.index["nlp"])
     assert t.sibling_weight[r] == pytest.approx(2 / 3)  # top-level siblings: research (2), shared (1)

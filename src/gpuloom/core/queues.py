@@ -303,7 +303,7 @@ class QueueTree:
 
 # -- reading a mapping (TOML, JSON, the store) ------------------------------------------------------
 _QUEUE_KEYS = ("name", "parent", "guarantee", "limit", "weight")
-_QUOTA_KEYS = {"gpus": 1.0, "cpus": 1.0, "mem_mb": 1.0, "mem_gb": 1024.0}
+_QUOTA_KEYS = {"gpus": 1.0, "cpus": 1.0, "mem_mb": 1.0, "mem_gb": 1000.0}  # MB = 10^6 bytes, GB = 10^9
 
 
 def _number(v: Any, what: str) -> float:
