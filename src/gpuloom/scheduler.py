@@ -1,4 +1,4 @@
-"""One scheduling round: order → group → size → place, then plan hooks.
+"""One scheduling round: order → queue → group → size → place, then plan hooks.
 
 The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
 and the real service (:mod:`gpuloom.runtime`), both through the driver
@@ -35,6 +35,12 @@ order), ``Placement`` when free GPUs exist but no placement of its gang does
 (:meth:`~gpuloom.policies.base.Stage.pending_reasons`: a queue at its quota,
 say), which take precedence.
 
+**Queues.**  With a queue stage (:mod:`gpuloom.policies.queues`) the
+pipeline runs on what it admits, guaranteed jobs first; lent GPUs are
+reclaimed in the same round (:meth:`Scheduler._queued`: two passes, then
+eviction for what a queue is still owed), the stage enforces its limits after
+the hooks, and :meth:`Scheduler.check` runs its invariants.
+
 *Plan hooks* (:meth:`~gpuloom.policies.base.Stage.plan_hooks`) run after
 placement and may amend the plan against the current state (e.g. hysteresis:
 keep protected jobs where they are); each is a callable ``hook(plan, view) ->
@@ -45,16 +51,19 @@ is updated to match, so the gang check still holds against the final plan.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .core.job import Job
-from .core.plan import Action, Plan, PlanError, check_actions, check_plan
+from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan
 from .perf.model import ThroughputModel
 from .policies import base as pb
+from .policies.free import FreeState
 from .policies.incremental import TailWalk, all_fit_plan
 from .policies.order import KeyOrder
+from .policies.queue_base import Admission, Owed, QueuePolicy
 
 PlanHook = pb.PlanHook
 
@@ -85,6 +94,7 @@ class Scheduler:
         place: pb.PlacePolicy,
         preemptive: bool = True,
         hooks: Sequence[PlanHook] = (),
+        queue: QueuePolicy | None = None,
     ) -> None:
         self.order = order
         self.group = group
@@ -92,6 +102,7 @@ class Scheduler:
         self.place = place
         self.preemptive = preemptive
         self.hooks = list(hooks)
+        self.queue = queue if queue is not None else pb.make("queue", "none")
 
     @classmethod
     def from_names(
@@ -102,22 +113,31 @@ class Scheduler:
         place: str = "packed-sticky",
         preemptive: bool = True,
         params: Mapping[str, Any] | None = None,
+        queue: str = "none",
     ) -> Scheduler:
         """Build from registry names; ``params`` (bare or ``stage.name``) go to the stage that takes them."""
         chosen = {"order": order, "group": group, "size": size, "place": place}
+        if queue != "none":  # (no queue stage: error messages do not list one)
+            chosen["queue"] = queue
         per_stage = route_params(chosen, params or {})
         stages = {s: pb.make(s, n, per_stage[s]) for s, n in chosen.items()}
+        stages.setdefault("queue", pb.make("queue", "none"))
         # a stage may bring plan hooks of its own (e.g. elastic sizing's hysteresis)
         hooks = [h for st in stages.values() for h in st.plan_hooks()]
-        return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks)
+        return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks,
+                   stages["queue"])
 
     @property
     def stages(self) -> tuple[pb.Stage, ...]:
-        return (self.order, self.group, self.size, self.place)
+        return (self.order, self.group, self.size, self.place, self.queue)
 
     @property
     def names(self) -> dict[str, str]:
-        return {"order": self.order.name, "group": self.group.name, "size": self.size.name, "place": self.place.name}
+        """The stages' names; ``queue`` only when there is a queue stage."""
+        out = {"order": self.order.name, "group": self.group.name, "size": self.size.name, "place": self.place.name}
+        if self.queue.enabled:
+            out["queue"] = self.queue.name
+        return out
 
     @property
     def label(self) -> str:
@@ -178,43 +198,58 @@ class Scheduler:
         requests = self.size.size(units, view)
         return Round(self.size.allocate(requests, view, self.place, self.preemptive), requests)
 
+    def _plan(self, ordered: list[Job], view: pb.View) -> Round:
+        """group → size → place over ``ordered`` (only the prefix that fills the cluster when that is exact)."""
+        if self.size.fixed_gpus and self.group.name == "none":
+            prefix = self._prefix(ordered, view.cluster.num_gpus)
+            rnd = self._run(prefix, view)
+            if len(prefix) < len(ordered) and _free_gpus(rnd.plan, view) > 0:
+                rnd = self._run(ordered, view)
+            return rnd
+        return self._run(ordered, view)
+
     def schedule(self, view: pb.View, reasons: bool = True) -> Round:
         """The round for ``view``; ``reasons=False`` leaves ``Round.reasons`` empty (the simulator
         has no use for them, and they cost a pass over every waiting job)."""
         ordered: list[Job] | None = None
         every_asked = False  # every job past the requests would be asked for its spec's GPUs
-        rnd_fit = self._all_fit(view)
-        if rnd_fit is not None:
-            rnd, every_asked = rnd_fit, True
-        elif self.size.fixed_gpus and self.group.name == "none":
+        if self.queue.enabled:
             ordered = self.order.order(view.jobs, view)
-            prefix = self._prefix(ordered, view.cluster.num_gpus)
-            walk = self._tail(ordered, len(prefix), view) if len(prefix) < len(ordered) else None
-            if walk is not None:
-                requests = self.size.size([(j,) for j in prefix], view)
-                rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk), requests + walk.visited)
-                every_asked = True
-            else:
-                rnd = self._run(prefix, view)
-                if len(prefix) < len(ordered):
-                    free = rnd.plan.free_gpus
-                    if free is None:
-                        free = view.cluster.num_gpus - len({g for a in rnd.plan.allocations.values() for g in a.gpu_ids})
-                    if free > 0:
-                        rnd = self._run(ordered, view)
+            rnd = self._queued(ordered, view)
         else:
-            ordered = self.order.order(view.jobs, view)
-            rnd = self._run(ordered, view)
+            rnd_fit = self._all_fit(view)
+            if rnd_fit is not None:
+                rnd, every_asked = rnd_fit, True
+            elif self.size.fixed_gpus and self.group.name == "none":
+                ordered = self.order.order(view.jobs, view)
+                prefix = self._prefix(ordered, view.cluster.num_gpus)
+                walk = self._tail(ordered, len(prefix), view) if len(prefix) < len(ordered) else None
+                if walk is not None:
+                    requests = self.size.size([(j,) for j in prefix], view)
+                    rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk),
+                                requests + walk.visited)
+                    every_asked = True
+                else:
+                    rnd = self._run(prefix, view)
+                    if len(prefix) < len(ordered) and _free_gpus(rnd.plan, view) > 0:
+                        rnd = self._run(ordered, view)
+            else:
+                ordered = self.order.order(view.jobs, view)
+                rnd = self._run(ordered, view)
+            rnd = self._hooked(rnd, view)
+        if reasons:
+            if ordered is None:
+                ordered = self.order.order(view.jobs, view)
+            rnd.reasons = self.reasons(rnd, view, ordered, every_asked)
+        return rnd
+
+    def _hooked(self, rnd: Round, view: pb.View) -> Round:
         if self.hooks:
             placed = plan = rnd.plan
             for hook in self.hooks:
                 plan = hook(plan, view)
             if plan is not placed:
                 rnd = Round(plan, _kept_requests(rnd.requests, plan, view))
-        if reasons:
-            if ordered is None:
-                ordered = self.order.order(view.jobs, view)
-            rnd.reasons = self.reasons(rnd, view, ordered, every_asked)
         return rnd
 
     def _tail(self, ordered: list[Job], start: int, view: pb.View) -> TailWalk | None:
@@ -233,7 +268,8 @@ class Scheduler:
         return (tally is not None and view.free is not None and size.fixed_gpus and size.static_requests
                 and self.group.name == "none" and type(size).allocate is pb.SizePolicy.allocate
                 and place.sticky and type(place).place is pb.PlacePolicy.place
-                and isinstance(order, KeyOrder) and (tally.index_order or not order.follows_view))
+                and isinstance(order, KeyOrder) and (tally.index_order or not order.follows_view)
+                and not self.queue.enabled)
 
     def _all_fit(self, view: pb.View) -> Round | None:
         """The round when every active job fits by GPU count (:func:`~gpuloom.policies.incremental.all_fit_plan`)."""
@@ -245,6 +281,129 @@ class Scheduler:
         size = self.size
         plan, requests = all_fit_plan(waiting, lambda j: size.request(j, view), self.place, view)
         return Round(plan, requests)
+
+    # -- the queue stage (policies/queues.py) -------------------------------------------------
+    def _queued(self, ordered: list[Job], view: pb.View) -> Round:
+        """Admit across queues, plan the admitted jobs, reclaim lent GPUs, hooks, limits.
+
+        Reclaim happens where a queue below its guarantee has a waiting job
+        while borrowed (tier B) work holds GPUs.  First, if a guaranteed job was
+        left out, the round is planned again in two passes (:meth:`_two_pass`).
+        Then every job the queue stage still owes a place (a waiting job that
+        fits its queue's unused guarantee, in the queue's order:
+        :meth:`~gpuloom.policies.base.QueuePolicy.owed`) is placed by the place
+        policy on what the non-borrowed jobs leave, evicting the borrowed work
+        in its way (:meth:`_evict_for`).  So a guaranteed job that fits nowhere
+        (the guaranteed jobs fragment the cluster) does not keep its queue's
+        smaller jobs from the guarantee.  A plan hook may undo a reclaim (it
+        keeps running jobs where they are) for one round; a queue still owed
+        after the hooks in the next round too reclaims over the hook.
+        """
+        q = self.queue
+        strict = not self.place.backfill
+        adm = q.admit(ordered, view, strict)
+        rnd = self._plan(adm.ordered, view)
+        if adm.truncated and _free_gpus(rnd.plan, view) > 0:
+            adm = q.admit(ordered, view, strict, full=True)
+            rnd = self._plan(adm.ordered, view)
+        if adm.over and any(j.id in rnd.plan.allocations for j in adm.over):
+            if _left_out_while_lent(adm, rnd.plan):
+                rnd = self._two_pass(adm, view)
+                q.note_reclaim()
+            owed = q.owed(rnd.plan, view)
+            if owed:
+                rnd = self._evict_for(owed, adm, rnd, view)
+        rnd = self._hooked(rnd, view)
+        if self.hooks and adm.over:
+            # a hook (elastic sizing's protection) may keep borrowed work where an owner's job should go:
+            # for one round; a queue owed after the hooks two rounds running reclaims over the hook
+            again = q.owed_again(q.owed(rnd.plan, view))
+            if again:
+                rnd = self._evict_for(again, adm, rnd, view)
+        plan = q.enforce(rnd.plan, view)
+        return rnd if plan is rnd.plan else Round(plan, rnd.requests)
+
+    def _evict_for(self, owed: Sequence[Owed], adm: Admission, rnd: Round, view: pb.View) -> Round:
+        """Place owed jobs (:class:`~gpuloom.policies.base.Owed`, queue by queue, each queue's in its order,
+        within its room) on what is left once other queues' borrowed work is set aside, evicting the
+        borrowed work in their way (latest in the cross-queue order first).  Within a queue, after a job
+        finds no placement, jobs as large are not tried."""
+        allocs = dict(rnd.plan.allocations)
+        over = [j for j in adm.over if j.id in allocs]
+        asked = {j.id: r for r in rnd.requests for j in r.jobs}
+        requests = list(rnd.requests)
+        placed: list[Job] = []
+        for o in owed:
+            theirs = [j for j in over if j.id not in o.own]  # other queues' borrowed work, still placed
+            ids = {j.id for j in theirs}
+            base = FreeState.of(view.cluster, {k: a for k, a in allocs.items() if k not in ids})
+            room, too_big = o.room, math.inf
+            for j in o.jobs:
+                if j.id in allocs or j.spec.gpus >= too_big or j.spec.gpus > room + 1e-9:
+                    continue
+                r = asked.get(j.id)
+                req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
+                       pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
+                parts = self.place.choose(req, base, view)
+                if parts is None:
+                    too_big = j.spec.gpus
+                    continue
+                gpus = {g for p in parts for g in p.gpus}
+                nodes = {p.node for p in parts}
+                for b in reversed(theirs):
+                    a = allocs.get(b.id)
+                    if a is not None and gpus.intersection(a.gpu_ids):
+                        _drop(allocs, b.id)
+                free = FreeState.of(view.cluster, allocs)
+                for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
+                    if free.fits(parts):
+                        break
+                    a = allocs.get(b.id)
+                    if a is not None and nodes.intersection(a.nodes):
+                        _drop(allocs, b.id)
+                        free = FreeState.of(view.cluster, allocs)
+                base.take(parts)
+                room -= req.gpus
+                allocs[j.id] = Allocation(j.id, parts, (), req.key)
+                placed.append(j)
+                if r is None or len(r.jobs) > 1:
+                    requests.append(req)
+        if not placed:
+            return rnd
+        self.queue.note_guaranteed(placed)
+        return Round(Plan(allocs), requests)
+
+    def _two_pass(self, adm: Admission, view: pb.View) -> Round:
+        """Plan tier A alone on the whole cluster, then everything with tier A pinned where it landed.
+
+        The second pass sees tier A's jobs as running on their first-pass
+        allocations and borrowed work as running only where tier A left its GPUs
+        free (the rest looks waiting: its ``alloc`` is hidden for the pass), so
+        sticky placement keeps what the owners took and lent GPUs are reclaimed.
+        Placement that is not sticky re-places everything, tier A first, as the
+        first pass did.
+        """
+        first = self._plan(adm.guaranteed, view).plan.allocations
+        free = FreeState.of(view.cluster, first)
+        current: dict[str, Allocation] = dict(first)
+        for j in adm.over:
+            a = view.current.get(j.id)
+            if a is not None and not a.group and free.fits(a.parts):
+                free.take(a.parts)
+                current[j.id] = a
+        swapped: list[tuple[Job, Any]] = []
+        for j in adm.ordered:
+            want = current.get(j.id)
+            if j.alloc is not want:
+                swapped.append((j, j.alloc))
+                j.alloc = want
+        try:
+            pinned = pb.View(view.now, view.cluster, view.jobs, current, view.model, view.rng, view.round_index,
+                             view.extra, free)
+            return self._plan(adm.ordered, pinned)
+        finally:
+            for j, a in swapped:
+                j.alloc = a
 
     def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job], every_asked: bool = False) -> dict[str, str]:
         """Why each active job the plan leaves out waits (see the module notes); ``every_asked``: the
@@ -295,6 +454,8 @@ class Scheduler:
                 active = {x.id for x in view.jobs}
             if jid not in active:
                 raise PlanError(f"job {jid} planned but not active")
+        if self.queue.enabled:
+            self.queue.check(plan, view, self.place)
 
     def check_changes(
         self,
@@ -327,6 +488,8 @@ class Scheduler:
             want = job.spec.gpus if asked is None else asked.get(act.job_id)
             if want is not None and a.num_gpus != want:
                 raise PlanError(f"job {act.job_id}: gang broken, holds {a.num_gpus} of {want} GPUs")
+        if self.queue.enabled:
+            self.queue.check(rnd.plan, view, self.place)
 
 
 def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -381,6 +544,28 @@ def _listing(names: set[str]) -> str:
 def _did_you_mean(name: str, names: set[str]) -> str:
     close = difflib.get_close_matches(name, sorted(names), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _left_out_while_lent(adm: Admission, plan: Plan) -> bool:
+    """A guaranteed job is not in ``plan`` while borrowed work is."""
+    allocs = plan.allocations
+    return any(j.id not in allocs for j in adm.guaranteed) and any(j.id in allocs for j in adm.over)
+
+
+def _drop(allocs: dict[str, Allocation], jid: str) -> None:
+    """Remove ``jid`` from a plan; its co-runners keep their GPUs in a group without it."""
+    a = allocs.pop(jid)
+    for oid in a.group:
+        o = allocs.get(oid)
+        if o is not None:
+            allocs[oid] = Allocation(o.job_id, o.parts, tuple(x for x in o.group if x != jid), o.key)
+
+
+def _free_gpus(plan: Plan, view: pb.View) -> int:
+    free = plan.free_gpus
+    if free is None:
+        free = view.cluster.num_gpus - len({g for a in plan.allocations.values() for g in a.gpu_ids})
+    return free
 
 
 def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:

@@ -75,3 +75,4 @@ from . import service  # noqa: E402,F401  (registers serve, cancel, nodes, token
 from . import jobs  # noqa: E402,F401  (registers submit, queue, show, history, logs)
 from . import inventory  # noqa: E402,F401  (registers inventory)
 from . import reproduce  # noqa: E402,F401  (registers reproduce)
+from . import queues  # noqa: E402,F401  (registers queues; --queues for simulate and compare)

@@ -142,13 +142,15 @@ def stack_params(param: Sequence[str] | None, model_opts: dict[str, Any]) -> dic
     return params
 
 
-def check_policies(order: str, group: str, size: str, place: str, params: Sequence[str]) -> None:
+def check_policies(order: str, group: str, size: str, place: str, params: Sequence[str], queue: str = "none") -> None:
     """Policy names and ``-P`` names, with "did you mean" and the accepted names; warn about odd pairs."""
     from ..perf.assembly import MODEL_OPTIONS
     from ..policies.check import check_names, conflicts
     from ..scheduler import route_params
 
     stages = {"order": order, "group": group, "size": size, "place": place}
+    if queue != "none":
+        stages["queue"] = queue
     check_names(stages)
     route_params(stages, {p: None for p in params if p not in MODEL_OPTIONS})
     for msg in conflicts(stages):
@@ -181,6 +183,7 @@ def user_errors() -> Iterator[None]:
     one ``warning:`` line each."""
     from ..core.cluster import ClusterError
     from ..core.job import JobError
+    from ..core.queues import QueueError
     from ..perf.assembly import ModelOptionError
     from ..perf.scaling import ScalingError
     from ..perf.sensitivity import SensitivityError
@@ -191,7 +194,7 @@ def user_errors() -> Iterator[None]:
 
     handled: tuple[type[BaseException], ...] = (
         ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
-        SensitivityError, ScalingError, ModelOptionError, OptionError,
+        SensitivityError, ScalingError, ModelOptionError, OptionError, QueueError,
     )
     saved = warnings.showwarning
     warnings.showwarning = _showwarning

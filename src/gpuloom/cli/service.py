@@ -10,6 +10,8 @@ gpuloom                Slurm       what
 ``nodes``              sinfo       nodes with used/total GPUs, cores, memory
 ``token create USER``  (sacctmgr)  a token for a user (admin; ``--expires 30d``)
 ``token list|revoke``  (sacctmgr)  tokens by id; revoke one
+``queues``             (sshare)    usage vs quota per queue; admin changes
+                                   (:mod:`gpuloom.cli.queues`)
 
 ``submit``, ``queue``, ``show``, ``history`` and ``logs`` are in :mod:`.jobs`.
 =====================  ==========  ============================================
@@ -37,6 +39,7 @@ from rich.markup import escape
 from . import app
 from .common import SafeTable as Table
 from .common import cell, check_policies, console, err_console, model_options, stack_params, user_errors
+from .queues import queue_stage
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -73,6 +76,10 @@ def serve(
     size: Annotated[str, typer.Option(help="Size policy.")] = "proportional",
     place: Annotated[str, typer.Option(help="Place policy.")] = "packed-sticky",
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
+    queue_policy: Annotated[str | None, typer.Option(
+        "--queue-policy", help="Queue stage: none, quota, drf, fairshare (default: quota with --queues, else none).")] = None,
+    queues: Annotated[Path | None, typer.Option(
+        "--queues", help="Queue tree (TOML); replaces the stored one. Without it the stored tree is used.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter or model option name=value.")] = None,
     round_s: Annotated[float, typer.Option("--round", help="Seconds between scheduling rounds.")] = 5.0,
     grace: Annotated[float, typer.Option(help="Seconds a stopped job gets to checkpoint before SIGKILL.")] = 10.0,
@@ -113,6 +120,7 @@ def serve(
     import uvicorn
 
     from ..driver import Stack
+    from ..policies.queues import load_queue_file
     from ..runtime.api import create_app, ensure_admin_token
     from ..runtime.identity import Identities, IdentityError, private_dir
     from ..runtime.locks import AlreadyServed, ServerLocks
@@ -144,9 +152,10 @@ def serve(
     with user_errors():
         inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
         params = stack_params(param, model_opts)
-        check_policies(order, group, size, place, list(params))  # did-you-mean, accepted -P names
+        queue = queue_stage(queue_policy, str(queues) if queues else None)
+        check_policies(order, group, size, place, list(params), queue)  # did-you-mean, accepted -P names
         # the scheduler and throughput model `simulate` builds for the same options
-        stack = Stack(order, group, size, place, not non_preemptive, params)
+        stack = Stack(order, group, size, place, not non_preemptive, params, queue=queue)
         # (bound to each other by the service's driver, after it adds what profiling needs)
         sched, model = stack.scheduler(), stack.model(inventory, seed)
     if not round_s > 0:
@@ -197,6 +206,11 @@ def serve(
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    with user_errors():
+        if queues is not None:
+            svc.queues.configure(load_queue_file(queues))
+        else:
+            svc.queues.validate()  # a stored tree must still fit the cluster and hold every active job
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request

@@ -44,6 +44,7 @@ from .common import (
     user_errors,
     warn,
 )
+from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queue_stage
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
 FormatOpt = Annotated[str | None, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
@@ -170,6 +171,8 @@ def simulate(
     size: Annotated[str, typer.Option(help="Size policy: proportional, greedy, opt, tune, elastic, ...")] = "proportional",
     place: Annotated[str, typer.Option(help="Place policy: packed-sticky, packed-non-sticky, random-sticky, ...")] = "packed-sticky",
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
+    queue_policy: QueuePolicyOpt = None,
+    queues: QueuesOpt = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter (name or stage.name) or model option, name=value (repeatable).")] = None,
     round_len: Annotated[float, typer.Option("--round", help="Round length in seconds.")] = 300.0,
     reschedule_on: Annotated[str, typer.Option(help="Also reschedule on: arrival, completion, both or none.")] = "none",
@@ -208,7 +211,8 @@ def simulate(
             warn("--variability-seed is ignored without --variability")
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
         params = stack_params(param, model_opts)
-        check_policies(order, group, size, place, list(params))
+        queue = queue_stage(queue_policy, queues)
+        check_policies(order, group, size, place, list(params), queue)
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         check_impossible(specs, cl, drop_impossible)
         cfg = SimConfig(
@@ -222,9 +226,11 @@ def simulate(
             max_time=max_time if max_time is not None else math.inf,
             drop_impossible=drop_impossible,
         )
-        rc = RunConfig(f"{order}/{group}/{size}/{place}", order, group, size, place, not non_preemptive, params,
-                       locality_penalty, cfg).validate()
-        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick))
+        label = f"{order}/{group}/{size}/{place}" + (f"/{queue}" if queue != "none" else "")
+        rc = RunConfig(label, order, group, size, place, not non_preemptive, params, locality_penalty, cfg,
+                       queue).validate()
+        tree = apply_queues([rc], queues, specs, cl)
+        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree))
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
     summary = result.summary()
@@ -235,10 +241,13 @@ def simulate(
     if plots:
         report.plot_run(result, folder)
         report.write_report(result, folder)
+    per_queue = queue_outputs({result.label: result}, folder, plots)
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))
         return
     console.print(report.summary_table({result.label: result}))
+    if per_queue is not None:
+        console.print(per_queue)
     console.print(f"[dim]{len(specs)} jobs ({what}) on {cl.num_nodes} nodes / {cl.num_gpus} GPUs; "
                   f"results in {folder}/[/]", highlight=False)
 
@@ -296,6 +305,7 @@ def compare(
     seeds: Annotated[str | None, typer.Option(
         help="Run every configuration with N seeds (from --seed) or with a list (0,3,7): mean and 95 % CI.")] = None,
     drop_impossible: DropOpt = False,
+    queues: QueuesOpt = None,
     processes: Annotated[int | None, typer.Option("--processes", "-j", help="Parallel processes (default: CPU count).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
@@ -356,10 +366,11 @@ def compare(
         if seeded and len(seed_list) > 1:
             what = what.replace(f"(seed {seed_list[0]})", "(one per seed)")
         n_jobs = sum(len(load(s)) for s in seed_list) if seeded else len(load(seed_list[0])) * len(seed_list)
+        tree = apply_queues(configs, queues, load(seed_list[0]), cl)
         with Progress("compare", runs=len(configs) * len(seed_list), jobs=n_jobs * len(configs)) as prog:
             results = run_seeds(configs, cl, seed_list, load if seeded else load(seed_list[0]), processes,
                                 on_progress=lambda p: prog.update(p.key, p.done, p.total, p.now, p.finished),
-                                poll=prog.tick)
+                                poll=prog.tick, queues=tree)
     meta = _meta(trace, what, cluster)
     for rs in results.values():
         for r in rs:
@@ -367,10 +378,13 @@ def compare(
             _stall_warning(r)
     folder = out_dir(out)
     report.write_compare(results, folder, plots=plots, meta=meta)
+    per_queue = queue_outputs({label: rs[0] for label, rs in results.items()}, folder, False)  # the first seed's
     if as_json:
         console.print_json(json.dumps(report.jsonable(report.summary_rows(results))))
         return
     console.print(report.summary_table(results))
+    if per_queue is not None:
+        console.print(per_queue)
     n_jobs = len(next(iter(cache.values()))[0])  # per run
     seeds_txt = f"; {len(seed_list)} seeds: mean ± 95 % CI" if len(seed_list) > 1 else ""
     console.print(f"[dim]{n_jobs} jobs ({what}){seeds_txt}; results in {folder}/[/]", highlight=False)

@@ -1,7 +1,7 @@
 """A policy stack: the one route from options to a scheduler and a throughput model.
 
 ``gpuloom simulate``, ``compare`` (and its worker processes) and ``serve`` all
-describe what to run as a :class:`Stack`: four stage names, preemption,
+describe what to run as a :class:`Stack`: the stage names, preemption,
 ``-P`` parameters and model options.  :meth:`Stack.scheduler` builds the
 scheduler (parameters routed to stages by :func:`~gpuloom.scheduler.route_params`),
 :meth:`Stack.model` the throughput model (:func:`~gpuloom.perf.assembly.build_model`);
@@ -22,7 +22,7 @@ from ..perf.assembly import build_model, split_params
 from ..perf.model import ThroughputModel
 from ..scheduler import Scheduler
 
-STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky"}
+STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", "queue": "none"}
 
 
 @dataclass(slots=True)
@@ -36,10 +36,15 @@ class Stack:
     params: dict[str, Any] = field(default_factory=dict)
     #: model options given as flags (``--profiles``, ``--locality-penalty``, ...); ``-P`` wins
     model_options: dict[str, Any] = field(default_factory=dict)
+    #: the queue stage (:mod:`gpuloom.policies.queues`): ``none``, ``quota``, ``drf``, ``fairshare``
+    queue: str = "none"
 
     @property
     def names(self) -> dict[str, str]:
-        return {"order": self.order, "group": self.group, "size": self.size, "place": self.place}
+        out = {"order": self.order, "group": self.group, "size": self.size, "place": self.place}
+        if self.queue != "none":
+            out["queue"] = self.queue
+        return out
 
     @property
     def label(self) -> str:
@@ -52,7 +57,8 @@ class Stack:
 
     def scheduler(self) -> Scheduler:
         policy, _ = self.split()
-        return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy)
+        return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy,
+                                    self.queue)
 
     def model(self, cluster: Cluster, seed: int | None = None, specs: Sequence[JobSpec] = ()) -> ThroughputModel:
         _, opts = self.split()
@@ -70,5 +76,5 @@ class Stack:
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> Stack:
-        return cls(**{k: d[k] for k in ("order", "group", "size", "place", "preemptive", "params", "model_options")
-                      if k in d})
+        keys = ("order", "group", "size", "place", "preemptive", "params", "model_options", "queue")
+        return cls(**{k: d[k] for k in keys if k in d})

@@ -1,8 +1,11 @@
-"""The four pipeline stages, their registry, and the shared placement machinery.
+"""The pipeline stages, their registry, and the shared placement machinery.
 
-A round is ``order → group → size → place`` over a :class:`View`:
+A round is ``order → queue → group → size → place`` over a :class:`View`:
 
 * **order** (:class:`OrderPolicy`) sorts the active jobs, highest priority first;
+* **queue** (:class:`~.queue_base.QueuePolicy`, :mod:`.queues`) admits and interleaves them
+  across teams' queues (guarantees, limits, borrowing, fair share); ``none``
+  (the default) passes them on unchanged;
 * **group** (:class:`GroupPolicy`) turns the ordered jobs into *units*: one job,
   or several jobs that will share one set of GPUs (Muri);
 * **size** (:class:`SizePolicy`) says how much of each resource a unit gets,
@@ -83,7 +86,7 @@ from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
 
-STAGES = ("order", "group", "size", "place")
+STAGES = ("order", "group", "size", "place", "queue")
 _REGISTRY: dict[str, dict[str, type[Stage]]] = {s: {} for s in STAGES}
 
 
@@ -98,7 +101,12 @@ def register(stage: str, *names: str) -> Callable[[type], type]:
 
     def deco(cls: type) -> type:
         # resolved when a policy module registers a class (this module is fully loaded by then)
-        base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
+        if stage == "queue":
+            from .queue_base import QueuePolicy  # the queue stage's base lives beside it (no registrations)
+
+            base: type[Stage] = QueuePolicy
+        else:
+            base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise PolicyError(f"{cls.__name__} is registered as a {stage} policy but does not derive from "
                               f"{base.__name__}")

@@ -15,6 +15,7 @@ Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer TOKEN``
 ``POST /tokens``           admin only: a new token for a user (``expires``: 30d)
 ``GET  /tokens``           tokens (ids, users, expiry): all for an admin, else one's own
 ``DELETE /tokens/{id}``    revoke a token: one's own, or any for an admin
+``/queues``...             queues: usage vs quota, admin changes (:mod:`.queue_api`)
 =========================  ==================================================
 
 The operator's endpoints (``/metrics``, ``/history``, ``/cluster``, the
@@ -58,6 +59,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.lifecycle import JobState
+from ..core.queues import QueueError
 from .admission import NotFound, PermissionDenied, SubmitError
 from .deps import parse_array, parse_dependency
 from .history import array_label, iso, short_state
@@ -77,6 +79,7 @@ from .limits import (
     validation_error,
 )
 from .privacy import redact_events, redact_job
+from .queue_api import QUEUE_RE, add_queue_routes
 from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
@@ -140,6 +143,7 @@ class JobSubmit(BaseModel):
     resource_times: list[Finite] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
     iteration_time: Finite | None = Field(None, gt=0)  # seconds per iteration (Muri)
 
+    queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/queues.py)
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
     dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
 
@@ -388,6 +392,10 @@ def create_app(service: Service) -> FastAPI:
         owner = spec.pop("user", None) or user
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
+        try:
+            spec = service.queues.assign(spec, owner)
+        except QueueError as e:
+            raise HTTPException(422, [{"loc": ["body", "queue"], "msg": str(e), "type": "no_queue"}]) from None
         if idempotency_key is None:
             jid = service.submit(spec, owner)
         else:  # a retry with the same key gets the job the first attempt created
@@ -486,4 +494,5 @@ def create_app(service: Service) -> FastAPI:
     from .ops_api import mount
 
     mount(app, service, _auth)
+    add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app

@@ -96,6 +96,7 @@ from .identity import Identities
 from .isolation import Backoff, culprits
 from .mirror import Mirror
 from .profile_manager import ProfilingConfig, ProfilingManager
+from .queues import QueueAdmin
 from .security import Guard
 from .specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
 from .store import JobRow, Store
@@ -181,6 +182,7 @@ class Service:
         from .telemetry import Telemetry
 
         self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
+        self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
 
     # -- what the API and tests read --------------------------------------------------------
     @property

@@ -7,7 +7,7 @@ powers of 1024, and the service counts memory in MB of 10^6 bytes for jobs, node
 :func:`job_spec` turns a stored row into the :class:`~gpuloom.core.job.JobSpec`
 the scheduler sees: the job's work estimate (``duration``) is its time limit,
 or ``default_duration`` without one; the fields in :data:`SPEC_ATTRS` reach the
-policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves).
+policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves, the queue).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .store import JobRow
 DEFAULT_DURATION = 3600.0
 MAX_DURATION = 10 * 365 * 86400.0  # time limits beyond ten years are typos  # work estimate (s) for jobs without a time limit
 #: job-spec fields passed to policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves)
-SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time")
+SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time", "queue")
 
 
 def job_spec(row: JobRow, epoch: float, default_duration: float = DEFAULT_DURATION, profile: Any = None) -> JobSpec:

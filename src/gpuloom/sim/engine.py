@@ -391,10 +391,11 @@ def simulate(
     params: dict | None = None,
     model: ThroughputModel | None = None,
     hooks: Sequence[Callable] = (),
+    queue: str = "none",
     **config: object,
 ) -> RunResult:
     """One call: build the scheduler from names and run (``config`` → :class:`SimConfig`)."""
-    sched = Scheduler.from_names(order, group, size, place, preemptive, params)
+    sched = Scheduler.from_names(order, group, size, place, preemptive, params, queue)
     sched.hooks.extend(hooks)
     # ``config`` is SimConfig's fields by name: typing it would take a TypedDict copy of SimConfig
     return Simulator(cluster, specs, sched, model, SimConfig(**config)).run()  # type: ignore[arg-type]

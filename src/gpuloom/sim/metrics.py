@@ -150,6 +150,8 @@ class RunResult:
     impossible: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run here
     stalled: list[str] = field(default_factory=list)  # jobs waiting when the stall guard stopped the run
     meta: dict[str, Any] = field(default_factory=dict)  # what the run was made from: trace, version, ...
+    #: what observers recorded, by topic (``"queues"``: :mod:`gpuloom.sim.queue_report`); plain values
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -56,12 +56,14 @@ from ..core.cluster import Cluster
 from ..core.job import JobSpec
 from ..core.lifecycle import LifecycleTimes
 from ..core.parse import parse_bool
+from ..core.queues import QueueTree
 from ..driver import Stack
 from ..perf.assembly import ModelOptionError
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..policies.base import PolicyError
 from ..policies.check import check_names
 from ..scheduler import Scheduler
+from . import queue_report
 from .engine import SimConfig, Simulator
 from .metrics import RunResult
 
@@ -78,7 +80,8 @@ class ConfigError(PolicyError):
 
 
 _SIM_FIELDS = {f.name: f for f in dataclasses.fields(SimConfig)}
-_STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky"}
+_STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky",
+                   "queue": "none"}
 _ALIASES = {"round": "round_len", "P": "params"}
 _TOP_KEYS = ("label", *_STAGE_DEFAULTS, "preemptive", "locality_penalty", "params")
 
@@ -96,6 +99,7 @@ class RunConfig:
     params: dict[str, Any] = field(default_factory=dict)
     locality_penalty: float = DEFAULT_LOCALITY_PENALTY
     sim: SimConfig = field(default_factory=SimConfig)
+    queue: str = "none"  # the queue stage (policies/queues.py)
 
     @property
     def name(self) -> str:
@@ -106,7 +110,7 @@ class RunConfig:
     def stack(self) -> Stack:
         """The policy stack this configuration runs (the route ``simulate`` and ``serve`` share)."""
         return Stack(self.order, self.group, self.size, self.place, self.preemptive, dict(self.params),
-                     {"locality_penalty": self.locality_penalty})
+                     {"locality_penalty": self.locality_penalty}, self.queue)
 
     def scheduler(self, where: str = "") -> Scheduler:
         try:
@@ -139,7 +143,7 @@ def auto_label(rc: RunConfig, ref: RunConfig | None = None) -> str:
     """``order`` then every other setting that differs from ``ref``, joined by ``/``."""
     ref = ref or RunConfig()
     parts = [rc.order]
-    for stage in ("group", "size", "place"):
+    for stage in ("group", "size", "place", "queue"):
         v = getattr(rc, stage)
         if v != getattr(ref, stage):
             parts.append(v)
@@ -245,7 +249,7 @@ def _lifecycle(value: Any, where: str) -> LifecycleTimes | None:
 def apply(base: RunConfig, items: Mapping[str, Any], where: str) -> RunConfig:
     """A copy of ``base`` with ``items`` (already-typed or textual values) applied.
 
-    Keys: ``label``, ``order``, ``group``, ``size``, ``place``, ``preemptive``,
+    Keys: ``label``, ``order``, ``group``, ``size``, ``place``, ``queue``, ``preemptive``,
     ``locality_penalty``, ``params`` (a table), ``P.name`` / ``params.name``,
     ``round`` (= ``round_len``) and every :class:`SimConfig` field.
     """
@@ -367,10 +371,13 @@ def run_config(
     model_builder: ModelBuilder | None = None,
     progress: Callable[[int, int], None] | None = None,
     tick: Callable[[int, int, float], None] | None = None,
+    queues: QueueTree | None = None,
 ) -> RunResult:
     """Run one configuration; the result's ``config`` carries the label and parameters.
 
     ``progress(done, total)`` and ``tick(done, total, simulated time)`` are called as jobs finish.
+    Per-queue data (:mod:`.queue_report`) are recorded into ``result.extra["queues"]``
+    when the configuration has a queue stage, or against ``queues`` when given.
     """
     sched = rc.scheduler()
     model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
@@ -378,7 +385,8 @@ def run_config(
         sched.bind(model)  # the factors a stage requires, as the service binds them
     except PolicyError as e:
         raise ConfigError(f"config {rc.name!r}: {e}") from None
-    sim = Simulator(cluster, specs, sched, model, rc.sim)
+    recorder = queue_report.attach(sched, queues)
+    sim = Simulator(cluster, specs, sched, model, rc.sim, observers=[recorder] if recorder is not None else ())
     cb = None
     if progress is not None or tick is not None:
         def cb(done: int, total: int) -> None:
@@ -387,6 +395,8 @@ def run_config(
             if tick is not None:
                 tick(done, total, sim.now)
     result = sim.run(cb)
+    if recorder is not None:
+        result.extra["queues"] = recorder.finish(sim)
     result.config = {"label": rc.name, **result.config, "params": dict(rc.params),
                      "locality_penalty": rc.locality_penalty}
     return result
@@ -400,8 +410,8 @@ WORKER_REPORT_INTERVAL = 0.25
 
 
 def _init_worker(cluster: Cluster, workloads: Mapping[Any, Sequence[JobSpec]], model_builder: ModelBuilder | None,
-                 q: Any) -> None:
-    _W.update(cluster=cluster, workloads=workloads, model_builder=model_builder, queue=q)
+                 q: Any, queues: QueueTree | None = None) -> None:
+    _W.update(cluster=cluster, workloads=workloads, model_builder=model_builder, queue=q, queues=queues)
 
 
 def _work(task: tuple[str, int, RunConfig, Any]) -> RunResult:
@@ -416,7 +426,7 @@ def _work(task: tuple[str, int, RunConfig, Any]) -> RunResult:
             q.put(RunProgress(label, seed, done, total, now))
 
     return run_config(rc, _W["cluster"], _W["workloads"][wkey], _W["model_builder"], None,
-                      tick if q is not None else None)
+                      tick if q is not None else None, _W.get("queues"))
 
 
 def unique_labels(configs: Sequence[RunConfig]) -> list[str]:
@@ -435,6 +445,7 @@ def _execute(
     on_progress: OnProgress | None,
     model_builder: ModelBuilder | None,
     poll: Callable[[], None] | None = None,
+    queues: QueueTree | None = None,
 ) -> list[RunResult]:
     """Run ``(label, seed, config, workload key)`` tasks; results in task order."""
     if not tasks:
@@ -449,7 +460,7 @@ def _execute(
             if on_progress is not None:
                 def tick(d: int, t: int, now: float, _l: str = label, _s: int = seed) -> None:
                     on_progress(RunProgress(_l, _s, d, t, now))
-            r = run_config(rc, cluster, workloads[wkey], model_builder, None, tick)
+            r = run_config(rc, cluster, workloads[wkey], model_builder, None, tick, queues)
             if on_progress is not None:
                 on_progress(RunProgress(label, seed, len(r.finished), len(r.jobs), r.end_time, True))
             out.append(r)
@@ -470,7 +481,7 @@ def _execute(
         on_progress(p)
 
     with ProcessPoolExecutor(min(n, len(tasks)), mp_context=ctx, initializer=_init_worker,
-                             initargs=(cluster, dict(workloads), model_builder, q)) as pool:
+                             initargs=(cluster, dict(workloads), model_builder, q, queues)) as pool:
         futures: dict[Future[RunResult], int] = {pool.submit(_work, t): i for i, t in enumerate(tasks)}
         pending = set(futures)
         while pending:
@@ -497,13 +508,15 @@ def run_many(
     model_builder: ModelBuilder | None = None,
     on_progress: OnProgress | None = None,
     poll: Callable[[], None] | None = None,
+    queues: QueueTree | None = None,
 ) -> dict[str, RunResult]:
     """Run every configuration on the same cluster and trace; results keyed by label, in input order.
 
     ``processes``: worker processes (default: one per configuration, at most
     the CPU count); 1 runs everything in this process.  ``progress(label, done,
     total)`` or ``on_progress(RunProgress)`` hear of finished jobs;
-    ``poll()`` is called a few times a second while workers run.
+    ``poll()`` is called a few times a second while workers run.  ``queues``: a
+    queue tree every run is measured against (:func:`run_config`).
     """
     labels = unique_labels(configs)
     for rc in configs:
@@ -515,7 +528,7 @@ def run_many(
             if on_progress is not None:
                 on_progress(p)
     tasks = [(lb, rc.sim.seed, rc, 0) for lb, rc in zip(labels, configs, strict=True)]
-    results = _execute(tasks, cluster, {0: specs}, processes, cb, model_builder, poll)
+    results = _execute(tasks, cluster, {0: specs}, processes, cb, model_builder, poll, queues)
     return dict(zip(labels, results, strict=True))
 
 
@@ -528,6 +541,7 @@ def run_seeds(
     on_progress: OnProgress | None = None,
     model_builder: ModelBuilder | None = None,
     poll: Callable[[], None] | None = None,
+    queues: QueueTree | None = None,
 ) -> dict[str, list[RunResult]]:
     """Every configuration once per seed: ``{label: [result per seed]}``.
 
@@ -548,7 +562,7 @@ def run_seeds(
         workloads = {s: workload for s in seeds}
     tasks = [(lb, s, dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, seed=s)), s)
              for lb, rc in zip(labels, configs, strict=True) for s in seeds]
-    results = _execute(tasks, cluster, workloads, processes, on_progress, model_builder, poll)
+    results = _execute(tasks, cluster, workloads, processes, on_progress, model_builder, poll, queues)
     out: dict[str, list[RunResult]] = {lb: [] for lb in labels}
     for (lb, *_), r in zip(tasks, results, strict=True):
         out[lb].append(r)

@@ -3,7 +3,9 @@
 Columns ``timestamp,duration,num_gpus,gpu_time,cluster``.  The wall-clock
 ``timestamp`` (the file is not sorted) becomes seconds since the earliest
 submission (``Trace.meta["origin"]``); ids are ``philly-<k>`` with ``k`` the
-0-based data row in file order; ``attrs["cluster"]`` is the virtual cluster.
+0-based data row in file order; ``attrs["cluster"]`` is the virtual cluster,
+and ``attrs["queue"]`` too: each virtual cluster is a queue under the queue
+stage (:mod:`gpuloom.policies.queues`).
 ``gpu_time`` is always ``duration * num_gpus`` in the file and is not kept.
 """
 
@@ -56,5 +58,5 @@ def read_philly(path: str | Path) -> Trace:
     origin = min(stamps)
     # ids are unique by construction and every field was checked above
     b.jobs = [JobSpec(f"philly-{k}", (stamps[k] - origin).total_seconds(), gpus[k], durs[k],
-                      attrs={"cluster": clusters[k]}) for k in range(len(stamps))]
+                      attrs={"cluster": clusters[k], "queue": clusters[k]}) for k in range(len(stamps))]
     return b.done(origin=origin.isoformat(sep=" "))

@@ -1,0 +1,419 @@
+"""Queues shared by teams: a tree of queues with guaranteed quotas, limits and weights (plain data).
+
+A cluster shared by teams is cut into *queues* (Philly's virtual clusters,
+Slurm's accounts, Kueue's ClusterQueues in a cohort, KAI/Volcano queues).  They
+form a tree, e.g. org → team; jobs are submitted to the *leaves*.  Each queue has
+
+* a **guarantee** (:class:`Quota`): GPUs, optionally CPU cores and memory, it is
+  owed whenever it has work for them.  An inner queue's guarantee is at least
+  the sum of its children's (the default); a surplus is shared by its subtree
+  before other queues borrow it.  The top-level guarantees must fit the cluster;
+* a **limit**: it never holds more (``None``: no limit).  A limit applies to
+  the whole subtree below a queue;
+* a **weight**: its share when queues compete for what no guarantee claims
+  (weighted DRF, or Slurm's fair-share factor).
+
+A job names its queue by ``JobSpec.attrs["queue"]`` (a trace field such as
+Philly's virtual cluster, or ``submit --queue``), else its user's default queue
+(``users``), else the tree's ``default`` queue; anything else is a
+:class:`QueueError` that names the job and the queues there are.
+
+Usage is counted per queue and summed up the tree (:func:`usage`): a job holds
+its allocation's GPUs divided among the members of its group (jobs interleaved
+on one GPU set share it), its own cores and memory.  :class:`DecayedUsage` keeps
+Slurm's decayed usage (GPU-seconds halved every ``half_life``).
+
+A tree is written as (TOML; the same mapping comes from the service's store)::
+
+    default = "shared"              # queue of jobs that name none
+    [users]
+    alice = "vision"
+    [[queue]]
+    name = "research"
+    guarantee = 16                  # GPUs, or {gpus = 16, cpus = 192, mem_gb = 1024}
+    limit = 32
+    weight = 2
+    [[queue]]
+    name = "vision"
+    parent = "research"
+    guarantee = 8
+
+No I/O: :func:`parse_queues` reads a mapping; the faces read files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cluster import Cluster
+
+#: resources a quota may name, in the order of every usage triple
+RESOURCES = ("gpus", "cpus", "mem_mb")
+INF = math.inf
+
+
+class QueueError(ValueError):
+    """A queue tree or a job's queue that cannot be used; the message says what and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """GPUs, CPU cores and memory (MB); ``None`` leaves a resource unconstrained."""
+
+    gpus: float | None = None
+    cpus: float | None = None
+    mem_mb: float | None = None
+
+    def triple(self, missing: float) -> tuple[float, float, float]:
+        """(gpus, cpus, mem_mb) with ``missing`` where a resource is not given."""
+        return tuple(missing if v is None else float(v) for v in (self.gpus, self.cpus, self.mem_mb))  # type: ignore[return-value]
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in zip(RESOURCES, (self.gpus, self.cpus, self.mem_mb), strict=True) if v is not None}
+
+    @property
+    def empty(self) -> bool:
+        return self.gpus is None and self.cpus is None and self.mem_mb is None
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """One queue: ``parent`` None puts it at the top level."""
+
+    name: str
+    parent: str | None = None
+    guarantee: Quota = field(default_factory=Quota)
+    limit: Quota = field(default_factory=Quota)
+    weight: float = 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name}
+        if self.parent is not None:
+            d["parent"] = self.parent
+        if not self.guarantee.empty:
+            d["guarantee"] = self.guarantee.as_dict()
+        if not self.limit.empty:
+            d["limit"] = self.limit.as_dict()
+        d["weight"] = self.weight
+        return d
+
+
+class QueueTree:
+    """A validated tree of queues, with the arrays admission walks.
+
+    Queues are numbered depth-first from the top (children in the order
+    given); ``path[n]`` lists ``n`` and its ancestors, top-level first.
+    ``guarantee[n]``/``limit[n]`` are (gpus, cpus, mem_mb) triples: 0 / ``inf``
+    where not given; an inner queue's guarantee is at least its children's sum.
+    """
+
+    def __init__(self, queues: Sequence[Queue], default: str | None = None,
+                 users: Mapping[str, str] | None = None, where: str = "queues") -> None:
+        self.where = where
+        names = [q.name for q in queues]
+        seen: set[str] = set()
+        for q in queues:
+            if not q.name or not isinstance(q.name, str):
+                raise QueueError(f"{where}: a queue has no name")
+            if q.name in seen:
+                raise QueueError(f"{where}: queue {q.name!r} is defined twice")
+            seen.add(q.name)
+            if not (q.weight > 0 and math.isfinite(q.weight)):
+                raise QueueError(f"{where}: queue {q.name!r}: weight must be a positive number, got {q.weight}")
+            for label, quota in (("guarantee", q.guarantee), ("limit", q.limit)):
+                for res, v in zip(RESOURCES, (quota.gpus, quota.cpus, quota.mem_mb), strict=True):
+                    if v is not None and not (v >= 0):
+                        raise QueueError(f"{where}: queue {q.name!r}: {label} {res} must be >= 0, got {v}")
+        by_name = {q.name: q for q in queues}
+        for q in queues:
+            if q.parent is not None and q.parent not in by_name:
+                raise QueueError(f"{where}: queue {q.name!r}: parent {q.parent!r} is not a queue "
+                                 f"(queues: {', '.join(names)})")
+        # depth-first order from the top, children in the order given; a cycle leaves queues unreached
+        children: dict[str | None, list[str]] = {}
+        for q in queues:
+            children.setdefault(q.parent, []).append(q.name)
+        order: list[str] = []
+
+        def visit(name: str) -> None:
+            order.append(name)
+            for c in children.get(name, ()):
+                visit(c)
+
+        for top in children.get(None, ()):
+            visit(top)
+        if len(order) != len(queues):
+            lost = sorted(set(names) - set(order))
+            raise QueueError(f"{where}: queues {', '.join(lost)} form a cycle of parents")
+        self.queues: tuple[Queue, ...] = tuple(by_name[n] for n in order)
+        self.index = {q.name: i for i, q in enumerate(self.queues)}
+        n = len(self.queues)
+        self.parent: list[int] = [-1 if q.parent is None else self.index[q.parent] for q in self.queues]
+        self.children: list[list[int]] = [[] for _ in range(n)]
+        for i, p in enumerate(self.parent):
+            if p >= 0:
+                self.children[p].append(i)
+        self.path: list[tuple[int, ...]] = []
+        for i in range(n):
+            p, chain = i, []
+            while p >= 0:
+                chain.append(p)
+                p = self.parent[p]
+            self.path.append(tuple(reversed(chain)))
+        self.leaves: tuple[int, ...] = tuple(i for i in range(n) if not self.children[i])
+        self.is_leaf = [not c for c in self.children]
+        self.weight = [q.weight for q in self.queues]
+        self.limit = [q.limit.triple(INF) for q in self.queues]
+        #: some queue has a limit
+        self.limited = any(v != INF for lim in self.limit for v in lim)
+        # guarantees: leaves as given; inner queues at least the children's sum (post-order)
+        g: list[tuple[float, float, float]] = [q.guarantee.triple(0.0) for q in self.queues]
+        for i in reversed(range(n)):
+            kids = self.children[i]
+            if not kids:
+                continue
+            s = tuple(sum(g[c][r] for c in kids) for r in range(3))
+            given = self.queues[i].guarantee
+            for r, name in enumerate(RESOURCES):
+                if getattr(given, name) is not None and g[i][r] < s[r] - 1e-9:
+                    raise QueueError(f"{where}: queue {self.queues[i].name!r}: guarantee {name} {g[i][r]:g} is less "
+                                     f"than its sub-queues' guarantees together ({s[r]:g})")
+            g[i] = tuple(max(a, b) for a, b in zip(g[i], s, strict=True))  # type: ignore[assignment]
+        self.guarantee = g
+        # what admission checks a guarantee against: GPUs always; cores and memory only where some
+        # queue's guarantee names them (elsewhere they are not quota'd: inf)
+        named = [any(getattr(q.guarantee, res) is not None for q in self.queues) for res in RESOURCES]
+        named[0] = True
+        self.owed: list[tuple[float, float, float]] = [
+            tuple(v if named[r] else INF for r, v in enumerate(g[i])) for i in range(n)]  # type: ignore[misc]
+        #: inner queues whose own guarantee exceeds their children's: deepest first
+        self.surplus = tuple(
+            i for i in sorted(range(n), key=lambda i: -len(self.path[i]))
+            if self.children[i] and any(g[i][r] > sum(g[c][r] for c in self.children[i]) + 1e-9 for r in range(3)))
+        #: a queue's weight as a fraction of its siblings' (top-level queues are siblings)
+        sib = [sum(self.weight[c] for c in (self.children[p] if p >= 0 else
+                                             [k for k in range(n) if self.parent[k] < 0])) for p in self.parent]
+        self.sibling_weight = [self.weight[i] / sib[i] for i in range(n)]
+        for i, q in enumerate(self.queues):
+            for r, name in enumerate(RESOURCES):
+                if g[i][r] > self.limit[i][r] + 1e-9:
+                    raise QueueError(f"{where}: queue {q.name!r}: guarantee {name} {g[i][r]:g} exceeds its "
+                                     f"limit {self.limit[i][r]:g}")
+        self.users = dict(users or {})
+        self.default = default
+        for who, qn in [("default", default), *((f"user {u!r}", q) for u, q in self.users.items())]:
+            if qn is not None:
+                self.leaf_index(qn, f"{where}: {who}")
+
+    # -- look-ups -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.queues)
+
+    @property
+    def names(self) -> list[str]:
+        return [q.name for q in self.queues]
+
+    def leaf_index(self, name: str, who: str) -> int:
+        """The index of leaf queue ``name``; :class:`QueueError` saying ``who`` names what does not exist."""
+        i = self.index.get(name)
+        if i is None:
+            raise QueueError(f"{who}: no queue {name!r} (queues: {', '.join(self.leaf_names) or 'none'})")
+        if not self.is_leaf[i]:
+            kids = ", ".join(self.queues[c].name for c in self.children[i])
+            raise QueueError(f"{who}: queue {name!r} has sub-queues ({kids}); jobs go to a sub-queue")
+        return i
+
+    @property
+    def leaf_names(self) -> list[str]:
+        return [self.queues[i].name for i in self.leaves]
+
+    def queue_name(self, attrs: Mapping[str, Any] | None, user: str = "") -> str | None:
+        """The queue a job names: ``attrs["queue"]``, else its user's default, else the tree's default."""
+        q = (attrs or {}).get("queue")
+        if q:
+            return str(q)
+        if user and user in self.users:
+            return self.users[user]
+        return self.default
+
+    def leaf_of(self, job_id: str, attrs: Mapping[str, Any] | None, user: str = "") -> int:
+        """The leaf index of a job's queue; :class:`QueueError` naming the job otherwise."""
+        name = self.queue_name(attrs, user)
+        if name is None:
+            raise QueueError(f"job {job_id}: names no queue, its user {user!r} has no default queue and there is "
+                             f"no default queue (queues: {', '.join(self.leaf_names)})")
+        return self.leaf_index(name, f"job {job_id}")
+
+    def check_capacity(self, cluster: Cluster) -> None:
+        """The top-level guarantees must fit the cluster (else no guarantee can be honoured)."""
+        caps = (cluster.num_gpus, cluster.total_cpus, cluster.total_mem_mb)
+        tops = [i for i in range(len(self)) if self.parent[i] < 0]
+        for r, name in enumerate(RESOURCES):
+            s = sum(self.guarantee[i][r] for i in tops)
+            if s > caps[r] + 1e-9:
+                raise QueueError(f"{self.where}: the top-level queues' guarantees ask for {s:g} {name}, "
+                                 f"the cluster has {caps[r]:g}")
+
+    # -- (de)serialisation ---------------------------------------------------------------------
+    def as_mapping(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"queue": [q.as_dict() for q in self.queues]}
+        if self.default is not None:
+            d["default"] = self.default
+        if self.users:
+            d["users"] = dict(self.users)
+        return d
+
+    def with_queue(self, q: Queue) -> QueueTree:
+        """A copy with ``q`` added, or replacing the queue of that name (validated)."""
+        qs = [x for x in self.queues if x.name != q.name]
+        at = next((k for k, x in enumerate(self.queues) if x.name == q.name), len(qs))
+        qs.insert(at, q)
+        return QueueTree(qs, self.default, self.users, self.where)
+
+    def without_queue(self, name: str) -> QueueTree:
+        if name not in self.index:
+            raise QueueError(f"{self.where}: no queue {name!r}")
+        kids = [x.name for x in self.queues if x.parent == name]
+        if kids:
+            raise QueueError(f"{self.where}: queue {name!r} has sub-queues ({', '.join(kids)}); remove them first")
+        users = {u: q for u, q in self.users.items() if q != name}
+        return QueueTree([x for x in self.queues if x.name != name], None if self.default == name else self.default,
+                         users, self.where)
+
+    def with_user(self, user: str, queue: str | None) -> QueueTree:
+        users = dict(self.users)
+        if queue is None:
+            users.pop(user, None)
+        else:
+            users[user] = queue
+        return QueueTree(self.queues, self.default, users, self.where)
+
+    @classmethod
+    def flat(cls, names: Iterable[str], weights: Mapping[str, float] | None = None,
+             guarantees: Mapping[str, float] | None = None, limits: Mapping[str, float] | None = None,
+             default: str | None = None) -> QueueTree:
+        """Top-level queues only: GPU guarantees/limits and weights per name (what a trace's VCs make)."""
+        w, g, lim = weights or {}, guarantees or {}, limits or {}
+        qs = [Queue(n, None, Quota(gpus=g.get(n)), Quota(gpus=lim.get(n)), float(w.get(n, 1.0))) for n in names]
+        return cls(qs, default)
+
+
+# -- reading a mapping (TOML, JSON, the store) ------------------------------------------------------
+_QUEUE_KEYS = ("name", "parent", "guarantee", "limit", "weight")
+_QUOTA_KEYS = {"gpus": 1.0, "cpus": 1.0, "mem_mb": 1.0, "mem_gb": 1000.0}  # MB = 10^6 bytes, GB = 10^9
+
+
+def _number(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise QueueError(f"{what} must be a number, got {v!r}")
+    return float(v)
+
+
+def parse_quota(value: Any, where: str) -> Quota:
+    """``8`` (GPUs) or a table ``{gpus = 8, cpus = 96, mem_gb = 512}`` (``mem_mb`` also accepted)."""
+    if value is None:
+        return Quota()
+    if not isinstance(value, Mapping):
+        return Quota(gpus=_number(value, where))
+    unknown = sorted(set(value) - set(_QUOTA_KEYS))
+    if unknown:
+        raise QueueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_QUOTA_KEYS)}")
+    if "mem_gb" in value and "mem_mb" in value:
+        raise QueueError(f"{where}: give mem_gb or mem_mb, not both")
+    vals = {k: _number(v, f"{where}: {k}") * _QUOTA_KEYS[k] for k, v in value.items()}
+    mem = vals.get("mem_mb", vals.get("mem_gb"))
+    return Quota(vals.get("gpus"), vals.get("cpus"), mem)
+
+
+def parse_queues(data: Mapping[str, Any], where: str = "queues") -> QueueTree:
+    """A :class:`QueueTree` from ``{"queue": [...], "default": ..., "users": {...}}`` (see the module notes)."""
+    if not isinstance(data, Mapping):
+        raise QueueError(f"{where}: expected a table with [[queue]] entries")
+    unknown = sorted(set(data) - {"queue", "queues", "default", "users"})
+    if unknown:
+        raise QueueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: queue, default, users")
+    raw = data.get("queue", data.get("queues"))
+    if not isinstance(raw, list) or not raw:
+        raise QueueError(f"{where}: expected one or more [[queue]] tables")
+    queues = []
+    for k, q in enumerate(raw):
+        at = f"{where}: queue {k + 1}"
+        if not isinstance(q, Mapping):
+            raise QueueError(f"{at}: expected a table, got {q!r}")
+        if isinstance(q.get("name"), str):
+            at += f" ({q['name']!r})"
+        bad = sorted(set(q) - set(_QUEUE_KEYS))
+        if bad:
+            raise QueueError(f"{at}: unknown key(s) {', '.join(bad)}; known: {', '.join(_QUEUE_KEYS)}")
+        name = q.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise QueueError(f"{at}: name must be a non-empty string")
+        parent = q.get("parent")
+        if parent is not None and not isinstance(parent, str):
+            raise QueueError(f"{at}: parent must be a queue name")
+        weight = _number(q.get("weight", 1.0), f"{at}: weight")
+        queues.append(Queue(name.strip(), parent, parse_quota(q.get("guarantee"), f"{at}: guarantee"),
+                            parse_quota(q.get("limit"), f"{at}: limit"), weight))
+    users = data.get("users") or {}
+    if not isinstance(users, Mapping) or not all(isinstance(v, str) for v in users.values()):
+        raise QueueError(f"{where}: users must be a table of user = \"queue\"")
+    default = data.get("default")
+    if default is not None and not isinstance(default, str):
+        raise QueueError(f"{where}: default must be a queue name")
+    return QueueTree(queues, default, {str(k): v for k, v in users.items()}, where)
+
+
+# -- usage ----------------------------------------------------------------------------------------
+def job_share(alloc: Any) -> tuple[float, float, float]:
+    """What one job's allocation counts against its queue: its GPUs divided among the members of its
+    group, its own cores and memory."""
+    return alloc.num_gpus / (1 + len(alloc.group)), float(alloc.cpus), float(alloc.mem_mb)
+
+
+def usage(tree: QueueTree, allocations: Mapping[str, Any], leaf: Mapping[str, int]) -> list[list[float]]:
+    """Per queue [gpus, cpus, mem_mb] held by ``allocations`` (job id -> allocation), summed up the tree.
+
+    ``leaf`` maps a job id to its leaf queue; jobs it lacks are not counted.
+    """
+    out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
+    path = tree.path
+    for jid, a in allocations.items():
+        q = leaf.get(jid)
+        if q is None:
+            continue
+        g, c, m = job_share(a)
+        for n in path[q]:
+            u = out[n]
+            u[0] += g
+            u[1] += c
+            u[2] += m
+    return out
+
+
+class DecayedUsage:
+    """Slurm's decayed usage per queue: GPU-seconds, halved every ``half_life`` seconds.
+
+    :meth:`advance` integrates the GPUs each queue held since the last call
+    (held constant over the interval) with the decay applied continuously:
+    ``U(t+dt) = U(t)·2^(-dt/h) + held·(h/ln 2)·(1 - 2^(-dt/h))``.
+    """
+
+    def __init__(self, size: int, half_life: float) -> None:
+        if not (half_life > 0):
+            raise QueueError(f"half_life must be > 0 seconds, got {half_life}")
+        self.half_life = float(half_life)
+        self.values = [0.0] * size
+        self.last: float | None = None
+
+    def advance(self, now: float, held: Sequence[float]) -> None:
+        if self.last is None or now <= self.last:
+            self.last = now if self.last is None else self.last
+            return
+        dt = now - self.last
+        k = 2.0 ** (-dt / self.half_life)
+        gain = self.half_life / math.log(2) * (1.0 - k)
+        self.values = [u * k + h * gain for u, h in zip(self.values, held, strict=True)]
+        self.last = now

@@ -1,0 +1,84 @@
+"""The queue stage's contract (:mod:`gpuloom.policies.queues` has the stages themselves).
+
+The scheduler (:meth:`gpuloom.scheduler.Scheduler._queued`) calls, each round:
+:meth:`QueuePolicy.admit` (tiers of the ordered jobs), :meth:`QueuePolicy.owed`
+after planning (what queues below their guarantee are still owed, for reclaim
+by eviction) and :meth:`QueuePolicy.note_guaranteed`; after the plan hooks
+:meth:`QueuePolicy.owed` and :meth:`QueuePolicy.owed_again` (a hook may delay a
+reclaim by one round, not more), then :meth:`QueuePolicy.enforce`;
+:meth:`QueuePolicy.check` with the round check.  The base, registered as ``none``, is disabled: the scheduler then
+runs the pipeline as if there were no queue stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..core.job import Job
+from ..core.plan import Plan
+from .base import PlacePolicy, Stage, View
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the queue stage admits in one round (:mod:`gpuloom.policies.queues`)."""
+
+    guaranteed: list[Job] = field(default_factory=list)  # tier A: within their queue's guarantee
+    over: list[Job] = field(default_factory=list)  # tier B: borrowing, in the cross-queue order
+    held: dict[str, str] = field(default_factory=dict)  # job id -> why it is not admitted
+    truncated: bool = False  # the walk stopped once the admitted jobs asked for every GPU
+
+    @property
+    def ordered(self) -> list[Job]:
+        return self.guaranteed + self.over if self.over else self.guaranteed
+
+
+@dataclass(slots=True)
+class Owed:
+    """A queue below its guarantee: which (``queue``, a stage's own number), the GPUs it may still take
+    (within every limit), its waiting jobs that fit them in its order, and the ids of all its jobs
+    (evicting its own work would not help it)."""
+
+    queue: int
+    room: float
+    jobs: list[Job]
+    own: set[str]
+
+
+class QueuePolicy(Stage):
+    """The queue stage: admission and order across queues (see the module notes)."""
+
+    stage: ClassVar[str] = "queue"
+    dynamic: ClassVar[bool] = False
+    #: False: the scheduler skips the stage (no admission, no two-pass reclaim, no checks)
+    enabled: ClassVar[bool] = False
+
+    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+        """Tiers of ``ordered`` (the order policy's order); ``strict``: no job passes one that does not fit;
+        ``full``: walk past the point where the admitted jobs ask for every GPU."""
+        return Admission(ordered)
+
+    def owed(self, plan: Plan, view: View) -> list[Owed]:
+        """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""
+        return []
+
+    def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
+        """Of ``owed`` (after the plan hooks), what was owed after the last round's hooks too; remembers
+        ``owed`` for the next round.  The scheduler reclaims these over the hooks' objection."""
+        return []
+
+    def note_guaranteed(self, jobs: Sequence[Job]) -> None:
+        """The scheduler placed these owed jobs by evicting borrowed work: they count as guaranteed."""
+
+    def enforce(self, plan: Plan, view: View) -> Plan:
+        """The plan after placement and hooks, amended to respect the queues' limits."""
+        return plan
+
+    def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
+        """Raise :class:`~gpuloom.core.plan.PlanError` where the plan breaks a queue invariant."""
+        return None
+
+    def note_reclaim(self) -> None:
+        """The scheduler planned again in two passes to reclaim lent GPUs."""

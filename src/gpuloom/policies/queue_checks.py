@@ -1,0 +1,95 @@
+"""The queue stage's invariants, checked with the scheduler's round check in both faces.
+
+:func:`check_queues` raises :class:`~gpuloom.core.plan.PlanError` when a plan
+
+* puts a queue (with everything below it) over its limit;
+* has the jobs admission calls guaranteed hold more than their queue's
+  guarantee (each counted as asked for, or as held if less: a sizer may grow a
+  job, a group shares its GPUs);
+* leaves a leaf queue below its guarantee, with a waiting job that fits the rest
+  of it, for a second round in a row while other queues hold GPUs beyond their
+  guarantees that, with the free ones, could place that job: the place policy
+  is asked for a placement on the plan without the borrowed work (jobs not
+  called guaranteed) of every other queue over its guarantee.  One round of
+  grace covers a reclaim in progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from ..core.job import Job
+from ..core.plan import Plan, PlanError
+from ..core.queues import INF, QueueTree, job_share, usage
+from .base import PlacePolicy, Request, View
+from .free import FreeState
+from .queue_base import Admission
+
+_EPS = 1e-6
+
+
+def above(u: Sequence[float], cap: Sequence[float]) -> bool:
+    return u[0] > cap[0] + _EPS or u[1] > cap[1] + _EPS or u[2] > cap[2] + _EPS
+
+
+def _show(t: Sequence[float]) -> str:
+    parts = [f"{v:g} {r}" for v, r in zip(t, ("GPUs", "cores", "MB"), strict=True) if v != INF]
+    return ", ".join(parts) or "nothing"
+
+
+def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan: Plan, view: View,
+                 place: PlacePolicy, leaf_of: Callable[[Job], int], guarantees: bool = True) -> set[int]:
+    """Check ``plan`` (module notes); returns the queues starved this round (to pass in next round)."""
+    allocs = plan.allocations
+    leaf = {j.id: leaf_of(j) for j in view.jobs}
+    u = usage(tree, allocs, leaf)
+    for n in range(len(tree)):
+        if above(u[n], tree.limit[n]):
+            raise PlanError(f"queue {tree.queues[n].name!r} holds {_show(u[n])}, over its limit "
+                            f"{_show(tree.limit[n])}")
+    if not guarantees:
+        return set()
+    G = tree.guarantee
+    ua = [0.0] * len(tree)
+    for j in adm.guaranteed:
+        a = allocs.get(j.id)
+        if a is not None:
+            ua[leaf[j.id]] += min(job_share(a)[0], j.spec.gpus)
+    for q in tree.leaves:
+        if ua[q] > G[q][0] + _EPS:
+            raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q]:g} GPUs, more "
+                            f"than its guarantee of {G[q][0]:g}")
+    lent = {q: max(0.0, u[q][0] - G[q][0]) for q in tree.leaves}
+    total_lent = sum(lent.values())
+    starved: set[int] = set()
+    if total_lent > 0:
+        free_gpus = view.cluster.num_gpus - len({g for a in allocs.values() for g in a.gpu_ids})
+        waiting: dict[int, list[Job]] = {}
+        for j in view.jobs:
+            if j.id not in allocs:
+                waiting.setdefault(leaf[j.id], []).append(j)
+        for q, jobs in waiting.items():
+            room = G[q][0] - u[q][0]
+            if room < 1 - _EPS:
+                continue
+            fit = [j for j in jobs if j.spec.gpus <= room + _EPS
+                   and j.spec.gpus <= free_gpus + total_lent - lent[q] + _EPS]
+            if fit and _placeable(min(fit, key=lambda j: (j.spec.gpus, j.index)), q, tree, adm, plan, view,
+                                  place, leaf, u):
+                starved.add(q)
+    again = starved & starved_before
+    if again:
+        q = min(again)
+        raise PlanError(f"queue {tree.queues[q].name!r} holds {u[q][0]:g} of its {G[q][0]:g} guaranteed GPUs "
+                        f"and has waited two rounds while {total_lent - lent[q]:g} GPUs are lent to other queues")
+    return starved
+
+
+def _placeable(job: Job, q: int, tree: QueueTree, adm: Admission, plan: Plan, view: View, place: PlacePolicy,
+               leaf: Mapping[str, int], u: list[list[float]]) -> bool:
+    """Could ``job`` be placed if every other queue over its guarantee gave back its borrowed work?"""
+    lenders = {o for o in tree.leaves if o != q and u[o][0] > tree.guarantee[o][0] + _EPS}
+    tier_a = {j.id for j in adm.guaranteed}
+    kept = {jid: a for jid, a in plan.allocations.items() if jid in tier_a or leaf.get(jid) not in lenders}
+    free = FreeState.of(view.cluster, kept)
+    return place.choose(Request((job,), job.spec.gpus, job.spec.cpus, job.spec.mem_mb), free, view) is not None

@@ -1,0 +1,229 @@
+"""The service's queues: the tree in the store, the scheduler's queue stage, submissions, usage.
+
+The service schedules with the same queue stage as the simulator
+(:mod:`gpuloom.policies.queues`); this module keeps its tree:
+
+* **The store is the truth.**  The tree (its TOML form as JSON: queues, users'
+  default queues, the default queue) is one row of its own table
+  (``queue_config``), written before the scheduler sees it.  ``serve --queues
+  FILE`` replaces the stored tree with the file's; without it a restarted
+  service takes the stored one.  Every change (the admin API, ``gpuloom queues
+  set|delete|user|default``) builds a new tree, validates it (parents, guarantees
+  within limits and within the cluster) and refuses it if an active job would
+  have no queue in it, so no accepted job is lost to a bad edit.
+* **Submissions** (:meth:`QueueAdmin.assign`): a job goes to the queue it names
+  (``submit --queue``), else its user's default queue, else the default queue;
+  the choice is stored in the job's spec (``queue``), so a later change of a
+  user's default does not move submitted jobs.  A queue that does not exist, or
+  has sub-queues, is refused (422).  With a queue stage but no tree (``serve
+  --queue-policy drf`` alone) each queue name is its own queue, the user's name
+  by default.  A job larger than its queue can ever hold (its limits, or its
+  guarantee under strict quotas) is refused: it could never run.
+* **Usage** (:meth:`QueueAdmin.usage`): per queue, the GPUs, cores and memory
+  its running jobs hold (a job's GPUs divided among its group), against its
+  guarantee and limit, and its jobs' pending reasons.
+
+Decayed usage (``fairshare``) lives in the stage and starts again from zero
+after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Column, Float, Integer, MetaData, Table, Text, insert, select, update
+
+from ..core.job import Job
+from ..core.queues import Queue, QueueError, QueueTree, parse_queues, usage
+
+if TYPE_CHECKING:
+    from .service import Service
+
+_meta = MetaData()
+queue_config_t = Table(
+    "queue_config",
+    _meta,
+    Column("id", Integer, primary_key=True),
+    Column("doc", Text, nullable=False),  # the tree's mapping (core.queues.parse_queues) as JSON
+    Column("updated", Float, nullable=False),
+)
+
+
+class QueueConflict(QueueError):
+    """A change that would leave active jobs without a queue (HTTP 409)."""
+
+
+class QueueAdmin:
+    """The tree of one service (see the module notes)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        # the queue stage (policies/queues.py: QuotaQueues and its kin, or the disabled base)
+        stage: Any = service.scheduler.queue
+        self.stage = stage
+        store = service.store
+        with store.lock:
+            queue_config_t.create(store.engine, checkfirst=True)
+        doc = self._stored()
+        if doc is not None and stage.enabled:
+            stage.set_tree(parse_queues(doc, "stored queues"))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.stage.enabled)
+
+    @property
+    def tree(self) -> QueueTree | None:
+        """The configured tree (None without a queue stage, or with one per queue name)."""
+        if not self.enabled or self.stage.auto:
+            return None
+        tree: QueueTree = self.stage.tree
+        return tree
+
+    # -- the store ----------------------------------------------------------------------------------
+    def _stored(self) -> dict[str, Any] | None:
+        store = self.service.store
+        with store.lock, store.engine.connect() as c:
+            doc = c.execute(select(queue_config_t.c.doc).where(queue_config_t.c.id == 1)).scalar()
+        return None if doc is None else json.loads(doc)
+
+    def _put(self, tree: QueueTree) -> None:
+        store = self.service.store
+        doc = json.dumps(tree.as_mapping(), sort_keys=True)
+        with store.lock, store._begin(True) as c:
+            if c.execute(select(queue_config_t.c.id).where(queue_config_t.c.id == 1)).first() is None:
+                c.execute(insert(queue_config_t).values(id=1, doc=doc, updated=time.time()))
+            else:
+                c.execute(update(queue_config_t).where(queue_config_t.c.id == 1).values(doc=doc, updated=time.time()))
+
+    # -- changes ------------------------------------------------------------------------------------
+    def configure(self, tree: QueueTree) -> None:
+        """``serve --queues FILE``: the file's tree replaces the stored one."""
+        if not self.enabled:
+            raise QueueError("queues need a queue stage: --queue-policy quota, drf or fairshare")
+        self.commit(tree)
+
+    def validate(self) -> None:
+        """The tree in use (the stored one after a restart) against this cluster and every active job."""
+        if self.tree is not None:
+            self._check(self.tree)
+
+    def commit(self, tree: QueueTree) -> QueueTree:
+        """Validate ``tree`` against the cluster and every active job, store it, then schedule with it."""
+        if not self.enabled:
+            raise QueueError("this service runs without queues (serve --queue-policy quota|drf|fairshare)")
+        self._check(tree)
+        self._put(tree)
+        with self.service.lock:
+            self.stage.set_tree(tree)
+        return tree
+
+    def _check(self, tree: QueueTree) -> None:
+        tree.check_capacity(self.service.cluster)
+        homeless = []
+        for jid, attrs, user in self._active():
+            try:
+                tree.leaf_of(jid, attrs, user)
+            except QueueError as e:
+                homeless.append(f"job {jid}: {e}".replace(f"job {jid}: job {jid}: ", f"job {jid}: "))
+        if homeless:
+            raise QueueConflict("active jobs would have no queue: " + "; ".join(homeless[:5])
+                                + (f" (and {len(homeless) - 5} more)" if len(homeless) > 5 else ""))
+
+    def _active(self) -> list[tuple[str, Mapping[str, Any], str]]:
+        """(id, attrs, user) of every active job: mirrored ones and those not picked up yet."""
+        from .service import ACTIVE_STATES
+
+        return [(str(r.id), {"queue": r.spec.get("queue")}, r.user)
+                for r in self.service.store.list_jobs(ACTIVE_STATES)]
+
+    def _base(self) -> QueueTree:
+        return self.tree if self.tree is not None else QueueTree([])
+
+    def set_queue(self, q: Queue) -> QueueTree:
+        return self.commit(self._base().with_queue(q))
+
+    def delete_queue(self, name: str) -> QueueTree:
+        base = self._base()
+        if name not in base.index:
+            raise KeyError(name)
+        return self.commit(base.without_queue(name))
+
+    def set_user(self, user: str, queue: str | None) -> QueueTree:
+        return self.commit(self._base().with_user(user, queue))
+
+    def set_default(self, queue: str | None) -> QueueTree:
+        b = self._base()
+        return self.commit(QueueTree(b.queues, queue, b.users))
+
+    # -- submissions --------------------------------------------------------------------------------
+    def assign(self, spec: dict[str, Any], user: str) -> dict[str, Any]:
+        """``spec`` with the queue the job goes to (see the module notes); :class:`QueueError` if none."""
+        named = spec.get("queue")
+        if not self.enabled:
+            if named:
+                raise QueueError("this service runs without queues: submit without --queue")
+            return spec
+        tree = self.tree
+        if tree is None:
+            return {**spec, "queue": named or user}
+        name = tree.queue_name({"queue": named}, user)
+        if name is None:
+            raise QueueError(f"name a queue: user {user!r} has no default queue and there is no default queue "
+                             f"(queues: {', '.join(tree.leaf_names)})")
+        leaf = tree.leaf_index(name, "the job")
+        # what the queue can ever hold: its limits up the tree, and its guarantee under strict quotas
+        cap = min(tree.limit[n][0] for n in tree.path[leaf])
+        if not self.stage.borrow:
+            cap = min(cap, tree.guarantee[leaf][0])
+        if int(spec.get("gpus") or 0) > cap:
+            raise QueueError(f"queue {name!r} can never hold more than {cap:g} GPUs; the job asks for {spec['gpus']}")
+        return {**spec, "queue": name}
+
+    # -- usage --------------------------------------------------------------------------------------
+    def usage(self) -> dict[str, Any]:
+        """Usage vs quota per queue, users' default queues, the default queue (the API's ``GET /queues``)."""
+        stage = self.stage
+        if not self.enabled or stage.tree is None:
+            return {"policy": stage.name, "queues": [], "users": {}, "default": None}
+        tree: QueueTree = stage.tree
+        jobs: dict[str, Job] = dict(self.service.driver.jobs)  # C-level copies: safe beside the loop
+        current = dict(self.service.driver.current)
+        leaf: dict[str, int] = {}
+        for jid, j in jobs.items():
+            try:
+                leaf[jid] = stage.leaf(j)
+            except QueueError:
+                continue
+        used = usage(tree, {k: a for k, a in current.items() if k in leaf}, leaf)
+        running = [0] * len(tree)
+        pending = [0] * len(tree)
+        reasons: list[dict[str, int]] = [{} for _ in range(len(tree))]
+        for jid, lq in leaf.items():
+            j = jobs[jid]
+            for n in tree.path[lq]:
+                if jid in current:
+                    running[n] += 1
+                else:
+                    pending[n] += 1
+                    if j.reason:
+                        reasons[n][j.reason] = reasons[n].get(j.reason, 0) + 1
+        rows = []
+        for i, q in enumerate(tree.queues):
+            g = tree.guarantee[i]
+            rows.append({
+                "name": q.name, "parent": q.parent, "depth": len(tree.path[i]) - 1, "leaf": tree.is_leaf[i],
+                "weight": q.weight,
+                "guarantee": {"gpus": g[0], "cpus": g[1], "mem_mb": g[2]},
+                "limit": {k: v for k, v in zip(("gpus", "cpus", "mem_mb"), tree.limit[i], strict=True)
+                          if v != float("inf")},
+                "used": {"gpus": used[i][0], "cpus": used[i][1], "mem_mb": used[i][2]},
+                "borrowed": max(0.0, used[i][0] - g[0]),
+                "running": running[i], "pending": pending[i], "reasons": reasons[i],
+                "default": q.name == tree.default,
+            })
+        return {"policy": stage.name, "queues": rows, "users": dict(tree.users), "default": tree.default}
+

@@ -1,0 +1,356 @@
+"""Per-queue metrics of a simulation: JCT, queueing delay, share received vs guaranteed, violations.
+
+A :class:`QueueRecorder` is a :class:`~gpuloom.sim.engine.Simulator` observer:
+after every round and completion it records the GPUs each queue holds (a job
+counts its GPUs divided among its group's members, as the queue stage counts
+them); after every round also the GPUs its waiting jobs ask for.  From those:
+
+* **share** = GPUs held / GPUs in the cluster, over time;
+* **deficit** = what a queue is owed but does not hold:
+  ``max(0, min(guarantee, held + waiting) - held)`` GPUs; its time integral
+  (GPU-hours) and the fraction of time it was at least one GPU are the
+  guarantee's shortfall (zero under a queue stage honouring guarantees, except
+  while placement cannot fit a waiting job);
+* **over limit**: GPU-hours and rounds a queue held more than its limit (the
+  queue stage's invariant says none).
+
+The recorder reports against the queue stage's own tree, or against any tree
+it is given (so a run without queues, global FIFO, is measured against the
+same quotas).  :func:`queue_rows` joins this with each job's JCT and queueing
+delay; :func:`write_queue_report` writes ``queues.csv``, ``queue_series.csv``
+and ``queue_share.png`` (each queue's GPU share over time, its guarantee
+dashed).  :func:`attach` is how :func:`~gpuloom.sim.runconfig.run_config`
+adds a recorder to a run; the data travel in ``RunResult.extra["queues"]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..core.job import Job
+from ..core.queues import QueueTree
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from .engine import Simulator
+    from .metrics import RunResult
+
+QUEUE_COLUMNS = (
+    "queue", "guarantee", "limit", "weight", "jobs", "completed", "mean_jct", "p95_jct", "mean_queueing_delay",
+    "guaranteed_share", "mean_share", "deficit_gpu_h", "short_time", "over_limit_gpu_h", "limit_violations",
+)
+
+
+class QueueRecorder:
+    """Observer recording each leaf queue's GPUs held, and its deficit (see the module notes)."""
+
+    def __init__(self, tree: QueueTree | None = None, policy: Any = None) -> None:
+        if tree is None and policy is None:
+            raise ValueError("a queue recorder needs a tree or a queue stage")
+        self.tree = tree
+        self.policy = policy
+        self.names: list[str] = []
+        self.t: list[float] = []
+        self.held: list[list[float]] = []
+        self.deficit: list[list[float]] = []
+        self.limit_violations: dict[str, int] = {}
+        self._leaf: dict[str, str] = {}
+        self._tree_seen: QueueTree | None = None
+        self._col: dict[str, int] = {}
+        self._guarantee: list[float] = []
+        self._limit: list[float] = []
+        self._held: list[float] = []  # per column: GPUs held now
+        self._demand: list[float] = []  # per column: GPUs the active jobs ask for
+        self._running: dict[str, tuple[Any, int]] = {}  # job id -> (allocation, column) as last seen
+        self._active: dict[str, tuple[int, int]] = {}  # job id -> (column, GPUs asked) as last seen
+        self._waiting_now: list[float] = []
+
+    def _current_tree(self) -> QueueTree | None:
+        return self.tree if self.tree is not None else self.policy.tree
+
+    def queue_of(self, job: Job) -> str:
+        q = self._leaf.get(job.id)
+        if q is None:
+            if self.tree is not None:
+                q = self.tree.queues[self.tree.leaf_of(job.id, job.spec.attrs, job.spec.user)].name
+            else:
+                q = self.policy.queue_of(job)
+            self._leaf[job.id] = q
+        return q
+
+    def __call__(self, sim: Simulator, event: str) -> None:
+        tree = self._current_tree()
+        if tree is None:
+            return
+        if tree is not self._tree_seen:  # (a queue stage's own tree grows as queue names appear)
+            self._tree_seen = tree
+            for i in tree.leaves:
+                name = tree.queues[i].name
+                if name not in self.names:
+                    self.names.append(name)
+            self._col = {n: k for k, n in enumerate(self.names)}
+            self._guarantee = [tree.guarantee[tree.index[n]][0] if n in tree.index else 0.0 for n in self.names]
+            self._limit = [tree.limit[tree.index[n]][0] if n in tree.index else math.inf for n in self.names]
+            grow = len(self.names) - len(self._held)
+            self._held += [0.0] * grow
+            self._demand += [0.0] * grow
+        jobs, current, col = sim.active, sim.current, self._col
+        held = self._held
+        # what runs: only the changes since the last event (starts, ends, moves, regroups)
+        tracked = self._running
+        for jid in tracked.keys() - current.keys():
+            a, k = tracked.pop(jid)
+            held[k] -= a.num_gpus / (1 + len(a.group))
+        for jid, a in current.items():
+            old = tracked.get(jid)
+            if old is not None and old[0] is a:
+                continue
+            if old is not None:
+                held[old[1]] -= old[0].num_gpus / (1 + len(old[0].group))
+            k = col[self.queue_of(jobs[jid])]
+            held[k] += a.num_gpus / (1 + len(a.group))
+            tracked[jid] = (a, k)
+        if event == "round":
+            # what is asked for: the GPUs of every active job, kept from arrivals and ends
+            seen, demand = self._active, self._demand
+            for jid in jobs.keys() - seen.keys():
+                j = jobs[jid]
+                k = col[self.queue_of(j)]
+                seen[jid] = (k, j.spec.gpus)
+                demand[k] += j.spec.gpus
+            for jid in seen.keys() - jobs.keys():
+                k, g = seen.pop(jid)
+                demand[k] -= g
+            asked_by_running = [0.0] * len(self.names)
+            for a, k in tracked.values():
+                asked_by_running[k] += seen[a.job_id][1]
+            self._waiting_now = [max(0.0, d - r) for d, r in zip(demand, asked_by_running, strict=True)]
+            for k, n in enumerate(self.names):
+                if held[k] > self._limit[k] + 1e-6:
+                    self.limit_violations[n] = self.limit_violations.get(n, 0) + 1
+        waiting = self._waiting_now + [0.0] * (len(held) - len(self._waiting_now))
+        row = [round(h, 9) + 0.0 for h in held]  # (sums of fractions: no -0.0 or 1e-16 left over)
+        deficit = [max(0.0, min(g, h + w) - h) for g, h, w in zip(self._guarantee, row, waiting, strict=True)]
+        t = sim.now
+        if self.t and self.t[-1] == t:
+            self.held[-1], self.deficit[-1] = row, deficit
+        elif not self.t or self.held[-1] != row or self.deficit[-1] != deficit:
+            self.t.append(t)
+            self.held.append(row)
+            self.deficit.append(deficit)
+
+    def finish(self, sim: Simulator) -> dict[str, Any]:
+        """The recorded data (plain values: they travel back from worker processes)."""
+        tree = self._current_tree()
+        job_queue = {}
+        for j in sim.jobs:
+            try:
+                job_queue[j.id] = self.queue_of(j)
+            except ValueError:
+                continue
+        n = len(self.names)
+        info = {}
+        if tree is not None:
+            for name in self.names:
+                i = tree.index.get(name)
+                if i is not None:
+                    info[name] = {"guarantee": tree.guarantee[i][0], "limit": tree.limit[i][0],
+                                  "weight": tree.weight[i]}
+        return {
+            "names": list(self.names),
+            "queues": info,
+            "t": list(self.t),
+            "held": [r + [0.0] * (n - len(r)) for r in self.held],
+            "deficit": [r + [0.0] * (n - len(r)) for r in self.deficit],
+            "limit_violations": dict(self.limit_violations),
+            "job_queue": job_queue,
+        }
+
+
+def attach(sched: Any, tree: QueueTree | None = None) -> QueueRecorder | None:
+    """A recorder for a run: against ``tree`` if given, else the scheduler's queue stage (None without one)."""
+    if tree is not None:
+        return QueueRecorder(tree)
+    q = getattr(sched, "queue", None)
+    if q is not None and q.enabled:
+        return QueueRecorder(None, q)
+    return None
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+def _mean(t: np.ndarray, v: np.ndarray, start: float, end: float) -> float:
+    """Time-weighted mean of a piecewise-constant series over [start, end] (0 before its first point)."""
+    if end <= start or len(t) == 0:
+        return 0.0
+    edges = np.clip(np.append(t, end), start, end)
+    return float((v * np.diff(edges)).sum() / (end - start))
+
+
+def queue_rows(result: RunResult) -> list[dict[str, Any]]:
+    """One row per queue (:data:`QUEUE_COLUMNS`); empty when the run recorded no queues."""
+    d = result.extra.get("queues")
+    if not d:
+        return []
+    names = d["names"]
+    t = np.asarray(d["t"], dtype=float)
+    held = np.asarray(d["held"], dtype=float).reshape(len(t), len(names))
+    deficit = np.asarray(d["deficit"], dtype=float).reshape(len(t), len(names))
+    start = min((j.arrival for j in result.jobs), default=0.0)
+    end = result.span_end
+    gpus = max(result.cluster_gpus, 1)
+    by_queue: dict[str, list[Any]] = {n: [] for n in names}
+    for j in result.jobs:
+        q = d["job_queue"].get(j.id)
+        if q in by_queue:
+            by_queue[q].append(j)
+    rows = []
+    for k, name in enumerate(names):
+        info = d["queues"].get(name, {})
+        jobs = by_queue[name]
+        jcts = [j.jct for j in jobs if j.jct is not None]
+        delays = [j.queueing_delay for j in jobs if j.queueing_delay is not None]
+        lim = info.get("limit", math.inf)
+        over = np.maximum(held[:, k] - lim, 0.0) if math.isfinite(lim) else np.zeros(len(t))
+        span_h = (end - start) / 3600.0
+        rows.append({
+            "queue": name,
+            "guarantee": info.get("guarantee", 0.0),
+            "limit": lim,
+            "weight": info.get("weight", 1.0),
+            "jobs": len(jobs),
+            "completed": len(jcts),
+            "mean_jct": float(np.mean(jcts)) if jcts else math.nan,
+            "p95_jct": float(np.percentile(jcts, 95)) if jcts else math.nan,
+            "mean_queueing_delay": float(np.mean(delays)) if delays else math.nan,
+            "guaranteed_share": info.get("guarantee", 0.0) / gpus,
+            "mean_share": _mean(t, held[:, k], start, end) / gpus,
+            "deficit_gpu_h": _mean(t, deficit[:, k], start, end) * span_h,
+            "short_time": _mean(t, (deficit[:, k] >= 1 - 1e-9).astype(float), start, end),
+            "over_limit_gpu_h": _mean(t, over, start, end) * span_h,
+            "limit_violations": d["limit_violations"].get(name, 0),
+        })
+    return rows
+
+
+def write_queue_report(result: RunResult, out_dir: str | Path, plot: bool = True) -> list[Path]:
+    """``queues.csv``, ``queue_series.csv`` and (``plot``) ``queue_share.png`` in ``out_dir``."""
+    rows = queue_rows(result)
+    if not rows:
+        return []
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "queues.csv", out / "queue_series.csv"]
+    with open(paths[0], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(QUEUE_COLUMNS)
+        for r in rows:
+            w.writerow([csv_cell(r[c]) for c in QUEUE_COLUMNS])
+    d = result.extra["queues"]
+    with open(paths[1], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["t", *(f"held:{n}" for n in d["names"]), *(f"deficit:{n}" for n in d["names"])])
+        for t, h, df in zip(d["t"], d["held"], d["deficit"], strict=True):
+            w.writerow([csv_cell(t), *map(csv_cell, h), *map(csv_cell, df)])
+    if plot:
+        paths.append(plot_queue_share(result, out / "queue_share.png"))
+    return paths
+
+
+def csv_cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else ("inf" if math.isinf(v) else repr(v))
+    return str(v)
+
+
+def plot_queue_share(result: RunResult, path: str | Path, max_queues: int = 16) -> Path:
+    """Each queue's GPU share over time (time-binned mean with its min-max band), guarantee dashed.
+
+    Small multiples, largest guarantees first; beyond ``max_queues`` the rest are left out (named in the title).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .report import binned_series
+
+    d = result.extra["queues"]
+    names = d["names"]
+    info = d["queues"]
+    order = sorted(range(len(names)), key=lambda k: (-info.get(names[k], {}).get("guarantee", 0.0), names[k]))
+    shown = order[:max_queues]
+    cols = 2 if len(shown) > 4 else 1
+    rows = math.ceil(len(shown) / cols)
+    fig = Figure(figsize=(8 * cols / 1.3, 1.6 * rows + 0.9), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, sharex=True, squeeze=False).ravel()
+    t = np.asarray(d["t"], dtype=float)
+    held = np.asarray(d["held"], dtype=float).reshape(len(t), len(names))
+    end = result.span_end
+    gpus = max(result.cluster_gpus, 1)
+    span = end - (t[0] if len(t) else 0.0)
+    scale, unit = (3600.0, "h") if span >= 36_000 else ((60.0, "min") if span >= 600 else (1.0, "s"))
+    for ax, k in zip(axes, shown, strict=False):
+        e, m, lo, hi = binned_series(t, held[:, k] / gpus, end, 600)
+        if len(m):
+            x = e / scale
+            ax.plot(x, np.append(m, m[-1]), drawstyle="steps-post", lw=1.0)
+            if lo is not m:
+                ax.fill_between(x, np.append(lo, lo[-1]), np.append(hi, hi[-1]), step="post", alpha=0.25, lw=0)
+        g = info.get(names[k], {}).get("guarantee", 0.0) / gpus
+        ax.axhline(g, ls="--", lw=1.0, color="black")
+        ax.set_ylabel(names[k], fontsize=7)
+        ax.tick_params(labelsize=7)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(shown):]:
+        ax.set_visible(False)
+    for ax in axes[-cols:]:
+        ax.set_xlabel(f"time ({unit})", fontsize=8)
+    more = f" ({len(names) - len(shown)} more not shown)" if len(names) > len(shown) else ""
+    fig.suptitle(f"GPU share per queue (dashed: guarantee): {result.label}{more}", fontsize=9)
+    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.5 / (1.6 * rows + 0.9), bottom=0.6 / (1.6 * rows + 0.9),
+                        hspace=0.25, wspace=0.2)
+    p = Path(path)
+    fig.savefig(p)
+    return p
+
+
+def queue_table(results: Mapping[str, RunResult]) -> Table:
+    """A rich table: one row per queue (and run, for several), times in hours."""
+    from rich.table import Table
+
+    several = len(results) > 1
+    t = Table(title="per queue: mean JCT and queueing delay, GPU share vs quota, GPU-hours owed but not held",
+              box=None)
+    for c in (["queue", "run"] if several else ["queue"]):
+        t.add_column(c)
+    cols = (("guarantee", "quota"), ("jobs", "jobs"), ("completed", "done"), ("mean_jct", "JCT"),
+            ("mean_queueing_delay", "wait"), ("mean_share", "share"), ("guaranteed_share", "quota %"),
+            ("deficit_gpu_h", "short GPU-h"), ("limit_violations", "over"))
+    for _, title in cols:
+        t.add_column(title, justify="right")
+    for label, res in results.items():
+        for r in queue_rows(res):
+            head = [r["queue"], label] if several else [r["queue"]]
+            t.add_row(*head, *(_fmt(c, r[c]) for c, _ in cols))
+    return t
+
+
+def _fmt(col: str, v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if col == "guarantee":
+        return f"{v:g}"
+    if col.endswith("_jct") or col.endswith("delay"):
+        return f"{v / 3600:,.2f} h"
+    if col.endswith("share") or col == "short_time":
+        return f"{v:.1%}"
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    return str(v)
