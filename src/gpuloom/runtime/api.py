@@ -82,6 +82,7 @@ class JobSubmit(BaseModel):
     min_gpus: int | None = Field(None, ge=1)
     resource_times: list[float] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
     iteration_time: float | None = Field(None, gt=0)  # seconds per iteration (Muri)
+    iterations: int | None = Field(None, ge=1)  # with iteration_time: the work estimate (SJF/SRTF orders)
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
     dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
 
@@ -112,6 +113,19 @@ class JobSubmit(BaseModel):
         vals = v.values() if isinstance(v, dict) else (v or [])
         if any(not (x >= 0) for x in vals):
             raise ValueError("throughput values must be >= 0 iterations/s")
+        return v
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            from ..perf.profile_record import profile_from_record
+
+            try:
+                if profile_from_record("profile", v) is None:
+                    raise ValueError("an inline profile needs status ok (or none)")
+            except ValueError as e:  # SensitivityError
+                raise ValueError(str(e)) from None
         return v
 
     @field_validator("mem")
