@@ -181,3 +181,28 @@ def test_a_bad_profile_in_a_trace_names_line_and_field(tmp_path: Path) -> None:
                  '"cpu_points": [1], "mem_points": [1], "matrix": [[-1]]}}}\n')
     with pytest.raises(TraceError, match=r"t.jsonl:2: field 'profile': .*negative"):
         read_jsonl(f)
+
+
+def test_a_job_spec_brings_its_work_estimate_and_profile() -> None:
+    from pydantic import ValidationError
+
+    from gpuloom.runtime.api import JobSubmit
+    from gpuloom.runtime.profiles import wants_profile
+    from gpuloom.runtime.specs import job_spec
+    from gpuloom.runtime.store import JobRow
+
+    rec = record_from_function(1, [1, 2, 4], [1000], lambda c, m: float(c))
+    spec = {"command": "x", "gpus": 1, "model": "m", "iterations": 200, "iteration_time": 0.25, "time_limit": 600,
+            "profile": rec}
+    js = job_spec(JobRow(3, "j", "u", spec, "standby", T0 + 5.0), T0)
+    assert (js.id, js.arrival, js.duration, js.iterations, js.iter_time) == ("3", 5.0, 50.0, 200, 0.25)
+    assert isinstance(js.profile, SensitivityProfile) and js.profile.throughput_at(4, 1000, 1) == 4.0
+    # without iterations: the time limit is the estimate
+    js = job_spec(JobRow(4, "j", "u", {"command": "x", "gpus": 1, "time_limit": 600, "profile": True}, "standby", T0), T0)
+    assert (js.duration, js.profile) == (600.0, None)
+    assert not wants_profile(spec) and wants_profile({"model": "m"})  # it brought its own
+    assert JobSubmit(command="x", gpus=1, iterations=10, iteration_time=0.5, profile=rec).to_spec()["iterations"] == 10
+    with pytest.raises(ValidationError, match=r"profile[\s\S]*matrix is 1x1"):
+        JobSubmit(command="x", gpus=1, profile={"gpus": 1, "cpu_points": [1, 2], "mem_points": [1], "matrix": [[1]]})
+    with pytest.raises(ValidationError, match="iterations"):
+        JobSubmit(command="x", gpus=1, iterations=0)

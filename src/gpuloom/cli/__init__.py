@@ -43,3 +43,4 @@ from . import service  # noqa: E402,F401  (registers serve, cancel, nodes, token
 from . import jobs  # noqa: E402,F401  (registers submit, queue, show, history, logs)
 from . import inventory  # noqa: E402,F401  (registers inventory)
 from . import reproduce  # noqa: E402,F401  (registers reproduce)
+from . import validate  # noqa: E402,F401  (registers validate)

@@ -69,4 +69,4 @@ def write_trace(rows: Sequence[dict[str, Any]], path: Path, as_json: bool = Fals
         return
     replay = f"gpuloom simulate --trace {path}" + (f" --cluster {cfile}" if cfile is not None else "")
     console.print(f"wrote {len(jobs)} finished jobs to {path}" + (f" and their cluster to {cfile}" if cfile else "")
-                  + f"\nreplay: {replay}", highlight=False)
+                  + f"\nreplay: {replay}", highlight=False, soft_wrap=True)

@@ -117,19 +117,21 @@ class SharedInterleaveFactor(InterleaveFactor):
 
         self.solo = solo
 
-    def _member(self, job: Job | Any, alloc: Allocation) -> tuple[float, list[float]]:
-        """(iteration time alone on ``alloc``'s GPUs and cores, exclusive stage times) of a member."""
+    def _member(self, job: Job | Any, alloc: Allocation) -> tuple[float, float, list[float]]:
+        """(iteration time alone on ``alloc``'s GPUs and cores, the same with the group's overhead on its
+        exclusive stages, those exclusive stage times) of a member."""
         prof: Profile = self._require(job)
         it = float(sum(prof))
         excl = [prof[i] for i in exclusive_stages(len(prof))]
         speed = 1.0
         if self.solo is not None and isinstance(job, Job):
             speed = self.solo(job, Allocation(job.id, alloc.parts, ()))
-        m = len(alloc.group) + 1
-        f = self.overhead_for(m)
-        excl = [x * f for x in excl]
-        T = it / speed if speed > 0 else float("inf")
-        return max(T, sum(excl)), excl
+        if not speed > 0:
+            return float("inf"), float("inf"), excl
+        alone = max(it / speed, sum(excl))
+        f = self.overhead_for(len(alloc.group) + 1)
+        shared = [x * f for x in excl]
+        return alone, alone - sum(excl) + sum(shared), shared
 
     def __call__(self, job: Job, alloc: Allocation) -> float:
         if not alloc.group:
@@ -143,12 +145,16 @@ class SharedInterleaveFactor(InterleaveFactor):
             except KeyError:
                 raise ProfileError(f"job {job.id}: co-runner {oid!r} is unknown to the interleave factor") from None
         demands = []
+        own = (1.0, 1.0)
         for m in members:
-            T, excl = self._member(m, alloc)  # co-runners: the same GPUs, an even share of the cores
+            alone, T, excl = self._member(m, alloc)  # co-runners: the same GPUs, an even share of the cores
             if not T < float("inf"):  # cannot run there: it takes no turns
                 if m is job:
                     return 0.0
-                excl = [0.0] * len(excl)
-                T = 1.0
+                demands.append([0.0] * len(excl))
+                continue
+            if m is job:
+                own = (alone, T)
             demands.append([x / T for x in excl])
-        return min(1.0, fair_slowdowns(demands)[0])
+        # its rate is s / T; alone it did 1 / alone
+        return min(1.0, fair_slowdowns(demands)[0] * own[0] / own[1])
