@@ -130,6 +130,18 @@ def test_export_measures_speeds_profile_curve_and_lifecycle_times(hist: History)
     assert r3["attrs"]["allocations"][0]["group"] == ["9"]
     assert (r3["attrs"]["resource_times"], r3["attrs"]["iteration_time"]) == ([0.1, 0.2, 0.0], 0.3)
     assert (r3["attrs"]["checkpoint_time"], r3["attrs"]["launch_time"]) == (0.45, 1.0)  # means of jobs 1 and 2; own
+    assert [r["attrs"]["reference"] for r in rows] == ["measured", "measured", "running"]
+
+
+def test_jobs_that_only_shared_a_gpu_get_their_reference_through_the_model(hist: History) -> None:
+    # two GPU-bound twins (0.2 s of GPU per iteration) shared one GPU: 2.5 it/s each, half their speed alone
+    ids = [hist.submit(0.0, gpus=1, resource_times=[0.0, 0.2, 0.0], iteration_time=0.2) for _ in range(2)]
+    for me, other in (ids, ids[::-1]):
+        hist.launch(me, 0.0, alloc(1, 1, 1000, (str(other),)))
+        hist.progress(me, (0.0, 0), (4.0, 10))
+        hist.finish(me, 4.0, 10)
+    rows = export_trace(hist.store, hist.logs, CLUSTER)
+    assert [(r["attrs"]["reference"], r["iter_time"]) for r in rows] == [("model", pytest.approx(0.2))] * 2
 
 
 def test_exported_trace_replays_the_measured_speeds(hist: History, tmp_path: Path) -> None:

@@ -75,6 +75,7 @@ def run_stack(label: str, stack: Any, jobs: list[Any], cluster: Any, round_s: fl
     """One stack: the service, the three simulations, the comparisons (see the module notes)."""
     from ..sim.traces.own import read_jsonl
     from ..sim.validate import SimSetup, compare, lifecycle_attrs, outcomes_of, simulate, speed_errors, with_attrs
+    from .export import cluster_path, cluster_toml
     from .testbed import Testbed
 
     wd = workdir / _slug(label)
@@ -83,6 +84,9 @@ def run_stack(label: str, stack: Any, jobs: list[Any], cluster: Any, round_s: fl
     run = Testbed(wd, cluster, stack, round_s=round_s, script=script).run(jobs, timeout)
     trace_file = workdir / f"{_slug(label)}.trace.jsonl"
     trace_file.write_text("".join(json.dumps(r) + "\n" for r in run.trace))
+    node = cluster.nodes[0]  # the cluster beside it, as gpuloom history --as-trace writes it
+    cluster_path(trace_file).write_text(cluster_toml([{"gpus": node.gpus, "cpus": node.cpus, "mem_mb": node.mem_mb,
+                                                       "gpu_type": node.gpu_type}]))
     ids = {str(r["id"]): str(r["attrs"]["name"])[1:] for r in run.trace}  # service id -> workload id ("v<id>")
     arrivals = {jid: o.arrival for jid, o in run.outcomes.items()}
     specs = [j.spec(cluster, arrival=arrivals.get(j.id, j.arrival)) for j in jobs]
@@ -143,10 +147,10 @@ def validate(
     start: Annotated[int, typer.Option(help="First job of the slice (index in arrival order).")] = 0,
     gpu_div: Annotated[int, typer.Option(help="Divide each job's GPUs by this (capped at a node).")] = 8,
     step: Annotated[float, typer.Option(help="Seconds of the slice's median iteration.")] = 0.25,
-    median: Annotated[float, typer.Option(help="Seconds the median job runs alone.")] = 30.0,
-    lo: Annotated[float, typer.Option(help="Shortest job, seconds alone.")] = 8.0,
-    hi: Annotated[float, typer.Option(help="Longest job, seconds alone.")] = 120.0,
-    span: Annotated[float, typer.Option(help="Seconds over which the slice's jobs arrive.")] = 120.0,
+    median: Annotated[float, typer.Option(help="Seconds the median job runs alone.")] = 20.0,
+    lo: Annotated[float, typer.Option(help="Shortest job, seconds alone.")] = 5.0,
+    hi: Annotated[float, typer.Option(help="Longest job, seconds alone.")] = 90.0,
+    span: Annotated[float, typer.Option(help="Seconds over which the slice's jobs arrive.")] = 90.0,
     cluster: Annotated[str, typer.Option("--cluster", "-C", help="Declared fake-GPU cluster (NODESxGPUS; one node: the local executor).")] = "1x4",
     cpus_per_node: Annotated[int, typer.Option(help="Declared cores per node (default: Muri's testbed, 92 per 8 GPUs).")] = 46,
     mem_gb_per_node: Annotated[float | None, typer.Option(help="Declared memory per node, GB (default 64 per GPU).")] = None,

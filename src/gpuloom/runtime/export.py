@@ -43,9 +43,14 @@ had GPU-proportional cores and memory; their rates brought to the
 proportional point through its profile (``rate x profile(proportional) /
 profile(held)``: the model's sensitivity factor then gives back the measured
 rate at the cores it held); their plain rate.  A job that only ever shared GPUs
-gets its iterations over the seconds it ran (an underestimate: its co-runners
-slowed it down).  Co-running jobs' rates are kept in ``allocations``; the
-model's interleaving factor explains them from ``resource_times``.
+gets its shared rates over what the model says sharing and its cores cost it
+there (:func:`shared_references`: ``interleave_model=shared``, the way the
+service runs groups), where its and its co-runners' ``resource_times`` allow;
+else its iterations over the seconds it ran (an underestimate: its co-runners
+slowed it down).  ``attrs["reference"]`` says which: ``measured``, ``profile``,
+``alone``, ``model``, ``running`` (or ``held``: progress lines without times).
+Co-running jobs' rates are kept in ``allocations``; the model's interleaving
+factor explains them from ``resource_times``.
 
 ``exit_s`` is the time from the job's last progress line to its end as the
 service recorded it (the process exiting and the service noticing).
@@ -125,11 +130,12 @@ Solo = tuple[int, int, int, float, int, tuple[int, int] | None]
 
 
 def reference_rate(solo: Sequence[Solo], gpus: int, profile: Mapping[str, Any] | None, key: str,
-                   cluster: Cluster | None) -> float | None:
-    """It/s at the reference allocation from the job's solo allocations (see "Speeds" in the module notes)."""
+                   cluster: Cluster | None) -> tuple[float | None, str]:
+    """(It/s at the reference allocation from the job's solo allocations, how: ``measured``, ``profile`` or
+    ``alone``; see "Speeds" in the module notes)."""
     mine = [x for x in solo if x[0] == gpus]
     if not mine:
-        return None
+        return None, ""
 
     def wmean(xs: Sequence[tuple[float, int]]) -> float:
         w = sum(max(1, n) for _, n in xs)
@@ -137,7 +143,7 @@ def reference_rate(solo: Sequence[Solo], gpus: int, profile: Mapping[str, Any] |
 
     at_ref = [(x[3], x[4]) for x in mine if x[5] is not None and (x[1], x[2]) == x[5]]
     if at_ref:
-        return wmean(at_ref)
+        return wmean(at_ref), "measured"
     prof = None
     if profile is not None:
         try:
@@ -153,8 +159,58 @@ def reference_rate(solo: Sequence[Solo], gpus: int, profile: Mapping[str, Any] |
             if prop is not None and here > 0:
                 scaled.append((r * prof.throughput_at(prop[0], prop[1], g) / here, n))
         if scaled:
-            return wmean(scaled)
-    return wmean([(x[3], x[4]) for x in mine])
+            return wmean(scaled), "profile"
+    return wmean([(x[3], x[4]) for x in mine]), "alone"
+
+
+def shared_references(rows: list[dict[str, Any]], cluster: Cluster | None) -> None:
+    """Jobs that only ever shared GPUs: their reference speed from their shared allocations, through the model.
+
+    Each measured rate is divided by the speed the throughput model gives the job
+    there (its profile for the cores it held, ``interleave_model=shared`` for its
+    co-runners, as the service runs them), where the co-runners are exported
+    too and the job has stage profiles; ``attrs["reference"]`` becomes ``model``.
+    """
+    todo = [r for r in rows if r["attrs"].get("reference") == "running"]
+    if not todo or cluster is None:
+        return
+    from ..core.job import Job, JobSpec
+    from ..core.plan import Allocation, Part
+    from ..perf.assembly import build_model
+
+    specs: dict[str, JobSpec] = {}
+    for r in rows:
+        a = r["attrs"]
+        prof = None
+        if is_record(a.get("profile")):
+            try:
+                prof = profile_from_record(r["id"], a["profile"])
+            except SensitivityError:
+                prof = None
+        specs[r["id"]] = JobSpec.from_iterations(
+            r["id"], r["arrival"], r["gpus"], r["iterations"], r["iter_time"], profile=prof,
+            attrs={k: a[k] for k in ("resource_times", "iteration_time") if a.get(k) is not None})
+    model = build_model(cluster, {"interleave_model": "shared"}, list(specs.values()))
+    jobs = {k: Job(v) for k, v in specs.items()}
+    model.bind(jobs)
+    for r in todo:
+        acc = []
+        for a in r["attrs"]["allocations"]:
+            if not a.get("it_s") or len(a["nodes"]) != 1 or any(str(g) not in jobs for g in a["group"]):
+                continue
+            try:
+                node = cluster.node_index(a["nodes"][0])
+                alloc = Allocation(r["id"], (Part(node, tuple(range(a["gpus"])), a["cpus"], a["mem_mb"]),),
+                                   tuple(str(g) for g in a["group"]))
+                f = model.speed(jobs[r["id"]], alloc)
+            except (KeyError, ValueError):  # an unknown node, a co-runner without a stage profile
+                continue
+            if f > 0:
+                acc.append((a["it_s"] / f, max(1, int(a.get("iters") or 0))))
+        if acc:
+            ref = sum(v * w for v, w in acc) / sum(w for _, w in acc)
+            r["iter_time"] = 1.0 / ref
+            r["attrs"]["reference"] = "model"
 
 
 def job_row(row: JobRow, spans: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]],
@@ -203,18 +259,18 @@ def job_row(row: JobRow, spans: Sequence[Mapping[str, Any]], events: Sequence[Ma
             props = {p for g, _, _, _, _, p in solo if g == gpus and p is not None}
             profile = record_from_points(gpus, at_size, next(iter(props)) if len(props) == 1 else None)
 
-    ref = reference_rate(solo, gpus, profile, profile_key(spec), cluster)
+    ref, how = reference_rate(solo, gpus, profile, profile_key(spec), cluster)
     if ref is None and run_s > 0:  # it only ever shared GPUs: its iterations over the seconds it ran
-        ref = iters / run_s
+        ref, how = iters / run_s, "running"
     if ref is None and row.held_time > 0:  # progress lines without t=: the seconds it held resources
-        ref = iters / row.held_time
+        ref, how = iters / row.held_time, "held"
     if ref is None or not ref > 0:
         return None
 
     attrs: dict[str, Any] = {"name": row.name, "submit": iso(row.submit_time),
                              "jct_s": None if row.end_time is None else round(row.end_time - row.submit_time, 3),
                              "wait_s": None if row.first_start is None else round(row.first_start - row.submit_time, 3),
-                             "preemptions": row.preemptions, "allocations": allocs}
+                             "preemptions": row.preemptions, "reference": how, "allocations": allocs}
     for k in CARRIED:
         if spec.get(k) is not None:
             attrs[k] = spec[k]
@@ -283,6 +339,7 @@ def export_trace(store: Store, log_dir: str | Path, cluster: Cluster | None = No
         rec = job_row(r, spans[r.id], events[r.id], tail.points, origin, cluster, profiles[key])
         if rec is not None:
             out.append(rec)
+    shared_references(out, cluster)
     # jobs never stopped here get the export's mean stop time (a replay may stop them)
     mean_stop = _mean(x["attrs"]["checkpoint_time"] for x in out if "checkpoint_time" in x["attrs"])
     mean_launch = _mean(x["attrs"]["launch_time"] for x in out if "launch_time" in x["attrs"])
