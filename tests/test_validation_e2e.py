@@ -42,7 +42,7 @@ from gpuloom.sim.validate import (
     simulate,
     with_attrs,
 )
-from service_util import Server, kill_jobs, submit, wait_for
+from service_util import JOB_PY, Server, kill_jobs, shared_copy, submit, wait_for
 
 SLEEPY = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
 CL = Cluster.homogeneous(1, 4, 48, 256_000)  # Muri's testbed has 11.5 cores per GPU
@@ -95,7 +95,7 @@ def test_history_as_trace_from_the_cli(tmp_path: Path) -> None:
     sd = ("--state-dir", str(tmp_path))
     try:
         with s.client() as c:
-            cmd = f"{sys.executable} {SLEEPY} --steps 6 --stages 0.01,0.02,0"
+            cmd = f"{JOB_PY} {shared_copy(SLEEPY)} --steps 6 --stages 0.01,0.02,0"
             a = submit(c, name="a", command=cmd, gpus=1, model="m")
             b = submit(c, name="b", command=cmd, gpus=2, cpus=2)
             wait_for(lambda: all(c.get(f"/jobs/{j}").json()["state"] == "finished" for j in (a, b)), 60,
@@ -111,6 +111,9 @@ def test_history_as_trace_from_the_cli(tmp_path: Path) -> None:
         assert (cl.num_nodes, cl.num_gpus, cl.total_cpus) == (1, 4, 8)
         r = runner.invoke(app, ["history", "--as-trace", str(out), "--state", "F", *sd])
         assert r.exit_code != 0 and "--state does not apply" in r.output
+        r = runner.invoke(app, ["history", "--as-trace", str(tmp_path / "none.jsonl"), "--until", "2001-01-01", *sd])
+        assert r.exit_code == 1 and "no finished job matches" in r.output
+        assert not (tmp_path / "none.jsonl").exists()
         r = runner.invoke(app, ["simulate", "--trace", str(out), "--cluster", str(tmp_path / "week.cluster.toml"),
                                 "--order", "srtf", "--out", str(tmp_path / "sim"), "--json"])
         assert r.exit_code == 0, r.output

@@ -15,7 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .common import console
+import typer
+
+from .common import console, err_console
 
 
 def cluster_path(trace: Path) -> Path:
@@ -45,6 +47,9 @@ def write_trace(rows: Sequence[dict[str, Any]], path: Path, as_json: bool = Fals
     from ..core.cluster import load_cluster_file
     from ..sim.traces.own import read_jsonl
 
+    if not rows:
+        err_console.print(f"no finished job matches: {path} not written", highlight=False)
+        raise typer.Exit(1)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for r in rows:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +35,23 @@ from ..driver import Stack
 from ..sim.validate import Outcome, TestbedJob, gpu_util
 
 FINAL = ("finished", "failed", "cancelled")
+
+
+def others_may_run(path: str) -> bool:
+    """Whether an unprivileged account can execute ``path`` (every directory above it enterable)."""
+    p = Path(os.path.realpath(path))
+    try:
+        return all(os.stat(q).st_mode & 0o001 for q in [p, *p.parents])
+    except OSError:
+        return False
+
+
+def job_python() -> str:
+    """A Python the service's job accounts can run: this one, else the system's (this one may live in root's
+    home; a server started as root runs jobs as an unprivileged account)."""
+    if os.geteuid() != 0 or others_may_run(sys.executable):
+        return sys.executable
+    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
 
 
 def default_script() -> Path | None:
@@ -73,11 +92,11 @@ class Testbed:
 
     __test__ = False  # not a pytest class, despite its name
     def __init__(self, workdir: Path, cluster: Cluster, stack: Stack, round_s: float = 2.0,
-                 grace_s: float = 10.0, script: Path | None = None, python: str = sys.executable,
+                 grace_s: float = 10.0, script: Path | None = None, python: str | None = None,
                  serve_args: Sequence[str] = ()) -> None:
         self.workdir = Path(workdir)
         self.state_dir = self.workdir / "state"
-        self.lock_dir = self.workdir / "gpu-locks"
+        self.share: Path | None = None  # the job script and the GPU locks, where every account reaches them
         self.cluster = cluster
         self.stack = stack
         self.round_s = round_s
@@ -86,7 +105,7 @@ class Testbed:
         if script is None:
             raise FileNotFoundError("no job script: give the path of examples/sleepy_train.py (--job-script)")
         self.script = Path(script).resolve()
-        self.python = python
+        self.python = python or job_python()
         self.serve_args = list(serve_args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -95,7 +114,7 @@ class Testbed:
     # -- the server ------------------------------------------------------------------------------
     def command(self) -> list[str]:
         st = self.stack
-        cmd = [self.python, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(self.state_dir),
+        cmd = [sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(self.state_dir),
                *cluster_args(self.cluster), "--round", repr(self.round_s), "--grace", repr(self.grace_s),
                "--no-profile", "--log-level", "warning", "--order", st.order, "--group", st.group, "--size", st.size,
                "--place", st.place]
@@ -104,6 +123,17 @@ class Testbed:
         for k, v in {**st.model_options, **st.params}.items():
             cmd += ["-P", f"{k}={v}"]
         return cmd + self.serve_args
+
+    def share_files(self) -> tuple[str, str]:
+        """(the job script, the GPU lock directory), somewhere the jobs' OS accounts can read and write."""
+        if self.share is None:
+            self.share = Path(tempfile.mkdtemp(prefix="gpuloom-testbed-"))
+            os.chmod(self.share, 0o755)
+            shutil.copy(self.script, self.share / self.script.name)
+            os.chmod(self.share / self.script.name, 0o644)
+            (self.share / "gpu-locks").mkdir()
+            os.chmod(self.share / "gpu-locks", 0o1777)  # like /tmp: any job account makes its lock files
+        return str(self.share / self.script.name), str(self.share / "gpu-locks")
 
     def start(self, timeout: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +186,9 @@ class Testbed:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.share is not None:
+            shutil.rmtree(self.share, ignore_errors=True)
+            self.share = None
 
     # -- a run -----------------------------------------------------------------------------------
     def run(self, jobs: Sequence[TestbedJob], timeout: float = 1800.0) -> TestbedRun:
@@ -171,7 +204,8 @@ class Testbed:
         order = sorted(jobs, key=lambda j: (j.arrival, j.id))
         ids: dict[str, int] = {}
         errors: list[str] = []
-        bodies = {j.id: j.submit_body(self.cluster, self.python, str(self.script), str(self.lock_dir)) for j in order}
+        script, locks = self.share_files()
+        bodies = {j.id: j.submit_body(self.cluster, self.python, script, locks) for j in order}
 
         def submitter() -> None:
             t0 = time.monotonic()
