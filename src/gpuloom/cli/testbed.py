@@ -114,7 +114,11 @@ class Testbed:
     # -- the server ------------------------------------------------------------------------------
     def command(self) -> list[str]:
         st = self.stack
+        self.share_files()
+        assert self.share is not None
+        # the jobs' checkpoint directories in the testbed's own folder, not a shared default like /var/tmp
         cmd = [sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(self.state_dir),
+               "--job-dir", str(self.share / "jobs"),
                *cluster_args(self.cluster), "--round", repr(self.round_s), "--grace", repr(self.grace_s),
                "--no-profile", "--log-level", "warning", "--order", st.order, "--group", st.group, "--size", st.size,
                "--place", st.place]
@@ -238,6 +242,11 @@ class Testbed:
             hist = c.get("/history", params={"allocations": True}).json()
         by_sid = {r["id"]: r for r in hist}
         back = {sid: jid for jid, sid in ids.items()}
+        bad = [f"{jid} ({by_sid[sid]['state']}: {by_sid[sid].get('reason')})" for jid, sid in ids.items()
+               if by_sid.get(sid, {}).get("state") != "finished"]
+        if bad:  # a comparison over the jobs that happened to finish would mean nothing
+            raise RuntimeError(f"{len(bad)} of {len(ids)} jobs did not finish: {'; '.join(bad[:5])} "
+                               f"(the server's log: {self.state_dir / 'serve.out'})")
         t0 = min(_wall(by_sid[s]["submit"]) or 0.0 for s in ids.values())
         outcomes, spans, t1 = {}, [], t0
         for sid, rec in by_sid.items():

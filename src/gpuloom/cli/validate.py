@@ -35,7 +35,7 @@ from typing import Annotated, Any
 import typer
 
 from . import app
-from .common import console, out_dir, parse_params, user_errors
+from .common import console, err_console, out_dir, parse_params, user_errors
 
 #: the simulations of each stack, from the workload alone to the service's measurements
 VARIANTS = ("model", "+overheads", "+round timing", "replay")
@@ -184,7 +184,11 @@ def validate(
     results: dict[str, dict[str, Any]] = {}
     for label, st in stacks.items():
         console.print(f"[dim]{label}: running {len(workload)} jobs through gpuloom serve ...[/]", highlight=False)
-        results[label] = run_stack(label, st, workload, cl, round_s, folder, job_script, timeout)
+        try:
+            results[label] = run_stack(label, st, workload, cl, round_s, folder, job_script, timeout)
+        except (RuntimeError, TimeoutError, OSError) as e:  # the service's run failed: nothing to compare
+            err_console.print(f"[bold red]error:[/] {label}: {e}", highlight=False)
+            raise typer.Exit(1) from None
     doc = {"trace": str(trace), "jobs": len(workload), "cluster": cluster, "cpus_per_node": cpus_per_node,
            "round_s": round_s, "results": results}
     (folder / "validation.json").write_text(json.dumps(doc, indent=1, default=str))

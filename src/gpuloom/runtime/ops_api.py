@@ -174,7 +174,8 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
     def hist_trace(who: Auth, user: Annotated[str | None, Query()] = None,
                    since: Annotated[str | None, Query(description="jobs not ended before: ISO, Unix or an age")] = None,
                    until: Annotated[str | None, Query(description="jobs submitted by: ISO, Unix or an age")] = None,
-                   job: Annotated[list[int] | None, Query(description="only these job ids")] = None,
+                   job: Annotated[list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None,
+                                  Query(max_length=1000, description="only these job ids")] = None,
                    ) -> list[dict[str, Any]]:
         """The finished jobs as rows of gpuloom's JSONL trace format (:mod:`.export`), replayable in the simulator.
 
