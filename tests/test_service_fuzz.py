@@ -105,8 +105,8 @@ def test_fuzz_api_never_answers_500(client: tuple[TestClient, dict[str, str]]) -
         _send(c, "GET", "/jobs", params=params, headers=hd)
 
     @fuzz(200)
-    @given(path=st.sampled_from(["/history", "/stats/series", "/cluster", "/whoami", "/metrics", "/nodes",
-                                 "/health", "/tokens"]),
+    @given(path=st.sampled_from(["/history", "/history/trace", "/stats/series", "/cluster", "/whoami", "/metrics",
+                                 "/nodes", "/health", "/tokens"]),
            sub=st.sampled_from(["allocations", "progress"]), segment=NASTY_TEXT | NUMBERS.map(str),
            params=st.lists(st.tuples(st.sampled_from(["since", "until", "state", "user", "job", "allocations", "x"]),
                                      NASTY_TEXT | NUMBERS.map(str)), max_size=5))

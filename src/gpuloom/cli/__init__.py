@@ -76,3 +76,4 @@ from . import jobs  # noqa: E402,F401  (registers submit, queue, show, history, 
 from . import inventory  # noqa: E402,F401  (registers inventory)
 from . import reproduce  # noqa: E402,F401  (registers reproduce)
 from . import queues  # noqa: E402,F401  (registers queues; --queues for simulate and compare)
+from . import validate  # noqa: E402,F401  (registers validate)

@@ -240,6 +240,7 @@ def history(
     since: Annotated[str | None, typer.Option("--since", "-S", help="Jobs not ended before: 2026-01-31, 2026-01-31T09:00, or an age (2h, 7d).")] = None,
     until: Annotated[str | None, typer.Option("--until", "-E", help="Jobs submitted by this time (same forms).")] = None,
     allocations: Annotated[bool, typer.Option("--allocations", help="Also each allocation a job held (nodes, GPUs, from, to).")] = False,
+    as_trace: Annotated[Path | None, typer.Option("--as-trace", help="Write the finished jobs as a gpuloom JSONL trace to this file, and the cluster beside it (NAME.cluster.toml): replay them with gpuloom simulate --trace FILE --cluster NAME.cluster.toml.", show_default=False)] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
@@ -256,6 +257,17 @@ def history(
                 raise typer.BadParameter(str(e)) from None
     if user:
         params["user"] = user
+    if as_trace is not None:
+        from .export import write_trace
+
+        if state:
+            raise typer.BadParameter("--as-trace exports the finished jobs: --state does not apply")
+
+        params.pop("allocations")
+        client = Client(url, token, state_dir)
+        write_trace(client.call("GET", "/history/trace", params=params), as_trace, as_json,
+                    client.call("GET", "/nodes"))
+        return
     if state:
         params["state"] = state
     recs = Client(url, token, state_dir).call("GET", "/history", params=params)

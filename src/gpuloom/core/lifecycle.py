@@ -346,7 +346,7 @@ class LifecycleTimes:
         return out[0], out[1], out[2]
 
     def schedule(self, lc: Lifecycle, stop: tuple[JobState, ...] | None, start: tuple[JobState, ...],
-                 now: float, times: tuple[float, float, float]) -> float:
+                 now: float, times: tuple[float, float, float], not_before: float | None = None) -> float:
         """Time the ``stop`` then ``start`` steps from ``now`` into ``lc.planned``; record what is due.
 
         ``stop`` is None for an action without a stop half (a start).  Returns
@@ -354,7 +354,8 @@ class LifecycleTimes:
         ``now`` when there is no start.  A stop already under way (checkpointing
         or stopping) keeps its own timing down to STANDBY; a stop of a job in
         STANDBY calls off a launch still waiting; a start waits for a stop to
-        finish.
+        finish, and its LAUNCHING does not begin before ``not_before`` (the
+        service launches a round's starts once the round's stops are done).
         """
         launch, ckpt, stop_s = times
         dur = {S.CHECKPOINTING: ckpt, S.STOPPING: stop_s, S.LAUNCHING: launch}
@@ -373,6 +374,8 @@ class LifecycleTimes:
         if start:
             t = pend[-1][0] if pend else now
             for st in start:
+                if st is S.LAUNCHING and not_before is not None and not_before > t:
+                    t = not_before
                 pend.append((t, st))
                 ready = t
                 t += dur.get(st, 0.0)

@@ -17,7 +17,8 @@ A factor with ``always=True`` is asked for every model (it may decline, e.g.
 sensitivity without any profiles); the others are built when their main
 option (the first one) is given.  A factor's builder sees the options and the
 run's job specs (a Synergy trace names the profile file its reader loaded, and
-the sizers use those profiles without ``--profiles``).  ``seed`` is a shared
+the sizers use those profiles without ``--profiles``; jobs that carry their own
+profiles, as a trace exported from the service does, get the sensitivity factor too).  ``seed`` is a shared
 option: the run's seed, the default of every seed-like option.
 """
 
@@ -127,9 +128,25 @@ def _interleave(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]
     from .interleave import DEFAULT_THRESHOLD, InterleaveFactor, parse_overhead
 
     thr = o.get("interleave_threshold")
-    return InterleaveFactor(threshold=DEFAULT_THRESHOLD if thr is None else float(thr),
-                            overhead=parse_overhead(o["interleave_overhead"]),
-                            resources=int(o["interleave_stages"]))
+    threshold = DEFAULT_THRESHOLD if thr is None else float(thr)
+    resources = int(o["interleave_stages"])
+    if o["interleave_model"] == "shared":
+        from .sharing import SharedInterleaveFactor
+
+        # Muri's measured overhead is its lock-step executor's: charged here only when given otherwise
+        ov = o["interleave_overhead"]
+        return SharedInterleaveFactor(threshold=threshold, overhead=None if ov == "muri" else parse_overhead(ov),
+                                      resources=resources)
+    return InterleaveFactor(threshold=threshold, overhead=parse_overhead(o["interleave_overhead"]),
+                            resources=resources)
+
+
+def _interleave_model(v: Any) -> str:
+    m = str(v).strip().lower()
+    if m not in ("muri", "shared"):
+        raise ValueError(f"expected muri (lock-step groups, Muri's executor) or shared (processes sharing GPUs, "
+                         f"each on its own cores), got {v!r}")
+    return m
 
 
 def _variability(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
@@ -148,10 +165,15 @@ def _topology(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) 
 
 
 def _sensitivity(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
-    from .sensitivity import SensitivityFactor, load_catalogue
+    from .sensitivity import Catalogue, CpuMemProfile, SensitivityFactor, load_catalogue
 
     path = o.get("profiles") or trace_profiles(specs)
-    return None if path is None else SensitivityFactor(load_catalogue(path), cluster)
+    if path is not None:
+        return SensitivityFactor(load_catalogue(path), cluster)
+    # jobs that carry their own profiles (a trace exported from the service, inline profiles)
+    if any(isinstance(s.profile, CpuMemProfile) for s in specs):
+        return SensitivityFactor(Catalogue(), cluster)
+    return None
 
 
 def _storage(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
@@ -182,6 +204,9 @@ FACTORS: tuple[FactorDecl, ...] = (
         ModelOption("interleave_threshold", float, None, "Muri stage threshold (fraction).", flag=False),
         ModelOption("interleave_stages", _int, 4, "Resources interleaved: 4 (storage, CPU, GPU, network) or 3.",
                     flag=False),
+        ModelOption("interleave_model", _interleave_model, "muri", "muri: lock-step groups (Muri's executor); shared: "
+                    "processes sharing GPUs, each on its own cores, taking turns on GPU and network "
+                    "(the service; perf/sharing.py).", flag=False),
     ), _interleave, always=True, help="GPU sharing of a group (Muri)"),
     FactorDecl("variability", (
         ModelOption("variability", str, None, "PAL PM-scores: a PerfVar CSV, or generate[:DIR] / artifact[:DIR].",
@@ -249,4 +274,8 @@ def build_model(cluster: Cluster, options: Mapping[str, Any] | None = None,
         f = decl.build(cluster, opts, specs)
         if f is not None:
             model.add(f)
+    for f in model.factors:  # factors that read the others (the shared interleaving model)
+        attach = getattr(f, "attach", None)
+        if callable(attach):
+            attach(model)
     return model

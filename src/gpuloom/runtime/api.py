@@ -142,6 +142,7 @@ class JobSubmit(BaseModel):
     min_gpus: int | None = Field(None, ge=1, le=100_000, strict=True)
     resource_times: list[Finite] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
     iteration_time: Finite | None = Field(None, gt=0)  # seconds per iteration (Muri)
+    iterations: int | None = Field(None, ge=1, le=10**12, strict=True)  # with iteration_time: the work estimate
 
     queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/queues.py)
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
@@ -171,6 +172,14 @@ class JobSubmit(BaseModel):
     def _profile(cls, v: Any) -> Any:
         if isinstance(v, dict):
             _walk(v, "profile")
+            from ..perf.profile_record import is_record, profile_from_record
+
+            if is_record(v):  # an inline profile record: the sizers will read it
+                try:
+                    if profile_from_record("profile", v) is None:
+                        raise ValueError("an inline profile needs status ok (or none)")
+                except ValueError as e:  # SensitivityError
+                    raise ValueError(str(e)) from None
         return v
 
     @field_validator("resource_times")

@@ -8,6 +8,7 @@
                                pending / running (``?since=``)
 ``GET /history``               accounting records (:mod:`.history`), ``?user=
                                &state=&since=&until=&allocations=true``
+``GET /history/trace``         finished jobs as a replayable trace (:mod:`.export`)
 ``GET /jobs/{id}/allocations`` what the job held, from when to when
 ``GET /jobs/{id}/progress``    its ``GPULOOM_PROGRESS`` points (owner or admin)
 ``GET /``                      the dashboard (:mod:`.dashboard`)
@@ -168,6 +169,25 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         """Accounting (like sacct): start, end, elapsed, GPU-hours, exit code; with the allocations held."""
         return history(store, now(), user, states_of(state), _time(since, "since"), _time(until, "until"),
                        allocations, job)
+
+    @app.get("/history/trace", tags=["operations"])
+    def hist_trace(who: Auth, user: Annotated[str | None, Query()] = None,
+                   since: Annotated[str | None, Query(description="jobs not ended before: ISO, Unix or an age")] = None,
+                   until: Annotated[str | None, Query(description="jobs submitted by: ISO, Unix or an age")] = None,
+                   job: Annotated[list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None,
+                                  Query(max_length=1000, description="only these job ids")] = None,
+                   ) -> list[dict[str, Any]]:
+        """The finished jobs as rows of gpuloom's JSONL trace format (:mod:`.export`), replayable in the simulator.
+
+        Progress comes from the jobs' logs: a user who is not an admin gets only their own jobs."""
+        from .export import export_trace
+
+        if not who[1]:
+            if user is not None and user != who[0]:
+                raise HTTPException(403, f"only an admin may export another user's jobs ({user})")
+            user = who[0]
+        return export_trace(store, service.actuator.log_dir, service.cluster, user, _time(since, "since"),
+                            _time(until, "until"), job)
 
     @app.get("/jobs/{job_id}/allocations", tags=["operations"])
     def job_allocs(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> list[dict[str, Any]]:

@@ -17,7 +17,8 @@ Stored records (the ``profiles`` table, JSON):
   lines (or ran at no allocation); it runs with GPU-proportional resources and
   jobs of that model are not profiled again.
 
-:func:`profile_from_record` turns an ``ok`` record into a
+:func:`profile_from_record` (:mod:`gpuloom.perf.profile_record`, where traces read the
+same records) turns an ``ok`` record into a
 :class:`~gpuloom.perf.sensitivity.SensitivityProfile` (per-GPU axes, as the
 catalogue stores them) that the service sets as the job's ``JobSpec.profile``:
 :class:`~gpuloom.perf.sensitivity.SensitivityFactor` prefers it to any
@@ -32,24 +33,27 @@ from typing import Any
 
 import numpy as np
 
+from ..perf.profile_record import profile_from_record
 from ..perf.profiler import ProfileResult
-from ..perf.sensitivity import SensitivityError, SensitivityProfile
+from .specs import profile_key
 
 OK = "ok"
 UNPROFILABLE = "unprofilable"
 
 
+__all__ = ["OK", "UNPROFILABLE", "profile_from_record", "profile_key", "record_from_result", "unprofilable_record",
+           "wants_profile"]
+
+
 def wants_profile(spec: Mapping[str, Any]) -> bool:
-    """Whether a job spec asks to be profiled: a ``model``, or ``profile: true``; ``profile: false`` opts out."""
+    """Whether a job spec asks to be profiled: a ``model``, or ``profile: true``; ``profile: false`` opts out,
+    and so does a job that brings its own profile (an inline record, :mod:`gpuloom.perf.profile_record`)."""
     flag = spec.get("profile")
-    if flag is False:
+    if flag is False or isinstance(flag, Mapping):
         return False
     return flag is True or bool(spec.get("model"))
 
 
-def profile_key(spec: Mapping[str, Any]) -> str:
-    """The store key of a job's profile: ``<model or name>/<gpus>gpu``."""
-    return f"{spec.get('model') or spec.get('name') or 'job'}/{int(spec['gpus'])}gpu"
 
 
 def record_from_result(res: ProfileResult, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -76,26 +80,3 @@ def record_from_result(res: ProfileResult, extra: Mapping[str, Any] | None = Non
 
 def unprofilable_record(gpus: int, reason: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {"status": UNPROFILABLE, "gpus": int(gpus), "reason": reason, **dict(extra or {})}
-
-
-def profile_from_record(key: str, rec: Mapping[str, Any]) -> SensitivityProfile | None:
-    """The throughput profile of a stored record; ``None`` for an unprofilable one.
-
-    Raises :class:`~gpuloom.perf.sensitivity.SensitivityError` naming the key if
-    an ``ok`` record is malformed.
-    """
-    if rec.get("status") != OK:
-        return None
-    try:
-        g = int(rec["gpus"])
-        return SensitivityProfile(
-            model=key,
-            gpus=g,
-            cpu_axis=tuple(float(c) / g for c in rec["cpu_points"]),
-            mem_axis=tuple(float(m) / g for m in rec["mem_points"]),
-            raw=np.asarray(rec["matrix"], dtype=float),
-            best_cpus=float(rec["cpus"]) / g,
-            best_mem_mb=float(rec["mem_mb"]) / g,
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise SensitivityError(f"stored profile {key!r}: {e!r}") from None

@@ -5,9 +5,11 @@ Memory units are exact: ``K``/``M``/``G``/``T`` are powers of 1000, ``Ki``/``Mi`
 powers of 1024, and the service counts memory in MB of 10^6 bytes for jobs, nodes
 (``--mem-gb-per-node 64`` = 64 000 MB) and cgroup limits alike;
 :func:`job_spec` turns a stored row into the :class:`~gpuloom.core.job.JobSpec`
-the scheduler sees: the job's work estimate (``duration``) is its time limit,
-or ``default_duration`` without one; the fields in :data:`SPEC_ATTRS` reach the
-policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves, the queue).
+the scheduler sees: the job's work estimate (``duration``) is ``iterations x
+iteration_time`` when the spec gives both (what the simulator calls a job's
+work), else its time limit, else ``default_duration``; the fields in
+:data:`SPEC_ATTRS` reach the policies as ``JobSpec.attrs`` (priority, Muri stage
+times, elastic curves, the queue); an inline ``profile`` record becomes ``JobSpec.profile``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from ..core.job import JobSpec
+from ..perf.profile_record import is_record, profile_from_record
 from .store import JobRow
 
 DEFAULT_DURATION = 3600.0
@@ -30,20 +33,21 @@ SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_time
 def job_spec(row: JobRow, epoch: float, default_duration: float = DEFAULT_DURATION, profile: Any = None) -> JobSpec:
     """The scheduler's view of a stored job; arrival in service time (seconds since ``epoch``)."""
     s: Mapping[str, Any] = row.spec
-    duration = float(s.get("time_limit") or default_duration)
     attrs = {k: s[k] for k in SPEC_ATTRS if s.get(k) is not None}
-    return JobSpec(
-        str(row.id),
-        max(0.0, row.submit_time - epoch),
-        int(s["gpus"]),
-        duration,
-        model=str(s.get("model") or ""),
-        user=row.user,
-        cpus=s.get("cpus"),
-        mem_mb=s.get("mem_mb"),
-        profile=profile if profile is not None else s.get("profile"),
-        attrs=attrs,
-    )
+    if profile is None and is_record(s.get("profile")):
+        profile = profile_from_record(profile_key(s), s["profile"])
+    kw: dict[str, Any] = {"model": str(s.get("model") or ""), "user": row.user, "cpus": s.get("cpus"),
+                          "mem_mb": s.get("mem_mb"), "profile": profile, "attrs": attrs}
+    arrival = max(0.0, row.submit_time - epoch)
+    iters, it = s.get("iterations"), s.get("iteration_time")
+    if iters and it:
+        return JobSpec.from_iterations(str(row.id), arrival, int(s["gpus"]), int(iters), float(it), **kw)
+    return JobSpec(str(row.id), arrival, int(s["gpus"]), float(s.get("time_limit") or default_duration), **kw)
+
+
+def profile_key(spec: Mapping[str, Any]) -> str:
+    """The key a job's profile goes by: ``<model or name>/<gpus>gpu`` (the service's ``profiles`` table)."""
+    return f"{spec.get('model') or spec.get('name') or 'job'}/{int(spec['gpus'])}gpu"
 
 
 #: memory units: decimal (SI) and binary (IEC), in bytes; the service's MB is 10^6 bytes, for jobs and nodes alike

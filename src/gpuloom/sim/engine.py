@@ -44,6 +44,10 @@ A job makes progress only while RUNNING_PROTECTED or RUNNING: ``busy_until``
 is its entry to RUNNING_PROTECTED.  Simplification: the plan's resources are
 taken (and the old ones freed) at the decision time.
 
+With ``SimConfig.starts_wait_for_stops`` a round's launches begin once all
+of its stops are done (the service stops a round's jobs in parallel, then
+launches), instead of at the decision.
+
 ``SimConfig.lifecycle`` gives the times; without it the classic overhead model
 is the preset :meth:`LifecycleTimes.overheads <gpuloom.core.lifecycle.LifecycleTimes.overheads>`
 (a first start costs ``launch_overhead``, every resume, migration or resize
@@ -66,7 +70,7 @@ import numpy as np
 from ..core.cluster import Cluster
 from ..core.fit import impossible_jobs, impossible_message
 from ..core.job import Job, JobError, JobSpec
-from ..core.lifecycle import LifecycleTimes
+from ..core.lifecycle import JobState, LifecycleTimes
 from ..core.plan import ActionKind, Allocation
 from ..driver import Driver, Step
 from ..perf.assembly import build_model
@@ -99,6 +103,7 @@ class SimConfig:
     drop_impossible: bool = False  # jobs that can never fit: error (False) or unfinished (True)
     lifecycle: LifecycleTimes | None = None  # lifecycle times; None: the overhead preset
     skip_rounds: bool = True  # skip periodic rounds that provably change nothing (False: compute all)
+    starts_wait_for_stops: bool = False  # a round's launches begin when its stops are done (as the service does)
 
     def __post_init__(self) -> None:
         if not self.round_len > 0:
@@ -117,10 +122,12 @@ class SimConfig:
 class SimBackend:
     """The driver's backend in simulated time: times lifecycle steps, keeps completion events."""
 
-    def __init__(self, times: LifecycleTimes) -> None:
+    def __init__(self, times: LifecycleTimes, starts_wait_for_stops: bool = False) -> None:
         self.times = times
         self.heap: list[tuple[float, int, str, int]] = []
         self.seq = 0
+        self.wait_for_stops = starts_wait_for_stops
+        self.stops_done: tuple[float, float] = (-math.inf, -math.inf)  # (round time, when its stops are done)
 
     def _times(self, job: Job, first: bool) -> tuple[float, float, float]:
         try:
@@ -129,19 +136,23 @@ class SimBackend:
             raise JobError(str(e)) from None
 
     def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
+        done = now
         for st in steps:
             job = st.job
             assert job.lifecycle is not None  # a job being stopped has arrived
             self.times.schedule(job.lifecycle, st.stop, (), now, self._times(job, False))
             if st.kind is ActionKind.STOP:
                 job.busy_until = now
+            done = max([done] + [t for t, s in job.lifecycle.planned if s is JobState.STANDBY])
+        self.stops_done = (now, done)
 
     def launch(self, driver: Driver, step: Step, now: float) -> bool:
         job = step.job
         lc = job.lifecycle
         assert lc is not None
         # the first launch costs `launch`; every later one `relaunch` (taken before the steps run)
-        ready = self.times.schedule(lc, None, step.start, now, self._times(job, not lc.launched))
+        barrier = self.stops_done[1] if self.wait_for_stops and self.stops_done[0] == now else None
+        ready = self.times.schedule(lc, None, step.start, now, self._times(job, not lc.launched), barrier)
         job.busy_until = ready
         return True
 
@@ -194,7 +205,7 @@ class Simulator:
         self.now = 0.0
         self.rng = np.random.default_rng(self.config.seed)
         times = self.config.times
-        self.backend = SimBackend(times)
+        self.backend = SimBackend(times, self.config.starts_wait_for_stops)
         try:
             self.driver = Driver(cluster, scheduler, self.model, self.backend, self.rng, self.config.check,
                                  times.protect_factor, strict=strict, reasons=False)

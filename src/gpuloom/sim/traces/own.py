@@ -2,7 +2,10 @@
 
 ``id, arrival, gpus`` and ``duration`` or ``iterations`` + ``iter_time``;
 optional ``model, user, cpus, mem_mb``; any other column/key goes to attrs (a
-JSON ``attrs`` object is merged).  In CSV, an extra cell becomes an int or a
+JSON ``attrs`` object is merged).  In JSONL, ``attrs["profile"]`` may hold a
+CPU/memory profile record (:mod:`gpuloom.perf.profile_record`, what the service
+stores and ``gpuloom history --as-trace`` exports): it becomes the job's
+``JobSpec.profile`` and stays in attrs, so :func:`save_trace` writes it back.  In CSV, an extra cell becomes an int or a
 float where it parses as one, a bool where it reads ``true``/``false`` (any
 case: what :func:`save_trace` writes for a bool), else stays a string.
 """
@@ -19,6 +22,8 @@ from typing import Any
 
 from ...core.job import JobSpec
 from ...core.parse import bool_literal
+from ...perf.profile_record import is_record, profile_from_record
+from ...perf.sensitivity import SensitivityError
 from .fields import (
     Builder,
     Header,
@@ -62,6 +67,11 @@ def _own_job(d: Mapping[str, Any], w: Where, attrs: dict[str, Any]) -> JobSpec:
     it = num("iter_time", float_field, positive=True)
     kw: dict[str, Any] = {"model": str(get("model") or ""), "user": str(get("user") or ""),
                           "cpus": num("cpus", int_field, low=0), "mem_mb": num("mem_mb", int_field, low=0), "attrs": attrs}
+    if is_record(attrs.get("profile")):
+        try:
+            kw["profile"] = profile_from_record(f"job {jid}", attrs["profile"])
+        except SensitivityError as e:
+            raise w.error("profile", str(e)) from None
     if iters is not None or it is not None:
         if iters is None or it is None:
             raise w.error("iterations" if iters is None else "iter_time", "iterations and iter_time go together")
