@@ -112,6 +112,26 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
+def ray_connect(address: str) -> None:
+    """Join the Ray cluster at ``address`` (``auto``: the one running here; ``local``: start one in this
+    process); a clear error and exit code 2 when Ray is missing or unreachable."""
+    import logging
+
+    try:
+        import ray
+    except ImportError:
+        err_console.print("[bold red]error:[/] --ray needs Ray: pip install 'gpuloom[ray]'", highlight=False)
+        raise typer.Exit(2) from None
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        err_console.print(f"[bold red]error:[/] cannot connect to the Ray cluster at {address!r}: {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
 def out_dir(path: Path | None, default: str = "gpuloom-out") -> Path:
     p = path or Path(default)
     p.mkdir(parents=True, exist_ok=True)

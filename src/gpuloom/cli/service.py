@@ -83,6 +83,12 @@ def serve(
         help="Seconds a profile run may print no progress line before its job counts as unprofilable.")] = 60.0,
     log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
     log_format: Annotated[str, typer.Option(help="Log lines as text or json (one object per line).")] = "text",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray", help="Run jobs on a Ray cluster: auto (the one running here), local (start one), or its address; "
+                      "the inventory comes from Ray's nodes (needs the ray extra).")] = None,
+    shared_dir: Annotated[Path | None, typer.Option(
+        help="Directory shared with every node (NFS, Lustre) for logs/ and checkpoints/ (default: the state dir; "
+             "with --ray and no shared dir, logs are fetched through the node agents).")] = None,
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -101,12 +107,16 @@ def serve(
     sd = state_dir_path(state_dir)
     sd.mkdir(parents=True, exist_ok=True)
 
+    if ray_address is not None and (gpus is not None or cluster is not None):
+        raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --gpus or --cluster")
     with user_errors():
-        inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
         # the scheduler and throughput model `simulate` builds for the same options
         stack = Stack(order, group, size, place, not non_preemptive, stack_params(param, model_opts))
-        # (bound to each other by the service's driver, after it adds what profiling needs)
-        sched, model = stack.scheduler(), stack.model(inventory, seed)
+        sched = stack.scheduler()
+        if ray_address is None:
+            inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
+            # (bound to each other by the service's driver, after it adds what profiling needs)
+            model = stack.model(inventory, seed)
     if not round_s > 0:
         raise typer.BadParameter(f"--round must be > 0, got {round_s}")
     url = db or f"sqlite:///{sd / 'gpuloom.db'}"
@@ -125,8 +135,15 @@ def serve(
     from ..runtime.router import local_executor
 
     service_id = store.set_meta_default("service_id", secrets.token_hex(4))
-    executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
-                              cgroup_parent=f"gpuloom-{service_id}")
+    following = None
+    if ray_address is None:
+        executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
+                                  cgroup_parent=f"gpuloom-{service_id}")
+    else:
+        with user_errors():
+            executor, following = _ray_executor(ray_address, service_id, grace, shared_dir is not None)
+            inventory = following.current
+            model = stack.model(inventory, seed)
     from ..runtime.service import ProfilingConfig, Service
 
     profiling = None
@@ -144,7 +161,8 @@ def serve(
                 msg = msg.replace(field, opt)
             raise typer.BadParameter(msg) from None
     svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
-                  launch_timeout_s=launch_timeout, profiling=profiling)
+                  launch_timeout_s=launch_timeout, profiling=profiling, data_dir=shared_dir, inventory=following,
+                  model_factory=lambda cl: stack.model(cl, seed))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request
@@ -170,6 +188,27 @@ def serve(
         server.run(sockets=[sock])
     finally:
         svc.shutdown()
+
+
+def _ray_executor(address: str, service_id: str, grace: float, shared: bool):  # noqa: ANN202
+    """The Ray executor (agents in the namespace ``gpuloom-<service id>``) and the inventory that follows Ray."""
+    from ..runtime.executor import ExecutorError
+    from ..runtime.ray_executor import RayExecutor, RayInventory
+    from .common import ray_connect
+
+    ray_connect(address)
+    try:
+        ex = RayExecutor(f"gpuloom-{service_id}", cgroup_parent=f"gpuloom-{service_id}", grace_s=grace,
+                         logs="shared" if shared else "agent")
+    except ExecutorError as e:
+        from ..core.cluster import ClusterError
+
+        raise ClusterError(str(e)) from None
+    if not shared:
+        logging.getLogger("gpuloom.service").warning(
+            "no --shared-dir: logs are fetched through the node agents, and a job resumes from its checkpoint "
+            "only on a node that sees its checkpoint_dir")
+    return ex, RayInventory(ex)
 
 
 def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: float | None):  # noqa: ANN202

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from . import app
-from .common import console, model_options, out_dir, parse_params, stack_params, user_errors
+from .common import console, model_options, out_dir, parse_params, ray_connect, stack_params, user_errors
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
@@ -170,6 +170,8 @@ def compare(
     seed: Annotated[int, typer.Option()] = 0,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Parameter or model option for every run, name=value (repeatable).")] = None,
     processes: Annotated[int | None, typer.Option("--processes", "-j", help="Parallel processes (default: CPU count).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray", help="Run the configurations as Ray tasks: auto (the cluster running here), local, or an address.")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -192,7 +194,9 @@ def compare(
         if not configs:
             configs = [parse_run_config(c, base) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
         specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
-        results = report.run_many(configs, cl, specs, processes=processes)
+        if ray_address is not None:
+            ray_connect(ray_address)
+        results = report.run_many(configs, cl, specs, processes=processes, ray=ray_address is not None)
     folder = out_dir(out)
     report.write_compare(results, folder)
     rows = report.summary_rows(results)

@@ -15,7 +15,8 @@
   (``Cluster.local_index``), concrete cores from a
   :class:`~.executor.CoreAllocator`, the part's memory limit and
   ``GPULOOM_JOB_ID``, ``GPULOOM_CHECKPOINT_DIR`` and, when the job ran before,
-  ``GPULOOM_RESUME=1``.  The job walks its start steps to LAUNCHING; it
+  ``GPULOOM_RESUME=1``; the parts of a job spanning nodes also get what
+  torchrun and ``torch.distributed`` expect (:mod:`.gang`).  The job walks its start steps to LAUNCHING; it
   makes no progress (``busy_until`` = inf) until its first ``GPULOOM_PROGRESS``
   line promotes it (:meth:`Actuator.promote`).  A launch that raises fails the
   job alone (:class:`~gpuloom.driver.LaunchFailed`), its processes stopped and
@@ -46,6 +47,7 @@ from ..core.plan import ActionKind
 from ..driver import Driver, LaunchFailed, Step
 from .codec import alloc_to_json, proc_to_json
 from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
+from .gang import gang_env
 from .mirror import Mirror
 from .progress import ProgressError
 from .progress import parse_line as parse_progress
@@ -209,6 +211,8 @@ class Actuator:
                 env_common["GPULOOM_ARRAY_JOB_ID"] = str(row.array_id)
                 env_common["GPULOOM_ARRAY_TASK_ID"] = str(row.array_task)
             log_offset = self.log_size(jid)
+            if multi:  # torchrun / torch.distributed: rank 0's node hosts the rendezvous (:mod:`.gang`)
+                addr, port = self.executor.rendezvous(self.cluster.nodes[alloc.parts[0].node].name)
             for rank, p in enumerate(alloc.parts):
                 node = self.cluster.nodes[p.node].name
                 eid = f"{jid}.{rank}" if multi else jid
@@ -216,6 +220,8 @@ class Actuator:
                 cores[node] = c
                 self.exec_owner[eid] = jid
                 env = dict(env_common, GPULOOM_NODE_RANK=str(rank))
+                if multi:
+                    env.update(gang_env(rank, [len(q.gpus) for q in alloc.parts], addr, port))
                 ls = LaunchSpec(eid, str(spec["command"]), node, tuple(self.cluster.local_index(g) for g in p.gpus),
                                 c, int(p.mem_mb), str(self.log_path(jid)), env, spec.get("workdir"))
                 procs[eid] = self.executor.launch(ls)

@@ -390,12 +390,19 @@ def run_many(
     processes: int | None = None,
     progress: Progress | None = None,
     model_builder: ModelBuilder | None = None,
+    ray: bool = False,
 ) -> dict[str, RunResult]:
     """Run every configuration on the same cluster and trace; results keyed by label, in input order.
 
     ``processes``: worker processes (default: one per configuration, at most
-    the CPU count); 1 runs everything in this process.
+    the CPU count); 1 runs everything in this process.  ``ray``: one Ray task
+    per configuration on the cluster this process is connected to
+    (:mod:`.ray_sweep`; ``processes`` is then unused).
     """
+    if ray:
+        from .ray_sweep import run_many_ray
+
+        return run_many_ray(configs, cluster, specs, progress, model_builder)
     labels = unique_labels(configs)
     for rc in configs:
         rc.validate()
