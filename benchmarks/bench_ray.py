@@ -135,6 +135,7 @@ def latency_and_burst(face: str, s: Server) -> dict[str, Any]:
     ids = s.submit(40, 1, gap=0.2)
     rows = s.wait_running(ids)
     lat = np.array([r.first_start - r.submit_time for r in rows]) * 1000
+    print(f"{face}: submit->launch ms, in submission order: {' '.join(f'{x:.0f}' for x in lat)}")
     s.cancel_all(ids)
     ids = s.submit(48, 8)
     rows = s.wait_running(ids)
@@ -165,8 +166,8 @@ def wait_relaunched(s: Server, ids: list[int], t0: float, timeout: float = 180.0
     try:
         while time.monotonic() < end:
             rows = [store.get_job(i) for i in ids]
-            if all(r.attempts >= 2 and r.state in ("launching", "running_protected", "running") for r in rows):
-                lost = min(e["time"] for i in ids for e in store.events(i) if e["kind"] == "node-lost")
+            if all(r.last_start >= t0 and r.state in ("launching", "running_protected", "running") for r in rows):
+                lost = min(e["time"] for i in ids for e in store.events(i) if e["kind"] == "node-lost" and e["time"] >= t0)
                 return lost - t0, max(r.last_start for r in rows) - t0
             time.sleep(0.05)
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -55,7 +56,10 @@ class Fake:
 def fake() -> Iterator[Fake]:
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False, "labels": {NAME_LABEL: "n0"}})
+    # a node whose raylet dies without a word is declared dead after 3 missed health checks, 1 s apart
+    health = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+    c = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False, "labels": {NAME_LABEL: "n0"},
+                                                      "_system_config": health})
     f = Fake(c)
     f.nodes["n0"] = c.head_node
     f.add("n1")
@@ -90,7 +94,7 @@ def make(fake: Fake, tmp_path: Path) -> Iterator[Any]:
         svc.terminate_all()
         svc.shutdown()
         ex.kill_agents()
-    for n in list(fake.nodes) + ["n3"]:
+    for n in list(fake.nodes) + ["n2", "n3", "n4"]:
         remove_cgroups(f"{ns}-{n}")
 
 
@@ -295,7 +299,7 @@ def test_killed_service_reattaches_to_its_agents_and_adopts_running_jobs(fake: F
 
 
 # -- node loss (last: it changes the cluster) -------------------------------------------------------
-def test_node_removal_requeues_a_job_over_two_nodes_whole_and_every_step_runs_once(
+def test_nodes_leaving_and_joining_jobs_requeued_whole_parked_and_every_step_run_once(
         fake: Fake, make: Any, tmp_path: Path) -> None:
     svc, ex = make()
     filler = svc.submit({"name": "filler", "command": sleepy(100, 0.1), "gpus": 2}, "u")
@@ -331,7 +335,27 @@ def test_node_removal_requeues_a_job_over_two_nodes_whole_and_every_step_runs_on
     # a node joins: it is in the next inventory
     fake.add("n3")
     wait_for(lambda: [n.name for n in svc.cluster.nodes] == ["n0", "n1", "n3"], 60, "n3 to join")
-    j = svc.submit({"name": "all", "command": "echo GPULOOM_PROGRESS iter=1; sleep 30", "gpus": 6}, "u")
-    until_state(svc, j, "running_protected", 60)
-    assert sorted(nodes_of(svc, j)) == ["n0", "n1", "n3"]
+    wide = svc.submit({"name": "wide", "command": sleepy(150, 0.05, ledger=f"{ck}/ledger", ckpt=ck), "gpus": 6}, "u")
+    until_state(svc, wide, "running_protected", 60)
+    assert sorted(nodes_of(svc, wide)) == ["n0", "n1", "n3"]
+    wait_for(lambda: (svc.last_progress(wide) or 0) >= 10, 60, "wide to progress")
+    # n3's raylet dies without a word (a crashed machine): Ray's health checks notice it; the job loses its
+    # three parts together, and the 4 GPUs left cannot hold it: it is parked, not failed
+    os.kill(fake.raylet("n3"), signal.SIGKILL)
+    wait_for(lambda: (r := svc.store.get_job(wide)).pending_reason is not None and r.pending_reason.startswith("Nodes:"),
+             90, "wide to be parked")
+    row = svc.store.get_job(wide)
+    assert row is not None and row.state == "standby" and [n.name for n in svc.cluster.nodes] == ["n0", "n1"]
+    fake.add("n4")  # until a node joins
+    until_state(svc, wide, "finished", 180)
+    assert sorted(nodes_of_launch(svc, wide)[-1]) == ["n0", "n1", "n4"]
+    row = svc.store.get_job(wide)
+    assert row is not None and row.attempts == 2
+    for r in (0, 1, 2):
+        assert ledger(Path(row.checkpoint_dir) / f"rank{r}" / "ledger") == list(range(1, 151)), f"rank {r}"
+
+
+def nodes_of_launch(svc: Service, jid: int) -> list[list[str]]:
+    """The nodes of each launch of a job."""
+    return [[p["node"] for p in e["detail"]["alloc"]["parts"]] for e in svc.store.events(jid) if e["kind"] == "launch"]
 

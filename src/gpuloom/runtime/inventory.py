@@ -56,17 +56,20 @@ class InventorySource(Protocol):
 
 
 def follow(svc: Service) -> bool:
-    """Ask the service's inventory source for a change and rebuild for it; True if it changed."""
+    """Ask the service's inventory source for a change and rebuild for it; True if it changed, or
+    if a parked job's wait is over (a round admits it)."""
     src = svc.inventory
     if src is None:
         return False
+    wall = svc.clock.time()
+    due = any(t <= wall for t in svc.parked.values())
     try:
         change = src.poll()
     except Exception:  # a source that cannot answer now keeps the inventory as it is
         log.exception("inventory: cannot read the cluster")
-        return False
+        return due
     if change is None:
-        return False
+        return due
     rebuild(svc, change)
     return True
 

@@ -25,9 +25,12 @@ What the actor adds:
 * **a fence** (:func:`fence_main`, a small process of its own per node): when
   the node's raylet dies - the node left the Ray cluster, and the service will
   requeue its jobs elsewhere - it stops every job process the agent recorded
-  (SIGTERM, the grace period, SIGKILL), so a job never runs twice.  Killing
-  the agent alone is not a node loss: the raylet lives, the jobs keep running,
-  and a new agent adopts them (:meth:`AgentActor.adopt`);
+  (SIGTERM, the grace period, SIGKILL), so a job never runs twice.  The agent
+  itself may outlive its raylet for a while: from the moment the raylet is gone
+  it answers every call with :class:`NodeLost` and reports no exit (those the
+  fence causes are not the jobs' own ends; the service requeues the jobs).
+  Killing the agent alone is not a node loss: the raylet lives, the jobs keep
+  running, and a new agent adopts them (:meth:`AgentActor.adopt`);
 * :meth:`AgentActor.info`: what the node has (cores, memory, GPU models from
   NVML or ``nvidia-smi``), its address, its Ray node id and the agent's memory.
 
@@ -59,6 +62,10 @@ FENCE_PERIOD_S = 0.2
 EXIT_POLL_S = 0.02
 
 
+class NodeLost(RuntimeError):
+    """The agent's raylet is gone: the node has left the Ray cluster (its jobs are being fenced)."""
+
+
 class AgentActor:
     """One node's agent (see the module notes).  Thread-safe: the actor runs several calls at once."""
 
@@ -70,13 +77,20 @@ class AgentActor:
         cg = CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager()
         self.agent = NodeAgent(cg, self.run_dir / "exits", fold_cores=True)
         self.grace_s = float(grace_s)
+        self.raylet_pid = os.getppid()  # Ray workers are the raylet's children
         self._unacked: dict[str, tuple[int, int | None]] = {}  # executor id -> (pid, exit code)
         self._exit_lock = threading.Lock()
         self._fence_lock = threading.Lock()
         self.fence_pid = self._start_fence()
 
+    def _node(self) -> None:
+        """Raise :class:`NodeLost` once the raylet is gone (this process was handed to another parent)."""
+        if os.getppid() != self.raylet_pid:
+            raise NodeLost(f"node {self.node}: its raylet (pid {self.raylet_pid}) is gone")
+
     # -- the NodeAgent's calls ----------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> ProcInfo:
+        self._node()
         try:
             info = self.agent.launch(spec)
         finally:
@@ -84,12 +98,14 @@ class AgentActor:
         return info
 
     def stop(self, job_id: str, grace_s: float) -> int | None:
+        self._node()
         try:
             return self.agent.stop(job_id, grace_s)
         finally:
             self._record()
 
     def poll(self) -> dict[str, int | None]:
+        self._node()
         out = self.agent.poll()
         if out:
             self._record()
@@ -113,15 +129,18 @@ class AgentActor:
             time.sleep(EXIT_POLL_S)
 
     def adopt(self, info: ProcInfo) -> bool:
+        self._node()
         try:
             return self.agent.adopt(info)
         finally:
             self._record()
 
     def alive(self, job_id: str) -> bool:
+        self._node()
         return self.agent.alive(job_id)
 
     def exit_code(self, info: ProcInfo) -> int | None:
+        self._node()
         return self.agent.exit_code(info)
 
     def running(self) -> dict[str, ProcInfo]:
@@ -132,6 +151,7 @@ class AgentActor:
 
     # -- what the agent adds --------------------------------------------------------------------
     def ping(self) -> str:
+        self._node()
         return self.node
 
     def free_port(self) -> int:
@@ -159,6 +179,7 @@ class AgentActor:
 
         from .discovery import discover_inventory
 
+        self._node()
         inv = discover_inventory()
         ctx = ray.get_runtime_context()
         me = psutil.Process()
@@ -173,7 +194,7 @@ class AgentActor:
             "gpu_source": inv.source,
             "cgroups": self.agent.cgroups.mode,
             "pid": me.pid,
-            "raylet_pid": os.getppid(),
+            "raylet_pid": self.raylet_pid,
             "rss_mb": me.memory_info().rss / 2**20,
             "fence_pid": self.fence_pid,
             "jobs": len(self.agent.running()),
@@ -191,7 +212,7 @@ class AgentActor:
 
     def _start_fence(self) -> int:
         """The node's fence process (one per raylet: an earlier agent's is reused while it lives)."""
-        raylet = os.getppid()
+        raylet = self.raylet_pid
         pidfile = self.run_dir / "fence.pid"
         try:
             pid, start, watched = (float(x) for x in pidfile.read_text().split())

@@ -146,6 +146,7 @@ class RayExecutor(Executor):
         self._waits: dict[str, Any] = {}  # node -> outstanding wait_exits() reference
         self._acks: dict[str, list[tuple[str, int]]] = {}  # node -> exits received, acknowledged in the next call
         self._dead_agents: set[str] = set()  # nodes whose agent died: replaced at the next refresh
+        self._starting: dict[str, tuple[RayNode, Any, Any, float]] = {}  # node -> (node, actor, info(), since)
         self._last_logs = 0.0
 
     # -- nodes and agents ---------------------------------------------------------------------
@@ -155,32 +156,41 @@ class RayExecutor(Executor):
                 "runtime_env": {"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}},
                 "scheduling_strategy": self._affinity(node.node_id, soft=False)}
 
-    def refresh(self) -> tuple[list[str], list[str]]:
+    def refresh(self, wait_s: float = 0.0) -> tuple[list[str], list[str]]:
         """Read Ray's node table; start agents on new nodes, replace dead agents, forget lost nodes.
 
+        Agents start in the background: a node joins once its agent answers (waiting up to
+        ``wait_s`` here); one that has not answered within the call timeout is tried again.
         Returns (names of nodes that joined, names of nodes lost)."""
         ray = self._ray
         table = {n.name: n for n in gpu_nodes(ray.nodes())}
         lost = [name for name in self.nodes if name not in table]
-        fresh = [n for name, n in table.items() if name not in self.nodes or name in self._dead_agents]
         for name in lost:
             self._forget(name)
-        handles = {n.name: self._actor_cls.options(**self._agent_options(n)).remote(
-            n.name, str(Path(self.node_dir) / n.name), f"{self.cgroup_parent}-{n.name}" if self.cgroup_parent else None,
-            self.grace_s) for n in fresh}
-        infos: dict[str, Any] = {name: h.info.remote() for name, h in handles.items()}
+        now = time.monotonic()
+        for name in [m for m, (_, _, _, t) in self._starting.items() if m not in table or now - t > self.call_timeout_s]:
+            del self._starting[name]
+        for name, n in table.items():
+            if (name not in self.nodes or name in self._dead_agents) and name not in self._starting:
+                h = self._actor_cls.options(**self._agent_options(n)).remote(
+                    name, str(Path(self.node_dir) / name), f"{self.cgroup_parent}-{name}" if self.cgroup_parent else None,
+                    self.grace_s)
+                self._starting[name] = (n, h, h.info.remote(), now)
+        refs = {ref: name for name, (_, _, ref, _) in self._starting.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s) if refs else ([], [])
         joined = []
-        for n in fresh:
+        for ref in ready:
+            n, h, _, _ = self._starting.pop(refs[ref])
             try:
-                info = ray.get(infos[n.name], timeout=self.call_timeout_s)
-            except Exception as e:  # the node died meanwhile, or its agent cannot start: tried again next time
+                info = ray.get(ref)
+            except Exception as e:  # the node is dying, or its agent cannot start: tried again next time
                 log.warning("node %s: no agent (%s)", n.name, _why(e))
                 continue
             gpu_names = info.get("gpu_names") or []
             if gpu_names and n.gpu_type == "generic":
                 n = replace(n, gpu_type=str(gpu_names[0]))
             replaced = n.name in self._dead_agents
-            self.agents[n.name] = handles[n.name]
+            self.agents[n.name] = h
             self._dead_agents.discard(n.name)
             if replaced:
                 self._readopt(n.name)
@@ -450,7 +460,7 @@ class RayInventory:
         #: within the grace period if the node still runs at all
         self.fence_s = executor.grace_s + 1.0 if fence_s is None else float(fence_s)
         self._last = 0.0
-        executor.refresh()
+        executor.refresh(wait_s=executor.call_timeout_s)
         self.current = executor.cluster()
 
     def poll(self) -> InventoryChange | None:

@@ -1,5 +1,8 @@
 """The scheduler service: store-backed jobs, rounds on a timer and on events, plan → executor.
 
+(Over 500 lines: the API's entry points and the loop they feed stay together; every part that
+stands alone has a module of its own, listed below.)
+
 The service is the simulator's twin: both are faces of one
 :class:`~gpuloom.driver.Driver`, which owns the active jobs and the current
 plan and asks the very same :class:`~gpuloom.scheduler.Scheduler` (built from
