@@ -235,6 +235,37 @@ def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> 
     assert key_events(svc.store.events(jid)) == ["submit", "launch", "finished"]
 
 
+def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_work(fake: Fake, tmp_path: Path) -> None:
+    from gpuloom.runtime.executor import LaunchSpec
+
+    ns = f"gpuloom-test-{uuid.uuid4().hex[:6]}"
+    ex = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0)
+    try:
+        ex.refresh(wait_s=60)
+        ck = tmp_path / "ck"
+        spec = LaunchSpec("a", sleepy(400, 0.05, ledger=str(ck / "ledger"), ckpt=str(ck)), "n1", (0,), (0,), 200,
+                          str(tmp_path / "a.log"))
+        info = ex.launch(spec)
+        wait_for(lambda: len(ledger(ck / "ledger")) >= 3, 30, "a to step")
+        ray.kill(ex.agents["n1"], no_restart=True)
+        wait_for(lambda: ex.poll() == {} and "n1" in ex._dead_agents, 30, "the agent's death to be seen")
+        # stopped from a one-off task on n1: SIGTERM, checkpoint, exit 143; nothing runs on unseen
+        assert ex.stop("a", 5.0) == 143
+        assert not psutil.pid_exists(info.pid) or psutil.Process(info.pid).status() == psutil.STATUS_ZOMBIE
+        steps = ledger(ck / "ledger")
+        assert steps == list(range(1, len(steps) + 1))
+        # a launch on n1 replaces its agent first
+        b = ex.launch(LaunchSpec("b", "exit 7", "n1", (1,), (1,), 100, str(tmp_path / "b.log")))
+        assert "n1" in ex.agents and b.node == "n1"
+        got: dict[str, int | None] = {}
+        wait_for(lambda: got.update(ex.poll()) or "b" in got, 30, "b to end")
+        assert got == {"b": 7}
+    finally:
+        ex.kill_agents()
+        for n in fake.nodes:
+            remove_cgroups(f"{ns}-{n}")
+
+
 # -- sweeps --------------------------------------------------------------------------------------
 def test_compare_on_ray_gives_the_output_of_the_process_pool(fake: Fake, tmp_path: Path) -> None:
     configs = [f"order={o},place={p}" for o in ("fifo", "srtf", "las", "2d-las")

@@ -20,7 +20,8 @@
   makes no progress (``busy_until`` = inf) until its first ``GPULOOM_PROGRESS``
   line promotes it (:meth:`Actuator.promote`).  A launch that raises fails the
   job alone (:class:`~gpuloom.driver.LaunchFailed`), its processes stopped and
-  cores released;
+  cores released; one refused by a node that cannot take it now
+  (:class:`~.executor.NodeUnavailable`) leaves the job queued;
 * **regrouped**: only the record changes (new co-runners, new remaining work).
 
 A first launch of a job that wants a profile goes to the profiling manager
@@ -46,7 +47,7 @@ from ..core.lifecycle import JobState
 from ..core.plan import ActionKind
 from ..driver import Driver, LaunchFailed, Step
 from .codec import alloc_to_json, proc_to_json
-from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
+from .executor import CoreAllocator, Executor, LaunchSpec, NodeUnavailable, ProcInfo
 from .gang import gang_env
 from .mirror import Mirror
 from .progress import ProgressError
@@ -226,7 +227,11 @@ class Actuator:
                                 c, int(p.mem_mb), str(self.log_path(jid)), env, spec.get("workdir"))
                 procs[eid] = self.executor.launch(ls)
         except Exception as e:
-            log.exception("job %s: launch failed", jid)
+            unavailable = isinstance(e, NodeUnavailable)
+            if unavailable:
+                log.warning("job %s: not launched this round: %s", jid, e)
+            else:
+                log.exception("job %s: launch failed", jid)
             for eid in procs:
                 self.stop_quietly(eid)
             for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [jid]:
@@ -234,6 +239,8 @@ class Actuator:
                     if eid in self.cores.used[n.name]:
                         self.cores.release(n.name, eid)
                 self.exec_owner.pop(eid, None)
+            if unavailable:
+                return False  # stays queued: a later round places it again
             raise LaunchFailed(f"launch failed: {e}") from None
         wall = self.mirror.clock.time()
         self.running[jid] = Running(procs, {}, cores, wall, log_offset)

@@ -36,6 +36,11 @@ class ExecutorError(RuntimeError):
     """A launch or stop that cannot be carried out; the message names the job."""
 
 
+class NodeUnavailable(ExecutorError):
+    """The node cannot take a launch now (its agent is down or it is leaving): the job is not
+    failed but stays queued, and a later round places it again."""
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     job_id: str

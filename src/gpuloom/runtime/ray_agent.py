@@ -231,6 +231,15 @@ class AgentActor:
         return p.pid
 
 
+def stop_orphan(p: ProcInfo, grace_s: float, run_dir: str, cgroup_parent: str | None) -> int | None:
+    """Runs on the process's node: adopt it and stop it (SIGTERM, grace, SIGKILL); its exit code."""
+    agent = NodeAgent(CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager(),
+                      Path(run_dir) / "exits", fold_cores=True)
+    if not agent.adopt(p):
+        return agent.exit_code(p)
+    return agent.stop(p.job_id, grace_s)
+
+
 def fence_main(raylet_pid: int, run_dir: str) -> int:
     """Wait for the raylet to die; then stop the processes in ``run_dir/fence.json`` (TERM, grace, KILL)."""
     try:

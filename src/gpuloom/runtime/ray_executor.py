@@ -49,9 +49,7 @@ exit records, so a killed agent loses no job.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Iterable
@@ -60,9 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cluster import Cluster, ClusterError, Node
-from .executor import Executor, ExecutorError, LaunchSpec, ProcInfo
+from .executor import Executor, ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
 from .inventory import InventoryChange
-from .ray_agent import AgentActor
+from .logmirror import append_to, mirror_offset, set_mirror_offset
+from .ray_agent import AgentActor, stop_orphan
 
 log = logging.getLogger("gpuloom.service")
 
@@ -233,12 +232,13 @@ class RayExecutor(Executor):
 
     def kill_agents(self) -> None:
         """Kill every agent (tests and teardown; their jobs keep running until their nodes go)."""
-        for a in self.agents.values():
+        for a in [*self.agents.values(), *(h for _, h, _, _ in self._starting.values())]:
             try:
                 self._ray.kill(a, no_restart=True)
             except Exception:  # already gone
                 pass
         self.agents.clear()
+        self._starting.clear()
         self._waits.clear()
 
     # -- calls --------------------------------------------------------------------------------
@@ -270,14 +270,23 @@ class RayExecutor(Executor):
         return spec.log_path + (f".{rank}" if rank.isdigit() and rank != "0" else "")
 
     def launch(self, spec: LaunchSpec) -> ProcInfo:
-        agent = self._agent(spec.node, spec.job_id)
+        if spec.node not in self.agents and spec.node in self._dead_agents:
+            self.refresh(wait_s=10.0)  # its agent died a moment ago: replace it first
+        if spec.node not in self.agents:
+            raise NodeUnavailable(f"job {spec.job_id}: node {spec.node!r} has no agent now")
+        agent = self.agents[spec.node]
         local_log = self._log_for(spec)
         if self.logs == "agent":
             remote = str(Path(self.node_dir) / spec.node / "logs" / f"{spec.job_id}.log")
             sent = replace(spec, log_path=remote)
         else:
             sent = replace(spec, log_path=local_log)
-        info = self._call(spec.node, agent.launch.remote(sent), spec.job_id)
+        try:
+            info = self._call(spec.node, agent.launch.remote(sent), spec.job_id)
+        except ExecutorError as e:
+            if spec.node in self._dead_agents or spec.node not in self.nodes:
+                raise NodeUnavailable(str(e)) from None
+            raise
         info = replace(info, node=spec.node, log_path=local_log)
         self.procs[spec.job_id] = info
         if self.logs == "agent":
@@ -290,12 +299,14 @@ class RayExecutor(Executor):
             raise ExecutorError(f"job {job_id}: not running through this executor")
         if job_id in self.exits:  # it ended on its own; the exit was collected, not yet polled
             code = self.exits.pop(job_id)
+        elif p.node not in self.agents:  # the agent died a moment ago: stop it from a task on the node
+            code = self._stop_on_node(p, grace_s)
         else:
-            agent = self._agent(p.node, job_id)
             try:
-                code = self._call(p.node, agent.stop.remote(job_id, grace_s), job_id, grace_s + self.call_timeout_s)
+                code = self._call(p.node, self.agents[p.node].stop.remote(job_id, grace_s), job_id,
+                                  grace_s + self.call_timeout_s)
             except ExecutorError:
-                code = self._exit_in_flight(p.node, job_id)
+                code = self._exit_in_flight(p.node, job_id) if p.node in self.agents else self._stop_on_node(p, grace_s)
         self._mirror([job_id], final=True)
         self.procs.pop(job_id, None)
         self.remote_logs.pop(job_id, None)
@@ -309,6 +320,17 @@ class RayExecutor(Executor):
             if p is not None and p.pid == pid:
                 self.exits[e] = code
         self._acks.setdefault(node, []).extend((e, pid) for e, (pid, _) in got.items())
+
+    def _stop_on_node(self, p: ProcInfo, grace_s: float) -> int | None:
+        """Stop a process whose agent is gone, from a one-off task on its node (a NodeAgent that adopts
+        and stops it), so a job stopped here never runs on unseen; fails if the node is gone too."""
+        n = self.nodes.get(p.node)
+        if n is None:
+            raise ExecutorError(f"job {p.job_id}: node {p.node} is gone")
+        task = self._ray.remote(stop_orphan).options(num_cpus=0, scheduling_strategy=self._affinity(n.node_id, soft=False))
+        parent = f"{self.cgroup_parent}-{p.node}" if self.cgroup_parent else None
+        return self._call(p.node, task.remote(p, grace_s, str(Path(self.node_dir) / p.node), parent), p.job_id,
+                          grace_s + self.call_timeout_s)
 
     def _exit_in_flight(self, node: str, job_id: str) -> int | None:
         """The exit of a process the agent no longer runs: in the node's outstanding ``wait_exits``
@@ -401,7 +423,7 @@ class RayExecutor(Executor):
             if p is not None and remote is not None and p.node in self.agents:
                 by_node.setdefault(p.node, []).append((e, remote, p.log_path))
         for node, items in by_node.items():
-            offsets = [_mirror_offset(local, node, remote) for _, remote, local in items]
+            offsets = [mirror_offset(local, node, remote) for _, remote, local in items]
             try:
                 chunks = self._ray.get(self.agents[node].read_logs.remote(
                     [(remote, off, final) for (_, remote, _), off in zip(items, offsets, strict=True)]),
@@ -411,37 +433,8 @@ class RayExecutor(Executor):
                 continue
             for (_, remote, local), off, data in zip(items, offsets, chunks, strict=True):
                 if data:
-                    _append(local, data)
-                    _set_mirror_offset(local, node, remote, off + len(data))
-
-
-def _mirror_file(local: str) -> Path:
-    return Path(local + ".mirror")
-
-
-def _mirror_offset(local: str, node: str, remote: str) -> int:
-    try:
-        return int(json.loads(_mirror_file(local).read_text()).get(f"{node}:{remote}", 0))
-    except (OSError, ValueError):
-        return 0
-
-
-def _set_mirror_offset(local: str, node: str, remote: str, offset: int) -> None:
-    f = _mirror_file(local)
-    try:
-        d = json.loads(f.read_text())
-    except (OSError, ValueError):
-        d = {}
-    d[f"{node}:{remote}"] = offset
-    tmp = f.with_suffix(".mirror.tmp")
-    tmp.write_text(json.dumps(d))
-    os.replace(tmp, f)
-
-
-def _append(path: str, data: bytes) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as f:
-        f.write(data)
+                    append_to(local, data)
+                    set_mirror_offset(local, node, remote, off + len(data))
 
 
 def _why(e: BaseException) -> str:
