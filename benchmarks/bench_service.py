@@ -15,7 +15,9 @@ httpx clients.
   jobs arriving one at a time (the latency of one job) and once for a burst
   (queueing behind other launches).
 
-Run: ``PYTHONPATH=src python benchmarks/bench_service.py``
+Run: ``PYTHONPATH=src python benchmarks/bench_service.py``; with ``--baseline OTHER_CHECKOUT``, only the
+submission benchmark from 32 clients, alternating between that checkout's server and this one's, in
+one run (medians of 3 and their ratios).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class _Server:
-    def __init__(self, state_dir: Path, *args: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    def __init__(self, state_dir: Path, *args: str, src: Path = REPO / "src") -> None:
+        env = dict(os.environ, PYTHONPATH=str(src))
         self.state_dir = state_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(state_dir),
@@ -75,6 +77,10 @@ class _Server:
         sid = store.get_meta("service_id")
         store.close()
         time.sleep(0.2)
+        if sid:
+            import shutil
+
+            shutil.rmtree(f"/var/tmp/gpuloom-{sid}", ignore_errors=True)  # its default job directory
         for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
             parent = base / f"gpuloom-{sid}"
             if sid and parent.is_dir():  # the service's (now empty) job cgroups
@@ -112,12 +118,12 @@ def _drive(url: str, token: str, n: int, clients: int, body: dict, gap: float = 
     return time.perf_counter() - t0, lat, ids
 
 
-def bench_submit(n: int, clients: int) -> dict:
+def bench_submit(n: int, clients: int, src: Path = REPO / "src") -> dict:
     from gpuloom.runtime.store import Store
 
     with tempfile.TemporaryDirectory() as d:
         sd = Path(d)
-        s = _Server(sd, "--cluster", "1x1", "--cpus-per-node", "1", "--round", "1")
+        s = _Server(sd, "--cluster", "1x1", "--cpus-per-node", "1", "--round", "1", src=src)
         try:
             with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {s.token}"}) as c:
                 c.post("/jobs", json={"name": "blocker", "command": "sleep 600", "gpus": 1})
@@ -158,7 +164,39 @@ def bench_launch(n: int, clients: int, round_s: float, gap: float = 0.0) -> dict
             "max_ms": float(lat.max())}
 
 
+def compare_submit(baseline: Path, n: int = 1000, clients: int = 32, repeats: int = 5) -> None:
+    """Submission throughput and p99 latency from ``clients`` clients: this checkout against another
+    (``baseline``, e.g. a worktree of an earlier commit), alternating, in one run; medians and ratios."""
+    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    for _ in range(repeats):
+        for name, src in (("baseline", baseline / "src"), ("this", REPO / "src")):
+            runs[name].append(bench_submit(n, clients, src))
+    print(f"submit: {n} jobs from {clients} clients, {repeats} alternating pairs; "
+          f"{psutil.cpu_count()} cores, SQLite WAL synchronous=FULL")
+    med = {}
+    for name, rs in runs.items():
+        per_s = float(np.median([r["per_s"] for r in rs]))
+        p99 = float(np.median([r["p99_ms"] for r in rs]))
+        med[name] = (per_s, p99)
+        print(f"  {name:<8} per_s={per_s:8.1f}  p99_ms={p99:8.1f}  (runs: "
+              + ", ".join(f"{r['per_s']:.0f}/s p99 {r['p99_ms']:.0f} ms, {r['stored']} stored" for r in rs) + ")")
+    print(f"  ratio of medians this/baseline: throughput x{med['this'][0] / med['baseline'][0]:.2f}, "
+          f"p99 x{med['this'][1] / med['baseline'][1]:.2f}")
+    # each pair ran back to back: its ratio is less sensitive to a machine whose load drifts
+    tp = [t["per_s"] / b["per_s"] for b, t in zip(runs["baseline"], runs["this"], strict=True)]
+    lat = [t["p99_ms"] / b["p99_ms"] for b, t in zip(runs["baseline"], runs["this"], strict=True)]
+    print(f"  median of paired ratios: throughput x{float(np.median(tp)):.2f}, p99 x{float(np.median(lat)):.2f}")
+
+
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", type=Path, help="another checkout: compare submissions from 32 clients")
+    a = ap.parse_args()
+    if a.baseline is not None:
+        compare_submit(a.baseline)
+        return
     print(f"gpuloom service on loopback; {psutil.cpu_count()} cores, SQLite WAL synchronous=FULL")
     rows = [
         bench_submit(1000, 16),

@@ -68,3 +68,16 @@ def make_view():  # noqa: ANN201
         return View(now, cl, js, cur, m, np.random.default_rng(seed), 1, free=FreeState.of(cl, cur))
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_job_dirs():  # noqa: ANN202
+    """The services tests start (as root) put default checkpoint directories in ``/var/tmp/gpuloom-ID``
+    (see ``runtime/security.py``): those that appeared during the session are removed after it."""
+    import glob
+    import shutil
+
+    before = set(glob.glob("/var/tmp/gpuloom-*"))
+    yield
+    for d in set(glob.glob("/var/tmp/gpuloom-*")) - before:
+        shutil.rmtree(d, ignore_errors=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,11 +20,36 @@ import httpx
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-STEPPER = Path(__file__).resolve().parent / "jobs" / "stepper.py"
+
+
+def _others_may_run(path: str) -> bool:
+    """Whether an unprivileged account can execute ``path`` (every directory above enterable)."""
+    p = Path(os.path.realpath(path))
+    return all(os.stat(q).st_mode & 0o001 for q in [p, *p.parents])
+
+
+#: a Python the service's job accounts can run: ours, else the system's (ours may live in root's home)
+JOB_PY = sys.executable if os.geteuid() != 0 or _others_may_run(sys.executable) else (
+    shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable)
+_SHARED = Path(tempfile.mkdtemp(prefix="gpuloom-test-jobs-"))  # readable by job accounts wherever the checkout is
+os.chmod(_SHARED, 0o755)
+atexit.register(shutil.rmtree, _SHARED, True)
+
+
+def shared_copy(path: Path) -> Path:
+    """A copy of a job script that every account can read."""
+    dst = _SHARED / path.name
+    if not dst.exists():
+        shutil.copy(path, dst)
+        os.chmod(dst, 0o644)
+    return dst
+
+
+STEPPER = shared_copy(Path(__file__).resolve().parent / "jobs" / "stepper.py")
 
 
 def stepper_cmd(steps: int, dt: float) -> str:
-    return f"{sys.executable} {STEPPER} {steps} {dt}"
+    return f"{JOB_PY} {STEPPER} {steps} {dt}"
 
 
 class Server:
@@ -33,6 +61,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.token = ""
+        self.verify: Any = True  # a CA file for a server with its own TLS certificate
 
     def start(self, timeout: float = 30.0) -> Server:
         (self.state_dir / "server.json").unlink(missing_ok=True)
@@ -52,7 +81,7 @@ class Server:
                 self.url = json.loads(f.read_text())["url"]
                 self.token = (self.state_dir / "admin.token").read_text().strip()
                 try:
-                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    if httpx.get(self.url + "/health", timeout=2, verify=self.verify).status_code == 200:
                         return self
                 except httpx.HTTPError:
                     pass
@@ -60,7 +89,8 @@ class Server:
         raise RuntimeError("server did not come up")
 
     def client(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30)
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30,
+                            verify=self.verify)
 
     def kill(self) -> None:
         """SIGKILL the server (job processes live in their own sessions and survive)."""
@@ -116,6 +146,7 @@ def kill_jobs(state_dir: Path) -> None:
     if sid:
         time.sleep(0.1)
         remove_cgroups(f"gpuloom-{sid}")
+        shutil.rmtree(f"/var/tmp/gpuloom-{sid}", ignore_errors=True)  # the service's default job directory
 
 
 def wait_for(fn: Any, timeout: float = 30.0, what: str = "condition") -> Any:
@@ -170,3 +201,12 @@ def own_cgroup_parent() -> Iterator[str]:
     name = f"gpuloom-test-{uuid.uuid4().hex[:8]}"
     yield name
     remove_cgroups(name)
+
+
+def job_writable(tmp_path: Path) -> Path:
+    """A directory for a test's job output that the service's job accounts may write (named after the
+    test's own temporary directory)."""
+    d = _SHARED / tmp_path.name
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o777)
+    return d

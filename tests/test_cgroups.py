@@ -83,18 +83,18 @@ def test_create_sets_limits_and_remove_deletes(manager: CgroupManager) -> None:
         for d in cg.paths():
             assert d.is_dir() and d.name == job
         limit = cg.memory_limit_file()
-        assert limit is not None and int(limit.read_text()) == 128 * 1024 * 1024
+        assert limit is not None and int(limit.read_text()) == 128 * 10**6
         assert (cg.dirs["cpuset"] / "cpuset.cpus").read_text().strip() == "0"
         if manager.support.version == 1:
             assert (cg.dirs["cpuset"] / "cpuset.mems").read_text().strip() != ""
             memsw = cg.dirs["memory"] / "memory.memsw.limit_in_bytes"
             if memsw.exists():
-                assert int(memsw.read_text()) == 128 * 1024 * 1024
+                assert int(memsw.read_text()) == 128 * 10**6
         # reuse with other limits (a job relaunched on a new allocation), both directions
         manager.create(job, tuple(sorted(os.sched_getaffinity(0))), 512)
-        assert int(limit.read_text()) == 512 * 1024 * 1024
+        assert int(limit.read_text()) == 512 * 10**6
         manager.create(job, (0,), 64)
-        assert int(limit.read_text()) == 64 * 1024 * 1024
+        assert int(limit.read_text()) == 64 * 10**6
     finally:
         assert cg.remove()
     assert all(not d.exists() for d in cg.paths())
@@ -109,7 +109,7 @@ def test_process_moved_in_sees_limits_and_stragglers_are_killed(manager: CgroupM
         where = process_cgroups(p.pid)
         key = "memory" if manager.support.version == 1 else ""
         assert where[key].endswith(f"/{manager.parent}/{job}")
-        assert memory_limit_of(p.pid) == 96 * 1024 * 1024
+        assert memory_limit_of(p.pid) == 96 * 10**6 // 4096 * 4096  # whole pages (v1 rounds down)
         assert os.sched_getaffinity(p.pid) == {0}
         assert cg.pids() == {p.pid}
         assert cg.remove()  # kills the straggler, then removes the directories
@@ -149,7 +149,7 @@ def test_v2_files_written(tmp_path: Path) -> None:
     cg = m.create("job/7", (2, 3, 4, 6), 1500)
     d = root / "gpuloom" / "job_7"
     assert cg.paths() == [d]
-    assert (d / "memory.max").read_text() == f"{1500 * 2**20}\n"
+    assert (d / "memory.max").read_text() == f"{1500 * 10**6}\n"
     assert (d / "cpuset.cpus").read_text() == "2-4,6\n"
     assert (d / "cpuset.mems").read_text() == "0\n"
     assert cg.memory_limit_file() == d / "memory.max"

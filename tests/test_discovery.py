@@ -47,7 +47,7 @@ def test_declared_gpus_take_host_cpus_and_memory() -> None:
 def test_meminfo_parsing(tmp_path: Path) -> None:
     f = tmp_path / "meminfo"
     f.write_text("MemTotal:       24684096 kB\nMemFree:        24500312 kB\n")
-    assert host_mem_mb(f) == 24684096 // 1024
+    assert host_mem_mb(f) == 25276  # 24684096 KiB in MB of 10^6 bytes
     f.write_text("MemFree: 1 kB\n")
     with pytest.raises(DiscoveryError, match="no MemTotal"):
         host_mem_mb(f)

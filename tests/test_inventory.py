@@ -14,6 +14,7 @@ from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.plan import Allocation, Part
 from gpuloom.runtime.codec import alloc_from_json, alloc_to_json
 from gpuloom.runtime.gang import gang_env
+from gpuloom.runtime.identity import Identities
 from gpuloom.runtime.inventory import InventoryChange, follow
 from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service
@@ -68,7 +69,7 @@ def test_ray_node_table_becomes_the_gpu_nodes_by_name() -> None:
     ]
     nodes = gpu_nodes(table)
     assert [(n.name, n.address, n.gpus, n.cpus, n.mem_mb, n.gpu_type) for n in nodes] == [
-        ("box", "10.0.0.9", 2, 4, 2048, "generic"), ("gpu7-aa11bb", "10.0.0.7", 4, 32, 65_536, "A100")]
+        ("box", "10.0.0.9", 2, 4, 2147, "generic"), ("gpu7-aa11bb", "10.0.0.7", 4, 32, 68_719, "A100")]  # MB = 10^6 B
     assert node_name(table[1]) == "head-ff00"
 
 
@@ -108,7 +109,8 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
     store = Store(f"sqlite:///{tmp_path / 'db'}")
     svc = Service(store, full, local_executor(full, tmp_path / "run", True, cgroup_parent),
                   Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
-                  round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src)
+                  round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src,
+                  identities=Identities(switch=False))  # jobs as this account: they run this venv's Python
     try:
         def cmd(steps: int) -> str:
             return (f"{sys.executable} {SLEEPY} --steps {steps} --step-s 0.05 --checkpoint-every 1 "

@@ -81,7 +81,7 @@ def test_process_gets_its_gpus_cores_and_memory_limit(ex: LocalExecutor, tmp_pat
     assert p["cpus"] == cpus
     assert p["resume"] == "1" and p["omp"] == "1"
     if ex.cgroup_mode != "none" and ex.agent.cgroups.support.memory:
-        assert p["mem"] == 200 * 1024 * 1024
+        assert p["mem"] == 200 * 10**6 // 4096 * 4096  # MB of 10^6 bytes, in whole pages
         key = "memory" if ex.cgroup_mode == "v1" else ""
         assert p["cg"][key].endswith(f"/gpuloom/{job}")
     # the job's cgroup is removed once its end has been seen

@@ -27,11 +27,22 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from gpuloom.runtime.cgroups import memory_limit_of  # noqa: E402
+from gpuloom.runtime.identity import Identities  # noqa: E402
 from gpuloom.runtime.ray_executor import AGENT_PREFIX, NAME_LABEL, RayExecutor, RayInventory  # noqa: E402
 from gpuloom.runtime.service import Service  # noqa: E402
 from gpuloom.runtime.store import Store  # noqa: E402
 from gpuloom.scheduler import Scheduler  # noqa: E402
-from service_util import REPO, Server, job, key_events, remove_cgroups, submit, wait_for  # noqa: E402
+from service_util import (  # noqa: E402
+    JOB_PY,
+    REPO,
+    Server,
+    job,
+    key_events,
+    remove_cgroups,
+    shared_copy,
+    submit,
+    wait_for,
+)
 
 EXAMPLES = REPO / "examples"
 PY = shlex.quote(sys.executable)
@@ -83,8 +94,10 @@ def make(fake: Fake, tmp_path: Path) -> Iterator[Any]:
         ex = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=grace, logs=logs)
         inv = RayInventory(ex, every_s=0.2)
         store = Store(f"sqlite:///{tmp_path / 'gpuloom.db'}")
+        # jobs run as this account (not a job account), so they can run this venv's Python and torch
         svc = Service(store, inv.current, ex, Scheduler.from_names("fifo", "none", "proportional", place), tmp_path,
-                      round_s=0.2, grace_s=grace, launch_timeout_s=30.0, inventory=inv)
+                      round_s=0.2, grace_s=grace, launch_timeout_s=30.0, inventory=inv,
+                      identities=Identities(switch=False))
         svc.start()
         made.append((svc, ex))
         return svc, ex
@@ -98,10 +111,11 @@ def make(fake: Fake, tmp_path: Path) -> Iterator[Any]:
         remove_cgroups(f"{ns}-{n}")
 
 
-def sleepy(steps: int, step_s: float = 0.05, ledger: str = "$GPULOOM_CHECKPOINT_DIR/ledger", ckpt: str = "") -> str:
+def sleepy(steps: int, step_s: float = 0.05, ledger: str = "$GPULOOM_CHECKPOINT_DIR/ledger", ckpt: str = "",
+           py: str = PY) -> str:
     extra = f" --checkpoint-dir {ckpt}" if ckpt else ""
-    return (f"{PY} {EXAMPLES / 'sleepy_train.py'} --steps {steps} --step-s {step_s} --checkpoint-every 1 "
-            f"--ledger {ledger}{extra}")
+    script = EXAMPLES / "sleepy_train.py" if py == PY else shared_copy(EXAMPLES / "sleepy_train.py")
+    return f"{py} {script} --steps {steps} --step-s {step_s} --checkpoint-every 1 --ledger {ledger}{extra}"
 
 
 def state(svc: Service, jid: int) -> str:
@@ -137,7 +151,7 @@ def ancestors(pid: int) -> list[int]:
 def test_inventory_follows_ray_and_jobs_run_on_the_node_the_plan_chose(fake: Fake, make: Any) -> None:
     svc, ex = make()
     assert [(n.name, n.gpus, n.cpus, n.mem_mb) for n in svc.cluster.nodes] == [
-        ("n0", 2, 2, 4096), ("n1", 2, 2, 4096), ("n2", 2, 2, 4096)]
+        ("n0", 2, 2, 4294), ("n1", 2, 2, 4294), ("n2", 2, 2, 4294)]
     info = ex.agent_info()
     assert {n: i["raylet_pid"] for n, i in info.items()} == {n: fake.raylet(n) for n in ("n0", "n1", "n2")}
     show = 'echo "CVD=$CUDA_VISIBLE_DEVICES CPUS=$GPULOOM_CPUS"; sleep 60'
@@ -155,7 +169,7 @@ def test_inventory_follows_ray_and_jobs_run_on_the_node_the_plan_chose(fake: Fak
         chain = ancestors(proc["pid"])
         assert chain[2] == fake.raylet(part["node"]) and chain[1] == info[part["node"]]["pid"]
         limited = info[part["node"]]["cgroups"] != "none"  # the agent's cgroup memory limit, where it can make one
-        assert memory_limit_of(proc["pid"]) == (part["mem_mb"] * 2**20 if limited else None)
+        assert memory_limit_of(proc["pid"]) == (part["mem_mb"] * 10**6 // 4096 * 4096 if limited else None)  # MB = 10^6 B
         assert part["mem_mb"] == row.spec["mem_mb"]
         wait_for(lambda j=j: "CVD=" in svc.log_path(j).read_text(), what=f"job {j}'s first line")
         seen[j] = (part["node"], part["local_gpus"], svc.log_path(j).read_text().split()[0])
@@ -275,19 +289,42 @@ def test_compare_on_ray_gives_the_output_of_the_process_pool(fake: Fake, tmp_pat
         common += ["-c", c]
 
     def run(out: str, *extra: str) -> dict[str, Any]:
+        """Every file ``compare`` wrote, without what may differ: seconds of CPU time and the command line."""
         r = subprocess.run([sys.executable, "-m", "gpuloom", "compare", *common, "--out", str(tmp_path / out), *extra],
                            capture_output=True, text=True, timeout=600, cwd=tmp_path,
                            env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
         assert r.returncode == 0, r.stdout + r.stderr
-        runs = json.loads((tmp_path / out / "compare.json").read_text())["runs"]
-        for x in runs:
-            x["summary"].pop("wall_time_s")  # seconds of CPU time: the only field that may differ
-        return {"runs": runs, "csv": [line.split(",")[:-1] for line in (tmp_path / out / "compare.csv").read_text().splitlines()]}
+        files: dict[str, Any] = {}
+        for f in sorted((tmp_path / out).rglob("*")):
+            if f.is_dir():
+                continue
+            key = f.relative_to(tmp_path / out).as_posix()
+            if f.suffix == ".json":
+                files[key] = _without(json.loads(f.read_text()), {"wall_time_s", "command"})
+            elif f.suffix == ".csv":
+                rows = [line.split(",") for line in f.read_text().splitlines()]
+                keep = [i for i, h in enumerate(rows[0]) if h != "wall_time_s"]
+                files[key] = [[row[i] for i in keep] for row in rows]
+            elif f.suffix == ".md":
+                files[key] = [x for x in f.read_text().splitlines() if "wall time" not in x and "command:" not in x]
+            else:  # plots: the same pixels
+                files[key] = f.read_bytes()
+        return files
 
     local = run("pool", "-j", "2")
     on_ray = run("ray", "--ray", fake.cluster.address)
-    assert len(local["runs"]) == 8 and [x["label"] for x in local["runs"]] == [x["label"] for x in on_ray["runs"]]
-    assert on_ray == local
+    assert len(local["compare.json"]["runs"]) == 8 and len([k for k in local if k.endswith("jobs.csv")]) == 8
+    assert sorted(on_ray) == sorted(local)
+    for key in local:
+        assert on_ray[key] == local[key], key
+
+
+def _without(x: Any, keys: set[str]) -> Any:
+    if isinstance(x, dict):
+        return {k: _without(v, keys) for k, v in x.items() if k not in keys}
+    if isinstance(x, list):
+        return [_without(v, keys) for v in x]
+    return x
 
 
 # -- a service SIGKILL ------------------------------------------------------------------------------
@@ -297,7 +334,8 @@ def test_killed_service_reattaches_to_its_agents_and_adopts_running_jobs(fake: F
     ns = None
     try:
         with s.client() as c:
-            jid = submit(c, name="long", command=sleepy(80), gpus=2)
+            # a real server runs jobs as a job account (as root): a Python and a script that account can run
+            jid = submit(c, name="long", command=sleepy(80, py=JOB_PY), gpus=2)
             wait_for(lambda: "iter=5" in c.get(f"/jobs/{jid}/logs").text, 60, "progress through the agent")
         store = Store(f"sqlite:///{tmp_path / 'gpuloom.db'}")
         ns = f"gpuloom-{store.get_meta('service_id')}"

@@ -60,15 +60,22 @@ def test_write_run_files_parse_back_exactly(tmp_path: Path) -> None:
     # every job walks the lifecycle: its phases follow the fixed columns
     assert list(rows[0]) == [*JOB_COLUMNS, "phase_queued", "phase_launching", "phase_running"]
     got = {r["id"]: r for r in rows}
-    expect = {  # first_start, finish, jct, queueing_delay, queued_time, ftf_rho
+    expect = {  # first_start, finish, jct, queueing_delay, queued_time, slowdown
         "a": (0, 100, 100, 0, 0, 1),
         "b": (100, 150, 150, 100, 100, 3),
         "c": (150, 170, 160, 140, 140, 8),
     }
-    for jid, (fs, fin, jct, qd, qt, rho) in expect.items():
+    for jid, (fs, fin, jct, qd, qt, slow) in expect.items():
         r = got[jid]
-        assert [float(r[k]) for k in ("first_start", "finish", "jct", "queueing_delay", "queued_time", "ftf_rho")] \
-            == [fs, fin, jct, qd, qt, rho]
+        assert [float(r[k]) for k in ("first_start", "finish", "jct", "queueing_delay", "queued_time", "slowdown")] \
+            == [fs, fin, jct, qd, qt, slow]
+    # Themis: active jobs 2 on [0,10), 3 on [10,100), 2 on [100,150), 1 on [150,170); G = g = 1.
+    # a: N = (2*10 + 3*90) / 100 = 2.9, T_id = 100 * 2.9 = 290, rho = 100/290
+    # b: N = (290 + 2*50) / 150 = 2.6, T_id = 50 * 2.6 = 130, rho = 150/130
+    # c: N = (3*90 + 2*50 + 1*20) / 160 = 2.4375, T_id = 20 * 2.4375 = 48.75, rho = 160/48.75
+    for jid, n, rho in (("a", 2.9, 100 / 290), ("b", 2.6, 150 / 130), ("c", 2.4375, 160 / 48.75)):
+        assert float(got[jid]["contention"]) == pytest.approx(n, rel=1e-12)
+        assert float(got[jid]["ftf_rho"]) == pytest.approx(rho, rel=1e-12)
         assert int(r["preemptions"]) == int(r["migrations"]) == int(r["resizes"]) == 0
         assert float(r["run_time"]) == float(r["duration"])
     assert got["a"]["model"] == "resnet50" and got["c"]["arrival"] == "10" and got["c"]["gpus"] == "1"
@@ -83,7 +90,9 @@ def test_write_run_files_parse_back_exactly(tmp_path: Path) -> None:
     assert (s["median_jct"], s["makespan"], s["completed"], s["unfinished"]) == (150, 170, 3, 0)
     assert s["p95_jct"] == pytest.approx(159.0) and s["p99_jct"] == pytest.approx(159.8)
     assert s["geomean_jct"] == pytest.approx((100 * 150 * 160) ** (1 / 3))
-    assert s["mean_queueing_delay"] == 80 and s["max_ftf_rho"] == 8
+    assert s["mean_queueing_delay"] == 80 and s["max_slowdown"] == 8 and s["mean_slowdown"] == 4
+    assert s["max_ftf_rho"] == pytest.approx(160 / 48.75) and s["mean_ftf_rho"] == pytest.approx(
+        (100 / 290 + 150 / 130 + 160 / 48.75) / 3)
     assert s["gpu_util"] == s["cpu_util"] == s["mem_util"] == 1.0
     assert doc["config"]["order"] == "fifo" and doc["config"]["max_time"] is None  # inf -> null
     assert doc["cluster"] == {"gpus": 1, "cpus": 3, "mem_mb": 64000}
@@ -95,7 +104,8 @@ def test_unfinished_jobs_give_empty_cells_and_null_json(tmp_path: Path) -> None:
     paths = write_run(res, tmp_path)
     rows = {r["id"]: r for r in csv.DictReader(paths["jobs"].open())}
     assert rows["a"]["first_start"] == "0.0" and rows["a"]["finish"] == "" and rows["a"]["jct"] == ""
-    assert all(rows["b"][k] == "" for k in ("first_start", "finish", "jct", "queueing_delay", "ftf_rho"))
+    assert all(rows["b"][k] == "" for k in ("first_start", "finish", "jct", "queueing_delay", "slowdown",
+                                            "contention", "ftf_rho"))
     s = strict_json(paths["summary"])["summary"]
     assert (s["completed"], s["unfinished"]) == (0, 3)
     assert s["mean_jct"] is None and s["p99_jct"] is None and s["geomean_jct"] is None

@@ -15,6 +15,7 @@ from gpuloom.runtime.admission import refuse_reason
 from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
 from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service, parse_duration, parse_mem
+from gpuloom.runtime.specs import parse_mem_bytes
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
@@ -127,12 +128,19 @@ def test_spec_values_are_parsed(api) -> None:  # noqa: ANN001
     r = c.post("/jobs", json={"command": "true", "gpus": 1, "mem": "8G", "time_limit": "1:30:00", "cpus": 2},
                headers=h(tokens["alice"]))
     j = r.json()
-    assert (j["mem_mb"], j["time_limit"], j["cpus"]) == (8192, 5400.0, 2)
+    assert (j["mem_mb"], j["time_limit"], j["cpus"]) == (8000, 5400.0, 2)  # G = 10^9 bytes, MB = 10^6
 
 
 def test_parsers() -> None:
-    assert parse_mem("8G") == 8192 and parse_mem("512M") == 512 and parse_mem(1000) == 1000
-    assert parse_mem("1.5T") == 1572864 and parse_mem("2gb") == 2048
+    assert parse_mem("8G") == 8000 and parse_mem("512M") == 512 and parse_mem(1000) == 1000
+    assert parse_mem("1.5T") == 1_500_000 and parse_mem("2gb") == 2000
+    # binary units are exact powers of two, rounded up to whole MB of 10^6 bytes
+    assert parse_mem("8Gi") == 8590 and parse_mem("512Mi") == 537 and parse_mem("1Ti") == 1_099_512
+    assert parse_mem_bytes("8Gi") == 8 * 2**30 and parse_mem_bytes("1.5K") == 1500 and parse_mem_bytes("3KiB") == 3072
+    assert parse_mem_bytes("0.1G") == 10**8  # decimal arithmetic: no float error
+    for bad in (True, "8Q", "-1G", "1e3G", float("nan")):
+        with pytest.raises(ValueError, match="mem"):
+            parse_mem(bad)
     assert parse_duration(90) == 90.0 and parse_duration("30") == 1800.0 and parse_duration("1:30") == 90.0
     assert parse_duration("2-01:00:00") == 176400.0 and parse_duration("2h") == 7200.0
     for bad in ("x", "-1", "1:2:3:4"):

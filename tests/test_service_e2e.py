@@ -57,7 +57,7 @@ def test_jobs_get_the_planned_gpus_cores_and_memory(server) -> None:  # noqa: AN
         # where the executor gives each job its own memory cgroup, the limit is the plan's
         own_cgroup = "gpuloom" in (rec["mem_cgroup"] or "")
         if own_cgroup or os.environ.get("GPULOOM_EXPECT_CGROUP"):
-            assert rec["mem_limit"] == part["mem_mb"] * 1024 * 1024
+            assert rec["mem_limit"] == part["mem_mb"] * 10**6 // 4096 * 4096  # MB = 10^6 bytes, whole pages
         assert len(part["local_gpus"]) == 2 and len(part["cores"]) == NCPU * 2 // 4
         assert part["mem_mb"] == 4000 * 2 // 4
         assert not seen_gpus.setdefault(part["node"], set()) & set(part["gpus"])

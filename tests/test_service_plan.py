@@ -22,7 +22,7 @@ from gpuloom.runtime.service import HOLDING, Service
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
-from service_util import own_cgroup_parent
+from service_util import job_writable, own_cgroup_parent
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart
     t_done, expect, t_next = _sim_at_completion(cluster)
     assert any(g == () for _, g, _ in expect.values())  # the finished job's partner now runs alone
     assert any(g != () for _, g, _ in expect.values())  # and another pair still shares
-    flags = tmp_path / "flags"
+    flags = job_writable(tmp_path) / "flags"  # the jobs run as the service's job account
     flags.mkdir()
     clock = ManualClock()
     epoch = clock.time()

@@ -7,6 +7,7 @@ temporary directory only.
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shutil
@@ -32,7 +33,11 @@ def cgroup_parent() -> Iterator[str]:
     yield from own_cgroup_parent()
 
 pytest.importorskip("psycopg")
-if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+# on PATH, or where Debian's postgresql packages put them
+_PG_BIN = next((str(Path(p).parent) for p in [shutil.which("initdb") or "",
+                                              *sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)]
+                if p and os.access(p, os.X_OK) and os.access(Path(p).parent / "pg_ctl", os.X_OK)), None)
+if _PG_BIN is None:
     pytest.skip("PostgreSQL server binaries not installed", allow_module_level=True)
 
 
@@ -54,11 +59,12 @@ def pg_url() -> Iterator[str]:
         shutil.chown(d, "postgres")
         os.chmod(d, 0o755)
     data = d / "data"
-    init = subprocess.run(_as_pg_user(f"initdb -D {data} -A trust -U gpuloom"), capture_output=True, text=True)
+    init = subprocess.run(_as_pg_user(f"{_PG_BIN}/initdb -D {data} -A trust -U gpuloom"), capture_output=True,
+                          text=True)
     if init.returncode != 0:
         pytest.skip(f"initdb failed: {init.stderr[-300:]}")
     start = subprocess.run(
-        _as_pg_user(f"pg_ctl -D {data} -w -o \"-k {d} -c listen_addresses=''\" -l {d}/log start"),
+        _as_pg_user(f"{_PG_BIN}/pg_ctl -D {data} -w -o \"-k {d} -c listen_addresses=''\" -l {d}/log start"),
         capture_output=True, text=True,
     )
     if start.returncode != 0:
@@ -66,7 +72,7 @@ def pg_url() -> Iterator[str]:
     try:
         yield f"postgresql+psycopg://gpuloom@/postgres?host={d}"
     finally:
-        subprocess.run(_as_pg_user(f"pg_ctl -D {data} -m fast stop"), capture_output=True)
+        subprocess.run(_as_pg_user(f"{_PG_BIN}/pg_ctl -D {data} -m fast stop"), capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -109,3 +115,43 @@ def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path, cgroup_pare
     assert row is not None and row.state == "finished" and row.exit_code == 0
     assert svc.log_path(jid).read_text() == "on postgres\n"
     store.close()
+
+
+def test_one_server_per_database_by_advisory_lock(pg_url: str, tmp_path: Path) -> None:
+    """Two servers on one PostgreSQL database: the second is refused (each with its own state dir)."""
+    from gpuloom.runtime.locks import AlreadyServed, ServerLocks
+
+    s1, s2 = Store(pg_url), Store(pg_url)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = ServerLocks().acquire(tmp_path / "a", s1)
+    with pytest.raises(AlreadyServed, match="another gpuloom server is using the database"):
+        ServerLocks().acquire(tmp_path / "b", s2)
+    first.release()  # the session ends: the lock is free
+    second = ServerLocks().acquire(tmp_path / "b", s2)
+    second.release()
+    s1.close()
+    s2.close()
+
+
+def test_second_serve_on_the_same_postgres_exits_and_nul_bytes_get_422(pg_url: str, tmp_path: Path) -> None:
+    import sys
+
+    import httpx
+
+    from service_util import Server
+
+    (tmp_path / "a").mkdir()
+    s = Server(tmp_path / "a", "--cluster", "1x1", "--db", pg_url).start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--cluster", "1x1",
+                            "--state-dir", str(tmp_path / "b"), "--db", pg_url], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src")))
+        assert r.returncode == 2 and "another gpuloom server is using the database" in r.stderr, r.stderr
+        h = {"Authorization": f"Bearer {s.token}"}
+        for body in ({"command": "a\x00b", "gpus": 1}, {"command": "true", "gpus": 1, "name": "\x00"},
+                     {"command": "true", "gpus": 1, "env": {"K": "\x00"}}):
+            assert httpx.post(s.url + "/jobs", json=body, headers=h).status_code == 422
+        assert httpx.get(s.url + "/jobs/9223372036854775808", headers=h).status_code == 422
+    finally:
+        s.stop()

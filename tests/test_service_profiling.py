@@ -11,13 +11,12 @@ then gives every job of that model 2 cores, where GPU-proportional would give 1.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from service_util import REPO, Server, job, kill_jobs, wait_for
+from service_util import JOB_PY, REPO, Server, job, job_writable, kill_jobs, shared_copy, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 SLEEPY = REPO / "examples" / "sleepy_train.py"
@@ -39,7 +38,7 @@ def server(tmp_path: Path):  # noqa: ANN201
         s.stop()
     kill_jobs(tmp_path)
     # no job or profile run outlives the test (their command lines name the test's directory)
-    left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    left = [p for p in psutil.process_iter(["cmdline"]) if tmp_path.name in " ".join(p.info["cmdline"] or [])]
     assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
 
 
@@ -50,12 +49,12 @@ def serve_args() -> list[str]:
 
 
 def sleepy(tmp: Path, tag: str, steps: int = 60) -> str:
-    return (f"{sys.executable} {SLEEPY} --steps {steps} --step-s 0.01 --cpu-ref 2 "
-            f"--ledger {tmp / ('ledger-' + tag)}")
+    return (f"{JOB_PY} {shared_copy(SLEEPY)} --steps {steps} --step-s 0.01 --cpu-ref 2 "
+            f"--ledger {job_writable(tmp) / ('ledger-' + tag)}")
 
 
 def silent(tmp: Path) -> str:
-    return f"{sys.executable} -c 'import time, sys; time.sleep(0.3)' {tmp}"
+    return f"{JOB_PY} -c 'import time, sys; time.sleep(0.3)' {tmp}"
 
 
 def events(c, jid: int) -> list[dict]:  # noqa: ANN001
@@ -95,8 +94,8 @@ def test_first_job_is_profiled_second_reuses_the_profile(server, tmp_path: Path)
     assert j1["attempts"] == 1 and j2["attempts"] == 1
     # the ledger is on the command line, so job a's profile runs wrote to it too, before its real run
     steps = [str(i) for i in range(1, 61)]
-    assert (tmp_path / "ledger-b").read_text().split() == steps
-    led_a = (tmp_path / "ledger-a").read_text().split()
+    assert (job_writable(tmp_path) / "ledger-b").read_text().split() == steps
+    led_a = (job_writable(tmp_path) / "ledger-a").read_text().split()
     assert led_a[-60:] == steps and len(led_a) > 60
 
     rec = stored_profile(tmp_path, "sleepy/1gpu")

@@ -22,13 +22,14 @@ def _gone(pid: int) -> bool:
 
 
 def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path) -> None:
-    args = ("--cluster", "1x6", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "10")
+    args = ("--cluster", "1x8", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "10")
     s = Server(tmp_path, *args).start()
     try:
         with s.client() as c:
-            a = submit(c, **{"name": "a", "command": stepper_cmd(50, 0.1), "gpus": 2})
+            a = submit(c, **{"name": "a", "command": stepper_cmd(100, 0.1), "gpus": 2})
             b = submit(c, **{"name": "b", "command": stepper_cmd(50, 0.05), "gpus": 2})
             f = submit(c, **{"name": "f", "command": stepper_cmd(20, 0.1), "gpus": 2})
+            e = submit(c, **{"name": "e", "command": "sleep 1.5; exit 3", "gpus": 2})
             q1 = submit(c, **{"name": "q1", "command": stepper_cmd(4, 0.05), "gpus": 6})
             q2 = submit(c, **{"name": "q2", "command": stepper_cmd(4, 0.05), "gpus": 2})
             for jid in (a, b, f):
@@ -43,17 +44,21 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
 
         s.kill()  # SIGKILL: no shutdown code runs
         assert not _gone(pid_a) and not _gone(pid_b)  # job processes outlive the server
-        # while the server is down, job b is stopped (it checkpoints on SIGTERM)
+        # while the server is down, job b's process is lost without an exit record: its wrapper is
+        # killed, and the job itself stopped (it checkpoints on SIGTERM)
+        os.kill(os.getpgid(pid_b), signal.SIGKILL)
         os.kill(pid_b, signal.SIGTERM)
         wait_for(lambda: _gone(pid_b), what="job b to exit")
-        # and job f finishes on its own
+        # job f finishes on its own, and job e fails (exit 3)
         wait_for(lambda: _gone(pid_f), what="job f to finish")
-        time.sleep(0.2)
+        time.sleep(0.3)
 
         s = Server(tmp_path, *args).start()
         with s.client() as c:
             # every accepted job is still there
-            assert [j["id"] for j in c.get("/jobs").json()] == [a, b, f, q1, q2]
+            assert [j["id"] for j in c.get("/jobs").json()] == [a, b, f, e, q1, q2]
+            failed = wait_for(lambda: (j := job(c, e))["state"] == "failed" and j, what="job e to fail")
+            ev_e = key_events(c.get(f"/jobs/{e}/events").json())
             done = {
                 jid: wait_for(lambda jid=jid: (j := job(c, jid))["state"] == "finished" and j, timeout=60,
                               what=f"job {jid} to finish")
@@ -76,9 +81,13 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
         # f finished while the server was down: its exit record says so, it is not rerun
         assert ev_f == ["submit", "launch", "finished"] and done[f]["attempts"] == 1
         assert done[f]["reason"] == "finished while the service was down"
+        assert done[f]["held_time"] >= 1.9  # it ran 20 x 0.1 s, up to its exit record
+        # e failed while the server was down: its exit record is final, it is not run again
+        assert ev_e == ["submit", "launch", "failed"] and failed["attempts"] == 1 and failed["exit_code"] == 3
+        assert failed["reason"] == f"process {e} ended with code 3 while the service was down"
         assert ledger(done[f]["checkpoint_dir"]) == list(range(20))
         # no work lost or repeated, queued jobs ran
-        assert ledger(done[a]["checkpoint_dir"]) == list(range(50))
+        assert ledger(done[a]["checkpoint_dir"]) == list(range(100))
         assert ledger(done[b]["checkpoint_dir"]) == list(range(50))
         assert ledger(done[q1]["checkpoint_dir"]) == list(range(4))
         assert ledger(done[q2]["checkpoint_dir"]) == list(range(4))

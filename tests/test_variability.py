@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -246,14 +248,24 @@ def test_artifact_model_classes():
     assert ["ABCD"[f0.job_class(_job(m))] for m in ("vgg19", "DCGAN", "PointNet")] == ["A", "A", "C"]
 
 
-def test_spec_artifact_generator(data_dir, monkeypatch):
+def test_spec_artifact_generator(data_dir, monkeypatch, tmp_path):
     d = data_dir / "pal/variability"
     cl = Cluster.homogeneous(16, 4)
     got = variability_from_spec(f"artifact:{d}", cl, seed=5)
     want = generate_pm_scores([4] * 16, load_class_profiles(d, per_gpu="max"), seed=5, draw="gpu")
     assert got.scores.tolist() == want.scores.tolist()
-    monkeypatch.delenv("GPULOOM_DATA", raising=False)
+    monkeypatch.setenv("GPULOOM_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(VariabilityError, match="'artifact' needs the measured data folder"):
         variability_from_spec("artifact", cl)
     monkeypatch.setenv("GPULOOM_DATA", str(data_dir))
+    assert variability_from_spec("artifact", cl, seed=5).scores.tolist() == want.scores.tolist()
+    # without $GPULOOM_DATA: ../shared/data beside the current directory, else beside the checkout
+    monkeypatch.delenv("GPULOOM_DATA")
+    monkeypatch.chdir(tmp_path)
+    if data_dir.resolve() == (Path(__file__).resolve().parents[2] / "shared" / "data").resolve():
+        assert variability_from_spec("artifact", cl, seed=5).scores.tolist() == want.scores.tolist()
+    (tmp_path / "clone").mkdir()
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "data").symlink_to(data_dir.resolve())
+    monkeypatch.chdir(tmp_path / "clone")
     assert variability_from_spec("artifact", cl, seed=5).scores.tolist() == want.scores.tolist()

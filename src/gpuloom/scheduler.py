@@ -261,9 +261,13 @@ def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[s
         elif takers:
             problems.append(f"{key!r} is taken by several stages: give {' or '.join(f'{s}.{key}' for s in takers)}")
         else:
+            from .policies.check import _takers
+
             every = set().union(*accepted.values())
+            others = _takers(key)
             problems.append(f"{key!r} is not taken by " + ", ".join(f"{s}={n}" for s, n in chosen.items())
-                            + f" (they take {_listing(every)})" + _did_you_mean(key, every))
+                            + f" (they take {_listing(every)})" + _did_you_mean(key, every)
+                            + (f"; {key} is a parameter of {', '.join(others)}" if others else ""))
     if problems:
         raise pb.PolicyError("parameter " + "; ".join(problems))
     return out

@@ -1,11 +1,22 @@
 """The ``gpuloom`` command.  Each topic adds its commands in its own module,
-imported at the bottom of this file (one line per module)."""
+imported at the bottom of this file (one line per module).
+
+:func:`main` runs the app and prints usage errors (unknown options, bad
+values) as one line, ``error: ...`` with a "did you mean" where there is a
+close name, instead of a boxed panel wrapped at the terminal width.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+
+try:  # recent typer vendors click; older ones use the click package
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover
+    from click import exceptions as _cx  # type: ignore[no-redef]
 
 app = typer.Typer(
     name="gpuloom",
@@ -32,8 +43,29 @@ def _root(
     """A scheduler for shared GPU clusters: trace-driven simulator and real scheduler service."""
 
 
+def usage_error_line(e: _cx.ClickException) -> str:
+    """One line for a click usage error: the message, a "did you mean", and where to find help."""
+    if isinstance(e, _cx.NoSuchOption):
+        msg = f"no such option: {e.option_name}"
+        if e.possibilities:
+            msg += "; did you mean " + " or ".join(sorted(e.possibilities)[:3]) + "?"
+    else:
+        msg = e.format_message()
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"error: {msg}{hint}"
+
+
 def main() -> None:
-    app()
+    try:
+        rv = app(standalone_mode=False, prog_name="gpuloom")
+    except _cx.ClickException as e:
+        print(usage_error_line(e), file=sys.stderr)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 from . import elastic  # noqa: E402,F401,I001  (registers elastic)

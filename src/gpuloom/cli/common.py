@@ -1,10 +1,18 @@
-"""Helpers shared by CLI commands: parameter parsing, clusters, workloads, errors."""
+"""Helpers shared by CLI commands: parameter parsing, clusters, workloads, errors and warnings.
+
+Errors a user can fix are one line on stderr, ``error: ...``, and exit code 2;
+warnings (an option that is ignored, a combination that is rarely meant, a
+library warning) are one line each, ``warning: ...``.  Neither is wrapped at
+the terminal width, so a log or a CI transcript shows each on one line.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import json
+import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,11 +20,57 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from ..core.parse import bool_literal
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _console(stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    # not a terminal: no hard wrapping at 80 columns; tables may be as wide as they need
+    return Console(stderr=stderr, soft_wrap=True, width=None if tty else 200)
+
+
+console = _console(False)
+err_console = _console(True)
+
+
+class OptionError(ValueError):
+    """A bad command-line value or combination; the message names the option."""
+
+
+def warn(message: str) -> None:
+    """One line on stderr: ``warning: message``."""
+    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+
+
+def _showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    warn(str(message))
+
+
+_CONTROL = {c: "?" for c in [*range(0, 32), *range(127, 160)]}
+
+
+def plain(value: Any) -> str:
+    """``value`` as text with control characters (terminal escape sequences) shown as ``?``."""
+    return str(value).translate(_CONTROL)
+
+
+def cell(value: Any) -> Text:
+    """A table cell that shows ``value`` as it is: never read as Rich markup (a job named ``[/]``), with
+    control characters (terminal escape sequences) shown as ``?``."""
+    return Text(str(value).translate(_CONTROL))
+
+
+class SafeTable(Table):
+    """A Rich table whose text cells show their text as it is (:func:`cell`): names, users, reasons and
+    paths come from users, and must neither be read as markup nor reach the terminal as escapes."""
+
+    def add_row(self, *renderables: Any, **kw: Any) -> None:
+        super().add_row(*(cell(r) if isinstance(r, str) else r for r in renderables), **kw)
 
 
 def parse_value(text: str) -> Any:
@@ -33,15 +87,15 @@ def parse_value(text: str) -> Any:
     return text
 
 
-def parse_params(items: Sequence[str] | None) -> dict[str, Any]:
+def parse_params(items: Sequence[str] | None, option: str = "-P") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise typer.BadParameter(f"policy parameter {item!r} must look like name=value")
+            raise OptionError(f"{option} {item!r} must look like name=value")
         k, v = item.split("=", 1)
         k = k.strip().replace("-", "_")
         if not k:
-            raise typer.BadParameter(f"policy parameter {item!r} has an empty name")
+            raise OptionError(f"{option} {item!r} has an empty name")
         out[k] = parse_value(v)
     return out
 
@@ -88,9 +142,43 @@ def stack_params(param: Sequence[str] | None, model_opts: dict[str, Any]) -> dic
     return params
 
 
+def check_policies(order: str, group: str, size: str, place: str, params: Sequence[str]) -> None:
+    """Policy names and ``-P`` names, with "did you mean" and the accepted names; warn about odd pairs."""
+    from ..perf.assembly import MODEL_OPTIONS
+    from ..policies.check import check_names, conflicts
+    from ..scheduler import route_params
+
+    stages = {"order": order, "group": group, "size": size, "place": place}
+    check_names(stages)
+    route_params(stages, {p: None for p in params if p not in MODEL_OPTIONS})
+    for msg in conflicts(stages):
+        warn(msg)
+
+
+def choice(option: str, value: str, choices: Sequence[str]) -> str:
+    """``value`` if it is one of ``choices``, else a one-line error with a "did you mean"."""
+    if value in choices:
+        return value
+    from ..policies.check import did_you_mean
+
+    raise OptionError(f"{option} must be one of {', '.join(choices)}, got {value!r}{did_you_mean(value, choices)}")
+
+
+def positive(option: str, value: float | None, *, zero: bool = False) -> None:
+    """A one-line error unless ``value`` is a finite number > 0 (>= 0 with ``zero``)."""
+    import math
+
+    if value is None:
+        return
+    ok = math.isfinite(value) and (value >= 0 if zero else value > 0)
+    if not ok:
+        raise OptionError(f"{option} must be a number {'>= 0' if zero else '> 0'}, got {value:g}")
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn the library's input errors into one clear line and exit code 2."""
+    """Turn the library's input errors into one clear line and exit code 2; library warnings into
+    one ``warning:`` line each."""
     from ..core.cluster import ClusterError
     from ..core.job import JobError
     from ..perf.assembly import ModelOptionError
@@ -103,18 +191,26 @@ def user_errors() -> Iterator[None]:
 
     handled: tuple[type[BaseException], ...] = (
         ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
-        SensitivityError, ScalingError, ModelOptionError,
+        SensitivityError, ScalingError, ModelOptionError, OptionError,
     )
+    saved = warnings.showwarning
+    warnings.showwarning = _showwarning
     try:
         yield
     except handled as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        msg = str(e)
+        if isinstance(e, FileNotFoundError) and e.filename:
+            msg = f"no such file: {e.filename}"
+        err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    finally:
+        warnings.showwarning = saved
 
 
-def ray_connect(address: str) -> None:
+def ray_connect(address: str, num_gpus: int | None = None, num_cpus: int | None = None) -> None:
     """Join the Ray cluster at ``address`` (``auto``: the one running here; ``local``: start one in this
-    process); a clear error and exit code 2 when Ray is missing or unreachable."""
+    process, with ``num_gpus``/``num_cpus`` declared); a clear error and exit code 2 when Ray is missing
+    or unreachable."""
     import logging
 
     try:
@@ -125,8 +221,11 @@ def ray_connect(address: str) -> None:
     if ray.is_initialized():
         return
     try:
-        ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING)
+        if address == "local":
+            ray.init(num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)
+        else:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as e:
         err_console.print(f"[bold red]error:[/] cannot connect to the Ray cluster at {address!r}: {e}", highlight=False)
         raise typer.Exit(2) from None

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from ..runtime.history import format_duration, format_mem, parse_time
 from . import app
-from .common import console, err_console
+from .common import SafeTable as Table
+from .common import console, err_console, plain
 from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt, load_job_file
 
 ACTIVE_CODES = ("PD", "R", "CG")
@@ -119,7 +119,11 @@ def submit(
     body.setdefault("gpus", 1)
     if "name" not in body:
         body["name"] = "wrap" if wrap is not None else os.path.basename(shlex.split(body["command"])[0]) or "job"
-    job = Client(url, token, state_dir).call("POST", "/jobs", json=body)
+    import uuid
+
+    # a retry after a lost answer must not submit twice: the key makes the server answer with the same job
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    job = Client(url, token, state_dir).call("POST", "/jobs", retries=2, json=body, headers=key)
     if as_json:
         _print_json(job)
     elif job.get("array_id") is not None:
@@ -153,7 +157,10 @@ def queue(
         params["state"] = list(ACTIVE_STATES)
     if user:
         params["user"] = user
-    jobs = Client(url, token, state_dir).call("GET", "/jobs", params=params)
+    client = Client(url, token, state_dir)
+    jobs = client.call("GET", "/jobs", params=params)
+    while client.last is not None and client.last.headers.get("X-Next-After"):  # the next page
+        jobs += client.call("GET", "/jobs", params={**params, "after": client.last.headers["X-Next-After"]})
     if as_json:
         _print_json(jobs)
         return
@@ -208,7 +215,7 @@ def show(
         [("CheckpointDir", j.get("checkpoint_dir") or "-")],
     ]
     for i, kv in enumerate(lines):
-        typer.echo(("" if i == 0 else "   ") + " ".join(f"{k}={v}" for k, v in kv))
+        typer.echo(plain(("" if i == 0 else "   ") + " ".join(f"{k}={v}" for k, v in kv)))
     if rec and rec.get("allocations"):
         typer.echo("Allocations:")
         t = Table("FROM", "TO", "NODES", "GPUS", "CPUS", "MEMORY", "TAKEN BY", "GIVEN UP BY", box=None)

@@ -1,12 +1,15 @@
 """The service face of the CLI: ``gpuloom serve`` and Slurm-like clients.
 
+(Over 500 lines: ``serve``'s options and the client commands it answers belong together.)
+
 =====================  ==========  ============================================
 gpuloom                Slurm       what
 =====================  ==========  ============================================
 ``serve``              slurmctld   run the scheduler service (API + loop + dashboard)
 ``cancel ID...``       scancel     cancel jobs (owner or admin)
 ``nodes``              sinfo       nodes with used/total GPUs, cores, memory
-``token create USER``  (sacctmgr)  a token for a user (admin)
+``token create USER``  (sacctmgr)  a token for a user (admin; ``--expires 30d``)
+``token list|revoke``  (sacctmgr)  tokens by id; revoke one
 
 ``submit``, ``queue``, ``show``, ``history`` and ``logs`` are in :mod:`.jobs`.
 =====================  ==========  ============================================
@@ -23,15 +26,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from . import app
-from .common import console, err_console, model_options, stack_params, user_errors
+from .common import SafeTable as Table
+from .common import cell, check_policies, console, err_console, model_options, stack_params, user_errors
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -56,7 +61,7 @@ def state_dir_path(p: Path | None) -> Path:
 def serve(
     model_opts: dict,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless told otherwise).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port (0 = any free port).")] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option(envvar="GPULOOM_PORT", help="Port (0 = any free port).")] = DEFAULT_PORT,
     db: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default sqlite file in the state dir).")] = None,
     state_dir: StateDirOpt = None,
     gpus: Annotated[int | None, typer.Option(help="Declared inventory: one node with N GPUs (this machine).")] = None,
@@ -83,9 +88,27 @@ def serve(
         help="Seconds a profile run may print no progress line before its job counts as unprofilable.")] = 60.0,
     log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
     log_format: Annotated[str, typer.Option(help="Log lines as text or json (one object per line).")] = "text",
+    users: Annotated[Path | None, typer.Option(
+        help="YAML/TOML map of gpuloom user to the OS account their jobs run as ('*': everyone else).")] = None,
+    job_user: Annotated[str | None, typer.Option(
+        help="OS account for jobs of users not in --users (default: gpuloom, created if missing).")] = None,
+    allow_root_jobs: Annotated[bool, typer.Option(
+        "--allow-root-jobs", help="Allow jobs to run as root (refused otherwise).")] = False,
+    job_dir: Annotated[Path | None, typer.Option(
+        help="Where default checkpoint directories go (default /var/tmp/gpuloom-ID when jobs run as other "
+             "accounts, else STATE_DIR/checkpoints).")] = None,
+    checkpoint_root: Annotated[list[Path] | None, typer.Option(
+        help="A directory under which jobs may put their checkpoint_dir (repeatable; default --job-dir).")] = None,
+    env_allow: Annotated[list[str] | None, typer.Option(
+        help="A variable of the server's environment that jobs inherit, beyond PATH, LANG, LC_*, TZ, TERM, "
+             "LD_LIBRARY_PATH and CUDA's (repeatable).")] = None,
+    keep_finished: Annotated[str | None, typer.Option(
+        help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h, seconds.")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (serve HTTPS, with --ssl-certfile).")] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(help="TLS certificate chain.")] = None,
     ray_address: Annotated[str | None, typer.Option(
-        "--ray", help="Run jobs on a Ray cluster: auto (the one running here), local (start one), or its address; "
-                      "the inventory comes from Ray's nodes (needs the ray extra).")] = None,
+        "--ray", help="Run jobs on a Ray cluster: auto (the one running here), its address, or local (start a "
+                      "one-node one here, with --gpus N); the inventory comes from Ray's nodes.")] = None,
     shared_dir: Annotated[Path | None, typer.Option(
         help="Directory shared with every node (NFS, Lustre) for logs/ and checkpoints/ (default: the state dir; "
              "with --ray and no shared dir, logs are fetched through the node agents).")] = None,
@@ -97,21 +120,41 @@ def serve(
 
     from ..driver import Stack
     from ..runtime.api import create_app, ensure_admin_token
+    from ..runtime.identity import Identities, IdentityError, private_dir
+    from ..runtime.locks import AlreadyServed, ServerLocks
     from ..runtime.logfmt import configure
+    from ..runtime.specs import parse_duration
     from ..runtime.store import Store
 
     try:
         configure(log_level, log_format)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    os.umask(0o077)  # everything the server writes is private: database, tokens, logs, run records
+    if (ssl_keyfile is None) != (ssl_certfile is None):
+        raise typer.BadParameter("give both --ssl-keyfile and --ssl-certfile, or neither")
+    keep_s = None
+    if keep_finished is not None:
+        try:
+            keep_s = parse_duration(keep_finished, "--keep-finished")
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
     sd = state_dir_path(state_dir)
-    sd.mkdir(parents=True, exist_ok=True)
+    try:
+        private_dir(sd, 0o700)
+        identities = Identities.from_options(users, job_user, allow_root_jobs)
+    except IdentityError as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
 
-    if ray_address is not None and (gpus is not None or cluster is not None):
-        raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --gpus or --cluster")
+    if ray_address is not None and (cluster is not None or (gpus is not None and ray_address != "local")):
+        raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --cluster, and --gpus "
+                                 "only with --ray local (the GPUs its one node declares)")
     with user_errors():
+        params = stack_params(param, model_opts)
+        check_policies(order, group, size, place, list(params))  # did-you-mean, accepted -P names
         # the scheduler and throughput model `simulate` builds for the same options
-        stack = Stack(order, group, size, place, not non_preemptive, stack_params(param, model_opts))
+        stack = Stack(order, group, size, place, not non_preemptive, params)
         sched = stack.scheduler()
         if ray_address is None:
             inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
@@ -122,10 +165,12 @@ def serve(
     url = db or f"sqlite:///{sd / 'gpuloom.db'}"
     from ..runtime.store import StoreError
 
+    locks = ServerLocks()
     try:
         store = Store(url)
-    except StoreError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        locks.acquire(sd, store)  # one server per state directory and per database
+    except (StoreError, AlreadyServed) as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
     token = ensure_admin_token(store, sd)
     del token
@@ -135,13 +180,17 @@ def serve(
     from ..runtime.router import local_executor
 
     service_id = store.set_meta_default("service_id", secrets.token_hex(4))
+    from ..runtime.local import DEFAULT_ENV_ALLOW
+
+    allow = (*DEFAULT_ENV_ALLOW, *(env_allow or ()))
     following = None
     if ray_address is None:
         executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
-                                  cgroup_parent=f"gpuloom-{service_id}")
+                                  cgroup_parent=f"gpuloom-{service_id}", env_allow=allow)
     else:
         with user_errors():
-            executor, following = _ray_executor(ray_address, service_id, grace, shared_dir is not None)
+            executor, following = _ray_executor(ray_address, service_id, grace, shared_dir is not None, allow,
+                                                gpus, cpus_per_node)
             inventory = following.current
             model = stack.model(inventory, seed)
     from ..runtime.service import ProfilingConfig, Service
@@ -160,9 +209,16 @@ def serve(
                                ("timeout_s", "--profile-timeout"), ("profiling threshold", "-P threshold")):
                 msg = msg.replace(field, opt)
             raise typer.BadParameter(msg) from None
-    svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
-                  launch_timeout_s=launch_timeout, profiling=profiling, data_dir=shared_dir, inventory=following,
-                  model_factory=lambda cl: stack.model(cl, seed))
+    if job_dir is None and shared_dir is not None:
+        job_dir = shared_dir / "checkpoints"
+    try:
+        svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
+                      launch_timeout_s=launch_timeout, profiling=profiling, identities=identities, job_dir=job_dir,
+                      checkpoint_roots=checkpoint_root, keep_finished_s=keep_s, data_dir=shared_dir,
+                      inventory=following, model_factory=lambda cl: stack.model(cl, seed))
+    except IdentityError as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request
@@ -172,9 +228,15 @@ def serve(
     except OSError as e:
         err_console.print(f"[bold red]error:[/] cannot listen on {host}:{port}: {e.strerror}", highlight=False)
         raise typer.Exit(2) from None
+    tls = ssl_certfile is not None
+    if not tls and not _loopback(host):
+        msg = (f"serving plain HTTP on {host}, beyond this machine: tokens cross the network in clear text; "
+               "give --ssl-keyfile and --ssl-certfile, or bind 127.0.0.1")
+        err_console.print(f"[bold yellow]warning:[/] {escape(msg)}", highlight=False)
+        logging.getLogger("gpuloom.service").warning(msg)
     svc.start()
     bound = sock.getsockname()[1]
-    server_url = f"http://{'[' + host + ']' if ':' in host else host}:{bound}"
+    server_url = f"{'https' if tls else 'http'}://{'[' + host + ']' if ':' in host else host}:{bound}"
     tmp = sd / "server.json.tmp"  # atomically: clients may be polling for it
     tmp.write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
     os.replace(tmp, sd / "server.json")
@@ -182,24 +244,39 @@ def serve(
         "serving %s on %s (dashboard %s/, API docs %s/docs; %d nodes, %d GPUs; %s; store %s)",
         "gpuloom", server_url, server_url, server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
     )
-    config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False)
+    config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False,
+                            ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+                            ssl_certfile=str(ssl_certfile) if ssl_certfile else None)
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
     finally:
         svc.shutdown()
+        locks.release()
 
 
-def _ray_executor(address: str, service_id: str, grace: float, shared: bool):  # noqa: ANN202
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _ray_executor(address: str, service_id: str, grace: float, shared: bool,  # noqa: ANN202
+                  env_allow: tuple[str, ...], gpus: int | None, cpus: int | None):
     """The Ray executor (agents in the namespace ``gpuloom-<service id>``) and the inventory that follows Ray."""
     from ..runtime.executor import ExecutorError
     from ..runtime.ray_executor import RayExecutor, RayInventory
     from .common import ray_connect
 
-    ray_connect(address)
+    ray_connect(address, gpus, cpus)
     try:
         ex = RayExecutor(f"gpuloom-{service_id}", cgroup_parent=f"gpuloom-{service_id}", grace_s=grace,
-                         logs="shared" if shared else "agent")
+                         logs="shared" if shared else "agent", env_allow=env_allow)
     except ExecutorError as e:
         from ..core.cluster import ClusterError
 
@@ -240,7 +317,7 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
     import psutil
 
     ncpu = cpus if cpus is not None else len(os.sched_getaffinity(0))
-    mem = mem_mb if mem_mb is not None else psutil.virtual_memory().total // (1024 * 1024)
+    mem = mem_mb if mem_mb is not None else psutil.virtual_memory().total // 10**6  # MB of 10^6 bytes
     return Cluster((Node("local", gpus, ncpu, mem),))
 
 
@@ -259,17 +336,32 @@ class Client:
                 token = f.read_text().strip()
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        ca = os.environ.get("GPULOOM_CA_BUNDLE")  # a private CA for a server with its own certificate
+        verify: Any = True
+        if ca:
+            import ssl
 
-    def call(self, method: str, path: str, raw: bool = False, **kw: Any) -> Any:
-        """The answer's JSON (or text); with ``raw`` the response itself.  Errors exit with their message."""
+            verify = ssl.create_default_context(cafile=ca)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=verify)
+        self.last: Any = None  # the last response
+
+    def call(self, method: str, path: str, raw: bool = False, retries: int = 0, **kw: Any) -> Any:
+        """The answer's JSON (or text); with ``raw`` the response itself.  Errors exit with their message.
+        ``retries``: more tries on transport errors (for requests safe to repeat)."""
         import httpx
 
-        try:
-            r = self.http.request(method, path, **kw)
-        except httpx.HTTPError as e:
-            err_console.print(f"[bold red]error:[/] cannot reach {self.url}: {e}", highlight=False)
-            raise typer.Exit(1) from None
+        for attempt in range(retries + 1):
+            try:
+                r = self.http.request(method, path, **kw)
+                break
+            except httpx.HTTPError as e:
+                if attempt < retries:
+                    time.sleep(0.5 * 2**attempt)
+                    continue
+                err_console.print(f"[bold red]error:[/] cannot reach {escape(self.url)}: {escape(str(e))}",
+                                  highlight=False)
+                raise typer.Exit(1) from None
+        self.last = r
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail")
@@ -278,7 +370,7 @@ class Client:
             if isinstance(detail, list):
                 msgs = [f"{'.'.join(str(x) for x in d.get('loc', [])[1:]) or 'request'}: {d.get('msg')}" for d in detail]
                 detail = "; ".join(msgs)
-            err_console.print(f"[bold red]error ({r.status_code}):[/] {detail}", highlight=False)
+            err_console.print(f"[bold red]error ({r.status_code}):[/] {escape(str(detail))}", highlight=False)
             raise typer.Exit(2 if r.status_code in (400, 409, 422) else 1)
         if raw:
             return r
@@ -319,7 +411,7 @@ def cancel(
     else:
         for j in out:
             note = "" if j["state"] in ("cancelled", "finished", "failed") else " (cancel requested)"
-            console.print(f"job {j['id']}: {j['state']}{note}", highlight=False)
+            console.print(cell(f"job {j['id']}: {j['state']}{note}"), highlight=False)
 
 
 @app.command()
@@ -347,14 +439,55 @@ def nodes(
 def token_create(
     user: Annotated[str, typer.Argument(help="User name the token acts as.")],
     admin: Annotated[bool, typer.Option("--admin", help="Give the token admin rights.")] = False,
+    expires: Annotated[str | None, typer.Option(help="Refuse the token after this long: 30d, 12h, seconds.")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a token for USER (needs the admin token)."""
-    out = Client(url, token, state_dir).call("POST", "/tokens", json={"user": user, "admin": admin})
+    body: dict[str, Any] = {"user": user, "admin": admin}
+    if expires is not None:
+        body["expires"] = expires
+    out = Client(url, token, state_dir).call("POST", "/tokens", json=body)
     if as_json:
         console.print_json(json.dumps(out))
     else:
         typer.echo(out["token"])
+
+
+@token_app.command("list")
+def token_list(
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List tokens (ids, never secrets): all with the admin token, else your own."""
+    out = Client(url, token, state_dir).call("GET", "/tokens")
+    if as_json:
+        console.print_json(json.dumps(out))
+        return
+    t = Table("ID", "USER", "ADMIN", "CREATED", "EXPIRES", box=None)
+    for k in out:
+        exp = "never" if k["expires"] is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(k["expires"]))
+        t.add_row(cell(k["id"]), cell(k["user"]), cell("yes" if k["admin"] else ""),
+                  cell(time.strftime("%Y-%m-%d %H:%M", time.localtime(k["created"]))),
+                  cell(exp + (" (expired)" if k["expired"] else "")))
+    console.print(t)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="Token id, as `gpuloom token list` shows it.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Revoke a token: your own, or any with the admin token."""
+    out = Client(url, token, state_dir).call("DELETE", f"/tokens/{token_id}")
+    if as_json:
+        console.print_json(json.dumps(out))
+    else:
+        console.print(cell(f"token {out['id']} revoked"), highlight=False)

@@ -4,54 +4,156 @@ Policies are chosen by registry name (``--order srtf --place packed-sticky``);
 policy parameters by ``-P name=value`` (each goes to whichever stage accepts
 it).  With no arguments ``simulate`` runs the built-in scenario: a generated
 workload on a 16x4 cluster, no files needed.
+
+The workload is one of: a trace (``--trace``); ``--generate N`` jobs (Poisson
+arrivals at ``--rate`` jobs/h, seeded by ``--seed``), drawn from the built-in
+Philly-like mix, or from the trace's jobs when ``--trace`` is also given; or,
+with neither, the built-in 200-job workload of ``--seed``.
+
+Before anything runs, the command checks its inputs and says what is wrong in
+one line: bad values (``--round 0``), unknown policy names and ``-P`` names
+(with a "did you mean" and the accepted names), jobs that can never fit the
+cluster (unless ``--drop-impossible``).  Options that are ignored or that
+conflict get a one-line warning.  Results record where they came from (trace,
+workload, seed, gpuloom version, command line): see :mod:`gpuloom.sim.report`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from . import app
-from .common import console, model_options, out_dir, parse_params, ray_connect, stack_params, user_errors
+from .common import (
+    OptionError,
+    check_policies,
+    choice,
+    console,
+    model_options,
+    out_dir,
+    parse_params,
+    positive,
+    ray_connect,
+    stack_params,
+    user_errors,
+    warn,
+)
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
-FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
+FormatOpt = Annotated[str | None, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-C", help="NODESxGPUS (e.g. 16x4) or a TOML/YAML cluster file.")]
-
-
 TraceOptOpt = Annotated[
     list[str] | None, typer.Option("--trace-opt", "-T", help="Trace reader option name=value (e.g. pending=error).")
 ]
+GenerateOpt = Annotated[int | None, typer.Option(
+    help="Generate this many jobs (Poisson arrivals at --rate); with --trace, each drawn from the trace's jobs.")]
+RateOpt = Annotated[float | None, typer.Option(help="Arrival rate of generated jobs, jobs/hour (default 20).")]
+LimitOpt = Annotated[int | None, typer.Option(help="Use only the first N jobs by arrival.")]
+DropOpt = Annotated[bool, typer.Option(help="Count jobs that can never fit the cluster as unfinished instead of failing.")]
+
+DEFAULT_RATE = 20.0
 
 
-def load_workload(trace: Path | None, fmt: str, generate: int | None, rate: float, seed: int, limit: int | None,
-                  trace_opts: list[str] | None = None):  # noqa: ANN201
-    from ..sim.generator import builtin_workload
-    from ..sim.generator import generate as gen
-
-    if trace is not None:
-        from ..sim.traces import load_trace
-
-        specs = load_trace(trace, fmt, **parse_params(trace_opts))
-    elif generate:
-        specs = gen(num_jobs=generate, jobs_per_hour=rate, seed=seed)
-    else:
-        specs = builtin_workload(seed)
-    if limit is not None:
-        specs = sorted(specs, key=lambda s: s.arrival)[:limit]
+def load_workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
+                  limit: int | None, trace_opts: list[str] | None = None):  # noqa: ANN201
+    """The job specs (see the module docstring)."""
+    specs, _ = workload(trace, fmt, generate, rate, seed, limit, trace_opts)
     return specs
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "-"
-        return f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}"
-    return str(v)
+def workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
+             limit: int | None, trace_opts: list[str] | None = None) -> tuple[list, str]:
+    """``(specs, description)``; the description says what the workload is, for reports."""
+    from ..sim.generator import builtin_workload
+    from ..sim.generator import generate as gen
+
+    r = DEFAULT_RATE if rate is None else rate
+    if trace is not None:
+        from ..sim.traces import load_trace
+
+        specs = load_trace(trace, fmt or "auto", **parse_params(trace_opts, "--trace-opt"))
+        what = f"trace {trace}"
+        if generate:
+            specs = gen(num_jobs=generate, jobs_per_hour=r, seed=seed, sample_from=specs)
+            what = f"{generate} jobs at {r:g}/h drawn from {trace} (seed {seed})"
+    elif generate:
+        specs = gen(num_jobs=generate, jobs_per_hour=r, seed=seed)
+        what = f"{generate} generated jobs at {r:g}/h (seed {seed})"
+    else:
+        specs = builtin_workload(seed)
+        what = f"built-in workload, 200 jobs at 20/h (seed {seed})"
+    if limit is not None:
+        specs = sorted(specs, key=lambda s: s.arrival)[:limit]
+        what += f", first {limit} by arrival"
+    return specs, what
+
+
+def check_workload_options(trace: Path | None, fmt: str | None, trace_opt: list[str] | None, generate: int | None,
+                           rate: float | None, limit: int | None) -> None:
+    """One-line errors for bad values, warnings for options that are ignored."""
+    if generate is not None and generate < 1:
+        raise OptionError(f"--generate must be a number of jobs >= 1, got {generate}")
+    positive("--rate", rate)
+    if limit is not None and limit < 1:
+        raise OptionError(f"--limit must be >= 1, got {limit}")
+    if trace is None:
+        if fmt is not None:
+            warn("--format is ignored without --trace")
+        if trace_opt:
+            warn("--trace-opt is ignored without --trace")
+    if rate is not None and not generate:
+        warn("--rate is ignored without --generate (it sets the arrival rate of generated jobs)")
+
+
+def check_cluster_options(cluster: str, cpus_per_node: int | None, mem_gb_per_node: float | None) -> None:
+    from ..core.cluster import _SPEC
+
+    if cpus_per_node is not None and cpus_per_node < 0:
+        raise OptionError(f"--cpus-per-node must be >= 0, got {cpus_per_node}")
+    positive("--mem-gb-per-node", mem_gb_per_node, zero=True)
+    if not _SPEC.match(cluster):
+        for opt, v in (("--cpus-per-node", cpus_per_node), ("--mem-gb-per-node", mem_gb_per_node)):
+            if v is not None:
+                warn(f"{opt} is ignored with a cluster file ({cluster} gives each node's cores and memory)")
+
+
+def check_impossible(specs: Sequence[Any], cl: Any, drop: bool) -> dict[str, str]:
+    """Jobs that can never fit ``cl``: an error, or with ``drop`` a warning; ``{id: reason}``."""
+    from ..core.fit import impossible_jobs, impossible_message
+
+    bad = impossible_jobs(specs, cl)
+    if bad and not drop:
+        raise OptionError(impossible_message(bad, "--drop-impossible"))
+    if bad:
+        (first, why), = list(bad.items())[:1]
+        warn(f"{len(bad)} of {len(specs)} jobs can never run on this cluster and count as unfinished "
+             f"(first: {first}: {why})")
+    return bad
+
+
+def command_line() -> str:
+    return shlex.join(["gpuloom", *sys.argv[1:]])
+
+
+def _meta(trace: Path | None, what: str, cluster: str) -> dict[str, Any]:
+    from .. import __version__
+
+    return {"gpuloom_version": __version__, "trace": str(trace) if trace is not None else None, "workload": what,
+            "cluster": cluster, "command": command_line()}
+
+
+def _stall_warning(result: Any) -> None:
+    if result.stalled:
+        ids = ", ".join(result.stalled[:10]) + (", ..." if len(result.stalled) > 10 else "")
+        warn(f"{result.label}: the run stalled at t={result.end_time:,.0f} s: {len(result.stalled)} job(s) waited "
+             f"with no job able to finish and none left to arrive, and count as unfinished: {ids}")
 
 
 @app.command()
@@ -59,7 +161,7 @@ def _fmt(v: Any) -> str:
 def simulate(
     model_opts: dict,
     trace: TraceOpt = None,
-    fmt: FormatOpt = "auto",
+    fmt: FormatOpt = None,
     trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
     cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")] = None,
@@ -74,13 +176,13 @@ def simulate(
     reschedule_on: Annotated[str, typer.Option(help="Also reschedule on: arrival, completion, both or none.")] = "none",
     restart_overhead: Annotated[float, typer.Option(help="Seconds lost per resume, migration or resize.")] = 10.0,
     launch_overhead: Annotated[float, typer.Option(help="Seconds lost on a job's first start.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed for random placement and generators.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for generated workloads, random placement and generated PM-scores.")] = 0,
     max_time: Annotated[float | None, typer.Option(help="Stop at this simulated time (s).")] = None,
-    drop_impossible: Annotated[bool, typer.Option(help="Count jobs larger than the cluster as unfinished instead of failing.")] = False,
+    drop_impossible: DropOpt = False,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip per-round invariant checks (faster).")] = False,
-    generate: Annotated[int | None, typer.Option(help="Generate this many jobs instead of reading a trace.")] = None,
-    rate: Annotated[float, typer.Option(help="Generated arrival rate, jobs/hour.")] = 20.0,
-    limit: Annotated[int | None, typer.Option(help="Use only the first N jobs by arrival.")] = None,
+    generate: GenerateOpt = None,
+    rate: RateOpt = None,
+    limit: LimitOpt = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots and report.md.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -92,10 +194,24 @@ def simulate(
     from ..sim.runconfig import RunConfig, run_config
 
     with user_errors():
-        cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
         penalty = model_opts.pop("locality_penalty", None)
-        if reschedule_on not in ("none", "arrival", "completion", "both"):
-            raise typer.BadParameter("--reschedule-on must be none, arrival, completion or both")
+        locality_penalty = DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty)
+        positive("--round", round_len)
+        positive("--restart-overhead", restart_overhead, zero=True)
+        positive("--launch-overhead", launch_overhead, zero=True)
+        positive("--max-time", max_time)
+        if not (math.isfinite(locality_penalty) and locality_penalty >= 1):
+            raise OptionError(f"--locality-penalty must be a number >= 1, got {locality_penalty:g}")
+        reschedule_on = choice("--reschedule-on", reschedule_on, ("none", "arrival", "completion", "both"))
+        check_workload_options(trace, fmt, trace_opt, generate, rate, limit)
+        check_cluster_options(cluster, cpus_per_node, mem_gb_per_node)
+        if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
+            warn("--variability-seed is ignored without --variability")
+        cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
+        params = stack_params(param, model_opts)
+        check_policies(order, group, size, place, list(params))
+        specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        check_impossible(specs, cl, drop_impossible)
         cfg = SimConfig(
             round_len=round_len,
             reschedule_on_arrival=reschedule_on in ("arrival", "both"),
@@ -107,10 +223,11 @@ def simulate(
             max_time=max_time if max_time is not None else math.inf,
             drop_impossible=drop_impossible,
         )
-        rc = RunConfig("", order, group, size, place, not non_preemptive, stack_params(param, model_opts),
-                       DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty), cfg).validate()
-        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
-        result = _run_with_progress(lambda cb: run_config(rc, cl, specs, progress=cb), len(specs))
+        rc = RunConfig(f"{order}/{group}/{size}/{place}", order, group, size, place, not non_preemptive, params,
+                       locality_penalty, cfg).validate()
+        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick))
+    result.meta.update(_meta(trace, what, cluster))
+    _stall_warning(result)
     summary = result.summary()
     folder = out_dir(out)
     from ..sim import report
@@ -120,36 +237,39 @@ def simulate(
         report.plot_run(result, folder)
         report.write_report(result, folder)
     if as_json:
-        console.print_json(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}))
+        console.print_json(json.dumps(report.jsonable(summary)))
         return
-    console.print(report.summary_table({rc.stack.label: result}))
-    console.print(f"[dim]{len(specs)} jobs on {cl.num_nodes} nodes / {cl.num_gpus} GPUs; results in {folder}/[/]")
+    console.print(report.summary_table({result.label: result}))
+    console.print(f"[dim]{len(specs)} jobs ({what}) on {cl.num_nodes} nodes / {cl.num_gpus} GPUs; "
+                  f"results in {folder}/[/]", highlight=False)
 
 
-def _run_with_progress(run, total: int):  # noqa: ANN001, ANN202
-    """Run, showing a rich progress bar once the run has taken more than a second."""
-    import time
+def _run_with_progress(run):  # noqa: ANN001, ANN202
+    """Run with progress: a bar on a terminal once the run takes over a second, else a line per interval."""
+    from .progress import Progress
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    with Progress("simulate") as prog:
+        return run(lambda done, n, now: prog.update(0, done, n, now))
 
-    start = time.perf_counter()
-    state: dict[str, Any] = {"bar": None, "task": None}
 
-    def cb(done: int, n: int) -> None:
-        if state["bar"] is None:
-            if time.perf_counter() - start < 1.0:
-                return
-            bar = Progress("simulating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           console=console, transient=True)
-            bar.start()
-            state["bar"], state["task"] = bar, bar.add_task("sim", total=n)
-        state["bar"].update(state["task"], completed=done)
-
+def parse_seeds(text: str | None, seed: int) -> list[int]:
+    """``--seeds 5`` → five seeds from ``--seed``; ``--seeds 0,3,7`` → those seeds; none → ``[seed]``."""
+    if text is None:
+        return [seed]
+    parts = [p.strip() for p in text.split(",") if p.strip()]
     try:
-        return run(cb)
-    finally:
-        if state["bar"] is not None:
-            state["bar"].stop()
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise OptionError(f"--seeds must be a count (5) or a list of seeds (0,3,7), got {text!r}") from None
+    if not values:
+        raise OptionError("--seeds is empty")
+    if len(values) == 1 and "," not in text:
+        if values[0] < 1:
+            raise OptionError(f"--seeds must be a count >= 1, got {values[0]}")
+        return list(range(seed, seed + values[0]))
+    if len(set(values)) != len(values):
+        raise OptionError(f"--seeds lists a seed twice: {text}")
+    return values
 
 
 @app.command()
@@ -158,50 +278,104 @@ def compare(
     model_opts: dict,
     config: Annotated[list[str] | None, typer.Option("--config", "-c", help="A run: 'order=srtf,place=pal,P.v_bound=0.5' (repeatable).")] = None,
     runs: Annotated[Path | None, typer.Option("--runs", help="TOML file with [[run]] tables.")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-P", help="Policy parameter or model option name=value for every configuration (repeatable).")] = None,
     trace: TraceOpt = None,
-    fmt: FormatOpt = "auto",
+    fmt: FormatOpt = None,
     trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
-    cpus_per_node: Annotated[int | None, typer.Option()] = None,
-    mem_gb_per_node: Annotated[float | None, typer.Option()] = None,
-    generate: Annotated[int | None, typer.Option(help="Generate this many jobs instead of reading a trace.")] = None,
-    rate: Annotated[float, typer.Option(help="Generated arrival rate, jobs/hour.")] = 20.0,
-    limit: Annotated[int | None, typer.Option(help="Use only the first N jobs by arrival.")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
-    param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Parameter or model option for every run, name=value (repeatable).")] = None,
+    cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")] = None,
+    mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")] = None,
+    generate: GenerateOpt = None,
+    rate: RateOpt = None,
+    limit: LimitOpt = None,
+    round_len: Annotated[float | None, typer.Option(
+        "--round", help="Round length in seconds for every configuration (default 300; a config's round= wins).")] = None,
+    reschedule_on: Annotated[str | None, typer.Option(
+        help="Also reschedule on: arrival, completion, both or none, for every configuration.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed (or first seed with --seeds N).")] = 0,
+    seeds: Annotated[str | None, typer.Option(
+        help="Run every configuration with N seeds (from --seed) or with a list (0,3,7): mean and 95 % CI.")] = None,
+    drop_impossible: DropOpt = False,
     processes: Annotated[int | None, typer.Option("--processes", "-j", help="Parallel processes (default: CPU count).")] = None,
     ray_address: Annotated[str | None, typer.Option(
         "--ray", help="Run the configurations as Ray tasks: auto (the cluster running here), local, or an address.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one summary row per run as JSON.")] = False,
 ) -> None:
-    """Run several configurations on the same trace in parallel; one table, one overlaid CDF."""
+    """Run several configurations on the same workload in parallel: one table, bar charts and overlaid CDFs.
+
+    With --seeds, every configuration runs once per seed; the seed drives generated workloads
+    (the built-in one, --generate), random placement and generated PM-scores.
+    """
     from ..core.cluster import parse_cluster
     from ..sim import report
     from ..sim.engine import SimConfig
-    from ..sim.runconfig import RunConfig, load_run_configs, parse_run_config
+    from ..sim.runconfig import RunConfig, load_run_configs, parse_run_config, run_seeds
+    from .progress import Progress
 
     with user_errors():
+        check_workload_options(trace, fmt, trace_opt, generate, rate, limit)
+        check_cluster_options(cluster, cpus_per_node, mem_gb_per_node)
+        if processes is not None and processes < 1:
+            raise OptionError(f"--processes must be >= 1, got {processes}")
+        seed_list = parse_seeds(seeds, seed)
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
+        positive("--round", round_len)
+        sim_base: dict[str, Any] = {"seed": seed, "drop_impossible": drop_impossible}
+        if round_len is not None:
+            sim_base["round_len"] = round_len
+        if reschedule_on is not None:
+            reschedule_on = choice("--reschedule-on", reschedule_on, ("none", "arrival", "completion", "both"))
+            sim_base["reschedule_on_arrival"] = reschedule_on in ("arrival", "both")
+            sim_base["reschedule_on_completion"] = reschedule_on in ("completion", "both")
         from ..perf.model import DEFAULT_LOCALITY_PENALTY
 
         penalty = model_opts.pop("locality_penalty", None)
-        base = RunConfig(params=stack_params(param, model_opts), sim=SimConfig(seed=seed),
+        base = RunConfig(sim=SimConfig(**sim_base), params=stack_params(param, model_opts),
                          locality_penalty=DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty))
         configs = [parse_run_config(c, base) for c in (config or [])]
         if runs is not None:
             configs += load_run_configs(runs, base)
         if not configs:
             configs = [parse_run_config(c, base) for c in ("order=fifo", "order=srtf", "order=las", "order=2d-las")]
-        specs = load_workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        if seeds is not None:
+            fixed = [rc.name for rc in configs if rc.sim.seed != seed]
+            if fixed:
+                warn(f"--seeds replaces the seed of {', '.join(fixed)}")
+        seeded = trace is None or bool(generate)  # the workload changes with the seed
+        cache: dict[int, tuple[list, str]] = {}
+
+        def load(s: int) -> list:
+            if s not in cache:
+                cache[s] = workload(trace, fmt, generate, rate, s, limit, trace_opt)
+            return cache[s][0]
+
+        strict = any(not rc.sim.drop_impossible for rc in configs)
+        for s in seed_list if seeded else seed_list[:1]:
+            check_impossible(load(s), cl, drop=not strict)
+        what = cache[seed_list[0]][1]
+        if seeded and len(seed_list) > 1:
+            what = what.replace(f"(seed {seed_list[0]})", "(one per seed)")
+        n_jobs = sum(len(load(s)) for s in seed_list) if seeded else len(load(seed_list[0])) * len(seed_list)
         if ray_address is not None:
             ray_connect(ray_address)
-        results = report.run_many(configs, cl, specs, processes=processes, ray=ray_address is not None)
+        with Progress("compare", runs=len(configs) * len(seed_list), jobs=n_jobs * len(configs)) as prog:
+            results = run_seeds(configs, cl, seed_list, load if seeded else load(seed_list[0]), processes,
+                                on_progress=lambda p: prog.update(p.key, p.done, p.total, p.now, p.finished),
+                                poll=prog.tick, ray=ray_address is not None)
+    meta = _meta(trace, what, cluster)
+    for rs in results.values():
+        for r in rs:
+            r.meta.update(meta)
+            _stall_warning(r)
     folder = out_dir(out)
-    report.write_compare(results, folder)
-    rows = report.summary_rows(results)
+    report.write_compare(results, folder, plots=plots, meta=meta)
     if as_json:
-        console.print_json(json.dumps(rows, default=str))
+        console.print_json(json.dumps(report.jsonable(report.summary_rows(results))))
         return
     console.print(report.summary_table(results))
-    console.print(f"[dim]{len(specs)} jobs; results in {folder}/[/]")
+    n_jobs = len(next(iter(cache.values()))[0])  # per run
+    seeds_txt = f"; {len(seed_list)} seeds: mean ± 95 % CI" if len(seed_list) > 1 else ""
+    console.print(f"[dim]{n_jobs} jobs ({what}){seeds_txt}; results in {folder}/[/]", highlight=False)

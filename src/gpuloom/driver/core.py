@@ -25,7 +25,8 @@ Applying a round's actions, in three passes:
    (:func:`~gpuloom.core.lifecycle.start_steps`) or :meth:`Backend.regrouped`
    records a new group.  A launch the backend does not carry out (it returns
    False: the service profiled the job first) is rolled back; one that fails
-   (:class:`LaunchFailed`) fails that job alone.
+   (:class:`LaunchFailed`), or whose speed the model cannot give, fails that
+   job alone (never launched).
 
 What differs between the faces is only in the backend: the simulator's times
 the lifecycle steps (:class:`~gpuloom.core.lifecycle.LifecycleTimes`) and
@@ -266,15 +267,22 @@ class Driver:
                 job.resizes += 1
             if act.new is not None:
                 self.hold(job, act.new)
+        failed: list[Job] = []
         for st in steps:
             job, act = st.job, st.action
             if act.new is not None:
-                job.speed = self.speed(job, act.new)
-        failed: list[Job] = []
+                try:
+                    job.speed = self.speed(job, act.new)
+                except Exception as e:  # the model cannot rate this job: it fails alone, before any launch
+                    job.extra["failure"] = f"throughput model: {type(e).__name__}: {e}"
+                    failed.append(job)
         skipped: list[Job] = []
+        unrated = {j.id for j in failed}
         for st in steps:
             job, k = st.job, st.kind
-            if k is ActionKind.REGROUP:
+            if job.id in unrated:
+                pass
+            elif k is ActionKind.REGROUP:
                 self.backend.regrouped(self, job, now)
             elif k is not ActionKind.STOP:
                 try:

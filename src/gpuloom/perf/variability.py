@@ -78,7 +78,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -340,18 +339,22 @@ def variability_from_spec(spec: str, cluster: Cluster, variability_dir: str | Pa
 
     ``generate`` draws our way (median run per GPU, whole nodes), ``artifact``
     the way PAL's artifact does for its simulations (slowest run per GPU,
-    GPUs drawn independently).  Without a folder they read
-    ``$GPULOOM_DATA/pal/variability``.
+    GPUs drawn independently).  Without a folder they read ``pal/variability``
+    in the data folder (:func:`gpuloom.perf.datadir.data_dir`: ``$GPULOOM_DATA``,
+    else ``../shared/data``).
     """
     word, _, folder = spec.partition(":")
     if word in GENERATORS and (folder or spec == word):
         d: str | Path | None = folder or variability_dir
-        if d is None and os.environ.get("GPULOOM_DATA"):
-            d = Path(os.environ["GPULOOM_DATA"]) / "pal" / "variability"
         if d is None:
-            raise VariabilityError(
-                f"variability {word!r} needs the measured data folder: {word}:DIR or $GPULOOM_DATA"
-            )
+            from .datadir import data_dir, describe_search
+
+            root = data_dir()
+            if root is None:
+                raise VariabilityError(
+                    f"variability {word!r} needs the measured data folder: {word}:DIR, {describe_search()}"
+                )
+            d = root / "pal" / "variability"
         per_gpu, draw = GENERATORS[word]
         scores = generate_for_cluster(cluster, d, seed, per_gpu=per_gpu, draw=draw)
     else:

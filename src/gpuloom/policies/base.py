@@ -121,9 +121,10 @@ def lookup(stage: str, name: str) -> type[Stage]:
     try:
         return _REGISTRY[stage][name]
     except KeyError:
-        raise PolicyError(
-            f"unknown {stage} policy {name!r}; choose from: {', '.join(sorted(_REGISTRY[stage]))}"
-        ) from None
+        from .check import did_you_mean
+
+        raise PolicyError(f"unknown {stage} policy {name!r}{did_you_mean(name, _REGISTRY[stage])} "
+                          f"(choose from: {', '.join(sorted(_REGISTRY[stage]))})") from None
 
 
 def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:

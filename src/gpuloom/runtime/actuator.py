@@ -49,6 +49,7 @@ from ..driver import Driver, LaunchFailed, Step
 from .codec import alloc_to_json, proc_to_json
 from .executor import CoreAllocator, Executor, LaunchSpec, NodeUnavailable, ProcInfo
 from .gang import gang_env
+from .identity import Identities, owned_dir, private_dir
 from .mirror import Mirror
 from .progress import ProgressError
 from .progress import parse_line as parse_progress
@@ -74,15 +75,15 @@ class Running:
 
 class Actuator:
     def __init__(self, mirror: Mirror, cluster: Cluster, executor: Executor, state_dir: Path, grace_s: float,
-                 launch_timeout_s: float) -> None:
+                 launch_timeout_s: float, identities: Identities | None = None, job_dir: Path | None = None) -> None:
         self.mirror = mirror
         self.cluster = cluster
         self.executor = executor
         self.grace_s = grace_s
         self.launch_timeout_s = launch_timeout_s
-        self.log_dir = state_dir / "logs"
-        self.ckpt_dir = state_dir / "checkpoints"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.identities = identities if identities is not None else Identities(switch=False)
+        self.log_dir = private_dir(state_dir / "logs")
+        self.ckpt_dir = job_dir if job_dir is not None else state_dir / "checkpoints"
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
         self.running: dict[str, Running] = {}
@@ -194,7 +195,9 @@ class Actuator:
         cores: dict[str, tuple[int, ...]] = {}
         ckpt = spec.get("checkpoint_dir") or str(self.ckpt_dir / jid)
         try:
-            Path(ckpt).mkdir(parents=True, exist_ok=True)
+            user = self.identities.os_user(row.user)
+            if not spec.get("checkpoint_dir"):  # ours: made for the job's account (a given one, by the job)
+                owned_dir(ckpt, None if user is None else self.identities.account_named(user))
             env_common = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
             env_common.update(
                 {
@@ -212,6 +215,7 @@ class Actuator:
                 env_common["GPULOOM_ARRAY_JOB_ID"] = str(row.array_id)
                 env_common["GPULOOM_ARRAY_TASK_ID"] = str(row.array_task)
             log_offset = self.log_size(jid)
+            launches = []
             if multi:  # torchrun / torch.distributed: rank 0's node hosts the rendezvous (:mod:`.gang`)
                 addr, port = self.executor.rendezvous(self.cluster.nodes[alloc.parts[0].node].name)
             for rank, p in enumerate(alloc.parts):
@@ -223,15 +227,19 @@ class Actuator:
                 env = dict(env_common, GPULOOM_NODE_RANK=str(rank))
                 if multi:
                     env.update(gang_env(rank, [len(q.gpus) for q in alloc.parts], addr, port))
-                ls = LaunchSpec(eid, str(spec["command"]), node, tuple(self.cluster.local_index(g) for g in p.gpus),
-                                c, int(p.mem_mb), str(self.log_path(jid)), env, spec.get("workdir"))
-                procs[eid] = self.executor.launch(ls)
+                launches.append(LaunchSpec(eid, str(spec["command"]), node,
+                                           tuple(self.cluster.local_index(g) for g in p.gpus), c, int(p.mem_mb),
+                                           str(self.log_path(jid)), env, spec.get("workdir"), user))
+            # intent: recorded before any process exists, so a restart finds what it may have left
+            # (the attempt counts: a relaunch resumes from whatever the lost process checkpointed)
+            self.mirror.write(jid, {"procs": [{"job_id": ls.job_id, "node": ls.node, "pending": True}
+                                              for ls in launches], "attempts": row.attempts + 1,
+                                    "checkpoint_dir": ckpt}, "launch-intent", {})
+            for ls in launches:
+                procs[ls.job_id] = self.executor.launch(ls)
         except Exception as e:
             unavailable = isinstance(e, NodeUnavailable)
-            if unavailable:
-                log.warning("job %s: not launched this round: %s", jid, e)
-            else:
-                log.exception("job %s: launch failed", jid)
+            log.warning("job %s: %s: %s", jid, "not launched this round" if unavailable else "launch failed", e)
             for eid in procs:
                 self.stop_quietly(eid)
             for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [jid]:
@@ -239,8 +247,10 @@ class Actuator:
                     if eid in self.cores.used[n.name]:
                         self.cores.release(n.name, eid)
                 self.exec_owner.pop(eid, None)
-            if unavailable:
-                return False  # stays queued: a later round places it again
+            if unavailable:  # stays queued: a later round places it again (the intent's attempt counts)
+                row.attempts += 1
+                self.mirror.write(jid, {"procs": None, "attempts": row.attempts}, "launch-deferred", {"why": str(e)})
+                return False
             raise LaunchFailed(f"launch failed: {e}") from None
         wall = self.mirror.clock.time()
         self.running[jid] = Running(procs, {}, cores, wall, log_offset)
@@ -313,7 +323,8 @@ class Actuator:
                     self.stop_quietly(e)
                     run.exited[e] = -1
                 what = "with an unknown exit code" if code is None else f"with code {code}"
-                ended.append((jid, S.FAILED, code, f"process {eid} ended {what}"))
+                why = self.end_reason(eid)
+                ended.append((jid, S.FAILED, code, f"process {eid} ended {what}" + (f": {why}" if why else "")))
             elif len(run.exited) == len(run.procs):
                 ended.append((jid, S.FINISHED, 0, None))
         return ended
@@ -371,6 +382,18 @@ class Actuator:
     def exit_code(self, p: ProcInfo) -> int | None:
         try:
             return self.executor.exit_code(p)
+        except Exception:
+            return None
+
+    def exit_time(self, p: ProcInfo) -> float | None:
+        try:
+            return self.executor.exit_time(p)
+        except Exception:
+            return None
+
+    def end_reason(self, eid: str) -> str | None:
+        try:
+            return self.executor.end_reason(eid)
         except Exception:
             return None
 

@@ -5,13 +5,16 @@ Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer TOKEN``
 =========================  ==================================================
 ``GET  /health``           liveness, job counts, rounds run
 ``POST /jobs``             submit a job spec; 201 with the stored job
-``GET  /jobs``             all jobs (``?state=standby&state=running``, ``?user=``)
+``GET  /jobs``             jobs (``?state=standby&state=running``, ``?user=``, ``?since=``,
+                           pages: ``?limit=&after=``); others' without command and paths
 ``GET  /jobs/{id}``        one job, with its allocation and processes
 ``DELETE /jobs/{id}``      cancel: the owner or an admin
 ``GET  /jobs/{id}/logs``   the job's stdout+stderr (``?tail=BYTES``): owner or admin
 ``GET  /jobs/{id}/events`` its history
 ``GET  /nodes``            nodes with used/total GPUs, cores, memory
-``POST /tokens``           admin only: a new token for a user
+``POST /tokens``           admin only: a new token for a user (``expires``: 30d)
+``GET  /tokens``           tokens (ids, users, expiry): all for an admin, else one's own
+``DELETE /tokens/{id}``    revoke a token: one's own, or any for an admin
 =========================  ==================================================
 
 The operator's endpoints (``/metrics``, ``/history``, ``/cluster``, the
@@ -31,17 +34,25 @@ Design decisions:
   an admin may submit on behalf of another user (``user`` field).
 * Endpoints are plain ``def`` functions: FastAPI runs them in its thread pool,
   and the store serialises writers.
+* **Limits and privacy**: bodies over 1 MiB get 413, every field is bounded,
+  a 422 never echoes its input (:mod:`.limits`); users see other users' jobs
+  without command, paths and process ids (:mod:`.privacy`).  ``POST /jobs``
+  with an ``Idempotency-Key`` header is done once: a retry with the same key
+  gets the same job (200).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -50,38 +61,85 @@ from ..core.lifecycle import JobState
 from .admission import NotFound, PermissionDenied, SubmitError
 from .deps import parse_array, parse_dependency
 from .history import array_label, iso, short_state
+from .limits import (
+    MAX_COMMAND,
+    MAX_CURVE_POINTS,
+    MAX_ENV_NAME,
+    MAX_ENV_TOTAL,
+    MAX_ENV_VALUE,
+    MAX_ENV_VARS,
+    MAX_ID,
+    MAX_NAME,
+    MAX_PAGE,
+    MAX_PATH,
+    BodyLimit,
+    check_text,
+    validation_error,
+)
+from .privacy import redact_events, redact_job
 from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
+from .tokens import create_token as _create_token
+from .tokens import list_tokens, revoke_token
 
 TOKEN_FILE = "admin.token"
 MAX_LOG_BYTES = 8 << 20  # /logs returns at most the last 8 MiB
 USER_RE = r"^[A-Za-z0-9_.@-]{1,64}$"
 
 
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+MIN_MEM_MB = 16  # the smallest memory a job may ask for (a limit below it is a typo, and unenforceable)
+
+
+def _walk(v: Any, where: str, depth: int = 0, count: list[int] | None = None) -> None:
+    """Free-form JSON (``profile``): bounded depth and size, no NUL bytes, finite numbers."""
+    count = count if count is not None else [0]
+    count[0] += 1
+    if depth > 6 or count[0] > 1000:
+        raise ValueError(f"{where} is too deep or too large")
+    if isinstance(v, str):
+        check_text(v, where)
+        if len(v) > MAX_PATH:
+            raise ValueError(f"{where}: strings of at most {MAX_PATH} characters")
+    elif isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{where}: numbers must be finite")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _walk(k, where, depth + 1, count)
+            _walk(x, where, depth + 1, count)
+    elif isinstance(v, list):
+        for x in v:
+            _walk(x, where, depth + 1, count)
+
+
 class JobSubmit(BaseModel):
-    """A job spec as submitted (YAML/JSON ``gpuloom submit`` files have the same keys)."""
+    """A job spec as submitted (YAML/JSON ``gpuloom submit`` files have the same keys).
+
+    Every field is bounded (:mod:`.limits`); numbers are strict (``true`` is not 1) and finite."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("job", min_length=1, max_length=200)
-    command: str = Field(min_length=1, max_length=100_000)
-    gpus: int = Field(ge=1, le=100_000)
-    cpus: int | None = Field(None, ge=0, le=1_000_000)
-    mem: int | float | str | None = None  # "8G", "512M", or MB
-    model: str | None = Field(None, max_length=200)
+    name: str = Field("job", min_length=1, max_length=MAX_NAME)
+    command: str = Field(min_length=1, max_length=MAX_COMMAND)
+    gpus: int = Field(ge=1, le=100_000, strict=True)
+    cpus: int | None = Field(None, ge=1, le=1_000_000, strict=True)
+    mem: int | float | str | None = None  # "8G" (10^9 bytes), "8Gi" (2^30), "512M", or MB (10^6 bytes)
+    model: str | None = Field(None, max_length=MAX_NAME)
     profile: bool | dict[str, Any] | None = None  # true/false: ask for / opt out of profiling
-    checkpoint_dir: str | None = Field(None, max_length=4096)
+    checkpoint_dir: str | None = Field(None, max_length=MAX_PATH)
     time_limit: float | str | None = None  # seconds or Slurm time (1:30:00)
     user: str | None = Field(None, pattern=USER_RE)
-    env: dict[str, str] | None = None
-    workdir: str | None = Field(None, max_length=4096)
-    priority: int | None = None
-    batch_size: int | None = Field(None, ge=1)
-    throughput: dict[str, float] | list[float] | None = None  # scaling curve f(gpus) in it/s (elastic sizing)
-    min_gpus: int | None = Field(None, ge=1)
-    resource_times: list[float] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
-    iteration_time: float | None = Field(None, gt=0)  # seconds per iteration (Muri)
+    env: dict[str, str] | None = Field(None, max_length=MAX_ENV_VARS)
+    workdir: str | None = Field(None, max_length=MAX_PATH)
+    priority: int | None = Field(None, ge=-(10**9), le=10**9, strict=True)
+    batch_size: int | None = Field(None, ge=1, le=10**9, strict=True)
+    # scaling curve f(gpus) in it/s (elastic sizing)
+    throughput: dict[str, Finite] | list[Finite] | None = Field(None, max_length=MAX_CURVE_POINTS)
+    min_gpus: int | None = Field(None, ge=1, le=100_000, strict=True)
+    resource_times: list[Finite] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
+    iteration_time: Finite | None = Field(None, gt=0)  # seconds per iteration (Muri)
+
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
     dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
 
@@ -99,6 +157,18 @@ class JobSubmit(BaseModel):
             parse_dependency(v)
         return v
 
+    @field_validator("name", "command", "model", "checkpoint_dir", "workdir", "array", "dependency")
+    @classmethod
+    def _text(cls, v: str | None, info: Any) -> str | None:
+        return v if v is None else check_text(v, info.field_name)
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            _walk(v, "profile")
+        return v
+
     @field_validator("resource_times")
     @classmethod
     def _stages(cls, v: list[float] | None) -> list[float] | None:
@@ -112,14 +182,23 @@ class JobSubmit(BaseModel):
         vals = v.values() if isinstance(v, dict) else (v or [])
         if any(not (x >= 0) for x in vals):
             raise ValueError("throughput values must be >= 0 iterations/s")
+        if isinstance(v, dict):
+            for k in v:
+                if not (k.isascii() and k.isdigit() and 1 <= int(k) <= 100_000):
+                    raise ValueError(f"throughput keys are GPU counts (1, 2, ...), got {k[:20]!r}")
         return v
 
-    @field_validator("mem")
+    @field_validator("mem", mode="before")
     @classmethod
     def _mem(cls, v: Any) -> Any:
-        return None if v is None else parse_mem(v, "mem")
+        if v is None:
+            return None
+        mb = parse_mem(v, "mem")
+        if mb < MIN_MEM_MB:
+            raise ValueError(f"mem: at least {MIN_MEM_MB} MB, got {str(v)[:40]!r}")
+        return mb
 
-    @field_validator("time_limit")
+    @field_validator("time_limit", mode="before")
     @classmethod
     def _tl(cls, v: Any) -> Any:
         return None if v is None else parse_duration(v, "time_limit")
@@ -129,16 +208,24 @@ class JobSubmit(BaseModel):
     def _env(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         if v is None:
             return v
-        for k in v:
-            if not k or "=" in k or k.startswith("GPULOOM_") or k == "CUDA_VISIBLE_DEVICES":
-                raise ValueError(f"environment variable name {k!r} is not allowed")
+        total = 0
+        for k, x in v.items():
+            if (not k or "=" in k or "\x00" in k or len(k) > MAX_ENV_NAME or k.startswith("GPULOOM_")
+                    or k == "CUDA_VISIBLE_DEVICES"):
+                raise ValueError(f"environment variable name {k[:40]!r} is not allowed")
+            check_text(x, f"env {k}")
+            if len(x) > MAX_ENV_VALUE:
+                raise ValueError(f"env {k}: values of at most {MAX_ENV_VALUE} characters")
+            total += len(k) + len(x)
+        if total > MAX_ENV_TOTAL:
+            raise ValueError(f"env: at most {MAX_ENV_TOTAL} characters in all")
         return v
 
     @field_validator("checkpoint_dir", "workdir")
     @classmethod
     def _abs(cls, v: str | None) -> str | None:
         if v is not None and not os.path.isabs(v):
-            raise ValueError(f"must be an absolute path, got {v!r}")
+            raise ValueError(f"must be an absolute path, got {v[:80]!r}")
         return v
 
     def to_spec(self) -> dict[str, Any]:
@@ -151,7 +238,13 @@ class JobSubmit(BaseModel):
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user: str = Field(pattern=USER_RE)
-    admin: bool = False
+    admin: bool = Field(False, strict=True)
+    expires: float | str | None = None  # seconds or a duration (30d, 12h, 1:00:00) from now
+
+    @field_validator("expires", mode="before")
+    @classmethod
+    def _exp(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v, "expires")
 
 
 def job_json(row: JobRow, live_progress: int | None = None, now: float | None = None) -> dict[str, Any]:
@@ -219,10 +312,8 @@ def ensure_admin_token(store: Store, state_dir: str | Path) -> str:
     return token
 
 
-def create_token(store: Store, user: str, admin: bool = False) -> str:
-    token = secrets.token_urlsafe(32)
-    store.add_token(token, user, admin)
-    return token
+def create_token(store: Store, user: str, admin: bool = False, expires_in: float | None = None) -> str:
+    return _create_token(store, user, admin, expires_in)
 
 
 #: declared in the OpenAPI document, so ``/docs`` has an Authorize button
@@ -234,13 +325,15 @@ def _auth(request: Request,
     """(user, is_admin) for the request's bearer token, or 401."""
     if creds is None or creds.scheme.lower() != "bearer":
         raise HTTPException(401, "missing token: send 'Authorization: Bearer TOKEN'", headers={"WWW-Authenticate": "Bearer"})
-    who = request.app.state.service.store.lookup_token(creds.credentials.strip())
+    token = creds.credentials.strip()
+    who = request.app.state.service.store.lookup_token(token) if len(token) <= 256 else None
     if who is None:
         raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
     return who
 
 
 Auth = Annotated[tuple[str, bool], Depends(_auth)]
+JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 
 def create_app(service: Service) -> FastAPI:
@@ -251,12 +344,15 @@ def create_app(service: Service) -> FastAPI:
                   description="The scheduler service's API.  Authorize with a bearer token "
                               "(`gpuloom token create USER`, or the admin token in the state directory).")
     app.state.service = service
+    app.add_middleware(BodyLimit)
+    app.add_exception_handler(RequestValidationError, validation_error)
     store = service.store
 
-    def as_json(row: JobRow) -> dict[str, Any]:
+    def as_json(row: JobRow, who: tuple[str, bool] | None = None) -> dict[str, Any]:
         # a job holding a process: its progress now, from its log; else what was stored when it stopped
         live = service.last_progress(row.id) if row.state in HOLDING else None
-        return job_json(row, live, service.clock.time())
+        d = job_json(row, live, service.clock.time())
+        return d if who is None else redact_job(d, who[0], who[1])
 
     def get_row(job_id: int) -> JobRow:
         row = store.get_job(job_id)
@@ -283,32 +379,49 @@ def create_app(service: Service) -> FastAPI:
         }
 
     @app.post("/jobs", status_code=201)
-    def submit(body: JobSubmit, who: Auth) -> dict[str, Any]:
+    def submit(body: JobSubmit, who: Auth, response: Response,
+               idempotency_key: Annotated[str | None, Header(max_length=200, pattern=r"^[\x21-\x7e]+$")] = None,
+               ) -> dict[str, Any]:
         t0 = time.perf_counter()
         user, admin = who
         spec = body.to_spec()
         owner = spec.pop("user", None) or user
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
-        jid = service.submit(spec, owner)
+        if idempotency_key is None:
+            jid = service.submit(spec, owner)
+        else:  # a retry with the same key gets the job the first attempt created
+            jid, new = service.submit_once(spec, owner, idempotency_key)
+            if not new:
+                response.status_code = 200
         service.telemetry.submit_seconds.observe(time.perf_counter() - t0)
         return job_json(get_row(jid))
 
     @app.get("/jobs")
     def list_jobs(
         who: Auth,
-        state: Annotated[list[JobState] | None, Query()] = None,
+        response: Response,
+        state: Annotated[list[JobState] | None, Query(max_length=len(JobState))] = None,
         user: Annotated[str | None, Query(pattern=USER_RE)] = None,
+        since: Annotated[float | None, Query(ge=0, le=1e11, allow_inf_nan=False)] = None,
+        after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
     ) -> list[dict[str, Any]]:
+        """Jobs by id, filtered by state, user and time (``since``, Unix seconds: jobs not ended before it,
+        like sacct's start time); a page of at most ``limit`` after id ``after``.  A full page names the
+        next one in ``X-Next-After``."""
         states = [s.value for s in state] if state else None
-        return [as_json(r) for r in store.list_jobs(states, user=user)]
+        rows = store.list_jobs(states, user=user, after_id=after, since=since, limit=limit)
+        if len(rows) == limit:
+            response.headers["X-Next-After"] = str(rows[-1].id)
+        return [as_json(r, who) for r in rows]
 
     @app.get("/jobs/{job_id}")
-    def get_job(job_id: int, who: Auth) -> dict[str, Any]:
-        return as_json(get_row(job_id))
+    def get_job(job_id: JobId, who: Auth) -> dict[str, Any]:
+        return as_json(get_row(job_id), who)
 
     @app.delete("/jobs/{job_id}")
-    def cancel(job_id: int, who: Auth) -> dict[str, Any]:
+    def cancel(job_id: JobId, who: Auth) -> dict[str, Any]:
         user, admin = who
         try:
             row = service.cancel(job_id, user, admin)
@@ -319,8 +432,8 @@ def create_app(service: Service) -> FastAPI:
         return job_json(row)
 
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
-    def logs(job_id: int, who: Auth, tail: Annotated[int | None, Query(ge=1)] = None,
-             offset: Annotated[int | None, Query(ge=0, description="Read from this byte (for -f).")] = None,
+    def logs(job_id: JobId, who: Auth, tail: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+             offset: Annotated[int | None, Query(ge=0, le=MAX_ID, description="Read from this byte (for -f).")] = None,
              ) -> PlainTextResponse:
         """The log's last ``tail`` bytes, or the bytes from ``offset``; header ``X-Log-Offset``: where
         the text returned ends (the next ``offset``)."""
@@ -342,9 +455,10 @@ def create_app(service: Service) -> FastAPI:
         return PlainTextResponse(data.decode(errors="replace"), headers={"X-Log-Offset": str(min(start, size) + len(data))})
 
     @app.get("/jobs/{job_id}/events")
-    def job_events(job_id: int, who: Auth) -> list[dict[str, Any]]:
-        get_row(job_id)
-        return [{**e, "time": iso(e["time"])} for e in store.events(job_id)]
+    def job_events(job_id: JobId, who: Auth) -> list[dict[str, Any]]:
+        row = get_row(job_id)
+        events = [{**e, "time": iso(e["time"])} for e in store.events(job_id)]
+        return redact_events(events, row.user, who[0], who[1])
 
     @app.get("/nodes")
     def nodes(who: Auth) -> list[dict[str, Any]]:
@@ -354,7 +468,20 @@ def create_app(service: Service) -> FastAPI:
     def tokens(body: TokenCreate, who: Auth) -> dict[str, Any]:
         if not who[1]:
             raise HTTPException(403, "only an admin may create tokens")
-        return {"user": body.user, "admin": body.admin, "token": create_token(store, body.user, body.admin)}
+        exp = body.expires  # already seconds (parsed)
+        token = create_token(store, body.user, body.admin, None if exp is None else float(exp))
+        return {"user": body.user, "admin": body.admin, "token": token, "expires_in": exp}
+
+    @app.get("/tokens")
+    def tokens_list(who: Auth) -> list[dict[str, Any]]:
+        """Tokens (never their secret): every one for an admin, one's own otherwise."""
+        return list_tokens(store, None if who[1] else who[0])
+
+    @app.delete("/tokens/{token_id}")
+    def tokens_revoke(token_id: Annotated[str, PathParam(max_length=64)], who: Auth) -> dict[str, Any]:
+        if not revoke_token(store, token_id, None if who[1] else who[0]):
+            raise HTTPException(404, f"no token {token_id[:64]!r}" + ("" if who[1] else " of yours"))
+        return {"id": token_id, "revoked": True}
 
     from .ops_api import mount
 

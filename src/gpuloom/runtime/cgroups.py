@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = "/sys/fs/cgroup"
 DEFAULT_PARENT = "gpuloom"
+MB = 10**6  # the service's memory unit (see runtime/specs.py): limits are mem_mb x 10^6 bytes
 
 _warned: set[str] = set()
 
@@ -234,6 +235,22 @@ class JobCgroup:
                 pass
         return n
 
+    def oom_kills(self) -> int:
+        """How many processes of this cgroup the OOM killer killed (``oom_kill`` in v2's ``memory.events``
+        or v1's ``memory.oom_control``); 0 when unknown."""
+        d = self.dirs.get("memory")
+        if d is None:
+            return 0
+        f = d / ("memory.events" if self.support.version == 2 else "memory.oom_control")
+        try:
+            for line in f.read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == "oom_kill":
+                    return int(v)
+        except (OSError, ValueError):
+            pass
+        return 0
+
     def remove(self, timeout_s: float = 2.0) -> bool:
         """Kill stragglers and remove the directories; True if all are gone."""
         deadline = time.monotonic() + timeout_s
@@ -314,13 +331,13 @@ class CgroupManager:
 
     def _set_memory(self, d: Path, mem_mb: int) -> None:
         if self.support.version == 2:
-            _write(d / "memory.max", f"{mem_mb * 1024 * 1024}\n" if mem_mb > 0 else "max\n")
+            _write(d / "memory.max", f"{mem_mb * MB}\n" if mem_mb > 0 else "max\n")
             if (d / "memory.swap.max").exists():
                 _write(d / "memory.swap.max", "0\n" if mem_mb > 0 else "max\n")
             if (d / "memory.oom.group").exists():
                 _write(d / "memory.oom.group", "1\n")  # an OOM kills the whole job, not one worker
             return
-        value = f"{mem_mb * 1024 * 1024}\n" if mem_mb > 0 else "-1\n"
+        value = f"{mem_mb * MB}\n" if mem_mb > 0 else "-1\n"
         memsw = d / "memory.memsw.limit_in_bytes"
         if not memsw.exists():
             _write(d / "memory.limit_in_bytes", value)
@@ -354,6 +371,19 @@ class CgroupManager:
 
     def remove(self, job_id: str) -> bool:
         return self.job(job_id).remove()
+
+    def remove_parent(self) -> None:
+        """Remove this manager's parent cgroup(s) if no job cgroup is left in them (a service's own
+        parent, at shutdown); the shared default parent is left alone."""
+        if self.parent == DEFAULT_PARENT or self.support.mode == "none":
+            return
+        dirs = {self.root / self.parent} if self.support.version == 2 else {
+            self.root / c / self.parent for c in ("memory", "cpuset") if getattr(self.support, c)}
+        for d in dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # jobs still running (a restarted service adopts them), or already gone
 
 
 def process_cgroups(pid: int | str = "self") -> dict[str, str]:

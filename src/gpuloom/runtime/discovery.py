@@ -90,12 +90,12 @@ def host_core_ids() -> tuple[int, ...]:
 
 
 def host_mem_mb(meminfo: str | Path = "/proc/meminfo") -> int:
-    """``MemTotal`` in MiB (the unit of the executor's memory limits)."""
+    """``MemTotal`` in MB of 10^6 bytes (the unit of jobs' memory and of the executor's limits)."""
     for line in Path(meminfo).read_text().splitlines():
         if line.startswith("MemTotal:"):
             parts = line.split()
-            kb = int(parts[1])
-            return kb // 1024
+            kib = int(parts[1])  # /proc/meminfo's "kB" are KiB
+            return kib * 1024 // 10**6
     raise DiscoveryError(f"{meminfo}: no MemTotal line")
 
 

@@ -52,6 +52,7 @@ class LaunchSpec:
     log_path: str  # stdout and stderr go here (appended)
     env: dict[str, str] = field(default_factory=dict)  # extra environment (GPULOOM_RESUME, GPULOOM_CHECKPOINT_DIR, ...)
     workdir: str | None = None
+    user: str | None = None  # the OS account the command runs as (None: the executor's own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,21 @@ class Executor(ABC):
 
         This machine by default (every node of a local executor is this machine)."""
         return "127.0.0.1", free_port()
+
+    def exit_time(self, info: ProcInfo) -> float | None:
+        """For a process that is gone: when it ended (its exit record's time), if known."""
+        return None
+
+    def end_reason(self, job_id: str) -> str | None:
+        """Why a process reported by :meth:`poll` or :meth:`stop` ended, when the executor knows more than
+        its exit code (the OOM killer); asked once, right after."""
+        return None
+
+    def orphans(self) -> list[ProcInfo]:
+        """Live processes an earlier incarnation of the service launched that this executor does not track
+        (after recovery adopted what the store records: launches the service did not live to record).
+        Each can be adopted, then stopped."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; running jobs are left running (they can be adopted)."""

@@ -1,5 +1,8 @@
 """Running job processes on this machine.
 
+(Over 500 lines: launch, control, adoption and the search for unrecorded processes share one table of
+processes and its lock; splitting them would expose that state.)
+
 Two layers, so that a multi-machine executor reuses the launch logic unchanged:
 
 * :class:`NodeAgent` launches, stops, polls and adopts processes *on the machine
@@ -58,6 +61,8 @@ SIGKILL, ``None`` (unknown) otherwise.
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import threading
@@ -74,11 +79,20 @@ from gpuloom.runtime.executor import Executor, ExecutorError, LaunchSpec, ProcIn
 __all__ = ["ExecutorError", "LocalExecutor", "NodeAgent", "exit_path_for", "read_exit_record", "same_process"]
 
 _WRAPPER = (
+    'printf "%d\\n" "$$" > "$3"; '  # the pid first: a launch the service did not live to record is found by it
     "trap : TERM INT HUP; "
-    """/bin/sh -c 'trap "exit \\$?" TERM INT HUP; eval "$1"' gpuloom-job "$1"; rc=$?; """
-    'printf "%d\\n" "$rc" > "$2.tmp" && mv -f "$2.tmp" "$2"; '
+    'cmd=$1; ex=$2; shift 3; '
+    """"$@" /bin/sh -c 'trap "exit \\$?" TERM INT HUP; """
+    """[ -z "$GPULOOM_CHECKPOINT_DIR" ] || mkdir -p -- "$GPULOOM_CHECKPOINT_DIR" || exit 126; eval "$1"' """
+    'gpuloom-job "$cmd"; rc=$?; '
+    'printf "%d\\n" "$rc" > "$ex.tmp" && mv -f "$ex.tmp" "$ex"; '
     'exit "$rc"'
 )
+
+#: the server's environment variables a job inherits (everything else comes from the job's spec)
+DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TERM",
+                     "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_DRIVER_CAPABILITIES")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 #: How close the creation time of a pid must be to the recorded one to be the same process.
 START_TIME_TOLERANCE_S = 0.05
@@ -155,8 +169,10 @@ class NodeAgent:
     """
 
     def __init__(self, cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
-                 fold_cores: bool = False) -> None:
+                 fold_cores: bool = False, env_allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> None:
         self.cgroups = cgroups if cgroups is not None else CgroupManager()
+        self.env_allow = tuple(env_allow)
+        self._oom: set[str] = set()  # jobs whose cgroup saw the OOM killer, until end_reason() is asked
         self._procs: dict[str, _Proc] = {}
         self._lock = threading.RLock()
         self.available_cpus = tuple(sorted(os.sched_getaffinity(0)))
@@ -169,6 +185,11 @@ class NodeAgent:
         if self.run_dir is not None:
             return str(self.run_dir / f"{cgroup_name(job_id)}.exit")
         return exit_path_for(log_path) if log_path else ""
+
+    @staticmethod
+    def pid_path(exit_path: str) -> str:
+        """Where a launch's wrapper writes its pid, first thing (see :meth:`find`)."""
+        return exit_path.removesuffix(".exit") + ".pid" if exit_path else os.devnull
 
     def machine_cores(self, cpus: tuple[int, ...]) -> tuple[int, ...]:
         """The cores of this machine a plan's core ids run on (see ``fold_cores``)."""
@@ -193,10 +214,14 @@ class NodeAgent:
         if not spec.log_path:
             raise ExecutorError(f"job {spec.job_id}: no log path")
 
-    @staticmethod
-    def environment(spec: LaunchSpec) -> dict[str, str]:
-        env = dict(os.environ)
+    def environment(self, spec: LaunchSpec, home: str | None = None) -> dict[str, str]:
+        """The job's environment: the allowed variables of ours (``env_allow``), then the spec's, then
+        gpuloom's own.  Never the rest of the server's environment (its secrets stay there)."""
+        env = {k: os.environ[k] for k in self.env_allow if k in os.environ}
+        env.setdefault("PATH", DEFAULT_PATH)
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        if spec.user is not None:
+            env.update(USER=spec.user, LOGNAME=spec.user, HOME=home or "/")
         if spec.cpus:
             env["OMP_NUM_THREADS"] = str(len(spec.cpus))
         env.update(spec.env)
@@ -205,6 +230,27 @@ class NodeAgent:
         env["GPULOOM_CPUS"] = format_cpus(spec.cpus)
         env["GPULOOM_MEM_MB"] = str(spec.mem_mb)
         return env
+
+    @staticmethod
+    def account(spec: LaunchSpec) -> tuple[list[str], str | None]:
+        """(command prefix that switches to ``spec.user``, its home) - empty for the executor's own account."""
+        if spec.user is None:
+            return [], None
+        try:
+            pw = pwd.getpwnam(spec.user)
+        except KeyError:
+            raise ExecutorError(f"job {spec.job_id}: no OS account {spec.user!r} here") from None
+        if pw.pw_uid == os.geteuid():
+            return [], pw.pw_dir
+        if os.geteuid() != 0:
+            raise ExecutorError(f"job {spec.job_id}: cannot run as {spec.user!r}: this executor is not root")
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise ExecutorError(f"job {spec.job_id}: cannot switch to {spec.user!r}: setpriv (util-linux) not found")
+        groups = sorted(set(os.getgrouplist(spec.user, pw.pw_gid)))
+        return [setpriv, f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
+                f"--groups={','.join(str(g) for g in groups)}" if groups else "--clear-groups",
+                "--inh-caps=-all", "--"], pw.pw_dir
 
     def launch(self, spec: LaunchSpec) -> ProcInfo:
         self._check(spec)
@@ -217,8 +263,14 @@ class NodeAgent:
             log_path = Path(spec.log_path)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             exit_path = self.exit_path(spec.job_id, str(log_path))
-            for stale in (exit_path, exit_path + ".tmp"):
-                Path(stale).unlink(missing_ok=True)
+            pid_path = self.pid_path(exit_path)
+            for stale in (exit_path, exit_path + ".tmp", pid_path if exit_path else ""):
+                if stale:
+                    Path(stale).unlink(missing_ok=True)
+            prefix, home = self.account(spec)
+            cwd = spec.workdir
+            if cwd is None and spec.user is not None:  # not the server's working directory
+                cwd = home if home and os.path.isdir(home) else "/"
 
             cores = self.machine_cores(spec.cpus)
             cg: JobCgroup | None = None
@@ -241,19 +293,23 @@ class NodeAgent:
                     os.sched_setaffinity(0, cpus)
 
             try:
-                with open(log_path, "ab") as log:
+                # the log is the server's (0600): the job writes it through the descriptor only
+                fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                with open(fd, "ab") as log:
+                    if os.fstat(fd).st_mode & 0o077:
+                        os.fchmod(fd, 0o600)
                     popen = subprocess.Popen(
-                        ["/bin/sh", "-c", _WRAPPER, "gpuloom-job", spec.command, exit_path],
+                        ["/bin/sh", "-c", _WRAPPER, "gpuloom-job", spec.command, exit_path, pid_path, *prefix],
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
-                        cwd=spec.workdir,
-                        env=self.environment(spec),
+                        cwd=cwd,
+                        env=self.environment(spec, home),
                         start_new_session=True,
                         preexec_fn=enter,
                         close_fds=True,
                     )
-            except (OSError, subprocess.SubprocessError) as e:
+            except Exception as e:  # OSError, SubprocessError, ValueError (a NUL byte): nothing is left behind
                 if cg is not None:
                     cg.remove()
                 raise ExecutorError(f"job {spec.job_id}: launch failed: {e}") from None
@@ -348,7 +404,11 @@ class NodeAgent:
     def _finish(self, job_id: str, p: _Proc) -> int | None:
         code = p.exit_code()
         if p.cgroup is not None:
+            if code not in (0, None) and p.cgroup.oom_kills() > 0:
+                self._oom.add(job_id)
             p.cgroup.remove()
+        if p.info.exit_path:
+            Path(self.pid_path(p.info.exit_path)).unlink(missing_ok=True)
         self._procs.pop(job_id, None)
         return code
 
@@ -403,6 +463,44 @@ class NodeAgent:
     def exit_code(self, info: ProcInfo) -> int | None:
         return read_exit_record(info.exit_path or self.exit_path(info.job_id, info.log_path))
 
+    def exit_time(self, info: ProcInfo) -> float | None:
+        try:
+            return os.stat(info.exit_path or self.exit_path(info.job_id, info.log_path)).st_mtime
+        except OSError:
+            return None
+
+    def end_reason(self, job_id: str) -> str | None:
+        with self._lock:
+            if job_id in self._oom:
+                self._oom.discard(job_id)
+                return "killed by the OOM killer: the job used more memory than its limit"
+        return None
+
+    def orphans(self) -> list[ProcInfo]:
+        """Live wrappers launched here that nobody tracks, from the pid files they write first thing.
+
+        Each must be a session leader running our wrapper, created no later than its pid file (pid reuse)."""
+        if self.run_dir is None:
+            return []
+        out = []
+        with self._lock:
+            for f in sorted(self.run_dir.glob("*.pid")):
+                job_id = f.stem
+                if job_id in self._procs:
+                    continue
+                try:
+                    pid = int(f.read_text().strip())
+                    written = f.stat().st_mtime
+                    p = psutil.Process(pid)
+                    if p.status() == psutil.STATUS_ZOMBIE or os.getpgid(pid) != pid:
+                        continue
+                    if "gpuloom-job" not in p.cmdline() or p.create_time() > written + 1.0:
+                        continue
+                    out.append(ProcInfo(job_id, "", pid, p.create_time(), "", self.exit_path(job_id, "")))
+                except (OSError, ValueError, psutil.Error):
+                    continue
+        return out
+
 
 class LocalExecutor(Executor):
     """The executor for this machine, known to the scheduler as ``node``.
@@ -416,7 +514,7 @@ class LocalExecutor(Executor):
 
     def __init__(self, node: str | Sequence[str] | None = None, agent: NodeAgent | None = None,
                  cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
-                 fold_cores: bool = False) -> None:
+                 fold_cores: bool = False, env_allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> None:
         if node is None:
             self.node, self.nodes = "local", None
         else:
@@ -424,7 +522,7 @@ class LocalExecutor(Executor):
             if not names or not all(names):
                 raise ExecutorError("LocalExecutor needs at least one non-empty node name")
             self.node, self.nodes = names[0], frozenset(names)
-        self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores)
+        self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores, env_allow)
 
     def _own(self, node: str, job_id: str) -> None:
         if node and self.nodes is not None and node not in self.nodes:
@@ -454,6 +552,18 @@ class LocalExecutor(Executor):
 
     def exit_code(self, info: ProcInfo) -> int | None:
         return self.agent.exit_code(info)
+
+    def exit_time(self, info: ProcInfo) -> float | None:
+        return self.agent.exit_time(info)
+
+    def end_reason(self, job_id: str) -> str | None:
+        return self.agent.end_reason(job_id)
+
+    def orphans(self) -> list[ProcInfo]:
+        return [replace(p, node=self.node) for p in self.agent.orphans()]
+
+    def close(self) -> None:
+        self.agent.cgroups.remove_parent()  # only if empty: running jobs keep theirs
 
     @property
     def cgroup_mode(self) -> str:

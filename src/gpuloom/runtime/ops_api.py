@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Path as PathParam
 from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import Field
 
 from ..core.lifecycle import SHORT_STATE, JobState
 from .history import history, iso, parse_time, span_json
+from .limits import MAX_ID
 from .progress import ProgressError, parse_line
 from .service import Service
 
@@ -160,19 +163,20 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
              since: Annotated[str | None, Query(description="jobs not ended before: ISO, Unix or an age (2h)")] = None,
              until: Annotated[str | None, Query(description="jobs submitted by: ISO, Unix or an age")] = None,
              allocations: bool = False,
-             job: Annotated[list[int] | None, Query(description="only these job ids")] = None) -> list[dict[str, Any]]:
+             job: Annotated[list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None,
+                            Query(max_length=1000, description="only these job ids")] = None) -> list[dict[str, Any]]:
         """Accounting (like sacct): start, end, elapsed, GPU-hours, exit code; with the allocations held."""
         return history(store, now(), user, states_of(state), _time(since, "since"), _time(until, "until"),
                        allocations, job)
 
     @app.get("/jobs/{job_id}/allocations", tags=["operations"])
-    def job_allocs(job_id: int, who: Auth) -> list[dict[str, Any]]:
+    def job_allocs(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> list[dict[str, Any]]:
         if store.get_job(job_id) is None:
             raise HTTPException(404, f"no job {job_id}")
         return [span_json(a) for a in store.allocations([job_id])]
 
     @app.get("/jobs/{job_id}/progress", tags=["operations"])
-    def progress(job_id: int, who: Auth) -> list[dict[str, Any]]:
+    def progress(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> list[dict[str, Any]]:
         """The job's progress points, from its log (owner or admin)."""
         owned(job_id, who)
         return progress_points(service.log_path(job_id))

@@ -38,6 +38,7 @@ from ..core.job import Job
 from ..core.plan import Allocation
 from ..perf.profiler import ProfileError, optimistic_profile
 from ..perf.sensitivity import DEFAULT_THRESHOLD, SensitivityError, SensitivityFactor, SensitivityProfile
+from .identity import owned_dir, private_dir
 from .profiles import OK, profile_from_record, profile_key, record_from_result, unprofilable_record, wants_profile
 from .profiling import NoProgress, RealProfiler
 from .store import JobRow
@@ -154,11 +155,16 @@ class ProfilingManager:
         env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
         env.update({"GPULOOM_JOB_NAME": row.name, "GPULOOM_NUM_GPUS": str(g), "GPULOOM_NUM_NODES": "1",
                     "GPULOOM_NODE_RANK": "0"})
+        ids = svc.actuator.identities
+        user = ids.os_user(row.user)
+        acc = None if user is None else ids.account_named(user)
+        scratch = private_dir(svc.actuator.ckpt_dir / ".profile", 0o711)  # each run's dir: the job's account's
         prof = RealProfiler(
             svc.executor, jid, str(spec["command"]), node.name,
             tuple(svc.cluster.local_index(x) for x in part.gpus), cores, svc.actuator.log_dir / "profile", env,
             spec.get("workdir"), warmup_s=cfg.warmup_s, window_s=cfg.window_s, startup_timeout_s=cfg.timeout_s,
-            grace_s=min(svc.actuator.grace_s, cfg.grace_s),
+            grace_s=min(svc.actuator.grace_s, cfg.grace_s), user=user, scratch_dir=scratch,
+            make_scratch=lambda p: owned_dir(p, acc),
         )
         where = {"key": key, "node": node.name, "gpus": list(part.gpus), "cpu_points": cpu_points,
                  "mem_points": mem_points}

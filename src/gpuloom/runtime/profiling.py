@@ -82,7 +82,12 @@ class RealProfiler:
         startup_timeout_s: float = 120.0,
         grace_s: float = 5.0,
         poll_s: float = 0.05,
+        user: str | None = None,
+        scratch_dir: str | Path | None = None,
+        make_scratch: Callable[[Path], object] | None = None,
     ) -> None:
+        """``user``: the OS account the runs run as; ``scratch_dir``: where their throw-away checkpoint
+        directories go (default ``log_dir``), each made by ``make_scratch`` (default ``mkdir``)."""
         if not cores:
             raise ValueError(f"profiling {job_id}: no CPU cores to profile on")
         if window_s <= 0 or warmup_s < 0:
@@ -96,6 +101,9 @@ class RealProfiler:
         self.log_dir = Path(log_dir)
         self.env = dict(env or {})
         self.workdir = workdir
+        self.user = user
+        self.scratch_dir = Path(scratch_dir) if scratch_dir is not None else self.log_dir
+        self.make_scratch = make_scratch or (lambda p: p.mkdir(parents=True, exist_ok=True))
         self.warmup_s = warmup_s
         self.window_s = window_s
         self.startup_timeout_s = startup_timeout_s
@@ -116,13 +124,14 @@ class RealProfiler:
             raise ValueError(f"profiling {self.job_id}: negative memory {mem_mb}")
         rid = self.run_id(cpus, mem_mb)
         log_path = self.log_dir / f"{rid}.log"
-        scratch = self.log_dir / f"{rid}.ckpt"
+        scratch = self.scratch_dir / f"{rid}.ckpt"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path.unlink(missing_ok=True)
         shutil.rmtree(scratch, ignore_errors=True)
+        self.make_scratch(scratch)
         env = {**self.env, "GPULOOM_PROFILING": "1", "GPULOOM_RESUME": "0", "GPULOOM_CHECKPOINT_DIR": str(scratch)}
         spec = LaunchSpec(rid, self.command, self.node, self.gpus, self.cores[:cpus], mem_mb, str(log_path), env,
-                          self.workdir)
+                          self.workdir, self.user)
         t_launch = time.monotonic()
         self.executor.launch(spec)
         tail = ProgressTail(log_path)

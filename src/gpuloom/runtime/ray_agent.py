@@ -48,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ import psutil
 
 from .cgroups import CgroupManager
 from .executor import LaunchSpec, ProcInfo, free_port
-from .local import NodeAgent, same_process
+from .local import DEFAULT_ENV_ALLOW, NodeAgent, same_process
 
 #: how often the fence checks its raylet, and the long poll re-checks exits (seconds)
 FENCE_PERIOD_S = 0.2
@@ -69,13 +70,14 @@ class NodeLost(RuntimeError):
 class AgentActor:
     """One node's agent (see the module notes).  Thread-safe: the actor runs several calls at once."""
 
-    def __init__(self, node: str, run_dir: str, cgroup_parent: str | None, grace_s: float) -> None:
+    def __init__(self, node: str, run_dir: str, cgroup_parent: str | None, grace_s: float,
+                 env_allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> None:
         self.node = node
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cgroup_parent = cgroup_parent
         cg = CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager()
-        self.agent = NodeAgent(cg, self.run_dir / "exits", fold_cores=True)
+        self.agent = NodeAgent(cg, self.run_dir / "exits", fold_cores=True, env_allow=env_allow)
         self.grace_s = float(grace_s)
         self.raylet_pid = os.getppid()  # Ray workers are the raylet's children
         self._unacked: dict[str, tuple[int, int | None]] = {}  # executor id -> (pid, exit code)

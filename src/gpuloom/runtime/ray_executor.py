@@ -52,14 +52,16 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..core.cluster import Cluster, ClusterError, Node
+from .cgroups import MB  # the service's memory unit: 10^6 bytes
 from .executor import Executor, ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
 from .inventory import InventoryChange
+from .local import DEFAULT_ENV_ALLOW
 from .logmirror import append_to, mirror_offset, set_mirror_offset
 from .ray_agent import AgentActor, stop_orphan
 
@@ -103,7 +105,7 @@ def gpu_nodes(table: Iterable[dict[str, Any]]) -> list[RayNode]:
             continue
         acc = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
         out.append(RayNode(node_name(n), str(n["NodeID"]), str(n.get("NodeManagerAddress", "")), int(res["GPU"]),
-                           int(res.get("CPU", 0)), int(res.get("memory", 0) // 2**20), acc[0] if acc else "generic"))
+                           int(res.get("CPU", 0)), int(res.get("memory", 0) // MB), acc[0] if acc else "generic"))
     return sorted(out, key=lambda r: r.name)
 
 
@@ -118,7 +120,7 @@ class RayExecutor(Executor):
 
     def __init__(self, namespace: str, node_dir: str | None = None, cgroup_parent: str | None = None,
                  grace_s: float = 10.0, logs: str = "shared", exit_wait_s: float = 5.0, log_every_s: float = 0.5,
-                 call_timeout_s: float = 60.0) -> None:
+                 call_timeout_s: float = 60.0, env_allow: Sequence[str] | None = None) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -133,6 +135,7 @@ class RayExecutor(Executor):
         self.node_dir = node_dir or str(Path(tempfile.gettempdir()) / f"gpuloom-{namespace}")
         self.cgroup_parent = cgroup_parent
         self.grace_s = float(grace_s)
+        self.env_allow = tuple(env_allow) if env_allow is not None else DEFAULT_ENV_ALLOW
         self.logs = logs
         self.exit_wait_s = float(exit_wait_s)
         self.log_every_s = float(log_every_s)
@@ -173,7 +176,7 @@ class RayExecutor(Executor):
             if (name not in self.nodes or name in self._dead_agents) and name not in self._starting:
                 h = self._actor_cls.options(**self._agent_options(n)).remote(
                     name, str(Path(self.node_dir) / name), f"{self.cgroup_parent}-{name}" if self.cgroup_parent else None,
-                    self.grace_s)
+                    self.grace_s, self.env_allow)
                 self._starting[name] = (n, h, h.info.remote(), now)
         refs = {ref: name for name, (_, _, ref, _) in self._starting.items()}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s) if refs else ([], [])

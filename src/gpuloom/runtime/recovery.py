@@ -2,11 +2,22 @@
 
 A job that held a process (launching, running, being stopped) is adopted if
 all its processes are alive (same pid and start time); a stop the previous
-service had begun (checkpointing, stopping) is finished now.  A job whose
-processes are gone is FINISHED if they all left exit records of 0 and it was
-running, else requeued (STANDBY) to resume from its checkpoint.  Lifecycles
-restart from the stored state (the history before the restart is in the
-events table).
+service had begun (checkpointing, stopping) is finished now (and counted as
+the preemption it was).  A job whose processes are gone and that was not
+being stopped ends as its exit records say: FINISHED if they are all 0,
+FAILED if one is not (an exit record is final: a job that failed while the
+service was down is not run again), with the time it ran up to its exit.
+Without exit records (the wrapper itself was killed) it is requeued (STANDBY)
+to resume from its checkpoint.  Adopted jobs that were protected lose their
+protection at once (its start is unknown).
+
+Launches are recorded before their processes exist (an *intent*: the
+processes to be, without pids); a process whose launch the previous service
+did not live to confirm, and any other process it launched and never
+recorded (profiling runs), is found from the pid file its wrapper writes
+first and stopped gracefully (:func:`_sweep`), so no job runs twice.
+Lifecycles restart from the stored state (the history before the restart is
+in the events table).
 
 An adopted job continues from its stored remaining work (``work_left`` as of
 ``work_at``) at the speed the throughput model gives its stored allocation,
@@ -46,6 +57,9 @@ def recover(svc: Service) -> None:
                     svc.gate.add(row)  # dependencies and array limits first, like a new submission
                 continue
             if row.state in QUEUED_STATES:
+                if row.procs:  # a launch was intended and not confirmed: its process, if any, is swept
+                    svc.mirror.write(str(row.id), {"procs": None}, "launch-unconfirmed", {})
+                    row.procs = None
                 if svc.fits_or_fail(row):
                     svc.admit_row(row, JobState(row.state))
                 continue
@@ -53,6 +67,7 @@ def recover(svc: Service) -> None:
             if row.cancel_requested:
                 svc.request_cancel(str(row.id))
         _settle(svc)
+        _sweep(svc)
         rows = svc.store.list_jobs(None, after_id=svc.last_id)
         svc.last_id = max([svc.last_id] + [r.id for r in rows])
     svc.wake()
@@ -61,7 +76,7 @@ def recover(svc: Service) -> None:
 def _recover_holding(svc: Service, row: JobRow) -> None:
     act = svc.actuator
     state = JobState(row.state)
-    procs = [proc_from_json(d) for d in row.procs or []]
+    procs = [proc_from_json(d) for d in row.procs or [] if "pid" in d]
     alloc = None
     adopted: list[ProcInfo] = []
     jid = str(row.id)
@@ -84,6 +99,9 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
         act.running[jid] = Running({p.job_id: p for p in procs}, {}, cores, row.last_start or wall,
                                    act.log_size(jid) if state is S.LAUNCHING else 0)
         svc.driver.hold(job, alloc)  # its speed once every co-runner is back (_settle)
+        if state is S.RUNNING_PROTECTED and job.lifecycle is not None:
+            # how long it has been protected is unknown: it ran before the restart, protection ends now
+            job.lifecycle.protected_until = svc.now()
         if state in PROGRESS_STATES:
             job.busy_until = job.last_update  # progressing since its last record
         else:
@@ -94,26 +112,59 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
     for p in adopted:  # partly alive, or a stop to finish: stop what is left
         act.stop_quietly(p.job_id)
     gone = [p for p in procs if p not in adopted]
-    if (not stopping and procs and not adopted and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING)
-            and all(act.exit_code(p) == 0 for p in gone)):
-        svc.admit_row(row, state)
-        svc.end(jid, S.FINISHED, 0, "finished while the service was down")
-        return
-    held = row.held_time + max(0.0, wall - (row.last_start or wall))
+    codes = {p.job_id: act.exit_code(p) for p in gone}
     ngpu = int(row.spec["gpus"])
+    if not stopping and procs and not adopted and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING):
+        failed = {e: c for e, c in codes.items() if c not in (0, None)}
+        if failed or all(c == 0 for c in codes.values()):
+            # an exit record is final: the job finished, or failed, while the service was down
+            ended = [t for t in (act.exit_time(p) for p in gone) if t is not None]
+            end = max(ended) if ended else wall
+            ran = max(0.0, end - (row.last_start or end))
+            row.held_time += ran
+            row.held_gpu_time += ran * ngpu
+            svc.admit_row(row, state)
+            if failed:
+                eid, code = min(failed.items())
+                svc.end(jid, S.FAILED, code, f"process {eid} ended with code {code} while the service was down")
+            else:
+                svc.end(jid, S.FINISHED, 0, "finished while the service was down")
+            return
+    held = row.held_time + max(0.0, wall - (row.last_start or wall))
     row.held_gpu_time += (held - row.held_time) * ngpu
     row.held_time = held
+    if stopping:  # the stop the previous service began was a preemption (or half of a move/resize)
+        row.preemptions += 1
     why = "stop completed after a restart" if stopping else "process lost while the service was down"
     svc.mirror.write(
         jid,
         {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": held,
-         "held_gpu_time": row.held_gpu_time, "reason": f"{why}; requeued to resume"},
+         "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions,
+         "reason": f"{why}; requeued to resume"},
         "requeue",
         {"why": why},
     )
     row.state = S.STANDBY.value
     if svc.fits_or_fail(row):  # a smaller cluster may no longer hold it; a parked job waits
         svc.admit_row(row, S.STANDBY)
+
+
+def _sweep(svc: Service) -> None:
+    """Stop (SIGTERM, grace, SIGKILL) processes the previous service launched but never recorded: a
+    launch it did not live to confirm, a profiling run.  Recovery never leaves a job running twice."""
+    act = svc.actuator
+    try:
+        found = svc.executor.orphans()
+    except Exception as e:
+        log.warning("cannot look for unrecorded processes: %s", e)
+        return
+    futs = []
+    for p in found:
+        if act.adopt(p):
+            log.warning("process %s (pid %s) was launched but never recorded: stopping it", p.job_id, p.pid)
+            futs.append(act.pool.submit(act.stop_quietly, p.job_id))
+    for f in futs:
+        f.result()
 
 
 def _settle(svc: Service) -> None:

@@ -10,7 +10,7 @@ A multi-machine executor (Ray) can be one of its members or replace it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..core.cluster import Cluster
@@ -73,13 +73,28 @@ class NodeRouter(Executor):
         fn = getattr(ex, "exit_code", None)
         return None if fn is None else fn(info)
 
+    def exit_time(self, info: ProcInfo) -> float | None:
+        ex = self.executors.get(info.node)
+        return None if ex is None else ex.exit_time(info)
+
+    def end_reason(self, job_id: str) -> str | None:
+        for ex in self.executors.values():
+            r = ex.end_reason(job_id)
+            if r is not None:
+                return r
+        return None
+
+    def orphans(self) -> list[ProcInfo]:
+        return [p for ex in self.executors.values() for p in ex.orphans()]
+
     def close(self) -> None:
         for ex in self.executors.values():
             ex.close()
 
 
 def local_executor(
-    cluster: Cluster, run_dir: str | Path, fold_cores: bool = False, cgroup_parent: str | None = None
+    cluster: Cluster, run_dir: str | Path, fold_cores: bool = False, cgroup_parent: str | None = None,
+    env_allow: Sequence[str] | None = None,
 ) -> Executor:
     """Executors for a cluster whose nodes all live on this machine: one local
     executor per node behind a :class:`NodeRouter` (a declared inventory of
@@ -88,12 +103,13 @@ def local_executor(
     ``cgroup_parent``: the cgroup under which job cgroups are made (one per
     service, so two services on a machine never share a job cgroup name)."""
     from .cgroups import CgroupManager
-    from .local import LocalExecutor
+    from .local import DEFAULT_ENV_ALLOW, LocalExecutor
 
     run = Path(run_dir)
     cgroups = CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager()
     execs: dict[str, Executor] = {
-        n.name: LocalExecutor(n.name, cgroups=cgroups, run_dir=run / n.name, fold_cores=fold_cores)
+        n.name: LocalExecutor(n.name, cgroups=cgroups, run_dir=run / n.name, fold_cores=fold_cores,
+                              env_allow=DEFAULT_ENV_ALLOW if env_allow is None else env_allow)
         for n in cluster.nodes
     }
     return next(iter(execs.values())) if len(execs) == 1 else NodeRouter(execs)

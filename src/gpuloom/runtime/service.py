@@ -1,7 +1,7 @@
 """The scheduler service: store-backed jobs, rounds on a timer and on events, plan → executor.
 
-(Over 500 lines: the API's entry points and the loop they feed stay together; every part that
-stands alone has a module of its own, listed below.)
+(Over 500 lines: the API entry points and the loop's phases share the service's lock and mirror; the
+parts that stand alone are in the modules listed below.)
 
 The service is the simulator's twin: both are faces of one
 :class:`~gpuloom.driver.Driver`, which owns the active jobs and the current
@@ -30,8 +30,9 @@ its own modules:
 **A round is observe, then act** (as Ray's autoscaler v2 reconciler does):
 observe reaps exits, applies cancels and time limits, picks up new
 submissions and promotes jobs that reported progress; act asks the driver for
-a plan and applies it (stops, then launches).  Errors in a round are logged
-and the round is retried on the next tick.
+a plan and applies it (stops, then launches).  A job the scheduler cannot plan
+for, or whose launch fails, fails alone with the reason (:mod:`.isolation`);
+rounds that still fail back off exponentially and are logged once.
 
 Design decisions:
 
@@ -60,15 +61,19 @@ Design decisions:
   job: code 0 → ``FINISHED``, otherwise ``FAILED`` with the code.  A process
   the service stopped (preemption, move, resize) is requeued (the job
   checkpoints on SIGTERM and exits non-zero, conventionally 143), unless it
-  exited 0: it had completed.  After a restart, a process that is gone but
-  left an exit record of 0 completed while the service was down.
+  exited 0: it had completed.  After a restart, exit records are final: a
+  process that is gone and left 0 completed while the service was down, one
+  that left another code failed (:mod:`.recovery`).
+* **Sharing** (:mod:`.security`): jobs run as unprivileged OS accounts, the
+  state is private, one bad job fails alone (:mod:`.isolation`).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +93,13 @@ from .admission import NotFound, PermissionDenied, SubmitError, check_submittabl
 from .clock import Clock, SystemClock
 from .deps import Gate, parse_array, resolve_dependency
 from .executor import Executor
+from .identity import Identities
 from .inventory import InventorySource, unpark
 from .inventory import follow as follow_inventory
+from .isolation import Backoff, culprits
 from .mirror import Mirror
 from .profile_manager import ProfilingConfig, ProfilingManager
+from .security import Guard
 from .specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
 from .store import JobRow, Store
 
@@ -133,6 +141,10 @@ class Service:
         launch_timeout_s: float = 60.0,
         profiling: ProfilingConfig | None = None,
         clock: Clock | None = None,
+        identities: Identities | None = None,
+        job_dir: str | Path | None = None,
+        checkpoint_roots: Sequence[str | Path] | None = None,
+        keep_finished_s: float | None = None,
         model_factory: Callable[[Cluster], ThroughputModel] | None = None,
         data_dir: str | Path | None = None,
         inventory: InventorySource | None = None,
@@ -152,6 +164,9 @@ class Service:
         #: job id -> wall time from which it may be planned again (inf: once the inventory changes)
         self.parked: dict[int, float] = {}
         epoch = float(store.set_meta_default("epoch", repr(self.clock.time())))
+        self.service_id = store.set_meta_default("service_id", secrets.token_hex(4))
+        # who runs the jobs, where their checkpoints go, how long finished jobs are kept (see .security)
+        self.guard = Guard(self.state_dir, self.service_id, identities, job_dir, checkpoint_roots, keep_finished_s)
         self._parts = (profiling, epoch, float(default_duration), float(protect_factor), float(grace_s),
                        float(launch_timeout_s), seed)
         self.assemble(cluster, model)
@@ -163,6 +178,7 @@ class Service:
         self._cancel_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.last_round_s = 0.0
+        self.backoff = Backoff()
         self.gate = Gate(store, self.clock)  # arrays and dependencies (:mod:`.deps`)
         from .telemetry import Telemetry
 
@@ -182,7 +198,8 @@ class Service:
             # stored profiles, and profiles submitted with a job, reach the sizers through it
             add_sensitivity(self.model)
         self.mirror = Mirror(self.store, self.clock, epoch, duration, protect)
-        self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout)
+        self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout,
+                                 self.guard.identities, self.guard.job_dir)
         self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
         self.actuator.profiler = self.profiler
         self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(seed),
@@ -224,12 +241,21 @@ class Service:
         self._wake.set()
 
     # -- API side (any thread) -------------------------------------------------------
-    def validate(self, spec: Mapping[str, Any]) -> None:
+    def validate(self, spec: Mapping[str, Any], user: str | None = None) -> None:
         check_submittable(self.cluster, dict(spec))
+        self.guard.check_spec(self.cluster, dict(spec), user)
 
     def submit(self, spec: Mapping[str, Any], user: str) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
-        self.validate(spec)
+        self.validate(spec, user)
+        spec, tasks = self._expand(spec)
+        ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
+                                  now=self.clock.time(), array_tasks=tasks)
+        self._wake.set()
+        return ids[0]
+
+    def _expand(self, spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[int] | None]:
+        """The spec as stored (array limit, resolved dependencies) and its array's task indices."""
         spec = dict(spec)
         tasks = None
         if spec.get("array") is not None:
@@ -241,10 +267,22 @@ class Service:
                 spec["array_limit"] = limit
         if spec.get("dependency"):
             spec["depends_on"] = resolve_dependency(self.store, spec["dependency"])
-        ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
-                                  now=self.clock.time(), array_tasks=tasks)
-        self._wake.set()
-        return ids[0]
+        return spec, tasks
+
+    def submit_once(self, spec: Mapping[str, Any], user: str, key: str) -> tuple[int, bool]:
+        """:meth:`submit` under an idempotency key: (job id, True) the first time, (the same id, False)
+        when ``user`` retries with the same key."""
+        old = self.store.job_for_key(user, key)
+        if old is not None:
+            return old, False
+        self.validate(spec, user)
+        spec, tasks = self._expand(spec)
+        ids, new = self.store.add_jobs_once([spec] * (len(tasks) if tasks else 1), user,
+                                            S.WAITING_FOR_INITIAL_CONTACT.value, key, now=self.clock.time(),
+                                            array_tasks=tasks)
+        if new:
+            self._wake.set()
+        return ids[0], new
 
     def cancel(self, job_id: int, user: str, admin: bool) -> JobRow:
         row = self.store.get_job(job_id)
@@ -348,8 +386,10 @@ class Service:
                         self.round()
                         last = clock.monotonic()
                         next_round = last + self.round_s
-            except Exception:  # a bad round must not kill the service
-                log.exception("scheduling round failed")
+                    self.guard.maybe_purge(self, t)
+                self.backoff.succeeded()
+            except Exception:  # a bad round must not kill the service: back off, log once
+                self._stop.wait(self.backoff.failed())
 
     def recover(self) -> None:
         """Rebuild the mirror from the store; adopt live processes, requeue dead ones (:mod:`.recovery`)."""
@@ -411,13 +451,36 @@ class Service:
         now = self.now()
         for j in self.driver.jobs.values():
             j.advance(now)
-        _, actions = self.driver.plan(now)
+        try:
+            _, actions = self.driver.plan(now)
+        except Exception:
+            bad = culprits(self.driver, now)
+            if not bad:
+                raise  # not one job's fault: the loop backs off
+            for job, why in bad:  # each fails alone, with the error as its reason
+                log.warning("job %s cannot be scheduled, failed: %s", job.id, why)
+                self.fail(job.id, f"cannot be scheduled: {why}")
+            _, actions = self.driver.plan(now)
         self.mirror.record_reasons(self.driver.jobs)
         self.actuator.profiled = False
         failed = self.driver.apply(actions, now)
         for job in failed:
-            self._record_end(job, S.FAILED, None, job.extra.get("failure"), None, 0.0)
+            held = 0.0
+            if job.id in self.actuator.running:  # failed while holding (its new speed could not be rated)
+                self.actuator.terminate([job.id])
+                held = self.actuator.end(job.id)[1]
+            self._record_end(job, S.FAILED, None, job.extra.get("failure"), None, held)
         return actions
+
+    def fail(self, jid: str, reason: str) -> None:
+        """End an active job as FAILED with ``reason``, stopping its processes if it has any."""
+        if jid in self.actuator.running:
+            self.actuator.terminate([jid])
+            self.end(jid, S.FAILED, None, reason)
+            return
+        job = self.driver.jobs[jid]
+        self.driver.finish(job, self.now(), S.FAILED)
+        self._record_end(job, S.FAILED, None, reason, None, 0.0)
 
     def _reap(self) -> bool:
         ended = self.actuator.reap()

@@ -1,6 +1,9 @@
 """Job specs in the service: parsing the API's fields, and a stored spec as a :class:`JobSpec`.
 
-``parse_mem`` and ``parse_duration`` read what users write (``8G``, ``1:30:00``);
+``parse_mem`` and ``parse_duration`` read what users write (``8G``, ``8Gi``, ``1:30:00``).
+Memory units are exact: ``K``/``M``/``G``/``T`` are powers of 1000, ``Ki``/``Mi``/``Gi``/``Ti``
+powers of 1024, and the service counts memory in MB of 10^6 bytes for jobs, nodes
+(``--mem-gb-per-node 64`` = 64 000 MB) and cgroup limits alike;
 :func:`job_spec` turns a stored row into the :class:`~gpuloom.core.job.JobSpec`
 the scheduler sees: the job's work estimate (``duration``) is its time limit,
 or ``default_duration`` without one; the fields in :data:`SPEC_ATTRS` reach the
@@ -10,13 +13,16 @@ policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from ..core.job import JobSpec
 from .store import JobRow
 
-DEFAULT_DURATION = 3600.0  # work estimate (s) for jobs without a time limit
+DEFAULT_DURATION = 3600.0
+MAX_DURATION = 10 * 365 * 86400.0  # time limits beyond ten years are typos  # work estimate (s) for jobs without a time limit
 #: job-spec fields passed to policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves)
 SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time")
 
@@ -40,34 +46,56 @@ def job_spec(row: JobRow, epoch: float, default_duration: float = DEFAULT_DURATI
     )
 
 
-def parse_mem(value: Any, where: str = "mem") -> int:
-    """``"8G"``/``"512M"``/``"1.5T"``/``2048`` (MB) → MB.  Raises ``ValueError`` naming ``where``."""
+#: memory units: decimal (SI) and binary (IEC), in bytes; the service's MB is 10^6 bytes, for jobs and nodes alike
+MEM_UNITS = {"": 10**6, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+             "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+BYTES_PER_MB = 10**6
+_MEM_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]I?)?B?\s*$", re.IGNORECASE)
+
+
+def parse_mem_bytes(value: Any, where: str = "mem") -> int:
+    """Bytes from ``"8G"`` (10^9), ``"8Gi"`` (2^30), ``"512M"``, ``"1.5T"``, ``"64KiB"`` or a number of MB
+    (10^6 bytes), exactly (decimal arithmetic, rounded up to a whole byte).  Booleans are refused."""
     if isinstance(value, bool):
         raise ValueError(f"{where}: expected a size like 8G or a number of MB, got {value!r}")
-    if isinstance(value, int | float):
-        if value < 0 or not math.isfinite(value):
-            raise ValueError(f"{where}: must be >= 0 MB, got {value}")
-        return int(value)
-    s = str(value).strip().upper().removesuffix("B")
-    mult = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-    try:
-        if s and s[-1] in mult:
-            v = float(s[:-1]) * mult[s[-1]]
-        else:
-            v = float(s)
-    except ValueError:
-        raise ValueError(f"{where}: expected a size like 8G, 512M or a number of MB, got {value!r}") from None
-    if v < 0 or not math.isfinite(v):
+    if isinstance(value, int):
+        d = Decimal(value)
+        unit = ""
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: must be a finite size, got {value}")
+        d = Decimal(repr(value))
+        unit = ""
+    else:
+        m = _MEM_RE.match(str(value))
+        if m is None:
+            raise ValueError(f"{where}: expected a size like 8G, 8Gi, 512M or a number of MB, got {str(value)[:40]!r}")
+        d = Decimal(m.group(1))
+        unit = (m.group(2) or "").upper()
+    if d < 0:
         raise ValueError(f"{where}: must be >= 0, got {value!r}")
-    return int(v)
+    exact = d * MEM_UNITS[unit]
+    if exact > 10**21:  # a zettabyte: nothing real
+        raise ValueError(f"{where}: {str(value)[:40]!r} is too large")
+    return int(exact.to_integral_value(rounding=ROUND_CEILING))
+
+
+def parse_mem(value: Any, where: str = "mem") -> int:
+    """MB (10^6 bytes, rounded up) from what :func:`parse_mem_bytes` reads: ``"8G"`` -> 8000,
+    ``"8Gi"`` -> 8590, ``2048`` -> 2048.  Raises ``ValueError`` naming ``where``."""
+    b = parse_mem_bytes(value, where)
+    return -(-b // BYTES_PER_MB)
 
 
 def parse_duration(value: Any, where: str = "time_limit") -> float:
     """Seconds from a number or a Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) or ``90s/10m/2h/1d``."""
     if isinstance(value, bool):
-        raise ValueError(f"{where}: expected seconds or a time like 1:30:00, got {value!r}")
+        raise ValueError(f"{where}: expected seconds or a time like 1:30:00, not a boolean")
     if isinstance(value, int | float):
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:
+            v = math.inf
     else:
         s = str(value).strip()
         units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -94,8 +122,11 @@ def parse_duration(value: Any, where: str = "time_limit") -> float:
                     else:
                         raise ValueError
                 v = float(days * 86400 + h * 3600 + m * 60 + sec)
-        except ValueError:
-            raise ValueError(f"{where}: expected seconds or a time like 30:00, 1:30:00, 2-00:00:00 or 2h, got {value!r}") from None
+        except (ValueError, OverflowError):
+            raise ValueError(f"{where}: expected seconds or a time like 30:00, 1:30:00, 2-00:00:00 or 2h, "
+                             f"got {str(value)[:40]!r}") from None
     if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{where}: must be > 0, got {value!r}")
+        raise ValueError(f"{where}: must be a finite number of seconds > 0, got {str(value)[:40]!r}")
+    if v > MAX_DURATION:
+        raise ValueError(f"{where}: at most {MAX_DURATION / 86400:.0f} days, got {str(value)[:40]!r}")
     return v

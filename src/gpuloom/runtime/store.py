@@ -29,8 +29,11 @@ Design decisions:
   and ignored).
 * Tables: ``jobs``, ``events`` (history of each job), ``allocations`` (what
   each job held, from when to when), ``profiles`` (model →
-  measured profile), ``tokens`` (sha256 of a token → user, admin flag) and
-  ``meta`` (service epoch and other key/values).
+  measured profile), ``tokens`` (sha256 of a token → user, admin flag,
+  expiry), ``idempotency`` (a submission's key → its jobs) and ``meta``
+  (service epoch and other key/values).
+* **Private.**  An SQLite file is created 0600 (its WAL and shared-memory
+  files take the same mode): job specs hold users' environments.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,6 +60,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -102,7 +107,8 @@ jobs_t = Table(
 
 #: columns added after the first release: created on stores that predate them
 _ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"), ("pending_reason", "VARCHAR(200)"),
-                           ("array_id", "INTEGER"), ("array_task", "INTEGER"))}
+                           ("array_id", "INTEGER"), ("array_task", "INTEGER")),
+                  "tokens": (("expires", "FLOAT"),)}
 
 events_t = Table(
     "events",
@@ -144,6 +150,17 @@ tokens_t = Table(
     Column("token_hash", String(64), primary_key=True),
     Column("user", String(100), nullable=False),
     Column("admin", Boolean, nullable=False, default=False),
+    Column("created", Float, nullable=False),
+    Column("expires", Float),  # wall time after which the token is refused (null: never)
+)
+
+#: a submission's idempotency key -> the job it created (a retried submission gets the same job)
+idempotency_t = Table(
+    "idempotency",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("job_id", Integer, nullable=False),
     Column("created", Float, nullable=False),
 )
 
@@ -248,6 +265,10 @@ class Store:
             path = url.split("///", 1)[1] if "///" in url else ""
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                # private from the start (SQLite gives its -wal and -shm files the same mode)
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+                if os.stat(path).st_uid == os.geteuid():
+                    os.chmod(path, 0o600)
         try:
             self.engine: Engine = create_engine(url, **kw)
         except Exception as e:  # bad URL, missing driver
@@ -331,40 +352,49 @@ class Store:
         now = time.time() if now is None else now
         if array_tasks is not None and len(array_tasks) != len(specs):
             raise ValueError("one array task index per spec")
-        ids: list[int] = []
         with self.lock, self._begin(True) as c:
-            for k, spec in enumerate(specs):
-                res = c.execute(
-                    insert(jobs_t).values(
-                        **_encode(
-                            {
-                                "name": str(spec.get("name") or "job"),
-                                "user": user,
-                                "spec": dict(spec),
-                                "state": state,
-                                "submit_time": now,
-                                "checkpoint_dir": spec.get("checkpoint_dir"),
-                                "attempts": 0,
-                                "resume_count": 0,
-                                "preemptions": 0,
-                                "held_time": 0.0,
-                                "held_gpu_time": 0.0,
-                                "cancel_requested": False,
-                                "array_id": ids[0] if array_tasks is not None and ids else None,
-                                "array_task": None if array_tasks is None else int(array_tasks[k]),
-                            }
-                        )
+            ids = self._insert_jobs(c, specs, user, state, now, array_tasks)
+        self._notify_submitted(ids, user, state, now, array_tasks)
+        return ids
+
+    def _insert_jobs(self, c: Any, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float,
+                     array_tasks: Sequence[int] | None) -> list[int]:
+        ids: list[int] = []
+        for k, spec in enumerate(specs):
+            res = c.execute(
+                insert(jobs_t).values(
+                    **_encode(
+                        {
+                            "name": str(spec.get("name") or "job"),
+                            "user": user,
+                            "spec": dict(spec),
+                            "state": state,
+                            "submit_time": now,
+                            "checkpoint_dir": spec.get("checkpoint_dir"),
+                            "attempts": 0,
+                            "resume_count": 0,
+                            "preemptions": 0,
+                            "held_time": 0.0,
+                            "held_gpu_time": 0.0,
+                            "cancel_requested": False,
+                            "array_id": ids[0] if array_tasks is not None and ids else None,
+                            "array_task": None if array_tasks is None else int(array_tasks[k]),
+                        }
                     )
                 )
-                ids.append(int(res.inserted_primary_key[0]))
-            if array_tasks is not None:
-                c.execute(update(jobs_t).where(jobs_t.c.id == ids[0]).values(array_id=ids[0]))
-            c.execute(insert(events_t), [{"job_id": jid, "time": now, "kind": "submit",
-                                          "detail": json.dumps({"user": user})} for jid in ids])
+            )
+            ids.append(int(res.inserted_primary_key[0]))
+        if array_tasks is not None:
+            c.execute(update(jobs_t).where(jobs_t.c.id == ids[0]).values(array_id=ids[0]))
+        c.execute(insert(events_t), [{"job_id": jid, "time": now, "kind": "submit",
+                                      "detail": json.dumps({"user": user})} for jid in ids])
+        return ids
+
+    def _notify_submitted(self, ids: Sequence[int], user: str, state: str, now: float,
+                          array_tasks: Sequence[int] | None) -> None:
         for k, jid in enumerate(ids):
             arr = {} if array_tasks is None else {"array_id": ids[0], "array_task": int(array_tasks[k])}
             self._notify(jid, "submit", {"user": user}, {"state": state, "submit_time": now, **arr})
-        return ids
 
     def _notify(self, job_id: int | None, kind: str, detail: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
         for fn in list(self.listeners):
@@ -373,6 +403,42 @@ class Store:
             except Exception:  # a listener must never undo or block a committed change
                 log.exception("store listener failed on %s of job %s", kind, job_id)
 
+    def job_for_key(self, user: str, key: str) -> int | None:
+        """The (first) job a submission with idempotency ``key`` by ``user`` created, if any."""
+        with self.lock, self.engine.connect() as c:
+            v = c.execute(select(idempotency_t.c.job_id).where(idempotency_t.c.user == user,
+                                                                idempotency_t.c.key == key)).scalar()
+        return None if v is None else int(v)
+
+    def add_jobs_once(self, specs: Sequence[Mapping[str, Any]], user: str, state: str, key: str,
+                      now: float | None = None, array_tasks: Sequence[int] | None = None) -> tuple[list[int], bool]:
+        """:meth:`add_jobs` and the key's record in one transaction: (new ids, True), or ([the first id the
+        key already names], False)."""
+        now = time.time() if now is None else now
+        with self.lock:
+            old = self.job_for_key(user, key)
+            if old is not None:
+                return [old], False
+            with self._begin(True) as c:
+                ids = self._insert_jobs(c, specs, user, state, now, array_tasks)
+                c.execute(insert(idempotency_t).values(user=user, key=key, job_id=ids[0], created=now))
+        self._notify_submitted(ids, user, state, now, array_tasks)
+        return ids, True
+
+    def purge_jobs(self, before: float, states: Iterable[str]) -> list[int]:
+        """Delete jobs in ``states`` that ended before ``before`` (wall time), with their events,
+        allocation records and idempotency keys; returns their ids."""
+        with self.lock, self._begin(True) as c:
+            ids = [int(r[0]) for r in c.execute(select(jobs_t.c.id).where(
+                jobs_t.c.state.in_(list(states)), jobs_t.c.end_time < before))]
+            for k in range(0, len(ids), 500):
+                chunk = ids[k:k + 500]
+                c.execute(delete(events_t).where(events_t.c.job_id.in_(chunk)))
+                c.execute(delete(allocations_t).where(allocations_t.c.job_id.in_(chunk)))
+                c.execute(delete(idempotency_t).where(idempotency_t.c.job_id.in_(chunk)))
+                c.execute(delete(jobs_t).where(jobs_t.c.id.in_(chunk)))
+        return ids
+
     def get_job(self, job_id: int) -> JobRow | None:
         with self.lock, self.engine.connect() as c:
             row = c.execute(select(jobs_t).where(jobs_t.c.id == job_id)).mappings().first()
@@ -380,10 +446,10 @@ class Store:
 
     def list_jobs(
         self, states: Iterable[str] | None = None, user: str | None = None, after_id: int | None = None,
-        since: float | None = None, until: float | None = None,
+        since: float | None = None, until: float | None = None, limit: int | None = None,
     ) -> list[JobRow]:
         """Jobs by id; ``since``/``until`` (wall seconds): only those not ended before ``since`` and
-        submitted by ``until``."""
+        submitted by ``until``; at most ``limit`` of them, after id ``after_id``."""
         q = select(jobs_t)
         if since is not None:
             q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
@@ -396,6 +462,8 @@ class Store:
         if after_id is not None:
             q = q.where(jobs_t.c.id > after_id)
         q = q.order_by(jobs_t.c.id)
+        if limit is not None:
+            q = q.limit(limit)
         with self.lock, self.engine.connect() as c:
             rows = c.execute(q).mappings().all()
         return [_decode(r) for r in rows]
@@ -557,18 +625,23 @@ class Store:
         return None if v is None else json.loads(v)
 
     # -- tokens -----------------------------------------------------------------
-    def add_token(self, token: str, user: str, admin: bool = False) -> None:
+    def add_token(self, token: str, user: str, admin: bool = False, expires: float | None = None) -> None:
         with self.lock, self._begin(True) as c:
             c.execute(
-                insert(tokens_t).values(token_hash=hash_token(token), user=user, admin=admin, created=time.time())
+                insert(tokens_t).values(token_hash=hash_token(token), user=user, admin=admin, created=time.time(),
+                                        expires=expires)
             )
 
-    def lookup_token(self, token: str) -> tuple[str, bool] | None:
+    def lookup_token(self, token: str, now: float | None = None) -> tuple[str, bool] | None:
+        """(user, admin) of a token that exists and has not expired, else None."""
         with self.lock, self.engine.connect() as c:
             row = c.execute(
-                select(tokens_t.c.user, tokens_t.c.admin).where(tokens_t.c.token_hash == hash_token(token))
+                select(tokens_t.c.user, tokens_t.c.admin, tokens_t.c.expires)
+                .where(tokens_t.c.token_hash == hash_token(token))
             ).first()
-        return None if row is None else (str(row[0]), bool(row[1]))
+        if row is None or (row[2] is not None and row[2] <= (time.time() if now is None else now)):
+            return None
+        return str(row[0]), bool(row[1])
 
     def has_admin(self) -> bool:
         with self.lock, self.engine.connect() as c:

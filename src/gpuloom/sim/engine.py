@@ -16,6 +16,13 @@ then arrivals, then the round, so a GPU freed at ``t`` is reusable at ``t``.
   (its predicted finish), not at the next round; the job is checked to have
   done exactly its work.  Predictions are invalidated by bumping ``job.version``.
 
+Jobs that no placement can ever hold (:func:`gpuloom.core.fit.never_fits`: GPUs,
+cores, memory, GPU type) are an error when the simulator is built, or, with
+``drop_impossible``, never become active and count as unfinished
+(``RunResult.impossible``).  A **stall guard** stops the run when, for
+``STALL_ROUNDS`` rounds in a row, jobs wait, no job can finish as things stand
+and none is left to arrive; ``RunResult.stalled`` names the waiting jobs.
+
 **The lifecycle always runs.**  Every job walks the lifecycle the service uses
 (:mod:`gpuloom.core.lifecycle`), timed by :class:`~gpuloom.core.lifecycle.LifecycleTimes`:
 
@@ -51,6 +58,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..core.cluster import Cluster
+from ..core.fit import impossible_jobs, impossible_message
 from ..core.job import Job, JobError, JobSpec
 from ..core.lifecycle import LifecycleTimes
 from ..core.plan import ActionKind, Allocation
@@ -66,6 +74,10 @@ __all__ = ["LifecycleTimes", "SimConfig", "SimulationError", "Simulator", "simul
 
 class SimulationError(RuntimeError):
     pass
+
+
+#: Stall guard: stop after this many rounds in which jobs wait, no job can finish and none will arrive.
+STALL_ROUNDS = 3
 
 
 @dataclass(slots=True)
@@ -167,16 +179,11 @@ class Simulator:
         order = sorted(range(len(specs)), key=lambda i: (specs[i].arrival, i))
         self.jobs: list[Job] = [Job(specs[i], k) for k, i in enumerate(order)]
         self.by_id = {j.id: j for j in self.jobs}
-        self.impossible: set[str] = set()
-        biggest = cluster.num_gpus
-        for j in self.jobs:
-            if j.spec.gpus > biggest:
-                if not self.config.drop_impossible:
-                    raise JobError(
-                        f"job {j.id}: needs {j.spec.gpus} GPUs, the cluster has {biggest} "
-                        "(use drop_impossible to count such jobs as unfinished)"
-                    )
-                self.impossible.add(j.id)
+        # jobs no placement can ever hold (GPUs, cores, memory, GPU type): an error, or never active
+        self.impossible: dict[str, str] = impossible_jobs(specs, cluster)
+        if self.impossible and not self.config.drop_impossible:
+            raise JobError(impossible_message(self.impossible))
+        self.stalled: list[str] = []  # jobs left waiting when the stall guard stopped the run
         self.now = 0.0
         self.rng = np.random.default_rng(self.config.seed)
         times = self.config.times
@@ -258,7 +265,6 @@ class Simulator:
         idle_rounds = 0
         total_to_finish = n - len(self.impossible)
         active = self.driver.jobs
-        current = self.driver.current
         heap = self.backend.heap
         while done < total_to_finish:
             t_arr = jobs[ptr].spec.arrival if ptr < n else math.inf
@@ -277,7 +283,7 @@ class Simulator:
                 self._complete(self.by_id[jid])
                 done += 1
                 changed = True
-                if progress is not None and done % 256 == 0:
+                if progress is not None and done % 32 == 0:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
                     self._round()
@@ -304,16 +310,17 @@ class Simulator:
             if changed or self.scheduler.dynamic:
                 self._round()
                 changed = False
-                # stall guard: active jobs, nothing runs, nothing will arrive
-                if not current and ptr >= n and active:
-                    idle_rounds += 1
-                    if idle_rounds > 2:
-                        break
-                else:
-                    idle_rounds = 0
             else:
                 self.rounds += 1
             self._record()
+            # stall guard: jobs wait, none will ever finish as things stand, none will arrive
+            if ptr >= n and self.active and self._next_completion() == math.inf:
+                idle_rounds += 1
+                if idle_rounds >= STALL_ROUNDS:
+                    self.stalled = sorted(self.active, key=lambda i: self.by_id[i].index)
+                    break
+            else:
+                idle_rounds = 0
         for j in self.jobs:
             if j.lifecycle is not None and j.finish is None:
                 j.advance(self.now)
@@ -345,6 +352,8 @@ class Simulator:
             wall_time=_time.perf_counter() - t0,
             rounds=self.rounds,
             rounds_computed=self.rounds_computed,
+            impossible=dict(self.impossible),
+            stalled=list(self.stalled),
         )
 
 

@@ -6,10 +6,32 @@ what reports, CSV/JSON writers and ``gpuloom compare`` read.
 Definitions (all times in seconds):
 
 * JCT = finish − arrival; queueing delay = first start − arrival;
-* FTF ρ = JCT / duration (Themis finish-time fairness; 1 = as if alone);
+* slowdown = JCT / duration (1 = ran at full speed from its arrival, as if alone
+  on a cluster big enough for it);
+* FTF ρ, Themis' finish-time fairness (Mahajan et al., NSDI'20): ρ = T_sh / T_id,
+  where T_sh is the job's time in the shared cluster (its JCT) and T_id the time
+  it would take in an independent 1/N share of the cluster, N being the number
+  of contending jobs averaged over its lifetime.  Here, exactly:
+
+  - N = (1 / JCT) ∫ active(t) dt over [arrival, finish], where active(t) counts
+    the jobs that have arrived and not finished (running or queued, the job
+    itself included), read from the run's time series;
+  - a 1/N share of a cluster of G GPUs is G / N GPUs.  A rigid job asking for
+    g GPUs can use them a fraction min(1, G / (N g)) of the time, so
+    T_id = duration × max(1, N g / G).
+
+  ρ < 1: the job did better than its fair share would have given it; ρ > 1:
+  worse.  A job alone on a cluster that holds it has N = 1 and ρ = slowdown = 1.
+  This is the rigid-job reading of Gavel's "isolated" allocation (each of N
+  jobs gets G/N of the cluster, time-shared when it needs more GPUs).
 * makespan = last finish − first arrival;
 * GPU utilisation = time-weighted mean of GPUs held / GPUs in the cluster over
   [first arrival, last event]; CPU and memory likewise.
+
+Unfinished jobs have no JCT, slowdown or ρ (``None`` / NaN) and are left out of
+the statistics; ``unfinished`` counts them, ``impossible`` lists those that
+could never run on the cluster and ``stalled`` those the stall guard found
+waiting with no way forward.
 """
 
 from __future__ import annotations
@@ -47,7 +69,8 @@ class JobRecord:
         return None if self.first_start is None else self.first_start - self.arrival
 
     @property
-    def ftf_rho(self) -> float | None:
+    def slowdown(self) -> float | None:
+        """JCT / duration (not Themis' ρ: see :meth:`RunResult.themis`)."""
         jct = self.jct
         return None if jct is None else jct / self.duration
 
@@ -55,7 +78,7 @@ class JobRecord:
         d = asdict(self)
         d["jct"] = self.jct
         d["queueing_delay"] = self.queueing_delay
-        d["ftf_rho"] = self.ftf_rho
+        d["slowdown"] = self.slowdown
         return d
 
 
@@ -124,12 +147,20 @@ class RunResult:
     wall_time: float = 0.0
     rounds: int = 0
     rounds_computed: int = 0
+    impossible: dict[str, str] = field(default_factory=dict)  # job id -> why it can never run here
+    stalled: list[str] = field(default_factory=list)  # jobs waiting when the stall guard stopped the run
+    meta: dict[str, Any] = field(default_factory=dict)  # what the run was made from: trace, version, ...
 
     @property
     def label(self) -> str:
-        """The configuration's label (set by :mod:`gpuloom.sim.runconfig`), else ``order/place``."""
+        """The configuration's label (set by :mod:`gpuloom.sim.runconfig`), else :attr:`stages`."""
+        return str(self.config.get("label") or self.stages)
+
+    @property
+    def stages(self) -> str:
+        """The full pipeline: ``order/group/size/place`` (``srsf/muri/proportional/packed-sticky``)."""
         c = self.config
-        return str(c.get("label") or f"{c.get('order', '?')}/{c.get('place', '?')}")
+        return "/".join(str(c.get(k, "?")) for k in ("order", "group", "size", "place"))
 
     @property
     def span_end(self) -> float:
@@ -152,6 +183,9 @@ class RunResult:
         last = max((j.finish for j in done if j.finish is not None), default=first)
         end = max(self.end_time, last)
         geo = float(math.exp(np.mean(np.log(np.maximum(jcts, 1e-9))))) if jcts else math.nan
+        slow = [float(j.slowdown) for j in done if j.slowdown is not None]
+        rho = self.themis()[1]
+        rho = rho[~np.isnan(rho)]
         s = {
             "jobs": len(self.jobs),
             "completed": len(done),
@@ -163,17 +197,57 @@ class RunResult:
             "geomean_jct": geo,
             "makespan": last - first,
             "mean_queueing_delay": float(np.mean([j.queueing_delay for j in done])) if done else math.nan,
-            "mean_ftf_rho": float(np.mean([j.ftf_rho for j in done])) if done else math.nan,
-            "max_ftf_rho": float(np.max([j.ftf_rho for j in done])) if done else math.nan,
+            "mean_slowdown": float(np.mean(slow)) if done else math.nan,
+            "max_slowdown": float(np.max(slow)) if done else math.nan,
+            "mean_ftf_rho": float(np.mean(rho)) if done else math.nan,
+            "max_ftf_rho": float(np.max(rho)) if done else math.nan,
             "preemptions": sum(j.preemptions for j in self.jobs),
             "migrations": sum(j.migrations for j in self.jobs),
             "gpu_util": self.series.mean("gpus", end) / self.cluster_gpus if self.cluster_gpus else 0.0,
             "cpu_util": self.series.mean("cpus", end) / self.cluster_cpus if self.cluster_cpus else 0.0,
             "mem_util": self.series.mean("mem_mb", end) / self.cluster_mem_mb if self.cluster_mem_mb else 0.0,
             "rounds": self.rounds,
+            "impossible": len(self.impossible),
+            "stalled": len(self.stalled),
             "wall_time_s": self.wall_time,
         }
         return s
+
+    def active_integral(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(t, active, F)``: the active-job count (running + queued) as a step function and
+        its integral ``F[i] = ∫ active dt`` from ``t[0]`` to ``t[i]``."""
+        s = self.series
+        t = np.asarray(s.t, dtype=float)
+        active = np.asarray(s.running, dtype=float) + np.asarray(s.queued, dtype=float)
+        F = np.concatenate([[0.0], np.cumsum(active[:-1] * np.diff(t))]) if len(t) else t
+        return t, active, F
+
+    def themis(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per job, in job order: ``(N, ρ)``, the average number of contending jobs over the
+        job's lifetime and Themis' finish-time fairness (module docstring); NaN if unfinished."""
+        n = len(self.jobs)
+        N = np.full(n, math.nan)
+        rho = np.full(n, math.nan)
+        idx = [i for i, j in enumerate(self.jobs) if j.finish is not None and j.finish > j.arrival]
+        if not idx or not self.series.t:
+            return N, rho
+        t, active, F = self.active_integral()
+        arr = np.array([self.jobs[i].arrival for i in idx])
+        fin = np.array([self.jobs[i].finish for i in idx], dtype=float)
+
+        def integral(x: np.ndarray) -> np.ndarray:  # ∫ active from t[0] to x (0 before t[0])
+            k = np.searchsorted(t, x, side="right") - 1
+            kk = np.clip(k, 0, len(t) - 1)
+            return np.where(k < 0, 0.0, F[kk] + active[kk] * (x - t[kk]))
+
+        jct = fin - arr
+        n_avg = np.maximum((integral(fin) - integral(arr)) / jct, 1.0)  # the job itself contends
+        g = np.array([self.jobs[i].gpus for i in idx], dtype=float)
+        dur = np.array([self.jobs[i].duration for i in idx], dtype=float)
+        t_id = dur * np.maximum(1.0, n_avg * g / max(self.cluster_gpus, 1))
+        N[idx] = n_avg
+        rho[idx] = jct / t_id
+        return N, rho
 
     def job(self, job_id: str) -> JobRecord:
         for j in self.jobs:

@@ -43,6 +43,7 @@ import math
 import multiprocessing as mp
 import os
 import queue as _queue
+import time as _time
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,7 @@ from ..driver import Stack
 from ..perf.assembly import ModelOptionError
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..policies.base import PolicyError
+from ..policies.check import check_names
 from ..scheduler import Scheduler
 from .engine import SimConfig, Simulator
 from .metrics import RunResult
@@ -108,6 +110,7 @@ class RunConfig:
 
     def scheduler(self, where: str = "") -> Scheduler:
         try:
+            check_names(self.stack.names)  # unknown names: "did you mean" and the accepted names
             return self.stack.scheduler()
         except PolicyError as e:
             raise ConfigError(f"{where or f'config {self.name!r}'}: {e}") from None
@@ -336,21 +339,54 @@ def load_run_configs(path: str | Path, base: RunConfig | None = None) -> list[Ru
 
 
 # -- running -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """One progress report: run ``label`` (with ``seed``) has finished ``done`` of its ``total`` jobs,
+    its simulated clock reads ``now``; ``finished`` once the run is over."""
+
+    label: str
+    seed: int
+    done: int
+    total: int
+    now: float
+    finished: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.label, self.seed
+
+
+#: ``on_progress(RunProgress)``
+OnProgress = Callable[[RunProgress], None]
+
+
 def run_config(
     rc: RunConfig,
     cluster: Cluster,
     specs: Sequence[JobSpec],
     model_builder: ModelBuilder | None = None,
     progress: Callable[[int, int], None] | None = None,
+    tick: Callable[[int, int, float], None] | None = None,
 ) -> RunResult:
-    """Run one configuration; the result's ``config`` carries the label and parameters."""
+    """Run one configuration; the result's ``config`` carries the label and parameters.
+
+    ``progress(done, total)`` and ``tick(done, total, simulated time)`` are called as jobs finish.
+    """
     sched = rc.scheduler()
     model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
     try:
         sched.bind(model)  # the factors a stage requires, as the service binds them
     except PolicyError as e:
         raise ConfigError(f"config {rc.name!r}: {e}") from None
-    result = Simulator(cluster, specs, sched, model, rc.sim).run(progress)
+    sim = Simulator(cluster, specs, sched, model, rc.sim)
+    cb = None
+    if progress is not None or tick is not None:
+        def cb(done: int, total: int) -> None:
+            if progress is not None:
+                progress(done, total)
+            if tick is not None:
+                tick(done, total, sim.now)
+    result = sim.run(cb)
     result.config = {"label": rc.name, **result.config, "params": dict(rc.params),
                      "locality_penalty": rc.locality_penalty}
     return result
@@ -359,20 +395,28 @@ def run_config(
 # worker-process state, set once per worker by the pool initializer
 _W: dict[str, Any] = {}
 
+#: seconds between progress messages a worker sends (its last one is always sent)
+WORKER_REPORT_INTERVAL = 0.25
 
-def _init_worker(cluster: Cluster, specs: Sequence[JobSpec], model_builder: ModelBuilder | None,
+
+def _init_worker(cluster: Cluster, workloads: Mapping[Any, Sequence[JobSpec]], model_builder: ModelBuilder | None,
                  q: Any) -> None:
-    _W.update(cluster=cluster, specs=specs, model_builder=model_builder, queue=q)
+    _W.update(cluster=cluster, workloads=workloads, model_builder=model_builder, queue=q)
 
 
-def _work(rc: RunConfig) -> RunResult:
+def _work(task: tuple[str, int, RunConfig, Any]) -> RunResult:
+    label, seed, rc, wkey = task
     q = _W["queue"]
-    name = rc.name
+    last = [0.0]
 
-    def report(done: int, total: int) -> None:
-        q.put((name, done, total))
+    def tick(done: int, total: int, now: float) -> None:
+        t = _time.monotonic()
+        if t - last[0] >= WORKER_REPORT_INTERVAL or done >= total:
+            last[0] = t
+            q.put(RunProgress(label, seed, done, total, now))
 
-    return run_config(rc, _W["cluster"], _W["specs"], _W["model_builder"], report if q is not None else None)
+    return run_config(rc, _W["cluster"], _W["workloads"][wkey], _W["model_builder"], None,
+                      tick if q is not None else None)
 
 
 def unique_labels(configs: Sequence[RunConfig]) -> list[str]:
@@ -383,6 +427,73 @@ def unique_labels(configs: Sequence[RunConfig]) -> list[str]:
     return labels
 
 
+def _execute(
+    tasks: Sequence[tuple[str, int, RunConfig, Any]],
+    cluster: Cluster,
+    workloads: Mapping[Any, Sequence[JobSpec]],
+    processes: int | None,
+    on_progress: OnProgress | None,
+    model_builder: ModelBuilder | None,
+    poll: Callable[[], None] | None = None,
+    ray: bool = False,
+) -> list[RunResult]:
+    """Run ``(label, seed, config, workload key)`` tasks; results in task order.  ``ray``: as Ray
+    tasks on the cluster this process is connected to (:mod:`.ray_sweep`), not in a process pool."""
+    if not tasks:
+        return []
+    if ray:
+        from .ray_sweep import execute_on_ray
+
+        return execute_on_ray(tasks, cluster, workloads, on_progress, model_builder, poll)
+    n = processes if processes is not None else min(len(tasks), os.cpu_count() or 1)
+    if n < 1:
+        raise ConfigError(f"processes must be >= 1, got {n}")
+    if n == 1 or len(tasks) == 1:
+        out = []
+        for label, seed, rc, wkey in tasks:
+            tick = None
+            if on_progress is not None:
+                def tick(d: int, t: int, now: float, _l: str = label, _s: int = seed) -> None:
+                    on_progress(RunProgress(_l, _s, d, t, now))
+            r = run_config(rc, cluster, workloads[wkey], model_builder, None, tick)
+            if on_progress is not None:
+                on_progress(RunProgress(label, seed, len(r.finished), len(r.jobs), r.end_time, True))
+            out.append(r)
+        return out
+    ctx = mp.get_context()
+    q = ctx.Queue() if on_progress is not None else None
+    results: dict[int, RunResult] = {}
+    last: dict[tuple[str, int], int] = {}
+    ended: set[tuple[str, int]] = set()
+
+    def forward(p: RunProgress) -> None:
+        # updates from workers arrive late and out of order: forward only forward progress
+        if on_progress is None or p.key in ended or p.done < last.get(p.key, -1):
+            return
+        last[p.key] = p.done
+        if p.finished:
+            ended.add(p.key)
+        on_progress(p)
+
+    with ProcessPoolExecutor(min(n, len(tasks)), mp_context=ctx, initializer=_init_worker,
+                             initargs=(cluster, dict(workloads), model_builder, q)) as pool:
+        futures: dict[Future[RunResult], int] = {pool.submit(_work, t): i for i, t in enumerate(tasks)}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(q, forward)
+            for f in done:
+                i = futures[f]
+                r = results[i] = f.result()
+                label, seed, _, _ = tasks[i]
+                # a worker's last queued update may still be in flight: report the end here
+                forward(RunProgress(label, seed, len(r.finished), len(r.jobs), r.end_time, True))
+            if poll is not None:
+                poll()
+        _drain(q, forward)
+    return [results[i] for i in range(len(tasks))]
+
+
 def run_many(
     configs: Sequence[RunConfig],
     cluster: Cluster,
@@ -390,69 +501,75 @@ def run_many(
     processes: int | None = None,
     progress: Progress | None = None,
     model_builder: ModelBuilder | None = None,
+    on_progress: OnProgress | None = None,
+    poll: Callable[[], None] | None = None,
     ray: bool = False,
 ) -> dict[str, RunResult]:
     """Run every configuration on the same cluster and trace; results keyed by label, in input order.
 
     ``processes``: worker processes (default: one per configuration, at most
-    the CPU count); 1 runs everything in this process.  ``ray``: one Ray task
-    per configuration on the cluster this process is connected to
-    (:mod:`.ray_sweep`; ``processes`` is then unused).
+    the CPU count); 1 runs everything in this process.  ``progress(label, done,
+    total)`` or ``on_progress(RunProgress)`` hear of finished jobs;
+    ``poll()`` is called a few times a second while workers run.  ``ray``: one
+    Ray task per configuration instead (:mod:`.ray_sweep`; same results).
     """
-    if ray:
-        from .ray_sweep import run_many_ray
-
-        return run_many_ray(configs, cluster, specs, progress, model_builder)
     labels = unique_labels(configs)
     for rc in configs:
         rc.validate()
-    if not configs:
-        return {}
-    n = processes if processes is not None else min(len(configs), os.cpu_count() or 1)
-    if n < 1:
-        raise ConfigError(f"processes must be >= 1, got {n}")
-    if n == 1 or len(configs) == 1:
-        out = {}
-        for label, rc in zip(labels, configs, strict=True):
-            cb = (lambda d, t, _l=label: progress(_l, d, t)) if progress is not None else None
-            out[label] = run_config(rc, cluster, specs, model_builder, cb)
-        return out
+    cb = on_progress
     if progress is not None:
-        # updates from workers arrive late and out of order: forward only forward progress
-        user = progress
-        last: dict[str, int] = {}
-
-        def progress(label: str, done: int, total: int) -> None:
-            if done >= last.get(label, -1):
-                last[label] = done
-                user(label, done, total)
-
-    ctx = mp.get_context()
-    q = ctx.Queue() if progress is not None else None
-    results: dict[str, RunResult] = {}
-    with ProcessPoolExecutor(min(n, len(configs)), mp_context=ctx, initializer=_init_worker,
-                             initargs=(cluster, list(specs), model_builder, q)) as pool:
-        futures: dict[Future[RunResult], str] = {pool.submit(_work, rc): lb for lb, rc in zip(labels, configs,
-                                                                                               strict=True)}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            _drain(q, progress)
-            for f in done:
-                r = results[futures[f]] = f.result()
-                if progress is not None:
-                    # a worker's last queued update may still be in flight: report the end here
-                    progress(futures[f], len(r.finished), len(r.jobs))
-        _drain(q, progress)
-    return {lb: results[lb] for lb in labels}
+        def cb(p: RunProgress) -> None:
+            progress(p.label, p.done, p.total)
+            if on_progress is not None:
+                on_progress(p)
+    tasks = [(lb, rc.sim.seed, rc, 0) for lb, rc in zip(labels, configs, strict=True)]
+    results = _execute(tasks, cluster, {0: specs}, processes, cb, model_builder, poll, ray)
+    return dict(zip(labels, results, strict=True))
 
 
-def _drain(q: Any, progress: Progress | None) -> None:
-    if q is None or progress is None:
+def run_seeds(
+    configs: Sequence[RunConfig],
+    cluster: Cluster,
+    seeds: Sequence[int],
+    workload: Callable[[int], Sequence[JobSpec]] | Sequence[JobSpec],
+    processes: int | None = None,
+    on_progress: OnProgress | None = None,
+    model_builder: ModelBuilder | None = None,
+    poll: Callable[[], None] | None = None,
+    ray: bool = False,
+) -> dict[str, list[RunResult]]:
+    """Every configuration once per seed: ``{label: [result per seed]}``.
+
+    The seed drives everything random in a run: ``SimConfig.seed`` (random
+    placement and other random policies), generated model data (PM-scores
+    without a ``variability_seed``) and, when ``workload`` is a function of the
+    seed, the workload itself (``builtin_workload(seed)``, ``generate(...,
+    seed=seed)``).  A fixed ``workload`` (a trace) is shared by every seed.
+    """
+    labels = unique_labels(configs)
+    for rc in configs:
+        rc.validate()
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise ConfigError(f"seeds must be distinct and at least one, got {list(seeds)}")
+    if callable(workload):
+        workloads = {s: workload(s) for s in seeds}
+    else:
+        workloads = {s: workload for s in seeds}
+    tasks = [(lb, s, dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, seed=s)), s)
+             for lb, rc in zip(labels, configs, strict=True) for s in seeds]
+    results = _execute(tasks, cluster, workloads, processes, on_progress, model_builder, poll, ray)
+    out: dict[str, list[RunResult]] = {lb: [] for lb in labels}
+    for (lb, *_), r in zip(tasks, results, strict=True):
+        out[lb].append(r)
+    return out
+
+
+def _drain(q: Any, forward: Callable[[RunProgress], None]) -> None:
+    if q is None:
         return
     while True:
         try:
-            label, d, t = q.get_nowait()
+            p = q.get_nowait()
         except _queue.Empty:
             return
-        progress(label, d, t)
+        forward(p)
