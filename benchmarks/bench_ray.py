@@ -104,9 +104,11 @@ class Server:
                        for r in rows):
                     return rows
                 time.sleep(0.1)
+            why = {r.state + ": " + str(r.reason) for r in rows if r.first_start is None or r.state not in (
+                "launching", "running_protected", "running")}
         finally:
             store.close()
-        raise RuntimeError("jobs did not launch")
+        raise RuntimeError(f"jobs did not launch: {sorted(why)[:3]}")
 
     def cancel_all(self, ids: list[int]) -> None:
         for i in ids:
@@ -217,6 +219,7 @@ def main() -> None:
     results = []
     try:
         with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o755)  # the shared directory below must be reachable by the job account
             sd = Path(d) / "local"
             sd.mkdir()
             s = Server(sd, "--cluster", "3x16", "--cpus-per-node", "16", "--mem-gb-per-node", "8")

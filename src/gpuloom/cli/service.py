@@ -212,6 +212,8 @@ def serve(
     if job_dir is None and shared_dir is not None:
         job_dir = shared_dir / "checkpoints"
     try:
+        if shared_dir is not None:  # job accounts pass through to their checkpoint directories, list nothing
+            private_dir(shared_dir, 0o711)
         svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                       launch_timeout_s=launch_timeout, profiling=profiling, identities=identities, job_dir=job_dir,
                       checkpoint_roots=checkpoint_root, keep_finished_s=keep_s, data_dir=shared_dir,
