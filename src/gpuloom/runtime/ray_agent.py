@@ -266,9 +266,15 @@ def fence_main(raylet_pid: int, run_dir: str) -> int:
         _killpg(p.pid, signal.SIGKILL)
     parent = rec.get("cgroup_parent")
     cg = CgroupManager(parent=parent) if parent else CgroupManager()
-    for p in procs:
-        if cg.mode != "none":
+    if cg.mode != "none":
+        for p in procs:
             cg.remove(p.job_id)
+        if parent:  # the node's own parent cgroup(s): nothing of the service is left on a node that left
+            for d in {q.parent for q in cg.job("-").paths()}:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
     return 0
 
 
