@@ -274,6 +274,13 @@ def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_wo
         got: dict[str, int | None] = {}
         wait_for(lambda: got.update(ex.poll()) or "b" in got, 30, "b to end")
         assert got == {"b": 7}
+        # a service that died between a launch and its record: its successor finds the process as an orphan
+        c = ex.launch(LaunchSpec("c", "sleep 60", "n2", (0,), (0,), 100, str(tmp_path / "c.log")))
+        again = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0)
+        again.refresh(wait_s=60)
+        assert [(p.job_id, p.node, p.pid) for p in again.orphans()] == [("c", "n2", c.pid)]
+        assert again.adopt(again.orphans()[0]) and again.stop("c", 2.0) == 143
+        assert again.orphans() == []
     finally:
         ex.kill_agents()
         for n in fake.nodes:

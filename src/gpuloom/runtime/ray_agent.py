@@ -148,6 +148,20 @@ class AgentActor:
     def running(self) -> dict[str, ProcInfo]:
         return self.agent.running()
 
+    def exit_time(self, info: ProcInfo) -> float | None:
+        self._node()
+        return self.agent.exit_time(info)
+
+    def end_reason(self, job_id: str) -> str | None:
+        return self.agent.end_reason(job_id)
+
+    def orphans(self, known: list[str]) -> list[ProcInfo]:
+        """Live processes here that the caller does not know (``known``: the executor ids it tracks):
+        those this agent runs for nobody, and untracked ones that left pid files (the NodeAgent's)."""
+        self._node()
+        mine = [p for j, p in self.agent.running().items() if j not in set(known) and self.agent.alive(j)]
+        return mine + self.agent.orphans()
+
     def repin(self, job_id: str, cpus: tuple[int, ...]) -> int:
         return self.agent.repin(job_id, cpus)
 

@@ -148,6 +148,7 @@ class RayExecutor(Executor):
         self._waits: dict[str, Any] = {}  # node -> outstanding wait_exits() reference
         self._acks: dict[str, list[tuple[str, int]]] = {}  # node -> exits received, acknowledged in the next call
         self._dead_agents: set[str] = set()  # nodes whose agent died: replaced at the next refresh
+        self._ended_on: dict[str, str] = {}  # executor id -> node, for end_reason() right after its exit
         self._starting: dict[str, tuple[RayNode, Any, Any, float]] = {}  # node -> (node, actor, info(), since)
         self._last_logs = 0.0
 
@@ -311,6 +312,7 @@ class RayExecutor(Executor):
             except ExecutorError:
                 code = self._exit_in_flight(p.node, job_id) if p.node in self.agents else self._stop_on_node(p, grace_s)
         self._mirror([job_id], final=True)
+        self._ended(job_id, p.node)
         self.procs.pop(job_id, None)
         self.remote_logs.pop(job_id, None)
         self.exits.pop(job_id, None)
@@ -371,6 +373,7 @@ class RayExecutor(Executor):
         if out and self.logs == "agent":
             self._mirror(list(out), final=True)
         for e in out:
+            self._ended(e, self.procs[e].node)
             self.procs.pop(e, None)
             self.remote_logs.pop(e, None)
         self.exits.clear()
@@ -404,6 +407,39 @@ class RayExecutor(Executor):
             return self._call(info.node, agent.exit_code.remote(info), info.job_id)
         except ExecutorError:
             return None
+
+    def exit_time(self, info: ProcInfo) -> float | None:
+        agent = self.agents.get(info.node)
+        if agent is None:
+            return None
+        try:
+            return self._call(info.node, agent.exit_time.remote(info), info.job_id)
+        except ExecutorError:
+            return None
+
+    def _ended(self, job_id: str, node: str) -> None:
+        self._ended_on[job_id] = node
+        if len(self._ended_on) > 10_000:  # asked right after an exit, if at all: keep the recent ones
+            del self._ended_on[next(iter(self._ended_on))]
+
+    def end_reason(self, job_id: str) -> str | None:
+        node = self._ended_on.pop(job_id, None)
+        if node is None or node not in self.agents:
+            return None
+        return self._call(node, self.agents[node].end_reason.remote(job_id), job_id)
+
+    def orphans(self) -> list[ProcInfo]:
+        """Processes the agents run (or find) that this executor does not track: launched by a service
+        that died before recording them.  Each can be adopted, then stopped."""
+        known = list(self.procs)
+        refs = {n: a.orphans.remote(known) for n, a in self.agents.items()}
+        out = []
+        for node, ref in refs.items():
+            try:
+                out += [replace(p, node=node) for p in self._call(node, ref, "orphans")]
+            except ExecutorError as e:
+                log.warning("node %s: cannot look for unrecorded processes: %s", node, e)
+        return out
 
     def rendezvous(self, node: str) -> tuple[str, int]:
         n = self.nodes.get(node)
