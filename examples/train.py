@@ -11,6 +11,13 @@ What it does
   With enough ``--work`` the loader is the bottleneck, so the cores gpuloom gives
   the job really change its speed;
 * uses the GPUs in ``CUDA_VISIBLE_DEVICES`` when CUDA is available (several: DataParallel);
+* **distributed** when started with ``WORLD_SIZE`` > 1 (by gpuloom across nodes, one process per node,
+  or by ``torchrun``): ``torch.distributed`` (NCCL on GPUs, gloo on the CPU) with
+  DistributedDataParallel, one device per process (``LOCAL_RANK``).  Rank ``r`` of ``W`` takes
+  the ``r``-th ``1/W`` of every batch (``--batch-size`` must divide by ``W``), so the averaged
+  gradient is the whole batch's and the weights follow the one-process run.  Rank 0 prints
+  progress, writes the ledger and the checkpoint; every rank stops at the same step (the SIGTERM
+  flag is all-reduced each step);
 * prints ``GPULOOM_PROGRESS iter=<steps done> samples=<...> t=<unix time> loss=<...>``
   after every step;
 * on SIGTERM finishes the current step, saves model, optimizer and step to
@@ -69,16 +76,20 @@ class SyntheticImages(Dataset):
 
 
 class StepSampler(Sampler[int]):
-    """Sample indices from ``start_step * batch`` on: batch ``s`` is always samples ``s*B..s*B+B-1``."""
+    """Sample indices from ``start_step * batch`` on: batch ``s`` is always samples ``s*B..s*B+B-1``;
+    rank ``r`` of ``world`` takes the ``r``-th slice of each."""
 
-    def __init__(self, start_step: int, steps: int, batch: int) -> None:
-        self.start, self.end = start_step * batch, steps * batch
+    def __init__(self, start_step: int, steps: int, batch: int, rank: int = 0, world: int = 1) -> None:
+        self.start, self.steps, self.batch, self.rank, self.world = start_step, steps, batch, rank, world
 
     def __iter__(self):
-        return iter(range(self.start, self.end))
+        per = self.batch // self.world
+        for s in range(self.start, self.steps):
+            lo = s * self.batch + self.rank * per
+            yield from range(lo, lo + per)
 
     def __len__(self) -> int:
-        return self.end - self.start
+        return (self.steps - self.start) * (self.batch // self.world)
 
 
 def make_model() -> nn.Module:
@@ -113,9 +124,15 @@ def main() -> int:
     ap.add_argument("--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (0: on SIGTERM)")
     ap.add_argument("--ledger", default="")
     ap.add_argument("--checkpoint-dir", default=os.environ.get("GPULOOM_CHECKPOINT_DIR", ""))
+    ap.add_argument("--dist-timeout", type=float, default=120.0, help="seconds a collective may wait for a peer")
     args = ap.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     if args.steps < 0 or args.batch_size < 1 or args.work < 0 or args.image_size < 4:
         print("train.py: need --steps >= 0, --batch-size >= 1, --work >= 0, --image-size >= 4", file=sys.stderr)
+        return 2
+    if args.batch_size % world:
+        print(f"train.py: --batch-size {args.batch_size} does not divide by WORLD_SIZE={world}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, on_term)
 
@@ -124,9 +141,22 @@ def main() -> int:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # the model is small; the cores belong to the data loader
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
+    distributed = world > 1
+    if distributed:
+        import datetime
+
+        import torch.distributed as dist
+
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.dist_timeout))
+        device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    else:
+        device = torch.device("cuda" if cuda else "cpu")
+    lead = rank == 0
     model = make_model()
-    if cuda and torch.cuda.device_count() > 1:
+    if cuda and not distributed and torch.cuda.device_count() > 1:
         model = nn.DataParallel(model)
     model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -145,26 +175,38 @@ def main() -> int:
         else:
             print("GPULOOM_RESUME=1 but no checkpoint: starting from step 0", flush=True)
 
+    plain = model  # saved without the DistributedDataParallel wrapper: one checkpoint for any world size
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+
     def checkpoint() -> None:
-        if ckpt is not None:
-            save(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step})
+        if ckpt is not None and lead:
+            save(ckpt, {"model": plain.state_dict(), "opt": opt.state_dict(), "step": step})
+
+    def stopping() -> bool:
+        if not distributed:
+            return STOP
+        flag = torch.tensor([1 if STOP else 0], device=device)  # NCCL reduces on the GPU, gloo on the CPU
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     print(f"train.py: device={device} gpus={visible!r} cores={cores} workers={workers} "
-          f"start_step={step} steps={args.steps}", flush=True)
+          f"start_step={step} steps={args.steps} rank={rank} world={world}", flush=True)
     data = SyntheticImages(args.steps * args.batch_size, args.image_size, args.work, args.seed)
     loader = DataLoader(
-        data, batch_size=args.batch_size, sampler=StepSampler(step, args.steps, args.batch_size),
+        data, batch_size=args.batch_size // world,
+        sampler=StepSampler(step, args.steps, args.batch_size, rank, world),
         num_workers=workers, worker_init_fn=worker_init if workers else None, pin_memory=cuda,
         persistent_workers=False, prefetch_factor=2 if workers else None,
     )
-    ledger = open(args.ledger, "a") if args.ledger else None
+    ledger = open(args.ledger, "a") if args.ledger and lead else None
     model.train()
     last_loss = float("nan")
     it = iter(loader)
     try:
         while step < args.steps:
-            if STOP:
+            if stopping():
                 checkpoint()
                 print(f"checkpointed at step {step}", flush=True)
                 return 128 + signal.SIGTERM
@@ -179,13 +221,17 @@ def main() -> int:
             if ledger is not None:
                 ledger.write(f"{step}\n")
                 ledger.flush()
-            print(f"GPULOOM_PROGRESS iter={step} samples={step * args.batch_size} t={time.time():.6f} "
-                  f"loss={last_loss:.4f}", flush=True)
+            if lead:
+                print(f"GPULOOM_PROGRESS iter={step} samples={step * args.batch_size} t={time.time():.6f} "
+                      f"loss={last_loss:.4f}", flush=True)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 checkpoint()
     finally:
         del it  # shuts the workers down
     checkpoint()
+    if distributed:
+        dist.barrier()  # the checkpoint is written before any rank reports success
+        dist.destroy_process_group()
     print(f"done steps={step} loss={last_loss:.4f}", flush=True)
     return 0
 

@@ -210,6 +210,30 @@ def user_errors() -> Iterator[None]:
         warnings.showwarning = saved
 
 
+def ray_connect(address: str, num_gpus: int | None = None, num_cpus: int | None = None) -> None:
+    """Join the Ray cluster at ``address`` (``auto``: the one running here; ``local``: start one in this
+    process, with ``num_gpus``/``num_cpus`` declared); a clear error and exit code 2 when Ray is missing
+    or unreachable."""
+    import logging
+
+    try:
+        import ray
+    except ImportError:
+        err_console.print("[bold red]error:[/] --ray needs Ray: pip install 'gpuloom[ray]'", highlight=False)
+        raise typer.Exit(2) from None
+    if ray.is_initialized():
+        return
+    try:
+        if address == "local":
+            ray.init(num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)
+        else:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        err_console.print(f"[bold red]error:[/] cannot connect to the Ray cluster at {address!r}: {e}", highlight=False)
+        raise typer.Exit(2) from None
+
+
 def out_dir(path: Path | None, default: str = "gpuloom-out") -> Path:
     p = path or Path(default)
     p.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,12 @@ def serve(
         help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h, seconds.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (serve HTTPS, with --ssl-certfile).")] = None,
     ssl_certfile: Annotated[Path | None, typer.Option(help="TLS certificate chain.")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray", help="Run jobs on a Ray cluster: auto (the one running here), its address, or local (start a "
+                      "one-node one here, with --gpus N); the inventory comes from Ray's nodes.")] = None,
+    shared_dir: Annotated[Path | None, typer.Option(
+        help="Directory shared with every node (NFS, Lustre) for logs/ and checkpoints/ (default: the state dir; "
+             "with --ray and no shared dir, logs are fetched through the node agents).")] = None,
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -149,15 +155,20 @@ def serve(
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
 
+    if ray_address is not None and (cluster is not None or (gpus is not None and ray_address != "local")):
+        raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --cluster, and --gpus "
+                                 "only with --ray local (the GPUs its one node declares)")
     with user_errors():
-        inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
         params = stack_params(param, model_opts)
         queue = queue_stage(queue_policy, str(queues) if queues else None)
         check_policies(order, group, size, place, list(params), queue)  # did-you-mean, accepted -P names
         # the scheduler and throughput model `simulate` builds for the same options
         stack = Stack(order, group, size, place, not non_preemptive, params, queue=queue)
-        # (bound to each other by the service's driver, after it adds what profiling needs)
-        sched, model = stack.scheduler(), stack.model(inventory, seed)
+        sched = stack.scheduler()
+        if ray_address is None:
+            inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
+            # (bound to each other by the service's driver, after it adds what profiling needs)
+            model = stack.model(inventory, seed)
     if not round_s > 0:
         raise typer.BadParameter(f"--round must be > 0, got {round_s}")
     url = db or f"sqlite:///{sd / 'gpuloom.db'}"
@@ -180,9 +191,17 @@ def serve(
     service_id = store.set_meta_default("service_id", secrets.token_hex(4))
     from ..runtime.local import DEFAULT_ENV_ALLOW
 
-    executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
-                              cgroup_parent=f"gpuloom-{service_id}",
-                              env_allow=(*DEFAULT_ENV_ALLOW, *(env_allow or ())))
+    allow = (*DEFAULT_ENV_ALLOW, *(env_allow or ()))
+    following = None
+    if ray_address is None:
+        executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
+                                  cgroup_parent=f"gpuloom-{service_id}", env_allow=allow)
+    else:
+        with user_errors():
+            executor, following = _ray_executor(ray_address, service_id, grace, shared_dir is not None, allow,
+                                                gpus, cpus_per_node)
+            inventory = following.current
+            model = stack.model(inventory, seed)
     from ..runtime.service import ProfilingConfig, Service
 
     profiling = None
@@ -199,10 +218,15 @@ def serve(
                                ("timeout_s", "--profile-timeout"), ("profiling threshold", "-P threshold")):
                 msg = msg.replace(field, opt)
             raise typer.BadParameter(msg) from None
+    if job_dir is None and shared_dir is not None:
+        job_dir = shared_dir / "checkpoints"
     try:
+        if shared_dir is not None:  # job accounts pass through to their checkpoint directories, list nothing
+            private_dir(shared_dir, 0o711)
         svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                       launch_timeout_s=launch_timeout, profiling=profiling, identities=identities, job_dir=job_dir,
-                      checkpoint_roots=checkpoint_root, keep_finished_s=keep_s)
+                      checkpoint_roots=checkpoint_root, keep_finished_s=keep_s, data_dir=shared_dir,
+                      inventory=following, model_factory=lambda cl: stack.model(cl, seed))
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
@@ -256,6 +280,28 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _ray_executor(address: str, service_id: str, grace: float, shared: bool,  # noqa: ANN202
+                  env_allow: tuple[str, ...], gpus: int | None, cpus: int | None):
+    """The Ray executor (agents in the namespace ``gpuloom-<service id>``) and the inventory that follows Ray."""
+    from ..runtime.executor import ExecutorError
+    from ..runtime.ray_executor import RayExecutor, RayInventory
+    from .common import ray_connect
+
+    ray_connect(address, gpus, cpus)
+    try:
+        ex = RayExecutor(f"gpuloom-{service_id}", cgroup_parent=f"gpuloom-{service_id}", grace_s=grace,
+                         logs="shared" if shared else "agent", env_allow=env_allow)
+    except ExecutorError as e:
+        from ..core.cluster import ClusterError
+
+        raise ClusterError(str(e)) from None
+    if not shared:
+        logging.getLogger("gpuloom.service").warning(
+            "no --shared-dir: logs are fetched through the node agents, and a job resumes from its checkpoint "
+            "only on a node that sees its checkpoint_dir")
+    return ex, RayInventory(ex)
 
 
 def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: float | None):  # noqa: ANN202

@@ -40,6 +40,7 @@ from .common import (
     out_dir,
     parse_params,
     positive,
+    ray_connect,
     stack_params,
     user_errors,
     warn,
@@ -307,6 +308,8 @@ def compare(
     drop_impossible: DropOpt = False,
     queues: QueuesOpt = None,
     processes: Annotated[int | None, typer.Option("--processes", "-j", help="Parallel processes (default: CPU count).")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray", help="Run the configurations as Ray tasks: auto (the cluster running here), local, or an address.")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one summary row per run as JSON.")] = False,
@@ -367,10 +370,12 @@ def compare(
             what = what.replace(f"(seed {seed_list[0]})", "(one per seed)")
         n_jobs = sum(len(load(s)) for s in seed_list) if seeded else len(load(seed_list[0])) * len(seed_list)
         tree = apply_queues(configs, queues, load(seed_list[0]), cl)
+        if ray_address is not None:
+            ray_connect(ray_address)
         with Progress("compare", runs=len(configs) * len(seed_list), jobs=n_jobs * len(configs)) as prog:
             results = run_seeds(configs, cl, seed_list, load if seeded else load(seed_list[0]), processes,
                                 on_progress=lambda p: prog.update(p.key, p.done, p.total, p.now, p.finished),
-                                poll=prog.tick, queues=tree)
+                                poll=prog.tick, queues=tree, ray=ray_address is not None)
     meta = _meta(trace, what, cluster)
     for rs in results.values():
         for r in rs:

@@ -15,11 +15,13 @@
   (``Cluster.local_index``), concrete cores from a
   :class:`~.executor.CoreAllocator`, the part's memory limit and
   ``GPULOOM_JOB_ID``, ``GPULOOM_CHECKPOINT_DIR`` and, when the job ran before,
-  ``GPULOOM_RESUME=1``.  The job walks its start steps to LAUNCHING; it
+  ``GPULOOM_RESUME=1``; the parts of a job spanning nodes also get what
+  torchrun and ``torch.distributed`` expect (:mod:`.gang`).  The job walks its start steps to LAUNCHING; it
   makes no progress (``busy_until`` = inf) until its first ``GPULOOM_PROGRESS``
   line promotes it (:meth:`Actuator.promote`).  A launch that raises fails the
   job alone (:class:`~gpuloom.driver.LaunchFailed`), its processes stopped and
-  cores released;
+  cores released; one refused by a node that cannot take it now
+  (:class:`~.executor.NodeUnavailable`) leaves the job queued;
 * **regrouped**: only the record changes (new co-runners, new remaining work).
 
 A first launch of a job that wants a profile goes to the profiling manager
@@ -45,7 +47,8 @@ from ..core.lifecycle import JobState
 from ..core.plan import ActionKind
 from ..driver import Driver, LaunchFailed, Step
 from .codec import alloc_to_json, proc_to_json
-from .executor import CoreAllocator, Executor, LaunchSpec, ProcInfo
+from .executor import CoreAllocator, Executor, LaunchSpec, NodeUnavailable, ProcInfo
+from .gang import gang_env
 from .identity import Identities, owned_dir, private_dir
 from .mirror import Mirror
 from .progress import ProgressError
@@ -213,6 +216,8 @@ class Actuator:
                 env_common["GPULOOM_ARRAY_TASK_ID"] = str(row.array_task)
             log_offset = self.log_size(jid)
             launches = []
+            if multi:  # torchrun / torch.distributed: rank 0's node hosts the rendezvous (:mod:`.gang`)
+                addr, port = self.executor.rendezvous(self.cluster.nodes[alloc.parts[0].node].name)
             for rank, p in enumerate(alloc.parts):
                 node = self.cluster.nodes[p.node].name
                 eid = f"{jid}.{rank}" if multi else jid
@@ -220,6 +225,8 @@ class Actuator:
                 cores[node] = c
                 self.exec_owner[eid] = jid
                 env = dict(env_common, GPULOOM_NODE_RANK=str(rank))
+                if multi:
+                    env.update(gang_env(rank, [len(q.gpus) for q in alloc.parts], addr, port))
                 launches.append(LaunchSpec(eid, str(spec["command"]), node,
                                            tuple(self.cluster.local_index(g) for g in p.gpus), c, int(p.mem_mb),
                                            str(self.log_path(jid)), env, spec.get("workdir"), user))
@@ -231,7 +238,8 @@ class Actuator:
             for ls in launches:
                 procs[ls.job_id] = self.executor.launch(ls)
         except Exception as e:
-            log.warning("job %s: launch failed: %s", jid, e)
+            unavailable = isinstance(e, NodeUnavailable)
+            log.warning("job %s: %s: %s", jid, "not launched this round" if unavailable else "launch failed", e)
             for eid in procs:
                 self.stop_quietly(eid)
             for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [jid]:
@@ -239,6 +247,10 @@ class Actuator:
                     if eid in self.cores.used[n.name]:
                         self.cores.release(n.name, eid)
                 self.exec_owner.pop(eid, None)
+            if unavailable:  # stays queued: a later round places it again (the intent's attempt counts)
+                row.attempts += 1
+                self.mirror.write(jid, {"procs": None, "attempts": row.attempts}, "launch-deferred", {"why": str(e)})
+                return False
             raise LaunchFailed(f"launch failed: {e}") from None
         wall = self.mirror.clock.time()
         self.running[jid] = Running(procs, {}, cores, wall, log_offset)

@@ -3,7 +3,9 @@
 An allocation is stored with node *names* (not indices) and global GPU ids,
 node-local GPU indices, core counts and concrete core ids, memory, and its
 co-runners (``group``); :func:`alloc_from_json` checks it against the cluster,
-so a store written for another inventory fails loudly at recovery.
+so a store written for another inventory fails loudly at recovery.  It reads
+GPUs back by node name and node-local index, so an inventory that changed
+around a node (Ray nodes joining and leaving, :mod:`.inventory`) still finds them.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ def alloc_from_json(job_id: str, d: Mapping[str, Any], cluster: Cluster) -> Allo
     parts = []
     for p in d["parts"]:
         node = cluster.node_index(p["node"])
-        gpus = tuple(int(g) for g in p["gpus"])
+        if "local_gpus" in p:  # by node-local index: the node may have another place in a rebuilt inventory
+            n = cluster.nodes[node].gpus
+            bad = [g for g in p["local_gpus"] if not 0 <= int(g) < n]
+            if bad:
+                raise ValueError(f"GPU index(es) {bad} not on node {p['node']} ({n} GPUs)")
+            gpus = tuple(int(cluster.gpu_offset[node]) + int(g) for g in p["local_gpus"])
+        else:
+            gpus = tuple(int(g) for g in p["gpus"])
         for g in gpus:
             if g not in cluster.node_gpus(node):
                 raise ValueError(f"GPU {g} is not on node {p['node']}")

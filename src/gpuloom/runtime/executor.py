@@ -36,6 +36,11 @@ class ExecutorError(RuntimeError):
     """A launch or stop that cannot be carried out; the message names the job."""
 
 
+class NodeUnavailable(ExecutorError):
+    """The node cannot take a launch now (its agent is down or it is leaving): the job is not
+    failed but stays queued, and a later round places it again."""
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     job_id: str
@@ -90,6 +95,12 @@ class Executor(ABC):
         """For a process that is gone (``adopt`` returned False): its recorded exit code, if any."""
         return None
 
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """Where rank 0 of a job spanning nodes listens, on ``node``: (address, a free port).
+
+        This machine by default (every node of a local executor is this machine)."""
+        return "127.0.0.1", free_port()
+
     def exit_time(self, info: ProcInfo) -> float | None:
         """For a process that is gone: when it ended (its exit record's time), if known."""
         return None
@@ -107,6 +118,15 @@ class Executor(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; running jobs are left running (they can be adopted)."""
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port nothing listens on here now (the kernel's choice; free until someone takes it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 class CoreAllocator:

@@ -145,7 +145,8 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
         {"why": why},
     )
     row.state = S.STANDBY.value
-    svc.admit_row(row, S.STANDBY)
+    if svc.fits_or_fail(row):  # a smaller cluster may no longer hold it; a parked job waits
+        svc.admit_row(row, S.STANDBY)
 
 
 def _sweep(svc: Service) -> None:

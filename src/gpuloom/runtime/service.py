@@ -24,6 +24,7 @@ its own modules:
 :mod:`.deps`              job arrays and dependencies: the gate new jobs pass
 :mod:`.telemetry`         a log line per job transition, metrics, samples
 :mod:`.history`           accounting from the store (``gpuloom history``)
+:mod:`.inventory`         nodes joining and leaving (Ray): rebuild, park
 ========================  ==================================================
 
 **A round is observe, then act** (as Ray's autoscaler v2 reconciler does):
@@ -72,7 +73,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,8 @@ from .clock import Clock, SystemClock
 from .deps import Gate, parse_array, resolve_dependency
 from .executor import Executor
 from .identity import Identities
+from .inventory import InventorySource, unpark
+from .inventory import follow as follow_inventory
 from .isolation import Backoff, culprits
 from .mirror import Mirror
 from .profile_manager import ProfilingConfig, ProfilingManager
@@ -143,32 +146,31 @@ class Service:
         job_dir: str | Path | None = None,
         checkpoint_roots: Sequence[str | Path] | None = None,
         keep_finished_s: float | None = None,
+        model_factory: Callable[[Cluster], ThroughputModel] | None = None,
+        data_dir: str | Path | None = None,
+        inventory: InventorySource | None = None,
     ) -> None:
         if not round_s > 0:
             raise ValueError(f"round length must be > 0, got {round_s}")
         self.store = store
-        self.cluster = cluster
         self.executor = executor
         self.scheduler = scheduler
         self.state_dir = Path(state_dir)
+        #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
+        self.data_dir = Path(data_dir) if data_dir is not None else self.state_dir
         self.clock: Clock = clock or SystemClock()
         self.round_s = float(round_s)
-        self.model = model or build_model(cluster)  # the same model `simulate` builds
-        if (profiling is not None or scheduler.needs_profiles) and not isinstance(self.model.get("sensitivity"),
-                                                                                   SensitivityFactor):
-            # stored profiles, and profiles submitted with a job, reach the sizers through it
-            add_sensitivity(self.model)
+        self.model_factory = model_factory or build_model  # the same model `simulate` builds
+        self.inventory = inventory  # nodes that come and go (:mod:`.inventory`); None: a fixed cluster
+        #: job id -> wall time from which it may be planned again (inf: once the inventory changes)
+        self.parked: dict[int, float] = {}
         epoch = float(store.set_meta_default("epoch", repr(self.clock.time())))
         self.service_id = store.set_meta_default("service_id", secrets.token_hex(4))
         # who runs the jobs, where their checkpoints go, how long finished jobs are kept (see .security)
         self.guard = Guard(self.state_dir, self.service_id, identities, job_dir, checkpoint_roots, keep_finished_s)
-        self.mirror = Mirror(store, self.clock, epoch, float(default_duration), float(protect_factor))
-        self.actuator = Actuator(self.mirror, cluster, executor, self.state_dir, float(grace_s),
-                                 float(launch_timeout_s), self.guard.identities, self.guard.job_dir)
-        self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
-        self.actuator.profiler = self.profiler
-        self.driver = Driver(cluster, scheduler, self.model, self.actuator, np.random.default_rng(seed),
-                             check=True, protect_factor=float(protect_factor))
+        self._parts = (profiling, epoch, float(default_duration), float(protect_factor), float(grace_s),
+                       float(launch_timeout_s), seed)
+        self.assemble(cluster, model)
         self.last_id = 0
         self.lock = threading.RLock()  # in-memory state: loop vs API readers
         self._wake = threading.Event()
@@ -183,6 +185,27 @@ class Service:
 
         self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
         self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
+
+    def assemble(self, cluster: Cluster, model: ThroughputModel | None = None) -> None:
+        """The parts built for one cluster: model, mirror, actuator, profiler, driver.  Called again
+        (then :meth:`recover`) when the inventory changes (:func:`.inventory.rebuild`)."""
+        profiling, epoch, duration, protect, grace, launch_timeout, seed = self._parts
+        old = getattr(self, "actuator", None)
+        if old is not None:
+            old.close()
+        self.cluster = cluster
+        self.model = model or self.model_factory(cluster)
+        if (profiling is not None or self.scheduler.needs_profiles) and not isinstance(self.model.get("sensitivity"),
+                                                                                        SensitivityFactor):
+            # stored profiles, and profiles submitted with a job, reach the sizers through it
+            add_sensitivity(self.model)
+        self.mirror = Mirror(self.store, self.clock, epoch, duration, protect)
+        self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout,
+                                 self.guard.identities, self.guard.job_dir)
+        self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
+        self.actuator.profiler = self.profiler
+        self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(seed),
+                             check=True, protect_factor=protect)
 
     # -- what the API and tests read --------------------------------------------------------
     @property
@@ -359,7 +382,7 @@ class Service:
                 break
             try:
                 with self.lock:
-                    changed = self._reap() or woke
+                    changed = follow_inventory(self) or self._reap() or woke
                     t = clock.monotonic()
                     if changed or t >= next_round:
                         self.round()
@@ -384,11 +407,20 @@ class Service:
         return self.driver.admit(job, self.now())
 
     def fits_or_fail(self, row: JobRow) -> bool:
-        """False (and the job FAILED) if it can never run on the cluster, e.g. after the cluster shrank."""
+        """False (and the job FAILED) if it can never run on the cluster, e.g. after the cluster shrank.
+
+        With an inventory that follows a changing cluster, such a job is parked (kept out of the
+        plan until the inventory changes) instead; a parked job is not admitted (:mod:`.inventory`)."""
+        if row.id in self.parked:
+            return False
         s = row.spec
         reason = refuse_reason(self.cluster, int(s["gpus"]), s.get("cpus"), s.get("mem_mb"))
         if reason is None:
             return True
+        if self.inventory is not None:
+            self.parked[row.id] = float("inf")
+            self.store.set_pending_reasons({row.id: f"Nodes: {reason[1]} while nodes are missing"})
+            return False
         self.store.update_job(
             row.id, {"state": S.FAILED.value, "end_time": self.clock.time(), "alloc": None, "procs": None,
                      "reason": f"can never run on this cluster: {reason[1]}"},
@@ -412,6 +444,7 @@ class Service:
         changed = self._reap()
         self._handle_cancels()
         self._enforce_time_limits()
+        unpark(self)
         changed = self._load_new() or changed
         self.actuator.promote(self.driver.jobs, self.now())
         return changed
@@ -495,8 +528,9 @@ class Service:
                     int(jid), {"state": S.CANCELLED.value, "end_time": self.clock.time(), "reason": "cancelled"},
                     "cancel", {}, expect_state=QUEUED_STATES, now=self.clock.time(),
                 )
-            else:  # not mirrored yet: held back by the gate, or skipped by _load_new (no longer waiting for contact)
+            else:  # not mirrored yet: held back by the gate or parked, or skipped by _load_new
                 self.gate.drop(int(jid))
+                self.parked.pop(int(jid), None)
         if to_stop:
             self.actuator.terminate(to_stop)
             for jid in to_stop:

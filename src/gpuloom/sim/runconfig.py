@@ -446,10 +446,16 @@ def _execute(
     model_builder: ModelBuilder | None,
     poll: Callable[[], None] | None = None,
     queues: QueueTree | None = None,
+    ray: bool = False,
 ) -> list[RunResult]:
-    """Run ``(label, seed, config, workload key)`` tasks; results in task order."""
+    """Run ``(label, seed, config, workload key)`` tasks; results in task order.  ``ray``: as Ray
+    tasks on the cluster this process is connected to (:mod:`.ray_sweep`), not in a process pool."""
     if not tasks:
         return []
+    if ray:
+        from .ray_sweep import execute_on_ray
+
+        return execute_on_ray(tasks, cluster, workloads, on_progress, model_builder, poll, queues)
     n = processes if processes is not None else min(len(tasks), os.cpu_count() or 1)
     if n < 1:
         raise ConfigError(f"processes must be >= 1, got {n}")
@@ -509,6 +515,7 @@ def run_many(
     on_progress: OnProgress | None = None,
     poll: Callable[[], None] | None = None,
     queues: QueueTree | None = None,
+    ray: bool = False,
 ) -> dict[str, RunResult]:
     """Run every configuration on the same cluster and trace; results keyed by label, in input order.
 
@@ -516,7 +523,8 @@ def run_many(
     the CPU count); 1 runs everything in this process.  ``progress(label, done,
     total)`` or ``on_progress(RunProgress)`` hear of finished jobs;
     ``poll()`` is called a few times a second while workers run.  ``queues``: a
-    queue tree every run is measured against (:func:`run_config`).
+    queue tree every run is measured against (:func:`run_config`).  ``ray``: one
+    Ray task per configuration instead (:mod:`.ray_sweep`; same results).
     """
     labels = unique_labels(configs)
     for rc in configs:
@@ -528,7 +536,7 @@ def run_many(
             if on_progress is not None:
                 on_progress(p)
     tasks = [(lb, rc.sim.seed, rc, 0) for lb, rc in zip(labels, configs, strict=True)]
-    results = _execute(tasks, cluster, {0: specs}, processes, cb, model_builder, poll, queues)
+    results = _execute(tasks, cluster, {0: specs}, processes, cb, model_builder, poll, queues, ray)
     return dict(zip(labels, results, strict=True))
 
 
@@ -542,6 +550,7 @@ def run_seeds(
     model_builder: ModelBuilder | None = None,
     poll: Callable[[], None] | None = None,
     queues: QueueTree | None = None,
+    ray: bool = False,
 ) -> dict[str, list[RunResult]]:
     """Every configuration once per seed: ``{label: [result per seed]}``.
 
@@ -562,7 +571,7 @@ def run_seeds(
         workloads = {s: workload for s in seeds}
     tasks = [(lb, s, dataclasses.replace(rc, sim=dataclasses.replace(rc.sim, seed=s)), s)
              for lb, rc in zip(labels, configs, strict=True) for s in seeds]
-    results = _execute(tasks, cluster, workloads, processes, on_progress, model_builder, poll, queues)
+    results = _execute(tasks, cluster, workloads, processes, on_progress, model_builder, poll, queues, ray)
     out: dict[str, list[RunResult]] = {lb: [] for lb in labels}
     for (lb, *_), r in zip(tasks, results, strict=True):
         out[lb].append(r)

@@ -1,0 +1,163 @@
+"""Without Ray: the gang environment, allocations read back by node name, Ray's node table as a
+cluster, and the service rebuilding itself when nodes leave and join (:mod:`gpuloom.runtime.inventory`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuloom.core.cluster import Cluster, Node
+from gpuloom.core.plan import Allocation, Part
+from gpuloom.runtime.codec import alloc_from_json, alloc_to_json
+from gpuloom.runtime.gang import gang_env
+from gpuloom.runtime.identity import Identities
+from gpuloom.runtime.inventory import InventoryChange, follow
+from gpuloom.runtime.router import local_executor
+from gpuloom.runtime.service import Service
+from gpuloom.runtime.store import Store
+from gpuloom.scheduler import Scheduler
+from service_util import own_cgroup_parent, wait_for
+
+SLEEPY = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
+
+
+def test_gang_env_of_a_job_over_two_nodes_of_two_gpus() -> None:
+    env = [gang_env(r, [2, 2], "10.0.0.5", 29_400) for r in (0, 1)]
+    assert env[1] == {
+        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "WORLD_SIZE": "2", "RANK": "1", "NODE_RANK": "1",
+        "GROUP_RANK": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+        "PET_NPROC_PER_NODE": "2", "PET_MASTER_ADDR": "10.0.0.5", "PET_MASTER_PORT": "29400",
+    }
+    assert env[0]["RANK"] == env[0]["NODE_RANK"] == "0"
+    assert gang_env(2, [4, 1, 3], "h", 1)["LOCAL_WORLD_SIZE"] == "3"
+    with pytest.raises(ValueError, match="rank 2"):
+        gang_env(2, [2, 2], "h", 1)
+    with pytest.raises(ValueError, match="port 0"):
+        gang_env(0, [2, 2], "h", 0)
+
+
+def test_allocation_is_read_back_by_node_name_in_a_rebuilt_cluster() -> None:
+    a, b, c = Node("a", 2, 4, 1000), Node("b", 4, 4, 1000), Node("c", 2, 4, 1000)
+    old = Cluster((a, b, c))
+    alloc = Allocation("7", (Part(1, (3, 4), 2, 500), Part(2, (6,), 1, 100)), ("8",))
+    d = alloc_to_json(alloc, old)
+    new = Cluster((c, b))  # a left, c moved first: b keeps its local GPUs 1 and 2 (global 3 and 4)
+    back = alloc_from_json("7", d, new)
+    assert back == Allocation("7", (Part(1, (3, 4), 2, 500), Part(0, (0,), 1, 100)), ("8",))
+    with pytest.raises(KeyError):
+        alloc_from_json("7", d, Cluster((a, c)))  # b is gone
+    with pytest.raises(ValueError, match="not on node b"):
+        alloc_from_json("7", d, Cluster((c, Node("b", 1, 4, 1000))))  # b has fewer GPUs now
+
+
+def test_ray_node_table_becomes_the_gpu_nodes_by_name() -> None:
+    from gpuloom.runtime.ray_executor import gpu_nodes, node_name
+
+    table = [
+        {"NodeID": "aa11bb22cc", "Alive": True, "NodeManagerHostname": "gpu7.example.org",
+         "NodeManagerAddress": "10.0.0.7", "Resources": {"CPU": 32.0, "GPU": 4.0, "memory": 64 * 2**30,
+                                                         "accelerator_type:A100": 1.0}, "Labels": {}},
+        {"NodeID": "ff00", "Alive": True, "NodeManagerHostname": "head", "NodeManagerAddress": "10.0.0.1",
+         "Resources": {"CPU": 8.0, "memory": 2**30}},  # no GPUs: carries no jobs
+        {"NodeID": "dead", "Alive": False, "Resources": {"GPU": 8.0}},
+        {"NodeID": "ee99", "Alive": True, "NodeManagerHostname": "x", "NodeManagerAddress": "10.0.0.9",
+         "Resources": {"CPU": 4.0, "GPU": 2.0, "memory": 2**31}, "Labels": {"gpuloom.io/name": "box"}},
+    ]
+    nodes = gpu_nodes(table)
+    assert [(n.name, n.address, n.gpus, n.cpus, n.mem_mb, n.gpu_type) for n in nodes] == [
+        ("box", "10.0.0.9", 2, 4, 2147, "generic"), ("gpu7-aa11bb", "10.0.0.7", 4, 32, 68_719, "A100")]  # MB = 10^6 B
+    assert node_name(table[1]) == "head-ff00"
+
+
+# -- rebuild ------------------------------------------------------------------------------------
+def until(svc: Service, pred, what: str, timeout: float = 60.0) -> None:  # noqa: ANN001
+    """Run rounds until ``pred()`` holds."""
+    def step() -> bool:
+        if pred():
+            return True
+        svc.round()
+        return False
+
+    wait_for(step, timeout, what)
+
+
+class Source:
+    """An inventory source the test changes by hand."""
+
+    def __init__(self) -> None:
+        self.next: InventoryChange | None = None
+
+    def poll(self) -> InventoryChange | None:
+        change, self.next = self.next, None
+        return change
+
+
+@pytest.fixture
+def cgroup_parent() -> Iterator[str]:
+    yield from own_cgroup_parent()
+
+
+def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fits(
+        tmp_path: Path, cgroup_parent: str) -> None:
+    nodes = tuple(Node(f"n{i}", 2, 2, 4000) for i in range(3))
+    full = Cluster(nodes)
+    src = Source()
+    store = Store(f"sqlite:///{tmp_path / 'db'}")
+    svc = Service(store, full, local_executor(full, tmp_path / "run", True, cgroup_parent),
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                  round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src,
+                  identities=Identities(switch=False))  # jobs as this account: they run this venv's Python
+    try:
+        def cmd(steps: int) -> str:
+            return (f"{sys.executable} {SLEEPY} --steps {steps} --step-s 0.05 --checkpoint-every 1 "
+                    f"--ledger $GPULOOM_CHECKPOINT_DIR/ledger")
+
+        a = svc.submit({"name": "a", "command": cmd(60), "gpus": 2}, "u")  # n0
+        b = svc.submit({"name": "b", "command": cmd(8), "gpus": 4}, "u")  # n1 + n2
+        svc.round()
+        assert {str(a), str(b)} <= set(svc.running)
+        assert [p.node for p in svc.running[str(a)].procs.values()] == ["n0"]
+        wait_for(lambda: (svc.last_progress(a) or 0) >= 3, what="a to progress")
+
+        # n0 leaves: a's process cannot be reached there (here: it is stopped, as the fence would)
+        src.next = InventoryChange(Cluster(nodes[1:]), frozenset({"n0"}), fence_s=0.6)
+        t0 = time.time()
+        assert follow(svc)
+        row = store.get_job(a)
+        assert row is not None and row.state == "standby" and row.procs is None
+        assert a in svc.parked and str(a) not in svc.jobs  # waits for the fence
+        assert str(b) in svc.running  # b's processes, on n1 and n2, were adopted
+        assert [n.name for n in svc.cluster.nodes] == ["n1", "n2"]
+        svc.round()
+        assert str(a) not in svc.running
+        wait_for(lambda: time.time() - t0 > 0.6, what="the fence period")
+        until(svc, lambda: store.get_job(b).state == "finished", "b to finish")
+        until(svc, lambda: str(a) in svc.running, "a to resume")  # on a node of the new cluster
+        run = svc.running[str(a)]
+        assert {p.node for p in run.procs.values()} <= {"n1", "n2"}
+        # n1 and n2 leave, n0 is back: the 4-GPU job c cannot fit and is parked, not failed
+        c = svc.submit({"name": "c", "command": cmd(3), "gpus": 4}, "u")
+        src.next = InventoryChange(Cluster(nodes[:1]), frozenset({"n1", "n2"}), fence_s=0.0)
+        assert follow(svc)
+        svc.round()
+        row = store.get_job(c)
+        assert row is not None and row.state in ("waiting_for_initial_contact", "waiting_for_initial_resource")
+        assert row.pending_reason is not None and row.pending_reason.startswith("Nodes:")
+        assert c in svc.parked
+        # every node is back: both finish, a having run each step exactly once
+        src.next = InventoryChange(full, frozenset(), 0.0)
+        assert follow(svc)
+        for jid in (a, c):
+            until(svc, lambda jid=jid: store.get_job(jid).state == "finished", f"job {jid} to finish")
+        ledger = Path(store.get_job(a).checkpoint_dir) / "ledger"
+        assert [int(x) for x in ledger.read_text().split()] == list(range(1, 61))
+        kinds = [e["kind"] for e in store.events(a)]
+        assert kinds.count("node-lost") == 2 and kinds.count("requeue") == 2
+        assert store.get_job(a).resume_count == 2 and store.get_job(c).resume_count == 0
+    finally:
+        svc.terminate_all()
+        svc.shutdown()
