@@ -320,6 +320,8 @@ class Scheduler:
             again = q.owed_again(q.owed(rnd.plan, view))
             if again:
                 rnd = self._evict_for(again, adm, rnd, view)
+        elif self.hooks:
+            q.owed_again(())  # nothing borrowed: nothing owed this round (two rounds running means in a row)
         plan = q.enforce(rnd.plan, view)
         return rnd if plan is rnd.plan else Round(plan, rnd.requests)
 

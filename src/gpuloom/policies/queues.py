@@ -79,6 +79,7 @@ guarantees or limits: DRF or fair share between users.
 from __future__ import annotations
 
 import heapq
+import math
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -465,6 +466,14 @@ class QuotaQueues(QueuePolicy):
 
     def stats(self) -> dict[str, Any]:
         return dict(self.counters)
+
+    def next_change(self, view: View) -> float:
+        """Admission reads only the jobs and the plan, so time alone changes nothing; except after a round
+        that left a queue starved (:mod:`.queue_checks`) or still owed after the hooks: the next round must
+        be computed, to reclaim over the hook and to check that the starvation did not last two rounds."""
+        if self.dynamic or self._starved or self._owed_before:
+            return view.now
+        return math.inf
 
     def note_reclaim(self) -> None:
         self.counters["reclaim_passes"] += 1

@@ -1,0 +1,143 @@
+"""Queue stages and the simulator's round skipping and incremental round checks.
+
+The quota and DRF stages read only the jobs and the plan, so a periodic round
+after one that planned no action can change nothing (``next_change`` is
+``inf``), except after a round that left a queue starved (the invariant's one
+round of grace) or still owed after a plan hook (reclaim over the hook in the
+next round): that next round is always computed, and checked.  Fair share's
+usage decays with time: every round is computed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.job import Job, JobSpec
+from gpuloom.core.plan import Plan, PlanError
+from gpuloom.core.queues import Queue, QueueTree, Quota
+from gpuloom.policies import base as pb
+from gpuloom.policies.queue_base import Admission, Owed
+from gpuloom.policies.queues import QuotaQueues
+from gpuloom.scheduler import Scheduler
+from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.generator import PHILLY_DURATIONS, generate
+
+ONE_NODE = Cluster.homogeneous(1, 4, 12, 64_000)
+TWO = QueueTree([Queue("a", guarantee=Quota(2)), Queue("b", guarantee=Quota(2))])
+TREE = QueueTree([Queue("qa", guarantee=Quota(6), limit=Quota(10)), Queue("qb", guarantee=Quota(6)),
+                  Queue("qc", guarantee=Quota(4))])
+
+
+def _queued(specs: list[JobSpec]) -> list[JobSpec]:
+    return [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={**s.attrs, "queue": f"q{'abc'[k % 3]}"})
+            for k, s in enumerate(specs)]
+
+
+WORKLOAD = _queued(generate(80, 12.0, 3, duration_dist=PHILLY_DURATIONS.clipped(60.0, 6 * 3600.0)))
+
+
+@pytest.mark.parametrize("resched", ["none", "both"])
+@pytest.mark.parametrize("stack", [
+    {"queue": "quota"}, {"queue": "quota", "borrow": False}, {"queue": "drf"}, {"queue": "fairshare"},
+    {"queue": "quota", "order": "srtf"}, {"queue": "drf", "order": "2d-las"},
+    {"queue": "drf", "order": "srtf", "place": "packed-non-sticky"},
+], ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_skipping_rounds_changes_nothing_with_queues(stack: dict, resched: str) -> None:
+    on = resched == "both"
+    stack = dict(stack)
+    params = {"queues": TREE, **({"borrow": stack.pop("borrow")} if "borrow" in stack else {})}
+    runs = []
+    for skip in (True, False):
+        sched = Scheduler.from_names(**stack, params=params)
+        cfg = SimConfig(skip_rounds=skip, check=True, reschedule_on_arrival=on, reschedule_on_completion=on,
+                        restart_overhead=30.0)
+        runs.append(Simulator(Cluster.homogeneous(4, 4), WORKLOAD, sched, config=cfg).run())
+    skipped, every = runs
+    assert skipped.jobs == every.jobs  # every field of every job, bit for bit
+    assert skipped.series == every.series
+    assert (skipped.rounds, skipped.end_time) == (every.rounds, every.end_time)
+    assert sum(j.preemptions for j in every.jobs) > 0 or not stack.get("queue") == "quota"
+    if stack["queue"] == "fairshare":  # decaying usage: every round computed
+        assert skipped.rounds_computed == skipped.rounds
+    else:
+        assert skipped.rounds_computed < skipped.rounds
+
+
+class NeverReclaims(QuotaQueues):
+    """A faulty stage: everything is borrowing (nothing guaranteed), running jobs first, nothing is ever owed."""
+
+    def admit(self, ordered: list[Job], view: pb.View, strict: bool = False, full: bool = False) -> Admission:
+        adm = super().admit(ordered, view, strict, full)
+        adm = Admission([], sorted(adm.guaranteed + adm.over, key=lambda j: j.alloc is None), adm.held, adm.truncated)
+        self._last = adm
+        return adm
+
+    def owed(self, plan: Plan, view: pb.View) -> list[Owed]:
+        return []
+
+
+def test_a_starved_queue_is_checked_the_next_round_even_when_rounds_are_skipped() -> None:
+    # b's four 1-GPU jobs take the node at 0 (two borrowed); a0 (a's guarantee) arrives at 50 and the faulty
+    # stage never reclaims.  The round at 50 (on the arrival) plans no action, and quota's output cannot change
+    # with time: without the starvation the round at 60 would be skipped and nothing checked until b's jobs end
+    # at 1000.  The starved queue makes the stage ask for the round at 60, whose check catches it.
+    specs = [JobSpec(f"b{i}", 0.0, 1, 1000.0, attrs={"queue": "b"}) for i in range(4)]
+    specs.append(JobSpec("a0", 50.0, 1, 100.0, attrs={"queue": "a"}))
+    stage = NeverReclaims(TWO)
+    sched = Scheduler(pb.make("order", "fifo"), pb.make("group", "none"), pb.make("size", "gpu-proportional"),
+                      pb.make("place", "packed-sticky"), queue=stage)
+    now: list[float] = []
+    sim = Simulator(ONE_NODE, specs, sched, config=SimConfig(round_len=60.0, reschedule_on_arrival=True,
+                                                             restart_overhead=0.0, check=True),
+                    observers=[lambda s, what: now.append(s.now) if what == "round" else None])
+    with pytest.raises(PlanError, match="queue 'a' holds 0 of its 2 guaranteed GPUs and has waited two rounds"):
+        sim.run()
+    assert now == [0.0, 0.0, 50.0]  # (arrivals, then the periodic round at 0); the round at 60 raised
+    # a sound stage reclaims at 50 and settles: nothing to compute until the next event
+    sched = Scheduler.from_names(queue="quota", params={"queues": TWO})
+    r = Simulator(ONE_NODE, specs, sched, config=SimConfig(round_len=60.0, reschedule_on_arrival=True,
+                                                           restart_overhead=0.0, check=True)).run()
+    assert r.jct("a0") == 100.0 and r.rounds_computed < r.rounds / 2
+
+
+def test_next_change_of_the_queue_stages(make_view) -> None:  # noqa: ANN001
+    view = make_view(jobs=[], cluster=ONE_NODE, now=7.0)
+    quota = pb.make("queue", "quota", {"queues": TWO})
+    assert quota.next_change(view) == math.inf
+    quota._starved = {0}  # type: ignore[attr-defined]
+    assert quota.next_change(view) == 7.0
+    quota._starved = set()  # type: ignore[attr-defined]
+    quota._owed_before = {1}  # type: ignore[attr-defined]
+    assert quota.next_change(view) == 7.0
+    assert pb.make("queue", "drf", {"queues": TWO}).next_change(view) == math.inf
+    assert pb.make("queue", "fairshare", {"queues": TWO}).next_change(view) == 7.0
+    assert pb.make("queue", "none").next_change(view) == math.inf
+
+
+def test_the_incremental_round_check_runs_the_queue_invariants() -> None:
+    # the driver checks most rounds incrementally (check_changes) and the whole plan every 100th: both must
+    # run the queue invariants, so a queue over its limit is caught in any round
+    specs = [JobSpec(f"a{i}", float(i), 1, 1000.0, attrs={"queue": "a"}) for i in range(3)]
+    tree = QueueTree([Queue("a", limit=Quota(2)), Queue("b")])
+
+    class NoLimits(QuotaQueues):
+        def admit(self, ordered: list[Job], view: pb.View, strict: bool = False, full: bool = False) -> Admission:
+            adm = super().admit(ordered, view, strict, full)
+            adm.over = [j for j in ordered if j not in adm.guaranteed]  # ignores a's limit
+            adm.held = {}
+            return adm
+
+        def enforce(self, plan: Plan, view: pb.View) -> Plan:
+            return plan
+
+    for full_every in (1, 1000):
+        sched = Scheduler(pb.make("order", "fifo"), pb.make("group", "none"), pb.make("size", "gpu-proportional"),
+                          pb.make("place", "packed-sticky"), queue=NoLimits(tree))
+        sim = Simulator(ONE_NODE, specs, sched, config=SimConfig(round_len=60.0, reschedule_on_arrival=True,
+                                                                 check=True))
+        sim.driver.full_check_every = full_every
+        with pytest.raises(PlanError, match="queue 'a' holds 3 GPUs, .* over its limit 2 GPUs"):
+            sim.run()
