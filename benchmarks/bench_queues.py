@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +86,9 @@ def time_rounds(queue: str, check: bool, order: str = "fifo") -> dict[str, float
 
     clock = time.process_time  # CPU time: the machine may be shared; wall time would measure the neighbours
 
-    def timed(view):  # noqa: ANN001, ANN202
+    def timed(view, reasons=True):  # noqa: ANN001, ANN202
         t = clock()
-        out = plain(view)
+        out = plain(view, reasons)
         times.append(clock() - t)
         return out
 
@@ -96,8 +97,16 @@ def time_rounds(queue: str, check: bool, order: str = "fifo") -> dict[str, float
         plain_check(rnd, view)
         checks.append(clock() - t)
 
+    def timed_changes(rnd, view, *args):  # noqa: ANN001, ANN002, ANN202
+        t = clock()
+        plain_changes(rnd, view, *args)
+        checks.append(clock() - t)
+
+    # the driver checks most rounds incrementally (check_changes), the whole plan now and then (check)
+    plain_changes = sched.check_changes
     sched.schedule = timed  # type: ignore[method-assign]
     sched.check = timed_check  # type: ignore[method-assign]
+    sched.check_changes = timed_changes  # type: ignore[method-assign]
     sim = Simulator(cl, scale_jobs(), sched, config=SimConfig(round_len=60.0, max_time=1800.0, check=check))
     sim.run()
     steady = times[2:]  # once the first minute's arrivals are in
@@ -143,15 +152,25 @@ def philly_trees(specs: list[JobSpec], gpus: int) -> dict[str, QueueTree]:
     return {"demand": demand_quotas(specs, gpus), "venus": venus}
 
 
-def _run_philly(task: tuple[str, str]) -> dict[str, Any]:
+def philly_window(specs: list[JobSpec], days: tuple[float, float] | None) -> list[JobSpec]:
+    """The jobs arriving in ``days`` (from, to; days since the trace's start), their arrivals shifted to
+    start at 0; all of them without ``days``."""
+    if days is None:
+        return specs
+    lo, hi = days[0] * 86400.0, days[1] * 86400.0
+    return [replace(s, arrival=s.arrival - lo) for s in specs if lo <= s.arrival < hi]
+
+
+def _run_philly(task: tuple[str, str, tuple[float, float] | None]) -> dict[str, Any]:
     from gpuloom.scheduler import Scheduler
     from gpuloom.sim.engine import SimConfig, Simulator
     from gpuloom.sim.queue_report import QueueRecorder, queue_rows
 
-    split, label = task
-    specs = _philly_specs()
+    split, label, days = task
+    every = _philly_specs()
     cl = Cluster.homogeneous(64, 8)
-    tree = philly_trees(specs, cl.num_gpus)[split]
+    tree = philly_trees(every, cl.num_gpus)[split]  # quotas from the whole list's demand, as from history
+    specs = philly_window(every, days)
     queue, params = CONFIGS[label]
     sched = Scheduler.from_names(queue=queue, params={**params, "queues": tree} if queue != "none" else {})
     rec = QueueRecorder(tree)
@@ -164,9 +183,10 @@ def _run_philly(task: tuple[str, str]) -> dict[str, Any]:
             "queues": queue_rows(result)}
 
 
-def bench_philly(processes: int, out: Path | None, splits: list[str]) -> None:
-    tasks = [(sp, label) for sp in splits for label in CONFIGS]
-    print(f"Philly: 82,247 jobs, 15 VCs, 64x8 GPUs, 300 s rounds; {len(tasks)} runs in {processes} processes",
+def bench_philly(processes: int, out: Path | None, splits: list[str], days: tuple[float, float] | None = None) -> None:
+    tasks = [(sp, label, days) for sp in splits for label in CONFIGS]
+    which = "82,247 jobs" if days is None else f"the jobs arriving on days {days[0]:g}-{days[1]:g}"
+    print(f"Philly: {which}, 15 VCs, 64x8 GPUs, 300 s rounds; {len(tasks)} runs in {processes} processes",
           flush=True)
     results = []
     with ProcessPoolExecutor(processes) as pool:
@@ -209,7 +229,7 @@ def philly_tables(split: str, rows: list[dict[str, Any]]) -> str:
         for p in per:
             q = p.get(n)
             if q is None or q["completed"] == 0:
-                cells.append("–" if q is None else f"– ({q['jobs'] - q['completed']} never ran)")
+                cells.append("–" if q is None or q["jobs"] == 0 else f"– ({q['jobs'] - q['completed']} never ran)")
                 continue
             unfinished = q["jobs"] - q["completed"]
             cells.append(f"{q['mean_jct'] / 3600:.1f} / {q['mean_queueing_delay'] / 3600:.1f}"
@@ -238,6 +258,7 @@ def main() -> None:
     ap.add_argument("--processes", "-j", type=int, default=2)
     ap.add_argument("--split", action="append", choices=["demand", "venus"])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--days", help="only the jobs arriving in this window, FROM:TO in days (e.g. 63:70)")
     args = ap.parse_args()
     if "round" in args.part:
         bench_round()
@@ -245,7 +266,16 @@ def main() -> None:
         if not DATA.is_dir():
             print(f"data not found at {DATA}; set GPULOOM_DATA")
             return
-        bench_philly(args.processes, args.out, args.split or ["demand", "venus"])
+        days = None
+        if args.days:
+            try:
+                lo, hi = (float(x) for x in args.days.split(":"))
+            except ValueError:
+                ap.error(f"--days: FROM:TO in days, got {args.days!r}")
+            if not 0 <= lo < hi:
+                ap.error(f"--days: FROM must be >= 0 and below TO, got {args.days!r}")
+            days = (lo, hi)
+        bench_philly(args.processes, args.out, args.split or ["demand", "venus"], days)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,12 @@ def J(q: str, i: int, t: float, gpus: int, dur: float, **attrs: object) -> JobSp
     return JobSpec(f"{q}{i}", t, gpus, dur, attrs={"queue": q, **attrs})
 
 
+def with_reasons(sim: Simulator) -> Simulator:
+    """The simulator keeps no pending reasons (they cost a pass over the waiting jobs): these tests read them."""
+    sim.driver.reasons = True
+    return sim
+
+
 def jcts(specs: list[JobSpec], queue: str = "none", params: dict | None = None, **kw: object) -> dict[str, float]:
     r = simulate(ONE_NODE, specs, queue=queue, params=params, **{**EXACT, **kw})
     return {j.id: j.jct for j in r.jobs}
@@ -231,14 +237,14 @@ def test_pending_reasons_queue_at_quota_and_priority() -> None:
             seen.update({j.id: j.reason for j in sim.active.values()})
 
     sched = Scheduler.from_names(queue="quota", params={"queues": tree, "borrow": False})
-    Simulator(ONE_NODE, specs, sched, config=SimConfig(**EXACT), observers=[watch]).run()  # type: ignore[arg-type]
+    with_reasons(Simulator(ONE_NODE, specs, sched, config=SimConfig(**EXACT), observers=[watch])).run()  # type: ignore[arg-type]
     # a1 would pass a's limit; b1 fits the 1 GPU free with b0 gone, and b0 outranks it; strict quotas
     assert seen == {"a0": None, "a1": QUEUE_AT_QUOTA, "b0": None, "b1": QUEUE_AT_QUOTA}
     sched = Scheduler.from_names(queue="quota", params={"queues": QueueTree.flat(["a", "b"])})
     seen.clear()
-    Simulator(ONE_NODE, [J("b", 0, 0.0, 2, 100.0, priority=1), J("b", 1, 0.0, 4, 100.0),
-                         J("b", 2, 0.0, 2, 100.0, priority=2)], sched, config=SimConfig(**EXACT),  # type: ignore[arg-type]
-              observers=[watch]).run()
+    with_reasons(Simulator(ONE_NODE, [J("b", 0, 0.0, 2, 100.0, priority=1), J("b", 1, 0.0, 4, 100.0),
+                                      J("b", 2, 0.0, 2, 100.0, priority=2)], sched, config=SimConfig(**EXACT),
+                           observers=[watch])).run()  # type: ignore[arg-type]
     assert seen == {"b0": None, "b1": "Priority", "b2": None}
 
 
@@ -307,8 +313,9 @@ def test_a_hook_may_delay_reclaim_by_one_round_not_more() -> None:
         if what == "round" and "a0" in sim.active:
             reasons.append(sim.active["a0"].reason)
 
-    r = Simulator(ONE_NODE, specs, sched, config=SimConfig(round_len=60.0, reschedule_on_arrival=True,
-                                                           restart_overhead=0.0), observers=[watch]).run()
+    r = with_reasons(Simulator(ONE_NODE, specs, sched, config=SimConfig(round_len=60.0, reschedule_on_arrival=True,
+                                                                        restart_overhead=0.0),
+                               observers=[watch])).run()
     assert reasons[:2] == [WAITING_FOR_RECLAIM, None]
     # b's borrowed jobs are b2, b3 (b0, b1 are its guarantee); packed placement picks b2's GPU, the lowest free
     assert r.jct("a0") == 110.0 and {j.id: j.preemptions for j in r.jobs if j.preemptions} == {"b2": 1}
