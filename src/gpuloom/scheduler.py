@@ -1,5 +1,9 @@
 """One scheduling round: order → queue → group → size → place, then plan hooks.
 
+(About 580 lines on purpose: the round's pipeline, its shortcuts, the queue stage's reclaim
+passes and the checks all read the same stages and requests; split, each part would reach
+into the others' internals.)
+
 The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
 and the real service (:mod:`gpuloom.runtime`), both through the driver
 (:mod:`gpuloom.driver`): it builds a :class:`~gpuloom.policies.base.View`

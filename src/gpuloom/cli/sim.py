@@ -240,8 +240,9 @@ def simulate(
 
     report.write_run(result, folder)
     if plots:
-        report.plot_run(result, folder)
-        report.write_report(result, folder)
+        from ..sim.plots import plot_run
+
+        report.write_report(result, folder, plot_run(result, folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))

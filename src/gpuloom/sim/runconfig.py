@@ -1,5 +1,9 @@
 """Named simulator configurations, and running several of them on one trace.
 
+(About 590 lines on purpose: the configuration's two textual forms and the one runner of
+configurations, in a process pool or on Ray, share :class:`RunConfig`'s fields and change
+together; the runner starts at :class:`RunProgress`.)
+
 A :class:`RunConfig` is everything that distinguishes one simulator run from
 another on the same cluster and trace: the four pipeline stages by name,
 preemption, policy parameters, the throughput model's locality penalty and the
