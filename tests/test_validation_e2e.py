@@ -144,3 +144,12 @@ def test_testbed_state_is_where_its_folder_is_from_any_directory(tmp_path: Path,
     finally:
         assert tb.share is not None
         shutil.rmtree(tb.share)
+
+
+def test_a_server_that_does_not_come_up_in_time_is_stopped(tmp_path: Path, monkeypatch) -> None:
+    start = Testbed.start
+    monkeypatch.setattr(Testbed, "start", lambda self: start(self, timeout=0.01))  # spawned, not up yet
+    tb = Testbed(tmp_path, CL, STACKS["fifo/proportional/packed"], script=SLEEPY)
+    with pytest.raises(RuntimeError, match="did not come up in 0 s"):
+        tb.run(workload(), timeout=60)
+    assert tb.proc is not None and tb.proc.poll() is not None

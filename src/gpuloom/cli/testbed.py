@@ -200,8 +200,8 @@ class Testbed:
     def run(self, jobs: Sequence[TestbedJob], timeout: float = 1800.0) -> TestbedRun:
         """Start the server, submit ``jobs`` at their arrivals, wait for all to end, read back, stop."""
         t_start = time.monotonic()
-        self.start()
         try:
+            self.start()  # a server that did not come up in time may still be starting: stopped below too
             return self._run(jobs, timeout, t_start)
         finally:
             self.stop()
