@@ -4,6 +4,15 @@
 variants are ``id,model,submit,duration,gpus`` (checked: the first 160 rows of
 ``workload-N-noheader.csv`` match Sia's workload N, not PAL's headered
 ``workload-N.csv``, which holds different jobs).
+
+Every job carries ``attrs["source_model"]``: the throughput-model options
+PAL's simulator ran these traces under, which
+:func:`gpuloom.perf.assembly.build_model` uses where the run gives none (as it
+loads a Synergy trace's profiles): ``variability="artifact"`` (each GPU's
+slowest measured run, drawn per GPU: the heavy-tailed PM-scores of PAL's
+evaluation) and ``locality_rule="any"`` (a trace's ``duration`` is the job's
+time inside one node: PAL's simulator charges the penalty to every job that
+spans nodes).  ``--variability none`` / ``-P locality_rule=excess`` override.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ from .fields import (
     read_rows,
     str_field,
 )
+
+#: the model options PAL's simulator ran its traces under (see the module notes)
+PAL_SOURCE_MODEL = {"variability": "artifact", "locality_rule": "any"}
 
 
 def read_pal(path: str | Path) -> Trace:
@@ -52,6 +64,8 @@ def read_pal(path: str | Path) -> Trace:
         t = float_field(row[ps], "submit_time", w)
         dur = float_field(row[pd], "duration", w, positive=True)
         model = str_field(row[pm], "model", w)
-        attrs = {} if pb is None else {"batch_size": int_field(row[pb], "batch_size", w)}
+        attrs: dict = {"source_model": dict(PAL_SOURCE_MODEL)}
+        if pb is not None:
+            attrs["batch_size"] = int_field(row[pb], "batch_size", w)
         b.add(w, JobSpec, jid, t, gpus, dur, model=model, attrs=attrs)
     return b.done()
