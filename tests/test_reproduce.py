@@ -52,7 +52,7 @@ def test_pal_traces_bring_their_source_model_options(data_dir: Path, monkeypatch
     from gpuloom.sim.traces import load_trace
 
     specs = load_trace(data_dir / "pal/traces/philly/workload-1.csv")
-    assert trace_options(specs) == {"variability": "artifact", "locality_rule": "any"}
+    assert trace_options(specs) == {"variability": "artifact", "locality_rule": "any", "place.backfill": False}
     assert trace_options([*specs, replace(specs[0], id="other", attrs={})]) == {}  # only what every job names
     cl = Cluster.homogeneous(16, 4)
     m = build_model(cl, specs=specs)
@@ -81,6 +81,22 @@ def test_simulate_with_default_flags_on_a_pal_trace(data_dir: Path, tmp_path: Pa
         return json.loads(r.stdout[r.stdout.index("{"):])["mean_jct"], r.output
 
     default, out = mean_jct()
-    assert "variability=artifact, locality_rule=any" in out  # the note says what applies
-    assert mean_jct("--variability", "artifact", "-P", "locality_rule=any")[0] == default
-    assert mean_jct("--variability", "none", "-P", "locality_rule=excess")[0] != default
+    assert "variability=artifact, locality_rule=any, place.backfill=False" in out  # the note says what applies
+    assert mean_jct("--variability", "artifact", "-P", "locality_rule=any", "-P", "backfill=false")[0] == default
+    assert mean_jct("-P", "backfill=true")[0] != default  # given options win, one by one
+    assert mean_jct("--variability", "none")[0] != default
+    assert mean_jct("-P", "locality_rule=excess")[0] != default
+
+
+def test_trace_policy_params_only_where_taken_and_not_given() -> None:
+    from gpuloom.core.job import JobSpec
+    from gpuloom.driver.stack import Stack, trace_policy_params
+
+    specs = [JobSpec("a", 0.0, 1, 10.0, attrs={"source_options": {"place.backfill": False, "locality_rule": "any"}})]
+    names = Stack().names
+    assert trace_policy_params(names, {}, specs) == {"place.backfill": False}
+    assert trace_policy_params(names, {"backfill": True}, specs) == {}
+    assert trace_policy_params(names, {"place.backfill": True}, specs) == {}
+    assert trace_policy_params({**names, "place": "static"}, {}, specs) == {}
+    assert trace_policy_params(names, {}, []) == {}
+    assert Stack().scheduler(specs).place.backfill is False and Stack().scheduler().place.backfill is True

@@ -110,7 +110,7 @@ def _note_trace_options(trace: Path, specs: Sequence[Any]) -> None:
         _NOTED.add(str(trace))
         shown = ", ".join(f"{k}={v}" for k, v in opts.items())
         err_console.print(f"note: {trace.name} was simulated by its source with {shown}; these apply unless "
-                          "given (e.g. --variability none, -P locality_rule=excess)", highlight=False,
+                          "given (e.g. --variability none, -P locality_rule=excess, -P backfill=true)", highlight=False,
                           markup=False, soft_wrap=True)
 
 

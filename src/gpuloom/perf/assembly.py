@@ -19,10 +19,12 @@ option (the first one) is given.  A factor's builder sees the options and the
 run's job specs (a Synergy trace names the profile file its reader loaded, and
 the sizers use those profiles without ``--profiles``; jobs that carry their own
 profiles, as a trace exported from the service does, get the sensitivity factor too).
-Likewise a trace can name the model options its source simulated it under
-(``JobSpec.attrs["source_model"]``, e.g. PAL's traces: ``variability=artifact``,
-``locality_rule=any``); :func:`trace_options` gives them, and they apply
-wherever the run sets the option itself to nothing (:func:`build_model`).  ``seed`` is a shared
+Likewise a trace can name the options its source simulated it under
+(``JobSpec.attrs["source_options"]``, e.g. PAL's traces: ``variability=artifact``,
+``locality_rule=any``, ``place.backfill=false``); :func:`trace_options` gives
+them; its model options apply wherever the run gives the option no value
+(:func:`build_model`), its policy parameters likewise
+(:meth:`gpuloom.driver.stack.Stack.scheduler`).  ``seed`` is a shared
 option: the run's seed, the default of every seed-like option.
 """
 
@@ -116,17 +118,19 @@ def trace_profiles(specs: Sequence[JobSpec]) -> str | None:
 
 
 def trace_options(specs: Sequence[JobSpec]) -> dict[str, Any]:
-    """The model options every job's ``attrs["source_model"]`` names alike (none if a job names none)."""
+    """The options every job's ``attrs["source_options"]`` names alike (none if a job names none).
+
+    Model options by name, policy parameters as ``stage.name``."""
     common: dict[str, Any] | None = None
     for s in specs:
-        src = s.attrs.get("source_model") if s.attrs else None
+        src = s.attrs.get("source_options") if s.attrs else None
         if not isinstance(src, Mapping):
             return {}
         if common is None:
             common = dict(src)
         elif src != common:
             common = {k: v for k, v in common.items() if src.get(k) == v}
-    return {k: v for k, v in (common or {}).items() if k in OPTIONS}
+    return common or {}
 
 
 def _with_trace_options(options: Mapping[str, Any] | None, specs: Sequence[JobSpec]) -> dict[str, Any]:
@@ -135,7 +139,7 @@ def _with_trace_options(options: Mapping[str, Any] | None, specs: Sequence[JobSp
     A trace's ``variability=generate|artifact`` needs the measured data folder: without
     one it is left out with a warning (the run did not ask for it)."""
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    extra = {k: v for k, v in trace_options(specs).items() if k not in given}
+    extra = {k: v for k, v in trace_options(specs).items() if k in OPTIONS and k not in given}
     word = str(extra.get("variability", "")).partition(":")
     if word[0] in ("generate", "artifact") and not word[2] and given.get("variability_dir") is None:
         from .datadir import data_dir, describe_search
