@@ -262,7 +262,7 @@ class Scheduler:
         place, order, size = self.place, self.order, self.size
         if not (self._incremental(view) and place.pure_choose and place.backfill):
             return None
-        assert view.tally is not None
+        assert view.tally is not None and isinstance(order, KeyOrder)
         return TailWalk(ordered, start, lambda j: size.request(j, view), lambda j: order.sort_key(j, view),
                         view.tally.waiting, view.current)
 
@@ -281,6 +281,7 @@ class Scheduler:
         if tally is None or tally.demand > view.cluster.num_gpus or tally.unkeyed or not self._incremental(view):
             return None
         order = self.order
+        assert isinstance(order, KeyOrder)
         waiting = sorted(tally.idle.values(), key=lambda j: order.sort_key(j, view))
         size = self.size
         plan, requests = all_fit_plan(waiting, lambda j: size.request(j, view), self.place, view)
