@@ -208,7 +208,9 @@ class Simulator:
         self.backend = SimBackend(times, self.config.starts_wait_for_stops)
         try:
             self.driver = Driver(cluster, scheduler, self.model, self.backend, self.rng, self.config.check,
-                                 times.protect_factor, strict=strict, reasons=False)
+                                 times.protect_factor, strict=strict,
+                                 # pending reasons cost a pass over the waiting jobs: kept only for observers
+                                 reasons=bool(self.observers))
         except RequirementError as e:
             raise SimulationError(str(e)) from None
         self.series = TimeSeries()
