@@ -3,6 +3,8 @@ cluster, and the service rebuilding itself when nodes leave and join (:mod:`gpul
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -223,3 +225,27 @@ def store_row(svc: Service, jid: int):  # noqa: ANN201
     row = svc.store.get_job(jid)
     assert row is not None
     return row
+
+
+# -- without Ray ----------------------------------------------------------------------------------
+def _without_ray(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``gpuloom ARGS`` in a Python where ``import ray`` fails (as without the ray extra)."""
+    code = ("import runpy, sys\nsys.modules['ray'] = None  # import ray: ImportError\n"
+            f"sys.argv = ['gpuloom', *{list(args)!r}]\n"
+            "try:\n    runpy.run_module('gpuloom', run_name='__main__')\n"
+            "finally:\n    print('RAY IMPORTED' if sys.modules.get('ray') is not None else 'no ray')\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src")))
+
+
+def test_everything_but_ray_works_without_ray_and_ray_options_say_how_to_get_it(tmp_path: Path) -> None:
+    r = _without_ray(tmp_path, "compare", "--generate", "10", "--cluster", "2x4", "-c", "order=fifo",
+                     "-c", "order=srtf", "-j", "2", "--no-plots", "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("no ray") and (tmp_path / "out" / "compare.json").exists()
+    for cmd in (["compare", "--generate", "10", "--cluster", "2x4", "-c", "order=fifo", "--ray", "auto", "--no-plots",
+                 "--out", str(tmp_path / "out2")],
+                ["serve", "--ray", "local", "--gpus", "2", "--state-dir", str(tmp_path / "sd"), "--port", "0"]):
+        r = _without_ray(tmp_path, *cmd)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "--ray needs Ray: pip install 'gpuloom[ray]'" in r.stdout + r.stderr, cmd[0]
