@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,7 +126,17 @@ def state(svc: Service, jid: int) -> str:
 
 
 def until_state(svc: Service, jid: int, want: str, timeout: float = 90.0) -> None:
-    wait_for(lambda: state(svc, jid) == want, timeout, f"job {jid} to be {want} (is {state(svc, jid)})")
+    try:
+        wait_for(lambda: state(svc, jid) == want, timeout, f"job {jid} to be {want}")
+    except AssertionError as e:  # what the job was doing instead
+        row = svc.store.get_job(jid)
+        assert row is not None
+        seen = [(e["kind"], e["detail"]) for e in svc.store.events(jid)][-6:]
+        loop = svc._thread
+        where = "".join(traceback.format_stack(sys._current_frames()[loop.ident])[-8:]) if loop and loop.ident else ""
+        raise AssertionError(f"{e}: is {row.state} ({row.pending_reason or row.reason}); events {seen}; "
+                             f"nodes {[n.name for n in svc.cluster.nodes]}, parked {svc.parked}; rounds {svc.rounds}, "
+                             f"failed rounds {svc.backoff.failures}; the loop is at:\n{where}") from None
 
 
 def nodes_of(svc: Service, jid: int) -> list[str]:
