@@ -72,12 +72,23 @@ def make_view():  # noqa: ANN201
 
 @pytest.fixture(scope="session", autouse=True)
 def _remove_job_dirs():  # noqa: ANN202
-    """The services tests start (as root) put default checkpoint directories in ``/var/tmp/gpuloom-ID``
-    (see ``runtime/security.py``): those that appeared during the session are removed after it."""
-    import glob
+    """The services tests start (as root) put default checkpoint directories in
+    ``$GPULOOM_JOB_DIR_BASE/gpuloom-ID`` (see ``runtime/security.py``): this session's go in a base
+    of its own (servers the tests start inherit the variable), removed after the session, so two
+    test sessions on one machine never remove each other's."""
+    import os
     import shutil
+    import tempfile
 
-    before = set(glob.glob("/var/tmp/gpuloom-*"))
+    from gpuloom.runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
+
+    base = tempfile.mkdtemp(prefix="gpuloom-tests-", dir=JOB_DIR_BASE)
+    os.chmod(base, 0o711)  # job accounts pass through to their own directories
+    old = os.environ.get(JOB_DIR_BASE_ENV)
+    os.environ[JOB_DIR_BASE_ENV] = base
     yield
-    for d in set(glob.glob("/var/tmp/gpuloom-*")) - before:
-        shutil.rmtree(d, ignore_errors=True)
+    if old is None:
+        os.environ.pop(JOB_DIR_BASE_ENV, None)
+    else:
+        os.environ[JOB_DIR_BASE_ENV] = old
+    shutil.rmtree(base, ignore_errors=True)

@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import psutil
 
+from gpuloom.runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -146,7 +148,8 @@ def kill_jobs(state_dir: Path) -> None:
     if sid:
         time.sleep(0.1)
         remove_cgroups(f"gpuloom-{sid}")
-        shutil.rmtree(f"/var/tmp/gpuloom-{sid}", ignore_errors=True)  # the service's default job directory
+        base = os.environ.get(JOB_DIR_BASE_ENV) or JOB_DIR_BASE
+        shutil.rmtree(f"{base}/gpuloom-{sid}", ignore_errors=True)  # the service's default job directory
 
 
 def wait_for(fn: Any, timeout: float = 30.0, what: str = "condition") -> Any:

@@ -7,7 +7,7 @@
   database or other jobs' logs.  Default checkpoint directories live in the
   *job directory*, outside the state directory (jobs must reach them): with
   jobs running as other accounts that is ``/var/tmp/gpuloom-SERVICE_ID``
-  (``--job-dir``), 0711 and owned by the server, and each job's directory in
+  (``--job-dir``; ``$GPULOOM_JOB_DIR_BASE`` replaces ``/var/tmp``), 0711 and owned by the server, and each job's directory in
   it is owned by the job's account, 0700.
 * **Accounts** (:mod:`.identity`): which OS account runs each user's jobs.
 * **Submission checks** (:meth:`Guard.check_spec`): the fields the policies
@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuloom.service")
 
 JOB_DIR_BASE = "/var/tmp"  # where default job directories go when jobs run as other accounts
+JOB_DIR_BASE_ENV = "GPULOOM_JOB_DIR_BASE"  # overrides it (a directory job accounts can enter)
 PURGE_EVERY_S = 60.0
 
 
@@ -49,7 +51,8 @@ class Guard:
             identities.check()
         self.identities = identities
         if job_dir is None:
-            job_dir = Path(JOB_DIR_BASE) / f"gpuloom-{service_id}" if identities.switch else state_dir / "checkpoints"
+            base = os.environ.get(JOB_DIR_BASE_ENV) or JOB_DIR_BASE
+            job_dir = Path(base) / f"gpuloom-{service_id}" if identities.switch else state_dir / "checkpoints"
         # jobs of other accounts enter it to reach their own directory; they list nothing
         self.job_dir = private_dir(job_dir, 0o711 if identities.switch else 0o700)
         self.roots = [Path(r) for r in checkpoint_roots] if checkpoint_roots else [self.job_dir]

@@ -207,8 +207,10 @@ class Simulator:
         times = self.config.times
         self.backend = SimBackend(times, self.config.starts_wait_for_stops)
         try:
+            # pending reasons (job.reason) cost a pass over the waiting jobs: kept only for observers,
+            # which may read them (queue reports, tests)
             self.driver = Driver(cluster, scheduler, self.model, self.backend, self.rng, self.config.check,
-                                 times.protect_factor, strict=strict, reasons=False)
+                                 times.protect_factor, strict=strict, reasons=bool(observers))
         except RequirementError as e:
             raise SimulationError(str(e)) from None
         self.series = TimeSeries()
