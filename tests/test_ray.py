@@ -442,7 +442,7 @@ def test_nodes_leaving_and_joining_jobs_requeued_whole_parked_and_every_step_run
     fake.add("n3")
     wait_for(lambda: [n.name for n in svc.cluster.nodes] == ["n0", "n1", "n3"], 60, "n3 to join")
     wide = svc.submit({"name": "wide", "command": sleepy(150, 0.05, ledger=f"{ck}/ledger", ckpt=ck), "gpus": 6}, "u")
-    until_state(svc, wide, "running_protected", 60)
+    until_state(svc, wide, "running_protected", 180)  # its first launch on the new node n3: slow on a loaded machine
     assert sorted(nodes_of(svc, wide)) == ["n0", "n1", "n3"]
     wait_for(lambda: (svc.last_progress(wide) or 0) >= 10, 60, "wide to progress")
     # n3's raylet dies without a word (a crashed machine): Ray's health checks notice it; the job loses its
