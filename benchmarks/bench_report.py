@@ -21,7 +21,8 @@ import numpy as np
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import JobSpec
 from gpuloom.sim import simulate
-from gpuloom.sim.report import plot_compare, plot_run, write_report, write_run
+from gpuloom.sim.plots import plot_compare, plot_run
+from gpuloom.sim.report import write_report, write_run
 from gpuloom.sim.runconfig import parse_run_config, run_many
 
 

@@ -16,14 +16,11 @@ from rich.console import Console
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.job import JobSpec
 from gpuloom.sim import RunResult, simulate
+from gpuloom.sim.plots import binned_series, cdf_points, plot_compare, plot_run
 from gpuloom.sim.report import (
     JOB_COLUMNS,
     METRICS,
-    binned_series,
-    cdf_points,
     jsonable,
-    plot_compare,
-    plot_run,
     summary_rows,
     summary_table,
     write_compare,

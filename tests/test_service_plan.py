@@ -15,6 +15,7 @@ import pytest
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import JobSpec
+from gpuloom.core.lifecycle import JobState
 from gpuloom.core.plan import Allocation
 from gpuloom.perf.assembly import build_model
 from gpuloom.runtime.router import local_executor
@@ -188,5 +189,48 @@ def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart
     finally:
         for jid in list(svc.jobs):
             (flags / jid).touch()
+        svc.terminate_all()
+        store.close()
+
+
+def test_a_launch_ends_when_the_job_printed_its_first_progress_line_not_when_a_round_saw_it(
+    tmp_path: Path, cgroup_parent: str
+) -> None:
+    """Rounds are seconds apart: a job ready 0.5 s after its launch and noticed at 3 s was working for 2.5 s
+    (its remaining work, its launch time and its protection say so); a line dated outside [launch, now]
+    (a wrong clock, a lying job) counts as printed at the nearer end."""
+    import time
+
+    from gpuloom.runtime.clock import ManualClock
+
+    cluster = Cluster.homogeneous(1, 4)
+    clock = ManualClock()
+    epoch = clock.time()
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                  round_s=1000.0, grace_s=0.0, launch_timeout_s=60.0, protect_factor=3.0, clock=clock)
+    try:
+        ids = [svc.submit({"name": "j", "command": f"echo GPULOOM_PROGRESS iter=0 t={t!r}; sleep 60", "gpus": 1,
+                           "iterations": 1000, "iteration_time": 0.1}, "alice")
+               for t in (epoch + 0.5, epoch - 50.0, epoch + 50.0)]
+        svc.round()  # t = 0: launch
+        jobs = [svc.jobs[str(i)] for i in ids]
+        assert all(j.lifecycle.state is JobState.LAUNCHING for j in jobs)
+        deadline = time.monotonic() + 20
+        while not all(svc.log_path(i).exists() and b"GPULOOM" in svc.log_path(i).read_bytes() for i in ids):
+            assert time.monotonic() < deadline, "the jobs printed nothing"
+            time.sleep(0.02)
+        clock.set(epoch + 3.0)
+        svc.observe()
+        for j, ready in zip(jobs, (0.5, 0.0, 3.0), strict=True):
+            lc = j.lifecycle
+            assert [(t, s) for t, s in lc.history if s is JobState.RUNNING_PROTECTED] == [(pytest.approx(ready), JobState.RUNNING_PROTECTED)]
+            assert lc.last_launch_time == pytest.approx(ready, abs=1e-6)
+            # protected for 3 x the launch time from the line on (not from when the round saw it)
+            expect = [(JobState.RUNNING, 4 * ready)] if 4 * ready <= 3.0 else [(JobState.RUNNING_PROTECTED, ready)]
+            assert [(lc.state, lc.since)] == [(s, pytest.approx(t)) for s, t in expect]
+            assert j.remaining == pytest.approx(100.0 - (3.0 - ready) * j.speed, abs=1e-6)
+    finally:
         svc.terminate_all()
         store.close()

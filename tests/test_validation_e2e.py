@@ -20,6 +20,7 @@ the mean JCT: the margin grows with the load.  ``gpuloom validate`` runs the ful
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -129,3 +130,26 @@ def test_validate_refuses_bad_stacks_before_starting_anything(tmp_path: Path, ba
                                  "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and ("nope" in r.output or "colour" in r.output)
     assert not (tmp_path / "o" / "validation.json").exists()
+
+
+def test_testbed_state_is_where_its_folder_is_from_any_directory(tmp_path: Path, monkeypatch) -> None:
+    """``--out quick`` (a relative folder): the server runs in that folder, so a relative --state-dir would
+    nest under it and the testbed would wait for a server.json that never comes."""
+    monkeypatch.chdir(tmp_path)
+    tb = Testbed(Path("quick") / "x", CL, STACKS["srsf+muri"], script=SLEEPY)
+    try:
+        cmd = tb.command()
+        assert tb.workdir == tmp_path.resolve() / "quick" / "x"
+        assert Path(cmd[cmd.index("--state-dir") + 1]) == tb.workdir / "state"
+    finally:
+        assert tb.share is not None
+        shutil.rmtree(tb.share)
+
+
+def test_a_server_that_does_not_come_up_in_time_is_stopped(tmp_path: Path, monkeypatch) -> None:
+    start = Testbed.start
+    monkeypatch.setattr(Testbed, "start", lambda self: start(self, timeout=0.01))  # spawned, not up yet
+    tb = Testbed(tmp_path, CL, STACKS["fifo/proportional/packed"], script=SLEEPY)
+    with pytest.raises(RuntimeError, match="did not come up in 0 s"):
+        tb.run(workload(), timeout=60)
+    assert tb.proc is not None and tb.proc.poll() is not None

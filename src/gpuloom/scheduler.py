@@ -1,5 +1,9 @@
 """One scheduling round: order → queue → group → size → place, then plan hooks.
 
+(About 580 lines on purpose: the round's pipeline, its shortcuts, the queue stage's reclaim
+passes and the checks all read the same stages and requests; split, each part would reach
+into the others' internals.)
+
 The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
 and the real service (:mod:`gpuloom.runtime`), both through the driver
 (:mod:`gpuloom.driver`): it builds a :class:`~gpuloom.policies.base.View`
@@ -258,7 +262,7 @@ class Scheduler:
         place, order, size = self.place, self.order, self.size
         if not (self._incremental(view) and place.pure_choose and place.backfill):
             return None
-        assert view.tally is not None
+        assert view.tally is not None and isinstance(order, KeyOrder)
         return TailWalk(ordered, start, lambda j: size.request(j, view), lambda j: order.sort_key(j, view),
                         view.tally.waiting, view.current)
 
@@ -277,6 +281,7 @@ class Scheduler:
         if tally is None or tally.demand > view.cluster.num_gpus or tally.unkeyed or not self._incremental(view):
             return None
         order = self.order
+        assert isinstance(order, KeyOrder)
         waiting = sorted(tally.idle.values(), key=lambda j: order.sort_key(j, view))
         size = self.size
         plan, requests = all_fit_plan(waiting, lambda j: size.request(j, view), self.place, view)

@@ -225,8 +225,8 @@ def ray_connect(address: str, num_gpus: int | None = None, num_cpus: int | None 
     if ray.is_initialized():
         return
     try:
-        if address == "local":
-            ray.init(num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+        if address == "local":  # always a new instance, never one already running on this machine
+            ray.init(address="local", num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING)
         else:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)

@@ -36,6 +36,7 @@ from .common import (
     check_policies,
     choice,
     console,
+    err_console,
     model_options,
     out_dir,
     parse_params,
@@ -81,6 +82,7 @@ def workload(trace: Path | None, fmt: str | None, generate: int | None, rate: fl
 
         specs = load_trace(trace, fmt or "auto", **parse_params(trace_opts, "--trace-opt"))
         what = f"trace {trace}"
+        _note_trace_options(trace, specs)
         if generate:
             specs = gen(num_jobs=generate, jobs_per_hour=r, seed=seed, sample_from=specs)
             what = f"{generate} jobs at {r:g}/h drawn from {trace} (seed {seed})"
@@ -94,6 +96,22 @@ def workload(trace: Path | None, fmt: str | None, generate: int | None, rate: fl
         specs = sorted(specs, key=lambda s: s.arrival)[:limit]
         what += f", first {limit} by arrival"
     return specs, what
+
+
+_NOTED: set[str] = set()
+
+
+def _note_trace_options(trace: Path, specs: Sequence[Any]) -> None:
+    """Say once per trace which model options its jobs bring (options given on the command line win)."""
+    from ..perf.assembly import trace_options
+
+    opts = trace_options(specs)
+    if opts and str(trace) not in _NOTED:
+        _NOTED.add(str(trace))
+        shown = ", ".join(f"{k}={v}" for k, v in opts.items())
+        err_console.print(f"note: {trace.name} was simulated by its source with {shown}; these apply unless "
+                          "given (e.g. --variability none, -P locality_rule=excess, -P backfill=true)", highlight=False,
+                          markup=False, soft_wrap=True)
 
 
 def check_workload_options(trace: Path | None, fmt: str | None, trace_opt: list[str] | None, generate: int | None,
@@ -208,13 +226,16 @@ def simulate(
         reschedule_on = choice("--reschedule-on", reschedule_on, ("none", "arrival", "completion", "both"))
         check_workload_options(trace, fmt, trace_opt, generate, rate, limit)
         check_cluster_options(cluster, cpus_per_node, mem_gb_per_node)
-        if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
-            warn("--variability-seed is ignored without --variability")
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
         params = stack_params(param, model_opts)
         queue = queue_stage(queue_policy, queues)
         check_policies(order, group, size, place, list(params), queue)
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
+            from ..perf.assembly import trace_options
+
+            if "variability" not in trace_options(specs):
+                warn("--variability-seed is ignored without --variability")
         check_impossible(specs, cl, drop_impossible)
         cfg = SimConfig(
             round_len=round_len,
@@ -240,8 +261,9 @@ def simulate(
 
     report.write_run(result, folder)
     if plots:
-        report.plot_run(result, folder)
-        report.write_report(result, folder)
+        from ..sim.plots import plot_run
+
+        report.write_report(result, folder, plot_run(result, folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))

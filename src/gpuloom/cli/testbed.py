@@ -94,7 +94,7 @@ class Testbed:
     def __init__(self, workdir: Path, cluster: Cluster, stack: Stack, round_s: float = 2.0,
                  grace_s: float = 10.0, script: Path | None = None, python: str | None = None,
                  serve_args: Sequence[str] = ()) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # the server runs there: a relative --state-dir would nest
         self.state_dir = self.workdir / "state"
         self.share: Path | None = None  # the job script and the GPU locks, where every account reaches them
         self.cluster = cluster
@@ -162,7 +162,9 @@ class Testbed:
                 except httpx.HTTPError:
                     pass
             time.sleep(0.1)
-        raise RuntimeError("gpuloom serve did not come up")
+        log = (self.state_dir / "serve.out").read_text()[-2000:]
+        raise RuntimeError(f"gpuloom serve did not come up in {timeout:.0f} s (its state in {self.state_dir})"
+                           + (f": {log}" if log.strip() else ""))
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
@@ -198,8 +200,8 @@ class Testbed:
     def run(self, jobs: Sequence[TestbedJob], timeout: float = 1800.0) -> TestbedRun:
         """Start the server, submit ``jobs`` at their arrivals, wait for all to end, read back, stop."""
         t_start = time.monotonic()
-        self.start()
         try:
+            self.start()  # a server that did not come up in time may still be starting: stopped below too
             return self._run(jobs, timeout, t_start)
         finally:
             self.stop()

@@ -231,8 +231,8 @@ def check_plan(
             j1, j2 = ids[int(owner[order[d]])], ids[int(owner[order[d + 1]])]
             if j1 == j2:
                 raise PlanError(f"job {j1}: GPU {gid} listed twice")
-            on = sharing.setdefault(gid, [j1])
-            on.append(j2)
+            sharers = sharing.setdefault(gid, [j1])
+            sharers.append(j2)
         for gid, jobs in sharing.items():
             _check_sharing(gid, jobs, allocs)
     cpu = np.bincount(nodes, weights=cpus, minlength=n)

@@ -22,6 +22,26 @@ from ..perf.assembly import build_model, split_params
 from ..perf.model import ThroughputModel
 from ..scheduler import Scheduler
 
+
+def trace_policy_params(names: Mapping[str, str], given: Mapping[str, Any],
+                        specs: Sequence[JobSpec]) -> dict[str, Any]:
+    """The ``stage.name`` parameters a trace's source ran it with (:func:`~gpuloom.perf.assembly.trace_options`)
+    that the chosen policy of that stage takes and that ``given`` does not set (bare or qualified)."""
+    if not specs:
+        return {}
+    from ..perf.assembly import MODEL_OPTIONS, trace_options
+    from ..policies.base import accepted_params
+
+    out: dict[str, Any] = {}
+    for key, value in trace_options(specs).items():
+        stage, dot, name = key.partition(".")
+        if key in MODEL_OPTIONS or not dot or stage not in names or name in given or key in given:
+            continue
+        if name in accepted_params(stage, names[stage]):
+            out[key] = value
+    return out
+
+
 STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", "queue": "none"}
 
 
@@ -55,8 +75,10 @@ class Stack:
         policy, model = split_params(self.params)
         return policy, {**{k: v for k, v in self.model_options.items() if v is not None}, **model}
 
-    def scheduler(self) -> Scheduler:
+    def scheduler(self, specs: Sequence[JobSpec] = ()) -> Scheduler:
+        """The scheduler; ``specs``' own policy parameters (:func:`trace_policy_params`) where none is given."""
         policy, _ = self.split()
+        policy = {**trace_policy_params(self.names, policy, specs), **policy}
         return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy,
                                     self.queue)
 
@@ -69,7 +91,7 @@ class Stack:
     def build(self, cluster: Cluster, seed: int | None = None,
               specs: Sequence[JobSpec] = ()) -> tuple[Scheduler, ThroughputModel]:
         """Scheduler and model, bound (the stages' required factors added)."""
-        sched = self.scheduler()
+        sched = self.scheduler(specs)
         model = self.model(cluster, seed, specs)
         sched.bind(model)
         return sched, model

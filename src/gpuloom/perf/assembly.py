@@ -18,7 +18,13 @@ sensitivity without any profiles); the others are built when their main
 option (the first one) is given.  A factor's builder sees the options and the
 run's job specs (a Synergy trace names the profile file its reader loaded, and
 the sizers use those profiles without ``--profiles``; jobs that carry their own
-profiles, as a trace exported from the service does, get the sensitivity factor too).  ``seed`` is a shared
+profiles, as a trace exported from the service does, get the sensitivity factor too).
+Likewise a trace can name the options its source simulated it under
+(``JobSpec.attrs["source_options"]``, e.g. PAL's traces: ``variability=artifact``,
+``locality_rule=any``, ``place.backfill=false``); :func:`trace_options` gives
+them; its model options apply wherever the run gives the option no value
+(:func:`build_model`), its policy parameters likewise
+(:meth:`gpuloom.driver.stack.Stack.scheduler`).  ``seed`` is a shared
 option: the run's seed, the default of every seed-like option.
 """
 
@@ -111,6 +117,43 @@ def trace_profiles(specs: Sequence[JobSpec]) -> str | None:
     return str(files.pop()) if len(files) == 1 else None
 
 
+def trace_options(specs: Sequence[JobSpec]) -> dict[str, Any]:
+    """The options every job's ``attrs["source_options"]`` names alike (none if a job names none).
+
+    Model options by name, policy parameters as ``stage.name``."""
+    common: dict[str, Any] | None = None
+    for s in specs:
+        src = s.attrs.get("source_options") if s.attrs else None
+        if not isinstance(src, Mapping):
+            return {}
+        if common is None:
+            common = dict(src)
+        elif src != common:
+            common = {k: v for k, v in common.items() if src.get(k) == v}
+    return common or {}
+
+
+def _with_trace_options(options: Mapping[str, Any] | None, specs: Sequence[JobSpec]) -> dict[str, Any]:
+    """``options`` with the trace's own (:func:`trace_options`) where it gives none.
+
+    A trace's ``variability=generate|artifact`` needs the measured data folder: without
+    one it is left out with a warning (the run did not ask for it)."""
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    extra = {k: v for k, v in trace_options(specs).items() if k in OPTIONS and k not in given}
+    word = str(extra.get("variability", "")).partition(":")
+    if word[0] in ("generate", "artifact") and not word[2] and given.get("variability_dir") is None:
+        from .datadir import data_dir, describe_search
+
+        if data_dir() is None:
+            import warnings
+
+            warnings.warn(f"the trace's jobs were simulated with variability={extra['variability']}, which needs "
+                          f"the measured data folder ({describe_search()}): running without PM-scores",
+                          stacklevel=3)
+            del extra["variability"]
+    return {**extra, **given}
+
+
 # -- the factors ----------------------------------------------------------------------------
 def _locality(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor:
     return LocalityFactor(o["locality_penalty"], o.get("per_model_penalty"), cluster, o["locality_rule"])
@@ -152,6 +195,8 @@ def _interleave_model(v: Any) -> str:
 def _variability(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
     from .variability import VariabilityFactor, variability_from_spec
 
+    if str(o["variability"]).strip().lower() == "none":  # off, also against a trace's own setting
+        return None
     seed = o.get("variability_seed")
     scores = variability_from_spec(str(o["variability"]), cluster, o.get("variability_dir"),
                                    int(o.get("seed", 0) if seed is None else seed))
@@ -194,8 +239,9 @@ FACTORS: tuple[FactorDecl, ...] = (
                     f"Slowdown of a job spanning nodes (default {DEFAULT_LOCALITY_PENALTY}).", metavar="X",
                     cli_type=float),
         ModelOption("per_model_penalty", _any, None, "Per-model locality penalties (a table).", flag=False),
-        ModelOption("locality_rule", _rule, "excess", "excess: pay for nodes beyond the fewest a job needs; "
-                    "any: every job spanning nodes pays (PAL's artifact).", flag=False),
+        ModelOption("locality_rule", _rule, "excess", "excess (default): pay for nodes beyond the fewest a job "
+                    "needs; any: every job spanning nodes pays (PAL's simulator; the default on PAL's traces).",
+                    flag=False),
     ), _locality, always=True, help="cross-node penalty (PAL)"),
     FactorDecl("scaling", (), _scaling, always=True, help="scaling curves f(N) (F-scheduling)"),
     FactorDecl("interleave", (
@@ -209,8 +255,8 @@ FACTORS: tuple[FactorDecl, ...] = (
                     "(the service; perf/sharing.py).", flag=False),
     ), _interleave, always=True, help="GPU sharing of a group (Muri)"),
     FactorDecl("variability", (
-        ModelOption("variability", str, None, "PAL PM-scores: a PerfVar CSV, or generate[:DIR] / artifact[:DIR].",
-                    metavar="SPEC"),
+        ModelOption("variability", str, None, "PAL PM-scores: a PerfVar CSV, generate[:DIR] / artifact[:DIR], or none "
+                    "(default: none, or the trace's own, e.g. artifact for PAL's traces).", metavar="SPEC"),
         ModelOption("variability_seed", _int, None, "Seed for generated PM-scores (default --seed).", metavar="N",
                     cli_type=int),
         ModelOption("variability_dir", _path, None, "Folder of PAL's measured variability data.", flag=False),
@@ -266,7 +312,7 @@ def normalise_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
 def build_model(cluster: Cluster, options: Mapping[str, Any] | None = None,
                 specs: Sequence[JobSpec] = ()) -> ThroughputModel:
     """The throughput model for ``options`` and the run's jobs (see the module notes); the same for every face."""
-    opts = normalise_options(options)
+    opts = normalise_options(_with_trace_options(options, specs))
     model = ThroughputModel(cluster)
     for decl in FACTORS:
         if not decl.always and opts.get(decl.options[0].name) is None:

@@ -372,7 +372,7 @@ def _linprog(what: str, time_limit: float, c: np.ndarray, a_ub: _Sparse, b_ub: n
     from scipy.optimize import linprog
 
     res = linprog(c=c, A_ub=a_ub.scipy(), b_ub=b_ub, A_eq=a_eq.scipy(), b_eq=b_eq, bounds=bounds, method="highs",
-                  options={"time_limit": time_limit, "presolve": True})
+                  options={"time_limit": time_limit, "presolve": True})  # type: ignore[call-overload]
     if res.status != 0 or res.x is None:
         raise _SolverFailure(f"{what} LP: {res.message} (status {res.status})")
     return res

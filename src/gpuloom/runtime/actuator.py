@@ -121,18 +121,25 @@ class Actuator:
                 return p.iter
         return None
 
-    def progress_since(self, run: Running, jid: str) -> bool:
-        """Whether a progress line appeared in the log since ``run.log_offset`` (advanced as it reads)."""
+    def progress_since(self, run: Running, jid: str) -> float | None:
+        """When the first progress line since ``run.log_offset`` was printed (wall time: its ``t=``, else
+        now), or None if there is none yet (the offset advances as it reads)."""
         try:
             with open(self.log_path(jid), "rb") as f:
                 f.seek(run.log_offset)
                 chunk = f.read(1 << 16)
         except OSError:
-            return False
-        if PROGRESS_MARK in chunk:
-            return True
-        run.log_offset += max(0, len(chunk) - len(PROGRESS_MARK))
-        return False
+            return None
+        at = chunk.find(PROGRESS_MARK)
+        if at < 0:
+            run.log_offset += max(0, len(chunk) - len(PROGRESS_MARK))
+            return None
+        end = chunk.find(b"\n", at)
+        try:
+            p = parse_progress(chunk[at:end].decode(errors="replace")) if end >= 0 else None
+        except ProgressError:
+            p = None
+        return p.t if p is not None and p.t is not None else self.mirror.clock.time()
 
     # -- the driver's backend ---------------------------------------------------------------
     def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
@@ -289,17 +296,25 @@ class Actuator:
     def promote(self, jobs: Mapping[str, Job], now: float) -> None:
         """LAUNCHING -> RUNNING_PROTECTED once the job prints its first progress line after this
         launch (or after ``launch_timeout_s`` for jobs that print none); RUNNING_PROTECTED ->
-        RUNNING when protection expires."""
+        RUNNING when protection expires.
+
+        The promotion is dated when the line was printed (its ``t=``, kept between the launch and
+        now), not when a round noticed it: between rounds (seconds apart) the job was already
+        working, and its remaining work, its launch time and its protection say so."""
         wall = self.mirror.clock.time()
         for jid, run in self.running.items():
             job = jobs[jid]
             lc = job.lifecycle
             assert lc is not None
             if lc.state is S.LAUNCHING:
-                if self.progress_since(run, jid) or wall - run.start >= self.launch_timeout_s:
+                printed = self.progress_since(run, jid)
+                if printed is None and wall - run.start >= self.launch_timeout_s:
+                    printed = wall
+                if printed is not None:
+                    ready = min(now, max(lc.since, now - (wall - printed)))
+                    job.busy_until = ready  # working from the line on: advance() credits now - ready
                     job.advance(now)
-                    lc.to(S.RUNNING_PROTECTED, now)
-                    job.busy_until = now
+                    lc.to(S.RUNNING_PROTECTED, ready)
                     self.mirror.write(jid, {"state": lc.state.value, **self.mirror.work(job)}, lc.state.value,
                                       {"launch_s": lc.last_launch_time})
             if lc.state is S.RUNNING_PROTECTED and lc.refresh(now) is S.RUNNING:

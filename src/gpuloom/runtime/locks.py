@@ -85,7 +85,14 @@ class PgAdvisoryLock:
 
     def release(self) -> None:
         if self.conn is not None:
-            # the session ends (not back to the pool, where it would keep the lock): PostgreSQL drops it
+            from sqlalchemy import text
+
+            try:  # unlocked now: a closed session's backend may take a while to exit (and drop it) under load
+                self.conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_LOCK_KEY})
+                self.conn.commit()
+            except Exception:  # noqa: BLE001  (a dead connection: its session, and the lock, are gone)
+                pass
+            # the session ends (not back to the pool, where it would keep the lock)
             self.conn.invalidate()
             self.conn.close()
             self.conn = None

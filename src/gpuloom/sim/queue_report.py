@@ -277,7 +277,7 @@ def plot_queue_share(result: RunResult, path: str | Path, max_queues: int = 16) 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from .report import binned_series
+    from .plots import binned_series
 
     d = result.extra["queues"]
     names = d["names"]

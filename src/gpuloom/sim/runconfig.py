@@ -1,5 +1,9 @@
 """Named simulator configurations, and running several of them on one trace.
 
+(About 590 lines on purpose: the configuration's two textual forms and the one runner of
+configurations, in a process pool or on Ray, share :class:`RunConfig`'s fields and change
+together; the runner starts at :class:`RunProgress`.)
+
 A :class:`RunConfig` is everything that distinguishes one simulator run from
 another on the same cluster and trace: the four pipeline stages by name,
 preemption, policy parameters, the throughput model's locality penalty and the
@@ -58,7 +62,7 @@ from ..core.lifecycle import LifecycleTimes
 from ..core.parse import parse_bool
 from ..core.queues import QueueTree
 from ..driver import Stack
-from ..perf.assembly import ModelOptionError
+from ..perf.assembly import ModelOptionError, trace_options
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
 from ..policies.base import PolicyError
 from ..policies.check import check_names
@@ -112,10 +116,10 @@ class RunConfig:
         return Stack(self.order, self.group, self.size, self.place, self.preemptive, dict(self.params),
                      {"locality_penalty": self.locality_penalty}, self.queue)
 
-    def scheduler(self, where: str = "") -> Scheduler:
+    def scheduler(self, where: str = "", specs: Sequence[JobSpec] = ()) -> Scheduler:
         try:
             check_names(self.stack.names)  # unknown names: "did you mean" and the accepted names
-            return self.stack.scheduler()
+            return self.stack.scheduler(specs)
         except PolicyError as e:
             raise ConfigError(f"{where or f'config {self.name!r}'}: {e}") from None
 
@@ -379,7 +383,7 @@ def run_config(
     Per-queue data (:mod:`.queue_report`) are recorded into ``result.extra["queues"]``
     when the configuration has a queue stage, or against ``queues`` when given.
     """
-    sched = rc.scheduler()
+    sched = rc.scheduler(specs=specs)  # with the trace's own policy parameters (a PAL trace: a strict queue)
     model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
     try:
         sched.bind(model)  # the factors a stage requires, as the service binds them
@@ -399,6 +403,8 @@ def run_config(
         result.extra["queues"] = recorder.finish(sim)
     result.config = {"label": rc.name, **result.config, "params": dict(rc.params),
                      "locality_penalty": rc.locality_penalty}
+    if trace_options(specs):  # what the trace's source brought (given options still win)
+        result.config["trace_options"] = trace_options(specs)
     return result
 
 

@@ -86,7 +86,10 @@ def run(data: Path, preset: str = "paper", seeds: int = 3, limit: int | None = N
     notes = ["PM-scores: each GPU's slowest run (heavy tails, as in the paper's figures), drawn per GPU; "
              "with per-GPU medians (gpuloom's generate default, max 1.12) the gains vanish: docs/pal.md",
              "the gains need the strict queue: with backfill a slow job at the head no longer holds back the "
-             "queue behind it (the paper does not state which)"]
+             "queue behind it (the paper does not state which)",
+             "gpuloom simulate/compare on PAL's traces run this way by default (the traces bring variability=artifact, "
+             "locality_rule=any, a strict queue): the strict-queue rows are what `gpuloom compare --trace "
+             "workload-N.csv --cluster 16x4 -c place=packed-sticky -c place=pm-first -c place=pal` gives"]
     if limit:
         notes.insert(0, f"reduced input: workloads 1-2, first {limit} jobs (no published figure applies)")
     return Result("pal", preset, "PAL (SC'24): eight Sia-Philly workloads on 16x4 GPUs", list(rows.values()),

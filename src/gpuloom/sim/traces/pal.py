@@ -4,6 +4,20 @@
 variants are ``id,model,submit,duration,gpus`` (checked: the first 160 rows of
 ``workload-N-noheader.csv`` match Sia's workload N, not PAL's headered
 ``workload-N.csv``, which holds different jobs).
+
+Every job carries ``attrs["source_options"]``: how PAL's simulator (Blox) ran
+these traces, which a run uses where it gives none of its own (as it loads a
+Synergy trace's profiles; :func:`gpuloom.perf.assembly.trace_options`):
+
+* ``variability="artifact"``: each GPU's slowest measured run, drawn per GPU
+  (the heavy-tailed PM-scores of PAL's evaluation);
+* ``locality_rule="any"``: a trace's ``duration`` is the job's time inside one
+  node, and PAL's simulator charges the penalty to every job that spans nodes;
+* ``place.backfill=False``: Blox's loops stop at the first job that does not
+  fit (a strict queue).
+
+``--variability none``, ``-P locality_rule=excess`` and ``-P backfill=true``
+override them.
 """
 
 from __future__ import annotations
@@ -25,6 +39,9 @@ from .fields import (
     read_rows,
     str_field,
 )
+
+#: how PAL's simulator ran its traces: model options and policy parameters (see the module notes)
+PAL_SOURCE_OPTIONS = {"variability": "artifact", "locality_rule": "any", "place.backfill": False}
 
 
 def read_pal(path: str | Path) -> Trace:
@@ -52,6 +69,8 @@ def read_pal(path: str | Path) -> Trace:
         t = float_field(row[ps], "submit_time", w)
         dur = float_field(row[pd], "duration", w, positive=True)
         model = str_field(row[pm], "model", w)
-        attrs = {} if pb is None else {"batch_size": int_field(row[pb], "batch_size", w)}
+        attrs: dict = {"source_options": dict(PAL_SOURCE_OPTIONS)}
+        if pb is not None:
+            attrs["batch_size"] = int_field(row[pb], "batch_size", w)
         b.add(w, JobSpec, jid, t, gpus, dur, model=model, attrs=attrs)
     return b.done()
