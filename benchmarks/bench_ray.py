@@ -4,20 +4,24 @@ A ``ray.cluster_utils.Cluster`` of 3 nodes, each declaring 16 GPUs and 16 CPUs (
 real ``gpuloom serve`` in a subprocess, once with ``--ray ADDRESS --shared-dir`` and once with
 the local executor on the same declared inventory (``--cluster 3x16``):
 
-* **latency**: 40 one-GPU jobs (``sleep``) submitted one every 0.2 s; submit -> launch is
-  ``first_start - submit_time`` from the store (round on arrival, plan, cores, the launch: for
-  Ray a call to the node's agent actor, which starts the process);
+Both services run at once, so that they are measured under the same load (the machine is shared):
+
+* **latency**: 40 one-GPU jobs (``sleep``) per service, submissions interleaved (one to each
+  service every 0.2 s, in alternating order); submit -> launch is ``first_start - submit_time``
+  from the store (round on arrival, plan, cores, the launch: for Ray a call to the node's agent
+  actor, which starts the process);
 * **burst**: 48 one-GPU jobs from 8 clients at once: launches per second from the first submit
-  to the last launch (the 3 nodes' 48 GPUs);
-* **memory**: RSS of the service process with the 48 jobs running; on Ray also of each node
-  agent (a Ray worker process) and its fence process;
+  to the last launch (the 3 nodes' 48 GPUs); two bursts per service, in the order local, Ray,
+  Ray, local, and their mean;
+* **memory**: RSS of the service process with the 48 jobs running (the larger of its two bursts);
+  on Ray also of each node agent (a Ray worker process) and its fence process;
 * **recovery** (Ray only): 24 jobs running (16 on n0, 8 on n1); n1 leaves the Ray cluster
   (``remove_node``); time until the service noticed (its ``node-lost`` events) and until the 8
   jobs run again on n2 (the service's fence wait, grace + 1 s = 3 s, included).  Then a node n3
   joins and n2's raylet is SIGKILLed: a node that dies without saying so is noticed through Ray's
   health checks (defaults), and its 8 jobs move to n3.
 
-Run: ``PYTHONPATH=src python benchmarks/bench_ray.py`` (needs the ray extra).
+Run: ``python benchmarks/run.py ray`` (needs the ray extra; about 3 minutes).
 """
 
 from __future__ import annotations
@@ -133,19 +137,38 @@ class Server:
         self.out.close()
 
 
-def latency_and_burst(face: str, s: Server) -> dict[str, Any]:
-    ids = s.submit(40, 1, gap=0.2)
-    rows = s.wait_running(ids)
-    lat = np.array([r.first_start - r.submit_time for r in rows]) * 1000
-    print(f"{face}: submit->launch ms, in submission order: {' '.join(f'{x:.0f}' for x in lat)}")
-    s.cancel_all(ids)
+def post(s: Server) -> int:
+    r = s.http.post("/jobs", json={"name": "b", "command": "sleep 600", "gpus": 1})
+    r.raise_for_status()
+    return int(r.json()["id"])
+
+
+def latency(servers: dict[str, Server], n: int = 40, gap: float = 0.2) -> dict[str, np.ndarray]:
+    """Submit->launch ms of ``n`` one-GPU jobs per service, submissions interleaved (one to each service per
+    step, in alternating order) so both see the same machine load."""
+    ids: dict[str, list[int]] = {f: [] for f in servers}
+    faces = list(servers)
+    for k in range(n):
+        for f in faces if k % 2 == 0 else faces[::-1]:
+            ids[f].append(post(servers[f]))
+            time.sleep(gap / 2)
+    out = {}
+    for f, s in servers.items():
+        rows = s.wait_running(ids[f])
+        out[f] = np.array([r.first_start - r.submit_time for r in rows]) * 1000
+        print(f"{f}: submit->launch ms, in submission order: {' '.join(f'{x:.0f}' for x in out[f])}")
+        s.cancel_all(ids[f])
+    return out
+
+
+def burst(s: Server) -> tuple[float, float, list[int]]:
+    """48 one-GPU jobs from 8 clients at once: (launches/s from the first submit to the last launch,
+    service RSS MB with them running, their ids)."""
     ids = s.submit(48, 8)
     rows = s.wait_running(ids)
     span = max(r.first_start for r in rows) - min(r.submit_time for r in rows)
     time.sleep(1.0)
-    out = {"face": face, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-           "max_ms": float(lat.max()), "burst_per_s": 48 / span, "service_rss_mb": s.rss_mb(), "ids": ids}
-    return out
+    return 48 / span, s.rss_mb(), ids
 
 
 def agent_memory(namespace: str, names: list[str]) -> list[tuple[str, float, float]]:
@@ -216,53 +239,58 @@ def main() -> None:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False, logging_level="warning")
     print(f"cluster up in {time.monotonic() - t:.1f} s")
-    results = []
+    rec: list[tuple[str, int, float, float]] = []
+    ns = ""
     try:
         with tempfile.TemporaryDirectory() as d:
             os.chmod(d, 0o755)  # the shared directory below must be reachable by the job account
-            sd = Path(d) / "local"
-            sd.mkdir()
-            s = Server(sd, "--cluster", "3x16", "--cpus-per-node", "16", "--mem-gb-per-node", "8")
+            (Path(d) / "local").mkdir()
+            (Path(d) / "ray").mkdir()
+            servers: dict[str, Server] = {}
             try:
-                results.append(latency_and_burst("local", s))
-                s.cancel_all(results[-1].pop("ids"))
-            finally:
-                s.close()
-            sd = Path(d) / "ray"
-            sd.mkdir()
-            t = time.monotonic()
-            s = Server(sd, "--ray", cluster.address, "--shared-dir", str(Path(d) / "shared"))
-            started = time.monotonic() - t
-            try:
-                r = latency_and_burst("ray", s)
-                store = s.store()
+                servers["local"] = Server(Path(d) / "local", "--cluster", "3x16", "--cpus-per-node", "16",
+                                          "--mem-gb-per-node", "8")
+                t = time.monotonic()
+                servers["ray"] = Server(Path(d) / "ray", "--ray", cluster.address, "--shared-dir", str(Path(d) / "shared"))
+                started = time.monotonic() - t
+                store = servers["ray"].store()
                 ns = f"gpuloom-{store.get_meta('service_id')}"
                 store.close()
-                agents = agent_memory(ns, ["n0", "n1", "n2"])
-                s.cancel_all(r.pop("ids"))
-                results.append(r)
-                rec = recovery(cluster, nodes, s)
+                lat = latency(servers)
+                # bursts in the order local, ray, ray, local: each face's mean of two, under the same drift in load
+                bursts: dict[str, list[tuple[float, float]]] = {"local": [], "ray": []}
+                for f in ("local", "ray", "ray", "local"):
+                    rate, rss, ids = burst(servers[f])
+                    if f == "ray" and len(bursts["ray"]) == 0:
+                        agents = agent_memory(ns, ["n0", "n1", "n2"])
+                    servers[f].cancel_all(ids)
+                    bursts[f].append((rate, rss))
+                    print(f"{f}: burst of 48 at {rate:.1f} launches/s; service RSS {rss:.0f} MB")
+                servers.pop("local").close()
+                rec = recovery(cluster, nodes, servers["ray"])
             finally:
-                s.close()
+                for s in servers.values():
+                    s.close()
+                from gpuloom.runtime.ray_executor import AGENT_PREFIX
+
                 for n in ("n0", "n1", "n2", "n3"):
                     try:
-                        from gpuloom.runtime.ray_executor import AGENT_PREFIX
-
                         ray.kill(ray.get_actor(AGENT_PREFIX + n, namespace=ns), no_restart=True)
-                    except (ValueError, NameError):
+                    except ValueError:
                         pass
     finally:
         ray.shutdown()
         cluster.shutdown()
     print(f"\nservice start with --ray (connect, 3 agents): {started:.1f} s")
+    res = {f: {"p50": float(np.percentile(lat[f], 50)), "p99": float(np.percentile(lat[f], 99)),
+               "max": float(lat[f].max()), "burst": float(np.mean([b[0] for b in bursts[f]])),
+               "rss": float(max(b[1] for b in bursts[f]))} for f in ("local", "ray")}
     print(f"\n{'executor':<8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'burst launches/s':>17} {'service RSS MB':>15}")
-    for r in results:
-        print(f"{r['face']:<8} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['burst_per_s']:>17.1f} "
-              f"{r['service_rss_mb']:>15.0f}")
-    loc, on_ray = results
-    print(f"ratio ray/local: p50 {on_ray['p50_ms'] / loc['p50_ms']:.2f}x, p99 {on_ray['p99_ms'] / loc['p99_ms']:.2f}x, "
-          f"burst {on_ray['burst_per_s'] / loc['burst_per_s']:.2f}x, service memory "
-          f"{on_ray['service_rss_mb'] / loc['service_rss_mb']:.2f}x")
+    for f, r in res.items():
+        print(f"{f:<8} {r['p50']:>8.1f} {r['p99']:>8.1f} {r['max']:>8.1f} {r['burst']:>17.1f} {r['rss']:>15.0f}")
+    loc, on_ray = res["local"], res["ray"]
+    print(f"ratio ray/local: p50 {on_ray['p50'] / loc['p50']:.2f}x, p99 {on_ray['p99'] / loc['p99']:.2f}x, "
+          f"burst {on_ray['burst'] / loc['burst']:.2f}x, service memory {on_ray['rss'] / loc['rss']:.2f}x")
     print("\nagent memory (16 jobs each):")
     for n, rss, fence in agents:
         print(f"  {n}: agent actor {rss:.0f} MB RSS, fence {fence:.0f} MB")

@@ -82,7 +82,8 @@ def _remove_job_dirs():  # noqa: ANN202
 
     from gpuloom.runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
 
-    base = tempfile.mkdtemp(prefix="gpuloom-tests-", dir=JOB_DIR_BASE)
+    # (not named gpuloom-*: sessions of an older checkout remove every new /var/tmp/gpuloom-* when they end)
+    base = tempfile.mkdtemp(prefix="tests-gpuloom-", dir=JOB_DIR_BASE)
     os.chmod(base, 0o711)  # job accounts pass through to their own directories
     old = os.environ.get(JOB_DIR_BASE_ENV)
     os.environ[JOB_DIR_BASE_ENV] = base

@@ -3,6 +3,8 @@ cluster, and the service rebuilding itself when nodes leave and join (:mod:`gpul
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -161,3 +163,89 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
     finally:
         svc.terminate_all()
         svc.shutdown()
+
+
+def test_queue_guarantees_shrink_with_the_cluster_and_come_back_with_it(tmp_path: Path, cgroup_parent: str) -> None:
+    """A queue tree whose guarantees fill the whole cluster: when a node leaves, the stage schedules
+    with the guarantees scaled to what is left (no job is failed, rounds go on); the stored tree is
+    kept, and given back whole when the node returns.  A restart on the smaller cluster starts too."""
+    from gpuloom.core.queues import parse_queues
+
+    nodes = tuple(Node(f"n{i}", 2, 2, 4000) for i in range(3))
+    full = Cluster(nodes)
+    tree = {"default": "b", "queue": [{"name": "a", "guarantee": {"gpus": 4, "cpus": 4}, "limit": 6},
+                                      {"name": "b", "guarantee": {"gpus": 2, "cpus": 2}}]}
+
+    def service(cluster: Cluster, src: Source) -> Service:
+        return Service(Store(f"sqlite:///{tmp_path / 'db'}"), cluster,
+                       local_executor(cluster, tmp_path / "run", True, cgroup_parent),
+                       Scheduler.from_names(queue="quota"), tmp_path, round_s=1000.0, grace_s=1.0,
+                       launch_timeout_s=0.0, inventory=src, identities=Identities(switch=False))
+
+    src = Source()
+    svc = service(full, src)
+    try:
+        svc.queues.configure(parse_queues(tree))
+        a = svc.submit({"name": "a", "command": "sleep 60", "gpus": 2, "queue": "a"}, "u")
+        b = svc.submit({"name": "b", "command": "sleep 60", "gpus": 2}, "u")
+        svc.round()
+        assert {str(a), str(b)} <= set(svc.running)
+        guarantees = {q["name"]: (q["guarantee"]["gpus"], q["guarantee"]["cpus"]) for q in svc.queues.usage()["queues"]}
+        assert guarantees == {"a": (4, 4), "b": (2, 2)}
+        lost = next(p.node for p in svc.running[str(b)].procs.values())
+        left = Cluster(tuple(n for n in nodes if n.name != lost))
+        src.next = InventoryChange(left, frozenset({lost}), fence_s=0.0)
+        assert follow(svc)
+        # 4 of 6 GPUs and cores left: every guarantee at 2/3
+        got = [(q["guarantee"]["gpus"], q["guarantee"]["cpus"]) for q in svc.queues.usage()["queues"]]
+        assert got == [pytest.approx((8 / 3, 8 / 3)), pytest.approx((4 / 3, 4 / 3))]
+        until(svc, lambda: str(b) in svc.running, "b to run again")  # on the 2 GPUs a leaves
+        assert {store_row(svc, j).state for j in (a, b)} <= {"running_protected", "running", "launching"}
+        assert store_row(svc, a).attempts == 1 and store_row(svc, b).attempts == 2
+        # a restart on the smaller cluster: the stored tree (whole) is scaled there too
+        svc.shutdown()
+        svc = service(left, Source())
+        svc.queues.validate()
+        assert svc.queues.tree is not None and svc.queues.tree.guarantee[0][0] == pytest.approx(8 / 3)
+        assert svc.queues.configured is not None and svc.queues.configured.guarantee[0][0] == 4
+        # an edit while the node is away is made to the stored tree, not the scaled one
+        svc.queues.set_user("zoe", "a")
+        assert svc.queues.configured.guarantee[0][0] == 4 and svc.queues.configured.users == {"zoe": "a"}
+        # the node is back: the whole tree again
+        svc.inventory = src
+        src.next = InventoryChange(full, frozenset(), 0.0)
+        assert follow(svc)
+        assert svc.queues.tree is not None and svc.queues.tree.guarantee[0][0] == 4
+    finally:
+        svc.terminate_all()
+        svc.shutdown()
+
+
+def store_row(svc: Service, jid: int):  # noqa: ANN201
+    row = svc.store.get_job(jid)
+    assert row is not None
+    return row
+
+
+# -- without Ray ----------------------------------------------------------------------------------
+def _without_ray(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``gpuloom ARGS`` in a Python where ``import ray`` fails (as without the ray extra)."""
+    code = ("import runpy, sys\nsys.modules['ray'] = None  # import ray: ImportError\n"
+            f"sys.argv = ['gpuloom', *{list(args)!r}]\n"
+            "try:\n    runpy.run_module('gpuloom', run_name='__main__')\n"
+            "finally:\n    print('RAY IMPORTED' if sys.modules.get('ray') is not None else 'no ray')\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src")))
+
+
+def test_everything_but_ray_works_without_ray_and_ray_options_say_how_to_get_it(tmp_path: Path) -> None:
+    r = _without_ray(tmp_path, "compare", "--generate", "10", "--cluster", "2x4", "-c", "order=fifo",
+                     "-c", "order=srtf", "-j", "2", "--no-plots", "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("no ray") and (tmp_path / "out" / "compare.json").exists()
+    for cmd in (["compare", "--generate", "10", "--cluster", "2x4", "-c", "order=fifo", "--ray", "auto", "--no-plots",
+                 "--out", str(tmp_path / "out2")],
+                ["serve", "--ray", "local", "--gpus", "2", "--state-dir", str(tmp_path / "sd"), "--port", "0"]):
+        r = _without_ray(tmp_path, *cmd)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "--ray needs Ray: pip install 'gpuloom[ray]'" in r.stdout + r.stderr, cmd[0]

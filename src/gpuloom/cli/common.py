@@ -219,7 +219,8 @@ def ray_connect(address: str, num_gpus: int | None = None, num_cpus: int | None 
     try:
         import ray
     except ImportError:
-        err_console.print("[bold red]error:[/] --ray needs Ray: pip install 'gpuloom[ray]'", highlight=False)
+        # (\[ : the extra's name is text, not a markup tag)
+        err_console.print("[bold red]error:[/] --ray needs Ray: pip install 'gpuloom\\[ray]'", highlight=False)
         raise typer.Exit(2) from None
     if ray.is_initialized():
         return

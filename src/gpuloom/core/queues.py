@@ -212,6 +212,9 @@ class QueueTree:
     def __len__(self) -> int:
         return len(self.queues)
 
+    def __repr__(self) -> str:  # stable (no address): results print a run's parameters with it
+        return f"QueueTree({', '.join(self.names)})"
+
     @property
     def names(self) -> list[str]:
         return [q.name for q in self.queues]
@@ -256,6 +259,26 @@ class QueueTree:
             if s > caps[r] + 1e-9:
                 raise QueueError(f"{self.where}: the top-level queues' guarantees ask for {s:g} {name}, "
                                  f"the cluster has {caps[r]:g}")
+
+    def fitted(self, cluster: Cluster) -> QueueTree:
+        """This tree with every guarantee of a resource the cluster is short of scaled down by one factor
+        (what it has / what the top level asks), so that it fits (a cluster that lost nodes); ``self`` if it fits."""
+        caps = (cluster.num_gpus, cluster.total_cpus, cluster.total_mem_mb)
+        tops = [i for i in range(len(self)) if self.parent[i] < 0]
+        scale = [1.0, 1.0, 1.0]
+        for r in range(3):
+            s = sum(self.guarantee[i][r] for i in tops)
+            if s > caps[r] + 1e-9:
+                scale[r] = caps[r] / s
+        if scale == [1.0, 1.0, 1.0]:
+            return self
+
+        def scaled(q: Queue) -> Queue:
+            g = [None if v is None else v * f for v, f in zip((q.guarantee.gpus, q.guarantee.cpus, q.guarantee.mem_mb),
+                                                               scale, strict=True)]
+            return Queue(q.name, q.parent, Quota(*g), q.limit, q.weight)
+
+        return QueueTree([scaled(q) for q in self.queues], self.default, self.users, self.where)
 
     # -- (de)serialisation ---------------------------------------------------------------------
     def as_mapping(self) -> dict[str, Any]:

@@ -21,7 +21,10 @@ changes the restart's guarantees, with no second code path:
 * queued jobs stay queued; a job the smaller cluster cannot hold is not failed
   (as it is against a fixed inventory) but *parked*: kept out of the plan with
   the pending reason ``Nodes: ...`` until the inventory changes again;
-* new nodes simply appear in the next plan.
+* new nodes simply appear in the next plan;
+* a queue tree whose guarantees the smaller cluster cannot hold is scheduled
+  with them scaled down (:meth:`.queues.QueueAdmin.refit`), not refused: the
+  stored tree is kept and used whole again once the nodes are back.
 
 A rebuild costs what a restart's recovery costs (a read of the active jobs);
 it runs only when nodes join or leave.
@@ -93,6 +96,7 @@ def rebuild(svc: Service, change: InventoryChange) -> None:
             svc.parked[j] = wall + change.fence_s
         old = svc.cluster
         svc.assemble(change.cluster)
+        svc.queues.refit()  # guarantees the cluster is now short of: scaled down until nodes come back
         recover(svc)
         log.info("inventory: %d -> %d nodes (%d GPUs); lost %s; %d job(s) requeued from lost nodes, %d parked",
                  old.num_nodes, change.cluster.num_nodes, change.cluster.num_gpus, sorted(change.lost) or "none",

@@ -11,6 +11,10 @@ The service schedules with the same queue stage as the simulator
   set|delete|user|default``) builds a new tree, validates it (parents, guarantees
   within limits and within the cluster) and refuses it if an active job would
   have no queue in it, so no accepted job is lost to a bad edit.
+  A service that follows a changing cluster (``serve --ray``) does not refuse
+  a tree whose guarantees exceed the nodes there are now: while nodes are
+  missing the stage gets the stored tree with each guarantee the cluster is
+  short of scaled down by one factor (:meth:`QueueAdmin.refit`).
 * **Submissions** (:meth:`QueueAdmin.assign`): a job goes to the queue it names
   (``submit --queue``), else its user's default queue, else the default queue;
   the choice is stored in the job's spec (``queue``), so a later change of a
@@ -30,6 +34,7 @@ after a restart.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -41,6 +46,8 @@ from ..core.queues import Queue, QueueError, QueueTree, parse_queues, usage
 
 if TYPE_CHECKING:
     from .service import Service
+
+log = logging.getLogger("gpuloom.service")
 
 _meta = MetaData()
 queue_config_t = Table(
@@ -67,9 +74,11 @@ class QueueAdmin:
         store = service.store
         with store.lock:
             queue_config_t.create(store.engine, checkfirst=True)
+        #: the tree as configured and stored; the stage schedules with it fitted to the cluster (:meth:`refit`)
+        self.configured: QueueTree | None = None
         doc = self._stored()
         if doc is not None and stage.enabled:
-            stage.set_tree(parse_queues(doc, "stored queues"))
+            self._use(parse_queues(doc, "stored queues"))
 
     @property
     def enabled(self) -> bool:
@@ -77,11 +86,34 @@ class QueueAdmin:
 
     @property
     def tree(self) -> QueueTree | None:
-        """The configured tree (None without a queue stage, or with one per queue name)."""
+        """The tree the stage schedules with (None without a queue stage, or with one per queue name):
+        the configured one, its guarantees scaled down while a changing cluster is short of them."""
         if not self.enabled or self.stage.auto:
             return None
         tree: QueueTree = self.stage.tree
         return tree
+
+    def _use(self, tree: QueueTree) -> None:
+        self.configured = tree
+        self.stage.set_tree(self._fit(tree))
+
+    def _fit(self, tree: QueueTree) -> QueueTree:
+        """``tree`` for the cluster as it is: a service that follows a changing cluster (Ray) keeps scheduling
+        when nodes leave, with every guarantee it is short of scaled by one factor; a fixed cluster must hold it."""
+        if self.service.inventory is None:
+            return tree
+        fitted = tree.fitted(self.service.cluster)
+        if fitted is not tree:
+            log.warning("queues: the cluster (%d GPUs) is short of the guarantees; scheduling with them scaled "
+                        "down until nodes come back", self.service.cluster.num_gpus)
+        return fitted
+
+    def refit(self) -> None:
+        """The cluster changed (:func:`.inventory.rebuild`): fit the configured tree to it again."""
+        if self.configured is not None and self.enabled:
+            fitted = self._fit(self.configured)
+            if fitted is not self.stage.tree:
+                self.stage.set_tree(fitted)
 
     # -- the store ----------------------------------------------------------------------------------
     def _stored(self) -> dict[str, Any] | None:
@@ -108,8 +140,8 @@ class QueueAdmin:
 
     def validate(self) -> None:
         """The tree in use (the stored one after a restart) against this cluster and every active job."""
-        if self.tree is not None:
-            self._check(self.tree)
+        if self.tree is not None and self.configured is not None:
+            self._check(self.configured)
 
     def commit(self, tree: QueueTree) -> QueueTree:
         """Validate ``tree`` against the cluster and every active job, store it, then schedule with it."""
@@ -118,11 +150,11 @@ class QueueAdmin:
         self._check(tree)
         self._put(tree)
         with self.service.lock:
-            self.stage.set_tree(tree)
+            self._use(tree)
         return tree
 
     def _check(self, tree: QueueTree) -> None:
-        tree.check_capacity(self.service.cluster)
+        self._fit(tree).check_capacity(self.service.cluster)
         homeless = []
         for jid, attrs, user in self._active():
             try:
@@ -141,7 +173,7 @@ class QueueAdmin:
                 for r in self.service.store.list_jobs(ACTIVE_STATES)]
 
     def _base(self) -> QueueTree:
-        return self.tree if self.tree is not None else QueueTree([])
+        return self.configured if self.tree is not None and self.configured is not None else QueueTree([])
 
     def set_queue(self, q: Queue) -> QueueTree:
         return self.commit(self._base().with_queue(q))

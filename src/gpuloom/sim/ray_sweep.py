@@ -3,7 +3,8 @@
 ``gpuloom compare --ray auto|ADDRESS`` (and any sweep that calls
 :func:`~gpuloom.sim.runconfig.run_many` or :func:`~gpuloom.sim.runconfig.run_seeds`
 with ``ray=True``) runs here instead of the local process pool.  The cluster and
-each workload go into Ray's object store once (``ray.put``) and the tasks read
+each workload (and a queue tree every run is measured against) go into Ray's
+object store once (``ray.put``) and the tasks read
 them from there; each task sends only its :class:`~gpuloom.sim.runconfig.RunConfig`
 and returns its :class:`~gpuloom.sim.metrics.RunResult`.  A run is
 deterministic for its seed, so the results are the same as the process pool's,
@@ -50,9 +51,9 @@ def execute_on_ray(
     if not ray.is_initialized():
         raise ConfigError("not connected to a Ray cluster (ray.init)")
     remote: Any = ray.remote(num_cpus=1, max_retries=2)(_work)
-    cl_ref, mb_ref = ray.put(cluster), ray.put(model_builder)
+    cl_ref, mb_ref, q_ref = ray.put(cluster), ray.put(model_builder), ray.put(queues)
     wl_refs = {k: ray.put(list(v)) for k, v in workloads.items()}
-    refs = {remote.remote(cl_ref, wl_refs[wkey], mb_ref, rc, queues): i for i, (_, _, rc, wkey) in enumerate(tasks)}
+    refs = {remote.remote(cl_ref, wl_refs[wkey], mb_ref, rc, q_ref): i for i, (_, _, rc, wkey) in enumerate(tasks)}
     results: dict[int, RunResult] = {}
     pending = list(refs)
     while pending:
