@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -43,7 +44,7 @@ class OptionError(ValueError):
 
 def warn(message: str) -> None:
     """One line on stderr: ``warning: message``."""
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
 
 
 def _showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -204,7 +205,7 @@ def user_errors() -> Iterator[None]:
         msg = str(e)
         if isinstance(e, FileNotFoundError) and e.filename:
             msg = f"no such file: {e.filename}"
-        err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     finally:
         warnings.showwarning = saved
