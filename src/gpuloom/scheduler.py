@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core.job import Job
-from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan
+from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan, drop_job
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.free import FreeState
@@ -360,14 +360,14 @@ class Scheduler:
                 for b in reversed(theirs):
                     a = allocs.get(b.id)
                     if a is not None and gpus.intersection(a.gpu_ids):
-                        _drop(allocs, b.id)
+                        drop_job(allocs, b.id)
                 free = FreeState.of(view.cluster, allocs)
                 for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
                     if free.fits(parts):
                         break
                     a = allocs.get(b.id)
                     if a is not None and nodes.intersection(a.nodes):
-                        _drop(allocs, b.id)
+                        drop_job(allocs, b.id)
                         free = FreeState.of(view.cluster, allocs)
                 base.take(parts)
                 room -= req.gpus
@@ -558,14 +558,6 @@ def _left_out_while_lent(adm: Admission, plan: Plan) -> bool:
     allocs = plan.allocations
     return any(j.id not in allocs for j in adm.guaranteed) and any(j.id in allocs for j in adm.over)
 
-
-def _drop(allocs: dict[str, Allocation], jid: str) -> None:
-    """Remove ``jid`` from a plan; its co-runners keep their GPUs in a group without it."""
-    a = allocs.pop(jid)
-    for oid in a.group:
-        o = allocs.get(oid)
-        if o is not None:
-            allocs[oid] = Allocation(o.job_id, o.parts, tuple(x for x in o.group if x != jid), o.key)
 
 
 def _free_gpus(plan: Plan, view: pb.View) -> int:

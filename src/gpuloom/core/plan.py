@@ -353,6 +353,16 @@ def _check_sharing(gid: int, jobs: Sequence[str], allocs: Mapping[str, Allocatio
                 raise PlanError(f"GPU {gid} given twice: {j1} and {j2} are not a group")
 
 
+def drop_job(allocs: dict[str, Allocation], jid: str) -> None:
+    """Remove ``jid`` from the allocations of a plan being built; its co-runners keep their GPUs
+    in a group without it."""
+    a = allocs.pop(jid)
+    for oid in a.group:
+        o = allocs.get(oid)
+        if o is not None:
+            allocs[oid] = Allocation(o.job_id, o.parts, tuple(x for x in o.group if x != jid), o.key)
+
+
 def gpus_in_use(allocs: Iterable[Allocation]) -> set[int]:
     used: set[int] = set()
     for a in allocs:

@@ -86,7 +86,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.job import Job
-from ..core.plan import Allocation, Plan
+from ..core.plan import Plan, drop_job
 from ..core.queues import INF, QueueError, QueueTree, parse_queues, usage
 from .base import PlacePolicy, View, parse_flag, register
 from .queue_base import Admission, Owed, QueuePolicy
@@ -400,7 +400,7 @@ class QuotaQueues(QueuePolicy):
             q = leaf.get(j.id)
             if a is None or q is None or not over.intersection(tree.path[q]):
                 continue
-            _drop(new, j.id)
+            drop_job(new, j.id)
             self.counters["dropped"] += 1
             u = usage(tree, new, leaf)
             over = {n for n in over if above(u[n], tree.limit[n])}
@@ -500,11 +500,3 @@ def _merge_by_rank(lists: Sequence[list[tuple[int, Job]]]) -> Iterator[tuple[int
         if i + 1 < len(lst):
             heapq.heappush(heap, (lst[i + 1][0], k, i + 1))
 
-
-def _drop(allocs: dict[str, Allocation], jid: str) -> None:
-    """Remove ``jid`` from a plan; its co-runners keep their GPUs in a group without it."""
-    a = allocs.pop(jid)
-    for oid in a.group:
-        o = allocs.get(oid)
-        if o is not None:
-            allocs[oid] = Allocation(o.job_id, o.parts, tuple(x for x in o.group if x != jid), o.key)
