@@ -26,7 +26,6 @@ Run: ``python benchmarks/run.py ray`` (needs the ray extra; about 3 minutes).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -54,23 +53,13 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir",
                                       str(state_dir), "--log-level", "warning", "--round", "5", "--grace", GRACE,
                                       *args], env=env, stdout=self.out, stderr=subprocess.STDOUT)
-        end = time.monotonic() + 180
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError((state_dir / "serve.out").read_text())
-            f = state_dir / "server.json"
-            if f.exists():
-                self.url = json.loads(f.read_text())["url"]
-                self.token = (state_dir / "admin.token").read_text().strip()
-                try:
-                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                        self.http = httpx.Client(base_url=self.url, timeout=120,
-                                                 headers={"Authorization": f"Bearer {self.token}"})
-                        return
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not start")
+        from gpuloom.cli.testbed import wait_for_serve
+
+        up = wait_for_serve(state_dir, self.proc, 180)
+        if up is None:
+            raise RuntimeError("server did not start")
+        self.url, self.token = up
+        self.http = httpx.Client(base_url=self.url, timeout=120, headers={"Authorization": f"Bearer {self.token}"})
 
     def store(self) -> Any:
         from gpuloom.runtime.store import Store

@@ -22,7 +22,6 @@ one run (medians of 3 and their ratios).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -48,19 +47,12 @@ class _Server:
              "--log-level", "warning", *args],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            f = state_dir / "server.json"
-            if f.exists():
-                self.url = json.loads(f.read_text())["url"]
-                self.token = (state_dir / "admin.token").read_text().strip()
-                try:
-                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.05)
-        raise RuntimeError("server did not start")
+        from gpuloom.cli.testbed import wait_for_serve
+
+        up = wait_for_serve(state_dir, self.proc, 60, poll_s=0.05)
+        if up is None:
+            raise RuntimeError("server did not start")
+        self.url, self.token = up
 
     def close(self) -> None:
         from gpuloom.runtime.store import Store

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psutil
 
+from gpuloom.cli.testbed import wait_for_serve
 from gpuloom.runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,21 +75,11 @@ class Server:
              "--log-level", "warning", *self.args],
             env=env, stdout=self.out, stderr=subprocess.STDOUT, cwd=REPO,
         )
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {(self.state_dir / 'serve.out').read_text()}")
-            f = self.state_dir / "server.json"
-            if f.exists():
-                self.url = json.loads(f.read_text())["url"]
-                self.token = (self.state_dir / "admin.token").read_text().strip()
-                try:
-                    if httpx.get(self.url + "/health", timeout=2, verify=self.verify).status_code == 200:
-                        return self
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.05)
-        raise RuntimeError("server did not come up")
+        up = wait_for_serve(self.state_dir, self.proc, timeout, self.verify, poll_s=0.05)
+        if up is None:
+            raise RuntimeError("server did not come up")
+        self.url, self.token = up
+        return self
 
     def client(self, token: str | None = None) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.token}"}, timeout=30,

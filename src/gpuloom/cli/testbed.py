@@ -69,6 +69,29 @@ def cluster_args(cluster: Cluster) -> list[str]:
             "--mem-gb-per-node", repr(n.mem_mb / 1000.0)]
 
 
+def wait_for_serve(state_dir: Path, proc: subprocess.Popen, timeout: float, verify: Any = True,
+                   poll_s: float = 0.1) -> tuple[str, str] | None:
+    """Wait until the ``gpuloom serve`` process ``proc`` with ``state_dir`` answers ``/health``:
+    its URL and admin token (from ``server.json`` and ``admin.token``), or None after ``timeout``
+    seconds.  RuntimeError with the end of ``serve.out`` if the process exits first."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            out = state_dir / "serve.out"
+            raise RuntimeError(f"gpuloom serve exited: {out.read_text()[-2000:] if out.exists() else ''}")
+        f = state_dir / "server.json"
+        if f.exists():
+            url = json.loads(f.read_text())["url"]
+            token = (state_dir / "admin.token").read_text().strip()
+            try:
+                if httpx.get(url + "/health", timeout=5, verify=verify).status_code == 200:
+                    return url, token
+            except httpx.HTTPError:
+                pass
+        time.sleep(poll_s)
+    return None
+
+
 def _wall(iso: str | None) -> float | None:
     return None if iso is None else datetime.fromisoformat(iso).timestamp()
 
@@ -148,20 +171,10 @@ class Testbed:
         self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
                                      cwd=self.workdir)
         out.close()
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gpuloom serve exited: {(self.state_dir / 'serve.out').read_text()[-2000:]}")
-            f = self.state_dir / "server.json"
-            if f.exists():
-                self.url = json.loads(f.read_text())["url"]
-                self.token = (self.state_dir / "admin.token").read_text().strip()
-                try:
-                    if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.1)
+        up = wait_for_serve(self.state_dir, self.proc, timeout)
+        if up is not None:
+            self.url, self.token = up
+            return
         log = (self.state_dir / "serve.out").read_text()[-2000:]
         raise RuntimeError(f"gpuloom serve did not come up in {timeout:.0f} s (its state in {self.state_dir})"
                            + (f": {log}" if log.strip() else ""))
