@@ -400,20 +400,19 @@ class RayExecutor(Executor):
         return bool(self._call(p.node, self.agents[p.node].alive.remote(job_id), job_id))
 
     def exit_code(self, info: ProcInfo) -> int | None:
-        agent = self.agents.get(info.node)
-        if agent is None:
-            return None
-        try:
-            return self._call(info.node, agent.exit_code.remote(info), info.job_id)
-        except ExecutorError:
-            return None
+        return self._exit_record(info, "exit_code")
 
     def exit_time(self, info: ProcInfo) -> float | None:
+        return self._exit_record(info, "exit_time")
+
+    def _exit_record(self, info: ProcInfo, what: str) -> Any:
+        """``what`` (an agent method reading the process's exit record) for ``info``; None when its
+        node's agent is gone or does not answer."""
         agent = self.agents.get(info.node)
         if agent is None:
             return None
         try:
-            return self._call(info.node, agent.exit_time.remote(info), info.job_id)
+            return self._call(info.node, getattr(agent, what).remote(info), info.job_id)
         except ExecutorError:
             return None
 
