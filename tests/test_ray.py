@@ -125,9 +125,14 @@ def state(svc: Service, jid: int) -> str:
     return row.state
 
 
-def until_state(svc: Service, jid: int, want: str, timeout: float = 90.0) -> None:
+#: a launched job: protected for a moment after its first progress line (see runtime/actuator.py), then running
+RUNNING = ("running_protected", "running")
+
+
+def until_state(svc: Service, jid: int, want: str | tuple[str, ...], timeout: float = 90.0) -> None:
+    wants = (want,) if isinstance(want, str) else want
     try:
-        wait_for(lambda: state(svc, jid) == want, timeout, f"job {jid} to be {want}")
+        wait_for(lambda: state(svc, jid) in wants, timeout, f"job {jid} to be {' or '.join(wants)}")
     except AssertionError as e:  # what the job was doing instead
         row = svc.store.get_job(jid)
         assert row is not None
@@ -246,7 +251,7 @@ def test_training_job_over_two_nodes_of_two_gpus_with_torch_distributed(fake: Fa
 def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> None:
     svc, ex = make()
     jid = svc.submit({"name": "k", "command": sleepy(60), "gpus": 2}, "u")
-    until_state(svc, jid, "running_protected")
+    until_state(svc, jid, RUNNING)
     node = nodes_of(svc, jid)[0]
     old = ex.agents[node]
     pid = svc.store.get_job(jid).procs[0]["pid"]
@@ -409,11 +414,11 @@ def test_nodes_leaving_and_joining_jobs_requeued_whole_parked_and_every_step_run
         fake: Fake, make: Any, tmp_path: Path) -> None:
     svc, ex = make()
     filler = svc.submit({"name": "filler", "command": sleepy(100, 0.1), "gpus": 2}, "u")
-    until_state(svc, filler, "running_protected")
+    until_state(svc, filler, RUNNING)
     # one process per node, each with its own checkpoint and ledger
     ck = "$GPULOOM_CHECKPOINT_DIR/rank$RANK"
     multi = svc.submit({"name": "multi", "command": sleepy(120, 0.05, ledger=f"{ck}/ledger", ckpt=ck), "gpus": 4}, "u")
-    until_state(svc, multi, "running_protected")
+    until_state(svc, multi, RUNNING)
     wait_for(lambda: (svc.last_progress(multi) or 0) >= 10, 60, "multi to progress")
     where = nodes_of(svc, multi)
     assert nodes_of(svc, filler) == ["n0"] and sorted(where) == ["n1", "n2"]
@@ -426,7 +431,7 @@ def test_nodes_leaving_and_joining_jobs_requeued_whole_parked_and_every_step_run
                              for p in pids), 60, "both parts to stop")
     until_state(svc, multi, "standby", 60)
     assert [n.name for n in svc.cluster.nodes] == ["n0", "n1"]
-    until_state(svc, multi, "running_protected", 180)  # once the filler is done: on n0 and n1
+    until_state(svc, multi, RUNNING, 180)  # once the filler is done: on n0 and n1
     recovered = time.monotonic() - t0
     assert sorted(nodes_of(svc, multi)) == ["n0", "n1"]
     until_state(svc, multi, "finished", 180)
@@ -442,7 +447,7 @@ def test_nodes_leaving_and_joining_jobs_requeued_whole_parked_and_every_step_run
     fake.add("n3")
     wait_for(lambda: [n.name for n in svc.cluster.nodes] == ["n0", "n1", "n3"], 60, "n3 to join")
     wide = svc.submit({"name": "wide", "command": sleepy(150, 0.05, ledger=f"{ck}/ledger", ckpt=ck), "gpus": 6}, "u")
-    until_state(svc, wide, "running_protected", 180)  # its first launch on the new node n3: slow on a loaded machine
+    until_state(svc, wide, RUNNING, 180)  # its first launch on the new node n3: slow on a loaded machine
     assert sorted(nodes_of(svc, wide)) == ["n0", "n1", "n3"]
     wait_for(lambda: (svc.last_progress(wide) or 0) >= 10, 60, "wide to progress")
     # n3's raylet dies without a word (a crashed machine): Ray's health checks notice it; the job loses its
