@@ -70,6 +70,10 @@ class JobSpec:
         return cls(id, arrival, gpus, iterations * iter_time, iterations=iterations, iter_time=iter_time, **kw)
 
 
+#: keys of :attr:`Job.extra` that record what happened (why a job failed), not caches
+RECORD_KEYS: tuple[str, ...] = ("failure",)
+
+
 class JobStatus(StrEnum):
     """A coarse view of a job, derived (:attr:`Job.status`): never stored."""
 
@@ -123,7 +127,17 @@ class Job:
         self.queued_time = 0.0
         self.overhead_time = 0.0
         self.reason: str | None = None  # why it waits, as of the last round (None while it holds resources)
-        self.extra: dict[str, Any] = {}  # caches of policies and factors (never scheduling state)
+        # caches of policies and factors (never scheduling state), and the records in RECORD_KEYS
+        self.extra: dict[str, Any] = {}
+
+    def drop_caches(self) -> None:
+        """Forget what ``extra`` caches, keeping its records (:data:`RECORD_KEYS`): called when the
+        job ends, so a run of a million jobs does not keep a cached request per finished job."""
+        x = self.extra
+        if x:
+            kept = {k: x[k] for k in RECORD_KEYS if k in x}
+            x.clear()  # (frees the table: an empty dict is the smallest)
+            x.update(kept)
 
     # convenient read-through properties
     @property

@@ -39,6 +39,7 @@ launch times as the simulator gets with configured ones.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -61,6 +62,10 @@ class JobState(StrEnum):
 
 S = JobState
 
+#: the phases of :meth:`Lifecycle.phases`, in order
+PHASES: tuple[str, str, str] = ("queued", "launching", "running")
+_STATES: tuple[JobState, ...] = tuple(JobState)  # a state's code in Lifecycle's compact history
+_CODE: dict[JobState, int] = {st: k for k, st in enumerate(_STATES)}
 TERMINAL: frozenset[JobState] = frozenset({S.FINISHED, S.CANCELLED, S.FAILED})
 PROGRESS_STATES: frozenset[JobState] = frozenset({S.RUNNING_PROTECTED, S.RUNNING})
 #: the states in which a job holds (or is acquiring / releasing) resources
@@ -122,8 +127,8 @@ class Lifecycle:
     ``now``, so the history never shows a state before it happens.
     """
 
-    __slots__ = ("job_id", "history", "protect_factor", "last_launch_time", "protected_until", "_launch_start",
-                 "planned")
+    __slots__ = ("job_id", "_times", "_codes", "_state", "protect_factor", "last_launch_time", "protected_until",
+                 "_launch_start", "planned")
 
     def __init__(
         self,
@@ -137,7 +142,12 @@ class Lifecycle:
         if protect_factor < 0:
             raise ValueError(f"job {job_id}: protect_factor must be >= 0, got {protect_factor}")
         self.job_id = job_id
-        self.history: list[tuple[float, JobState]] = [(float(now), JobState(state))]
+        # the history, kept compact (a million jobs' histories are most of a large run's memory):
+        # transition times in an array of doubles, states as their index in _STATES
+        st = JobState(state)
+        self._times = array("d", (float(now),))
+        self._codes = bytearray((_CODE[st],))
+        self._state = st
         self.protect_factor = float(protect_factor)
         self.last_launch_time: float | None = None
         self.protected_until: float | None = None
@@ -147,12 +157,18 @@ class Lifecycle:
     # -- reading ------------------------------------------------------------
     @property
     def state(self) -> JobState:
-        return self.history[-1][1]
+        return self._state
 
     @property
     def since(self) -> float:
         """When the current state was entered."""
-        return self.history[-1][0]
+        return self._times[-1]
+
+    @property
+    def history(self) -> list[tuple[float, JobState]]:
+        """Every state entered, as ``(time, state)`` pairs in order (a new list on each call)."""
+        states = _STATES
+        return [(t, states[c]) for t, c in zip(self._times, self._codes, strict=True)]
 
     @property
     def makes_progress(self) -> bool:
@@ -182,12 +198,13 @@ class Lifecycle:
     def durations(self, now: float | None = None) -> dict[JobState, float]:
         """Seconds spent in each state; the current state counts up to ``now`` (if given)."""
         out: dict[JobState, float] = {}
-        h = self.history
-        for (t0, s), (t1, _) in zip(h, h[1:], strict=False):
-            out[s] = out.get(s, 0.0) + (t1 - t0)
+        times, codes, states = self._times, self._codes, _STATES
+        for k in range(len(codes) - 1):
+            s = states[codes[k]]
+            out[s] = out.get(s, 0.0) + (times[k + 1] - times[k])
         if now is not None and not self.terminal:
-            t0, s = h[-1]
-            out[s] = out.get(s, 0.0) + max(0.0, now - t0)
+            s = self._state
+            out[s] = out.get(s, 0.0) + max(0.0, now - times[-1])
         return out
 
     def time_in(self, states: JobState | Iterable[JobState], now: float | None = None) -> float:
@@ -198,13 +215,17 @@ class Lifecycle:
 
     def phases(self, now: float) -> dict[str, float]:
         """Seconds queued (waiting states), launching (incl. checkpoint and stop) and running."""
+        return dict(zip(PHASES, self.phase_times(now), strict=True))
+
+    def phase_times(self, now: float) -> tuple[float, float, float]:
+        """:meth:`phases` as a tuple in :data:`PHASES` order (what a run's records keep)."""
         d = self.durations(now)
-        return {
-            "queued": d.get(S.WAITING_FOR_INITIAL_CONTACT, 0.0) + d.get(S.WAITING_FOR_INITIAL_RESOURCE, 0.0)
+        return (
+            d.get(S.WAITING_FOR_INITIAL_CONTACT, 0.0) + d.get(S.WAITING_FOR_INITIAL_RESOURCE, 0.0)
             + d.get(S.STANDBY, 0.0),
-            "launching": d.get(S.LAUNCHING, 0.0) + d.get(S.CHECKPOINTING, 0.0) + d.get(S.STOPPING, 0.0),
-            "running": d.get(S.RUNNING_PROTECTED, 0.0) + d.get(S.RUNNING, 0.0),
-        }
+            d.get(S.LAUNCHING, 0.0) + d.get(S.CHECKPOINTING, 0.0) + d.get(S.STOPPING, 0.0),
+            d.get(S.RUNNING_PROTECTED, 0.0) + d.get(S.RUNNING, 0.0),
+        )
 
     # -- changing -----------------------------------------------------------
     def to(self, state: JobState, now: float) -> None:
@@ -224,7 +245,9 @@ class Lifecycle:
             self.protected_until = now + self.protect_factor * self.last_launch_time
         if src is JobState.RUNNING_PROTECTED:
             self.protected_until = None
-        self.history.append((now, dst))
+        self._times.append(now)
+        self._codes.append(_CODE[dst])
+        self._state = dst
 
     def walk(self, states: Iterable[JobState], now: float) -> JobState:
         """Go through ``states`` in order at ``now`` (never before the current state's entry)."""

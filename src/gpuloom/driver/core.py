@@ -417,6 +417,7 @@ class Driver:
             self.tally.count_waiting(job, -1)
             self.tally.demand -= job.spec.gpus
         self._pending.discard(job.id)
+        job.drop_caches()
         if alloc is not None:
             self._regroup_without(alloc.group, job.id, now)
         return alloc

@@ -367,7 +367,7 @@ class Simulator:
             JobRecord(
                 j.id, j.spec.model, j.spec.gpus, j.spec.arrival, j.spec.duration, j.first_start, j.finish,
                 j.preemptions, j.migrations, j.resizes, j.attained_time, j.overhead_time, j.queued_time,
-                None if j.lifecycle is None else j.lifecycle.phases(self.now),
+                None if j.lifecycle is None else j.lifecycle.phase_times(self.now),
             )
             for j in self.jobs
         ]

@@ -170,12 +170,14 @@ def generate(
     if models is not None or sampled_models is None:
         names, mw = _weights(BUILTIN_MODELS if models is None else models, "models")
         chosen = rng.choice(len(names), n, p=mw)
-        model_of = [str(names[i]) for i in chosen]
+        named = [str(x) for x in names]  # one string per model, shared by its jobs
+        model_of = [named[i] for i in chosen.tolist()]
     else:
         model_of = sampled_models
     width = len(str(max(n - 1, 0)))
+    at, gs, ds = np.asarray(arrivals, dtype=float).tolist(), np.asarray(gpus).tolist(), durs.tolist()
     return [
-        JobSpec(f"{prefix}-{i:0{width}d}", float(arrivals[i]), int(gpus[i]), float(durs[i]), model=model_of[i])
+        JobSpec(f"{prefix}-{i:0{width}d}", at[i], int(gs[i]), ds[i], model=model_of[i])
         for i in range(n)
     ]
 

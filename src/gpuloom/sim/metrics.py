@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.lifecycle import PHASES
+
 
 @dataclass(slots=True)
 class JobRecord:
@@ -58,7 +60,14 @@ class JobRecord:
     run_time: float  # wall seconds holding resources
     overhead_time: float  # of which launching/restarting
     queued_time: float  # wall seconds waiting after arrival
-    phases: dict[str, float] | None = None  # lifecycle mode: queued / launching / running seconds
+    #: queued / launching / running seconds (:data:`~gpuloom.core.lifecycle.PHASES`); a tuple, not a
+    #: dict, because a run of a million jobs keeps a million of them
+    phase_s: tuple[float, float, float] | None = None
+
+    @property
+    def phases(self) -> dict[str, float] | None:
+        """Seconds queued, launching and running, by name (None for a job that never arrived)."""
+        return None if self.phase_s is None else dict(zip(PHASES, self.phase_s, strict=True))
 
     @property
     def jct(self) -> float | None:
@@ -76,6 +85,8 @@ class JobRecord:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["phase_s"]
+        d["phases"] = self.phases
         d["jct"] = self.jct
         d["queueing_delay"] = self.queueing_delay
         d["slowdown"] = self.slowdown
