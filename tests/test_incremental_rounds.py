@@ -27,7 +27,7 @@ from gpuloom.sim.generator import PHILLY_DURATIONS, generate
 class BothWays(Scheduler):
     """Schedules each round with and without the tail walk and insists they agree."""
 
-    walked = fitted = 0
+    walked = fitted = extended = 0
 
     def schedule(self, view: pb.View, reasons: bool = True) -> Round:
         fast = super().schedule(view, True)
@@ -41,10 +41,13 @@ class BothWays(Scheduler):
         assert diff(view.current, fast.plan) == diff(view.current, slow.plan)
         assert fast.plan.free_gpus == slow.plan.free_gpus
         assert fast.reasons == slow.reasons
-        if fast.plan.base is not None:
+        assert view.tally is not None
+        if view.tally.demand <= view.cluster.num_gpus and fast.plan.base is not None:
             BothWays.fitted += 1
         elif len(fast.requests) < len(slow.requests):
             BothWays.walked += 1
+            if fast.plan.base is not None:  # placed by prefix_plan: only what changes visited
+                BothWays.extended += 1
         return fast
 
 
@@ -66,11 +69,12 @@ def workload(seed: int, n: int = 300) -> list[JobSpec]:
     ("fifo", {}), ("fifo", {"consolidate": False}), ("sjf", {}), ("srtf", {}), ("las", {"consolidate": False}),
 ])
 def test_shortcuts_plan_what_the_whole_queue_plans(order: str, params: dict, seed: int) -> None:
-    BothWays.walked = BothWays.fitted = 0
+    BothWays.walked = BothWays.fitted = BothWays.extended = 0
     sched = BothWays.from_names(order, params=params)
     cl = Cluster.homogeneous(3, 8, 24, 200_000)
     Simulator(cl, workload(seed), sched, config=SimConfig(round_len=600.0, restart_overhead=30.0)).run()
     assert BothWays.walked > 10  # the walk stopped short of the whole queue in many rounds
+    assert BothWays.extended > 10  # most of them extending the current plan
     assert BothWays.fitted > 0  # and everything fitted in some
 
 

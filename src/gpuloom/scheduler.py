@@ -56,8 +56,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from .core.job import Job
@@ -65,7 +64,7 @@ from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.free import FreeState
-from .policies.incremental import TailWalk, all_fit_plan
+from .policies.incremental import TailWalk, all_fit_plan, prefix_plan
 from .policies.order import KeyOrder
 from .policies.queue_base import Admission, Owed, QueuePolicy
 
@@ -80,13 +79,28 @@ class RequirementError(pb.PolicyError):
 RESOURCES, PRIORITY, PLACEMENT = "Resources", "Priority", "Placement"
 
 
-@dataclass(slots=True)
 class Round:
-    """A round's decision: the plan, the requests (one per unit) it answers, and why jobs wait."""
+    """A round's decision: the plan, the requests (one per unit) it answers, and why jobs wait.
 
-    plan: Plan
-    requests: list[pb.Request] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)
+    ``requests`` may be given as a function that lists them (``lazy``): a round that placed only
+    what changed need not size every job it kept unless a check or a reason asks.
+    """
+
+    __slots__ = ("plan", "_requests", "_lazy", "reasons")
+
+    def __init__(self, plan: Plan, requests: list[pb.Request] | None = None, reasons: dict[str, str] | None = None,
+                 lazy: Callable[[], list[pb.Request]] | None = None) -> None:
+        self.plan = plan
+        self._requests = requests
+        self._lazy = lazy
+        self.reasons: dict[str, str] = reasons if reasons is not None else {}
+
+    @property
+    def requests(self) -> list[pb.Request]:
+        if self._requests is None:
+            self._requests = self._lazy() if self._lazy is not None else []
+            self._lazy = None
+        return self._requests
 
 
 class Scheduler:
@@ -226,12 +240,15 @@ class Scheduler:
                 rnd, every_asked = rnd_fit, True
             elif self.size.fixed_gpus and self.group.name == "none":
                 ordered = self.order.order(view.jobs, view)
+                fast = self._prefix_round(ordered, view)
+                if fast is not None:
+                    return self._with_reasons(fast, view, ordered, reasons)
                 prefix = self._prefix(ordered, view.cluster.num_gpus)
                 walk = self._tail(ordered, len(prefix), view) if len(prefix) < len(ordered) else None
                 if walk is not None:
                     requests = self.size.size([(j,) for j in prefix], view)
                     rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk),
-                                requests + walk.visited)
+                                requests + walk.requests())
                     every_asked = True
                 else:
                     rnd = self._run(prefix, view)
@@ -241,11 +258,39 @@ class Scheduler:
                 ordered = self.order.order(view.jobs, view)
                 rnd = self._run(ordered, view)
             rnd = self._hooked(rnd, view)
+        return self._with_reasons(rnd, view, ordered, reasons, every_asked)
+
+    def _with_reasons(self, rnd: Round, view: pb.View, ordered: list[Job] | None, reasons: bool,
+                      every_asked: bool = True) -> Round:
         if reasons:
             if ordered is None:
                 ordered = self.order.order(view.jobs, view)
             rnd.reasons = self.reasons(rnd, view, ordered, every_asked)
         return rnd
+
+    def _prefix_round(self, ordered: list[Job], view: pb.View) -> Round | None:
+        """The round through :func:`~gpuloom.policies.incremental.prefix_plan` when the stack allows
+        it (what the tail walk needs, a preemptive order placed as given, only allocations the
+        stack made: ``Tally.unkeyed == 0``); None otherwise, or when the prefix is the whole queue."""
+        place = self.place
+        if not (self.preemptive and not self.hooks and type(place).arrange is pb.PlacePolicy.arrange
+                and view.tally is not None and not view.tally.unkeyed and self._tail_ok(view)):
+            return None
+        size, order = self.size, self.order
+        assert isinstance(order, KeyOrder)
+
+        def request(j: Job) -> pb.Request:
+            return size.request(j, view)
+
+        def walk_of(start: int) -> TailWalk:
+            return TailWalk(ordered, start, request, lambda j: order.sort_key(j, view), view.tally.waiting,  # type: ignore[union-attr]
+                            view.current, keyed=True)
+
+        out = prefix_plan(ordered, request, walk_of, place, view)
+        if out is None:
+            return None
+        plan, end, walk = out
+        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + walk.requests())
 
     def _hooked(self, rnd: Round, view: pb.View) -> Round:
         if self.hooks:
@@ -259,12 +304,16 @@ class Scheduler:
     def _tail(self, ordered: list[Job], start: int, view: pb.View) -> TailWalk | None:
         """Backfill past ``ordered[:start]`` without walking the rest (:mod:`gpuloom.policies.incremental`),
         when the stack declares what that needs; None otherwise (the whole queue is placed)."""
-        place, order, size = self.place, self.order, self.size
-        if not (self._incremental(view) and place.pure_choose and place.backfill):
+        order, size = self.order, self.size
+        if not self._tail_ok(view):
             return None
         assert view.tally is not None and isinstance(order, KeyOrder)
         return TailWalk(ordered, start, lambda j: size.request(j, view), lambda j: order.sort_key(j, view),
                         view.tally.waiting, view.current)
+
+    def _tail_ok(self, view: pb.View) -> bool:
+        """The stack declares what the tail walk needs (:class:`~gpuloom.policies.incremental.TailWalk`)."""
+        return self._incremental(view) and self.place.pure_choose and self.place.backfill
 
     def _incremental(self, view: pb.View) -> bool:
         """The stack declares what the shortcuts of :mod:`gpuloom.policies.incremental` rest on."""

@@ -80,15 +80,24 @@ class Plan:
 
     allocations: dict[str, Allocation] = field(default_factory=dict)
     free_gpus: int | None = None  # GPUs left free, when the placer knows it
-    #: with :meth:`extending`: the allocations the plan keeps whole, and the jobs it adds to them
+    #: with :meth:`extending`: the allocations the plan starts from, the jobs it adds to them (in
+    #: order) and the jobs of ``base`` it takes out (:meth:`remove`)
     base: Mapping[str, Allocation] | None = field(default=None, repr=False, compare=False)
     added: list[str] = field(default_factory=list, repr=False, compare=False)
+    removed: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def extending(cls, current: Mapping[str, Allocation]) -> Plan:
-        """A plan that keeps every allocation of ``current`` and adds new jobs with :meth:`add`
-        (:func:`diff` against ``current`` then costs O(added))."""
+        """A plan that keeps every allocation of ``current`` but those taken out with :meth:`remove`,
+        and adds jobs with :meth:`add` (:func:`diff` against ``current`` then costs O(changes))."""
         return cls(dict(current), base=current)
+
+    def remove(self, job_id: str) -> None:
+        """Take a job of ``base`` out of an :meth:`extending` plan (it may be added again)."""
+        if self.base is None or job_id in self.added:
+            raise PlanError(f"job {job_id}: only a job of the plan's base can be removed")
+        del self.allocations[job_id]
+        self.removed.append(job_id)
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self.allocations
@@ -131,16 +140,21 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
     Order within a kind follows the plan's (policy) order, deterministic.
     """
     new = plan.allocations
-    if plan.base is current and len(new) == len(current) + len(plan.added):
+    extends = plan.base is current and len(new) == len(current) - len(plan.removed) + len(plan.added)
+    if extends and not plan.removed:
         # everything in current kept as it is: only the added jobs start
         return [Action(ActionKind.START, jid, None, new[jid]) for jid in plan.added]
     stops: list[Action] = []
     changes: list[Action] = []
     starts: list[Action] = []
-    for jid, gone in current.items():
-        if jid not in new:
-            stops.append(Action(ActionKind.STOP, jid, gone, None))
-    for jid, a in new.items():
+    if not extends or any(jid not in new for jid in plan.removed):
+        for jid, gone in current.items():
+            if jid not in new:
+                stops.append(Action(ActionKind.STOP, jid, gone, None))
+    # an extending plan changes only the jobs it added (in the order they were added: the order
+    # of the whole plan with the unchanged jobs left out)
+    for jid in plan.added if extends else new:
+        a = new[jid]
         old = current.get(jid)
         if old is None:
             starts.append(Action(ActionKind.START, jid, None, a))

@@ -401,19 +401,29 @@ class PlacePolicy(Stage):
             req = requests[i]
             jobs = req.jobs
             prev = jobs[0].alloc
-            if prev is None or prev.key != req.key:
+            if prev is None:
                 continue
-            if len(jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
+            k = req._key  # (req.key, inlined: this runs for every running job every round)
+            if k is None or k[0] != req.gpus or k[1] != req.cpus or k[2] != req.mem_mb:
+                k = req.key
+            if prev.key != k:
                 continue
-            for j in jobs:
-                allocations[j.id] = j.alloc
-                kept.add(j.id)
+            if len(jobs) > 1:
+                if any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
+                    continue
+                for j in jobs:
+                    allocations[j.id] = j.alloc
+                    kept.add(j.id)
+            else:
+                allocations[prev.job_id] = prev
+                kept.add(prev.job_id)
             done[i] = True
         free = view.free.copy() if view.free is not None else FreeState.of(view.cluster, view.current)
+        current = view.current
+        # the order of releases does not matter (they add up): only the jobs not kept are visited
         released: set[tuple[int, ...]] = set()
-        for jid, a in view.current.items():
-            if jid in kept:
-                continue
+        for jid in current.keys() - kept:
+            a = current[jid]
             g = a.gpu_ids
             share = g in released or any(o in kept for o in a.group)
             free.release(a.parts, 1, gpus=not share)
@@ -435,8 +445,7 @@ class PlacePolicy(Stage):
         """Place ``req`` (its old GPUs if sticky, else ``choose``) and commit; False if it gets nothing."""
         if self.sticky and len(req.jobs) == 1:  # a lone job kept as it is (what the steps below do)
             prev = req.jobs[0].alloc
-            if prev is not None and not prev.group and prev.key == req.key and free.fits(prev.parts):
-                free.take(prev.parts)
+            if prev is not None and not prev.group and prev.key == req.key and free.take_if_fits(prev.parts):
                 plan.add(prev)
                 return True
         parts = place_request(self, req, free, view)

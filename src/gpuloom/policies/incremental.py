@@ -37,11 +37,25 @@ facts let the walk stop early:
   of each are still ahead.  When none of a shape that can still be placed is
   left, only the running jobs of the tail matter: they are placed in their
   order (the order's ``sort_key``) without walking the waiting jobs between.
+
+**Keeping without re-placing** (:func:`prefix_plan`).  On the prefix itself
+the three phases still look at every job, though in a long queue almost all
+of them are running jobs that placement keeps as they are (sticky, their
+request unchanged).  When every running allocation was made by the stack from
+its static request (``Tally.unkeyed == 0``: the same condition the all-fit
+plan rests on) and the order is placed as given (preemptive, no ``arrange`` of
+the place policy's own), the selected running jobs are exactly the ones kept:
+one pass over the prefix finds them with phase 1's count, the plan extends the
+current one less the running jobs not selected, and only those, the selected
+waiting jobs and the tail are placed, in the phases' order.  A running job of
+the tail is then kept without sizing it (``TailWalk.keyed``).  The diff of
+such a plan costs O(changes) (:func:`~gpuloom.core.plan.diff`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..core.job import Job
@@ -132,12 +146,81 @@ def all_fit_plan(ordered_waiting: Sequence[Job], request: Callable[[Job], Reques
     return plan, requests
 
 
+def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_of: Callable[[int], TailWalk],
+                place: PlacePolicy, view: View) -> tuple[Plan, int, TailWalk] | None:
+    """``place.place`` (preemptive) over the prefix of ``ordered`` that fills the cluster, then the
+    tail walk, visiting only the jobs whose place can change (see the module notes); None when the
+    prefix is the whole queue.  Returns the plan, the prefix's length and the walk.
+
+    Phase 1 selects by GPU count as the scheduler's prefix does (the same loop, so the prefix
+    ends where the count reaches the cluster's GPUs).  With static requests and no allocation
+    the stack did not make (``Tally.unkeyed == 0``), every running job's allocation has its
+    request's key, so the sticky start keeps every selected running job as it is: the plan
+    extends the current one (:meth:`~gpuloom.core.plan.Plan.extending`), less the running jobs
+    not selected, whose resources are released.  The phases then go on in the same order as
+    :meth:`~gpuloom.policies.base.PlacePolicy.place`: the selected waiting jobs in order (2b; there
+    is no 2a: no selected running job's request changed), the rest of the prefix in order (3),
+    the tail.
+    """
+    cap = view.cluster.num_gpus
+    chosen: list[tuple[int, Job]] = []  # (position, job) of the selected waiting jobs, in order
+    rest: list[tuple[int, Job]] = []  # (position, job) of the jobs not selected, in order
+    kept: set[str] = set()  # selected running jobs
+    idle: list[Job] = []  # waiting jobs of the prefix
+    end = 0
+    for i, j in enumerate(ordered):
+        g = j.spec.gpus
+        if g <= cap:
+            cap -= g
+            if j.alloc is None:
+                chosen.append((i, j))
+                idle.append(j)
+            else:
+                kept.add(j.id)
+            if cap <= 0:
+                end = i + 1
+                break
+        else:
+            rest.append((i, j))
+            if j.alloc is None:
+                idle.append(j)
+    else:
+        return None
+    assert view.free is not None
+    current = view.current
+    plan = Plan.extending(current)
+    free = view.free.copy()
+    for jid in current.keys() - kept:  # (releases add up: their order does not matter)
+        plan.remove(jid)
+        free.release(current[jid].parts)
+    refused: set[tuple] = set()
+    failed: list[tuple[int, Job]] = []
+    for i, j in chosen:  # phase 2b
+        if not try_new(place, plan, request(j), free, view, refused):
+            failed.append((i, j))
+    if failed:  # phase 3 goes over the prefix in order: the selected jobs refused take their places
+        rest = sorted(rest + failed, key=itemgetter(0))
+    for _, j in rest:  # phase 3
+        if free.free_gpus <= 0:
+            break
+        if j.spec.gpus <= free.free_gpus:
+            try_new(place, plan, request(j), free, view, refused)
+    walk = walk_of(end)
+    walk.backfill(place, plan, free, view, refused, seen=kept | {j.id for _, j in rest if j.alloc is not None},
+                  idle=idle)
+    plan.free_gpus = free.free_gpus
+    return plan, end, walk
+
+
 class TailWalk:
     """The jobs ``ordered[start:]`` for placement's third phase (see the module notes).
 
     ``request(job)`` sizes one job; ``sort_key(job)`` is its place in the order;
     ``waiting`` counts the active jobs holding nothing by shape (:class:`Tally`);
-    ``current`` is what runs now.  ``visited`` collects the requests the walk built.
+    ``current`` is what runs now.  ``visited`` collects the jobs the walk met that could still
+    get something (:meth:`requests` sizes them).  ``keyed``: every running job's allocation was
+    made from its request as :meth:`request` gives it (what :func:`prefix_plan` rests on), so a
+    running job is kept without sizing it.
     """
 
     def __init__(
@@ -148,29 +231,47 @@ class TailWalk:
         sort_key: Callable[[Job], Any],
         waiting: Mapping[Shape, int],
         current: Mapping[str, Allocation],
+        keyed: bool = False,
     ) -> None:
         self.ordered = ordered
+        self.keyed = keyed
         self.start = start
         self.request = request
         self.sort_key = sort_key
         self.waiting = waiting
         self.current = current
-        self.visited: list[Request] = []
+        self.visited: list[Job] = []
+
+    def requests(self) -> list[Request]:
+        """The requests of the jobs the walk met (:attr:`visited`)."""
+        return [self.request(j) for j in self.visited]
+
+    def _keep(self, place: PlacePolicy, plan: Plan, j: Job, free: FreeState, view: View) -> None:
+        """``place._try`` for a running job of the tail that may still fit."""
+        if self.keyed:
+            # its request's key is its allocation's: _try would keep it as it is if it still fits
+            prev = j.alloc
+            if free.take_if_fits(prev.parts):
+                plan.add(prev)
+                return
+        place._try(plan, self.request(j), free, view)
 
     def backfill(self, place: PlacePolicy, plan: Plan, free: FreeState, view: View,
-                 refused: Collection[tuple] = ()) -> None:
+                 refused: Collection[tuple] = (), seen: set[str] | None = None,
+                 idle: Sequence[Job] | None = None) -> None:
         """Phase 3 over the tail: ``place._try`` each job in order that can still get something.
 
         ``refused``: request shapes ``(gpus, cpus, mem_mb, members)`` placement already refused
-        this round (on a larger free state)."""
+        this round (on a larger free state).  ``seen`` (the running jobs of the prefix, a set the
+        walk adds to) and ``idle`` (its waiting jobs), when the caller knows them."""
         ordered, start = self.ordered, self.start
         left = dict(self.waiting)  # waiting jobs of each shape not yet passed
-        seen: set[str] = set()  # running jobs met (in the prefix or on the walk)
-        for j in ordered[:start]:
-            if j.alloc is None:
-                left[shape_of(j)] -= 1
-            else:
-                seen.add(j.id)
+        if seen is None or idle is None:
+            pre = ordered[:start]
+            seen = {j.id for j in pre if j.alloc is not None}  # running jobs met (in the prefix or on the walk)
+            idle = [j for j in pre if j.alloc is None]
+        for j in idle:
+            left[shape_of(j)] -= 1
         dead: set[Shape] = {(g, c, m) for g, c, m, k in refused if k == 1}
         live = sum(k for s, k in left.items() if s not in dead)  # waiting jobs ahead whose shape may be placed
         visited = self.visited
@@ -183,10 +284,9 @@ class TailWalk:
             i += 1
             if j.alloc is not None:
                 seen.add(j.id)
-                req = self.request(j)
-                visited.append(req)
-                if req.gpus <= free.free_gpus:
-                    place._try(plan, req, free, view)
+                visited.append(j)
+                if j.spec.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
+                    self._keep(place, plan, j, free, view)
                 continue
             s = shape_of(j)
             left[s] -= 1
@@ -194,17 +294,16 @@ class TailWalk:
                 continue
             live -= 1
             req = self.request(j)
-            visited.append(req)
+            visited.append(j)
             if req.gpus > free.free_gpus or not place._try(plan, req, free, view):
                 dead.add(s)
                 live -= left[s]
         # only running jobs of the tail are left that could be placed: in their order
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in ordered}
-        rest = sorted((by_id[jid] for jid in self.current if jid not in seen), key=self.sort_key)
+        rest = sorted([by_id[jid] for jid in self.current.keys() - seen], key=self.sort_key)
         for j in rest:
             if free.free_gpus <= 0:
                 return
-            req = self.request(j)
-            visited.append(req)
-            if req.gpus <= free.free_gpus:
-                place._try(plan, req, free, view)
+            visited.append(j)
+            if j.spec.gpus <= free.free_gpus:
+                self._keep(place, plan, j, free, view)
