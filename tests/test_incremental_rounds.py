@@ -95,3 +95,35 @@ def test_no_walk_without_the_declarations() -> None:
     sim = Simulator(cl, workload(3, 80), sched, config=SimConfig(round_len=600.0))
     view = sim.driver.view(0.0)
     assert sched._tail([], 0, view) is None  # noqa: SLF001
+
+
+class Quiet(Scheduler):
+    """Schedules each round without reasons (as the simulator does: the appended-jobs shortcut may
+    apply) and again on the whole queue, and insists they agree."""
+
+    appended = 0
+
+    def schedule(self, view: pb.View, reasons: bool = True) -> Round:
+        fast = super().schedule(view, False)
+        self.place.pure_choose = False  # type: ignore[misc]
+        try:
+            slow = super().schedule(dataclasses.replace(view, tally=None, appended=None), False)
+        finally:
+            del self.place.pure_choose  # type: ignore[misc]
+        assert fast.plan.allocations == slow.plan.allocations
+        assert diff(view.current, fast.plan) == diff(view.current, slow.plan)
+        assert fast.plan.free_gpus == slow.plan.free_gpus
+        if view.appended is not None and len(fast.requests) <= len(view.appended):
+            Quiet.appended += 1  # only the new jobs were sized: the round placed nothing else
+        return fast
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_jobs_appended_after_a_quiet_round_are_only_backfilled(seed: int) -> None:
+    # a long FIFO queue: rounds after a round that planned nothing, with only arrivals since, place
+    # just the new jobs on what is free (Scheduler._appended_round)
+    Quiet.appended = 0
+    sched = Quiet.from_names("fifo")
+    Simulator(Cluster.homogeneous(3, 8, 24, 200_000), workload(seed, 400), sched,
+              config=SimConfig(round_len=300.0)).run()
+    assert Quiet.appended > 10

@@ -64,7 +64,7 @@ from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.free import FreeState
-from .policies.incremental import TailWalk, all_fit_plan, prefix_plan
+from .policies.incremental import TailWalk, all_fit_plan, prefix_plan, try_new
 from .policies.order import KeyOrder
 from .policies.queue_base import Admission, Owed, QueuePolicy
 
@@ -83,17 +83,21 @@ class Round:
     """A round's decision: the plan, the requests (one per unit) it answers, and why jobs wait.
 
     ``requests`` may be given as a function that lists them (``lazy``): a round that placed only
-    what changed need not size every job it kept unless a check or a reason asks.
+    what changed need not size every job it kept unless a check or a reason asks.  ``full``: phase
+    1's count of the ordered queue reached the cluster's GPUs before its end, so a job appended to
+    the queue is never selected, only backfilled (what :attr:`~gpuloom.policies.base.View.appended`
+    rests on).
     """
 
-    __slots__ = ("plan", "_requests", "_lazy", "reasons")
+    __slots__ = ("plan", "_requests", "_lazy", "reasons", "full")
 
     def __init__(self, plan: Plan, requests: list[pb.Request] | None = None, reasons: dict[str, str] | None = None,
-                 lazy: Callable[[], list[pb.Request]] | None = None) -> None:
+                 lazy: Callable[[], list[pb.Request]] | None = None, full: bool = False) -> None:
         self.plan = plan
         self._requests = requests
         self._lazy = lazy
         self.reasons: dict[str, str] = reasons if reasons is not None else {}
+        self.full = full
 
     @property
     def requests(self) -> list[pb.Request]:
@@ -235,6 +239,10 @@ class Scheduler:
             ordered = self.order.order(view.jobs, view)
             rnd = self._queued(ordered, view)
         else:
+            if view.appended is not None and not reasons:
+                fast = self._appended_round(view)
+                if fast is not None:
+                    return fast
             rnd_fit = self._all_fit(view)
             if rnd_fit is not None:
                 rnd, every_asked = rnd_fit, True
@@ -248,7 +256,7 @@ class Scheduler:
                 if walk is not None:
                     requests = self.size.size([(j,) for j in prefix], view)
                     rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk),
-                                requests + walk.requests())
+                                requests + walk.requests(), full=True)
                     every_asked = True
                 else:
                     rnd = self._run(prefix, view)
@@ -290,7 +298,36 @@ class Scheduler:
         if out is None:
             return None
         plan, end, walk = out
-        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + walk.requests())
+        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + walk.requests(), full=True)
+
+    def _appended_round(self, view: pb.View) -> Round | None:
+        """The round when only jobs were admitted since a round that planned no action and filled
+        the cluster with its prefix (``view.appended``), under a static stack whose order puts them
+        last (FIFO, jobs admitted in index order); None otherwise.
+
+        The whole walk would select none of them, redo exactly the last round's steps on the
+        unchanged state (whose plan was the current allocations, so it leaves the current free
+        state) and then backfill them in order: that last part is the round.
+        """
+        order, tally, place = self.order, view.tally, self.place
+        if not (self.preemptive and not self.dynamic and tally is not None and tally.index_order
+                and isinstance(order, KeyOrder) and order.follows_view and self._tail_ok(view)):
+            return None
+        assert view.appended is not None and view.free is not None
+        plan = Plan.extending(view.current)
+        free = view.free.copy()
+        size = self.size
+        requests: list[pb.Request] = []
+        refused: set[tuple] = set()
+        for j in view.appended:
+            if free.free_gpus <= 0:
+                break
+            req = size.request(j, view)
+            requests.append(req)
+            if req.gpus <= free.free_gpus:
+                try_new(place, plan, req, free, view, refused)
+        plan.free_gpus = free.free_gpus
+        return Round(plan, requests, full=True)
 
     def _hooked(self, rnd: Round, view: pb.View) -> Round:
         if self.hooks:

@@ -166,6 +166,11 @@ class Driver:
         self.tally = Tally()  # active jobs counted for the scheduler's shortcuts (policies/incremental.py)
         self.rounds = 0
         self._pending: set[str] = set()  # jobs whose lifecycle has planned transitions
+        # what a round may skip (View.appended): changes other than admissions are counted, and
+        # the count noted after a round that planned no action and filled the cluster (Round.full)
+        self._stamp = 0
+        self._quiet_at: int | None = None
+        self._admitted: list[Job] = []
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
 
     # -- jobs -------------------------------------------------------------------------------
@@ -177,8 +182,11 @@ class Driver:
             job.arrive(now, self.protect_factor, state)
         self.jobs[job.id] = job
         self.tally.admitted(job)
+        self._admitted.append(job)
         if job.id not in self.current:
             self.tally.count_waiting(job, 1)
+        else:
+            self._stamp += 1
         return job
 
     def speed(self, job: Job, alloc: Allocation) -> float:
@@ -235,6 +243,7 @@ class Driver:
 
     def hold(self, job: Job, alloc: Allocation | None) -> None:
         """Set ``job``'s allocation (None: it holds nothing), keeping ``current``, ``free`` and ``used``."""
+        self._stamp += 1
         old = self.current.pop(job.id, None)
         if old is not None:
             self._hold(old, -1)
@@ -246,17 +255,19 @@ class Driver:
             self.tally.count_waiting(job, 1 if alloc is None else -1)
 
     # -- one round ---------------------------------------------------------------------------
-    def view(self, now: float) -> View:
+    def view(self, now: float, appended: Sequence[Job] | None = None) -> View:
         return View(now, self.cluster, list(self.jobs.values()), self.current, self.model, self.rng, self.rounds,
-                    free=self.free, by_id=self.jobs, tally=self.tally)
+                    free=self.free, by_id=self.jobs, tally=self.tally, appended=appended)
 
     def plan(self, now: float) -> tuple[Round, list[Action]]:
         """The scheduler's round for the active jobs at ``now`` (checked), and its actions."""
         self.rounds += 1
         self.sync(now)
-        view = self.view(now)
+        view = self.view(now, self._admitted if self._quiet_at == self._stamp else None)
         rnd = self.scheduler.schedule(view, self.reasons)
         actions = diff(self.current, rnd.plan)
+        self._admitted = []
+        self._quiet_at = self._stamp if rnd.full and not actions else None
         if self.check:
             self._since_full += 1
             # the whole check costs O(jobs): done rarely enough that it costs a few µs per round
@@ -413,6 +424,7 @@ class Driver:
         job.finish = now
         job.speed = 0.0
         job.version += 1
+        self._stamp += 1
         if self.jobs.pop(job.id, None) is not None:
             self.tally.count_waiting(job, -1)
             self.tally.demand -= job.spec.gpus
