@@ -135,9 +135,15 @@ class Job:
         job ends, so a run of a million jobs does not keep a cached request per finished job."""
         x = self.extra
         if x:
-            kept = {k: x[k] for k in RECORD_KEYS if k in x}
+            kept = None
+            for k in RECORD_KEYS:  # (a loop, not a comprehension: no frame per job, and mostly none kept)
+                if k in x:
+                    if kept is None:
+                        kept = {}
+                    kept[k] = x[k]
             x.clear()  # (frees the table: an empty dict is the smallest)
-            x.update(kept)
+            if kept:
+                x.update(kept)
 
     # convenient read-through properties
     @property

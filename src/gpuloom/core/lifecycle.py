@@ -66,6 +66,11 @@ S = JobState
 PHASES: tuple[str, str, str] = ("queued", "launching", "running")
 _STATES: tuple[JobState, ...] = tuple(JobState)  # a state's code in Lifecycle's compact history
 _CODE: dict[JobState, int] = {st: k for k, st in enumerate(_STATES)}
+_C_CONTACT, _C_RESOURCE, _C_STANDBY, _C_LAUNCHING, _C_PROTECTED, _C_RUNNING, _C_CHECKPOINTING, _C_STOPPING = (
+    _CODE[s] for s in (JobState.WAITING_FOR_INITIAL_CONTACT, JobState.WAITING_FOR_INITIAL_RESOURCE, JobState.STANDBY,
+                       JobState.LAUNCHING, JobState.RUNNING_PROTECTED, JobState.RUNNING, JobState.CHECKPOINTING,
+                       JobState.STOPPING)
+)
 TERMINAL: frozenset[JobState] = frozenset({S.FINISHED, S.CANCELLED, S.FAILED})
 PROGRESS_STATES: frozenset[JobState] = frozenset({S.RUNNING_PROTECTED, S.RUNNING})
 #: the states in which a job holds (or is acquiring / releasing) resources
@@ -148,7 +153,7 @@ class Lifecycle:
         self.job_id = job_id
         # the history, kept compact (a million jobs' histories are most of a large run's memory):
         # transition times in an array of doubles, states as their index in _STATES
-        st = JobState(state)
+        st = state if type(state) is JobState else JobState(state)
         self._times = array("d", (float(now),))
         self._codes = bytearray((_CODE[st],))
         self._state = st
@@ -223,12 +228,23 @@ class Lifecycle:
 
     def phase_times(self, now: float) -> tuple[float, float, float]:
         """:meth:`phases` as a tuple in :data:`PHASES` order (what a run's records keep)."""
-        d = self.durations(now)
+        # durations(now), kept by state code in a list (a run's records ask this of every job): the
+        # same sums in the same order, a state never entered counting 0.0 as d.get(s, 0.0) does
+        d = [0.0] * len(_STATES)
+        times, codes = self._times, self._codes
+        t0 = times[0]
+        for k in range(1, len(codes)):
+            t1 = times[k]
+            c = codes[k - 1]
+            d[c] = d[c] + (t1 - t0)
+            t0 = t1
+        if now is not None and self._state not in TERMINAL:
+            c = codes[-1]
+            d[c] = d[c] + max(0.0, now - t0)
         return (
-            d.get(S.WAITING_FOR_INITIAL_CONTACT, 0.0) + d.get(S.WAITING_FOR_INITIAL_RESOURCE, 0.0)
-            + d.get(S.STANDBY, 0.0),
-            d.get(S.LAUNCHING, 0.0) + d.get(S.CHECKPOINTING, 0.0) + d.get(S.STOPPING, 0.0),
-            d.get(S.RUNNING_PROTECTED, 0.0) + d.get(S.RUNNING, 0.0),
+            d[_C_CONTACT] + d[_C_RESOURCE] + d[_C_STANDBY],
+            d[_C_LAUNCHING] + d[_C_CHECKPOINTING] + d[_C_STOPPING],
+            d[_C_PROTECTED] + d[_C_RUNNING],
         )
 
     # -- changing -----------------------------------------------------------
