@@ -231,11 +231,11 @@ class Lifecycle:
         # durations(now), kept by state code in a list (a run's records ask this of every job): the
         # same sums in the same order, a state never entered counting 0.0 as d.get(s, 0.0) does
         d = [0.0] * len(_STATES)
-        times, codes = self._times, self._codes
-        t0 = times[0]
-        for k in range(1, len(codes)):
-            t1 = times[k]
-            c = codes[k - 1]
+        times = iter(self._times)
+        t0 = next(times)
+        codes = self._codes
+        # state k lasts from time k to time k + 1; the last state (one more code than times left) is current
+        for c, t1 in zip(codes, times, strict=False):
             d[c] = d[c] + (t1 - t0)
             t0 = t1
         if now is not None and self._state not in TERMINAL:
