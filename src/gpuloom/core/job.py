@@ -135,9 +135,15 @@ class Job:
         job ends, so a run of a million jobs does not keep a cached request per finished job."""
         x = self.extra
         if x:
-            kept = {k: x[k] for k in RECORD_KEYS if k in x}
+            kept = None
+            for k in RECORD_KEYS:  # (a loop, not a comprehension: no frame per job, and mostly none kept)
+                if k in x:
+                    if kept is None:
+                        kept = {}
+                    kept[k] = x[k]
             x.clear()  # (frees the table: an empty dict is the smallest)
-            x.update(kept)
+            if kept:
+                x.update(kept)
 
     # convenient read-through properties
     @property
@@ -190,19 +196,24 @@ class Job:
 
     def advance(self, now: float) -> None:
         """Bring ``remaining`` and the attained-service counters up to ``now``."""
-        dt = now - self.last_update
+        lu = self.last_update
+        dt = now - lu
         if dt <= 0:
             return
         alloc = self.alloc
         if alloc is not None:
             self.attained_time += dt
             self.attained_gpu_time += dt * alloc.num_gpus
-            start = self.last_update if self.last_update >= self.busy_until else self.busy_until
+            bu = self.busy_until
+            start = lu if lu >= bu else bu
             if now > start:
-                self.remaining -= (now - start) * self.speed
-                if self.remaining < 0.0:
-                    self.remaining = 0.0
-            self.overhead_time += min(dt, max(0.0, self.busy_until - self.last_update))
+                r = self.remaining - (now - start) * self.speed
+                self.remaining = 0.0 if r < 0.0 else r
+            # min(dt, max(0.0, busy_until - last_update)), written out: the same value
+            o = bu - lu
+            if not o > 0.0:
+                o = 0.0
+            self.overhead_time += o if o < dt else dt
         elif self.lifecycle is not None and self.lifecycle.state not in TERMINAL:
             self.queued_time += dt
         self.last_update = now

@@ -66,12 +66,21 @@ S = JobState
 PHASES: tuple[str, str, str] = ("queued", "launching", "running")
 _STATES: tuple[JobState, ...] = tuple(JobState)  # a state's code in Lifecycle's compact history
 _CODE: dict[JobState, int] = {st: k for k, st in enumerate(_STATES)}
+_C_CONTACT, _C_RESOURCE, _C_STANDBY, _C_LAUNCHING, _C_PROTECTED, _C_RUNNING, _C_CHECKPOINTING, _C_STOPPING = (
+    _CODE[s] for s in (JobState.WAITING_FOR_INITIAL_CONTACT, JobState.WAITING_FOR_INITIAL_RESOURCE, JobState.STANDBY,
+                       JobState.LAUNCHING, JobState.RUNNING_PROTECTED, JobState.RUNNING, JobState.CHECKPOINTING,
+                       JobState.STOPPING)
+)
 TERMINAL: frozenset[JobState] = frozenset({S.FINISHED, S.CANCELLED, S.FAILED})
 PROGRESS_STATES: frozenset[JobState] = frozenset({S.RUNNING_PROTECTED, S.RUNNING})
 #: the states in which a job holds (or is acquiring / releasing) resources
 HOLDING_STATES: frozenset[JobState] = frozenset(
     {S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING, S.CHECKPOINTING, S.STOPPING}
 )
+# the states the hot paths compare with, as plain globals (an enum member read through its class
+# costs a class attribute lookup each time)
+_STANDBY, _LAUNCHING, _PROTECTED, _RUNNING = S.STANDBY, S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING
+_CHECKPOINTING, _STOPPING = S.CHECKPOINTING, S.STOPPING
 
 #: Slurm's short state codes (squeue's ST column): pending, running, completing (stopping),
 #: completed, failed, cancelled
@@ -144,7 +153,7 @@ class Lifecycle:
         self.job_id = job_id
         # the history, kept compact (a million jobs' histories are most of a large run's memory):
         # transition times in an array of doubles, states as their index in _STATES
-        st = JobState(state)
+        st = state if type(state) is JobState else JobState(state)
         self._times = array("d", (float(now),))
         self._codes = bytearray((_CODE[st],))
         self._state = st
@@ -219,33 +228,48 @@ class Lifecycle:
 
     def phase_times(self, now: float) -> tuple[float, float, float]:
         """:meth:`phases` as a tuple in :data:`PHASES` order (what a run's records keep)."""
-        d = self.durations(now)
+        # durations(now), kept by state code in a list (a run's records ask this of every job): the
+        # same sums in the same order, a state never entered counting 0.0 as d.get(s, 0.0) does
+        d = [0.0] * len(_STATES)
+        times = iter(self._times)
+        t0 = next(times)
+        codes = self._codes
+        # state k lasts from time k to time k + 1; the last state (one more code than times left) is current
+        for c, t1 in zip(codes, times, strict=False):
+            d[c] = d[c] + (t1 - t0)
+            t0 = t1
+        if now is not None and self._state not in TERMINAL:
+            c = codes[-1]
+            d[c] = d[c] + max(0.0, now - t0)
         return (
-            d.get(S.WAITING_FOR_INITIAL_CONTACT, 0.0) + d.get(S.WAITING_FOR_INITIAL_RESOURCE, 0.0)
-            + d.get(S.STANDBY, 0.0),
-            d.get(S.LAUNCHING, 0.0) + d.get(S.CHECKPOINTING, 0.0) + d.get(S.STOPPING, 0.0),
-            d.get(S.RUNNING_PROTECTED, 0.0) + d.get(S.RUNNING, 0.0),
+            d[_C_CONTACT] + d[_C_RESOURCE] + d[_C_STANDBY],
+            d[_C_LAUNCHING] + d[_C_CHECKPOINTING] + d[_C_STOPPING],
+            d[_C_PROTECTED] + d[_C_RUNNING],
         )
 
     # -- changing -----------------------------------------------------------
     def to(self, state: JobState, now: float) -> None:
         """Move to ``state`` at time ``now``; raises :class:`IllegalTransition` if not allowed."""
-        src = self.state
+        # (every job walks half a dozen of these: the state and the last time are read from the
+        # slots, not through the properties, and the states compared with module constants)
+        src = self._state
         dst = state if type(state) is JobState else JobState(state)
         if dst not in TRANSITIONS[src]:
             raise IllegalTransition(self.job_id, src, dst)
-        if not now >= self.since:  # also rejects NaN
-            raise IllegalTransition(self.job_id, src, dst, f"at time {now}, before the last transition at {self.since}")
-        now = float(now)
-        if dst is JobState.LAUNCHING:
+        times = self._times
+        if not now >= times[-1]:  # also rejects NaN
+            raise IllegalTransition(self.job_id, src, dst, f"at time {now}, before the last transition at {times[-1]}")
+        if type(now) is not float:
+            now = float(now)
+        if dst is _LAUNCHING:
             self._launch_start = now
-        elif dst is JobState.RUNNING_PROTECTED:
+        elif dst is _PROTECTED:
             assert self._launch_start is not None  # LAUNCHING is the only way in
             self.last_launch_time = now - self._launch_start
             self.protected_until = now + self.protect_factor * self.last_launch_time
-        if src is JobState.RUNNING_PROTECTED:
+        if src is _PROTECTED:
             self.protected_until = None
-        self._times.append(now)
+        times.append(now)
         self._codes.append(_CODE[dst])
         self._state = dst
 
@@ -274,12 +298,21 @@ class Lifecycle:
         pend = self.planned
         if pend:
             k = 0
-            while k < len(pend) and pend[k][0] <= now:
-                self.to(pend[k][1], pend[k][0])
+            n = len(pend)
+            while k < n:
+                t, st = pend[k]
+                if not t <= now:
+                    break
+                self.to(st, t)
                 k += 1
             if k:
                 del pend[:k]
-        return self.refresh(now)
+        # refresh(now), inline (called for every job in every event that touches it)
+        pu = self.protected_until
+        if self._state is _PROTECTED and pu is not None and now >= pu:
+            since = self._times[-1]
+            self.to(_RUNNING, since if since > pu else pu)  # (max(pu, since): pu on a tie)
+        return self._state
 
     def __repr__(self) -> str:
         return f"Lifecycle({self.job_id}, {self.state.name} since {self.since:g})"
@@ -381,26 +414,37 @@ class LifecycleTimes:
         service launches a round's starts once the round's stops are done).
         """
         launch, ckpt, stop_s = times
-        dur = {S.CHECKPOINTING: ckpt, S.STOPPING: stop_s, S.LAUNCHING: launch}
         pend = lc.planned
         if stop is not None:
-            cut = next((i for i, (_, s2) in enumerate(pend) if s2 is S.STANDBY), None)
-            if lc.state in (S.CHECKPOINTING, S.STOPPING) and cut is not None:
+            cut = None
+            for i, (_, s2) in enumerate(pend):
+                if s2 is _STANDBY:
+                    cut = i
+                    break
+            if cut is not None and lc._state in (S.CHECKPOINTING, S.STOPPING):
                 del pend[cut + 1:]  # already on its way down: keep that schedule
             else:
                 pend.clear()
                 t = now
                 for st in stop:
                     pend.append((t, st))
-                    t += dur.get(st, 0.0)
+                    t += ckpt if st is _CHECKPOINTING else stop_s if st is _STOPPING else launch if st is _LAUNCHING else 0.0
         ready = now
         if start:
+            # with nothing planned before them, the start steps due now are walked at once: the same
+            # transitions, in the same order, that appending them and syncing would record (the times
+            # never decrease, so the steps due are a prefix)
+            direct = not pend
             t = pend[-1][0] if pend else now
             for st in start:
-                if st is S.LAUNCHING and not_before is not None and not_before > t:
+                if st is _LAUNCHING and not_before is not None and not_before > t:
                     t = not_before
-                pend.append((t, st))
+                if direct and t <= now:
+                    lc.to(st, t)
+                else:
+                    direct = False
+                    pend.append((t, st))
                 ready = t
-                t += dur.get(st, 0.0)
+                t += ckpt if st is _CHECKPOINTING else stop_s if st is _STOPPING else launch if st is _LAUNCHING else 0.0
         lc.sync(now)  # zero-length steps happen now
         return ready

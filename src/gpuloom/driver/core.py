@@ -67,6 +67,9 @@ from ..policies.incremental import Tally
 from ..scheduler import Round, Scheduler
 
 S = JobState
+# the action kinds apply compares with, as plain globals (read once per action)
+_START, _STOP, _MOVE, _RESIZE, _REGROUP = (ActionKind.START, ActionKind.STOP, ActionKind.MOVE, ActionKind.RESIZE,
+                                           ActionKind.REGROUP)
 
 
 class DriverError(RuntimeError):
@@ -176,15 +179,18 @@ class Driver:
     # -- jobs -------------------------------------------------------------------------------
     def admit(self, job: Job, now: float, state: JobState = S.WAITING_FOR_INITIAL_RESOURCE) -> Job:
         """A job becomes active at ``now`` (lifecycle started in ``state`` unless it has one)."""
-        if job.id in self.jobs:
-            raise DriverError(f"job {job.id} admitted twice")
+        jid = job.id
+        jobs = self.jobs
+        if jid in jobs:
+            raise DriverError(f"job {jid} admitted twice")
         if job.lifecycle is None:
             job.arrive(now, self.protect_factor, state)
-        self.jobs[job.id] = job
-        self.tally.admitted(job)
+        jobs[jid] = job
+        tally = self.tally
+        tally.admitted(job)
         self._admitted.append(job)
-        if job.id not in self.current:
-            self.tally.count_waiting(job, 1)
+        if jid not in self.current:
+            tally.count_waiting(job, 1)
         else:
             self._stamp += 1
         return job
@@ -208,24 +214,38 @@ class Driver:
 
     def watch(self, job: Job) -> None:
         """Note that ``job``'s lifecycle has planned transitions (:meth:`sync` records them)."""
-        if job.lifecycle is not None and job.lifecycle.planned:
+        lc = job.lifecycle
+        if lc is not None and lc.planned:
             self._pending.add(job.id)
 
     # -- holding -----------------------------------------------------------------------------
     def _hold(self, alloc: Allocation, sign: int) -> None:
         # a group's GPUs count once: only the first member in / last member out moves them
-        gpus = not any(o in self.current for o in alloc.group)
+        gpus = True
+        if alloc.group:
+            current = self.current
+            for o in alloc.group:
+                if o in current:
+                    gpus = False
+                    break
+        parts = alloc.parts
+        used = self.used
         if gpus:
-            self.used[0] += sign * alloc.num_gpus
-        self.used[1] += sign * alloc.cpus
-        self.used[2] += sign * alloc.mem_mb
+            used[0] += sign * alloc.num_gpus
+        # alloc.cpus and alloc.mem_mb, summed here in the same order (one pass over the parts)
+        cpus = mem = 0
+        for p in parts:
+            cpus += p.cpus
+            mem += p.mem_mb
+        used[1] += sign * cpus
+        used[2] += sign * mem
         holders = self.holders
         jid = alloc.job_id
         if not alloc.key:
             self.tally.unkeyed += sign
         if sign > 0:
-            self.free.take(alloc.parts, 1, gpus)
-            for p in alloc.parts:
+            self.free.take(parts, 1, gpus)
+            for p in parts:
                 for g in p.gpus:
                     h = holders.get(g)
                     if h is None:
@@ -233,8 +253,8 @@ class Driver:
                     else:
                         h.add(jid)
         else:
-            self.free.release(alloc.parts, 1, gpus)
-            for p in alloc.parts:
+            self.free.release(parts, 1, gpus)
+            for p in parts:
                 for g in p.gpus:
                     h = holders[g]
                     h.discard(jid)
@@ -244,14 +264,16 @@ class Driver:
     def hold(self, job: Job, alloc: Allocation | None) -> None:
         """Set ``job``'s allocation (None: it holds nothing), keeping ``current``, ``free`` and ``used``."""
         self._stamp += 1
-        old = self.current.pop(job.id, None)
+        jid = job.id
+        current = self.current
+        old = current.pop(jid, None)
         if old is not None:
             self._hold(old, -1)
         job.alloc = alloc
         if alloc is not None:
             self._hold(alloc, +1)
-            self.current[job.id] = alloc
-        if (old is None) != (alloc is None) and job.id in self.jobs:
+            current[jid] = alloc
+        if (old is None) != (alloc is None) and jid in self.jobs:
             self.tally.count_waiting(job, 1 if alloc is None else -1)
 
     # -- one round ---------------------------------------------------------------------------
@@ -329,64 +351,77 @@ class Driver:
     def apply(self, actions: Sequence[Action], now: float) -> list[Job]:
         """Carry out ``actions`` at ``now`` (see the module notes); returns the jobs that failed to launch."""
         jobs = self.jobs
+        hold = self.hold
         for act in actions:
             job = jobs[act.job_id]
             job.advance(now)
             if act.old is not None:
-                self.hold(job, None)
+                hold(job, None)
         steps: list[Step] = []
+        stopping: list[Step] = []  # the steps with a stop half, in order
         for act in actions:
-            if act.kind is ActionKind.REGROUP:
-                steps.append(Step(jobs[act.job_id], act, None, ()))
-                continue
             job = jobs[act.job_id]
-            stop, start = lifecycle_steps(job, act.kind, now)
-            steps.append(Step(job, act, stop, start))
-        stopping = [st for st in steps if st.stop is not None]
+            kind = act.kind
+            if kind is _REGROUP:
+                steps.append(Step(job, act, None, ()))
+                continue
+            stop, start = lifecycle_steps(job, kind, now)
+            st = Step(job, act, stop, start)
+            steps.append(st)
+            if stop is not None:
+                stopping.append(st)
+        backend = self.backend
         if stopping:
-            self.backend.stop(self, stopping, now)
+            backend.stop(self, stopping, now)
         for st in steps:
-            job, act, k = st.job, st.action, st.kind
-            if k is ActionKind.STOP:
-                job.speed = 0.0
-                job.preemptions += 1
-            elif k is ActionKind.START:
+            job, act = st.job, st.action
+            k = act.kind
+            if k is _START:
                 if job.first_start is None:
                     job.first_start = now
                 job.last_start = now
-            elif k is ActionKind.MOVE:
+            elif k is _STOP:
+                job.speed = 0.0
+                job.preemptions += 1
+            elif k is _MOVE:
                 job.migrations += 1
-            elif k is ActionKind.RESIZE:
+            elif k is _RESIZE:
                 job.resizes += 1
             if act.new is not None:
-                self.hold(job, act.new)
+                hold(job, act.new)
         failed: list[Job] = []
+        speed = self.speed
         for st in steps:
             job, act = st.job, st.action
             if act.new is not None:
                 try:
-                    job.speed = self.speed(job, act.new)
+                    job.speed = speed(job, act.new)
                 except Exception as e:  # the model cannot rate this job: it fails alone, before any launch
                     job.extra["failure"] = f"throughput model: {type(e).__name__}: {e}"
                     failed.append(job)
         skipped: list[Job] = []
         unrated = {j.id for j in failed}
+        pending = self._pending
+        launch, progressed = backend.launch, backend.progressed
         for st in steps:
-            job, k = st.job, st.kind
-            if job.id in unrated:
+            job = st.job
+            k = st.action.kind
+            if unrated and job.id in unrated:
                 pass
-            elif k is ActionKind.REGROUP:
-                self.backend.regrouped(self, job, now)
-            elif k is not ActionKind.STOP:
+            elif k is _REGROUP:
+                backend.regrouped(self, job, now)
+            elif k is not _STOP:
                 try:
-                    if not self.backend.launch(self, st, now):
+                    if not launch(self, st, now):
                         skipped.append(job)
                 except LaunchFailed as e:
                     job.extra["failure"] = str(e)
                     failed.append(job)
             job.version += 1
-            self.watch(job)
-            self.backend.progressed(self, job, now)
+            lc = job.lifecycle  # watch(job), inline
+            if lc is not None and lc.planned:
+                pending.add(job.id)
+            progressed(self, job, now)
         for job in skipped:
             self._drop(job, now)
         for job in failed:
@@ -410,28 +445,44 @@ class Driver:
         A job that finishes while still launching (done before it reported
         progress) passes through RUNNING_PROTECTED.  Its co-runners are regrouped.
         """
+        self._stamp += 1  # (a round after this one plans from scratch: View.appended)
         job.advance(now)
+        jid = job.id
+        jobs = self.jobs
+        tally = self.tally
         alloc = job.alloc
+        # hold(job, None) would count an active job waiting, and leaving the active jobs uncount it
+        # at once: that pair changes nothing (the same entries, in the same order), so it is skipped
+        paired = False
         if alloc is not None:
-            self.hold(job, None)
+            old = self.current.pop(jid, None)
+            if old is not None:
+                self._hold(old, -1)
+                paired = jid in jobs
+            job.alloc = None
         lc = job.lifecycle
         assert lc is not None  # a job that ends has arrived
-        lc.sync(now)
-        lc.planned.clear()
-        if state is S.FINISHED and lc.state is S.LAUNCHING:
-            lc.to(S.RUNNING_PROTECTED, now)
-        lc.to(state, now)
+        try:
+            lc.sync(now)
+            lc.planned.clear()
+            if state is S.FINISHED and lc.state is S.LAUNCHING:
+                lc.to(S.RUNNING_PROTECTED, now)
+            lc.to(state, now)
+        except BaseException:
+            if paired:  # the job stays active, waiting, as hold(job, None) left it
+                tally.count_waiting(job, 1)
+            raise
         job.finish = now
         job.speed = 0.0
         job.version += 1
-        self._stamp += 1
-        if self.jobs.pop(job.id, None) is not None:
-            self.tally.count_waiting(job, -1)
-            self.tally.demand -= job.spec.gpus
-        self._pending.discard(job.id)
+        if jobs.pop(jid, None) is not None:
+            if not paired:
+                tally.count_waiting(job, -1)
+            tally.demand -= job.spec.gpus
+        self._pending.discard(jid)
         job.drop_caches()
-        if alloc is not None:
-            self._regroup_without(alloc.group, job.id, now)
+        if alloc is not None and alloc.group:  # (co-runners to regroup: none without a group)
+            self._regroup_without(alloc.group, jid, now)
         return alloc
 
     def _regroup_without(self, members: Sequence[str], gone: str, now: float) -> None:

@@ -128,10 +128,15 @@ class SimBackend:
         self.seq = 0
         self.wait_for_stops = starts_wait_for_stops
         self.stops_done: tuple[float, float] = (-math.inf, -math.inf)  # (round time, when its stops are done)
+        # a job without attrs has the common times (what times.of gives it, computed once), by `first`
+        self._plain = (times.of("", None, False), times.of("", None, True))
 
     def _times(self, job: Job, first: bool) -> tuple[float, float, float]:
+        attrs = job.spec.attrs
+        if not attrs:
+            return self._plain[first]
         try:
-            return self.times.of(job.id, job.spec.attrs, first)
+            return self.times.of(job.id, attrs, first)
         except ValueError as e:
             raise JobError(str(e)) from None
 
@@ -151,16 +156,24 @@ class SimBackend:
         lc = job.lifecycle
         assert lc is not None
         # the first launch costs `launch`; every later one `relaunch` (taken before the steps run)
-        barrier = self.stops_done[1] if self.wait_for_stops and self.stops_done[0] == now else None
-        ready = self.times.schedule(lc, None, step.start, now, self._times(job, not lc.launched), barrier)
-        job.busy_until = ready
+        barrier = None
+        if self.wait_for_stops:
+            done = self.stops_done
+            if done[0] == now:
+                barrier = done[1]
+        job.busy_until = self.times.schedule(lc, None, step.start, now, self._times(job, not lc.launched), barrier)
         return True
 
     def regrouped(self, driver: Driver, job: Job, now: float) -> None:
         pass
 
     def progressed(self, driver: Driver, job: Job, now: float) -> None:
-        t = job.predicted_finish(now)
+        # job.predicted_finish(now), inline (once per job per change)
+        speed = job.speed
+        if job.alloc is None or speed <= 0:
+            return
+        bu = job.busy_until
+        t = (bu if bu > now else now) + job.remaining / speed  # (max(now, busy_until): now on a tie)
         if math.isfinite(t):
             self.seq += 1
             heapq.heappush(self.heap, (t, self.seq, job.id, job.version))
@@ -252,14 +265,16 @@ class Simulator:
 
     # -- events -------------------------------------------------------------
     def _complete(self, job: Job) -> None:
-        job.advance(self.now)
+        now = self.now
+        job.advance(now)
         tol = 1e-6 * max(1.0, job.spec.duration)
         if job.remaining > tol:
             raise SimulationError(f"job {job.id} completed with {job.remaining} work left")
         job.remaining = 0.0
-        self.driver.finish(job, self.now)
-        for obs in self.observers:
-            obs(self, "complete")
+        self.driver.finish(job, now)
+        if self.observers:
+            for obs in self.observers:
+                obs(self, "complete")
 
     def _arrive(self, job: Job) -> None:
         self.driver.admit(job, self.now)
@@ -299,46 +314,64 @@ class Simulator:
         done = 0
         idle_rounds = 0
         total_to_finish = n - len(self.impossible)
-        active = self.driver.jobs
+        impossible = self.impossible
+        driver = self.driver
+        active = driver.jobs
         heap = self.backend.heap
+        by_id = self.by_id
+        complete, admit = self._complete, driver.admit
+        # _record(), inline: the series gets a point after every event
+        record, used, current = self.series.record, driver.used, driver.current
+        heappop = heapq.heappop
+        inf = math.inf
+        t_arr = jobs[0].spec.arrival if n else inf  # the next arrival (kept as ptr moves)
         while done < total_to_finish:
-            t_arr = jobs[ptr].spec.arrival if ptr < n else math.inf
-            t_done = self._next_completion()
+            # _next_completion(), inline: drop the stale events on top
+            while heap:
+                top = heap[0]
+                j = by_id[top[2]]
+                if j.version == top[3] and j.alloc is not None:
+                    t_done = top[0]
+                    break
+                heappop(heap)
+            else:
+                t_done = inf
             if not active and t_arr > next_round:
                 # nothing to schedule until the next arrival: jump to its round
                 next_round = t_arr if cfg.reschedule_on_arrival else math.ceil(t_arr / R) * R
             t = min(t_arr, t_done, next_round)
-            if t > cfg.max_time or t == math.inf:
+            if t > cfg.max_time or t == inf:
                 break
             if t < self.now:
                 raise SimulationError(f"time ran backwards: {t} < {self.now}")
             self.now = t
             if t_done == t:
-                _, _, jid, _ = heapq.heappop(heap)
-                self._complete(self.by_id[jid])
+                complete(by_id[heappop(heap)[2]])
                 done += 1
-                settled = -math.inf
+                settled = -inf
                 if progress is not None and done % 32 == 0:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
                     settled = self._round()
-                self._record()
+                record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
                 continue
             if t_arr == t:
                 job = jobs[ptr]
                 ptr += 1
-                if job.id in self.impossible:
+                t_arr = jobs[ptr].spec.arrival if ptr < n else inf
+                if job.id in impossible:
                     continue
-                self._arrive(job)
-                settled = -math.inf
+                admit(job, t)
+                settled = -inf
                 if cfg.reschedule_on_arrival:
                     # batch every arrival at this instant into one round
                     while ptr < n and jobs[ptr].spec.arrival == t:
-                        if jobs[ptr].id not in self.impossible:
-                            self._arrive(jobs[ptr])
+                        if jobs[ptr].id not in impossible:
+                            admit(jobs[ptr], t)
                         ptr += 1
+                    t_arr = jobs[ptr].spec.arrival if ptr < n else inf
                     settled = self._round()
-                self._record()
+                record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
                 continue
             # a periodic round
             next_round = t + R

@@ -105,15 +105,17 @@ class TimeSeries:
     queued: list[int] = field(default_factory=list)
 
     def record(self, t: float, gpus: int, cpus: int, mem: int, running: int, queued: int) -> None:
-        if self.t and self.t[-1] == t:
-            self.gpus[-1], self.cpus[-1], self.mem_mb[-1] = gpus, cpus, mem
-            self.running[-1], self.queued[-1] = running, queued
-            return
-        if self.t and (self.gpus[-1], self.cpus[-1], self.mem_mb[-1], self.running[-1], self.queued[-1]) == (
-            gpus, cpus, mem, running, queued
-        ):
-            return
-        self.t.append(t)
+        ts = self.t
+        if ts:
+            if ts[-1] == t:
+                self.gpus[-1], self.cpus[-1], self.mem_mb[-1] = gpus, cpus, mem
+                self.running[-1], self.queued[-1] = running, queued
+                return
+            # nothing changed: no new point (compared one by one, cheapest first, without tuples)
+            if (self.running[-1] == running and self.queued[-1] == queued and self.gpus[-1] == gpus
+                    and self.cpus[-1] == cpus and self.mem_mb[-1] == mem):
+                return
+        ts.append(t)
         self.gpus.append(gpus)
         self.cpus.append(cpus)
         self.mem_mb.append(mem)
