@@ -292,7 +292,7 @@ class Scheduler:
 
         def walk_of(start: int) -> TailWalk:
             return TailWalk(ordered, start, request, lambda j: order.sort_key(j, view), view.tally.waiting,  # type: ignore[union-attr]
-                            view.current, keyed=True)
+                            view.current)
 
         out = prefix_plan(ordered, request, walk_of, place, view)
         if out is None:

@@ -48,7 +48,7 @@ the place policy's own), the selected running jobs are exactly the ones kept:
 one pass over the prefix finds them with phase 1's count, the plan extends the
 current one less the running jobs not selected, and only those, the selected
 waiting jobs and the tail are placed, in the phases' order.  A running job of
-the tail is then kept without sizing it (``TailWalk.keyed``).  The diff of
+the tail is then kept without sizing it (``TailWalk.keep``).  The diff of
 such a plan costs O(changes) (:func:`~gpuloom.core.plan.diff`).
 """
 
@@ -190,9 +190,22 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     current = view.current
     plan = Plan.extending(current)
     free = view.free.copy()
-    for jid in current.keys() - kept:  # (releases add up: their order does not matter)
-        plan.remove(jid)
+    # the running jobs not selected are released; they stay in the plan until their turn comes,
+    # when they are kept if what they hold is still free (as _try would: their request's key is
+    # their allocation's) and otherwise taken out and placed anew
+    released = current.keys() - kept
+    for jid in released:  # (releases add up: their order does not matter)
         free.release(current[jid].parts)
+
+    def keep(j: Job) -> bool:
+        jid = j.id
+        if jid in released:
+            released.discard(jid)
+            if free.take_if_fits(j.alloc.parts):
+                return True
+            plan.remove(jid)
+        return place._try(plan, request(j), free, view)
+
     refused: set[tuple] = set()
     failed: list[tuple[int, Job]] = []
     for i, j in chosen:  # phase 2b
@@ -204,10 +217,16 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
         if free.free_gpus <= 0:
             break
         if j.spec.gpus <= free.free_gpus:
-            try_new(place, plan, request(j), free, view, refused)
+            if j.alloc is not None:
+                keep(j)
+            else:
+                try_new(place, plan, request(j), free, view, refused)
     walk = walk_of(end)
+    walk.keep = keep
     walk.backfill(place, plan, free, view, refused, seen=kept | {j.id for _, j in rest if j.alloc is not None},
                   idle=idle)
+    for jid in released:  # never kept: stopped
+        plan.remove(jid)
     plan.free_gpus = free.free_gpus
     return plan, end, walk
 
@@ -218,9 +237,8 @@ class TailWalk:
     ``request(job)`` sizes one job; ``sort_key(job)`` is its place in the order;
     ``waiting`` counts the active jobs holding nothing by shape (:class:`Tally`);
     ``current`` is what runs now.  ``visited`` collects the jobs the walk met that could still
-    get something (:meth:`requests` sizes them).  ``keyed``: every running job's allocation was
-    made from its request as :meth:`request` gives it (what :func:`prefix_plan` rests on), so a
-    running job is kept without sizing it.
+    get something (:meth:`requests` sizes them).  ``keep(job)``, when set, places a running job
+    met instead of ``place._try`` (:func:`prefix_plan`'s, which keeps it without sizing it).
     """
 
     def __init__(
@@ -231,10 +249,9 @@ class TailWalk:
         sort_key: Callable[[Job], Any],
         waiting: Mapping[Shape, int],
         current: Mapping[str, Allocation],
-        keyed: bool = False,
     ) -> None:
         self.ordered = ordered
-        self.keyed = keyed
+        self.keep: Callable[[Job], object] | None = None
         self.start = start
         self.request = request
         self.sort_key = sort_key
@@ -248,13 +265,10 @@ class TailWalk:
 
     def _keep(self, place: PlacePolicy, plan: Plan, j: Job, free: FreeState, view: View) -> None:
         """``place._try`` for a running job of the tail that may still fit."""
-        if self.keyed:
-            # its request's key is its allocation's: _try would keep it as it is if it still fits
-            prev = j.alloc
-            if free.take_if_fits(prev.parts):
-                plan.add(prev)
-                return
-        place._try(plan, self.request(j), free, view)
+        if self.keep is not None:
+            self.keep(j)
+        else:
+            place._try(plan, self.request(j), free, view)
 
     def backfill(self, place: PlacePolicy, plan: Plan, free: FreeState, view: View,
                  refused: Collection[tuple] = (), seen: set[str] | None = None,
