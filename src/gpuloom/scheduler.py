@@ -1,6 +1,6 @@
 """One scheduling round: order → queue → group → size → place, then plan hooks.
 
-(About 580 lines on purpose: the round's pipeline, its shortcuts, the queue stage's reclaim
+(About 650 lines on purpose: the round's pipeline, its shortcuts, the queue stage's reclaim
 passes and the checks all read the same stages and requests; split, each part would reach
 into the others' internals.)
 
@@ -64,7 +64,7 @@ from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.free import FreeState
-from .policies.incremental import TailWalk, all_fit_plan, prefix_plan, try_new
+from .policies.incremental import TailWalk, all_fit_plan, appended_plan, prefix_plan
 from .policies.order import KeyOrder
 from .policies.queue_base import Admission, Owed, QueuePolicy
 
@@ -313,20 +313,8 @@ class Scheduler:
         if not (self.preemptive and not self.dynamic and tally is not None and tally.index_order
                 and isinstance(order, KeyOrder) and order.follows_view and self._tail_ok(view)):
             return None
-        assert view.appended is not None and view.free is not None
-        plan = Plan.extending(view.current)
-        free = view.free.copy()
         size = self.size
-        requests: list[pb.Request] = []
-        refused: set[tuple] = set()
-        for j in view.appended:
-            if free.free_gpus <= 0:
-                break
-            req = size.request(j, view)
-            requests.append(req)
-            if req.gpus <= free.free_gpus:
-                try_new(place, plan, req, free, view, refused)
-        plan.free_gpus = free.free_gpus
+        plan, requests = appended_plan(view.appended or (), lambda j: size.request(j, view), place, view)
         return Round(plan, requests, full=True)
 
     def _hooked(self, rnd: Round, view: pb.View) -> Round:

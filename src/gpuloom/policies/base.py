@@ -404,22 +404,13 @@ class PlacePolicy(Stage):
             req = requests[i]
             jobs = req.jobs
             prev = jobs[0].alloc
-            if prev is None:
+            if prev is None or prev.key != req.key:
                 continue
-            k = req._key  # (req.key, inlined: this runs for every running job every round)
-            if k is None or k[0] != req.gpus or k[1] != req.cpus or k[2] != req.mem_mb:
-                k = req.key
-            if prev.key != k:
+            if len(jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
                 continue
-            if len(jobs) > 1:
-                if any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
-                    continue
-                for j in jobs:
-                    allocations[j.id] = j.alloc
-                    kept.add(j.id)
-            else:
-                allocations[prev.job_id] = prev
-                kept.add(prev.job_id)
+            for j in jobs:
+                allocations[j.id] = j.alloc
+                kept.add(j.id)
             done[i] = True
         free = view.free.copy() if view.free is not None else FreeState.of(view.cluster, view.current)
         current = view.current

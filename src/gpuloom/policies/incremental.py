@@ -3,7 +3,7 @@
 A round sizes and places the whole ordered queue.  With tens of thousands of
 jobs queued or thousands running, that walk costs more than everything else
 in a simulation, though almost nothing in it changes from one round to the
-next.  Two shortcuts give exactly the plan the whole walk gives, when the
+next.  The shortcuts below give exactly the plan the whole walk gives, when the
 stages declare the capabilities they rest on (``policies/base.py``): the
 sizer keeps every job at its GPU count and sizes a lone job from its spec
 (``fixed_gpus``, ``static_requests``), nothing groups, the place policy uses the
@@ -50,6 +50,13 @@ current one less the running jobs not selected, and only those, the selected
 waiting jobs and the tail are placed, in the phases' order.  A running job of
 the tail is then kept without sizing it (``TailWalk.keep``).  The diff of
 such a plan costs O(changes) (:func:`~gpuloom.core.plan.diff`).
+
+**Arrivals after a quiet round** (:func:`appended_plan`).  When the last round
+planned no action, its prefix filled the cluster, and since then jobs only
+arrived, last in a static order (FIFO), the whole walk would redo the last
+round's steps on the unchanged state, which end on the current allocations and
+free resources, and then backfill the new jobs: the round places just them
+(``View.appended``; the driver counts every other change).
 """
 
 from __future__ import annotations
@@ -142,6 +149,27 @@ def all_fit_plan(ordered_waiting: Sequence[Job], request: Callable[[Job], Reques
             break
         if not ok and r.gpus <= free.free_gpus:
             try_new(place, plan, r, free, view, refused)
+    plan.free_gpus = free.free_gpus
+    return plan, requests
+
+
+def appended_plan(appended: Sequence[Job], request: Callable[[Job], Request], place: PlacePolicy,
+                  view: View) -> tuple[Plan, list[Request]]:
+    """Placement when only ``appended`` jobs, last in the order, joined since a round that planned
+    no action and whose prefix filled the cluster (``View.appended``): the current allocations
+    kept, the new jobs backfilled in order on what is free (see ``Scheduler._appended_round``)."""
+    assert view.free is not None
+    plan = Plan.extending(view.current)
+    free = view.free.copy()
+    requests: list[Request] = []
+    refused: set[tuple] = set()
+    for j in appended:  # phase 3's end: the jobs before them leave the current free state
+        if free.free_gpus <= 0:
+            break
+        req = request(j)
+        requests.append(req)
+        if req.gpus <= free.free_gpus:
+            try_new(place, plan, req, free, view, refused)
     plan.free_gpus = free.free_gpus
     return plan, requests
 
