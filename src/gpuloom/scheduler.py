@@ -284,15 +284,15 @@ class Scheduler:
         if not (self.preemptive and not self.hooks and type(place).arrange is pb.PlacePolicy.arrange
                 and view.tally is not None and not view.tally.unkeyed and self._tail_ok(view)):
             return None
-        size, order = self.size, self.order
-        assert isinstance(order, KeyOrder)
+        size = self.size
 
         def request(j: Job) -> pb.Request:
             return size.request(j, view)
 
         def walk_of(start: int) -> TailWalk:
-            return TailWalk(ordered, start, request, lambda j: order.sort_key(j, view), view.tally.waiting,  # type: ignore[union-attr]
-                            view.current)
+            walk = self._tail(ordered, start, view)
+            assert walk is not None  # (_tail_ok above)
+            return walk
 
         out = prefix_plan(ordered, request, walk_of, place, view)
         if out is None:

@@ -204,17 +204,29 @@ class Lifecycle:
             and now < self.protected_until
         )
 
+    def _sums(self, now: float | None) -> list[float]:
+        """Seconds spent in each state, by state code (0.0 for a state never entered); the current
+        state counts up to ``now`` (if given).  State k lasts from time k to time k + 1."""
+        d = [0.0] * len(_STATES)
+        times = iter(self._times)
+        t0 = next(times)
+        codes = self._codes
+        for c, t1 in zip(codes, times, strict=False):  # (the last code, the current state, is left)
+            d[c] = d[c] + (t1 - t0)
+            t0 = t1
+        if now is not None and self._state not in TERMINAL:
+            c = codes[-1]
+            d[c] = d[c] + max(0.0, now - t0)
+        return d
+
     def durations(self, now: float | None = None) -> dict[JobState, float]:
-        """Seconds spent in each state; the current state counts up to ``now`` (if given)."""
-        out: dict[JobState, float] = {}
-        times, codes, states = self._times, self._codes, _STATES
-        for k in range(len(codes) - 1):
-            s = states[codes[k]]
-            out[s] = out.get(s, 0.0) + (times[k + 1] - times[k])
-        if now is not None and not self.terminal:
-            s = self._state
-            out[s] = out.get(s, 0.0) + max(0.0, now - times[-1])
-        return out
+        """Seconds spent in each state entered; the current state counts up to ``now`` (if given)."""
+        d = self._sums(now)
+        codes = self._codes
+        entered = dict.fromkeys(codes[:-1])  # the states left, in the order first entered
+        if now is not None and self._state not in TERMINAL:
+            entered[codes[-1]] = None  # and the current one, counted up to now
+        return {_STATES[c]: d[c] for c in entered}
 
     def time_in(self, states: JobState | Iterable[JobState], now: float | None = None) -> float:
         d = self.durations(now)
@@ -228,19 +240,7 @@ class Lifecycle:
 
     def phase_times(self, now: float) -> tuple[float, float, float]:
         """:meth:`phases` as a tuple in :data:`PHASES` order (what a run's records keep)."""
-        # durations(now), kept by state code in a list (a run's records ask this of every job): the
-        # same sums in the same order, a state never entered counting 0.0 as d.get(s, 0.0) does
-        d = [0.0] * len(_STATES)
-        times = iter(self._times)
-        t0 = next(times)
-        codes = self._codes
-        # state k lasts from time k to time k + 1; the last state (one more code than times left) is current
-        for c, t1 in zip(codes, times, strict=False):
-            d[c] = d[c] + (t1 - t0)
-            t0 = t1
-        if now is not None and self._state not in TERMINAL:
-            c = codes[-1]
-            d[c] = d[c] + max(0.0, now - t0)
+        d = self._sums(now)
         return (
             d[_C_CONTACT] + d[_C_RESOURCE] + d[_C_STANDBY],
             d[_C_LAUNCHING] + d[_C_CHECKPOINTING] + d[_C_STOPPING],
@@ -285,13 +285,10 @@ class Lifecycle:
         Returns the (possibly new) state.  Call it before asking whether a job may
         be reallocated.
         """
-        if (
-            self.state is JobState.RUNNING_PROTECTED
-            and self.protected_until is not None
-            and now >= self.protected_until
-        ):
-            self.to(JobState.RUNNING, max(self.protected_until, self.since))
-        return self.state
+        pu = self.protected_until
+        if self._state is _PROTECTED and pu is not None and now >= pu:
+            self.to(_RUNNING, max(pu, self._times[-1]))
+        return self._state
 
     def sync(self, now: float) -> JobState:
         """Record the planned transitions due by ``now``, then expire protection."""
@@ -307,12 +304,7 @@ class Lifecycle:
                 k += 1
             if k:
                 del pend[:k]
-        # refresh(now), inline (called for every job in every event that touches it)
-        pu = self.protected_until
-        if self._state is _PROTECTED and pu is not None and now >= pu:
-            since = self._times[-1]
-            self.to(_RUNNING, since if since > pu else pu)  # (max(pu, since): pu on a tie)
-        return self._state
+        return self.refresh(now)
 
     def __repr__(self) -> str:
         return f"Lifecycle({self.job_id}, {self.state.name} since {self.since:g})"
@@ -348,6 +340,11 @@ def start_steps(job_id: str, state: JobState) -> tuple[JobState, ...]:
         return _START_FROM[state]
     except KeyError:
         raise IllegalTransition(job_id, state, S.LAUNCHING, "cannot launch a job in this state") from None
+
+
+def _step_s(state: JobState, launch: float, checkpoint: float, stop: float) -> float:
+    """How long ``state`` lasts in a planned sequence (0 for a state passed through at once)."""
+    return launch if state is _LAUNCHING else checkpoint if state is _CHECKPOINTING else stop if state is _STOPPING else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,14 +418,14 @@ class LifecycleTimes:
                 if s2 is _STANDBY:
                     cut = i
                     break
-            if cut is not None and lc._state in (S.CHECKPOINTING, S.STOPPING):
+            if cut is not None and lc.state in (S.CHECKPOINTING, S.STOPPING):
                 del pend[cut + 1:]  # already on its way down: keep that schedule
             else:
                 pend.clear()
                 t = now
                 for st in stop:
                     pend.append((t, st))
-                    t += ckpt if st is _CHECKPOINTING else stop_s if st is _STOPPING else launch if st is _LAUNCHING else 0.0
+                    t += _step_s(st, launch, ckpt, stop_s)
         ready = now
         if start:
             # with nothing planned before them, the start steps due now are walked at once: the same
@@ -445,6 +442,6 @@ class LifecycleTimes:
                     direct = False
                     pend.append((t, st))
                 ready = t
-                t += ckpt if st is _CHECKPOINTING else stop_s if st is _STOPPING else launch if st is _LAUNCHING else 0.0
+                t += _step_s(st, launch, ckpt, stop_s)
         lc.sync(now)  # zero-length steps happen now
         return ready

@@ -42,10 +42,16 @@ class Allocation:
     # what was asked for: (gpus, cpus, mem_mb, members); lets placement reuse an
     # allocation whose request did not change without rebuilding it
     key: tuple = field(default=(), compare=False, repr=False)
-    num_gpus: int = field(init=False, compare=False, repr=False)  # GPUs in all (read in every hot loop)
+    # GPUs, cores and MB in all, computed once (read in every hot loop)
+    num_gpus: int = field(init=False, compare=False, repr=False)
+    cpus: int = field(init=False, compare=False, repr=False)
+    mem_mb: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "num_gpus", sum(len(p.gpus) for p in self.parts))
+        parts = self.parts
+        object.__setattr__(self, "num_gpus", sum(len(p.gpus) for p in parts))
+        object.__setattr__(self, "cpus", sum(p.cpus for p in parts))
+        object.__setattr__(self, "mem_mb", sum(p.mem_mb for p in parts))
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
@@ -61,14 +67,6 @@ class Allocation:
     @property
     def spans_nodes(self) -> bool:
         return len(self.parts) > 1
-
-    @property
-    def cpus(self) -> int:
-        return sum(p.cpus for p in self.parts)
-
-    @property
-    def mem_mb(self) -> int:
-        return sum(p.mem_mb for p in self.parts)
 
     def same_place(self, other: Allocation | None) -> bool:
         return other is not None and sorted(self.gpu_ids) == sorted(other.gpu_ids)

@@ -232,13 +232,8 @@ class Driver:
         used = self.used
         if gpus:
             used[0] += sign * alloc.num_gpus
-        # alloc.cpus and alloc.mem_mb, summed here in the same order (one pass over the parts)
-        cpus = mem = 0
-        for p in parts:
-            cpus += p.cpus
-            mem += p.mem_mb
-        used[1] += sign * cpus
-        used[2] += sign * mem
+        used[1] += sign * alloc.cpus
+        used[2] += sign * alloc.mem_mb
         holders = self.holders
         jid = alloc.job_id
         if not alloc.key:
@@ -401,7 +396,6 @@ class Driver:
                     failed.append(job)
         skipped: list[Job] = []
         unrated = {j.id for j in failed}
-        pending = self._pending
         launch, progressed = backend.launch, backend.progressed
         for st in steps:
             job = st.job
@@ -418,9 +412,7 @@ class Driver:
                     job.extra["failure"] = str(e)
                     failed.append(job)
             job.version += 1
-            lc = job.lifecycle  # watch(job), inline
-            if lc is not None and lc.planned:
-                pending.add(job.id)
+            self.watch(job)
             progressed(self, job, now)
         for job in skipped:
             self._drop(job, now)
@@ -451,33 +443,20 @@ class Driver:
         jobs = self.jobs
         tally = self.tally
         alloc = job.alloc
-        # hold(job, None) would count an active job waiting, and leaving the active jobs uncount it
-        # at once: that pair changes nothing (the same entries, in the same order), so it is skipped
-        paired = False
         if alloc is not None:
-            old = self.current.pop(jid, None)
-            if old is not None:
-                self._hold(old, -1)
-                paired = jid in jobs
-            job.alloc = None
+            self.hold(job, None)
         lc = job.lifecycle
         assert lc is not None  # a job that ends has arrived
-        try:
-            lc.sync(now)
-            lc.planned.clear()
-            if state is S.FINISHED and lc.state is S.LAUNCHING:
-                lc.to(S.RUNNING_PROTECTED, now)
-            lc.to(state, now)
-        except BaseException:
-            if paired:  # the job stays active, waiting, as hold(job, None) left it
-                tally.count_waiting(job, 1)
-            raise
+        lc.sync(now)
+        lc.planned.clear()
+        if state is S.FINISHED and lc.state is S.LAUNCHING:
+            lc.to(S.RUNNING_PROTECTED, now)
+        lc.to(state, now)
         job.finish = now
         job.speed = 0.0
         job.version += 1
         if jobs.pop(jid, None) is not None:
-            if not paired:
-                tally.count_waiting(job, -1)
+            tally.count_waiting(job, -1)
             tally.demand -= job.spec.gpus
         self._pending.discard(jid)
         job.drop_caches()

@@ -79,24 +79,10 @@ class FreeState:
         return True
 
     def take_if_fits(self, parts: Sequence[Part]) -> bool:
-        """:meth:`fits` then :meth:`take` (one member), in one call: keeping a running job is the
-        commonest step of a round."""
-        gf, nc, nm = self._gf, self._nc, self._nm
-        for p in parts:
-            if p.cpus > nc[p.node] or p.mem_mb > nm[p.node]:
-                return False
-            for g in p.gpus:
-                if not gf[g]:
-                    return False
-        ng = self._ng
-        for p in parts:
-            node, ids = p.node, p.gpus
-            for g in ids:
-                gf[g] = 0
-            ng[node] -= len(ids)
-            self.free_gpus -= len(ids)
-            nc[node] -= p.cpus
-            nm[node] -= p.mem_mb
+        """:meth:`take` ``parts`` (one member) if they :meth:`fit <fits>`; whether they did."""
+        if not self.fits(parts):
+            return False
+        self.take(parts)
         return True
 
     def take(self, parts: Sequence[Part], members: int = 1, gpus: bool = True) -> None:

@@ -168,12 +168,7 @@ class SimBackend:
         pass
 
     def progressed(self, driver: Driver, job: Job, now: float) -> None:
-        # job.predicted_finish(now), inline (once per job per change)
-        speed = job.speed
-        if job.alloc is None or speed <= 0:
-            return
-        bu = job.busy_until
-        t = (bu if bu > now else now) + job.remaining / speed  # (max(now, busy_until): now on a tie)
+        t = job.predicted_finish(now)
         if math.isfinite(t):
             self.seq += 1
             heapq.heappush(self.heap, (t, self.seq, job.id, job.version))
@@ -319,23 +314,12 @@ class Simulator:
         active = driver.jobs
         heap = self.backend.heap
         by_id = self.by_id
-        complete, admit = self._complete, driver.admit
-        # _record(), inline: the series gets a point after every event
-        record, used, current = self.series.record, driver.used, driver.current
+        complete, arrive, record, next_completion = self._complete, self._arrive, self._record, self._next_completion
         heappop = heapq.heappop
         inf = math.inf
         t_arr = jobs[0].spec.arrival if n else inf  # the next arrival (kept as ptr moves)
         while done < total_to_finish:
-            # _next_completion(), inline: drop the stale events on top
-            while heap:
-                top = heap[0]
-                j = by_id[top[2]]
-                if j.version == top[3] and j.alloc is not None:
-                    t_done = top[0]
-                    break
-                heappop(heap)
-            else:
-                t_done = inf
+            t_done = next_completion()
             if not active and t_arr > next_round:
                 # nothing to schedule until the next arrival: jump to its round
                 next_round = t_arr if cfg.reschedule_on_arrival else math.ceil(t_arr / R) * R
@@ -353,7 +337,7 @@ class Simulator:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
                     settled = self._round()
-                record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
+                record()
                 continue
             if t_arr == t:
                 job = jobs[ptr]
@@ -361,17 +345,17 @@ class Simulator:
                 t_arr = jobs[ptr].spec.arrival if ptr < n else inf
                 if job.id in impossible:
                     continue
-                admit(job, t)
+                arrive(job)
                 settled = -inf
                 if cfg.reschedule_on_arrival:
                     # batch every arrival at this instant into one round
                     while ptr < n and jobs[ptr].spec.arrival == t:
                         if jobs[ptr].id not in impossible:
-                            admit(jobs[ptr], t)
+                            arrive(jobs[ptr])
                         ptr += 1
                     t_arr = jobs[ptr].spec.arrival if ptr < n else inf
                     settled = self._round()
-                record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
+                record()
                 continue
             # a periodic round
             next_round = t + R
