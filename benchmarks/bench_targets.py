@@ -173,8 +173,6 @@ def case_place() -> dict:
 
 
 def case_million() -> dict:
-    import resource
-
     from gpuloom.core import parse_cluster
     from gpuloom.scheduler import Scheduler
     from gpuloom.sim import SimConfig, Simulator
