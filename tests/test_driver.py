@@ -100,6 +100,23 @@ def test_a_deferred_launch_is_rolled_back_and_planned_again() -> None:
     assert a.alloc is not None and a.lifecycle.state is S.RUNNING_PROTECTED
 
 
+def test_a_view_keeps_the_jobs_it_was_made_with() -> None:
+    # a view reads the driver's jobs without copying them (ActiveJobs), and is frozen into a
+    # list before a job is admitted or ends, or another view is made, while it is still held
+    drv = _driver(Cluster.homogeneous(1, 4), Recorder())
+    a, b = (drv.admit(Job(JobSpec(x, 0, 1, 50.0)), 0.0) for x in "ab")
+    held = drv.view(0.0).jobs
+    assert list(held) == [a, b] and len(held) == 2 and held[1] is b and held[:1] == [a]
+    c = drv.admit(Job(JobSpec("c", 0, 1, 50.0)), 0.0)
+    drv.finish(a, 1.0, S.CANCELLED)
+    assert list(held) == [a, b] and len(held) == 2  # as it was
+    later = drv.view(1.0).jobs
+    assert list(later) == [b, c]
+    again = drv.view(1.0).jobs  # a new view freezes the one before
+    drv.finish(b, 2.0, S.CANCELLED)
+    assert list(later) == [b, c] and list(again) == [b, c] and list(drv.view(2.0).jobs) == [c]
+
+
 @pytest.mark.parametrize("state,kind,stop,start", [
     (S.WAITING_FOR_INITIAL_RESOURCE, ActionKind.START, None, (S.STANDBY, S.LAUNCHING, S.RUNNING_PROTECTED)),
     (S.RUNNING, ActionKind.STOP, (S.CHECKPOINTING, S.STOPPING, S.STANDBY), ()),

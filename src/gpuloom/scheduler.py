@@ -203,7 +203,7 @@ class Scheduler:
         return {f"{st.stage}.{k}": v for st in self.stages for k, v in st.stats().items()}
 
     # -- one round ----------------------------------------------------------------------
-    def _prefix(self, ordered: list[Job], capacity: int) -> list[Job]:
+    def _prefix(self, ordered: Sequence[Job], capacity: int) -> Sequence[Job]:
         if not self.preemptive:
             return ordered
         cap = capacity
@@ -215,12 +215,12 @@ class Scheduler:
                     return ordered[: i + 1]
         return ordered
 
-    def _run(self, ordered: list[Job], view: pb.View) -> Round:
+    def _run(self, ordered: Sequence[Job], view: pb.View) -> Round:
         units = self.group.group(ordered, view)
         requests = self.size.size(units, view)
         return Round(self.size.allocate(requests, view, self.place, self.preemptive), requests)
 
-    def _plan(self, ordered: list[Job], view: pb.View) -> Round:
+    def _plan(self, ordered: Sequence[Job], view: pb.View) -> Round:
         """group → size → place over ``ordered`` (only the prefix that fills the cluster when that is exact)."""
         if self.size.fixed_gpus and self.group.name == "none":
             prefix = self._prefix(ordered, view.cluster.num_gpus)
@@ -233,7 +233,7 @@ class Scheduler:
     def schedule(self, view: pb.View, reasons: bool = True) -> Round:
         """The round for ``view``; ``reasons=False`` leaves ``Round.reasons`` empty (the simulator
         has no use for them, and they cost a pass over every waiting job)."""
-        ordered: list[Job] | None = None
+        ordered: Sequence[Job] | None = None
         every_asked = False  # every job past the requests would be asked for its spec's GPUs
         if self.queue.enabled:
             ordered = self.order.order(view.jobs, view)
@@ -268,7 +268,7 @@ class Scheduler:
             rnd = self._hooked(rnd, view)
         return self._with_reasons(rnd, view, ordered, reasons, every_asked)
 
-    def _with_reasons(self, rnd: Round, view: pb.View, ordered: list[Job] | None, reasons: bool,
+    def _with_reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job] | None, reasons: bool,
                       every_asked: bool = True) -> Round:
         if reasons:
             if ordered is None:
@@ -276,7 +276,7 @@ class Scheduler:
             rnd.reasons = self.reasons(rnd, view, ordered, every_asked)
         return rnd
 
-    def _prefix_round(self, ordered: list[Job], view: pb.View) -> Round | None:
+    def _prefix_round(self, ordered: Sequence[Job], view: pb.View) -> Round | None:
         """The round through :func:`~gpuloom.policies.incremental.prefix_plan` when the stack allows
         it (what the tail walk needs, a preemptive order placed as given, only allocations the
         stack made: ``Tally.unkeyed == 0``); None otherwise, or when the prefix is the whole queue."""
@@ -326,7 +326,7 @@ class Scheduler:
                 rnd = Round(plan, _kept_requests(rnd.requests, plan, view))
         return rnd
 
-    def _tail(self, ordered: list[Job], start: int, view: pb.View) -> TailWalk | None:
+    def _tail(self, ordered: Sequence[Job], start: int, view: pb.View) -> TailWalk | None:
         """Backfill past ``ordered[:start]`` without walking the rest (:mod:`gpuloom.policies.incremental`),
         when the stack declares what that needs; None otherwise (the whole queue is placed)."""
         order, size = self.order, self.size
@@ -362,7 +362,7 @@ class Scheduler:
         return Round(plan, requests)
 
     # -- the queue stage (policies/queues.py) -------------------------------------------------
-    def _queued(self, ordered: list[Job], view: pb.View) -> Round:
+    def _queued(self, ordered: Sequence[Job], view: pb.View) -> Round:
         """Admit across queues, plan the admitted jobs, reclaim lent GPUs, hooks, limits.
 
         Reclaim happens where a queue below its guarantee has a waiting job

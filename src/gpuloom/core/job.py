@@ -15,10 +15,10 @@ the runtime update (plain attributes, ``__slots__``, no I/O).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, overload
 
 from .lifecycle import TERMINAL, JobState, Lifecycle
 
@@ -250,3 +250,49 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({self.id}, {self.status.value}, gpus={self.gpus}, remaining={self.remaining:.1f})"
+
+
+class ActiveJobs(Sequence[Job]):
+    """The jobs of a mapping (a driver's active jobs, in arrival order) as a read-only sequence,
+    without copying them.
+
+    A round reads only the front of a long queue (the prefix that fills the cluster and the
+    jobs backfilled past it), so copying tens of thousands of jobs into a list per round would
+    cost more than the round.  Iterating walks the mapping's values; indexing, slicing and
+    :meth:`freeze` copy them once into a list, which every later read then uses.
+
+    The owner must call :meth:`freeze` before it changes the mapping while the sequence may
+    still be read (:class:`~gpuloom.driver.Driver` keeps a weak reference to the last one it
+    handed out and freezes it before admitting or ending a job).
+    """
+
+    __slots__ = ("_by_id", "_list", "__weakref__")
+
+    def __init__(self, by_id: Mapping[str, Job]) -> None:
+        self._by_id = by_id
+        self._list: list[Job] | None = None
+
+    def freeze(self) -> list[Job]:
+        """The jobs as a list (copied once: from then on the mapping is not read)."""
+        lst = self._list
+        if lst is None:
+            lst = self._list = list(self._by_id.values())
+        return lst
+
+    def __len__(self) -> int:
+        lst = self._list
+        return len(self._by_id) if lst is None else len(lst)
+
+    def __iter__(self) -> Iterator[Job]:
+        lst = self._list
+        return iter(self._by_id.values()) if lst is None else iter(lst)
+
+    @overload
+    def __getitem__(self, i: int) -> Job: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Job]: ...
+    def __getitem__(self, i: int | slice) -> Job | list[Job]:
+        return self.freeze()[i]
+
+    def __repr__(self) -> str:
+        return f"ActiveJobs({len(self)} jobs)"

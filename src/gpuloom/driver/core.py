@@ -51,6 +51,7 @@ is checked (:meth:`Scheduler.check <gpuloom.scheduler.Scheduler.check>`) and
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -58,7 +59,7 @@ from typing import Protocol
 import numpy as np
 
 from ..core.cluster import Cluster
-from ..core.job import Job
+from ..core.job import ActiveJobs, Job
 from ..core.lifecycle import JobState, start_steps, stop_steps
 from ..core.plan import Action, ActionKind, Allocation, PlanError, check_plan, diff
 from ..perf.model import ThroughputModel
@@ -174,6 +175,7 @@ class Driver:
         self._stamp = 0
         self._quiet_at: int | None = None
         self._admitted: list[Job] = []
+        self._lent: weakref.ref[ActiveJobs] | None = None  # the jobs of the last view (see view)
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
 
     # -- jobs -------------------------------------------------------------------------------
@@ -183,6 +185,8 @@ class Driver:
         jobs = self.jobs
         if jid in jobs:
             raise DriverError(f"job {jid} admitted twice")
+        if self._lent is not None:
+            self._jobs_change()
         if job.lifecycle is None:
             job.arrive(now, self.protect_factor, state)
         jobs[jid] = job
@@ -273,8 +277,24 @@ class Driver:
 
     # -- one round ---------------------------------------------------------------------------
     def view(self, now: float, appended: Sequence[Job] | None = None) -> View:
-        return View(now, self.cluster, list(self.jobs.values()), self.current, self.model, self.rng, self.rounds,
+        """What the scheduler sees at ``now``.  Its jobs are read from :attr:`jobs` without a copy
+        (:class:`~gpuloom.core.job.ActiveJobs`): they are frozen into a list before a job is
+        admitted or ends while the view is still held (or another view is made)."""
+        if self._lent is not None:
+            self._jobs_change()
+        jobs = ActiveJobs(self.jobs)
+        self._lent = weakref.ref(jobs)
+        return View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds,
                     free=self.free, by_id=self.jobs, tally=self.tally, appended=appended)
+
+    def _jobs_change(self) -> None:
+        """Before :attr:`jobs` changes: the last view's jobs, if still held, keep what they were."""
+        lent = self._lent
+        if lent is not None:
+            held = lent()
+            if held is not None:
+                held.freeze()
+            self._lent = None
 
     def plan(self, now: float) -> tuple[Round, list[Action]]:
         """The scheduler's round for the active jobs at ``now`` (checked), and its actions."""
@@ -455,6 +475,8 @@ class Driver:
         job.finish = now
         job.speed = 0.0
         job.version += 1
+        if self._lent is not None:
+            self._jobs_change()
         if jobs.pop(jid, None) is not None:
             tally.count_waiting(job, -1)
             tally.demand -= job.spec.gpus

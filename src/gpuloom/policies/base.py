@@ -166,7 +166,7 @@ class View:
 
     now: float
     cluster: Cluster
-    jobs: list[Job]  # active jobs (arrived, unfinished) in arrival order: Job.index increasing
+    jobs: Sequence[Job]  # active jobs (arrived, unfinished) in arrival order: Job.index increasing
     current: Mapping[str, Allocation]  # what runs now
     model: ThroughputModel
     rng: np.random.Generator
@@ -265,7 +265,7 @@ class OrderPolicy(Stage):
     stage: ClassVar[str] = "order"
     dynamic: ClassVar[bool] = True
 
-    def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
+    def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
         raise NotImplementedError
 
 

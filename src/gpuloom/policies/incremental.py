@@ -62,6 +62,7 @@ free resources, and then backfill the new jobs: the round places just them
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -309,7 +310,7 @@ class TailWalk:
         ordered, start = self.ordered, self.start
         left = dict(self.waiting)  # waiting jobs of each shape not yet passed
         if seen is None or idle is None:
-            pre = ordered[:start]
+            pre = list(islice(ordered, start))
             seen = {j.id for j in pre if j.alloc is not None}  # running jobs met (in the prefix or on the walk)
             idle = [j for j in pre if j.alloc is None]
         for j in idle:
@@ -317,13 +318,11 @@ class TailWalk:
         dead: set[Shape] = {(g, c, m) for g, c, m, k in refused if k == 1}
         live = sum(k for s, k in left.items() if s not in dead)  # waiting jobs ahead whose shape may be placed
         visited = self.visited
-        n = len(ordered)
-        i = start
-        while i < n and live > 0:
+        for j in islice(ordered, start, None):  # (ordered may be ActiveJobs: iterated, not indexed)
+            if live <= 0:
+                break
             if free.free_gpus <= 0:
                 return
-            j = ordered[i]
-            i += 1
             if j.alloc is not None:
                 seen.add(j.id)
                 visited.append(j)

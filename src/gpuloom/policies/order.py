@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import ClassVar
 
-from ..core.job import Job
+from ..core.job import ActiveJobs, Job
 from .base import OrderPolicy, View, register
 
 #: the change times computed from crossing keys are moved this much earlier (relative to the
@@ -72,7 +72,7 @@ class KeyOrder(OrderPolicy):
         the rate until time ``b`` and the rate after it; None if it stays put."""
         return None
 
-    def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
+    def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
         keys = [self.key(j, view) for j in jobs]
         dec = sorted(zip(keys, [j.index for j in jobs], jobs, strict=True), key=itemgetter(0, 1))
         ordered = [d[2] for d in dec]
@@ -141,10 +141,10 @@ class FIFO(KeyOrder):
     def sort_key(self, job: Job, view: View) -> tuple[float, int]:
         return (0.0, job.index)  # the order of View.jobs when it is sorted by index
 
-    def order(self, jobs: Sequence[Job], view: View) -> list[Job]:
+    def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
         # a View lists its jobs in arrival order (Job.index increasing) already:
         # no sort and no copy, which matters with tens of thousands of queued jobs
-        return jobs if isinstance(jobs, list) else list(jobs)
+        return jobs if isinstance(jobs, (list, ActiveJobs)) else list(jobs)
 
 
 @register("order", "sjf")

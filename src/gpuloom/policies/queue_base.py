@@ -55,10 +55,10 @@ class QueuePolicy(Stage):
     #: False: the scheduler skips the stage (no admission, no two-pass reclaim, no checks)
     enabled: ClassVar[bool] = False
 
-    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
         """Tiers of ``ordered`` (the order policy's order); ``strict``: no job passes one that does not fit;
         ``full``: walk past the point where the admitted jobs ask for every GPU."""
-        return Admission(ordered)
+        return Admission(list(ordered))
 
     def owed(self, plan: Plan, view: View) -> list[Owed]:
         """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""

@@ -16,7 +16,7 @@ level down the tree) with the lowest key next, by progressive filling.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.job import Job
@@ -64,7 +64,7 @@ class FairShareQueues(QuotaQueues):
         self._names: list[str] = []
         self._held: list[float] = []
 
-    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
         tree = self._tree(ordered, view)
         if self.decayed is None or self._names != tree.names:
             old = dict(zip(self._names, self.decayed.values, strict=True)) if self.decayed is not None else {}

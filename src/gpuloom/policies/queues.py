@@ -217,7 +217,7 @@ class QuotaQueues(QueuePolicy):
         return {j.id: self.leaf(j) for j in jobs}
 
     # -- admission -------------------------------------------------------------------------------
-    def admit(self, ordered: list[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
         tree = self._tree(ordered, view)
         nq = len(tree)
         cl = view.cluster
