@@ -101,7 +101,8 @@ class Quiet(Scheduler):
     """Schedules each round without reasons (as the simulator does: the appended-jobs shortcut may
     apply) and again on the whole queue, and insists they agree."""
 
-    appended = 0
+    appended = after_actions = 0
+    _acted = False  # the last round planned actions
 
     def schedule(self, view: pb.View, reasons: bool = True) -> Round:
         fast = super().schedule(view, False)
@@ -115,6 +116,8 @@ class Quiet(Scheduler):
         assert fast.plan.free_gpus == slow.plan.free_gpus
         if view.appended is not None and len(fast.requests) <= len(view.appended):
             Quiet.appended += 1  # only the new jobs were sized: the round placed nothing else
+            Quiet.after_actions += self._acted  # (the last round's actions carried out: Driver.apply)
+        self._acted = bool(diff(view.current, fast.plan))
         return fast
 
 
@@ -122,8 +125,32 @@ class Quiet(Scheduler):
 def test_jobs_appended_after_a_quiet_round_are_only_backfilled(seed: int) -> None:
     # a long FIFO queue: rounds after a round that planned nothing, with only arrivals since, place
     # just the new jobs on what is free (Scheduler._appended_round)
-    Quiet.appended = 0
+    Quiet.appended = Quiet.after_actions = 0
     sched = Quiet.from_names("fifo")
     Simulator(Cluster.homogeneous(3, 8, 24, 200_000), workload(seed, 400), sched,
               config=SimConfig(round_len=300.0)).run()
     assert Quiet.appended > 10
+    assert Quiet.after_actions > 5  # some after a round whose actions were carried out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(("order", "params"), [
+    ("fifo", {}), ("fifo", {"consolidate": False}), ("sjf", {}), ("srtf", {}), ("las", {"consolidate": False}),
+])
+def test_placement_is_a_fixed_point_on_its_own_plan(order: str, params: dict, seed: int) -> None:
+    # what lets Driver.apply treat a round whose actions were all carried out like one that planned
+    # none: the same round again, on the state its plan left, plans no action
+    sched = Scheduler.from_names(order, params=params)
+    rounds = []
+
+    def again(sim: Simulator, what: str) -> None:
+        if what == "round":
+            drv = sim.driver
+            rnd = drv.scheduler.schedule(drv.view(sim.now), False)
+            assert diff(drv.current, rnd.plan) == []
+            rounds.append(rnd.full)
+
+    cl = Cluster.homogeneous(3, 8, 24, 200_000)
+    Simulator(cl, workload(seed), sched, config=SimConfig(round_len=600.0, restart_overhead=30.0),
+              observers=[again]).run()
+    assert sum(rounds) > 20  # many of them with a long queue (the prefix filled the cluster)

@@ -301,13 +301,14 @@ class Scheduler:
         return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + walk.requests(), full=True)
 
     def _appended_round(self, view: pb.View) -> Round | None:
-        """The round when only jobs were admitted since a round that planned no action and filled
-        the cluster with its prefix (``view.appended``), under a static stack whose order puts them
-        last (FIFO, jobs admitted in index order); None otherwise.
+        """The round when only jobs were admitted since a round that filled the cluster with its
+        prefix and planned no action or had its actions carried out (``view.appended``), under a
+        static stack whose order puts them last (FIFO, jobs admitted in index order); None otherwise.
 
-        The whole walk would select none of them, redo exactly the last round's steps on the
-        unchanged state (whose plan was the current allocations, so it leaves the current free
-        state) and then backfill them in order: that last part is the round.
+        The whole walk would select none of them, take the steps of a round on the state the last
+        round left (which plan the current allocations, a fixed point: see
+        :mod:`~gpuloom.policies.incremental`, so they leave the current free state) and then
+        backfill them in order: that last part is the round.
         """
         order, tally, place = self.order, view.tally, self.place
         if not (self.preemptive and not self.dynamic and tally is not None and tally.index_order

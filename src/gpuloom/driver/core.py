@@ -171,9 +171,11 @@ class Driver:
         self.rounds = 0
         self._pending: set[str] = set()  # jobs whose lifecycle has planned transitions
         # what a round may skip (View.appended): changes other than admissions are counted, and
-        # the count noted after a round that planned no action and filled the cluster (Round.full)
+        # the count noted after a round that filled the cluster (Round.full) and planned no action
+        # or whose actions were carried out exactly (apply: its state is then the plan's)
         self._stamp = 0
         self._quiet_at: int | None = None
+        self._planned: tuple[list[Action], int] | None = None  # a full round's actions, and the count then
         self._admitted: list[Job] = []
         self._lent: weakref.ref[ActiveJobs] | None = None  # the jobs of the last view (see view)
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
@@ -305,6 +307,7 @@ class Driver:
         actions = diff(self.current, rnd.plan)
         self._admitted = []
         self._quiet_at = self._stamp if rnd.full and not actions else None
+        self._planned = (actions, self._stamp) if rnd.full and actions else None
         if self.check:
             self._since_full += 1
             # the whole check costs O(jobs): done rarely enough that it costs a few µs per round
@@ -364,7 +367,16 @@ class Driver:
         return self.scheduler.next_change(self.view(now))
 
     def apply(self, actions: Sequence[Action], now: float) -> list[Job]:
-        """Carry out ``actions`` at ``now`` (see the module notes); returns the jobs that failed to launch."""
+        """Carry out ``actions`` at ``now`` (see the module notes); returns the jobs that failed to launch.
+
+        When they are the last round's, that round filled the cluster (``Round.full``), nothing
+        changed since, and every action was carried out, the state is now that round's plan: a
+        round on it would plan no action (placement is a fixed point on its own plan, see
+        :mod:`gpuloom.policies.incremental`), so the next round may only backfill the jobs admitted
+        meanwhile (``View.appended``), as after a round that planned no action.
+        """
+        planned, self._planned = self._planned, None
+        exact = planned is not None and planned[0] is actions and planned[1] == self._stamp
         jobs = self.jobs
         hold = self.hold
         for act in actions:
@@ -438,6 +450,8 @@ class Driver:
             self._drop(job, now)
         for job in failed:
             self.finish(job, now, S.FAILED)
+        if exact and not skipped and not failed:
+            self._quiet_at = self._stamp
         return failed
 
     def _drop(self, job: Job, now: float) -> None:

@@ -175,8 +175,9 @@ class View:
     free: FreeState | None = None  # free resources given ``current``, if the caller keeps them
     by_id: Mapping[str, Job] | None = None  # the active jobs by id, if the caller keeps them
     tally: Tally | None = None  # counts of the active jobs, if the caller keeps them (policies/incremental.py)
-    #: the jobs admitted since the caller's last round, when that round planned no action, filled the
-    #: cluster's GPUs with its prefix (``Round.full``) and nothing else changed since; else None
+    #: the jobs admitted since the caller's last round, when that round filled the cluster's GPUs
+    #: with its prefix (``Round.full``), planned no action or had all its actions carried out, and
+    #: nothing else changed since; else None
     appended: Sequence[Job] | None = None
 
 
