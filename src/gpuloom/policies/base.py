@@ -384,6 +384,8 @@ class PlacePolicy(Stage):
 
     # -- helpers shared by subclasses ---------------------------------------
     def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
+        if len(req.jobs) == 1:
+            return [Allocation(req.jobs[0].id, parts, (), req.key)]
         ids = tuple(j.id for j in req.jobs)
         key = req_key(req)
         return [Allocation(jid, parts, tuple(x for x in ids if x != jid), key) for jid in ids]

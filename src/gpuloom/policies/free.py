@@ -7,7 +7,7 @@ placement starts from a copy and changes only what moves.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -79,11 +79,47 @@ class FreeState:
         return True
 
     def take_if_fits(self, parts: Sequence[Part]) -> bool:
-        """:meth:`take` ``parts`` (one member) if they :meth:`fit <fits>`; whether they did."""
-        if not self.fits(parts):
-            return False
-        self.take(parts)
+        """:meth:`take` ``parts`` (one member) if they :meth:`fit <fits>`; whether they did.
+
+        (:meth:`fits` and :meth:`take` in one pass over the buffers: a long queue's round keeps
+        dozens of released running jobs this way, and the two calls cost half as much again.)
+        """
+        gf, ng, nc, nm = self._gf, self._ng, self._nc, self._nm
+        for p in parts:
+            node = p.node
+            if p.cpus > nc[node] or p.mem_mb > nm[node]:
+                return False
+            for g in p.gpus:
+                if not gf[g]:
+                    return False
+        for p in parts:
+            node = p.node
+            ids = p.gpus
+            for g in ids:
+                gf[g] = 0
+            n = len(ids)
+            ng[node] -= n
+            self.free_gpus -= n
+            nc[node] -= p.cpus
+            nm[node] -= p.mem_mb
         return True
+
+    def release_all(self, allocs: Iterable[Allocation]) -> None:
+        """:meth:`release` every allocation of ``allocs`` (one member each, GPUs included)."""
+        gf, ng, nc, nm = self._gf, self._ng, self._nc, self._nm
+        freed = 0
+        for a in allocs:
+            for p in a.parts:
+                node = p.node
+                ids = p.gpus
+                for g in ids:
+                    gf[g] = 1
+                n = len(ids)
+                ng[node] += n
+                freed += n
+                nc[node] += p.cpus
+                nm[node] += p.mem_mb
+        self.free_gpus += freed
 
     def take(self, parts: Sequence[Part], members: int = 1, gpus: bool = True) -> None:
         """Charge ``parts`` (CPU/memory once per member; GPUs unless ``gpus`` is False)."""

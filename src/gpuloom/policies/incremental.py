@@ -234,14 +234,14 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     # when they are kept if what they hold is still free (as _try would: their request's key is
     # their allocation's) and otherwise taken out and placed anew
     released = current.keys() - kept
-    for jid in released:  # (releases add up: their order does not matter)
-        free.release(current[jid].parts)
+    free.release_all([current[jid] for jid in released])  # (releases add up: their order does not matter)
+    take_if_fits = free.take_if_fits
 
     def keep(j: Job) -> bool:
         jid = j.id
         if jid in released:
-            released.discard(jid)
-            if free.take_if_fits(j.alloc.parts):
+            released.remove(jid)
+            if take_if_fits(j.alloc.parts):
                 return True
             plan.remove(jid)
         return place._try(plan, request(j), free, view)
@@ -303,13 +303,6 @@ class TailWalk:
         """The requests of the jobs the walk met (:attr:`visited`)."""
         return [self.request(j) for j in self.visited]
 
-    def _keep(self, place: PlacePolicy, plan: Plan, j: Job, free: FreeState, view: View) -> None:
-        """``place._try`` for a running job of the tail that may still fit."""
-        if self.keep is not None:
-            self.keep(j)
-        else:
-            place._try(plan, self.request(j), free, view)
-
     def backfill(self, place: PlacePolicy, plan: Plan, free: FreeState, view: View,
                  refused: Collection[tuple] = (), seen: set[str] | None = None,
                  idle: Sequence[Job] | None = None) -> None:
@@ -329,18 +322,23 @@ class TailWalk:
         dead: set[Shape] = {(g, c, m) for g, c, m, k in refused if k == 1}
         live = sum(k for s, k in left.items() if s not in dead)  # waiting jobs ahead whose shape may be placed
         visited = self.visited
+        keep = self.keep
+        if keep is None:  # a running job met that may still fit: placed as any request
+            def keep(j: Job) -> object:
+                return place._try(plan, self.request(j), free, view)
         for j in islice(ordered, start, None):  # (ordered may be ActiveJobs: iterated, not indexed)
             if live <= 0:
                 break
             if free.free_gpus <= 0:
                 return
+            sp = j.spec
             if j.alloc is not None:
                 seen.add(j.id)
                 visited.append(j)
-                if j.spec.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
-                    self._keep(place, plan, j, free, view)
+                if sp.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
+                    keep(j)
                 continue
-            s = shape_of(j)
+            s = (sp.gpus, sp.cpus, sp.mem_mb)  # (shape_of)
             left[s] -= 1
             if s in dead:
                 continue
@@ -358,4 +356,4 @@ class TailWalk:
                 return
             visited.append(j)
             if j.spec.gpus <= free.free_gpus:
-                self._keep(place, plan, j, free, view)
+                keep(j)

@@ -56,6 +56,13 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     prev_nodes = set(req.prev.nodes) if req.prev is not None else set()
     cand = np.flatnonzero(ng >= k)
     if cand.size:
+        if not prev_nodes:  # (the usual case, without ranking them all: the first best fit)
+            node = int(cand[ng[cand].argmin()])
+            c, m = need_on(cl, req, node, k)
+            if free.node_cpus[node] >= c and free.node_mem[node] >= m:
+                parts = split_parts(cl, req, {node: free.free_on(node)[:k]})
+                if free.fits(parts, len(req.jobs)):
+                    return parts
         # best fit: fewest free GPUs first, then the job's own nodes, then node order
         rank = ng[cand] * 2
         if prev_nodes:
@@ -71,8 +78,12 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     if free.free_gpus < k:
         return None
     limit = min_nodes(_node_sizes(cl), k) if consolidate else cl.num_nodes
-    if limit <= 1 and consolidate:
-        return None
+    if consolidate:
+        if limit <= 1:
+            return None
+        n = ng.size
+        if limit < n and int(np.partition(ng, n - limit)[n - limit:].sum()) < k:
+            return None  # (no ``limit`` nodes hold k free GPUs together: the walk below gives up)
     by_node: dict[int, list[int]] = {}
     left = k
     for node in np.argsort(-ng, kind="stable").tolist():
