@@ -263,8 +263,7 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
                 try_new(place, plan, request(j), free, view, refused)
     walk = walk_of(end)
     walk.keep = keep
-    walk.backfill(place, plan, free, view, refused, seen=kept | {j.id for _, j in rest if j.alloc is not None},
-                  idle=idle)
+    walk.backfill(place, plan, free, view, refused, idle=idle)
     for jid in released:  # never kept: stopped
         plan.remove(jid)
     plan.free_gpus = free.free_gpus
@@ -304,19 +303,16 @@ class TailWalk:
         return [self.request(j) for j in self.visited]
 
     def backfill(self, place: PlacePolicy, plan: Plan, free: FreeState, view: View,
-                 refused: Collection[tuple] = (), seen: set[str] | None = None,
-                 idle: Sequence[Job] | None = None) -> None:
+                 refused: Collection[tuple] = (), idle: Sequence[Job] | None = None) -> None:
         """Phase 3 over the tail: ``place._try`` each job in order that can still get something.
 
         ``refused``: request shapes ``(gpus, cpus, mem_mb, members)`` placement already refused
-        this round (on a larger free state).  ``seen`` (the running jobs of the prefix, a set the
-        walk adds to) and ``idle`` (its waiting jobs), when the caller knows them."""
+        this round (on a larger free state).  ``idle``: the prefix's waiting jobs, when the caller
+        knows them."""
         ordered, start = self.ordered, self.start
         left = dict(self.waiting)  # waiting jobs of each shape not yet passed
-        if seen is None or idle is None:
-            pre = list(islice(ordered, start))
-            seen = {j.id for j in pre if j.alloc is not None}  # running jobs met (in the prefix or on the walk)
-            idle = [j for j in pre if j.alloc is None]
+        if idle is None:
+            idle = [j for j in islice(ordered, start) if j.alloc is None]
         for j in idle:
             left[shape_of(j)] -= 1
         dead: set[Shape] = {(g, c, m) for g, c, m, k in refused if k == 1}
@@ -326,14 +322,15 @@ class TailWalk:
         if keep is None:  # a running job met that may still fit: placed as any request
             def keep(j: Job) -> object:
                 return place._try(plan, self.request(j), free, view)
+        met = start  # jobs of ordered met so far
         for j in islice(ordered, start, None):  # (ordered may be ActiveJobs: iterated, not indexed)
             if live <= 0:
                 break
             if free.free_gpus <= 0:
                 return
+            met += 1
             sp = j.spec
             if j.alloc is not None:
-                seen.add(j.id)
                 visited.append(j)
                 if sp.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
                     keep(j)
@@ -348,7 +345,9 @@ class TailWalk:
             if req.gpus > free.free_gpus or not place._try(plan, req, free, view):
                 dead.add(s)
                 live -= left[s]
-        # only running jobs of the tail are left that could be placed: in their order
+        # only running jobs of the tail are left that could be placed: in their order (rare: found
+        # here rather than noted on the way)
+        seen = {j.id for j in islice(ordered, met) if j.alloc is not None}
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in ordered}
         rest = sorted([by_id[jid] for jid in self.current.keys() - seen], key=self.sort_key)
         for j in rest:
