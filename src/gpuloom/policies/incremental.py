@@ -60,13 +60,15 @@ free resources, and then backfill the new jobs: the round places just them
 
 The same holds after a round whose actions were all carried out, because
 placement is a fixed point on its own plan.  Run the round again on the state
-its plan left: phase 1 selects the same jobs (it counts GPUs, not states); the
-selected running jobs are kept, among them the selected jobs the last round
-started; every later step then meets the free state the last round met at that
-step less nothing, since each job the last round placed or kept is kept again
-where it was placed (its allocation's key is its request's) and each job it
-refused is refused again (the same free state, ``pure_choose``).  So the round
-ends on its own plan and plans no action (``Driver.apply`` notes it;
+its plan left: phase 1 selects the same jobs (it counts GPUs, not states), and
+the selected running jobs are kept, among them the selected jobs the last round
+started.  Each later step then meets a free state no larger than the same step
+of the last round met (in phase 2b, where those starts are now held from the
+outset) or the same one (from phase 3 on): each job the last round placed or
+kept is kept again where it was placed (its allocation's key is its
+request's), and each job it refused is refused again (``pure_choose``: what got
+nothing gets nothing from a smaller free state).  So the round ends on its own
+plan and plans no action (``Driver.apply`` notes it;
 ``test_placement_is_a_fixed_point_on_its_own_plan`` checks it round by round).
 """
 
