@@ -55,7 +55,9 @@ def on_term(signum: int, frame: object) -> None:
 
 
 def save(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
+    # a temporary file of this process's own: the processes of a job spread over nodes (ranks)
+    # share the checkpoint directory and may checkpoint at the same moment
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, path)
 

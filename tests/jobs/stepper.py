@@ -73,7 +73,7 @@ for i in range(start, steps):
     time.sleep(dt)
     with open(ledger, "a") as f:
         f.write(f"{i}\n")
-    tmp = ck + ".tmp"
+    tmp = f"{ck}.{os.getpid()}.tmp"  # (its own: the ranks of a job over several nodes share the file)
     with open(tmp, "w") as f:
         json.dump({"next": i + 1}, f)
     os.replace(tmp, ck)
