@@ -106,6 +106,7 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
                 page.wait_for_selector("#job-msg:has-text('job 1:')")
                 wait_for(lambda: alice.get(f"/jobs/{j1}").json()["st"] == "CA", what="job 1 to be cancelled")
                 page.wait_for_selector("#spec dd:has-text('CA (cancelled)')")
+                assert "job 1:" in page.inner_text("#job-msg")  # the answer outlives the page's refreshes
                 # the history view
                 page.goto(s.url + "/#/history")
                 page.wait_for_selector(f"#history tr[data-job='{j1}']")

@@ -8,6 +8,7 @@ const ACTIVE = ["waiting_for_initial_contact", "waiting_for_initial_resource", "
 const ENDED = ["finished", "failed", "cancelled"];
 let me = null;
 let timer = null;
+let jobMsg = { id: null, text: "", error: false };  // the answer to the last cancel, kept across refreshes
 
 // -- DOM helpers: every text goes through textContent (no HTML injection) --------------------
 function el(tag, attrs, ...kids) {
@@ -149,14 +150,22 @@ async function jobPage(main, id) {
   let progress = [], log = "";
   if (mine) [progress, log] = await Promise.all([api(`/jobs/${id}/progress`), api(`/jobs/${id}/logs?tail=6000`)]);
   const ended = ENDED.includes(job.state);
-  const msg = el("span", { class: "msg", id: "job-msg" });
+  // the page is drawn again every refresh: the answer is kept (jobMsg) and shown in whichever
+  // message element is on the page when it comes
+  const said = jobMsg.id === id ? jobMsg : { text: "", error: false };
+  const msg = el("span", { class: said.error ? "msg error" : "msg", id: "job-msg" }, said.text);
+  const show = (text, error) => {
+    jobMsg = { id, text, error };
+    const m = document.getElementById("job-msg");
+    if (m) { m.textContent = text; m.className = error ? "msg error" : "msg"; }
+  };
   const cancel = el("button", {
     class: "danger", id: "cancel", disabled: !mine || ended,
     title: !mine ? `only ${job.user} or an admin may cancel this job` : ended ? "the job has ended" : "cancel the job",
     onclick: async () => {
       cancel.disabled = true;
-      try { const j = await api(`/jobs/${id}`, { method: "DELETE" }); msg.textContent = `job ${id}: ${j.state}`; }
-      catch (e) { msg.textContent = e.message; msg.className = "msg error"; }
+      try { const j = await api(`/jobs/${id}`, { method: "DELETE" }); show(`job ${id}: ${j.state}`, false); }
+      catch (e) { show(e.message, true); }
     } }, "Cancel job");
   const spec = [["state", `${job.st} (${job.state})`], ["reason", reasonOf(job) || "-"], ["user", job.user],
     ["queue", job.queue || "-"], ["array", job.array || "-"], ["dependency", job.dependency || "-"],
