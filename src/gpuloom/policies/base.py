@@ -318,12 +318,6 @@ def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[i
     evenly: each member gets ``share // m`` and the group together no more than
     a lone job would.
     """
-    if len(by_node) == 1:  # (one node: it gets the totals, or its proportional share)
-        for node, ids in by_node.items():
-            members = len(req.jobs)
-            pc, pm = cluster.proportional(node, len(ids))
-            return (Part(node, tuple(sorted(ids)), req.cpus if req.cpus is not None else pc // members,
-                         req.mem_mb if req.mem_mb is not None else pm // members),)
     parts: list[Part] = []
     nodes = sorted(by_node)
     total = req.gpus

@@ -350,7 +350,7 @@ class TailWalk:
                 if sp.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
                     keep(j)
                 continue
-            s = (sp.gpus, sp.cpus, sp.mem_mb)  # (shape_of)
+            s = shape_of(j)
             left[s] -= 1
             if s in dead:
                 continue
