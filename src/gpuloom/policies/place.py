@@ -56,17 +56,10 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     prev_nodes = set(req.prev.nodes) if req.prev is not None else set()
     cand = np.flatnonzero(ng >= k)
     if cand.size:
-        if not prev_nodes:  # (the usual case, without ranking them all: the first best fit)
-            node = int(cand[ng[cand].argmin()])
-            c, m = need_on(cl, req, node, k)
-            if free.node_cpus[node] >= c and free.node_mem[node] >= m:
-                parts = split_parts(cl, req, {node: free.free_on(node)[:k]})
-                if free.fits(parts, len(req.jobs)):
-                    return parts
         # best fit: fewest free GPUs first, then the job's own nodes, then node order
-        rank = ng[cand] * 2
+        rank = ng[cand]
         if prev_nodes:
-            rank += 1
+            rank = rank * 2 + 1
             for nd in prev_nodes:
                 rank[cand == nd] -= 1
         for node in _ranked(cand, rank):
