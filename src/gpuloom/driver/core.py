@@ -187,8 +187,7 @@ class Driver:
         jobs = self.jobs
         if jid in jobs:
             raise DriverError(f"job {jid} admitted twice")
-        if self._lent is not None:
-            self._jobs_change()
+        self._jobs_change()
         if job.lifecycle is None:
             job.arrive(now, self.protect_factor, state)
         jobs[jid] = job
@@ -282,8 +281,7 @@ class Driver:
         """What the scheduler sees at ``now``.  Its jobs are read from :attr:`jobs` without a copy
         (:class:`~gpuloom.core.job.ActiveJobs`): they are frozen into a list before a job is
         admitted or ends while the view is still held (or another view is made)."""
-        if self._lent is not None:
-            self._jobs_change()
+        self._jobs_change()
         jobs = ActiveJobs(self.jobs)
         self._lent = weakref.ref(jobs)
         return View(now, self.cluster, jobs, self.current, self.model, self.rng, self.rounds,
@@ -489,8 +487,7 @@ class Driver:
         job.finish = now
         job.speed = 0.0
         job.version += 1
-        if self._lent is not None:
-            self._jobs_change()
+        self._jobs_change()
         if jobs.pop(jid, None) is not None:
             tally.count_waiting(job, -1)
             tally.demand -= job.spec.gpus
