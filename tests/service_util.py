@@ -143,6 +143,14 @@ def kill_jobs(state_dir: Path) -> None:
         shutil.rmtree(f"{base}/gpuloom-{sid}", ignore_errors=True)  # the service's default job directory
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie; False if it ends while being asked."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def wait_for(fn: Any, timeout: float = 30.0, what: str = "condition") -> Any:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -40,6 +40,7 @@ from service_util import (  # noqa: E402
     job,
     key_events,
     remove_cgroups,
+    running,
     shared_copy,
     submit,
     wait_for,
@@ -281,7 +282,7 @@ def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_wo
         wait_for(lambda: ex.poll() == {} and "n1" in ex._dead_agents, 30, "the agent's death to be seen")
         # stopped from a one-off task on n1: SIGTERM, checkpoint, exit 143; nothing runs on unseen
         assert ex.stop("a", 5.0) == 143
-        assert not psutil.pid_exists(info.pid) or psutil.Process(info.pid).status() == psutil.STATUS_ZOMBIE
+        assert not running(info.pid)
         steps = ledger(ck / "ledger")
         assert steps == list(range(1, len(steps) + 1))
         # a launch on n1 replaces its agent first
@@ -427,8 +428,7 @@ def test_nodes_leaving_and_joining_jobs_requeued_whole_parked_and_every_step_run
     t0 = time.monotonic()
     fake.cluster.remove_node(fake.nodes.pop(gone))
     # both parts are stopped: the one on the lost node by its fence, the other by the service
-    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                             for p in pids), 60, "both parts to stop")
+    wait_for(lambda: not any(running(p) for p in pids), 60, "both parts to stop")
     until_state(svc, multi, "standby", 60)
     assert [n.name for n in svc.cluster.nodes] == ["n0", "n1"]
     until_state(svc, multi, RUNNING, 180)  # once the filler is done: on n0 and n1

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import psutil
 import pytest
 
-from service_util import Server, job, kill_jobs, ledger, start_records, stepper_cmd, submit, wait_for
+from service_util import Server, job, kill_jobs, ledger, running, start_records, stepper_cmd, submit, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 
@@ -137,13 +136,6 @@ def test_time_limit_and_cancel(server) -> None:  # noqa: ANN001
     assert not running(rec["pid"])
     with s.client() as c:
         assert job(c, queued)["attempts"] == 0
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_job_spanning_two_nodes_gets_one_process_per_node(server) -> None:  # noqa: ANN001

@@ -7,18 +7,20 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
-
-from service_util import Server, job, key_events, kill_jobs, ledger, start_records, stepper_cmd, submit, wait_for
+from service_util import (
+    Server,
+    job,
+    key_events,
+    kill_jobs,
+    ledger,
+    running,
+    start_records,
+    stepper_cmd,
+    submit,
+    wait_for,
+)
 
 NCPU = len(os.sched_getaffinity(0))
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path) -> None:
@@ -43,14 +45,14 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
         pid_a, pid_b, pid_f = (start_records(x)[0]["pid"] for x in (log_a, log_b, log_f))
 
         s.kill()  # SIGKILL: no shutdown code runs
-        assert not _gone(pid_a) and not _gone(pid_b)  # job processes outlive the server
+        assert running(pid_a) and running(pid_b)  # job processes outlive the server
         # while the server is down, job b's process is lost without an exit record: its wrapper is
         # killed, and the job itself stopped (it checkpoints on SIGTERM)
         os.kill(os.getpgid(pid_b), signal.SIGKILL)
         os.kill(pid_b, signal.SIGTERM)
-        wait_for(lambda: _gone(pid_b), what="job b to exit")
+        wait_for(lambda: not running(pid_b), what="job b to exit")
         # job f finishes on its own, and job e fails (exit 3)
-        wait_for(lambda: _gone(pid_f), what="job f to finish")
+        wait_for(lambda: not running(pid_f), what="job f to finish")
         time.sleep(0.3)
 
         s = Server(tmp_path, *args).start()
