@@ -159,6 +159,41 @@ def test_packed_non_sticky_migrates_to_consolidate() -> None:
     assert d.migrations == 1 and d.jct == 1005  # 10 s done before the move, 5 s restart, 990 s after
 
 
+def test_best_fit_offers_the_fewest_free_gpus_first_then_the_jobs_own_nodes_then_node_order() -> None:
+    from array import array
+
+    from gpuloom.policies.place import best_fit, most_free
+
+    free = bytearray([3, 1, 8, 2, 1, 3, 0])
+    assert list(best_fit(free, 1)) == [1, 4, 3, 0, 5, 2]
+    assert list(best_fit(free, 3)) == [0, 5, 2]
+    assert list(best_fit(free, 3, {5})) == [5, 0, 2]  # the job's own node first among equals only
+    assert list(best_fit(free, 2, {5, 2})) == [3, 5, 0, 2]
+    assert list(best_fit(free, 9)) == [] and list(best_fit(bytearray(), 1)) == []
+    assert list(best_fit(array("q", [300, 2, 300]), 3, {2})) == [2, 0]  # (a node of more than 255 GPUs)
+    assert [most_free(free, n) for n in range(9)] == [0, 8, 11, 14, 16, 17, 18, 18, 18]
+
+
+def test_free_state_counts_free_gpus_per_node_as_it_changes() -> None:
+    from gpuloom.core.cluster import Node
+    from gpuloom.core.plan import Allocation, Part
+    from gpuloom.policies.free import FreeState
+
+    cl = Cluster((Node("a", 4, 8, 100), Node("b", 2, 8, 100)))
+    f = FreeState(cl)
+    a = Allocation("x", (Part(0, (1, 2), 2, 10), Part(1, (5,), 1, 10)))
+    f.take(a.parts)
+    g = f.copy()
+    assert f.take_if_fits((Part(0, (0,), 1, 1),)) and not f.take_if_fits((Part(0, (1,), 1, 1),))
+    assert list(f.gpu_counts) == [1, 1] == f.node_gpus.tolist() and list(g.gpu_counts) == [2, 1]
+    f.release_all([a])
+    f.release((Part(0, (0,), 1, 1),))
+    assert list(f.gpu_counts) == [4, 2] == f.node_gpus.tolist() and f.free_gpus == 6
+    big = FreeState(Cluster((Node("a", 300, 8, 100),)))
+    big.take((Part(0, (7,), 1, 1),))
+    assert list(big.gpu_counts) == [299] == big.copy().node_gpus.tolist()
+
+
 def test_locality_penalty_parameter() -> None:
     from gpuloom.perf import ThroughputModel
 

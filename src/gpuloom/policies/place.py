@@ -22,7 +22,7 @@ for the extra nodes.  Random placement draws GPUs from the whole cluster
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 
@@ -51,31 +51,23 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     """
     cl = free.cluster
     k = req.gpus
-    ng = free.node_gpus
     prev = frozenset(req.prev.gpu_ids) if req.prev is not None else frozenset()
-    prev_nodes = set(req.prev.nodes) if req.prev is not None else set()
-    cand = np.flatnonzero(ng >= k)
-    if cand.size:
-        # best fit: fewest free GPUs first, then the job's own nodes, then node order
-        rank = ng[cand]
-        if prev_nodes:
-            rank = rank * 2 + 1
-            for nd in prev_nodes:
-                rank[cand == nd] -= 1
-        for node in _ranked(cand, rank):
-            c, m = need_on(cl, req, node, k)
-            if free.node_cpus[node] >= c and free.node_mem[node] >= m:
-                parts = split_parts(cl, req, {node: _prefer(free.free_on(node), prev)[:k]})
-                if free.fits(parts, len(req.jobs)):
-                    return parts
+    prev_nodes = frozenset(req.prev.nodes) if req.prev is not None else frozenset()
+    nc, nm = free.node_cpus, free.node_mem
+    for node in best_fit(free.gpu_counts, k, prev_nodes):
+        c, m = need_on(cl, req, node, k)
+        if nc[node] >= c and nm[node] >= m:
+            parts = split_parts(cl, req, {node: _prefer(free.free_on(node), prev)[:k]})
+            if free.fits(parts, len(req.jobs)):
+                return parts
     if free.free_gpus < k:
         return None
+    ng = free.node_gpus
     limit = min_nodes(_node_sizes(cl), k) if consolidate else cl.num_nodes
     if consolidate:
         if limit <= 1:
             return None
-        n = ng.size
-        if limit < n and int(np.partition(ng, n - limit)[n - limit:].sum()) < k:
+        if limit < ng.size and most_free(free.gpu_counts, limit) < k:
             return None  # (no ``limit`` nodes hold k free GPUs together: the walk below gives up)
     by_node: dict[int, list[int]] = {}
     left = k
@@ -99,14 +91,38 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     return parts if free.fits(parts, len(req.jobs)) else None
 
 
-def _ranked(cand: np.ndarray, rank: np.ndarray) -> Iterator[int]:
-    """``cand`` by ``rank`` (stable): the best first without sorting, the rest only if it is asked for."""
-    best = int(np.argmin(rank))  # the first of the smallest, as a stable sort would put it
-    yield int(cand[best])
-    if cand.size > 1:
-        for i in np.argsort(rank, kind="stable").tolist():
-            if i != best:
-                yield int(cand[i])
+def best_fit(ng: Sequence[int], k: int, own: Collection[int] = ()) -> Iterator[int]:
+    """The nodes with at least ``k`` free GPUs (``ng``: free GPUs per node), best fit first: fewest
+    free GPUs, then the nodes in ``own`` (the job's), then node order.  Lazy: a job that fits on the
+    first node it is offered costs one scan of ``ng`` per free-GPU count tried (``array.count`` and
+    ``array.index``, in C), not a sort.
+    """
+    if not ng:
+        return
+    for f in range(k, max(ng) + 1):
+        n = ng.count(f)
+        if not n:
+            continue
+        mine = sorted(nd for nd in own if ng[nd] == f) if own else ()
+        yield from mine
+        i = -1
+        for _ in range(n):
+            i = ng.index(f, i + 1)
+            if i not in own:
+                yield i
+
+
+def most_free(ng: Sequence[int], n: int) -> int:
+    """The free GPUs of the ``n`` nodes with the most together (``ng``: free GPUs per node; one C
+    scan per free-GPU count, largest first, as in :func:`best_fit`)."""
+    total = 0
+    for f in range(max(ng, default=0), 0, -1):
+        c = ng.count(f)
+        if c >= n:
+            return total + f * n
+        total += f * c
+        n -= c
+    return total
 
 
 _SIZES: dict[int, tuple[object, tuple[int, ...]]] = {}
