@@ -87,7 +87,7 @@ what ended since can change the walk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -223,7 +223,8 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     kept: set[str] = set()  # selected running jobs
     idle: list[Job] = []  # waiting jobs of the prefix
     end = 0
-    for i, j in enumerate(ordered):
+    jobs = iter(ordered)  # (left at the prefix's end for the tail walk: ordered may be ActiveJobs)
+    for i, j in enumerate(jobs):
         g = j.spec.gpus
         if g <= cap:
             cap -= g
@@ -278,7 +279,7 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
                 try_new(place, plan, request(j), free, view, refused)
     walk = walk_of(end)
     walk.keep = keep
-    walk.backfill(place, plan, free, view, refused, idle=idle)
+    walk.backfill(place, plan, free, view, refused, idle=idle, tail=jobs)
     for jid in released:  # never kept: stopped
         plan.remove(jid)
     plan.free_gpus = free.free_gpus
@@ -318,12 +319,14 @@ class TailWalk:
         return [self.request(j) for j in self.visited]
 
     def backfill(self, place: PlacePolicy, plan: Plan, free: FreeState, view: View,
-                 refused: Collection[tuple] = (), idle: Sequence[Job] | None = None) -> None:
+                 refused: Collection[tuple] = (), idle: Sequence[Job] | None = None,
+                 tail: Iterator[Job] | None = None) -> None:
         """Phase 3 over the tail: ``place._try`` each job in order that can still get something.
 
         ``refused``: request shapes ``(gpus, cpus, mem_mb, members)`` placement already refused
         this round (on a larger free state).  ``idle``: the prefix's waiting jobs, when the caller
-        knows them."""
+        knows them.  ``tail``: an iterator over ``ordered`` already at ``start``, when the caller
+        has one (ordered is iterated, not indexed: getting there again costs a pass over the prefix)."""
         ordered, start = self.ordered, self.start
         left = dict(self.waiting)  # waiting jobs of each shape not yet passed
         if idle is None:
@@ -338,7 +341,7 @@ class TailWalk:
             def keep(j: Job) -> object:
                 return place._try(plan, self.request(j), free, view)
         met = start  # jobs of ordered met so far
-        for j in islice(ordered, start, None):  # (ordered may be ActiveJobs: iterated, not indexed)
+        for j in tail if tail is not None else islice(ordered, start, None):
             if live <= 0:
                 break
             if free.free_gpus <= 0:
