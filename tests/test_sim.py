@@ -165,13 +165,14 @@ def test_best_fit_offers_the_fewest_free_gpus_first_then_the_jobs_own_nodes_then
     from gpuloom.policies.place import best_fit, most_free
 
     free = bytearray([3, 1, 8, 2, 1, 3, 0])
-    assert list(best_fit(free, 1)) == [1, 4, 3, 0, 5, 2]
+    assert list(best_fit(free, 1)) == [1, 4, 3, 0, 5, 2] == list(best_fit(free, 1, (), 8))
     assert list(best_fit(free, 3)) == [0, 5, 2]
     assert list(best_fit(free, 3, {5})) == [5, 0, 2]  # the job's own node first among equals only
     assert list(best_fit(free, 2, {5, 2})) == [3, 5, 0, 2]
     assert list(best_fit(free, 9)) == [] and list(best_fit(bytearray(), 1)) == []
     assert list(best_fit(array("q", [300, 2, 300]), 3, {2})) == [2, 0]  # (a node of more than 255 GPUs)
     assert [most_free(free, n) for n in range(9)] == [0, 8, 11, 14, 16, 17, 18, 18, 18]
+    assert most_free(free, 3, 8) == 14
 
 
 def test_free_state_counts_free_gpus_per_node_as_it_changes() -> None:

@@ -54,7 +54,8 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     prev = frozenset(req.prev.gpu_ids) if req.prev is not None else frozenset()
     prev_nodes = frozenset(req.prev.nodes) if req.prev is not None else frozenset()
     nc, nm = free.node_cpus, free.node_mem
-    for node in best_fit(free.gpu_counts, k, prev_nodes):
+    top = _node_sizes(cl)[0]
+    for node in best_fit(free.gpu_counts, k, prev_nodes, top):
         c, m = need_on(cl, req, node, k)
         if nc[node] >= c and nm[node] >= m:
             parts = split_parts(cl, req, {node: _prefer(free.free_on(node), prev)[:k]})
@@ -67,7 +68,7 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     if consolidate:
         if limit <= 1:
             return None
-        if limit < ng.size and most_free(free.gpu_counts, limit) < k:
+        if limit < ng.size and most_free(free.gpu_counts, limit, top) < k:
             return None  # (no ``limit`` nodes hold k free GPUs together: the walk below gives up)
     by_node: dict[int, list[int]] = {}
     left = k
@@ -91,32 +92,34 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     return parts if free.fits(parts, len(req.jobs)) else None
 
 
-def best_fit(ng: Sequence[int], k: int, own: Collection[int] = ()) -> Iterator[int]:
-    """The nodes with at least ``k`` free GPUs (``ng``: free GPUs per node), best fit first: fewest
-    free GPUs, then the nodes in ``own`` (the job's), then node order.  Lazy: a job that fits on the
-    first node it is offered costs one scan of ``ng`` per free-GPU count tried (``array.count`` and
-    ``array.index``, in C), not a sort.
+def best_fit(ng: Sequence[int], k: int, own: Collection[int] = (), top: int | None = None) -> Iterator[int]:
+    """The nodes with at least ``k`` free GPUs (``ng``: free GPUs per node, ``top``: at least the most
+    any node has), best fit first: fewest free GPUs, then the nodes in ``own`` (the job's), then node
+    order.  Lazy: a job that fits on the first node it is offered costs a C scan of ``ng``
+    (``in``, ``index``) per free-GPU count tried, not a sort.
     """
-    if not ng:
-        return
-    for f in range(k, max(ng) + 1):
-        n = ng.count(f)
-        if not n:
+    if top is None:
+        top = max(ng, default=0)
+    for f in range(k, top + 1):
+        if f not in ng:
             continue
-        mine = sorted(nd for nd in own if ng[nd] == f) if own else ()
-        yield from mine
-        i = -1
-        for _ in range(n):
-            i = ng.index(f, i + 1)
+        if own:
+            yield from sorted(nd for nd in own if ng[nd] == f)
+        i = ng.index(f)
+        while True:
             if i not in own:
                 yield i
+            try:
+                i = ng.index(f, i + 1)
+            except ValueError:
+                break
 
 
-def most_free(ng: Sequence[int], n: int) -> int:
-    """The free GPUs of the ``n`` nodes with the most together (``ng``: free GPUs per node; one C
-    scan per free-GPU count, largest first, as in :func:`best_fit`)."""
+def most_free(ng: Sequence[int], n: int, top: int | None = None) -> int:
+    """The free GPUs of the ``n`` nodes with the most together (``ng``: free GPUs per node, ``top``:
+    at least the most any node has; one C scan per free-GPU count, largest first)."""
     total = 0
-    for f in range(max(ng, default=0), 0, -1):
+    for f in range(max(ng, default=0) if top is None else top, 0, -1):
         c = ng.count(f)
         if c >= n:
             return total + f * n
