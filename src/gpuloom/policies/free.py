@@ -27,12 +27,14 @@ class FreeState:
     :meth:`fits`, :meth:`take` and :meth:`release` read and write one GPU and
     one node at a time (several times faster than numpy on a few elements).
     ``gpu_counts`` repeats ``node_gpus`` as a ``bytearray`` (an ``array`` if a node
-    has more than 255 GPUs), whose ``count`` and ``index`` find the nodes with a
-    given number of free GPUs at C speed (:func:`~gpuloom.policies.place.best_fit`).
+    has more than 255 GPUs), whose ``in`` and ``index`` find the nodes with a
+    given number of free GPUs at C speed (:func:`~gpuloom.policies.place.best_fit`);
+    ``cpu_counts`` and ``mem_counts`` are the buffers behind ``node_cpus`` and
+    ``node_mem`` (plain ints, for reading one node at a time).  Read all four only.
     """
 
     __slots__ = ("cluster", "gpu_free", "node_gpus", "node_cpus", "node_mem", "free_gpus", "gpu_counts",
-                 "_gf", "_ng", "_nc", "_nm", "_off")
+                 "cpu_counts", "mem_counts", "_gf", "_ng", "_nc", "_nm", "_off")
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -46,6 +48,7 @@ class FreeState:
     def _set(self, gf: bytearray, ng: array, nc: array, nm: array, counts: bytearray | array) -> None:
         self._gf, self._ng, self._nc, self._nm = gf, ng, nc, nm
         self.gpu_counts = counts
+        self.cpu_counts, self.mem_counts = nc, nm
         self.gpu_free = np.frombuffer(gf, dtype=bool)
         self.node_gpus = np.frombuffer(ng, dtype=np.int64)
         self.node_cpus = np.frombuffer(nc, dtype=np.int64)

@@ -53,14 +53,17 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     k = req.gpus
     prev = frozenset(req.prev.gpu_ids) if req.prev is not None else frozenset()
     prev_nodes = frozenset(req.prev.nodes) if req.prev is not None else frozenset()
-    nc, nm = free.node_cpus, free.node_mem
+    nc, nm = free.cpu_counts, free.mem_counts
+    members = len(req.jobs)
     top = _node_sizes(cl)[0]
     for node in best_fit(free.gpu_counts, k, prev_nodes, top):
         c, m = need_on(cl, req, node, k)
         if nc[node] >= c and nm[node] >= m:
-            parts = split_parts(cl, req, {node: _prefer(free.free_on(node), prev)[:k]})
-            if free.fits(parts, len(req.jobs)):
-                return parts
+            # split_parts' one part, built here: all k GPUs on the node, so the request's cores and
+            # memory (or the node's share for k GPUs) per member, need_on's totals over the members,
+            # which the node has free (as have its GPUs, taken from the free ones): it fits
+            ids = _prefer(free.free_on(node), prev)[:k]
+            return (Part(node, tuple(sorted(ids)) if prev else tuple(ids), c // members, m // members),)
     if free.free_gpus < k:
         return None
     ng = free.node_gpus
