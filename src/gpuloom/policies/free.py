@@ -30,7 +30,9 @@ class FreeState:
     has more than 255 GPUs), whose ``in`` and ``index`` find the nodes with a
     given number of free GPUs at C speed (:func:`~gpuloom.policies.place.best_fit`);
     ``cpu_counts`` and ``mem_counts`` are the buffers behind ``node_cpus`` and
-    ``node_mem`` (plain ints, for reading one node at a time).  Read all four only.
+    ``node_mem`` (plain ints, for reading one node at a time).  Change the state
+    through :meth:`take` and :meth:`release`: a write to ``node_gpus`` leaves
+    ``gpu_counts`` behind (``Driver.check_state`` compares the two).
     """
 
     __slots__ = ("cluster", "gpu_free", "node_gpus", "node_cpus", "node_mem", "free_gpus", "gpu_counts",
