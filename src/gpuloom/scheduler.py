@@ -556,7 +556,7 @@ class Scheduler:
         its request asks (its spec's GPUs when the sizer keeps them, ``fixed_gpus``).
         """
         free = view.free if view.free is not None else pb.FreeState.of(view.cluster, view.current)
-        check_actions(actions, rnd.plan, view.cluster, free.node_cpus, free.node_mem, holders)
+        check_actions(actions, rnd.plan, view.cluster, free.cpu_counts, free.mem_counts, holders)
         asked: dict[str, int] | None = None
         if not self.size.fixed_gpus or self.hooks:
             asked = {j.id: r.gpus for r in rnd.requests for j in r.jobs}

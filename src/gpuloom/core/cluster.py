@@ -67,6 +67,7 @@ class Cluster:
     gpu_offset: np.ndarray = field(init=False, repr=False, compare=False)
     cpu_caps: np.ndarray = field(init=False, repr=False, compare=False)
     mem_caps: np.ndarray = field(init=False, repr=False, compare=False)
+    _gpus: int = field(init=False, repr=False, compare=False)  # (num_gpus: read in every round)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -82,6 +83,7 @@ class Cluster:
         )
         object.__setattr__(self, "cpu_caps", np.array([n.cpus for n in self.nodes], dtype=np.int64))
         object.__setattr__(self, "mem_caps", np.array([n.mem_mb for n in self.nodes], dtype=np.int64))
+        object.__setattr__(self, "_gpus", int(offsets[-1]))
 
     # -- sizes -------------------------------------------------------------
     @property
@@ -90,7 +92,7 @@ class Cluster:
 
     @property
     def num_gpus(self) -> int:
-        return int(self.gpu_offset[-1])
+        return self._gpus
 
     @property
     def total_cpus(self) -> int:

@@ -266,8 +266,8 @@ def check_actions(
     actions: Sequence[Action],
     plan: Plan | Mapping[str, Allocation],
     cluster: Cluster,
-    free_cpus: np.ndarray,
-    free_mem: np.ndarray,
+    free_cpus: Sequence[int] | np.ndarray,
+    free_mem: Sequence[int] | np.ndarray,
     holders: Mapping[int, Collection[str]],
 ) -> None:
     """:func:`check_plan` for the allocations ``actions`` change, in O(actions).
@@ -285,21 +285,35 @@ def check_actions(
     dmem: dict[int, int] = {}
     claims: dict[int, list[str]] = {}
     for act in actions:
-        if act.old is not None:
-            for p in act.old.parts:
-                dcpu[p.node] = dcpu.get(p.node, 0) + p.cpus
-                dmem[p.node] = dmem.get(p.node, 0) + p.mem_mb
+        old = act.old
+        if old is not None:
+            for p in old.parts:
+                node = p.node
+                dcpu[node] = dcpu.get(node, 0) + p.cpus
+                dmem[node] = dmem.get(node, 0) + p.mem_mb
         a = act.new
         if a is None:
             continue
-        _check_allocation(act.job_id, a, cluster)
+        jid = act.job_id
+        _check_allocation(jid, a, cluster)
         for p in a.parts:
-            dcpu[p.node] = dcpu.get(p.node, 0) - p.cpus
-            dmem[p.node] = dmem.get(p.node, 0) - p.mem_mb
+            node = p.node
+            dcpu[node] = dcpu.get(node, 0) - p.cpus
+            dmem[node] = dmem.get(node, 0) - p.mem_mb
             for g in p.gpus:
-                claims.setdefault(g, []).append(act.job_id)
+                c = claims.get(g)
+                if c is None:
+                    claims[g] = [jid]
+                else:
+                    c.append(jid)
     for g, claimants in claims.items():
-        sharing = claimants + [j for j in holders.get(g, ()) if j not in changed]
+        held = holders.get(g)
+        if held:
+            sharing = claimants + [j for j in held if j not in changed]
+        elif len(claimants) == 1:
+            continue  # (a GPU nobody else holds: the common case)
+        else:
+            sharing = claimants
         if len(sharing) > 1:
             _check_sharing(g, sharing, allocs)
     for node in sorted(dcpu):
