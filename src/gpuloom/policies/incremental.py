@@ -75,18 +75,16 @@ plan and plans no action (``Driver.apply`` notes it;
 the prefix with phase 1's count, releases every running job phase 1 leaves out
 (they wait behind a waiting job it selected that does not fit) and keeps them
 again one by one as the walk passes them, because a waiting job earlier in the
-order must see what they hold as free.  On the Philly trace that is about 40
-jobs per round and a third of the round's time, though almost all of them stay
-where they are.  Doing less needs state carried from one round to the next:
-phase 1's selection (a job that ends shifts it only after its own place) and
-what the left-out jobs hold, per node, so that a try sees them as free without
-their being released, and only the jobs on nodes a new placement touches are
-visited.  The fixed point above is the starting fact: after an exact apply only
-what ended since can change the walk.
-
-Measured on Philly (64 x 8, FIFO), a round through :func:`prefix_plan` counts
-about 500 jobs in phase 1, releases and keeps 38, passes 19 waiting jobs of
-refused shapes and tries 5.4.  Two cheaper-looking variants do not pay:
+order must see what they hold as free, though almost all of them stay where
+they are.  Measured on Philly (64 x 8, FIFO), a round through
+:func:`prefix_plan` counts about 500 jobs in phase 1, releases and keeps 38,
+passes 19 waiting jobs of refused shapes and tries 5.4; the releases and keeps
+are about 12 % of the run, phase 1 about 5 %.  Phase 1's selection could be
+carried from one round to the next (a job that ends shifts it only after its
+own place; the fixed point above says that after an exact apply only what
+ended since can change the walk), but the active jobs are a mapping, iterated
+from its start, with no way to enter it in the middle.  Two cheaper-looking
+ways around the keeps do not pay:
 
 * *keeping lazily* (take a passed job back only when a later try needs the
   state): only 2.4 % of the keeps come after a round's last try, because the

@@ -55,7 +55,8 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     prev_nodes = frozenset(req.prev.nodes) if req.prev is not None else frozenset()
     nc, nm = free.cpu_counts, free.mem_counts
     members = len(req.jobs)
-    top = _node_sizes(cl)[0]
+    sizes = _node_sizes(cl)
+    top = sizes[0]
     for node in best_fit(free.gpu_counts, k, prev_nodes, top):
         c, m = need_on(cl, req, node, k)
         if nc[node] >= c and nm[node] >= m:
@@ -67,7 +68,7 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     if free.free_gpus < k:
         return None
     ng = free.node_gpus
-    limit = min_nodes(_node_sizes(cl), k) if consolidate else cl.num_nodes
+    limit = min_nodes(sizes, k) if consolidate else cl.num_nodes
     if consolidate:
         if limit <= 1:
             return None
