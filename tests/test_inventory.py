@@ -165,6 +165,40 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
         svc.shutdown()
 
 
+def test_a_job_submitted_while_a_node_joins_is_loaded_by_the_next_round(
+        tmp_path: Path, cgroup_parent: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API does not wait for the loop: a submission that lands while a rebuild reads the store is
+    a new job for the next round, not skipped (it once waited in contact forever)."""
+    from gpuloom.runtime import recovery
+
+    nodes = tuple(Node(f"n{i}", 2, 2, 4000) for i in range(2))
+    src = Source()
+    store = Store(f"sqlite:///{tmp_path / 'db'}")
+    svc = Service(store, Cluster(nodes[:1]), local_executor(Cluster(nodes), tmp_path / "run", True, cgroup_parent),
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                  round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src,
+                  identities=Identities(switch=False))
+    try:
+        first = svc.submit({"name": "first", "command": f"{sys.executable} -c pass", "gpus": 1}, "u")
+        svc.round()
+        sweep, late = recovery._sweep, []
+
+        def sweep_then_submit(s: Service) -> None:  # a submission between recovery's reads
+            sweep(s)
+            late.append(s.submit({"name": "late", "command": f"{sys.executable} -c pass", "gpus": 4}, "u"))
+
+        monkeypatch.setattr(recovery, "_sweep", sweep_then_submit)
+        src.next = InventoryChange(Cluster(nodes), frozenset(), 0.0)
+        assert follow(svc)
+        monkeypatch.setattr(recovery, "_sweep", sweep)
+        assert late == [first + 1]
+        until(svc, lambda: store.get_job(late[0]).state == "finished", "the late job to finish")
+        assert "launch" in [e["kind"] for e in store.events(late[0])]
+    finally:
+        svc.terminate_all()
+        svc.shutdown()
+
+
 def test_queue_guarantees_shrink_with_the_cluster_and_come_back_with_it(tmp_path: Path, cgroup_parent: str) -> None:
     """A queue tree whose guarantees fill the whole cluster: when a node leaves, the stage schedules
     with the guarantees scaled to what is left (no job is failed, rounds go on); the stored tree is

@@ -68,8 +68,9 @@ def recover(svc: Service) -> None:
                 svc.request_cancel(str(row.id))
         _settle(svc)
         _sweep(svc)
-        rows = svc.store.list_jobs(None, after_id=svc.last_id)
-        svc.last_id = max([svc.last_id] + [r.id for r in rows])
+    # ``last_id`` stops at the newest job read above: a job submitted since (the API does not take
+    # the loop's lock, and a rebuild runs this while the service serves) is newer, and the next
+    # round loads it like any other submission
     svc.wake()
 
 
