@@ -107,6 +107,23 @@ def test_yarn_fixture_4gpu(data_dir):
     assert t.choose([0, 1, 2, 3], 2, "spread") == (0, 2)  # SOC pair
 
 
+# `nvidia-smi topo -m | tee topo.txt` on a lent one-GPU H200 machine (driver 580), byte for byte: the
+# header is underlined with terminal escapes although the output went to a pipe
+H200_ONE_GPU = (
+    "\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \t0-15\t0\t\tN/A\n"
+    "\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect\n"
+)
+
+
+def test_escape_codes_and_a_single_gpu():
+    t = parse_topology(H200_ONE_GPU, "h200")
+    assert t.gpus == ("GPU0",) and t.links == (("X",),) and t.nics == ()
+    assert t.choose([0], 1, "pack") == (0,)
+    underlined = "\x1b[4m\tGPU0\tGPU1\tCPU Affinity\x1b[0m\nGPU0\t X \tNV4\t0-7\nGPU1\tNV4\t X \t0-7\n"
+    assert parse_topology(underlined, "u").links == (("X", "NV4"), ("NV4", "X"))
+
+
 @pytest.mark.parametrize(
     "text,msg",
     [

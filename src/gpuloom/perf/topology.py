@@ -10,6 +10,9 @@ GPU matrix; every other row (``NIC<n>``, ``mlx5_<n>``, ``mlx4_0`` ...) is a
 NIC, kept in a separate GPU x NIC link table, never mixed with GPUs.  Trailing
 affinity cells may be empty (a quirk of some H100 outputs) and are ignored.
 ``NIC Legend`` lines (``NIC0: mlx5_0``) give the NICs their device names.
+Terminal escapes are removed first: drivers underline the header
+(``ESC[4m``...``ESC[0m``) even when the output is piped, as a 580 driver on
+a one-GPU H200 machine did.
 Known link tokens: ``X`` (self), ``NV1``..``NV18`` (any ``NV<n>``), ``PIX``,
 ``PXB``, ``PHB``, ``NODE``, ``SYS`` and its old name ``SOC``.  Anything else
 raises :class:`TopologyError` naming the token, the file line and column.
@@ -73,6 +76,7 @@ class TopologyError(ValueError):
 PCIE_COST = {"PIX": 200.0, "PXB": 300.0, "PHB": 400.0, "NODE": 500.0, "SYS": 600.0, "SOC": 600.0}
 _NV = re.compile(r"^NV(\d+)$")
 _GPU = re.compile(r"^GPU(\d+)$")
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal control sequences (SGR underline, reset)
 
 
 def link_cost(token: str) -> float:
@@ -197,6 +201,7 @@ def _bits(mask: int) -> tuple[int, ...]:
 
 def parse_topology(text: str, source: str = "topology") -> Topology:
     """Parse ``nvidia-smi topo -m`` output (see the module docstring)."""
+    text = _ESCAPE.sub("", text)
     lines = text.splitlines()
     start = None
     for i, line in enumerate(lines):
