@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gpuloom.cli import app
-from service_util import Server, kill_jobs, wait_for
+from service_util import Server, job, job_writable, kill_jobs, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 runner = CliRunner()
@@ -62,6 +62,33 @@ def test_submit_queue_nodes_logs_cancel_token(tmp_path: Path) -> None:
         env = {"GPULOOM_URL": s.url, "GPULOOM_TOKEN": tok.strip()}
         code, out = cli("queue", "--all", "--json", "--state-dir", str(tmp_path / "elsewhere"), env=env)
         assert code == 0 and len(json.loads(out)) == 2
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
+
+
+def test_a_job_runs_where_it_was_submitted_from(tmp_path: Path, monkeypatch) -> None:
+    """As sbatch: the submitting shell's directory by default, --chdir relative to it; a directory the
+    node lacks runs the job in its account's home (or /), and the job's log says so first."""
+    s = Server(tmp_path, "--cluster", "1x2", "--cpus-per-node", str(NCPU), "--round", "0.2").start()
+    sd = ("--state-dir", str(tmp_path))
+    here = job_writable(tmp_path)
+    (here / "sub").mkdir()
+    os.chmod(here / "sub", 0o755)
+    monkeypatch.chdir(here)
+    try:
+        assert cli("submit", "--mem", "1G", *sd, "--", "pwd") == (0, "Submitted job 1\n")
+        assert cli("submit", "--mem", "1G", "--chdir", "sub", *sd, "--", "pwd") == (0, "Submitted job 2\n")
+        (here / "job.yaml").write_text("command: pwd\ngpus: 1\nmem: 1G\nworkdir: /no/such/dir\n")
+        assert cli("submit", "job.yaml", *sd) == (0, "Submitted job 3\n")
+        wait_for(lambda: cli("queue", "--all", "--json", *sd)[1].count('"finished"') == 3, what="three jobs")
+        assert cli("logs", "1", *sd)[1] == f"{here}\n"
+        assert cli("logs", "2", *sd)[1] == f"{here / 'sub'}\n"
+        note, pwd = cli("logs", "3", *sd)[1].splitlines()
+        assert note == f"gpuloom: no directory /no/such/dir on this node; running in {pwd}"
+        assert pwd != str(here) and os.path.isdir(pwd)
+        with s.client() as c:
+            assert [job(c, i)["workdir"] for i in (1, 2, 3)] == [str(here), str(here / "sub"), "/no/such/dir"]
     finally:
         s.stop()
         kill_jobs(tmp_path)

@@ -79,7 +79,7 @@ def submit(
     array: Annotated[str | None, typer.Option("--array", "-a", help="Job array: 0-9, 1,3,5-7, 0-15:4, 0-9%2 (at most 2 at once).")] = None,
     dependency: Annotated[str | None, typer.Option("--dependency", "-d", help="afterok:ID[:ID], afterany:, afternotok:, after:; ID_N for one array task; comma = all.")] = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue to submit to.")] = None,
-    workdir: Annotated[str | None, typer.Option("--chdir", "-D", help="Working directory (absolute).")] = None,
+    workdir: Annotated[str | None, typer.Option("--chdir", "-D", help="Working directory (default: the current one, as sbatch).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="Extra environment NAME=VALUE (repeatable).")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -117,6 +117,12 @@ def submit(
             extra[k] = v
         body["env"] = extra
     body.setdefault("gpus", 1)
+    # like sbatch: the job runs in the directory it was submitted from unless --chdir/workdir says
+    # otherwise, and a relative one is taken from there (a node without it runs the job in the
+    # account's home instead and says so in the job's log)
+    wd = body.get("workdir")
+    if wd is None or isinstance(wd, str):  # anything else is the server's to refuse, by field name
+        body["workdir"] = os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(wd or ".")))
     if "name" not in body:
         body["name"] = "wrap" if wrap is not None else os.path.basename(shlex.split(body["command"])[0]) or "job"
     import uuid

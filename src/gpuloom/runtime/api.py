@@ -298,6 +298,7 @@ def job_json(row: JobRow, live_progress: int | None = None, now: float | None = 
         "held_time": row.held_time,
         "held_s": held,
         "checkpoint_dir": row.checkpoint_dir,
+        "workdir": s.get("workdir"),
         "progress": live_progress if live_progress is not None else row.progress,
         "exit_code": row.exit_code,
         "reason": row.reason,

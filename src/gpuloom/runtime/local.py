@@ -268,9 +268,16 @@ class NodeAgent:
                 if stale:
                     Path(stale).unlink(missing_ok=True)
             prefix, home = self.account(spec)
-            cwd = spec.workdir
-            if cwd is None and spec.user is not None:  # not the server's working directory
-                cwd = home if home and os.path.isdir(home) else "/"
+            # the job's directory (the submitter's, by default, as sbatch); where this node lacks it the job
+            # runs in its account's home and its log says so first (Slurm goes to /tmp); with neither a
+            # directory nor an account of its own it stays in the server's
+            fallback = home if home and os.path.isdir(home) else "/"
+            cwd, note = spec.workdir, b""
+            if cwd is not None and not os.path.isdir(cwd):
+                note = f"gpuloom: no directory {cwd} on this node; running in {fallback}\n".encode()
+                cwd = fallback
+            elif cwd is None and spec.user is not None:  # not the server's working directory
+                cwd = fallback
 
             cores = self.machine_cores(spec.cpus)
             cg: JobCgroup | None = None
@@ -298,6 +305,9 @@ class NodeAgent:
                 with open(fd, "ab") as log:
                     if os.fstat(fd).st_mode & 0o077:
                         os.fchmod(fd, 0o600)
+                    if note:
+                        log.write(note)
+                        log.flush()
                     popen = subprocess.Popen(
                         ["/bin/sh", "-c", _WRAPPER, "gpuloom-job", spec.command, exit_path, pid_path, *prefix],
                         stdin=subprocess.DEVNULL,
