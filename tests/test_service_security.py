@@ -556,15 +556,18 @@ def test_10_tokens_expire_list_and_revoke(env: Env) -> None:
 
 
 def test_10_others_jobs_are_listed_without_command_or_paths(env: Env) -> None:
-    a = env.post("alice", {"name": "a", "command": "train --password hunter2", "gpus": 1}).json()["id"]
+    a = env.post("alice", {"name": "a", "command": "train --password hunter2", "gpus": 1,
+                           "workdir": "/tmp/alice-secret-project"}).json()["id"]
     env.svc.round()
     seen_by_bob = env.client.get(f"/jobs/{a}", headers=h(env.tokens["bob"])).json()
     assert seen_by_bob["name"] == "a" and seen_by_bob["state"] == "launching"
     assert seen_by_bob["command"] is None and seen_by_bob["checkpoint_dir"] is None and seen_by_bob["procs"] is None
-    assert "hunter2" not in json.dumps(env.client.get("/jobs", headers=h(env.tokens["bob"])).json())
+    assert seen_by_bob["workdir"] is None
+    listed = json.dumps(env.client.get("/jobs", headers=h(env.tokens["bob"])).json())
+    assert "hunter2" not in listed and "alice-secret-project" not in listed
     assert all(ev["detail"] == {} for ev in env.client.get(f"/jobs/{a}/events", headers=h(env.tokens["bob"])).json())
     own = env.client.get(f"/jobs/{a}", headers=h(env.tokens["alice"])).json()
-    assert own["command"] == "train --password hunter2" and own["procs"]
+    assert own["command"] == "train --password hunter2" and own["procs"] and own["workdir"] == "/tmp/alice-secret-project"
     assert env.client.get(f"/jobs/{a}", headers=h(env.admin)).json()["checkpoint_dir"]
 
 
