@@ -107,8 +107,8 @@ def test_yarn_fixture_4gpu(data_dir):
     assert t.choose([0, 1, 2, 3], 2, "spread") == (0, 2)  # SOC pair
 
 
-# `nvidia-smi topo -m | tee topo.txt` on a lent one-GPU H200 machine (driver 580), byte for byte: the
-# header is underlined with terminal escapes although the output went to a pipe
+# `nvidia-smi topo -m | tee topo.txt` on a lent one-GPU H200 machine (driver 580): its matrix byte for
+# byte (the legend cut short), the header underlined with terminal escapes although it went to a pipe
 H200_ONE_GPU = (
     "\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
     "GPU0\t X \t0-15\t0\t\tN/A\n"

@@ -271,12 +271,11 @@ class NodeAgent:
             # the job's directory (the submitter's, by default, as sbatch); where this node lacks it the job
             # runs in its account's home and its log says so first (Slurm goes to /tmp); with neither a
             # directory nor an account of its own it stays in the server's
-            fallback = home if home and os.path.isdir(home) else "/"
             cwd, note = spec.workdir, b""
-            if cwd is not None and not os.path.isdir(cwd):
-                note = f"gpuloom: no directory {cwd} on this node; running in {fallback}\n".encode()
-                cwd = fallback
-            elif cwd is None and spec.user is not None:  # not the server's working directory
+            if (cwd is None and spec.user is not None) or (cwd is not None and not os.path.isdir(cwd)):
+                fallback = home if home and os.path.isdir(home) else "/"
+                if cwd is not None:
+                    note = f"gpuloom: no directory {cwd} on this node; running in {fallback}\n".encode()
                 cwd = fallback
 
             cores = self.machine_cores(spec.cpus)
