@@ -43,8 +43,9 @@ every node into fixed slots of ``slot`` GPUs and runs one job per slot.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def is_protected(job: Job, now: float) -> bool:
 
 @register("size", "elastic", "f-scheduling")
 class ElasticSize(SizePolicy):
-    dynamic = True  # protection expires with time, so rounds matter
+    dynamic = True  # protection expires with time, so rounds matter (until next_change)
     #: throughput-model factors this sizer relies on (the simulator adds them to a default model)
     requires_factors = {"scaling": lambda cluster: ScalingFactor()}
 
@@ -105,6 +106,38 @@ class ElasticSize(SizePolicy):
             raise ValueError(f"hysteresis threshold must be >= 0 iterations/s (or None to disable), got {hysteresis}")
         self.hysteresis = None if hysteresis is None or hysteresis is False else float(hysteresis)
         self.last_unfairness = 0.0
+
+    def next_change(self, view: View) -> float:
+        """The first time a running job's protection (:func:`is_protected`) can change.
+
+        Time enters this sizer, and its :class:`Hysteresis` hook, only through protection:
+        the throughput curves, the order of ``units`` and the current allocations are the
+        state a round left unchanged.  A running job's protection is constant until its
+        next planned lifecycle step (launching, checkpointing and stopping end there), the
+        end of its RUNNING_PROTECTED window, or the end of its overhead (``busy_until``),
+        whichever comes first; the soonest over the running jobs is when a round could
+        plan differently.  A job in a transient state with no step planned (the service,
+        where a process reports the step) could change at any moment: ``view.now``.
+        """
+        now = view.now
+        jobs = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        best = math.inf
+        for jid in view.current:
+            job = jobs.get(jid)
+            if job is None or job.lifecycle is None:  # (never protected: is_protected)
+                continue
+            lc = job.lifecycle
+            if lc.planned:
+                best = min(best, lc.planned[0][0])
+            elif lc.state in _TRANSIENT:
+                return now
+            if lc.state is JobState.RUNNING_PROTECTED and lc.protected_until is not None:
+                best = min(best, lc.protected_until)
+            if job.busy_until > now:
+                best = min(best, job.busy_until)
+            if best <= now:
+                return now
+        return best
 
     def plan_hooks(self) -> list[Hysteresis]:
         """The :class:`Hysteresis` hook (threshold ``hysteresis`` it/s) unless disabled with ``None``."""
@@ -289,8 +322,10 @@ class Hysteresis:
 
     threshold: float = 1.0
     protect: bool = True
-    applied: int = 0
-    rejected: int = 0
+    # counters, not configuration: a hook equals a fresh one of the same settings (the scheduler
+    # tells a stage's own hooks from foreign ones by equality: Scheduler.next_change)
+    applied: int = field(default=0, compare=False)
+    rejected: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         if not self.threshold >= 0:

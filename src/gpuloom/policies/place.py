@@ -22,6 +22,7 @@ for the extra nodes.  Random placement draws GPUs from the whole cluster
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
@@ -182,10 +183,28 @@ class PackedNonSticky(PackedSticky):
 
 @register("place", "random-sticky")
 class RandomSticky(PlacePolicy):
+    """GPUs drawn at random from the run's generator (``view.rng``).
+
+    The generator is state a round changes even when it plans no action (a draw whose GPUs
+    then lack the cores or memory, a grown request a plan hook turns down), and the next
+    round then draws differently: after a round that drew, a round may change something at
+    once (:meth:`next_change`); after one that drew nothing, it repeats that round.
+    """
+
     sticky = True
 
+    def __init__(self, backfill: bool | str = True) -> None:
+        super().__init__(backfill)
+        self._drew: tuple[float, int] | None = None  # (now, round_index) of the last round that drew
+
     def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+        self._drew = (view.now, view.round_index)
         return random_choice(req, free, view)
+
+    def next_change(self, view: View) -> float:
+        if self.dynamic or self._drew == (view.now, view.round_index):
+            return view.now
+        return math.inf
 
 
 @register("place", "random-non-sticky")
