@@ -158,13 +158,16 @@ def test_elastic_sizing_changes_when_a_protection_ends(make_view) -> None:  # no
     a.lifecycle.planned.clear()
     a.lifecycle.to(S.RUNNING, 80.0)  # unprotected, nothing planned: no time can change the sizing
     assert pol.next_change(make_view(jobs=[a, b], current={"a": a.alloc}, now=90.0)) == math.inf
-    assert pol.next_change(make_view(jobs=[a, b], current={}, now=90.0)) == math.inf  # b waits: no protection
+    assert pol.next_change(make_view(jobs=[b], current={}, now=90.0)) == math.inf  # b waits: no protection
+    b.busy_until = 120.0  # a waiting job still in an overhead (a co-runner asks about it too)
+    assert pol.next_change(make_view(jobs=[b], current={}, now=90.0)) == 120.0
+    b.busy_until = 0.0
     a.lifecycle.to(S.CHECKPOINTING, 90.0)  # a service job stopping: its process reports the end, any time
     assert pol.next_change(make_view(jobs=[a, b], current={"a": a.alloc}, now=90.0)) == 90.0
     # the scheduler sees the sizer's own hysteresis hook, counters and all, as its own (not a foreign hook)
     sched = Scheduler.from_names(size="elastic")
     sched.hooks[0].rejected += 3
-    assert sched.next_change(make_view(jobs=[a, b], current={}, now=90.0)) == math.inf
+    assert sched.next_change(make_view(jobs=[b], current={}, now=90.0)) == math.inf
 
 
 def test_random_placement_changes_after_a_round_that_drew(make_view) -> None:  # noqa: ANN001

@@ -108,25 +108,24 @@ class ElasticSize(SizePolicy):
         self.last_unfairness = 0.0
 
     def next_change(self, view: View) -> float:
-        """The first time a running job's protection (:func:`is_protected`) can change.
+        """The first time an active job's protection (:func:`is_protected`) can change.
 
         Time enters this sizer, and its :class:`Hysteresis` hook, only through protection:
         the throughput curves, the order of ``units`` and the current allocations are the
-        state a round left unchanged.  A running job's protection is constant until its
-        next planned lifecycle step (launching, checkpointing and stopping end there), the
-        end of its RUNNING_PROTECTED window, or the end of its overhead (``busy_until``),
-        whichever comes first; the soonest over the running jobs is when a round could
-        plan differently.  A job in a transient state with no step planned (the service,
-        where a process reports the step) could change at any moment: ``view.now``.
+        state a round left unchanged.  A job's protection is constant until its next
+        planned lifecycle step (launching, checkpointing and stopping end there), the end
+        of its RUNNING_PROTECTED window, or the end of its overhead (``busy_until``),
+        whichever comes first; the soonest over the active jobs (the running ones are
+        asked, and so are their co-runners) is when a round could plan differently.  A job
+        in a transient state with no step planned (the service, where a process reports
+        the step) could change at any moment: ``view.now``.
         """
         now = view.now
-        jobs = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
         best = math.inf
-        for jid in view.current:
-            job = jobs.get(jid)
-            if job is None or job.lifecycle is None:  # (never protected: is_protected)
-                continue
+        for job in view.jobs:
             lc = job.lifecycle
+            if lc is None:  # (never protected: is_protected)
+                continue
             if lc.planned:
                 best = min(best, lc.planned[0][0])
             elif lc.state in _TRANSIENT:
