@@ -15,7 +15,7 @@ then arrivals, then the round, so a GPU freed at ``t`` is reusable at ``t``.
   the round comes before the stages' :meth:`~gpuloom.scheduler.Scheduler.next_change`
   (never, for a stack whose output does not change with time alone: FIFO; the
   next crossing of two jobs' keys for SRTF, SRSF, LAS, FTF; the next demotion
-  for 2D-LAS; the next end of a running job's protection, overhead or
+  for 2D-LAS; the next end of an active job's protection, overhead or
   lifecycle step under elastic sizing; at once after a round that drew random
   GPUs).  The results are those of computing every round
   (``SimConfig.skip_rounds=False`` does; ``RunResult.rounds_computed`` counts).
