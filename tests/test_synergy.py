@@ -256,6 +256,37 @@ def test_tune_reclaims_across_nodes_for_a_spanning_job() -> None:
     assert big.cpus == 36
 
 
+def test_tune_spreads_a_job_only_where_the_place_policy_would() -> None:
+    # two servers, seven 1-GPU gnmts on each: one GPU free per node.  A 2-GPU gnmt fits on a node,
+    # so packed-sticky (consolidating) makes it wait under proportional sizing, and TUNE must not
+    # spread it over the two nodes either (it would run 1.7x slower: the locality penalty)
+    cl = Cluster.homogeneous(2, 8, 24, 500_000)
+    specs = [JobSpec(f"g{i}", i, 1, 100, model="gnmt") for i in range(14)] + [JobSpec("two", 20, 2, 100, model="gnmt")]
+
+    def running_view() -> View:
+        view = make_view(cl, specs, small_catalogue())
+        current = {}
+        for i, j in enumerate(view.jobs[:14]):  # GPUs 0-6 and 8-14
+            j.alloc = current[j.id] = Allocation(j.id, (Part(i // 7, (i // 7 * 8 + i % 7,), 3, 62_500),))
+        return View(0.0, cl, view.jobs, current, view.model, view.rng)
+
+    for size in ("proportional", "tune"):
+        view = running_view()
+        plan, s = run_size(size, view)
+        assert set(plan.allocations) == {f"g{i}" for i in range(14)}, size
+        if size == "tune":
+            check_tune_invariants(plan, view, s.size.last_order, s.place)
+            with pytest.raises(PlanError, match="job two waits although the jobs ahead of it leave 2 GPUs"):
+                check_tune_invariants(plan, view, s.size.last_order)  # (any two free GPUs would do)
+    # a place policy that spreads jobs: TUNE spreads it too, over the two free GPUs
+    view = running_view()
+    plan, s = run_size("tune", view, consolidate=False)
+    two = plan.allocations["two"]
+    assert [(p.node, len(p.gpus), p.cpus) for p in two.parts] == [(0, 1, 1), (1, 1, 1)]  # (gnmt: 1 core a GPU)
+    check_tune_invariants(plan, view, s.size.last_order, s.place)
+    check_tune_invariants(plan, view, s.size.last_order)
+
+
 def test_opt_falls_back_to_tune_when_the_solver_fails(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     import scipy.optimize
 

@@ -29,8 +29,10 @@ the sizers hand out the proportional share.
 
 ``tune`` (Synergy-TUNE)
     In policy order: best-case demand if it fits; else the GPU-proportional
-    share; else pick the node (best fit on free GPUs; the nodes with most free
-    GPUs when the job must span) and *demote* jobs already placed there that
+    share; else pick the node (best fit on free GPUs; when no node has the
+    job's GPUs, the nodes the place policy would spread it over, asked for the
+    GPUs alone: a consolidating policy makes a job that fits on a node wait, as
+    it does under proportional sizing) and *demote* jobs already placed there that
     hold more than their proportional share – lowest priority first – to
     ``min(current, proportional)`` per dimension (exactly proportional if that
     would cost them throughput), until the job fits at its demand capped at the
@@ -39,8 +41,10 @@ the sizers hand out the proportional share.
 
     1. no job runs below its GPU-proportional throughput;
     2. the policy order is respected: a job waits only if the GPUs left by the
-       jobs ahead of it are too few for it;
-    3. no GPU is idle while a runnable job waits for CPU or memory.
+       jobs ahead of it are too few for it, or the place policy would not place
+       it on them;
+    3. no GPU is idle while a runnable job waits for CPU or memory (a job the
+       place policy would place on the idle GPUs).
 
     (After demotions, freed resources are not handed back to other jobs in
     the same round; Synergy's TUNE does not either.)
@@ -365,22 +369,18 @@ class _Round:
             return None
         if free.free_gpus < g:
             return None
-        req = Request(req.jobs, g, None, None)
-        take: dict[int, int] = {}
-        left = g
-        for node in np.argsort(-free.node_gpus, kind="stable").tolist():
-            k = min(left, int(free.node_gpus[node]))
-            if k <= 0:
-                break
-            take[node] = k
-            left -= k
-        if left:
+        # no node has the GPUs: the place policy says over which nodes the job may spread (a
+        # consolidating one makes a job that fits on a node wait, as it does under proportional
+        # sizing), asked for the GPUs alone, as if demotions could free any cores and memory
+        probe = self.place.choose(Request(req.jobs, g, 0, 0), free, self.view)
+        if probe is None:
             return None
-        for node, k in take.items():
-            c, m = need_on(self.cluster, req, node, k)
-            if not self.make_room(node, c, m):
+        req = Request(req.jobs, g, None, None)
+        for p in probe:
+            c, m = need_on(self.cluster, req, p.node, len(p.gpus))
+            if not self.make_room(p.node, c, m):
                 return None
-        parts = split_parts(self.cluster, req, {n: self._pick(n, k, prev_on.get(n, ())) for n, k in take.items()})
+        parts = split_parts(self.cluster, req, {p.node: list(p.gpus) for p in probe})
         return parts if free.fits(parts) else None
 
     def _pick(self, node: int, k: int, prefer: Sequence[int] = ()) -> list[int]:
@@ -450,11 +450,15 @@ def check_tune_invariants(
     plan: Plan | dict[str, Allocation],
     view: View,
     order: Sequence[str] | None = None,
+    place: PlacePolicy | None = None,
 ) -> None:
     """Raise :class:`~gpuloom.core.plan.PlanError` unless TUNE's three promises hold.
 
     ``order`` is the effective order the sizer used (``Tune.last_order``);
-    jobs of ``view.jobs`` not in it count as coming after it.
+    jobs of ``view.jobs`` not in it count as coming after it.  ``place`` is the
+    place policy TUNE placed through: a job it would not place on the free GPUs
+    (a consolidating policy keeps a job that fits on a node off GPUs spread over
+    several) may wait beside them; without it any free GPUs would do.
     """
     allocs = plan.allocations if isinstance(plan, Plan) else plan
     by_id = {j.id: j for j in view.jobs}
@@ -473,23 +477,36 @@ def check_tune_invariants(
             raise PlanError(f"job {jid}: speed {s:.4f} below its GPU-proportional {s0:.4f}")
     total = cluster.num_gpus
     used = sum(a.num_gpus for a in allocs.values())
+
+    def placeable(job: Job, free_gpus: int, taken: Sequence[Allocation]) -> bool:
+        """``job`` would get GPUs left free by ``taken`` (``place``'s say, for the GPUs alone)."""
+        if job.spec.gpus > free_gpus:
+            return False
+        if place is None:
+            return True
+        free = FreeState(cluster)
+        for a in taken:
+            free.take(tuple(Part(p.node, p.gpus, 0, 0) for p in a.parts))
+        return place.choose(Request((job,), job.spec.gpus, 0, 0), free, view) is not None
+
     # 2. order: a waiting job did not fit in the GPUs the jobs ahead of it left
     if order is not None:
-        ahead = 0
+        ahead: list[Allocation] = []
         for jid in order:
             job = by_id.get(jid)
             if job is None:
                 continue
             if jid in allocs:
-                ahead += allocs[jid].num_gpus
-            elif job.spec.gpus <= total - ahead:
+                ahead.append(allocs[jid])
+            elif placeable(job, total - sum(a.num_gpus for a in ahead), ahead):
                 raise PlanError(
-                    f"job {jid} waits although the jobs ahead of it leave {total - ahead} GPUs (it needs {job.spec.gpus})"
+                    f"job {jid} waits although the jobs ahead of it leave {total - sum(a.num_gpus for a in ahead)} "
+                    f"GPUs (it needs {job.spec.gpus})"
                 )
     # 3. no GPU idle while a runnable job waits for CPU or memory
     idle = total - used
     for job in view.jobs:
-        if job.id not in allocs and job.spec.gpus <= idle:
+        if job.id not in allocs and placeable(job, idle, list(allocs.values())):
             raise PlanError(f"job {job.id} waits for {job.spec.gpus} GPUs while {idle} GPUs are idle")
 
 
@@ -499,8 +516,11 @@ def tune_invariant_observer(sim: Any, event: str) -> None:
         return
     jobs = [j for j in sim.active.values() if j.spec.gpus <= sim.cluster.num_gpus]
     view = View(sim.now, sim.cluster, jobs, sim.current, sim.model, sim.rng, sim.rounds)
-    order = getattr(sim.scheduler.size, "last_order", None)
-    check_tune_invariants(dict(sim.current), view, order)
+    # the order promise is TUNE's own: OPT's placement LP packs its window as a whole, and a job
+    # the rounded placement leaves out may find the GPUs the jobs ahead left spread by later ones
+    size = sim.scheduler.size
+    order = size.last_order if isinstance(size, Tune) else None
+    check_tune_invariants(dict(sim.current), view, order, sim.scheduler.place)
 
 
 def plan_throughput(plan: Plan, view: View) -> float:
