@@ -125,6 +125,7 @@ class Scheduler:
         self.preemptive = preemptive
         self.hooks = list(hooks)
         self.queue = queue if queue is not None else pb.make("queue", "none")
+        self._whole = False  # the last round's prefix left GPUs free: it was planned on the whole queue
 
     @classmethod
     def from_names(
@@ -258,10 +259,19 @@ class Scheduler:
                     rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk),
                                 requests + walk.requests(), full=True)
                     every_asked = True
+                elif self._whole and len(prefix) < len(ordered):
+                    # the last round's prefix left GPUs free (fragmented nodes keep doing so): plan the
+                    # whole queue at once.  When the prefix would have filled the cluster the whole
+                    # queue gives the same plan (nothing past the prefix gets a GPU), so only time
+                    # depends on this guess
+                    rnd = self._run(ordered, view)
+                    self._whole = _free_gpus(rnd.plan, view) > 0
                 else:
                     rnd = self._run(prefix, view)
+                    self._whole = False
                     if len(prefix) < len(ordered) and _free_gpus(rnd.plan, view) > 0:
                         rnd = self._run(ordered, view)
+                        self._whole = True
             else:
                 ordered = self.order.order(view.jobs, view)
                 rnd = self._run(ordered, view)
