@@ -490,6 +490,29 @@ def test_invariants_hold_for_opt_and_non_preemptive_runs(size: str, preemptive: 
         assert res.summary()["preemptions"] == 0
 
 
+@pytest.mark.parametrize("size", ["tune", "opt"])
+def test_planning_the_whole_queue_first_changes_no_result(size: str) -> None:
+    # multi-GPU jobs on two nodes fragment them: rounds whose prefix leaves GPUs free, after which the
+    # scheduler plans the whole queue straight away; the run must be the one that plans the prefix first
+    cl = Cluster.homogeneous(2, 8, 24, 500_000)
+    specs = synergy_workload(80, jobs_per_hour=200, split=(20, 70, 10), seed=2)
+    runs, whole = [], []
+    for guess in (True, False):
+        sched = Scheduler.from_names("fifo", "none", size, "packed-sticky")
+        sched.guess_whole = guess
+        model = add_sensitivity(ThroughputModel.default(cl), small_full_catalogue())
+        seen = [0]
+
+        def count(sim: Simulator, event: str, seen: list[int] = seen) -> None:
+            seen[0] += event == "round" and sim.scheduler._whole and sim.scheduler.guess_whole
+
+        runs.append(Simulator(cl, specs, sched, model, SimConfig(round_len=300), observers=[count]).run())
+        whole.append(seen[0])
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert runs[0].summary()["completed"] == 80
+    assert whole[0] > 50 and whole[1] == 0  # (the guess was taken in many rounds)
+
+
 def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
     # Synergy's profiles give each model's storage demand per GPU (column "speed", MB/s):
     # alexnet 62.5*2 = 125, bert int(62.5/3) = 20.  On a 500 MB/s, 8-GPU server a GPU's share is

@@ -126,6 +126,7 @@ class Scheduler:
         self.hooks = list(hooks)
         self.queue = queue if queue is not None else pb.make("queue", "none")
         self._whole = False  # the last round's prefix left GPUs free: it was planned on the whole queue
+        self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
 
     @classmethod
     def from_names(
@@ -259,13 +260,15 @@ class Scheduler:
                     rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk),
                                 requests + walk.requests(), full=True)
                     every_asked = True
-                elif self._whole and len(prefix) < len(ordered):
+                elif self._whole and self.guess_whole and len(prefix) < len(ordered):
                     # the last round's prefix left GPUs free (fragmented nodes keep doing so): plan the
                     # whole queue at once.  When the prefix would have filled the cluster the whole
                     # queue gives the same plan (nothing past the prefix gets a GPU), so only time
                     # depends on this guess
                     rnd = self._run(ordered, view)
-                    self._whole = _free_gpus(rnd.plan, view) > 0
+                    allocs = rnd.plan.allocations
+                    # would the prefix alone have left GPUs free? (what it holds of this plan, a guess)
+                    self._whole = sum(allocs[j.id].num_gpus for j in prefix if j.id in allocs) < view.cluster.num_gpus
                 else:
                     rnd = self._run(prefix, view)
                     self._whole = False
