@@ -513,6 +513,22 @@ def test_planning_the_whole_queue_first_changes_no_result(size: str) -> None:
     assert whole[0] > 50 and whole[1] == 0  # (the guess was taken in many rounds)
 
 
+def test_opt_answers_a_repeated_lp_from_the_last_one() -> None:
+    # the same round twice: both LPs are the last ones again, answered without solving; the plan is the same
+    cl, specs = scenario()
+    view = make_view(cl, specs, small_catalogue())
+    sched = Scheduler.from_names("fifo", "none", "opt", "packed-sticky")
+    first = sched.schedule(view).plan
+    assert sched.size.repeated_lps == 0 and sched.size.lp_rounds == 1
+    again = sched.schedule(view).plan
+    assert sched.size.repeated_lps == 2 and sched.size.lp_rounds == 2
+    assert again.allocations == first.allocations
+    # one job fewer: a new allocation LP (the window changed), solved
+    view2 = make_view(cl, specs[:-1], small_catalogue())
+    sched.schedule(view2)
+    assert sched.size.repeated_lps == 2
+
+
 def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
     # Synergy's profiles give each model's storage demand per GPU (column "speed", MB/s):
     # alexnet 62.5*2 = 125, bert int(62.5/3) = 20.  On a 500 MB/s, 8-GPU server a GPU's share is

@@ -85,6 +85,8 @@ class Opt(_SynergySizer):
         self.reused_rounds = 0
         self._cands: dict[tuple[Any, ...], tuple[list[tuple[int, int]], list[float]]] = {}
         self._highs: Any = None  # the HiGHS solver (False: highspy missing, scipy's linprog instead)
+        self._last_lp: dict[str, tuple[tuple[Any, ...], _LPResult]] = {}  # kind -> (its input, its answer)
+        self.repeated_lps = 0  # LPs answered from the last one of their kind (the same input)
 
     def _run(self, rnd: _Round, order: list[Request]) -> None:
         rnd.register(order)
@@ -273,6 +275,22 @@ class Opt(_SynergySizer):
         n = len(c)
         b = np.asarray(bounds, dtype=float)
         lb, ub = (np.full(n, b[0]), np.full(n, b[1])) if b.ndim == 1 else (b[:, 0].copy(), b[:, 1].copy())
+        # the same LP as the last one of its kind (a round after arrivals that joined no window, on
+        # the state the last round left): its answer again.  HiGHS starts every solve from a cleared
+        # model, so an LP's answer depends on the LP alone
+        key = (c.tobytes(), a_ub.rows.tobytes(), a_ub.cols.tobytes(), a_ub.vals.tobytes(), a_ub.shape,
+               np.asarray(b_ub, dtype=float).tobytes(), a_eq.rows.tobytes(), a_eq.cols.tobytes(),
+               a_eq.vals.tobytes(), a_eq.shape, np.asarray(b_eq, dtype=float).tobytes(), lb.tobytes(), ub.tobytes())
+        hit = self._last_lp.get(what)
+        if hit is not None and hit[0] == key:
+            self.repeated_lps += 1
+            return hit[1]
+        res = self._solve_new(what, c, a_ub, b_ub, a_eq, b_eq, lb, ub)
+        self._last_lp[what] = (key, res)
+        return res
+
+    def _solve_new(self, what: str, c: np.ndarray, a_ub: _Sparse, b_ub: np.ndarray, a_eq: _Sparse, b_eq: np.ndarray,
+                   lb: np.ndarray, ub: np.ndarray) -> _LPResult:
         try:
             h = self._solver()
             if h is None:
