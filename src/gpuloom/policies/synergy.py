@@ -475,39 +475,37 @@ def check_tune_invariants(
         s, s0 = model.speed(job, a), model.speed(job, prop)
         if s < s0 - 1e-9:
             raise PlanError(f"job {jid}: speed {s:.4f} below its GPU-proportional {s0:.4f}")
-    total = cluster.num_gpus
-    used = sum(a.num_gpus for a in allocs.values())
 
-    def placeable(job: Job, free_gpus: int, taken: Sequence[Allocation]) -> bool:
-        """``job`` would get GPUs left free by ``taken`` (``place``'s say, for the GPUs alone)."""
-        if job.spec.gpus > free_gpus:
+    def placeable(job: Job, free: FreeState) -> bool:
+        """``job`` would get GPUs of ``free`` (``place``'s say, for the GPUs alone; any would do without it)."""
+        g = job.spec.gpus
+        if g > free.free_gpus:
             return False
-        if place is None:
-            return True
-        free = FreeState(cluster)
-        for a in taken:
-            free.take(tuple(Part(p.node, p.gpus, 0, 0) for p in a.parts))
-        return place.choose(Request((job,), job.spec.gpus, 0, 0), free, view) is not None
+        return place is None or place.choose(Request((job,), g, 0, 0), free, view) is not None
+
+    def gpus_only(a: Allocation) -> tuple[Part, ...]:
+        return tuple(Part(p.node, p.gpus, 0, 0) for p in a.parts)
 
     # 2. order: a waiting job did not fit in the GPUs the jobs ahead of it left
     if order is not None:
-        ahead: list[Allocation] = []
+        ahead = FreeState(cluster)  # what the jobs ahead of the one in turn leave free
         for jid in order:
             job = by_id.get(jid)
             if job is None:
                 continue
             if jid in allocs:
-                ahead.append(allocs[jid])
-            elif placeable(job, total - sum(a.num_gpus for a in ahead), ahead):
+                ahead.take(gpus_only(allocs[jid]))
+            elif placeable(job, ahead):
                 raise PlanError(
-                    f"job {jid} waits although the jobs ahead of it leave {total - sum(a.num_gpus for a in ahead)} "
-                    f"GPUs (it needs {job.spec.gpus})"
+                    f"job {jid} waits although the jobs ahead of it leave {ahead.free_gpus} GPUs (it needs {job.spec.gpus})"
                 )
     # 3. no GPU idle while a runnable job waits for CPU or memory
-    idle = total - used
+    idle = FreeState(cluster)
+    for a in allocs.values():
+        idle.take(gpus_only(a))
     for job in view.jobs:
-        if job.id not in allocs and placeable(job, idle, list(allocs.values())):
-            raise PlanError(f"job {job.id} waits for {job.spec.gpus} GPUs while {idle} GPUs are idle")
+        if job.id not in allocs and placeable(job, idle):
+            raise PlanError(f"job {job.id} waits for {job.spec.gpus} GPUs while {idle.free_gpus} GPUs are idle")
 
 
 def tune_invariant_observer(sim: Any, event: str) -> None:
