@@ -139,14 +139,16 @@ class _SynergySizer(SizePolicy):
         self.last_stats: dict[str, Any] = {}
 
     # -- demand vectors ----------------------------------------------------
-    def profile(self, job: Job, view: View) -> CpuMemProfile | None:
-        f = sensitivity_factor(view)
+    def profile(self, job: Job, view: View, factor: SensitivityFactor | None = None) -> CpuMemProfile | None:
+        """``job``'s profile (``factor``: the view's sensitivity factor, when the caller has it)."""
+        f = sensitivity_factor(view) if factor is None else factor
         return None if f is None else f.profile_for(job)
 
-    def demand(self, job: Job, view: View, rn: int | None = None) -> tuple[int | None, int | None]:
+    def demand(self, job: Job, view: View, rn: int | None = None,
+               factor: SensitivityFactor | None = None) -> tuple[int | None, int | None]:
         """Best-case (cores, MB) totals; ``None`` = GPU-proportional on whichever node (``rn``: the
-        reference node, if known)."""
-        p = self.profile(job, view)
+        reference node, ``factor`` the view's sensitivity factor, if known)."""
+        p = self.profile(job, view, factor)
         g = job.spec.gpus
         rn = _ref_node(view) if rn is None else rn
         node = view.cluster.nodes[rn]
@@ -161,7 +163,8 @@ class _SynergySizer(SizePolicy):
         return d
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
-        if units and sensitivity_factor(view) is None:
+        factor = sensitivity_factor(view)
+        if units and factor is None:
             raise PolicyError(
                 f"size policy {self.name!r} needs CPU/memory profiles: pass --profiles FILE (-P profiles=FILE), "
                 "read a trace that carries them (Synergy traces find model_sensitivity_profiles.csv), or add "
@@ -173,7 +176,7 @@ class _SynergySizer(SizePolicy):
             if len(unit) != 1:
                 raise PolicyError(f"size policy {self.name!r} places one job per GPU set; use group 'none'")
             j = unit[0]
-            c, m = self.demand(j, view, rn)
+            c, m = self.demand(j, view, rn, factor)
             out.append(Request(tuple(unit), j.spec.gpus, c, m))
         return out
 
@@ -215,14 +218,24 @@ class _Round:
         self.stats: dict[str, Any] = {"best": 0, "proportional": 0, "reclaimed": 0, "demoted": 0, "skipped": 0}
         ncap = self.cluster.nodes
         self.node_gpus_total = np.array([n.gpus for n in ncap], dtype=np.int64)
-        self.node_cpus_total = np.array([n.cpus for n in ncap], dtype=np.int64)
-        self.node_mem_total = np.array([n.mem_mb for n in ncap], dtype=np.int64)
+        self.node_totals = [(max(n.gpus, 1), n.cpus, n.mem_mb) for n in ncap]
+        self.ref_node = _ref_node(view)
+        self.factor = sensitivity_factor(view)
 
     # -- bookkeeping --------------------------------------------------------
     def commit(self, req: Request, parts: tuple[Part, ...]) -> None:
+        """Take ``parts``, split from ``req`` (:func:`split_parts`, or ``choose`` which splits
+        the same way), for the job: the allocation carries ``req``'s key, so the next round's
+        ``keep_parts`` reuses the parts of an unchanged request instead of splitting again, and a
+        job kept as it was keeps its allocation object."""
         job = req.job
         self.free.take(parts)
-        self.plan.add(Allocation(job.id, parts))
+        key = req.key
+        prev = job.alloc
+        if prev is not None and prev.parts is parts and prev.key == key and not prev.group:
+            self.plan.add(prev)
+        else:
+            self.plan.add(Allocation(job.id, parts, (), key))
         for p in parts:
             self.on_node.setdefault(p.node, []).append(job.id)
 
@@ -238,23 +251,23 @@ class _Round:
             if parts is not None:
                 return parts
         g = req.gpus
-        single = free.node_gpus >= g
-        if single.any():
-            if req.cpus is None:
-                c_need = self.node_cpus_total * g // np.maximum(self.node_gpus_total, 1)
+        # a node with the GPUs free and the cores and memory the request needs there (its totals,
+        # or the node's proportional share); node by node on the buffers (a few nodes: numpy's
+        # per-call cost is most of the work)
+        single = max(free.gpu_counts, default=0) >= g
+        if single:
+            ng, nc, nm = free._ng, free.cpu_counts, free.mem_counts
+            c, m = req.cpus, req.mem_mb
+            for n, (tg, tc, tm) in enumerate(self.node_totals):
+                if ng[n] >= g and nc[n] >= (tc * g // tg if c is None else c) \
+                        and nm[n] >= (tm * g // tg if m is None else m):
+                    break
             else:
-                c_need = np.full(len(single), req.cpus)
-            if req.mem_mb is None:
-                m_need = self.node_mem_total * g // np.maximum(self.node_gpus_total, 1)
-            else:
-                m_need = np.full(len(single), req.mem_mb)
-            ok = single & (free.node_cpus >= c_need) & (free.node_mem >= m_need)
-            if not ok.any():
                 return None
         elif g > free.free_gpus:
             return None
         parts = self.place.choose(req, free, self.view)
-        if parts is not None and len(parts) > 1 and single.any():
+        if parts is not None and len(parts) > 1 and single:
             return None
         return parts
 
@@ -275,13 +288,13 @@ class _Round:
     def capped_request(self, req: Request) -> Request:
         """The demand capped at the proportional share, if that keeps proportional throughput."""
         job = req.job
-        rn = _ref_node(self.view)
+        rn = self.ref_node
         if req.gpus > self.cluster.nodes[rn].gpus or (req.cpus is None and req.mem_mb is None):
             return Request(req.jobs, req.gpus, None, None)
         pc, pm = self.cluster.proportional(rn, req.gpus)
         c = pc if req.cpus is None else min(req.cpus, pc)
         m = pm if req.mem_mb is None else min(req.mem_mb, pm)
-        p = self.sizer.profile(job, self.view)
+        p = None if self.factor is None else self.factor.profile_for(job)
         if p is not None and p.throughput_at(c, m, req.gpus) < p.throughput_at(pc, pm, req.gpus) * (1 - 1e-12):
             return Request(req.jobs, req.gpus, None, None)
         return Request(req.jobs, req.gpus, c, m)
@@ -348,8 +361,9 @@ class _Round:
             self.demote(jid, node)
         return bool(free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m)
 
-    def reclaim(self, req: Request) -> tuple[Part, ...] | None:
-        """TUNE's last step: free CPU/memory on a node with enough GPUs by demoting over-share jobs."""
+    def reclaim(self, req: Request) -> tuple[tuple[Part, ...], Request] | None:
+        """TUNE's last step: free CPU/memory on a node with enough GPUs by demoting over-share jobs.
+        Returns the parts and the request they were split from."""
         free = self.free
         g = req.gpus
         prev = req.prev
@@ -365,7 +379,7 @@ class _Round:
                     gids = self._pick(node, g, prev_on.get(node, ()))
                     parts = split_parts(self.cluster, req, {node: gids})
                     if free.fits(parts):
-                        return parts
+                        return parts, req
             return None
         if free.free_gpus < g:
             return None
@@ -381,7 +395,7 @@ class _Round:
             if not self.make_room(p.node, c, m):
                 return None
         parts = split_parts(self.cluster, req, {p.node: list(p.gpus) for p in probe})
-        return parts if free.fits(parts) else None
+        return (parts, req) if free.fits(parts) else None
 
     def _pick(self, node: int, k: int, prefer: Sequence[int] = ()) -> list[int]:
         avail = self.free.free_on(node)
@@ -399,11 +413,11 @@ class _Round:
         if how is not None:
             self.stats[how] += 1
             return True
-        parts = self.reclaim(req)
-        if parts is None:
+        got = self.reclaim(req)
+        if got is None:
             self.stats["skipped"] += 1
             return False
-        self.commit(Request(req.jobs, req.gpus, parts[0].cpus, parts[0].mem_mb), parts)
+        self.commit(got[1], got[0])
         self.stats["reclaimed"] += 1
         return True
 
