@@ -344,3 +344,26 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
     assert grouped > 0
     for r in res.jobs:  # nobody beats running alone
         assert r.finish - r.first_start >= r.duration * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("variant", ["muri-s", "muri-l"])
+def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path, variant: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # a round's edges come from plain loops over a few nodes and from numpy past _NUMPY_NODES: the
+    # two must give the same edges, weights and order, so the same groups and the same run
+    import gpuloom.policies.muri as muri
+
+    specs = load_muri(data_dir / "muri/sim_traces/trace3.csv", limit=150)
+    cl = Cluster.homogeneous(4, 8, 92, 520_000)  # a small cluster: long queues, large buckets
+    specs = [s for s in specs if s.gpus <= 16]
+    runs = []
+    sizes: list[int] = []
+    real = muri.max_weight_pairs
+    monkeypatch.setattr(muri, "max_weight_pairs", lambda n, e: (sizes.append(n), real(n, e))[1])
+    for limit in (0, 10**9):
+        monkeypatch.setattr(muri, "_NUMPY_NODES", limit)
+        res = Simulator(cl, specs, Scheduler.from_names(*VARIANTS[variant]), build_model(cl),
+                        SimConfig(round_len=600.0)).run()
+        runs.append([(r.id, r.first_start, r.finish, r.preemptions, r.migrations) for r in res.jobs])
+    assert runs[0] == runs[1]
+    assert max(sizes) > 8 and any(s < 8 for s in sizes)  # matchings both small and larger

@@ -52,7 +52,6 @@ throughput model's ``interleave`` factor, so grouping and simulation agree.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -66,6 +65,8 @@ from .base import GroupPolicy, PolicyError, View, register
 WEIGHT_SCALE = 1_000_000
 #: extra weight for keeping jobs that already run together (tie-breaker; 1e-6 of efficiency)
 STICKY_BONUS = 1
+#: nodes in a matching round past which its edges are found with numpy rather than plain loops
+_NUMPY_NODES = 32
 #: (order, group) registry names of Muri's two variants
 VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
 
@@ -79,14 +80,6 @@ def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tupl
     g.add_edges_from(list(edges))
     m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
     return sorted((min(a, b), max(a, b)) for a, b in m)
-
-
-@lru_cache(maxsize=256)
-def _triu(n: int) -> tuple[np.ndarray, np.ndarray]:
-    iu, ju = np.triu_indices(n, 1)
-    iu.setflags(write=False)
-    ju.setflags(write=False)
-    return iu, ju
 
 
 def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
@@ -244,20 +237,37 @@ class MuriGrouping(GroupPolicy):
         # nodes with the same multiset of profiles share weights: work on distinct keys
         keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
         key_id: dict[tuple[Profile, ...], int] = {}
-        kid = np.array([key_id.setdefault(kk, len(key_id)) for kk in keys], dtype=np.int64)
-        W = self._weights(list(key_id), max_group, factor)
-        if not W.any():
-            return []
+        kid = [key_id.setdefault(kk, len(key_id)) for kk in keys]
+        W = self._weight_rows(list(key_id), max_group, factor)
         n = len(nodes)
-        iu, ju = _triu(n)
-        ww = W[kid[iu], kid[ju]]
+        nl = None
         if labels is not None and any(x >= 0 for x in labels):
-            nl = np.array([_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)])
-            ww = ww + STICKY_BONUS * ((nl[iu] == nl[ju]) & (ww > 0))
-        sel = np.flatnonzero(ww > 0)
-        if sel.size == 0:
+            nl = [_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)]
+        # the edges of positive weight, in (a, c) order, a < c: plain loops over a few nodes (a
+        # bucket in a round holds about ten: numpy's per-call overhead would be most of the work),
+        # numpy past _NUMPY_NODES
+        edges: list[tuple[int, int, int]] = []
+        if n > _NUMPY_NODES:
+            iu, ju = np.triu_indices(n, 1)
+            ka = np.array(kid, dtype=np.int64)
+            ww = np.array(W, dtype=np.int64).reshape(len(W), len(W))[ka[iu], ka[ju]]
+            if nl is not None:
+                na = np.array(nl, dtype=np.int64)
+                ww = ww + STICKY_BONUS * ((na[iu] == na[ju]) & (ww > 0))
+            sel = np.flatnonzero(ww > 0)
+            edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
+        else:
+            for a in range(n - 1):
+                row = W[kid[a]]
+                la = -1 if nl is None else nl[a]
+                for c in range(a + 1, n):
+                    w = row[kid[c]]
+                    if w > 0:
+                        if nl is not None and nl[c] == la:
+                            w += STICKY_BONUS
+                        edges.append((a, c, w))
+        if not edges:
             return []
-        edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
         pairs = max_weight_pairs(n, edges)
         wmap = {(a, c): w for a, c, w in edges}
         return [(a, c, wmap[(a, c)]) for a, c in pairs]
@@ -278,14 +288,20 @@ class MuriGrouping(GroupPolicy):
         return t
 
     def _weights(self, ukeys: list[tuple[Profile, ...]], max_group: int, factor: InterleaveFactor) -> np.ndarray:
-        """Integer edge weights between distinct node keys (0 = may not merge); cached across rounds.
+        """:meth:`_weight_rows` as a matrix."""
+        return np.array(self._weight_rows(ukeys, max_group, factor), dtype=np.int64).reshape(len(ukeys), len(ukeys))
+
+    def _weight_rows(self, ukeys: list[tuple[Profile, ...]], max_group: int,
+                     factor: InterleaveFactor) -> list[list[int]]:
+        """Integer edge weights between distinct node keys (0 = may not merge), row by row; cached
+        across rounds.
 
         A pair may merge when the union holds at most ``max_group`` jobs and
         its interleaved iteration time is below the sum of the two nodes' own
         (taking turns); its weight is the union's efficiency x ``WEIGHT_SCALE``.
         """
         nk = len(ukeys)
-        W = np.zeros((nk, nk), dtype=np.int64)
+        W = [[0] * nk for _ in range(nk)]
         cache = self._wcache
         missing: dict[int, list[tuple[int, int, tuple[tuple[Profile, ...], tuple[Profile, ...]]]]] = {}
         for a in range(nk):
@@ -299,7 +315,7 @@ class MuriGrouping(GroupPolicy):
                 if w is None:
                     missing.setdefault(len(ka) + len(kb), []).append((a, b, ck))
                 else:
-                    W[a, b] = W[b, a] = w
+                    W[a][b] = W[b][a] = w
         if missing:
             spans = factor.layout(len(ukeys[0][0]))
             k = sum(spans)
@@ -315,7 +331,7 @@ class MuriGrouping(GroupPolicy):
                     else:
                         w = 0
                     cache[ck] = w
-                    W[a, b] = W[b, a] = w
+                    W[a][b] = W[b][a] = w
         return W
 
     @staticmethod
