@@ -349,8 +349,9 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
 @pytest.mark.parametrize("variant", ["muri-s", "muri-l"])
 def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path, variant: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    # a round's edges come from plain loops over a few nodes and from numpy past _NUMPY_NODES: the
-    # two must give the same edges, weights and order, so the same groups and the same run
+    # a round's edges come from plain loops over a few nodes and from numpy past _NUMPY_NODES, and
+    # a graph met lately gets its matching again: each way must give the same edges, weights and
+    # order, so the same groups and the same run
     import gpuloom.policies.muri as muri
 
     specs = load_muri(data_dir / "muri/sim_traces/trace3.csv", limit=150)
@@ -360,10 +361,16 @@ def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path
     sizes: list[int] = []
     real = muri.max_weight_pairs
     monkeypatch.setattr(muri, "max_weight_pairs", lambda n, e: (sizes.append(n), real(n, e))[1])
-    for limit in (0, 10**9):
-        monkeypatch.setattr(muri, "_NUMPY_NODES", limit)
+    solved = []
+    for loops_up_to, kept in ((0, 0), (10**9, 0), (10**9, 64)):
+        monkeypatch.setattr(muri, "_NUMPY_NODES", loops_up_to)
+        monkeypatch.setattr(muri, "_MATCHINGS_KEPT", kept)
+        sizes.clear()
         res = Simulator(cl, specs, Scheduler.from_names(*VARIANTS[variant]), build_model(cl),
                         SimConfig(round_len=600.0)).run()
         runs.append([(r.id, r.first_start, r.finish, r.preemptions, r.migrations) for r in res.jobs])
-    assert runs[0] == runs[1]
-    assert max(sizes) > 8 and any(s < 8 for s in sizes)  # matchings both small and larger
+        solved.append(len(sizes))
+        if kept == 0:
+            assert max(sizes) > 8 and any(s < 8 for s in sizes)  # matchings both small and larger
+    assert runs[0] == runs[1] == runs[2]
+    assert solved[0] == solved[1] > solved[2]  # graphs met again were not solved again
