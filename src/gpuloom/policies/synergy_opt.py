@@ -145,16 +145,21 @@ class Opt(_SynergySizer):
             if cd is None:
                 cd = self._cands[key] = _candidates(self, r.job, view, r)
             cands.append(cd)
-        n = sum(len(c[0]) for c in cands)
-        cost = np.empty(n)
-        cpu = np.empty(n)
-        mem = np.empty(n)
-        owner = np.empty(n, dtype=np.int64)
-        k = 0
+        # the variables, job by job (built as lists: numpy's per-element writes cost more)
+        cost_l: list[float] = []
+        cpu_l: list[int] = []
+        mem_l: list[int] = []
+        owner_l: list[int] = []
         for j, (pts, spd) in enumerate(cands):
-            for (c, m), s in zip(pts, spd, strict=True):
-                cost[k], cpu[k], mem[k], owner[k] = -s, c, m, j
-                k += 1
+            cost_l.extend([-s for s in spd])
+            cpu_l.extend([c for c, _ in pts])
+            mem_l.extend([m for _, m in pts])
+            owner_l.extend([j] * len(pts))
+        n = len(cost_l)
+        cost = np.array(cost_l, dtype=float)
+        cpu = np.array(cpu_l, dtype=float)
+        mem = np.array(mem_l, dtype=float)
+        owner = np.array(owner_l, dtype=np.int64)
         b_ub = np.array([rnd.cluster.total_cpus, rnd.cluster.total_mem_mb], dtype=float)
         # rows: total cores, total memory (<=), one per job: its points' shares sum to 1 (=)
         cols = np.arange(n)
@@ -162,7 +167,7 @@ class Opt(_SynergySizer):
                         np.concatenate([cpu, mem]), 2, n, drop_zeros=True)
         eq = _Sparse.of(owner, cols, np.ones(n), len(window), n)
         res = self._solve("allocation", cost, ub, b_ub, eq, np.ones(len(window)))
-        x = res.x
+        x = res.x.tolist()
         self.last_objective = float(-res.fun)
         chosen: list[tuple[int, int, float]] = []
         k = 0
@@ -170,9 +175,10 @@ class Opt(_SynergySizer):
         for pts, spd in cands:
             xs = x[k : k + len(pts)]
             k += len(pts)
-            used = [i for i in range(len(pts)) if xs[i] > 1e-7]
-            if len(used) == 1 or xs.max() >= 1 - 1e-7:
-                i = int(np.argmax(xs))
+            used = [i for i, v in enumerate(xs) if v > 1e-7]
+            top = max(xs)
+            if len(used) == 1 or top >= 1 - 1e-7:
+                i = xs.index(top)  # (the first largest, as numpy's argmax)
             else:  # split by the LP: round to the cheaper point
                 i = min(used, key=lambda i: pts[i][0] / tc + pts[i][1] / tm)
             chosen.append((pts[i][0], pts[i][1], spd[i]))
