@@ -261,7 +261,14 @@ class Opt(_SynergySizer):
                 prev = r.prev
                 prev_gpus = prev.parts[0].gpus if prev is not None and prev.parts[0].node == node else ()
                 req = Request(r.jobs, g, c, m)
-                parts = split_parts(rnd.cluster, req, {node: rnd._pick(node, g, prev_gpus)})
+                if (prev is not None and prev_gpus and prev.key == req.key and len(prev_gpus) == g and free.fits(prev.parts)
+                        and list(prev_gpus) == sorted(prev_gpus)):
+                    # back on its GPUs with the request its parts were split from: the same parts
+                    # (_pick offers its free GPUs first, split_parts sorts them and gives one node's
+                    # part the request's totals)
+                    parts = prev.parts
+                else:
+                    parts = split_parts(rnd.cluster, req, {node: rnd._pick(node, g, prev_gpus)})
                 if len(parts[0].gpus) != g or not free.fits(parts):
                     continue  # left to TUNE's steps
                 rnd.commit(req, parts)
