@@ -44,8 +44,12 @@ One round:
 
 Speed: edge weights come from :func:`~gpuloom.perf.interleave.cycle_times`,
 batched in numpy over the *distinct* profile combinations of a bucket (a trace
-has a few dozen model × GPU-count profiles), then gathered for every node pair.
-The interleaving model (threshold, per-size overhead) is read from the
+has a few dozen model × GPU-count profiles), then gathered for every node pair:
+by plain loops in the usual bucket of about ten nodes (numpy's per-call cost
+would be most of a round), with numpy past ``_NUMPY_NODES``.  A matching
+depends on its nodes' profiles and current groups alone, so a round met in one
+of the last ``_MATCHINGS_KEPT`` (a bucket unchanged since an earlier round)
+gets its pairs again instead of new weights and a new Blossom run.  The interleaving model (threshold, per-size overhead) is read from the
 throughput model's ``interleave`` factor, so grouping and simulation agree.
 """
 
@@ -68,7 +72,7 @@ WEIGHT_SCALE = 1_000_000
 STICKY_BONUS = 1
 #: nodes in a matching round past which its edges are found with numpy rather than plain loops
 _NUMPY_NODES = 32
-#: matchings kept by their graph (the last ones used)
+#: matching rounds kept by their input (the last ones used)
 _MATCHINGS_KEPT = 64
 #: (order, group) registry names of Muri's two variants
 VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
@@ -131,11 +135,13 @@ class MuriGrouping(GroupPolicy):
         self.max_group = None if max_group is None else int(max_group)
         self.pack_all = bool(pack_all)  # merge every matched pair, even when the cluster has room
         self.last_rounds = 0  # matching rounds in the last call (for tests/benchmarks)
-        # weight of merging two nodes, keyed by their (sorted) profile tuples
-        self._wcache: dict[tuple[tuple[Profile, ...], tuple[Profile, ...]], int] = {}
+        # weight of merging two nodes, keyed by the ids (in _key_ids) of their (sorted) profile tuples
+        self._wcache: dict[tuple[int, int], int] = {}
+        self._key_ids: dict[tuple[Profile, ...], int] = {}
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple = ()
-        self._pairs: OrderedDict[tuple[int, tuple[tuple[int, int, int], ...]], list[tuple[int, int]]] = OrderedDict()
+        # the last matching rounds: (max_group, node key ids, node labels) -> matched (a, b, weight)
+        self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int], ...]] = OrderedDict()
 
     # -- public ---------------------------------------------------------------
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
@@ -240,13 +246,35 @@ class MuriGrouping(GroupPolicy):
         self._check_cache(factor)
         # nodes with the same multiset of profiles share weights: work on distinct keys
         keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
-        key_id: dict[tuple[Profile, ...], int] = {}
-        kid = [key_id.setdefault(kk, len(key_id)) for kk in keys]
-        W = self._weight_rows(list(key_id), max_group, factor)
-        n = len(nodes)
+        ids = self._key_ids
+        gid = [ids.setdefault(kk, len(ids)) for kk in keys]
         nl = None
         if labels is not None and any(x >= 0 for x in labels):
             nl = [_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)]
+        # the matching depends on these alone (and on the interleaving model, whose change clears
+        # the caches): a round met in one of the last few matchings (a bucket unchanged since an
+        # earlier round: two thirds of Muri-S's on trace3) gets its pairs again
+        rk = (max_group, tuple(gid), None if nl is None else tuple(nl))
+        known = self._rounds.get(rk)
+        if known is not None:
+            self._rounds.move_to_end(rk)
+            return list(known)
+        out = self._match(keys, gid, nl, max_group, factor)
+        self._rounds[rk] = tuple(out)
+        if len(self._rounds) > _MATCHINGS_KEPT:
+            del self._rounds[next(iter(self._rounds))]
+        return out
+
+    def _match(self, keys: list[tuple[Profile, ...]], gid: list[int], nl: list[int] | None, max_group: int,
+               factor: InterleaveFactor) -> list[tuple[int, int, int]]:
+        """:meth:`match_round`'s graph and matching: ``keys`` of the nodes, their ids, their labels."""
+        local: dict[int, int] = {}
+        kid = [local.setdefault(g, len(local)) for g in gid]
+        ukeys: list[tuple[Profile, ...]] = [()] * len(local)
+        for kk, k in zip(keys, kid, strict=True):
+            ukeys[k] = kk
+        W = self._weight_rows(ukeys, max_group, factor)
+        n = len(keys)
         # the edges of positive weight, in (a, c) order, a < c: plain loops over a few nodes (a
         # bucket in a round holds about ten: numpy's per-call overhead would be most of the work),
         # numpy past _NUMPY_NODES
@@ -272,17 +300,7 @@ class MuriGrouping(GroupPolicy):
                         edges.append((a, c, w))
         if not edges:
             return []
-        # a matching depends on its graph alone: the same graph as one of the last few (a bucket
-        # unchanged since an earlier round: over half of Muri-S's matchings on trace3) gets its
-        # pairs again
-        gk = (n, tuple(edges))
-        pairs = self._pairs.get(gk)
-        if pairs is None:
-            pairs = self._pairs[gk] = max_weight_pairs(n, edges)
-            if len(self._pairs) > _MATCHINGS_KEPT:
-                del self._pairs[next(iter(self._pairs))]
-        else:
-            self._pairs.move_to_end(gk)
+        pairs = max_weight_pairs(n, edges)
         wmap = {(a, c): w for a, c, w in edges}
         return [(a, c, wmap[(a, c)]) for a, c in pairs]
 
@@ -293,6 +311,8 @@ class MuriGrouping(GroupPolicy):
             self._cache_sig = sig
             self._wcache.clear()
             self._tcache.clear()
+            self._key_ids.clear()
+            self._rounds.clear()
 
     def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
         t = self._tcache.get(key)
@@ -317,24 +337,30 @@ class MuriGrouping(GroupPolicy):
         nk = len(ukeys)
         W = [[0] * nk for _ in range(nk)]
         cache = self._wcache
-        missing: dict[int, list[tuple[int, int, tuple[tuple[Profile, ...], tuple[Profile, ...]]]]] = {}
+        # weights are cached by the keys' ids (a key, a tuple of profiles, is hashed once per call
+        # here, not once per pair), computed for the pair in profile order
+        ids = self._key_ids
+        uid = [ids.setdefault(kk, len(ids)) for kk in ukeys]
+        sizes = [len(kk) for kk in ukeys]
+        missing: dict[int, list[tuple[int, int, tuple[int, int]]]] = {}
         for a in range(nk):
-            ka = ukeys[a]
+            ia, la, row = uid[a], sizes[a], W[a]
             for b in range(a, nk):
-                kb = ukeys[b]
-                if len(ka) + len(kb) > max_group:
+                if la + sizes[b] > max_group:
                     continue
-                ck = (ka, kb) if ka <= kb else (kb, ka)
+                ib = uid[b]
+                ck = (ia, ib) if ia <= ib else (ib, ia)
                 w = cache.get(ck)
                 if w is None:
-                    missing.setdefault(len(ka) + len(kb), []).append((a, b, ck))
+                    missing.setdefault(la + sizes[b], []).append((a, b, ck))
                 else:
-                    W[a][b] = W[b][a] = w
+                    row[b] = W[b][a] = w
         if missing:
             spans = factor.layout(len(ukeys[0][0]))
             k = sum(spans)
             for m, todo in missing.items():
-                members = np.array([x + y for _, _, (x, y) in todo], dtype=np.float64)  # (E, m, k)
+                members = np.array([ukeys[a] + ukeys[b] if ukeys[a] <= ukeys[b] else ukeys[b] + ukeys[a]
+                                    for a, b, _ in todo], dtype=np.float64)  # (E, m, k)
                 T, _ = cycle_times(members, spans)
                 T = T * factor.overhead_for(m)
                 work = members.sum(axis=(1, 2))
