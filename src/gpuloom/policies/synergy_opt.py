@@ -208,12 +208,19 @@ class Opt(_SynergySizer):
         keys = list(types)
         nt = len(keys)
         # current jobs of each type per node: those placements cost nothing (no move)
-        cur = np.zeros((nt, ns))
+        # (counted in lists and read from lists below: numpy's per-element access costs more here)
+        prev_node = [-1] * len(window)  # the one node each window job runs on now, or -1
+        for j, r in enumerate(window):
+            prev = r.prev
+            if prev is not None and len(prev.parts) == 1:
+                prev_node[j] = prev.parts[0].node
+        cur_l = [[0.0] * ns for _ in range(nt)]
         for t, key in enumerate(keys):
+            row = cur_l[t]
             for j in types[key]:
-                prev = window[j].prev
-                if prev is not None and len(prev.parts) == 1:
-                    cur[t, prev.parts[0].node] += 1
+                if prev_node[j] >= 0:
+                    row[prev_node[j]] += 1
+        cur = np.array(cur_l, dtype=float).reshape(nt, ns)
         tt, ss = np.nonzero(np.ones((nt, ns)))
         st, sn = np.nonzero(cur)
         var_t = np.concatenate([tt, st])
@@ -233,25 +240,25 @@ class Opt(_SynergySizer):
                           _Sparse.of(var_t, np.arange(nv), np.ones(nv), nt, nv), cnt, np.c_[np.zeros(nv), ub])
         y = np.zeros((nt, ns))
         np.add.at(y, (var_t, var_s), res.x)
-        slots = np.floor(y + 1e-7).astype(np.int64)
+        slots = np.floor(y + 1e-7).astype(np.int64).tolist()
         placed: set[str] = set()
         for t, key in enumerate(keys):
             g, c, m = key
             members = types[key]
+            srow = slots[t]
             todo: list[tuple[int, int]] = []  # (job index, node)
             # sticky first: jobs whose previous node has a slot of their type
             rest = []
             for j in members:
-                prev = window[j].prev
-                node = prev.parts[0].node if prev is not None and len(prev.parts) == 1 else -1
-                if node >= 0 and slots[t, node] > 0:
-                    slots[t, node] -= 1
+                node = prev_node[j]
+                if node >= 0 and srow[node] > 0:
+                    srow[node] -= 1
                     todo.append((j, node))
                 else:
                     rest.append(j)
             it = iter(rest)
-            for node in np.flatnonzero(slots[t]).tolist():
-                for _ in range(int(slots[t, node])):
+            for node in [n for n, k in enumerate(srow) if k != 0]:
+                for _ in range(srow[node]):
                     nxt = next(it, None)
                     if nxt is None:
                         break
