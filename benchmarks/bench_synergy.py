@@ -121,7 +121,7 @@ def round_times(prof: Path) -> None:
         plan = sched.schedule(view).plan
         warm = time.perf_counter() - t0
         if size == "tune":
-            check_tune_invariants(plan, view, sched.size.last_order)
+            check_tune_invariants(plan, view, sched.size.last_order, sched.place)
         used = sum(a.num_gpus for a in plan.allocations.values())
         extra = ""
         if size == "opt":
