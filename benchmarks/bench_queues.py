@@ -254,12 +254,18 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("part", nargs="*", default=["round"], choices=["round", "philly"])
+    # (checked below, not with choices: Python 3.11's argparse checks an empty '*' positional, or
+    # its list default, against the choices as one value, and refuses it)
+    ap.add_argument("part", nargs="*", metavar="{round,philly}", help="what to run (default: round)")
     ap.add_argument("--processes", "-j", type=int, default=2)
     ap.add_argument("--split", action="append", choices=["demand", "venus"])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--days", help="only the jobs arriving in this window, FROM:TO in days (e.g. 63:70)")
     args = ap.parse_args()
+    args.part = args.part or ["round"]
+    for p in args.part:
+        if p not in ("round", "philly"):
+            ap.error(f"argument part: invalid choice: {p!r} (choose from 'round', 'philly')")
     if "round" in args.part:
         bench_round()
     if "philly" in args.part:

@@ -546,19 +546,3 @@ def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
     assert model.get("storage")(Job(JobSpec("b", 0, 1, 10, model="bert")), Allocation("b", part)) == 1.0
     assert build_model(cl, options={"profiles": str(path)}).get("storage") is None  # off unless given
 
-
-def test_bench_synergy_round_keeps_tune_promises(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # the benchmark's one-round table checks TUNE's promises with the place policy it placed
-    # through (a benchmark is run by hand: this keeps it running as the checks change)
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_synergy.py"
-    spec = importlib.util.spec_from_file_location("bench_synergy", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.round_times(data_dir / "synergy" / "model_sensitivity_profiles.csv")
-    out = capsys.readouterr().out
-    rows = {ln.split()[0]: ln.split() for ln in out.splitlines()[2:] if ln.strip()}
-    assert set(rows) == {"proportional", "greedy", "tune", "opt"}
-    assert rows["proportional"][3:5] == ["274", "512"] and rows["tune"][3:5] == ["283", "512"]

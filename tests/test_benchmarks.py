@@ -1,0 +1,52 @@
+"""The benchmarks are run by hand (``python benchmarks/run.py``): these keep the parts that check
+results, or parse their arguments, from breaking unnoticed as the code under them changes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_synergy_round_keeps_tune_promises(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the one-round table checks TUNE's promises with the place policy TUNE placed through
+    load("bench_synergy").round_times(data_dir / "synergy" / "model_sensitivity_profiles.csv")
+    out = capsys.readouterr().out
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines()[2:] if ln.strip()}
+    assert set(rows) == {"proportional", "greedy", "tune", "opt"}
+    assert rows["proportional"][3:5] == ["274", "512"] and rows["tune"][3:5] == ["283", "512"]
+
+
+@pytest.mark.parametrize("argv,parts", [([], ["round"]), (["philly"], ["philly"]), (["round", "philly"], ["round", "philly"])])
+def test_bench_queues_parts(argv: list[str], parts: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # with no part named it runs 'round' (Python 3.11's argparse refused that default)
+    mod = load("bench_queues")
+    ran: list[str] = []
+    monkeypatch.setattr(mod, "bench_round", lambda: ran.append("round"))
+    monkeypatch.setattr(mod, "bench_philly", lambda *a: ran.append("philly"))
+    monkeypatch.setattr(mod, "DATA", BENCH)  # (a directory: the data check passes)
+    monkeypatch.setattr(sys, "argv", ["bench_queues.py", *argv])
+    mod.main()
+    assert ran == parts
+
+
+def test_bench_queues_refuses_an_unknown_part(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    mod = load("bench_queues")
+    monkeypatch.setattr(sys, "argv", ["bench_queues.py", "rounds"])
+    with pytest.raises(SystemExit):
+        mod.main()
+    assert "invalid choice: 'rounds'" in capsys.readouterr().err
