@@ -545,4 +545,3 @@ def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
     assert model.get("storage")(Job(JobSpec("a", 0, 1, 10, model="alexnet")), Allocation("a", part)) == 0.5
     assert model.get("storage")(Job(JobSpec("b", 0, 1, 10, model="bert")), Allocation("b", part)) == 1.0
     assert build_model(cl, options={"profiles": str(path)}).get("storage") is None  # off unless given
-
