@@ -49,8 +49,9 @@ by plain loops in the usual bucket of about ten nodes (numpy's per-call cost
 would be most of a round), with numpy past ``_NUMPY_NODES``.  A matching
 depends on its nodes' profiles and current groups alone, so a round met in one
 of the last ``_MATCHINGS_KEPT`` (a bucket unchanged since an earlier round)
-gets its pairs again instead of new weights and a new Blossom run.  The interleaving model (threshold, per-size overhead) is read from the
-throughput model's ``interleave`` factor, so grouping and simulation agree.
+gets its pairs again instead of new weights and a new Blossom run.  The
+interleaving model (threshold, per-size overhead) is read from the throughput
+model's ``interleave`` factor, so grouping and simulation agree.
 """
 
 from __future__ import annotations

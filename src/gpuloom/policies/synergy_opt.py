@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..core.job import Job
-from ..core.plan import Plan
+from ..core.plan import Part, Plan
 from ..perf.sensitivity import DEFAULT_THRESHOLD, default_grid
 from .base import Request, View, register, split_parts
 from .synergy import _ref_node, _Round, _SynergySizer
@@ -268,8 +268,9 @@ class Opt(_SynergySizer):
                 prev = r.prev
                 prev_gpus = prev.parts[0].gpus if prev is not None and prev.parts[0].node == node else ()
                 req = Request(r.jobs, g, c, m)
-                if (prev is not None and prev_gpus and prev.key == req.key and len(prev_gpus) == g and free.fits(prev.parts)
-                        and list(prev_gpus) == sorted(prev_gpus)):
+                parts: tuple[Part, ...]
+                if (prev is not None and len(prev.parts) == 1 and len(prev_gpus) == g and prev.key == req.key
+                        and list(prev_gpus) == sorted(prev_gpus) and free.fits(prev.parts)):
                     # back on its GPUs with the request its parts were split from: the same parts
                     # (_pick offers its free GPUs first, split_parts sorts them and gives one node's
                     # part the request's totals)
