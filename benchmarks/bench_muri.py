@@ -7,7 +7,9 @@
   cluster (Muri's admission lets at most 3-fold the cluster into the
   matching) and, as a stress test, with every queued job admitted and every
   matched pair merged (``pack_all``) so the matching runs over the whole
-  queue; cold = fresh policy (no cached weights), warm = the next call;
+  queue; cold = fresh policy (no cached weights), warm = the same call again
+  (its matching rounds answered from the policy's kept rounds: what a
+  simulation gets when a round's buckets did not change);
 * the wall time of a whole Muri-S run on trace3 (n8g8).
 
 ``--table`` instead runs Muri traces 1-4 on n8g8 under SRTF, SRSF and 2D-LAS
