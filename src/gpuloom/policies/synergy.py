@@ -218,7 +218,6 @@ class _Round:
         self.stats: dict[str, Any] = {"best": 0, "proportional": 0, "reclaimed": 0, "demoted": 0, "skipped": 0}
         ncap = self.cluster.nodes
         self.node_gpus_total = np.array([n.gpus for n in ncap], dtype=np.int64)
-        self.node_totals = [(max(n.gpus, 1), n.cpus, n.mem_mb) for n in ncap]
         self.ref_node = _ref_node(view)
         self.factor = sensitivity_factor(view)
 
@@ -258,10 +257,12 @@ class _Round:
         if single:
             ng, nc, nm = free._ng, free.cpu_counts, free.mem_counts
             c, m = req.cpus, req.mem_mb
-            for n, (tg, tc, tm) in enumerate(self.node_totals):
-                if ng[n] >= g and nc[n] >= (tc * g // tg if c is None else c) \
-                        and nm[n] >= (tm * g // tg if m is None else m):
-                    break
+            proportional = self.cluster.proportional
+            for n in range(len(ng)):
+                if ng[n] >= g:
+                    pc, pm = (c, m) if c is not None and m is not None else proportional(n, g)
+                    if nc[n] >= (pc if c is None else c) and nm[n] >= (pm if m is None else m):
+                        break
             else:
                 return None
         elif g > free.free_gpus:
@@ -294,7 +295,7 @@ class _Round:
         pc, pm = self.cluster.proportional(rn, req.gpus)
         c = pc if req.cpus is None else min(req.cpus, pc)
         m = pm if req.mem_mb is None else min(req.mem_mb, pm)
-        p = None if self.factor is None else self.factor.profile_for(job)
+        p = self.sizer.profile(job, self.view, self.factor)
         if p is not None and p.throughput_at(c, m, req.gpus) < p.throughput_at(pc, pm, req.gpus) * (1 - 1e-12):
             return Request(req.jobs, req.gpus, None, None)
         return Request(req.jobs, req.gpus, c, m)

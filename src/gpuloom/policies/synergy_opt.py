@@ -268,17 +268,16 @@ class Opt(_SynergySizer):
                 prev = r.prev
                 prev_gpus = prev.parts[0].gpus if prev is not None and prev.parts[0].node == node else ()
                 req = Request(r.jobs, g, c, m)
-                parts: tuple[Part, ...]
-                if (prev is not None and len(prev.parts) == 1 and len(prev_gpus) == g and prev.key == req.key
-                        and list(prev_gpus) == sorted(prev_gpus) and free.fits(prev.parts)):
-                    # back on its GPUs with the request its parts were split from: the same parts
-                    # (_pick offers its free GPUs first, split_parts sorts them and gives one node's
-                    # part the request's totals)
-                    parts = prev.parts
-                else:
+                parts: tuple[Part, ...] | None = None
+                if prev is not None and prev_gpus and len(prev.parts) == 1 and list(prev_gpus) == sorted(prev_gpus):
+                    # back on its node: when its GPUs are free, keep_parts gives what picking them
+                    # (_pick offers them first) and splitting would, its parts again for an unchanged
+                    # request (sorted GPUs, as split_parts gives them)
+                    parts = rnd.place.keep_parts(req, free)
+                if parts is None:
                     parts = split_parts(rnd.cluster, req, {node: rnd._pick(node, g, prev_gpus)})
-                if len(parts[0].gpus) != g or not free.fits(parts):
-                    continue  # left to TUNE's steps
+                    if len(parts[0].gpus) != g or not free.fits(parts):
+                        continue  # left to TUNE's steps
                 rnd.commit(req, parts)
                 rnd.stats["best"] += 1
                 placed.add(r.job.id)
