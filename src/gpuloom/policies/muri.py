@@ -274,7 +274,7 @@ class MuriGrouping(GroupPolicy):
         ukeys: list[tuple[Profile, ...]] = [()] * len(local)
         for kk, k in zip(keys, kid, strict=True):
             ukeys[k] = kk
-        W = self._weight_rows(ukeys, max_group, factor)
+        W = self._weight_rows(ukeys, max_group, factor, list(local))
         n = len(keys)
         # the edges of positive weight, in (a, c) order, a < c: plain loops over a few nodes (a
         # bucket in a round holds about ten: numpy's per-call overhead would be most of the work),
@@ -326,10 +326,10 @@ class MuriGrouping(GroupPolicy):
         """:meth:`_weight_rows` as a matrix."""
         return np.array(self._weight_rows(ukeys, max_group, factor), dtype=np.int64).reshape(len(ukeys), len(ukeys))
 
-    def _weight_rows(self, ukeys: list[tuple[Profile, ...]], max_group: int,
-                     factor: InterleaveFactor) -> list[list[int]]:
+    def _weight_rows(self, ukeys: list[tuple[Profile, ...]], max_group: int, factor: InterleaveFactor,
+                     uid: list[int] | None = None) -> list[list[int]]:
         """Integer edge weights between distinct node keys (0 = may not merge), row by row; cached
-        across rounds.
+        across rounds.  ``uid``: the keys' ids in ``_key_ids``, when the caller has them.
 
         A pair may merge when the union holds at most ``max_group`` jobs and
         its interleaved iteration time is below the sum of the two nodes' own
@@ -340,8 +340,9 @@ class MuriGrouping(GroupPolicy):
         cache = self._wcache
         # weights are cached by the keys' ids (a key, a tuple of profiles, is hashed once per call
         # here, not once per pair), computed for the pair in profile order
-        ids = self._key_ids
-        uid = [ids.setdefault(kk, len(ids)) for kk in ukeys]
+        if uid is None:
+            ids = self._key_ids
+            uid = [ids.setdefault(kk, len(ids)) for kk in ukeys]
         sizes = [len(kk) for kk in ukeys]
         missing: dict[int, list[tuple[int, int, tuple[int, int]]]] = {}
         for a in range(nk):
