@@ -225,6 +225,38 @@ def test_tune_beats_proportional_greedy_strands_opt_at_least_tune() -> None:
     assert plan_throughput(opt, view) >= plan_throughput(tune, view)
     assert sorted(a.cpus for a in opt.allocations.values()) == [1] * 6 + [6, 12]
     assert os_.size.last_fallback is None
+    assert os_.size.unbound_lps == 0  # (the fastest points, 2 x 12 + 6 cores, do not fit 24: solved)
+
+
+def test_opt_takes_every_fastest_point_that_fits_without_the_allocation_lp(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one alexnet and six gnmts: 12 + 6 x 1 cores and 125 + 6 x 20.83 GB fit the server's 24 cores
+    # and 500 GB, so each job's fastest point is the allocation LP's one optimum
+    cl, specs = scenario()
+    view = make_view(cl, specs[1:], small_catalogue())
+    plan, sched = run_size("opt", view)
+    got = {j: (a.cpus, a.mem_mb) for j, a in plan.allocations.items()}
+    assert got == {"a2": (12, 125_000), **{f"g{i}": (1, 20_830) for i in range(6)}}
+    assert sched.size.unbound_lps == 1 and sched.size.last_objective == pytest.approx(2.94 + 6)
+    # the LP itself gives the same plan
+    from gpuloom.policies.synergy_opt import Opt
+
+    monkeypatch.setattr(Opt, "_fastest_fit", staticmethod(lambda *a: None))
+    solved, sched2 = run_size("opt", view)
+    assert solved.allocations == plan.allocations and sched2.size.unbound_lps == 0
+    assert sched2.size.last_objective == pytest.approx(sched.size.last_objective)
+
+
+def test_opt_fastest_points_need_a_clear_winner_and_room() -> None:
+    from gpuloom.policies.synergy_opt import Opt
+
+    one = ([(4, 100), (8, 200)], [1.0, 1.5])
+    assert Opt._fastest_fit([one, one], 16, 400) == [(8, 200, 1.5)] * 2
+    assert Opt._fastest_fit([one, one], 15, 400) is None  # 16 cores asked
+    assert Opt._fastest_fit([one, one], 16, 399) is None
+    tie = ([(4, 100), (8, 50)], [1.2, 1.2 - 1e-7])  # within the margin: the LP decides
+    assert Opt._fastest_fit([one, tie], 100, 1000) is None
+    apart = ([(4, 100), (8, 50)], [1.2, 1.2 - 1e-5])
+    assert Opt._fastest_fit([one, apart], 100, 1000) == [(8, 200, 1.5), (4, 100, 1.2)]
 
 
 def test_tune_invariant_violations_are_caught() -> None:

@@ -58,7 +58,9 @@ the sizers hand out the proportional share.
        proportional – maximising the sum of normalised throughputs subject to
        the cluster's total cores and memory (the cluster seen as one big
        machine).  A basic solution splits at most two jobs; each is rounded
-       to its cheaper point.
+       to its cheaper point.  When every job's fastest point is clearly its
+       fastest and they all fit the cluster together, that is the LP's one
+       optimum, taken without solving (``unbound_lps`` counts such rounds).
     2. *placement*: a configuration LP – jobs with equal (GPUs, cores, memory)
        form a *type*, ``y[t, s]`` is how many jobs of type ``t`` node ``s``
        hosts – under every node's GPU, core and memory capacity, minimising
