@@ -306,6 +306,7 @@ def check_actions(
                     claims[g] = [jid]
                 else:
                     c.append(jid)
+    shared: set[tuple[str, ...]] = set()  # the sharing lists checked (a group's GPUs all give one)
     for g, claimants in claims.items():
         held = holders.get(g)
         if held:
@@ -315,7 +316,10 @@ def check_actions(
         else:
             sharing = claimants
         if len(sharing) > 1:
-            _check_sharing(g, sharing, allocs)
+            key = tuple(sharing)
+            if key not in shared:  # (the same jobs pass or fail alike on every GPU they share)
+                shared.add(key)
+                _check_sharing(g, sharing, allocs)
     for node in sorted(dcpu):
         cpu, mem = int(free_cpus[node]) + dcpu[node], int(free_mem[node]) + dmem[node]
         if cpu < 0 or mem < 0:
