@@ -90,7 +90,8 @@ def sim_table(prof: Path, jobs: int, durations: str) -> None:
             s = res.summary()
             note = ""
             if size == "opt":
-                note = f"  (LP rounds {sched.size.lp_rounds}, reused {sched.size.reused_rounds})"
+                note = (f"  (LP rounds {sched.size.lp_rounds}, reused {sched.size.reused_rounds}; "
+                        f"fastest points fit, no allocation LP: {sched.size.unbound_lps})")
             if s["unfinished"]:
                 note += f"  {s['unfinished']} unfinished"
             print(
