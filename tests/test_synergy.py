@@ -253,9 +253,10 @@ def test_opt_fastest_points_need_a_clear_winner_and_room() -> None:
     assert Opt._fastest_fit([one, one], 16, 400) == [(8, 200, 1.5)] * 2
     assert Opt._fastest_fit([one, one], 15, 400) is None  # 16 cores asked
     assert Opt._fastest_fit([one, one], 16, 399) is None
-    tie = ([(4, 100), (8, 50)], [1.2, 1.2 - 1e-7])  # within the margin: the LP decides
-    assert Opt._fastest_fit([one, tie], 100, 1000) is None
-    apart = ([(4, 100), (8, 50)], [1.2, 1.2 - 1e-5])
+    for gap in (0.0, 1e-7, 1e-4):  # within the margin: the LP decides
+        tie = ([(4, 100), (8, 50)], [1.2, 1.2 - gap])
+        assert Opt._fastest_fit([one, tie], 100, 1000) is None
+    apart = ([(4, 100), (8, 50)], [1.2, 1.2 - 1e-2])
     assert Opt._fastest_fit([one, apart], 100, 1000) == [(8, 200, 1.5), (4, 100, 1.2)]
 
 
