@@ -76,8 +76,8 @@ def test_muri_pairing_is_optimal_against_brute_force(raw: list[tuple[int, int, i
     units = pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, len(jobs))))
     f = InterleaveFactor(threshold=0.0)
     keys = [(f.profile(j),) for j in jobs]
-    W = pol._weights(keys, 2, f)  # noqa: SLF001
-    edges = {(a, b): int(W[a, b]) for a in range(len(jobs)) for b in range(a + 1, len(jobs)) if W[a, b] > 0}
+    W = pol._weight_rows(keys, 2, f)  # noqa: SLF001
+    edges = {(a, b): W[a][b] for a in range(len(jobs)) for b in range(a + 1, len(jobs)) if W[a][b] > 0}
     index = {j.id: i for i, j in enumerate(jobs)}
     got = [tuple(sorted(index[j.id] for j in u)) for u in units if len(u) == 2]
     assert all(len(u) <= 2 for u in units)
@@ -108,8 +108,8 @@ def test_grouping_weights_match_networkx_on_real_profiles(data_dir: Path) -> Non
     f = InterleaveFactor()
     profs = [f.profile(s) for s in singles]
     pol = MuriGrouping()
-    W = pol._weights([(p,) for p in profs], 2, f)  # noqa: SLF001
-    edges = {(a, b): int(W[a, b]) for a in range(len(profs)) for b in range(a + 1, len(profs)) if W[a, b] > 0}
+    W = pol._weight_rows([(p,) for p in profs], 2, f)  # noqa: SLF001
+    edges = {(a, b): W[a][b] for a in range(len(profs)) for b in range(a + 1, len(profs)) if W[a][b] > 0}
     assert edges
     pairs = max_weight_pairs(len(profs), [(a, b, w) for (a, b), w in edges.items()])
     g = nx.Graph()

@@ -322,10 +322,6 @@ class MuriGrouping(GroupPolicy):
             self._tcache[key] = t
         return t
 
-    def _weights(self, ukeys: list[tuple[Profile, ...]], max_group: int, factor: InterleaveFactor) -> np.ndarray:
-        """:meth:`_weight_rows` as a matrix."""
-        return np.array(self._weight_rows(ukeys, max_group, factor), dtype=np.int64).reshape(len(ukeys), len(ukeys))
-
     def _weight_rows(self, ukeys: list[tuple[Profile, ...]], max_group: int, factor: InterleaveFactor,
                      uid: list[int] | None = None) -> list[list[int]]:
         """Integer edge weights between distinct node keys (0 = may not merge), row by row; cached

@@ -257,13 +257,17 @@ class _Round:
         # per-call cost is most of the work)
         single = max(free.gpu_counts, default=0) >= g
         if single:
-            ng, nc, nm = free._ng, free.cpu_counts, free.mem_counts
+            ng, nc, nm = free.gpu_counts, free.cpu_counts, free.mem_counts
             c, m = req.cpus, req.mem_mb
             proportional = self.cluster.proportional
             for n in range(len(ng)):
                 if ng[n] >= g:
-                    pc, pm = (c, m) if c is not None and m is not None else proportional(n, g)
-                    if nc[n] >= (pc if c is None else c) and nm[n] >= (pm if m is None else m):
+                    need_c, need_m = c, m
+                    if c is None or m is None:
+                        pc, pm = proportional(n, g)
+                        need_c = pc if c is None else c
+                        need_m = pm if m is None else m
+                    if nc[n] >= need_c and nm[n] >= need_m:
                         break
             else:
                 return None

@@ -202,9 +202,10 @@ class Opt(_SynergySizer):
         these points.  "One fastest point" asks every other point to be slower by ``_MARGIN``,
         well above what the solver's optimality tolerance (1e-7 per variable) adds up to over a
         window of ``max_jobs`` (1,024: about 1e-4), so it could not stop on a near tie either (the
-        smallest such gap in bench_synergy's candidates is 0.06).  Measured on bench_synergy's 1,000 jobs on 16 x 8 GPUs, every allocation LP of a
-        run is of this kind (1,760 under SRTF, 1,545 under FIFO); a cluster short of cores or
-        memory for its jobs' fastest points still solves the LP.
+        smallest such gap in bench_synergy's candidates is 0.06).  Measured on bench_synergy's
+        1,000 jobs on 16 x 8 GPUs, every allocation LP of a run is of this kind (1,760 under SRTF,
+        1,545 under FIFO); a cluster short of cores or memory for its jobs' fastest points still
+        solves the LP.
         """
         out: list[tuple[int, int, float]] = []
         for pts, spd in cands:
