@@ -23,7 +23,8 @@ class FreeState:
     only what changes, so a round costs O(changes), not O(running jobs).
 
     ``gpu_free``, ``node_gpus``, ``node_cpus`` and ``node_mem`` are numpy arrays
-    for whole-cluster questions; they are views of plain Python buffers, which
+    for whole-cluster questions, made on first use (a round copies the state, and most
+    rounds never ask); they are views of plain Python buffers, which
     :meth:`fits`, :meth:`take` and :meth:`release` read and write one GPU and
     one node at a time (several times faster than numpy on a few elements).
     ``gpu_counts`` repeats ``node_gpus`` as a ``bytearray`` (an ``array`` if a node
@@ -35,8 +36,7 @@ class FreeState:
     ``gpu_counts`` behind (``Driver.check_state`` compares the two).
     """
 
-    __slots__ = ("cluster", "gpu_free", "node_gpus", "node_cpus", "node_mem", "free_gpus", "gpu_counts",
-                 "cpu_counts", "mem_counts", "_gf", "_ng", "_off")
+    __slots__ = ("cluster", "free_gpus", "gpu_counts", "cpu_counts", "mem_counts", "_gf", "_ng", "_off", "_views")
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -50,10 +50,36 @@ class FreeState:
     def _set(self, gf: bytearray, ng: array, nc: array, nm: array, counts: bytearray | array) -> None:
         self._gf, self._ng = gf, ng
         self.gpu_counts, self.cpu_counts, self.mem_counts = counts, nc, nm
-        self.gpu_free = np.frombuffer(gf, dtype=bool)
-        self.node_gpus = np.frombuffer(ng, dtype=np.int64)
-        self.node_cpus = np.frombuffer(nc, dtype=np.int64)
-        self.node_mem = np.frombuffer(nm, dtype=np.int64)
+        self._views: tuple[np.ndarray, ...] | None = None
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        """The numpy views (made once per state: four ``frombuffer`` calls cost as much as the copy)."""
+        v = self._views
+        if v is None:
+            v = self._views = (np.frombuffer(self._gf, dtype=bool), np.frombuffer(self._ng, dtype=np.int64),
+                               np.frombuffer(self.cpu_counts, dtype=np.int64),
+                               np.frombuffer(self.mem_counts, dtype=np.int64))
+        return v
+
+    @property
+    def gpu_free(self) -> np.ndarray:
+        """Whether each GPU is free (bool, by global GPU id)."""
+        return self._arrays()[0]
+
+    @property
+    def node_gpus(self) -> np.ndarray:
+        """Free GPUs per node (int64)."""
+        return self._arrays()[1]
+
+    @property
+    def node_cpus(self) -> np.ndarray:
+        """Free cores per node (int64; written through by sizers that move cores)."""
+        return self._arrays()[2]
+
+    @property
+    def node_mem(self) -> np.ndarray:
+        """Free memory per node in MB (int64; written through like ``node_cpus``)."""
+        return self._arrays()[3]
 
     @classmethod
     def of(cls, cluster: Cluster, allocs: Mapping[str, Allocation]) -> FreeState:

@@ -163,7 +163,7 @@ class Tally:
             del self.waiting[shape]
 
     def as_tuple(self) -> tuple:
-        return (set(self.idle), self.waiting, self.demand, self.unkeyed)
+        return (set(self.idle), self.waiting, self.demand, self.unkeyed, self.index_order)
 
 
 def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view: View, refused: set[tuple]) -> bool:
@@ -243,28 +243,30 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     cap = view.cluster.num_gpus
     chosen: list[tuple[int, Job]] = []  # (position, job) of the selected waiting jobs, in order
     rest: list[tuple[int, Job]] = []  # (position, job) of the jobs not selected, in order
-    kept: set[str] = set()  # selected running jobs
+    kept: list[str] = []  # selected running jobs
     idle: list[Job] = []  # waiting jobs of the prefix
-    end = 0
+    keep_id = kept.append
     jobs = iter(ordered)  # (left at the prefix's end for the tail walk: ordered may be ActiveJobs)
-    for i, j in enumerate(jobs):
+    # every job met is in one of chosen, rest and kept, so a job's position is their lengths' sum
+    # when it is met (no count kept in the loop: most of a long prefix are running jobs kept)
+    for j in jobs:
         g = j.spec.gpus
         if g <= cap:
             cap -= g
             if j.alloc is None:
-                chosen.append((i, j))
+                chosen.append((len(chosen) + len(rest) + len(kept), j))
                 idle.append(j)
             else:
-                kept.add(j.id)
+                keep_id(j.id)
             if cap <= 0:
-                end = i + 1
                 break
         else:
-            rest.append((i, j))
+            rest.append((len(chosen) + len(rest) + len(kept), j))
             if j.alloc is None:
                 idle.append(j)
     else:
         return None
+    end = len(chosen) + len(rest) + len(kept)
     assert view.free is not None
     current = view.current
     plan = Plan.extending(current)
