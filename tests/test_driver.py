@@ -16,7 +16,7 @@ import pytest
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.core.lifecycle import JobState
-from gpuloom.core.plan import ActionKind, Allocation, Part
+from gpuloom.core.plan import ActionKind, Allocation, Part, PlanError
 from gpuloom.driver import Driver, LaunchFailed, Stack, Step, lifecycle_steps
 from gpuloom.perf.assembly import FLAG_OPTIONS, build_model
 from gpuloom.policies.base import PolicyError
@@ -115,6 +115,33 @@ def test_a_view_keeps_the_jobs_it_was_made_with() -> None:
     again = drv.view(1.0).jobs  # a new view freezes the one before
     drv.finish(b, 2.0, S.CANCELLED)
     assert list(later) == [b, c] and list(again) == [b, c] and list(drv.view(2.0).jobs) == [c]
+
+
+@pytest.mark.parametrize("drift", ["waiting", "idle", "demand", "unkeyed", "index_order"])
+def test_the_whole_check_finds_a_tally_that_drifted(drift: str) -> None:
+    # the shortcuts of a long queue's round read the driver's tally; the whole state check counts it
+    # afresh from the active jobs and must notice any field gone astray
+    drv = _driver(Cluster.homogeneous(1, 4), Recorder())
+    index = (0, 1, 3, 2) if drift == "index_order" else (0, 1, 2, 3)  # (d admitted before c, by index)
+    for i, x, g in zip(index, "abcd", (2, 2, 4, 1), strict=True):
+        drv.admit(Job(JobSpec(x, 0, g, 50.0), i), 0.0)
+    drv.round(0.0)  # a and b run; c (4 GPUs) and d wait behind it
+    drv.check_state()
+    t = drv.tally
+    assert t.waiting == {(4, None, None): 1, (1, None, None): 1} and set(t.idle) == {"c", "d"}
+    assert (t.demand, t.unkeyed, t.index_order) == (9, 0, drift != "index_order")
+    if drift == "waiting":
+        t.waiting[(1, None, None)] = 2
+    elif drift == "idle":
+        t.idle.pop("d")
+    elif drift == "demand":
+        t.demand -= 1
+    elif drift == "unkeyed":
+        t.unkeyed = 1
+    else:  # (the flag may fall to False alone, once earlier jobs left: only True is checked)
+        t.index_order = True
+    with pytest.raises(PlanError, match="tally"):
+        drv.check_state()
 
 
 @pytest.mark.parametrize("state,kind,stop,start", [

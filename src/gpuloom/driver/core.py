@@ -52,8 +52,10 @@ is checked (:meth:`Scheduler.check <gpuloom.scheduler.Scheduler.check>`) and
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Protocol
 
 import numpy as np
@@ -64,7 +66,7 @@ from ..core.lifecycle import JobState, start_steps, stop_steps
 from ..core.plan import Action, ActionKind, Allocation, PlanError, check_plan, diff
 from ..perf.model import ThroughputModel
 from ..policies.base import FreeState, View
-from ..policies.incremental import Tally
+from ..policies.incremental import Tally, shape_of
 from ..scheduler import Round, Scheduler
 
 S = JobState
@@ -345,13 +347,17 @@ class Driver:
         for jid in self.current:
             if jid not in self.jobs:
                 raise PlanError(f"driver state: job {jid} holds resources but is not active")
+        # the tally, counted afresh (in bulk: the active jobs may be tens of thousands)
         tally = Tally()
-        for jid, job in self.jobs.items():
-            tally.admitted(job)
-            if jid not in self.current:
-                tally.count_waiting(job, 1)
-        tally.unkeyed = sum(1 for a in self.current.values() if not a.key)
-        tally.index_order = tally.index_order and self.tally.index_order  # (earlier jobs may have left)
+        current = self.current
+        active = list(self.jobs.values())
+        index = [j.index for j in active]
+        tally.demand = sum(j.spec.gpus for j in active)
+        tally.idle = {j.id: j for j in active if j.id not in current}
+        tally.waiting = dict(Counter(map(shape_of, tally.idle.values())))
+        tally.unkeyed = sum(1 for a in current.values() if not a.key)
+        # admitted in index order (earlier jobs may have left, so the driver's flag may be False alone)
+        tally.index_order = self.tally.index_order and all(a < b for a, b in pairwise(index))
         if tally.as_tuple() != self.tally.as_tuple():
             raise PlanError(f"driver state: tally {self.tally.as_tuple()}, the active jobs give {tally.as_tuple()}")
 
