@@ -348,18 +348,19 @@ class Driver:
             if jid not in self.jobs:
                 raise PlanError(f"driver state: job {jid} holds resources but is not active")
         # the tally, counted afresh (in bulk: the active jobs may be tens of thousands)
-        tally = Tally()
+        mine, tally = self.tally, Tally()
         current = self.current
         active = list(self.jobs.values())
-        index = [j.index for j in active]
         tally.demand = sum(j.spec.gpus for j in active)
         tally.idle = {j.id: j for j in active if j.id not in current}
         tally.waiting = dict(Counter(map(shape_of, tally.idle.values())))
         tally.unkeyed = sum(1 for a in current.values() if not a.key)
         # admitted in index order (earlier jobs may have left, so the driver's flag may be False alone)
-        tally.index_order = self.tally.index_order and all(a < b for a, b in pairwise(index))
-        if tally.as_tuple() != self.tally.as_tuple():
-            raise PlanError(f"driver state: tally {self.tally.as_tuple()}, the active jobs give {tally.as_tuple()}")
+        index = [j.index for j in active]
+        tally.index_order = mine.index_order and all(a < b for a, b in pairwise(index))
+        if (mine.idle.keys() != tally.idle.keys() or mine.waiting != tally.waiting or mine.demand != tally.demand
+                or mine.unkeyed != tally.unkeyed or mine.index_order != tally.index_order):
+            raise PlanError(f"driver state: tally {mine.as_tuple()}, the active jobs give {tally.as_tuple()}")
 
     def round(self, now: float) -> list[Action]:
         """Plan and apply one round; returns its actions."""

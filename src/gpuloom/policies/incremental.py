@@ -353,7 +353,9 @@ class TailWalk:
         knows them.  ``tail``: an iterator over ``ordered`` already at ``start``, when the caller
         has one (ordered is iterated, not indexed: getting there again costs a pass over the prefix)."""
         ordered, start = self.ordered, self.start
-        left = dict(self.waiting)  # waiting jobs of each shape not yet passed
+        # waiting jobs of each shape not yet passed (kept up to date only while the shape may be placed:
+        # a dead shape's count is read no more)
+        left = dict(self.waiting)
         if idle is None:
             idle = [j for j in islice(ordered, start) if j.alloc is None]
         for j in idle:
@@ -365,23 +367,20 @@ class TailWalk:
         if keep is None:  # a running job met that may still fit: placed as any request
             def keep(j: Job) -> object:
                 return place._try(plan, self.request(j), free, view)
-        met = start  # jobs of ordered met so far
         for j in tail if tail is not None else islice(ordered, start, None):
             if live <= 0:
                 break
             if free.free_gpus <= 0:
                 return
-            met += 1
-            sp = j.spec
             if j.alloc is not None:
                 visited.append(j)
-                if sp.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
+                if j.spec.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
                     keep(j)
                 continue
             s = shape_of(j)
-            left[s] -= 1
             if s in dead:
                 continue
+            left[s] -= 1
             live -= 1
             req = self.request(j)
             visited.append(j)
@@ -390,7 +389,9 @@ class TailWalk:
                 live -= left[s]
         # only running jobs of the tail are left that could be placed: in their order (rare: found
         # here rather than noted on the way)
-        seen = {j.id for j in islice(ordered, met) if j.alloc is not None}
+        # (the running jobs met: those of the prefix and those the loop above visited)
+        seen = {j.id for j in islice(ordered, start) if j.alloc is not None}
+        seen.update(j.id for j in visited if j.alloc is not None)
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in ordered}
         rest = sorted([by_id[jid] for jid in self.current.keys() - seen], key=self.sort_key)
         for j in rest:
