@@ -288,10 +288,17 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
         return place._try(plan, request(j), free, view)
 
     refused: set[tuple] = set()
+    # the shapes of the waiting jobs refused so far: this walk runs under pure_choose and static
+    # requests (Scheduler._tail_ok), so every waiting job of a shape asks the same and try_new would
+    # refuse each later one unseen; known here without sizing the job (a long queue's blocked heads
+    # are passed this way a dozen times a round)
+    dead: set[Shape] = set()
     failed: list[tuple[int, Job]] = []
     for i, j in chosen:  # phase 2b
-        if not try_new(place, plan, request(j), free, view, refused):
+        s = shape_of(j)
+        if s in dead or not try_new(place, plan, request(j), free, view, refused):
             failed.append((i, j))
+            dead.add(s)
     if failed:  # phase 3 goes over the prefix in order: the selected jobs refused take their places
         rest = sorted(rest + failed, key=itemgetter(0))
     for _, j in rest:  # phase 3
@@ -301,7 +308,9 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
             if j.alloc is not None:
                 keep(j)
             else:
-                try_new(place, plan, request(j), free, view, refused)
+                s = shape_of(j)
+                if s not in dead and not try_new(place, plan, request(j), free, view, refused):
+                    dead.add(s)
     walk = walk_of(end)
     walk.keep = keep
     walk.backfill(place, plan, free, view, refused, idle=idle, tail=jobs)
