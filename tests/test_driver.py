@@ -15,7 +15,7 @@ import pytest
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec, JobStatus
-from gpuloom.core.lifecycle import JobState
+from gpuloom.core.lifecycle import IllegalTransition, JobState
 from gpuloom.core.plan import ActionKind, Allocation, Part, PlanError
 from gpuloom.driver import Driver, LaunchFailed, Stack, Step, lifecycle_steps
 from gpuloom.perf.assembly import FLAG_OPTIONS, build_model
@@ -115,6 +115,24 @@ def test_a_view_keeps_the_jobs_it_was_made_with() -> None:
     again = drv.view(1.0).jobs  # a new view freezes the one before
     drv.finish(b, 2.0, S.CANCELLED)
     assert list(later) == [b, c] and list(again) == [b, c] and list(drv.view(2.0).jobs) == [c]
+
+
+def test_an_illegal_end_changes_nothing() -> None:
+    # the lifecycle refuses the end before the driver lets go of anything; a legal end then frees the
+    # job's GPUs without ever counting it as waiting
+    drv = _driver(Cluster.homogeneous(1, 4), Recorder())
+    a = drv.admit(Job(JobSpec("a", 0, 2, 50.0), 0), 0.0)
+    b = drv.admit(Job(JobSpec("b", 0, 4, 50.0), 1), 0.0)
+    drv.round(0.0)
+    assert a.alloc is not None and b.alloc is None
+    with pytest.raises(IllegalTransition):
+        drv.finish(a, 1.0, S.WAITING_FOR_INITIAL_RESOURCE)
+    drv.check_state()
+    assert a.alloc is not None and "a" in drv.jobs and drv.free.free_gpus == 2 and a.finish is None
+    drv.finish(a, 2.0)
+    drv.check_state()
+    assert "a" not in drv.jobs and drv.free.free_gpus == 4 and drv.tally.waiting == {(4, None, None): 1}
+    assert drv.tally.demand == 4 and a.lifecycle.state is S.FINISHED and a.finish == 2.0
 
 
 @pytest.mark.parametrize("drift", ["waiting", "idle", "demand", "unkeyed", "index_order"])

@@ -484,22 +484,25 @@ class Driver:
         jobs = self.jobs
         tally = self.tally
         alloc = job.alloc
-        if alloc is not None:
-            self.hold(job, None)
         lc = job.lifecycle
         assert lc is not None  # a job that ends has arrived
         lc.sync(now)
         lc.planned.clear()
         if state is S.FINISHED and lc.state is S.LAUNCHING:
             lc.to(S.RUNNING_PROTECTED, now)
-        lc.to(state, now)
+        lc.to(state, now)  # (an illegal end raises here, before the driver's state changes)
+        # out of the active jobs before it lets go, so that a running job is not counted as waiting
+        # on its way out
+        self._jobs_change()
+        if jobs.pop(jid, None) is not None:
+            if alloc is None:
+                tally.count_waiting(job, -1)
+            tally.demand -= job.spec.gpus
+        if alloc is not None:
+            self.hold(job, None)
         job.finish = now
         job.speed = 0.0
         job.version += 1
-        self._jobs_change()
-        if jobs.pop(jid, None) is not None:
-            tally.count_waiting(job, -1)
-            tally.demand -= job.spec.gpus
         self._pending.discard(jid)
         job.drop_caches()
         if alloc is not None and alloc.group:  # (co-runners to regroup: none without a group)
