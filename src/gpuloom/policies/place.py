@@ -31,6 +31,8 @@ from ..core.plan import Part
 from ..perf.model import min_nodes
 from .base import FreeState, PlacePolicy, Request, View, need_on, parse_flag, register, split_parts
 
+_NONE: frozenset[int] = frozenset()
+
 
 def _prefer(ids: list[int], prev: frozenset[int]) -> list[int]:
     """Free GPU ids with the job's current GPUs first (no pointless moves on a node)."""
@@ -52,8 +54,11 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     """
     cl = free.cluster
     k = req.gpus
-    prev = frozenset(req.prev.gpu_ids) if req.prev is not None else frozenset()
-    prev_nodes = frozenset(req.prev.nodes) if req.prev is not None else frozenset()
+    was = req.prev
+    if was is None:  # (a new job: most requests placed in a long queue's round)
+        prev = prev_nodes = _NONE
+    else:
+        prev, prev_nodes = frozenset(was.gpu_ids), frozenset(was.nodes)
     nc, nm = free.cpu_counts, free.mem_counts
     members = len(req.jobs)
     sizes = _node_sizes(cl)
