@@ -77,13 +77,14 @@ the prefix with phase 1's count, releases every running job phase 1 leaves out
 again one by one as the walk passes them, because a waiting job earlier in the
 order must see what they hold as free, though almost all of them stay where
 they are.  Measured on Philly (64 x 8, FIFO), a round through
-:func:`prefix_plan` counts about 500 jobs in phase 1, releases and keeps 38,
-passes 19 waiting jobs of refused shapes and tries 5.4; the releases and keeps
-are about 12 % of the run, phase 1 about 5 %.  Phase 1's selection could be
+:func:`prefix_plan` counts about 130 jobs in phase 1 and passes about 64 more
+in the tail walk; it releases and keeps about 40 running jobs and tries about
+8 placements (two thirds of them in the tail).  The releases and keeps are
+about 12 % of the run, phase 1 about 6 %.  Phase 1's selection could be
 carried from one round to the next (a job that ends shifts it only after its
 own place; the fixed point above says that after an exact apply only what
 ended since can change the walk), but the active jobs are a mapping, iterated
-from its start, with no way to enter it in the middle.  Two cheaper-looking
+from its start, with no way to enter it in the middle.  Four cheaper-looking
 ways around the keeps do not pay:
 
 * *keeping lazily* (take a passed job back only when a later try needs the
@@ -99,6 +100,12 @@ ways around the keeps do not pay:
   it saved 284,261 of the 606,338 keeps but made 260,026 releases at the first
   try (in 12,673 of 15,308 rounds), and phase 2b still needs every released
   job free: the same plans, 0.99x the time.
+* *choosing between the two each round* (at the round's first try after
+  phase 2b, take back the ``a`` jobs passed, or start again from the current
+  state and release the ``b`` not passed yet, whichever are fewer; only when
+  phase 2b placed nothing): counted on Philly, it saves the sum of
+  ``max(0, a - b)``, 235,395 of 1,212,410 releases and keeps, about 2-3 % of
+  the run, for a third state the walk would have to keep exact.  Not built.
 
 Each job passed changes what the next try reads (the count of free GPUs on its
 node decides best fit), so the keeps stay while every try must see exactly
