@@ -88,7 +88,7 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
         take = min(left, int(ng[node]))
         while take > 0:
             c, m = need_on(cl, req, node, take)
-            if free.node_cpus[node] >= c and free.node_mem[node] >= m:
+            if nc[node] >= c and nm[node] >= m:
                 break
             take -= 1
         if take:
