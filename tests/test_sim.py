@@ -193,6 +193,17 @@ def test_free_state_counts_free_gpus_per_node_as_it_changes() -> None:
     big = FreeState(Cluster((Node("a", 300, 8, 100),)))
     big.take((Part(0, (7,), 1, 1),))
     assert list(big.gpu_counts) == [299] == big.copy().node_gpus.tolist()
+    # take_back charges what take would (free_gpus is the caller's: it counted them already)
+    h, k = f.copy(), f.copy()
+    h.take(a.parts)
+    k.take_back([a.parts])
+    assert [list(x) for x in (k.gpu_counts, k.cpu_counts, k.mem_counts)] == [[2, 1], [6, 7], [90, 90]]
+    assert (k.gpu_free == h.gpu_free).all() and k.node_cpus.tolist() == h.node_cpus.tolist()
+    assert k.free_gpus == 6 and h.free_gpus == 3
+    # reset makes a copy in place: numpy views made before see the new values
+    view = k.node_gpus
+    k.reset(f)
+    assert view.tolist() == [4, 2] == list(k.gpu_counts) and list(k.cpu_counts) == [8, 8] and k.free_gpus == 6
 
 
 def test_locality_penalty_parameter() -> None:

@@ -101,6 +101,16 @@ class FreeState:
         new.free_gpus = self.free_gpus
         return new
 
+    def reset(self, other: FreeState) -> None:
+        """Become a copy of ``other`` (of the same cluster) in place: the buffers are overwritten, so
+        the numpy views already made stay valid."""
+        self._gf[:] = other._gf
+        self._ng[:] = other._ng
+        self.cpu_counts[:] = other.cpu_counts
+        self.mem_counts[:] = other.mem_counts
+        self.gpu_counts[:] = other.gpu_counts  # type: ignore[assignment]  # (both of one type: one cluster)
+        self.free_gpus = other.free_gpus
+
     def free_on(self, node: int) -> list[int]:
         gf = self._gf
         return [g for g in range(self._off[node], self._off[node + 1]) if gf[g]]
@@ -142,6 +152,28 @@ class FreeState:
             nc[node] -= p.cpus
             nm[node] -= p.mem_mb
         return True
+
+    def take_back(self, held: Sequence[Sequence[Part]]) -> None:
+        """:meth:`take` each ``parts`` of ``held`` (one member each, GPUs included), unchecked: the
+        caller knows they fit (running allocations released this round, taken back before anything
+        else was taken: they ran side by side, so any of them fit together on what they left).
+
+        (:func:`~gpuloom.policies.incremental.prefix_plan` defers such keeps and takes them back
+        in one call before its next placement try, with ``free_gpus`` already counted.)
+        """
+        gf, ng, nc, nm = self._gf, self._ng, self.cpu_counts, self.mem_counts
+        counts = self.gpu_counts
+        for parts in held:
+            for p in parts:
+                node = p.node
+                ids = p.gpus
+                for g in ids:
+                    gf[g] = 0
+                n = len(ids)
+                ng[node] -= n
+                counts[node] -= n
+                nc[node] -= p.cpus
+                nm[node] -= p.mem_mb
 
     def release_all(self, allocs: Iterable[Allocation]) -> None:
         """:meth:`release` every allocation of ``allocs`` (one member each, GPUs included).

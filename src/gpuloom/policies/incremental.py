@@ -79,46 +79,49 @@ order must see what they hold as free, though almost all of them stay where
 they are.  Measured on Philly (64 x 8, FIFO), a round through
 :func:`prefix_plan` counts about 130 jobs in phase 1 and passes about 64 more
 in the tail walk; it releases and keeps about 40 running jobs and tries about
-8 placements (two thirds of them in the tail).  The releases and keeps are
-about 12 % of the run, phase 1 about 6 %.  Phase 1's selection could be
-carried from one round to the next (a job that ends shifts it only after its
-own place; the fixed point above says that after an exact apply only what
-ended since can change the walk), but the active jobs are a mapping, iterated
-from its start, with no way to enter it in the middle.  Nor does reading it in
-bulk pay: while the count left is at least the most any job asks, every job
-is selected whatever it asks, but sorting that stretch with ``attrgetter``,
-``accumulate`` and ``compress`` made a 140-job prefix cost 3x the loop (the
-interpreter's specialised attribute reads beat ``attrgetter``'s generic ones),
-and with comprehensions it cost the same as the loop; on Philly the first
-made 6 % more instructions.  Four cheaper-looking ways around the keeps do
-not pay either:
+8 placements (two thirds of them in the tail).  Phase 1 is about 6 % of the
+run.  Phase 1's selection could be carried from one round to the next (a job
+that ends shifts it only after its own place; the fixed point above says that
+after an exact apply only what ended since can change the walk), but the
+active jobs are a mapping, iterated from its start, with no way to enter it in
+the middle.  Nor does reading it in bulk pay: while the count left is at least
+the most any job asks, every job is selected whatever it asks, but sorting
+that stretch with ``attrgetter``, ``accumulate`` and ``compress`` made a
+140-job prefix cost 3x the loop (the interpreter's specialised attribute reads
+beat ``attrgetter``'s generic ones), and with comprehensions it cost the same
+as the loop; on Philly the first made 6 % more instructions.
 
-* *keeping lazily* (take a passed job back only when a later try needs the
-  state): only 2.4 % of the keeps come after a round's last try, because the
-  round's new backfills sit behind the released jobs in a FIFO order;
+**Keeps counted, not made.**  The keeps are cheap while the round has placed
+nothing: the exact free state is then the current one less the released jobs
+not passed yet (they ran side by side, and only they were taken back), so each
+keep fits and is only counted in ``free_gpus``.  The buffers follow at the
+next try, which must read them, whichever way moves fewer allocations: taking
+back the jobs kept since the last try (:meth:`FreeState.take_back`, unchecked,
+in one call), or starting again from the current state
+(:meth:`FreeState.reset`) and releasing the jobs not passed yet.  The keeps
+after the round's last try are never made.  On Philly (82,247 jobs), of the
+605,724 keeps 514,644 come before the round's first placement; where each was
+a checked take, the buffers now take back 54,296 of them and release 35,382
+jobs again after 14,461 restarts from the current state (of 22,338 tries that
+found keeps pending); 91,080 keeps after a placement are still checked.  With
+the 606,338 releases at the rounds' starts, 787,000 allocations are moved
+instead of 1,212,000: 4.2 % fewer instructions on Philly's first 20,000 jobs.
+Three other ways around the keeps were measured before and do not pay:
+
 * *carrying the released state over* (a free state with the left-out jobs
-  released, updated by what changed): it saves the release (about 5 % of the
-  run) but not the keeps, which the walk must still make before those tries.
-* *keeping from the current state* (phase 3 starts on the current free state,
-  whose count alone includes the released jobs, so a job passed before the
-  round's first try is kept for nothing, and the jobs not passed yet are
-  released just before that try): the first try comes mid-walk.  On Philly
-  it saved 284,261 of the 606,338 keeps but made 260,026 releases at the first
-  try (in 12,673 of 15,308 rounds), and phase 2b still needs every released
-  job free: the same plans, 0.99x the time.
-* *choosing between the two each round* (at the round's first try after
-  phase 2b, take back the ``a`` jobs passed, or start again from the current
-  state and release the ``b`` not passed yet, whichever are fewer; only when
-  phase 2b placed nothing): counted on Philly, it saves the sum of
-  ``max(0, a - b)``, 235,395 of 1,212,410 releases and keeps, about 2-3 % of
-  the run, for a third state the walk would have to keep exact.  Not built.
+  released, updated by what changed): it would save the releases at the
+  rounds' starts, but only the part of each not undone by what changed;
+* *keeping from the current state* alone (phase 3 starts on the current free
+  state and releases the jobs not passed yet at the first try): phase 2b comes
+  first, and its tries need every released job free;
+* *lazy tries* (try on a state with the keeps since the last try not taken
+  back, which is larger: a try that gets nothing there gets nothing on the
+  exact one, under ``pure_choose``): a try that gets something must be made
+  again on the exact state, which costs more than the take-backs it saves.
 
 Each job passed changes what the next try reads (the count of free GPUs on its
-node decides best fit), so the keeps stay while every try must see exactly
-which of them it has passed.  A try that gets nothing on a state with some
-passed jobs not yet taken back would get nothing on the exact one
-(``pure_choose``), but the round's placements come after them, and checking a
-placement made on such a state against the exact one visits their nodes again.
+node decides best fit), so every try must see exactly which of the released
+jobs it has passed.
 """
 
 from __future__ import annotations
@@ -129,7 +132,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..core.job import Job
-from ..core.plan import Allocation, Plan
+from ..core.plan import Allocation, Part, Plan
 from .free import FreeState
 
 if TYPE_CHECKING:
@@ -179,15 +182,18 @@ class Tally:
         return (set(self.idle), self.waiting, self.demand, self.unkeyed, self.index_order)
 
 
-def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view: View, refused: set[tuple]) -> bool:
-    """``place._try``, except that a new request of a shape refused before in this round is not
-    tried again (under ``pure_choose``, on a free state that has only shrunk since)."""
+def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view: View, refused: set[tuple],
+            try_: Callable[[Plan, Request, FreeState, View], bool] | None = None) -> bool:
+    """``place._try`` (or ``try_``), except that a new request of a shape refused before in this
+    round is not tried again (under ``pure_choose``, on a free state that has only shrunk since)."""
+    if try_ is None:
+        try_ = place._try
     if not place.pure_choose or req.prev is not None:
-        return place._try(plan, req, free, view)
+        return try_(plan, req, free, view)
     shape = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
     if shape in refused:
         return False
-    if place._try(plan, req, free, view):
+    if try_(plan, req, free, view):
         return True
     refused.add(shape)
     return False
@@ -283,22 +289,46 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     assert view.free is not None
     current = view.current
     plan = Plan.extending(current)
-    free = view.free.copy()
+    base = view.free
+    free = base.copy()
     # the running jobs not selected are released; they stay in the plan until their turn comes,
     # when they are kept if what they hold is still free (as _try would: their request's key is
     # their allocation's) and otherwise taken out and placed anew
     released = current.keys() - kept
     free.release_all([current[jid] for jid in released])  # (releases add up: their order does not matter)
     take_if_fits = free.take_if_fits
+    # keeps counted, not made (see the module notes): until the round places something a kept job
+    # is only counted in free_gpus (always exact) and its parts wait in pend for the next try
+    pend: list[tuple[Part, ...]] = []
+    placed = False
+
+    def try_(plan: Plan, req: Request, free: FreeState, view: View) -> bool:
+        nonlocal placed
+        if pend:
+            if len(pend) > len(released):
+                free.reset(base)
+                free.release_all([current[jid] for jid in released])
+            else:
+                free.take_back(pend)
+            pend.clear()
+        if place._try(plan, req, free, view):
+            placed = True
+            return True
+        return False
 
     def keep(j: Job) -> bool:
         jid = j.id
         if jid in released:
             released.remove(jid)
-            if take_if_fits(j.alloc.parts):
+            a = j.alloc
+            if not placed:
+                pend.append(a.parts)
+                free.free_gpus -= a.num_gpus
+                return True
+            if take_if_fits(a.parts):
                 return True
             plan.remove(jid)
-        return place._try(plan, request(j), free, view)
+        return try_(plan, request(j), free, view)
 
     refused: set[tuple] = set()
     # the shapes of the waiting jobs refused so far: this walk runs under pure_choose and static
@@ -309,7 +339,7 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     failed: list[tuple[int, Job]] = []
     for i, j in chosen:  # phase 2b
         s = shape_of(j)
-        if s in dead or not try_new(place, plan, request(j), free, view, refused):
+        if s in dead or not try_new(place, plan, request(j), free, view, refused, try_):
             failed.append((i, j))
             dead.add(s)
     if failed:  # phase 3 goes over the prefix in order: the selected jobs refused take their places
@@ -322,10 +352,11 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
                 keep(j)
             else:
                 s = shape_of(j)
-                if s not in dead and not try_new(place, plan, request(j), free, view, refused):
+                if s not in dead and not try_new(place, plan, request(j), free, view, refused, try_):
                     dead.add(s)
     walk = walk_of(end)
     walk.keep = keep
+    walk.try_ = try_
     walk.backfill(place, plan, free, view, refused, idle=idle, tail=jobs)
     for jid in released:  # never kept: stopped
         plan.remove(jid)
@@ -340,7 +371,9 @@ class TailWalk:
     ``waiting`` counts the active jobs holding nothing by shape (:class:`Tally`);
     ``current`` is what runs now.  ``visited`` collects the jobs the walk met that could still
     get something (:meth:`requests` sizes them).  ``keep(job)``, when set, places a running job
-    met instead of ``place._try`` (:func:`prefix_plan`'s, which keeps it without sizing it).
+    met instead of ``place._try`` (:func:`prefix_plan`'s, which keeps it without sizing it);
+    ``try_(plan, request, free, view)``, when set, tries a waiting job instead of ``place._try``
+    (:func:`prefix_plan`'s, which first takes back the keeps it deferred).
     """
 
     def __init__(
@@ -354,6 +387,7 @@ class TailWalk:
     ) -> None:
         self.ordered = ordered
         self.keep: Callable[[Job], object] | None = None
+        self.try_: Callable[[Plan, Request, FreeState, View], bool] | None = None
         self.start = start
         self.request = request
         self.sort_key = sort_key
@@ -386,6 +420,7 @@ class TailWalk:
         live = sum(k for s, k in left.items() if s not in dead)  # waiting jobs ahead whose shape may be placed
         visited = self.visited
         keep = self.keep
+        try_ = self.try_ or place._try
         if keep is None:  # a running job met that may still fit: placed as any request
             def keep(j: Job) -> object:
                 return place._try(plan, self.request(j), free, view)
@@ -406,7 +441,7 @@ class TailWalk:
             live -= 1
             req = self.request(j)
             visited.append(j)
-            if req.gpus > free.free_gpus or not place._try(plan, req, free, view):
+            if req.gpus > free.free_gpus or not try_(plan, req, free, view):
                 dead.add(s)
                 live -= left[s]
         # only running jobs of the tail are left that could be placed: in their order (rare: found
