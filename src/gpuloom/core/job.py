@@ -74,6 +74,14 @@ class JobSpec:
 RECORD_KEYS: tuple[str, ...] = ("failure",)
 
 
+_SHAPES: dict[tuple[int, int | None, int | None], tuple[int, int | None, int | None]] = {}
+
+
+def _shape(gpus: int, cpus: int | None, mem_mb: int | None) -> tuple[int, int | None, int | None]:
+    s = (gpus, cpus, mem_mb)
+    return _SHAPES.setdefault(s, s)
+
+
 class JobStatus(StrEnum):
     """A coarse view of a job, derived (:attr:`Job.status`): never stored."""
 
@@ -102,12 +110,15 @@ class Job:
         "spec", "id", "index", "lifecycle", "remaining", "attained_gpu_time", "attained_time",
         "alloc", "speed", "busy_until", "last_update", "first_start", "finish",
         "preemptions", "migrations", "resizes", "version", "last_start", "queued_time",
-        "overhead_time", "reason", "extra",
+        "overhead_time", "reason", "extra", "shape",
     )
 
     def __init__(self, spec: JobSpec, index: int = 0) -> None:
         self.spec = spec
         self.id = spec.id  # a plain attribute: read in every hot loop
+        # (gpus, cpus, mem_mb): what the incremental rounds group waiting jobs by; one tuple per
+        # distinct shape (a spec replaced later keeps these three: only its profile changes)
+        self.shape: tuple[int, int | None, int | None] = _shape(spec.gpus, spec.cpus, spec.mem_mb)
         self.index = index  # position in arrival order: the tie-breaker of every order policy
         self.lifecycle: Lifecycle | None = None
         self.remaining = float(spec.duration)

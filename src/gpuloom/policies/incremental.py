@@ -147,8 +147,8 @@ Shape = tuple[int, int | None, int | None]
 
 
 def shape_of(job: Job) -> Shape:
-    sp = job.spec
-    return (sp.gpus, sp.cpus, sp.mem_mb)
+    """The job's spec's ``(gpus, cpus, mem_mb)`` (:attr:`Job.shape`, made once per job)."""
+    return job.shape
 
 
 class Tally:
@@ -176,7 +176,7 @@ class Tally:
             self.idle[job.id] = job
         else:
             del self.idle[job.id]
-        shape = shape_of(job)
+        shape = job.shape
         n = self.waiting.get(shape, 0) + sign
         if n:
             self.waiting[shape] = n
@@ -343,7 +343,7 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     dead: set[Shape] = set()
     failed: list[tuple[int, Job]] = []
     for i, j in chosen:  # phase 2b
-        s = shape_of(j)
+        s = j.shape
         if s in dead or not try_new(place, plan, request(j), free, view, refused, try_):
             failed.append((i, j))
             dead.add(s)
@@ -356,7 +356,7 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
             if j.alloc is not None:
                 keep(j)
             else:
-                s = shape_of(j)
+                s = j.shape
                 if s not in dead and not try_new(place, plan, request(j), free, view, refused, try_):
                     dead.add(s)
     walk = walk_of(end)
@@ -420,7 +420,7 @@ class TailWalk:
         if idle is None:
             idle = [j for j in islice(ordered, start) if j.alloc is None]
         for j in idle:
-            left[shape_of(j)] -= 1
+            left[j.shape] -= 1
         dead: set[Shape] = {(g, c, m) for g, c, m, k in refused if k == 1}
         live = sum(k for s, k in left.items() if s not in dead)  # waiting jobs ahead whose shape may be placed
         visited = self.visited
@@ -439,7 +439,7 @@ class TailWalk:
                 if j.spec.gpus <= free.free_gpus:  # (its request's GPUs: fixed_gpus)
                     keep(j)
                 continue
-            s = shape_of(j)
+            s = j.shape
             if s in dead:
                 continue
             left[s] -= 1
