@@ -73,13 +73,13 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
             return (Part(node, tuple(sorted(ids)) if prev else tuple(ids), c // members, m // members),)
     if free.free_gpus < k:
         return None
-    ng = free.node_gpus
     limit = min_nodes(sizes, k) if consolidate else cl.num_nodes
     if consolidate:
-        if limit <= 1:
+        if limit <= 1:  # (most tries that get nothing end here, before the numpy views are made)
             return None
-        if limit < ng.size and most_free(free.gpu_counts, limit, top) < k:
+        if limit < cl.num_nodes and most_free(free.gpu_counts, limit, top) < k:
             return None  # (no ``limit`` nodes hold k free GPUs together: the walk below gives up)
+    ng = free.node_gpus
     by_node: dict[int, list[int]] = {}
     left = k
     for node in np.argsort(-ng, kind="stable").tolist():
