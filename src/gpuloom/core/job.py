@@ -78,7 +78,10 @@ _SHAPES: dict[tuple[int, int | None, int | None], tuple[int, int | None, int | N
 
 
 def _shape(gpus: int, cpus: int | None, mem_mb: int | None) -> tuple[int, int | None, int | None]:
+    """One tuple per distinct shape, shared by its jobs (8 bytes a job, not a tuple a job)."""
     s = (gpus, cpus, mem_mb)
+    if len(_SHAPES) >= 4096:  # (sharing only saves memory: a long-lived service's many shapes start over)
+        _SHAPES.clear()
     return _SHAPES.setdefault(s, s)
 
 
