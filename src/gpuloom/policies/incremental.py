@@ -115,7 +115,7 @@ Three other ways around the keeps do not pay:
   allocations out and 19,122 in over 15,308 rounds, against 606,338 releases,
   but finding those few means comparing the 119 jobs selected per round with
   the last round's (by job and allocation identity, in dicts and sets), which
-  cost more than releasing the 40 left out: 11.6 % more instructions on
+  cost more than releasing the 40 left out: 12 % more instructions on
   Philly's first 20,000 jobs;
 * *keeping from the current state* alone (phase 3 starts on the current free
   state and releases the jobs not passed yet at the first try): phase 2b comes
