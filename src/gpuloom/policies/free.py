@@ -128,10 +128,10 @@ class FreeState:
     def take_if_fits(self, parts: Sequence[Part]) -> bool:
         """:meth:`take` ``parts`` (one member) if they :meth:`fit <fits>`; whether they did.
 
-        (:meth:`fits` and :meth:`take` in one pass over the buffers: a long queue's round keeps
-        dozens of released running jobs this way, and the two calls cost half as much again.)
+        (:meth:`fits` and :meth:`take_back` with one reading of the buffers: after a long queue's
+        round has placed something, it keeps the released running jobs it passes this way.)
         """
-        gf, ng, nc, nm = self._gf, self._ng, self.cpu_counts, self.mem_counts
+        gf, nc, nm = self._gf, self.cpu_counts, self.mem_counts
         for p in parts:
             node = p.node
             if p.cpus > nc[node] or p.mem_mb > nm[node]:
@@ -139,30 +139,21 @@ class FreeState:
             for g in p.gpus:
                 if not gf[g]:
                     return False
-        counts = self.gpu_counts
-        for p in parts:
-            node = p.node
-            ids = p.gpus
-            for g in ids:
-                gf[g] = 0
-            n = len(ids)
-            ng[node] -= n
-            counts[node] -= n
-            self.free_gpus -= n
-            nc[node] -= p.cpus
-            nm[node] -= p.mem_mb
+        self.free_gpus -= self.take_back((parts,))
         return True
 
-    def take_back(self, held: Sequence[Sequence[Part]]) -> None:
-        """:meth:`take` each ``parts`` of ``held`` (one member each, GPUs included), unchecked: the
-        caller knows they fit (running allocations released this round, taken back before anything
-        else was taken: they ran side by side, so any of them fit together on what they left).
+    def take_back(self, held: Sequence[Sequence[Part]]) -> int:
+        """:meth:`take` each ``parts`` of ``held`` (one member each, GPUs included), unchecked, and
+        return the GPUs taken, leaving ``free_gpus`` to the caller: it knows they fit (running
+        allocations released this round, taken back before anything else was taken: they ran side
+        by side, so any of them fit together on what they left; or :meth:`take_if_fits`' own).
 
         (:func:`~gpuloom.policies.incremental.prefix_plan` defers such keeps and takes them back
         in one call before its next placement try, with ``free_gpus`` already counted.)
         """
         gf, ng, nc, nm = self._gf, self._ng, self.cpu_counts, self.mem_counts
         counts = self.gpu_counts
+        taken = 0
         for parts in held:
             for p in parts:
                 node = p.node
@@ -172,8 +163,10 @@ class FreeState:
                 n = len(ids)
                 ng[node] -= n
                 counts[node] -= n
+                taken += n
                 nc[node] -= p.cpus
                 nm[node] -= p.mem_mb
+        return taken
 
     def release_all(self, allocs: Iterable[Allocation]) -> None:
         """:meth:`release` every allocation of ``allocs`` (one member each, GPUs included).
