@@ -150,8 +150,10 @@ Shape = tuple[int, int | None, int | None]
 
 
 def shape_of(job: Job) -> Shape:
-    """The job's spec's ``(gpus, cpus, mem_mb)`` (:attr:`Job.shape`, made once per job)."""
-    return job.shape
+    """The job's spec's ``(gpus, cpus, mem_mb)``, read from the spec: what :attr:`Job.shape` holds
+    (made once per job, and read by the hot loops), counted afresh by ``Driver.check_state``."""
+    sp = job.spec
+    return (sp.gpus, sp.cpus, sp.mem_mb)
 
 
 class Tally:
