@@ -578,3 +578,35 @@ def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
     assert model.get("storage")(Job(JobSpec("a", 0, 1, 10, model="alexnet")), Allocation("a", part)) == 0.5
     assert model.get("storage")(Job(JobSpec("b", 0, 1, 10, model="bert")), Allocation("b", part)) == 1.0
     assert build_model(cl, options={"profiles": str(path)}).get("storage") is None  # off unless given
+
+
+def test_highs_solve_gives_the_same_answer_through_either_form_of_pass_model() -> None:
+    # min -x0 - 2 x1 - 3 x2  s.t.  x0 + x1 + x2 <= 2,  x0 + x2 = 1,  0 <= x <= 1:  x = (0, 1, 1), -5
+    highspy = pytest.importorskip("highspy")
+    from gpuloom.policies.synergy_opt import Opt, _highs_solve, _linprog, _Sparse
+
+    c = np.array([-1.0, -2.0, -3.0])
+    ub = _Sparse.of([0, 0, 0], [0, 1, 2], [1, 1, 1], 1, 3)
+    eq = _Sparse.of([0, 0], [0, 2], [1, 1], 1, 3)
+    lo, hi = np.zeros(3), np.ones(3)
+    args = (c, lo, hi, ub.stack(eq), np.array([-np.inf, 1.0]), np.array([2.0, 1.0]))
+
+    class LpOnly:  # a highspy without passModel's array form: only a HighsLp goes in
+        def __init__(self, h: object) -> None:
+            self.h = h
+
+        def passModel(self, *a: object) -> object:
+            if len(a) != 1:
+                raise TypeError("incompatible function arguments")
+            return self.h.passModel(*a)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.h, name)
+
+    h = Opt()._solver()
+    assert isinstance(h, highspy.Highs)
+    for solver in (h, LpOnly(h)):
+        res = _highs_solve(solver, "test", *args)
+        assert res.x.tolist() == [0.0, 1.0, 1.0] and res.fun == -5.0
+    ref = _linprog("test", 10.0, c, ub, np.array([2.0]), eq, np.array([1.0]), np.c_[lo, hi])
+    assert ref.x.tolist() == [0.0, 1.0, 1.0] and ref.fun == -5.0

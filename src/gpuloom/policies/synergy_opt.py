@@ -358,7 +358,13 @@ class Opt(_SynergySizer):
             raise _SolverFailure(f"{what} LP raised {type(e).__name__}: {e}") from None
 
     def _solver(self) -> Any:
-        """The HiGHS object, made on first use; None where highspy cannot be imported."""
+        """The HiGHS object, made on first use; None where highspy cannot be imported.
+
+        Presolve is off: these LPs are small, and simplifying each one first cost more than it
+        saved (bench_synergy's 1,349 placement LPs under OPT SRTF: 1.74 ms a solve with presolve,
+        0.79 ms without, with the array form of :func:`_highs_solve`; every slot the placement
+        LP's answers give, and so every record of the run, is the same either way).
+        """
         if self._highs is False:
             return None
         if self._highs is None:
@@ -371,7 +377,7 @@ class Opt(_SynergySizer):
                 h = highspy.Highs()
             h.setOptionValue("output_flag", False)
             h.setOptionValue("time_limit", self.time_limit)
-            h.setOptionValue("presolve", "on")
+            h.setOptionValue("presolve", "off")
             self._highs = h
         return self._highs
 
@@ -420,27 +426,40 @@ class _LPResult:
 
 def _highs_solve(h: Any, what: str, c: np.ndarray, lb: np.ndarray, ub: np.ndarray,
                  a: tuple[np.ndarray, np.ndarray, np.ndarray, int], row_lo: np.ndarray, row_hi: np.ndarray) -> _LPResult:
-    """One LP on the HiGHS object ``h``: min c.x, row_lo <= A x <= row_hi, lb <= x <= ub (A column-wise)."""
+    """One LP on the HiGHS object ``h``: min c.x, row_lo <= A x <= row_hi, lb <= x <= ub (A column-wise).
+
+    The arrays go to HiGHS in one call (``passModel``'s array form) rather than through a
+    ``HighsLp`` filled field by field, and the objective is read alone rather than with the whole
+    ``HighsInfo``: on bench_synergy's placement LPs (about 220 variables, 60 rows) that halves
+    what a solve costs around HiGHS' own run.  A highspy without the array form gets the ``HighsLp``.
+    """
     import highspy
 
     start, index, value, nrows = a
     n = len(c)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = n, nrows
-    lp.col_cost_ = np.asarray(c, dtype=float)
-    lp.col_lower_, lp.col_upper_ = lb, ub
-    lp.row_lower_, lp.row_upper_ = row_lo, row_hi
-    m = lp.a_matrix_
-    m.format_ = highspy.MatrixFormat.kColwise
-    m.num_col_, m.num_row_ = n, nrows
-    m.start_, m.index_, m.value_ = start, index, value
     h.clearModel()
-    h.passModel(lp)
+    try:
+        # (columns, rows, nonzeros, column-wise, minimise, offset, ..., every column continuous)
+        status = h.passModel(n, nrows, len(value), 1, 1, 0.0, np.asarray(c, dtype=float), lb, ub, row_lo, row_hi,
+                             start, index, value, np.zeros(n, dtype=np.int32))
+    except TypeError:  # an older highspy
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = n, nrows
+        lp.col_cost_ = np.asarray(c, dtype=float)
+        lp.col_lower_, lp.col_upper_ = lb, ub
+        lp.row_lower_, lp.row_upper_ = row_lo, row_hi
+        m = lp.a_matrix_
+        m.format_ = highspy.MatrixFormat.kColwise
+        m.num_col_, m.num_row_ = n, nrows
+        m.start_, m.index_, m.value_ = start, index, value
+        status = h.passModel(lp)
+    if status == highspy.HighsStatus.kError:
+        raise _SolverFailure(f"{what} LP: HiGHS refused the model")
     h.run()
     status = h.getModelStatus()
     if status != highspy.HighsModelStatus.kOptimal:
         raise _SolverFailure(f"{what} LP: {h.modelStatusToString(status)}")
-    return _LPResult(np.array(h.getSolution().col_value), float(h.getInfo().objective_function_value))
+    return _LPResult(np.array(h.getSolution().col_value), float(h.getObjectiveValue()))
 
 
 def _linprog(what: str, time_limit: float, c: np.ndarray, a_ub: _Sparse, b_ub: np.ndarray, a_eq: _Sparse,
