@@ -360,10 +360,11 @@ class Opt(_SynergySizer):
     def _solver(self) -> Any:
         """The HiGHS object, made on first use; None where highspy cannot be imported.
 
-        Presolve is off: these LPs are small, and simplifying each one first cost more than it
-        saved (bench_synergy's 1,349 placement LPs under OPT SRTF: 1.74 ms a solve with presolve,
-        0.79 ms without, with the array form of :func:`_highs_solve`; every slot the placement
-        LP's answers give, and so every record of the run, is the same either way).
+        Presolve is off: these LPs are small, and simplifying each one first costs more than it
+        saves.  On 400 of bench_synergy's placement LPs under OPT SRTF (about 220 variables, 60
+        rows), a solve through :func:`_highs_solve` took 1.40-1.67 ms with presolve and
+        0.78-0.84 ms without; the slots their answers give were the same, and every record of
+        bench_synergy's OPT runs (FIFO and SRTF) is the same either way.
         """
         if self._highs is False:
             return None
@@ -430,8 +431,8 @@ def _highs_solve(h: Any, what: str, c: np.ndarray, lb: np.ndarray, ub: np.ndarra
 
     The arrays go to HiGHS in one call (``passModel``'s array form) rather than through a
     ``HighsLp`` filled field by field, and the objective is read alone rather than with the whole
-    ``HighsInfo``: on bench_synergy's placement LPs (about 220 variables, 60 rows) that halves
-    what a solve costs around HiGHS' own run.  A highspy without the array form gets the ``HighsLp``.
+    ``HighsInfo``: on bench_synergy's placement LPs (about 220 variables, 60 rows) that saves
+    about 0.25 ms of a 1 ms solve.  A highspy without the array form gets the ``HighsLp``.
     """
     import highspy
 
