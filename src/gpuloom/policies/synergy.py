@@ -50,7 +50,7 @@ the sizers hand out the proportional share.
     the same round; Synergy's TUNE does not either.)
 
 ``opt`` (Synergy-OPT)
-    Two linear programs solved with HiGHS (``scipy.optimize.linprog``):
+    Two linear programs solved with HiGHS (through highspy; ``scipy.optimize.linprog`` without it):
 
     1. *allocation*: over the jobs selected in policy order while their GPUs
        fit the cluster, choose for each a convex combination of its
