@@ -583,7 +583,7 @@ def test_storage_bandwidth_column_bounds_speed(data_dir: Path) -> None:
 def test_highs_solve_gives_the_same_answer_through_either_form_of_pass_model() -> None:
     # min -x0 - 2 x1 - 3 x2  s.t.  x0 + x1 + x2 <= 2,  x0 + x2 = 1,  0 <= x <= 1:  x = (0, 1, 1), -5
     highspy = pytest.importorskip("highspy")
-    from gpuloom.policies.synergy_opt import Opt, _highs_solve, _linprog, _Sparse
+    from gpuloom.policies.synergy_opt import Opt, _highs_solve, _linprog, _SolverFailure, _Sparse
 
     c = np.array([-1.0, -2.0, -3.0])
     ub = _Sparse.of([0, 0, 0], [0, 1, 2], [1, 1, 1], 1, 3)
@@ -610,3 +610,7 @@ def test_highs_solve_gives_the_same_answer_through_either_form_of_pass_model() -
         assert res.x.tolist() == [0.0, 1.0, 1.0] and res.fun == -5.0
     ref = _linprog("test", 10.0, c, ub, np.array([2.0]), eq, np.array([1.0]), np.c_[lo, hi])
     assert ref.x.tolist() == [0.0, 1.0, 1.0] and ref.fun == -5.0
+    # x0 + x2 = 3 with both at most 1: no solution, a failure the round falls back from
+    with pytest.raises(_SolverFailure, match="test LP: Infeasible"):
+        _highs_solve(h, "test", c, lo, hi, ub.stack(eq), np.array([-np.inf, 3.0]), np.array([2.0, 3.0]))
+    assert _highs_solve(h, "test", *args).x.tolist() == [0.0, 1.0, 1.0]  # (the solver object is reused)
