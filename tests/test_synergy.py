@@ -591,13 +591,16 @@ def test_highs_solve_gives_the_same_answer_through_either_form_of_pass_model() -
     lo, hi = np.zeros(3), np.ones(3)
     args = (c, lo, hi, ub.stack(eq), np.array([-np.inf, 1.0]), np.array([2.0, 1.0]))
 
-    class LpOnly:  # a highspy without passModel's array form: only a HighsLp goes in
-        def __init__(self, h: object) -> None:
-            self.h = h
+    class LpOnly:  # a highspy without passModel's array form (or one refusing it): only a HighsLp goes in
+        def __init__(self, h: object, refuse: bool) -> None:
+            self.h, self.refuse, self.lps = h, refuse, 0
 
         def passModel(self, *a: object) -> object:
             if len(a) != 1:
+                if self.refuse:
+                    return highspy.HighsStatus.kError
                 raise TypeError("incompatible function arguments")
+            self.lps += 1
             return self.h.passModel(*a)
 
         def __getattr__(self, name: str) -> object:
@@ -605,9 +608,17 @@ def test_highs_solve_gives_the_same_answer_through_either_form_of_pass_model() -
 
     h = Opt()._solver()
     assert isinstance(h, highspy.Highs)
-    for solver in (h, LpOnly(h)):
-        res = _highs_solve(solver, "test", *args)
-        assert res.x.tolist() == [0.0, 1.0, 1.0] and res.fun == -5.0
+    res = _highs_solve(h, "test", *args)
+    assert res.x.tolist() == [0.0, 1.0, 1.0] and res.fun == -5.0
+    for refuse in (False, True):
+        lp_only = LpOnly(h, refuse)
+        res = _highs_solve(lp_only, "test", *args)
+        assert res.x.tolist() == [0.0, 1.0, 1.0] and res.fun == -5.0 and lp_only.lps == 1
+    # a row index past the matrix's rows: refused both ways
+    start, index, value, nrows = ub.stack(eq)
+    bad = (start, index + 5, value, nrows)
+    with pytest.raises(_SolverFailure, match="test LP: HiGHS refused the model"):
+        _highs_solve(h, "test", c, lo, hi, bad, args[4], args[5])
     ref = _linprog("test", 10.0, c, ub, np.array([2.0]), eq, np.array([1.0]), np.c_[lo, hi])
     assert ref.x.tolist() == [0.0, 1.0, 1.0] and ref.fun == -5.0
     # x0 + x2 = 3 with both at most 1: no solution, a failure the round falls back from

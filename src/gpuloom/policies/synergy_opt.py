@@ -432,18 +432,23 @@ def _highs_solve(h: Any, what: str, c: np.ndarray, lb: np.ndarray, ub: np.ndarra
     The arrays go to HiGHS in one call (``passModel``'s array form) rather than through a
     ``HighsLp`` filled field by field, and the objective is read alone rather than with the whole
     ``HighsInfo``: on bench_synergy's placement LPs (about 220 variables, 60 rows) that saves
-    about 0.25 ms of a 1 ms solve.  A highspy without the array form gets the ``HighsLp``.
+    about 0.25 ms of a 1 ms solve.  A highspy without the array form (or whose array form refuses
+    the model) gets the ``HighsLp``; a model refused both ways is a solver failure.
     """
     import highspy
 
     start, index, value, nrows = a
     n = len(c)
     h.clearModel()
+    status = None
     try:
         # (columns, rows, nonzeros, column-wise, minimise, offset, ..., every column continuous)
         status = h.passModel(n, nrows, len(value), 1, 1, 0.0, np.asarray(c, dtype=float), lb, ub, row_lo, row_hi,
                              start, index, value, np.zeros(n, dtype=np.int32))
-    except TypeError:  # an older highspy
+    except TypeError:  # a highspy without this form
+        pass
+    if status is None or status == highspy.HighsStatus.kError:  # (or one that reads it otherwise: the HighsLp)
+        h.clearModel()
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = n, nrows
         lp.col_cost_ = np.asarray(c, dtype=float)
