@@ -85,6 +85,7 @@ class Opt(_SynergySizer):
         self.reused_rounds = 0
         self._cands: dict[tuple[Any, ...], tuple[list[tuple[int, int]], list[float]]] = {}
         self._highs: Any = None  # the HiGHS solver (False: highspy missing, scipy's linprog instead)
+        self._presolve = "on"  # the solver's presolve option as last set (per LP kind: _solve_new)
         self._last_lp: dict[str, tuple[tuple[Any, ...], _LPResult]] = {}  # kind -> (its input, its answer)
         self.repeated_lps = 0  # LPs answered from the last one of their kind (the same input)
         self.unbound_lps = 0  # allocation LPs answered by every job's fastest point (_fastest_fit)
@@ -350,6 +351,10 @@ class Opt(_SynergySizer):
             h = self._solver()
             if h is None:
                 return _linprog(what, self.time_limit, c, a_ub, b_ub, a_eq, b_eq, np.c_[lb, ub])
+            presolve = "off" if what == "placement" else "on"  # (see _solver)
+            if self._presolve != presolve:
+                h.setOptionValue("presolve", presolve)
+                self._presolve = presolve
             return _highs_solve(h, what, c, lb, ub, a_ub.stack(a_eq),
                                 np.concatenate([np.full(len(b_ub), -np.inf), b_eq]), np.concatenate([b_ub, b_eq]))
         except _SolverFailure:
@@ -360,11 +365,15 @@ class Opt(_SynergySizer):
     def _solver(self) -> Any:
         """The HiGHS object, made on first use; None where highspy cannot be imported.
 
-        Presolve is off: these LPs are small, and simplifying each one first costs more than it
-        saves.  On 400 of bench_synergy's placement LPs under OPT SRTF (about 220 variables, 60
-        rows), a solve through :func:`_highs_solve` took 1.40-1.67 ms with presolve and
-        0.78-0.84 ms without; the slots their answers give were the same, and every record of
-        bench_synergy's OPT runs (FIFO and SRTF) is the same either way.
+        Presolve is off for the placement LP (:meth:`_solve_new` sets it per LP): it is small,
+        and simplifying each one first costs more than it saves.  On 400 of bench_synergy's
+        placement LPs under OPT SRTF (about 220 variables, 60 rows), a solve through
+        :func:`_highs_solve` took 1.40-1.67 ms with presolve and 0.78-0.84 ms without; the slots
+        their answers give were the same.  Its costs break ties between nodes, and every record
+        of bench_synergy's OPT runs and of Synergy's deployment trace (FIFO and SRTF) is the same
+        either way.  The allocation LP keeps presolve: its optimum is often not one point (jobs
+        whose points tie), and without presolve HiGHS stopped on other optima of the deployment
+        trace's LPs (mean JCT 12,713 -> 12,707 s under FIFO, 11,037 -> 10,968 s under SRTF).
         """
         if self._highs is False:
             return None
@@ -378,7 +387,8 @@ class Opt(_SynergySizer):
                 h = highspy.Highs()
             h.setOptionValue("output_flag", False)
             h.setOptionValue("time_limit", self.time_limit)
-            h.setOptionValue("presolve", "off")
+            h.setOptionValue("presolve", "on")
+            self._presolve = "on"
             self._highs = h
         return self._highs
 
