@@ -85,7 +85,6 @@ class Opt(_SynergySizer):
         self.reused_rounds = 0
         self._cands: dict[tuple[Any, ...], tuple[list[tuple[int, int]], list[float]]] = {}
         self._highs: Any = None  # the HiGHS solver (False: highspy missing, scipy's linprog instead)
-        self._presolve = "on"  # the solver's presolve option as last set (per LP kind: _solve_new)
         self._last_lp: dict[str, tuple[tuple[Any, ...], _LPResult]] = {}  # kind -> (its input, its answer)
         self.repeated_lps = 0  # LPs answered from the last one of their kind (the same input)
         self.unbound_lps = 0  # allocation LPs answered by every job's fastest point (_fastest_fit)
@@ -351,10 +350,7 @@ class Opt(_SynergySizer):
             h = self._solver()
             if h is None:
                 return _linprog(what, self.time_limit, c, a_ub, b_ub, a_eq, b_eq, np.c_[lb, ub])
-            presolve = "off" if what == "placement" else "on"  # (see _solver)
-            if self._presolve != presolve:
-                h.setOptionValue("presolve", presolve)
-                self._presolve = presolve
+            h.setOptionValue("presolve", "off" if what == "placement" else "on")  # (see _solver; ~1 us a call)
             return _highs_solve(h, what, c, lb, ub, a_ub.stack(a_eq),
                                 np.concatenate([np.full(len(b_ub), -np.inf), b_eq]), np.concatenate([b_ub, b_eq]))
         except _SolverFailure:
@@ -387,8 +383,6 @@ class Opt(_SynergySizer):
                 h = highspy.Highs()
             h.setOptionValue("output_flag", False)
             h.setOptionValue("time_limit", self.time_limit)
-            h.setOptionValue("presolve", "on")
-            self._presolve = "on"
             self._highs = h
         return self._highs
 
