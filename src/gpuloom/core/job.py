@@ -74,10 +74,11 @@ class JobSpec:
 RECORD_KEYS: tuple[str, ...] = ("failure",)
 
 
-_SHAPES: dict[tuple[int, int | None, int | None], tuple[int, int | None, int | None]] = {}
+Shape = tuple[int, int | None, int | None]  #: a spec's (gpus, cpus, mem_mb): Job.shape
+_SHAPES: dict[Shape, Shape] = {}
 
 
-def _shape(gpus: int, cpus: int | None, mem_mb: int | None) -> tuple[int, int | None, int | None]:
+def _shape(gpus: int, cpus: int | None, mem_mb: int | None) -> Shape:
     """One tuple per distinct shape, shared by its jobs (8 bytes a job, not a tuple a job)."""
     s = (gpus, cpus, mem_mb)
     if len(_SHAPES) >= 4096:  # (sharing only saves memory: a long-lived service's many shapes start over)
@@ -121,7 +122,7 @@ class Job:
         self.id = spec.id  # a plain attribute: read in every hot loop
         # (gpus, cpus, mem_mb): what the incremental rounds group waiting jobs by; one tuple per
         # distinct shape (a spec replaced later keeps these three: only its profile changes)
-        self.shape: tuple[int, int | None, int | None] = _shape(spec.gpus, spec.cpus, spec.mem_mb)
+        self.shape: Shape = _shape(spec.gpus, spec.cpus, spec.mem_mb)
         self.index = index  # position in arrival order: the tie-breaker of every order policy
         self.lifecycle: Lifecycle | None = None
         self.remaining = float(spec.duration)

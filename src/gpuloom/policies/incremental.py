@@ -139,14 +139,12 @@ from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ..core.job import Job
+from ..core.job import Job, Shape
 from ..core.plan import Allocation, Part, Plan
 from .free import FreeState
 
 if TYPE_CHECKING:
     from .base import PlacePolicy, Request, View
-
-Shape = tuple[int, int | None, int | None]
 
 
 def shape_of(job: Job) -> Shape:
