@@ -148,7 +148,7 @@ def test_incremental_and_whole_checks_agree(ch: dict) -> None:
 # -- the driver's incremental state ----------------------------------------------------------------
 def test_check_state_finds_drifted_bookkeeping() -> None:
     d = running_driver()
-    d.free.node_cpus[0] -= 1
+    d.free.cpu_counts[0] -= 1
     with pytest.raises(PlanError, match="node_cpus"):
         d.check_state()
     d = running_driver()

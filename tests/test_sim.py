@@ -200,10 +200,13 @@ def test_free_state_counts_free_gpus_per_node_as_it_changes() -> None:
     assert [list(x) for x in (k.gpu_counts, k.cpu_counts, k.mem_counts)] == [[2, 1], [6, 7], [90, 90]]
     assert (k.gpu_free == h.gpu_free).all() and k.node_cpus.tolist() == h.node_cpus.tolist()
     assert k.free_gpus == 6 and h.free_gpus == 3
-    # reset makes a copy in place: numpy views made before see the new values
-    view = k.node_gpus
+    # reset makes a copy in place: a gpu_free view made before sees the new flags; node_gpus is a copy
+    view, counts = k.gpu_free, k.node_gpus
     k.reset(f)
-    assert view.tolist() == [4, 2] == list(k.gpu_counts) and list(k.cpu_counts) == [8, 8] and k.free_gpus == 6
+    assert view.tolist() == [True] * 6 and k.node_gpus.tolist() == [4, 2] == list(k.gpu_counts)
+    assert counts.tolist() == [2, 1] and list(k.cpu_counts) == [8, 8] and k.free_gpus == 6
+    # the counts are plain ints (lists, or a bytearray for the GPUs), written by take and release
+    assert type(k.cpu_counts) is list and type(k.mem_counts) is list and type(k.gpu_counts) is bytearray
 
 
 def test_locality_penalty_parameter() -> None:

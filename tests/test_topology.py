@@ -173,7 +173,7 @@ def test_topology_policies(data_dir):
     # node 0 has GPUs 0 and 3 busy (its NV2 pair 1-2 is left), node 1 is empty
     for g in (0, 3):
         free.gpu_free[g] = False
-    free.node_gpus[0] -= 2
+    free.gpu_counts[0] -= 2
     req = Request((_job("vgg19", 2),), 2)
     parts = make("place", "topo-pack").choose(req, free, view)
     assert parts[0].node == 0 and parts[0].gpus == (1, 2)  # NV2 (cost 50), best fit on the fuller node

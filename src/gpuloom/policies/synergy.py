@@ -262,11 +262,12 @@ class _Round:
             proportional = self.cluster.proportional
             for n in range(len(ng)):
                 if ng[n] >= g:
-                    need_c, need_m = c, m
                     if c is None or m is None:
                         pc, pm = proportional(n, g)
                         need_c = pc if c is None else c
                         need_m = pm if m is None else m
+                    else:
+                        need_c, need_m = c, m
                     if nc[n] >= need_c and nm[n] >= need_m:
                         break
             else:
@@ -338,17 +339,17 @@ class _Round:
         old = next(p for p in alloc.parts if p.node == node)
         new = next(p for p in cand.parts if p.node == node)
         dc, dm = old.cpus - new.cpus, old.mem_mb - new.mem_mb
-        if self.free.node_cpus[node] + dc < 0 or self.free.node_mem[node] + dm < 0:
+        if self.free.cpu_counts[node] + dc < 0 or self.free.mem_counts[node] + dm < 0:
             return False
-        self.free.node_cpus[node] += dc
-        self.free.node_mem[node] += dm
+        self.free.cpu_counts[node] += dc
+        self.free.mem_counts[node] += dm
         self.plan.allocations[jid] = cand
         self.stats["demoted"] += 1
         return True
 
     def make_room(self, node: int, need_c: int, need_m: int) -> bool:
         free = self.free
-        if free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m:
+        if free.cpu_counts[node] >= need_c and free.mem_counts[node] >= need_m:
             return True
         # demote nobody on a node where even demoting everyone would not be enough
         rc = rm = 0
@@ -358,15 +359,15 @@ class _Round:
                     pc, pm = self.cluster.proportional(node, len(p.gpus))
                     rc += max(0, p.cpus - pc)
                     rm += max(0, p.mem_mb - pm)
-        if free.node_cpus[node] + rc < need_c or free.node_mem[node] + rm < need_m:
+        if free.cpu_counts[node] + rc < need_c or free.mem_counts[node] + rm < need_m:
             return False
         # lowest priority first
         victims = sorted(self.on_node.get(node, ()), key=lambda j: -self.rank.get(j, 0))
         for jid in victims:
-            if free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m:
+            if free.cpu_counts[node] >= need_c and free.mem_counts[node] >= need_m:
                 break
             self.demote(jid, node)
-        return bool(free.node_cpus[node] >= need_c and free.node_mem[node] >= need_m)
+        return bool(free.cpu_counts[node] >= need_c and free.mem_counts[node] >= need_m)
 
     def reclaim(self, req: Request) -> tuple[tuple[Part, ...], Request] | None:
         """TUNE's last step: free CPU/memory on a node with enough GPUs by demoting over-share jobs.
@@ -379,7 +380,7 @@ class _Round:
         if cand.size:
             req = self.capped_request(req)
             # best fit on free GPUs; the job's previous node first
-            order = sorted(cand.tolist(), key=lambda n: (n not in prev_on, int(free.node_gpus[n]), n))
+            order = sorted(cand.tolist(), key=lambda n: (n not in prev_on, free.gpu_counts[n], n))
             for node in order:
                 c, m = need_on(self.cluster, req, node, g)
                 if self.make_room(node, c, m):

@@ -65,7 +65,7 @@ class TopologyPlace(PlacePolicy):
         sign = 1.0 if mode == PACK else -1.0
         for node in cand.tolist():
             c, m = need_on(cl, req, node, k)
-            if free.node_cpus[node] < c or free.node_mem[node] < m:
+            if free.cpu_counts[node] < c or free.mem_counts[node] < m:
                 continue
             ids = free.free_on(node)
             off = int(cl.gpu_offset[node])
