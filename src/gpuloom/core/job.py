@@ -76,6 +76,8 @@ RECORD_KEYS: tuple[str, ...] = ("failure",)
 
 Shape = tuple[int, int | None, int | None]  #: a spec's (gpus, cpus, mem_mb): Job.shape
 _SHAPES: dict[Shape, Shape] = {}
+# read once per job (an Enum's class attribute is read through EnumType.__getattr__)
+_WAITING_CONTACT, _WAITING_RESOURCE = JobState.WAITING_FOR_INITIAL_CONTACT, JobState.WAITING_FOR_INITIAL_RESOURCE
 
 
 def _shape(gpus: int, cpus: int | None, mem_mb: int | None) -> Shape:
@@ -200,8 +202,8 @@ class Job:
         WAITING_FOR_INITIAL_RESOURCE), as a simulated job does; another ``state``
         starts the lifecycle there (the service's mirror of a stored job).
         """
-        if state is JobState.WAITING_FOR_INITIAL_RESOURCE:
-            lc = Lifecycle(self.id, now, JobState.WAITING_FOR_INITIAL_CONTACT, protect_factor)
+        if state is _WAITING_RESOURCE:
+            lc = Lifecycle(self.id, now, _WAITING_CONTACT, protect_factor)
             lc.to(state, now)
         else:
             lc = Lifecycle(self.id, now, state, protect_factor)

@@ -160,7 +160,7 @@ class Lifecycle:
         self.protect_factor = float(protect_factor)
         self.last_launch_time: float | None = None
         self.protected_until: float | None = None
-        self._launch_start: float | None = now if state is JobState.LAUNCHING else None
+        self._launch_start: float | None = now if state is _LAUNCHING else None
         self.planned: list[tuple[float, JobState]] = []
 
     # -- reading ------------------------------------------------------------

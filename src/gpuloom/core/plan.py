@@ -127,6 +127,12 @@ class ActionKind(StrEnum):
     REGROUP = "regroup"  # same resources, other co-runners
 
 
+# the kinds as module constants: a class attribute of an Enum is read through EnumType.__getattr__
+# (about 4x a plain class attribute), and diff makes one action per change
+_START, _STOP, _MOVE, _RESIZE, _REGROUP = (ActionKind.START, ActionKind.STOP, ActionKind.MOVE, ActionKind.RESIZE,
+                                           ActionKind.REGROUP)
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     kind: ActionKind
@@ -145,31 +151,31 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
     extends = plan.base is current and len(new) == len(current) - len(plan.removed) + len(plan.added)
     if extends and not plan.removed:
         # everything in current kept as it is: only the added jobs start
-        return [Action(ActionKind.START, jid, None, new[jid]) for jid in plan.added]
+        return [Action(_START, jid, None, new[jid]) for jid in plan.added]
     stops: list[Action] = []
     changes: list[Action] = []
     starts: list[Action] = []
     if not extends or any(jid not in new for jid in plan.removed):
         for jid, gone in current.items():
             if jid not in new:
-                stops.append(Action(ActionKind.STOP, jid, gone, None))
+                stops.append(Action(_STOP, jid, gone, None))
     # an extending plan changes only the jobs it added (in the order they were added: the order
     # of the whole plan with the unchanged jobs left out)
     for jid in plan.added if extends else new:
         a = new[jid]
         old = current.get(jid)
         if old is None:
-            starts.append(Action(ActionKind.START, jid, None, a))
+            starts.append(Action(_START, jid, None, a))
         elif old is a or old == a:
             continue
         elif old.num_gpus != a.num_gpus:
-            changes.append(Action(ActionKind.RESIZE, jid, old, a))
+            changes.append(Action(_RESIZE, jid, old, a))
         elif not a.same_place(old):
-            changes.append(Action(ActionKind.MOVE, jid, old, a))
+            changes.append(Action(_MOVE, jid, old, a))
         elif (old.cpus, old.mem_mb) != (a.cpus, a.mem_mb) or old.nodes != a.nodes:
-            changes.append(Action(ActionKind.RESIZE, jid, old, a))
+            changes.append(Action(_RESIZE, jid, old, a))
         else:
-            changes.append(Action(ActionKind.REGROUP, jid, old, a))
+            changes.append(Action(_REGROUP, jid, old, a))
     return stops + changes + starts
 
 

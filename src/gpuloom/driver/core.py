@@ -70,9 +70,11 @@ from ..policies.incremental import Tally, shape_of
 from ..scheduler import Round, Scheduler
 
 S = JobState
-# the action kinds apply compares with, as plain globals (read once per action)
+# the action kinds and states read once per action or per job, as plain globals (an Enum's class
+# attribute is read through EnumType.__getattr__, about 4x a plain one)
 _START, _STOP, _MOVE, _RESIZE, _REGROUP = (ActionKind.START, ActionKind.STOP, ActionKind.MOVE, ActionKind.RESIZE,
                                            ActionKind.REGROUP)
+_STANDBY, _LAUNCHING, _PROTECTED, _FINISHED = S.STANDBY, S.LAUNCHING, S.RUNNING_PROTECTED, S.FINISHED
 
 
 class DriverError(RuntimeError):
@@ -130,11 +132,11 @@ def lifecycle_steps(job: Job, kind: ActionKind, now: float) -> tuple[tuple[JobSt
     if lc is None:
         raise DriverError(f"job {job.id}: an action before it arrived")
     state = lc.sync(now)  # what is due happened first (e.g. protection that expired)
-    if kind is ActionKind.START:
+    if kind is _START:
         end = lc.planned[-1][1] if lc.planned else state
-        return None, start_steps(job.id, S.STANDBY if end is S.STANDBY else state)
+        return None, start_steps(job.id, _STANDBY if end is _STANDBY else state)
     stop = stop_steps(job.id, state)
-    return stop, (() if kind is ActionKind.STOP else start_steps(job.id, S.STANDBY))
+    return stop, (() if kind is _STOP else start_steps(job.id, _STANDBY))
 
 
 class Driver:
@@ -486,8 +488,8 @@ class Driver:
         assert lc is not None  # a job that ends has arrived
         lc.sync(now)
         lc.planned.clear()
-        if state is S.FINISHED and lc.state is S.LAUNCHING:
-            lc.to(S.RUNNING_PROTECTED, now)
+        if state is _FINISHED and lc.state is _LAUNCHING:
+            lc.to(_PROTECTED, now)
         lc.to(state, now)  # (an illegal end raises here, before the driver's state changes)
         # out of the active jobs before it lets go, so that a running job is not counted as waiting
         # on its way out
