@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuloom.core import Cluster, JobSpec
 from gpuloom.core.job import Job
@@ -104,6 +106,37 @@ def test_first_meeting_by_hand() -> None:
     assert first_meeting(0.0, (1.0, 1.0, 0.0), 4.0, (0.0, -2.0, 2.0), 0.0) == pytest.approx(2.0 + 2.0 / 3.0, abs=1e-3)
     # equal keys and b pulling ahead of a: now
     assert first_meeting(7.0, None, 7.0, (-1.0, -1.0, 0.0), 50.0) == 50.0
+
+
+def _meeting_by_definition(ka: float, sa: tuple | None, kb: float, sb: tuple | None, now: float) -> float:
+    """first_meeting as its docstring defines it, spelled out: walk the breakpoints after ``now`` in
+    time order, the gap closing at the slope of each stretch, less the margin at the meeting."""
+    ra1, ra2, ba = sa if sa is not None else (0.0, 0.0, now)
+    rb1, rb2, bb = sb if sb is not None else (0.0, 0.0, now)
+    ba, bb = max(ba, now), max(bb, now)
+    gap, t0 = kb - ka, now
+    for t1 in (*sorted({ba, bb} - {now}), math.inf):
+        slope = (rb1 if t0 < bb else rb2) - (ra1 if t0 < ba else ra2)
+        if slope < 0 and t0 + gap / -slope <= t1:
+            return max(now, t0 + gap / -slope - 1e-7 * (abs(ka) + abs(kb) + 1.0) / -slope)
+        if t1 == math.inf:
+            return math.inf
+        gap += slope * (t1 - t0)
+        t0 = t1
+    return math.inf
+
+
+_RATES = st.sampled_from([0.0, 1.0, -1.0, -2.5, 0.25, -0.125])
+_SLOPES = st.none() | st.tuples(_RATES, _RATES, st.sampled_from([0.0, 50.0, 100.0, 103.0, 140.0]))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.sampled_from([0.0, 100.0]), st.floats(0.0, 100.0), st.sampled_from([0.0, 1e-9, 3.0, 40.0]), _SLOPES, _SLOPES)
+def test_first_meeting_is_its_definition_to_the_last_bit(now: float, ka: float, dk: float, sa: tuple | None,
+                                                         sb: tuple | None) -> None:
+    # breakpoints before, at and after now, equal or not, in either order; equal slopes
+    assert first_meeting(ka, sa, ka + dk, sb, now) == _meeting_by_definition(ka, sa, ka + dk, sb, now)
+    assert first_meeting(ka, sa, ka + dk, sa, now) == _meeting_by_definition(ka, sa, ka + dk, sa, now)
 
 
 def _running(job: Job, speed: float, busy_until: float = 0.0) -> None:

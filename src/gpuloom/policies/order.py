@@ -108,23 +108,48 @@ class KeyOrder(OrderPolicy):
 
 def first_meeting(ka: float, sa: Slopes | None, kb: float, sb: Slopes | None, now: float) -> float:
     """The first time ``t >= now`` at which key ``b`` (behind, ``kb >= ka``) falls to key ``a``,
-    less the rounding margin; ``inf`` if it never does.  Keys move as :meth:`KeyOrder.slopes` says."""
-    ra1, ra2, ba = sa if sa is not None else (0.0, 0.0, now)
-    rb1, rb2, bb = sb if sb is not None else (0.0, 0.0, now)
-    ba, bb = max(ba, now), max(bb, now)
+    less the rounding margin; ``inf`` if it never does.  Keys move as :meth:`KeyOrder.slopes` says.
+
+    (Called for every pair of neighbours after a quiet round: the breakpoints are ordered by
+    comparisons and the maxima written out, not taken with ``max``, ``sorted`` and sets, which made
+    it about 3x slower with the same arithmetic.)
+    """
+    if sa is None:
+        ra1 = ra2 = 0.0
+        ba = now
+    else:
+        ra1, ra2, ba = sa
+        if ba < now:
+            ba = now
+    if sb is None:
+        rb1 = rb2 = 0.0
+        bb = now
+    else:
+        rb1, rb2, bb = sb
+        if bb < now:
+            bb = now
+    inf = math.inf
+    # the breakpoints after now, in time order, then never
+    if ba == bb:
+        stops: tuple[float, ...] = (inf,) if ba == now else (ba, inf)
+    elif ba < bb:
+        stops = (bb, inf) if ba == now else (ba, bb, inf)
+    else:
+        stops = (ba, inf) if bb == now else (bb, ba, inf)
     gap = kb - ka
     t0 = now
-    for t1 in (*sorted({ba, bb} - {now}), math.inf):
+    for t1 in stops:
         slope = (rb1 if t0 < bb else rb2) - (ra1 if t0 < ba else ra2)
         if slope < 0:
             t = t0 + gap / -slope
             if t <= t1:
-                return max(now, t - _MARGIN * (abs(ka) + abs(kb) + 1.0) / -slope)
-        if t1 == math.inf:
+                t -= _MARGIN * (abs(ka) + abs(kb) + 1.0) / -slope
+                return t if t > now else now
+        if t1 == inf:
             break
         gap += slope * (t1 - t0)
         t0 = t1
-    return math.inf
+    return inf
 
 
 
