@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import ClassVar
 
 import numpy as np
@@ -75,6 +76,10 @@ STICKY_BONUS = 1
 _NUMPY_NODES = 32
 #: matching rounds kept by their input (the last ones used)
 _MATCHINGS_KEPT = 64
+#: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
+#: a merge candidate's cost, then rank
+_first = itemgetter(0)
+_rank = itemgetter(0, 1)
 #: (order, group) registry names of Muri's two variants
 VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
 
@@ -87,7 +92,7 @@ def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tupl
     g.add_nodes_from(range(n))
     g.add_edges_from(list(edges))
     m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
-    return sorted((min(a, b), max(a, b)) for a, b in m)
+    return sorted((a, b) if a < b else (b, a) for a, b in m)
 
 
 def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
@@ -120,7 +125,7 @@ class _BucketState:
             merged.append(sorted(self.nodes[a] + self.nodes[c]))
             used[a] = used[c] = True
         merged.extend(nd for i, nd in enumerate(self.nodes) if not used[i])
-        merged.sort(key=lambda nd: nd[0])
+        merged.sort(key=_first)
         self.nodes = merged
 
 
@@ -140,7 +145,7 @@ class MuriGrouping(GroupPolicy):
         self._wcache: dict[tuple[int, int], int] = {}
         self._key_ids: dict[tuple[Profile, ...], int] = {}
         self._tcache: dict[tuple[Profile, ...], float] = {}
-        self._cache_sig: tuple = ()
+        self._cache_sig: tuple[float, dict[int, float], int] | None = None
         # the last matching rounds: (max_group, node key ids, node labels) -> matched (a, b, weight)
         self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int], ...]] = OrderedDict()
 
@@ -186,13 +191,14 @@ class MuriGrouping(GroupPolicy):
             cands: list[tuple[int, int, int, _BucketState, int, int]] = []
             for bs in states:
                 for a, c, w in self.match_round(bs.profiles, bs.nodes, cap_group, factor, bs.labels):
-                    best = min(bs.nodes[a][0], bs.nodes[c][0])
+                    x, y = bs.nodes[a][0], bs.nodes[c][0]
+                    best = x if x < y else y
                     # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
                     cands.append(((WEIGHT_SCALE - w) * bs.gpus, bs.members[best], w, bs, a, c))
             if not cands:
                 break
             self.last_rounds += 1
-            cands.sort(key=lambda t: (t[0], t[1]))
+            cands.sort(key=_rank)
             merged_pairs: dict[int, list[tuple[int, int]]] = {}
             for _, _, _, bs, a, c in cands:
                 if required <= capacity and not self.pack_all:
@@ -209,8 +215,9 @@ class MuriGrouping(GroupPolicy):
         in_unit = set(admitted)
         units.extend([i] for i in range(len(ordered)) if i not in in_unit)
         for u in units:
-            u.sort()
-        units.sort(key=lambda u: u[0])
+            if len(u) > 1:
+                u.sort()
+        units.sort(key=_first)
         return [tuple(ordered[i] for i in u) for u in units]
 
     def match_bucket(self, profiles: list[Profile], max_group: int, factor: InterleaveFactor,
@@ -307,9 +314,11 @@ class MuriGrouping(GroupPolicy):
 
     # -- helpers ------------------------------------------------------------------
     def _check_cache(self, factor: InterleaveFactor) -> None:
-        sig = (factor.threshold, tuple(sorted(factor.overhead.items())))
-        if sig != self._cache_sig or len(self._wcache) > 2_000_000:
-            self._cache_sig = sig
+        # (compared field by field, the overheads as dicts: this runs at every matching round)
+        sig = self._cache_sig
+        if (sig is None or sig[0] != factor.threshold or sig[1] != factor.overhead or sig[2] != factor.resources
+                or len(self._wcache) > 2_000_000):
+            self._cache_sig = (factor.threshold, dict(factor.overhead), factor.resources)
             self._wcache.clear()
             self._tcache.clear()
             self._key_ids.clear()
