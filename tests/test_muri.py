@@ -207,6 +207,21 @@ def test_groups_of_four_on_muri_trace_profiles_and_max_group_errors() -> None:
         MuriGrouping(max_group=5).group(jobs, view_for(jobs, Cluster.homogeneous(1, 1)))
 
 
+def test_a_grouping_reused_under_another_interleaving_model_forgets_its_weights() -> None:
+    # the weights cached for a 4-resource cycle (storage and CPU apart: two loaders and a GPU job
+    # make one group) must not serve a 3-resource one, where the loaders collide; nor the overheads
+    # of one model another's: each call groups as a fresh policy does
+    jobs = [Job(spec(n, p)) for n, p in [("g", GPU), ("c1", CPU), ("c2", CPU)]]
+    pol = MuriGrouping()
+    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1)))) == [("g", "c1", "c2")]
+    three = InterleaveFactor(threshold=0.0, resources=3)
+    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), three))) == [("g", "c2"), ("c1",)]
+    for f in (InterleaveFactor(threshold=0.0, resources=2), InterleaveFactor(threshold=0.0, overhead={2: 1.5, 3: 2.0})):
+        fresh = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), f))
+        assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), f))) == ids(fresh)
+    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1)))) == [("g", "c1", "c2")]
+
+
 def test_partial_benefit_and_no_benefit() -> None:
     A, B = (4.0, 2.0, 0.0), (1.0, 4.0, 1.0)
     jobs = [Job(spec("a", A)), Job(spec("b", B)), Job(spec("x", GPU)), Job(spec("y", GPU))]
