@@ -91,8 +91,12 @@ class Plan:
     @classmethod
     def extending(cls, current: Mapping[str, Allocation]) -> Plan:
         """A plan that keeps every allocation of ``current`` but those taken out with :meth:`remove`,
-        and adds jobs with :meth:`add` (:func:`diff` against ``current`` then costs O(changes))."""
-        return cls(dict(current), base=current)
+        and adds jobs with :meth:`add` (:func:`diff` against ``current`` then costs O(changes)).
+
+        (A dict is copied with ``copy``, which clones its table when few entries were deleted: the
+        running jobs' dict churns, and ``dict(current)`` re-inserts entry by entry, about 6x slower
+        at 150 jobs.)"""
+        return cls(current.copy() if type(current) is dict else dict(current), base=current)
 
     def remove(self, job_id: str) -> None:
         """Take a job of ``base`` out of an :meth:`extending` plan (it may be added again)."""
