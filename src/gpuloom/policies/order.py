@@ -114,20 +114,12 @@ def first_meeting(ka: float, sa: Slopes | None, kb: float, sb: Slopes | None, no
     comparisons and the maxima written out, not taken with ``max``, ``sorted`` and sets, which made
     it about 3x slower with the same arithmetic.)
     """
-    if sa is None:
-        ra1 = ra2 = 0.0
+    ra1, ra2, ba = sa if sa is not None else (0.0, 0.0, now)
+    rb1, rb2, bb = sb if sb is not None else (0.0, 0.0, now)
+    if ba < now:
         ba = now
-    else:
-        ra1, ra2, ba = sa
-        if ba < now:
-            ba = now
-    if sb is None:
-        rb1 = rb2 = 0.0
+    if bb < now:
         bb = now
-    else:
-        rb1, rb2, bb = sb
-        if bb < now:
-            bb = now
     inf = math.inf
     # the breakpoints after now, in time order, then never
     if ba == bb:
