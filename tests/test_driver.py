@@ -8,6 +8,7 @@ run (qualified parameters, model flags on every command, requirements).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.core.lifecycle import IllegalTransition, JobState
 from gpuloom.core.plan import ActionKind, Allocation, Part, PlanError
 from gpuloom.driver import Driver, LaunchFailed, Stack, Step, lifecycle_steps
+from gpuloom.driver.core import compact
 from gpuloom.perf.assembly import FLAG_OPTIONS, build_model
 from gpuloom.policies.base import PolicyError
 from gpuloom.scheduler import RequirementError, Scheduler
@@ -115,6 +117,38 @@ def test_a_view_keeps_the_jobs_it_was_made_with() -> None:
     again = drv.view(1.0).jobs  # a new view freezes the one before
     drv.finish(b, 2.0, S.CANCELLED)
     assert list(later) == [b, c] and list(again) == [b, c] and list(drv.view(2.0).jobs) == [c]
+
+
+def test_compact_rebuilds_a_dict_in_place() -> None:
+    d = {f"j{i}": i for i in range(1000)}
+    for i in range(900):
+        del d[f"j{i}"]
+    held, before = d, sys.getsizeof(d)
+    compact(d)
+    assert d is held and list(d.items()) == [(f"j{i}", i) for i in range(900, 1000)]
+    assert sys.getsizeof(d) < before  # (CPython: a table sized for 100 entries, not for 1,000)
+
+
+def test_the_active_jobs_and_allocations_are_compacted_in_place_between_rounds() -> None:
+    # jobs end mostly at the oldest end of the active jobs; once either dict has lost more than half
+    # of what it holds, the next round rebuilds it: the same objects, the same order, and a view
+    # still held keeps the jobs it was made with
+    drv = _driver(Cluster.homogeneous(2, 4), Recorder())
+    jobs_d, current_d = drv.jobs, drv.current
+    jobs = [drv.admit(Job(JobSpec(f"j{i}", 0, 1, 50.0), i), 0.0) for i in range(40)]
+    drv.round(0.0)
+    assert list(current_d) == [f"j{i}" for i in range(8)]  # 8 GPUs: the first 8 run
+    held = drv.view(0.0).jobs
+    for j in jobs[:30]:
+        drv.finish(j, 1.0, S.CANCELLED)
+    assert drv._deleted == [30, 8]
+    drv.round(2.0)
+    assert drv._deleted == [0, 0]  # both rebuilt, before the round's starts
+    assert drv.jobs is jobs_d and drv.current is current_d
+    assert list(drv.jobs) == [f"j{i}" for i in range(30, 40)]
+    assert list(drv.current) == [f"j{i}" for i in range(30, 38)]
+    assert list(held) == jobs
+    drv.check_state()
 
 
 def test_an_illegal_end_changes_nothing() -> None:

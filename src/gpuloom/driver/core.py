@@ -47,6 +47,17 @@ Every ``full_check_every`` rounds (more rarely with many jobs running, so the
 whole check costs no more per round than the incremental one) the whole plan
 is checked (:meth:`Scheduler.check <gpuloom.scheduler.Scheduler.check>`) and
 :meth:`Driver.check_state` recomputes the incremental state from ``current``.
+
+**Compact dicts.**  ``jobs`` and ``current`` lose entries all the time, mostly at their
+oldest end (the first jobs admitted are the first to end), and every round iterates
+``jobs`` from its start (the ordered queue, :class:`~gpuloom.core.job.ActiveJobs`) and
+copies ``current`` (:meth:`Plan.extending <gpuloom.core.plan.Plan.extending>`).  CPython
+leaves a hole where an entry is deleted until an insertion outgrows the table: iteration
+walks the holes, and ``dict.copy`` of a dict more than a third holes re-inserts its entries
+one by one instead of cloning the table.  So at the start of a round, once either dict has
+lost more entries since it was last rebuilt than half of what it holds, :func:`compact`
+rebuilds it in place (same object, same order): O(n) once per n/2 deletions.  On Philly's
+first 20,000 jobs the holes cost 4 % of the simulation's instructions.
 """
 
 from __future__ import annotations
@@ -75,6 +86,17 @@ S = JobState
 _START, _STOP, _MOVE, _RESIZE, _REGROUP = (ActionKind.START, ActionKind.STOP, ActionKind.MOVE, ActionKind.RESIZE,
                                            ActionKind.REGROUP)
 _STANDBY, _LAUNCHING, _PROTECTED, _FINISHED = S.STANDBY, S.LAUNCHING, S.RUNNING_PROTECTED, S.FINISHED
+
+
+def compact(d: dict) -> None:
+    """Rebuild ``d`` in place without the holes its deletions left (same object, same order).
+
+    The copy re-inserts the entries into a table sized for them; ``update`` into the emptied
+    dict then clones that table.  Nothing may be iterating ``d`` (the driver calls it between
+    rounds)."""
+    items = d.copy()
+    d.clear()
+    d.update(items)
 
 
 class DriverError(RuntimeError):
@@ -182,6 +204,7 @@ class Driver:
         self._planned: tuple[list[Action], int] | None = None  # a full round's actions, and the count then
         self._admitted: list[Job] = []
         self._lent: weakref.ref[ActiveJobs] | None = None  # the jobs of the last view (see view)
+        self._deleted = [0, 0]  # entries deleted from jobs and from current since each was compacted
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
 
     # -- jobs -------------------------------------------------------------------------------
@@ -272,6 +295,7 @@ class Driver:
         current = self.current
         old = current.pop(jid, None)
         if old is not None:
+            self._deleted[1] += 1
             self._hold(old, -1)
         job.alloc = alloc
         if alloc is not None:
@@ -304,6 +328,14 @@ class Driver:
         """The scheduler's round for the active jobs at ``now`` (checked), and its actions."""
         self.rounds += 1
         self.sync(now)
+        deleted = self._deleted
+        if deleted[0] > len(self.jobs) >> 1:  # (see the module notes: Compact dicts)
+            self._jobs_change()
+            compact(self.jobs)
+            deleted[0] = 0
+        if deleted[1] > len(self.current) >> 1:
+            compact(self.current)
+            deleted[1] = 0
         view = self.view(now, self._admitted if self._quiet_at == self._stamp else None)
         rnd = self.scheduler.schedule(view, self.reasons)
         actions = diff(self.current, rnd.plan)
@@ -495,6 +527,7 @@ class Driver:
         # on its way out
         self._jobs_change()
         if jobs.pop(jid, None) is not None:
+            self._deleted[0] += 1
             if alloc is None:
                 tally.count_waiting(job, -1)
             tally.demand -= job.spec.gpus
