@@ -147,13 +147,6 @@ if TYPE_CHECKING:
     from .base import PlacePolicy, Request, View
 
 
-def shape_of(job: Job) -> Shape:
-    """The job's spec's ``(gpus, cpus, mem_mb)``, read from the spec: what :attr:`Job.shape` holds
-    (made once per job, and read by the hot loops), counted afresh by ``Driver.check_state``."""
-    sp = job.spec
-    return (sp.gpus, sp.cpus, sp.mem_mb)
-
-
 class Tally:
     """What a driver keeps about its active jobs as they change, for the shortcuts above."""
 
