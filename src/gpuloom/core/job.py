@@ -263,7 +263,8 @@ class Job:
         """When the job would finish if nothing changed (``inf`` if not progressing)."""
         if self.alloc is None or self.speed <= 0:
             return math.inf
-        return max(now, self.busy_until) + self.remaining / self.speed
+        b = self.busy_until
+        return (b if b > now else now) + self.remaining / self.speed  # max(now, busy_until), written out
 
     def __repr__(self) -> str:
         return f"Job({self.id}, {self.status.value}, gpus={self.gpus}, remaining={self.remaining:.1f})"

@@ -162,9 +162,11 @@ class Tally:
 
     def admitted(self, job: Job) -> None:
         self.demand += job.spec.gpus
-        if job.index <= self._last_index:
+        i = job.index
+        if i <= self._last_index:
             self.index_order = False
-        self._last_index = max(self._last_index, job.index)
+        else:
+            self._last_index = i
 
     def count_waiting(self, job: Job, sign: int) -> None:
         """``job`` starts (``sign=1``) or stops waiting."""
