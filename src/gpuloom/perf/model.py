@@ -137,7 +137,9 @@ class ThroughputModel:
     def speed(self, job: Job, alloc: Allocation) -> float:
         s = 1.0
         for f in self.factors:
-            s *= f(job, alloc)
+            # f.__call__ rather than f(): calling an instance goes through its type's call slot,
+            # which packs the arguments into a tuple; the bound method is called like a function
+            s *= f.__call__(job, alloc)
             if s <= 0.0:
                 return 0.0
         return s
