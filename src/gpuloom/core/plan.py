@@ -368,9 +368,11 @@ def _check_allocation(jid: str, a: Allocation, cluster: Cluster) -> None:
         raise PlanError(f"allocation for {jid} is labelled {a.job_id}")
     held = 0
     seen: set[int] = set()
-    n = cluster.num_nodes
-    ng = cluster.num_gpus
     gpu_node = _gpu_node(cluster)
+    # cluster.num_nodes and num_gpus, read without their properties (a property read is a
+    # function call; this runs for every allocation a round changes)
+    n = len(cluster.nodes)
+    ng = len(gpu_node)  # (one entry per GPU)
     for p in a.parts:
         if not 0 <= p.node < n:
             raise PlanError(f"unknown node {p.node} in the plan")

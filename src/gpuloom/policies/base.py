@@ -429,7 +429,7 @@ class PlacePolicy(Stage):
 
     def keep_parts(self, req: Request, free: FreeState) -> tuple[Part, ...] | None:
         """The request's previous GPUs with its new CPU/memory, if all still free."""
-        prev = req.prev
+        prev = req.jobs[0].alloc  # req.prev, without the property call (every try reads it)
         if prev is None or prev.num_gpus != req.gpus:
             return None
         if prev.key == req.key:  # the same request: split_parts would give its parts again

@@ -191,7 +191,7 @@ def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view:
     round is not tried again (under ``pure_choose``, on a free state that has only shrunk since)."""
     if try_ is None:
         try_ = place._try
-    if not place.pure_choose or req.prev is not None:
+    if not place.pure_choose or req.jobs[0].alloc is not None:  # (req.prev, without the property call)
         return try_(plan, req, free, view)
     shape = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
     if shape in refused:

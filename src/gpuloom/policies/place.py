@@ -54,7 +54,7 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
     """
     cl = free.cluster
     k = req.gpus
-    was = req.prev
+    was = req.jobs[0].alloc  # req.prev, without the property call (every try reads it)
     if was is None:  # (a new job: most requests placed in a long queue's round)
         prev = prev_nodes = _NONE
     else:
