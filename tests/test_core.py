@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import pytest
 
 from gpuloom.core import (
@@ -69,6 +72,22 @@ def test_jobspec_validation() -> None:
 
 def _alloc(jid: str, node: int, gpus: tuple[int, ...], cpus: int = 1, mem: int = 10, group: tuple[str, ...] = ()) -> Allocation:
     return Allocation(jid, (Part(node, gpus, cpus, mem),), group)
+
+
+def test_an_allocation_is_frozen_and_totals_its_parts() -> None:
+    # (its __init__ is written by hand: the same fields, set as a frozen dataclass sets them)
+    parts = (Part(0, (1, 2), 6, 100), Part(1, (9,), 3, 50))
+    a = Allocation("j", parts, ("k",), (3, None, None, "j"))
+    assert (a.job_id, a.parts, a.group, a.key) == ("j", parts, ("k",), (3, None, None, "j"))
+    assert (a.num_gpus, a.cpus, a.mem_mb) == (3, 9, 150) and a.gpu_ids == (1, 2, 9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.cpus = 1  # type: ignore[misc]
+    assert a == Allocation("j", parts, ("k",)) and hash(a) == hash(Allocation("j", parts, ("k",)))  # (key ignored)
+    b = dataclasses.replace(a, parts=parts[:1], group=())
+    assert (b.num_gpus, b.cpus, b.mem_mb, b.key, b.group) == (2, 6, 100, a.key, ())
+    assert pickle.loads(pickle.dumps(a)) == a and Allocation("j", parts).key == ()
+    assert repr(Allocation("j", parts[:1])) == ("Allocation(job_id='j', parts=(Part(node=0, gpus=(1, 2), cpus=6, "
+                                                "mem_mb=100),), group=())")
 
 
 def test_check_plan_catches_double_booking_and_overcommit() -> None:
