@@ -300,7 +300,7 @@ def check_actions(
     unchanged ones hold.
     """
     allocs = plan.allocations if isinstance(plan, Plan) else plan
-    changed = {a.job_id for a in actions}
+    changed: set[str] | None = None  # the jobs the actions change: made only if a claimed GPU is held
     dcpu: dict[int, int] = {}
     dmem: dict[int, int] = {}
     claims: dict[int, list[str]] = {}
@@ -330,6 +330,8 @@ def check_actions(
     for g, claimants in claims.items():
         held = holders.get(g)
         if held:
+            if changed is None:
+                changed = {a.job_id for a in actions}
             sharing = claimants + [j for j in held if j not in changed]
         elif len(claimants) == 1:
             continue  # (a GPU nobody else holds: the common case)
@@ -340,6 +342,11 @@ def check_actions(
             if key not in shared:  # (the same jobs pass or fail alike on every GPU they share)
                 shared.add(key)
                 _check_sharing(g, sharing, allocs)
+    for node, dc in dcpu.items():  # (one pass in any order to find out; the first in node order is named)
+        if free_cpus[node] + dc < 0 or free_mem[node] + dmem[node] < 0:
+            break
+    else:
+        return
     for node in sorted(dcpu):
         cpu, mem = int(free_cpus[node]) + dcpu[node], int(free_mem[node]) + dmem[node]
         if cpu < 0 or mem < 0:

@@ -244,11 +244,6 @@ class Simulator:
     def used(self) -> list[int]:
         return self.driver.used
 
-    def _record(self) -> None:
-        u = self.driver.used
-        self.series.record(self.now, u[0], u[1], u[2], len(self.driver.current),
-                           len(self.driver.jobs) - len(self.driver.current))
-
     def _next_completion(self) -> float:
         h = self.backend.heap
         by_id = self.by_id
@@ -317,7 +312,9 @@ class Simulator:
         active = driver.jobs
         heap = self.backend.heap
         by_id = self.by_id
-        complete, arrive, record, next_completion = self._complete, self._arrive, self._record, self._next_completion
+        complete, arrive, next_completion = self._complete, self._arrive, self._next_completion
+        # the time series gets a point per event: the driver's used resources and job counts
+        series_record, used, current = self.series.record, driver.used, driver.current
         heappop = heapq.heappop
         inf = math.inf
         t_arr = jobs[0].spec.arrival if n else inf  # the next arrival (kept as ptr moves)
@@ -347,7 +344,7 @@ class Simulator:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
                     settled = self._round()
-                record()
+                series_record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
                 continue
             if t_arr == t:
                 job = jobs[ptr]
@@ -365,7 +362,7 @@ class Simulator:
                         ptr += 1
                     t_arr = jobs[ptr].spec.arrival if ptr < n else inf
                     settled = self._round()
-                record()
+                series_record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
                 continue
             # a periodic round
             next_round = t + R
@@ -373,7 +370,7 @@ class Simulator:
                 settled = self._round()
             else:
                 self.rounds += 1
-            self._record()
+            series_record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
             # stall guard: jobs wait, none will ever finish as things stand, none will arrive
             if ptr >= n and self.active and self._next_completion() == math.inf:
                 idle_rounds += 1
