@@ -78,6 +78,8 @@ BROKEN = {
     "an unknown node": {"y": A("y", 3, (3,))},
     "too many cores": {"y": A("y", 1, (4,), cpus=5)} | {"c": None} | {"x": A("x", 1, (5, 6), cpus=8)},
     "too much memory": {"y": A("y", 0, (3,), mem=11_850)},
+    "two nodes over at once": {"y": A("y", 1, (4,), cpus=5), "c": None, "x": A("x", 1, (5, 6), cpus=8),
+                               "z": A("z", 0, (3,), mem=11_850)},
     "a resize past the node": {"c": A("c", 1, (4, 5, 6, 7), cpus=13)},
     "a broken gang": {"x": A("x", 0, (3,))},
     "an inactive job": {"ghost": A("ghost", 0, (3,))},
@@ -117,7 +119,7 @@ def test_both_checks_pass_a_sound_plan(name: str) -> None:
 def test_messages_name_the_same_fault() -> None:
     d = running_driver()
     for name in ("a GPU on another node", "too much memory", "a broken gang", "an inactive job", "no GPU",
-                 "a resize past the node"):
+                 "a resize past the node", "two nodes over at once"):
         whole, incremental = verdicts(d, BROKEN[name])
         assert whole == incremental, name
 
