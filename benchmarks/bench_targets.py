@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/run.py targets`` (this checkout only), or
 
-    python benchmarks/bench_targets.py --base ../gpuloom-before [--cases philly,muri] [--timeout 900]
+    python benchmarks/bench_targets.py --base ../gpuloom-before [--cases philly,muri] [--timeout 900] [--repeat 3]
 
 to run every case against both checkouts, back to back in fresh processes
 (``PYTHONPATH`` set to each checkout's ``src``; the case code is this file's, so
@@ -12,7 +12,10 @@ wall time / by CPU time).  ``cpu s`` is the process CPU time, the steadier
 figure on a shared machine.  A case that runs past ``--timeout`` counts as that
 many seconds (``>``; its CPU time, loading included, as a lower bound).  The ``result`` column is a
 fingerprint of what the run computed (mean JCT, jobs finished), so a speed-up
-that changed the results shows.
+that changed the results shows.  ``--repeat N`` runs each case N times per checkout,
+alternating before and after, and the table gives each side's fastest run: other load on a
+shared machine only ever adds time, so the fastest run is the one it disturbed least (the
+convention of ``timeit``), and alternating spreads a slow spell over both sides.
 
 Cases (data from ../shared/data or ``$GPULOOM_DATA``):
 
@@ -237,17 +240,30 @@ def _cpu(r: dict | None) -> str:
     return (">" if r.get("timeout") else "") + f"{r['cpu']:.3g}"
 
 
-def table(cases: list[str], base: Path | None, timeout: float) -> None:
+def fastest(runs: list[dict]) -> dict:
+    """The run with the least wall time among those that finished (else the first)."""
+    timed = [r for r in runs if "wall" in r and not r.get("timeout")]
+    return min(timed, key=lambda r: r["wall"]) if timed else runs[0]
+
+
+def table(cases: list[str], base: Path | None, timeout: float, repeat: int = 1) -> None:
     here = REPO
-    print(f"after: {here}" + (f"\nbefore: {base}" if base else ""))
+    print(f"after: {here}" + (f"\nbefore: {base}" if base else "")
+          + (f"\neach side's fastest of {repeat} runs, alternating" if repeat > 1 else ""))
     head = f"{'case':18} {'target':>8} " + (f"{'before s':>9} {'cpu s':>7} " if base else "") + \
         f"{'after s':>8} {'cpu s':>7} " + (f"{'ratio':>7} {'cpu':>6} " if base else "") + \
         f"{'met':>7}  result (before | after)"
     print(head)
     for name in cases:
         target, mem, _ = CASES[name]
-        before = run_child(base, name, timeout) if base else None
-        after = run_child(here, name, timeout)
+        befores: list[dict] = []
+        afters: list[dict] = []
+        for _ in range(repeat):
+            if base:
+                befores.append(run_child(base, name, timeout))
+            afters.append(run_child(here, name, timeout))
+        before = fastest(befores) if base else None
+        after = fastest(afters)
         ratio = "-"
         if before and "wall" in before and "wall" in after and after["wall"] > 0:
             ratio = ("≥" if before.get("timeout") else "") + f"{before['wall'] / after['wall']:.1f}x"
@@ -280,8 +296,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base", type=Path, help="a checkout to compare with (before)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from: {', '.join(CASES)}")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per case and checkout")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case and checkout (the fastest is shown)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv if argv is not None else [])
+    if a.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if a.child:
         print(json.dumps(CASES[a.child][2]()))
         return
@@ -292,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"unknown cases {unknown}; choose from {list(CASES)}")
-    table(cases, a.base.resolve() if a.base else None, a.timeout)
+    table(cases, a.base.resolve() if a.base else None, a.timeout, a.repeat)
 
 
 if __name__ == "__main__":

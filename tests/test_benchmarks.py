@@ -50,3 +50,26 @@ def test_bench_queues_refuses_an_unknown_part(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(SystemExit):
         mod.main()
     assert "invalid choice: 'rounds'" in capsys.readouterr().err
+
+
+def test_bench_targets_repeats_alternate_and_show_each_sides_fastest(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    mod = load("bench_targets")
+    calls: list[str] = []
+    walls = {"before": iter([7.0, 5.0, 6.0]), "after": iter([4.0, 3.0, 9.0])}
+
+    def child(checkout: Path, case: str, timeout: float) -> dict:
+        side = "before" if checkout == Path("/b") else "after"
+        calls.append(side)
+        w = next(walls[side])
+        return {"wall": w, "cpu": w, "result": f"{side} {w:g}"}
+
+    monkeypatch.setattr(mod, "run_child", child)
+    mod.table(["philly"], Path("/b"), 10.0, repeat=3)
+    assert calls == ["before", "after"] * 3
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[:4] == ["philly", "5", "s", "5"] and row[5] == "3" and row[7] == "1.7x"
+    assert "before 5 | after 3" in " ".join(row)
+    assert mod.fastest([{"wall": 2.0, "timeout": True, "result": "t"}, {"error": "x", "result": "f"}])["result"] == "t"
+    with pytest.raises(SystemExit):
+        mod.main(["--repeat", "0"])
