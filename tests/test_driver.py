@@ -8,7 +8,6 @@ run (qualified parameters, model flags on every command, requirements).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,7 +18,6 @@ from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.core.lifecycle import IllegalTransition, JobState
 from gpuloom.core.plan import ActionKind, Allocation, Part, PlanError
 from gpuloom.driver import Driver, LaunchFailed, Stack, Step, lifecycle_steps
-from gpuloom.driver.core import compact
 from gpuloom.perf.assembly import FLAG_OPTIONS, build_model
 from gpuloom.policies.base import PolicyError
 from gpuloom.scheduler import RequirementError, Scheduler
@@ -119,20 +117,11 @@ def test_a_view_keeps_the_jobs_it_was_made_with() -> None:
     assert list(later) == [b, c] and list(again) == [b, c] and list(drv.view(2.0).jobs) == [c]
 
 
-def test_compact_rebuilds_a_dict_in_place() -> None:
-    d = {f"j{i}": i for i in range(1000)}
-    for i in range(900):
-        del d[f"j{i}"]
-    held, before = d, sys.getsizeof(d)
-    compact(d)
-    assert d is held and list(d.items()) == [(f"j{i}", i) for i in range(900, 1000)]
-    assert sys.getsizeof(d) < before  # (CPython: a table sized for 100 entries, not for 1,000)
-
-
-def test_the_active_jobs_and_allocations_are_compacted_in_place_between_rounds() -> None:
+def test_the_active_jobs_and_allocations_are_compacted_between_rounds() -> None:
     # jobs end mostly at the oldest end of the active jobs; once either dict has lost more than half
-    # of what it holds, the next round rebuilds it: the same objects, the same order, and a view
-    # still held keeps the jobs it was made with
+    # of what it holds, the next round replaces it with a compact copy (the same entries in the same
+    # order; replaced, not rebuilt in place, so that the service's lock-free readers never see one
+    # half rebuilt), binds the model's factors to the new jobs, and a view still held keeps its jobs
     drv = _driver(Cluster.homogeneous(2, 4), Recorder())
     jobs_d, current_d = drv.jobs, drv.current
     jobs = [drv.admit(Job(JobSpec(f"j{i}", 0, 1, 50.0), i), 0.0) for i in range(40)]
@@ -141,12 +130,14 @@ def test_the_active_jobs_and_allocations_are_compacted_in_place_between_rounds()
     held = drv.view(0.0).jobs
     for j in jobs[:30]:
         drv.finish(j, 1.0, S.CANCELLED)
-    assert drv._deleted == [30, 8]
+    assert drv._deleted == [30, 8] and drv.jobs is jobs_d and drv.current is current_d
     drv.round(2.0)
-    assert drv._deleted == [0, 0]  # both rebuilt, before the round's starts
-    assert drv.jobs is jobs_d and drv.current is current_d
-    assert list(drv.jobs) == [f"j{i}" for i in range(30, 40)]
-    assert list(drv.current) == [f"j{i}" for i in range(30, 38)]
+    assert drv._deleted == [0, 0]  # both replaced, before the round's starts
+    assert drv.jobs is not jobs_d and drv.current is not current_d
+    assert list(drv.jobs) == [f"j{i}" for i in range(30, 40)] == list(jobs_d)
+    assert list(drv.current) == [f"j{i}" for i in range(30, 38)] and not current_d
+    assert all(f._lookup.__self__ is drv.jobs for f in drv.model.factors if hasattr(f, "_lookup"))
+    assert any(hasattr(f, "_lookup") for f in drv.model.factors)
     assert list(held) == jobs
     drv.check_state()
 

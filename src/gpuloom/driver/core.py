@@ -55,9 +55,13 @@ copies ``current`` (:meth:`Plan.extending <gpuloom.core.plan.Plan.extending>`). 
 leaves a hole where an entry is deleted until an insertion outgrows the table: iteration
 walks the holes, and ``dict.copy`` of a dict more than a third holes re-inserts its entries
 one by one instead of cloning the table.  So at the start of a round, once either dict has
-lost more entries since it was last rebuilt than half of what it holds, :func:`compact`
-rebuilds it in place (same object, same order): O(n) once per n/2 deletions.  On Philly's
-first 20,000 jobs that saves 2.4 % of the simulation's instructions.
+lost more entries since it was last rebuilt than half of what it holds, the driver replaces it
+with a compact copy (same entries, same order; ``dict(d)`` re-inserts into a table sized for
+them): O(n) once per n/2 deletions.  On Philly's first 20,000 jobs that saves 2.4 % of the
+simulation's instructions.  The dicts are replaced, not rebuilt in place, because the service's
+API threads copy them without the loop's lock (``dict(driver.current)``, one C call: atomic
+under the GIL) and must never see one half rebuilt; so nothing may keep ``driver.jobs`` or
+``driver.current`` across rounds (the model's factors are bound to the new ``jobs`` again).
 """
 
 from __future__ import annotations
@@ -87,17 +91,6 @@ S = JobState
 _START, _STOP, _MOVE, _RESIZE, _REGROUP = (ActionKind.START, ActionKind.STOP, ActionKind.MOVE, ActionKind.RESIZE,
                                            ActionKind.REGROUP)
 _STANDBY, _LAUNCHING, _PROTECTED, _FINISHED = S.STANDBY, S.LAUNCHING, S.RUNNING_PROTECTED, S.FINISHED
-
-
-def compact(d: dict) -> None:
-    """Rebuild ``d`` in place without the holes its deletions left (same object, same order).
-
-    The copy re-inserts the entries into a table sized for them; ``update`` into the emptied
-    dict then clones that table.  Nothing may be iterating ``d`` (the driver calls it between
-    rounds)."""
-    items = d.copy()
-    d.clear()
-    d.update(items)
 
 
 class DriverError(RuntimeError):
@@ -332,10 +325,11 @@ class Driver:
         deleted = self._deleted
         if deleted[0] > len(self.jobs) >> 1:  # (see the module notes: Compact dicts)
             self._jobs_change()
-            compact(self.jobs)
+            self.jobs = dict(self.jobs)
+            self.model.bind(self.jobs)
             deleted[0] = 0
         if deleted[1] > len(self.current) >> 1:
-            compact(self.current)
+            self.current = dict(self.current)
             deleted[1] = 0
         view = self.view(now, self._admitted if self._quiet_at == self._stamp else None)
         rnd = self.scheduler.schedule(view, self.reasons)

@@ -309,18 +309,18 @@ class Simulator:
         total_to_finish = n - len(self.impossible)
         impossible = self.impossible
         driver = self.driver
-        active = driver.jobs
         heap = self.backend.heap
         by_id = self.by_id
         complete, arrive, next_completion = self._complete, self._arrive, self._next_completion
         # the time series gets a point per event: the driver's used resources and job counts
-        series_record, used, current = self.series.record, driver.used, driver.current
+        # (driver.jobs and driver.current are read where used: the driver replaces them now and then)
+        series_record, used = self.series.record, driver.used
         heappop = heapq.heappop
         inf = math.inf
         t_arr = jobs[0].spec.arrival if n else inf  # the next arrival (kept as ptr moves)
         while done < total_to_finish:
             t_done = next_completion()
-            if not active and t_arr > next_round:
+            if not driver.jobs and t_arr > next_round:
                 # nothing to schedule until the next arrival: jump to its round
                 next_round = t_arr if cfg.reschedule_on_arrival else math.ceil(t_arr / R) * R
             # min(t_arr, t_done, next_round), written out (the same comparisons, in the same order):
@@ -344,7 +344,7 @@ class Simulator:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
                     settled = self._round()
-                series_record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
+                series_record(t, used[0], used[1], used[2], len(driver.current), len(driver.jobs) - len(driver.current))
                 continue
             if t_arr == t:
                 job = jobs[ptr]
@@ -362,7 +362,7 @@ class Simulator:
                         ptr += 1
                     t_arr = jobs[ptr].spec.arrival if ptr < n else inf
                     settled = self._round()
-                series_record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
+                series_record(t, used[0], used[1], used[2], len(driver.current), len(driver.jobs) - len(driver.current))
                 continue
             # a periodic round
             next_round = t + R
@@ -370,7 +370,7 @@ class Simulator:
                 settled = self._round()
             else:
                 self.rounds += 1
-            series_record(t, used[0], used[1], used[2], len(current), len(active) - len(current))
+            series_record(t, used[0], used[1], used[2], len(driver.current), len(driver.jobs) - len(driver.current))
             # stall guard: jobs wait, none will ever finish as things stand, none will arrive
             if ptr >= n and self.active and self._next_completion() == math.inf:
                 idle_rounds += 1
