@@ -244,6 +244,13 @@ class Simulator:
     def used(self) -> list[int]:
         return self.driver.used
 
+    def _record(self) -> None:
+        """The time series' point for now: the driver's used resources and job counts (read from the
+        driver each time: it replaces its jobs and current dicts now and then)."""
+        d = self.driver
+        u, n = d.used, len(d.current)
+        self.series.record(self.now, u[0], u[1], u[2], n, len(d.jobs) - n)
+
     def _next_completion(self) -> float:
         h = self.backend.heap
         by_id = self.by_id
@@ -311,10 +318,7 @@ class Simulator:
         driver = self.driver
         heap = self.backend.heap
         by_id = self.by_id
-        complete, arrive, next_completion = self._complete, self._arrive, self._next_completion
-        # the time series gets a point per event: the driver's used resources and job counts
-        # (driver.jobs and driver.current are read where used: the driver replaces them now and then)
-        series_record, used = self.series.record, driver.used
+        complete, arrive, record, next_completion = self._complete, self._arrive, self._record, self._next_completion
         heappop = heapq.heappop
         inf = math.inf
         t_arr = jobs[0].spec.arrival if n else inf  # the next arrival (kept as ptr moves)
@@ -344,7 +348,7 @@ class Simulator:
                     progress(done, total_to_finish)
                 if cfg.reschedule_on_completion:
                     settled = self._round()
-                series_record(t, used[0], used[1], used[2], len(driver.current), len(driver.jobs) - len(driver.current))
+                record()
                 continue
             if t_arr == t:
                 job = jobs[ptr]
@@ -362,7 +366,7 @@ class Simulator:
                         ptr += 1
                     t_arr = jobs[ptr].spec.arrival if ptr < n else inf
                     settled = self._round()
-                series_record(t, used[0], used[1], used[2], len(driver.current), len(driver.jobs) - len(driver.current))
+                record()
                 continue
             # a periodic round
             next_round = t + R
@@ -370,7 +374,7 @@ class Simulator:
                 settled = self._round()
             else:
                 self.rounds += 1
-            series_record(t, used[0], used[1], used[2], len(driver.current), len(driver.jobs) - len(driver.current))
+            record()
             # stall guard: jobs wait, none will ever finish as things stand, none will arrive
             if ptr >= n and self.active and self._next_completion() == math.inf:
                 idle_rounds += 1
