@@ -15,6 +15,7 @@ from gpuloom.core.lifecycle import (
     JobState,
     Lifecycle,
     is_legal,
+    phase_times_of,
 )
 
 S = JobState
@@ -179,6 +180,32 @@ def test_full_cycle_history_durations_and_protection() -> None:
     assert S.FINISHED not in d
     assert lc.time_in(PROGRESS_STATES) == 54.0
     assert sum(d.values()) == 80.0
+
+
+def test_phase_times_of_many_lifecycles_equal_each_ones_own() -> None:
+    """The bulk phases (what a run's records keep) are each lifecycle's phase_times, bit for bit:
+    a job preempted twice (its states' durations added in order), one still queued (counted up
+    to now), one ended while queued, one in a state entered after now (counts 0), None."""
+    a = Lifecycle("a", 0.1)
+    walk = [(S.WAITING_FOR_INITIAL_RESOURCE, 0.3), (S.STANDBY, 0.7), (S.LAUNCHING, 0.7), (S.RUNNING_PROTECTED, 1.1),
+            (S.RUNNING, 2.3), (S.CHECKPOINTING, 3.7), (S.STOPPING, 4.1), (S.STANDBY, 4.3), (S.LAUNCHING, 9.9),
+            (S.RUNNING_PROTECTED, 10.3), (S.RUNNING, 11.0), (S.CHECKPOINTING, 13.1), (S.STOPPING, 13.3),
+            (S.STANDBY, 13.9), (S.LAUNCHING, 17.7), (S.RUNNING_PROTECTED, 17.9), (S.FINISHED, 30.3)]
+    for st, t in walk:
+        a.to(st, t)
+    b = Lifecycle("b", 5.0)
+    b.to(S.WAITING_FOR_INITIAL_RESOURCE, 5.5)
+    c = Lifecycle("c", 1.0)
+    c.to(S.CANCELLED, 2.5)
+    d = Lifecycle("d", 50.0)
+    lcs = [a, None, b, c, d]
+    for now in (40.0, 5.25, 0.0):
+        assert phase_times_of(lcs, now) == [None if lc is None else lc.phase_times(now) for lc in lcs]
+    assert phase_times_of(lcs, 40.0)[2] == (35.0, 0.0, 0.0)
+    assert phase_times_of([None], 1.0) == [None] and phase_times_of([], 1.0) == []
+    q, launching, running = phase_times_of([a], 40.0)[0]
+    assert q == pytest.approx(0.2 + 0.4 + 5.6 + 3.8) and launching == pytest.approx(0.4 + 0.4 + 0.2 + 0.4 + 0.2 + 0.6 + 0.2)
+    assert running == pytest.approx(1.2 + 1.4 + 0.7 + 2.1 + 12.4)
 
 
 def test_current_state_counts_up_to_now() -> None:

@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+import numpy as np
 
 
 class JobState(StrEnum):
@@ -309,6 +311,45 @@ class Lifecycle:
 
     def __repr__(self) -> str:
         return f"Lifecycle({self.job_id}, {self.state.name} since {self.since:g})"
+
+
+def phase_times_of(lifecycles: Sequence[Lifecycle | None], now: float) -> list[tuple[float, float, float] | None]:
+    """:meth:`Lifecycle.phase_times` of each lifecycle (None for None), all at once: what a run's
+    records keep for every job at its end.
+
+    The same sums, bit for bit: ``np.bincount`` adds each state's durations in order starting from
+    0.0, as ``_sums`` does (its weights are the same differences, ``t1 - t0``, and the current
+    state's ``max(0.0, now - t0)`` comes last), and the phases add the states in the same order.
+    One pass in numpy over all histories instead of a Python loop per job: 0.13 s of a Philly
+    run's 4.3 s done per job, 0.03 s this way (82,247 jobs, 7 transitions each for most).
+    """
+    lcs = [lc for lc in lifecycles if lc is not None]
+    n = len(lcs)
+    if not n:
+        return [None] * len(lifecycles)
+    ns = len(_STATES)
+    code_lists = [lc._codes for lc in lcs]
+    lengths = np.fromiter(map(len, code_lists), dtype=np.int64, count=n)
+    times = np.frombuffer(b"".join([lc._times for lc in lcs]), dtype=np.float64)
+    codes = np.frombuffer(b"".join(code_lists), dtype=np.uint8)
+    ends = np.cumsum(lengths)  # one past each history's last entry
+    # entry k lasts until entry k + 1, except each history's last entry: the current state, counted
+    # up to now unless terminal
+    dt = np.empty(len(times))
+    dt[:-1] = times[1:] - times[:-1]
+    last = ends - 1
+    live = np.fromiter((lc._state not in TERMINAL for lc in lcs), dtype=bool, count=n)
+    dt[last] = np.where(live, np.maximum(0.0, now - times[last]), 0.0)
+    owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    d = np.bincount(owner * ns + codes, weights=dt, minlength=n * ns).reshape(n, ns)
+    queued = (d[:, _C_CONTACT] + d[:, _C_RESOURCE] + d[:, _C_STANDBY]).tolist()
+    launching = (d[:, _C_LAUNCHING] + d[:, _C_CHECKPOINTING] + d[:, _C_STOPPING]).tolist()
+    running = (d[:, _C_PROTECTED] + d[:, _C_RUNNING]).tolist()
+    out: list[tuple[float, float, float] | None] = list(zip(queued, launching, running, strict=True))
+    if n < len(lifecycles):
+        it = iter(out)
+        out = [None if lc is None else next(it) for lc in lifecycles]
+    return out
 
 
 # -- the sequences an action walks ---------------------------------------------------------

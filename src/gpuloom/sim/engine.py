@@ -72,7 +72,7 @@ import numpy as np
 from ..core.cluster import Cluster
 from ..core.fit import impossible_jobs, impossible_message
 from ..core.job import Job, JobError, JobSpec
-from ..core.lifecycle import JobState, LifecycleTimes
+from ..core.lifecycle import JobState, LifecycleTimes, phase_times_of
 from ..core.plan import ActionKind, Allocation
 from ..driver import Driver, Step
 from ..perf.assembly import build_model
@@ -391,13 +391,13 @@ class Simulator:
                 j.lifecycle.sync(self.now)
         if progress is not None:
             progress(done, total_to_finish)
+        phases = phase_times_of([j.lifecycle for j in self.jobs], self.now)
         records = [
             JobRecord(
                 j.id, j.spec.model, j.spec.gpus, j.spec.arrival, j.spec.duration, j.first_start, j.finish,
-                j.preemptions, j.migrations, j.resizes, j.attained_time, j.overhead_time, j.queued_time,
-                None if j.lifecycle is None else j.lifecycle.phase_times(self.now),
+                j.preemptions, j.migrations, j.resizes, j.attained_time, j.overhead_time, j.queued_time, ph,
             )
-            for j in self.jobs
+            for j, ph in zip(self.jobs, phases, strict=True)
         ]
         return RunResult(
             config={
