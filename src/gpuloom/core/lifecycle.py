@@ -111,6 +111,12 @@ TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
 }
 
 
+# TRANSITIONS for Lifecycle.to: each state's legal next states with their codes, so that one lookup
+# both checks a transition and finds the code the history keeps (a state's value, a plain string,
+# finds it too)
+_NEXT: dict[JobState, dict[JobState, int]] = {s: {d: _CODE[d] for d in TRANSITIONS[s]} for s in JobState}
+
+
 class IllegalTransition(ValueError):
     """A transition the state machine does not allow; names the job and both states."""
 
@@ -255,9 +261,12 @@ class Lifecycle:
         # (every job walks half a dozen of these: the state and the last time are read from the
         # slots, not through the properties, and the states compared with module constants)
         src = self._state
-        dst = state if type(state) is JobState else JobState(state)
-        if dst not in TRANSITIONS[src]:
-            raise IllegalTransition(self.job_id, src, dst)
+        try:
+            code = _NEXT[src][state]
+        except (KeyError, TypeError):
+            dst = state if type(state) is JobState else JobState(state)  # (not a state: ValueError)
+            raise IllegalTransition(self.job_id, src, dst) from None
+        dst = _STATES[code]
         times = self._times
         if not now >= times[-1]:  # also rejects NaN
             raise IllegalTransition(self.job_id, src, dst, f"at time {now}, before the last transition at {times[-1]}")
@@ -272,7 +281,7 @@ class Lifecycle:
         if src is _PROTECTED:
             self.protected_until = None
         times.append(now)
-        self._codes.append(_CODE[dst])
+        self._codes.append(code)
         self._state = dst
 
     def walk(self, states: Iterable[JobState], now: float) -> JobState:
