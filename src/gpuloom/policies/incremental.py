@@ -136,7 +136,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import islice
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..core.job import Job, Shape
@@ -263,27 +262,27 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     the tail.
     """
     cap = view.cluster.num_gpus
-    chosen: list[tuple[int, Job]] = []  # (position, job) of the selected waiting jobs, in order
-    rest: list[tuple[int, Job]] = []  # (position, job) of the jobs not selected, in order
+    chosen: list[Job] = []  # the selected waiting jobs, in order
+    rest: list[Job] = []  # the jobs not selected, in order
     kept: list[str] = []  # selected running jobs
     idle: list[Job] = []  # waiting jobs of the prefix
     keep_id = kept.append
     jobs = iter(ordered)  # (left at the prefix's end for the tail walk: ordered may be ActiveJobs)
-    # every job met is in one of chosen, rest and kept, so a job's position is their lengths' sum
-    # when it is met (no count kept in the loop: most of a long prefix are running jobs kept)
+    # every job met is in one of chosen, rest and kept (no count kept in the loop, nor positions:
+    # most of a long prefix are running jobs kept, and phase 3 needs no selected job, see below)
     for j in jobs:
         g = j.spec.gpus
         if g <= cap:
             cap -= g
             if j.alloc is None:
-                chosen.append((len(chosen) + len(rest) + len(kept), j))
+                chosen.append(j)
                 idle.append(j)
             else:
                 keep_id(j.id)
             if cap <= 0:
                 break
         else:
-            rest.append((len(chosen) + len(rest) + len(kept), j))
+            rest.append(j)
             if j.alloc is None:
                 idle.append(j)
     else:
@@ -339,15 +338,14 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     # refuse each later one unseen; known here without sizing the job (a long queue's blocked heads
     # are passed this way a dozen times a round)
     dead: set[Shape] = set()
-    failed: list[tuple[int, Job]] = []
-    for i, j in chosen:  # phase 2b
+    for j in chosen:  # phase 2b
         s = j.shape
         if s in dead or not try_new(place, plan, request(j), free, view, refused, try_):
-            failed.append((i, j))
             dead.add(s)
-    if failed:  # phase 3 goes over the prefix in order: the selected jobs refused take their places
-        rest = sorted(rest + failed, key=itemgetter(0))
-    for _, j in rest:  # phase 3
+    # phase 3 goes over the prefix in order, the selected jobs refused in 2b in their places among
+    # the rest; but each of those is a waiting job of a dead shape, which phase 3 passes without a
+    # try (and no job passed changes free_gpus, which alone ends the loop), so only the rest is walked
+    for j in rest:  # phase 3
         if free.free_gpus <= 0:
             break
         if j.spec.gpus <= free.free_gpus:
