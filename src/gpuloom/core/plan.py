@@ -35,6 +35,14 @@ class Part:
     cpus: int
     mem_mb: int
 
+    def __init__(self, node: int, gpus: tuple[int, ...], cpus: int, mem_mb: int) -> None:
+        # written by hand, as Allocation's: the generated one looks up object.__setattr__ per field
+        _set = _SETATTR
+        _set(self, "node", node)
+        _set(self, "gpus", gpus)
+        _set(self, "cpus", cpus)
+        _set(self, "mem_mb", mem_mb)
+
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
