@@ -185,7 +185,13 @@ def test_free_state_counts_free_gpus_per_node_as_it_changes() -> None:
     a = Allocation("x", (Part(0, (1, 2), 2, 10), Part(1, (5,), 1, 10)))
     f.take(a.parts)
     g = f.copy()
+    assert f.first_free(0) == 0 == f.free_on(0)[0] and f.first_free(1) == 4 and f.free_on(1) == [4]
     assert f.take_if_fits((Part(0, (0,), 1, 1),)) and not f.take_if_fits((Part(0, (1,), 1, 1),))
+    assert f.first_free(0) == 3 and f.free_on(0) == [3] and g.first_free(0) == 0
+    f.take((Part(1, (4,), 0, 0),))
+    with pytest.raises(ValueError):
+        f.first_free(1)  # (none free on node 1)
+    f.release((Part(1, (4,), 0, 0),))
     assert list(f.gpu_counts) == [1, 1] == f.node_gpus.tolist() and list(g.gpu_counts) == [2, 1]
     f.release_all([a])
     f.release((Part(0, (0,), 1, 1),))

@@ -110,6 +110,11 @@ class FreeState:
         gf = self._gf
         return [g for g in range(self._off[node], self._off[node + 1]) if gf[g]]
 
+    def first_free(self, node: int) -> int:
+        """The first free GPU on ``node`` (``free_on(node)[0]``; ValueError if none is)."""
+        off = self._off
+        return self._gf.index(1, off[node], off[node + 1])
+
     def fits(self, parts: Sequence[Part], members: int = 1) -> bool:
         gf, nc, nm = self._gf, self.cpu_counts, self.mem_counts
         for p in parts:

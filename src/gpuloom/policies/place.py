@@ -69,6 +69,8 @@ def packed_choice(req: Request, free: FreeState, view: View, consolidate: bool =
             # split_parts' one part, built here: all k GPUs on the node, so the request's cores and
             # memory (or the node's share for k GPUs) per member, need_on's totals over the members,
             # which the node has free (as have its GPUs, taken from the free ones): it fits
+            if k == 1 and not prev:  # (most placements: the node's first free GPU, one C scan)
+                return (Part(node, (free.first_free(node),), c // members, m // members),)
             ids = _prefer(free.free_on(node), prev)[:k]
             return (Part(node, tuple(sorted(ids)) if prev else tuple(ids), c // members, m // members),)
     if free.free_gpus < k:
