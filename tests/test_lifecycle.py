@@ -199,7 +199,7 @@ def test_phase_times_of_many_lifecycles_equal_each_ones_own() -> None:
     c.to(S.CANCELLED, 2.5)
     d = Lifecycle("d", 50.0)
     lcs = [a, None, b, c, d]
-    for now in (40.0, 5.25, 0.0):
+    for now in (40.0, 5.25, 0.0, float("nan")):  # (before the current state's start, or NaN: it adds 0)
         assert phase_times_of(lcs, now) == [None if lc is None else lc.phase_times(now) for lc in lcs]
     assert phase_times_of(lcs, 40.0)[2] == (35.0, 0.0, 0.0)
     assert phase_times_of([None], 1.0) == [None] and phase_times_of([], 1.0) == []

@@ -329,8 +329,8 @@ def phase_times_of(lifecycles: Sequence[Lifecycle | None], now: float) -> list[t
     The same sums, bit for bit: ``np.bincount`` adds each state's durations in order starting from
     0.0, as ``_sums`` does (its weights are the same differences, ``t1 - t0``, and the current
     state's ``max(0.0, now - t0)`` comes last), and the phases add the states in the same order.
-    One pass in numpy over all histories instead of a Python loop per job: 0.13 s of a Philly
-    run's 4.3 s done per job, 0.03 s this way (82,247 jobs, 7 transitions each for most).
+    One pass in numpy over all histories instead of a Python loop per job: on Philly's 82,247
+    jobs (7 transitions each for most) 0.065 s instead of 0.126 s.
     """
     lcs = [lc for lc in lifecycles if lc is not None]
     n = len(lcs)
@@ -348,7 +348,8 @@ def phase_times_of(lifecycles: Sequence[Lifecycle | None], now: float) -> list[t
     dt[:-1] = times[1:] - times[:-1]
     last = ends - 1
     live = np.fromiter((lc._state not in TERMINAL for lc in lcs), dtype=bool, count=n)
-    dt[last] = np.where(live, np.maximum(0.0, now - times[last]), 0.0)
+    left = now - times[last]
+    dt[last] = np.where(live & (left > 0.0), left, 0.0)  # (max(0.0, left) as Python's max gives it, NaN too)
     owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
     d = np.bincount(owner * ns + codes, weights=dt, minlength=n * ns).reshape(n, ns)
     queued = (d[:, _C_CONTACT] + d[:, _C_RESOURCE] + d[:, _C_STANDBY]).tolist()
