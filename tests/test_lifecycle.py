@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from gpuloom.core import lifecycle
 from gpuloom.core.lifecycle import (
     PROGRESS_STATES,
     TERMINAL,
@@ -182,10 +183,13 @@ def test_full_cycle_history_durations_and_protection() -> None:
     assert sum(d.values()) == 80.0
 
 
-def test_phase_times_of_many_lifecycles_equal_each_ones_own() -> None:
+@pytest.mark.parametrize("chunk", [1 << 15, 2])
+def test_phase_times_of_many_lifecycles_equal_each_ones_own(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The bulk phases (what a run's records keep) are each lifecycle's phase_times, bit for bit:
     a job preempted twice (its states' durations added in order), one still queued (counted up
-    to now), one ended while queued, one in a state entered after now (counts 0), None."""
+    to now), one ended while queued, one in a state entered after now (counts 0), None; in one
+    chunk and in chunks of two."""
+    monkeypatch.setattr(lifecycle, "_PHASE_CHUNK", chunk)
     a = Lifecycle("a", 0.1)
     walk = [(S.WAITING_FOR_INITIAL_RESOURCE, 0.3), (S.STANDBY, 0.7), (S.LAUNCHING, 0.7), (S.RUNNING_PROTECTED, 1.1),
             (S.RUNNING, 2.3), (S.CHECKPOINTING, 3.7), (S.STOPPING, 4.1), (S.STANDBY, 4.3), (S.LAUNCHING, 9.9),
