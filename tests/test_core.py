@@ -88,6 +88,13 @@ def test_an_allocation_is_frozen_and_totals_its_parts() -> None:
     assert pickle.loads(pickle.dumps(a)) == a and Allocation("j", parts).key == ()
     assert repr(Allocation("j", parts[:1])) == ("Allocation(job_id='j', parts=(Part(node=0, gpus=(1, 2), cpus=6, "
                                                 "mem_mb=100),), group=())")
+    # a part too (its __init__ is written by hand as well)
+    p = parts[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.node = 1  # type: ignore[misc]
+    assert p == Part(0, (1, 2), 6, 100) and hash(p) == hash(Part(0, (1, 2), 6, 100)) and p != parts[1]
+    assert dataclasses.replace(p, cpus=2) == Part(0, (1, 2), 2, 100) and pickle.loads(pickle.dumps(p)) == p
+    assert Part(node=1, gpus=(9,), cpus=3, mem_mb=50) == parts[1]
 
 
 def test_check_plan_catches_double_booking_and_overcommit() -> None:
