@@ -248,12 +248,7 @@ class Lifecycle:
 
     def phase_times(self, now: float) -> tuple[float, float, float]:
         """:meth:`phases` as a tuple in :data:`PHASES` order (what a run's records keep)."""
-        d = self._sums(now)
-        return (
-            d[_C_CONTACT] + d[_C_RESOURCE] + d[_C_STANDBY],
-            d[_C_LAUNCHING] + d[_C_CHECKPOINTING] + d[_C_STOPPING],
-            d[_C_PROTECTED] + d[_C_RUNNING],
-        )
+        return _phases(self._sums(now))
 
     # -- changing -----------------------------------------------------------
     def to(self, state: JobState, now: float) -> None:
@@ -363,10 +358,18 @@ def _phase_times_chunk(lcs: list[Lifecycle], now: float) -> Iterable[tuple[float
     dt[last] = np.where(live & (left > 0.0), left, 0.0)  # (max(0.0, left) as Python's max gives it, NaN too)
     owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
     d = np.bincount(owner * ns + codes, weights=dt, minlength=n * ns).reshape(n, ns)
-    queued = (d[:, _C_CONTACT] + d[:, _C_RESOURCE] + d[:, _C_STANDBY]).tolist()
-    launching = (d[:, _C_LAUNCHING] + d[:, _C_CHECKPOINTING] + d[:, _C_STOPPING]).tolist()
-    running = (d[:, _C_PROTECTED] + d[:, _C_RUNNING]).tolist()
-    return zip(queued, launching, running, strict=True)
+    queued, launching, running = _phases(d.T)  # (d.T[code]: that state's seconds, job by job)
+    return zip(queued.tolist(), launching.tolist(), running.tolist(), strict=True)
+
+
+def _phases(d: Any) -> tuple[Any, Any, Any]:
+    """The phases from the seconds in each state, ``d[code]`` (one lifecycle's floats, or a numpy
+    row of every lifecycle's), added in one order for both."""
+    return (
+        d[_C_CONTACT] + d[_C_RESOURCE] + d[_C_STANDBY],
+        d[_C_LAUNCHING] + d[_C_CHECKPOINTING] + d[_C_STOPPING],
+        d[_C_PROTECTED] + d[_C_RUNNING],
+    )
 
 
 # -- the sequences an action walks ---------------------------------------------------------
