@@ -73,3 +73,35 @@ def test_bench_targets_repeats_alternate_and_show_each_sides_fastest(monkeypatch
     assert mod.fastest([{"wall": 2.0, "timeout": True, "result": "t"}, {"error": "x", "result": "f"}])["result"] == "t"
     with pytest.raises(SystemExit):
         mod.main(["--repeat", "0"])
+
+
+@pytest.mark.parametrize("before,after,met", [(23.5, 4.9, "yes/yes/yes"), (23.5, 5.2, "no/no/no"),
+                                              (30.0, 5.5, "no/no/yes"), (20.0, 4.5, "yes/yes/no")])
+def test_bench_targets_meets_a_target_also_by_its_ratio_against_the_reference(
+        before: float, after: float, met: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Philly's target, 5 s against the reference's 23.5 s, asks a 4.7x speed-up measured side by side
+    mod = load("bench_targets")
+    assert mod.needs("philly") == pytest.approx(4.7) and mod.needs("muri-s") == pytest.approx(4.0)
+    assert mod.needs("philly-nocheck") is None and mod.needs("place-10240") is None
+    monkeypatch.setattr(mod, "run_child", lambda checkout, case, timeout: {
+        "wall": before if checkout == Path("/b") else after, "cpu": before if checkout == Path("/b") else after,
+        "result": "r"})
+    mod.table(["philly"], Path("/b"), 10.0, reference=True)
+    out = capsys.readouterr().out
+    assert "the targets' reference, f0ff3f3" in out
+    row = out.splitlines()[-1].split()
+    assert row[9] == "4.7x" and row[10] == met
+    # a base that is not the reference gets no ratio verdict
+    mod.table(["philly"], Path("/b"), 10.0, reference=False)
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[9] == "-" and row[10] == met.rsplit("/", 1)[0]
+
+
+def test_bench_targets_knows_the_reference_checkout_by_its_commit(tmp_path: Path) -> None:
+    mod = load("bench_targets")
+    assert not mod.is_reference(tmp_path)  # not a git checkout at all
+    repo = Path(__file__).resolve().parent.parent
+    head = __import__("subprocess").run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                                        text=True, check=False).stdout.strip()
+    assert mod.is_reference(repo) == head.startswith(mod.REFERENCE)
