@@ -95,6 +95,16 @@ def test_an_allocation_is_frozen_and_totals_its_parts() -> None:
     assert p == Part(0, (1, 2), 6, 100) and hash(p) == hash(Part(0, (1, 2), 6, 100)) and p != parts[1]
     assert dataclasses.replace(p, cpus=2) == Part(0, (1, 2), 2, 100) and pickle.loads(pickle.dumps(p)) == p
     assert Part(node=1, gpus=(9,), cpus=3, mem_mb=50) == parts[1]
+    # and an action
+    from gpuloom.core.plan import Action, ActionKind
+
+    act = Action(ActionKind.MOVE, "j", a, b)
+    assert (act.kind, act.job_id, act.old, act.new) == (ActionKind.MOVE, "j", a, b)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        act.new = None  # type: ignore[misc]
+    assert act == Action(kind=ActionKind.MOVE, job_id="j", old=a, new=b) and hash(act) == hash(Action("move", "j", a, b))
+    assert dataclasses.replace(act, new=None).new is None and pickle.loads(pickle.dumps(act)) == act
+    assert repr(Action(ActionKind.STOP, "j", None, None)) == "Action(kind=<ActionKind.STOP: 'stop'>, job_id='j', old=None, new=None)"
 
 
 def test_check_plan_catches_double_booking_and_overcommit() -> None:

@@ -162,6 +162,14 @@ class Action:
     old: Allocation | None
     new: Allocation | None
 
+    def __init__(self, kind: ActionKind, job_id: str, old: Allocation | None, new: Allocation | None) -> None:
+        # written by hand, as Part's (diff makes one per change: every start of a run)
+        _set = _SETATTR
+        _set(self, "kind", kind)
+        _set(self, "job_id", job_id)
+        _set(self, "old", old)
+        _set(self, "new", new)
+
 
 def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
     """Actions that take ``current`` to ``plan``: stops first, then changes, then starts.
