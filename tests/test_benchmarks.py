@@ -4,6 +4,7 @@ results, or parse their arguments, from breaking unnoticed as the code under the
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -102,6 +103,6 @@ def test_bench_targets_knows_the_reference_checkout_by_its_commit(tmp_path: Path
     mod = load("bench_targets")
     assert not mod.is_reference(tmp_path)  # not a git checkout at all
     repo = Path(__file__).resolve().parent.parent
-    head = __import__("subprocess").run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                                        text=True, check=False).stdout.strip()
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=False).stdout.strip()
     assert mod.is_reference(repo) == head.startswith(mod.REFERENCE)
