@@ -17,7 +17,8 @@ GPUs (``sleep``), so an upstream array of U one-GPU tasks waits for resources in
 * the submission of a D-task array with ``afterok:<upstream>`` (seconds), and its first round
   (it loads and gates the D tasks);
 * ``with``: the fastest of R rounds after that, and ``extra`` = with - without (target: at most 50 ms for
-  1,000 on 1,000, the issue's bound);
+  1,000 on 1,000, the issue's bound), in wall time and (``cpu ms``) in this process's CPU time, the
+  steadier figure on a shared machine (``met``: the target by wall time / by CPU time);
 * the database (file after a WAL checkpoint) before and after the dependent array, and the growth
   of the process's resident memory from before the submission to after the rounds.
 
@@ -66,13 +67,15 @@ def _remove_cgroups(parent: str) -> None:
                 pass
 
 
-def _rounds(svc, n: int) -> list[float]:  # noqa: ANN001
-    out = []
+def _rounds(svc, n: int) -> tuple[float, float]:  # noqa: ANN001
+    """The fastest of ``n`` rounds: (wall seconds, CPU seconds of this process)."""
+    wall, cpu = [], []
     for _ in range(n):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         svc.round()
-        out.append(time.perf_counter() - t)
-    return out
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return min(wall), min(cpu)
 
 
 def case(upstream: int, tasks: int, rounds: int) -> dict:
@@ -99,7 +102,7 @@ def case(upstream: int, tasks: int, rounds: int) -> dict:
             svc.round()
             up = svc.submit({"name": "up", "command": "true", "gpus": 1, "array": f"0-{upstream - 1}"}, "bob")
             _rounds(svc, 2)  # loads and queues the upstream array
-            without = min(_rounds(svc, rounds))
+            without = _rounds(svc, rounds)
             db0, rss0 = _db_mb(store, db), proc.memory_info().rss
             t = time.perf_counter()
             svc.submit({"name": "dep", "command": "true", "gpus": 1, "array": f"0-{tasks - 1}",
@@ -107,9 +110,10 @@ def case(upstream: int, tasks: int, rounds: int) -> dict:
             submit_s = time.perf_counter() - t
             first = _rounds(svc, 1)[0]
             held = len(svc.gate)
-            with_ = min(_rounds(svc, rounds))
+            with_ = _rounds(svc, rounds)
             rss1 = proc.memory_info().rss
-            return {"without_ms": without * 1e3, "with_ms": with_ * 1e3, "extra_ms": (with_ - without) * 1e3,
+            return {"without_ms": without[0] * 1e3, "with_ms": with_[0] * 1e3,
+                    "extra_ms": (with_[0] - without[0]) * 1e3, "extra_cpu_ms": (with_[1] - without[1]) * 1e3,
                     "first_ms": first * 1e3, "submit_s": submit_s, "held": held, "db0_mb": db0,
                     "db1_mb": _db_mb(store, db), "rss_mb": (rss1 - rss0) / 2**20}
         finally:
@@ -134,7 +138,8 @@ def run_child(checkout: Path, name: str, rounds: int, timeout: float) -> dict:
 def table(names: list[str], base: Path | None, rounds: int, timeout: float) -> None:
     print(f"after: {REPO}" + (f"\nbefore: {base}" if base else "") + f"\nfastest of {rounds} rounds each; "
           f"target: a 1,000-task array held on a 1,000-task array adds at most {TARGET_MS:g} ms per round")
-    print(f"{'case':14} {'code':6} {'without ms':>10} {'with ms':>9} {'extra ms':>9} {'met':>4} {'1st round ms':>12} "
+    print(f"{'case':14} {'code':6} {'without ms':>10} {'with ms':>9} {'extra ms':>9} {'cpu ms':>7} {'met':>7} "
+          f"{'1st round ms':>12} "
           f"{'submit s':>8} {'held':>5} {'db MB':>13} {'rss +MB':>7}")
     for name in names:
         for label, checkout in ([("before", base)] if base else []) + [("after", REPO)]:
@@ -142,8 +147,11 @@ def table(names: list[str], base: Path | None, rounds: int, timeout: float) -> N
             if "error" in r:
                 print(f"{name:14} {label:6} {r['error']}", flush=True)
                 continue
-            met = ("yes" if r["extra_ms"] <= TARGET_MS else "no") if name == "1000-on-1000" else "-"
-            print(f"{name:14} {label:6} {r['without_ms']:10.1f} {r['with_ms']:9.1f} {r['extra_ms']:9.1f} {met:>4} "
+            met = "-"
+            if name == "1000-on-1000":  # by wall time / by CPU time
+                met = "/".join("yes" if r[k] <= TARGET_MS else "no" for k in ("extra_ms", "extra_cpu_ms"))
+            print(f"{name:14} {label:6} {r['without_ms']:10.1f} {r['with_ms']:9.1f} {r['extra_ms']:9.1f} "
+                  f"{r['extra_cpu_ms']:7.1f} {met:>7} "
                   f"{r['first_ms']:12.0f} {r['submit_s']:8.2f} {r['held']:5d} "
                   f"{r['db0_mb']:5.1f} -> {r['db1_mb']:5.1f} {r['rss_mb']:7.0f}", flush=True)
 
