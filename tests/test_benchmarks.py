@@ -106,3 +106,21 @@ def test_bench_targets_knows_the_reference_checkout_by_its_commit(tmp_path: Path
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=False).stdout.strip()
     assert mod.is_reference(repo) == head.startswith(mod.REFERENCE)
+
+
+def test_bench_deps_holds_the_dependent_array_and_judges_the_extra_time(monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    mod = load("bench_deps")
+    r = mod.case(20, 10, 1)  # this checkout, in process: 10 tasks held on an array of 20
+    assert r["held"] == 10 and r["db1_mb"] >= r["db0_mb"] > 0 and r["with_ms"] > 0
+    monkeypatch.setattr(mod, "run_child", lambda checkout, name, rounds, timeout: {
+        "without_ms": 5.0, "with_ms": 80.0 if checkout == Path("/b") else 40.0,
+        "extra_ms": 75.0 if checkout == Path("/b") else 35.0, "extra_cpu_ms": 60.0 if checkout == Path("/b") else 20.0,
+        "first_ms": 1.0, "submit_s": 1.0, "held": 1000,
+        "db0_mb": 1.0, "db1_mb": 2.0, "rss_mb": 3.0})
+    mod.table(["1000-on-1000", "1000-on-10000"], Path("/b"), 3, 10.0)
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[-4:]]
+    assert [(r[0], r[1], r[6]) for r in rows] == [("1000-on-1000", "before", "no/no"), ("1000-on-1000", "after", "yes/yes"),
+                                                   ("1000-on-10000", "before", "-"), ("1000-on-10000", "after", "-")]
+    with pytest.raises(SystemExit):
+        mod.main(["--cases", "1000-on-5"])

@@ -268,7 +268,7 @@ def test_stores_from_before_get_the_new_columns(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     Store(url).close()
     con = sqlite3.connect(tmp_path / "old.sqlite")
-    con.execute("DROP INDEX IF EXISTS ix_jobs_array_id")
+    con.execute("DROP INDEX ix_jobs_array_state")
     for col in ("pending_reason", "array_id", "array_task"):
         con.execute(f"ALTER TABLE jobs DROP COLUMN {col}")
     con.execute("DROP TABLE allocations")
@@ -279,6 +279,10 @@ def test_stores_from_before_get_the_new_columns(tmp_path: Path) -> None:
     store.set_pending_reasons({jid: "Resources"})
     assert store.get_job(jid).pending_reason == "Resources" and store.allocations() == []
     store.close()
+    con = sqlite3.connect(tmp_path / "old.sqlite")  # and the index the array queries read
+    assert con.execute("SELECT sql FROM sqlite_master WHERE name = 'ix_jobs_array_state'").fetchone() == (
+        "CREATE INDEX ix_jobs_array_state ON jobs (array_id, state, first_start)",)
+    con.close()
 
 
 def test_bearer_scheme_and_local_docs(make, tmp_path: Path) -> None:  # noqa: ANN001

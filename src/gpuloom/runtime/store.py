@@ -53,6 +53,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -64,10 +65,13 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    literal,
     select,
     update,
 )
 from sqlalchemy.engine import Engine, RowMapping
+
+from ..core.lifecycle import JobState
 
 log = logging.getLogger("gpuloom.store")
 metadata = MetaData()
@@ -101,9 +105,12 @@ jobs_t = Table(
     Column("work_left", Float),
     Column("work_at", Float),
     Column("pending_reason", String(200)),  # why a queued job waits, as of the last round (Slurm's REASON)
-    Column("array_id", Integer, index=True),  # job arrays: the first task's id, and this task's index
+    Column("array_id", Integer),  # job arrays: the first task's id, and this task's index
     Column("array_task", Integer),
 )
+#: a dependency on an array reads its tasks' counts by state (and whether they started) from this index
+#: alone, without the rows (a 10,000-task array: ~1.5 ms instead of ~25 ms)
+Index("ix_jobs_array_state", jobs_t.c.array_id, jobs_t.c.state, jobs_t.c.first_start)
 
 #: columns added after the first release: created on stores that predate them
 _ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"), ("pending_reason", "VARCHAR(200)"),
@@ -172,6 +179,8 @@ meta_t = Table(
 )
 
 _JSON_COLS = ("spec", "alloc", "procs")
+_IN_CHUNK = 500  # ids per ``IN (...)``: below every SQLite build's limit on bound parameters
+S_CANCELLED = JobState.CANCELLED.value
 
 
 def hash_token(token: str) -> str:
@@ -290,6 +299,9 @@ class Store:
         with self.lock:
             metadata.create_all(self.engine)
             self._add_missing_columns()
+            for table in metadata.sorted_tables:  # and indexes added since (create_all skips existing tables)
+                for ix in table.indexes:
+                    ix.create(self.engine, checkfirst=True)
 
     def _add_missing_columns(self) -> None:
         """A store made by an older release lacks columns added since: add them (nullable)."""
@@ -560,6 +572,84 @@ class Store:
                                                              jobs_t.c.state.in_(list(states)))
         with self.lock, self.engine.connect() as c:
             return int(c.execute(q).scalar() or 0)
+
+    # -- arrays and dependencies: counts and states, never the rows of every task ------------
+    def array_size(self, array_id: int) -> int:
+        """How many tasks job array ``array_id`` has (0: it is no array's id)."""
+        return self.count_arrays([array_id]).get(int(array_id), 0)
+
+    def array_task_id(self, array_id: int, task: int) -> int | None:
+        """The job id of task ``task`` of job array ``array_id``, if there is one."""
+        q = select(jobs_t.c.id).where(jobs_t.c.array_id == array_id, jobs_t.c.array_task == task)
+        with self.lock, self.engine.connect() as c:
+            v = c.execute(q).scalar()
+        return None if v is None else int(v)
+
+    def job_exists(self, job_id: int) -> bool:
+        with self.lock, self.engine.connect() as c:
+            return c.execute(select(jobs_t.c.id).where(jobs_t.c.id == job_id)).first() is not None
+
+    def job_states(self, job_ids: Iterable[int]) -> dict[int, tuple[str, bool]]:
+        """``{id: (state, started)}`` of the jobs that exist (started: it has a first start)."""
+        ids = sorted({int(j) for j in job_ids})
+        out: dict[int, tuple[str, bool]] = {}
+        with self.lock, self.engine.connect() as c:
+            for k in range(0, len(ids), _IN_CHUNK):
+                q = select(jobs_t.c.id, jobs_t.c.state, jobs_t.c.first_start).where(
+                    jobs_t.c.id.in_(ids[k:k + _IN_CHUNK]))
+                out.update({int(i): (str(s), f is not None) for i, s, f in c.execute(q).all()})
+        return out
+
+    def array_counts(self, array_ids: Iterable[int]) -> dict[int, dict[str, tuple[int, int]]]:
+        """Per job array: its tasks by state, ``{state: (tasks, tasks that started)}``, in one grouped query
+        (per 500 arrays)."""
+        aids = sorted({int(a) for a in array_ids})
+        out: dict[int, dict[str, tuple[int, int]]] = {a: {} for a in aids}
+        with self.lock, self.engine.connect() as c:
+            for k in range(0, len(aids), _IN_CHUNK):
+                q = (select(jobs_t.c.array_id, jobs_t.c.state, func.count(), func.count(jobs_t.c.first_start))
+                     .where(jobs_t.c.array_id.in_(aids[k:k + _IN_CHUNK])).group_by(jobs_t.c.array_id, jobs_t.c.state))
+                for aid, state, n, started in c.execute(q).all():
+                    out[int(aid)][str(state)] = (int(n), int(started))
+        return out
+
+    def count_arrays(self, array_ids: Iterable[int], states: Iterable[str] | None = None) -> dict[int, int]:
+        """Per job array (those with tasks): how many of its tasks are in ``states`` (all: None), in one
+        grouped query (per 500 arrays)."""
+        aids = sorted({int(a) for a in array_ids})
+        out: dict[int, int] = {}
+        with self.lock, self.engine.connect() as c:
+            for k in range(0, len(aids), _IN_CHUNK):
+                q = select(jobs_t.c.array_id, func.count()).where(jobs_t.c.array_id.in_(aids[k:k + _IN_CHUNK]))
+                if states is not None:
+                    q = q.where(jobs_t.c.state.in_(list(states)))
+                out.update({int(a): int(n) for a, n in c.execute(q.group_by(jobs_t.c.array_id)).all()})
+        return out
+
+    def cancel_held(self, reasons: Mapping[int, str], expect_state: str, now: float | None = None) -> list[int]:
+        """Cancel the jobs still in ``expect_state``, each with its reason and a ``cancelled`` event, in one
+        transaction of four statements however many they are; returns those cancelled (by id)."""
+        if not reasons:
+            return []
+        now = time.time() if now is None else now
+        rows = [{"_id": int(j), "_why": why, "_detail": json.dumps({"reason": why}), "_now": now,
+                 "_expect": expect_state} for j, why in sorted(reasons.items())]
+        cond = (jobs_t.c.id == bindparam("_id"), jobs_t.c.state == bindparam("_expect"))
+        with self.lock, self._begin(True) as c:
+            last = c.execute(select(func.max(events_t.c.id))).scalar() or 0
+            # the event first, while the state still says whether this job is to be cancelled
+            c.execute(insert(events_t).from_select(
+                ["job_id", "time", "kind", "detail"],
+                select(jobs_t.c.id, bindparam("_now", type_=Float), literal(S_CANCELLED, String),
+                       bindparam("_detail", type_=Text)).where(*cond)), rows)
+            c.execute(update(jobs_t).where(*cond).values(state=S_CANCELLED, end_time=bindparam("_now"),
+                                                          reason=bindparam("_why"), pending_reason=None), rows)
+            done = [int(j) for j in c.execute(select(events_t.c.job_id).where(events_t.c.id > last)
+                                              .order_by(events_t.c.id)).scalars()]
+        for j in done:
+            self._notify(j, S_CANCELLED, {"reason": reasons[j]},
+                         {"state": S_CANCELLED, "end_time": now, "reason": reasons[j], "pending_reason": None})
+        return done
 
     def get_jobs(self, job_ids: Iterable[int]) -> dict[int, JobRow]:
         ids = list(job_ids)

@@ -246,11 +246,11 @@ class _Collector(Collector):
         for state in JobState:
             by_state.add_metric([state.value, SHORT_STATE[state]], counts.get(state.value, 0))
         yield by_state
-        by_queue: dict[tuple[str, str], int] = {}
-        by_reason: dict[str, int] = {}
+        # jobs held back by the gate are counted as they come and go; the mirrored ones here
+        by_queue: dict[tuple[str, str], int] = {(q, "PD"): n for q, n in dict(svc.gate.by_queue).items()}
+        by_reason: dict[str, int] = dict(svc.gate.by_reason)
         jobs = dict(svc.driver.jobs)
         entries = [(r, jobs[jid].lifecycle) for jid, r in list(svc.mirror.rows.items()) if jid in jobs]
-        entries += [(r, None) for r in list(svc.gate.held.values())]
         for row, lc in entries:
             st = SHORT_STATE[lc.state] if lc is not None else "PD"
             q = str(row.spec.get("queue") or "")
