@@ -102,7 +102,8 @@ class Server:
 
 def remove_cgroups(parent: str) -> None:
     """Remove the (empty) job cgroups under ``parent`` and the parent itself, v1 or v2."""
-    for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset"), Path("/sys/fs/cgroup")):
+    for base in (*(Path("/sys/fs/cgroup") / c for c in ("memory", "cpuset", "pids", "devices")),
+                 Path("/sys/fs/cgroup")):
         p = base / parent
         if not p.is_dir():
             continue

@@ -38,12 +38,12 @@ def inventory(
         "node": inv.name,
         "source": inv.source,
         "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid, "memory_mb": g.memory_mb,
-                  "pci_bus_id": g.pci_bus_id} for g in inv.gpus],
+                  "pci_bus_id": g.pci_bus_id, "minor": g.minor} for g in inv.gpus],
         "cpus": inv.cpus,
         "core_ids": list(inv.core_ids),
         "mem_mb": inv.mem_mb,
         "cgroups": {"mode": cg.mode, "version": cg.version, "memory": cg.memory, "cpuset": cg.cpuset,
-                    "reason": cg.reason},
+                    "pids": cg.pids, "devices": cg.devices, "reason": cg.reason},
         "topology_gpus": topo.num_gpus if topo is not None else None,
     }
     if as_json:
@@ -53,6 +53,7 @@ def inventory(
     for g in inv.gpus:
         extra = f"  {g.memory_mb} MB  {g.uuid}  {g.pci_bus_id}" if g.uuid else ""
         console.print(f"  GPU{g.index}  {g.name}{extra}", highlight=False)
-    limits = f"memory limits {'on' if cg.memory else 'off'}, cpusets {'on' if cg.cpuset else 'off'}"
+    limits = (f"memory limits {'on' if cg.memory else 'off'}, cpusets {'on' if cg.cpuset else 'off'}, "
+              f"pids limits {'on' if cg.pids else 'off'}, device isolation {'on' if cg.devices else 'off'}")
     console.print(f"cgroups: {cg.mode} ({limits})" + (f" - {cg.reason}" if cg.reason else ""), highlight=False)
     console.print(f"topology: {topo.num_gpus} GPUs" if topo is not None else "topology: none captured")

@@ -36,6 +36,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from ..runtime.cgroups import DEFAULT_PIDS_MAX
 from . import app
 from .common import SafeTable as Table
 from .common import cell, check_policies, console, err_console, model_options, stack_params, user_errors
@@ -119,6 +120,12 @@ def serve(
     shared_dir: Annotated[Path | None, typer.Option(
         help="Directory shared with every node (NFS, Lustre) for logs/ and checkpoints/ (default: the state dir; "
              "with --ray and no shared dir, logs are fetched through the node agents).")] = None,
+    pids_limit: Annotated[int, typer.Option(
+        min=0, help="Processes and threads a job may have at once (pids cgroup; 0 = no limit).")] = DEFAULT_PIDS_MAX,
+    gpu_devices: Annotated[str, typer.Option(
+        help="GPU device files, one per GPU in index order, that jobs may open only their own of (devices cgroup): "
+             "auto (/dev/nvidia<minor> of discovered GPUs; none for a declared inventory), none, or a "
+             "comma-separated list such as /dev/nvidia0,/dev/nvidia1.")] = "auto",
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -194,8 +201,13 @@ def serve(
     allow = (*DEFAULT_ENV_ALLOW, *(env_allow or ()))
     following = None
     if ray_address is None:
-        executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
-                                  cgroup_parent=f"gpuloom-{service_id}", env_allow=allow)
+        devices = _gpu_devices(gpu_devices, declared=gpus is not None or cluster is not None)
+        try:
+            executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
+                                      cgroup_parent=f"gpuloom-{service_id}", env_allow=allow,
+                                      pids_max=pids_limit, gpu_devices=devices)
+        except (RuntimeError, OSError) as e:  # ExecutorError, CgroupError: a bad device file or count
+            raise typer.BadParameter(f"--gpu-devices: {e}") from None
     else:
         with user_errors():
             executor, following = _ray_executor(ray_address, service_id, grace, shared_dir is not None, allow,
@@ -269,6 +281,20 @@ def serve(
     finally:
         svc.shutdown()
         locks.release()
+
+
+def _gpu_devices(option: str, declared: bool) -> tuple[str, ...]:
+    """``--gpu-devices``: auto, none, or a comma-separated list of device files."""
+    if option == "none":
+        return ()
+    if option == "auto":
+        from ..runtime.discovery import discover_gpu_devices
+
+        return () if declared else discover_gpu_devices()
+    paths = tuple(p.strip() for p in option.split(","))
+    if not all(p.startswith("/") for p in paths):
+        raise typer.BadParameter(f"--gpu-devices: give auto, none or absolute device file paths, got {option!r}")
+    return paths
 
 
 def _loopback(host: str) -> bool:

@@ -1,21 +1,26 @@
-"""Per-job control groups: memory limits and CPU sets for job processes.
+"""Per-job control groups: memory limits, CPU sets, process limits and GPU device access for job processes.
 
 Detection (:func:`detect`) happens once, when an executor starts:
 
 * **cgroup v2** (unified): ``<root>/cgroup.controllers`` exists.  A job gets
   ``<root>/<parent>/<job>`` with ``memory.max``, ``memory.swap.max = 0`` and
   ``memory.oom.group = 1`` (where present: an OOM kills the whole job rather than
-  leaving it crippled), ``cpuset.cpus`` and ``cpuset.mems``.  The ``memory`` and ``cpuset``
-  controllers are enabled in ``cgroup.subtree_control`` of the root and of the
-  parent (v2's rule: a cgroup can only hand controllers it has to its children).
-* **cgroup v1**: one hierarchy per controller, ``<root>/memory`` and
-  ``<root>/cpuset`` (``<root>/cpu`` is detected and reported but not written:
-  pinning through cpuset is stricter than a CFS quota).  A job gets
+  leaving it crippled), ``cpuset.cpus``, ``cpuset.mems`` and ``pids.max``.  The ``memory``,
+  ``cpuset`` and ``pids`` controllers are enabled in ``cgroup.subtree_control`` of the root
+  and of the parent (v2's rule: a cgroup can only hand controllers it has to its children).
+  v2 controls device access only through eBPF programs, which gpuloom does not load: there,
+  a job is kept to its GPUs by ``CUDA_VISIBLE_DEVICES`` alone.
+* **cgroup v1**: one hierarchy per controller, ``<root>/memory``, ``<root>/cpuset``,
+  ``<root>/pids`` and ``<root>/devices`` (``<root>/cpu`` is detected and reported but not
+  written: pinning through cpuset is stricter than a CFS quota).  A job gets
   ``<root>/memory/<parent>/<job>`` with ``memory.limit_in_bytes`` (and
   ``memory.memsw.limit_in_bytes`` where swap accounting exists, so the job cannot
-  escape its limit into swap) and ``<root>/cpuset/<parent>/<job>`` with
+  escape its limit into swap), ``<root>/cpuset/<parent>/<job>`` with
   ``cpuset.cpus`` and ``cpuset.mems`` (copied from the parent, as v1 requires
-  both before any task may join).
+  both before any task may join), ``<root>/pids/<parent>/<job>`` with ``pids.max``, and,
+  where the node's GPU device files are known, ``<root>/devices/<parent>/<job>`` that denies
+  (``devices.deny``) every GPU device file of the node but the job's own; everything else
+  (``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/null``...) stays allowed.
 * **neither writable** (no root, read-only mount, a container without
   delegation): :class:`CgroupManager` reports ``mode == "none"`` and the
   executor degrades to CPU affinity alone; the warning is logged once per process.
@@ -25,6 +30,10 @@ root, like Slurm's ``slurm/``, rather than below the service's own cgroup: the
 service may be restarted into another cgroup, and jobs must outlive it.
 Writability is probed by creating that parent directory, not guessed from
 permissions.
+
+A job that reaches its ``pids.max`` cannot fork or start threads (``EAGAIN``); the count of
+refused forks is in ``pids.events`` (``max N``), read by :meth:`JobCgroup.pids_limit_hit` as
+:meth:`JobCgroup.oom_kills` reads memory events, so the job's end can name the limit.
 
 A process joins its cgroups by writing its own pid to ``cgroup.procs``
 (:meth:`JobCgroup.enter`) between fork and exec, so the job's command starts
@@ -39,7 +48,9 @@ import logging
 import os
 import re
 import signal
+import stat
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +59,9 @@ log = logging.getLogger(__name__)
 DEFAULT_ROOT = "/sys/fs/cgroup"
 DEFAULT_PARENT = "gpuloom"
 MB = 10**6  # the service's memory unit (see runtime/specs.py): limits are mem_mb x 10^6 bytes
+#: processes and threads a job may have at once (``pids.max``; 0: no limit); see docs/executor.md
+DEFAULT_PIDS_MAX = 4096
+V2_DEVICES = "devices: cgroup v2 controls devices only through eBPF programs, which gpuloom does not load"
 
 _warned: set[str] = set()
 
@@ -124,10 +138,12 @@ class CgroupSupport:
     cpuset: bool  # cpusets can be set
     controllers: tuple[str, ...] = ()  # controllers seen (v1: mounted hierarchies; v2: cgroup.controllers)
     reason: str = ""  # why something is unavailable
+    pids: bool = False  # process limits (pids.max) can be set
+    devices: bool = False  # GPU device files can be denied (v1's devices hierarchy)
 
     @property
     def mode(self) -> str:
-        if self.version and (self.memory or self.cpuset):
+        if self.version and (self.memory or self.cpuset or self.pids or self.devices):
             return f"v{self.version}"
         return "none"
 
@@ -155,7 +171,7 @@ def detect(root: str = DEFAULT_ROOT, parent: str = DEFAULT_PARENT) -> CgroupSupp
         if why:
             reasons.append(why)
         else:
-            for c in ("memory", "cpuset"):
+            for c in ("memory", "cpuset", "pids"):
                 if c not in ctrls:
                     reasons.append(f"controller {c} not available in {r}/cgroup.controllers")
                     continue
@@ -166,13 +182,15 @@ def detect(root: str = DEFAULT_ROOT, parent: str = DEFAULT_PARENT) -> CgroupSupp
                     usable.add(c)
                 except (OSError, CgroupError) as e:
                     reasons.append(str(e))
-        return CgroupSupport(2, root, "memory" in usable, "cpuset" in usable, ctrls, "; ".join(reasons))
-    mounted = tuple(c for c in ("memory", "cpuset", "cpu") if (r / c / "cgroup.procs").exists())
+        reasons.append(V2_DEVICES)
+        return CgroupSupport(2, root, "memory" in usable, "cpuset" in usable, ctrls, "; ".join(reasons),
+                             pids="pids" in usable)
+    mounted = tuple(c for c in ("memory", "cpuset", "cpu", "pids", "devices") if (r / c / "cgroup.procs").exists())
     if not mounted:
         return CgroupSupport(0, root, False, False, (), f"no cgroup v1 or v2 hierarchy under {root}")
     reasons = []
     ok: dict[str, bool] = {}
-    for c in ("memory", "cpuset"):
+    for c in ("memory", "cpuset", "pids", "devices"):
         if c not in mounted:
             reasons.append(f"no {c} hierarchy at {r / c}")
             ok[c] = False
@@ -189,7 +207,8 @@ def detect(root: str = DEFAULT_ROOT, parent: str = DEFAULT_PARENT) -> CgroupSupp
         if why:
             reasons.append(why)
         ok[c] = why is None
-    return CgroupSupport(1, root, ok["memory"], ok["cpuset"], mounted, "; ".join(reasons))
+    return CgroupSupport(1, root, ok["memory"], ok["cpuset"], mounted, "; ".join(reasons),
+                         pids=ok["pids"], devices=ok["devices"])
 
 
 @dataclass(slots=True)
@@ -251,6 +270,19 @@ class JobCgroup:
             pass
         return 0
 
+    def pids_limit_hit(self) -> int:
+        """The job's ``pids.max`` if a fork or thread creation was refused for reaching it (``max`` in
+        ``pids.events``, v1 and v2), else 0."""
+        d = self.dirs.get("pids")
+        if d is None:
+            return 0
+        try:
+            events = dict(line.split(" ", 1) for line in (d / "pids.events").read_text().splitlines() if " " in line)
+            limit = _read(d / "pids.max")
+            return int(limit) if int(events.get("max", "0")) > 0 and limit != "max" else 0
+        except (OSError, ValueError):
+            return 0
+
     def remove(self, timeout_s: float = 2.0) -> bool:
         """Kill stragglers and remove the directories; True if all are gone."""
         deadline = time.monotonic() + timeout_s
@@ -277,12 +309,30 @@ class JobCgroup:
         return True
 
 
-class CgroupManager:
-    """Creates and removes job cgroups under one parent, for whatever this machine supports."""
+def device_number(path: str) -> tuple[int, int]:
+    """(major, minor) of the character device file ``path``."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise CgroupError(f"GPU device file {path}: {e.strerror or e}") from None
+    if not stat.S_ISCHR(st.st_mode):
+        raise CgroupError(f"GPU device file {path} is not a character device")
+    return os.major(st.st_rdev), os.minor(st.st_rdev)
 
-    def __init__(self, root: str = DEFAULT_ROOT, parent: str = DEFAULT_PARENT, enabled: bool = True) -> None:
+
+class CgroupManager:
+    """Creates and removes job cgroups under one parent, for whatever this machine supports.
+
+    ``pids_max``: the processes and threads each job may have at once (0: no limit).
+    """
+
+    def __init__(self, root: str = DEFAULT_ROOT, parent: str = DEFAULT_PARENT, enabled: bool = True,
+                 pids_max: int = DEFAULT_PIDS_MAX) -> None:
+        if not isinstance(pids_max, int) or pids_max < 0:
+            raise CgroupError(f"pids_max must be an integer >= 0 (0: no limit), got {pids_max!r}")
         self.root = Path(root)
         self.parent = parent
+        self.pids_max = pids_max
         if enabled:
             self.support = detect(root, parent)
         else:
@@ -293,6 +343,8 @@ class CgroupManager:
         elif not (s.memory and s.cpuset):
             warn_once(f"cgroups {s.mode} only partly usable ({s.reason}): "
                       f"memory limits {'on' if s.memory else 'off'}, cpusets {'on' if s.cpuset else 'off (affinity only)'}")
+        if pids_max and not s.pids and s.mode != "none":
+            warn_once(f"no pids cgroup ({s.reason}): the number of processes of a job is not limited")
 
     @property
     def mode(self) -> str:
@@ -307,17 +359,34 @@ class CgroupManager:
         """The (possibly not yet created) cgroup of ``job_id``."""
         name = cgroup_name(job_id)
         cg = JobCgroup(self.support, name)
-        for c in ("memory", "cpuset"):
+        for c in ("memory", "cpuset", "pids", "devices"):
             if getattr(self.support, c):
                 cg.dirs[c] = self._dir(c, name)
         return cg
 
-    def create(self, job_id: str, cpus: tuple[int, ...], mem_mb: int) -> JobCgroup:
+    def gpu_devices(self, paths: Sequence[str]) -> tuple[tuple[int, int], ...]:
+        """The device numbers of a node's GPU device files (index ``i``: GPU ``i``), checked once when
+        an executor starts; a warning where they cannot be enforced."""
+        numbers = tuple(device_number(p) for p in paths)
+        if numbers and not self.support.devices:
+            why = V2_DEVICES if self.support.version == 2 else f"no writable devices cgroup ({self.support.reason})"
+            warn_once(f"GPU device files are not isolated ({why}): jobs are kept to their GPUs by "
+                      "CUDA_VISIBLE_DEVICES alone, which a job can unset")
+        return numbers
+
+    def create(self, job_id: str, cpus: tuple[int, ...], mem_mb: int, gpus: Sequence[int] = (),
+               gpu_devices: Sequence[tuple[int, int]] = ()) -> JobCgroup:
         """Create (or reuse) the job's cgroup and set its limits.
 
         ``mem_mb <= 0`` means no memory limit; empty ``cpus`` means the parent's cpuset.
+        ``gpu_devices``: the node's GPU device numbers (from :meth:`gpu_devices`); where given, the job
+        may open only those of ``gpus`` (v1).  Without them no devices cgroup is made.
         """
         cg = self.job(job_id)
+        if not gpu_devices:
+            cg.dirs.pop("devices", None)
+        elif bad := [g for g in gpus if not 0 <= g < len(gpu_devices)]:
+            raise CgroupError(f"job {job_id}: GPU(s) {bad} have no device file (this node has {len(gpu_devices)})")
         for c, d in cg.dirs.items():
             try:
                 d.mkdir(exist_ok=True)
@@ -325,9 +394,23 @@ class CgroupManager:
                 raise CgroupError(f"cannot create cgroup {d}: {e.strerror or e}") from None
             if c == "memory":
                 self._set_memory(d, mem_mb)
-            else:
+            elif c == "cpuset":
                 self._set_cpuset(d, cpus)
+            elif c == "pids":
+                _write(d / "pids.max", f"{self.pids_max}\n" if self.pids_max else "max\n")
+            else:
+                self._set_devices(d, set(gpus), gpu_devices)
         return cg
+
+    @staticmethod
+    def _set_devices(d: Path, own: set[int], numbers: Sequence[tuple[int, int]]) -> None:
+        # one rule per write (the kernel's format); allow first: a reused cgroup may deny what is now the job's
+        for i, (major, minor) in enumerate(numbers):
+            if i in own:
+                _write(d / "devices.allow", f"c {major}:{minor} rwm\n")
+        for i, (major, minor) in enumerate(numbers):
+            if i not in own:
+                _write(d / "devices.deny", f"c {major}:{minor} rwm\n")
 
     def _set_memory(self, d: Path, mem_mb: int) -> None:
         if self.support.version == 2:
@@ -378,7 +461,7 @@ class CgroupManager:
         if self.parent == DEFAULT_PARENT or self.support.mode == "none":
             return
         dirs = {self.root / self.parent} if self.support.version == 2 else {
-            self.root / c / self.parent for c in ("memory", "cpuset") if getattr(self.support, c)}
+            self.root / c / self.parent for c in ("memory", "cpuset", "pids", "devices") if getattr(self.support, c)}
         for d in dirs:
             try:
                 d.rmdir()

@@ -15,6 +15,11 @@ Whenever ``nvidia-smi`` exists its ``topo -m`` matrix is captured as text
 (:attr:`Inventory.topology_text`); the topology policies parse it
 (``gpuloom.perf.topology``), discovery only records it.
 
+Each GPU's device file is ``/dev/nvidia<minor>``, where the minor number is the driver's (NVML's
+``nvmlDeviceGetMinorNumber``, else ``Device Minor`` in ``/proc/driver/nvidia/gpus/<bus id>/information``),
+not the GPU's index: :func:`discover_gpu_devices` gives them in index order, for the executor's
+devices cgroup (a job may open only its own GPUs' files).
+
 CPU cores are the ones this process may run on (``os.sched_getaffinity``), because
 those are the ids the executor can pin jobs to; memory is ``MemTotal`` from
 ``/proc/meminfo``.  The result converts to the scheduler's plain data:
@@ -29,7 +34,8 @@ import os
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpuloom.core.cluster import Cluster, ClusterError, Node
@@ -37,6 +43,7 @@ from gpuloom.core.cluster import Cluster, ClusterError, Node
 log = logging.getLogger(__name__)
 
 SMI_QUERY = "index,name,uuid,memory.total,pci.bus_id"
+PROC_GPUS = "/proc/driver/nvidia/gpus"
 
 
 class DiscoveryError(ValueError):
@@ -50,6 +57,7 @@ class GpuInfo:
     uuid: str = ""
     memory_mb: int = 0
     pci_bus_id: str = ""
+    minor: int | None = None  # the driver's minor number: the device file is /dev/nvidia<minor>
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +126,10 @@ def discover_nvml() -> list[GpuInfo] | None:
             uuid = pynvml.nvmlDeviceGetUUID(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)
             bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+            try:
+                minor: int | None = int(pynvml.nvmlDeviceGetMinorNumber(h))
+            except Exception:  # not supported on every platform: the driver's /proc tree may tell
+                minor = None
             out.append(
                 GpuInfo(
                     i,
@@ -125,6 +137,7 @@ def discover_nvml() -> list[GpuInfo] | None:
                     uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                     int(mem),
                     bus.decode() if isinstance(bus, bytes) else str(bus),
+                    minor,
                 )
             )
         return out
@@ -154,6 +167,66 @@ def parse_smi_csv(text: str, source: str = "nvidia-smi") -> list[GpuInfo]:
             raise DiscoveryError(f"{source}: line {n}: {e}") from None
         out.append(GpuInfo(index, cols[1], cols[2], mem, cols[4]))
     return out
+
+
+def _bus_key(bus_id: str) -> str:
+    """A PCI bus id as the driver's /proc tree names it: NVML's ``00000000:07:00.0`` -> ``0000:07:00.0``."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    return f"{domain[-4:]:0>4}:{rest}" if rest else domain
+
+
+def proc_minors(proc_dir: str | Path = PROC_GPUS) -> dict[str, int]:
+    """Bus id (as :func:`_bus_key` writes it) -> minor number, from the driver's ``<bus>/information``
+    files (``Device Minor: 3``); empty where the driver is not loaded."""
+    out: dict[str, int] = {}
+    try:
+        entries = sorted(Path(proc_dir).iterdir())
+    except OSError:
+        return out
+    for d in entries:
+        try:
+            text = (d / "information").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Device Minor":
+                try:
+                    out[_bus_key(d.name)] = int(value)
+                except ValueError:
+                    raise DiscoveryError(f"{d / 'information'}: Device Minor is not a number: {value.strip()!r}") from None
+    return out
+
+
+def with_minors(gpus: list[GpuInfo], proc_dir: str | Path = PROC_GPUS) -> list[GpuInfo]:
+    """``gpus`` with the minor numbers NVML did not give filled in from the driver's /proc tree."""
+    if all(g.minor is not None for g in gpus):
+        return gpus
+    minors = proc_minors(proc_dir)
+    return [g if g.minor is not None else replace(g, minor=minors.get(_bus_key(g.pci_bus_id))) for g in gpus]
+
+
+def gpu_device_files(gpus: Sequence[GpuInfo], dev_dir: str = "/dev") -> tuple[str, ...]:
+    """Each GPU's device file in index order (``/dev/nvidia<minor>``); empty, with a warning, when a
+    GPU's minor number is unknown (isolating some GPUs but not others would be a false promise)."""
+    ordered = sorted(gpus, key=lambda g: g.index)
+    unknown = [g.index for g in ordered if g.minor is None]
+    if unknown:
+        if ordered:
+            log.warning("no device minor number for GPU(s) %s: GPU device files are not isolated", unknown)
+        return ()
+    return tuple(f"{dev_dir}/nvidia{g.minor}" for g in ordered)
+
+
+def discover_gpu_devices(use_nvml: bool = True, smi: str = "nvidia-smi",
+                         proc_dir: str | Path = PROC_GPUS) -> tuple[str, ...]:
+    """This machine's GPU device files in GPU index order (NVML, else ``nvidia-smi`` and the driver's
+    /proc tree); empty where there are no GPUs or their minor numbers are unknown."""
+    for probe in (discover_nvml if use_nvml else None, lambda: discover_smi(smi)):
+        got = probe() if probe is not None else None
+        if got:
+            return gpu_device_files(with_minors(got, proc_dir))
+    return ()
 
 
 def _run(args: list[str], timeout: float = 10.0) -> str | None:
@@ -235,7 +308,7 @@ def _inventory(gpus: int | None, gpu_name: str, use_nvml: bool, smi: str, node_n
             continue
         got = probe()
         if got:
-            return Inventory(node_name, tuple(got), n_cpus, n_mem, source, topo, core_ids)
+            return Inventory(node_name, tuple(with_minors(got)), n_cpus, n_mem, source, topo, core_ids)
     log.warning("no GPUs found (NVML and nvidia-smi unavailable); declare an inventory, e.g. --gpus 8")
     return Inventory(node_name, (), n_cpus, n_mem, "none", topo, core_ids)
 

@@ -169,10 +169,15 @@ class NodeAgent:
     """
 
     def __init__(self, cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
-                 fold_cores: bool = False, env_allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> None:
+                 fold_cores: bool = False, env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
+                 gpu_devices: Sequence[str] = ()) -> None:
         self.cgroups = cgroups if cgroups is not None else CgroupManager()
         self.env_allow = tuple(env_allow)
+        # GPU i's device file is gpu_devices[i]: a job may open only its own GPUs' (devices cgroup)
+        self.gpu_devices = tuple(gpu_devices)
+        self._gpu_numbers = self.cgroups.gpu_devices(self.gpu_devices)
         self._oom: set[str] = set()  # jobs whose cgroup saw the OOM killer, until end_reason() is asked
+        self._pids_hit: dict[str, int] = {}  # jobs refused a fork at their pids limit -> the limit
         self._procs: dict[str, _Proc] = {}
         self._lock = threading.RLock()
         self.available_cpus = tuple(sorted(os.sched_getaffinity(0)))
@@ -283,7 +288,7 @@ class NodeAgent:
             fds: list[int] = []
             if self.cgroups.mode != "none":
                 try:
-                    cg = self.cgroups.create(spec.job_id, cores, spec.mem_mb)
+                    cg = self.cgroups.create(spec.job_id, cores, spec.mem_mb, spec.gpus, self._gpu_numbers)
                     fds = [os.open(d / "cgroup.procs", os.O_WRONLY) for d in cg.paths()]
                 except (CgroupError, OSError) as e:
                     for fd in fds:
@@ -415,6 +420,8 @@ class NodeAgent:
         if p.cgroup is not None:
             if code not in (0, None) and p.cgroup.oom_kills() > 0:
                 self._oom.add(job_id)
+            elif code not in (0, None) and (limit := p.cgroup.pids_limit_hit()):
+                self._pids_hit[job_id] = limit
             p.cgroup.remove()
         if p.info.exit_path:
             Path(self.pid_path(p.info.exit_path)).unlink(missing_ok=True)
@@ -483,6 +490,9 @@ class NodeAgent:
             if job_id in self._oom:
                 self._oom.discard(job_id)
                 return "killed by the OOM killer: the job used more memory than its limit"
+            if job_id in self._pids_hit:
+                return (f"hit its limit of {self._pids_hit.pop(job_id)} processes: "
+                        "forks and new threads beyond it failed")
         return None
 
     def orphans(self) -> list[ProcInfo]:
@@ -523,7 +533,8 @@ class LocalExecutor(Executor):
 
     def __init__(self, node: str | Sequence[str] | None = None, agent: NodeAgent | None = None,
                  cgroups: CgroupManager | None = None, run_dir: str | Path | None = None,
-                 fold_cores: bool = False, env_allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> None:
+                 fold_cores: bool = False, env_allow: Sequence[str] = DEFAULT_ENV_ALLOW,
+                 gpu_devices: Sequence[str] = ()) -> None:
         if node is None:
             self.node, self.nodes = "local", None
         else:
@@ -531,7 +542,8 @@ class LocalExecutor(Executor):
             if not names or not all(names):
                 raise ExecutorError("LocalExecutor needs at least one non-empty node name")
             self.node, self.nodes = names[0], frozenset(names)
-        self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores, env_allow)
+        self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores, env_allow,
+                                                                     gpu_devices)
 
     def _own(self, node: str, job_id: str) -> None:
         if node and self.nodes is not None and node not in self.nodes:

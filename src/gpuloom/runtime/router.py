@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..core.cluster import Cluster
-from .executor import Executor, LaunchSpec, ProcInfo
+from .executor import Executor, ExecutorError, LaunchSpec, ProcInfo
 
 
 class RoutingError(RuntimeError):
@@ -94,22 +94,34 @@ class NodeRouter(Executor):
 
 def local_executor(
     cluster: Cluster, run_dir: str | Path, fold_cores: bool = False, cgroup_parent: str | None = None,
-    env_allow: Sequence[str] | None = None,
+    env_allow: Sequence[str] | None = None, pids_max: int | None = None, gpu_devices: Sequence[str] = (),
 ) -> Executor:
     """Executors for a cluster whose nodes all live on this machine: one local
     executor per node behind a :class:`NodeRouter` (a declared inventory of
     several fake nodes), or the node's own executor for a one-node cluster.
     ``fold_cores``: declared core ids beyond this machine's run on its cores.
     ``cgroup_parent``: the cgroup under which job cgroups are made (one per
-    service, so two services on a machine never share a job cgroup name)."""
-    from .cgroups import CgroupManager
+    service, so two services on a machine never share a job cgroup name).
+    ``pids_max``: processes per job (None: the default, 0: no limit).  ``gpu_devices``: this
+    machine's GPU device files in GPU index order, one per GPU of every node (jobs may open only
+    their own; empty: not isolated)."""
+    from .cgroups import DEFAULT_PARENT, DEFAULT_PIDS_MAX, CgroupError, CgroupManager
     from .local import DEFAULT_ENV_ALLOW, LocalExecutor
 
+    if gpu_devices and (bad := [f"{n.name} has {n.gpus}" for n in cluster.nodes if n.gpus != len(gpu_devices)]):
+        raise ExecutorError(f"{len(gpu_devices)} GPU device files given, one per GPU of a node, but node "
+                            f"{'; '.join(bad)}")
     run = Path(run_dir)
-    cgroups = CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager()
-    execs: dict[str, Executor] = {
-        n.name: LocalExecutor(n.name, cgroups=cgroups, run_dir=run / n.name, fold_cores=fold_cores,
-                              env_allow=DEFAULT_ENV_ALLOW if env_allow is None else env_allow)
-        for n in cluster.nodes
-    }
+    cgroups = CgroupManager(parent=cgroup_parent or DEFAULT_PARENT,
+                            pids_max=DEFAULT_PIDS_MAX if pids_max is None else pids_max)
+    try:
+        execs: dict[str, Executor] = {
+            n.name: LocalExecutor(n.name, cgroups=cgroups, run_dir=run / n.name, fold_cores=fold_cores,
+                                  env_allow=DEFAULT_ENV_ALLOW if env_allow is None else env_allow,
+                                  gpu_devices=gpu_devices)
+            for n in cluster.nodes
+        }
+    except CgroupError:  # a GPU device file that is not one: leave no parent cgroup behind
+        cgroups.remove_parent()
+        raise
     return next(iter(execs.values())) if len(execs) == 1 else NodeRouter(execs)
