@@ -94,14 +94,15 @@ class NodeRouter(Executor):
 
 def local_executor(
     cluster: Cluster, run_dir: str | Path, fold_cores: bool = False, cgroup_parent: str | None = None,
-    env_allow: Sequence[str] | None = None,
+    env_allow: Sequence[str] | None = None, private_tmp: bool = True, tmp_dir: str | Path | None = None,
 ) -> Executor:
     """Executors for a cluster whose nodes all live on this machine: one local
     executor per node behind a :class:`NodeRouter` (a declared inventory of
     several fake nodes), or the node's own executor for a one-node cluster.
     ``fold_cores``: declared core ids beyond this machine's run on its cores.
     ``cgroup_parent``: the cgroup under which job cgroups are made (one per
-    service, so two services on a machine never share a job cgroup name)."""
+    service, so two services on a machine never share a job cgroup name).
+    ``private_tmp``, ``tmp_dir``: each job's own /tmp and /dev/shm (:class:`.local.NodeAgent`)."""
     from .cgroups import CgroupManager
     from .local import DEFAULT_ENV_ALLOW, LocalExecutor
 
@@ -109,7 +110,8 @@ def local_executor(
     cgroups = CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager()
     execs: dict[str, Executor] = {
         n.name: LocalExecutor(n.name, cgroups=cgroups, run_dir=run / n.name, fold_cores=fold_cores,
-                              env_allow=DEFAULT_ENV_ALLOW if env_allow is None else env_allow)
+                              env_allow=DEFAULT_ENV_ALLOW if env_allow is None else env_allow,
+                              private_tmp=private_tmp, tmp_dir=Path(tmp_dir) / n.name if tmp_dir else None)
         for n in cluster.nodes
     }
     return next(iter(execs.values())) if len(execs) == 1 else NodeRouter(execs)
