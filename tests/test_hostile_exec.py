@@ -469,3 +469,14 @@ def test_relative_paths_are_made_absolute_once(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir("/")
     info = agent.launch(LaunchSpec("x", "exit 3", "", (), (), 0, str(tmp_path / "x.log")))
     assert finish(agent, "x") == 3 and info.exit_path == str(tmp_path / "run" / "x.exit")
+
+
+@needs_root
+def test_serve_refuses_checkpoint_places_its_jobs_would_not_see(tmp_path: Path) -> None:
+    import sys
+
+    for args in (["--job-dir", str(tmp_path / "jobs")], ["--checkpoint-root", "/dev/shm/ck"]):
+        r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--state-dir", str(tmp_path / "st"), "--port",
+                            "0", "--cluster", "1x1", *args], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, COLUMNS="400"))  # one line, not wrapped in a box
+        assert r.returncode == 2 and "each job gets its own of" in " ".join(r.stderr.split()), r.stderr

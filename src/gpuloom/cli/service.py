@@ -158,6 +158,13 @@ def serve(
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    if identities.switch and not shared_tmp:  # a job of another account sees its own /tmp, not these
+        dirs = (job_dir or (shared_dir / "checkpoints" if shared_dir else None), *(checkpoint_root or ()))
+        hidden = [str(d) for d in dirs if d is not None and _private_to_jobs(d)]
+        if hidden:
+            raise typer.BadParameter(f"{', '.join(hidden)}: under /tmp or /dev/shm, which each job gets its own of: "
+                                     "jobs would not see their checkpoints there; choose another directory, or "
+                                     "--shared-tmp")
 
     if ray_address is not None and (cluster is not None or (gpus is not None and ray_address != "local")):
         raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --cluster, and --gpus "
@@ -278,6 +285,11 @@ def serve(
     finally:
         svc.shutdown()
         locks.release()
+
+
+def _private_to_jobs(path: Path) -> bool:
+    real = Path(os.path.realpath(path))
+    return any(real == Path(m) or Path(m) in real.parents for m in ("/tmp", "/dev/shm"))
 
 
 def _loopback(host: str) -> bool:
