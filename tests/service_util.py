@@ -34,7 +34,8 @@ def _others_may_run(path: str) -> bool:
 #: a Python the service's job accounts can run: ours, else the system's (ours may live in root's home)
 JOB_PY = sys.executable if os.geteuid() != 0 or _others_may_run(sys.executable) else (
     shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable)
-_SHARED = Path(tempfile.mkdtemp(prefix="gpuloom-test-jobs-"))  # readable by job accounts wherever the checkout is
+# readable by job accounts wherever the checkout is; outside /tmp, which jobs of other accounts get their own of
+_SHARED = Path(tempfile.mkdtemp(prefix="gpuloom-test-jobs-", dir=os.environ.get(JOB_DIR_BASE_ENV) or JOB_DIR_BASE))
 os.chmod(_SHARED, 0o755)
 atexit.register(shutil.rmtree, _SHARED, True)
 

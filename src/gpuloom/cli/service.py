@@ -56,7 +56,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def state_dir_path(p: Path | None) -> Path:
-    return p if p is not None else Path.home() / ".gpuloom"
+    """The state directory, absolute (a relative one is taken from where the command runs, once)."""
+    return Path(os.path.abspath(p if p is not None else Path.home() / ".gpuloom"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,8 +109,11 @@ def serve(
     checkpoint_root: Annotated[list[Path] | None, typer.Option(
         help="A directory under which jobs may put their checkpoint_dir (repeatable; default --job-dir).")] = None,
     env_allow: Annotated[list[str] | None, typer.Option(
-        help="A variable of the server's environment that jobs inherit, beyond PATH, LANG, LC_*, TZ, TERM, "
-             "LD_LIBRARY_PATH and CUDA's (repeatable).")] = None,
+        help="A variable of the server's environment that jobs inherit, beyond LANG, LC_*, TZ, TERM and CUDA's "
+             "(repeatable; e.g. PATH, LD_LIBRARY_PATH).")] = None,
+    shared_tmp: Annotated[bool, typer.Option(
+        "--shared-tmp", help="Jobs share this machine's /tmp and /dev/shm (default: each job that runs as another "
+                             "account gets its own, removed when it ends).")] = False,
     keep_finished: Annotated[str | None, typer.Option(
         help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h, seconds.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (serve HTTPS, with --ssl-certfile).")] = None,
@@ -161,6 +165,13 @@ def serve(
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    if identities.switch and not shared_tmp:  # a job of another account sees its own /tmp, not these
+        dirs = (job_dir or (shared_dir / "checkpoints" if shared_dir else None), *(checkpoint_root or ()))
+        hidden = [str(d) for d in dirs if d is not None and _private_to_jobs(d)]
+        if hidden:
+            raise typer.BadParameter(f"{', '.join(hidden)}: under /tmp or /dev/shm, which each job gets its own of: "
+                                     "jobs would not see their checkpoints there; choose another directory, or "
+                                     "--shared-tmp")
 
     if ray_address is not None and (cluster is not None or (gpus is not None and ray_address != "local")):
         raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --cluster, and --gpus "
@@ -201,17 +212,22 @@ def serve(
     allow = (*DEFAULT_ENV_ALLOW, *(env_allow or ()))
     following = None
     if ray_address is None:
+        from ..runtime.security import default_job_dir
+
         devices = _gpu_devices(gpu_devices, declared=gpus is not None or cluster is not None)
+        # each job's own /tmp goes in the job directory (a directory of the server's, 0700)
+        tmp_dir = Path(job_dir or default_job_dir(sd, service_id, identities.switch)) / "tmp"
         try:
             executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
                                       cgroup_parent=f"gpuloom-{service_id}", env_allow=allow,
-                                      pids_max=pids_limit, gpu_devices=devices)
+                                      pids_max=pids_limit, gpu_devices=devices,
+                                      private_tmp=not shared_tmp, tmp_dir=tmp_dir)
         except (RuntimeError, OSError) as e:  # ExecutorError, CgroupError: a bad device file or count
             raise typer.BadParameter(f"--gpu-devices: {e}") from None
     else:
         with user_errors():
             executor, following = _ray_executor(ray_address, service_id, grace, shared_dir is not None, allow,
-                                                gpus, cpus_per_node)
+                                                gpus, cpus_per_node, not shared_tmp)
             inventory = following.current
             model = stack.model(inventory, seed)
     from ..runtime.service import ProfilingConfig, Service
@@ -297,6 +313,11 @@ def _gpu_devices(option: str, declared: bool) -> tuple[str, ...]:
     return paths
 
 
+def _private_to_jobs(path: Path) -> bool:
+    real = Path(os.path.realpath(path))
+    return any(real == Path(m) or Path(m) in real.parents for m in ("/tmp", "/dev/shm"))
+
+
 def _loopback(host: str) -> bool:
     import ipaddress
 
@@ -309,7 +330,7 @@ def _loopback(host: str) -> bool:
 
 
 def _ray_executor(address: str, service_id: str, grace: float, shared: bool,  # noqa: ANN202
-                  env_allow: tuple[str, ...], gpus: int | None, cpus: int | None):
+                  env_allow: tuple[str, ...], gpus: int | None, cpus: int | None, private_tmp: bool):
     """The Ray executor (agents in the namespace ``gpuloom-<service id>``) and the inventory that follows Ray."""
     from ..runtime.executor import ExecutorError
     from ..runtime.ray_executor import RayExecutor, RayInventory
@@ -318,7 +339,7 @@ def _ray_executor(address: str, service_id: str, grace: float, shared: bool,  # 
     ray_connect(address, gpus, cpus)
     try:
         ex = RayExecutor(f"gpuloom-{service_id}", cgroup_parent=f"gpuloom-{service_id}", grace_s=grace,
-                         logs="shared" if shared else "agent", env_allow=env_allow)
+                         logs="shared" if shared else "agent", env_allow=env_allow, private_tmp=private_tmp)
     except ExecutorError as e:
         from ..core.cluster import ClusterError
 

@@ -153,8 +153,11 @@ class Testbed:
 
     def share_files(self) -> tuple[str, str]:
         """(the job script, the GPU lock directory), somewhere the jobs' OS accounts can read and write."""
-        if self.share is None:
-            self.share = Path(tempfile.mkdtemp(prefix="gpuloom-testbed-"))
+        if self.share is None:  # outside /tmp: jobs of other accounts get their own /tmp
+            from ..runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
+
+            base = os.environ.get(JOB_DIR_BASE_ENV) or JOB_DIR_BASE
+            self.share = Path(tempfile.mkdtemp(prefix="gpuloom-testbed-", dir=base))
             os.chmod(self.share, 0o755)
             shutil.copy(self.script, self.share / self.script.name)
             os.chmod(self.share / self.script.name, 0o644)

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -89,6 +90,7 @@ from .tokens import list_tokens, revoke_token
 TOKEN_FILE = "admin.token"
 MAX_LOG_BYTES = 8 << 20  # /logs returns at most the last 8 MiB
 USER_RE = r"^[A-Za-z0-9_.@-]{1,64}$"
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -223,9 +225,11 @@ class JobSubmit(BaseModel):
             return v
         total = 0
         for k, x in v.items():
-            if (not k or "=" in k or "\x00" in k or len(k) > MAX_ENV_NAME or k.startswith("GPULOOM_")
-                    or k == "CUDA_VISIBLE_DEVICES"):
+            if len(k) > MAX_ENV_NAME or k.startswith("GPULOOM_") or k == "CUDA_VISIBLE_DEVICES":
                 raise ValueError(f"environment variable name {k[:40]!r} is not allowed")
+            if not ENV_NAME_RE.match(k):  # the job's shell sets it: a shell name
+                raise ValueError(f"environment variable name {k[:40]!r} is not allowed: letters, digits and _, "
+                                 "not starting with a digit")
             check_text(x, f"env {k}")
             if len(x) > MAX_ENV_VALUE:
                 raise ValueError(f"env {k}: values of at most {MAX_ENV_VALUE} characters")

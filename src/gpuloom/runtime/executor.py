@@ -44,13 +44,14 @@ class NodeUnavailable(ExecutorError):
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     job_id: str
-    command: str  # run through /bin/sh -c
+    command: str  # run by a /bin/sh of the job's own account (never in argv: see runtime/local.py)
     node: str  # node name, as in the Cluster
     gpus: tuple[int, ...]  # node-local GPU indices -> CUDA_VISIBLE_DEVICES
     cpus: tuple[int, ...]  # concrete core ids -> CPU affinity / cpuset
     mem_mb: int  # memory limit
     log_path: str  # stdout and stderr go here (appended)
-    env: dict[str, str] = field(default_factory=dict)  # extra environment (GPULOOM_RESUME, GPULOOM_CHECKPOINT_DIR, ...)
+    # extra environment (GPULOOM_RESUME, GPULOOM_CHECKPOINT_DIR, ...), applied after the drop to ``user``; shell names
+    env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     user: str | None = None  # the OS account the command runs as (None: the executor's own)
 

@@ -71,13 +71,17 @@ class AgentActor:
     """One node's agent (see the module notes).  Thread-safe: the actor runs several calls at once."""
 
     def __init__(self, node: str, run_dir: str, cgroup_parent: str | None, grace_s: float,
-                 env_allow: Sequence[str] = DEFAULT_ENV_ALLOW) -> None:
+                 env_allow: Sequence[str] = DEFAULT_ENV_ALLOW, private_tmp: bool = True) -> None:
         self.node = node
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cgroup_parent = cgroup_parent
         cg = CgroupManager(parent=cgroup_parent) if cgroup_parent else CgroupManager()
-        self.agent = NodeAgent(cg, self.run_dir / "exits", fold_cores=True, env_allow=env_allow)
+        from .discovery import discover_gpu_devices
+
+        # this node's GPU device files (none without GPUs): a job may open only its own
+        self.agent = NodeAgent(cg, self.run_dir / "exits", fold_cores=True, env_allow=env_allow,
+                               gpu_devices=discover_gpu_devices(), private_tmp=private_tmp)
         self.grace_s = float(grace_s)
         self.raylet_pid = os.getppid()  # Ray workers are the raylet's children
         self._unacked: dict[str, tuple[int, int | None]] = {}  # executor id -> (pid, exit code)

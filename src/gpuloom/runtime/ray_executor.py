@@ -120,7 +120,7 @@ class RayExecutor(Executor):
 
     def __init__(self, namespace: str, node_dir: str | None = None, cgroup_parent: str | None = None,
                  grace_s: float = 10.0, logs: str = "shared", exit_wait_s: float = 5.0, log_every_s: float = 0.5,
-                 call_timeout_s: float = 60.0, env_allow: Sequence[str] | None = None) -> None:
+                 call_timeout_s: float = 60.0, env_allow: Sequence[str] | None = None, private_tmp: bool = True) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -136,6 +136,7 @@ class RayExecutor(Executor):
         self.cgroup_parent = cgroup_parent
         self.grace_s = float(grace_s)
         self.env_allow = tuple(env_allow) if env_allow is not None else DEFAULT_ENV_ALLOW
+        self.private_tmp = private_tmp  # each job's own /tmp and /dev/shm (:class:`.local.NodeAgent`)
         self.logs = logs
         self.exit_wait_s = float(exit_wait_s)
         self.log_every_s = float(log_every_s)
@@ -177,7 +178,7 @@ class RayExecutor(Executor):
             if (name not in self.nodes or name in self._dead_agents) and name not in self._starting:
                 h = self._actor_cls.options(**self._agent_options(n)).remote(
                     name, str(Path(self.node_dir) / name), f"{self.cgroup_parent}-{name}" if self.cgroup_parent else None,
-                    self.grace_s, self.env_allow)
+                    self.grace_s, self.env_allow, self.private_tmp)
                 self._starting[name] = (n, h, h.info.remote(), now)
         refs = {ref: name for name, (_, _, ref, _) in self._starting.items()}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s) if refs else ([], [])

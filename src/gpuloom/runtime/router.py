@@ -95,6 +95,7 @@ class NodeRouter(Executor):
 def local_executor(
     cluster: Cluster, run_dir: str | Path, fold_cores: bool = False, cgroup_parent: str | None = None,
     env_allow: Sequence[str] | None = None, pids_max: int | None = None, gpu_devices: Sequence[str] = (),
+    private_tmp: bool = True, tmp_dir: str | Path | None = None,
 ) -> Executor:
     """Executors for a cluster whose nodes all live on this machine: one local
     executor per node behind a :class:`NodeRouter` (a declared inventory of
@@ -104,7 +105,8 @@ def local_executor(
     service, so two services on a machine never share a job cgroup name).
     ``pids_max``: processes per job (None: the default, 0: no limit).  ``gpu_devices``: this
     machine's GPU device files in GPU index order, one per GPU of every node (jobs may open only
-    their own; empty: not isolated)."""
+    their own; empty: not isolated).  ``private_tmp``, ``tmp_dir``: each job's own /tmp and
+    /dev/shm (:class:`.local.NodeAgent`)."""
     from .cgroups import DEFAULT_PARENT, DEFAULT_PIDS_MAX, CgroupError, CgroupManager
     from .local import DEFAULT_ENV_ALLOW, LocalExecutor
 
@@ -118,7 +120,8 @@ def local_executor(
         execs: dict[str, Executor] = {
             n.name: LocalExecutor(n.name, cgroups=cgroups, run_dir=run / n.name, fold_cores=fold_cores,
                                   env_allow=DEFAULT_ENV_ALLOW if env_allow is None else env_allow,
-                                  gpu_devices=gpu_devices)
+                                  gpu_devices=gpu_devices, private_tmp=private_tmp,
+                                  tmp_dir=Path(tmp_dir) / n.name if tmp_dir else None)
             for n in cluster.nodes
         }
     except CgroupError:  # a GPU device file that is not one: leave no parent cgroup behind

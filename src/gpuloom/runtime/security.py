@@ -40,10 +40,17 @@ JOB_DIR_BASE_ENV = "GPULOOM_JOB_DIR_BASE"  # overrides it (a directory job accou
 PURGE_EVERY_S = 60.0
 
 
+def default_job_dir(state_dir: Path, service_id: str, switch: bool) -> Path:
+    """The job directory without ``--job-dir``: see the module notes."""
+    base = os.environ.get(JOB_DIR_BASE_ENV) or JOB_DIR_BASE
+    return Path(os.path.abspath(base)) / f"gpuloom-{service_id}" if switch else state_dir / "checkpoints"
+
+
 class Guard:
     def __init__(self, state_dir: Path, service_id: str, identities: Identities | None = None,
                  job_dir: str | Path | None = None, checkpoint_roots: Sequence[str | Path] | None = None,
                  keep_finished_s: float | None = None) -> None:
+        state_dir = Path(os.path.abspath(state_dir))  # never resolved later from another directory
         private_dir(state_dir, 0o700)
         self.state_dir = state_dir
         if identities is None:
@@ -51,10 +58,9 @@ class Guard:
             identities.check()
         self.identities = identities
         if job_dir is None:
-            base = os.environ.get(JOB_DIR_BASE_ENV) or JOB_DIR_BASE
-            job_dir = Path(base) / f"gpuloom-{service_id}" if identities.switch else state_dir / "checkpoints"
+            job_dir = default_job_dir(state_dir, service_id, identities.switch)
         # jobs of other accounts enter it to reach their own directory; they list nothing
-        self.job_dir = private_dir(job_dir, 0o711 if identities.switch else 0o700)
+        self.job_dir = private_dir(os.path.abspath(job_dir), 0o711 if identities.switch else 0o700)
         self.roots = [Path(r) for r in checkpoint_roots] if checkpoint_roots else [self.job_dir]
         if keep_finished_s is not None and not keep_finished_s > 0:
             raise ValueError(f"keep_finished_s must be > 0, got {keep_finished_s}")

@@ -71,6 +71,7 @@ Design decisions:
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -155,9 +156,9 @@ class Service:
         self.store = store
         self.executor = executor
         self.scheduler = scheduler
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(os.path.abspath(state_dir))  # never resolved later from another directory
         #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
-        self.data_dir = Path(data_dir) if data_dir is not None else self.state_dir
+        self.data_dir = Path(os.path.abspath(data_dir)) if data_dir is not None else self.state_dir
         self.clock: Clock = clock or SystemClock()
         self.round_s = float(round_s)
         self.model_factory = model_factory or build_model  # the same model `simulate` builds
