@@ -119,6 +119,13 @@ def serve(
     shared_dir: Annotated[Path | None, typer.Option(
         help="Directory shared with every node (NFS, Lustre) for logs/ and checkpoints/ (default: the state dir; "
              "with --ray and no shared dir, logs are fetched through the node agents).")] = None,
+    max_pending: Annotated[int, typer.Option(
+        help="Pending jobs a user may have (an array counts as its tasks; admins exempt).")] = 5000,
+    max_array_size: Annotated[int, typer.Option(
+        help="Tasks in one array, and indices below it (Slurm's MaxArraySize).")] = 1001,
+    submit_rate: Annotated[float, typer.Option(
+        help="Submissions per second a user may make, sustained (429 beyond; admins exempt).")] = 10.0,
+    submit_burst: Annotated[int, typer.Option(help="Submissions a user may make at once.")] = 50,
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -147,6 +154,12 @@ def serve(
             keep_s = parse_duration(keep_finished, "--keep-finished")
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+    from ..runtime.admission import Limiter, SubmitLimits
+
+    try:
+        limits = SubmitLimits(max_pending, max_array_size, submit_rate, submit_burst)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     sd = state_dir_path(state_dir)
     try:
         private_dir(sd, 0o700)
@@ -230,6 +243,7 @@ def serve(
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    svc.limits = Limiter(limits, svc.clock.monotonic)
     with user_errors():
         if queues is not None:
             svc.queues.configure(load_queue_file(queues))
