@@ -126,6 +126,8 @@ def serve(
     submit_rate: Annotated[float, typer.Option(
         help="Submissions per second a user may make, sustained (429 beyond; admins exempt).")] = 10.0,
     submit_burst: Annotated[int, typer.Option(help="Submissions a user may make at once.")] = 50,
+    max_priority: Annotated[int, typer.Option(
+        help="Highest priority a user may give a job where no queue sets max_priority (admins: any).")] = 0,
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -157,7 +159,7 @@ def serve(
     from ..runtime.admission import Limiter, SubmitLimits
 
     try:
-        limits = SubmitLimits(max_pending, max_array_size, submit_rate, submit_burst)
+        limits = SubmitLimits(max_pending, max_array_size, submit_rate, submit_burst, max_priority)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     sd = state_dir_path(state_dir)

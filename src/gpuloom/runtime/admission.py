@@ -14,7 +14,8 @@ them), so that no user can make every round slow or fill the store:
   ``burst`` at once); over it: 429 with ``Retry-After``.  A request counts
   once, an array too;
 * **pending jobs** per user (queued: waiting, standby), an array counting as
-  its number of tasks: 403 naming the limit;
+  its number of tasks: 403 naming the limit; the queue tree's ``max_pending``
+  per queue likewise (:meth:`.queues.QueueAdmin.check_pending`);
 * **array size**: at most ``max_array_size`` tasks, indices below it (Slurm's
   ``MaxArraySize``, default 1001): 422 on the ``array`` field.
 
@@ -176,8 +177,10 @@ class SubmitLimits:
     max_array_size: int = 1001  # tasks in one array, indices below it (Slurm's MaxArraySize)
     rate: float = 10.0  # submissions per second per user, sustained
     burst: int = 50  # submissions at once per user
+    max_priority: int = 0  # the highest priority a user may give a job where no queue sets max_priority
 
     def __post_init__(self) -> None:
+        from ..core.queues import MAX_PRIORITY
         from .deps import MAX_ARRAY
 
         if self.max_pending < 1:
@@ -188,6 +191,8 @@ class SubmitLimits:
             raise ValueError(f"--submit-rate must be > 0 per second, got {self.rate}")
         if self.burst < 1:
             raise ValueError(f"--submit-burst must be >= 1, got {self.burst}")
+        if not -MAX_PRIORITY <= self.max_priority <= MAX_PRIORITY:
+            raise ValueError(f"--max-priority must be within ±{MAX_PRIORITY}, got {self.max_priority}")
 
 
 def array_tasks(spec: Mapping[str, Any], max_size: int) -> int:

@@ -80,6 +80,7 @@ from .limits import (
 )
 from .privacy import redact_events, redact_job
 from .queue_api import QUEUE_RE, add_queue_routes
+from .queues import QueueDenied
 from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
@@ -408,10 +409,12 @@ def create_app(service: Service) -> FastAPI:
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
         try:
-            spec = service.queues.assign(spec, owner)
+            spec = service.queues.assign(spec, owner, admin)
+        except QueueDenied as e:  # a queue not open to the user, a priority above its limit
+            raise HTTPException(403, str(e)) from None
         except QueueError as e:
             raise HTTPException(422, [{"loc": ["body", "queue"], "msg": str(e), "type": "no_queue"}]) from None
-        with service.limits.admitting(store, spec, owner, admin, idempotency_key):
+        with service.limits.admitting(store, spec, owner, admin, idempotency_key, service.queues.check_pending):
             if idempotency_key is None:
                 jid = service.submit(spec, owner)
             else:  # a retry with the same key gets the job the first attempt created
