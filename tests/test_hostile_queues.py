@@ -3,7 +3,7 @@
 In process (FastAPI's TestClient) with real ``sleep`` processes launched by rounds run by hand
 (``Service.round``), so nothing is timed: another team's queue, a priority above the limit, invented
 queue names under ``--queue-policy drf``, per-user queues under an open parent, each submission limit
-with its 4xx.
+with its 4xx, and ``/history`` in pages.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gpuloom.cli import app as cli_app
+from gpuloom.cli import jobs as jobs_cli
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import QueueError, parse_queues
 from gpuloom.runtime.admission import Limiter, SubmitLimits
@@ -28,7 +29,7 @@ from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import HOLDING, Service
 from gpuloom.runtime.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import REPO, own_cgroup_parent
+from service_util import REPO, Server, kill_jobs, own_cgroup_parent
 
 TEAMS = {
     "default": "shared",
@@ -306,3 +307,55 @@ def test_submissions_per_second_are_a_token_bucket_with_retry_after(serve) -> No
     now[0] += 1.0
     assert client.post("/jobs", json=job(), headers=h("alice")).status_code == 201
     assert svc.store.count_jobs() == 5
+
+
+# -- /history in pages -------------------------------------------------------------------------------
+def test_history_is_paged_with_allocations_per_page(serve) -> None:  # noqa: ANN001
+    client, h, svc = serve("none")
+    for _ in range(5):
+        client.post("/jobs", json=job(), headers=h("admin"))
+    svc.round()  # four run, so four have an allocation record
+    pages, after = [], None
+    while True:
+        r = client.get("/history", params={"limit": 2, "allocations": True, **({"after": after} if after else {})},
+                       headers=h("admin"))
+        assert r.status_code == 200
+        pages.append([(x["id"], len(x["allocations"])) for x in r.json()])
+        after = r.headers.get("X-Next-After")
+        if after is None:
+            break
+        assert after == str(pages[-1][-1][0])
+    assert pages == [[(1, 1), (2, 1)], [(3, 1), (4, 1)], [(5, 0)]]
+    assert [x["id"] for x in client.get("/history", params={"job": [5, 2, 4], "limit": 2},
+                                        headers=h("admin")).json()] == [2, 4]
+    r = client.get("/history", headers=h("admin"))
+    assert len(r.json()) == 5 and "X-Next-After" not in r.headers  # default page: 1000
+    assert client.get("/history", params={"limit": 10_001}, headers=h("admin")).status_code == 422
+
+
+def test_history_command_fetches_page_by_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sd = tmp_path / "state"
+    sd.mkdir()
+    srv = Server(sd, "--cluster", "1x2", "--round", "0.2").start()
+    env = {"GPULOOM_STATE_DIR": str(sd), "GPULOOM_URL": srv.url}
+    runner = CliRunner()
+    try:
+        for _ in range(5):
+            assert runner.invoke(cli_app, ["submit", "--gpus", "1", "--", "true"], env=env).exit_code == 0
+        monkeypatch.setattr(jobs_cli, "HISTORY_PAGE", 2)
+        asked: list[tuple[str | None, str | None]] = []
+        call = jobs_cli.Client.call
+
+        def spy(self: Any, method: str, path: str, **kw: Any) -> Any:
+            params = kw.get("params") or {}
+            asked.append((params.get("limit"), params.get("after")))
+            return call(self, method, path, **kw)
+
+        monkeypatch.setattr(jobs_cli.Client, "call", spy)
+        r = runner.invoke(cli_app, ["history", "--json"], env=env)
+        assert r.exit_code == 0, r.output
+        assert [x["id"] for x in json.loads(r.output)] == [1, 2, 3, 4, 5]
+        assert asked == [(2, None), (2, "2"), (2, "4")]
+    finally:
+        srv.stop()
+        kill_jobs(sd)
