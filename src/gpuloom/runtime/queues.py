@@ -310,11 +310,17 @@ class QueueAdmin:
         name = spec.get("queue")
         if tree is None or name not in tree.index:
             return
+        store = self.service.store
+        everyone: int | None = None  # all pending jobs: a bound that spares reading specs (an index count)
         for n in tree.path[tree.index[name]]:
             q = tree.queues[n]
             if q.max_pending is None:
                 continue
-            have = self.service.store.count_of(PENDING, queues=[tree.queues[k].name for k in tree.subtree(n)])
+            if everyone is None:
+                everyone = store.count_of(PENDING)
+            if everyone + tasks <= q.max_pending:
+                continue
+            have = store.count_of(PENDING, queues=[tree.queues[k].name for k in tree.subtree(n)])
             if have + tasks > q.max_pending:
                 raise LimitExceeded(f"queue {q.name!r} has {have} pending jobs; with {tasks} more that is over its "
                                     f"max_pending of {q.max_pending}: wait for some to start or end")
