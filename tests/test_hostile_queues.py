@@ -203,6 +203,8 @@ def test_a_per_user_open_parent_makes_each_user_a_queue_of_their_own(serve) -> N
         assert tree is not None and tree.names == ["students", "students.alice", "students.bob", "shared"]
     finally:
         store.close()
+    r = client.post("/jobs", json=job(queue="students.j.doe"), headers=h("j.doe"))  # a dotted user name
+    assert r.status_code == 201 and r.json()["queue"] == "students.j.doe"
 
 
 def test_access_fields_are_validated_with_what_and_where() -> None:

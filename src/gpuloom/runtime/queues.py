@@ -94,7 +94,7 @@ class QueueAdmin:
             queue_config_t.create(store.engine, checkfirst=True)
         #: the tree as configured and stored; the stage schedules with it fitted to the cluster (:meth:`refit`)
         self.configured: QueueTree | None = None
-        self._making = threading.Lock()  # per-user queues: made once
+        self._changes = threading.RLock()  # one change at a time: each builds on the tree the last one left
         doc = self._stored()
         if doc is not None and stage.enabled:
             self._use(parse_queues(doc, "stored queues"))
@@ -195,22 +195,27 @@ class QueueAdmin:
         return self.configured if self.tree is not None and self.configured is not None else QueueTree([])
 
     def set_queue(self, q: Queue) -> QueueTree:
-        return self.commit(self._base().with_queue(q))
+        with self._changes:
+            return self.commit(self._base().with_queue(q))
 
     def delete_queue(self, name: str) -> QueueTree:
-        base = self._base()
-        if name not in base.index:
-            raise KeyError(name)
-        return self.commit(base.without_queue(name))
+        with self._changes:
+            base = self._base()
+            if name not in base.index:
+                raise KeyError(name)
+            return self.commit(base.without_queue(name))
 
     def set_user(self, user: str, queue: str | None) -> QueueTree:
-        return self.commit(self._base().with_user(user, queue))
+        with self._changes:
+            return self.commit(self._base().with_user(user, queue))
 
     def set_default(self, queue: str | None) -> QueueTree:
-        return self.commit(self._base().with_default(queue))
+        with self._changes:
+            return self.commit(self._base().with_default(queue))
 
     def set_group(self, group: str, users: Sequence[str] | None) -> QueueTree:
-        return self.commit(self._base().with_group(group, users))
+        with self._changes:
+            return self.commit(self._base().with_group(group, users))
 
     # -- submissions --------------------------------------------------------------------------------
     def assign(self, spec: dict[str, Any], user: str, admin: bool = False) -> dict[str, Any]:
@@ -256,16 +261,14 @@ class QueueAdmin:
         i = tree.index.get(name)
         if i is not None:
             return i if tree.queues[i].per_user else -1
-        head, dot, tail = name.rpartition(".")
-        p = tree.index.get(head) if dot and tail == user else None
-        return p if p is not None and tree.queues[p].per_user else -1
+        return next((k for k, q in enumerate(tree.queues) if q.per_user and name == f"{q.name}.{user}"), -1)
 
     def _own_queue(self, parent: int, user: str) -> tuple[QueueTree, str]:
         """(the tree, ``user``'s queue under per-user queue ``parent``), made and stored on first use."""
         tree = self.tree
         assert tree is not None and self.configured is not None
         want = tree.per_user_queue(parent, user)
-        with self._making:
+        with self._changes:
             tree = self.tree
             assert tree is not None and self.configured is not None
             i = tree.index.get(want.name)
