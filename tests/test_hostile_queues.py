@@ -361,3 +361,14 @@ def test_history_command_fetches_page_by_page(tmp_path: Path, monkeypatch: pytes
     finally:
         srv.stop()
         kill_jobs(sd)
+
+
+def test_limit_options_are_checked() -> None:
+    for kw, msg in (({"max_pending": 0}, "--max-pending must be >= 1, got 0"),
+                    ({"max_array_size": 10_001}, "--max-array-size must be within 1..10000, got 10001"),
+                    ({"rate": float("inf")}, "--submit-rate must be > 0 per second, got inf"),
+                    ({"burst": 0}, "--submit-burst must be >= 1, got 0"),
+                    ({"max_priority": 10**9 + 1}, "--max-priority must be within ±1000000000, got 1000000001")):
+        with pytest.raises(ValueError) as e:
+            SubmitLimits(**kw)
+        assert str(e.value) == msg
