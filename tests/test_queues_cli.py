@@ -80,6 +80,21 @@ def test_serve_queues_submit_and_usage(tmp_path: Path) -> None:
         run("queues", "user", "carol", "ops", env=env)
         out = json.loads(run("queues", "--json", env=env))
         assert out["users"] == {"alice": "vision", "bob": "nlp", "carol": "ops"}
+        # who may submit, and the queue's own limits
+        run("queues", "group", "cv", "carol", "dave", env=env)
+        run("queues", "set", "ops", "--guarantee", "1", "--user", "erin", "--group", "cv", "--max-priority", "5",
+            "--max-pending", "100", env=env)
+        run("queues", "set", "lab", "--per-user", "--per-user-limit", "1", env=env)
+        out = json.loads(run("queues", "--json", env=env))
+        rows = {q["name"]: q for q in out["queues"]}
+        assert out["groups"] == {"cv": ["carol", "dave"]}
+        assert {k: rows["ops"].get(k) for k in ("users", "groups", "max_priority", "max_pending", "open")} == \
+            {"users": ["erin"], "groups": ["cv"], "max_priority": 5, "max_pending": 100, "open": None}
+        assert (rows["lab"]["per_user"], rows["lab"]["per_user_limit"]) == (True, {"gpus": 1.0})
+        table = run("queues", env=env)
+        assert "erin @cv prio<=5 pend<=100" in table and "per-user (limit 1)" in table
+        gone = runner.invoke(app, ["queues", "group", "cv", "-"], env=env)
+        assert gone.exit_code == 2 and "queue 'ops': no group 'cv'" in gone.output
         denied = runner.invoke(app, ["queues", "delete", "shared"], env=env)
         assert denied.exit_code == 2 and "active jobs would have no queue" in denied.output
     finally:

@@ -155,3 +155,19 @@ def test_second_serve_on_the_same_postgres_exits_and_nul_bytes_get_422(pg_url: s
         assert httpx.get(s.url + "/jobs/9223372036854775808", headers=h).status_code == 422
     finally:
         s.stop()
+
+
+def test_submission_limits_count_on_postgres(pg_url: str) -> None:
+    """What the pending limits count (per user, per queue: the spec's JSON) reads the same on PostgreSQL."""
+    store = Store(pg_url)
+    try:
+        before = store.count_of(["standby"], queues=["qa", "qb"])
+        store.add_jobs([{"command": "x", "gpus": 1, "queue": "qa"}] * 3, "pg-alice", "standby")
+        store.add_jobs([{"command": "x", "gpus": 1, "queue": "qb"}] * 2, "pg-bob", "standby")
+        store.add_jobs([{"command": "x", "gpus": 1}], "pg-bob", "running")
+        assert store.count_of(["standby"], user="pg-alice") == 3
+        assert store.count_of(["standby", "running"], user="pg-bob") == 3
+        assert store.count_of(["standby"], queues=["qa", "qb"]) - before == 5
+        assert store.count_of(["standby"], user="pg-bob", queues=["qa"]) == 0
+    finally:
+        store.close()

@@ -32,6 +32,7 @@ from .common import console, err_console, plain
 from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt, load_job_file
 
 ACTIVE_CODES = ("PD", "R", "CG")
+HISTORY_PAGE = 1000  # records per /history request
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -276,7 +277,11 @@ def history(
         return
     if state:
         params["state"] = state
-    recs = Client(url, token, state_dir).call("GET", "/history", params=params)
+    client = Client(url, token, state_dir)
+    params["limit"] = HISTORY_PAGE
+    recs = client.call("GET", "/history", params=params)
+    while client.last is not None and client.last.headers.get("X-Next-After"):  # the next page
+        recs += client.call("GET", "/history", params={**params, "after": client.last.headers["X-Next-After"]})
     if as_json:
         _print_json(recs)
         return

@@ -17,7 +17,12 @@ Service (Slurm's ``sacctmgr``/``sshare``, Kueue's ClusterQueues):
 ``gpuloom queues delete NAME``     remove a queue without sub-queues (admin)
 ``gpuloom queues user USER QUEUE`` a user's default queue (admin; ``-`` clears)
 ``gpuloom queues default QUEUE``   the queue of jobs that name none (admin)
+``gpuloom queues group NAME U...`` a group's members (admin; ``-`` removes it)
 =================================  ============================================
+
+``queues set`` also says who may submit (``--user``, ``--group``, ``--open``)
+and the queue's limits (``--max-priority``, ``--max-pending``,
+``--per-user`` with ``--per-user-limit``): see :mod:`gpuloom.core.queues`.
 """
 
 from __future__ import annotations
@@ -130,16 +135,31 @@ def print_usage(rows: list[dict[str, Any]]) -> None:
                                                        default=5) + 2)
     for c in ("GPUS", "QUOTA", "LIMIT", "OVER", "WEIGHT", "RUN", "PEND"):
         t.add_column(c, justify="right", no_wrap=True)
+    t.add_column("ACCESS")
     t.add_column("REASONS")
     for r in rows:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.get("reasons", {}).items()))
         name = ("  " * r.get("depth", 0)) + r["name"] + (" *" if r.get("default") else "")
         t.add_row(name, _num(r["used"]["gpus"]), _num(r["guarantee"].get("gpus")), _num(r["limit"].get("gpus")),
                   _num(r.get("borrowed")), _num(r["weight"]), str(r.get("running", 0)), str(r.get("pending", 0)),
-                  reasons)
+                  access(r), reasons)
     console.print(t)
     console.print("[dim]GPUS held / QUOTA guaranteed / LIMIT at most; OVER: held beyond the quota (borrowed); "
-                  "* the default queue[/]")
+                  "* the default queue; ACCESS: who may submit besides those below it inherit[/]")
+
+
+def access(r: Mapping[str, Any]) -> str:
+    """Who may submit to a queue, and its own limits, in a few words."""
+    parts = ["open"] if r.get("open") else []
+    if r.get("per_user"):
+        parts.append("per-user" + (f" (limit {_num(r['per_user_limit'].get('gpus'))})" if r.get("per_user_limit")
+                                   else ""))
+    parts += list(r.get("users") or []) + [f"@{g}" for g in r.get("groups") or []]
+    if r.get("max_priority") is not None:
+        parts.append(f"prio<={r['max_priority']}")
+    if r.get("max_pending") is not None:
+        parts.append(f"pend<={r['max_pending']}")
+    return " ".join(parts)
 
 
 @queues_app.callback()
@@ -177,9 +197,18 @@ def queues_set(
     weight: Annotated[float, typer.Option(help="Weight among its siblings.")] = 1.0,
     cpus: Annotated[float | None, typer.Option(help="Guaranteed CPU cores.")] = None,
     mem_gb: Annotated[float | None, typer.Option(help="Guaranteed memory (GB).")] = None,
+    users: Annotated[list[str] | None, typer.Option("--user", help="A user who may submit (repeatable).")] = None,
+    groups: Annotated[list[str] | None, typer.Option("--group", help="A group whose users may submit (repeatable).")]
+    = None,
+    open_: Annotated[bool, typer.Option("--open", help="Everyone may submit (and to the queues below).")] = False,
+    max_priority: Annotated[int | None, typer.Option(help="Highest priority users may give a job here.")] = None,
+    max_pending: Annotated[int | None, typer.Option(help="Jobs that may wait in it (and below it) at once.")] = None,
+    per_user: Annotated[bool, typer.Option("--per-user", help="Each user gets a queue of their own under it.")]
+    = False,
+    per_user_limit: Annotated[float | None, typer.Option(help="GPUs each per-user queue may hold.")] = None,
     url: UrlOpt = None, token: TokenOpt = None, state_dir: StateDirOpt = None, as_json: JsonOpt = False,
 ) -> None:
-    """Create or change a queue (admin)."""
+    """Create or change a queue (admin): every field as given, the rest to its default."""
     g: dict[str, float] = {}
     if guarantee is not None:
         g["gpus"] = guarantee
@@ -192,6 +221,12 @@ def queues_set(
         body["parent"] = parent
     if limit is not None:
         body["limit"] = {"gpus": limit}
+    body.update(users=users or [], groups=groups or [], open=open_, per_user=per_user)
+    for key, v in (("max_priority", max_priority), ("max_pending", max_pending)):
+        if v is not None:
+            body[key] = v
+    if per_user_limit is not None:
+        body["per_user_limit"] = {"gpus": per_user_limit}
     out = _client(url, token, state_dir).call("PUT", f"/queues/{name}", json=body)
     if as_json:
         console.print_json(json.dumps(out))
@@ -223,3 +258,13 @@ def queues_default(queue: Annotated[str, typer.Argument(help="Queue of jobs that
     """Set the queue of jobs that name none and whose user has no default (admin)."""
     _client(url, token, state_dir).call("PUT", "/queue-default", json={"queue": None if queue == "-" else queue})
     console.print(f"default queue: {queue}", highlight=False)
+
+
+@queues_app.command("group")
+def queues_group(group: Annotated[str, typer.Argument(help="Group name.")],
+                 users: Annotated[list[str], typer.Argument(help="Its users ('-' removes the group).")],
+                 url: UrlOpt = None, token: TokenOpt = None, state_dir: StateDirOpt = None) -> None:
+    """Set a group's members: queues that name the group take them (admin)."""
+    gone = users == ["-"]
+    _client(url, token, state_dir).call("PUT", f"/groups/{group}", json={"users": None if gone else users})
+    console.print(f"group {group}: {'removed' if gone else ', '.join(users)}", highlight=False)

@@ -130,6 +130,15 @@ def serve(
         help="GPU device files, one per GPU in index order, that jobs may open only their own of (devices cgroup): "
              "auto (/dev/nvidia<minor> of discovered GPUs; none for a declared inventory), none, or a "
              "comma-separated list such as /dev/nvidia0,/dev/nvidia1.")] = "auto",
+    max_pending: Annotated[int, typer.Option(
+        help="Pending jobs a user may have (an array counts as its tasks; admins exempt).")] = 5000,
+    max_array_size: Annotated[int, typer.Option(
+        help="Tasks in one array, and indices below it (Slurm's MaxArraySize).")] = 1001,
+    submit_rate: Annotated[float, typer.Option(
+        help="Submissions per second a user may make, sustained (429 beyond; admins exempt).")] = 10.0,
+    submit_burst: Annotated[int, typer.Option(help="Submissions a user may make at once.")] = 50,
+    max_priority: Annotated[int, typer.Option(
+        help="Highest priority a user may give a job where no queue sets max_priority (admins: any).")] = 0,
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -158,6 +167,12 @@ def serve(
             keep_s = parse_duration(keep_finished, "--keep-finished")
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+    from ..runtime.admission import Limiter, SubmitLimits
+
+    try:
+        limits = SubmitLimits(max_pending, max_array_size, submit_rate, submit_burst, max_priority)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     sd = state_dir_path(state_dir)
     try:
         private_dir(sd, 0o700)
@@ -258,6 +273,7 @@ def serve(
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    svc.limits = Limiter(limits, svc.clock.monotonic)
     with user_errors():
         if queues is not None:
             svc.queues.configure(load_queue_file(queues))

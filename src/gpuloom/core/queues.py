@@ -38,6 +38,32 @@ A tree is written as (TOML; the same mapping comes from the service's store)::
     parent = "research"
     guarantee = 8
 
+**Who may submit** (the service reads these; the simulator ignores them, so
+a tree gives the same results with or without them): a queue lists ``users``
+and ``groups`` (defined in the tree's ``[groups]`` table, group = [users]);
+membership is inherited down the tree; a user's ``[users]`` default queue makes
+them a member of it; the ``default`` queue and every queue marked ``open``
+(and what is below it) take everyone.  ``max_priority`` caps the priority a
+user may give a job (inherited down the tree), ``max_pending`` the jobs waiting
+in a queue (its subtree).  A ``per_user`` queue is an open parent: each user who
+may submit to it (everyone when it lists no users or groups) gets a child queue
+``<parent>.<user>`` of their own on first submission, weight 1, no guarantee of
+its own, limited to ``per_user_limit``; a child of a per-user queue takes only
+the users it lists::
+
+    [groups]
+    cv = ["alice", "carol"]
+    [[queue]]
+    name = "vision"
+    parent = "research"
+    groups = ["cv"]
+    max_priority = 100
+    [[queue]]
+    name = "students"
+    guarantee = 2
+    per_user = true
+    per_user_limit = 1
+
 No I/O: :func:`parse_queues` reads a mapping; the faces read files.
 """
 
@@ -45,7 +71,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cluster import Cluster
@@ -79,15 +105,27 @@ class Quota:
         return self.gpus is None and self.cpus is None and self.mem_mb is None
 
 
+#: the priorities a job may have (the API's bound); ``max_priority`` lies within them
+MAX_PRIORITY = 10**9
+
+
 @dataclass(frozen=True, slots=True)
 class Queue:
-    """One queue: ``parent`` None puts it at the top level."""
+    """One queue: ``parent`` None puts it at the top level.  The fields after ``weight`` are the
+    service's access rules and limits (see the module notes); scheduling ignores them."""
 
     name: str
     parent: str | None = None
     guarantee: Quota = field(default_factory=Quota)
     limit: Quota = field(default_factory=Quota)
     weight: float = 1.0
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    open: bool = False
+    max_priority: int | None = None
+    max_pending: int | None = None
+    per_user: bool = False
+    per_user_limit: Quota = field(default_factory=Quota)
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name}
@@ -98,6 +136,17 @@ class Queue:
         if not self.limit.empty:
             d["limit"] = self.limit.as_dict()
         d["weight"] = self.weight
+        for key in ("users", "groups"):
+            if getattr(self, key):
+                d[key] = list(getattr(self, key))
+        for key in ("open", "per_user"):
+            if getattr(self, key):
+                d[key] = True
+        for key in ("max_priority", "max_pending"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        if not self.per_user_limit.empty:
+            d["per_user_limit"] = self.per_user_limit.as_dict()
         return d
 
 
@@ -111,7 +160,8 @@ class QueueTree:
     """
 
     def __init__(self, queues: Sequence[Queue], default: str | None = None,
-                 users: Mapping[str, str] | None = None, where: str = "queues") -> None:
+                 users: Mapping[str, str] | None = None, where: str = "queues",
+                 groups: Mapping[str, Iterable[str]] | None = None) -> None:
         self.where = where
         names = [q.name for q in queues]
         seen: set[str] = set()
@@ -123,7 +173,8 @@ class QueueTree:
             seen.add(q.name)
             if not (q.weight > 0 and math.isfinite(q.weight)):
                 raise QueueError(f"{where}: queue {q.name!r}: weight must be a positive number, got {q.weight}")
-            for label, quota in (("guarantee", q.guarantee), ("limit", q.limit)):
+            _check_access(q, where)
+            for label, quota in (("guarantee", q.guarantee), ("limit", q.limit), ("per_user_limit", q.per_user_limit)):
                 for res, v in zip(RESOURCES, (quota.gpus, quota.cpus, quota.mem_mb), strict=True):
                     if v is not None and not (v >= 0):
                         raise QueueError(f"{where}: queue {q.name!r}: {label} {res} must be >= 0, got {v}")
@@ -205,8 +256,22 @@ class QueueTree:
         self.users = dict(users or {})
         self.default = default
         for who, qn in [("default", default), *((f"user {u!r}", q) for u, q in self.users.items())]:
-            if qn is not None:
+            if qn is None:
+                continue
+            k = self.index.get(qn)
+            if k is None or not self.queues[k].per_user:  # a per-user queue's jobs go to a child made for them
                 self.leaf_index(qn, f"{where}: {who}")
+        self.groups: dict[str, frozenset[str]] = {}
+        for gname, members in (groups or {}).items():
+            if not isinstance(gname, str) or not gname or isinstance(members, str) or not all(
+                    isinstance(m, str) and m for m in members):
+                raise QueueError(f"{where}: group {gname!r}: expected a list of user names")
+            self.groups[gname] = frozenset(members)
+        for q in self.queues:
+            for gname in q.groups:
+                if gname not in self.groups:
+                    raise QueueError(f"{where}: queue {q.name!r}: no group {gname!r} "
+                                     f"(groups: {', '.join(sorted(self.groups)) or 'none'})")
 
     # -- look-ups -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -250,6 +315,62 @@ class QueueTree:
                              f"no default queue (queues: {', '.join(self.leaf_names)})")
         return self.leaf_index(name, f"job {job_id}")
 
+    # -- who may submit (the service's; see the module notes) --------------------------------------
+    def per_user_parent(self, i: int) -> int:
+        """The index of ``i``'s parent if that is a per-user queue, else -1."""
+        p = self.parent[i]
+        return p if p >= 0 and self.queues[p].per_user else -1
+
+    def member(self, user: str, i: int) -> bool:
+        """Whether ``user`` may submit to queue ``i`` (a leaf; a per-user parent: may have a queue under it)."""
+        if self.per_user_parent(i) >= 0:  # someone's own queue: only the users it lists
+            return user in self.queues[i].users
+        if self.queues[i].name == self.default or self.users.get(user) == self.queues[i].name:
+            return True
+        q = self.queues[i]
+        if q.per_user and not q.users and not q.groups:  # an open parent: anyone gets a queue of their own
+            return True
+        for n in self.path[i]:
+            q = self.queues[n]
+            if q.open or user in q.users or any(user in self.groups[g] for g in q.groups):
+                return True
+        return False
+
+    def members(self, i: int) -> str:
+        """Who may submit to queue ``i``, in words (for a refusal's message)."""
+        found = []
+        for n in self.path[i]:
+            q = self.queues[n]
+            users = [*q.users, *(u for u, d in self.users.items() if n == i and d == q.name and u not in q.users)]
+            if users:
+                found.append(f"users {', '.join(users)}")
+            if q.groups:
+                found.append(f"groups {', '.join(q.groups)}")
+        return "; ".join(found) or "no one named"
+
+    def priority_limit(self, i: int) -> tuple[int, str] | None:
+        """The ``max_priority`` nearest ``i`` on its path (its own, else its parent's, ...) and the queue that
+        sets it, or None."""
+        for n in reversed(self.path[i]):
+            mp = self.queues[n].max_priority
+            if mp is not None:
+                return mp, self.queues[n].name
+        return None
+
+    def subtree(self, i: int) -> list[int]:
+        """``i`` and every queue below it."""
+        out, todo = [], [i]
+        while todo:
+            n = todo.pop()
+            out.append(n)
+            todo.extend(self.children[n])
+        return out
+
+    def per_user_queue(self, parent: int, user: str) -> Queue:
+        """The queue ``<parent>.<user>`` a per-user parent makes for ``user`` (see the module notes)."""
+        p = self.queues[parent]
+        return Queue(f"{p.name}.{user}", p.name, Quota(), p.per_user_limit, 1.0, users=(user,))
+
     def check_capacity(self, cluster: Cluster) -> None:
         """The top-level guarantees must fit the cluster (else no guarantee can be honoured)."""
         caps = (cluster.num_gpus, cluster.total_cpus, cluster.total_mem_mb)
@@ -276,9 +397,9 @@ class QueueTree:
         def scaled(q: Queue) -> Queue:
             g = [None if v is None else v * f for v, f in zip((q.guarantee.gpus, q.guarantee.cpus, q.guarantee.mem_mb),
                                                                scale, strict=True)]
-            return Queue(q.name, q.parent, Quota(*g), q.limit, q.weight)
+            return replace(q, guarantee=Quota(*g))
 
-        return QueueTree([scaled(q) for q in self.queues], self.default, self.users, self.where)
+        return self._copy([scaled(q) for q in self.queues])
 
     # -- (de)serialisation ---------------------------------------------------------------------
     def as_mapping(self) -> dict[str, Any]:
@@ -287,14 +408,36 @@ class QueueTree:
             d["default"] = self.default
         if self.users:
             d["users"] = dict(self.users)
+        if self.groups:
+            d["groups"] = {g: sorted(m) for g, m in self.groups.items()}
         return d
+
+    def _copy(self, queues: Sequence[Queue] | None = None, default: Any = "", users: Mapping[str, str] | None = None,
+              groups: Mapping[str, Iterable[str]] | None = None) -> QueueTree:
+        """A validated copy with what is given changed (``default=""``: unchanged)."""
+        return QueueTree(self.queues if queues is None else queues, self.default if default == "" else default,
+                         self.users if users is None else users, self.where, self.groups if groups is None else groups)
 
     def with_queue(self, q: Queue) -> QueueTree:
         """A copy with ``q`` added, or replacing the queue of that name (validated)."""
         qs = [x for x in self.queues if x.name != q.name]
         at = next((k for k, x in enumerate(self.queues) if x.name == q.name), len(qs))
         qs.insert(at, q)
-        return QueueTree(qs, self.default, self.users, self.where)
+        return self._copy(qs)
+
+    def with_default(self, queue: str | None) -> QueueTree:
+        return self._copy(default=queue)
+
+    def with_group(self, group: str, users: Sequence[str] | None) -> QueueTree:
+        """A copy with ``group``'s members set (None removes it; a queue that names it must not remain)."""
+        groups: dict[str, Iterable[str]] = dict(self.groups)
+        if users is None:
+            if group not in groups:
+                raise QueueError(f"{self.where}: no group {group!r}")
+            groups.pop(group)
+        else:
+            groups[group] = list(users)
+        return self._copy(groups=groups)
 
     def without_queue(self, name: str) -> QueueTree:
         if name not in self.index:
@@ -303,8 +446,8 @@ class QueueTree:
         if kids:
             raise QueueError(f"{self.where}: queue {name!r} has sub-queues ({', '.join(kids)}); remove them first")
         users = {u: q for u, q in self.users.items() if q != name}
-        return QueueTree([x for x in self.queues if x.name != name], None if self.default == name else self.default,
-                         users, self.where)
+        return self._copy([x for x in self.queues if x.name != name], None if self.default == name else self.default,
+                          users)
 
     def with_user(self, user: str, queue: str | None) -> QueueTree:
         users = dict(self.users)
@@ -312,7 +455,7 @@ class QueueTree:
             users.pop(user, None)
         else:
             users[user] = queue
-        return QueueTree(self.queues, self.default, users, self.where)
+        return self._copy(users=users)
 
     @classmethod
     def flat(cls, names: Iterable[str], weights: Mapping[str, float] | None = None,
@@ -325,7 +468,8 @@ class QueueTree:
 
 
 # -- reading a mapping (TOML, JSON, the store) ------------------------------------------------------
-_QUEUE_KEYS = ("name", "parent", "guarantee", "limit", "weight")
+_QUEUE_KEYS = ("name", "parent", "guarantee", "limit", "weight", "users", "groups", "open", "max_priority",
+               "max_pending", "per_user", "per_user_limit")
 _QUOTA_KEYS = {"gpus": 1.0, "cpus": 1.0, "mem_mb": 1.0, "mem_gb": 1000.0}  # MB = 10^6 bytes, GB = 10^9
 
 
@@ -352,12 +496,13 @@ def parse_quota(value: Any, where: str) -> Quota:
 
 
 def parse_queues(data: Mapping[str, Any], where: str = "queues") -> QueueTree:
-    """A :class:`QueueTree` from ``{"queue": [...], "default": ..., "users": {...}}`` (see the module notes)."""
+    """A :class:`QueueTree` from ``{"queue": [...], "default": ..., "users": {...}, "groups": {...}}`` (see the
+    module notes)."""
     if not isinstance(data, Mapping):
         raise QueueError(f"{where}: expected a table with [[queue]] entries")
-    unknown = sorted(set(data) - {"queue", "queues", "default", "users"})
+    unknown = sorted(set(data) - {"queue", "queues", "default", "users", "groups"})
     if unknown:
-        raise QueueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: queue, default, users")
+        raise QueueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: queue, default, users, groups")
     raw = data.get("queue", data.get("queues"))
     if not isinstance(raw, list) or not raw:
         raise QueueError(f"{where}: expected one or more [[queue]] tables")
@@ -379,14 +524,59 @@ def parse_queues(data: Mapping[str, Any], where: str = "queues") -> QueueTree:
             raise QueueError(f"{at}: parent must be a queue name")
         weight = _number(q.get("weight", 1.0), f"{at}: weight")
         queues.append(Queue(name.strip(), parent, parse_quota(q.get("guarantee"), f"{at}: guarantee"),
-                            parse_quota(q.get("limit"), f"{at}: limit"), weight))
+                            parse_quota(q.get("limit"), f"{at}: limit"), weight,
+                            users=_names(q.get("users"), f"{at}: users"), groups=_names(q.get("groups"), f"{at}: groups"),
+                            open=_flag(q.get("open"), f"{at}: open"),
+                            max_priority=_whole(q.get("max_priority"), f"{at}: max_priority"),
+                            max_pending=_whole(q.get("max_pending"), f"{at}: max_pending"),
+                            per_user=_flag(q.get("per_user"), f"{at}: per_user"),
+                            per_user_limit=parse_quota(q.get("per_user_limit"), f"{at}: per_user_limit")))
     users = data.get("users") or {}
     if not isinstance(users, Mapping) or not all(isinstance(v, str) for v in users.values()):
         raise QueueError(f"{where}: users must be a table of user = \"queue\"")
     default = data.get("default")
     if default is not None and not isinstance(default, str):
         raise QueueError(f"{where}: default must be a queue name")
-    return QueueTree(queues, default, {str(k): v for k, v in users.items()}, where)
+    groups = data.get("groups") or {}
+    if not isinstance(groups, Mapping):
+        raise QueueError(f"{where}: groups must be a table of group = [\"user\", ...]")
+    return QueueTree(queues, default, {str(k): v for k, v in users.items()}, where,
+                     {str(g): _names(m, f"{where}: group {g!r}") for g, m in groups.items()})
+
+
+def _names(v: Any, what: str) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list | tuple) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise QueueError(f"{what} must be a list of names, got {v!r}")
+    return tuple(x.strip() for x in v)
+
+
+def _flag(v: Any, what: str) -> bool:
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise QueueError(f"{what} must be true or false, got {v!r}")
+    return v
+
+
+def _whole(v: Any, what: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise QueueError(f"{what} must be a whole number, got {v!r}")
+    return v
+
+
+def _check_access(q: Queue, where: str) -> None:
+    """A queue's access fields, as :class:`Queue` holds them (built by hand or parsed)."""
+    at = f"{where}: queue {q.name!r}"
+    if q.max_priority is not None and not -MAX_PRIORITY <= q.max_priority <= MAX_PRIORITY:
+        raise QueueError(f"{at}: max_priority must be within ±{MAX_PRIORITY}, got {q.max_priority}")
+    if q.max_pending is not None and q.max_pending < 0:
+        raise QueueError(f"{at}: max_pending must be >= 0, got {q.max_pending}")
+    if not q.per_user and not q.per_user_limit.empty:
+        raise QueueError(f"{at}: per_user_limit needs per_user = true")
 
 
 # -- usage ----------------------------------------------------------------------------------------

@@ -1,20 +1,51 @@
-"""What the service refuses at submission (and fails at recovery): jobs that can never run.
+"""What the service refuses at submission (and fails at recovery): jobs that can never run, and
+submissions over a limit.
 
 Everything a round will need is checked here, so one job cannot fail the
 rounds of everyone: sizes against the cluster (:func:`refuse_reason`), the
 fields elastic sizing and Muri grouping read (:func:`check_policy_fields`),
 and where the job's checkpoints go (:func:`check_checkpoint_dir`: under an
 allowed root, creatable by the job's OS account).
+
+**Limits** (:class:`SubmitLimits`, ``serve`` options; :class:`Limiter` applies
+them), so that no user can make every round slow or fill the store:
+
+* **submissions per second** per user: a token bucket (``rate`` per second,
+  ``burst`` at once); over it: 429 with ``Retry-After``.  A request counts
+  once, an array too;
+* **pending jobs** per user (queued: waiting, standby), an array counting as
+  its number of tasks: 403 naming the limit; the queue tree's ``max_pending``
+  per queue likewise (:meth:`.queues.QueueAdmin.check_pending`);
+* **array size**: at most ``max_array_size`` tasks, indices below it (Slurm's
+  ``MaxArraySize``, default 1001): 422 on the ``array`` field.
+
+Admin tokens are exempt from the rate and pending limits (an operator's bulk
+work), not from the array size (it bounds what one request makes the server
+store and walk).  The count and the insert happen under one lock, so
+concurrent submissions cannot pass the limit together.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..core.cluster import Cluster
+from ..core.lifecycle import JobState
 from .identity import Account, creatable
+
+if TYPE_CHECKING:
+    from .store import Store
+
+#: the states a pending limit counts: queued, holding nothing (the service's QUEUED_STATES)
+PENDING = (JobState.WAITING_FOR_INITIAL_CONTACT.value, JobState.WAITING_FOR_INITIAL_RESOURCE.value,
+           JobState.STANDBY.value)
 
 
 class SubmitError(ValueError):
@@ -126,3 +157,109 @@ def check_checkpoint_dir(path: str, roots: Sequence[str | Path], account: Accoun
     if why is not None:
         raise SubmitError(f"checkpoint_dir {path!r} cannot be created by the job's account: {why}",
                           "checkpoint_dir", "not_allowed")
+
+
+# -- limits on submissions ---------------------------------------------------------------------------
+class LimitExceeded(Exception):
+    """A submission over a limit: HTTP ``status`` (403, 429) with ``headers`` (``Retry-After``)."""
+
+    def __init__(self, msg: str, status: int = 403, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(msg)
+        self.status = status
+        self.headers = dict(headers or {})
+
+
+@dataclass(frozen=True)
+class SubmitLimits:
+    """The service's submission limits (``serve`` options; see the module notes)."""
+
+    max_pending: int = 5000  # queued jobs per user; an array counts as its tasks
+    max_array_size: int = 1001  # tasks in one array, indices below it (Slurm's MaxArraySize)
+    rate: float = 10.0  # submissions per second per user, sustained
+    burst: int = 50  # submissions at once per user
+    max_priority: int = 0  # the highest priority a user may give a job where no queue sets max_priority
+
+    def __post_init__(self) -> None:
+        from ..core.queues import MAX_PRIORITY
+        from .deps import MAX_ARRAY
+
+        if self.max_pending < 1:
+            raise ValueError(f"--max-pending must be >= 1, got {self.max_pending}")
+        if not 1 <= self.max_array_size <= MAX_ARRAY:
+            raise ValueError(f"--max-array-size must be within 1..{MAX_ARRAY}, got {self.max_array_size}")
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError(f"--submit-rate must be > 0 per second, got {self.rate}")
+        if self.burst < 1:
+            raise ValueError(f"--submit-burst must be >= 1, got {self.burst}")
+        if not -MAX_PRIORITY <= self.max_priority <= MAX_PRIORITY:
+            raise ValueError(f"--max-priority must be within ±{MAX_PRIORITY}, got {self.max_priority}")
+
+
+def array_tasks(spec: Mapping[str, Any], max_size: int) -> int:
+    """How many jobs ``spec`` makes (its array's tasks, else 1); :class:`SubmitError` on ``array`` over
+    ``max_size`` tasks or with an index of ``max_size`` or more."""
+    text = spec.get("array")
+    if text is None:
+        return 1
+    from .deps import parse_array
+
+    try:
+        tasks, _ = parse_array(text)
+    except ValueError as e:
+        raise SubmitError(str(e), "array", "bad_array") from None
+    if len(tasks) > max_size or tasks[-1] >= max_size:
+        what = f"{len(tasks)} tasks" if len(tasks) > max_size else f"index {tasks[-1]}"
+        raise SubmitError(f"array: {what} is over this service's max_array_size of {max_size} (at most {max_size} "
+                          f"tasks, indices 0-{max_size - 1}; serve --max-array-size)", "array", "max_array_size")
+    return len(tasks)
+
+
+class Limiter:
+    """Applies :class:`SubmitLimits`: the rate (:meth:`rate`), then array size and pending jobs around the
+    store's insert (:meth:`admitting`)."""
+
+    def __init__(self, limits: SubmitLimits, monotonic: Callable[[], float]) -> None:
+        self.limits = limits
+        self.monotonic = monotonic
+        self.buckets: dict[str, tuple[float, float]] = {}  # user -> (tokens, when)
+        self._buckets_lock = threading.Lock()
+        self.lock = threading.Lock()  # count + insert, for every limited submission
+
+    def rate(self, user: str, admin: bool) -> None:
+        """Take one token of ``user``'s bucket, or :class:`LimitExceeded` (429) saying when to retry."""
+        if admin:
+            return
+        lim = self.limits
+        now = self.monotonic()
+        with self._buckets_lock:
+            tokens, then = self.buckets.get(user, (float(lim.burst), now))
+            tokens = min(float(lim.burst), tokens + (now - then) * lim.rate)
+            if tokens < 1.0:
+                self.buckets[user] = (tokens, now)
+                wait = max(1, math.ceil((1.0 - tokens) / lim.rate))
+                raise LimitExceeded(f"too many submissions: at most {lim.rate:g} per second per user (bursts of "
+                                    f"{lim.burst}; serve --submit-rate/--submit-burst); retry in {wait} s, or "
+                                    "submit many jobs as one array", 429, {"Retry-After": str(wait)})
+            self.buckets[user] = (tokens - 1.0, now)
+
+    @contextmanager
+    def admitting(self, store: Store, spec: Mapping[str, Any], owner: str, admin: bool, key: str | None = None,
+                  queue_check: Callable[[Mapping[str, Any], int], None] | None = None) -> Iterator[None]:
+        """Check the array size, then (unless ``admin``, or ``key`` names a job already made: a retry) the
+        owner's pending jobs and ``queue_check(spec, tasks)``; the body inserts while no other limited
+        submission can count."""
+        tasks = array_tasks(spec, self.limits.max_array_size)
+        if admin:
+            yield
+            return
+        with self.lock:
+            if key is None or store.job_for_key(owner, key) is None:
+                pending = store.count_of(PENDING, user=owner)
+                cap = self.limits.max_pending
+                if pending + tasks > cap:
+                    raise LimitExceeded(f"user {owner!r} has {pending} pending jobs; with {tasks} more that is over "
+                                        f"this service's max_pending of {cap} per user (serve --max-pending): wait "
+                                        "for some to start or end, or cancel some")
+                if queue_check is not None:
+                    queue_check(spec, tasks)
+            yield

@@ -61,7 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.lifecycle import JobState
 from ..core.queues import QueueError
-from .admission import NotFound, PermissionDenied, SubmitError
+from .admission import LimitExceeded, NotFound, PermissionDenied, SubmitError
 from .deps import parse_array, parse_dependency
 from .history import array_label, iso, short_state
 from .limits import (
@@ -81,6 +81,7 @@ from .limits import (
 )
 from .privacy import redact_events, redact_job
 from .queue_api import QUEUE_RE, add_queue_routes
+from .queues import QueueDenied
 from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store
@@ -378,6 +379,10 @@ def create_app(service: Service) -> FastAPI:
             raise HTTPException(404, f"no job {job_id}")
         return row
 
+    @app.exception_handler(LimitExceeded)
+    def _over(_req: Request, e: LimitExceeded) -> JSONResponse:
+        return JSONResponse(status_code=e.status, content={"detail": str(e)}, headers=e.headers)
+
     @app.exception_handler(SubmitError)
     def _refused(_req: Request, e: SubmitError) -> JSONResponse:
         return JSONResponse(
@@ -402,20 +407,24 @@ def create_app(service: Service) -> FastAPI:
                ) -> dict[str, Any]:
         t0 = time.perf_counter()
         user, admin = who
+        service.limits.rate(user, admin)  # 429 over the user's submissions per second (:mod:`.admission`)
         spec = body.to_spec()
         owner = spec.pop("user", None) or user
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
         try:
-            spec = service.queues.assign(spec, owner)
+            spec = service.queues.assign(spec, owner, admin)
+        except QueueDenied as e:  # a queue not open to the user, a priority above its limit
+            raise HTTPException(403, str(e)) from None
         except QueueError as e:
             raise HTTPException(422, [{"loc": ["body", "queue"], "msg": str(e), "type": "no_queue"}]) from None
-        if idempotency_key is None:
-            jid = service.submit(spec, owner)
-        else:  # a retry with the same key gets the job the first attempt created
-            jid, new = service.submit_once(spec, owner, idempotency_key)
-            if not new:
-                response.status_code = 200
+        with service.limits.admitting(store, spec, owner, admin, idempotency_key, service.queues.check_pending):
+            if idempotency_key is None:
+                jid = service.submit(spec, owner)
+            else:  # a retry with the same key gets the job the first attempt created
+                jid, new = service.submit_once(spec, owner, idempotency_key)
+                if not new:
+                    response.status_code = 200
         service.telemetry.submit_seconds.observe(time.perf_counter() - t0)
         return job_json(get_row(jid))
 

@@ -15,6 +15,8 @@ resources (a preempted job holds nothing while it waits again), and
 ``gpu_hours`` sums GPUs x hours over its allocations (co-runners sharing GPUs
 each count them).  With ``allocations=True`` the records list those
 allocations: the history a replay of the service in the simulator starts from.
+:func:`history` answers a page of records by job id (``after``, ``limit``):
+the API's ``/history`` answers at most :data:`MAX_HISTORY_PAGE` at once.
 
 Times in JSON are ISO 8601 in UTC (:func:`iso`); :func:`parse_time` reads
 ISO dates and times, Unix seconds, and ages such as ``2h`` (two hours ago).
@@ -30,6 +32,9 @@ from typing import Any
 from ..core.lifecycle import SHORT_STATE, JobState
 from .store import JobRow, Store
 
+HISTORY_PAGE = 1000  # records per /history page unless asked (as /jobs)
+MAX_HISTORY_PAGE = 10_000  # and at most
+_ALLOC_CHUNK = 500  # job ids per query of their allocation records
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -128,17 +133,23 @@ def job_record(row: JobRow, spans: Sequence[Mapping[str, Any]], now: float, allo
 
 def history(store: Store, now: float, user: str | None = None, states: Iterable[str] | None = None,
             since: float | None = None, until: float | None = None, allocations: bool = False,
-            job_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
-    """Accounting records of the jobs that match, by id; ``since``/``until`` keep the jobs active in that window."""
-    rows = store.list_jobs(states, user=user, since=since, until=until)
-    if job_ids is not None:
-        keep = set(job_ids)
-        rows = [r for r in rows if r.id in keep]
+            job_ids: Iterable[int] | None = None, after: int | None = None,
+            limit: int | None = None) -> list[dict[str, Any]]:
+    """Accounting records of the jobs that match, by id: at most ``limit`` after id ``after``;
+    ``since``/``until`` keep the jobs active in that window."""
+    if job_ids is None:
+        rows = store.list_jobs(states, user=user, after_id=after, since=since, until=until, limit=limit)
+    else:  # a few named jobs (the API takes at most 1000): each read by id, then filtered as the query would
+        keep = sorted(i for i in set(job_ids) if after is None or i > after)
+        states = None if states is None else set(states)
+        rows = [r for r in map(store.get_job, keep) if r is not None and (states is None or r.state in states)
+                and (user is None or r.user == user) and (since is None or r.end_time is None or r.end_time >= since)
+                and (until is None or r.submit_time <= until)][:limit]
     spans: dict[int, list[Mapping[str, Any]]] = {r.id: [] for r in rows}
-    if rows:
-        for s in store.allocations([r.id for r in rows] if len(rows) < 500 else None):
-            if s["job_id"] in spans:
-                spans[s["job_id"]].append(s)
+    ids = [r.id for r in rows]
+    for k in range(0, len(ids), _ALLOC_CHUNK):  # only this page's allocation records
+        for s in store.allocations(ids[k:k + _ALLOC_CHUNK]):
+            spans[s["job_id"]].append(s)
     return [job_record(r, spans[r.id], now, allocations) for r in rows]
 
 

@@ -7,7 +7,8 @@
 ``GET /stats/series``          recent samples: GPUs allocated / busy, jobs
                                pending / running (``?since=``)
 ``GET /history``               accounting records (:mod:`.history`), ``?user=
-                               &state=&since=&until=&allocations=true``
+                               &state=&since=&until=&allocations=true``, paged
+                               like ``/jobs``: ``?limit=&after=``, ``X-Next-After``
 ``GET /history/trace``         finished jobs as a replayable trace (:mod:`.export`)
 ``GET /jobs/{id}/allocations`` what the job held, from when to when
 ``GET /jobs/{id}/progress``    its ``GPULOOM_PROGRESS`` points (owner or admin)
@@ -35,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field
 
 from ..core.lifecycle import SHORT_STATE, JobState
-from .history import history, iso, parse_time, span_json
+from .history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, parse_time, span_json
 from .limits import MAX_ID
 from .progress import ProgressError, parse_line
 from .service import Service
@@ -159,16 +160,23 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
             raise HTTPException(422, str(e)) from None
 
     @app.get("/history", tags=["operations"])
-    def hist(who: Auth, user: Annotated[str | None, Query()] = None,
+    def hist(who: Auth, response: Response, user: Annotated[str | None, Query()] = None,
              state: Annotated[list[str] | None, Query(description="states or Slurm codes (CD, F, CA, ...)")] = None,
              since: Annotated[str | None, Query(description="jobs not ended before: ISO, Unix or an age (2h)")] = None,
              until: Annotated[str | None, Query(description="jobs submitted by: ISO, Unix or an age")] = None,
              allocations: bool = False,
              job: Annotated[list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None,
-                            Query(max_length=1000, description="only these job ids")] = None) -> list[dict[str, Any]]:
-        """Accounting (like sacct): start, end, elapsed, GPU-hours, exit code; with the allocations held."""
-        return history(store, now(), user, states_of(state), _time(since, "since"), _time(until, "until"),
-                       allocations, job)
+                            Query(max_length=1000, description="only these job ids")] = None,
+             after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="the page after this job id")] = None,
+             limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_PAGE, description="records per page")]
+             = HISTORY_PAGE) -> list[dict[str, Any]]:
+        """Accounting (like sacct): start, end, elapsed, GPU-hours, exit code; with the allocations held.  A page
+        of at most ``limit`` records by job id after ``after``; a full page names the next in ``X-Next-After``."""
+        recs = history(store, now(), user, states_of(state), _time(since, "since"), _time(until, "until"),
+                       allocations, job, after, limit)
+        if len(recs) == limit:
+            response.headers["X-Next-After"] = str(recs[-1]["id"])
+        return recs
 
     @app.get("/history/trace", tags=["operations"])
     def hist_trace(who: Auth, user: Annotated[str | None, Query()] = None,

@@ -182,9 +182,11 @@ class Service:
         self.last_round_s = 0.0
         self.backoff = Backoff()
         self.gate = Gate(store, self.clock)  # arrays and dependencies (:mod:`.deps`)
+        from .admission import Limiter, SubmitLimits
         from .telemetry import Telemetry
 
         self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
+        self.limits = Limiter(SubmitLimits(), self.clock.monotonic)  # per-user submission limits (:mod:`.admission`)
         self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
 
     def assemble(self, cluster: Cluster, model: ThroughputModel | None = None) -> None:

@@ -560,6 +560,20 @@ class Store:
         with self.lock, self.engine.connect() as c:
             return {str(s): int(n) for s, n in c.execute(q).all()}
 
+    def count_of(self, states: Iterable[str], user: str | None = None, queues: Iterable[str] | None = None) -> int:
+        """Jobs in ``states``, of ``user`` and in ``queues`` (the spec's ``queue``) where given: what the
+        submission limits count (an array's tasks each count)."""
+        from sqlalchemy import JSON, cast, type_coerce
+
+        q = select(func.count()).select_from(jobs_t).where(jobs_t.c.state.in_(list(states)))
+        if user is not None:
+            q = q.where(jobs_t.c.user == user)
+        if queues is not None:  # SQLite reads JSON text as it is; PostgreSQL needs it cast
+            spec = type_coerce(jobs_t.c.spec, JSON) if self.is_sqlite else cast(jobs_t.c.spec, JSON)
+            q = q.where(spec["queue"].as_string().in_(list(queues)))
+        with self.lock, self.engine.connect() as c:
+            return int(c.execute(q).scalar() or 0)
+
     def array_tasks(self, array_id: int) -> list[JobRow]:
         """The tasks of job array ``array_id``, by task index."""
         q = select(jobs_t).where(jobs_t.c.array_id == array_id).order_by(jobs_t.c.array_task)

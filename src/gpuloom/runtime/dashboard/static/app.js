@@ -37,7 +37,8 @@ function sv(tag, attrs, text) {
 class HttpError extends Error {
   constructor(status, msg) { super(msg); this.status = status; }
 }
-async function api(path, opts = {}) {
+// {body, next}: the answer, and the id a paged listing's next page comes after (X-Next-After)
+async function apiCall(path, opts = {}) {
   const token = sessionStorage.getItem(KEY);
   const r = await fetch(path, { ...opts, headers: { ...(opts.headers || {}), Authorization: `Bearer ${token}` } });
   if (r.status === 401) { showLogin("Your token was not accepted."); throw new HttpError(401, "unauthorised"); }
@@ -48,7 +49,19 @@ async function api(path, opts = {}) {
     if (Array.isArray(msg)) msg = msg.map(d => d.msg).join("; ");
     throw new HttpError(r.status, `${r.status}: ${msg}`);
   }
-  return body;
+  return { body, next: r.headers.get("X-Next-After") };
+}
+async function api(path, opts = {}) { return (await apiCall(path, opts)).body; }
+// every page of a paged listing (/history), in order
+async function apiPages(path) {
+  const sep = path.includes("?") ? "&" : "?";
+  let { body: all, next } = await apiCall(path);
+  while (next) {
+    const page = await apiCall(`${path}${sep}after=${encodeURIComponent(next)}`);
+    all = all.concat(page.body);
+    next = page.next;
+  }
+  return all;
 }
 
 // -- formatting ----------------------------------------------------------------------------------
@@ -201,7 +214,7 @@ async function jobPage(main, id) {
 }
 
 async function historyPage(main) {
-  const recs = await api("/history?since=7d");
+  const recs = await apiPages("/history?since=7d");
   main.replaceChildren(el("h2", {}, `History (last 7 days, ${recs.length} jobs)`),
     el("table", { id: "history" }, el("thead", {}, el("tr", {}, ["JOBID", "NAME", "USER", "QUEUE", "ST", "SUBMIT", "START",
       "END", "ELAPSED", "GPUS", "GPU-HOURS", "EXIT", "REASON"].map(h => el("th", {}, h)))),
