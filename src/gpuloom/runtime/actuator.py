@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from ..core.job import Job
 from ..core.lifecycle import JobState
 from ..core.plan import ActionKind
 from ..driver import Driver, LaunchFailed, Step
+from . import joblogs
 from .codec import alloc_to_json, proc_to_json
 from .executor import CoreAllocator, Executor, LaunchSpec, NodeUnavailable, ProcInfo
 from .gang import gang_env
@@ -70,19 +72,21 @@ class Running:
     exited: dict[str, int]  # executor id -> exit code, for parts already gone
     cores: dict[str, tuple[int, ...]]  # node name -> core ids
     start: float  # wall time of this launch
-    log_offset: int = 0  # size of the log before this launch (progress lines after it count)
+    log_offset: int = 0  # bytes in the log before this launch, a logical offset (progress lines after it count)
 
 
 class Actuator:
     def __init__(self, mirror: Mirror, cluster: Cluster, executor: Executor, state_dir: Path, grace_s: float,
-                 launch_timeout_s: float, identities: Identities | None = None, job_dir: Path | None = None) -> None:
+                 launch_timeout_s: float, identities: Identities | None = None, job_dir: Path | None = None,
+                 log_dir: Path | None = None) -> None:
         self.mirror = mirror
         self.cluster = cluster
         self.executor = executor
         self.grace_s = grace_s
         self.launch_timeout_s = launch_timeout_s
         self.identities = identities if identities is not None else Identities(switch=False)
-        self.log_dir = private_dir(state_dir / "logs")
+        self.log_dir = private_dir(log_dir if log_dir is not None else state_dir / "logs")
+        self._log_dir = str(self.log_dir)
         self.ckpt_dir = job_dir if job_dir is not None else state_dir / "checkpoints"
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
@@ -98,20 +102,12 @@ class Actuator:
         return self.log_dir / f"{jid}.log"
 
     def log_size(self, jid: str) -> int:
-        try:
-            return self.log_path(jid).stat().st_size
-        except OSError:
-            return 0
+        """Bytes the job has written to its log (a logical offset: cuts do not move it, :mod:`.joblogs`)."""
+        return joblogs.logical_size(self.log_path(jid)) or 0
 
     def last_progress(self, jid: str | int) -> int | None:
         """The iteration count of the job's last ``GPULOOM_PROGRESS`` line (last 8 KiB of its log)."""
-        try:
-            with open(self.log_path(jid), "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 8192))
-                tail = f.read().decode(errors="replace")
-        except OSError:
-            return None
+        tail = joblogs.tail(self.log_path(jid), 8192).decode(errors="replace")
         for line in reversed(tail.splitlines()):
             try:
                 p = parse_progress(line)
@@ -123,16 +119,12 @@ class Actuator:
 
     def progress_since(self, run: Running, jid: str) -> float | None:
         """When the first progress line since ``run.log_offset`` was printed (wall time: its ``t=``, else
-        now), or None if there is none yet (the offset advances as it reads)."""
-        try:
-            with open(self.log_path(jid), "rb") as f:
-                f.seek(run.log_offset)
-                chunk = f.read(1 << 16)
-        except OSError:
-            return None
+        now), or None if there is none yet (the offset, logical, advances as it reads)."""
+        chunk, after = joblogs.read(self.log_path(jid), run.log_offset, 1 << 16)
         at = chunk.find(PROGRESS_MARK)
         if at < 0:
-            run.log_offset += max(0, len(chunk) - len(PROGRESS_MARK))
+            # the next read starts a marker's length back: a marker split between reads is found whole
+            run.log_offset = max(run.log_offset, after - len(PROGRESS_MARK))
             return None
         end = chunk.find(b"\n", at)
         try:
@@ -140,6 +132,39 @@ class Actuator:
         except ProgressError:
             p = None
         return p.t if p is not None and p.t is not None else self.mirror.clock.time()
+
+    def cap_logs(self, cap: int, why: str = "", most: int | None = None, jids: Sequence[str] | None = None) -> int:
+        """Cut the running jobs' logs (or those of ``jids``) over ``cap`` bytes (0: none), largest first,
+        ``most`` of them at most (:func:`.joblogs.cut`); the jobs keep running.  How many were cut."""
+        if cap <= 0:
+            return 0
+        over = []
+        for jid in self.running if jids is None else jids:
+            run = self.running.get(jid)
+            for path in self.logs_of(jid, len(run.procs) if run is not None else 1):
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    continue
+                if size > cap:
+                    over.append((size, jid, path))
+        over.sort(reverse=True)
+        done = 0
+        for size, jid, path in over[:most]:
+            try:
+                n = joblogs.cut(path, cap, why)
+            except OSError as e:
+                log.warning("job %s: cannot cut its log %s (%d bytes): %s", jid, path, size, e)
+                continue
+            if n:
+                done += 1
+                log.info("job %s: log over its cap of %d bytes%s: %d bytes cut", jid, cap, why, n)
+        return done
+
+    def logs_of(self, jid: str, parts: int) -> list[str]:
+        """The job's log files: its log, and those of its other nodes' processes where they write their own."""
+        main = os.path.join(self._log_dir, f"{jid}.log")
+        return [main, *(f"{main}.{r}" for r in range(1, parts))]
 
     # -- the driver's backend ---------------------------------------------------------------
     def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:

@@ -88,6 +88,7 @@ from ..perf.assembly import build_model
 from ..perf.model import ThroughputModel
 from ..perf.sensitivity import SensitivityFactor, add_sensitivity
 from ..scheduler import Scheduler
+from . import joblogs
 from .actuator import PROGRESS_MARK, Actuator, Running
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
 from .clock import Clock, SystemClock
@@ -113,6 +114,8 @@ __all__ = [
 log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
+#: a running job's log over this is cut (its first 1/8 and last 1/4 kept, :mod:`.joblogs`); 0: no cap
+DEFAULT_LOG_CAP = 256 << 20
 
 S = JobState
 #: holding nothing, waiting for the plan to give it resources
@@ -149,15 +152,22 @@ class Service:
         model_factory: Callable[[Cluster], ThroughputModel] | None = None,
         data_dir: str | Path | None = None,
         inventory: InventorySource | None = None,
+        log_dir: str | Path | None = None,
+        log_cap: int = DEFAULT_LOG_CAP,
     ) -> None:
         if not round_s > 0:
             raise ValueError(f"round length must be > 0, got {round_s}")
+        if log_cap != 0 and not log_cap >= joblogs.MIN_CAP:
+            raise ValueError(f"log cap must be 0 (none) or at least {joblogs.MIN_CAP} bytes, got {log_cap}")
         self.store = store
         self.executor = executor
         self.scheduler = scheduler
         self.state_dir = Path(state_dir)
         #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
         self.data_dir = Path(data_dir) if data_dir is not None else self.state_dir
+        #: jobs' logs (default data_dir/logs): best on another file system than the database
+        self.log_dir = Path(log_dir).absolute() if log_dir is not None else None
+        self.log_cap = int(log_cap)  # bytes; a running job's log over it is cut (:mod:`.joblogs`)
         self.clock: Clock = clock or SystemClock()
         self.round_s = float(round_s)
         self.model_factory = model_factory or build_model  # the same model `simulate` builds
@@ -201,7 +211,7 @@ class Service:
             add_sensitivity(self.model)
         self.mirror = Mirror(self.store, self.clock, epoch, duration, protect)
         self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout,
-                                 self.guard.identities, self.guard.job_dir)
+                                 self.guard.identities, self.guard.job_dir, self.log_dir)
         self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
         self.actuator.profiler = self.profiler
         self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(seed),
@@ -382,6 +392,7 @@ class Service:
                 break
             try:
                 with self.lock:
+                    self._cap_logs()
                     changed = follow_inventory(self) or self._reap() or woke
                     t = clock.monotonic()
                     if changed or t >= next_round:
@@ -398,6 +409,8 @@ class Service:
         from .recovery import recover
 
         recover(self)
+        with self.lock:
+            self._cap_logs()  # adopted jobs' logs that grew while no server watched them
 
     # -- mirror ------------------------------------------------------------------------
     def admit_row(self, row: JobRow, state: JobState) -> Job:
@@ -492,6 +505,7 @@ class Service:
 
     def end(self, jid: str, state: JobState, code: int | None, reason: str | None) -> None:
         """End a job: FINISHED (from a launching or running state), FAILED or CANCELLED (from any)."""
+        self.actuator.cap_logs(self.log_cap, jids=[jid])  # what it wrote since the last tick's check
         _, held_now = self.actuator.end(jid)
         job = self.driver.jobs[jid]
         alloc = self.driver.finish(job, self.now(), state)  # co-runners are regrouped (and recorded)
@@ -513,6 +527,10 @@ class Service:
             state.value,
             {"exit_code": code, "reason": reason},
         )
+
+    def _cap_logs(self) -> None:
+        """Cut running jobs' logs over the cap (:mod:`.joblogs`)."""
+        self.actuator.cap_logs(self.log_cap)
 
     def _handle_cancels(self) -> None:
         with self._cancel_lock:
