@@ -2,7 +2,8 @@
 
 A job controls what it prints: reading its log costs the server a bounded amount of memory whatever
 the log holds (a huge line without a newline included); a running job's log is cut to its cap in
-place, the job running on.
+place, the job running on; a full state disk gives submissions a 503 that says so, and no job's end
+is lost or run twice.  The tests that mount a small tmpfs need root and are skipped otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from gpuloom.runtime.ops_api import progress_points
 from gpuloom.runtime.progress import ProgressTail
 from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.store import Store, StoreFull, is_full
 from gpuloom.scheduler import Scheduler
 from service_util import (
     JOB_PY,
@@ -33,13 +35,17 @@ from service_util import (
     Server,
     job,
     job_writable,
+    key_events,
     kill_jobs,
     own_cgroup_parent,
+    running,
     shared_copy,
     submit,
     wait_for,
 )
 
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="mounting a small tmpfs needs root")
 CHATTY = shared_copy(Path(__file__).resolve().parent / "jobs" / "chatty.py")
 NOTE_RE = re.compile(rb"gpuloom: log over its cap of (\d+) bytes([^:]*): (\d+) bytes cut here\n")
 
@@ -52,6 +58,41 @@ def chatty_output(iters: int, lines: int) -> bytes:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return b"".join(mod.output(iters, lines))
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
+    """``tmpfs(name, size)``: a fresh tmpfs of ``size`` mounted at ``tmp_path/name``, unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def _mount(name: str, size: str) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(d)], check=True)
+        mounted.append(d)
+        return d
+
+    yield _mount
+    for d in reversed(mounted):
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def fill(d: Path) -> Path:
+    """Fill ``d``'s file system to the last byte with a file of its own."""
+    f = d / "filler"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    st = os.statvfs(d)
+    assert st.f_bavail == 0
+    return f
 
 
 # -- bounded reads -------------------------------------------------------------------------------
@@ -263,6 +304,112 @@ def test_log_cap_cuts_a_chatty_job_which_runs_on_and_counts_progress(tmp_path: P
     finally:
         s.stop()
         kill_jobs(tmp_path / "state")
+
+
+@needs_root
+def test_store_full_is_classified(tmpfs) -> None:  # noqa: ANN001
+    d = tmpfs("db", "4m")
+    store = Store(f"sqlite:///{d / 'db.sqlite'}")
+    try:
+        (jid,) = store.add_jobs([{"command": "true", "gpus": 1}], "alice", "standby")
+        filler = fill(d)
+        with pytest.raises(StoreFull, match=r"^the state disk is full: the database \(.*/db/db\.sqlite\) cannot "
+                                            r"record changes \(database or disk is full\); free space on its "
+                                            r"file system$"):
+            store.update_job(jid, {"reason": "r" * 5000}, "ev", {})
+        with pytest.raises(StoreFull):
+            store.add_jobs([{"command": "x" * 5000, "gpus": 1}] * 3, "alice", "standby")
+        filler.unlink()
+        assert store.update_job(jid, {"reason": "ok"}, "ev", {})
+        row = store.get_job(jid)
+        assert row is not None and row.reason == "ok"
+    finally:
+        store.close()
+
+
+def test_postgres_disk_full_is_classified() -> None:
+    errors = pytest.importorskip("psycopg.errors")
+    from sqlalchemy.exc import OperationalError
+
+    e = OperationalError("INSERT ...", {}, errors.DiskFull("could not extend file: No space left on device"))
+    assert is_full(e)
+    assert not is_full(OperationalError("INSERT ...", {}, errors.LockNotAvailable("lock")))
+
+
+@needs_root
+def test_full_state_disk_refuses_submissions_with_503_and_loses_no_end(tmp_path: Path, tmpfs) -> None:  # noqa: ANN001
+    """The issue's scenario: the state disk fills up while a job runs and another finishes."""
+    state = tmpfs("state", "48m")
+    go = job_writable(tmp_path)
+    args = ("--cluster", "1x4", "--round", "0.2")
+    s = Server(state, *args).start()
+    try:
+        with s.client() as c:
+            a = submit(c, command=f"echo started; while [ ! -e {go}/a ]; do sleep 0.05; done", gpus=1)
+            b = submit(c, command=f"echo started; while [ ! -e {go}/b ]; do sleep 0.05; done; echo b done", gpus=1)
+            for jid in (a, b):
+                wait_for(lambda jid=jid: "started" in c.get(f"/jobs/{jid}/logs").text, what=f"job {jid} to start")
+            filler = fill(state)
+            r = c.post("/jobs", json={"command": "true", "gpus": 1})
+            assert r.status_code == 503 and r.headers["Retry-After"] == "60"
+            assert re.fullmatch(r"the state disk is full: .*/state has 0\.0 MiB free of 48\.0 MiB, less than the "
+                                r"2\.4 MiB the server keeps for its records; submissions are refused until space "
+                                r"is freed", r.json()["detail"]), r.json()
+            assert c.post("/tokens", json={"user": "carol"}).status_code == 503  # any write: the store refuses it
+            pid = job(c, a)["procs"][0]["pid"]
+            (go / "a").touch()  # job a finishes while nothing can be recorded
+            wait_for(lambda: not running(pid), what="job a's process to end")
+            time.sleep(0.5)  # rounds that reap it and cannot record it
+            assert job(c, a)["state"] == "launching"  # (the store is the truth: it could not be told yet)
+            filler.unlink()
+            done = wait_for(lambda: (j := job(c, a))["state"] == "finished" and j, what="a's end to be recorded")
+            assert done["exit_code"] == 0 and done["attempts"] == 1
+            assert c.post("/jobs", json={"command": "true", "gpus": 1}).status_code == 201
+            assert job(c, b)["state"] == "launching"  # the other job ran on, untouched
+            (go / "b").touch()
+            wait_for(lambda: job(c, b)["state"] == "finished", what="b to finish")
+        s.stop()
+        s = Server(state, *args).start()
+        time.sleep(1.0)  # rounds after the restart: nothing to recover, nothing to rerun
+        with s.client() as c:
+            for jid in (a, b):
+                j = job(c, jid)
+                assert (j["state"], j["attempts"], j["exit_code"]) == ("finished", 1, 0)
+                assert key_events(c.get(f"/jobs/{jid}/events").json()) == ["submit", "launch", "finished"]
+                assert c.get(f"/jobs/{jid}/logs").text.count("started") == 1  # launched once, exactly
+    finally:
+        s.stop()
+        kill_jobs(state)
+
+
+@needs_root
+def test_a_full_log_disk_cuts_logs_harder_and_leaves_the_state_disk_alone(tmp_path: Path, tmpfs) -> None:  # noqa: ANN001
+    logs = tmpfs("joblogs", "64m")  # nearly full below 3.2 MiB free
+    filler = logs / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (56 << 20))  # someone else's: the service cannot cut it
+    s = Server(tmp_path, "--cluster", "1x2", "--round", "0.2", "--log-cap", "0", "--log-dir", str(logs)).start()
+    iters, per = 30, 5000  # 30 writes of 500 KB, 0.1 s apart, with no cap of its own: 15 MB into 8 MiB free
+    expected = chatty_output(iters, per)
+    try:
+        with s.client() as c:
+            jid = submit(c, command=f"{JOB_PY} {CHATTY} {iters} {per} 0.1", gpus=1)
+            wait_for(lambda: b"(its disk is nearly full)" in joblogs.tail(logs / f"{jid}.log", 8 << 20), timeout=60,
+                     what="a cut under pressure")
+            assert c.post("/jobs", json={"command": "true", "gpus": 1}).status_code == 201  # the database is elsewhere
+            done = wait_for(lambda: (j := job(c, jid))["state"] == "finished" and j, timeout=60, what="the job to end")
+        path = logs / f"{jid}.log"
+        data = path.read_bytes()
+        cut = joblogs.read_cut(path)
+        assert cut is not None
+        (m,) = NOTE_RE.finditer(data)
+        assert m.group(1) == b"4194304" and m.group(2) == b" (its disk is nearly full)"
+        assert data[:cut.head] == expected[:cut.head] and data[cut.head + cut.note:] == expected[cut.start:]
+        assert done["exit_code"] == 0 and done["progress"] == iters  # no write of the job failed
+        assert filler.stat().st_size == 56 << 20
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
 
 
 def test_log_cap_option_is_checked(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ from .identity import Identities, owned_dir, private_dir
 from .mirror import Mirror
 from .progress import ProgressError
 from .progress import parse_line as parse_progress
+from .store import StoreFull
 
 if TYPE_CHECKING:
     from .profile_manager import ProfilingManager
@@ -271,41 +272,53 @@ class Actuator:
                 procs[ls.job_id] = self.executor.launch(ls)
         except Exception as e:
             unavailable = isinstance(e, NodeUnavailable)
-            log.warning("job %s: %s: %s", jid, "not launched this round" if unavailable else "launch failed", e)
-            for eid in procs:
-                self.stop_quietly(eid)
-            for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [jid]:
-                for n in self.cluster.nodes:
-                    if eid in self.cores.used[n.name]:
-                        self.cores.release(n.name, eid)
-                self.exec_owner.pop(eid, None)
+            full = isinstance(e, StoreFull)  # its intent could not be recorded: nothing was launched
+            log.warning("job %s: %s: %s", jid, "not launched this round" if unavailable or full else "launch failed", e)
+            self._abandon(jid, len(alloc.parts), procs)
+            if full:
+                return False
             if unavailable:  # stays queued: a later round places it again (the intent's attempt counts)
                 row.attempts += 1
                 self.mirror.write(jid, {"procs": None, "attempts": row.attempts}, "launch-deferred", {"why": str(e)})
                 return False
             raise LaunchFailed(f"launch failed: {e}") from None
         wall = self.mirror.clock.time()
+        attempts = row.attempts + 1
+        resumes = row.resume_count + (1 if resume else 0)
+        first = row.first_start if row.first_start is not None else wall
+        alloc_json = alloc_to_json(alloc, self.cluster, cores)
+        try:
+            self.mirror.write(
+                jid,
+                {"state": S.LAUNCHING.value, "alloc": alloc_json,
+                 "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
+                 "attempts": attempts, "resume_count": resumes, "first_start": first,
+                 "last_start": wall, "checkpoint_dir": ckpt, "reason": None, **self.mirror.work(job)},
+                "launch" if kind is ActionKind.START else kind.value,
+                {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
+            )
+        except StoreFull as e:  # a process the store does not know of would run on after a restart: stopped
+            log.warning("job %s: not launched this round: %s", jid, e)
+            self._abandon(jid, len(alloc.parts), procs)
+            row.attempts = attempts  # (the stored intent counts it, as for a node that refused it)
+            return False
         self.running[jid] = Running(procs, {}, cores, wall, log_offset)
         lc = job.lifecycle
         assert lc is not None
         lc.walk([s for s in step.start if s is not S.RUNNING_PROTECTED], now)  # promoted on its first progress
         job.busy_until = math.inf
-        row.attempts += 1
-        if resume:
-            row.resume_count += 1
-        if row.first_start is None:
-            row.first_start = wall
-        alloc_json = alloc_to_json(alloc, self.cluster, cores)
-        self.mirror.write(
-            jid,
-            {"state": S.LAUNCHING.value, "alloc": alloc_json,
-             "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
-             "attempts": row.attempts, "resume_count": row.resume_count, "first_start": row.first_start,
-             "last_start": wall, "checkpoint_dir": ckpt, "reason": None, **self.mirror.work(job)},
-            "launch" if kind is ActionKind.START else kind.value,
-            {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
-        )
+        row.attempts, row.resume_count, row.first_start = attempts, resumes, first
         return True
+
+    def _abandon(self, jid: str, parts: int, procs: Mapping[str, ProcInfo]) -> None:
+        """Undo a launch: stop what it started, give back its cores."""
+        for eid in procs:
+            self.stop_quietly(eid)
+        for eid in [f"{jid}.{r}" for r in range(parts)] + [jid]:
+            for n in self.cluster.nodes:
+                if eid in self.cores.used[n.name]:
+                    self.cores.release(n.name, eid)
+            self.exec_owner.pop(eid, None)
 
     def regrouped(self, driver: Driver, job: Job, now: float) -> None:
         run = self.running.get(job.id)

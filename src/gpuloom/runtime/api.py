@@ -83,7 +83,7 @@ from .privacy import redact_events, redact_job
 from .queue_api import QUEUE_RE, add_queue_routes
 from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
-from .store import JobRow, Store
+from .store import JobRow, Store, StoreFull
 from .tokens import create_token as _create_token
 from .tokens import list_tokens, revoke_token
 
@@ -381,6 +381,10 @@ def create_app(service: Service) -> FastAPI:
             status_code=422,
             content={"detail": [{"loc": ["body", e.field or "spec"], "msg": str(e), "type": e.kind}]},
         )
+
+    @app.exception_handler(StoreFull)
+    def _full(_req: Request, e: StoreFull) -> JSONResponse:  # any write while the state disk is full
+        return JSONResponse(status_code=503, content={"detail": str(e)}, headers={"Retry-After": "60"})
 
     @app.get("/health")
     def health() -> dict[str, Any]:

@@ -93,6 +93,7 @@ from .actuator import PROGRESS_MARK, Actuator, Running
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
 from .clock import Clock, SystemClock
 from .deps import Gate, parse_array, resolve_dependency
+from .disk import PRESSURE_CAP, DiskGuard
 from .executor import Executor
 from .identity import Identities
 from .inventory import InventorySource, unpark
@@ -103,7 +104,7 @@ from .profile_manager import ProfilingConfig, ProfilingManager
 from .queues import QueueAdmin
 from .security import Guard
 from .specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
-from .store import JobRow, Store
+from .store import JobRow, Store, StoreFull
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_DURATION", "FINAL_STATES", "HOLDING", "PROGRESS_MARK", "QUEUED_STATES", "SPEC_ATTRS",
@@ -114,6 +115,7 @@ __all__ = [
 log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
+FULL_RETRY_S = 1.0  # the longest wait after a round that failed on a full disk
 #: a running job's log over this is cut (its first 1/8 and last 1/4 kept, :mod:`.joblogs`); 0: no cap
 DEFAULT_LOG_CAP = 256 << 20
 
@@ -165,9 +167,11 @@ class Service:
         self.state_dir = Path(state_dir)
         #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
         self.data_dir = Path(data_dir) if data_dir is not None else self.state_dir
-        #: jobs' logs (default data_dir/logs): best on another file system than the database
+        #: jobs' logs (default data_dir/logs): best on another file system than the database (:mod:`.disk`)
         self.log_dir = Path(log_dir).absolute() if log_dir is not None else None
         self.log_cap = int(log_cap)  # bytes; a running job's log over it is cut (:mod:`.joblogs`)
+        #: job id -> the end record (fields, event, detail) the store refused (a full disk): retried every tick
+        self.unrecorded: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {}
         self.clock: Clock = clock or SystemClock()
         self.round_s = float(round_s)
         self.model_factory = model_factory or build_model  # the same model `simulate` builds
@@ -195,6 +199,7 @@ class Service:
 
         self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
         self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
+        self.disk = DiskGuard(store.path.parent if store.path is not None else None, self.actuator.log_dir)
 
     def assemble(self, cluster: Cluster, model: ThroughputModel | None = None) -> None:
         """The parts built for one cluster: model, mirror, actuator, profiler, driver.  Called again
@@ -259,6 +264,7 @@ class Service:
 
     def submit(self, spec: Mapping[str, Any], user: str) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
+        self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
         ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
@@ -287,6 +293,7 @@ class Service:
         old = self.store.job_for_key(user, key)
         if old is not None:
             return old, False
+        self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
         ids, new = self.store.add_jobs_once([spec] * (len(tasks) if tasks else 1), user,
@@ -372,6 +379,11 @@ class Service:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        with self.lock:
+            self._retry_ends()
+            for jid, (fields, event, _) in self.unrecorded.items():
+                log.error("job %s %s (exit code %s) but the store could not record it; after a restart it ends "
+                          "as its exit record says (requeued without one)", jid, event, fields.get("exit_code"))
         self.actuator.close()
         self.executor.close()
         self.telemetry.close()
@@ -401,8 +413,10 @@ class Service:
                         next_round = last + self.round_s
                     self.guard.maybe_purge(self, t)
                 self.backoff.succeeded()
-            except Exception:  # a bad round must not kill the service: back off, log once
-                self._stop.wait(self.backoff.failed())
+            except Exception as e:  # a bad round must not kill the service: back off, log once
+                delay = self.backoff.failed()
+                # a full disk: retry soon (ends wait to be recorded), not after the backoff's 30 s
+                self._stop.wait(min(delay, FULL_RETRY_S) if isinstance(e, StoreFull) else delay)
 
     def recover(self) -> None:
         """Rebuild the mirror from the store; adopt live processes, requeue dead ones (:mod:`.recovery`)."""
@@ -447,7 +461,8 @@ class Service:
         t0 = self.clock.monotonic()
         with self.lock:
             self.observe()
-            actions = self.act()
+            # a nearly full state disk: no starts or stops, whose records might not fit (:mod:`.disk`)
+            actions = [] if self.disk.db_low() else self.act()
         self.last_round_s = self.clock.monotonic() - t0
         self.telemetry.round_done(actions, self.last_round_s)
         return actions
@@ -498,6 +513,7 @@ class Service:
         self._record_end(job, S.FAILED, None, reason, None, 0.0)
 
     def _reap(self) -> bool:
+        self._retry_ends()
         ended = self.actuator.reap()
         for jid, state, code, reason in ended:
             self.end(jid, state, code, reason)
@@ -518,7 +534,7 @@ class Service:
         if row is None:
             return
         held = row.held_time + held_now
-        self.mirror.write(
+        self._write_end(
             jid,
             {"state": state.value, "end_time": self.clock.time(), "alloc": None, "procs": None, "exit_code": code,
              "reason": reason, "held_time": held, "progress": self.last_progress(jid),
@@ -528,9 +544,32 @@ class Service:
             {"exit_code": code, "reason": reason},
         )
 
+    def _write_end(self, jid: str, fields: dict[str, Any], event: str, detail: dict[str, Any]) -> None:
+        """Record a job's end.  One the store refuses (its disk is full) is kept and retried every tick
+        until it is taken: the job is gone from the mirror, nothing else would record it, and a restart
+        that found it still running in the store would requeue it."""
+        try:
+            self.mirror.write(jid, fields, event, detail)
+        except Exception as e:
+            if jid not in self.unrecorded:
+                log.error("job %s %s, but the store cannot record it yet (%s); retrying every tick", jid, event, e)
+            self.unrecorded[jid] = (fields, event, detail)
+
+    def _retry_ends(self) -> None:
+        for jid, (fields, event, detail) in list(self.unrecorded.items()):
+            try:
+                self.mirror.write(jid, fields, event, detail)
+            except Exception:
+                return  # still refused: the next tick tries again
+            del self.unrecorded[jid]
+            log.warning("job %s %s: recorded now", jid, event)
+
     def _cap_logs(self) -> None:
-        """Cut running jobs' logs over the cap (:mod:`.joblogs`)."""
+        """Cut running jobs' logs over the cap; while the logs' disk is nearly full, the largest ones
+        over :data:`.disk.PRESSURE_CAP`, one at a time, until it is not."""
         self.actuator.cap_logs(self.log_cap)
+        while self.disk.logs_low() and self.actuator.cap_logs(PRESSURE_CAP, " (its disk is nearly full)", most=1):
+            pass
 
     def _handle_cancels(self) -> None:
         with self._cancel_lock:
