@@ -139,6 +139,12 @@ def serve(
     submit_burst: Annotated[int, typer.Option(help="Submissions a user may make at once.")] = 50,
     max_priority: Annotated[int, typer.Option(
         help="Highest priority a user may give a job where no queue sets max_priority (admins: any).")] = 0,
+    log_dir: Annotated[Path | None, typer.Option(
+        help="Where jobs' logs go (default STATE_DIR/logs, or SHARED_DIR/logs): put it on another file system "
+             "than the database, so that logs cannot fill the database's disk.")] = None,
+    log_cap: Annotated[str, typer.Option(
+        help="Cut a running job's log in place when it grows over this size (256M, 1Gi; 0 = no cap): its "
+             "first 1/8 and last 1/4 stay, with a note between them.")] = "256Mi",
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     import socket
@@ -151,7 +157,7 @@ def serve(
     from ..runtime.identity import Identities, IdentityError, private_dir
     from ..runtime.locks import AlreadyServed, ServerLocks
     from ..runtime.logfmt import configure
-    from ..runtime.specs import parse_duration
+    from ..runtime.specs import parse_duration, parse_mem_bytes
     from ..runtime.store import Store
 
     try:
@@ -161,6 +167,14 @@ def serve(
     os.umask(0o077)  # everything the server writes is private: database, tokens, logs, run records
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise typer.BadParameter("give both --ssl-keyfile and --ssl-certfile, or neither")
+    try:
+        cap = parse_mem_bytes(log_cap, "--log-cap")
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    from ..runtime.joblogs import MIN_CAP
+
+    if cap and cap < MIN_CAP:
+        raise typer.BadParameter(f"--log-cap: 0 (no cap) or at least {MIN_CAP} bytes (64Ki), got {log_cap!r}")
     keep_s = None
     if keep_finished is not None:
         try:
@@ -269,7 +283,8 @@ def serve(
         svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                       launch_timeout_s=launch_timeout, profiling=profiling, identities=identities, job_dir=job_dir,
                       checkpoint_roots=checkpoint_root, keep_finished_s=keep_s, data_dir=shared_dir,
-                      inventory=following, model_factory=lambda cl: stack.model(cl, seed))
+                      inventory=following, model_factory=lambda cl: stack.model(cl, seed),
+                      log_dir=log_dir if log_dir is None else log_dir.absolute(), log_cap=cap)
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from ..core.job import Job
 from ..core.lifecycle import JobState
 from ..core.plan import ActionKind
 from ..driver import Driver, LaunchFailed, Step
+from . import joblogs
 from .codec import alloc_to_json, proc_to_json
 from .executor import CoreAllocator, Executor, LaunchSpec, NodeUnavailable, ProcInfo
 from .gang import gang_env
@@ -53,6 +55,7 @@ from .identity import Identities, owned_dir, private_dir
 from .mirror import Mirror
 from .progress import ProgressError
 from .progress import parse_line as parse_progress
+from .store import StoreFull
 
 if TYPE_CHECKING:
     from .profile_manager import ProfilingManager
@@ -70,19 +73,21 @@ class Running:
     exited: dict[str, int]  # executor id -> exit code, for parts already gone
     cores: dict[str, tuple[int, ...]]  # node name -> core ids
     start: float  # wall time of this launch
-    log_offset: int = 0  # size of the log before this launch (progress lines after it count)
+    log_offset: int = 0  # bytes in the log before this launch, a logical offset (progress lines after it count)
 
 
 class Actuator:
     def __init__(self, mirror: Mirror, cluster: Cluster, executor: Executor, state_dir: Path, grace_s: float,
-                 launch_timeout_s: float, identities: Identities | None = None, job_dir: Path | None = None) -> None:
+                 launch_timeout_s: float, identities: Identities | None = None, job_dir: Path | None = None,
+                 log_dir: Path | None = None) -> None:
         self.mirror = mirror
         self.cluster = cluster
         self.executor = executor
         self.grace_s = grace_s
         self.launch_timeout_s = launch_timeout_s
         self.identities = identities if identities is not None else Identities(switch=False)
-        self.log_dir = private_dir(state_dir / "logs")
+        self.log_dir = private_dir(log_dir if log_dir is not None else state_dir / "logs")
+        self._log_dir = str(self.log_dir)
         self.ckpt_dir = job_dir if job_dir is not None else state_dir / "checkpoints"
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.cores = CoreAllocator({n.name: n.cpus for n in cluster.nodes})
@@ -98,20 +103,12 @@ class Actuator:
         return self.log_dir / f"{jid}.log"
 
     def log_size(self, jid: str) -> int:
-        try:
-            return self.log_path(jid).stat().st_size
-        except OSError:
-            return 0
+        """Bytes the job has written to its log (a logical offset: cuts do not move it, :mod:`.joblogs`)."""
+        return joblogs.logical_size(self.log_path(jid)) or 0
 
     def last_progress(self, jid: str | int) -> int | None:
         """The iteration count of the job's last ``GPULOOM_PROGRESS`` line (last 8 KiB of its log)."""
-        try:
-            with open(self.log_path(jid), "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 8192))
-                tail = f.read().decode(errors="replace")
-        except OSError:
-            return None
+        tail = joblogs.tail(self.log_path(jid), 8192).decode(errors="replace")
         for line in reversed(tail.splitlines()):
             try:
                 p = parse_progress(line)
@@ -123,16 +120,12 @@ class Actuator:
 
     def progress_since(self, run: Running, jid: str) -> float | None:
         """When the first progress line since ``run.log_offset`` was printed (wall time: its ``t=``, else
-        now), or None if there is none yet (the offset advances as it reads)."""
-        try:
-            with open(self.log_path(jid), "rb") as f:
-                f.seek(run.log_offset)
-                chunk = f.read(1 << 16)
-        except OSError:
-            return None
+        now), or None if there is none yet (the offset, logical, advances as it reads)."""
+        chunk, after = joblogs.read(self.log_path(jid), run.log_offset, 1 << 16)
         at = chunk.find(PROGRESS_MARK)
         if at < 0:
-            run.log_offset += max(0, len(chunk) - len(PROGRESS_MARK))
+            # the next read starts a marker's length back: a marker split between reads is found whole
+            run.log_offset = max(run.log_offset, after - len(PROGRESS_MARK))
             return None
         end = chunk.find(b"\n", at)
         try:
@@ -140,6 +133,39 @@ class Actuator:
         except ProgressError:
             p = None
         return p.t if p is not None and p.t is not None else self.mirror.clock.time()
+
+    def cap_logs(self, cap: int, why: str = "", most: int | None = None, jids: Sequence[str] | None = None) -> int:
+        """Cut the running jobs' logs (or those of ``jids``) over ``cap`` bytes (0: none), largest first,
+        ``most`` of them at most (:func:`.joblogs.cut`); the jobs keep running.  How many were cut."""
+        if cap <= 0:
+            return 0
+        over = []
+        for jid in self.running if jids is None else jids:
+            run = self.running.get(jid)
+            for path in self.logs_of(jid, len(run.procs) if run is not None else 1):
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    continue
+                if size > cap:
+                    over.append((size, jid, path))
+        over.sort(reverse=True)
+        done = 0
+        for size, jid, path in over[:most]:
+            try:
+                n = joblogs.cut(path, cap, why)
+            except OSError as e:
+                log.warning("job %s: cannot cut its log %s (%d bytes): %s", jid, path, size, e)
+                continue
+            if n:
+                done += 1
+                log.info("job %s: log over its cap of %d bytes%s: %d bytes cut", jid, cap, why, n)
+        return done
+
+    def logs_of(self, jid: str, parts: int) -> list[str]:
+        """The job's log files: its log, and those of its other nodes' processes where they write their own."""
+        main = os.path.join(self._log_dir, f"{jid}.log")
+        return [main, *(f"{main}.{r}" for r in range(1, parts))]
 
     # -- the driver's backend ---------------------------------------------------------------
     def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
@@ -246,41 +272,53 @@ class Actuator:
                 procs[ls.job_id] = self.executor.launch(ls)
         except Exception as e:
             unavailable = isinstance(e, NodeUnavailable)
-            log.warning("job %s: %s: %s", jid, "not launched this round" if unavailable else "launch failed", e)
-            for eid in procs:
-                self.stop_quietly(eid)
-            for eid in [f"{jid}.{r}" for r in range(len(alloc.parts))] + [jid]:
-                for n in self.cluster.nodes:
-                    if eid in self.cores.used[n.name]:
-                        self.cores.release(n.name, eid)
-                self.exec_owner.pop(eid, None)
+            full = isinstance(e, StoreFull)  # its intent could not be recorded: nothing was launched
+            log.warning("job %s: %s: %s", jid, "not launched this round" if unavailable or full else "launch failed", e)
+            self._abandon(jid, len(alloc.parts), procs)
+            if full:
+                return False
             if unavailable:  # stays queued: a later round places it again (the intent's attempt counts)
                 row.attempts += 1
                 self.mirror.write(jid, {"procs": None, "attempts": row.attempts}, "launch-deferred", {"why": str(e)})
                 return False
             raise LaunchFailed(f"launch failed: {e}") from None
         wall = self.mirror.clock.time()
+        attempts = row.attempts + 1
+        resumes = row.resume_count + (1 if resume else 0)
+        first = row.first_start if row.first_start is not None else wall
+        alloc_json = alloc_to_json(alloc, self.cluster, cores)
+        try:
+            self.mirror.write(
+                jid,
+                {"state": S.LAUNCHING.value, "alloc": alloc_json,
+                 "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
+                 "attempts": attempts, "resume_count": resumes, "first_start": first,
+                 "last_start": wall, "checkpoint_dir": ckpt, "reason": None, **self.mirror.work(job)},
+                "launch" if kind is ActionKind.START else kind.value,
+                {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
+            )
+        except StoreFull as e:  # a process the store does not know of would run on after a restart: stopped
+            log.warning("job %s: not launched this round: %s", jid, e)
+            self._abandon(jid, len(alloc.parts), procs)
+            row.attempts = attempts  # (the stored intent counts it, as for a node that refused it)
+            return False
         self.running[jid] = Running(procs, {}, cores, wall, log_offset)
         lc = job.lifecycle
         assert lc is not None
         lc.walk([s for s in step.start if s is not S.RUNNING_PROTECTED], now)  # promoted on its first progress
         job.busy_until = math.inf
-        row.attempts += 1
-        if resume:
-            row.resume_count += 1
-        if row.first_start is None:
-            row.first_start = wall
-        alloc_json = alloc_to_json(alloc, self.cluster, cores)
-        self.mirror.write(
-            jid,
-            {"state": S.LAUNCHING.value, "alloc": alloc_json,
-             "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
-             "attempts": row.attempts, "resume_count": row.resume_count, "first_start": row.first_start,
-             "last_start": wall, "checkpoint_dir": ckpt, "reason": None, **self.mirror.work(job)},
-            "launch" if kind is ActionKind.START else kind.value,
-            {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
-        )
+        row.attempts, row.resume_count, row.first_start = attempts, resumes, first
         return True
+
+    def _abandon(self, jid: str, parts: int, procs: Mapping[str, ProcInfo]) -> None:
+        """Undo a launch: stop what it started, give back its cores."""
+        for eid in procs:
+            self.stop_quietly(eid)
+        for eid in [f"{jid}.{r}" for r in range(parts)] + [jid]:
+            for n in self.cluster.nodes:
+                if eid in self.cores.used[n.name]:
+                    self.cores.release(n.name, eid)
+            self.exec_owner.pop(eid, None)
 
     def regrouped(self, driver: Driver, job: Job, now: float) -> None:
         run = self.running.get(job.id)

@@ -55,12 +55,13 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.lifecycle import JobState
 from ..core.queues import QueueError
+from . import joblogs
 from .admission import LimitExceeded, NotFound, PermissionDenied, SubmitError
 from .deps import parse_array, parse_dependency
 from .history import array_label, iso, short_state
@@ -84,7 +85,7 @@ from .queue_api import QUEUE_RE, add_queue_routes
 from .queues import QueueDenied
 from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
-from .store import JobRow, Store
+from .store import JobRow, Store, StoreFull
 from .tokens import create_token as _create_token
 from .tokens import list_tokens, revoke_token
 
@@ -390,6 +391,10 @@ def create_app(service: Service) -> FastAPI:
             content={"detail": [{"loc": ["body", e.field or "spec"], "msg": str(e), "type": e.kind}]},
         )
 
+    @app.exception_handler(StoreFull)
+    def _full(_req: Request, e: StoreFull) -> JSONResponse:  # any write while the state disk is full
+        return JSONResponse(status_code=503, content={"detail": str(e)}, headers={"Retry-After": "60"})
+
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {
@@ -465,25 +470,20 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
     def logs(job_id: JobId, who: Auth, tail: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
              offset: Annotated[int | None, Query(ge=0, le=MAX_ID, description="Read from this byte (for -f).")] = None,
-             ) -> PlainTextResponse:
+             ) -> StreamingResponse:
         """The log's last ``tail`` bytes, or the bytes from ``offset``; header ``X-Log-Offset``: where
         the text returned ends (the next ``offset``)."""
         user, admin = who
         row = get_row(job_id)
         if not admin and row.user != user:
             raise HTTPException(403, f"job {job_id} belongs to {row.user}")
+        # offsets count the bytes the job wrote, so a cut of the log does not move them; streamed a
+        # chunk at a time: a request costs the server one chunk of memory whatever the log holds
         path = service.log_path(job_id)
-        if not path.exists():
-            return PlainTextResponse("", headers={"X-Log-Offset": "0"})
-        with open(path, "rb") as f:
-            size = path.stat().st_size
-            start = offset if offset is not None else max(0, size - min(tail or MAX_LOG_BYTES, MAX_LOG_BYTES))
-            f.seek(min(start, size))
-            data = f.read(MAX_LOG_BYTES)
-        if offset is not None and data and row.state not in FINAL_STATES:  # following: whole lines only
-            cut = data.rfind(b"\n") + 1
-            data = data[:cut] if cut else (data if len(data) == MAX_LOG_BYTES else b"")
-        return PlainTextResponse(data.decode(errors="replace"), headers={"X-Log-Offset": str(min(start, size) + len(data))})
+        following = offset is not None and row.state not in FINAL_STATES  # whole lines only
+        start, end = joblogs.span(path, tail, offset, MAX_LOG_BYTES, whole_lines=following)
+        return StreamingResponse(joblogs.text(path, start, end), media_type="text/plain; charset=utf-8",
+                                 headers={"X-Log-Offset": str(end)})
 
     @app.get("/jobs/{job_id}/events")
     def job_events(job_id: JobId, who: Auth) -> list[dict[str, Any]]:

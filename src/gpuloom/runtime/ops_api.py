@@ -36,9 +36,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field
 
 from ..core.lifecycle import SHORT_STATE, JobState
+from . import joblogs
 from .history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, parse_time, span_json
 from .limits import MAX_ID
-from .progress import ProgressError, parse_line
+from .progress import scan
 from .service import Service
 
 DASHBOARD = Path(__file__).parent / "dashboard"
@@ -69,23 +70,20 @@ def states_of(names: list[str] | None) -> list[str] | None:
 
 
 def progress_points(path: Path) -> list[dict[str, Any]]:
-    """``[{"t": unix seconds or None, "iter": n}, ...]`` from a log's progress lines (at most MAX_POINTS)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - MAX_PROGRESS_BYTES))
-            text = f.read().decode(errors="replace")
-    except OSError:
+    """``[{"t": unix seconds or None, "iter": n}, ...]`` from a log's progress lines in its last
+    MAX_PROGRESS_BYTES (at most MAX_POINTS; read a chunk at a time, thinned as they come)."""
+    end = joblogs.logical_size(path)
+    if end is None:
         return []
-    pts = []
-    for line in text.splitlines():
-        try:
-            p = parse_line(line)
-        except ProgressError:
-            continue
-        if p is not None:
-            pts.append({"t": p.t, "iter": p.iter})
+    pts: list[dict[str, Any]] = []
+    last = None
+    for p in scan(path, max(0, end - MAX_PROGRESS_BYTES)):
+        last = {"t": p.t, "iter": p.iter}
+        pts.append(last)
+        if len(pts) >= 4 * MAX_POINTS:  # every other one: memory stays bounded whatever the log holds
+            pts = pts[::2]
+    if last is not None and pts[-1] is not last:
+        pts.append(last)
     if len(pts) > MAX_POINTS:
         step = len(pts) / MAX_POINTS
         pts = [pts[int(i * step)] for i in range(MAX_POINTS - 1)] + [pts[-1]]

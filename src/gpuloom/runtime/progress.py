@@ -23,7 +23,10 @@ iter_first) / (t_last - t_first)``.  A drop of ``iter`` (the job restarted from
 an older checkpoint) starts a new segment; rates never span segments.
 
 :class:`ProgressTail` follows a log file incrementally (remembering its offset
-and any partial last line, and starting over if the file is truncated).
+and any partial last line, and starting over if the file is truncated) and keeps at most
+``max_points`` points (halving them when over); :func:`scan` reads the points of a part of a log
+once.  Both read a chunk at a time (:mod:`.joblogs`: offsets survive a cut of the log); a partial
+line longer than :data:`MAX_LINE` is dropped, never buffered (a progress line is short).
 """
 
 from __future__ import annotations
@@ -31,13 +34,18 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import joblogs
 
 log = logging.getLogger(__name__)
 
 MARKER = "GPULOOM_PROGRESS"
+_MARK = MARKER.encode()
+MAX_LINE = 4096  # longer lines are not progress lines: dropped unread
+MAX_POINTS = 100_000  # points a tail keeps (halved when over)
 
 
 class ProgressError(ValueError):
@@ -112,51 +120,118 @@ def rate(points: list[Point], window_s: float | None = None, attr: str = "iter")
     return (last - first) / dt
 
 
+class _Lines:
+    """Splits a log, fed a chunk at a time, into its complete lines that hold the progress marker.
+
+    The partial line carried between chunks is at most :data:`MAX_LINE` bytes: a longer one is
+    dropped up to its end."""
+
+    __slots__ = ("partial", "skipping")
+
+    def __init__(self) -> None:
+        self.partial = b""
+        self.skipping = False  # inside a line too long to keep
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self.partial + data if self.partial else data
+        self.partial = b""
+        begin = 0
+        if self.skipping:
+            i = buf.find(b"\n")
+            if i < 0:
+                return []
+            begin, self.skipping = i + 1, False
+        last = buf.rfind(b"\n", begin)
+        out: list[bytes] = []
+        if last >= 0:
+            at = buf.find(_MARK, begin, last)
+            while at >= 0:
+                first = max(begin, buf.rfind(b"\n", begin, at) + 1)
+                end = buf.find(b"\n", at, last + 1)
+                if end - first <= MAX_LINE:
+                    out.append(buf[first:end])
+                at = buf.find(_MARK, end + 1, last)
+            begin = last + 1
+        if len(buf) - begin > MAX_LINE:
+            self.skipping = True
+        else:
+            self.partial = buf[begin:]
+        return out
+
+
+def _thin(points: list[Point], most: int) -> list[Point]:
+    """Every other point (and the last) once there are more than ``most``."""
+    if len(points) <= most:
+        return points
+    kept = points[::2]
+    if kept[-1] is not points[-1]:
+        kept.append(points[-1])
+    return kept
+
+
+def scan(path: str | Path, start: int = 0) -> Iterator[Progress]:
+    """The progress points of the log from logical offset ``start`` to its current end, in order
+    (a chunk at a time; malformed lines skipped).  Not thinned: the caller keeps what it needs."""
+    end = joblogs.logical_size(path)
+    if end is None:
+        return
+    lines = _Lines()
+    at = start
+    while at < end:
+        data, at = joblogs.read(path, at, joblogs.BULK, end)
+        if not data:
+            break
+        for raw in lines.feed(data):
+            try:
+                p = parse_line(raw.decode("utf-8", "replace"))
+            except ProgressError:
+                continue
+            if p is not None:
+                yield p
+
+
 class ProgressTail:
     """Follows one log file and collects its progress points."""
 
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time, start_at_end: bool = False) -> None:
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time, start_at_end: bool = False,
+                 max_points: int = MAX_POINTS) -> None:
         self.path = Path(path)
         self.clock = clock
+        self.max_points = max_points
         self.points: list[Point] = []
         self.bad_lines = 0
-        self._offset = 0
-        self._partial = b""
-        if start_at_end and self.path.exists():
-            self._offset = self.path.stat().st_size
+        self._offset = 0  # logical (see :mod:`.joblogs`)
+        self._lines = _Lines()
+        if start_at_end:
+            self._offset = joblogs.logical_size(self.path) or 0
 
     def read(self) -> list[Point]:
-        """New points since the last call (none if the file does not exist yet)."""
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
+        """New points since the last call (none if the file does not exist yet), read a chunk at a time."""
+        end = joblogs.logical_size(self.path)
+        if end is None:
             return []
-        if size < self._offset:  # truncated or replaced: start over
-            self._offset, self._partial = 0, b""
-        if size == self._offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read(size - self._offset)
-        self._offset += len(data)
-        now = self.clock()
-        chunks = (self._partial + data).split(b"\n")
-        self._partial = chunks.pop()
+        if end < self._offset:  # truncated or replaced: start over
+            self._offset, self._lines = 0, _Lines()
         new: list[Point] = []
-        for raw in chunks:
-            if MARKER.encode() not in raw:
-                continue
-            line = raw.decode("utf-8", "replace")
-            try:
-                p = parse_line(line)
-            except ProgressError as e:
-                self.bad_lines += 1
-                if self.bad_lines == 1:
-                    log.warning("%s: ignoring malformed progress line: %s", self.path, e)
-                continue
-            if p is not None:
-                new.append(Point(p.t if p.t is not None else now, p.iter, p.samples))
+        while self._offset < end:
+            data, self._offset = joblogs.read(self.path, self._offset, joblogs.BULK, end)
+            if not data:
+                break
+            now = self.clock()
+            for raw in self._lines.feed(data):
+                line = raw.decode("utf-8", "replace")
+                try:
+                    p = parse_line(line)
+                except ProgressError as e:
+                    self.bad_lines += 1
+                    if self.bad_lines == 1:
+                        log.warning("%s: ignoring malformed progress line: %s", self.path, e)
+                    continue
+                if p is not None:
+                    new.append(Point(p.t if p.t is not None else now, p.iter, p.samples))
+            new = _thin(new, self.max_points)
         self.points.extend(new)
+        self.points = _thin(self.points, self.max_points)
         return new
 
     @property

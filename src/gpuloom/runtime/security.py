@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.cluster import Cluster
+from . import joblogs
 from .admission import SubmitError, check_checkpoint_dir, check_policy_fields
 from .identity import Identities, IdentityError, private_dir
 
@@ -91,8 +92,7 @@ class Guard:
         assert self.keep_finished_s is not None
         ids = svc.store.purge_jobs(svc.clock.time() - self.keep_finished_s, FINAL_STATES)
         for jid in ids:
-            for p in (svc.log_path(jid),):
-                p.unlink(missing_ok=True)
+            joblogs.remove(svc.log_path(jid))
         if ids:
             log.info("retention: removed %d finished job(s) older than %.0f s", len(ids), self.keep_finished_s)
         return len(ids)

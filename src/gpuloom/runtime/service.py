@@ -89,10 +89,12 @@ from ..perf.assembly import build_model
 from ..perf.model import ThroughputModel
 from ..perf.sensitivity import SensitivityFactor, add_sensitivity
 from ..scheduler import Scheduler
+from . import joblogs
 from .actuator import PROGRESS_MARK, Actuator, Running
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
 from .clock import Clock, SystemClock
 from .deps import Gate, parse_array, resolve_dependency
+from .disk import PRESSURE_CAP, DiskGuard
 from .executor import Executor
 from .identity import Identities
 from .inventory import InventorySource, unpark
@@ -103,7 +105,7 @@ from .profile_manager import ProfilingConfig, ProfilingManager
 from .queues import QueueAdmin
 from .security import Guard
 from .specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
-from .store import JobRow, Store
+from .store import JobRow, Store, StoreFull
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_DURATION", "FINAL_STATES", "HOLDING", "PROGRESS_MARK", "QUEUED_STATES", "SPEC_ATTRS",
@@ -114,6 +116,9 @@ __all__ = [
 log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
+FULL_RETRY_S = 1.0  # the longest wait after a round that failed on a full disk
+#: a running job's log over this is cut (its first 1/8 and last 1/4 kept, :mod:`.joblogs`); 0: no cap
+DEFAULT_LOG_CAP = 256 << 20
 
 S = JobState
 #: holding nothing, waiting for the plan to give it resources
@@ -150,15 +155,24 @@ class Service:
         model_factory: Callable[[Cluster], ThroughputModel] | None = None,
         data_dir: str | Path | None = None,
         inventory: InventorySource | None = None,
+        log_dir: str | Path | None = None,
+        log_cap: int = DEFAULT_LOG_CAP,
     ) -> None:
         if not round_s > 0:
             raise ValueError(f"round length must be > 0, got {round_s}")
+        if log_cap != 0 and not log_cap >= joblogs.MIN_CAP:
+            raise ValueError(f"log cap must be 0 (none) or at least {joblogs.MIN_CAP} bytes, got {log_cap}")
         self.store = store
         self.executor = executor
         self.scheduler = scheduler
         self.state_dir = Path(os.path.abspath(state_dir))  # never resolved later from another directory
         #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
         self.data_dir = Path(os.path.abspath(data_dir)) if data_dir is not None else self.state_dir
+        #: jobs' logs (default data_dir/logs): best on another file system than the database (:mod:`.disk`)
+        self.log_dir = Path(log_dir).absolute() if log_dir is not None else None
+        self.log_cap = int(log_cap)  # bytes; a running job's log over it is cut (:mod:`.joblogs`)
+        #: job id -> the end record (fields, event, detail) the store refused (a full disk): retried every tick
+        self.unrecorded: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {}
         self.clock: Clock = clock or SystemClock()
         self.round_s = float(round_s)
         self.model_factory = model_factory or build_model  # the same model `simulate` builds
@@ -188,6 +202,7 @@ class Service:
         self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
         self.limits = Limiter(SubmitLimits(), self.clock.monotonic)  # per-user submission limits (:mod:`.admission`)
         self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
+        self.disk = DiskGuard(store.path.parent if store.path is not None else None, self.actuator.log_dir)
 
     def assemble(self, cluster: Cluster, model: ThroughputModel | None = None) -> None:
         """The parts built for one cluster: model, mirror, actuator, profiler, driver.  Called again
@@ -204,7 +219,7 @@ class Service:
             add_sensitivity(self.model)
         self.mirror = Mirror(self.store, self.clock, epoch, duration, protect)
         self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout,
-                                 self.guard.identities, self.guard.job_dir)
+                                 self.guard.identities, self.guard.job_dir, self.log_dir)
         self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
         self.actuator.profiler = self.profiler
         self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(seed),
@@ -252,6 +267,7 @@ class Service:
 
     def submit(self, spec: Mapping[str, Any], user: str) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
+        self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
         ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
@@ -280,6 +296,7 @@ class Service:
         old = self.store.job_for_key(user, key)
         if old is not None:
             return old, False
+        self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
         ids, new = self.store.add_jobs_once([spec] * (len(tasks) if tasks else 1), user,
@@ -365,6 +382,11 @@ class Service:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        with self.lock:
+            self._retry_ends()
+            for jid, (fields, event, _) in self.unrecorded.items():
+                log.error("job %s %s (exit code %s) but the store could not record it; after a restart it ends "
+                          "as its exit record says (requeued without one)", jid, event, fields.get("exit_code"))
         self.actuator.close()
         self.executor.close()
         self.telemetry.close()
@@ -385,6 +407,7 @@ class Service:
                 break
             try:
                 with self.lock:
+                    self._cap_logs()
                     changed = follow_inventory(self) or self._reap() or woke
                     t = clock.monotonic()
                     if changed or t >= next_round:
@@ -393,14 +416,18 @@ class Service:
                         next_round = last + self.round_s
                     self.guard.maybe_purge(self, t)
                 self.backoff.succeeded()
-            except Exception:  # a bad round must not kill the service: back off, log once
-                self._stop.wait(self.backoff.failed())
+            except Exception as e:  # a bad round must not kill the service: back off, log once
+                delay = self.backoff.failed()
+                # a full disk: retry soon (ends wait to be recorded), not after the backoff's 30 s
+                self._stop.wait(min(delay, FULL_RETRY_S) if isinstance(e, StoreFull) else delay)
 
     def recover(self) -> None:
         """Rebuild the mirror from the store; adopt live processes, requeue dead ones (:mod:`.recovery`)."""
         from .recovery import recover
 
         recover(self)
+        with self.lock:
+            self._cap_logs()  # adopted jobs' logs that grew while no server watched them
 
     # -- mirror ------------------------------------------------------------------------
     def admit_row(self, row: JobRow, state: JobState) -> Job:
@@ -437,7 +464,8 @@ class Service:
         t0 = self.clock.monotonic()
         with self.lock:
             self.observe()
-            actions = self.act()
+            # a nearly full state disk: no starts or stops, whose records might not fit (:mod:`.disk`)
+            actions = [] if self.disk.db_low() else self.act()
         self.last_round_s = self.clock.monotonic() - t0
         self.telemetry.round_done(actions, self.last_round_s)
         return actions
@@ -488,6 +516,7 @@ class Service:
         self._record_end(job, S.FAILED, None, reason, None, 0.0)
 
     def _reap(self) -> bool:
+        self._retry_ends()
         ended = self.actuator.reap()
         for jid, state, code, reason in ended:
             self.end(jid, state, code, reason)
@@ -495,6 +524,7 @@ class Service:
 
     def end(self, jid: str, state: JobState, code: int | None, reason: str | None) -> None:
         """End a job: FINISHED (from a launching or running state), FAILED or CANCELLED (from any)."""
+        self.actuator.cap_logs(self.log_cap, jids=[jid])  # what it wrote since the last tick's check
         _, held_now = self.actuator.end(jid)
         job = self.driver.jobs[jid]
         alloc = self.driver.finish(job, self.now(), state)  # co-runners are regrouped (and recorded)
@@ -507,7 +537,7 @@ class Service:
         if row is None:
             return
         held = row.held_time + held_now
-        self.mirror.write(
+        self._write_end(
             jid,
             {"state": state.value, "end_time": self.clock.time(), "alloc": None, "procs": None, "exit_code": code,
              "reason": reason, "held_time": held, "progress": self.last_progress(jid),
@@ -516,6 +546,33 @@ class Service:
             state.value,
             {"exit_code": code, "reason": reason},
         )
+
+    def _write_end(self, jid: str, fields: dict[str, Any], event: str, detail: dict[str, Any]) -> None:
+        """Record a job's end.  One the store refuses (its disk is full) is kept and retried every tick
+        until it is taken: the job is gone from the mirror, nothing else would record it, and a restart
+        that found it still running in the store would requeue it."""
+        try:
+            self.mirror.write(jid, fields, event, detail)
+        except Exception as e:
+            if jid not in self.unrecorded:
+                log.error("job %s %s, but the store cannot record it yet (%s); retrying every tick", jid, event, e)
+            self.unrecorded[jid] = (fields, event, detail)
+
+    def _retry_ends(self) -> None:
+        for jid, (fields, event, detail) in list(self.unrecorded.items()):
+            try:
+                self.mirror.write(jid, fields, event, detail)
+            except Exception:
+                return  # still refused: the next tick tries again
+            del self.unrecorded[jid]
+            log.warning("job %s %s: recorded now", jid, event)
+
+    def _cap_logs(self) -> None:
+        """Cut running jobs' logs over the cap; while the logs' disk is nearly full, the largest ones
+        over :data:`.disk.PRESSURE_CAP`, one at a time, until it is not."""
+        self.actuator.cap_logs(self.log_cap)
+        while self.disk.logs_low() and self.actuator.cap_logs(PRESSURE_CAP, " (its disk is nearly full)", most=1):
+            pass
 
     def _handle_cancels(self) -> None:
         with self._cancel_lock:

@@ -258,6 +258,55 @@ class StoreError(RuntimeError):
     pass
 
 
+class StoreFull(StoreError):
+    """The database's disk is full (SQLite ``SQLITE_FULL``, PostgreSQL ``DiskFull`` 53100): the write
+    was not made.  The API answers 503; the service retries what it must record."""
+
+
+def is_full(e: BaseException) -> bool:
+    """Whether a database error says its disk is full."""
+    orig = getattr(e, "orig", None) or e
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == 13:  # SQLITE_FULL
+        return True
+    if "53100" in (getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None)):  # psycopg 3, psycopg2
+        return True
+    return "database or disk is full" in str(orig)
+
+
+class _Tx:
+    """A transaction whose full-disk errors, at its start, inside it or at its commit, become :class:`StoreFull`."""
+
+    def __init__(self, store: Store, durable: bool) -> None:
+        self.store = store
+        self.durable = durable
+        self.cm: Any = None
+
+    def __enter__(self) -> Any:
+        try:
+            self.cm = self.store._begin_raw(self.durable)
+            return self.cm.__enter__()
+        except Exception as e:
+            full = self.store.full(e)
+            if full is e:
+                raise
+            raise full from e
+
+    def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> Any:
+        try:
+            out = self.cm.__exit__(et, ev, tb)
+        except Exception as e:
+            full = self.store.full(e)
+            if full is e:
+                raise
+            raise full from e
+        if isinstance(ev, Exception):
+            full = self.store.full(ev)
+            if full is not ev:
+                raise full from ev
+        return out
+
+
 class Store:
     """Thread-safe access to the service's tables.  ``url`` is an SQLAlchemy URL."""
 
@@ -268,11 +317,13 @@ class Store:
         #: ``fn(job_id, kind, detail, fields)`` called after each job event commits (see the module notes)
         self.listeners: list[Callable[[int | None, str, Mapping[str, Any], Mapping[str, Any]], None]] = []
         self.is_sqlite = url.startswith("sqlite")
+        self.path: Path | None = None  # the database file, when it is a local one (SQLite)
         kw: dict[str, Any] = {"future": True}
         if self.is_sqlite:
             kw["connect_args"] = {"check_same_thread": False, "timeout": 30}
             path = url.split("///", 1)[1] if "///" in url else ""
             if path and path != ":memory:":
+                self.path = Path(path).absolute()
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 # private from the start (SQLite gives its -wal and -shm files the same mode)
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
@@ -341,8 +392,21 @@ class Store:
             return value
 
     # -- jobs -------------------------------------------------------------------
-    def _begin(self, durable: bool = True):  # noqa: ANN202
-        """A transaction; on SQLite its commit is fsynced per ``durable`` (see module docstring)."""
+    def _begin(self, durable: bool = True) -> _Tx:
+        """A transaction; on SQLite its commit is fsynced per ``durable`` (see module docstring).  A full
+        disk raises :class:`StoreFull`."""
+        return _Tx(self, durable)
+
+    def full(self, e: Exception) -> Exception:
+        """:class:`StoreFull` for an error that says the database's disk is full; else ``e`` itself."""
+        if isinstance(e, StoreFull) or not is_full(e):
+            return e
+        where = str(self.path) if self.path is not None else self.engine.url.render_as_string(hide_password=True)
+        why = str(getattr(e, "orig", None) or e).splitlines()[0]
+        return StoreFull(f"the state disk is full: the database ({where}) cannot record changes ({why}); "
+                         "free space on its file system")
+
+    def _begin_raw(self, durable: bool):  # noqa: ANN202
         conn = self.engine.begin()
         if self.is_sqlite:
             level = self.sync if durable else "NORMAL"
