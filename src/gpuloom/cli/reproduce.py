@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 
 from . import app
-from .common import console, out_dir, user_errors
+from .common import OptionError, console, out_dir, user_errors
 
 
 @app.command()
 def reproduce(
     which: Annotated[str, typer.Argument(help="muri, synergy, pal, fsched or all.")] = "all",
-    data: Annotated[Path | None, typer.Option(help="Data folder (default ../shared/data or $GPULOOM_DATA).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data folder (default $GPULOOM_DATA, else ../shared/data "
+                                                   "beside the checkout).")] = None,
     preset: Annotated[str, typer.Option(help="paper or artifact (where a paper and its artifact differ).")] = "paper",
     seeds: Annotated[int | None, typer.Option(help="Seeds where randomness enters (default 3 for synergy, pal).")] = None,
     limit: Annotated[int | None, typer.Option(help="Reduced input: the first N jobs (a quick check).")] = None,
@@ -30,7 +31,7 @@ def reproduce(
         try:
             results = run(which, data, preset, seeds, folder, limit)
         except ReproduceError as e:
-            raise typer.BadParameter(str(e)) from None
+            raise OptionError(str(e)) from None
     if as_json:
         console.print_json(json.dumps([r.as_dict() for r in results]))
         return

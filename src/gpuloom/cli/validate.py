@@ -35,7 +35,7 @@ from typing import Annotated, Any
 import typer
 
 from . import app
-from .common import console, err_console, out_dir, parse_params, user_errors
+from .common import OptionError, console, err_console, out_dir, parse_params, user_errors
 
 #: the simulations of each stack, from the workload alone to the service's measurements
 VARIANTS = ("model", "+overheads", "+round timing", "replay")
@@ -141,7 +141,7 @@ def budget_table(results: dict[str, dict[str, Any]]) -> str:
 @app.command()
 def validate(
     trace: Annotated[Path | None, typer.Option(help="Trace to slice (default: Muri's testbed trace in the data folder).")] = None,
-    data: Annotated[Path | None, typer.Option(help="Data folder (default ../shared/data or $GPULOOM_DATA).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data folder (default $GPULOOM_DATA, else ../shared/data beside the checkout).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")] = "auto",
     jobs: Annotated[int, typer.Option("--jobs", "-n", help="Jobs in the slice.")] = 30,
     start: Annotated[int, typer.Option(help="First job of the slice (index in arrival order).")] = 0,
@@ -177,7 +177,7 @@ def validate(
             try:
                 trace = data_dir(data) / "muri" / "testbed_trace" / "cluster_trace.csv"
             except ReproduceError as e:
-                raise typer.BadParameter(f"{e}; or give --trace FILE") from None
+                raise OptionError(f"{e}, or --trace FILE") from None
         stacks = _stacks(stack, parse_params(param))
         workload = scale_workload(load_trace(trace, fmt), cl, jobs, start, gpu_div, step, median, lo, hi, span)
     (folder / "workload.json").write_text(json.dumps([dataclasses.asdict(j) for j in workload], indent=1))
