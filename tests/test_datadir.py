@@ -88,6 +88,7 @@ def test_commands_find_the_data_from_another_directory(data_dir: Path, tmp_path:
     monkeypatch.chdir(empty)
     r = CliRunner().invoke(app, ["reproduce", "fsched", "--out", str(tmp_path / "o2")])
     assert r.exit_code == 2 and f"looked in $GPULOOM_DATA (not set), then {tmp_path / 'x/shared/data'}" in r.output
+    assert not (tmp_path / "o2").exists()  # no folder for a run that could not start
     r = CliRunner().invoke(app, ["simulate", "--variability", "generate", "--generate", "5", "--cluster", "2x4",
                                  "--no-plots", "--json", "--out", str(tmp_path / "s2")])
     assert r.exit_code == 2 and "variability 'generate' needs the measured data folder: no data folder" in r.output

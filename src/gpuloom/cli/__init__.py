@@ -57,8 +57,11 @@ def usage_error_line(e: _cx.ClickException) -> str:
 
 
 def main() -> None:
+    from .output import mark_process_start
+
     try:
-        rv = app(standalone_mode=False, prog_name="gpuloom")
+        with mark_process_start():  # a command's wall time counts from the process's start
+            rv = app(standalone_mode=False, prog_name="gpuloom")
     except _cx.ClickException as e:
         print(usage_error_line(e), file=sys.stderr)
         sys.exit(e.exit_code)
