@@ -421,6 +421,8 @@ def compare(
     console.print(report.summary_table(results))
     if per_queue is not None:
         console.print(per_queue)
+    for note in report.seed_notes(results):
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     n_jobs = len(next(iter(cache.values()))[0])  # per run
     seeds_txt = f"; {len(seed_list)} seeds: mean ± 95 % CI" if len(seed_list) > 1 else ""
     walls = sum(r.wall_time for rs in results.values() for r in rs)

@@ -286,6 +286,30 @@ def aggregate(results: Results) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+RANDOM_PLACES = ("random-sticky", "random-non-sticky")
+
+
+def seed_notes(results: Results) -> list[str]:
+    """Why a configuration run with several seeds shows ± 0: its seeds gave identical runs (every job's record
+    equal).  Random placement still drew with each seed; it is said apart, since a reader expects it to vary."""
+    same = [lb for lb, rs in runs_of(results).items() if len(rs) > 1 and all(r.jobs == rs[0].jobs for r in rs[1:])]
+    if not same:
+        return []
+    rand = [lb for lb in same if runs_of(results)[lb][0].config.get("place") in RANDOM_PLACES]
+    fixed = [lb for lb in same if lb not in rand]
+    notes = []
+    if fixed:
+        notes.append(f"{', '.join(fixed)}: every seed gave the same run (nothing in {'it' if len(fixed) == 1 else 'them'} "
+                     "depends on the seed: a trace's jobs, no random stage), hence ± 0")
+    if rand:
+        notes.append(f"{', '.join(rand)}: every seed gave the same run although each drew other GPUs at random: no job "
+                     "ran faster or slower for the GPUs it drew (a job pays the same locality penalty however many "
+                     "nodes beyond the fewest it spans, and no PM-scores tell GPUs apart), hence ± 0; the seed "
+                     "matters with --variability generate (GPUs of unequal speed), or with smaller jobs on "
+                     "larger nodes")
+    return notes
+
+
 # -- tables ---------------------------------------------------------------------
 def _time_unit(seconds: float) -> tuple[float, str]:
     if not math.isfinite(seconds) or seconds < 600:
@@ -467,7 +491,8 @@ def write_compare(results: Results, out_dir: str | Path, runs_dir: bool = True, 
         cmd = info.get("command_wall_time_s")
         md.append(f"- wall time: {cmd:.2f} s for the command, {sim}" if isinstance(cmd, int | float)
                   else f"- wall time: {sim}")
-    md += ["", markdown_table(runs), "", "## Configurations", "", "| label | stages | parameters |", "|---|---|---|"]
+    md += ["", markdown_table(runs), ""] + [f"Note: {n}." for n in seed_notes(runs)]
+    md += ["", "## Configurations", "", "| label | stages | parameters |", "|---|---|---|"]
     for label, rs in runs.items():
         c = rs[0].config
         ps = ", ".join(f"{k}={v}" for k, v in sorted((c.get("params") or {}).items())) or "–"
