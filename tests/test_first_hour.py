@@ -1,6 +1,6 @@
 """What a newcomer reads in the first hour says what is true: the files the docs name exist, every column of
-``jobs.csv`` and key of the summary is documented, ``--help`` shows no type after a flag, the server's start
-line reads as English."""
+``jobs.csv`` and key of the summary is documented, CI runs the README's own set-up and test commands, ``--help``
+shows no type after a flag, the server's start line reads as English."""
 
 from __future__ import annotations
 
@@ -71,6 +71,19 @@ def test_every_column_of_jobs_csv_and_key_of_the_summary_is_documented(tmp_path:
     text = (REPO / "docs" / "reports.md").read_text()
     undocumented = [k for k in res.summary() if f"`{k}`" not in text]
     assert not undocumented, f"summary keys missing in docs/reports.md: {undocumented}"
+
+
+def test_ci_runs_the_readme_set_up_and_test_commands_exactly() -> None:
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    setup = next(b for b in blocks if "python3 -m venv .venv" in b).splitlines()
+    test = next(b for b in blocks if "-m pytest" in b).strip()
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert "python3 -m venv .venv && .venv/bin/pip install -e ." in setup
+    assert any(line.startswith("python3 -m venv .venv && .venv/bin/pip install -e . ||") for line in ci)
+    assert test == ".venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
+    runs = [line for line in ci if "-m pytest" in line]
+    assert len(runs) == 1 and f"{{ {test} || status=1; }}" in runs[0], runs  # nothing added to the command
 
 
 def test_help_shows_no_type_after_a_flag(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
