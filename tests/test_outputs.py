@@ -110,3 +110,19 @@ def test_out_is_written_exactly_and_never_mixed(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert runner.invoke(app, ["simulate", *QUICK, "-o", str(empty)]).exit_code == 0
+
+
+def test_out_removes_nothing_outside_its_folder(tmp_path: Path) -> None:
+    """A gpuloom-run.json that lists files outside the folder, and a link to one: only what is in the folder
+    goes (the link itself, not what it points to)."""
+    victim, pointed = tmp_path / "victim.txt", tmp_path / "pointed.txt"
+    victim.write_text("keep")
+    pointed.write_text("keep")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "link.txt").symlink_to(pointed)
+    (out / "gpuloom-run.json").write_text(json.dumps({"files": ["../victim.txt", str(victim), "link.txt"]}))
+    r = runner.invoke(app, ["simulate", *QUICK, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert victim.read_text() == pointed.read_text() == "keep" and not (out / "link.txt").is_symlink()
+    assert "report.md" in files(out)

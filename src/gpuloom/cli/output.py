@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
     from click import core as _core  # type: ignore[no-redef]
     from click.globals import get_current_context  # type: ignore[no-redef]
 
-from .common import OptionError, console
+from .common import OptionError, console, plain
 
 ROOT = Path("gpuloom-out")
 MANIFEST = "gpuloom-run.json"
@@ -48,8 +48,9 @@ OUT_HELP = ("Output folder, written exactly (an earlier gpuloom run's files in i
 
 
 def report_line(path: Path) -> None:
-    """The last line a command prints: where its report is."""
-    console.print(f"report: {path}", highlight=False, markup=False, soft_wrap=True)
+    """The last line a command prints: where its report is (control characters in the path shown as ``?``)."""
+    console.print(f"report: {plain(path)}", highlight=False, markup=False, soft_wrap=True)
+
 
 # the command's start (perf_counter time): the process's, when run as ``gpuloom`` (:func:`gpuloom.cli.main`)
 _started: list[float] = []
@@ -73,7 +74,8 @@ def mark_process_start() -> Iterator[None]:
 
 
 def command_wall_s(default_start: float) -> float:
-    """Seconds since the command began: since :func:`mark_start`, else since ``default_start``."""
+    """Seconds since the command began: since the process started (:func:`mark_process_start`), else since
+    ``default_start`` (a command run in-process, by a test or another program)."""
     return time.perf_counter() - (_started[0] if _started else default_start)
 
 
