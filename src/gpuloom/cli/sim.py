@@ -250,6 +250,8 @@ def simulate(
         rc = RunConfig(label, order, group, size, place, not non_preemptive, params, locality_penalty, cfg,
                        queue).validate()
         tree = apply_queues([rc], queues, specs, cl)
+        if tree is not None:
+            tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
         result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree))
     result.meta.update(_meta(trace, what, cluster))
@@ -398,6 +400,8 @@ def compare(
             what = what.replace(f"(seed {seed_list[0]})", "(one per seed)")
         n_jobs = sum(len(load(s)) for s in seed_list) if seeded else len(load(seed_list[0])) * len(seed_list)
         tree = apply_queues(configs, queues, load(seed_list[0]), cl)
+        if tree is not None:
+            tree.check_capacity(cl)  # what the runs would find first: before --out is looked at
         if ray_address is not None:
             ray_connect(ray_address)
         output = Output("compare", out)  # a refused --out costs no run time
