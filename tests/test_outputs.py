@@ -126,3 +126,7 @@ def test_out_removes_nothing_outside_its_folder(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert victim.read_text() == pointed.read_text() == "keep" and not (out / "link.txt").is_symlink()
     assert "report.md" in files(out)
+    # a terminal escape in the folder's name reaches the terminal as text
+    odd = tmp_path / "a\x1b[31mb"
+    r = runner.invoke(app, ["simulate", *QUICK, "-o", str(odd)])
+    assert r.exit_code == 0 and r.output.splitlines()[-1] == f"report: {tmp_path}/a?[31mb/report.md"
