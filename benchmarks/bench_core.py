@@ -44,7 +44,7 @@ r = sim.run()
 t2 = time.perf_counter()
 s = r.summary()
 print(json.dumps({"load_s": t1 - t0, "sim_s": t2 - t1, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "jobs": s["jobs"], "completed": s["completed"], "mean_jct": s["mean_jct"], "rounds": r.rounds,
+                  "jobs": s["jobs"], "completed": s["completed"], "mean_jct": s["mean_jct_s"], "rounds": r.rounds,
                   "rounds_computed": r.rounds_computed}))
 """
 

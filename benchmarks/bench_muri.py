@@ -137,8 +137,8 @@ def run_config(trace: str, label: str) -> dict[str, float | str]:
     wall = time.perf_counter() - t
     s = res.summary()
     return {"trace": trace, "policy": label, "jobs": s["jobs"], "completed": s["completed"],
-            "mean_jct_h": s["mean_jct"] / 3600, "p99_jct_h": s["p99_jct"] / 3600,
-            "makespan_h": s["makespan"] / 3600, "gpu_util": s["gpu_util"], "wall_s": wall}
+            "mean_jct_h": s["mean_jct_s"] / 3600, "p99_jct_h": s["p99_jct_s"] / 3600,
+            "makespan_h": s["makespan_s"] / 3600, "gpu_util": s["gpu_util"], "wall_s": wall}
 
 
 def main() -> None:

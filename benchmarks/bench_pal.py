@@ -153,7 +153,7 @@ def _run(specs: list[JobSpec], cluster: Cluster, scores: PMScores, place: str, p
     s = res.summary()
     if s["unfinished"]:
         raise RuntimeError(f"{place}: {s['unfinished']} jobs unfinished")
-    return float(s["mean_jct"])
+    return float(s["mean_jct_s"])
 
 
 def _geo_impr(ratios: list[float]) -> float:

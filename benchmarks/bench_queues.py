@@ -192,8 +192,8 @@ def bench_philly(processes: int, out: Path | None, splits: list[str], days: tupl
     with ProcessPoolExecutor(processes) as pool:
         for r in pool.map(_run_philly, tasks):  # in task order, each as soon as it (and those before) end
             s = r["summary"]
-            print(f"  {r['split']:6} {r['config']:18} util {s['gpu_util']:.1%}  mean JCT {s['mean_jct'] / 3600:.1f} h  "
-                  f"queueing {s['mean_queueing_delay'] / 3600:.1f} h  done {s['completed']:,}  "
+            print(f"  {r['split']:6} {r['config']:18} util {s['gpu_util']:.1%}  mean JCT {s['mean_jct_s'] / 3600:.1f} h  "
+                  f"queueing {s['mean_queueing_delay_s'] / 3600:.1f} h  done {s['completed']:,}  "
                   f"({r['wall_s']:.0f} s)", flush=True)
             results.append(r)
     for sp in splits:
@@ -214,8 +214,8 @@ def philly_tables(split: str, rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {name} | " + " | ".join(vals) + " |")
 
     row("GPU utilisation", [f"{r['summary']['gpu_util']:.1%}" for r in rows])
-    row("mean JCT (h)", [f"{r['summary']['mean_jct'] / 3600:.1f}" for r in rows])
-    row("mean queueing delay (h)", [f"{r['summary']['mean_queueing_delay'] / 3600:.1f}" for r in rows])
+    row("mean JCT (h)", [f"{r['summary']['mean_jct_s'] / 3600:.1f}" for r in rows])
+    row("mean queueing delay (h)", [f"{r['summary']['mean_queueing_delay_s'] / 3600:.1f}" for r in rows])
     row("completed", [f"{r['summary']['completed']:,}" for r in rows])
     row("guarantee deficit (GPU-h)", [f"{sum(q['deficit_gpu_h'] for q in r['queues']):,.0f}" for r in rows])
     row("preemptions", [f"{r['summary']['preemptions']:,}" for r in rows])

@@ -95,7 +95,7 @@ def sim_table(prof: Path, jobs: int, durations: str) -> None:
             if s["unfinished"]:
                 note += f"  {s['unfinished']} unfinished"
             print(
-                f"{order:<6}{size:<14}{s['mean_jct'] / 3600:>11.2f}{s['p99_jct'] / 3600:>11.2f}"
+                f"{order:<6}{size:<14}{s['mean_jct_s'] / 3600:>11.2f}{s['p99_jct_s'] / 3600:>11.2f}"
                 f"{s['gpu_util']:>7.1%}{s['cpu_util']:>7.1%}{s['mem_util']:>7.1%}{wall:>8.1f}{note}"
             )
             sys.stdout.flush()

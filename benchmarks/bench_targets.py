@@ -80,7 +80,7 @@ def _timed(fn):  # noqa: ANN001, ANN202
 
 def _summary_fp(res) -> str:  # noqa: ANN001
     s = res.summary()
-    return f"jct {s['mean_jct']:.6g} done {s['completed']}"
+    return f"jct {s['mean_jct_s']:.6g} done {s['completed']}"
 
 
 def case_philly(check: bool) -> dict:

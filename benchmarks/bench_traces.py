@@ -75,7 +75,7 @@ def main() -> None:
         res = simulate(Cluster.homogeneous(n, g), jobs, round_len=r)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         s = res.summary()
-        print(f"{name:50s} {f'{n}x{g}':>8s} {s['completed']:6d} {wall:7.3f} {cpu:7.3f} {s['mean_jct'] / 3600:10.2f}")
+        print(f"{name:50s} {f'{n}x{g}':>8s} {s['completed']:6d} {wall:7.3f} {cpu:7.3f} {s['mean_jct_s'] / 3600:10.2f}")
 
 
 if __name__ == "__main__":

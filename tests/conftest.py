@@ -1,26 +1,24 @@
-"""Shared fixtures.  Real data is read from ``../shared/data`` beside the checkout
-(or ``$GPULOOM_DATA``); tests that need it are skipped where it is absent."""
+"""Shared fixtures.  Real data is found as the commands find it (``$GPULOOM_DATA``, else
+``../shared/data`` beside the checkout: :mod:`gpuloom.perf.datadir`); tests that need it are
+skipped where it is absent."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from gpuloom.perf.datadir import data_dir as find_data
+from gpuloom.perf.datadir import describe_search
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def data_path() -> Path:
-    env = os.environ.get("GPULOOM_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    p = data_path()
-    if not p.is_dir():
-        pytest.skip(f"real data not found at {p}")
+    p = find_data()
+    if p is None:
+        pytest.skip(f"real data not found: looked in {describe_search()}")
     return p
 
 

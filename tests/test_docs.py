@@ -138,8 +138,10 @@ def strip_comment(cmd: str) -> str:
 
 
 def data_dir() -> Path:
-    env = os.environ.get("GPULOOM_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data"
+    """The data the blocks get as ``../shared/data``: where the commands would find it from the checkout."""
+    from gpuloom.perf.datadir import data_dir as find_data
+
+    return find_data(cwd=REPO) or REPO.parent / "shared" / "data"
 
 
 # -- running one block ------------------------------------------------------------------

@@ -307,7 +307,7 @@ def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_wo
 # -- sweeps --------------------------------------------------------------------------------------
 def compare_files(tmp_path: Path, out: str, args: list[str]) -> dict[str, Any]:
     """Run ``gpuloom compare ARGS --out OUT``; every file it wrote, without what may differ: seconds of
-    CPU time and the command line."""
+    CPU or wall time, the command line and when it started."""
     r = subprocess.run([sys.executable, "-m", "gpuloom", "compare", *args, "--out", str(tmp_path / out)],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path,
                        env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
@@ -318,7 +318,7 @@ def compare_files(tmp_path: Path, out: str, args: list[str]) -> dict[str, Any]:
             continue
         key = f.relative_to(tmp_path / out).as_posix()
         if f.suffix == ".json":
-            files[key] = _without(json.loads(f.read_text()), {"wall_time_s", "command"})
+            files[key] = _without(json.loads(f.read_text()), {"wall_time_s", "command", "command_wall_time_s", "started"})
         elif f.suffix == ".csv":
             rows = [line.split(",") for line in f.read_text().splitlines()]
             keep = [i for i, h in enumerate(rows[0]) if h != "wall_time_s"]

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ from rich.console import Console
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.job import JobSpec
 from gpuloom.sim import RunResult, simulate
-from gpuloom.sim.plots import binned_series, cdf_points, plot_compare, plot_run
+from gpuloom.sim.metrics import DEPRECATED_KEYS
+from gpuloom.sim.plots import binned_series, cdf_points, modelled_panels, plot_compare, plot_run
 from gpuloom.sim.report import (
     JOB_COLUMNS,
     METRICS,
@@ -83,11 +85,16 @@ def test_write_run_files_parse_back_exactly(tmp_path: Path) -> None:
 
     doc = strict_json(paths["summary"])
     s = doc["summary"]
-    assert s["mean_jct"] == pytest.approx(410 / 3, rel=1e-12)
-    assert (s["median_jct"], s["makespan"], s["completed"], s["unfinished"]) == (150, 170, 3, 0)
-    assert s["p95_jct"] == pytest.approx(159.0) and s["p99_jct"] == pytest.approx(159.8)
-    assert s["geomean_jct"] == pytest.approx((100 * 150 * 160) ** (1 / 3))
-    assert s["mean_queueing_delay"] == 80 and s["max_slowdown"] == 8 and s["mean_slowdown"] == 4
+    assert s["mean_jct_s"] == pytest.approx(410 / 3, rel=1e-12)
+    assert (s["median_jct_s"], s["makespan_s"], s["completed"], s["unfinished"]) == (150, 170, 3, 0)
+    assert s["p95_jct_s"] == pytest.approx(159.0) and s["p99_jct_s"] == pytest.approx(159.8)
+    assert s["geomean_jct_s"] == pytest.approx((100 * 150 * 160) ** (1 / 3))
+    assert s["mean_queueing_delay_s"] == 80 and s["max_slowdown"] == 8 and s["mean_slowdown"] == 4
+    # the names without a unit, deprecated, are still there with the same values
+    assert DEPRECATED_KEYS == {"mean_jct": "mean_jct_s", "median_jct": "median_jct_s", "p95_jct": "p95_jct_s",
+                               "p99_jct": "p99_jct_s", "geomean_jct": "geomean_jct_s", "makespan": "makespan_s",
+                               "mean_queueing_delay": "mean_queueing_delay_s"}
+    assert all(s[old] == s[new] for old, new in DEPRECATED_KEYS.items())
     assert s["max_ftf_rho"] == pytest.approx(160 / 48.75) and s["mean_ftf_rho"] == pytest.approx(
         (100 / 290 + 150 / 130 + 160 / 48.75) / 3)
     assert s["gpu_util"] == s["cpu_util"] == s["mem_util"] == 1.0
@@ -114,11 +121,19 @@ def test_plot_run_pngs(tmp_path: Path) -> None:
     for p in paths:
         assert p.stat().st_size > 5000
         png_size(p)
-    # GPU, CPU and memory panels: three times the height of a GPU-only cluster's figure
-    full = png_size(tmp_path / "utilisation.png")[1]
+    # cores and memory given out in proportion to GPUs would repeat the GPU panel: one panel
+    one = png_size(tmp_path / "utilisation.png")[1]
+    assert [t for _, _, t in modelled_panels(run())] == ["GPU"]
     gpu_only = Cluster((Node("n0", 1, 0, 0),))
     plot_run(run(cluster=gpu_only), tmp_path / "g")
-    assert png_size(tmp_path / "g" / "utilisation.png")[1] * 3 == full
+    assert png_size(tmp_path / "g" / "utilisation.png")[1] == one
+    # a asks 1 core (its share is 3), then also 1 GB (its share is 64): CPU, then memory, differ from GPU
+    for k, own, titles in ((2, {"cpus": 1}, ["GPU", "CPU"]), (3, {"cpus": 1, "mem_mb": 1000}, ["GPU", "CPU", "memory"])):
+        res = simulate(Cluster.homogeneous(1, 1), [replace(SPECS[0], **own), *SPECS[1:]], round_len=10,
+                       restart_overhead=0)
+        assert [t for _, _, t in modelled_panels(res)] == titles
+        plot_run(res, tmp_path / str(k))
+        assert png_size(tmp_path / str(k) / "utilisation.png")[1] == k * one
 
 
 def test_plot_run_with_no_finished_job(tmp_path: Path) -> None:

@@ -9,14 +9,16 @@ close name, instead of a boxed panel wrapped at the terminal width.
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 try:  # recent typer vendors click; older ones use the click package
     from typer._click import exceptions as _cx
+    from typer._click.core import Context
 except ImportError:  # pragma: no cover
     from click import exceptions as _cx  # type: ignore[no-redef]
+    from click.core import Context  # type: ignore[assignment]
 
 app = typer.Typer(
     name="gpuloom",
@@ -56,9 +58,25 @@ def usage_error_line(e: _cx.ClickException) -> str:
     return f"error: {msg}{hint}"
 
 
+def tidy_help(cmd: Any) -> Any:
+    """``cmd`` (and its subcommands) with no type shown after a flag in ``--help`` (typer 0.2x prints
+    ``<bool>`` there, as if the flag took a value)."""
+    # --help itself is made on demand (and kept) by the command
+    params = [*getattr(cmd, "params", ()), cmd.get_help_option(Context(cmd))]
+    for p in params:
+        if getattr(p, "is_flag", False) and getattr(p, "metavar", None) is None:
+            p.metavar = ""
+    for sub in getattr(cmd, "commands", {}).values():
+        tidy_help(sub)
+    return cmd
+
+
 def main() -> None:
+    from .output import mark_process_start
+
     try:
-        rv = app(standalone_mode=False, prog_name="gpuloom")
+        with mark_process_start():  # a command's wall time counts from the process's start
+            rv = tidy_help(typer.main.get_command(app))(standalone_mode=False, prog_name="gpuloom")
     except _cx.ClickException as e:
         print(usage_error_line(e), file=sys.stderr)
         sys.exit(e.exit_code)

@@ -234,9 +234,3 @@ def ray_connect(address: str, num_gpus: int | None = None, num_cpus: int | None 
     except (ConnectionError, RuntimeError, ValueError) as e:
         err_console.print(f"[bold red]error:[/] cannot connect to the Ray cluster at {address!r}: {e}", highlight=False)
         raise typer.Exit(2) from None
-
-
-def out_dir(path: Path | None, default: str = "gpuloom-out") -> Path:
-    p = path or Path(default)
-    p.mkdir(parents=True, exist_ok=True)
-    return p

@@ -16,7 +16,8 @@ from typing import Annotated
 import typer
 
 from . import app
-from .common import console, out_dir, user_errors
+from .common import console, user_errors
+from .output import OUT_HELP, Output
 
 
 @app.command()
@@ -36,7 +37,7 @@ def elastic(
     step: Annotated[str, typer.Option(help="Thesis step: global (90 samples split over the GPUs) or gpu (per-GPU mini-batch).")] = "global",
     order: Annotated[str, typer.Option(help="Order policy.")] = "fifo",
     place: Annotated[str, typer.Option(help="Place policy for the elastic runs.")] = "packed-sticky",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
 ) -> None:
     """Compare elastic F-scheduling with static slots; write the breakdown chart and utilisation CDF."""
     from ..core.cluster import parse_cluster
@@ -73,12 +74,14 @@ def elastic(
         configs = {
             f"F v<={v_bound:g} {label[m]}": {"v_bound": v_bound, "slowdown": m, "hysteresis": h} for m in modes
         }
+        output = Output("elastic", out)
         runs = compare_elastic_static(specs, cl, slot_list, configs, lt, round_len, order, place)
-    folder = out_dir(out)
+    folder = output.create(trace.stem if trace is not None else "thesis")
     plot_phase_breakdown(runs, folder / "elastic_breakdown.png")
     plot_utilisation_cdf(runs, folder / "elastic_util_cdf.png")
     rows = comparison_rows(runs)
     (folder / "elastic.json").write_text(json.dumps(rows, indent=2, default=str))
+    output.finish()
     from rich.table import Table
 
     t = Table(title=f"{len(specs)} jobs on {cl.num_nodes} node(s) / {cl.num_gpus} GPUs")
@@ -88,4 +91,5 @@ def elastic(
         t.add_row(*[(f"{v:.3f}" if abs(v) < 10 else f"{v:,.1f}") if isinstance(v, float) and not math.isnan(v)
                     else str(v) for v in r.values()])
     console.print(t)
-    console.print(f"[dim]charts and elastic.json in {folder}/[/]")
+    console.print(f"results: {folder}/ (elastic.json, elastic_breakdown.png, elastic_util_cdf.png)", highlight=False,
+                  markup=False, soft_wrap=True)

@@ -9,30 +9,35 @@ from typing import Annotated
 import typer
 
 from . import app
-from .common import console, out_dir, user_errors
+from .common import OptionError, console, user_errors
+from .output import OUT_HELP, Output, report_line
 
 
 @app.command()
 def reproduce(
     which: Annotated[str, typer.Argument(help="muri, synergy, pal, fsched or all.")] = "all",
-    data: Annotated[Path | None, typer.Option(help="Data folder (default ../shared/data or $GPULOOM_DATA).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data folder (default $GPULOOM_DATA, else ../shared/data "
+                                                   "beside the checkout).")] = None,
     preset: Annotated[str, typer.Option(help="paper or artifact (where a paper and its artifact differ).")] = "paper",
     seeds: Annotated[int | None, typer.Option(help="Seeds where randomness enters (default 3 for synergy, pal).")] = None,
     limit: Annotated[int | None, typer.Option(help="Reduced input: the first N jobs (a quick check).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Run each source's headline experiment and print its published figures beside gpuloom's."""
-    from ..sim.reproduce import ReproduceError, run, table
+    from ..sim.reproduce import ReproduceError, data_dir, run, table, write
 
-    folder = out_dir(out)
     with user_errors():
+        output = Output("reproduce", out)
         try:
-            results = run(which, data, preset, seeds, folder, limit)
+            data_dir(data)  # no data: an error before any folder is made
+            results = run(which, data, preset, seeds, None, limit)
         except ReproduceError as e:
-            raise typer.BadParameter(str(e)) from None
+            raise OptionError(str(e)) from None
+    path = write(results, output.create(which))
+    output.finish()
     if as_json:
         console.print_json(json.dumps([r.as_dict() for r in results]))
         return
     print(table(results))
-    console.print(f"[dim]reproduce.json and plots in {folder}/[/]")
+    report_line(path)

@@ -316,8 +316,9 @@ def serve(
     tmp.write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
     os.replace(tmp, sd / "server.json")
     logging.getLogger("gpuloom.service").info(
-        "serving %s on %s (dashboard %s/, API docs %s/docs; %d nodes, %d GPUs; %s; store %s)",
-        "gpuloom", server_url, server_url, server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
+        "serving %s on %s (dashboard %s/, API docs %s/docs; %d node%s, %d GPU%s; stages %s; store %s)",
+        "gpuloom", server_url, server_url, server_url, inventory.num_nodes, "s" * (inventory.num_nodes != 1),
+        inventory.num_gpus, "s" * (inventory.num_gpus != 1), "/".join(sched.names.values()), url,
     )
     config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False,
                             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,

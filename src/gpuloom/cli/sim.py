@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,7 +36,6 @@ from .common import (
     console,
     err_console,
     model_options,
-    out_dir,
     parse_params,
     positive,
     ray_connect,
@@ -46,6 +43,7 @@ from .common import (
     user_errors,
     warn,
 )
+from .output import OUT_HELP, Output, command_line, report_line
 from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queue_stage
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
@@ -157,8 +155,8 @@ def check_impossible(specs: Sequence[Any], cl: Any, drop: bool) -> dict[str, str
     return bad
 
 
-def command_line() -> str:
-    return shlex.join(["gpuloom", *sys.argv[1:]])
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"
 
 
 def _meta(trace: Path | None, what: str, cluster: str) -> dict[str, Any]:
@@ -204,8 +202,8 @@ def simulate(
     generate: GenerateOpt = None,
     rate: RateOpt = None,
     limit: LimitOpt = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
-    plots: Annotated[bool, typer.Option(help="Write PNG plots and report.md.")] = True,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Simulate one scheduler configuration on a trace (or the built-in workload)."""
@@ -252,27 +250,37 @@ def simulate(
         rc = RunConfig(label, order, group, size, place, not non_preemptive, params, locality_penalty, cfg,
                        queue).validate()
         tree = apply_queues([rc], queues, specs, cl)
+        if tree is not None:
+            tree.check_capacity(cl)  # what the run would find first: before --out is looked at
+        output = Output("simulate", out)  # a refused --out costs no run time
         result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree))
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
     summary = result.summary()
-    folder = out_dir(out)
+    folder = output.create("-".join([order, *(v for v, d in ((group, "none"), (size, "proportional"),
+                                                              (place, "packed-sticky")) if v != d)]))
     from ..sim import report
 
-    report.write_run(result, folder)
+    drawn = []
     if plots:
         from ..sim.plots import plot_run
 
-        report.write_report(result, folder, plot_run(result, folder))
+        drawn = plot_run(result, folder)
     per_queue = queue_outputs({result.label: result}, folder, plots)
+    result.meta["command_wall_time_s"] = output.wall_s()
+    report.write_run(result, folder)
+    report.write_report(result, folder, drawn)
+    output.finish()
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))
         return
     console.print(report.summary_table({result.label: result}))
     if per_queue is not None:
         console.print(per_queue)
-    console.print(f"[dim]{len(specs)} jobs ({what}) on {cl.num_nodes} nodes / {cl.num_gpus} GPUs; "
-                  f"results in {folder}/[/]", highlight=False)
+    console.print(f"[dim]{len(specs)} jobs ({what}) on {cl.num_nodes} {_plural(cl.num_nodes, 'node')} / "
+                  f"{cl.num_gpus} GPUs; simulated in {result.wall_time:.2f} s, "
+                  f"{result.meta['command_wall_time_s']:.1f} s in all[/]", highlight=False)
+    report_line(folder / "report.md")
 
 
 def _run_with_progress(run):  # noqa: ANN001, ANN202
@@ -332,7 +340,7 @@ def compare(
     processes: Annotated[int | None, typer.Option("--processes", "-j", help="Parallel processes (default: CPU count).")] = None,
     ray_address: Annotated[str | None, typer.Option(
         "--ray", help="Run the configurations as Ray tasks: auto (the cluster running here), local, or an address.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print one summary row per run as JSON.")] = False,
 ) -> None:
@@ -392,8 +400,11 @@ def compare(
             what = what.replace(f"(seed {seed_list[0]})", "(one per seed)")
         n_jobs = sum(len(load(s)) for s in seed_list) if seeded else len(load(seed_list[0])) * len(seed_list)
         tree = apply_queues(configs, queues, load(seed_list[0]), cl)
+        if tree is not None:
+            tree.check_capacity(cl)  # what the runs would find first: before --out is looked at
         if ray_address is not None:
             ray_connect(ray_address)
+        output = Output("compare", out)  # a refused --out costs no run time
         with Progress("compare", runs=len(configs) * len(seed_list), jobs=n_jobs * len(configs)) as prog:
             results = run_seeds(configs, cl, seed_list, load if seeded else load(seed_list[0]), processes,
                                 on_progress=lambda p: prog.update(p.key, p.done, p.total, p.now, p.finished),
@@ -403,15 +414,22 @@ def compare(
         for r in rs:
             r.meta.update(meta)
             _stall_warning(r)
-    folder = out_dir(out)
-    report.write_compare(results, folder, plots=plots, meta=meta)
+    labels = list(results)
+    folder = output.create("+".join(labels) if len("+".join(labels)) <= 40 else f"{len(labels)}-configs")
+    report.write_compare(results, folder, plots=plots, meta=meta, command_clock=output.wall_s)
     per_queue = queue_outputs({label: rs[0] for label, rs in results.items()}, folder, False)  # the first seed's
+    output.finish()
     if as_json:
         console.print_json(json.dumps(report.jsonable(report.summary_rows(results))))
         return
     console.print(report.summary_table(results))
     if per_queue is not None:
         console.print(per_queue)
+    for note in report.seed_notes(results):
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     n_jobs = len(next(iter(cache.values()))[0])  # per run
     seeds_txt = f"; {len(seed_list)} seeds: mean ± 95 % CI" if len(seed_list) > 1 else ""
-    console.print(f"[dim]{n_jobs} jobs ({what}){seeds_txt}; results in {folder}/[/]", highlight=False)
+    walls = sum(r.wall_time for rs in results.values() for r in rs)
+    console.print(f"[dim]{n_jobs} jobs ({what}){seeds_txt}; simulated in {walls:.2f} s (all runs), "
+                  f"{output.wall_s():.1f} s in all[/]", highlight=False)
+    report_line(folder / "compare.md")

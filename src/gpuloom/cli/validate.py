@@ -35,7 +35,8 @@ from typing import Annotated, Any
 import typer
 
 from . import app
-from .common import console, err_console, out_dir, parse_params, user_errors
+from .common import OptionError, console, err_console, parse_params, user_errors
+from .output import OUT_HELP, Output, report_line
 
 #: the simulations of each stack, from the workload alone to the service's measurements
 VARIANTS = ("model", "+overheads", "+round timing", "replay")
@@ -141,7 +142,7 @@ def budget_table(results: dict[str, dict[str, Any]]) -> str:
 @app.command()
 def validate(
     trace: Annotated[Path | None, typer.Option(help="Trace to slice (default: Muri's testbed trace in the data folder).")] = None,
-    data: Annotated[Path | None, typer.Option(help="Data folder (default ../shared/data or $GPULOOM_DATA).")] = None,
+    data: Annotated[Path | None, typer.Option(help="Data folder (default $GPULOOM_DATA, else ../shared/data beside the checkout).")] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")] = "auto",
     jobs: Annotated[int, typer.Option("--jobs", "-n", help="Jobs in the slice.")] = 30,
     start: Annotated[int, typer.Option(help="First job of the slice (index in arrival order).")] = 0,
@@ -159,7 +160,7 @@ def validate(
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter or model option for every stack, both faces.")] = None,
     job_script: Annotated[Path | None, typer.Option(help="The job (default examples/sleepy_train.py of this checkout).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds one stack's service run may take.")] = 1800.0,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder (default gpuloom-out).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Run a trace slice through a real service and the simulator under the same stacks; report the errors."""
@@ -168,7 +169,6 @@ def validate(
     from ..sim.traces import load_trace
     from ..sim.validate import scale_workload, table
 
-    folder = out_dir(out)
     with user_errors():
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
         if cl.num_nodes != 1:
@@ -177,9 +177,11 @@ def validate(
             try:
                 trace = data_dir(data) / "muri" / "testbed_trace" / "cluster_trace.csv"
             except ReproduceError as e:
-                raise typer.BadParameter(f"{e}; or give --trace FILE") from None
+                raise OptionError(f"{e}, or --trace FILE") from None
         stacks = _stacks(stack, parse_params(param))
         workload = scale_workload(load_trace(trace, fmt), cl, jobs, start, gpu_div, step, median, lo, hi, span)
+        output = Output("validate", out)
+    folder = output.create("+".join(stacks))
     (folder / "workload.json").write_text(json.dumps([dataclasses.asdict(j) for j in workload], indent=1))
     results: dict[str, dict[str, Any]] = {}
     for label, st in stacks.items():
@@ -198,8 +200,10 @@ def validate(
           + table({k: v["model"] for k, v in results.items()})
           + "\n## Error budget (mean JCT error, median per-job JCT error)\n\n" + budget_table(results))
     (folder / "validation.md").write_text(md)
+    output.finish()
     if as_json:
         console.print_json(json.dumps(doc, default=str))
         return
     print(md)
-    console.print(f"[dim]validation.json, validation.md and the exported traces in {folder}/[/]")
+    console.print(f"[dim]validation.json, validation.md and the exported traces in {folder}/[/]", highlight=False)
+    report_line(folder / "validation.md")

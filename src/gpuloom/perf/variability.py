@@ -341,19 +341,18 @@ def variability_from_spec(spec: str, cluster: Cluster, variability_dir: str | Pa
     the way PAL's artifact does for its simulations (slowest run per GPU,
     GPUs drawn independently).  Without a folder they read ``pal/variability``
     in the data folder (:func:`gpuloom.perf.datadir.data_dir`: ``$GPULOOM_DATA``,
-    else ``../shared/data``).
+    else ``../shared/data`` beside the checkout).
     """
     word, _, folder = spec.partition(":")
     if word in GENERATORS and (folder or spec == word):
         d: str | Path | None = folder or variability_dir
         if d is None:
-            from .datadir import data_dir, describe_search
+            from .datadir import DataDirError, require_data_dir
 
-            root = data_dir()
-            if root is None:
-                raise VariabilityError(
-                    f"variability {word!r} needs the measured data folder: {word}:DIR, {describe_search()}"
-                )
+            try:
+                root = require_data_dir(hint=f"{word}:DIR")
+            except DataDirError as e:
+                raise VariabilityError(f"variability {word!r} needs the measured data folder: {e}") from None
             d = root / "pal" / "variability"
         per_gpu, draw = GENERATORS[word]
         scores = generate_for_cluster(cluster, d, seed, per_gpu=per_gpu, draw=draw)

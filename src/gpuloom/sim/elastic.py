@@ -299,8 +299,8 @@ def comparison_rows(results: Mapping[str, ElasticRun | RunResult]) -> list[dict[
         s = r.summary()
         rows.append({
             "config": name,
-            "makespan_s": s["makespan"],
-            "mean_jct_s": s["mean_jct"],
+            "makespan_s": s["makespan_s"],
+            "mean_jct_s": s["mean_jct_s"],
             "gpu_held": s["gpu_util"],
             "gpu_busy": busy_fraction(run) if isinstance(run, ElasticRun) else float("nan"),
             "resizes": sum(j.resizes for j in r.jobs),

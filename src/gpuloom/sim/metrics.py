@@ -28,6 +28,10 @@ Definitions (all times in seconds):
 * GPU utilisation = time-weighted mean of GPUs held / GPUs in the cluster over
   [first arrival, last event]; CPU and memory likewise.
 
+:meth:`RunResult.summary` names each time with its unit (``mean_jct_s``, ``makespan_s``, ...; seconds);
+utilisations are fractions (0 to 1).  The names without a unit (``mean_jct``, ...:
+:data:`DEPRECATED_KEYS`) are kept beside them for one release.
+
 Unfinished jobs have no JCT, slowdown or ρ (``None`` / NaN) and are left out of
 the statistics; ``unfinished`` counts them, ``impossible`` lists those that
 could never run on the cluster and ``stalled`` those the stall guard found
@@ -144,6 +148,14 @@ class TimeSeries:
         return float((v * dt).sum() / (end - self.t[0]))
 
 
+#: summary keys renamed to carry their unit, old name -> new; the old names stay (same values) for one
+#: release: 0.2 drops them
+DEPRECATED_KEYS = {
+    "mean_jct": "mean_jct_s", "median_jct": "median_jct_s", "p95_jct": "p95_jct_s", "p99_jct": "p99_jct_s",
+    "geomean_jct": "geomean_jct_s", "makespan": "makespan_s", "mean_queueing_delay": "mean_queueing_delay_s",
+}
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else math.nan
 
@@ -205,13 +217,13 @@ class RunResult:
             "jobs": len(self.jobs),
             "completed": len(done),
             "unfinished": len(self.jobs) - len(done),
-            "mean_jct": float(np.mean(jcts)) if jcts else math.nan,
-            "median_jct": percentile(jcts, 50),
-            "p95_jct": percentile(jcts, 95),
-            "p99_jct": percentile(jcts, 99),
-            "geomean_jct": geo,
-            "makespan": last - first,
-            "mean_queueing_delay": float(np.mean([j.queueing_delay for j in done])) if done else math.nan,
+            "mean_jct_s": float(np.mean(jcts)) if jcts else math.nan,
+            "median_jct_s": percentile(jcts, 50),
+            "p95_jct_s": percentile(jcts, 95),
+            "p99_jct_s": percentile(jcts, 99),
+            "geomean_jct_s": geo,
+            "makespan_s": last - first,
+            "mean_queueing_delay_s": float(np.mean([j.queueing_delay for j in done])) if done else math.nan,
             "mean_slowdown": float(np.mean(slow)) if done else math.nan,
             "max_slowdown": float(np.max(slow)) if done else math.nan,
             "mean_ftf_rho": float(np.mean(rho)) if done else math.nan,
@@ -226,6 +238,7 @@ class RunResult:
             "stalled": len(self.stalled),
             "wall_time_s": self.wall_time,
         }
+        s.update({old: s[new] for old, new in DEPRECATED_KEYS.items()})
         return s
 
     def active_integral(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -23,12 +23,15 @@ from .report import (
     PLOT_POINTS,
     Results,
     _subtitle,
-    _table_time_unit,
     _time_unit,
     aggregate,
     describe,
     runs_of,
+    time_unit,
 )
+
+#: ``(seconds per unit, unit name)``: the time unit of a report's plots (:func:`~.report.time_unit`)
+Unit = tuple[float, str]
 
 
 # -- plotting helpers ---------------------------------------------------------
@@ -128,14 +131,14 @@ def cdf_points(values: np.ndarray, max_points: int = CDF_POINTS) -> tuple[np.nda
 
 
 def _cdf_axes(ax: Any, curves: Mapping[str, np.ndarray], xlabel: str = "JCT", time: bool = True,
-              mark: float | None = None) -> None:
+              mark: float | None = None, unit: Unit | None = None) -> None:
     finite = [c for c in curves.values() if len(c)]
     if not finite:
         ax.text(0.5, 0.5, "no finished jobs", ha="center", va="center", transform=ax.transAxes)
         return
     lo = min(float(c.min()) for c in finite)
     hi = max(float(c.max()) for c in finite)
-    scale, unit = _time_unit(hi) if time else (1.0, "")
+    scale, name = (unit or _time_unit(hi)) if time else (1.0, "")
     for label, vals in curves.items():
         if len(vals):
             x, y = cdf_points(vals)
@@ -145,7 +148,7 @@ def _cdf_axes(ax: Any, curves: Mapping[str, np.ndarray], xlabel: str = "JCT", ti
         ax.set_xscale("log")
     if mark is not None:
         ax.axvline(mark, color="0.4", lw=0.8, ls="--")
-    ax.set_xlabel(f"{xlabel} ({unit})" if unit else xlabel)
+    ax.set_xlabel(f"{xlabel} ({name})" if name else xlabel)
     ax.set_ylabel("fraction of jobs")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
@@ -153,28 +156,38 @@ def _cdf_axes(ax: Any, curves: Mapping[str, np.ndarray], xlabel: str = "JCT", ti
 
 
 # -- one run: plots -----------------------------------------------------------
-def plot_run(result: RunResult, out_dir: str | Path) -> list[Path]:
-    """``jct_cdf.png``, ``utilisation.png`` (GPU; CPU and memory when the cluster has them), ``queue.png``."""
+def modelled_panels(result: RunResult) -> list[tuple[str, int, str]]:
+    """The utilisation panels worth drawing, ``(series, capacity, title)``: GPU, and CPU and memory only where
+    the run gave them out other than in proportion to GPUs (else their panel repeats the GPU one)."""
+    s = result.series.arrays()
+    panels = [("gpus", result.cluster_gpus, "GPU")]
+    for name, cap, title in (("cpus", result.cluster_cpus, "CPU"), ("mem_mb", result.cluster_mem_mb, "memory")):
+        # exact, in integers: held / capacity == GPUs held / GPUs, at every point
+        if cap > 0 and np.any(s[name] * result.cluster_gpus != s["gpus"] * cap):
+            panels.append((name, cap, title))
+    return panels
+
+
+def plot_run(result: RunResult, out_dir: str | Path, unit: Unit | None = None) -> list[Path]:
+    """``jct_cdf.png``, ``utilisation.png`` (GPU; CPU and memory where :func:`modelled_panels` says), ``queue.png``;
+    times in ``unit`` (default: the run's report unit, :func:`~.report.time_unit`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     label = result.label
     sub = _subtitle(result)
+    unit = unit or time_unit({label: result})
 
     fig, (ax,) = _figure(title_lines=2)
-    _cdf_axes(ax, {label: result.jcts()})
+    _cdf_axes(ax, {label: result.jcts()}, unit=unit)
     _title(ax, f"JCT CDF: {label}", sub)
     paths.append(out / "jct_cdf.png")
     fig.savefig(paths[-1])
 
     s = result.series.arrays()
     end = result.span_end
-    scale, unit = _time_unit(end - (s["t"][0] if len(s["t"]) else 0.0))
-    panels = [("gpus", result.cluster_gpus, "GPU")]
-    if result.cluster_cpus > 0:
-        panels.append(("cpus", result.cluster_cpus, "CPU"))
-    if result.cluster_mem_mb > 0:
-        panels.append(("mem_mb", result.cluster_mem_mb, "memory"))
+    scale, uname = unit
+    panels = modelled_panels(result)
     fig, axes = _figure(len(panels), height=2.4, title_lines=2)
     for ax, (name, cap, title) in zip(axes, panels, strict=True):
         e, m, lo, hi = binned_series(s["t"], s[name] / max(cap, 1), end)
@@ -183,7 +196,7 @@ def plot_run(result: RunResult, out_dir: str | Path) -> list[Path]:
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
     _title(axes[0], f"Utilisation over time: {label}  (mean GPU {result.summary()['gpu_util']:.1%})", sub)
-    axes[-1].set_xlabel(f"time ({unit})")
+    axes[-1].set_xlabel(f"time ({uname})")
     paths.append(out / "utilisation.png")
     fig.savefig(paths[-1])
 
@@ -191,7 +204,7 @@ def plot_run(result: RunResult, out_dir: str | Path) -> list[Path]:
     for name, title in (("queued", "queued"), ("running", "running")):
         e, m, lo, hi = binned_series(s["t"], s[name], end)
         _step(ax, e, m, lo, hi, scale, title)
-    ax.set_xlabel(f"time ({unit})")
+    ax.set_xlabel(f"time ({uname})")
     ax.set_ylabel("jobs")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -238,34 +251,35 @@ _CDF_KINDS = {
 }
 
 
-def plot_cdf_compare(results: Results, path: str | Path, what: str = "jct") -> Path:
-    """Overlaid CDFs of ``what`` (``jct``, ``slowdown`` or ``ftf``) per configuration, seeds pooled."""
+def plot_cdf_compare(results: Results, path: str | Path, what: str = "jct", unit: Unit | None = None) -> Path:
+    """Overlaid CDFs of ``what`` (``jct``, ``slowdown`` or ``ftf``) per configuration, seeds pooled; times in
+    ``unit`` (default: the report's, :func:`~.report.time_unit`)."""
     runs = runs_of(results)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     title, xlabel, time, mark = _CDF_KINDS[what]
     fig, (ax,) = _figure(height=4.2, title_lines=2)
-    _cdf_axes(ax, {lb: _pooled(rs, what) for lb, rs in runs.items()}, xlabel, time, mark)
+    unit = (unit or time_unit(runs)) if time and runs else None
+    _cdf_axes(ax, {lb: _pooled(rs, what) for lb, rs in runs.items()}, xlabel, time, mark, unit)
     _title(ax, title, _compare_subtitle(runs) if runs else "")
     fig.savefig(path)
     return path
 
 
-def plot_compare(results: Results, path: str | Path) -> Path:
+def plot_compare(results: Results, path: str | Path, unit: Unit | None = None) -> Path:
     """Overlaid JCT CDFs of every configuration, one PNG."""
-    return plot_cdf_compare(results, path, "jct")
+    return plot_cdf_compare(results, path, "jct", unit)
 
 
-def plot_bars(results: Results, path: str | Path) -> Path:
+def plot_bars(results: Results, path: str | Path, unit: Unit | None = None) -> Path:
     """One bar per configuration for mean JCT, p99 JCT, makespan and GPU utilisation; 95 % CI error bars
-    over seeds where a configuration has several."""
+    over seeds where a configuration has several; times in ``unit`` (default: the report's)."""
     runs = runs_of(results)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     agg = aggregate(runs)
     labels = list(runs)
-    times = [agg[lb].get(k, {}).get("mean", math.nan) for lb in labels for k, _, kind in BARS if kind == "time"]
-    scale, unit = _table_time_unit(times)
+    scale, unit_name = unit or time_unit(runs)
     fig, axes = _figure(2, height=2.6, cols=2, width=9.0, title_lines=2, sharex=False)
     colors = [f"C{i % 10}" for i in range(len(labels))]
     x = np.arange(len(labels))
@@ -275,7 +289,7 @@ def plot_bars(results: Results, path: str | Path) -> Path:
         h = np.array([agg[lb].get(key, {}).get("ci95", math.nan) for lb in labels]) * f
         err = None if np.all(np.isnan(h)) else np.nan_to_num(h)
         ax.bar(x, np.nan_to_num(m), yerr=err, color=colors, capsize=4, width=0.7)
-        ax.set_ylabel(f"{title} ({unit if kind == 'time' else '%'})", fontsize=8)
+        ax.set_ylabel(f"{title} ({unit_name if kind == 'time' else '%'})", fontsize=8)
         ax.set_xticks(x, labels, fontsize=7, rotation=15 if len(labels) > 3 else 0, ha="right" if len(labels) > 3
                       else "center")
         ax.grid(axis="y", alpha=0.3)
@@ -288,15 +302,16 @@ def plot_bars(results: Results, path: str | Path) -> Path:
     return path
 
 
-def plot_utilisation_compare(results: Results, path: str | Path, bins: int = 400) -> Path:
-    """GPU utilisation over time, one line per configuration (mean over seeds on a common time grid)."""
+def plot_utilisation_compare(results: Results, path: str | Path, bins: int = 400, unit: Unit | None = None) -> Path:
+    """GPU utilisation over time, one line per configuration (mean over seeds on a common time grid); times in
+    ``unit`` (default: the report's)."""
     runs = runs_of(results)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     end = max((r.span_end for rs in runs.values() for r in rs), default=1.0)
     start = min((r.series.t[0] for rs in runs.values() for r in rs if r.series.t), default=0.0)
     edges = np.linspace(start, max(end, start + 1e-9), bins + 1)
-    scale, unit = _time_unit(end - start)
+    scale, unit_name = unit or (time_unit(runs) if runs else _time_unit(end - start))
     fig, (ax,) = _figure(height=3.8, title_lines=2)
     for label, rs in runs.items():
         curves = [mean_on_grid(np.asarray(r.series.t), np.asarray(r.series.gpus, dtype=float) / max(r.cluster_gpus, 1),
@@ -305,7 +320,7 @@ def plot_utilisation_compare(results: Results, path: str | Path, bins: int = 400
         mean_util = float(np.mean([r.summary()["gpu_util"] for r in rs]))
         ax.plot(edges / scale, np.append(m, m[-1]), drawstyle="steps-post", lw=1.1,
                 label=f"{label} (mean {mean_util:.1%})")
-    ax.set_xlabel(f"time ({unit})")
+    ax.set_xlabel(f"time ({unit_name})")
     ax.set_ylabel("GPU utilisation")
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
@@ -317,11 +332,11 @@ def plot_utilisation_compare(results: Results, path: str | Path, bins: int = 400
     return path
 
 
-#: plots written by :func:`write_compare`: (key, file name, function)
+#: plots written by :func:`write_compare`: (key, file name, function of (results, path, unit))
 COMPARE_PLOTS = (
     ("plot", "jct_cdf_compare.png", plot_compare),
     ("bars", "bars_compare.png", plot_bars),
-    ("slowdown_cdf", "slowdown_cdf_compare.png", lambda r, p: plot_cdf_compare(r, p, "slowdown")),
-    ("ftf_cdf", "ftf_cdf_compare.png", lambda r, p: plot_cdf_compare(r, p, "ftf")),
-    ("utilisation", "utilisation_compare.png", plot_utilisation_compare),
+    ("slowdown_cdf", "slowdown_cdf_compare.png", lambda r, p, u=None: plot_cdf_compare(r, p, "slowdown", u)),
+    ("ftf_cdf", "ftf_cdf_compare.png", lambda r, p, u=None: plot_cdf_compare(r, p, "ftf", u)),
+    ("utilisation", "utilisation_compare.png", lambda r, p, u=None: plot_utilisation_compare(r, p, unit=u)),
 )

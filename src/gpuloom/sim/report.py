@@ -49,7 +49,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,15 +61,16 @@ from .runconfig import RunConfig, run_many  # noqa: F401  (re-exported: the CLI 
 if TYPE_CHECKING:
     from rich.table import Table
 
-#: (summary key, title, kind); kind: time (seconds), ratio, pct (fraction), int, wall (seconds of CPU time)
+#: (summary key, title, kind); kind: time (simulated seconds), ratio, pct (fraction), int, wall (seconds of
+#: real time the simulation took)
 METRICS: tuple[tuple[str, str, str], ...] = (
-    ("mean_jct", "mean JCT", "time"),
-    ("median_jct", "median JCT", "time"),
-    ("p95_jct", "p95 JCT", "time"),
-    ("p99_jct", "p99 JCT", "time"),
-    ("geomean_jct", "geomean JCT", "time"),
-    ("mean_queueing_delay", "mean queueing delay", "time"),
-    ("makespan", "makespan", "time"),
+    ("mean_jct_s", "mean JCT", "time"),
+    ("median_jct_s", "median JCT", "time"),
+    ("p95_jct_s", "p95 JCT", "time"),
+    ("p99_jct_s", "p99 JCT", "time"),
+    ("geomean_jct_s", "geomean JCT", "time"),
+    ("mean_queueing_delay_s", "mean queueing delay", "time"),
+    ("makespan_s", "makespan", "time"),
     ("mean_slowdown", "mean slowdown (JCT/duration)", "ratio"),
     ("max_slowdown", "max slowdown", "ratio"),
     ("mean_ftf_rho", "mean FTF ρ (Themis)", "ratio"),
@@ -83,7 +84,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("preemptions", "preemptions", "int"),
     ("migrations", "migrations", "int"),
     ("rounds", "rounds", "int"),
-    ("wall_time_s", "wall time (s)", "wall"),
+    ("wall_time_s", "simulation wall time (s)", "wall"),
 )
 _LOWER_IS_BETTER = {"time", "ratio"}
 
@@ -97,8 +98,8 @@ PLOT_POINTS = 1500  # time bins for long series
 CDF_POINTS = 2000
 
 #: bar-chart panels of :func:`plot_bars`: (summary key, title, kind)
-BARS = (("mean_jct", "mean JCT", "time"), ("p99_jct", "p99 JCT", "time"),
-        ("makespan", "makespan", "time"), ("gpu_util", "GPU utilisation", "pct"))
+BARS = (("mean_jct_s", "mean JCT", "time"), ("p99_jct_s", "p99 JCT", "time"),
+        ("makespan_s", "makespan", "time"), ("gpu_util", "GPU utilisation", "pct"))
 
 Results = Mapping[str, "RunResult | Sequence[RunResult]"]
 
@@ -175,7 +176,8 @@ def _subtitle(result: RunResult, *, label: bool = False) -> str:
     src = d["trace"] or d["workload"]
     if src:
         bits.append(Path(str(src)).name if d["trace"] else str(src))
-    bits.append(f"seed {d['seed']}")
+    if not (src and not d["trace"] and f"seed {d['seed']})" in str(src)):  # a generated workload names its seed
+        bits.append(f"seed {d['seed']}")
     if d["params"]:
         p = ", ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
         bits.append(p if len(p) < 60 else p[:57] + "...")
@@ -284,6 +286,30 @@ def aggregate(results: Results) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+RANDOM_PLACES = ("random-sticky", "random-non-sticky")
+
+
+def seed_notes(results: Results) -> list[str]:
+    """Why a configuration run with several seeds shows ± 0: its seeds gave identical runs (every job's record
+    equal).  Random placement still drew with each seed; it is said apart, since a reader expects it to vary."""
+    same = [lb for lb, rs in runs_of(results).items() if len(rs) > 1 and all(r.jobs == rs[0].jobs for r in rs[1:])]
+    if not same:
+        return []
+    rand = [lb for lb in same if runs_of(results)[lb][0].config.get("place") in RANDOM_PLACES]
+    fixed = [lb for lb in same if lb not in rand]
+    notes = []
+    if fixed:
+        notes.append(f"{', '.join(fixed)}: every seed gave the same run (nothing in {'it' if len(fixed) == 1 else 'them'} "
+                     "depends on the seed: a trace's jobs, no random stage), hence ± 0")
+    if rand:
+        notes.append(f"{', '.join(rand)}: every seed gave the same run although each drew other GPUs at random: no job "
+                     "ran faster or slower for the GPUs it drew (a job pays the same locality penalty however many "
+                     "nodes beyond the fewest it spans, and no PM-scores tell GPUs apart), hence ± 0; the seed "
+                     "matters with --variability generate (GPUs of unequal speed), or with smaller jobs on "
+                     "larger nodes")
+    return notes
+
+
 # -- tables ---------------------------------------------------------------------
 def _time_unit(seconds: float) -> tuple[float, str]:
     if not math.isfinite(seconds) or seconds < 600:
@@ -296,6 +322,15 @@ def _time_unit(seconds: float) -> tuple[float, str]:
 def _table_time_unit(values: Sequence[float]) -> tuple[float, str]:
     finite = sorted(abs(float(v)) for v in values if v is not None and math.isfinite(v))
     return _time_unit(finite[len(finite) // 2] if finite else 0.0)
+
+
+def time_unit(results: Results) -> tuple[float, str]:
+    """``(seconds per unit, unit)``: the one time unit of a report on ``results`` (s, min or h), from the
+    median of its table's time values (each configuration's mean over seeds); every table and plot of the
+    report uses it."""
+    agg = aggregate(runs_of(results))
+    return _table_time_unit([row.get(k, {}).get("mean", math.nan) for row in agg.values()
+                             for k, _, kind in METRICS if kind == "time"])
 
 
 def _fmt(kind: str, v: float | None, scale: float = 1.0, unit: str = "s") -> str:
@@ -320,8 +355,7 @@ def formatted(results: Results) -> tuple[list[str], list[tuple[str, list[str], i
     seeded = any(len(v) > 1 for v in runs.values())
     agg = aggregate(runs)
     mean = {lb: {k: v["mean"] for k, v in agg[lb].items()} for lb in labels}
-    scale, unit = _table_time_unit([mean[lb].get(k, math.nan) for lb in labels for k, _, kind in METRICS
-                                    if kind == "time"])
+    scale, unit = time_unit(runs)
     rows = []
     for key, title, kind in METRICS:
         values = [mean[lb].get(key, math.nan) for lb in labels]
@@ -405,8 +439,12 @@ def write_rows_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 
 def write_compare(results: Results, out_dir: str | Path, runs_dir: bool = True, plots: bool = True,
-                  meta: Mapping[str, Any] | None = None) -> dict[str, Path]:
+                  meta: Mapping[str, Any] | None = None, command_clock: Callable[[], float] | None = None
+                  ) -> dict[str, Path]:
     """Everything ``gpuloom compare`` writes into ``out_dir``.
+
+    ``command_clock`` gives the command's wall time so far; read once the plots are drawn, it goes into
+    ``compare.json``'s ``meta`` (``command_wall_time_s``) and ``compare.md``.
 
     ``compare.csv`` (one row per run: configuration and seed), ``compare.json``
     (provenance, every run's summary, the per-configuration aggregate over seeds),
@@ -421,9 +459,10 @@ def write_compare(results: Results, out_dir: str | Path, runs_dir: bool = True, 
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {"csv": write_rows_csv(summary_rows(runs), out / "compare.csv"),
                               "json": out / "compare.json", "report": out / "compare.md"}
+    unit = time_unit(runs) if runs else (1.0, "s")
     if plots:
         for key, name, fn in COMPARE_PLOTS:
-            paths[key] = fn(runs, out / name)
+            paths[key] = fn(runs, out / name, unit)
     if runs_dir:
         for label, rs in runs.items():
             for r in rs:
@@ -439,12 +478,21 @@ def write_compare(results: Results, out_dir: str | Path, runs_dir: bool = True, 
         for k in ("gpuloom_version", "trace", "workload", "cluster", "command"):
             info.setdefault(k, desc[k])
     info["seeds"] = sorted({r.config.get("seed") for rs in runs.values() for r in rs}, key=str)
+    if command_clock is not None:
+        info["command_wall_time_s"] = command_clock()
     _dump_json({"meta": info,
                 "runs": [run_summary(r) | {"label": lb} for lb, rs in runs.items() for r in rs],
                 "aggregate": aggregate(runs)}, paths["json"])
     md = ["# gpuloom comparison", ""]
-    md += [f"- {k}: `{v}`" for k, v in info.items() if v not in (None, "", [])]
-    md += ["", markdown_table(runs), "", "## Configurations", "", "| label | stages | parameters |", "|---|---|---|"]
+    md += [f"- {k}: `{v}`" for k, v in info.items() if v not in (None, "", []) and k != "command_wall_time_s"]
+    walls = [r.wall_time for rs in runs.values() for r in rs]
+    if walls:
+        sim = f"{sum(walls):.2f} s simulating ({len(walls)} runs)"
+        cmd = info.get("command_wall_time_s")
+        md.append(f"- wall time: {cmd:.2f} s for the command, {sim}" if isinstance(cmd, int | float)
+                  else f"- wall time: {sim}")
+    md += ["", markdown_table(runs), ""] + [f"Note: {n}." for n in seed_notes(runs)]
+    md += ["", "## Configurations", "", "| label | stages | parameters |", "|---|---|---|"]
     for label, rs in runs.items():
         c = rs[0].config
         ps = ", ".join(f"{k}={v}" for k, v in sorted((c.get("params") or {}).items())) or "–"
@@ -458,6 +506,13 @@ def write_compare(results: Results, out_dir: str | Path, runs_dir: bool = True, 
 
 
 # -- report -----------------------------------------------------------------------
+def _wall_text(result: RunResult) -> str:
+    """``4.52 s for the command, 0.14 s simulating`` (the command's only where it was recorded)."""
+    cmd = result.meta.get("command_wall_time_s")
+    sim = f"{result.wall_time:.2f} s simulating"
+    return f"{cmd:.2f} s for the command, {sim}" if isinstance(cmd, int | float) else sim
+
+
 def _config_lines(result: RunResult) -> list[tuple[str, str]]:
     return [(k, json.dumps(jsonable(v)) if isinstance(v, Mapping | list | tuple) else str(v))
             for k, v in result.config.items()]
@@ -484,8 +539,9 @@ def write_report(result: RunResult, out_dir: str | Path, plots: Sequence[Path] |
             ("gpuloom version", d["gpuloom_version"]), ("command", d["command"])]
     md = [f"# gpuloom run: {title}", ""]
     md += [f"- {k}: `{v}`" for k, v in prov if v not in (None, "")]
-    md += [f"- cluster: {cluster}",
-           f"- simulated time: {result.end_time:,.0f} s in {result.wall_time:.2f} s wall time", ""]
+    scale, unit = time_unit(one)
+    md += [f"- cluster: {cluster}", f"- simulated time: {_fmt('time', result.end_time, scale, unit)} {unit}",
+           f"- wall time: {_wall_text(result)}", ""]
     if result.impossible:
         md += [f"{len(result.impossible)} job(s) can never run on this cluster and count as unfinished "
                f"(first: {next(iter(result.impossible))}: {next(iter(result.impossible.values()))}).", ""]
@@ -503,7 +559,8 @@ def write_report(result: RunResult, out_dir: str | Path, plots: Sequence[Path] |
     path = out / "report.md"
     path.write_text("\n".join(md))
     txt = [f"gpuloom run: {title}"] + [f"{k}: {v}" for k, v in prov if v not in (None, "")]
-    txt += [f"cluster: {cluster}", "", text_table(one), "", "configuration:"]
+    txt += [f"cluster: {cluster}", f"simulated time: {_fmt('time', result.end_time, scale, unit)} {unit}",
+            f"wall time: {_wall_text(result)}", "", text_table(one), "", "configuration:"]
     txt += [f"  {k} = {v}" for k, v in _config_lines(result)]
     (out / "report.txt").write_text("\n".join(txt) + "\n")
     return path

@@ -11,8 +11,8 @@ fsched     F-scheduling vs static partitions, thesis scenario            thesis 
 
 Each module's docstring states its setting, its presets (``paper``,
 ``artifact``) and where gpuloom differs.  Results are :class:`Result` objects
-(rows of published vs gpuloom over seeds); :func:`run` also writes a JSON file
-and a bar chart per experiment.
+(rows of published vs gpuloom over seeds); :func:`run` (or :func:`write`) also writes a JSON
+file, a bar chart per experiment and ``reproduce.md``.
 """
 
 from __future__ import annotations
@@ -51,12 +51,22 @@ def run(names: str | list[str], data: str | Path | None = None, preset: str = "p
         res.wall_s = time.perf_counter() - t0
         results.append(res)
     if out is not None:
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "reproduce.json").write_text(json.dumps([r.as_dict() for r in results], indent=2))
-        for r in results:
-            plot(r, folder)
+        write(results, out)
     return results
 
 
-__all__ = ["EXPERIMENTS", "PRESETS", "ReproduceError", "Result", "Row", "run", "table"]
+def write(results: list[Result], out: str | Path) -> Path:
+    """``reproduce.json``, a bar chart per experiment and ``reproduce.md`` (the table, the charts) in ``out``;
+    returns the path of ``reproduce.md``."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "reproduce.json").write_text(json.dumps([r.as_dict() for r in results], indent=2))
+    charts = [p for p in (plot(r, folder) for r in results) if p is not None]
+    md = ["# gpuloom reproduce: published figures beside gpuloom's", "", "```", table(results).rstrip(), "```", ""]
+    md += [f"![{p.stem}]({p.name})" for p in charts]
+    path = folder / "reproduce.md"
+    path.write_text("\n".join(md) + "\n")
+    return path
+
+
+__all__ = ["EXPERIMENTS", "PRESETS", "ReproduceError", "Result", "Row", "data_dir", "run", "table", "write"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -59,16 +58,14 @@ class Result:
 
 
 def data_dir(data: str | Path | None) -> Path:
-    """``--data``, else ``$GPULOOM_DATA``, else ``../shared/data`` from the working directory."""
-    cands = [Path(data)] if data else []
-    if os.environ.get("GPULOOM_DATA"):
-        cands.append(Path(os.environ["GPULOOM_DATA"]))
-    cands += [Path.cwd().parent / "shared" / "data", Path.cwd() / "shared" / "data"]
-    for c in cands:
-        if c.is_dir():
-            return c
-    raise ReproduceError("no data folder: pass --data DIR (the shared data: muri/, synergy/, pal/, tiresias/) "
-                         "or set GPULOOM_DATA")
+    """``--data``, else the data folder :func:`gpuloom.perf.datadir.data_dir` finds (``$GPULOOM_DATA``,
+    else ``../shared/data`` beside the checkout); a :class:`ReproduceError` saying where it looked."""
+    from ...perf.datadir import DataDirError, require_data_dir
+
+    try:
+        return require_data_dir(data)
+    except DataDirError as e:
+        raise ReproduceError(str(e)) from None
 
 
 def need(path: Path) -> Path:

@@ -35,7 +35,7 @@ def run(data: Path, preset: str = "paper", seeds: int = 1, limit: int | None = N
     for name, r in runs.items():
         s = r.result.summary()
         rows.append(Row(name, "total completion", "s", None, src, [r.result.end_time]))
-        rows.append(Row(name, "mean JCT", "s", None, src, [s["mean_jct"]]))
+        rows.append(Row(name, "mean JCT", "s", None, src, [s["mean_jct_s"]]))
     jct = {r.setting: r.mean for r in rows if r.metric == "mean JCT"}
     ms = {r.setting: r.mean for r in rows if r.metric == "total completion"}
     ok = all(jct["F-scheduling"] < v for k, v in jct.items() if k != "F-scheduling") and \

@@ -72,8 +72,8 @@ def run(data: Path, preset: str = "paper", seeds: int = 1, limit: int | None = N
         s = res.summary()
         pub = PUBLISHED[name] if not limit else (None, None, None)
         src = f"Muri {FIGURE[name]} (trace 3)"
-        rows.append(Row(name, "mean JCT", "h", None if pub[0] is None else pub[0] / hours, src, [s["mean_jct"] / hours]))
-        rows.append(Row(name, "p99 JCT", "h", None if pub[2] is None else pub[2] / hours, src, [s["p99_jct"] / hours]))
+        rows.append(Row(name, "mean JCT", "h", None if pub[0] is None else pub[0] / hours, src, [s["mean_jct_s"] / hours]))
+        rows.append(Row(name, "p99 JCT", "h", None if pub[2] is None else pub[2] / hours, src, [s["p99_jct_s"] / hours]))
     jct = {r.setting: r.mean for r in rows if r.metric == "mean JCT"}
     pj = {k: v[0] / hours for k, v in PUBLISHED.items()}
     for a, b in (("SRTF", "Muri-S"), ("SRSF", "Muri-S"), ("Tiresias", "Muri-L")):

@@ -79,7 +79,7 @@ def run(data: Path, preset: str = "paper", seeds: int = 3, limit: int | None = N
                     res = simulate(cl, specs, order="fifo", place=pol, model=model, params=params,
                                    round_len=360.0 if art else 300.0, restart_overhead=0.0 if art else 10.0,
                                    seed=seed, check=False)
-                    jct[pol].append(res.summary()["mean_jct"])
+                    jct[pol].append(res.summary()["mean_jct_s"])
             for pol in ("pm-first", "pal"):
                 rows[(pol, bf)].values.append(
                     _geo_impr([a / b for a, b in zip(jct[pol], jct["packed-sticky"], strict=True)]))
