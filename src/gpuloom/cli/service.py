@@ -119,12 +119,19 @@ def serve(
     shared_dir: Annotated[Path | None, typer.Option(
         help="Directory shared with every node (NFS, Lustre) for logs/ and checkpoints/ (default: the state dir; "
              "with --ray and no shared dir, logs are fetched through the node agents).")] = None,
+    socket_path: Annotated[Path | None, typer.Option(
+        "--socket", help="Unix socket for local clients (default /run/gpuloom/PORT.sock as root, else "
+                         "STATE_DIR/gpuloom.sock); its directory must be writable by the server's account only.")] = None,
+    max_connections: Annotated[int | None, typer.Option(
+        help="Most open connections; at the limit the oldest one still sending its request is dropped "
+             "(default: what the descriptor limit allows, at most 8192).")] = None,
+    header_timeout: Annotated[float, typer.Option(
+        help="Seconds a connection may take to send a request, headers and body (and its TLS handshake).")] = 10.0,
+    keep_alive_timeout: Annotated[float, typer.Option(help="Seconds an idle keep-alive connection stays open.")] = 5.0,
+    send_timeout: Annotated[float, typer.Option(
+        help="Seconds a connection may leave its response unread (send buffers full) before it is closed.")] = 60.0,
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
-    import socket
-
-    import uvicorn
-
     from ..driver import Stack
     from ..policies.queues import load_queue_file
     from ..runtime.api import create_app, ensure_admin_token
@@ -141,6 +148,7 @@ def serve(
     os.umask(0o077)  # everything the server writes is private: database, tokens, logs, run records
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise typer.BadParameter("give both --ssl-keyfile and --ssl-certfile, or neither")
+    limits = _connection_limits(max_connections, header_timeout, keep_alive_timeout, send_timeout)
     keep_s = None
     if keep_finished is not None:
         try:
@@ -181,6 +189,7 @@ def serve(
     except (StoreError, AlreadyServed) as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    listeners = _listen(sd, host, port, socket_path, ssl_certfile is not None, limits.backlog)  # before any adoption
     token = ensure_admin_token(store, sd)
     del token
     # declared inventories may have more cores than this machine: their ids fold onto it
@@ -235,40 +244,58 @@ def serve(
             svc.queues.configure(load_queue_file(queues))
         else:
             svc.queues.validate()  # a stored tree must still fit the cluster and hold every active job
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        err_console.print(f"[bold red]error:[/] cannot listen on {host}:{port}: {e.strerror}", highlight=False)
-        raise typer.Exit(2) from None
     tls = ssl_certfile is not None
     if not tls and not _loopback(host):
         msg = (f"serving plain HTTP on {host}, beyond this machine: tokens cross the network in clear text; "
                "give --ssl-keyfile and --ssl-certfile, or bind 127.0.0.1")
         err_console.print(f"[bold yellow]warning:[/] {escape(msg)}", highlight=False)
         logging.getLogger("gpuloom.service").warning(msg)
+    from ..runtime.listen import remove_server_info, serve_http, write_server_info
+
     svc.start()
-    bound = sock.getsockname()[1]
-    server_url = f"{'https' if tls else 'http'}://{'[' + host + ']' if ':' in host else host}:{bound}"
-    tmp = sd / "server.json.tmp"  # atomically: clients may be polling for it
-    tmp.write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
-    os.replace(tmp, sd / "server.json")
-    logging.getLogger("gpuloom.service").info(
-        "serving %s on %s (dashboard %s/, API docs %s/docs; %d nodes, %d GPUs; %s; store %s)",
-        "gpuloom", server_url, server_url, server_url, inventory.num_nodes, inventory.num_gpus, sched.names, url,
-    )
-    config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False,
-                            ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
-                            ssl_certfile=str(ssl_certfile) if ssl_certfile else None)
-    server = uvicorn.Server(config)
     try:
-        server.run(sockets=[sock])
+        write_server_info(sd, listeners)
+        logging.getLogger("gpuloom.service").info(
+            "serving %s on %s and %s (dashboard %s/, API docs %s/docs; %d nodes, %d GPUs; %s; store %s; at most %d "
+            "connections)", "gpuloom", listeners.url, listeners.unix_path or "no socket", listeners.url,
+            listeners.url, inventory.num_nodes, inventory.num_gpus, sched.names, url, limits.max_connections)
+        serve_http(create_app(svc), listeners, limits, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+                   ssl_certfile=str(ssl_certfile) if ssl_certfile else None)
     finally:
         svc.shutdown()
+        remove_server_info(sd)  # still holding the lock: no other server has written it
+        listeners.close()
         locks.release()
+
+
+def _connection_limits(max_connections: int | None, header_timeout: float, keep_alive: float,  # noqa: ANN202
+                       send_timeout: float):
+    from ..runtime.listen import ConnectionLimits, ListenError
+
+    try:
+        return ConnectionLimits.for_process(max_connections, header_timeout, keep_alive, send_timeout)
+    except ListenError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _listen(sd: Path, host: str, port: int, socket_path: Path | None, tls: bool, backlog: int):  # noqa: ANN202
+    """The server's TCP and Unix sockets, listening; exit 2 naming whoever holds them."""
+    import atexit
+
+    from ..runtime.listen import ListenError, Listeners, default_socket_path, remove_server_info
+
+    remove_server_info(sd)  # a dead server's: nothing may point clients at a listener that is not this one
+    try:
+        listeners = Listeners(host, port, socket_path.absolute() if socket_path is not None else
+                              lambda bound: default_socket_path(bound, sd), tls, backlog)
+    except ListenError as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
+    if listeners.unix_path is None:
+        logging.getLogger("gpuloom.service").warning(
+            "no Unix socket: %s is too long a path for one; give --socket", sd / "gpuloom.sock")
+    atexit.register(listeners.close)  # a start that fails later leaves no socket file behind
+    return listeners
 
 
 def _loopback(host: str) -> bool:
