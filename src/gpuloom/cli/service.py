@@ -19,7 +19,9 @@ gpuloom                Slurm       what
 Clients find the server and token from ``--url``/``--token``, else
 ``GPULOOM_URL``/``GPULOOM_TOKEN``, else the state directory
 (``--state-dir``, ``GPULOOM_STATE_DIR``, default ``~/.gpuloom``) where
-``serve`` writes ``server.json`` and ``admin.token``.  Every command takes
+``serve`` writes ``server.json`` and ``admin.token``, else a root server's
+socket ``/run/gpuloom/PORT.sock``; they send a token only to a server running
+as a trusted account (:mod:`gpuloom.runtime.connect`).  Every command takes
 ``--json``.
 """
 
@@ -366,18 +368,24 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
 
 # -- client ------------------------------------------------------------------------------------
 class Client:
+    """The server found as :mod:`gpuloom.runtime.connect` says, and refused unless its account is trusted."""
+
     def __init__(self, url: str | None, token: str | None, state_dir: Path | None) -> None:
         import httpx
 
+        from ..runtime.connect import ServerNotTrusted, find_server, transport
+
         sd = state_dir_path(state_dir)
-        if url is None:
-            f = sd / "server.json"
-            url = json.loads(f.read_text())["url"] if f.exists() else f"http://127.0.0.1:{DEFAULT_PORT}"
+        try:
+            self.endpoint = find_server(url, sd)
+        except ServerNotTrusted as e:
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+            raise typer.Exit(2) from None
         if token is None:
             f = sd / "admin.token"
             if f.exists():
                 token = f.read_text().strip()
-        self.url = url.rstrip("/")
+        self.url = self.endpoint.url
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         ca = os.environ.get("GPULOOM_CA_BUNDLE")  # a private CA for a server with its own certificate
         verify: Any = True
@@ -385,7 +393,9 @@ class Client:
             import ssl
 
             verify = ssl.create_default_context(cafile=ca)
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=verify)
+        tr, self.check = transport(self.endpoint, verify)
+        self.http = httpx.Client(base_url=self.endpoint.base_url, headers=headers, timeout=30, verify=verify,
+                                 transport=tr)
         self.last: Any = None  # the last response
 
     def call(self, method: str, path: str, raw: bool = False, retries: int = 0, **kw: Any) -> Any:
@@ -398,11 +408,12 @@ class Client:
                 r = self.http.request(method, path, **kw)
                 break
             except httpx.HTTPError as e:
-                if attempt < retries:
+                refused = self.check.refusal if self.check is not None else None
+                if attempt < retries and refused is None:
                     time.sleep(0.5 * 2**attempt)
                     continue
-                err_console.print(f"[bold red]error:[/] cannot reach {escape(self.url)}: {escape(str(e))}",
-                                  highlight=False)
+                msg = refused or f"cannot reach {self.url}: {e}"
+                err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
                 raise typer.Exit(1) from None
         self.last = r
         if r.status_code >= 400:
