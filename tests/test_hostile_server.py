@@ -267,6 +267,10 @@ def closed_by_server(c: socket.socket) -> bool:
         return True
 
 
+def metrics(text: str) -> dict[str, float]:
+    return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln.startswith("gpuloom_conn"))}
+
+
 def server_fds(s: Server) -> int:
     return psutil.Process(s.proc.pid).num_fds()  # type: ignore[union-attr]
 
@@ -286,7 +290,11 @@ def test_8_idle_connections_beyond_the_limit_do_not_keep_health_out(tmp_path: Pa
         assert closed_by_server(silent)
         assert [closed_by_server(c) for c in conns] == [True] * 800 + [False] * 200
         assert server_fds(s) <= base + 200
-        r = httpx.get(s.url + "/health", timeout=10)  # (a new connection: it drops the oldest idle one)
+        with s.client() as c:  # (a new connection: it drops the oldest idle one)
+            m = metrics(c.get("/metrics").text)
+        assert m['gpuloom_connections_cut_total{reason="evicted"}'] == 802
+        assert (m['gpuloom_connections{state="open"}'], m['gpuloom_connections{state="sending"}']) == (200, 199)
+        r = httpx.get(s.url + "/health", timeout=10)
         assert r.status_code == 200 and r.json()["status"] == "ok"
         # sending a byte now and then does not extend the header deadline
         trickle = socket.create_connection(("127.0.0.1", port))
@@ -304,6 +312,10 @@ def test_8_idle_connections_beyond_the_limit_do_not_keep_health_out(tmp_path: Pa
         wait_for(lambda: all(closed_by_server(c) for c in conns), 10, "the header timeout")
         assert time.monotonic() - t0 >= 3.0
         assert server_fds(s) <= base + 1
+        with s.client() as c:
+            m = metrics(c.get("/metrics").text)
+        assert m['gpuloom_connections_cut_total{reason="request_timeout"}'] >= 199 + 1  # the idle ones, the trickle
+        assert m['gpuloom_connections_cut_total{reason="refused"}'] == 0
     finally:
         for c in conns:
             c.close()
@@ -327,7 +339,7 @@ def eof_after(c: socket.socket, limit: float) -> float | None:
 
 def test_8_a_stalled_request_body_or_an_unread_response_is_cut(tmp_path: Path) -> None:
     s = Server(tmp_path, "--cluster", "1x1", "--header-timeout", "2", "--send-timeout", "2",
-               "--keep-alive-timeout", "30").start()
+               "--keep-alive-timeout", "30", "--max-connections", "2").start()
     port = int(s.url.rsplit(":", 1)[1])
     big = "/docs-assets/swagger-ui-bundle.js"  # 1.5 MB, no token needed
     try:
@@ -339,24 +351,35 @@ def test_8_a_stalled_request_body_or_an_unread_response_is_cut(tmp_path: Path) -
         body.sendall(b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
         took = eof_after(body, 10)
         assert took is not None and 1.5 <= took < 5.0
-        # responses the client does not read (8 pipelined: more than the kernel's buffers hold): cut once the
-        # server's buffers stay full for --send-timeout
-        slow = socket.socket()
-        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        slow.connect(("127.0.0.1", port))
-        slow.sendall(f"GET {big} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * 8)
+        # responses the client does not read (8 pipelined: more than the kernel's buffers hold) ...
+        slow = []
+        for _ in range(2):
+            c = socket.socket()
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.connect(("127.0.0.1", port))
+            c.sendall(f"GET {big} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * 8)
+            slow.append(c)
         t0 = time.monotonic()
-        wait_for(lambda: server_fds(s) > base, 10, "the server to accept")
-        wait_for(lambda: server_fds(s) <= base, 10, "the unread response to be cut")
+        wait_for(lambda: server_fds(s) >= base + 2, 10, "the server to accept")
+        # ... keep both connections busy: none is sending a request, so a third one is refused
+        third = socket.create_connection(("127.0.0.1", port))
+        third.settimeout(5)
+        assert third.recv(100).startswith(b"HTTP/1.1 503 ")
+        # ... until they are cut, once the server's buffers stay full for --send-timeout
+        wait_for(lambda: server_fds(s) <= base, 10, "the unread responses to be cut")
         assert 2.0 <= time.monotonic() - t0 < 6.0
         got = 0
-        slow.settimeout(5)
+        slow[0].settimeout(5)
         try:
-            while chunk := slow.recv(65536):
+            while chunk := slow[0].recv(65536):
                 got += len(chunk)
         except (ConnectionResetError, TimeoutError):
             pass
         assert got < 8 * size  # what the server still held was dropped
+        with s.client() as c:
+            m = metrics(c.get("/metrics").text)
+        assert (m['gpuloom_connections_cut_total{reason="send_timeout"}'],
+                m['gpuloom_connections_cut_total{reason="refused"}']) == (2, 1)
     finally:
         s.stop()
 

@@ -262,7 +262,7 @@ def serve(
             "connections)", "gpuloom", listeners.url, listeners.unix_path or "no socket", listeners.url,
             listeners.url, inventory.num_nodes, inventory.num_gpus, sched.names, url, limits.max_connections)
         serve_http(create_app(svc), listeners, limits, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
-                   ssl_certfile=str(ssl_certfile) if ssl_certfile else None)
+                   ssl_certfile=str(ssl_certfile) if ssl_certfile else None, metrics=svc.telemetry.registry)
     finally:
         svc.shutdown()
         remove_server_info(sd)  # still holding the lock: no other server has written it

@@ -43,13 +43,15 @@ import resource
 import socket
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import h11
 import uvicorn
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .peers import port_holder
@@ -128,10 +130,25 @@ class Registry:
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
         self.waiting: dict[GuardedH11Protocol, None] = {}  # insertion order = waiting since
+        self.open = 0
         self.evicted = 0
         self.refused = 0
         self.timed_out = 0
         self.send_timed_out = 0
+
+    def collect(self) -> Iterator[Metric]:
+        """Prometheus metrics (a collector for the service's registry)."""
+        g = GaugeMetricFamily("gpuloom_connections", "Open HTTP connections, and those still sending a request.",
+                              labels=["state"])
+        g.add_metric(["open"], self.open)
+        g.add_metric(["sending"], len(self.waiting))
+        yield g
+        c = CounterMetricFamily("gpuloom_connections_cut", "Connections the server closed to stay within its "
+                                "limits, by reason.", labels=["reason"])
+        for reason, n in (("evicted", self.evicted), ("refused", self.refused), ("request_timeout", self.timed_out),
+                          ("send_timeout", self.send_timed_out)):
+            c.add_metric([reason], n)
+        yield c
 
 
 #: the client's side of h11 while its request is not complete: before the headers, then the body
@@ -155,6 +172,7 @@ class GuardedH11Protocol(H11Protocol):
             reg.evicted += 1
             full = False
         super().connection_made(transport)
+        reg.open += 1
         if full:  # every connection is busy with a request: this one waits for none of them
             reg.refused += 1
             transport.write(BUSY)
@@ -169,6 +187,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
         self._resumed()
+        self.registry.open -= 1
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -357,10 +376,14 @@ def remove_server_info(state_dir: Path) -> None:
 
 # -- serving -----------------------------------------------------------------------------------------------
 def serve_http(app: Any, listeners: Listeners, limits: ConnectionLimits, ssl_keyfile: str | None = None,
-          ssl_certfile: str | None = None) -> None:
-    """Run uvicorn on ``listeners`` with ``limits`` until a signal stops it."""
+               ssl_certfile: str | None = None, metrics: CollectorRegistry | None = None) -> None:
+    """Run uvicorn on ``listeners`` with ``limits`` until a signal stops it; the connection counts go to
+    ``metrics``."""
+    protocol = protocol_for(limits)
+    if metrics is not None:
+        metrics.register(protocol.registry)
     config = uvicorn.Config(app, log_level="warning", access_log=False, ssl_keyfile=ssl_keyfile,
-                            ssl_certfile=ssl_certfile, http=protocol_for(limits), ws="none",
+                            ssl_certfile=ssl_certfile, http=protocol, ws="none",
                             timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
                             backlog=limits.backlog)
     _Server(config, limits).run(sockets=listeners.sockets)

@@ -84,7 +84,10 @@ def tcp_entries(proc: Path = Path("/proc/net")) -> Iterator[TcpEntry]:
 def tcp_listeners(port: int, host: str | None = None) -> list[TcpEntry]:
     """The listening sockets on ``port`` that a connection to (or a bind of) ``host`` meets: those on that
     address and on the wildcard addresses (all of them when ``host`` is None or a wildcard)."""
-    want = None if host is None else _norm(host)
+    try:
+        want = None if host is None else _norm(host)
+    except ValueError:  # a name (localhost): every address on the port
+        want = None
     out = []
     for e in tcp_entries():
         if e.state != LISTEN or e.local_port != port:
@@ -205,7 +208,7 @@ def port_holder(port: int, host: str | None = None) -> str:
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read(4096).replace(b"\0", b" ").decode(errors="replace").strip()
+                cmd = " ".join(f.read(4096).replace(b"\0", b" ").decode(errors="replace").split())
         except OSError:
             cmd = "?"
         out.append(f"pid {pid} of {account(e.uid)} on {addr}:{port}: {cmd or '?'}")
