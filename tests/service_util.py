@@ -66,6 +66,8 @@ class Server:
         self.url = ""
         self.token = ""
         self.verify: Any = True  # a CA file for a server with its own TLS certificate
+        self.socket: str | None = None  # its Unix socket, from server.json
+        self.popen_kw: dict[str, Any] = {}  # more for subprocess.Popen (say, a preexec_fn setting limits)
 
     def start(self, timeout: float = 30.0) -> Server:
         (self.state_dir / "server.json").unlink(missing_ok=True)
@@ -74,12 +76,13 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(self.state_dir),
              "--log-level", "warning", *self.args],
-            env=env, stdout=self.out, stderr=subprocess.STDOUT, cwd=REPO,
+            env=env, stdout=self.out, stderr=subprocess.STDOUT, cwd=REPO, **self.popen_kw,
         )
         up = wait_for_serve(self.state_dir, self.proc, timeout, self.verify, poll_s=0.05)
         if up is None:
             raise RuntimeError("server did not come up")
         self.url, self.token = up
+        self.socket = json.loads((self.state_dir / "server.json").read_text()).get("socket")
         return self
 
     def client(self, token: str | None = None) -> httpx.Client:

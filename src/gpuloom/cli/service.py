@@ -19,7 +19,9 @@ gpuloom                Slurm       what
 Clients find the server and token from ``--url``/``--token``, else
 ``GPULOOM_URL``/``GPULOOM_TOKEN``, else the state directory
 (``--state-dir``, ``GPULOOM_STATE_DIR``, default ``~/.gpuloom``) where
-``serve`` writes ``server.json`` and ``admin.token``.  Every command takes
+``serve`` writes ``server.json`` and ``admin.token``, else a root server's
+socket ``/run/gpuloom/PORT.sock``; they send a token only to a server running
+as a trusted account (:mod:`gpuloom.runtime.connect`).  Every command takes
 ``--json``.
 """
 
@@ -145,12 +147,19 @@ def serve(
     log_cap: Annotated[str, typer.Option(
         help="Cut a running job's log in place when it grows over this size (256M, 1Gi; 0 = no cap): its "
              "first 1/8 and last 1/4 stay, with a note between them.")] = "256Mi",
+    socket_path: Annotated[Path | None, typer.Option(
+        "--socket", help="Unix socket for local clients (default /run/gpuloom/PORT.sock as root, else "
+                         "STATE_DIR/gpuloom.sock); its directory must be writable by the server's account only.")] = None,
+    max_connections: Annotated[int | None, typer.Option(
+        help="Most open connections; at the limit the oldest one still sending its request is dropped "
+             "(default: what the descriptor limit allows, at most 8192).")] = None,
+    header_timeout: Annotated[float, typer.Option(
+        help="Seconds a connection may take to send a request, headers and body (and its TLS handshake).")] = 10.0,
+    keep_alive_timeout: Annotated[float, typer.Option(help="Seconds an idle keep-alive connection stays open.")] = 5.0,
+    send_timeout: Annotated[float, typer.Option(
+        help="Seconds a connection may leave its response unread (send buffers full) before it is closed.")] = 60.0,
 ) -> None:
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
-    import socket
-
-    import uvicorn
-
     from ..driver import Stack
     from ..policies.queues import load_queue_file
     from ..runtime.api import create_app, ensure_admin_token
@@ -175,6 +184,7 @@ def serve(
 
     if cap and cap < MIN_CAP:
         raise typer.BadParameter(f"--log-cap: 0 (no cap) or at least {MIN_CAP} bytes (64Ki), got {log_cap!r}")
+    connections = _connection_limits(max_connections, header_timeout, keep_alive_timeout, send_timeout)
     keep_s = None
     if keep_finished is not None:
         try:
@@ -228,6 +238,7 @@ def serve(
     except (StoreError, AlreadyServed) as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    listeners = _listen(sd, host, port, socket_path, ssl_certfile is not None, connections.backlog)  # before any adoption
     token = ensure_admin_token(store, sd)
     del token
     # declared inventories may have more cores than this machine: their ids fold onto it
@@ -294,40 +305,28 @@ def serve(
             svc.queues.configure(load_queue_file(queues))
         else:
             svc.queues.validate()  # a stored tree must still fit the cluster and hold every active job
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # accepted connections inherit it: without it Nagle + delayed ACK add ~40 ms per request
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        err_console.print(f"[bold red]error:[/] cannot listen on {host}:{port}: {e.strerror}", highlight=False)
-        raise typer.Exit(2) from None
     tls = ssl_certfile is not None
     if not tls and not _loopback(host):
         msg = (f"serving plain HTTP on {host}, beyond this machine: tokens cross the network in clear text; "
                "give --ssl-keyfile and --ssl-certfile, or bind 127.0.0.1")
         err_console.print(f"[bold yellow]warning:[/] {escape(msg)}", highlight=False)
         logging.getLogger("gpuloom.service").warning(msg)
+    from ..runtime.listen import remove_server_info, serve_http, write_server_info
+
     svc.start()
-    bound = sock.getsockname()[1]
-    server_url = f"{'https' if tls else 'http'}://{'[' + host + ']' if ':' in host else host}:{bound}"
-    tmp = sd / "server.json.tmp"  # atomically: clients may be polling for it
-    tmp.write_text(json.dumps({"url": server_url, "pid": os.getpid()}))
-    os.replace(tmp, sd / "server.json")
-    logging.getLogger("gpuloom.service").info(
-        "serving %s on %s (dashboard %s/, API docs %s/docs; %d node%s, %d GPU%s; stages %s; store %s)",
-        "gpuloom", server_url, server_url, server_url, inventory.num_nodes, "s" * (inventory.num_nodes != 1),
-        inventory.num_gpus, "s" * (inventory.num_gpus != 1), "/".join(sched.names.values()), url,
-    )
-    config = uvicorn.Config(create_app(svc), log_level="warning", access_log=False,
-                            ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
-                            ssl_certfile=str(ssl_certfile) if ssl_certfile else None)
-    server = uvicorn.Server(config)
     try:
-        server.run(sockets=[sock])
+        write_server_info(sd, listeners)
+        logging.getLogger("gpuloom.service").info(
+            "serving %s on %s and %s (dashboard %s/, API docs %s/docs; %d node%s, %d GPU%s; stages %s; store %s; "
+            "at most %d connections)", "gpuloom", listeners.url, listeners.unix_path or "no socket", listeners.url,
+            listeners.url, inventory.num_nodes, "s" * (inventory.num_nodes != 1), inventory.num_gpus,
+            "s" * (inventory.num_gpus != 1), "/".join(sched.names.values()), url, connections.max_connections)
+        serve_http(create_app(svc), listeners, connections, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+                   ssl_certfile=str(ssl_certfile) if ssl_certfile else None, metrics=svc.telemetry.registry)
     finally:
         svc.shutdown()
+        remove_server_info(sd)  # still holding the lock: no other server has written it
+        listeners.close()
         locks.release()
 
 
@@ -348,6 +347,36 @@ def _gpu_devices(option: str, declared: bool) -> tuple[str, ...]:
 def _private_to_jobs(path: Path) -> bool:
     real = Path(os.path.realpath(path))
     return any(real == Path(m) or Path(m) in real.parents for m in ("/tmp", "/dev/shm"))
+
+
+def _connection_limits(max_connections: int | None, header_timeout: float, keep_alive: float,  # noqa: ANN202
+                       send_timeout: float):
+    from ..runtime.listen import ConnectionLimits, ListenError
+
+    try:
+        return ConnectionLimits.for_process(max_connections, header_timeout, keep_alive, send_timeout)
+    except ListenError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _listen(sd: Path, host: str, port: int, socket_path: Path | None, tls: bool, backlog: int):  # noqa: ANN202
+    """The server's TCP and Unix sockets, listening; exit 2 naming whoever holds them."""
+    import atexit
+
+    from ..runtime.listen import ListenError, Listeners, default_socket_path, remove_server_info
+
+    remove_server_info(sd)  # a dead server's: nothing may point clients at a listener that is not this one
+    try:
+        listeners = Listeners(host, port, socket_path.absolute() if socket_path is not None else
+                              lambda bound: default_socket_path(bound, sd), tls, backlog)
+    except ListenError as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
+    if listeners.unix_path is None:
+        logging.getLogger("gpuloom.service").warning(
+            "no Unix socket: %s is too long a path for one; give --socket", sd / "gpuloom.sock")
+    atexit.register(listeners.close)  # a start that fails later leaves no socket file behind
+    return listeners
 
 
 def _loopback(host: str) -> bool:
@@ -418,18 +447,24 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
 
 # -- client ------------------------------------------------------------------------------------
 class Client:
+    """The server found as :mod:`gpuloom.runtime.connect` says, and refused unless its account is trusted."""
+
     def __init__(self, url: str | None, token: str | None, state_dir: Path | None) -> None:
         import httpx
 
+        from ..runtime.connect import ServerNotTrusted, find_server, transport
+
         sd = state_dir_path(state_dir)
-        if url is None:
-            f = sd / "server.json"
-            url = json.loads(f.read_text())["url"] if f.exists() else f"http://127.0.0.1:{DEFAULT_PORT}"
+        try:
+            self.endpoint = find_server(url, sd)
+        except ServerNotTrusted as e:
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+            raise typer.Exit(2) from None
         if token is None:
             f = sd / "admin.token"
             if f.exists():
                 token = f.read_text().strip()
-        self.url = url.rstrip("/")
+        self.url = self.endpoint.url
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         ca = os.environ.get("GPULOOM_CA_BUNDLE")  # a private CA for a server with its own certificate
         verify: Any = True
@@ -437,7 +472,9 @@ class Client:
             import ssl
 
             verify = ssl.create_default_context(cafile=ca)
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30, verify=verify)
+        tr, self.check = transport(self.endpoint, verify)
+        self.http = httpx.Client(base_url=self.endpoint.base_url, headers=headers, timeout=30, verify=verify,
+                                 transport=tr)
         self.last: Any = None  # the last response
 
     def call(self, method: str, path: str, raw: bool = False, retries: int = 0, **kw: Any) -> Any:
@@ -450,11 +487,12 @@ class Client:
                 r = self.http.request(method, path, **kw)
                 break
             except httpx.HTTPError as e:
-                if attempt < retries:
+                refused = self.check.refusal if self.check is not None else None
+                if attempt < retries and refused is None:
                     time.sleep(0.5 * 2**attempt)
                     continue
-                err_console.print(f"[bold red]error:[/] cannot reach {escape(self.url)}: {escape(str(e))}",
-                                  highlight=False)
+                msg = refused or f"cannot reach {self.url}: {e}"
+                err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
                 raise typer.Exit(1) from None
         self.last = r
         if r.status_code >= 400:
