@@ -371,3 +371,63 @@ def test_profiling_window_and_rate_survive_a_step_of_the_jobs_clock(tmp_path: Pa
     assert out == [pytest.approx(20.0, rel=1e-9)]
     (run,) = prof.runs
     assert run.points >= 10 and math.isfinite(run.wall_s)
+
+
+# -- processes: who they are, across a step ------------------------------------------------------------
+@pytest.mark.parametrize("jump", JUMPS)
+def test_a_process_recorded_before_a_wall_step_is_still_recognised(tmp_path: Path, jump: float) -> None:
+    """A process's wall creation time is the boot time plus its age, and the boot time moves with the wall
+    clock: recorded before a step, it no longer matches.  Its creation time since the boot (and the boot's
+    id) does, so a restarted service adopts it, sees it alive, and stops it (it used to requeue the job,
+    or, for a process already adopted, report it ended while it ran on)."""
+    import dataclasses
+
+    from gpuloom.runtime.cgroups import CgroupManager
+    from gpuloom.runtime.executor import LaunchSpec
+    from gpuloom.runtime.local import NodeAgent
+
+    first = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")
+    info = first.launch(LaunchSpec("j", "echo ready; sleep 30", "", (), (), 0, str(tmp_path / "j.log"), {}))
+    try:
+        assert info.since_boot is not None and info.boot is not None
+        recorded = dataclasses.replace(info, start_time=info.start_time - jump)  # as the wall clock read then
+        later = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")  # a restarted service
+        for forged in (dataclasses.replace(recorded, since_boot=info.since_boot + 0.01),
+                       dataclasses.replace(recorded, boot="another-boot")):
+            assert not later.adopt(forged)  # pid reuse: another process, or another boot's
+        assert later.adopt(recorded)
+        assert later.alive("j") and later.poll() == {}
+        wait(lambda: "ready" in (tmp_path / "j.log").read_text(), "the job to start")
+        assert later.stop("j", 2.0) == 143
+    finally:
+        if first.alive("j"):
+            first.stop("j", 0.5)
+
+
+def test_orphans_are_found_by_their_pid_record_not_by_creation_times(tmp_path: Path) -> None:
+    """A wrapper the previous service launched but never recorded is found from its pid file even when the
+    wall clock stepped since (the file's time and the process's no longer compare); a process that
+    merely shares the pid named there is not its wrapper and is left alone."""
+    import os
+    import subprocess
+
+    from gpuloom.runtime.cgroups import CgroupManager
+    from gpuloom.runtime.executor import LaunchSpec
+    from gpuloom.runtime.local import NodeAgent
+
+    agent = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")
+    info = agent.launch(LaunchSpec("r", "echo ready; sleep 30", "", (), (), 0, str(tmp_path / "r.log"), {}))
+    other = subprocess.Popen(["/bin/sh", "-c", "sleep 30", "gpuloom-job"], start_new_session=True)
+    try:
+        pid_file = Path(agent.pid_path(info.exit_path))
+        wait(lambda: pid_file.read_text().split() == [str(info.pid)], "the pid record")
+        st = pid_file.stat()
+        os.utime(pid_file, (st.st_atime, st.st_mtime - H2))  # written 2 h before the process began, it seems
+        (tmp_path / "run" / "x.pid").write_text(f"{other.pid}\n")  # a record naming someone else's process
+        later = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")
+        assert [(o.job_id, o.pid) for o in later.orphans()] == [("r", info.pid)]
+    finally:
+        other.kill()
+        other.wait()
+        if agent.alive("r"):
+            agent.stop("r", 0.5)

@@ -16,6 +16,7 @@ process continues it from (see docs/service.md, "Time").
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -23,6 +24,16 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+@functools.cache
+def boot_id() -> str | None:
+    """This machine's boot id (Linux), None where there is none."""
+    try:
+        with open(BOOT_ID) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 class Clock(Protocol):
@@ -34,13 +45,6 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    def __init__(self) -> None:
-        try:
-            with open(BOOT_ID) as f:
-                self._boot: str | None = f.read().strip() or None
-        except OSError:  # not Linux: a restart trusts the wall clock's gap (:func:`resume`)
-            self._boot = None
-
     def time(self) -> float:
         return time.time()
 
@@ -48,7 +52,7 @@ class SystemClock:
         return time.monotonic()
 
     def boot(self) -> str | None:
-        return self._boot
+        return boot_id()  # (None, not Linux: a restart trusts the wall clock's gap, :func:`resume`)
 
 
 class ManualClock:
