@@ -47,11 +47,11 @@ def make(tmp_path: Path, cgroup_parent: str) -> Iterator[Callable[..., Service]]
     made: list[Service] = []
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
 
-    def _make(clock: ManualClock, cluster: Cluster | None = None, **kw: object) -> Service:
+    def _make(clock: ManualClock, cluster: Cluster | None = None, order: str = "fifo", **kw: object) -> Service:
         cl = cluster or Cluster.homogeneous(1, 4)
         opts: dict = {"round_s": 1000.0, "grace_s": 0.0, "launch_timeout_s": 60.0, **kw}
         svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent),
-                      Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                      Scheduler.from_names(order, "none", "proportional", "packed-sticky"), tmp_path,
                       clock=clock, **opts)
         made.append(svc)
         return svc
@@ -198,8 +198,10 @@ def test_a_progress_line_dated_across_a_step_counts_between_the_last_look_and_no
 
 # -- arrivals ----------------------------------------------------------------------------------------
 def test_a_job_submitted_after_a_step_back_queues_behind_one_submitted_before(make) -> None:  # noqa: ANN001
+    """Finish-time fairness puts the job waiting longest first: x, by its arrival (kept by a rebuild)."""
     clock = ManualClock(T0)
-    svc = make(clock)
+    src = Source()
+    svc = make(clock, order="ftf", inventory=src)
     r = svc.submit({"name": "r", "command": "sleep 600", "gpus": 4}, "alice")
     svc.round()  # r holds every GPU
     clock.advance(1)
@@ -209,6 +211,10 @@ def test_a_job_submitted_after_a_step_back_queues_behind_one_submitted_before(ma
     clock.advance(1)
     y = svc.submit({"name": "y", "command": "sleep 600", "gpus": 4}, "alice")
     svc.round()  # y arrives at 2, after x (its wall-clock submit time is 2 h earlier)
+    assert (svc.jobs[str(x)].spec.arrival, svc.jobs[str(y)].spec.arrival) == (1.0, 2.0)
+    clock.advance(1)
+    src.next = InventoryChange(svc.cluster, frozenset(), 0.0)
+    assert follow(svc)  # a rebuild (as when a node joins) loads them again
     assert (svc.jobs[str(x)].spec.arrival, svc.jobs[str(y)].spec.arrival) == (1.0, 2.0)
     svc.cancel(r, "alice", False)
     svc.round()

@@ -41,6 +41,9 @@ class Mirror:
         self.default_duration = default_duration
         self.protect_factor = protect_factor
         self.rows: dict[str, JobRow] = {}
+        #: job id -> arrival (service time) of the jobs loaded, kept until they end: a job loaded again
+        #: (a rebuild, a parked job admitted) keeps its place whatever the wall clock did since
+        self.arrivals: dict[str, float] = {}
 
     def now(self) -> float:
         """Service time: seconds since the stored epoch, on the monotonic clock."""
@@ -57,7 +60,10 @@ class Mirror:
         service time (default: from its submission time, :meth:`since`)."""
         now = self.now()
         if arrival is None:
+            arrival = self.arrivals.get(str(row.id))
+        if arrival is None:
             arrival = self.since(row.submit_time)
+        self.arrivals[str(row.id)] = arrival
         job = Job(job_spec(row, self.epoch, self.default_duration, profile, arrival), row.id)
         job.arrive(now, self.protect_factor, state)
         job.attained_time = row.held_time
@@ -73,6 +79,7 @@ class Mirror:
         return job
 
     def drop(self, jid: str) -> JobRow | None:
+        self.arrivals.pop(jid, None)
         return self.rows.pop(jid, None)
 
     @staticmethod

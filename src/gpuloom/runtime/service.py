@@ -136,6 +136,9 @@ FINAL_STATES = tuple(s.value for s in JobState if s in TERMINAL)
 class Service:
     """Runs scheduling rounds over the store's jobs and drives the executor."""
 
+    actuator: Actuator  # (made by assemble)
+    driver: Driver
+
     def __init__(
         self,
         store: Store,
@@ -227,6 +230,9 @@ class Service:
             # stored profiles, and profiles submitted with a job, reach the sizers through it
             add_sensitivity(self.model)
         self.mirror = Mirror(self.store, self.clock, epoch, duration, protect, self.timebase)
+        if old is not None:  # a rebuild: the active and parked jobs keep their arrivals
+            keep = set(self.driver.jobs) | {str(j) for j in self.parked}
+            self.mirror.arrivals = {j: a for j, a in old.mirror.arrivals.items() if j in keep}
         self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout,
                                  self.guard.identities, self.guard.job_dir, self.log_dir)
         self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
