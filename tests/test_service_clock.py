@@ -437,3 +437,34 @@ def test_orphans_are_found_by_their_pid_record_not_by_creation_times(tmp_path: P
         other.wait()
         if agent.alive("r"):
             agent.stop("r", 0.5)
+
+
+@pytest.mark.parametrize("jump", JUMPS)
+def test_a_nodes_fence_stops_processes_recorded_before_a_wall_step(tmp_path: Path, jump: float) -> None:
+    """When a Ray node's raylet dies, its fence stops the job processes its agent recorded, so that the
+    jobs, requeued elsewhere, never run twice; a record made before a wall step still names them."""
+    import dataclasses
+    import os
+    import subprocess
+
+    from gpuloom.runtime.cgroups import CgroupManager
+    from gpuloom.runtime.executor import LaunchSpec
+    from gpuloom.runtime.local import NodeAgent
+    from gpuloom.runtime.ray_agent import fence_entry, fence_main
+
+    run = tmp_path / "run"
+    agent = NodeAgent(CgroupManager(enabled=False), run)
+    info = agent.launch(LaunchSpec("j", "echo ready; sleep 30", "", (), (), 0, str(tmp_path / "j.log"), {}))
+    try:
+        wait(lambda: "ready" in (tmp_path / "j.log").read_text(), "the job to start")
+        recorded = dataclasses.replace(info, start_time=info.start_time - jump)  # as the wall clock read then
+        (run / "fence.json").write_text(json.dumps({"grace_s": 2.0, "cgroup_parent": None,
+                                                    "procs": {"j": fence_entry(recorded)}}))
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # the raylet: dead
+        assert fence_main(gone.pid, str(run)) == 0
+        assert not agent.alive("j") and agent.poll() == {"j": 143}
+    finally:
+        if agent.alive("j"):
+            os.killpg(info.pid, 9)
+            agent.poll()
