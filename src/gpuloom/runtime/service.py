@@ -50,7 +50,7 @@ Design decisions:
   timeouts, protection and fences ignore wall-clock steps; wall time is only
   what is stored and shown for people.  A job's work estimate is its time limit,
   or ``default_duration`` without one; SJF-like orders use it, LAS-like orders
-  the wall seconds it has held GPUs (persisted).  A job's remaining work falls
+  the seconds it has held GPUs (persisted).  A job's remaining work falls
   at the model's speed while it reports progress, and is stored with every
   change, so SRTF-like orders see the same remaining work after a restart.
 * **Job states** are the lifecycle's (:mod:`gpuloom.core.lifecycle`), stored in
@@ -272,12 +272,11 @@ class Service:
         t = self.clock.monotonic()
         if not force and t < self._next_mark:
             return
+        self._next_mark = t + MARK_S  # (also after a failure: tried, and logged, once per MARK_S)
         try:
             self.store.set_meta("clock", self.timebase.mark())
         except Exception as e:
             log.warning("cannot record the service time yet: %s", e)
-            return
-        self._next_mark = t + MARK_S
 
     def log_path(self, job_id: int | str) -> Path:
         return self.actuator.log_path(job_id)

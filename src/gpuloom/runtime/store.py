@@ -95,7 +95,7 @@ jobs_t = Table(
     Column("preemptions", Integer, nullable=False, default=0),
     Column("checkpoint_dir", Text),
     Column("progress", Float),  # iterations done by its last progress line when it last stopped
-    Column("held_time", Float, nullable=False, default=0.0),  # wall seconds held before the current run
+    Column("held_time", Float, nullable=False, default=0.0),  # seconds held before the current run (service time)
     Column("held_gpu_time", Float, nullable=False, default=0.0),
     Column("exit_code", Integer),
     Column("reason", Text),  # why it ended / waits / was refused
