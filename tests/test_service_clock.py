@@ -423,7 +423,7 @@ def test_orphans_are_found_by_their_pid_record_not_by_creation_times(tmp_path: P
 
     agent = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")
     info = agent.launch(LaunchSpec("r", "echo ready; sleep 30", "", (), (), 0, str(tmp_path / "r.log"), {}))
-    other = subprocess.Popen(["/bin/sh", "-c", "sleep 30", "gpuloom-job"], start_new_session=True)
+    other = subprocess.Popen(["/bin/sh", "-c", "sleep 30; exit 0", "gpuloom-job"], start_new_session=True)
     try:
         pid_file = Path(agent.pid_path(info.exit_path))
         wait(lambda: pid_file.read_text().split() == [str(info.pid)], "the pid record")
