@@ -72,8 +72,9 @@ class Running:
     procs: dict[str, ProcInfo]  # executor id -> process
     exited: dict[str, int]  # executor id -> exit code, for parts already gone
     cores: dict[str, tuple[int, ...]]  # node name -> core ids
-    start: float  # wall time of this launch
+    start: float  # service time of this launch (held time counts from it)
     log_offset: int = 0  # bytes in the log before this launch, a logical offset (progress lines after it count)
+    looked: float = -math.inf  # service time of the last look for a progress line that found none
 
 
 class Actuator:
@@ -118,21 +119,28 @@ class Actuator:
                 return p.iter
         return None
 
-    def progress_since(self, run: Running, jid: str) -> float | None:
-        """When the first progress line since ``run.log_offset`` was printed (wall time: its ``t=``, else
-        now), or None if there is none yet (the offset, logical, advances as it reads)."""
+    def progress_since(self, run: Running, jid: str, now: float) -> float | None:
+        """When (service time) the first progress line since ``run.log_offset`` was printed, or None if
+        there is none yet (the offset, logical, advances as it reads).
+
+        Its ``t=`` is the job's wall time: its age is how far the wall clock is past it now, kept after
+        the last look that found no line (and at most now), so a wall-clock step between the two moves
+        it no further than that.  A line without ``t=`` was printed now, as far as anyone knows."""
         chunk, after = joblogs.read(self.log_path(jid), run.log_offset, 1 << 16)
         at = chunk.find(PROGRESS_MARK)
         if at < 0:
             # the next read starts a marker's length back: a marker split between reads is found whole
             run.log_offset = max(run.log_offset, after - len(PROGRESS_MARK))
+            run.looked = now
             return None
         end = chunk.find(b"\n", at)
         try:
             p = parse_progress(chunk[at:end].decode(errors="replace")) if end >= 0 else None
         except ProgressError:
             p = None
-        return p.t if p is not None and p.t is not None else self.mirror.clock.time()
+        if p is None or p.t is None:
+            return now
+        return min(now, max(run.looked, now - (self.mirror.clock.time() - p.t)))
 
     def cap_logs(self, cap: int, why: str = "", most: int | None = None, jids: Sequence[str] | None = None) -> int:
         """Cut the running jobs' logs (or those of ``jids``) over ``cap`` bytes (0: none), largest first,
@@ -184,7 +192,6 @@ class Actuator:
                 self.mirror.write(jid, {"state": lc.state.value}, lc.state.value, {})
         self._terminate(list(rest))
         t = self.mirror.now()
-        wall = self.mirror.clock.time()
         for st in steps:
             job, jid = st.job, st.job.id
             run = self.running.pop(jid, None)
@@ -195,7 +202,7 @@ class Actuator:
             old = st.action.old
             if run is not None:
                 self.release(jid, run)
-                held = row.held_time + (wall - run.start)
+                held = row.held_time + max(0.0, t - run.start)
                 row.held_gpu_time += (held - row.held_time) * (old.num_gpus if old is not None else 0)
                 row.held_time = held
             row.preemptions += 1
@@ -282,7 +289,8 @@ class Actuator:
                 self.mirror.write(jid, {"procs": None, "attempts": row.attempts}, "launch-deferred", {"why": str(e)})
                 return False
             raise LaunchFailed(f"launch failed: {e}") from None
-        wall = self.mirror.clock.time()
+        wall = self.mirror.clock.time()  # for people: first_start, last_start
+        started = self.mirror.now()
         attempts = row.attempts + 1
         resumes = row.resume_count + (1 if resume else 0)
         first = row.first_start if row.first_start is not None else wall
@@ -293,7 +301,8 @@ class Actuator:
                 {"state": S.LAUNCHING.value, "alloc": alloc_json,
                  "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
                  "attempts": attempts, "resume_count": resumes, "first_start": first,
-                 "last_start": wall, "checkpoint_dir": ckpt, "reason": None, **self.mirror.work(job)},
+                 "last_start": wall, "last_start_at": started, "checkpoint_dir": ckpt, "reason": None,
+                 **self.mirror.work(job)},
                 "launch" if kind is ActionKind.START else kind.value,
                 {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
             )
@@ -302,7 +311,7 @@ class Actuator:
             self._abandon(jid, len(alloc.parts), procs)
             row.attempts = attempts  # (the stored intent counts it, as for a node that refused it)
             return False
-        self.running[jid] = Running(procs, {}, cores, wall, log_offset)
+        self.running[jid] = Running(procs, {}, cores, started, log_offset)
         lc = job.lifecycle
         assert lc is not None
         lc.walk([s for s in step.start if s is not S.RUNNING_PROTECTED], now)  # promoted on its first progress
@@ -337,19 +346,19 @@ class Actuator:
         RUNNING when protection expires.
 
         The promotion is dated when the line was printed (its ``t=``, kept between the launch and
-        now), not when a round noticed it: between rounds (seconds apart) the job was already
-        working, and its remaining work, its launch time and its protection say so."""
-        wall = self.mirror.clock.time()
+        now, :meth:`progress_since`), not when a round noticed it: between rounds (seconds apart) the
+        job was already working, and its remaining work, its launch time and its protection say so.
+        Every duration here is service time (monotonic)."""
         for jid, run in self.running.items():
             job = jobs[jid]
             lc = job.lifecycle
             assert lc is not None
             if lc.state is S.LAUNCHING:
-                printed = self.progress_since(run, jid)
-                if printed is None and wall - run.start >= self.launch_timeout_s:
-                    printed = wall
+                printed = self.progress_since(run, jid, now)
+                if printed is None and now - run.start >= self.launch_timeout_s:
+                    printed = now
                 if printed is not None:
-                    ready = min(now, max(lc.since, now - (wall - printed)))
+                    ready = min(now, max(lc.since, printed))
                     job.busy_until = ready  # working from the line on: advance() credits now - ready
                     job.advance(now)
                     lc.to(S.RUNNING_PROTECTED, ready)
@@ -410,12 +419,12 @@ class Actuator:
             self.exec_owner.pop(eid, None)
 
     def end(self, jid: str) -> tuple[Running | None, float]:
-        """Forget a job's processes; (its run, wall seconds held in it)."""
+        """Forget a job's processes; (its run, seconds held in it)."""
         run = self.running.pop(jid, None)
         if run is None:
             return None, 0.0
         self.release(jid, run)
-        return run, self.mirror.clock.time() - run.start
+        return run, max(0.0, self.mirror.now() - run.start)
 
     # -- executor calls that must not raise -------------------------------------------------
     def stop_quietly(self, eid: str) -> int | None:

@@ -63,9 +63,13 @@ class ProcInfo:
     job_id: str
     node: str
     pid: int
-    start_time: float  # process creation time (guards against pid reuse when adopting)
+    start_time: float  # process creation time, wall (guards against pid reuse when adopting)
     log_path: str = ""
     exit_path: str = ""  # where the job's wrapper writes its exit code when it ends
+    #: creation time in seconds since its node's boot, and that boot's id: the same guard, which a
+    #: wall-clock step does not move (the wall creation time is the boot time plus this one)
+    since_boot: float | None = None
+    boot: str | None = None
 
 
 class Executor(ABC):

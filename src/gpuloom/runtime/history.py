@@ -13,7 +13,10 @@ record: ``start`` is the first launch, ``elapsed_s`` runs from it to the end
 (or now, like sacct's Elapsed), ``held_s`` counts only the time it held
 resources (a preempted job holds nothing while it waits again), and
 ``gpu_hours`` sums GPUs x hours over its allocations (co-runners sharing GPUs
-each count them).  With ``allocations=True`` the records list those
+each count them).  Both are the job's held seconds as the service measured them
+on its monotonic clock (``held_time``, ``held_gpu_time``: a wall-clock step
+inside an allocation moves its shown ends, not the bill), plus, while it holds
+an allocation, the wall seconds since its last launch.  With ``allocations=True`` the records list those
 allocations: the history a replay of the service in the simulator starts from.
 :func:`history` answers a page of records by job id (``after``, ``limit``):
 the API's ``/history`` answers at most :data:`MAX_HISTORY_PAGE` at once.
@@ -97,9 +100,10 @@ def job_record(row: JobRow, spans: Sequence[Mapping[str, Any]], now: float, allo
     """One accounting record (see the module notes)."""
     end = row.end_time
     start = row.first_start
-    held = sum((s["end_time"] if s["end_time"] is not None else (end or now)) - s["start_time"] for s in spans)
-    gpu_s = sum(((s["end_time"] if s["end_time"] is not None else (end or now)) - s["start_time"]) * s["gpus"]
-                for s in spans)
+    holding = [s for s in spans if s["end_time"] is None] if end is None else []
+    live = max(0.0, now - row.last_start) if holding and row.last_start is not None else 0.0
+    held = row.held_time + live
+    gpu_s = row.held_gpu_time + live * sum(s["gpus"] for s in holding)
     nodes: list[str] = []
     for s in spans:
         for n in s["nodes"].split(","):

@@ -64,8 +64,8 @@ def follow(svc: Service) -> bool:
     src = svc.inventory
     if src is None:
         return False
-    wall = svc.clock.time()
-    due = any(t <= wall for t in svc.parked.values())
+    now = svc.now()
+    due = any(t <= now for t in svc.parked.values())
     try:
         change = src.poll()
     except Exception:  # a source that cannot answer now keeps the inventory as it is
@@ -84,7 +84,7 @@ def rebuild(svc: Service, change: InventoryChange) -> None:
 
     with svc.lock:
         svc._reap()  # exits already reported belong to the old state
-        wall = svc.clock.time()
+        now = svc.now()
         lost_jobs = set()
         for row in svc.store.list_jobs(HOLDING):
             nodes = {p.get("node") for p in row.procs or []} | {p.get("node") for p in (row.alloc or {}).get("parts", [])}
@@ -93,7 +93,7 @@ def rebuild(svc: Service, change: InventoryChange) -> None:
         # parked until the inventory changes: looked at again now; jobs of lost nodes wait for their fence
         svc.parked = {j: t for j, t in svc.parked.items() if not math.isinf(t)}
         for j in lost_jobs:
-            svc.parked[j] = wall + change.fence_s
+            svc.parked[j] = now + change.fence_s
         old = svc.cluster
         svc.assemble(change.cluster)
         svc.queues.refit()  # guarantees the cluster is now short of: scaled down until nodes come back
@@ -111,8 +111,8 @@ def unpark(svc: Service) -> None:
 
     if not svc.parked:
         return
-    wall = svc.clock.time()
-    due = [j for j, t in svc.parked.items() if t <= wall]
+    now = svc.now()
+    due = [j for j, t in svc.parked.items() if t <= now]
     for j in due:
         del svc.parked[j]
     for _, row in sorted(svc.store.get_jobs(due).items()):

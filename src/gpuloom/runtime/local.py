@@ -101,6 +101,7 @@ from pathlib import Path
 import psutil
 
 from gpuloom.runtime.cgroups import CgroupError, CgroupManager, JobCgroup, cgroup_name, format_cpus
+from gpuloom.runtime.clock import boot_id
 from gpuloom.runtime.executor import Executor, ExecutorError, LaunchSpec, ProcInfo
 from gpuloom.runtime.identity import IdentityError, private_dir
 
@@ -254,8 +255,36 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+def process_since_boot(pid: int) -> float | None:
+    """Creation time of ``pid`` in seconds since the boot (``/proc/PID/stat``: no wall clock in it),
+    None if there is no such live process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()  # (the command name before it may hold anything)
+    if len(rest) < 20 or rest[0] in (b"Z", b"X"):
+        return None
+    return int(rest[19]) / _CLK_TCK
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def identity(pid: int) -> tuple[float | None, str | None]:
+    """(creation time since the boot, boot id) of ``pid``: what :func:`same_process` checks first."""
+    since = process_since_boot(pid)
+    return since, boot_id() if since is not None else None
+
+
 def same_process(info: ProcInfo) -> bool:
-    """Is ``info.pid`` still the process we launched (alive, not a zombie, same creation time)?"""
+    """Is ``info.pid`` still the process we launched (alive, not a zombie, same creation time)?
+
+    Recorded with its creation time since the boot (and this boot's id), that is compared: the
+    wall-clock creation time moves with every step of the wall clock."""
+    if info.since_boot is not None and info.boot is not None:
+        return info.boot == boot_id() and process_since_boot(info.pid) == info.since_boot
     t = process_start_time(info.pid)
     return t is not None and abs(t - info.start_time) <= START_TIME_TOLERANCE_S
 
@@ -549,10 +578,11 @@ class NodeAgent:
                     os.close(fd)
                 if payload >= 0:
                     os.close(payload)
+            since, boot = identity(popen.pid)
             start = process_start_time(popen.pid)
             if start is None:  # ended already (e.g. `true`): creation time from /proc is gone
                 start = time.time()
-            info = ProcInfo(spec.job_id, "", popen.pid, start, str(log_path), exit_path)
+            info = ProcInfo(spec.job_id, "", popen.pid, start, str(log_path), exit_path, since, boot)
             self._procs[spec.job_id] = _Proc(info, popen, cg)
             return info
 
@@ -727,7 +757,7 @@ class NodeAgent:
     def orphans(self) -> list[ProcInfo]:
         """Live wrappers launched here that nobody tracks, from the pid files they write first thing.
 
-        Each must be a session leader running our wrapper, created no later than its pid file (pid reuse)."""
+        Each must be a session leader running our wrapper for that very pid file (pid reuse)."""
         if self.run_dir is None:
             return []
         out = []
@@ -740,13 +770,16 @@ class NodeAgent:
                     pid = _read_record(str(f))
                     if pid is None:
                         continue
-                    written = f.stat().st_mtime
                     p = psutil.Process(pid)
                     if p.status() == psutil.STATUS_ZOMBIE or os.getpgid(pid) != pid:
                         continue
-                    if "gpuloom-job" not in p.cmdline() or p.create_time() > written + 1.0:
+                    # the wrapper that wrote this record names it in its command line (not a reused pid;
+                    # creation times are not compared: a wall-clock step since would move them)
+                    cmd = p.cmdline()
+                    if "gpuloom-job" not in cmd or str(f) not in cmd:
                         continue
-                    out.append(ProcInfo(job_id, "", pid, p.create_time(), "", self.exit_path(job_id, "")))
+                    since, boot = identity(pid)
+                    out.append(ProcInfo(job_id, "", pid, p.create_time(), "", self.exit_path(job_id, ""), since, boot))
                 except (OSError, ValueError, psutil.Error):
                     continue
         return out

@@ -10,6 +10,10 @@ objects.  :class:`Mirror` keeps the two in step:
   spec (:func:`~.specs.job_spec`), its lifecycle started in the stored state,
   its counters, and its remaining work as stored (``work_left`` at ``work_at``)
   or, for a job that never ran, its whole work estimate.
+* **Service time** (:meth:`Mirror.now`) runs on the monotonic clock (:class:`~.clock.ServiceTime`);
+  a stored wall time (a submission, a first start) becomes service time by its age on the wall
+  clock now, never negative and never before ``floor`` (:meth:`Mirror.since`): a wall-clock step
+  moves it by no more than those bounds.
 * :meth:`Mirror.work` is the remaining-work record written with every change of
   speed (launch, promotion, regroup, stop, end), so a restarted service resumes
   each job's work exactly where the model says it is.
@@ -22,34 +26,50 @@ from typing import Any
 
 from ..core.job import Job
 from ..core.lifecycle import JobState
-from .clock import Clock
+from .clock import Clock, ServiceTime
 from .specs import DEFAULT_DURATION, job_spec
 from .store import JobRow, Store
 
 
 class Mirror:
     def __init__(self, store: Store, clock: Clock, epoch: float, default_duration: float = DEFAULT_DURATION,
-                 protect_factor: float = 3.0) -> None:
+                 protect_factor: float = 3.0, timebase: ServiceTime | None = None) -> None:
         self.store = store
         self.clock = clock
         self.epoch = epoch
+        self.timebase = timebase if timebase is not None else ServiceTime(clock, max(0.0, clock.time() - epoch))
         self.default_duration = default_duration
         self.protect_factor = protect_factor
         self.rows: dict[str, JobRow] = {}
+        #: job id -> arrival (service time) of the jobs loaded, kept until they end: a job loaded again
+        #: (a rebuild, a parked job admitted) keeps its place whatever the wall clock did since
+        self.arrivals: dict[str, float] = {}
 
     def now(self) -> float:
-        """Service time: seconds since the epoch stored in the database."""
-        return self.clock.time() - self.epoch
+        """Service time: seconds since the stored epoch, on the monotonic clock."""
+        return self.timebase.now()
 
-    def load(self, row: JobRow, state: JobState, profile: Any = None) -> Job:
-        """The driver's job for a stored row, its lifecycle starting now in ``state``."""
+    def since(self, wall_t: float, floor: float = 0.0) -> float:
+        """The service time of the stored wall time ``wall_t``: now less its age on the wall clock,
+        within ``[floor, now]``."""
         now = self.now()
-        job = Job(job_spec(row, self.epoch, self.default_duration, profile), row.id)
+        return min(now, max(floor, now - max(0.0, self.clock.time() - wall_t)))
+
+    def load(self, row: JobRow, state: JobState, profile: Any = None, arrival: float | None = None) -> Job:
+        """The driver's job for a stored row, its lifecycle starting now in ``state``; ``arrival`` in
+        service time (default: from its submission time, :meth:`since`)."""
+        now = self.now()
+        if arrival is None:
+            arrival = self.arrivals.get(str(row.id))
+        if arrival is None:
+            arrival = self.since(row.submit_time)
+        self.arrivals[str(row.id)] = arrival
+        job = Job(job_spec(row, self.epoch, self.default_duration, profile, arrival), row.id)
         job.arrive(now, self.protect_factor, state)
         job.attained_time = row.held_time
         job.attained_gpu_time = row.held_gpu_time
         job.preemptions = row.preemptions
-        job.first_start = None if row.first_start is None else row.first_start - self.epoch
+        job.first_start = None if row.first_start is None else self.since(row.first_start)
         if row.work_left is not None:
             job.remaining = max(float(row.work_left), 0.0)
             job.last_update = float(row.work_at) if row.work_at is not None else now
@@ -59,6 +79,7 @@ class Mirror:
         return job
 
     def drop(self, jid: str) -> JobRow | None:
+        self.arrivals.pop(jid, None)
         return self.rows.pop(jid, None)
 
     @staticmethod

@@ -15,6 +15,12 @@ cpu_points, mem_points, threshold=0.10)``) drives.  One call:
 3. stops the run (SIGTERM, grace, SIGKILL) and returns iterations per second over
    the points after the warm-up.
 
+Job time is the lines' ``t=`` (the job's wall clock; the reader's where a line
+has none).  A step of that clock (NTP, ``date -s``) shows as a line dated before
+the one above it, or after it by more than the run has lasted (on the monotonic
+clock): the lines from the last step on are a segment of their own, and the
+warm-up, the window and the rate are taken in it alone (:func:`_last_segment`).
+
 Outcomes other than a rate:
 
 * the run is OOM-killed (exit 137 under a memory limit) before it makes progress:
@@ -42,11 +48,12 @@ from typing import Any
 import numpy as np
 
 from gpuloom.runtime.executor import Executor, ExecutorError, LaunchSpec
-from gpuloom.runtime.progress import ProgressTail
+from gpuloom.runtime.progress import Point, ProgressTail, rate
 
 log = logging.getLogger(__name__)
 
 Measure = Callable[[int, int], float]
+STEP_SLACK_S = 1.0  # consecutive lines more than the run's age plus this apart: the job's clock stepped
 
 
 class NoProgress(RuntimeError):
@@ -137,24 +144,24 @@ class RealProfiler:
         tail = ProgressTail(log_path)
         code: int | None = None
         try:
-            first: float | None = None
             while True:
                 tail.read()
-                if tail.points and first is None:
-                    first = tail.points[0].t
-                if first is not None and tail.points[-1].t >= first + self.warmup_s + self.window_s:
-                    break
+                pts = tail.points
+                if pts:
+                    first = pts[_last_segment(pts, time.monotonic() - t_launch + STEP_SLACK_S)].t
+                    if pts[-1].t >= first + self.warmup_s + self.window_s:
+                        break
                 if not self.executor.alive(rid):
                     tail.read()
                     break
-                if first is None and time.monotonic() - t_launch > self.startup_timeout_s:
+                if not pts and time.monotonic() - t_launch > self.startup_timeout_s:
                     break
                 time.sleep(self.poll_s)
         finally:
             code = self._stop(rid)
             shutil.rmtree(scratch, ignore_errors=True)
         wall = time.monotonic() - t_launch
-        pts = tail.points
+        pts = tail.points[_last_segment(tail.points, wall + STEP_SLACK_S):]
         if len(pts) < 2:
             if code == 137 and mem_mb > 0 and not pts:
                 log.info("profiling %s: killed at %d MB (out of memory): throughput 0", rid, mem_mb)
@@ -171,7 +178,7 @@ class RealProfiler:
         use = [p for p in pts if p.t >= start]
         if len(use) < 2:  # the run ended during the warm-up: take what there is
             use = pts
-        thr = tail.throughput(since=use[0].t) or 0.0
+        thr = rate(use) or 0.0
         self.runs.append(ProfileRun(cpus, mem_mb, thr, len(use), code, wall))
         return thr
 
@@ -180,6 +187,16 @@ class RealProfiler:
             return self.executor.stop(rid, self.grace_s)
         except ExecutorError:  # someone else's poll() collected it
             return None
+
+
+def _last_segment(points: Sequence[Point], max_gap: float) -> int:
+    """Where the points after the last step of the job's clock begin: a line dated before the one
+    above it, or more than ``max_gap`` seconds after it (0: no step)."""
+    for i in range(len(points) - 1, 0, -1):
+        d = points[i].t - points[i - 1].t
+        if d < 0 or d > max_gap:
+            return i
+    return 0
 
 
 @dataclass(slots=True)

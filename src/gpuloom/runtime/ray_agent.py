@@ -56,7 +56,7 @@ import psutil
 
 from .cgroups import CgroupManager
 from .executor import LaunchSpec, ProcInfo, free_port
-from .local import DEFAULT_ENV_ALLOW, NodeAgent, same_process
+from .local import DEFAULT_ENV_ALLOW, NodeAgent, identity, same_process
 
 #: how often the fence checks its raylet, and the long poll re-checks exits (seconds)
 FENCE_PERIOD_S = 0.2
@@ -223,7 +223,7 @@ class AgentActor:
     # -- the fence --------------------------------------------------------------------------------
     def _record(self) -> None:
         """Write the processes the fence must stop if the node dies (atomically)."""
-        procs = {j: [p.pid, p.start_time] for j, p in self.agent.running().items()}
+        procs = {j: fence_entry(p) for j, p in self.agent.running().items()}
         with self._fence_lock:
             tmp = self.run_dir / "fence.json.tmp"
             tmp.write_text(json.dumps({"grace_s": self.grace_s, "cgroup_parent": self.cgroup_parent,
@@ -235,8 +235,9 @@ class AgentActor:
         raylet = self.raylet_pid
         pidfile = self.run_dir / "fence.pid"
         try:
-            pid, start, watched = (float(x) for x in pidfile.read_text().split())
-            if int(watched) == raylet and same_process(ProcInfo("", "", int(pid), start)):
+            pid, began, watched, *who = pidfile.read_text().split()
+            known = (float(who[0]), who[1]) if len(who) == 2 else (None, None)
+            if int(watched) == raylet and same_process(ProcInfo("", "", int(pid), float(began), "", "", *known)):
                 return int(pid)
         except (OSError, ValueError):
             pass
@@ -247,8 +248,22 @@ class AgentActor:
             start_new_session=True, close_fds=True,
         )
         start = psutil.Process(p.pid).create_time()
-        pidfile.write_text(f"{p.pid} {start} {raylet}\n")
+        since, boot = identity(p.pid)
+        pidfile.write_text(f"{p.pid} {start} {raylet}" + (f" {since!r} {boot}" if since is not None else "") + "\n")
         return p.pid
+
+
+def fence_entry(p: ProcInfo) -> list[Any]:
+    """A process as the fence's record keeps it: pid, wall creation time, and what identifies it
+    across a wall-clock step (:func:`.local.same_process`)."""
+    return [p.pid, p.start_time, p.since_boot, p.boot]
+
+
+def fence_proc(job_id: str, entry: Sequence[Any]) -> ProcInfo:
+    """The process of a :func:`fence_entry` (or of an older record's ``[pid, start time]``)."""
+    since, boot = (entry[2], entry[3]) if len(entry) >= 4 else (None, None)
+    return ProcInfo(job_id, "", int(entry[0]), float(entry[1]), "", "", None if since is None else float(since),
+                    None if boot is None else str(boot))
 
 
 def stop_orphan(p: ProcInfo, grace_s: float, run_dir: str, cgroup_parent: str | None) -> int | None:
@@ -272,7 +287,7 @@ def fence_main(raylet_pid: int, run_dir: str) -> int:
         rec = json.loads((Path(run_dir) / "fence.json").read_text())
     except (OSError, ValueError):
         return 0
-    procs = [ProcInfo(j, "", int(pid), float(t)) for j, (pid, t) in rec.get("procs", {}).items()]
+    procs = [fence_proc(j, e) for j, e in rec.get("procs", {}).items()]
     live = [p for p in procs if same_process(p)]
     for p in live:
         _killpg(p.pid, signal.SIGTERM)

@@ -11,6 +11,11 @@ Without exit records (the wrapper itself was killed) it is requeued (STANDBY)
 to resume from its checkpoint.  Adopted jobs that were protected lose their
 protection at once (its start is unknown).
 
+Held time counts from the launch's stored service time (``last_start_at``;
+service time continues across the restart, :func:`.clock.resume`), so a
+wall-clock step while the service was down adds nothing to it; an exit record's
+wall time is trusted only within ``[launch, now]`` in service time.
+
 Launches are recorded before their processes exist (an *intent*: the
 processes to be, without pids); a process whose launch the previous service
 did not live to confirm, and any other process it launched and never
@@ -90,6 +95,8 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
     alive = alloc is not None and bool(procs) and len(adopted) == len(procs)
     stopping = state in (S.CHECKPOINTING, S.STOPPING)
     wall = svc.clock.time()
+    now = svc.now()
+    started = _started(svc, row)
     if alive and not stopping:
         assert alloc is not None and row.alloc is not None
         job = svc.admit_row(row, state)
@@ -97,7 +104,7 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
         for p in procs:
             act.cores.claim(p.node, p.job_id, cores.get(p.node, ()))
             act.exec_owner[p.job_id] = jid
-        act.running[jid] = Running({p.job_id: p for p in procs}, {}, cores, row.last_start or wall,
+        act.running[jid] = Running({p.job_id: p for p in procs}, {}, cores, started,
                                    act.log_size(jid) if state is S.LAUNCHING else 0)
         svc.driver.hold(job, alloc)  # its speed once every co-runner is back (_settle)
         if state is S.RUNNING_PROTECTED and job.lifecycle is not None:
@@ -121,7 +128,8 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
             # an exit record is final: the job finished, or failed, while the service was down
             ended = [t for t in (act.exit_time(p) for p in gone) if t is not None]
             end = max(ended) if ended else wall
-            ran = max(0.0, end - (row.last_start or end))
+            # (wall times of the launch and of the exit record: at most the service time since the launch)
+            ran = min(max(0.0, end - (row.last_start or end)), now - started)
             row.held_time += ran
             row.held_gpu_time += ran * ngpu
             svc.admit_row(row, state)
@@ -131,7 +139,7 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
             else:
                 svc.end(jid, S.FINISHED, 0, "finished while the service was down")
             return
-    held = row.held_time + max(0.0, wall - (row.last_start or wall))
+    held = row.held_time + (now - started)
     row.held_gpu_time += (held - row.held_time) * ngpu
     row.held_time = held
     if stopping:  # the stop the previous service began was a preemption (or half of a move/resize)
@@ -148,6 +156,14 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
     row.state = S.STANDBY.value
     if svc.fits_or_fail(row):  # a smaller cluster may no longer hold it; a parked job waits
         svc.admit_row(row, S.STANDBY)
+
+
+def _started(svc: Service, row: JobRow) -> float:
+    """The service time of the job's last launch, at most now: as stored, or, for a launch recorded
+    without it (an older version), from its wall time's age (:meth:`.Mirror.since`)."""
+    if row.last_start_at is not None:
+        return min(svc.now(), float(row.last_start_at))
+    return svc.mirror.since(row.last_start) if row.last_start is not None else svc.now()
 
 
 def _sweep(svc: Service) -> None:

@@ -44,10 +44,13 @@ Design decisions:
   0.1 s) to poll the executor; a round runs when ``round_s`` has elapsed or
   something happened (submission, cancel, completion).
 * **Time.**  Every reading comes from the injected :class:`~.clock.Clock`.
-  Job arrival times are seconds since the service's *epoch* (stored in
-  ``meta``, so it survives restarts).  A job's work estimate is its time limit,
+  Scheduling runs in *service time*: seconds since the *epoch* (stored in
+  ``meta``), advanced by the monotonic clock and continued by a restart from
+  the last stored mark (:mod:`.clock`), so held time, time limits, launch
+  timeouts, protection and fences ignore wall-clock steps; wall time is only
+  what is stored and shown for people.  A job's work estimate is its time limit,
   or ``default_duration`` without one; SJF-like orders use it, LAS-like orders
-  the wall seconds it has held GPUs (persisted).  A job's remaining work falls
+  the seconds it has held GPUs (persisted).  A job's remaining work falls
   at the model's speed while it reports progress, and is stored with every
   change, so SRTF-like orders see the same remaining work after a restart.
 * **Job states** are the lifecycle's (:mod:`gpuloom.core.lifecycle`), stored in
@@ -92,7 +95,7 @@ from ..scheduler import Scheduler
 from . import joblogs
 from .actuator import PROGRESS_MARK, Actuator, Running
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
-from .clock import Clock, SystemClock
+from .clock import Clock, ServiceTime, SystemClock, resume
 from .deps import Gate, parse_array, resolve_dependency
 from .disk import PRESSURE_CAP, DiskGuard
 from .executor import Executor
@@ -117,6 +120,7 @@ log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
 FULL_RETRY_S = 1.0  # the longest wait after a round that failed on a full disk
+MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`Service.mark_time`)
 #: a running job's log over this is cut (its first 1/8 and last 1/4 kept, :mod:`.joblogs`); 0: no cap
 DEFAULT_LOG_CAP = 256 << 20
 
@@ -131,6 +135,9 @@ FINAL_STATES = tuple(s.value for s in JobState if s in TERMINAL)
 
 class Service:
     """Runs scheduling rounds over the store's jobs and drives the executor."""
+
+    actuator: Actuator  # (made by assemble)
+    driver: Driver
 
     def __init__(
         self,
@@ -177,9 +184,12 @@ class Service:
         self.round_s = float(round_s)
         self.model_factory = model_factory or build_model  # the same model `simulate` builds
         self.inventory = inventory  # nodes that come and go (:mod:`.inventory`); None: a fixed cluster
-        #: job id -> wall time from which it may be planned again (inf: once the inventory changes)
+        #: job id -> service time from which it may be planned again (inf: once the inventory changes)
         self.parked: dict[int, float] = {}
         epoch = float(store.set_meta_default("epoch", repr(self.clock.time())))
+        # service time runs on the monotonic clock, continued from the last mark (:func:`.clock.resume`)
+        self.timebase = ServiceTime(self.clock, resume(self.clock, epoch, store.get_meta("clock")))
+        self._next_mark = -float("inf")
         self.service_id = store.set_meta_default("service_id", secrets.token_hex(4))
         # who runs the jobs, where their checkpoints go, how long finished jobs are kept (see .security)
         self.guard = Guard(self.state_dir, self.service_id, identities, job_dir, checkpoint_roots, keep_finished_s)
@@ -203,6 +213,8 @@ class Service:
         self.limits = Limiter(SubmitLimits(), self.clock.monotonic)  # per-user submission limits (:mod:`.admission`)
         self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
         self.disk = DiskGuard(store.path.parent if store.path is not None else None, self.actuator.log_dir)
+        self._read_at = 0.0  # service time of the last read of new submissions (their arrivals are after it)
+        self.mark_time()
 
     def assemble(self, cluster: Cluster, model: ThroughputModel | None = None) -> None:
         """The parts built for one cluster: model, mirror, actuator, profiler, driver.  Called again
@@ -217,7 +229,10 @@ class Service:
                                                                                         SensitivityFactor):
             # stored profiles, and profiles submitted with a job, reach the sizers through it
             add_sensitivity(self.model)
-        self.mirror = Mirror(self.store, self.clock, epoch, duration, protect)
+        self.mirror = Mirror(self.store, self.clock, epoch, duration, protect, self.timebase)
+        if old is not None:  # a rebuild: the active and parked jobs keep their arrivals
+            keep = set(self.driver.jobs) | {str(j) for j in self.parked}
+            self.mirror.arrivals = {j: a for j, a in old.mirror.arrivals.items() if j in keep}
         self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout,
                                  self.guard.identities, self.guard.job_dir, self.log_dir)
         self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
@@ -248,8 +263,20 @@ class Service:
         return self.driver.rounds
 
     def now(self) -> float:
-        """Service time: seconds since the epoch stored in the database."""
+        """Service time: seconds since the stored epoch, on the monotonic clock (:class:`.clock.ServiceTime`)."""
         return self.mirror.now()
+
+    def mark_time(self, force: bool = True) -> None:
+        """Store where service time is (at most every :data:`MARK_S` unless ``force``): a restart
+        continues from it (:func:`.clock.resume`).  A store that cannot take it now keeps the last one."""
+        t = self.clock.monotonic()
+        if not force and t < self._next_mark:
+            return
+        self._next_mark = t + MARK_S  # (also after a failure: tried, and logged, once per MARK_S)
+        try:
+            self.store.set_meta("clock", self.timebase.mark())
+        except Exception as e:
+            log.warning("cannot record the service time yet: %s", e)
 
     def log_path(self, job_id: int | str) -> Path:
         return self.actuator.log_path(job_id)
@@ -384,6 +411,7 @@ class Service:
             self._thread.join(timeout=30)
         with self.lock:
             self._retry_ends()
+            self.mark_time()
             for jid, (fields, event, _) in self.unrecorded.items():
                 log.error("job %s %s (exit code %s) but the store could not record it; after a restart it ends "
                           "as its exit record says (requeued without one)", jid, event, fields.get("exit_code"))
@@ -430,10 +458,11 @@ class Service:
             self._cap_logs()  # adopted jobs' logs that grew while no server watched them
 
     # -- mirror ------------------------------------------------------------------------
-    def admit_row(self, row: JobRow, state: JobState) -> Job:
-        """Mirror a stored job and hand it to the driver, its lifecycle in ``state``."""
+    def admit_row(self, row: JobRow, state: JobState, arrival: float | None = None) -> Job:
+        """Mirror a stored job and hand it to the driver, its lifecycle in ``state`` (``arrival``: see
+        :meth:`.Mirror.load`)."""
         profile = self.profiler.stored_profile(row.spec) if self.profiler is not None else None
-        job = self.mirror.load(row, state, profile)
+        job = self.mirror.load(row, state, profile, arrival)
         return self.driver.admit(job, self.now())
 
     def fits_or_fail(self, row: JobRow) -> bool:
@@ -466,6 +495,7 @@ class Service:
             self.observe()
             # a nearly full state disk: no starts or stops, whose records might not fit (:mod:`.disk`)
             actions = [] if self.disk.db_low() else self.act()
+            self.mark_time(force=False)
         self.last_round_s = self.clock.monotonic() - t0
         self.telemetry.round_done(actions, self.last_round_s)
         return actions
@@ -597,11 +627,11 @@ class Service:
                 self.end(jid, S.CANCELLED, None, "cancelled")
 
     def _enforce_time_limits(self) -> None:
-        wall = self.clock.time()
+        now = self.now()
         over = []
         for jid, run in self.actuator.running.items():
             limit = self.mirror.rows[jid].spec.get("time_limit")
-            if limit and self.mirror.rows[jid].held_time + (wall - run.start) > float(limit):
+            if limit and self.mirror.rows[jid].held_time + max(0.0, now - run.start) > float(limit):
                 over.append(jid)
         if over:
             self.actuator.terminate(over)
@@ -614,14 +644,17 @@ class Service:
 
         The service has no agent protocol: a job is in contact once the loop
         has it.  One UPDATE for the whole batch."""
+        floor, self._read_at = self._read_at, self.now()
         rows = self.store.list_jobs([S.WAITING_FOR_INITIAL_CONTACT.value], after_id=self.last_id)
+        # submitted since the last read: their arrivals lie between it and now, whatever the wall clock did
+        fresh = {row.id: self.mirror.since(row.submit_time, floor) for row in rows}
         for row in rows:
             self.gate.add(row)
         if rows:
             self.last_id = rows[-1].id
         for row in self.gate.ready():  # those whose dependencies and array limits let them run
             if self.fits_or_fail(row):
-                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT)
+                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT, fresh.get(row.id))
         new = [jid for jid, j in self.driver.jobs.items()
                if j.lifecycle is not None and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
         if new:

@@ -30,15 +30,18 @@ MAX_DURATION = 10 * 365 * 86400.0  # time limits beyond ten years are typos  # w
 SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time", "queue")
 
 
-def job_spec(row: JobRow, epoch: float, default_duration: float = DEFAULT_DURATION, profile: Any = None) -> JobSpec:
-    """The scheduler's view of a stored job; arrival in service time (seconds since ``epoch``)."""
+def job_spec(row: JobRow, epoch: float, default_duration: float = DEFAULT_DURATION, profile: Any = None,
+             arrival: float | None = None) -> JobSpec:
+    """The scheduler's view of a stored job; ``arrival`` in service time (default: seconds from ``epoch``
+    to its submission)."""
     s: Mapping[str, Any] = row.spec
     attrs = {k: s[k] for k in SPEC_ATTRS if s.get(k) is not None}
     if profile is None and is_record(s.get("profile")):
         profile = profile_from_record(profile_key(s), s["profile"])
     kw: dict[str, Any] = {"model": str(s.get("model") or ""), "user": row.user, "cpus": s.get("cpus"),
                           "mem_mb": s.get("mem_mb"), "profile": profile, "attrs": attrs}
-    arrival = max(0.0, row.submit_time - epoch)
+    if arrival is None:
+        arrival = max(0.0, row.submit_time - epoch)
     iters, it = s.get("iterations"), s.get("iteration_time")
     if iters and it:
         return JobSpec.from_iterations(str(row.id), arrival, int(s["gpus"]), int(iters), float(it), **kw)

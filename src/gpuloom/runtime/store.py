@@ -95,7 +95,7 @@ jobs_t = Table(
     Column("preemptions", Integer, nullable=False, default=0),
     Column("checkpoint_dir", Text),
     Column("progress", Float),  # iterations done by its last progress line when it last stopped
-    Column("held_time", Float, nullable=False, default=0.0),  # wall seconds held before the current run
+    Column("held_time", Float, nullable=False, default=0.0),  # seconds held before the current run (service time)
     Column("held_gpu_time", Float, nullable=False, default=0.0),
     Column("exit_code", Integer),
     Column("reason", Text),  # why it ended / waits / was refused
@@ -107,6 +107,9 @@ jobs_t = Table(
     Column("pending_reason", String(200)),  # why a queued job waits, as of the last round (Slurm's REASON)
     Column("array_id", Integer),  # job arrays: the first task's id, and this task's index
     Column("array_task", Integer),
+    # service time of the last launch (``last_start`` is its wall time, for people): held time counts
+    # from it, across restarts too, whatever the wall clock did meanwhile
+    Column("last_start_at", Float),
 )
 #: a dependency on an array reads its tasks' counts by state (and whether they started) from this index
 #: alone, without the rows (a 10,000-task array: ~1.5 ms instead of ~25 ms)
@@ -114,7 +117,7 @@ Index("ix_jobs_array_state", jobs_t.c.array_id, jobs_t.c.state, jobs_t.c.first_s
 
 #: columns added after the first release: created on stores that predate them
 _ADDED_COLUMNS = {"jobs": (("work_left", "FLOAT"), ("work_at", "FLOAT"), ("pending_reason", "VARCHAR(200)"),
-                           ("array_id", "INTEGER"), ("array_task", "INTEGER")),
+                           ("array_id", "INTEGER"), ("array_task", "INTEGER"), ("last_start_at", "FLOAT")),
                   "tokens": (("expires", "FLOAT"),)}
 
 events_t = Table(
@@ -217,6 +220,7 @@ class JobRow:
     pending_reason: str | None = None
     array_id: int | None = None
     array_task: int | None = None
+    last_start_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -390,6 +394,12 @@ class Store:
                 return cur
             c.execute(insert(meta_t).values(key=key, value=value))
             return value
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Store ``value`` under ``key``, replacing what was there."""
+        with self.lock, self._begin(False) as c:
+            if c.execute(update(meta_t).where(meta_t.c.key == key).values(value=value)).rowcount == 0:
+                c.execute(insert(meta_t).values(key=key, value=value))
 
     # -- jobs -------------------------------------------------------------------
     def _begin(self, durable: bool = True) -> _Tx:

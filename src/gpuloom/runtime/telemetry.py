@@ -176,10 +176,10 @@ class Telemetry:
     def round_done(self, actions: Sequence[Action], seconds: float) -> None:
         self.rounds.inc()
         self.round_seconds.observe(seconds)
-        t = self.svc.clock.time()
-        if t - self._last_sample >= self.sample_s:
-            self._last_sample = t
-            self.samples.append(self.sample(t))
+        m = self.svc.clock.monotonic()  # the interval: monotonic; the sample's time: wall, for people
+        if m - self._last_sample >= self.sample_s:
+            self._last_sample = m
+            self.samples.append(self.sample())
 
     def sample(self, t: float | None = None) -> dict[str, float]:
         """The cluster now: GPUs total / allocated / busy, jobs pending / running."""
