@@ -9,11 +9,14 @@ import math
 import struct
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from gpuloom.cli import app
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.job import JobSpec
 from gpuloom.sim import RunResult, simulate
@@ -283,3 +286,34 @@ def test_report_links_plots_elsewhere_relatively(tmp_path: Path) -> None:
     md = write_report(res, tmp_path / "rep", plots=plots).read_text()
     assert "](../plots/jct_cdf.png)" in md and "](../plots/queue.png)" in md
     assert not (tmp_path / "rep" / "jct_cdf.png").exists()
+
+
+def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # summary.json, report.md, report.txt, the plots and the printed table all read one summary
+    calls = {"summary": 0, "themis": 0}
+    for name in calls:
+        real = getattr(RunResult, f"_compute_{name}")
+
+        def counted(self: RunResult, real: Any = real, name: str = name) -> Any:
+            calls[name] += 1
+            return real(self)
+
+        monkeypatch.setattr(RunResult, f"_compute_{name}", counted)
+    r = CliRunner().invoke(app, ["simulate", "--generate", "30", "--cluster", "2x4", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert calls == {"summary": 1, "themis": 1}
+    assert {"summary.json", "report.md", "report.txt", "jct_cdf.png", "jobs.csv"} <= {p.name for p in
+                                                                                      (tmp_path / "o").iterdir()}
+
+
+def test_summary_follows_a_changed_result() -> None:
+    res = run()
+    s = res.summary()
+    assert res.summary() == s and res.summary() is not res.summary()  # the same figures, a dict of its own
+    res.wall_time = 12.5
+    assert res.summary()["wall_time_s"] == 12.5
+    res.jobs = res.jobs[:2]  # a result made of another's jobs
+    assert (res.summary()["jobs"], res.summary()["mean_jct_s"]) == (2, 125.0)
+    rho = res.themis()[1]
+    with pytest.raises(ValueError, match="read-only"):
+        rho[0] = 0.0
