@@ -375,3 +375,18 @@ def test_summary_follows_a_changed_result() -> None:
     rho = res.themis()[1]
     with pytest.raises(ValueError, match="read-only"):
         rho[0] = 0.0
+
+
+def test_simulate_runs_without_the_cycle_collector_and_restores_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    seen: list[bool] = []
+    real = report.write_run
+    monkeypatch.setattr(report, "write_run", lambda *a, **k: (seen.append(gc.isenabled()), real(*a, **k))[1])
+    assert gc.isenabled()
+    r = CliRunner().invoke(app, ["simulate", "--generate", "10", "--cluster", "2x4", "--no-plots", "--out",
+                                 str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert seen == [False]  # off while the files were written
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # on again after, nothing left frozen
