@@ -390,3 +390,15 @@ def test_simulate_runs_without_the_cycle_collector_and_restores_it(tmp_path: Pat
     assert r.exit_code == 0, r.output
     assert seen == [False]  # off while the files were written
     assert gc.isenabled() and gc.get_freeze_count() == 0  # on again after, nothing left frozen
+
+
+def test_the_command_line_loads_no_database_layer() -> None:
+    # every gpuloom command imports every command's module; the store's SQLAlchemy (0.2-0.5 s) is for the
+    # server's commands to import when they run
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, gpuloom.cli; print(sorted(m for m in sys.modules "
+                          "if m.split('.')[0] == 'sqlalchemy' or m == 'gpuloom.runtime.store'))"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
