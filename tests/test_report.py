@@ -390,6 +390,15 @@ def test_simulate_runs_without_the_cycle_collector_and_restores_it(tmp_path: Pat
     assert r.exit_code == 0, r.output
     assert seen == [False]  # off while the files were written
     assert gc.isenabled() and gc.get_freeze_count() == 0  # on again after, nothing left frozen
+    # a host that froze objects of its own finds them frozen still
+    gc.freeze()
+    try:
+        r = CliRunner().invoke(app, ["simulate", "--generate", "10", "--cluster", "2x4", "--no-plots", "--out",
+                                     str(tmp_path / "o")])
+        assert r.exit_code == 0, r.output
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # (unfrozen, none would be)
+    finally:
+        gc.unfreeze()
 
 
 def test_the_command_line_loads_no_database_layer() -> None:

@@ -181,7 +181,8 @@ def no_cycle_collection(fn: Callable[..., Any]) -> Callable[..., Any]:
     of thousands of plain objects and no reference cycles but a plot's figures, and the collector would
     rescan them all every few thousand allocations.  Reference counting frees the rest.  Turned on again
     with what the command left in the oldest generation (``freeze``, ``unfreeze``): turned on as it is,
-    its first allocation would start with a scan of every object the command made."""
+    its first allocation would start with a scan of every object the command made.  (A host process that
+    froze objects of its own keeps them frozen: the collector is then just turned on.)"""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kw: Any) -> Any:
@@ -190,10 +191,12 @@ def no_cycle_collection(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kw)
         finally:
-            if collecting:
+            if collecting and gc.get_freeze_count() == 0:
                 gc.freeze()
                 gc.enable()
                 gc.unfreeze()
+            elif collecting:
+                gc.enable()
 
     return wrapper
 
