@@ -99,6 +99,24 @@ def test_bench_targets_meets_a_target_also_by_its_ratio_against_the_reference(
     assert row[9] == "-" and row[10] == met.rsplit("/", 1)[0]
 
 
+@pytest.mark.parametrize("wall,cpu,met", [(12.0, 8.0, "yes/yes"), (13.1, 8.0, "no/yes"), (12.0, 8.1, "yes/no"),
+                                          (None, None, "no/no")])
+def test_bench_targets_judges_the_command_against_its_own_simulation(
+        wall: float | None, cpu: float | None, met: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # philly-command: the whole command at most 1.3 times the simulation it ran (10 s wall, 6.2 s CPU here),
+    # wall by wall and CPU by CPU; a run that gave no simulation time (it failed, or timed out) meets nothing
+    mod = load("bench_targets")
+    assert mod.RATIO_TARGETS == {"philly-command": 1.3}
+    after: dict = {"wall": 20.0, "cpu": 20.0, "timeout": True, "result": "t"} if wall is None else \
+        {"wall": wall, "cpu": cpu, "sim_wall": 10.0, "sim_cpu": 6.2, "result": "r"}
+    monkeypatch.setattr(mod, "run_child", lambda checkout, case, timeout: after if checkout != Path("/b") else
+                        {"wall": 20.0, "cpu": 15.0, "sim_wall": 10.0, "sim_cpu": 6.2, "result": "b"})
+    mod.table(["philly-command"], Path("/b"), 10.0, reference=False)
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[:3] == ["philly-command", "1.3x", "sim"] and row[10] == met
+
+
 def test_bench_targets_knows_the_reference_checkout_by_its_commit(tmp_path: Path) -> None:
     mod = load("bench_targets")
     assert not mod.is_reference(tmp_path)  # not a git checkout at all

@@ -9,15 +9,18 @@ import math
 import struct
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from gpuloom.cli import app
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.job import JobSpec
-from gpuloom.sim import RunResult, simulate
-from gpuloom.sim.metrics import DEPRECATED_KEYS
+from gpuloom.sim import RunResult, report, simulate
+from gpuloom.sim.metrics import DEPRECATED_KEYS, JobRecord, TimeSeries
 from gpuloom.sim.plots import binned_series, cdf_points, modelled_panels, plot_compare, plot_run
 from gpuloom.sim.report import (
     JOB_COLUMNS,
@@ -283,3 +286,128 @@ def test_report_links_plots_elsewhere_relatively(tmp_path: Path) -> None:
     md = write_report(res, tmp_path / "rep", plots=plots).read_text()
     assert "](../plots/jct_cdf.png)" in md and "](../plots/queue.png)" in md
     assert not (tmp_path / "rep" / "jct_cdf.png").exists()
+
+
+# -- the files, written a column at a time: exactly what the csv module wrote row by row ------------------------
+HEAD = ("id,model,gpus,arrival,duration,first_start,finish,jct,queueing_delay,preemptions,migrations,resizes,run_time,"
+        "overhead_time,queued_time,slowdown,contention,ftf_rho,phase_queued,phase_launching,phase_running\r\n")
+
+
+def test_jobs_and_series_csv_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the FIFO run above: the specs' integer times stay integers (0, 10), the simulator's are floats; floats in
+    # their shortest exact form (contention 2.9 = 290/100, ρ = 100/290 ...: test_write_run_files_parse_back_exactly)
+    jobs = HEAD + (
+        "a,resnet50,1,0,100,0.0,100.0,100.0,0.0,0,0,0,100.0,0.0,0.0,1.0,2.9,0.3448275862068966,0.0,0.0,100.0\r\n"
+        "b,,1,0,50,100.0,150.0,150.0,100.0,0,0,0,50.0,0.0,100.0,3.0,2.6,1.1538461538461537,100.0,0.0,50.0\r\n"
+        "c,,1,10,20,150.0,170.0,160.0,140.0,0,0,0,20.0,0.0,140.0,8.0,2.4375,3.282051282051282,140.0,0.0,20.0\r\n")
+    series = ("t,gpus,cpus,mem_mb,running,queued\r\n0,1,3,64000,1,1\r\n10,1,3,64000,1,2\r\n100.0,1,3,64000,1,1\r\n"
+              "150.0,1,3,64000,1,0\r\n170.0,0,0,0,0,0\r\n")
+    paths = write_run(run(), tmp_path / "one")
+    assert paths["jobs"].read_bytes() == jobs.encode() and paths["series"].read_bytes() == series.encode()
+    # in blocks of two rows: the same text
+    monkeypatch.setattr(report, "CSV_BLOCK", 2)
+    paths = write_run(run(), tmp_path / "two")
+    assert paths["jobs"].read_bytes() == jobs.encode() and paths["series"].read_bytes() == series.encode()
+    # unfinished at t=60 (a runs 0-60; b and c wait): empty cells where there is no value
+    paths = write_run(run(max_time=60), tmp_path / "cut")
+    assert paths["jobs"].read_text() == HEAD.replace("\r\n", "\n") + (
+        "a,resnet50,1,0,100,0.0,,,0.0,0,0,0,60.0,0.0,0.0,,,,0.0,0.0,60.0\n"
+        "b,,1,0,50,,,,,0,0,0,0.0,0.0,60.0,,,,60.0,0.0,0.0\n"
+        "c,,1,10,20,,,,,0,0,0,0.0,0.0,50.0,,,,50.0,0.0,0.0\n")
+
+
+def test_jobs_csv_quotes_as_the_csv_module_does(tmp_path: Path) -> None:
+    # ids and models with the csv module's special characters; a record without phases (never arrived); floats
+    # beyond the finite ones.  The expected text is what csv.writer made of the same rows, one by one.
+    ids = ["a,b", 'say "hi"', "two\nlines", "cr\rhere", " lead", "plain", "ü;x\t"]
+    recs = [JobRecord(jid, jid[::-1], 1, float(k), 10.0, float(k), float(k) + 10.0, 0, 0, 0, 10.0, 0.0, 0.0,
+                      (0.0, 0.0, 10.0)) for k, jid in enumerate(ids)]
+    recs.append(JobRecord("late", "", 2, 50, 5, None, None, 0, 0, 0, math.inf, -0.0, math.nan, None))
+    series = TimeSeries([0.0, 6.5], [1, 0], [0, 0], [0, 0], [1, 0], [0, 0])
+    res = RunResult({"order": "fifo"}, recs, series, 8, 0, 0, 60.0)
+    got = write_run(res, tmp_path)["jobs"].read_bytes()
+    contention, rho = res.themis()
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(HEAD.rstrip().split(","))
+    for i, j in enumerate(recs):
+        fin = j.finish
+        ph = j.phases or {}
+        w.writerow([j.id, j.model, j.gpus, *(("" if v is None or v != v else repr(v)) for v in (
+            j.arrival, j.duration, j.first_start, fin, None if fin is None else fin - j.arrival,
+            None if j.first_start is None else j.first_start - j.arrival)),
+            j.preemptions, j.migrations, j.resizes, *(("" if v is None or v != v else repr(v)) for v in (
+                j.run_time, j.overhead_time, j.queued_time, None if fin is None else (fin - j.arrival) / j.duration,
+                float(contention[i]), float(rho[i]), ph.get("queued"), ph.get("launching"), ph.get("running")))])
+    assert got == buf.getvalue().encode()
+    assert b'\r\n"a,b","b,a",1,0.0,' in got and b'\r\n"say ""hi""","""ih"" yas",1,' in got
+    assert b'\r\n"two\nlines","senil\nowt",1,' in got and b'\r\n"cr\rhere","ereh\rrc",1' in got
+    assert b"\r\n lead,dael ,1," in got and "\r\nü;x\t,\tx;ü,1,".encode() in got
+    assert got.endswith(b"late,,2,50,5,,,,,0,0,0,inf,-0.0,,,,,,,\r\n")
+
+
+def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # summary.json, report.md, report.txt, the plots and the printed table all read one summary
+    calls = {"summary": 0, "themis": 0}
+    for name in calls:
+        real = getattr(RunResult, f"_compute_{name}")
+
+        def counted(self: RunResult, real: Any = real, name: str = name) -> Any:
+            calls[name] += 1
+            return real(self)
+
+        monkeypatch.setattr(RunResult, f"_compute_{name}", counted)
+    r = CliRunner().invoke(app, ["simulate", "--generate", "30", "--cluster", "2x4", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert calls == {"summary": 1, "themis": 1}
+    assert {"summary.json", "report.md", "report.txt", "jct_cdf.png", "jobs.csv"} <= {p.name for p in
+                                                                                      (tmp_path / "o").iterdir()}
+
+
+def test_summary_follows_a_changed_result() -> None:
+    res = run()
+    s = res.summary()
+    assert res.summary() == s and res.summary() is not res.summary()  # the same figures, a dict of its own
+    res.wall_time = 12.5
+    assert res.summary()["wall_time_s"] == 12.5
+    res.jobs = res.jobs[:2]  # a result made of another's jobs
+    assert (res.summary()["jobs"], res.summary()["mean_jct_s"]) == (2, 125.0)
+    rho = res.themis()[1]
+    with pytest.raises(ValueError, match="read-only"):
+        rho[0] = 0.0
+
+
+def test_simulate_runs_without_the_cycle_collector_and_restores_it(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    seen: list[bool] = []
+    real = report.write_run
+    monkeypatch.setattr(report, "write_run", lambda *a, **k: (seen.append(gc.isenabled()), real(*a, **k))[1])
+    assert gc.isenabled()
+    r = CliRunner().invoke(app, ["simulate", "--generate", "10", "--cluster", "2x4", "--no-plots", "--out",
+                                 str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert seen == [False]  # off while the files were written
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # on again after, nothing left frozen
+    # a host that froze objects of its own finds them frozen still
+    gc.freeze()
+    try:
+        r = CliRunner().invoke(app, ["simulate", "--generate", "10", "--cluster", "2x4", "--no-plots", "--out",
+                                     str(tmp_path / "o")])
+        assert r.exit_code == 0, r.output
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # (unfrozen, none would be)
+    finally:
+        gc.unfreeze()
+
+
+def test_the_command_line_loads_no_database_layer() -> None:
+    # every gpuloom command imports every command's module; the store's SQLAlchemy (0.2-0.5 s) is for the
+    # server's commands to import when they run
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, gpuloom.cli; print(sorted(m for m in sys.modules "
+                          "if m.split('.')[0] == 'sqlalchemy' or m == 'gpuloom.runtime.store'))"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

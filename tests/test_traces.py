@@ -89,6 +89,52 @@ def test_philly_values(data_dir: Path) -> None:
     assert sum(j.gpus == 1 for j in tr.jobs) == 76_627
 
 
+def test_philly_read_in_bulk_is_the_row_by_row_reading(data_dir: Path, tmp_path: Path) -> None:
+    # the columns converted at once give exactly the jobs of the checked reading, row by row
+    from gpuloom.sim.traces import philly
+    from gpuloom.sim.traces.fields import Header, Where, first_row, read_rows
+
+    path = data_dir / "sia/philly_jobs.csv"
+    bulk = read_trace(path, "philly")
+    w = Where(path)
+    rows = read_rows(path, w)
+    h = Header(first_row(rows, path), (), w)
+    stamps, durs, gpus, clusters = philly._checked(read_rows(path, w), h, w)
+    origin = min(stamps)
+    checked = sorted((JobSpec(f"philly-{k}", (stamps[k] - origin).total_seconds(), gpus[k], durs[k],
+                              attrs={"cluster": clusters[k], "queue": clusters[k]}) for k in range(len(stamps))),
+                     key=lambda j: j.arrival)
+    assert bulk.jobs == checked and bulk.rows == len(checked) == PHILLY_JOBS
+    # a cell only the checked reading takes ("4.0" GPUs: an integer written as a number) gives the same job
+    head = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+    rows_text = "2017-10-09 07:01:55,66.0,{},264.0,a\n2017-10-09 07:00:00,10,1,10,b\n"
+    (tmp_path / "int.csv").write_text(head + rows_text.format("4"))
+    (tmp_path / "float.csv").write_text(head + rows_text.format("4.0"))
+    assert read_trace(tmp_path / "float.csv", "philly").jobs == read_trace(tmp_path / "int.csv", "philly").jobs
+    assert [(j.id, j.arrival, j.gpus) for j in load_trace(tmp_path / "float.csv", "philly")] == \
+        [("philly-1", 0.0, 1), ("philly-0", 115.0, 4)]
+
+
+def test_philly_names_the_first_bad_line_whatever_follows(tmp_path: Path) -> None:
+    # a bad field on line 3, malformed CSV on line 5 (a cell past the csv module's limit): the reading in bulk
+    # meets the CSV error first (it reads the whole file), the row by row reading that follows names line 3,
+    # as reading row by row always did
+    f = tmp_path / "p.csv"
+    head = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0,1,66.0,a\n"
+    f.write_text(head + "2017-10-09 07:01:56,66.0,x,66.0,a\n2017-10-09 07:01:57,66.0,1,66.0,a\n2017," + "x" * 200_000)
+    with pytest.raises(TraceError, match="expected a positive integer, got 'x'") as e:
+        load_trace(f, "philly")
+    assert (e.value.line, e.value.field) == (3, "num_gpus")
+    f.write_text(head + "2017-10-09 07:01:57,66.0,1,66.0,a\n2017," + "x" * 200_000)
+    with pytest.raises(TraceError, match="malformed CSV: field larger than field limit") as e:
+        load_trace(f, "philly")
+    assert e.value.line == 4
+    f.write_text(head + "2017-10-09 07:01:56,nan,1,66.0,a\n")
+    with pytest.raises(TraceError, match="expected a number > 0, got 'nan'") as e:
+        load_trace(f, "philly")
+    assert (e.value.line, e.value.field) == (3, "duration")
+
+
 # --------------------------------------------------------------------------- sia
 
 def test_sia_values_and_power_law(data_dir: Path) -> None:

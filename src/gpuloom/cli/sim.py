@@ -20,9 +20,11 @@ workload, seed, gpuloom version, command line): see :mod:`gpuloom.sim.report`.
 
 from __future__ import annotations
 
+import functools
+import gc
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -173,7 +175,34 @@ def _stall_warning(result: Any) -> None:
              f"with no job able to finish and none left to arrive, and count as unfinished: {ids}")
 
 
+def no_cycle_collection(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run the command with Python's cyclic garbage collector off, as the simulation itself runs
+    (:meth:`~gpuloom.sim.engine.Simulator.run`): loading a trace and writing a run's results build hundreds
+    of thousands of plain objects and no reference cycles but a plot's figures, and the collector would
+    rescan them all every few thousand allocations.  Reference counting frees the rest.  Turned on again
+    with what the command left in the oldest generation (``freeze``, ``unfreeze``): turned on as it is,
+    its first allocation would start with a scan of every object the command made.  (A host process that
+    froze objects of its own keeps them frozen: the collector is then just turned on.)"""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kw)
+        finally:
+            if collecting and gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.enable()
+                gc.unfreeze()
+            elif collecting:
+                gc.enable()
+
+    return wrapper
+
+
 @app.command()
+@no_cycle_collection
 @model_options
 def simulate(
     model_opts: dict,

@@ -41,12 +41,16 @@ waiting with no way forward.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..core.lifecycle import PHASES
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -140,12 +144,18 @@ class TimeSeries:
 
     def mean(self, name: str, end: float) -> float:
         """Time-weighted mean of series ``name`` from its first point to ``end``."""
+        return self.means((name,), end)[name]
+
+    def means(self, names: Sequence[str], end: float) -> dict[str, float]:
+        """:meth:`mean` of each of ``names`` (the time steps computed once)."""
         if not self.t or end <= self.t[0]:
-            return 0.0
-        t = np.asarray(self.t + [end], dtype=float)
-        v = np.asarray(getattr(self, name), dtype=float)
+            return dict.fromkeys(names, 0.0)
+        t = np.empty(len(self.t) + 1)
+        t[:-1] = self.t
+        t[-1] = end
         dt = np.diff(t)
-        return float((v * dt).sum() / (end - self.t[0]))
+        span = end - self.t[0]
+        return {name: float((np.asarray(getattr(self, name), dtype=float) * dt).sum() / span) for name in names}
 
 
 #: summary keys renamed to carry their unit, old name -> new; the old names stay (same values) for one
@@ -177,6 +187,8 @@ class RunResult:
     meta: dict[str, Any] = field(default_factory=dict)  # what the run was made from: trace, version, ...
     #: what observers recorded, by topic (``"queues"``: :mod:`gpuloom.sim.queue_report`); plain values
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what :meth:`summary`, :meth:`themis` and the columns they read computed, each with its :meth:`_memo_key`
+    _memo: dict[str, tuple[tuple, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -203,36 +215,62 @@ class RunResult:
     def finished(self) -> list[JobRecord]:
         return [j for j in self.jobs if j.finish is not None]
 
+    def _memo_key(self) -> tuple:
+        """What the figures of :meth:`summary` and :meth:`themis` are computed from, cheaply: a result whose
+        jobs, series or counters are replaced or appended to gets new figures.  (A run's records are final:
+        a record edited in place after the figures were read is not seen.)"""
+        return (id(self.jobs), len(self.jobs), id(self.series), len(self.series), self.end_time, self.wall_time,
+                self.rounds, self.cluster_gpus, self.cluster_cpus, self.cluster_mem_mb, len(self.impossible),
+                len(self.stalled))
+
+    def _memoised(self, name: str, compute: Callable[[], _T]) -> _T:
+        key = self._memo_key()
+        hit = self._memo.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = compute()
+        self._memo[name] = (key, value)
+        return value
+
     def summary(self) -> dict[str, Any]:
-        done = self.finished
-        jcts = [j.jct for j in done if j.jct is not None]
-        first = min((j.arrival for j in self.jobs), default=0.0)
-        last = max((j.finish for j in done if j.finish is not None), default=first)
+        """The run's figures (module docstring), computed once per result and reused by every report,
+        table and plot (a new dict each call)."""
+        return dict(self._memoised("summary", self._compute_summary))
+
+    def _compute_summary(self) -> dict[str, Any]:
+        jobs = self.jobs
+        c = self._columns()
+        done = c["done"]
+        jct = c["finish"][done] - c["arrival"][done]  # each finished job's j.jct, in job order
+        jcts = len(jct) > 0
+        first = min(map(attrgetter("arrival"), jobs), default=0.0)  # (the records' own values and types)
+        last = max((f for f in map(attrgetter("finish"), jobs) if f is not None), default=first)
         end = max(self.end_time, last)
-        geo = float(math.exp(np.mean(np.log(np.maximum(jcts, 1e-9))))) if jcts else math.nan
-        slow = [float(j.slowdown) for j in done if j.slowdown is not None]
+        geo = float(math.exp(np.mean(np.log(np.maximum(jct, 1e-9))))) if jcts else math.nan
+        slow = jct / c["duration"][done]
         rho = self.themis()[1]
         rho = rho[~np.isnan(rho)]
+        util = self.series.means(("gpus", "cpus", "mem_mb"), end)
         s = {
-            "jobs": len(self.jobs),
-            "completed": len(done),
-            "unfinished": len(self.jobs) - len(done),
-            "mean_jct_s": float(np.mean(jcts)) if jcts else math.nan,
-            "median_jct_s": percentile(jcts, 50),
-            "p95_jct_s": percentile(jcts, 95),
-            "p99_jct_s": percentile(jcts, 99),
+            "jobs": len(jobs),
+            "completed": len(jct),
+            "unfinished": len(jobs) - len(jct),
+            "mean_jct_s": float(np.mean(jct)) if jcts else math.nan,
+            "median_jct_s": float(np.percentile(jct, 50)) if jcts else math.nan,
+            "p95_jct_s": float(np.percentile(jct, 95)) if jcts else math.nan,
+            "p99_jct_s": float(np.percentile(jct, 99)) if jcts else math.nan,
             "geomean_jct_s": geo,
             "makespan_s": last - first,
-            "mean_queueing_delay_s": float(np.mean([j.queueing_delay for j in done])) if done else math.nan,
-            "mean_slowdown": float(np.mean(slow)) if done else math.nan,
-            "max_slowdown": float(np.max(slow)) if done else math.nan,
-            "mean_ftf_rho": float(np.mean(rho)) if done else math.nan,
-            "max_ftf_rho": float(np.max(rho)) if done else math.nan,
-            "preemptions": sum(j.preemptions for j in self.jobs),
-            "migrations": sum(j.migrations for j in self.jobs),
-            "gpu_util": self.series.mean("gpus", end) / self.cluster_gpus if self.cluster_gpus else 0.0,
-            "cpu_util": self.series.mean("cpus", end) / self.cluster_cpus if self.cluster_cpus else 0.0,
-            "mem_util": self.series.mean("mem_mb", end) / self.cluster_mem_mb if self.cluster_mem_mb else 0.0,
+            "mean_queueing_delay_s": float(np.mean(c["first_start"][done] - c["arrival"][done])) if jcts else math.nan,
+            "mean_slowdown": float(np.mean(slow)) if jcts else math.nan,
+            "max_slowdown": float(np.max(slow)) if jcts else math.nan,
+            "mean_ftf_rho": float(np.mean(rho)) if jcts else math.nan,
+            "max_ftf_rho": float(np.max(rho)) if jcts else math.nan,
+            "preemptions": sum(map(attrgetter("preemptions"), jobs)),
+            "migrations": sum(map(attrgetter("migrations"), jobs)),
+            "gpu_util": util["gpus"] / self.cluster_gpus if self.cluster_gpus else 0.0,
+            "cpu_util": util["cpus"] / self.cluster_cpus if self.cluster_cpus else 0.0,
+            "mem_util": util["mem_mb"] / self.cluster_mem_mb if self.cluster_mem_mb else 0.0,
             "rounds": self.rounds,
             "impossible": len(self.impossible),
             "stalled": len(self.stalled),
@@ -252,16 +290,42 @@ class RunResult:
 
     def themis(self) -> tuple[np.ndarray, np.ndarray]:
         """Per job, in job order: ``(N, ρ)``, the average number of contending jobs over the
-        job's lifetime and Themis' finish-time fairness (module docstring); NaN if unfinished."""
+        job's lifetime and Themis' finish-time fairness (module docstring); NaN if unfinished.
+        Computed once per result (:meth:`summary`); the arrays are read-only."""
+        return self._memoised("themis", self._compute_themis)
+
+    def _compute_themis(self) -> tuple[np.ndarray, np.ndarray]:
+        N, rho = self._themis_arrays()
+        N.flags.writeable = False
+        rho.flags.writeable = False
+        return N, rho
+
+    def _columns(self) -> dict[str, np.ndarray]:
+        """Per job, in job order, what the figures read, as float arrays: ``arrival``, ``finish``,
+        ``first_start`` (NaN where None), ``duration``, ``gpus``; and ``done`` (finished), a boolean mask."""
+        return self._memoised("columns", self._compute_columns)
+
+    def _compute_columns(self) -> dict[str, np.ndarray]:
+        jobs = self.jobs
+
+        def floats(name: str) -> np.ndarray:
+            return np.array(list(map(attrgetter(name), jobs)), dtype=float) if jobs else np.zeros(0)  # (None: NaN)
+
+        c = {name: floats(name) for name in ("arrival", "finish", "first_start", "duration", "gpus")}
+        c["done"] = ~np.isnan(c["finish"])
+        return c
+
+    def _themis_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         n = len(self.jobs)
         N = np.full(n, math.nan)
         rho = np.full(n, math.nan)
-        idx = [i for i, j in enumerate(self.jobs) if j.finish is not None and j.finish > j.arrival]
-        if not idx or not self.series.t:
+        c = self._columns()
+        idx = np.flatnonzero(c["done"] & (c["finish"] > c["arrival"]))
+        if not len(idx) or not self.series.t:
             return N, rho
         t, active, F = self.active_integral()
-        arr = np.array([self.jobs[i].arrival for i in idx])
-        fin = np.array([self.jobs[i].finish for i in idx], dtype=float)
+        arr = c["arrival"][idx]
+        fin = c["finish"][idx]
 
         def integral(x: np.ndarray) -> np.ndarray:  # ∫ active from t[0] to x (0 before t[0])
             k = np.searchsorted(t, x, side="right") - 1
@@ -270,8 +334,8 @@ class RunResult:
 
         jct = fin - arr
         n_avg = np.maximum((integral(fin) - integral(arr)) / jct, 1.0)  # the job itself contends
-        g = np.array([self.jobs[i].gpus for i in idx], dtype=float)
-        dur = np.array([self.jobs[i].duration for i in idx], dtype=float)
+        g = c["gpus"][idx]
+        dur = c["duration"][idx]
         t_id = dur * np.maximum(1.0, n_avg * g / max(self.cluster_gpus, 1))
         N[idx] = n_avg
         rho[idx] = jct / t_id

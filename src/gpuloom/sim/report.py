@@ -50,12 +50,14 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .metrics import RunResult
+from ..core.lifecycle import PHASES
+from .metrics import JobRecord, RunResult
 from .runconfig import RunConfig, run_many  # noqa: F401  (re-exported: the CLI calls report.run_many)
 
 if TYPE_CHECKING:
@@ -186,43 +188,89 @@ def _subtitle(result: RunResult, *, label: bool = False) -> str:
 
 
 # -- one run: files -----------------------------------------------------------
+#: jobs per block of rows :func:`write_jobs_csv` and :func:`write_series_csv` format at once (memory stays a few
+#: tens of MB whatever the run's size)
+CSV_BLOCK = 1 << 16
+_BLANK = {"None": "", "nan": ""}  # repr of what _cell leaves empty
+_NUMBERS = frozenset({float, int, type(None)})
+_QUOTED = re.compile(r'[,"\r\n]')
+
+
+def _cells(values: Sequence[Any]) -> list[str]:
+    """:func:`_cell` of each value, in bulk: ``repr`` of floats and ints (``str`` of an int), empty for None
+    and NaN; values of other types one by one."""
+    if set(map(type, values)) <= _NUMBERS:
+        r = list(map(repr, values))
+        return list(map(_BLANK.get, r, r))
+    return [_cell(v) for v in values]
+
+
+def _text(values: Sequence[Any]) -> list[str]:
+    """Cells as the csv module writes ``values`` (str of each, None empty), quoted where a cell holds a comma, a
+    quote or a line break (its quotes doubled): the csv module's minimal quoting."""
+    kinds = set(map(type, values))
+    if kinds <= {int}:
+        return list(map(str, values))  # (digits and a sign: never quoted)
+    if kinds <= {str}:
+        cells = list(values)
+    else:
+        cells = ["" if v is None else str(v) for v in values]
+    if not _QUOTED.search("".join(cells)):  # (the common case: nothing to quote)
+        return cells
+    return [f'"{c.replace(chr(34), chr(34) * 2)}"' if _QUOTED.search(c) else c for c in cells]
+
+
+def _write_columns(f: Any, columns: Sequence[Sequence[str]]) -> None:
+    """Rows of already formatted cells, column by column, as csv.writer writes them (``\r\n`` after each)."""
+    if columns and columns[0]:
+        f.write("\r\n".join(map(",".join, zip(*columns, strict=True))))
+        f.write("\r\n")
+
+
 def write_jobs_csv(result: RunResult, path: Path) -> Path:
     """One row per job (:data:`JOB_COLUMNS`), plus ``phase_<name>`` seconds in lifecycle mode.
 
     ``slowdown`` is JCT / duration; ``contention`` the average number of jobs
     contending over the job's lifetime (N) and ``ftf_rho`` Themis' ρ (see
-    :mod:`gpuloom.sim.metrics`)."""
-    phase_names: list[str] = []
-    for j in result.jobs:
-        if j.phases:
-            phase_names += [k for k in j.phases if k not in phase_names]
+    :mod:`gpuloom.sim.metrics`).  Written a column at a time, in blocks of :data:`CSV_BLOCK` jobs: the
+    cells of one row each as :func:`_cell` and the csv module make them."""
+    jobs = result.jobs
+    phase_names = list(PHASES) if any(j.phase_s is not None for j in jobs) else []
     contention, rho = result.themis()
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(JOB_COLUMNS + tuple(f"phase_{k}" for k in phase_names))
-        c = _cell
-        for i, j in enumerate(result.jobs):
-            fin = j.finish
-            fs = j.first_start
-            row = [
-                j.id, j.model, j.gpus, c(j.arrival), c(j.duration), c(fs), c(fin),
-                "" if fin is None else c(fin - j.arrival), "" if fs is None else c(fs - j.arrival),
-                j.preemptions, j.migrations, j.resizes, c(j.run_time), c(j.overhead_time), c(j.queued_time),
-                "" if fin is None else c((fin - j.arrival) / j.duration), c(float(contention[i])), c(float(rho[i])),
+        f.write(",".join(_text(JOB_COLUMNS + tuple(f"phase_{k}" for k in phase_names))) + "\r\n")
+        for a in range(0, len(jobs), CSV_BLOCK):
+            block = jobs[a:a + CSV_BLOCK]
+
+            def col(name: str, block: list[JobRecord] = block) -> list[Any]:
+                return list(map(attrgetter(name), block))
+
+            arrival, fin, fs, dur = col("arrival"), col("finish"), col("first_start"), col("duration")
+            jct = [None if x is None else x - t for x, t in zip(fin, arrival, strict=True)]
+            columns = [
+                _text(col("id")), _text(col("model")), _text(col("gpus")), _cells(arrival), _cells(dur),
+                _cells(fs), _cells(fin), _cells(jct),
+                _cells([None if x is None else x - t for x, t in zip(fs, arrival, strict=True)]),
+                _text(col("preemptions")), _text(col("migrations")), _text(col("resizes")),
+                _cells(col("run_time")), _cells(col("overhead_time")), _cells(col("queued_time")),
+                _cells([None if x is None else x / d for x, d in zip(jct, dur, strict=True)]),
+                _cells(contention[a:a + CSV_BLOCK].tolist()), _cells(rho[a:a + CSV_BLOCK].tolist()),
             ]
-            if phase_names:
-                ph = j.phases or {}
-                row += [c(ph.get(k)) for k in phase_names]
-            w.writerow(row)
+            phases = col("phase_s")
+            for k in range(len(phase_names)):
+                columns.append(_cells([None if p is None else p[k] for p in phases]))
+            _write_columns(f, columns)
     return path
 
 
 def write_series_csv(result: RunResult, path: Path) -> Path:
+    """The time series (:data:`SERIES_COLUMNS`), a column at a time, in blocks of :data:`CSV_BLOCK` points."""
     s = result.series
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(SERIES_COLUMNS)
-        w.writerows(zip(map(_cell, s.t), s.gpus, s.cpus, s.mem_mb, s.running, s.queued, strict=True))
+        f.write(",".join(SERIES_COLUMNS) + "\r\n")
+        for a in range(0, len(s), CSV_BLOCK):
+            b = slice(a, a + CSV_BLOCK)
+            _write_columns(f, [_cells(s.t[b]), *(_text(getattr(s, name)[b]) for name in s.FIELDS)])
     return path
 
 

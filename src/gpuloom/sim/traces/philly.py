@@ -12,11 +12,13 @@ stage (:mod:`gpuloom.policies.queues`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from datetime import datetime
+from operator import itemgetter
 from pathlib import Path
 
 from ...core.job import JobSpec
-from .fields import Builder, Header, Trace, Where, check_width, first_row, float_field, int_field, read_rows
+from .fields import Builder, Header, Trace, TraceError, Where, check_width, first_row, float_field, int_field, read_rows
 
 
 def read_philly(path: str | Path) -> Trace:
@@ -26,6 +28,46 @@ def read_philly(path: str | Path) -> Trace:
     b = Builder(p, "philly")
     rows = read_rows(p, w)
     h = Header(first_row(rows, p), ("timestamp", "duration", "num_gpus", "cluster"), w)
+    # the biggest trace: each column converted at once; a file the bulk conversion cannot take is read
+    # again row by row, which names the first bad line and field
+    try:
+        columns = _bulk(list(rows), h)
+    except TraceError:  # (malformed further on: row by row, an earlier bad field is named first)
+        columns = None
+    stamps, durs, gpus, clusters = columns or _checked(read_rows(p, w), h, w)
+    b.rows = len(stamps)
+    if not stamps:
+        return b.done()
+    origin = min(stamps)
+    # ids are unique by construction and every field was checked above
+    b.jobs = [JobSpec(f"philly-{k}", (stamps[k] - origin).total_seconds(), gpus[k], durs[k],
+                      attrs={"cluster": clusters[k], "queue": clusters[k]}) for k in range(len(stamps))]
+    return b.done(origin=origin.isoformat(sep=" "))
+
+
+Columns = tuple[list[datetime], list[float], list[int], list[str]]
+
+
+def _bulk(data: list[list[str]], h: Header) -> Columns | None:
+    """The columns of ``data``, each converted in one pass; None if a row is not as every valid row is."""
+    if any(len(row) != h.width for row in data):
+        return None
+    it, id_, ig, ic = h.pos["timestamp"], h.pos["duration"], h.pos["num_gpus"], h.pos["cluster"]
+    try:
+        stamps = list(map(datetime.fromisoformat, map(itemgetter(it), data)))
+        durs = list(map(float, map(itemgetter(id_), data)))
+        gpus = list(map(int, map(itemgetter(ig), data)))
+    except ValueError:
+        return None
+    inf = math.inf
+    if not all(0 < d < inf for d in durs) or min(gpus, default=1) < 1:
+        return None
+    return stamps, durs, gpus, list(map(itemgetter(ic), data))
+
+
+def _checked(rows: Iterator[list[str]], h: Header, w: Where) -> Columns:
+    """The columns, row by row, every cell checked: a malformed row raises a TraceError naming its line."""
+    next(rows)  # the header
     it, id_, ig, ic = h.pos["timestamp"], h.pos["duration"], h.pos["num_gpus"], h.pos["cluster"]
     stamps: list[datetime] = []
     durs: list[float] = []
@@ -34,7 +76,7 @@ def read_philly(path: str | Path) -> Trace:
     fromiso = datetime.fromisoformat
     width = h.width
     inf = math.inf
-    for row in rows:  # the hot loop of the biggest trace: plain conversions, checked slowly only on failure
+    for row in rows:
         if len(row) != width:
             check_width(row, width, w)
         try:
@@ -52,11 +94,4 @@ def read_philly(path: str | Path) -> Trace:
         durs.append(dur)
         gpus.append(g)
         clusters.append(row[ic])
-    b.rows = len(stamps)
-    if not stamps:
-        return b.done()
-    origin = min(stamps)
-    # ids are unique by construction and every field was checked above
-    b.jobs = [JobSpec(f"philly-{k}", (stamps[k] - origin).total_seconds(), gpus[k], durs[k],
-                      attrs={"cluster": clusters[k], "queue": clusters[k]}) for k in range(len(stamps))]
-    return b.done(origin=origin.isoformat(sep=" "))
+    return stamps, durs, gpus, clusters
