@@ -68,11 +68,11 @@ class Health:
 
 
 def liveness(svc: Service) -> dict[str, Any]:
-    """``/health``: from memory only (copies of the loop's dicts: the loop may be mid-round)."""
+    """``/health``: from memory only (sizes, read atomically: the loop may be mid-round)."""
     return {
         "status": "ok",
         "rounds": svc.rounds,
-        "active_jobs": len(dict(svc.driver.jobs)) + len(svc.gate),
+        "active_jobs": len(svc.driver.jobs) + len(svc.gate),
         "unrecorded": len(svc.outbox),
         "gpus": svc.cluster.num_gpus,
         "nodes": svc.cluster.num_nodes,

@@ -114,6 +114,6 @@ class Outbox:
         if self.refused_since is None:
             self.refused_since = self.wall()
             log.error("the store cannot record changes (%s); they are kept in order and retried every tick, and "
-                      "no job is started or stopped until they are recorded", str(e).splitlines()[0])
+                      "no job is started or preempted until they are recorded", str(e).splitlines()[0])
         self.error = e
         return True
