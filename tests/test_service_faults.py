@@ -312,36 +312,42 @@ def test_a_launch_the_store_refuses_is_rolled_back_not_failed(pg: Postgres, tmp_
         store.close()
 
 
-def test_a_preemption_the_store_refuses_is_not_applied(pg: Postgres, tmp_path: Path, cgroup_parent: str) -> None:
-    """A round that would stop a job stores the stop before it applies anything: refused, the job keeps its
-    GPU and runs on, in memory as in the store (the driver used to free its GPU with its process running)."""
+def test_a_resize_the_store_refuses_is_not_applied(pg: Postgres, tmp_path: Path, cgroup_parent: str) -> None:
+    """A round that would stop a job (here to shrink it for a newcomer) stores the stop before it applies
+    anything: refused, the job keeps its GPUs and runs on, in memory as in the store.  (The driver used to
+    release its GPUs first and then fail on the stop's record, the process running on GPUs it had given up.)"""
     store = Store(pg.url)
-    svc = service(store, Cluster.homogeneous(1, 1), tmp_path, cgroup_parent,
-                  scheduler=Scheduler.from_names(order="srtf"), launch_timeout_s=0.0)
+    svc = service(store, Cluster.homogeneous(1, 4), tmp_path, cgroup_parent,
+                  scheduler=Scheduler.from_names(size="elastic"), launch_timeout_s=0.0)
     go = job_writable(tmp_path)
+    curve = [1.0, 2.0, 3.0, 4.0]
     try:
-        long = svc.submit({"command": f"while [ ! -e {go}/long ]; do sleep 0.02; done", "gpus": 1,
-                           "time_limit": 1000}, "alice")
+        a = svc.submit({"command": f"while [ ! -e {go}/a ]; do sleep 0.02; done", "gpus": 1, "throughput": curve},
+                       "alice")
         svc.round()
         svc.round()  # promoted (no progress lines: at once), protection over at once (launched in no time)
-        pid = svc.running[str(long)].procs[str(long)].pid
-        short = svc.submit({"command": "true", "gpus": 1, "time_limit": 10}, "alice")
+        assert svc.current[str(a)].num_gpus == 4
+        pid = svc.running[str(a)].procs[str(a)].pid
+        b = svc.submit({"command": f"while [ ! -e {go}/b ]; do sleep 0.02; done", "gpus": 1, "throughput": curve},
+                       "alice")
         svc.observe()
         pg.stop()
         with pytest.raises(Exception) as e:
-            svc.act()
+            svc.act()  # a resize of a (stop, relaunch on 2 GPUs) and a start of b: the stop's record is refused
         assert unavailable(e.value)
-        assert list(svc.current) == [str(long)] and list(svc.running) == [str(long)] and running(pid)
-        lc = svc.jobs[str(long)].lifecycle
-        assert lc is not None and lc.state in (S.RUNNING, S.RUNNING_PROTECTED)
+        assert list(svc.current) == [str(a)] and svc.current[str(a)].num_gpus == 4 and svc.driver.used[0] == 4
+        assert list(svc.running) == [str(a)] and running(pid)
+        lc = svc.jobs[str(a)].lifecycle
+        assert lc is not None and lc.state is S.RUNNING
         pg.start()
-        svc.round()  # preempted now, recorded, and the short job started
-        assert list(svc.running) == [str(short)] and not running(pid)
-        row = store.get_job(long)
-        assert row is not None and (row.state, row.preemptions) == ("standby", 1)
-        (go / "long").touch()
-        wait_for(lambda: (svc.round(), store.get_job(long).state == "finished")[1],  # type: ignore[union-attr]
-                 what="the long job to finish after its resume")
+        svc.round()  # resized now, recorded, and b started
+        assert {j: al.num_gpus for j, al in svc.current.items()} == {str(a): 2, str(b): 2} and not running(pid)
+        row = store.get_job(a)
+        assert row is not None and (row.state, row.attempts) == ("launching", 2)
+        (go / "a").touch()
+        (go / "b").touch()
+        wait_for(lambda: (svc.round(), all(store.get_job(j).state == "finished" for j in (a, b)))[1],  # type: ignore[union-attr]
+                 what="both jobs to finish")
         assert overlaps(store) == []
     finally:
         svc.terminate_all()
