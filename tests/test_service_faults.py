@@ -324,8 +324,9 @@ def test_a_resize_the_store_refuses_is_not_applied(pg: Postgres, tmp_path: Path,
     try:
         a = svc.submit({"command": f"while [ ! -e {go}/a ]; do sleep 0.02; done", "gpus": 1, "throughput": curve},
                        "alice")
-        svc.round()
-        svc.round()  # promoted (no progress lines: at once), protection over at once (launched in no time)
+        # promoted at the next round (no progress lines: at once), then protected for 3x its launch time
+        wait_for(lambda: (svc.round(), svc.jobs[str(a)].lifecycle.state is S.RUNNING)[1],  # type: ignore[union-attr]
+                 what="a out of its protection")
         assert svc.current[str(a)].num_gpus == 4
         pid = svc.running[str(a)].procs[str(a)].pid
         b = svc.submit({"command": f"while [ ! -e {go}/b ]; do sleep 0.02; done", "gpus": 1, "throughput": curve},
