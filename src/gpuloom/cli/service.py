@@ -313,21 +313,30 @@ def serve(
         logging.getLogger("gpuloom.service").warning(msg)
     from ..runtime.listen import remove_server_info, serve_http, write_server_info
 
+    svc.server_locks = locks  # confirmed every round: another server that took the database makes this one stop
     svc.start()
     try:
-        write_server_info(sd, listeners)
+        try:
+            write_server_info(sd, listeners)
+        except OSError as e:  # a full state disk: the server runs on (clients given --url still reach it)
+            logging.getLogger("gpuloom.service").error("cannot write %s: %s", sd / "server.json", e)
+        svc.watchdog.notify("READY=1")  # systemd (Type=notify): serving; the loop pings its watchdog
         logging.getLogger("gpuloom.service").info(
             "serving %s on %s and %s (dashboard %s/, API docs %s/docs; %d node%s, %d GPU%s; stages %s; store %s; "
             "at most %d connections)", "gpuloom", listeners.url, listeners.unix_path or "no socket", listeners.url,
             listeners.url, inventory.num_nodes, "s" * (inventory.num_nodes != 1), inventory.num_gpus,
             "s" * (inventory.num_gpus != 1), "/".join(sched.names.values()), url, connections.max_connections)
         serve_http(create_app(svc), listeners, connections, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
-                   ssl_certfile=str(ssl_certfile) if ssl_certfile else None, metrics=svc.telemetry.registry)
+                   ssl_certfile=str(ssl_certfile) if ssl_certfile else None, metrics=svc.telemetry.registry,
+                   stop_when=lambda: svc.gave_up is not None)
     finally:
         svc.shutdown()
         remove_server_info(sd)  # still holding the lock: no other server has written it
         listeners.close()
         locks.release()
+    if svc.gave_up is not None:  # the jobs run on: the server that took the database adopts them
+        err_console.print(f"[bold red]error:[/] {escape(svc.gave_up)}", highlight=False)
+        raise typer.Exit(3)
 
 
 def _gpu_devices(option: str, declared: bool) -> tuple[str, ...]:

@@ -24,6 +24,14 @@
   (:class:`~.executor.NodeUnavailable`) leaves the job queued;
 * **regrouped**: only the record changes (new co-runners, new remaining work).
 
+**The store's part** (:mod:`.outbox`).  What gates an action is written now: a
+launch's intent and its confirmation (refused, the launch is undone and the
+job stays queued, as are the round's later starts), and the round's stop
+states, in one transaction before the driver applies anything
+(:meth:`Actuator.prepare_stops`).  What has happened once the action is done
+(a stop's end, a promotion, a regroup) is recorded, in order, when the store
+takes it.
+
 A first launch of a job that wants a profile goes to the profiling manager
 first; when it profiles the job, the launch is not carried out this round
 (the next round sizes the job with its profile), nor is any other start of
@@ -40,13 +48,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.cluster import Cluster
 from ..core.job import Job
 from ..core.lifecycle import JobState
-from ..core.plan import ActionKind
-from ..driver import Driver, LaunchFailed, Step
+from ..core.plan import Action, ActionKind
+from ..driver import Driver, LaunchFailed, Step, lifecycle_steps
 from . import joblogs
 from .codec import alloc_to_json, proc_to_json
 from .executor import CoreAllocator, Executor, LaunchSpec, NodeUnavailable, ProcInfo
@@ -55,7 +63,7 @@ from .identity import Identities, owned_dir, private_dir
 from .mirror import Mirror
 from .progress import ProgressError
 from .progress import parse_line as parse_progress
-from .store import StoreFull
+from .store import unavailable
 
 if TYPE_CHECKING:
     from .profile_manager import ProfilingManager
@@ -97,6 +105,8 @@ class Actuator:
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpuloom-stop")
         self.profiler: ProfilingManager | None = None
         self.profiled = False  # a job got a profile in this round: later starts wait for the next
+        self.refused = False  # the store refused a launch's record in this round: later starts wait too
+        self.prepared: dict[str, str] = {}  # job id -> the stop state prepare_stops stored for this round
         self.on_change: Callable[[], None] = lambda: None
 
     # -- logs and progress ------------------------------------------------------------------
@@ -188,7 +198,7 @@ class Actuator:
             k = next((i + 1 for i, s in enumerate(st.stop) if s in (S.CHECKPOINTING, S.STOPPING)), 0)
             lc.walk(st.stop[:k], now)
             rest[jid] = st.stop[k:]
-            if k:
+            if k and self.prepared.pop(jid, None) != lc.state.value:  # (stored by prepare_stops, normally)
                 self.mirror.write(jid, {"state": lc.state.value}, lc.state.value, {})
         self._terminate(list(rest))
         t = self.mirror.now()
@@ -207,7 +217,7 @@ class Actuator:
                 row.held_time = held
             row.preemptions += 1
             job.busy_until = math.inf
-            self.mirror.write(
+            self.mirror.record(
                 jid,
                 {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": row.held_time,
                  "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions,
@@ -217,17 +227,43 @@ class Actuator:
                 {},
             )
 
+    def prepare_stops(self, driver: Driver, actions: Sequence[Action], now: float) -> None:
+        """Store the state in which each job a round stops gets its SIGTERM (CHECKPOINTING, or STOPPING
+        for one still launching), all in one transaction, before the driver applies the round: a store
+        that refuses it raises here, and the round is not applied at all.  Once stored, a stop survives
+        a crash (recovery finishes it); its end is recorded like an exit, when the store takes it."""
+        self.prepared = {}
+        changes: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = []
+        for act in actions:
+            if act.kind is ActionKind.START or act.kind is ActionKind.REGROUP:
+                continue
+            stop, _ = lifecycle_steps(driver.jobs[act.job_id], act.kind, now)
+            at = next((s for s in stop or () if s in (S.CHECKPOINTING, S.STOPPING)), None)
+            if at is not None:
+                changes.append((act.job_id, {"state": at.value}, at.value, {}))
+        self.mirror.write_many(changes)
+        self.prepared = {jid: f["state"] for jid, f, _, _ in changes}
+
     def launch(self, driver: Driver, step: Step, now: float) -> bool:
         job, alloc, kind = step.job, step.action.new, step.kind
         assert alloc is not None
         jid = job.id
         row = self.mirror.rows[jid]
+        if self.refused:
+            return False  # the store refused a launch of this round: the others wait for the next
         if kind is ActionKind.START:
             if self.profiled:
                 return False  # a new profile changes sizes: the next round re-plans the starts left
-            if self.profiler is not None and self.profiler.needs_profile(row) and self.profiler.profile(job, alloc):
-                self.profiled = True
-                return False  # profiled: queued again, the next round sizes it with its profile
+            try:
+                if self.profiler is not None and self.profiler.needs_profile(row) and self.profiler.profile(job, alloc):
+                    self.profiled = True
+                    return False  # profiled: queued again, the next round sizes it with its profile
+            except Exception as e:
+                if not unavailable(e):
+                    raise
+                log.warning("job %s: not launched this round: its profile cannot be stored: %s", jid, e)
+                self.refused = True
+                return False
         spec = row.spec
         resume = row.attempts > 0
         multi = len(alloc.parts) > 1
@@ -278,15 +314,17 @@ class Actuator:
             for ls in launches:
                 procs[ls.job_id] = self.executor.launch(ls)
         except Exception as e:
-            unavailable = isinstance(e, NodeUnavailable)
-            full = isinstance(e, StoreFull)  # its intent could not be recorded: nothing was launched
-            log.warning("job %s: %s: %s", jid, "not launched this round" if unavailable or full else "launch failed", e)
+            node_busy = isinstance(e, NodeUnavailable)
+            refused = unavailable(e)  # its intent could not be recorded: nothing was launched
+            log.warning("job %s: %s: %s", jid, "not launched this round" if node_busy or refused else "launch failed",
+                        e)
             self._abandon(jid, len(alloc.parts), procs)
-            if full:
+            if refused:
+                self.refused = True
                 return False
-            if unavailable:  # stays queued: a later round places it again (the intent's attempt counts)
+            if node_busy:  # stays queued: a later round places it again (the intent's attempt counts)
                 row.attempts += 1
-                self.mirror.write(jid, {"procs": None, "attempts": row.attempts}, "launch-deferred", {"why": str(e)})
+                self.mirror.record(jid, {"procs": None, "attempts": row.attempts}, "launch-deferred", {"why": str(e)})
                 return False
             raise LaunchFailed(f"launch failed: {e}") from None
         wall = self.mirror.clock.time()  # for people: first_start, last_start
@@ -306,10 +344,16 @@ class Actuator:
                 "launch" if kind is ActionKind.START else kind.value,
                 {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
             )
-        except StoreFull as e:  # a process the store does not know of would run on after a restart: stopped
+        except Exception as e:
+            # not confirmed: undone (its processes stopped), never left running unknown to the store.  (Kept
+            # running with its confirmation waiting, a crash would leave recovery an intent and perhaps an
+            # exit record it could not date: a finished job might run again.)
             log.warning("job %s: not launched this round: %s", jid, e)
             self._abandon(jid, len(alloc.parts), procs)
             row.attempts = attempts  # (the stored intent counts it, as for a node that refused it)
+            if not unavailable(e):
+                raise LaunchFailed(f"its launch could not be recorded: {e}") from None
+            self.refused = True
             return False
         self.running[jid] = Running(procs, {}, cores, started, log_offset)
         lc = job.lifecycle
@@ -333,8 +377,8 @@ class Actuator:
         run = self.running.get(job.id)
         if job.alloc is None:
             return
-        self.mirror.write(job.id, {"alloc": alloc_to_json(job.alloc, self.cluster, run.cores if run else None),
-                                   **self.mirror.work(job)}, "regroup", {"group": list(job.alloc.group)})
+        self.mirror.record(job.id, {"alloc": alloc_to_json(job.alloc, self.cluster, run.cores if run else None),
+                                    **self.mirror.work(job)}, "regroup", {"group": list(job.alloc.group)})
 
     def progressed(self, driver: Driver, job: Job, now: float) -> None:
         pass  # the service learns of completions from the executor, not from predictions
@@ -362,10 +406,10 @@ class Actuator:
                     job.busy_until = ready  # working from the line on: advance() credits now - ready
                     job.advance(now)
                     lc.to(S.RUNNING_PROTECTED, ready)
-                    self.mirror.write(jid, {"state": lc.state.value, **self.mirror.work(job)}, lc.state.value,
-                                      {"launch_s": lc.last_launch_time})
+                    self.mirror.record(jid, {"state": lc.state.value, **self.mirror.work(job)}, lc.state.value,
+                                       {"launch_s": lc.last_launch_time})
             if lc.state is S.RUNNING_PROTECTED and lc.refresh(now) is S.RUNNING:
-                self.mirror.write(jid, {"state": S.RUNNING.value}, S.RUNNING.value, {})
+                self.mirror.record(jid, {"state": S.RUNNING.value}, S.RUNNING.value, {})
 
     def reap(self) -> list[tuple[str, JobState, int | None, str | None]]:
         """Jobs whose processes ended since the last poll: (job id, end state, exit code, reason).

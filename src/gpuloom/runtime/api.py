@@ -1,9 +1,11 @@
 """The HTTP API of ``gpuloom serve`` (FastAPI).
 
-Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer TOKEN``):
+Endpoints (JSON; every one but ``/health`` and ``/ready`` needs ``Authorization: Bearer TOKEN``):
 
 =========================  ==================================================
-``GET  /health``           liveness, job counts, rounds run
+``GET  /health``           liveness (memory only): job counts, rounds run
+``GET  /ready``            readiness: store, lock, rounds (503 naming what fails;
+                           :mod:`.health`)
 ``POST /jobs``             submit a job spec; 201 with the stored job
 ``GET  /jobs``             jobs (``?state=standby&state=running``, ``?user=``, ``?since=``,
                            pages: ``?limit=&after=``); others' without command and paths
@@ -44,6 +46,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -58,12 +61,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ..core.lifecycle import JobState
 from ..core.queues import QueueError
 from . import joblogs
 from .admission import LimitExceeded, NotFound, PermissionDenied, SubmitError
 from .deps import parse_array, parse_dependency
+from .health import liveness, readiness
 from .history import array_label, iso, short_state
 from .limits import (
     MAX_COMMAND,
@@ -83,12 +88,13 @@ from .limits import (
 from .privacy import redact_events, redact_job
 from .queue_api import QUEUE_RE, add_queue_routes
 from .queues import QueueDenied
-from .service import ACTIVE_STATES, FINAL_STATES, HOLDING, Service
+from .service import FINAL_STATES, HOLDING, Service
 from .specs import parse_duration, parse_mem
 from .store import JobRow, Store, StoreFull
 from .tokens import create_token as _create_token
 from .tokens import list_tokens, revoke_token
 
+log = logging.getLogger("gpuloom.service")
 TOKEN_FILE = "admin.token"
 MAX_LOG_BYTES = 8 << 20  # /logs returns at most the last 8 MiB
 USER_RE = r"^[A-Za-z0-9_.@-]{1,64}$"
@@ -395,16 +401,26 @@ def create_app(service: Service) -> FastAPI:
     def _full(_req: Request, e: StoreFull) -> JSONResponse:  # any write while the state disk is full
         return JSONResponse(status_code=503, content={"detail": str(e)}, headers={"Retry-After": "60"})
 
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    def _store_down(_req: Request, e: Exception) -> JSONResponse:  # the database unreachable, restarting
+        log.warning("the store cannot answer a request: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return JSONResponse(status_code=503, content={"detail": "the database cannot be reached; retry later"},
+                            headers={"Retry-After": "10"})
+
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
-            "rounds": service.rounds,
-            "active_jobs": store.count_jobs(ACTIVE_STATES),
-            "gpus": service.cluster.num_gpus,
-            "nodes": service.cluster.num_nodes,
-            "scheduler": service.scheduler.names,
-        }
+        """Liveness: the process answers (memory only: 200 while the database is down)."""
+        return liveness(service)
+
+    @app.get("/ready")
+    def ready(response: Response) -> dict[str, Any]:
+        """Readiness: the store answers and takes records, this server holds its lock, rounds run (503
+        naming what fails)."""
+        ok, body = readiness(service)
+        if not ok:
+            response.status_code = 503
+        return body
 
     @app.post("/jobs", status_code=201)
     def submit(body: JobSubmit, who: Auth, response: Response,

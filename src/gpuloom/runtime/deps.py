@@ -48,7 +48,7 @@ from typing import Any
 from ..core.lifecycle import JobState
 from .admission import SubmitError
 from .clock import Clock
-from .store import JobRow, Store
+from .store import JobRow, Store, unavailable
 
 S = JobState
 MAX_ARRAY = 10_000  # tasks in one array
@@ -226,6 +226,7 @@ class Gate:
         self._groups: dict[str, _Group] = {}  # canonical depends_on -> the jobs waiting on it
         self._group_of: dict[int, str] = {}
         self._met: set[int] = set()  # no dependency left to wait for: only an array limit can hold them
+        self._unsaved: set[int] = set()  # jobs whose reason the store refused to take (written with the next)
 
     def __len__(self) -> int:
         return len(self.held)
@@ -284,12 +285,21 @@ class Gate:
             doomed = self._decide(changed)
             if not doomed:
                 break
+            # stored first: a store that refuses it raises with the jobs still held (decided again later)
+            self.store.cancel_held(doomed, S.WAITING_FOR_INITIAL_CONTACT.value, now=self.clock.time())
             for jid in doomed:
                 self.drop(jid)
                 changed.pop(jid, None)
-            self.store.cancel_held(doomed, S.WAITING_FOR_INITIAL_CONTACT.value, now=self.clock.time())
         out = self._release(changed)
-        self.store.set_pending_reasons(changed)
+        if self._unsaved:  # reasons a refused write left unstored, as they are now
+            changed = {**{j: self.reasons.get(j) for j in self._unsaved}, **changed}
+        try:  # (the jobs released are the caller's now: a refused write of reasons must not lose them)
+            self.store.set_pending_reasons(changed)
+            self._unsaved = set()
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            self._unsaved = set(changed)
         return out
 
     def _decide(self, changed: dict[int, str | None]) -> dict[int, str]:

@@ -74,11 +74,15 @@ class Backoff:
         self.cap = cap
         self.failures = 0
 
-    def failed(self) -> float:
-        """Note a failed round (logging it); returns how long to wait before the next."""
+    def failed(self, store_down: BaseException | None = None) -> float:
+        """Note a failed round (logging it); returns how long to wait before the next.  A round that failed
+        on the store's state (``store_down``: its disk full, the database unreachable) is logged in one line:
+        its traceback says nothing the error does not."""
         self.failures += 1
         delay = min(self.cap, self.base * 2 ** (self.failures - 1))
-        if self.failures == 1:
+        if self.failures == 1 and store_down is not None:
+            log.error("scheduling round failed: the store cannot answer (%s); retrying", str(store_down).splitlines()[0])
+        elif self.failures == 1:
             log.exception("scheduling round failed; retrying with backoff (up to %.0f s); "
                           "further failures are logged in one line", self.cap)
         else:

@@ -376,9 +376,10 @@ def remove_server_info(state_dir: Path) -> None:
 
 # -- serving -----------------------------------------------------------------------------------------------
 def serve_http(app: Any, listeners: Listeners, limits: ConnectionLimits, ssl_keyfile: str | None = None,
-               ssl_certfile: str | None = None, metrics: CollectorRegistry | None = None) -> None:
-    """Run uvicorn on ``listeners`` with ``limits`` until a signal stops it; the connection counts go to
-    ``metrics``."""
+               ssl_certfile: str | None = None, metrics: CollectorRegistry | None = None,
+               stop_when: Callable[[], bool] | None = None) -> None:
+    """Run uvicorn on ``listeners`` with ``limits`` until a signal stops it, or ``stop_when()`` (asked every
+    0.1 s) says to; the connection counts go to ``metrics``."""
     protocol = protocol_for(limits)
     if metrics is not None:
         metrics.register(protocol.registry)
@@ -386,16 +387,22 @@ def serve_http(app: Any, listeners: Listeners, limits: ConnectionLimits, ssl_key
                             ssl_certfile=ssl_certfile, http=protocol, ws="none",
                             timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
                             backlog=limits.backlog)
-    _Server(config, limits).run(sockets=listeners.sockets)
+    _Server(config, limits, stop_when).run(sockets=listeners.sockets)
 
 
 class _Server(uvicorn.Server):
     """uvicorn's server, serving TLS on TCP sockets only (a local socket is trusted by its place), with the
     header timeout bounding TLS handshakes too."""
 
-    def __init__(self, config: Any, limits: ConnectionLimits) -> None:
+    def __init__(self, config: Any, limits: ConnectionLimits, stop_when: Callable[[], bool] | None = None) -> None:
         super().__init__(config)
         self.limits = limits
+        self.stop_when = stop_when
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.stop_when is not None and self.stop_when():
+            return True  # a graceful shutdown, as after SIGTERM, without a signal to re-raise at its end
+        return await super().on_tick(counter)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         from uvicorn.config import STARTUP_FAILURE

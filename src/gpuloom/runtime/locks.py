@@ -14,17 +14,28 @@ Locks held by a process that dies (even by SIGKILL) are released by the
 kernel, or by PostgreSQL when the session ends, so a restart after a crash is
 never refused.  A second server fails at once with :class:`AlreadyServed`,
 whose message says who holds the lock.
+
+A PostgreSQL session, and its advisory lock, ends when the database restarts.
+So the server confirms its lock (:meth:`ServerLocks.check`: its session's own
+row in ``pg_locks``, one query) at least every second and before every round
+that starts or preempts jobs: a lost one is taken again on a new session, or,
+if another server took it meanwhile, :class:`AlreadyServed` tells this one to
+stop scheduling (the service gives up and the process exits).  Between the
+restart and the next check the server may still act once; the check before
+acting bounds that to a round that was already under way.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 #: the advisory lock key on PostgreSQL (a fixed 63-bit number: "gpuloom" in ASCII)
 PG_LOCK_KEY = int.from_bytes(b"gpuloom", "big")
+log = logging.getLogger("gpuloom.service")
 
 
 class AlreadyServed(RuntimeError):
@@ -51,10 +62,17 @@ class FileLock:
             who = f" (pid {holder})" if holder else ""
             raise AlreadyServed(f"another gpuloom server{who} is using {self.what}; stop it first, "
                                 f"or give this one its own --state-dir and --db") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        pid = f"{os.getpid()}\n".encode()
+        try:  # written over the last holder's pid, then cut to length: no new block on a full disk
+            os.pwrite(fd, pid, 0)
+            os.ftruncate(fd, len(pid))
+        except OSError as e:  # the pid is for the message of a server refused; the lock is what counts
+            log.warning("cannot write this server's pid in %s: %s", self.path, e)
         self.fd = fd
         return self
+
+    def check(self) -> None:
+        """A file lock lasts as long as its descriptor: nothing to confirm."""
 
     def release(self) -> None:
         if self.fd is not None:
@@ -74,14 +92,57 @@ class PgAdvisoryLock:
         from sqlalchemy import text
 
         conn = self.engine.connect()
-        got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LOCK_KEY}).scalar()
-        conn.commit()
+        try:
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LOCK_KEY}).scalar()
+            conn.commit()
+        except BaseException:
+            conn.invalidate()
+            conn.close()
+            raise
         if not got:
             conn.close()
             raise AlreadyServed(f"another gpuloom server is using the database {_safe_url(self.url)}; stop it first, "
                                 "or give this one its own database")
         self.conn = conn
         return self
+
+    def check(self) -> bool:
+        """Confirm the lock (one query on its session); take it again on a new session if the session was
+        lost (the database restarted).  True if it was taken again.  Raises :class:`AlreadyServed` if another
+        server holds it now, and the database's error while it cannot be reached."""
+        from sqlalchemy import text
+
+        if self.conn is not None:
+            try:
+                held = self.conn.execute(text(
+                    "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' "
+                    "AND granted")).scalar()
+                self.conn.commit()
+                if held:
+                    return False
+                log.error("the database no longer holds this server's lock (its session lost it)")
+            except Exception as e:  # noqa: BLE001  (the session is gone: the database restarted, or is down)
+                log.warning("the database lock's session is lost (%s); taking the lock again",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+            self._drop()
+        try:
+            self.acquire()
+        except AlreadyServed:
+            raise AlreadyServed(f"another gpuloom server took the database {_safe_url(self.url)} while this one's "
+                                "session was lost (the database restarted); this server stops, the other one "
+                                "schedules") from None
+        log.warning("the database lock is taken again, on a new session")
+        return True
+
+    def _drop(self) -> None:
+        """Forget the session (not back to the pool, where it would keep a lock)."""
+        if self.conn is not None:
+            try:
+                self.conn.invalidate()
+                self.conn.close()
+            except Exception:  # noqa: BLE001  (already dead)
+                pass
+            self.conn = None
 
     def release(self) -> None:
         if self.conn is not None:
@@ -127,6 +188,12 @@ class ServerLocks:
             self.release()
             raise
         return self
+
+    def check(self) -> None:
+        """Confirm every lock (see the module notes); raises :class:`AlreadyServed` if another server holds the
+        database now, the database's error while it cannot be reached."""
+        for lk in self.held:
+            lk.check()
 
     def release(self) -> None:
         for lk in reversed(self.held):

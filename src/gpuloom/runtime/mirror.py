@@ -21,21 +21,25 @@ objects.  :class:`Mirror` keeps the two in step:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core.job import Job
 from ..core.lifecycle import JobState
 from .clock import Clock, ServiceTime
+from .outbox import Outbox
 from .specs import DEFAULT_DURATION, job_spec
-from .store import JobRow, Store
+from .store import JobRow, Store, StoreUnavailable, unavailable
 
 
 class Mirror:
     def __init__(self, store: Store, clock: Clock, epoch: float, default_duration: float = DEFAULT_DURATION,
-                 protect_factor: float = 3.0, timebase: ServiceTime | None = None) -> None:
+                 protect_factor: float = 3.0, timebase: ServiceTime | None = None,
+                 outbox: Outbox | None = None) -> None:
         self.store = store
         self.clock = clock
+        #: records the store has not taken yet (:mod:`.outbox`); the service's, kept across rebuilds
+        self.outbox = outbox if outbox is not None else Outbox(store, clock.time)
         self.epoch = epoch
         self.timebase = timebase if timebase is not None else ServiceTime(clock, max(0.0, clock.time() - epoch))
         self.default_duration = default_duration
@@ -90,19 +94,45 @@ class Mirror:
     def write(self, jid: str, fields: Mapping[str, Any], event: str | None = None,
               detail: Mapping[str, Any] | None = None, durable: bool = False,
               expect_state: Iterable[str] | None = None) -> bool:
-        """Update the job's row (and log ``event``) in one transaction; False if ``expect_state`` failed."""
+        """Update the job's row (and log ``event``) in one transaction, now; False if ``expect_state``
+        failed.  For a change that must be stored before the loop acts on it (a launch's intent): it
+        raises if the store refuses it, or (:class:`~.store.StoreUnavailable`) records still wait."""
+        if not self.outbox.flush():
+            raise StoreUnavailable(f"records wait for the store: {self.outbox.error}")
         return self.store.update_job(int(jid), dict(fields), event, dict(detail or {}), durable=durable,
                                      expect_state=expect_state, now=self.clock.time())
 
+    def write_many(self, changes: Sequence[tuple[str, Mapping[str, Any], str, Mapping[str, Any]]]) -> None:
+        """Several jobs' changes ``(id, fields, event, detail)`` in one transaction, now (no allocations);
+        like :meth:`write`, it raises if the store refuses them or records still wait."""
+        if not changes:
+            return
+        if not self.outbox.flush():
+            raise StoreUnavailable(f"records wait for the store: {self.outbox.error}")
+        self.store.update_jobs([(int(j), f, e, d) for j, f, e, d in changes], now=self.clock.time())
+
+    def record(self, jid: str, fields: Mapping[str, Any], event: str | None = None,
+               detail: Mapping[str, Any] | None = None, expect_state: Iterable[str] | None = None) -> None:
+        """Record a change that has happened (an exit, a finished stop): now, or as soon as the store
+        takes it, in order (:mod:`.outbox`).  Never raises for the store's state."""
+        self.outbox.put(jid, fields, event, detail, expect_state)
+
     def record_reasons(self, jobs: Mapping[str, Job]) -> None:
-        """Store why each queued job waits, as the last round said (``job.reason``; only the changes)."""
+        """Store why each queued job waits, as the last round said (``job.reason``; only the changes).
+        A store that refuses them leaves them to a later round."""
         changed: dict[int, str | None] = {}
         for jid, job in jobs.items():
             row = self.rows.get(jid)
             if row is not None and row.pending_reason != job.reason:
-                row.pending_reason = job.reason
                 changed[int(jid)] = job.reason
-        self.store.set_pending_reasons(changed)
+        try:
+            self.store.set_pending_reasons(changed)
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            return
+        for k, why in changed.items():
+            self.rows[str(k)].pending_reason = why
 
     def event(self, jid: str, kind: str, detail: Mapping[str, Any] | None = None) -> None:
-        self.store.add_event(int(jid), kind, dict(detail or {}), durable=False, now=self.clock.time())
+        self.outbox.put(jid, None, kind, detail)

@@ -29,6 +29,12 @@ An adopted job continues from its stored remaining work (``work_left`` as of
 group included, so it has the remaining work, group and speed the simulator
 would give it at the same instant.  Co-runners that were not adopted leave
 their partners' groups.
+
+Recovery needs to read the store, not to write it: what it decides (an end,
+a requeue, a stop finished) is recorded like the loop's own records
+(:mod:`.outbox`), so a server restarts on a full state disk, and a job whose
+end could not be recorded before the restart ends as its exit record says,
+once, not run again.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ def recover(svc: Service) -> None:
                 continue
             if row.state in QUEUED_STATES:
                 if row.procs:  # a launch was intended and not confirmed: its process, if any, is swept
-                    svc.mirror.write(str(row.id), {"procs": None}, "launch-unconfirmed", {})
+                    svc.mirror.record(str(row.id), {"procs": None}, "launch-unconfirmed", {})
                     row.procs = None
                 if svc.fits_or_fail(row):
                     svc.admit_row(row, JobState(row.state))
@@ -145,7 +151,7 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
     if stopping:  # the stop the previous service began was a preemption (or half of a move/resize)
         row.preemptions += 1
     why = "stop completed after a restart" if stopping else "process lost while the service was down"
-    svc.mirror.write(
+    svc.mirror.record(
         jid,
         {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": held,
          "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions,

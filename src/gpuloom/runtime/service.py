@@ -25,6 +25,8 @@ its own modules:
 :mod:`.telemetry`         a log line per job transition, metrics, samples
 :mod:`.history`           accounting from the store (``gpuloom history``)
 :mod:`.inventory`         nodes joining and leaving (Ray): rebuild, park
+:mod:`.outbox`            the loop's records the store has not taken yet
+:mod:`.health`            liveness, readiness, systemd's watchdog
 ========================  ==================================================
 
 **A round is observe, then act** (as Ray's autoscaler v2 reconciler does):
@@ -40,6 +42,10 @@ Design decisions:
   ``synchronous=FULL``) before they answer; the loop's records of processes
   commit with ``synchronous=NORMAL`` (see :mod:`.store` for why that is safe).
   Every state change the loop makes is committed before the next action.
+* **The store may fail** (its disk full, the database down): what the loop
+  observed is kept in order until it is recorded (:mod:`.outbox`); a round
+  acts only on a store that has every record and this server's lock
+  (:meth:`Service.may_act`); a launch or stop the store refuses is not applied.
 * **Rounds on a timer and on events.**  The loop wakes every ``tick`` (at most
   0.1 s) to poll the executor; a round runs when ``round_s`` has elapsed or
   something happened (submission, cancel, completion).
@@ -99,16 +105,19 @@ from .clock import Clock, ServiceTime, SystemClock, resume
 from .deps import Gate, parse_array, resolve_dependency
 from .disk import PRESSURE_CAP, DiskGuard
 from .executor import Executor
+from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
 from .identity import Identities
 from .inventory import InventorySource, unpark
 from .inventory import follow as follow_inventory
 from .isolation import Backoff, culprits
+from .locks import AlreadyServed, ServerLocks
 from .mirror import Mirror
+from .outbox import Outbox
 from .profile_manager import ProfilingConfig, ProfilingManager
 from .queues import QueueAdmin
 from .security import Guard
 from .specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
-from .store import JobRow, Store, StoreFull
+from .store import JobRow, Store, unavailable
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_DURATION", "FINAL_STATES", "HOLDING", "PROGRESS_MARK", "QUEUED_STATES", "SPEC_ATTRS",
@@ -119,7 +128,6 @@ __all__ = [
 log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
-FULL_RETRY_S = 1.0  # the longest wait after a round that failed on a full disk
 MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`Service.mark_time`)
 #: a running job's log over this is cut (its first 1/8 and last 1/4 kept, :mod:`.joblogs`); 0: no cap
 DEFAULT_LOG_CAP = 256 << 20
@@ -178,9 +186,15 @@ class Service:
         #: jobs' logs (default data_dir/logs): best on another file system than the database (:mod:`.disk`)
         self.log_dir = Path(log_dir).absolute() if log_dir is not None else None
         self.log_cap = int(log_cap)  # bytes; a running job's log over it is cut (:mod:`.joblogs`)
-        #: job id -> the end record (fields, event, detail) the store refused (a full disk): retried every tick
-        self.unrecorded: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {}
         self.clock: Clock = clock or SystemClock()
+        #: the loop's records the store has not taken yet (a full disk, a database down): kept in order,
+        #: retried every tick (:mod:`.outbox`); the loop starts and preempts nothing while any wait
+        self.outbox = Outbox(store, self.clock.time)
+        #: the locks that make this the database's one server (the CLI's; checked before acting, :meth:`may_act`)
+        self.server_locks: ServerLocks | None = None
+        self.gave_up: str | None = None  # why this server stopped scheduling (another took over), if it did
+        self.health = Health()  # what /ready reports: the last lock check, rounds, the store (:mod:`.health`)
+        self.watchdog = Watchdog.from_env()  # systemd's, when it runs the service
         self.round_s = float(round_s)
         self.model_factory = model_factory or build_model  # the same model `simulate` builds
         self.inventory = inventory  # nodes that come and go (:mod:`.inventory`); None: a fixed cluster
@@ -229,7 +243,7 @@ class Service:
                                                                                         SensitivityFactor):
             # stored profiles, and profiles submitted with a job, reach the sizers through it
             add_sensitivity(self.model)
-        self.mirror = Mirror(self.store, self.clock, epoch, duration, protect, self.timebase)
+        self.mirror = Mirror(self.store, self.clock, epoch, duration, protect, self.timebase, self.outbox)
         if old is not None:  # a rebuild: the active and parked jobs keep their arrivals
             keep = set(self.driver.jobs) | {str(j) for j in self.parked}
             self.mirror.arrivals = {j: a for j, a in old.mirror.arrivals.items() if j in keep}
@@ -400,6 +414,7 @@ class Service:
     def start(self) -> None:
         """Recover from the store, then run rounds in a background thread."""
         self.recover()
+        self.health.started = self.clock.monotonic()
         self._thread = threading.Thread(target=self._loop, name="gpuloom-scheduler", daemon=True)
         self._thread.start()
 
@@ -410,11 +425,12 @@ class Service:
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self.lock:
-            self._retry_ends()
             self.mark_time()
-            for jid, (fields, event, _) in self.unrecorded.items():
-                log.error("job %s %s (exit code %s) but the store could not record it; after a restart it ends "
-                          "as its exit record says (requeued without one)", jid, event, fields.get("exit_code"))
+            if not self.outbox.flush():
+                log.error("%d change(s) of job(s) %s were never recorded (%s); a restarted server ends each such "
+                          "job as its exit record says (requeued without one), finishes a stop begun, and stops "
+                          "a process whose launch is not recorded", len(self.outbox),
+                          ", ".join(map(str, sorted(self.outbox.jobs()))), self.outbox.error or "another server")
         self.actuator.close()
         self.executor.close()
         self.telemetry.close()
@@ -426,6 +442,7 @@ class Service:
         last = 0.0
         clock = self.clock
         while not self._stop.is_set():
+            self.watchdog.tick(clock.monotonic())  # the loop goes round (its rounds may still fail)
             woke = self._wake.wait(timeout=tick)
             if woke:
                 # a burst of submissions: let it gather for a moment so one round takes them all
@@ -434,9 +451,15 @@ class Service:
             if self._stop.is_set():
                 break
             try:
+                if clock.monotonic() - self.health.lock_checked >= LOCK_CHECK_S:
+                    self.check_lock()  # between rounds too: a server whose database another took stops at once
+                    if self.gave_up:
+                        break
                 with self.lock:
                     self._cap_logs()
-                    changed = follow_inventory(self) or self._reap() or woke
+                    self.outbox.flush()  # what the store refused before, oldest first
+                    # (a rebuild recovers from the store: only once it has every record)
+                    changed = (not self.outbox and follow_inventory(self)) or self._reap() or woke
                     t = clock.monotonic()
                     if changed or t >= next_round:
                         self.round()
@@ -445,9 +468,11 @@ class Service:
                     self.guard.maybe_purge(self, t)
                 self.backoff.succeeded()
             except Exception as e:  # a bad round must not kill the service: back off, log once
-                delay = self.backoff.failed()
-                # a full disk: retry soon (ends wait to be recorded), not after the backoff's 30 s
-                self._stop.wait(min(delay, FULL_RETRY_S) if isinstance(e, StoreFull) else delay)
+                self.health.failed(e, clock.monotonic())
+                down = unavailable(e)
+                delay = self.backoff.failed(e if down else None)
+                # the store's state (a full disk, a database down): retry soon (records wait), not after 30 s
+                self._stop.wait(min(delay, STORE_RETRY_S) if down else delay)
 
     def recover(self) -> None:
         """Rebuild the mirror from the store; adopt live processes, requeue dead ones (:mod:`.recovery`)."""
@@ -478,13 +503,11 @@ class Service:
             return True
         if self.inventory is not None:
             self.parked[row.id] = float("inf")
-            self.store.set_pending_reasons({row.id: f"Nodes: {reason[1]} while nodes are missing"})
+            self.mirror.record(str(row.id), {"pending_reason": f"Nodes: {reason[1]} while nodes are missing"})
             return False
-        self.store.update_job(
-            row.id, {"state": S.FAILED.value, "end_time": self.clock.time(), "alloc": None, "procs": None,
-                     "reason": f"can never run on this cluster: {reason[1]}"},
-            "failed", {"reason": reason[1]}, now=self.clock.time(),
-        )
+        self.mirror.record(str(row.id), {"state": S.FAILED.value, "end_time": self.clock.time(), "alloc": None,
+                                         "procs": None, "reason": f"can never run on this cluster: {reason[1]}"},
+                           "failed", {"reason": reason[1]})
         return False
 
     # -- one round: observe, then act ------------------------------------------------------
@@ -493,12 +516,54 @@ class Service:
         t0 = self.clock.monotonic()
         with self.lock:
             self.observe()
-            # a nearly full state disk: no starts or stops, whose records might not fit (:mod:`.disk`)
-            actions = [] if self.disk.db_low() else self.act()
+            actions = self.act() if self.may_act() else []
             self.mark_time(force=False)
-        self.last_round_s = self.clock.monotonic() - t0
+        t1 = self.clock.monotonic()
+        self.last_round_s = t1 - t0
+        self.health.round_done(t1)
         self.telemetry.round_done(actions, self.last_round_s)
         return actions
+
+    def may_act(self) -> bool:
+        """Whether this round may start and preempt jobs: the state disk has room for their records
+        (:mod:`.disk`), every record of what happened is stored (so the store releases a GPU before it
+        records another job taking it, :mod:`.outbox`), and this server still holds its database."""
+        if self.disk.db_low():
+            return False
+        return self.outbox.flush() and self.check_lock()
+
+    def check_lock(self) -> bool:
+        """Confirm that this server still holds its locks (:meth:`.locks.ServerLocks.check`: a PostgreSQL
+        session lost with a restart of the database is taken again).  False while that cannot be told (the
+        database is unreachable), and for good once another server holds the database: this one gives up."""
+        self.health.lock_checked = self.clock.monotonic()
+        if self.gave_up is not None:
+            return False
+        if self.server_locks is None:
+            return True
+        try:
+            self.server_locks.check()
+        except AlreadyServed as e:
+            self.give_up(str(e))
+            return False
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            self.health.lock = f"unknown: the database cannot be reached ({str(e).splitlines()[0]})"
+            return False
+        self.health.lock = "held"
+        return True
+
+    def give_up(self, why: str) -> None:
+        """Stop scheduling for good: another server holds the database now.  Nothing more is written (that
+        server recovers from the store and the jobs' exit records); the jobs run on, for it to adopt."""
+        if self.gave_up is not None:
+            return
+        self.gave_up = why
+        self.health.lock = f"lost: {why}"
+        self.outbox.closed = True
+        self._stop.set()
+        log.critical("this server stops scheduling: %s", why)
 
     def observe(self) -> bool:
         """Bring the mirror up to date with the world; True if anything changed."""
@@ -525,7 +590,8 @@ class Service:
                 self.fail(job.id, f"cannot be scheduled: {why}")
             _, actions = self.driver.plan(now)
         self.mirror.record_reasons(self.driver.jobs)
-        self.actuator.profiled = False
+        self.actuator.profiled = self.actuator.refused = False
+        self.actuator.prepare_stops(self.driver, actions, now)  # a store that refuses it: nothing is applied
         failed = self.driver.apply(actions, now)
         for job in failed:
             held = 0.0
@@ -546,7 +612,7 @@ class Service:
         self._record_end(job, S.FAILED, None, reason, None, 0.0)
 
     def _reap(self) -> bool:
-        self._retry_ends()
+        self.outbox.flush()
         ended = self.actuator.reap()
         for jid, state, code, reason in ended:
             self.end(jid, state, code, reason)
@@ -567,7 +633,7 @@ class Service:
         if row is None:
             return
         held = row.held_time + held_now
-        self._write_end(
+        self.mirror.record(
             jid,
             {"state": state.value, "end_time": self.clock.time(), "alloc": None, "procs": None, "exit_code": code,
              "reason": reason, "held_time": held, "progress": self.last_progress(jid),
@@ -576,26 +642,6 @@ class Service:
             state.value,
             {"exit_code": code, "reason": reason},
         )
-
-    def _write_end(self, jid: str, fields: dict[str, Any], event: str, detail: dict[str, Any]) -> None:
-        """Record a job's end.  One the store refuses (its disk is full) is kept and retried every tick
-        until it is taken: the job is gone from the mirror, nothing else would record it, and a restart
-        that found it still running in the store would requeue it."""
-        try:
-            self.mirror.write(jid, fields, event, detail)
-        except Exception as e:
-            if jid not in self.unrecorded:
-                log.error("job %s %s, but the store cannot record it yet (%s); retrying every tick", jid, event, e)
-            self.unrecorded[jid] = (fields, event, detail)
-
-    def _retry_ends(self) -> None:
-        for jid, (fields, event, detail) in list(self.unrecorded.items()):
-            try:
-                self.mirror.write(jid, fields, event, detail)
-            except Exception:
-                return  # still refused: the next tick tries again
-            del self.unrecorded[jid]
-            log.warning("job %s %s: recorded now", jid, event)
 
     def _cap_logs(self) -> None:
         """Cut running jobs' logs over the cap; while the logs' disk is nearly full, the largest ones
@@ -614,10 +660,8 @@ class Service:
             elif jid in self.driver.jobs:  # queued (the API marked it cancelled, unless it was running then)
                 self.driver.finish(self.driver.jobs[jid], self.now(), S.CANCELLED)
                 self.mirror.drop(jid)
-                self.store.update_job(
-                    int(jid), {"state": S.CANCELLED.value, "end_time": self.clock.time(), "reason": "cancelled"},
-                    "cancel", {}, expect_state=QUEUED_STATES, now=self.clock.time(),
-                )
+                self.mirror.record(jid, {"state": S.CANCELLED.value, "end_time": self.clock.time(),
+                                         "reason": "cancelled"}, "cancel", {}, expect_state=QUEUED_STATES)
             else:  # not mirrored yet: held back by the gate or parked, or skipped by _load_new
                 self.gate.drop(int(jid))
                 self.parked.pop(int(jid), None)

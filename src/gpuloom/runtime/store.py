@@ -182,6 +182,7 @@ meta_t = Table(
 )
 
 _JSON_COLS = ("spec", "alloc", "procs")
+CONNECT_TIMEOUT_S = 10  # PostgreSQL: seconds to reach the server (unless the URL sets connect_timeout)
 _IN_CHUNK = 500  # ids per ``IN (...)``: below every SQLite build's limit on bound parameters
 S_CANCELLED = JobState.CANCELLED.value
 
@@ -267,6 +268,22 @@ class StoreFull(StoreError):
     was not made.  The API answers 503; the service retries what it must record."""
 
 
+class StoreUnavailable(StoreError):
+    """A write that must come after records the store has not taken yet (:mod:`.outbox`) was not made."""
+
+
+def unavailable(e: BaseException) -> bool:
+    """Whether a store error is the store's state, not the request's: its disk full, the database
+    unreachable or restarting, a lock or connection lost.  Retrying it later may succeed (the loop's
+    records wait, :mod:`.outbox`; the API answers 503); any other error is a bug or bad data."""
+    from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(e, StoreFull | StoreUnavailable | OperationalError | InterfaceError | DisconnectionError | PoolTimeout):
+        return True
+    return isinstance(e, DBAPIError) and bool(e.connection_invalidated)
+
+
 def is_full(e: BaseException) -> bool:
     """Whether a database error says its disk is full."""
     orig = getattr(e, "orig", None) or e
@@ -333,6 +350,13 @@ class Store:
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
                 if os.stat(path).st_uid == os.geteuid():
                     os.chmod(path, 0o600)
+        elif url.startswith("postgresql"):
+            # after the database restarts, pooled connections are dead: each is tried (one round trip) as it
+            # leaves the pool and replaced if dead, so no request fails on one; an unreachable server fails
+            # in seconds, not after the system's TCP timeout
+            kw["pool_pre_ping"] = True
+            if "connect_timeout" not in url:
+                kw["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
         try:
             self.engine: Engine = create_engine(url, **kw)
         except Exception as e:  # bad URL, missing driver
@@ -620,6 +644,29 @@ class Store:
         with self.lock, self.engine.connect() as c:
             rows = c.execute(q).mappings().all()
         return [{**r, "alloc": json.loads(r["alloc"])} for r in rows]
+
+    def update_jobs(self, changes: Sequence[tuple[int, Mapping[str, Any], str, Mapping[str, Any]]],
+                    now: float | None = None, durable: bool = False) -> None:
+        """Update many jobs, each with its event, in one transaction: all of them or (it raises) none.
+        ``changes``: ``(job id, fields, event kind, detail)``; fields without ``alloc``."""
+        if not changes:
+            return
+        now = time.time() if now is None else now
+        with self.lock, self._begin(durable) as c:
+            for job_id, fields, kind, detail in changes:
+                if "alloc" in fields:
+                    raise ValueError("update_jobs does not keep allocation records: use update_job")
+                c.execute(update(jobs_t).where(jobs_t.c.id == job_id).values(**_encode(fields)))
+                c.execute(insert(events_t).values(job_id=job_id, time=now, kind=kind,
+                                                  detail=json.dumps(dict(detail), sort_keys=True)))
+        for job_id, fields, kind, detail in changes:
+            self._notify(job_id, kind, detail, fields)
+
+    def ping(self) -> None:
+        """One trivial query, without the writer lock (a long write does not delay it); raises if the
+        database cannot answer."""
+        with self.engine.connect() as c:
+            c.execute(select(literal(1))).scalar()
 
     def set_pending_reasons(self, reasons: Mapping[int, str | None]) -> None:
         """Store why queued jobs wait (``pending_reason``), many in one transaction, no events."""

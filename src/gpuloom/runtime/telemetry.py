@@ -35,6 +35,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core.lifecycle import PROGRESS_STATES, SHORT_STATE, JobState
+from .health import readiness
+from .store import unavailable
 
 if TYPE_CHECKING:
     from ..core.plan import Action
@@ -240,17 +242,37 @@ class _Collector(Collector):
             allocated.add_metric([n.name], len(use["allocated"][n.name]))
             busy.add_metric([n.name], len(use["busy"][n.name]))
         yield from (total, allocated, busy)
-        by_state = GaugeMetricFamily("gpuloom_jobs", "Jobs in the store, by lifecycle state and Slurm code.",
-                                     labels=["state", "st"])
-        counts = svc.store.count_by_state()
-        for state in JobState:
-            by_state.add_metric([state.value, SHORT_STATE[state]], counts.get(state.value, 0))
-        yield by_state
+        _, body = readiness(svc)
+        fam = GaugeMetricFamily("gpuloom_ready", "1 if the readiness check passes (GET /ready), else 0.",
+                                labels=["check"])
+        for check, verdict in body["checks"].items():
+            fam.add_metric([check], 1.0 if verdict == "ok" else 0.0)
+        yield fam
+        fam = GaugeMetricFamily("gpuloom_unrecorded_changes", "Job changes the store has not taken yet (a full "
+                                "disk, a database down); no job starts while any wait.")
+        fam.add_metric([], len(svc.outbox))
+        yield fam
+        try:  # the one family read from the store: left out while it cannot answer
+            counts = svc.store.count_by_state()
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            counts = None
+        if counts is not None:
+            by_state = GaugeMetricFamily("gpuloom_jobs", "Jobs in the store, by lifecycle state and Slurm code.",
+                                         labels=["state", "st"])
+            for state in JobState:
+                by_state.add_metric([state.value, SHORT_STATE[state]], counts.get(state.value, 0))
+            yield by_state
         # jobs held back by the gate are counted as they come and go; the mirrored ones here
         by_queue: dict[tuple[str, str], int] = {(q, "PD"): n for q, n in dict(svc.gate.by_queue).items()}
         by_reason: dict[str, int] = dict(svc.gate.by_reason)
+        # copies first (one C call each: nothing runs between its reads), then iterated: the loop changes
+        # these dicts meanwhile, and iterating one live (even list(d.items()), whose allocations may run
+        # the garbage collector and with it another thread) raised "dictionary changed size during iteration"
         jobs = dict(svc.driver.jobs)
-        entries = [(r, jobs[jid].lifecycle) for jid, r in list(svc.mirror.rows.items()) if jid in jobs]
+        rows = dict(svc.mirror.rows)
+        entries = [(r, jobs[jid].lifecycle) for jid, r in rows.items() if jid in jobs]
         for row, lc in entries:
             st = SHORT_STATE[lc.state] if lc is not None else "PD"
             q = str(row.spec.get("queue") or "")
