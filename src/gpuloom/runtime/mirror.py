@@ -73,14 +73,15 @@ class Mirror:
         return self.store.update_job(int(jid), dict(fields), event, dict(detail or {}), durable=durable,
                                      expect_state=expect_state, now=self.clock.time())
 
-    def record_reasons(self, jobs: Mapping[str, Job]) -> None:
-        """Store why each queued job waits, as the last round said (``job.reason``; only the changes)."""
+    def record_reasons(self, jobs: Iterable[Job]) -> None:
+        """Store why these jobs wait, as the last round said (``job.reason``; only the changes): the jobs
+        whose reasons the round set (``Driver.reasoned``)."""
         changed: dict[int, str | None] = {}
-        for jid, job in jobs.items():
-            row = self.rows.get(jid)
+        for job in jobs:
+            row = self.rows.get(job.id)
             if row is not None and row.pending_reason != job.reason:
                 row.pending_reason = job.reason
-                changed[int(jid)] = job.reason
+                changed[int(job.id)] = job.reason
         self.store.set_pending_reasons(changed)
 
     def event(self, jid: str, kind: str, detail: Mapping[str, Any] | None = None) -> None:
