@@ -1,11 +1,13 @@
-"""The service with a long queue.  Behaviour only: the speeds are in ``benchmarks/bench_scale.py``.
+"""The service with a long queue: what a round touches, the store's lock under submissions.  Behaviour only: the speeds are in ``benchmarks/bench_scale.py``.
 
 * a round in which nothing changed reads one statement and touches no waiting job, however many
-  wait; a round after a submission gives the new job its reason and leaves the others' as they were.
+  wait; a round after a submission gives the new job its reason and leaves the others' as they were;
+* the store's lock lets the scheduling loop's thread go before threads that waited longer.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from gpuloom.runtime.clock import ManualClock
 from gpuloom.runtime.router import local_executor
 from gpuloom.runtime.service import Service
 from gpuloom.runtime.store import Store
+from gpuloom.runtime.storelock import StoreLock
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -25,6 +28,14 @@ from service_util import own_cgroup_parent
 @pytest.fixture
 def cgroup_parent() -> Iterator[str]:
     yield from own_cgroup_parent()
+
+
+def _poll(cond, what: str, timeout: float = 10.0) -> None:  # noqa: ANN001
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
 
 
 # -- rounds ----------------------------------------------------------------------------------------
@@ -76,5 +87,69 @@ def test_a_round_in_which_nothing_changed_touches_no_waiting_job(tmp_path: Path,
         assert {store.get_job(int(j)).pending_reason for j in pending[1:] + [str(late)]} == {"Resources"}  # type: ignore[union-attr]
     finally:
         svc.terminate_all()
+        svc.shutdown()
+        store.close()
+
+
+# -- the store's lock ------------------------------------------------------------------------------
+def test_the_store_lock_is_reentrant_and_only_its_holder_releases_it() -> None:
+    lock = StoreLock()
+    with lock, lock:
+        assert lock.waiting() == (0, 0)
+        errors: list[Exception] = []
+
+        def other() -> None:
+            try:
+                lock.release()
+            except RuntimeError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert len(errors) == 1 and "does not hold" in str(errors[0])
+    taken: list[int] = []
+    t = threading.Thread(target=lambda: (lock.acquire(), taken.append(1), lock.release()))
+    t.start()
+    t.join(5)
+    assert taken == [1]  # released by both exits above
+
+
+def test_the_loop_thread_goes_before_api_threads_that_waited_longer(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        counts: list[int] = []
+        writers = [threading.Thread(target=store.add_job, args=({"command": "x", "gpus": 1}, "u", "standby"))
+                   for _ in range(3)]
+
+        def loop() -> None:
+            store.lock.first()
+            counts.append(store.count_jobs())
+
+        reader = threading.Thread(target=loop)
+        with store.lock:  # a commit in progress
+            for t in writers:
+                t.start()
+            _poll(lambda: store.lock.waiting() == (0, 3), "three writers to wait")
+            reader.start()
+            _poll(lambda: store.lock.waiting() == (1, 3), "the loop's thread to wait")
+        for t in [reader, *writers]:
+            t.join(10)
+        assert counts == [0]  # it read before any of the three writes that waited longer
+        assert store.count_jobs() == 3
+    finally:
+        store.close()
+
+
+def test_the_scheduling_loop_waits_for_the_store_as_the_first(tmp_path: Path, cgroup_parent: str) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    cl = Cluster.homogeneous(1, 1)
+    svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
+                  tmp_path, round_s=0.05)
+    try:
+        svc.start()
+        with store.lock:  # the loop's next round waits for the store, counted as the first
+            _poll(lambda: store.lock.waiting() == (1, 0), "the loop to wait")
+    finally:
         svc.shutdown()
         store.close()

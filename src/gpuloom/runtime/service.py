@@ -393,6 +393,7 @@ class Service:
         self.telemetry.close()
 
     def _loop(self) -> None:
+        self.store.lock.first()  # a stream of submissions cannot keep rounds waiting for the store
         tick = min(self.round_s, 0.1)
         gap = min(self.round_s, MIN_EVENT_GAP_S)
         next_round = 0.0

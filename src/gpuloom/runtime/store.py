@@ -42,7 +42,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +71,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 
 from ..core.lifecycle import JobState
+from .storelock import StoreLock
 
 log = logging.getLogger("gpuloom.store")
 metadata = MetaData()
@@ -321,7 +321,7 @@ class Store:
     def __init__(self, url: str, synchronous: str = "FULL") -> None:
         """``synchronous`` is the level of durable writes (FULL or NORMAL); other writes use NORMAL."""
         self.url = url
-        self.lock = threading.RLock()
+        self.lock = StoreLock()  # reentrant; the scheduling loop's statements go first (:mod:`.storelock`)
         #: ``fn(job_id, kind, detail, fields)`` called after each job event commits (see the module notes)
         self.listeners: list[Callable[[int | None, str, Mapping[str, Any], Mapping[str, Any]], None]] = []
         self.is_sqlite = url.startswith("sqlite")
