@@ -1,28 +1,36 @@
-"""The service with a long queue: what a round touches, the store's lock under submissions.  Behaviour only: the speeds are in ``benchmarks/bench_scale.py``.
+"""The service with a long queue: what a round touches, the store's lock under submissions, and
+``gpuloom queue`` over ten thousand jobs.  Behaviour only: the speeds are in ``benchmarks/bench_scale.py``.
 
 * a round in which nothing changed reads one statement and touches no waiting job, however many
   wait; a round after a submission gives the new job its reason and leaves the others' as they were;
-* the store's lock lets the scheduling loop's thread go before threads that waited longer.
+* the store's lock lets the scheduling loop's thread go before threads that waited longer;
+* ``GET /jobs?fields=`` and ``X-Total-Count``; ``gpuloom queue`` lays 10,000 jobs out as plain lines
+  (exactly as Rich would lay the table out, minus the cost), and ``--json`` writes them all.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import random
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from sqlalchemy import event
 
 from gpuloom.core.cluster import Cluster
+from gpuloom.runtime.api import JOB_FIELDS, job_json
 from gpuloom.runtime.clock import ManualClock
 from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.service import ACTIVE_STATES, Service
+from gpuloom.runtime.store import JobRow, Store
 from gpuloom.runtime.storelock import StoreLock
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent
+from service_util import Server, kill_jobs, own_cgroup_parent, wait_for
 
 
 @pytest.fixture
@@ -153,3 +161,91 @@ def test_the_scheduling_loop_waits_for_the_store_as_the_first(tmp_path: Path, cg
     finally:
         svc.shutdown()
         store.close()
+
+
+# -- the queue command -------------------------------------------------------------------------------
+def test_job_fields_name_every_field_of_a_job() -> None:
+    from gpuloom.cli.jobs import ACTIVE
+
+    assert tuple(job_json(JobRow(1, "n", "u", {}, "standby", 0.0))) == JOB_FIELDS
+    assert ACTIVE == ACTIVE_STATES  # what `queue` lists, without loading the service
+
+
+def test_plain_tables_are_laid_out_as_rich_lays_them_out() -> None:
+    """The plain path writes what Rich wrote into a pipe (box=None), cell for cell: scripts that read
+    ``gpuloom queue | ...`` see the same text."""
+    from gpuloom.cli.common import PlainTable
+
+    rng = random.Random(7)
+    bits = ["a", "Z9", " ", "(x)", "[/]", "[bold]", "é", "日本", "😀", "\x1b[31m", "\x9b", "", "{0}", "%s"]
+    for _ in range(200):
+        cols = rng.randint(1, 5)
+        t = PlainTable(*(rng.choice(["JOBID", "", "NODELIST(REASON)", "名前"]) for _ in range(cols)))
+        for _ in range(rng.randint(0, 5)):
+            t.add_row(*("".join(rng.choice(bits) for _ in range(rng.randint(0, 4))) for _ in range(cols)))
+        out = io.StringIO()
+        Console(file=out, width=4000, highlight=False, soft_wrap=False).print(t.rich())
+        assert "\n".join(t.lines()) + "\n" == out.getvalue()
+
+
+def test_a_table_on_a_terminal_is_rich_when_small_and_plain_when_long(monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuloom.cli import common
+
+    term = io.StringIO()
+    monkeypatch.setattr(common, "console", Console(file=term, force_terminal=True, width=30, color_system=None))
+    small = common.PlainTable("ID", "REASON")
+    small.add_row("1", "waiting for a node with eight free GPUs")
+    common.print_table(small)
+    assert capsys.readouterr().out == ""  # through Rich, fitted to the 30 columns
+    assert max(len(line) for line in term.getvalue().splitlines()) <= 30
+    long = common.PlainTable("ID", "REASON")
+    for i in range(common.RICH_ROWS + 1):
+        long.add_row(str(i), "waiting for a node with eight free GPUs")
+    common.print_table(long)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == common.RICH_ROWS + 2
+    assert lines[1] == " 0    waiting for a node with eight free GPUs "  # whole, not cut to the terminal
+
+
+def test_queue_lists_ten_thousand_jobs_as_plain_lines(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+
+    s = Server(tmp_path, "--cluster", "1x1", "--cpus-per-node", "2", "--round", "0.5",
+               "--max-array-size", "1001").start()
+    try:
+        with s.client() as c:
+            blocker = c.post("/jobs", json={"name": "blocker", "command": "sleep 600", "gpus": 1}).json()["id"]
+            for k in range(10):
+                r = c.post("/jobs", json={"name": f"p{k}", "command": "sleep 600", "gpus": 1, "array": "0-999"})
+                assert r.status_code == 201, r.text
+            wait_for(lambda: c.get(f"/jobs/{blocker + 10_000}").json()["pending_reason"] == "Resources",
+                     what="the last task's reason", timeout=120)
+            r = c.get("/jobs", params={"state": "waiting_for_initial_resource", "limit": 2, "fields": "id,st,array"})
+            assert r.json() == [{"id": 2, "st": "PD", "array": "2_0"}, {"id": 3, "st": "PD", "array": "2_1"}]
+            assert (r.headers["X-Next-After"], r.headers["X-Total-Count"]) == ("3", "10000")
+            for bad in ("id,secret", "id,,st", "<b>"):
+                r = c.get("/jobs", params={"fields": bad})
+                assert r.status_code == 422 and "of the list is no field of a job" in r.text
+                assert "secret" not in r.text and "<b>" not in r.text  # (an error never echoes its input)
+        runner = CliRunner()
+        res = runner.invoke(app, ["queue", "--state", "PD", "--state-dir", str(tmp_path)])
+        assert res.exit_code == 0, res.output
+        lines = res.output.splitlines()
+        assert len(lines) == 10_001
+        # every column as wide as its widest cell (job 10001, task 9002_999, name p9), two spaces apart
+        assert lines[:3] == [
+            " JOBID  ARRAY     NAME  USER   QUEUE  ST  TIME  GPUS  ITER  NODELIST(REASON) ",
+            " 2      2_0       p0    admin  -      PD  0:00  1     -     (Resources)      ",
+            " 3      2_1       p0    admin  -      PD  0:00  1     -     (Resources)      ",
+        ]
+        assert lines[-1] == " 10001  9002_999  p9    admin  -      PD  0:00  1     -     (Resources)      "
+        res = runner.invoke(app, ["queue", "--json", "--state-dir", str(tmp_path)])
+        jobs = json.loads(res.output)
+        assert [j["id"] for j in jobs] == list(range(1, 10_002)) and jobs[0]["command"] == "sleep 600"
+        assert res.output.startswith('[\n  {\n    "id": 1,\n    "name": "blocker",\n')
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)

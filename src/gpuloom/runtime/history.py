@@ -27,10 +27,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.lifecycle import SHORT_STATE, JobState
-from .store import JobRow, Store
+
+if TYPE_CHECKING:  # (the CLI's job commands use the formatting here without loading the database layer)
+    from .store import JobRow, Store
 
 HISTORY_PAGE = 1000  # records per /history page unless asked (as /jobs)
 MAX_HISTORY_PAGE = 10_000  # and at most

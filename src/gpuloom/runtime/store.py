@@ -552,10 +552,16 @@ class Store:
             rows = c.execute(q).all()
         return [_decode(r) for r in rows]
 
-    def count_jobs(self, states: Iterable[str] | None = None) -> int:
+    def count_jobs(self, states: Iterable[str] | None = None, user: str | None = None,
+                   since: float | None = None) -> int:
+        """How many jobs :meth:`list_jobs` would list with these filters and no page."""
         q = select(func.count()).select_from(jobs_t)
         if states is not None:
             q = q.where(jobs_t.c.state.in_(list(states)))
+        if user is not None:
+            q = q.where(jobs_t.c.user == user)
+        if since is not None:
+            q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
         with self.lock, self.engine.connect() as c:
             return int(c.execute(q).scalar() or 0)
 
