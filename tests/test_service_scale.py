@@ -208,6 +208,18 @@ def test_a_table_on_a_terminal_is_rich_when_small_and_plain_when_long(monkeypatc
     assert lines[1] == " 0    waiting for a node with eight free GPUs "  # whole, not cut to the terminal
 
 
+def test_json_is_indented_as_before_and_escapes_what_a_terminal_would_obey(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuloom.cli.common import print_json
+
+    job = {"id": 7, "name": "a\x1b[2Jb\x9bc\x7fé", "held_s": 1.5e-07, "nodes": [], "alloc": None}
+    print_json([job])
+    out = capsys.readouterr().out
+    assert out == ('[\n  {\n    "id": 7,\n    "name": "a\\u001b[2Jb\\u009bc\\u007fé",\n    "held_s": 1.5e-7,\n'
+                   '    "nodes": [],\n    "alloc": null\n  }\n]\n')
+    assert json.loads(out) == [job]
+
+
 def test_queue_lists_ten_thousand_jobs_as_plain_lines(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -189,10 +189,10 @@ def _pages(client: Client, path: str, params: dict[str, Any]) -> Iterator[list[d
     """The pages of a paged listing, in order.  Each is asked for as soon as the one before names it
     (``X-Next-After``), by a thread of its own: the server builds the next page while this process
     decodes and lays out the last.  An error (the client's exit) is raised here."""
-    import queue
     import threading
+    from queue import Queue
 
-    pages: queue.Queue[Any] = queue.Queue(maxsize=2)
+    pages: Queue[Any] = Queue(maxsize=2)
 
     def fetch() -> None:
         after = None
