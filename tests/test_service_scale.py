@@ -123,6 +123,29 @@ def test_the_store_lock_is_reentrant_and_only_its_holder_releases_it() -> None:
     assert taken == [1]  # released by both exits above
 
 
+def test_the_store_lock_excludes_and_every_thread_gets_it() -> None:
+    lock = StoreLock()
+    inside, most, done = [0], [0], []
+
+    def work(first: bool) -> None:
+        if first:
+            lock.first()
+        for _ in range(300):
+            with lock, lock:  # (reentrant)
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                time.sleep(0)
+                inside[0] -= 1
+        done.append(first)
+
+    threads = [threading.Thread(target=work, args=(k == 0,)) for k in range(9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(done) == [False] * 8 + [True] and most == [1] and lock.waiting() == (0, 0)
+
+
 def test_the_loop_thread_goes_before_api_threads_that_waited_longer(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:

@@ -40,22 +40,32 @@ class StoreLock:
             self._depth += 1
             return
         with self._mutex:
-            if me in self._first_ids:
+            first = me in self._first_ids
+            if first:
                 self._first_waiting += 1
-                try:
-                    while self._owner is not None:
-                        self._firsts.wait()
-                finally:
-                    self._first_waiting -= 1
             else:
                 self._others_waiting += 1
-                try:
-                    while self._owner is not None or self._first_waiting:
-                        self._others.wait()
-                finally:
-                    self._others_waiting -= 1
+            try:
+                while self._owner is not None or (not first and self._first_waiting):
+                    (self._firsts if first else self._others).wait()
+            except BaseException:  # (interrupted after a release woke it: the next waiter is woken instead)
+                self._gone(first)
+                if self._owner is None:
+                    self._wake()
+                raise
+            self._gone(first)
             self._owner = me
             self._depth = 1
+
+    def _gone(self, first: bool) -> None:
+        if first:
+            self._first_waiting -= 1
+        else:
+            self._others_waiting -= 1
+
+    def _wake(self) -> None:
+        """Wake one waiter (the mutex held, the lock free): the first thread if it waits, else another."""
+        (self._firsts if self._first_waiting else self._others).notify()
 
     def release(self) -> None:
         if self._owner != threading.get_ident():
@@ -66,8 +76,7 @@ class StoreLock:
         with self._mutex:
             self._owner = None
             self._depth = 0
-            # one waiter is woken per release: the first thread if it waits, else another
-            (self._firsts if self._first_waiting else self._others).notify()
+            self._wake()  # one waiter per release
 
     def waiting(self) -> tuple[int, int]:
         """(threads marked first, other threads) waiting for the lock now."""
