@@ -231,6 +231,20 @@ def test_a_table_on_a_terminal_is_rich_when_small_and_plain_when_long(monkeypatc
     assert lines[1] == " 0    waiting for a node with eight free GPUs "  # whole, not cut to the terminal
 
 
+def test_a_plain_http_client_loads_no_certificates_and_could_verify_none() -> None:
+    import ssl
+
+    from gpuloom.runtime.connect import Endpoint, transport
+
+    for ep in (Endpoint("http://127.0.0.1:1", None, frozenset({0}), 8642),
+               Endpoint("unix:///run/x.sock", "/run/x.sock", frozenset({0}), 8642)):
+        t, _ = transport(ep)
+        ctx = t._pool._ssl_context
+        # (never used for plain HTTP; were it ever, no certificate would pass)
+        assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+        assert ctx.cert_store_stats() == {"x509": 0, "crl": 0, "x509_ca": 0}
+
+
 def test_json_is_indented_as_before_and_escapes_what_a_terminal_would_obey(
         capsys: pytest.CaptureFixture[str]) -> None:
     from gpuloom.cli.common import print_json
@@ -261,6 +275,9 @@ def test_queue_lists_ten_thousand_jobs_as_plain_lines(tmp_path: Path) -> None:
             r = c.get("/jobs", params={"state": "waiting_for_initial_resource", "limit": 2, "fields": "id,st,array"})
             assert r.json() == [{"id": 2, "st": "PD", "array": "2_0"}, {"id": 3, "st": "PD", "array": "2_1"}]
             assert (r.headers["X-Next-After"], r.headers["X-Total-Count"]) == ("3", "10000")
+            bob = c.post("/tokens", json={"user": "bob"}).json()["token"]  # another user sees no command
+            r = c.get("/jobs", params={"limit": 1, "fields": "id,user,command"}, headers={"Authorization": f"Bearer {bob}"})
+            assert r.json() == [{"id": 1, "user": "admin", "command": None}]
             for bad in ("id,secret", "id,,st", "<b>"):
                 r = c.get("/jobs", params={"fields": bad})
                 assert r.status_code == 422 and "of the list is no field of a job" in r.text
