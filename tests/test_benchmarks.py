@@ -142,3 +142,16 @@ def test_bench_deps_holds_the_dependent_array_and_judges_the_extra_time(monkeypa
                                                    ("1000-on-10000", "before", "-"), ("1000-on-10000", "after", "-")]
     with pytest.raises(SystemExit):
         mod.main(["--cases", "1000-on-5"])
+
+
+def test_bench_scale_reads_the_slowest_round_from_the_histogram(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    mod = load("bench_scale")
+    before = {0.01: 3, 0.05: 5, 0.1: 5, float("inf"): 5}
+    assert mod._slowest(before, {0.01: 9, 0.05: 12, 0.1: 13, float("inf"): 13}) == 0.1  # one more in (0.05, 0.1]
+    assert mod._slowest(before, {0.01: 4, 0.05: 6, 0.1: 6, float("inf"): 6}) == 0.01  # no round slower than 10 ms
+    assert mod._slowest(before, {0.01: 4, 0.05: 6, 0.1: 6, float("inf"): 7}) == float("inf")
+    monkeypatch.setattr(sys, "argv", ["bench_scale.py", "--db", "sqlite,mysql"])
+    with pytest.raises(SystemExit):
+        mod.main()
+    assert "--db: sqlite or postgres, got 'mysql'" in capsys.readouterr().err

@@ -1,8 +1,9 @@
 """The dashboard in a real headless browser (playwright driving the system's Chromium).
 
-Login; the job list updates after a submit; a job page shows progress; the
-cancel button works for the owner and is refused to others; /docs renders
-with an Authorize button; nothing is fetched from outside the service.
+Login; the job list updates after a submit; the queue pages (a count of all,
+Next and Previous); a job page shows progress; the cancel button works for the
+owner and is refused to others; /docs renders with an Authorize button;
+nothing is fetched from outside the service.
 
 Screenshots go to the test's temporary directory, or to ``$GPULOOM_SCREENSHOTS``
 (``GPULOOM_SCREENSHOTS=docs/img`` refreshes the ones in the docs).  Where
@@ -82,6 +83,19 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
                 wait_for(lambda: len(admin.get("/stats/series").json()) >= 3, what="three samples")
                 page.wait_for_timeout(700)
                 _shot(page, shots / "dashboard-overview.png")
+                # the queue a page at a time (here two jobs a page): how many in all, Next and Previous
+                page.goto(s.url + "/?refresh=500&page=2")
+                page.wait_for_selector("#queue-title:has-text('Queue (3 active jobs)')")
+                assert page.inner_text("#queue-range") == "jobs 1–2 of 3, by id" and page.is_disabled("#queue-prev")
+                assert [r.get_attribute("data-job") for r in page.query_selector_all("#queue tbody tr")] == ["1", "2"]
+                page.click("#queue-next")
+                page.wait_for_selector("#queue-range:has-text('jobs 3–3 of 3')")
+                assert [r.get_attribute("data-job") for r in page.query_selector_all("#queue tbody tr")] == [str(j3)]
+                assert page.is_disabled("#queue-next")
+                page.wait_for_timeout(1200)  # refreshes keep the page shown
+                assert page.inner_text("#queue-range") == "jobs 3–3 of 3, by id"
+                page.click("#queue-prev")
+                page.wait_for_selector("#queue-range:has-text('jobs 1–2 of 3')")
                 # a job page shows progress
                 page.goto(s.url + f"/?refresh=500#/job/{j1}")
                 page.wait_for_selector("#spec")

@@ -429,6 +429,7 @@ def test_7_listing_is_paginated_filtered_and_finished_jobs_expire(tmp_path: Path
 
 # -- 8. names rendered as markup --------------------------------------------------------------------------
 def test_8_names_are_shown_as_they_are_in_every_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
     from typer.testing import CliRunner
 
     from gpuloom.cli import app
@@ -442,7 +443,9 @@ def test_8_names_are_shown_as_they_are_in_every_table(monkeypatch: pytest.Monkey
             "mem_mb_used": 0, "gpu_type": "\x1b]0;title\x07", "jobs": []}
     answers = {"/jobs": [job], "/nodes": [node], "/jobs/1": job,
                "/jobs/1/events": [{"time": None, "kind": "[/]", "detail": {"why": "\x1b[2J"}}], "/history": []}
-    monkeypatch.setattr(Client, "call", lambda self, m, p, **kw: answers[p])
+    # (listings are read as raw pages: the queue's pages come as responses)
+    monkeypatch.setattr(Client, "call", lambda self, m, p, raw=False, **kw:
+                        httpx.Response(200, json=answers[p]) if raw else answers[p])
     runner = CliRunner()
     for cmd in (["queue"], ["nodes"], ["show", "1"]):
         r = runner.invoke(app, [*cmd, "--url", "http://127.0.0.1:1", "--token", "t"])

@@ -86,10 +86,12 @@ class Round:
     what changed need not size every job it kept unless a check or a reason asks.  ``full``: phase
     1's count of the ordered queue reached the cluster's GPUs before its end, so a job appended to
     the queue is never selected, only backfilled (what :attr:`~gpuloom.policies.base.View.appended`
-    rests on).
+    rests on).  ``reasons_of``: the jobs ``reasons`` covers when not every active job (a round that
+    only looked at the jobs appended since the last, and placed none of them: the others wait for
+    the reasons they had); None: every active job.
     """
 
-    __slots__ = ("plan", "_requests", "_lazy", "reasons", "full")
+    __slots__ = ("plan", "_requests", "_lazy", "reasons", "full", "reasons_of")
 
     def __init__(self, plan: Plan, requests: list[pb.Request] | None = None, reasons: dict[str, str] | None = None,
                  lazy: Callable[[], list[pb.Request]] | None = None, full: bool = False) -> None:
@@ -98,6 +100,7 @@ class Round:
         self._lazy = lazy
         self.reasons: dict[str, str] = reasons if reasons is not None else {}
         self.full = full
+        self.reasons_of: Sequence[Job] | None = None
 
     @property
     def requests(self) -> list[pb.Request]:
@@ -241,10 +244,10 @@ class Scheduler:
             ordered = self.order.order(view.jobs, view)
             rnd = self._queued(ordered, view)
         else:
-            if view.appended is not None and not reasons:
+            if view.appended is not None:
                 fast = self._appended_round(view)
                 if fast is not None:
-                    return fast
+                    return self._appended_reasons(fast, view) if reasons else fast
             rnd_fit = self._all_fit(view)
             if rnd_fit is not None:
                 rnd, every_asked = rnd_fit, True
@@ -330,6 +333,20 @@ class Scheduler:
         size = self.size
         plan, requests = appended_plan(view.appended or (), lambda j: size.request(j, view), place, view)
         return Round(plan, requests, full=True)
+
+    def _appended_reasons(self, rnd: Round, view: pb.View) -> Round:
+        """The reasons of an appended round (:meth:`_appended_round`).  When it placed none of the jobs
+        appended, the GPUs it leaves free are those the last round left, so every other waiting job
+        waits for the reason it had: only the appended jobs get theirs (``Round.reasons_of``), and a
+        round of a long queue in which nothing changed costs O(its new jobs), not O(its jobs).  The
+        last round was a prefix round (it filled the cluster): every job past the requests counts as
+        asked, as there."""
+        appended = view.appended or ()
+        if len(rnd.plan.allocations) == len(view.current):
+            rnd.reasons = self.reasons(rnd, view, appended, every_asked=True)
+            rnd.reasons_of = appended
+            return rnd
+        return self._with_reasons(rnd, view, None, True, every_asked=True)
 
     def _hooked(self, rnd: Round, view: pb.View) -> Round:
         if self.hooks:

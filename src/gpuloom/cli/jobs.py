@@ -19,20 +19,29 @@ import json
 import os
 import shlex
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from ..core.lifecycle import TERMINAL, JobState
 from ..runtime.history import format_duration, format_mem, parse_time
 from . import app
-from .common import SafeTable as Table
-from .common import console, err_console, plain
+from .common import PlainTable as Table
+from .common import console, err_console, plain, print_json, print_table
 from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt, load_job_file
 
 ACTIVE_CODES = ("PD", "R", "CG")
+#: the states of jobs not ended (the service's ACTIVE_STATES), from the lifecycle: listing jobs does not
+#: load the service (its database layer and scheduler: ~0.4 s of a command's start)
+ACTIVE = tuple(s.value for s in JobState if s not in TERMINAL)
+#: the fields of a job the queue's table shows (``GET /jobs?fields=``)
+QUEUE_FIELDS = ("id", "array", "name", "user", "queue", "st", "state", "time_limit", "held_s", "gpus", "progress",
+                "nodes", "pending_reason", "reason")
 HISTORY_PAGE = 1000  # records per /history request
+LIST_PAGE = 2000  # jobs per /jobs request
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -52,18 +61,8 @@ def _reason(j: dict[str, Any]) -> str:
     return f"({j['reason']})" if j.get("reason") else ""
 
 
-def _print_json(obj: Any) -> None:
-    console.print_json(json.dumps(obj))
-
-
-def _print_table(t: Table) -> None:
-    """A table on a terminal fits its width; into a pipe or file it is printed whole (like squeue/sacct)."""
-    if console.is_terminal:
-        console.print(t)
-    else:
-        from rich.console import Console
-
-        Console(width=4000, highlight=False, soft_wrap=False).print(t)
+_print_json = print_json
+_print_table = print_table  # a terminal's width for a few rows; plain lines for many, or into a pipe or file
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,37 +150,70 @@ def queue(
     as_json: JsonOpt = False,
 ) -> None:
     """List jobs (like squeue): ST is PD (pending), R (running), CG (stopping), CD, F, CA; pending jobs show why."""
-    from ..runtime.ops_api import states_of
-    from ..runtime.service import ACTIVE_STATES
-
     params: dict[str, Any] = {}
     if state:
+        from ..runtime.ops_api import states_of
+
         try:
             params["state"] = states_of(state)
         except Exception as e:  # HTTPException from states_of
             raise typer.BadParameter(getattr(e, "detail", str(e))) from None
     elif not all_jobs:
-        params["state"] = list(ACTIVE_STATES)
+        params["state"] = list(ACTIVE)
     if user:
         params["user"] = user
-    client = Client(url, token, state_dir)
-    jobs = client.call("GET", "/jobs", params=params)
-    while client.last is not None and client.last.headers.get("X-Next-After"):  # the next page
-        jobs += client.call("GET", "/jobs", params={**params, "after": client.last.headers["X-Next-After"]})
-    if as_json:
-        _print_json(jobs)
-        return
     cols = ["JOBID", "ARRAY", "NAME", "USER", "QUEUE", "ST"] + (["STATE", "TIME_LIMIT"] if long else []) + \
         ["TIME", "GPUS", "ITER", "NODELIST(REASON)"]
-    t = Table(*cols, box=None)
-    for j in jobs:
-        it = j.get("progress")
-        row = [str(j["id"]), j.get("array") or "", j["name"], j["user"], j.get("queue") or "-", j["st"]]
-        if long:
-            row += [j["state"].upper(), format_duration(j.get("time_limit"))]
-        row += [format_duration(j.get("held_s")), str(j["gpus"]), "-" if it is None else str(int(it)), _reason(j)]
-        t.add_row(*row)
-    _print_table(t)
+    t = Table(*cols)
+    jobs: list[dict[str, Any]] = []
+    if not as_json:  # only what the table shows (a third of the bytes)
+        params["fields"] = ",".join(QUEUE_FIELDS)
+    for page in _pages(Client(url, token, state_dir), "/jobs", params):
+        if as_json:
+            jobs += page
+            continue
+        for j in page:  # each page becomes rows as it comes (its dicts are not kept)
+            it = j.get("progress")
+            row = [str(j["id"]), j.get("array") or "", j["name"], j["user"], j.get("queue") or "-", j["st"]]
+            if long:
+                row += [j["state"].upper(), format_duration(j.get("time_limit"))]
+            row += [format_duration(j.get("held_s")), str(j["gpus"]), "-" if it is None else str(int(it)), _reason(j)]
+            t.add_row(*row)
+    if as_json:
+        _print_json(jobs)
+    else:
+        _print_table(t)
+
+
+def _pages(client: Client, path: str, params: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:
+    """The pages of a paged listing, in order.  Each is asked for as soon as the one before names it
+    (``X-Next-After``), by a thread of its own: the server builds the next page while this process
+    decodes and lays out the last.  An error (the client's exit) is raised here."""
+    import threading
+    from queue import Queue
+
+    pages: Queue[Any] = Queue(maxsize=2)
+
+    def fetch() -> None:
+        after = None
+        try:
+            while True:
+                r = client.call("GET", path, raw=True,
+                                params={**params, "limit": LIST_PAGE, **({"after": after} if after else {})})
+                pages.put(r)
+                after = r.headers.get("X-Next-After")
+                if not after:
+                    break
+        except BaseException as e:  # (typer.Exit after the client's message)
+            pages.put(e)
+            return
+        pages.put(None)
+
+    threading.Thread(target=fetch, name="gpuloom-pages", daemon=True).start()
+    while (page := pages.get()) is not None:
+        if isinstance(page, BaseException):
+            raise page
+        yield page.json()
 
 
 @app.command()
@@ -225,14 +257,14 @@ def show(
         typer.echo(plain(("" if i == 0 else "   ") + " ".join(f"{k}={v}" for k, v in kv)))
     if rec and rec.get("allocations"):
         typer.echo("Allocations:")
-        t = Table("FROM", "TO", "NODES", "GPUS", "CPUS", "MEMORY", "TAKEN BY", "GIVEN UP BY", box=None)
+        t = Table("FROM", "TO", "NODES", "GPUS", "CPUS", "MEMORY", "TAKEN BY", "GIVEN UP BY")
         for a in rec["allocations"]:
             t.add_row(_local(a["start"]), _local(a["end"]) if a["end"] else "(holding)", ",".join(a["nodes"]),
                       " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items()), str(a["cpus"]),
                       format_mem(a["mem_mb"]), a["opened_by"] or "", a["closed_by"] or "")
         _print_table(t)
     typer.echo("Events:")
-    t = Table("TIME", "EVENT", "DETAIL", box=None)
+    t = Table("TIME", "EVENT", "DETAIL")
     for e in events:
         d = e.get("detail") or {}
         d = {k: v for k, v in d.items() if k != "alloc"}
@@ -286,7 +318,7 @@ def history(
         _print_json(recs)
         return
     t = Table("JOBID", "NAME", "USER", "QUEUE", "STATE", "SUBMIT", "START", "END", "ELAPSED", "GPUS", "GPU-HOURS",
-              "EXITCODE", box=None)
+              "EXITCODE")
     for r in recs:
         t.add_row(r["array"] or str(r["id"]), r["name"], r["user"], r["queue"] or "-", r["state"].upper(),
                   _local(r["submit"]), _local(r["start"]), _local(r["end"]), format_duration(r["elapsed_s"]),

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import lt
@@ -199,6 +199,9 @@ class Driver:
         self._admitted: list[Job] = []
         self._lent: weakref.ref[ActiveJobs] | None = None  # the jobs of the last view (see view)
         self._deleted = [0, 0]  # entries deleted from jobs and from current since each was compacted
+        #: the jobs whose pending reason (``job.reason``) the last round set: every active job, or only
+        #: those admitted since a round whose reasons still hold (``Round.reasons_of``)
+        self.reasoned: Collection[Job] = ()
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
 
     # -- jobs -------------------------------------------------------------------------------
@@ -348,8 +351,11 @@ class Driver:
                 self.scheduler.check_changes(rnd, view, actions, self.holders, self.jobs)
         if self.reasons:
             reasons = rnd.reasons
-            for jid, job in self.jobs.items():
-                job.reason = reasons.get(jid)
+            # (a round that gave the reasons of its new jobs only: the others' are as they were)
+            of = self.jobs.values() if rnd.reasons_of is None else rnd.reasons_of
+            for job in of:
+                job.reason = reasons.get(job.id)
+            self.reasoned = of
         return rnd, actions
 
     def check_state(self) -> None:

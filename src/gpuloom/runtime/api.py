@@ -8,7 +8,8 @@ Endpoints (JSON; every one but ``/health`` and ``/ready`` needs ``Authorization:
                            :mod:`.health`)
 ``POST /jobs``             submit a job spec; 201 with the stored job
 ``GET  /jobs``             jobs (``?state=standby&state=running``, ``?user=``, ``?since=``,
-                           pages: ``?limit=&after=``); others' without command and paths
+                           pages: ``?limit=&after=``, ``?fields=id,st``); others' without command
+                           and paths
 ``GET  /jobs/{id}``        one job, with its allocation and processes
 ``DELETE /jobs/{id}``      cancel: the owner or an admin
 ``GET  /jobs/{id}/logs``   the job's stdout+stderr (``?tail=BYTES``): owner or admin
@@ -318,6 +319,27 @@ def job_json(row: JobRow, live_progress: int | None = None, now: float | None = 
     }
 
 
+#: the fields of a job's JSON (:func:`job_json`), which ``GET /jobs?fields=`` may name
+JOB_FIELDS = ("id", "name", "user", "state", "st", "pending_reason", "queue", "array", "array_id", "array_task",
+              "dependency", "gpus", "cpus", "mem_mb", "command", "model", "time_limit", "submit_time", "first_start",
+              "last_start", "end_time", "nodes", "alloc", "procs", "attempts", "resume_count", "preemptions",
+              "held_time", "held_s", "checkpoint_dir", "workdir", "progress", "exit_code", "reason",
+              "cancel_requested")
+
+
+def job_fields(text: str | None) -> list[str] | None:
+    """``"id,name,st"`` -> those field names (None: all); a 422 saying which one is unknown (by position:
+    an error never echoes its input)."""
+    if text is None:
+        return None
+    keys = [k.strip() for k in text.split(",")]
+    bad = [i for i, k in enumerate(keys) if k not in JOB_FIELDS]
+    if bad:
+        raise HTTPException(422, [{"loc": ["query", "fields"], "msg": f"name {bad[0] + 1} of the list is no field of a "
+                                   f"job; a job's fields are {', '.join(JOB_FIELDS)}", "type": "bad_fields"}])
+    return list(dict.fromkeys(keys))
+
+
 def ensure_admin_token(store: Store, state_dir: str | Path) -> str:
     """The admin token from ``STATE_DIR/admin.token`` (mode 0600), created on first start."""
     path = Path(state_dir) / TOKEN_FILE
@@ -458,15 +480,20 @@ def create_app(service: Service) -> FastAPI:
         since: Annotated[float | None, Query(ge=0, le=1e11, allow_inf_nan=False)] = None,
         after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
+        fields: Annotated[str | None, Query(max_length=1000)] = None,
     ) -> list[dict[str, Any]]:
         """Jobs by id, filtered by state, user and time (``since``, Unix seconds: jobs not ended before it,
         like sacct's start time); a page of at most ``limit`` after id ``after``.  A full page names the
-        next one in ``X-Next-After``."""
+        next one in ``X-Next-After``; ``X-Total-Count`` says how many jobs the filters match, on every page.
+        ``fields=id,name,st``: only those fields of each job."""
+        keys = job_fields(fields)
         states = [s.value for s in state] if state else None
         rows = store.list_jobs(states, user=user, after_id=after, since=since, limit=limit)
         if len(rows) == limit:
             response.headers["X-Next-After"] = str(rows[-1].id)
-        return [as_json(r, who) for r in rows]
+        response.headers["X-Total-Count"] = str(store.count_jobs(states, user=user, since=since))
+        jobs = [as_json(r, who) for r in rows]
+        return jobs if keys is None else [{k: j[k] for k in keys} for j in jobs]
 
     @app.get("/jobs/{job_id}")
     def get_job(job_id: JobId, who: Auth) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,16 @@ from typing import Any
 import httpcore
 import httpx
 
-from .listen import ROOT_SOCKET_DIR, SERVER_INFO
-from .peers import UnsafeDirectory, account, account_name, check_dir_chain, tcp_peer_uid, unix_peer_uid
+from .peers import (
+    ROOT_SOCKET_DIR,
+    SERVER_INFO,
+    UnsafeDirectory,
+    account,
+    account_name,
+    check_dir_chain,
+    tcp_peer_uid,
+    unix_peer_uid,
+)
 
 DEFAULT_PORT = 8642
 #: the base URL requests over a Unix socket carry (the Host header; the socket decides where they go)
@@ -169,10 +178,13 @@ class PeerCheck(httpcore.SyncBackend):
 
 
 def transport(endpoint: Endpoint, verify: Any = True) -> tuple[httpx.BaseTransport | None, PeerCheck | None]:
-    """The transport for ``endpoint`` (None: httpx's default, for HTTPS) and its peer check."""
+    """The transport for ``endpoint`` (None: httpx's default, for HTTPS, which the client gives ``verify``)
+    and its peer check."""
     if endpoint.socket is None and not endpoint.url.startswith("http://"):
         return None, None
-    t = httpx.HTTPTransport(verify=verify, uds=endpoint.socket)
+    # plain HTTP (over TCP or the socket): a TLS context that trusts no certificate, so that nothing here
+    # could ever speak TLS unverified, and no certificate store is loaded for nothing (~0.1 s a command)
+    t = httpx.HTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), uds=endpoint.socket)
     check = PeerCheck(endpoint, check_tcp=endpoint.socket is None)
     # httpx takes no network backend: its pool (httpcore's) does, and makes each connection with it
     t._pool._network_backend = check

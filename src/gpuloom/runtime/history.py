@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.lifecycle import SHORT_STATE, JobState
 
-if TYPE_CHECKING:  # (the CLI's formatting helpers come from here: importing the store costs every command 0.2 s)
+if TYPE_CHECKING:  # (the CLI's job commands use the formatting here without loading the database layer)
     from .store import JobRow, Store
 
 HISTORY_PAGE = 1000  # records per /history page unless asked (as /jobs)

@@ -54,13 +54,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .peers import port_holder
+from .peers import ROOT_SOCKET_DIR, SERVER_INFO, port_holder
 
 log = logging.getLogger("gpuloom.service")
 
-#: where a root server's socket goes (one per port)
-ROOT_SOCKET_DIR = Path("/run/gpuloom")
-SERVER_INFO = "server.json"
 #: descriptors kept for everything but connections: database, logs, job launches, pipes
 RESERVED_FDS = 512
 #: the most connections by default, however high the descriptor limit (each costs memory too)

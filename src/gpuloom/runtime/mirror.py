@@ -45,6 +45,7 @@ class Mirror:
         self.default_duration = default_duration
         self.protect_factor = protect_factor
         self.rows: dict[str, JobRow] = {}
+        self._unsaved_reasons: dict[int, str | None] = {}  # pending reasons the store refused, for the next call
         #: job id -> arrival (service time) of the jobs loaded, kept until they end: a job loaded again
         #: (a rebuild, a parked job admitted) keeps its place whatever the wall clock did since
         self.arrivals: dict[str, float] = {}
@@ -117,20 +118,25 @@ class Mirror:
         takes it, in order (:mod:`.outbox`).  Never raises for the store's state."""
         self.outbox.put(jid, fields, event, detail, expect_state)
 
-    def record_reasons(self, jobs: Mapping[str, Job]) -> None:
-        """Store why each queued job waits, as the last round said (``job.reason``; only the changes).
-        A store that refuses them leaves them to a later round."""
-        changed: dict[int, str | None] = {}
-        for jid, job in jobs.items():
-            row = self.rows.get(jid)
+    def record_reasons(self, jobs: Iterable[Job]) -> None:
+        """Store why these jobs wait, as the last round said (``job.reason``; only the changes): the jobs
+        whose reasons the round set (``Driver.reasoned``).  Reasons a store refused are kept and stored
+        with the next call (a quiet round sets no reasons of its own)."""
+        changed = {k: why for k, why in self._unsaved_reasons.items() if str(k) in self.rows}
+        for job in jobs:
+            row = self.rows.get(job.id)
             if row is not None and row.pending_reason != job.reason:
-                changed[int(jid)] = job.reason
+                changed[int(job.id)] = job.reason
+        if not changed:
+            return
         try:
             self.store.set_pending_reasons(changed)
         except Exception as e:
             if not unavailable(e):
                 raise
+            self._unsaved_reasons = changed
             return
+        self._unsaved_reasons = {}
         for k, why in changed.items():
             self.rows[str(k)].pending_reason = why
 

@@ -32,6 +32,12 @@ from pathlib import Path
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+# where clients look for a server, defined here (not in .listen, which loads the server's HTTP stack)
+# so that a client command starts without it
+#: where a root server's socket goes (one per port)
+ROOT_SOCKET_DIR = Path("/run/gpuloom")
+SERVER_INFO = "server.json"  # in the state directory: the server's URL, socket, pid and account
+
 LISTEN = "0A"
 TIME_WAIT = "06"
 

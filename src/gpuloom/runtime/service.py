@@ -211,6 +211,7 @@ class Service:
                        float(launch_timeout_s), seed)
         self.assemble(cluster, model)
         self.last_id = 0
+        self._contact: list[Job] = []  # admitted in WAITING_FOR_INITIAL_CONTACT since the last _load_new
         self.lock = threading.RLock()  # in-memory state: loop vs API readers
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -436,6 +437,7 @@ class Service:
         self.telemetry.close()
 
     def _loop(self) -> None:
+        self.store.lock.first()  # a stream of submissions cannot keep rounds waiting for the store
         tick = min(self.round_s, 0.1)
         gap = min(self.round_s, MIN_EVENT_GAP_S)
         next_round = 0.0
@@ -487,8 +489,10 @@ class Service:
         """Mirror a stored job and hand it to the driver, its lifecycle in ``state`` (``arrival``: see
         :meth:`.Mirror.load`)."""
         profile = self.profiler.stored_profile(row.spec) if self.profiler is not None else None
-        job = self.mirror.load(row, state, profile, arrival)
-        return self.driver.admit(job, self.now())
+        job = self.driver.admit(self.mirror.load(row, state, profile, arrival), self.now())
+        if state is S.WAITING_FOR_INITIAL_CONTACT:
+            self._contact.append(job)
+        return job
 
     def fits_or_fail(self, row: JobRow) -> bool:
         """False (and the job FAILED) if it can never run on the cluster, e.g. after the cluster shrank.
@@ -577,8 +581,9 @@ class Service:
 
     def act(self) -> list[Action]:
         now = self.now()
-        for j in self.driver.jobs.values():
-            j.advance(now)
+        jobs = self.driver.jobs
+        for jid in self.driver.current:  # (a waiting job's work does not change: advanced when it starts)
+            jobs[jid].advance(now)
         try:
             _, actions = self.driver.plan(now)
         except Exception:
@@ -589,7 +594,7 @@ class Service:
                 log.warning("job %s cannot be scheduled, failed: %s", job.id, why)
                 self.fail(job.id, f"cannot be scheduled: {why}")
             _, actions = self.driver.plan(now)
-        self.mirror.record_reasons(self.driver.jobs)
+        self.mirror.record_reasons(self.driver.reasoned)
         self.actuator.profiled = self.actuator.refused = False
         self.actuator.prepare_stops(self.driver, actions, now)  # a store that refuses it: nothing is applied
         failed = self.driver.apply(actions, now)
@@ -699,8 +704,11 @@ class Service:
         for row in self.gate.ready():  # those whose dependencies and array limits let them run
             if self.fits_or_fail(row):
                 self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT, fresh.get(row.id))
-        new = [jid for jid, j in self.driver.jobs.items()
-               if j.lifecycle is not None and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
+        # those admitted since the last call, not every active job (a round costs O(new jobs) here)
+        jobs = self.driver.jobs
+        new = [j.id for j in self._contact if jobs.get(j.id) is j and j.lifecycle is not None
+               and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
+        self._contact = []
         if new:
             self.store.set_states([int(j) for j in new], S.WAITING_FOR_INITIAL_RESOURCE.value,
                                   [S.WAITING_FOR_INITIAL_CONTACT.value], now=self.clock.time())

@@ -42,7 +42,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,9 +68,10 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine, RowMapping
+from sqlalchemy.engine import Engine
 
 from ..core.lifecycle import JobState
+from .storelock import StoreLock
 
 log = logging.getLogger("gpuloom.store")
 metadata = MetaData()
@@ -229,12 +229,20 @@ class JobRow:
         return d
 
 
-def _decode(row: RowMapping) -> JobRow:
-    d = dict(row)
-    for k in _JSON_COLS:
-        if d.get(k) is not None:
-            d[k] = json.loads(d[k])
-    return JobRow(**d)
+#: the columns of a :class:`JobRow`, selected in its fields' order: :func:`_decode` builds it by position
+#: (a page of 1,000 rows in ~3 ms; by column name, through SQLAlchemy's row mappings, ~50 ms)
+_ROW_FIELDS = tuple(f for f in JobRow.__dataclass_fields__ if f != "extra")
+_ROW_COLS = tuple(jobs_t.c[f] for f in _ROW_FIELDS)
+_JSON_AT = tuple(_ROW_FIELDS.index(k) for k in _JSON_COLS)
+
+
+def _decode(row: Sequence[Any]) -> JobRow:
+    """A row of ``select(*_ROW_COLS)`` as a :class:`JobRow`, its JSON columns decoded."""
+    v = list(row)
+    for i in _JSON_AT:
+        if v[i] is not None:
+            v[i] = json.loads(v[i])
+    return JobRow(*v)
 
 
 def _encode(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -334,7 +342,7 @@ class Store:
     def __init__(self, url: str, synchronous: str = "FULL") -> None:
         """``synchronous`` is the level of durable writes (FULL or NORMAL); other writes use NORMAL."""
         self.url = url
-        self.lock = threading.RLock()
+        self.lock = StoreLock()  # reentrant; the scheduling loop's statements go first (:mod:`.storelock`)
         #: ``fn(job_id, kind, detail, fields)`` called after each job event commits (see the module notes)
         self.listeners: list[Callable[[int | None, str, Mapping[str, Any], Mapping[str, Any]], None]] = []
         self.is_sqlite = url.startswith("sqlite")
@@ -551,7 +559,7 @@ class Store:
 
     def get_job(self, job_id: int) -> JobRow | None:
         with self.lock, self.engine.connect() as c:
-            row = c.execute(select(jobs_t).where(jobs_t.c.id == job_id)).mappings().first()
+            row = c.execute(select(*_ROW_COLS).where(jobs_t.c.id == job_id)).first()
         return None if row is None else _decode(row)
 
     def list_jobs(
@@ -560,7 +568,7 @@ class Store:
     ) -> list[JobRow]:
         """Jobs by id; ``since``/``until`` (wall seconds): only those not ended before ``since`` and
         submitted by ``until``; at most ``limit`` of them, after id ``after_id``."""
-        q = select(jobs_t)
+        q = select(*_ROW_COLS)
         if since is not None:
             q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
         if until is not None:
@@ -575,13 +583,19 @@ class Store:
         if limit is not None:
             q = q.limit(limit)
         with self.lock, self.engine.connect() as c:
-            rows = c.execute(q).mappings().all()
+            rows = c.execute(q).all()
         return [_decode(r) for r in rows]
 
-    def count_jobs(self, states: Iterable[str] | None = None) -> int:
+    def count_jobs(self, states: Iterable[str] | None = None, user: str | None = None,
+                   since: float | None = None) -> int:
+        """How many jobs :meth:`list_jobs` would list with these filters and no page."""
         q = select(func.count()).select_from(jobs_t)
         if states is not None:
             q = q.where(jobs_t.c.state.in_(list(states)))
+        if user is not None:
+            q = q.where(jobs_t.c.user == user)
+        if since is not None:
+            q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
         with self.lock, self.engine.connect() as c:
             return int(c.execute(q).scalar() or 0)
 
@@ -697,9 +711,9 @@ class Store:
 
     def array_tasks(self, array_id: int) -> list[JobRow]:
         """The tasks of job array ``array_id``, by task index."""
-        q = select(jobs_t).where(jobs_t.c.array_id == array_id).order_by(jobs_t.c.array_task)
+        q = select(*_ROW_COLS).where(jobs_t.c.array_id == array_id).order_by(jobs_t.c.array_task)
         with self.lock, self.engine.connect() as c:
-            return [_decode(r) for r in c.execute(q).mappings().all()]
+            return [_decode(r) for r in c.execute(q).all()]
 
     def count_array(self, array_id: int, states: Iterable[str]) -> int:
         """How many tasks of job array ``array_id`` are in ``states``."""
@@ -791,8 +805,8 @@ class Store:
         if not ids:
             return {}
         with self.lock, self.engine.connect() as c:
-            rows = c.execute(select(jobs_t).where(jobs_t.c.id.in_(ids))).mappings().all()
-        return {int(r["id"]): _decode(r) for r in rows}
+            rows = c.execute(select(*_ROW_COLS).where(jobs_t.c.id.in_(ids))).all()
+        return {j.id: j for j in map(_decode, rows)}
 
     def set_states(self, job_ids: Iterable[int], state: str, expect_state: Iterable[str],
                    now: float | None = None) -> int:

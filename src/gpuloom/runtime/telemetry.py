@@ -194,7 +194,8 @@ class Telemetry:
             "gpus": float(self.svc.cluster.num_gpus),
             "allocated": float(sum(len(v) for v in snap["allocated"].values())),
             "busy": float(sum(len(v) for v in snap["busy"].values())),
-            "pending": float(sum(1 for j in jobs if j not in holding) + len(self.svc.gate)),
+            # (counted over the holding jobs: a round's sample costs O(running jobs), not O(queue))
+            "pending": float(len(jobs) - sum(1 for j in holding if j in jobs) + len(self.svc.gate)),
             "running": float(len(holding)),
         }
 

@@ -14,4 +14,9 @@ Views: the overview (cluster map of nodes x GPUs with the jobs holding each,
 utilisation and queue-length charts, the queue with states, reasons and
 queues), a job page (spec, lifecycle timeline, progress chart from the job's
 ``GPULOOM_PROGRESS`` lines, log tail, cancel) and the history (accounting).
+
+The queue shows how many jobs are active and one page of them at a time, by
+id (500; ``?page=N`` in the address for another size), with Previous and Next:
+a page is one ``GET /jobs`` (``limit``, ``after``, ``fields``; the count from
+``X-Total-Count``), so a queue of any length costs the browser one page.
 """

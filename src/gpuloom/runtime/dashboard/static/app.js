@@ -9,6 +9,11 @@ const ENDED = ["finished", "failed", "cancelled"];
 let me = null;
 let timer = null;
 let jobMsg = { id: null, text: "", error: false };  // the answer to the last cancel, kept across refreshes
+// the queue is shown a page at a time (QUEUE_PAGE jobs, by id): starts[i] is the id page i comes after
+// (null: the first); kept across refreshes, and back to the first page when the one shown empties
+const QUEUE_PAGE = Number(new URLSearchParams(location.search).get("page") || 500);
+const QUEUE_FIELDS = "id,array,name,user,queue,st,state,held_s,gpus,progress,nodes,pending_reason,reason";
+let queuePage = { starts: [null], index: 0 };
 
 // -- DOM helpers: every text goes through textContent (no HTML injection) --------------------
 function el(tag, attrs, ...kids) {
@@ -37,7 +42,8 @@ function sv(tag, attrs, text) {
 class HttpError extends Error {
   constructor(status, msg) { super(msg); this.status = status; }
 }
-// {body, next}: the answer, and the id a paged listing's next page comes after (X-Next-After)
+// {body, next, total}: the answer, the id a paged listing's next page comes after (X-Next-After),
+// and how many the listing holds in all (X-Total-Count)
 async function apiCall(path, opts = {}) {
   const token = sessionStorage.getItem(KEY);
   const r = await fetch(path, { ...opts, headers: { ...(opts.headers || {}), Authorization: `Bearer ${token}` } });
@@ -49,7 +55,8 @@ async function apiCall(path, opts = {}) {
     if (Array.isArray(msg)) msg = msg.map(d => d.msg).join("; ");
     throw new HttpError(r.status, `${r.status}: ${msg}`);
   }
-  return { body, next: r.headers.get("X-Next-After") };
+  const total = r.headers.get("X-Total-Count");
+  return { body, next: r.headers.get("X-Next-After"), total: total === null ? null : Number(total) };
 }
 async function api(path, opts = {}) { return (await apiCall(path, opts)).body; }
 // every page of a paged listing (/history), in order
@@ -115,9 +122,35 @@ function lineChart(title, series, opts = {}) {
 const clock = t => new Date(t * 1000).toLocaleTimeString();
 
 // -- views -----------------------------------------------------------------------------------------
+// one page of the active jobs (queuePage), with how many there are in all
+async function queuePageOf() {
+  const base = "/jobs?" + ACTIVE.map(s => `state=${s}`).join("&") + `&limit=${QUEUE_PAGE}&fields=${QUEUE_FIELDS}`;
+  const at = queuePage.starts[queuePage.index];
+  const page = await apiCall(at === null ? base : `${base}&after=${at}`);
+  if (!page.body.length && queuePage.index > 0) {  // the jobs of this page ended: the first page
+    queuePage = { starts: [null], index: 0 };
+    return queuePageOf();
+  }
+  return page;
+}
+
+function pager(page) {
+  const first = queuePage.index * QUEUE_PAGE + (page.body.length ? 1 : 0);
+  const last = queuePage.index * QUEUE_PAGE + page.body.length;
+  const prev = el("button", { id: "queue-prev", disabled: queuePage.index === 0, onclick: () => {
+    queuePage.index -= 1; render(); } }, "‹ Previous");
+  const next = el("button", { id: "queue-next", disabled: !page.next, onclick: () => {
+    queuePage.starts[queuePage.index + 1] = page.next;
+    queuePage.index += 1;
+    render();
+  } }, "Next ›");
+  return el("div", { class: "pager", id: "queue-pager" },
+    el("span", { id: "queue-range" }, `jobs ${first}–${last} of ${page.total ?? last}, by id`), prev, next);
+}
+
 async function overview(main) {
-  const [cluster, jobs, series] = await Promise.all([
-    api("/cluster"), api("/jobs?" + ACTIVE.map(s => `state=${s}`).join("&")), api("/stats/series?since=1h")]);
+  const [cluster, page, series] = await Promise.all([api("/cluster"), queuePageOf(), api("/stats/series?since=1h")]);
+  const jobs = page.body;
   const nodes = el("div", { class: "cards", id: "cluster" }, cluster.nodes.map(n => el("div", { class: "card node", "data-node": n.name },
     el("div", { class: "name" }, n.name, " ", el("span", { class: "meta" }, n.gpu_type)),
     el("div", { class: "gpus" }, n.slots.map(s => {
@@ -149,7 +182,8 @@ async function overview(main) {
       el("span", { style: "background:#e2e8f0" }), "idle"),
     nodes,
     el("div", { class: "charts" }, util, qlen),
-    el("h2", {}, `Queue (${jobs.length})`),
+    el("h2", { id: "queue-title" }, `Queue (${page.total ?? jobs.length} active jobs)`),
+    pager(page),
     el("table", { id: "queue" },
       el("thead", {}, el("tr", {}, ["JOBID", "ARRAY", "NAME", "USER", "QUEUE", "ST", "TIME", "GPUS", "ITER",
         "NODELIST(REASON)"].map(h => el("th", {}, h)))),
