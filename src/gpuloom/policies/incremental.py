@@ -138,6 +138,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from ..core.fit import spec_types
 from ..core.job import Job, Shape
 from ..core.plan import Allocation, Part, Plan
 from .free import FreeState
@@ -192,7 +193,13 @@ def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view:
         try_ = place._try
     if not place.pure_choose or req.jobs[0].alloc is not None:  # (req.prev, without the property call)
         return try_(plan, req, free, view)
-    shape = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
+    shape: tuple = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
+    if req.types is not None or req.jobs[0].spec.attrs:
+        # a request limited to some GPU types is refused for those types only (a typed shape's
+        # last element is never a bare member count, so the tail walk never counts it dead)
+        types = req.types if req.types is not None else tuple(spec_types(j.spec) for j in req.jobs)
+        if any(t is not None for t in types):
+            shape = (req.gpus, req.cpus, req.mem_mb, (len(req.jobs), types))
     if shape in refused:
         return False
     if try_(plan, req, free, view):
