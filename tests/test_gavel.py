@@ -274,3 +274,39 @@ def test_greedy_gives_each_job_in_order_its_fastest_type_with_room() -> None:
 def test_gavel_refuses_gpu_sharing_up_front() -> None:
     with pytest.raises(pb.PolicyError, match="GPU sharing .group=muri. is Gavel's space-sharing variant"):
         Scheduler.from_names("fifo", "muri", "gavel", "packed-sticky")
+
+
+# --------------------------------------------------------------------------- Gavel's workloads
+
+def test_generated_workload_is_gavels_own_job_for_job(data_dir: Path) -> None:
+    from gpuloom.sim.gavel_workload import gavel_workload
+
+    jobs = gavel_workload(5, 2.0, seed=0, throughputs=data_dir / THROUGHPUTS)
+    # the first five lines Gavel's simulator writes (output_trace_file_name) for seed 0 at 2 jobs/h
+    # (lam 1800 s): job type, total steps (written as an integer), scale factor, arrival
+    assert [(j.attrs["job_type"], int(j.attrs["total_steps"]), j.gpus, round(j.arrival, 6)) for j in jobs] == [
+        ("ResNet-18 (batch size 64)", 1646636, 1, 0.0), ("Transformer (batch size 16)", 343170, 1, 489.172146),
+        ("Recommendation (batch size 2048)", 16034, 1, 1903.549655),
+        ("Recommendation (batch size 8192)", 20989, 1, 2735.085391), ("LM (batch size 5)", 748740, 1, 4402.135889)]
+    assert [j.id for j in jobs] == [f"gavel-{i}" for i in range(5)]
+    rate = load_type_speeds(data_dir / THROUGHPUTS).rate("ResNet-18 (batch size 64)", 1)
+    assert rate is not None and jobs[0].duration == pytest.approx(jobs[0].attrs["total_steps"] / rate[0])
+
+
+def test_generated_workload_follows_gavels_distributions(data_dir: Path) -> None:
+    from gpuloom.sim.gavel_workload import DISTRIBUTED, GAVEL_JOB_TYPES, gavel_workload
+
+    n = 20_000
+    multi = gavel_workload(n, 6.0, seed=1, multi_gpu=True, throughputs=data_dir / THROUGHPUTS)
+    share = {g: sum(j.gpus == g for j in multi) / n for g in (1, 2, 4, 8)}
+    # Philly's scale factors: 0.7 / 0.1 / 0.15 / 0.05 (3 standard errors of 20,000 draws: < 0.01)
+    assert share == pytest.approx({1: 0.70, 2: 0.10, 4: 0.15, 8: 0.05}, abs=0.01)
+    assert all(j.attrs["job_type"] in DISTRIBUTED for j in multi if j.gpus > 1)
+    long = sum(j.duration > 60 * 10**3 for j in multi) / n  # 60 * 10**U(3, 4) s with probability 0.2
+    assert long == pytest.approx(0.2, abs=0.01)
+    assert all(60 * 10**1.5 <= j.duration <= 60 * 10**4 for j in multi)
+    gaps = [b.arrival - a.arrival for a, b in zip(multi, multi[1:], strict=False)]
+    assert statistics.fmean(gaps) == pytest.approx(600.0, rel=0.03)  # 6 jobs/h
+    single = gavel_workload(2_000, 6.0, seed=1, throughputs=data_dir / THROUGHPUTS)
+    assert {j.gpus for j in single} == {1}
+    assert len({j.attrs["job_type"] for j in single}) == len(GAVEL_JOB_TYPES) == 26
