@@ -123,7 +123,9 @@ class Gavel(SizePolicy):
         self.solver = solver
         self.time_limit = float(time_limit)
         self._shuffle = None if shuffle_seed is None else random.Random(int(shuffle_seed))
+        self._cluster: Cluster | None = None
         self._types: tuple[str, ...] = ()
+        self._speeds: dict[str, tuple[Any, list[float]]] = {}  # job id -> (its speeds' cache entry, per type)
         self._caps: list[int] = []
         self._shares: dict[str, _Share] = {}
         self._worker = [0.0]  # time given per type since the last reset (Gavel's worker_time_so_far)
@@ -154,6 +156,9 @@ class Gavel(SizePolicy):
     # -- per-type data --------------------------------------------------------------------------
     def _setup(self, view: View) -> None:
         cl = view.cluster
+        if cl is self._cluster:
+            return
+        self._cluster = cl
         types = cl.gpu_types
         if types != self._types:
             self._types = types
@@ -171,10 +176,14 @@ class Gavel(SizePolicy):
         """The job's speed on each type (0 where its own ask forbids the type)."""
         f = view.model.get("gpu_type")
         sp = f.speeds(job) if f is not None else {}  # type: ignore[attr-defined]
+        hit = self._speeds.get(job.id)
+        if hit is not None and hit[0] is sp:
+            return hit[1]
         out = [sp.get(t, 1.0) for t in self._types]
         ask = spec_types(job.spec) if job.spec.attrs else None
         if ask is not None:
             out = [s if t in ask else 0.0 for s, t in zip(out, self._types, strict=True)]
+        self._speeds[job.id] = (sp, out)
         return out
 
     def _seen_speeds(self, job: Job, view: View, real: list[float]) -> list[float]:
@@ -227,6 +236,7 @@ class Gavel(SizePolicy):
         for jid in [k for k in shares if k not in active]:
             sh = shares.pop(jid)
             self._alloc.pop(jid, None)
+            self._speeds.pop(jid, None)
             self._iso.pop(jid, None)
             if sh.ran_on is not None:  # its last round counts for the type's total (Gavel's worker time)
                 worker[sh.ran_on] += max(sh.job.attained_at(now) - sh.seen, 0.0)
