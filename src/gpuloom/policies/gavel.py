@@ -313,11 +313,11 @@ class Gavel(SizePolicy):
             self._alloc_jobs = active
         return self._walk(jobs, view, real)
 
-    def _type_order(self, view: View, jobs: Sequence[Job], real: Mapping[str, list[float]]) -> list[int]:
+    def _type_order(self, view: View, speeds: np.ndarray) -> list[int]:
         n = len(self._types)
         if self.aware:
             # fastest first: by the mean speed of the active jobs (V100, P100, K80 for Gavel's jobs)
-            mean = [sum(real[j.id][t] for j in jobs) for t in range(n)]
+            mean = speeds.sum(axis=0).tolist() if len(speeds) else [0.0] * n
             return sorted(range(n), key=lambda t: -mean[t])
         order = list(range(n))
         if self._shuffle is None:
@@ -326,42 +326,57 @@ class Gavel(SizePolicy):
         return order
 
     def _walk(self, jobs: Sequence[Job], view: View, real: Mapping[str, list[float]]) -> dict[str, int]:
-        """Gavel's ``_schedule_jobs_on_workers_helper``: per type, jobs by (priority, deficit, share)."""
-        types = self._type_order(view, jobs, real)
+        """Gavel's ``_schedule_jobs_on_workers_helper``: per type, jobs by (priority, deficit, share),
+        ties by arrival; a job takes the first type whose turn reaches it with room for its GPUs.
+        (In arrays: the same arithmetic as Gavel's, per element.)"""
+        n, ntypes = len(jobs), len(self._types)
+        ids = [j.id for j in jobs]
+        speeds = np.array([real[i] for i in ids], dtype=float).reshape(n, ntypes)
+        types = self._type_order(view, speeds)
         self._walk_types = tuple(self._types[t] for t in types)
-        left = list(self._caps)
-        worker = self._worker
-        alloc = self._alloc
+        if not n:
+            return {}
+        zero = [0.0] * ntypes
+        x = np.array([self._alloc.get(i, zero) for i in ids], dtype=float)
         shares = self._shares
-        queue: list[tuple[str, int, int]] = []  # (job id, type, gpus) in walk order
-        for t in types:
-            w = worker[t]
-            entries = []
-            for j in jobs:
-                x = alloc.get(j.id)
-                xt = x[t] if x is not None else 0.0
-                sh = shares[j.id]
-                if xt == 0.0 or real[j.id][t] <= 0:
-                    prio = 0.0
-                else:
-                    frac = sh.time[t] / w if w > 0 else 0.0
-                    prio = xt / frac if frac > 0 else xt * _BIG
-                entries.append((-prio, -sh.deficit[t], -xt, j.index, j.id, j.spec.gpus))
-            entries.sort()
-            queue.extend((e[4], t, e[5]) for e in entries)
+        got = np.array([shares[i].time for i in ids], dtype=float)
+        deficit = np.array([shares[i].deficit for i in ids], dtype=float)
+        index = np.array([j.index for j in jobs])
+        gpus = [j.spec.gpus for j in jobs]
+        worker = self._worker
+        left = list(self._caps)
         out: dict[str, int] = {}
-        for jid, t, g in queue:
-            if left[t] <= 0 or jid in out or real[jid][t] <= 0 or g > left[t]:
-                continue
-            left[t] -= g
-            out[jid] = t
+        for t in types:  # each type's turn walks its whole queue before the next type's (Gavel's order)
+            xt = x[:, t]
+            w = worker[t]
+            frac = got[:, t] / w if w > 0 else np.zeros(n)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                prio = np.where(frac > 0, xt / frac, xt * _BIG)
+            prio = np.where((xt == 0.0) | (speeds[:, t] <= 0), 0.0, prio)
+            order = np.lexsort((index, -xt, -deficit[:, t], -prio))
+            room = left[t]
+            for i in order.tolist():
+                if room <= 0:
+                    break
+                jid = ids[i]
+                g = gpus[i]
+                if jid in out or g > room or speeds[i, t] <= 0:
+                    continue
+                room -= g
+                out[jid] = t
+            left[t] = room
         return out
+
+    def _type_order_fastest(self, jobs: Sequence[Job], real: Mapping[str, list[float]]) -> list[int]:
+        n = len(self._types)
+        mean = [sum(real[j.id][t] for j in jobs) for t in range(n)]
+        return sorted(range(n), key=lambda t: -mean[t])
 
     def _greedy(self, jobs: Sequence[Job], view: View, real: Mapping[str, list[float]]) -> dict[str, int]:
         """In the given order, each job on its fastest type with room (agnostic: a random one)."""
         left = list(self._caps)
         n = len(self._types)
-        fastest = sorted(range(n), key=lambda t: -sum(real[j.id][t] for j in jobs))
+        fastest = self._type_order_fastest(jobs, real)
         self._walk_types = tuple(self._types[t] for t in fastest)
         out: dict[str, int] = {}
         if not self.aware and self._shuffle is None:
@@ -390,30 +405,48 @@ class Gavel(SizePolicy):
         self._alloc = {}
         if not runnable:
             return
-        t0 = time.perf_counter()
-        x = self.solve(runnable, view, np.array([seen[j.id] for j in runnable], dtype=float))
-        self.last_lp_seconds = time.perf_counter() - t0
+        t0 = time.process_time()  # (CPU seconds: what the solve costs, whatever else the machine runs)
+        if self.symmetric:
+            # jobs alike (speeds, GPUs, priority) get alike shares at an optimum: solve for one of each kind,
+            # with the kind's count in the capacity rows (26 job types of Gavel's: 78 variables, not 30,000)
+            kinds: dict[tuple, list[Job]] = {}
+            for j in runnable:
+                kinds.setdefault((tuple(seen[j.id]), j.spec.gpus, self._weight(j)), []).append(j)
+            reps = [m[0] for m in kinds.values()]
+            counts = np.array([len(m) for m in kinds.values()], dtype=float)
+            x = self.solve(reps, view, np.array([seen[j.id] for j in reps], dtype=float), counts)
+            rows = np.clip(x, 0.0, 1.0).tolist()
+            self._alloc = {j.id: row for m, row in zip(kinds.values(), rows, strict=True) for j in m}
+        else:
+            x = self.solve(runnable, view, np.array([seen[j.id] for j in runnable], dtype=float))
+            self._alloc = {j.id: row for j, row in zip(runnable, np.clip(x, 0.0, 1.0).tolist(), strict=True)}
+        self.last_lp_seconds = time.process_time() - t0
         self.lp_seconds += self.last_lp_seconds
         self.lp_solves += 1
-        self._alloc = {j.id: row for j, row in zip(runnable, np.clip(x, 0.0, 1.0).tolist(), strict=True)}
 
-    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray) -> np.ndarray:
-        """The time shares ``X`` (jobs x types) of the objective, for ``speeds`` (jobs x types)."""
+    #: the objective is symmetric in jobs alike (max-min, sums): the LP may be solved per kind of job
+    symmetric: ClassVar[bool] = False
+
+    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+        """The time shares ``X`` (jobs x types) of the objective, for ``speeds`` (jobs x types); ``counts``:
+        how many jobs each row stands for (1 each by default)."""
         raise NotImplementedError
 
     # helpers shared by the LPs
     def _weights(self, jobs: Sequence[Job]) -> np.ndarray:
-        out = []
-        for j in jobs:
-            w = j.spec.attrs.get("priority", 1.0) if j.spec.attrs else 1.0
-            try:
-                w = float(w)
-            except (TypeError, ValueError):
-                raise GavelError(f"job {j.id}: priority must be a number, got {w!r}") from None
-            if not w > 0:
-                raise GavelError(f"job {j.id}: priority must be > 0, got {w}")
-            out.append(w)
-        return np.array(out)
+        return np.array([self._weight(j) for j in jobs])
+
+    @staticmethod
+    def _weight(j: Job) -> float:
+        """The job's priority weight (``attrs["priority"]``, Gavel's ``priority_weight``; 1 by default)."""
+        w = j.spec.attrs.get("priority", 1.0) if j.spec.attrs else 1.0
+        try:
+            w = float(w)
+        except (TypeError, ValueError):
+            raise GavelError(f"job {j.id}: priority must be a number, got {w!r}") from None
+        if not w > 0:
+            raise GavelError(f"job {j.id}: priority must be > 0, got {w}")
+        return w
 
     def _base(self, jobs: Sequence[Job], speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(row index, type index) of each variable (a job on a type where it can run), the jobs' GPUs,
@@ -429,15 +462,15 @@ class Gavel(SizePolicy):
                         what, self.solver, self.time_limit)
 
     def _share_rows(self, r: np.ndarray, k: np.ndarray, gpus: np.ndarray, n: int, nvar: int,
-                    first_row: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], np.ndarray,
-                                             np.ndarray]:
+                    first_row: int, counts: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray],
+                                                                               list[np.ndarray], np.ndarray, np.ndarray]:
         """Rows of the constraints every policy shares: per type, the GPUs its shares use fit it; per
-        job, its shares add up to at most 1.  Rows start at ``first_row``."""
+        job, its shares add up to at most 1.  Rows start at ``first_row``; ``counts``: jobs per row."""
         ntypes = len(self._types)
         var = np.arange(nvar)
         rows = [first_row + k, first_row + ntypes + r]
         cols = [var, var]
-        vals = [gpus[r], np.ones(nvar)]
+        vals = [gpus[r] * (counts[r] if counts is not None else 1.0), np.ones(nvar)]
         lo = np.full(ntypes + n, -np.inf)
         hi = np.concatenate([np.array(self._caps, dtype=float), np.ones(n)])
         return rows, cols, vals, lo, hi
@@ -499,8 +532,9 @@ class GavelLAS(Gavel):
     """Max-min fairness over effective throughput (Gavel's LAS; see the module notes)."""
 
     objective = "las"
+    symmetric = True
 
-    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray) -> np.ndarray:
+    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         n, ntypes = speeds.shape
         r, k, gpus, caps = self._base(jobs, speeds)
         nvar = len(r)
@@ -516,7 +550,7 @@ class GavelLAS(Gavel):
         vals = [-coef, np.ones(n)]
         lo = [np.full(n, -np.inf)]
         hi = [np.zeros(n)]
-        srows, scols, svals, slo, shi = self._share_rows(r, k, gpus, n, nvar, n)
+        srows, scols, svals, slo, shi = self._share_rows(r, k, gpus, n, nvar, n, counts)
         lb = np.zeros(nvar + 1)
         ub = np.concatenate([np.ones(nvar), [np.inf]])
         x, obj = self._lp(c, lb, ub, rows + srows, cols + scols, vals + svals, np.concatenate(lo + [slo]),
@@ -533,7 +567,7 @@ class GavelMakespan(Gavel):
 
     objective = "makespan"
 
-    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray) -> np.ndarray:
+    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         n, ntypes = speeds.shape
         r, k, gpus, caps = self._base(jobs, speeds)
         nvar = len(r)
@@ -561,13 +595,15 @@ class GavelThroughput(Gavel):
     """Maximise the sum of the jobs' speeds (Gavel's ``max_sum_throughput``, speeds relative to the reference)."""
 
     objective = "throughput"
+    symmetric = True
 
-    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray) -> np.ndarray:
+    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         n, ntypes = speeds.shape
         r, k, gpus, caps = self._base(jobs, speeds)
         nvar = len(r)
-        srows, scols, svals, slo, shi = self._share_rows(r, k, gpus, n, nvar, 0)
-        x, obj = self._lp(-speeds[r, k], np.zeros(nvar), np.ones(nvar), srows, scols, svals, slo, shi,
+        srows, scols, svals, slo, shi = self._share_rows(r, k, gpus, n, nvar, 0, counts)
+        weight = speeds[r, k] * (counts[r] if counts is not None else 1.0)
+        x, obj = self._lp(-weight, np.zeros(nvar), np.ones(nvar), srows, scols, svals, slo, shi,
                           "total throughput")
         self.last_objective = -obj
         out = np.zeros((n, ntypes))
@@ -590,7 +626,7 @@ class GavelFTF(Gavel):
             raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
         self.tolerance = float(tolerance)
 
-    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray) -> np.ndarray:
+    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         n, ntypes = speeds.shape
         r, k, gpus, caps = self._base(jobs, speeds)
         nvar = len(r)
@@ -651,5 +687,5 @@ class GavelGreedy(Gavel):
 
     objective = "greedy"
 
-    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray) -> np.ndarray:
+    def solve(self, jobs: Sequence[Job], view: View, speeds: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         raise NotImplementedError  # (never called: _choose walks the order)
