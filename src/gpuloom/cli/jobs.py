@@ -72,7 +72,8 @@ def submit(
     args: Annotated[list[str] | None, typer.Argument(
         help="A job spec file (.yaml/.yml/.json), or the command to run (after --).", show_default=False)] = None,
     name: Annotated[str | None, typer.Option("--name", "-J", help="Job name.")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", "-G", help="GPUs (default 1).")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", "-G", help="GPUs (default 1), or TYPE:N for N GPUs of a "
+                                             "type (v100:2, as Slurm's --gpus).")] = None,
     cpus: Annotated[int | None, typer.Option("--cpus", "-c", help="CPU cores (default: the GPU-proportional share).")] = None,
     mem: Annotated[str | None, typer.Option("--mem", help="Memory: 8G (10^9 bytes), 8Gi (2^30 bytes), 512M, or MB.")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM:SS, 90m, 2h.")] = None,
@@ -106,7 +107,10 @@ def submit(
         body["command"] = wrap
     if "command" not in body:
         raise typer.BadParameter("nothing to run: give a job spec file, a command after --, or --wrap \"command\"")
-    flags = {"name": name, "gpus": gpus, "cpus": cpus, "mem": mem, "time_limit": time_limit, "array": array,
+    if gpus is not None:  # a count, or TYPE:COUNT (gpu:TYPE:COUNT): the server reads both
+        gpus = gpus.strip()
+    flags = {"name": name, "gpus": int(gpus) if gpus is not None and gpus.isdigit() else gpus, "cpus": cpus,
+             "mem": mem, "time_limit": time_limit, "array": array,
              "dependency": dependency, "queue": queue, "workdir": workdir}
     body.update({k: v for k, v in flags.items() if v is not None})
     if env:

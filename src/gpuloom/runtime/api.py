@@ -57,7 +57,7 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..core.lifecycle import JobState
 from ..core.queues import QueueError
@@ -149,8 +149,33 @@ class JobSubmit(BaseModel):
     iterations: int | None = Field(None, ge=1, le=10**12, strict=True)  # with iteration_time: the work estimate
 
     queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/queues.py)
+    gpu_type: str | None = Field(None, max_length=520)  # "v100", "a100|h100"; also gpus: "v100:2" (Slurm's gres)
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
     dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gres(cls, data: Any) -> Any:
+        """``gpus: v100:2`` (or ``gpu:v100:2``) is ``gpus: 2, gpu_type: v100``."""
+        if isinstance(data, dict) and isinstance(data.get("gpus"), str):
+            from .specs import parse_gres
+
+            t, n = parse_gres(data["gpus"])
+            data = {**data, "gpus": n}
+            if t is not None:
+                if data.get("gpu_type") not in (None, t):
+                    raise ValueError(f"gpus {t}:{n} and gpu_type {data['gpu_type']!r} disagree")
+                data["gpu_type"] = t
+        return data
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | None) -> str | None:
+        from .specs import GPU_TYPE_RE
+
+        if v is not None and not GPU_TYPE_RE.match(v):
+            raise ValueError(f"gpu_type: a GPU type (v100, a100, ...) or several joined by |, got {v[:40]!r}")
+        return v
 
     @field_validator("array")
     @classmethod
@@ -286,6 +311,7 @@ def job_json(row: JobRow, live_progress: int | None = None, now: float | None = 
         "array_task": row.array_task,
         "dependency": s.get("dependency"),
         "gpus": s.get("gpus"),
+        "gpu_type": s.get("gpu_type"),
         "cpus": s.get("cpus"),
         "mem_mb": s.get("mem_mb"),
         "command": s.get("command"),
