@@ -164,6 +164,32 @@ def test_placement_honours_the_type_a_job_asks_for(place: str) -> None:
     assert {p.node for p in plan["c"].parts} == {0}  # the K80s are taken: c (any type) on the V100s
 
 
+def test_placement_keeps_a_job_off_a_type_it_cannot_run_on() -> None:
+    # Gavel measured no throughput for ResNet-50 (batch 128) on K80s at 2+ GPUs: speed 0 there.  Best fit
+    # alone would take the 2-GPU K80 node; every place policy's choose runs without it
+    cl = parse_cluster("k80:1x2,v100:1x3")
+    ts = TypeSpeeds(reference="v100")
+    ts.add("r50", None, "v100", 2.0)
+    ts.add("r50", None, "k80", 0.0)
+    m = add_gpu_types(build_model(cl), ts)
+    jobs = _arrived(spec("a", "r50", gpus=2), spec("b", "other", gpus=2))
+    sched = Scheduler.from_names("fifo", "none", "proportional", "packed-sticky")
+    view = _view(cl, jobs, model=m)
+    sched.bind(m)
+    plan = sched.schedule(view).plan.allocations
+    assert [p.node for p in plan["a"].parts] == [1] and [p.node for p in plan["b"].parts] == [0]
+
+
+def test_a_job_larger_than_every_type_says_why_it_waits() -> None:
+    cl = parse_cluster("v100:2,k80:2")
+    jobs = _arrived(spec("a", gpus=1), spec("b", gpus=3))
+    sched = Scheduler.from_names("fifo", "none", "gavel", "packed-sticky")
+    view = _view(cl, jobs)
+    sched.bind(view.model)
+    rnd = sched.schedule(view)
+    assert "a" in rnd.plan.allocations and rnd.reasons["b"] == "GpuType (one type at most has 2 GPUs)"
+
+
 def test_a_typed_request_is_placed_within_its_type_and_a_running_job_moves_to_its_new_type() -> None:
     cl = parse_cluster("v100:1x2,k80:1x2")
     jobs = _arrived(spec("a"), spec("b"))

@@ -417,8 +417,9 @@ class GpuTypeFactor:
 
     ``speeds(job)`` gives ``{type: speed}`` over the cluster's types (1.0 where the matrix says
     nothing), cached per job until the matrix changes; policies read it to weigh where a job
-    runs fastest.  A group sharing GPUs (``alloc.group``) of two jobs whose pair the matrix
-    measured runs at the pair's speed on that type.
+    runs fastest.  Jobs sharing GPUs are slowed by the interleave factor alone: the matrix's
+    co-located pairs (:meth:`TypeSpeeds.pair`) are read but not applied here, since a job that
+    carries Muri stage profiles too would pay twice (see docs/gavel.md).
     """
 
     name = "gpu_type"
@@ -428,11 +429,6 @@ class GpuTypeFactor:
         self.cluster = cluster
         self.node_type: list[str] = [normalise_gpu_type(n.gpu_type) for n in cluster.nodes]
         self.types: tuple[str, ...] = cluster.gpu_types
-        self._lookup: Any = None
-
-    def bind(self, jobs: Mapping[str, Job]) -> None:
-        """Where co-runners are looked up (pairs)."""
-        self._lookup = jobs.get
 
     def speeds(self, job: Job) -> dict[str, float]:
         """``{type: speed}`` of ``job`` on every type of the cluster (1.0 where unknown)."""
@@ -459,18 +455,24 @@ class GpuTypeFactor:
         nt = self.node_type
         parts = alloc.parts
         if len(parts) == 1:
-            t = nt[parts[0].node]
-            s = sp.get(t, 1.0)
-        else:
-            t = nt[parts[0].node]
-            s = min(sp.get(nt[p.node], 1.0) for p in parts)
-        if alloc.group and len(alloc.group) == 1 and self._lookup is not None and self.matrix.pairs:
-            other = self._lookup(alloc.group[0])
-            if other is not None:
-                both = self.matrix.pair(job.spec, other.spec, t)
-                if both is not None:
-                    return both[0]
-        return s
+            return sp.get(nt[parts[0].node], 1.0)
+        return min(sp.get(nt[p.node], 1.0) for p in parts)
+
+
+def runnable_types(job: Job, model: Any) -> tuple[str, ...] | None:
+    """The GPU types ``job`` can run on by ``model``'s ``gpu_type`` factor (speed > 0), or None when
+    it runs on every type (or the model has no such factor): placement keeps jobs off the others
+    (Gavel measured no throughput for some jobs on a K80)."""
+    f = model.get("gpu_type")
+    if f is None:
+        return None
+    sp = f.speeds(job)
+    hit = job.extra.get("runnable_types")
+    if hit is not None and hit[0] is sp:
+        return hit[1]
+    out = None if all(v > 0 for v in sp.values()) else tuple(t for t, v in sp.items() if v > 0)
+    job.extra["runnable_types"] = (sp, out)
+    return out
 
 
 def add_gpu_types(model: Any, speeds: TypeSpeeds) -> Any:

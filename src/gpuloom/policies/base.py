@@ -83,6 +83,7 @@ from ..core.fit import GPU_TYPE_KEY, spec_types
 from ..core.job import Job
 from ..core.parse import normalise_gpu_type, parse_bool
 from ..core.plan import Allocation, Part, Plan
+from ..perf.gputype import runnable_types
 from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
@@ -321,19 +322,20 @@ def req_key(req: Request) -> tuple:
     return req.key
 
 
-def allowed_types(req: Request) -> tuple[str, ...] | None:
+def allowed_types(req: Request, model: ThroughputModel | None = None) -> tuple[str, ...] | None:
     """The GPU types ``req`` may be placed on: its own ``types``, else what its jobs ask for
-    (:func:`~gpuloom.core.fit.spec_types`; every member's ask for a group); None: any type."""
+    (:func:`~gpuloom.core.fit.spec_types`; every member's ask for a group) and, given the model,
+    can run on (:func:`~gpuloom.perf.gputype.runnable_types`); None: any type."""
     t = req.types
     if t is not None:
         return t
-    jobs = req.jobs
-    if len(jobs) == 1:
-        attrs = jobs[0].spec.attrs
-        return spec_types(jobs[0].spec) if attrs and GPU_TYPE_KEY in attrs else None
     out: tuple[str, ...] | None = None
-    for j in jobs:
-        mine = spec_types(j.spec)
+    for j in req.jobs:
+        mine = spec_types(j.spec) if j.spec.attrs and GPU_TYPE_KEY in j.spec.attrs else None
+        if model is not None:
+            can = runnable_types(j, model)
+            if can is not None:
+                mine = can if mine is None else tuple(x for x in mine if x in can)
         if mine is not None:
             out = mine if out is None else tuple(x for x in out if x in mine)
     return out
@@ -433,7 +435,7 @@ class PlacePolicy(Stage):
     def choose_for(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         """:meth:`choose` within the GPU types ``req`` may use (:func:`allowed_types`): the other
         nodes look full while it chooses.  Callers outside the loop place through this."""
-        types = allowed_types(req)
+        types = allowed_types(req, view.model)
         if types is None:
             return self.choose(req, free, view)
         if not types:

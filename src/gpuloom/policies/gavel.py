@@ -149,6 +149,19 @@ class Gavel(SizePolicy):
                     f"Gavel's space-sharing variant, which gpuloom does not implement: use group=none")
         return None
 
+    def pending_reasons(self, plan: Plan, view: View) -> Mapping[str, str]:
+        """A job larger than every type it may use waits for good: Gavel runs a job on one type."""
+        out: dict[str, str] = {}
+        caps = dict(zip(self._types, self._caps, strict=True))
+        for j in view.jobs:
+            if j.id in plan.allocations:
+                continue
+            ask = spec_types(j.spec) if j.spec.attrs else None
+            most = max((c for t, c in caps.items() if ask is None or t in ask), default=0)
+            if j.spec.gpus > most:
+                out[j.id] = f"GpuType (one type at most has {most} GPUs)"
+        return out
+
     def stats(self) -> dict[str, Any]:
         return {"lp_solves": self.lp_solves, "lp_seconds": round(self.lp_seconds, 6),
                 "last_lp_seconds": round(self.last_lp_seconds, 6)}

@@ -141,6 +141,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.fit import spec_types
 from ..core.job import Job, Shape
 from ..core.plan import Allocation, Part, Plan
+from ..perf.gputype import runnable_types
 from .free import FreeState
 
 if TYPE_CHECKING:
@@ -194,12 +195,17 @@ def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view:
     if not place.pure_choose or req.jobs[0].alloc is not None:  # (req.prev, without the property call)
         return try_(plan, req, free, view)
     shape: tuple = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
-    if req.types is not None or req.jobs[0].spec.attrs:
-        # a request limited to some GPU types is refused for those types only (a typed shape's
-        # last element is never a bare member count, so the tail walk never counts it dead)
-        types = req.types if req.types is not None else tuple(spec_types(j.spec) for j in req.jobs)
-        if any(t is not None for t in types):
-            shape = (req.gpus, req.cpus, req.mem_mb, (len(req.jobs), types))
+    gpu_types = view.model.get("gpu_type") is not None
+    if req.types is not None or req.jobs[0].spec.attrs or gpu_types:
+        # a request limited to some GPU types (its own, its jobs' asks, the types its jobs can run on)
+        # is refused for those types only (a typed shape's last element is never a bare member count,
+        # so the tail walk never counts it dead)
+        if req.types is not None:
+            shape = (req.gpus, req.cpus, req.mem_mb, (len(req.jobs), req.types))
+        else:
+            asks = tuple((spec_types(j.spec), runnable_types(j, view.model) if gpu_types else None) for j in req.jobs)
+            if any(a is not None or b is not None for a, b in asks):
+                shape = (req.gpus, req.cpus, req.mem_mb, (len(req.jobs), asks))
     if shape in refused:
         return False
     if try_(plan, req, free, view):
