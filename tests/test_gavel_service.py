@@ -136,3 +136,34 @@ def test_meter_turns_progress_into_speeds_per_type() -> None:
     clock["t"], progress["a"], progress["b"] = 109.0, 45, 60  # (a goes on at 5 it/s: unchanged)
     assert meter.observe(jobs, runs, speed, 10.0) == [("b", "k80", 0.4)]
     assert model.get("gpu_type").speeds(b) == {"k80": 0.4, "v100": 1.0}  # type: ignore[union-attr]
+
+
+def test_what_jobs_and_nodes_claim_is_bounded() -> None:
+    import re
+
+    from gpuloom.core.cluster import parse_cluster
+    from gpuloom.core.job import Job, JobSpec
+    from gpuloom.core.lifecycle import JobState
+    from gpuloom.core.plan import Allocation, Part
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.runtime.actuator import gpu_type_env
+    from gpuloom.runtime.typespeeds import TypeMeter
+
+    # a node's name for its GPUs (declared, NVML, a Ray agent's) reaches jobs' environments cleaned
+    for name in ("\x1b]0;title\x07 V100", "Tesla V100-SXM2-16GB", "A100;rm -rf /", "x" * 500):
+        assert re.fullmatch(r"[a-z0-9._-]{0,64}", gpu_type_env(name)), name
+    assert gpu_type_env("Tesla V100-SXM2-16GB") == "v100"
+    # a job claiming 1,000x its reference pace in its progress lines is measured at 4x at most
+    cl = parse_cluster("k80:1,v100:1")
+    model = build_model(cl)
+    clock, progress = {"t": 0.0}, {"a": 0}
+    meter = TypeMeter(model, progress.get, lambda: clock["t"], lambda j, d: None, window_s=1.0)
+    a = Job(JobSpec.from_iterations("a", 0.0, 1, 100, 1.0))
+    a.arrive(0.0)
+    for st in (JobState.STANDBY, JobState.LAUNCHING, JobState.RUNNING_PROTECTED):
+        a.lifecycle.to(st, 0.0)  # type: ignore[union-attr]
+    a.alloc = Allocation("a", (Part(1, (1,), 1, 1000),))
+    run = object()
+    meter.observe({"a": a}, {"a": run}, model.speed, 0.0)
+    clock["t"], progress["a"] = 2.0, 2000
+    assert meter.observe({"a": a}, {"a": run}, model.speed, 2.0) == [("a", "v100", 4.0)]

@@ -12,7 +12,9 @@ it wins over the declared row for its model), so every policy that asks the mode
 sees it from the next round on; a speed-aware stage (``--size gavel``,
 ``gavel-greedy``) then moves the job to the type where it runs fastest.  The job's
 own speed (its remaining work) is updated at once, and each new or changed
-figure (by more than ``tolerance``) is an event ``measured`` in the job's history.
+figure (by more than ``tolerance``) is an event ``measured`` in the job's history.  A job prints
+its own progress lines, so a speed is capped at ``max_speed`` (4x its reference pace): a job that
+lies about its progress gains a bounded edge, not the cluster.
 
 Measurements live in memory: after a restart they are taken again.  Types a job
 has not run on keep the matrix's declared speed (neutral 1.0 without one).
@@ -65,9 +67,12 @@ class TypeMeter:
 
     def __init__(self, model: ThroughputModel, last_progress: Callable[[str], int | None],
                  wall: Callable[[], float], record: Callable[[str, dict[str, Any]], None],
-                 window_s: float = 3.0, tolerance: float = 0.05) -> None:
+                 window_s: float = 3.0, tolerance: float = 0.05, max_speed: float = 4.0) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
+        if not max_speed > 0:
+            raise ValueError(f"max_speed must be > 0, got {max_speed}")
+        self.max_speed = float(max_speed)
         self.factor = ensure_gpu_types(model)
         self.last_progress = last_progress
         self.wall = wall
@@ -115,7 +120,9 @@ class TypeMeter:
             rate = (it - st.iter0) / dt
             ref = (1.0 / job.spec.iter_time) if job.spec.iter_time else self._ref.setdefault(jid, rate)
             self._ref.setdefault(jid, ref)
-            s = rate / ref
+            # a job writes its own progress lines: what it can claim is bounded (its remaining work, its
+            # standing under speed-aware policies), not trusted
+            s = min(rate / ref, self.max_speed)
             old = f.matrix.measured(jid).get(t)
             if old is not None and abs(s - old) <= self.tolerance * max(old, 1e-12):
                 continue
