@@ -336,3 +336,14 @@ def test_generated_workload_follows_gavels_distributions(data_dir: Path) -> None
     single = gavel_workload(2_000, 6.0, seed=1, throughputs=data_dir / THROUGHPUTS)
     assert {j.gpus for j in single} == {1}
     assert len({j.attrs["job_type"] for j in single}) == len(GAVEL_JOB_TYPES) == 26
+
+
+@pytest.mark.parametrize("queue", [q for q in pb.names("queue") if q != "none"])
+def test_gavel_composes_with_every_queue_stage(queue: str, make_view) -> None:  # noqa: ANN001
+    # the queue stage admits, Gavel shares what it admitted; the round passes the scheduler's check
+    sched = Scheduler.from_names("fifo", "none", "gavel", "packed-sticky", queue=queue)
+    view = make_view()
+    sched.bind(view.model)
+    rnd = sched.schedule(view)
+    sched.check(rnd, view)
+    assert rnd.plan.allocations  # something runs on an idle cluster

@@ -435,6 +435,10 @@ class PlacePolicy(Stage):
     def choose_for(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         """:meth:`choose` within the GPU types ``req`` may use (:func:`allowed_types`): the other
         nodes look full while it chooses.  Callers outside the loop place through this."""
+        if req.types is None and len(req.jobs) == 1 and view.model.get("gpu_type") is None:
+            attrs = req.jobs[0].spec.attrs
+            if not attrs or GPU_TYPE_KEY not in attrs:
+                return self.choose(req, free, view)  # (no type to keep to: most tries)
         types = allowed_types(req, view.model)
         if types is None:
             return self.choose(req, free, view)
@@ -502,7 +506,7 @@ class PlacePolicy(Stage):
         prev = req.jobs[0].alloc  # req.prev, without the property call (every try reads it)
         if prev is None or prev.num_gpus != req.gpus:
             return None
-        if req.types is not None or req.jobs[0].spec.attrs:
+        if req.types is not None or len(req.jobs) > 1 or GPU_TYPE_KEY in req.jobs[0].spec.attrs:
             types = allowed_types(req)
             if types is not None and not on_types(free.cluster, prev.parts, types):
                 return None

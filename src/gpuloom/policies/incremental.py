@@ -138,7 +138,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from ..core.fit import spec_types
+from ..core.fit import GPU_TYPE_KEY, spec_types
 from ..core.job import Job, Shape
 from ..core.plan import Allocation, Part, Plan
 from ..perf.gputype import runnable_types
@@ -196,7 +196,7 @@ def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view:
         return try_(plan, req, free, view)
     shape: tuple = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
     gpu_types = view.model.get("gpu_type") is not None
-    if req.types is not None or req.jobs[0].spec.attrs or gpu_types:
+    if req.types is not None or gpu_types or len(req.jobs) > 1 or GPU_TYPE_KEY in req.jobs[0].spec.attrs:
         # a request limited to some GPU types (its own, its jobs' asks, the types its jobs can run on)
         # is refused for those types only (a typed shape's last element is never a bare member count,
         # so the tail walk never counts it dead)
