@@ -347,3 +347,16 @@ def test_gavel_composes_with_every_queue_stage(queue: str, make_view) -> None:  
     rnd = sched.schedule(view)
     sched.check(rnd, view)
     assert rnd.plan.allocations  # something runs on an idle cluster
+
+
+def test_an_lp_without_optimum_falls_back_to_equal_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuloom.policies.gavel import GavelError, GavelLAS
+
+    def fail(self, *a: object, **k: object) -> None:  # noqa: ANN001
+        raise GavelError("max-min fairness LP: Time limit reached")
+
+    monkeypatch.setattr(GavelLAS, "solve", fail)
+    cl, m = _two_types({"v100": 1.0, "k80": 0.5}, {"v100": 1.0, "k80": 0.25})  # 1 V100, 2 K80
+    seen, pol = _rounds(cl, m, [spec("a", "a"), spec("b", "b")], "gavel", 2)
+    assert pol._alloc == {"a": [1 / 3, 2 / 3], "b": [1 / 3, 2 / 3]}  # each type's GPUs over all GPUs
+    assert pol.last_fallback == "max-min fairness LP: Time limit reached" and seen[0]  # and the rounds go on

@@ -58,6 +58,7 @@ least served).
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -73,7 +74,7 @@ from ..core.parse import normalise_gpu_type
 from ..core.plan import Plan
 from .base import PlacePolicy, PolicyError, Request, SizePolicy, Stage, View, parse_flag, register
 
-OBJECTIVES = ("las", "ftf", "makespan", "throughput", "greedy")
+log = logging.getLogger("gpuloom.policies.gavel")
 _BIG = 1e9  # Gavel's priority for a share not yet served (so 2 x it > it)
 
 
@@ -140,6 +141,7 @@ class Gavel(SizePolicy):
         self.lp_seconds = 0.0
         self.last_lp_seconds = 0.0
         self.last_objective: float | None = None
+        self.last_fallback: str | None = None  # why the last allocation fell back to equal shares
 
     # -- the stack ----------------------------------------------------------------------------
     def refuse(self, stages: Mapping[str, Stage]) -> str | None:
@@ -419,6 +421,20 @@ class Gavel(SizePolicy):
         if not runnable:
             return
         t0 = time.process_time()  # (CPU seconds: what the solve costs, whatever else the machine runs)
+        try:
+            self._solve_all(runnable, view, seen)
+        except GavelError as e:  # the solver found no optimum: an equal split of every type until the next reset
+            self.last_fallback = str(e)
+            log.warning("size policy %s: %s; equal shares until the next allocation", self.name, e)
+            caps = np.array(self._caps, dtype=float)
+            share = caps / max(float(caps.sum()), 1.0)  # Gavel's ProportionalPolicy: n_t / N of each type
+            self._alloc = {j.id: [float(x) if s > 0 else 0.0 for x, s in zip(share, seen[j.id], strict=True)]
+                           for j in runnable}
+        self.last_lp_seconds = time.process_time() - t0
+        self.lp_seconds += self.last_lp_seconds
+        self.lp_solves += 1
+
+    def _solve_all(self, runnable: Sequence[Job], view: View, seen: Mapping[str, list[float]]) -> None:
         if self.symmetric:
             # jobs alike (speeds, GPUs, priority) get alike shares at an optimum: solve for one of each kind,
             # with the kind's count in the capacity rows (26 job types of Gavel's: 78 variables, not 30,000)
@@ -433,9 +449,6 @@ class Gavel(SizePolicy):
         else:
             x = self.solve(runnable, view, np.array([seen[j.id] for j in runnable], dtype=float))
             self._alloc = {j.id: row for j, row in zip(runnable, np.clip(x, 0.0, 1.0).tolist(), strict=True)}
-        self.last_lp_seconds = time.process_time() - t0
-        self.lp_seconds += self.last_lp_seconds
-        self.lp_solves += 1
 
     #: the objective is symmetric in jobs alike (max-min, sums): the LP may be solved per kind of job
     symmetric: ClassVar[bool] = False
