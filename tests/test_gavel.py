@@ -360,3 +360,23 @@ def test_an_lp_without_optimum_falls_back_to_equal_shares(monkeypatch: pytest.Mo
     seen, pol = _rounds(cl, m, [spec("a", "a"), spec("b", "b")], "gavel", 2)
     assert pol._alloc == {"a": [1 / 3, 2 / 3], "b": [1 / 3, 2 / 3]}  # each type's GPUs over all GPUs
     assert pol.last_fallback == "max-min fairness LP: Time limit reached" and seen[0]  # and the rounds go on
+
+
+def test_generate_gavel_writes_a_trace_simulate_reads(data_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+    from gpuloom.sim.gavel_workload import gavel_workload
+    from gpuloom.sim.traces import load_trace
+
+    out = tmp_path / "g.jsonl"
+    r = CliRunner().invoke(app, ["generate", "gavel", str(out), "--jobs", "20", "--rate", "3", "--seed", "2",
+                                 "--multi-gpu", "--data", str(data_dir)])
+    assert r.exit_code == 0, r.output
+    assert "20 jobs of Gavel's continuous-multiple workload at 3 jobs/h (seed 2)" in r.output
+    back = load_trace(out)
+    want = gavel_workload(20, 3.0, 2, multi_gpu=True, throughputs=data_dir / THROUGHPUTS)
+    assert [(j.id, j.gpus, j.duration, j.attrs["job_type"]) for j in back] == [
+        (j.id, j.gpus, j.duration, j.attrs["job_type"]) for j in want]
+    bad = CliRunner().invoke(app, ["generate", "gavel", str(tmp_path / "g.txt"), "--data", str(data_dir)])
+    assert bad.exit_code != 0 and "written as .jsonl or .csv" in bad.output
