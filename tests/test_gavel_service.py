@@ -167,3 +167,23 @@ def test_what_jobs_and_nodes_claim_is_bounded() -> None:
     meter.observe({"a": a}, {"a": run}, model.speed, 0.0)
     clock["t"], progress["a"] = 2.0, 2000
     assert meter.observe({"a": a}, {"a": run}, model.speed, 2.0) == [("a", "v100", 4.0)]
+
+
+def test_queue_and_nodes_show_types_as_slurm_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+    from gpuloom.cli.service import Client
+
+    job = {"id": 7, "name": "x", "user": "u", "state": "waiting_for_initial_resource", "st": "PD", "gpus": 2,
+           "gpu_type": "v100", "progress": None, "nodes": [], "reason": None, "pending_reason": "Resources",
+           "last_start": None, "held_time": 0, "held_s": 0, "array": None, "queue": "", "command": "true",
+           "attempts": 0, "resume_count": 0, "preemptions": 0, "alloc": None, "time_limit": None}
+    node = {"name": "new-0", "state": "idle", "gpus": 4, "gpus_used": 0, "cpus": 8, "cpus_used": 0, "mem_mb": 1000,
+            "mem_mb_used": 0, "gpu_type": "Tesla V100-SXM2-16GB", "gres": "gpu:v100:4", "jobs": []}
+    answers = {"/jobs": [job], "/nodes": [node]}
+    monkeypatch.setattr(Client, "call", lambda self, m, p, **kw: answers[p])
+    queue = CliRunner().invoke(app, ["queue", "--url", "http://127.0.0.1:1", "--token", "t"])
+    nodes = CliRunner().invoke(app, ["nodes", "--url", "http://127.0.0.1:1", "--token", "t"])
+    assert queue.exit_code == 0 and "v100:2" in queue.output
+    assert nodes.exit_code == 0 and "gpu:v100:4" in nodes.output and "Tesla V100-SXM2-16GB" in nodes.output

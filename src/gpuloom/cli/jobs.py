@@ -183,7 +183,8 @@ def queue(
         row = [str(j["id"]), j.get("array") or "", j["name"], j["user"], j.get("queue") or "-", j["st"]]
         if long:
             row += [j["state"].upper(), format_duration(j.get("time_limit"))]
-        row += [format_duration(j.get("held_s")), str(j["gpus"]), "-" if it is None else str(int(it)), _reason(j)]
+        gpus = f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else str(j["gpus"])  # Slurm's TYPE:N
+        row += [format_duration(j.get("held_s")), gpus, "-" if it is None else str(int(it)), _reason(j)]
         t.add_row(*row)
     _print_table(t)
 
@@ -211,7 +212,7 @@ def show(
         [("User", j["user"]), ("Queue", j.get("queue") or "-"), ("JobState", f"{j['state'].upper()} ({j['st']})")],
         [("Reason", (j.get("pending_reason") if j["st"] == "PD" else None) or j.get("reason") or "None"),
          ("Dependency", j.get("dependency") or "-")],
-        [("GPUs", j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
+        [("GPUs", f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
          ("Memory", format_mem(j.get("mem_mb")) if j.get("mem_mb") is not None else "proportional"),
          ("TimeLimit", format_duration(j.get("time_limit")) if j.get("time_limit") else "UNLIMITED")],
         [("SubmitTime", _local(j.get("submit_time"))), ("StartTime", _local(j.get("first_start"))),
