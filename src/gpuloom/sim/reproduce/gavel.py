@@ -43,7 +43,14 @@ PUBLISHED: dict[str, dict[float, float]] = {
 
 #: mean JCT (hours) of the same runs with Gavel's own simulator (stanford-futuredata/gavel at c4fa400,
 #: Python 3.11, cvxpy + ECOS), by (policy, rate, seed); see docs/gavel.md for the command
-GAVEL_SIMULATOR: dict[tuple[str, float, int], float] = {}
+GAVEL_SIMULATOR: dict[tuple[str, float, int], float] = {
+    ("max_min_fairness", 2.0, 0): 23.69,
+    ("max_min_fairness_perf", 2.0, 0): 17.02,
+    ("max_min_fairness", 4.0, 0): 23.75,
+    ("max_min_fairness_perf", 4.0, 0): 17.07,
+    ("max_min_fairness", 5.2, 0): 66.51,
+    ("max_min_fairness_perf", 5.2, 0): 22.38,
+}
 
 
 def _gavel_sim(aware: bool, rate: float, seeds: int) -> float | None:
