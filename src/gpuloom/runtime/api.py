@@ -156,17 +156,28 @@ class JobSubmit(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _gres(cls, data: Any) -> Any:
-        """``gpus: v100:2`` (or ``gpu:v100:2``) is ``gpus: 2, gpu_type: v100``."""
+        """``gpus: v100:2`` (or ``gpu:v100:2``) is ``gpus: 2, gpu_type: v100`` (anything else is left to the
+        field's own check, which names it)."""
         if isinstance(data, dict) and isinstance(data.get("gpus"), str):
             from .specs import parse_gres
 
-            t, n = parse_gres(data["gpus"])
+            try:
+                t, n = parse_gres(data["gpus"])
+            except ValueError:
+                return data
             data = {**data, "gpus": n}
             if t is not None:
                 if data.get("gpu_type") not in (None, t):
                     raise ValueError(f"gpus {t}:{n} and gpu_type {data['gpu_type']!r} disagree")
                 data["gpu_type"] = t
         return data
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> Any:
+        if isinstance(v, str):  # (not a count, nor TYPE:COUNT: _gres left it)
+            raise ValueError(f"expected a GPU count or TYPE:COUNT (e.g. 2, v100:2, gpu:v100:2), got {v[:40]!r}")
+        return v
 
     @field_validator("gpu_type")
     @classmethod
