@@ -65,7 +65,12 @@ def test_a_job_asking_for_a_type_fits_nodes_of_that_product() -> None:
 def test_gavel_file_rows_and_relative_speeds(data_dir: Path) -> None:
     ts = load_type_speeds(data_dir / THROUGHPUTS)
     assert ts.reference == "v100" and set(ts.types) == {"v100", "p100", "k80"}  # no *_unconsolidated
-    assert len(ts.rates) == 83  # 26 job types at 1 GPU, 19 of them at 2, 4 and 8
+    # 26 job types at 1 GPU, 19 of them at 2, 4 and 8; and per model (resnet18, resnet50, transformer, lm at
+    # 1, 2, 4, 8 GPUs, recommendation at 1), the mean of its job types' speeds relative to a V100
+    assert len(ts.rates) == 83 + 17
+    row = ts.relative(spec("p", "resnet50", gpus=4))
+    per_batch = [ts.relative(spec("q", "x", gpus=4, job_type=f"ResNet-50 (batch size {b})")) for b in (16, 32, 64, 128)]
+    assert row is not None and row["k80"] == pytest.approx(statistics.fmean(r["k80"] for r in per_batch if r))
     j = spec("a", "ResNet-50", job_type="ResNet-50 (batch size 64)")
     # the file's solo throughputs (steps/s) over the V100's
     assert ts.relative(j) == {"v100": 1.0, "p100": 2.6194694075770055 / 4.394774823323071,

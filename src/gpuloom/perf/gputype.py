@@ -17,7 +17,8 @@ The matrix comes from one of:
   (batch size B)', scale)": {"null": solo steps/s, "('Other', scale)": [this
   job's, the other's steps/s]}}}``; the ``*_unconsolidated`` columns, Gavel's
   multi-GPU jobs spread over servers, are left out: the locality factor prices
-  spreading);
+  spreading; each model also gets a row, the mean of its job types' relative speeds,
+  for jobs known by model alone: ``resnet50`` in a Philly trace);
 * a profile the user gives (:func:`load_type_speeds`): a CSV with a ``model``
   column, an optional ``gpus`` column and one column per GPU type, or JSON/TOML
   ``{"reference": "v100", "jobs": {"resnet50": {"v100": 2.1, "k80": 0.4}}}``;
@@ -279,8 +280,26 @@ def _from_gavel(data: Mapping[str, Any], path: Path, pairs: bool) -> TypeSpeeds:
                                           f"throughputs", path)
                 ts.pairs.setdefault((kind, okind), {})[t] = (_rate(both[0], path, f"{type_} / {key} / {other}"),
                                                              _rate(both[1], path, f"{type_} / {key} / {other}"))
+    _model_rows(ts)
     ts._index()
     return ts
+
+
+def _model_rows(ts: TypeSpeeds) -> None:
+    """Rows by model name too (``resnet50``: Gavel's job types carry a batch size), each the mean of its
+    job types' speeds relative to their reference type, so jobs known only by model (Philly, Sia traces)
+    get their model's typical speed-ups."""
+    groups: dict[Kind, list[dict[str, float]]] = {}
+    for (name, g), row in ts.rates.items():
+        m = normalise_model(name)
+        ref = ts._ref_rate(row)
+        if m != name and ref > 0:
+            groups.setdefault((m, g), []).append({t: r / ref for t, r in row.items()})
+    for key, rows in groups.items():
+        if key in ts.rates:
+            continue
+        types = {t for r in rows for t in r}
+        ts.rates[key] = {t: sum(r.get(t, 0.0) for r in rows) / len(rows) for t in types}
 
 
 def _from_table(data: Mapping[str, Any], path: Path) -> TypeSpeeds:
