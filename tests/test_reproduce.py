@@ -14,7 +14,7 @@ from gpuloom.sim.reproduce import ReproduceError, run, table
 
 def test_reproduce_all_on_reduced_input(data_dir: Path, tmp_path: Path) -> None:
     results = run("all", data_dir, "paper", seeds=2, out=tmp_path, limit=40)
-    assert [r.name for r in results] == ["muri", "synergy", "pal", "fsched"]
+    assert [r.name for r in results] == ["muri", "synergy", "pal", "fsched", "gavel"]
     text = table(results)
     assert "Muri Fig. 9" in text and "PAL Sec. V-B" in text and "Synergy abstract" in text
     for r in results:
@@ -25,7 +25,10 @@ def test_reproduce_all_on_reduced_input(data_dir: Path, tmp_path: Path) -> None:
     fs = next(r for r in results if r.name == "fsched")
     assert "reproduced: yes" in fs.notes[0]  # the thesis' direction
     data = json.loads((tmp_path / "reproduce.json").read_text())
-    assert {d["name"] for d in data} == {"muri", "synergy", "pal", "fsched"}
+    assert {d["name"] for d in data} == {"muri", "synergy", "pal", "fsched", "gavel"}
+    gv = next(r for r in results if r.name == "gavel")
+    assert gv.seeds == 2 and "Gavel's sim" in text and "Gavel Fig. 8" in text
+    assert len(gv.rows) == 9 and all(len(row.values) == 2 for row in gv.rows)
 
 
 def test_reproduce_cli_and_errors(data_dir: Path, tmp_path: Path) -> None:

@@ -232,11 +232,20 @@ def test_muri_testbed_duration_differs(data_dir: Path) -> None:
 def test_gavel_values_and_throughput_option(data_dir: Path) -> None:
     j = load_trace(data_dir / "gavel/msr/seed0/11cb48.trace")[0]
     assert (j.id, j.model, j.gpus, j.arrival, j.iterations) == ("11cb48-0", "Transformer", 1, 0.0, 13407515)
-    assert j.attrs["batch_size"] == 128 and j.attrs["steps_per_second"] == 2000.0 / 128
-    assert j.duration == pytest.approx(13407515 / 15.625)
+    # Gavel's measured V100 throughput of ('Transformer (batch size 128)', 1) in simulation_throughputs.json
+    assert j.attrs["batch_size"] == 128 and j.attrs["steps_per_second"] == 5.44610521981264
+    assert j.duration == pytest.approx(13407515 / 5.44610521981264)
+    assert Path(j.attrs["gpu_speeds_file"]).name == "simulation_throughputs.json"
+    # the assumed table where the file is not wanted
+    a = load_trace(data_dir / "gavel/msr/seed0/11cb48.trace", throughputs="none")[0]
+    assert a.attrs["steps_per_second"] == 2000.0 / 128 and "gpu_speeds_file" not in a.attrs
+    assert a.duration == pytest.approx(13407515 / 15.625)
     small = data_dir / "gavel/physical_cluster/small_test.trace"
     k = load_trace(small)[0]  # Transformer (batch size 128) ... -step 1 346 2 1 -1.000000 0
     assert (k.gpus, k.iterations, k.arrival, k.attrs["priority"]) == (2, 346, 0.0, 1.0)
+    # physical_cluster traces take Gavel's physical-cluster measurements, at their scale factor (2 GPUs)
+    assert k.attrs["steps_per_second"] == 10.069238394742342
+    assert Path(k.attrs["gpu_speeds_file"]).name == "physical_cluster_throughputs.json"
     mine = load_trace(small, steps_per_second={"Transformer (batch size 128)": 10.0, "Transformer": 20.0})
     assert mine[0].duration == pytest.approx(34.6)  # the exact job type wins over the model
     assert {j.attrs["steps_per_second"] for j in mine if j.model == "Transformer"} >= {10.0, 20.0}
@@ -247,6 +256,11 @@ def test_gavel_scale_factor_is_last_msr_field(data_dir: Path) -> None:
     # line 3: Transformer (batch size 256) ... -step 1 19178 182095.000000 8
     j = next(j for j in jobs if j.id == "23dbec-2")
     assert (j.gpus, j.iterations, j.arrival) == (8, 19178, 182095.0)
+    assert j.attrs["steps_per_second"] == 9.71702368412533  # measured at 8 GPUs
+    # 11cb48.trace line 149: ResNet-18 (batch size 128), 55335 steps, 64 GPUs: Gavel measured up to 8
+    big = next(j for j in load_trace(data_dir / "gavel/msr/seed0/11cb48.trace") if j.id == "11cb48-148")
+    assert (big.gpus, big.iterations) == (64, 55335)
+    assert big.attrs["steps_per_second"] == 162.09160717942794  # the file's 8-GPU V100 throughput
 
 
 # --------------------------------------------------------------------------- synergy

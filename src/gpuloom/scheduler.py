@@ -128,6 +128,11 @@ class Scheduler:
         self.preemptive = preemptive
         self.hooks = list(hooks)
         self.queue = queue if queue is not None else pb.make("queue", "none")
+        chosen = {st.stage: st for st in self.stages}
+        for st in self.stages:  # a stage that cannot run beside the others says so now, not mid-run
+            why = st.refuse(chosen)
+            if why:
+                raise pb.PolicyError(why)
         self._whole = False  # the last round's prefix left GPUs free: it was planned on the whole queue
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
 
@@ -456,7 +461,7 @@ class Scheduler:
                 r = asked.get(j.id)
                 req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
                        pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
-                parts = self.place.choose(req, base, view)
+                parts = self.place.choose_for(req, base, view)
                 if parts is None:
                     too_big = j.spec.gpus
                     continue

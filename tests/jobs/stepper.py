@@ -2,6 +2,7 @@
 
 ``stepper.py STEPS DT``: does STEPS steps of DT seconds.  Each finished step is
 appended to ``$GPULOOM_CHECKPOINT_DIR/ledger`` and the checkpoint (next step)
+(``STEPPER_DT_<GPU TYPE>`` in its environment sets DT on that type of GPU: ``STEPPER_DT_K80=0.2``)
 is replaced atomically; on SIGTERM it finishes the current step, checkpoints
 and exits 143 (exit 0 means all steps are done); with ``GPULOOM_RESUME=1`` it restarts from the checkpoint.  So the
 ledger lists every step exactly once if no work is lost or repeated.  The
@@ -15,6 +16,8 @@ import sys
 import time
 
 steps, dt = int(sys.argv[1]), float(sys.argv[2])
+# a step time per GPU type (STEPPER_DT_V100=0.05): the job runs faster on some types than on others
+dt = float(os.environ.get("STEPPER_DT_" + os.environ.get("GPULOOM_GPU_TYPE", "").upper(), dt))
 ckdir = os.environ["GPULOOM_CHECKPOINT_DIR"]
 ck = os.path.join(ckdir, "step.json")
 ledger = os.path.join(ckdir, "ledger")

@@ -38,8 +38,8 @@ ACTIVE_CODES = ("PD", "R", "CG")
 #: load the service (its database layer and scheduler: ~0.4 s of a command's start)
 ACTIVE = tuple(s.value for s in JobState if s not in TERMINAL)
 #: the fields of a job the queue's table shows (``GET /jobs?fields=``)
-QUEUE_FIELDS = ("id", "array", "name", "user", "queue", "st", "state", "time_limit", "held_s", "gpus", "progress",
-                "nodes", "pending_reason", "reason")
+QUEUE_FIELDS = ("id", "array", "name", "user", "queue", "st", "state", "time_limit", "held_s", "gpus", "gpu_type",
+                "progress", "nodes", "pending_reason", "reason")
 HISTORY_PAGE = 1000  # records per /history request
 LIST_PAGE = 2000  # jobs per /jobs request
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
@@ -71,7 +71,8 @@ def submit(
     args: Annotated[list[str] | None, typer.Argument(
         help="A job spec file (.yaml/.yml/.json), or the command to run (after --).", show_default=False)] = None,
     name: Annotated[str | None, typer.Option("--name", "-J", help="Job name.")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", "-G", help="GPUs (default 1).")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", "-G", help="GPUs (default 1), or TYPE:N for N GPUs of a "
+                                             "type (v100:2, as Slurm's --gpus).")] = None,
     cpus: Annotated[int | None, typer.Option("--cpus", "-c", help="CPU cores (default: the GPU-proportional share).")] = None,
     mem: Annotated[str | None, typer.Option("--mem", help="Memory: 8G (10^9 bytes), 8Gi (2^30 bytes), 512M, or MB.")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM:SS, 90m, 2h.")] = None,
@@ -105,7 +106,10 @@ def submit(
         body["command"] = wrap
     if "command" not in body:
         raise typer.BadParameter("nothing to run: give a job spec file, a command after --, or --wrap \"command\"")
-    flags = {"name": name, "gpus": gpus, "cpus": cpus, "mem": mem, "time_limit": time_limit, "array": array,
+    if gpus is not None:  # a count, or TYPE:COUNT (gpu:TYPE:COUNT): the server reads both
+        gpus = gpus.strip()
+    flags = {"name": name, "gpus": int(gpus) if gpus is not None and gpus.isdigit() else gpus, "cpus": cpus,
+             "mem": mem, "time_limit": time_limit, "array": array,
              "dependency": dependency, "queue": queue, "workdir": workdir}
     body.update({k: v for k, v in flags.items() if v is not None})
     if env:
@@ -177,7 +181,8 @@ def queue(
             row = [str(j["id"]), j.get("array") or "", j["name"], j["user"], j.get("queue") or "-", j["st"]]
             if long:
                 row += [j["state"].upper(), format_duration(j.get("time_limit"))]
-            row += [format_duration(j.get("held_s")), str(j["gpus"]), "-" if it is None else str(int(it)), _reason(j)]
+            gpus = f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else str(j["gpus"])  # Slurm's TYPE:N
+            row += [format_duration(j.get("held_s")), gpus, "-" if it is None else str(int(it)), _reason(j)]
             t.add_row(*row)
     if as_json:
         _print_json(jobs)
@@ -239,7 +244,7 @@ def show(
         [("User", j["user"]), ("Queue", j.get("queue") or "-"), ("JobState", f"{j['state'].upper()} ({j['st']})")],
         [("Reason", (j.get("pending_reason") if j["st"] == "PD" else None) or j.get("reason") or "None"),
          ("Dependency", j.get("dependency") or "-")],
-        [("GPUs", j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
+        [("GPUs", f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
          ("Memory", format_mem(j.get("mem_mb")) if j.get("mem_mb") is not None else "proportional"),
          ("TimeLimit", format_duration(j.get("time_limit")) if j.get("time_limit") else "UNLIMITED")],
         [("SubmitTime", _local(j.get("submit_time"))), ("StartTime", _local(j.get("first_start"))),

@@ -1,4 +1,4 @@
-"""``gpuloom reproduce muri|synergy|pal|fsched|all``: published figures beside gpuloom's."""
+"""``gpuloom reproduce muri|synergy|pal|fsched|gavel|all``: published figures beside gpuloom's."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from .output import OUT_HELP, Output, report_line
 
 @app.command()
 def reproduce(
-    which: Annotated[str, typer.Argument(help="muri, synergy, pal, fsched or all.")] = "all",
+    which: Annotated[str, typer.Argument(help="muri, synergy, pal, fsched, gavel or all.")] = "all",
     data: Annotated[Path | None, typer.Option(help="Data folder (default $GPULOOM_DATA, else ../shared/data "
                                                    "beside the checkout).")] = None,
     preset: Annotated[str, typer.Option(help="paper or artifact (where a paper and its artifact differ).")] = "paper",
-    seeds: Annotated[int | None, typer.Option(help="Seeds where randomness enters (default 3 for synergy, pal).")] = None,
+    seeds: Annotated[int | None, typer.Option(help="Seeds where randomness enters (default 3 for synergy, pal; 1 for gavel).")] = None,
     limit: Annotated[int | None, typer.Option(help="Reduced input: the first N jobs (a quick check).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,

@@ -570,10 +570,11 @@ def nodes(
         return
     from ..runtime.history import format_mem
 
-    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY", "TYPE", "JOBS", box=None)
+    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY", "GRES", "TYPE", "JOBS", box=None)
     for n in ns:
         t.add_row(n["name"], n["state"], f"{n['gpus_used']}/{n['gpus']}", f"{n['cpus_used']}/{n['cpus']}",
-                  f"{format_mem(n['mem_mb_used'])}/{format_mem(n['mem_mb'])}", n["gpu_type"], ",".join(n["jobs"]) or "-")
+                  f"{format_mem(n['mem_mb_used'])}/{format_mem(n['mem_mb'])}", n.get("gres", "-"), n["gpu_type"],
+                  ",".join(n["jobs"]) or "-")
     console.print(t)
 
 

@@ -113,6 +113,14 @@ class Cluster:
     def local_index(self, gpu: int) -> int:
         return gpu - int(self.gpu_offset[self.gpu_node[gpu]])
 
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The nodes' GPU types, normalised (:func:`~gpuloom.core.parse.normalise_gpu_type`), in node order,
+        each once; nodes without GPUs left out."""
+        from .parse import normalise_gpu_type
+
+        return tuple(dict.fromkeys(normalise_gpu_type(n.gpu_type) for n in self.nodes if n.gpus > 0))
+
     def node_index(self, name: str) -> int:
         for i, n in enumerate(self.nodes):
             if n.name == name:
@@ -186,18 +194,48 @@ class Cluster:
 
 
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+#: one group of a cluster by type: ``v100:36`` (36 nodes of one GPU) or ``v100:9x4`` (9 nodes of 4)
+_TYPED = re.compile(r"^\s*([A-Za-z][\w.\-]*)\s*:\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
 
 
 def parse_cluster(spec: str, cpus_per_node: int | None = None, mem_gb_per_node: float | None = None) -> Cluster:
-    """``"16x4"`` → 16 nodes of 4 GPUs; anything else is read as a file path."""
+    """``"16x4"`` → 16 nodes of 4 GPUs; ``"v100:36,p100:9x4"`` → nodes by GPU type
+    (:func:`typed_cluster`); anything else is read as a file path."""
     m = _SPEC.match(spec)
+    mem = int(mem_gb_per_node * 1000) if mem_gb_per_node is not None else None
     if m:
-        mem = int(mem_gb_per_node * 1000) if mem_gb_per_node is not None else None
         return Cluster.homogeneous(int(m.group(1)), int(m.group(2)), cpus_per_node, mem)
+    if ":" in spec and not Path(spec).exists():
+        return typed_cluster(spec, cpus_per_node, mem)
     path = Path(spec)
     if not path.exists():
-        raise ClusterError(f"cluster {spec!r}: neither NODESxGPUS (e.g. 16x4) nor an existing file")
+        raise ClusterError(f"cluster {spec!r}: neither NODESxGPUS (e.g. 16x4), TYPE:GPUS,... (e.g. "
+                           f"v100:36,p100:36,k80:36) nor an existing file")
     return load_cluster_file(path)
+
+
+def typed_cluster(spec: str, cpus_per_node: int | None = None, mem_mb_per_node: int | None = None) -> Cluster:
+    """A cluster by GPU type: ``"v100:36,p100:36,k80:36"`` (each type's GPUs on nodes of one GPU, as
+    Gavel's simulated servers) or ``"v100:9x4"`` (9 nodes of 4 GPUs); nodes are named ``v100-0``, ...
+    Cores and memory per node as :meth:`Cluster.homogeneous` (per GPU by default)."""
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for i, part in enumerate(spec.split(",")):
+        m = _TYPED.match(part)
+        if not m:
+            raise ClusterError(f"cluster {spec!r}: group {i + 1} ({part.strip()!r}) is not TYPE:GPUS or "
+                               f"TYPE:NODESxGPUS (e.g. v100:36 or v100:9x4)")
+        gpu_type = m.group(1)
+        if gpu_type.lower() in seen:
+            raise ClusterError(f"cluster {spec!r}: GPU type {gpu_type!r} given twice")
+        seen.add(gpu_type.lower())
+        count, per = int(m.group(2)), m.group(3)
+        n, g = (count, 1) if per is None else (count, int(per))
+        if n <= 0 or g <= 0:
+            raise ClusterError(f"cluster {spec!r}: {part.strip()!r} needs a positive number of nodes and GPUs")
+        group = Cluster.homogeneous(n, g, cpus_per_node, mem_mb_per_node, gpu_type, prefix=gpu_type.lower())
+        nodes.extend(group.nodes)
+    return Cluster(tuple(nodes))
 
 
 def load_cluster_file(path: str | Path) -> Cluster:

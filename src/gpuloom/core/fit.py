@@ -12,9 +12,11 @@ The rules, for a job asking for ``g`` GPUs, ``c`` CPU cores and ``m`` MB
 the GPU-proportional share of whichever node the job lands on, which every
 node with GPUs can give):
 
-1. **GPU type.** ``attrs["gpu_type"]`` (a name, or a list of acceptable names)
-   restricts the job to nodes whose ``gpu_type`` is one of them; without it
-   every node is eligible.  No eligible node: the job never fits.
+1. **GPU type.** ``attrs["gpu_type"]`` (a name, a list of acceptable names, or
+   names joined by ``|``) restricts the job to nodes whose ``gpu_type`` is one of
+   them, compared through :func:`~gpuloom.core.parse.normalise_gpu_type`
+   (``V100`` matches a node of ``Tesla V100-SXM2-16GB``); without it every node is
+   eligible.  Placement applies the same rule (:func:`spec_types`).  No eligible node: the job never fits.
 2. **Totals.** ``g`` must not exceed the eligible nodes' GPUs, nor ``c`` their
    cores, nor ``m`` their memory.
 3. **Per node.** A job's cores and memory are spread over its nodes in
@@ -36,9 +38,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 
 from .cluster import Cluster
 from .job import JobSpec
+from .parse import normalise_gpu_type
 
 #: ``JobSpec.attrs`` key naming the GPU type(s) a job can run on.
 GPU_TYPE_KEY = "gpu_type"
@@ -52,6 +56,30 @@ def _types(value: object) -> tuple[str, ...] | None:
     if isinstance(value, Iterable):
         return tuple(str(t) for t in value) or None
     return (str(value),)
+
+
+def spec_types(spec: JobSpec) -> tuple[str, ...] | None:
+    """The GPU types ``spec`` may run on, normalised (:func:`~gpuloom.core.parse.normalise_gpu_type`),
+    or ``None`` when it does not ask for one."""
+    attrs = spec.attrs
+    if not attrs:
+        return None
+    value = attrs.get(GPU_TYPE_KEY)
+    if value is None:
+        return None
+    return _normalised(value) if isinstance(value, str) else _normalised_seq(_types(value))
+
+
+@lru_cache(maxsize=1024)
+def _normalised(value: str) -> tuple[str, ...] | None:
+    return _normalised_seq(_types(value))
+
+
+def _normalised_seq(types: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    if types is None:
+        return None
+    out = tuple(dict.fromkeys(normalise_gpu_type(t) for t in types))
+    return out or None
 
 
 class FitChecker:
@@ -74,7 +102,8 @@ class FitChecker:
     def _why(self, g: int, c: int | None, m: int | None, types: tuple[str, ...] | None) -> str | None:
         shapes = self.shapes
         if types is not None:
-            shapes = [s for s in shapes if s[3] in types]
+            want = {normalise_gpu_type(t) for t in types}
+            shapes = [s for s in shapes if normalise_gpu_type(s[3]) in want]
             if not shapes:
                 have = sorted({s[3] for s in self.shapes})
                 return f"needs GPU type {' or '.join(types)}, the cluster has {', '.join(have) or 'no GPUs'}"

@@ -4,6 +4,9 @@
   catalogues, locality and topology tables, PAL's model classes, Synergy's
   profiles, trace lookups): ``"ResNet-50 (batch size 64)"``, ``"resnet50"``,
   ``"res50"`` and ``"RESNET_50"`` are one model.
+* :func:`normalise_gpu_type` is how GPU types are compared (a node's type, a job's ask,
+  a throughput matrix's columns): ``"Tesla V100-SXM2-16GB"``, ``"V100"`` and ``"v100"``
+  are one type.
 * :func:`parse_bool` reads a boolean given as a bool or as a word (policy
   parameters, run configurations, trace cells).
 * :func:`safe_arith` evaluates a numeric cell such as ``62.5*2`` or
@@ -25,7 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FALSE_WORDS", "TRUE_WORDS", "FieldError", "bool_literal", "normalise_model", "parse_bool", "safe_arith"]
+__all__ = ["FALSE_WORDS", "TRUE_WORDS", "FieldError", "bool_literal", "normalise_gpu_type", "normalise_model",
+           "parse_bool", "safe_arith"]
 
 
 # --------------------------------------------------------------------------- errors pointing into a file
@@ -79,6 +83,32 @@ def normalise_model(name: str) -> str:
     """
     s = _NOT_ALNUM.sub("", _PARENS.sub("", name).lower())
     return MODEL_ALIASES.get(s, s)
+
+
+# --------------------------------------------------------------------------- GPU types
+
+_VENDOR_WORDS = frozenset({"nvidia", "tesla", "geforce", "quadro", "amd", "radeon", "instinct", "gpu"})
+_TYPE_SPLIT = re.compile(r"[\s_\-/]+")
+
+
+@lru_cache(maxsize=1024)
+def normalise_gpu_type(name: str) -> str:
+    """The comparable form of a GPU type: ``"Tesla V100-SXM2-16GB"`` -> ``"v100"``.
+
+    Lower-cases, drops vendor words (NVIDIA, Tesla, GeForce, ...) and keeps the
+    first word of what is left, i.e. the product (``"A100-SXM4-80GB"`` ->
+    ``"a100"``, ``"H100 80GB HBM3"`` -> ``"h100"``); a first word of letters only
+    takes the next one along (``"GeForce RTX 3090"`` -> ``"rtx3090"``,
+    ``"TITAN V"`` -> ``"titanv"``).  Memory and form-factor variants are one type.
+    Idempotent; an empty name stays empty.
+    """
+    words = [w for w in _TYPE_SPLIT.split(name.strip().lower()) if w and w not in _VENDOR_WORDS]
+    if not words:
+        return ""
+    first = words[0]
+    if first.isalpha() and len(words) > 1 and not words[1].endswith("gb"):
+        first += words[1]
+    return first
 
 
 # --------------------------------------------------------------------------- booleans

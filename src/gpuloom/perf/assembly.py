@@ -233,6 +233,29 @@ def _storage(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -
     return StorageFactor(load_storage_demands(path), cluster, o["storage_mbps"])
 
 
+def _gpu_type(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
+    from .gputype import GpuTypeFactor, from_jobs, load_type_speeds, trace_speeds_file
+
+    # a matrix from --gpu-speeds, else the one the trace's reader loaded, else the jobs' own speeds;
+    # none of these: no factor (every type runs a job at its reference speed)
+    path = o.get("gpu_speeds") or trace_speeds_file(specs)
+    if path is not None:
+        speeds = load_type_speeds(path)
+        inline = from_jobs(specs)
+        if inline is not None:
+            speeds.rates.update(inline.rates)
+            speeds._index()
+    else:
+        speeds = from_jobs(specs)  # type: ignore[assignment]
+        if speeds is None:
+            return None
+    if o.get("reference_type"):
+        from ..core.parse import normalise_gpu_type
+
+        speeds.reference = normalise_gpu_type(str(o["reference_type"]))
+    return GpuTypeFactor(speeds, cluster)
+
+
 #: every factor gpuloom knows, in the order the model multiplies them
 FACTORS: tuple[FactorDecl, ...] = (
     FactorDecl("locality", (
@@ -270,6 +293,12 @@ FACTORS: tuple[FactorDecl, ...] = (
         ModelOption("profiles", _path, None, "Synergy sensitivity profiles CSV: CPU/memory speed-ups.",
                     metavar="FILE"),
     ), _sensitivity, always=True, help="CPU/memory sensitivity (Synergy)"),
+    FactorDecl("gpu_type", (
+        ModelOption("gpu_speeds", _path, None, "Throughput per GPU type: Gavel's throughputs JSON, or a CSV/JSON/TOML "
+                    "of model x type (docs/gavel.md).", metavar="FILE"),
+        ModelOption("reference_type", str, None, "The GPU type whose throughput is speed 1.0 (default: the file's, "
+                    "v100 for Gavel's).", flag=False),
+    ), _gpu_type, always=True, help="a speed per GPU type (Gavel)"),
     FactorDecl("storage", (
         ModelOption("storage_mbps", _positive, None, "Storage bandwidth per node, MB/s (Synergy's speed column).",
                     flag=False),

@@ -111,6 +111,7 @@ class ThroughputModel:
     def __init__(self, cluster: Cluster, factors: Iterable[Factor] = ()) -> None:
         self.cluster = cluster
         self.factors: list[Factor] = list(factors)
+        self._named: tuple[list[Factor], int, dict[str, Factor]] | None = None  # get()'s index, per list
 
     @classmethod
     def default(cls, cluster: Cluster, locality_penalty: float = DEFAULT_LOCALITY_PENALTY,
@@ -129,10 +130,13 @@ class ThroughputModel:
         return self
 
     def get(self, name: str) -> Factor | None:
-        for f in self.factors:
-            if f.name == name:
-                return f
-        return None
+        """The first factor named ``name`` (None if none): indexed once per factor list (placement asks
+        for ``gpu_type`` on every try), again when the list is replaced or grows."""
+        fs = self.factors
+        c = self._named
+        if c is None or c[0] is not fs or c[1] != len(fs):
+            c = self._named = (fs, len(fs), {f.name: f for f in reversed(fs)})
+        return c[2].get(name)
 
     def speed(self, job: Job, alloc: Allocation) -> float:
         s = 1.0

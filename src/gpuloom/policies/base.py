@@ -79,9 +79,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..core.cluster import Cluster
+from ..core.fit import GPU_TYPE_KEY, spec_types
 from ..core.job import Job
-from ..core.parse import parse_bool
+from ..core.parse import normalise_gpu_type, parse_bool
 from ..core.plan import Allocation, Part, Plan
+from ..perf.gputype import runnable_types
 from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
@@ -186,23 +188,30 @@ class Request:
     """How much a unit (one job, or a group sharing GPUs) should get.
 
     ``cpus``/``mem_mb`` are totals over all the unit's nodes; ``None`` means the
-    GPU-proportional share of whichever node(s) it lands on.
+    GPU-proportional share of whichever node(s) it lands on.  ``types`` restricts
+    the GPU types it may be placed on (normalised names,
+    :func:`~gpuloom.core.parse.normalise_gpu_type`; ``()``: none this round);
+    ``None`` leaves the jobs' own asks (``attrs["gpu_type"]``), which placement
+    always honours (:func:`allowed_types`).
     """
 
     jobs: tuple[Job, ...]
     gpus: int
     cpus: int | None = None
     mem_mb: int | None = None
+    types: tuple[str, ...] | None = None
     _key: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> tuple:
-        """(gpus, cpus, mem_mb, job ids): equal keys mean an unchanged request."""
+        """(gpus, cpus, mem_mb, job ids[, types]): equal keys mean an unchanged request."""
         k = self._key
         if k is None or k[0] != self.gpus or k[1] != self.cpus or k[2] != self.mem_mb:
             jobs = self.jobs
             ids = jobs[0].id if len(jobs) == 1 else tuple(j.id for j in jobs)
-            k = self._key = (self.gpus, self.cpus, self.mem_mb, ids)
+            types = self.types
+            k = self._key = (self.gpus, self.cpus, self.mem_mb, ids) if types is None else (
+                self.gpus, self.cpus, self.mem_mb, ids, types)
         return k
 
     @property
@@ -248,6 +257,11 @@ class Stage:
     def stats(self) -> dict[str, Any]:
         """Counters of the last round (reports and benchmarks); none by default."""
         return {}
+
+    def refuse(self, stages: Mapping[str, Stage]) -> str | None:
+        """Why this stage cannot run beside the other chosen ``stages`` (by stage name), or None;
+        the scheduler refuses such a stack when it is built."""
+        return None
 
     def pending_reasons(self, plan: Plan, view: View) -> Mapping[str, str]:
         """Why this stage holds jobs back in ``plan`` (job id -> reason), overriding the
@@ -306,6 +320,48 @@ def parse_flag(value: bool | str, name: str) -> bool:
 
 def req_key(req: Request) -> tuple:
     return req.key
+
+
+def allowed_types(req: Request, model: ThroughputModel | None = None) -> tuple[str, ...] | None:
+    """The GPU types ``req`` may be placed on: its own ``types``, else what its jobs ask for
+    (:func:`~gpuloom.core.fit.spec_types`; every member's ask for a group) and, given the model,
+    can run on (:func:`~gpuloom.perf.gputype.runnable_types`); None: any type."""
+    t = req.types
+    if t is not None:
+        return t
+    out: tuple[str, ...] | None = None
+    for j in req.jobs:
+        mine = spec_types(j.spec) if j.spec.attrs and GPU_TYPE_KEY in j.spec.attrs else None
+        if model is not None:
+            can = runnable_types(j, model)
+            if can is not None:
+                mine = can if mine is None else tuple(x for x in mine if x in can)
+        if mine is not None:
+            out = mine if out is None else tuple(x for x in out if x in mine)
+    return out
+
+
+def type_masks(cluster: Cluster, types: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(per node, per GPU) 0/1 masks of ``cluster``'s nodes of one of ``types`` (cached per cluster)."""
+    key = (id(cluster), types)
+    hit = _MASKS.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1], hit[2]
+    ok = np.array([normalise_gpu_type(n.gpu_type) in types for n in cluster.nodes], dtype=np.uint8)
+    gpu = ok[cluster.gpu_node] if cluster.num_gpus else np.zeros(0, dtype=np.uint8)
+    if len(_MASKS) > 256:
+        _MASKS.clear()
+    _MASKS[key] = (cluster, ok, gpu)
+    return ok, gpu
+
+
+_MASKS: dict[tuple[int, tuple[str, ...]], tuple[Cluster, np.ndarray, np.ndarray]] = {}
+
+
+def on_types(cluster: Cluster, parts: Sequence[Part], types: tuple[str, ...]) -> bool:
+    """Whether every part of ``parts`` is on a node of one of ``types``."""
+    node_ok = type_masks(cluster, types)[0]
+    return all(node_ok[p.node] for p in parts)
 
 
 def split_parts(cluster: Cluster, req: Request, by_node: Mapping[int, Sequence[int]]) -> tuple[Part, ...]:
@@ -376,6 +432,23 @@ class PlacePolicy(Stage):
     def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         raise NotImplementedError
 
+    def choose_for(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
+        """:meth:`choose` within the GPU types ``req`` may use (:func:`allowed_types`): the other
+        nodes look full while it chooses.  Callers outside the loop place through this."""
+        if req.types is None and len(req.jobs) == 1 and view.model.get("gpu_type") is None:
+            attrs = req.jobs[0].spec.attrs
+            if not attrs or GPU_TYPE_KEY not in attrs:
+                return self.choose(req, free, view)  # (no type to keep to: most tries)
+        types = allowed_types(req, view.model)
+        if types is None:
+            return self.choose(req, free, view)
+        if not types:
+            return None
+        node_ok, gpu_ok = type_masks(free.cluster, types)
+        with free.masked(node_ok, gpu_ok):
+            parts = self.choose(req, free, view)
+        return parts
+
     def arrange(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> list[Request]:
         """The order in which requests are placed: as given, running requests first when not preemptive."""
         if preemptive:
@@ -428,10 +501,15 @@ class PlacePolicy(Stage):
         return free
 
     def keep_parts(self, req: Request, free: FreeState) -> tuple[Part, ...] | None:
-        """The request's previous GPUs with its new CPU/memory, if all still free."""
+        """The request's previous GPUs with its new CPU/memory, if all still free (and of a type
+        the request may use)."""
         prev = req.jobs[0].alloc  # req.prev, without the property call (every try reads it)
         if prev is None or prev.num_gpus != req.gpus:
             return None
+        if req.types is not None or len(req.jobs) > 1 or GPU_TYPE_KEY in req.jobs[0].spec.attrs:
+            types = allowed_types(req)
+            if types is not None and not on_types(free.cluster, prev.parts, types):
+                return None
         if prev.key == req.key:  # the same request: split_parts would give its parts again
             parts = prev.parts
         else:
@@ -511,4 +589,4 @@ class PlacePolicy(Stage):
 def place_request(policy: PlacePolicy, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
     """One request through a policy's stickiness and ``choose`` (used by sizers that place job by job)."""
     parts = policy.keep_parts(req, free) if policy.sticky else None
-    return parts if parts is not None else policy.choose(req, free, view)
+    return parts if parts is not None else policy.choose_for(req, free, view)

@@ -106,6 +106,12 @@ class FreeState:
         self.gpu_counts[:] = other.gpu_counts  # type: ignore[assignment]  # (both of one type: one cluster)
         self.free_gpus = other.free_gpus
 
+    def masked(self, node_ok: np.ndarray, gpu_ok: np.ndarray) -> _Masked:
+        """A context in which only the nodes ``node_ok`` marks (0/1 per node; ``gpu_ok`` the same per GPU)
+        show free GPUs: the others look full (their cores and memory are left as they are).  Only read
+        the state inside it: leaving it restores the buffers as they were on entry."""
+        return _Masked(self, node_ok, gpu_ok)
+
     def free_on(self, node: int) -> list[int]:
         gf = self._gf
         return [g for g in range(self._off[node], self._off[node + 1]) if gf[g]]
@@ -218,3 +224,36 @@ class FreeState:
                 self.free_gpus += len(ids)
             self.cpu_counts[node] += p.cpus * members
             self.mem_counts[node] += p.mem_mb * members
+
+
+class _Masked:
+    """:meth:`FreeState.masked`: copies of the GPU buffers on entry, the masks applied in place (numpy
+    over the buffers: a few microseconds for thousands of GPUs), the copies written back on exit."""
+
+    __slots__ = ("free", "node_ok", "gpu_ok", "saved")
+
+    def __init__(self, free: FreeState, node_ok: np.ndarray, gpu_ok: np.ndarray) -> None:
+        self.free, self.node_ok, self.gpu_ok = free, node_ok, gpu_ok
+        self.saved: tuple[bytearray, bytearray | array, int] | None = None
+
+    def __enter__(self) -> FreeState:
+        f = self.free
+        counts = f.gpu_counts
+        self.saved = (f._gf[:], counts[:], f.free_gpus)
+        gf = np.frombuffer(f._gf, dtype=np.uint8)
+        gf &= self.gpu_ok
+        if isinstance(counts, bytearray):
+            c = np.frombuffer(counts, dtype=np.uint8)
+        else:
+            c = np.frombuffer(counts, dtype=np.int64)
+        c *= self.node_ok
+        f.free_gpus = int(c.sum())
+        return f
+
+    def __exit__(self, *exc: object) -> None:
+        f = self.free
+        assert self.saved is not None
+        gf, counts, free = self.saved
+        f._gf[:] = gf
+        f.gpu_counts[:] = counts  # type: ignore[assignment]  # (a copy of this very buffer)
+        f.free_gpus = free

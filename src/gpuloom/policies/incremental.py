@@ -138,8 +138,10 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from ..core.fit import GPU_TYPE_KEY, spec_types
 from ..core.job import Job, Shape
 from ..core.plan import Allocation, Part, Plan
+from ..perf.gputype import runnable_types
 from .free import FreeState
 
 if TYPE_CHECKING:
@@ -192,7 +194,18 @@ def try_new(place: PlacePolicy, plan: Plan, req: Request, free: FreeState, view:
         try_ = place._try
     if not place.pure_choose or req.jobs[0].alloc is not None:  # (req.prev, without the property call)
         return try_(plan, req, free, view)
-    shape = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
+    shape: tuple = (req.gpus, req.cpus, req.mem_mb, len(req.jobs))
+    gpu_types = view.model.get("gpu_type") is not None
+    if req.types is not None or gpu_types or len(req.jobs) > 1 or GPU_TYPE_KEY in req.jobs[0].spec.attrs:
+        # a request limited to some GPU types (its own, its jobs' asks, the types its jobs can run on)
+        # is refused for those types only (a typed shape's last element is never a bare member count,
+        # so the tail walk never counts it dead)
+        if req.types is not None:
+            shape = (req.gpus, req.cpus, req.mem_mb, (len(req.jobs), req.types))
+        else:
+            asks = tuple((spec_types(j.spec), runnable_types(j, view.model) if gpu_types else None) for j in req.jobs)
+            if any(a is not None or b is not None for a, b in asks):
+                shape = (req.gpus, req.cpus, req.mem_mb, (len(req.jobs), asks))
     if shape in refused:
         return False
     if try_(plan, req, free, view):

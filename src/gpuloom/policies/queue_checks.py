@@ -92,4 +92,4 @@ def _placeable(job: Job, q: int, tree: QueueTree, adm: Admission, plan: Plan, vi
     tier_a = {j.id for j in adm.guaranteed}
     kept = {jid: a for jid, a in plan.allocations.items() if jid in tier_a or leaf.get(jid) not in lenders}
     free = FreeState.of(view.cluster, kept)
-    return place.choose(Request((job,), job.spec.gpus, job.spec.cpus, job.spec.mem_mb), free, view) is not None
+    return place.choose_for(Request((job,), job.spec.gpus, job.spec.cpus, job.spec.mem_mb), free, view) is not None

@@ -274,7 +274,7 @@ class _Round:
                 return None
         elif g > free.free_gpus:
             return None
-        parts = self.place.choose(req, free, self.view)
+        parts = self.place.choose_for(req, free, self.view)
         if parts is not None and len(parts) > 1 and single:
             return None
         return parts
@@ -394,7 +394,7 @@ class _Round:
         # no node has the GPUs: the place policy says over which nodes the job may spread (a
         # consolidating one makes a job that fits on a node wait, as it does under proportional
         # sizing), asked for the GPUs alone, as if demotions could free any cores and memory
-        probe = self.place.choose(Request(req.jobs, g, 0, 0), free, self.view)
+        probe = self.place.choose_for(Request(req.jobs, g, 0, 0), free, self.view)
         if probe is None:
             return None
         req = Request(req.jobs, g, None, None)
@@ -503,7 +503,7 @@ def check_tune_invariants(
         g = job.spec.gpus
         if g > free.free_gpus:
             return False
-        return place is None or place.choose(Request((job,), g, 0, 0), free, view) is not None
+        return place is None or place.choose_for(Request((job,), g, 0, 0), free, view) is not None
 
     def gpus_only(a: Allocation) -> tuple[Part, ...]:
         return tuple(Part(p.node, p.gpus, 0, 0) for p in a.parts)

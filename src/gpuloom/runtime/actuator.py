@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.cluster import Cluster
 from ..core.job import Job
 from ..core.lifecycle import JobState
+from ..core.parse import normalise_gpu_type
 from ..core.plan import Action, ActionKind
 from ..driver import Driver, LaunchFailed, Step, lifecycle_steps
 from . import joblogs
@@ -83,6 +85,12 @@ class Running:
     start: float  # service time of this launch (held time counts from it)
     log_offset: int = 0  # bytes in the log before this launch, a logical offset (progress lines after it count)
     looked: float = -math.inf  # service time of the last look for a progress line that found none
+
+
+def gpu_type_env(name: str) -> str:
+    """A node's GPU type for a job's ``GPULOOM_GPU_TYPE``: the product (``v100`` for ``Tesla V100-SXM2-16GB``),
+    letters, digits, ``.``, ``_`` and ``-`` only (a node's name for its GPUs is not the job's to trust)."""
+    return re.sub(r"[^a-z0-9._-]", "", normalise_gpu_type(name))[:64]
 
 
 class Actuator:
@@ -300,7 +308,8 @@ class Actuator:
                 c = self.cores.take(node, eid, p.cpus)
                 cores[node] = c
                 self.exec_owner[eid] = jid
-                env = dict(env_common, GPULOOM_NODE_RANK=str(rank))
+                env = dict(env_common, GPULOOM_NODE_RANK=str(rank), GPULOOM_GPU_TYPE=gpu_type_env(
+                    self.cluster.nodes[p.node].gpu_type))
                 if multi:
                     env.update(gang_env(rank, [len(q.gpus) for q in alloc.parts], addr, port))
                 launches.append(LaunchSpec(eid, str(spec["command"]), node,

@@ -91,6 +91,14 @@ def refuse_reason(cluster: Cluster, gpus: int, cpus: int | None, mem_mb: int | N
 def check_submittable(cluster: Cluster, spec: dict) -> None:
     """Raise :class:`SubmitError` naming the field if ``spec`` can never run on ``cluster``."""
     reason = refuse_reason(cluster, int(spec["gpus"]), spec.get("cpus"), spec.get("mem_mb"))
+    if reason is None and spec.get("gpu_type"):
+        from ..core.fit import never_fits
+        from ..core.job import JobSpec
+
+        why = never_fits(JobSpec("submitted", 0.0, int(spec["gpus"]), 1.0, cpus=spec.get("cpus"),
+                                 mem_mb=spec.get("mem_mb"), attrs={"gpu_type": spec["gpu_type"]}), cluster)
+        if why is not None:
+            reason = "gpu_type", why
     if reason is not None:
         raise SubmitError(f"job can never run on this cluster: {reason[1]}", reason[0])
 

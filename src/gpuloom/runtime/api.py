@@ -61,7 +61,7 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ..core.lifecycle import JobState
@@ -156,8 +156,44 @@ class JobSubmit(BaseModel):
     iterations: int | None = Field(None, ge=1, le=10**12, strict=True)  # with iteration_time: the work estimate
 
     queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/queues.py)
+    gpu_type: str | None = Field(None, max_length=520)  # "v100", "a100|h100"; also gpus: "v100:2" (Slurm's gres)
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
     dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gres(cls, data: Any) -> Any:
+        """``gpus: v100:2`` (or ``gpu:v100:2``) is ``gpus: 2, gpu_type: v100`` (anything else is left to the
+        field's own check, which names it)."""
+        if isinstance(data, dict) and isinstance(data.get("gpus"), str):
+            from .specs import parse_gres
+
+            try:
+                t, n = parse_gres(data["gpus"])
+            except ValueError:
+                return data
+            data = {**data, "gpus": n}
+            if t is not None:
+                if data.get("gpu_type") not in (None, t):
+                    raise ValueError(f"gpus {t}:{n} and gpu_type {data['gpu_type']!r} disagree")
+                data["gpu_type"] = t
+        return data
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> Any:
+        if isinstance(v, str):  # (not a count, nor TYPE:COUNT: _gres left it)
+            raise ValueError(f"expected a GPU count or TYPE:COUNT (e.g. 2, v100:2, gpu:v100:2), got {v[:40]!r}")
+        return v
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | None) -> str | None:
+        from .specs import GPU_TYPE_RE
+
+        if v is not None and not GPU_TYPE_RE.match(v):
+            raise ValueError(f"gpu_type: a GPU type (v100, a100, ...) or several joined by |, got {v[:40]!r}")
+        return v
 
     @field_validator("array")
     @classmethod
@@ -293,6 +329,7 @@ def job_json(row: JobRow, live_progress: int | None = None, now: float | None = 
         "array_task": row.array_task,
         "dependency": s.get("dependency"),
         "gpus": s.get("gpus"),
+        "gpu_type": s.get("gpu_type"),
         "cpus": s.get("cpus"),
         "mem_mb": s.get("mem_mb"),
         "command": s.get("command"),
@@ -321,7 +358,7 @@ def job_json(row: JobRow, live_progress: int | None = None, now: float | None = 
 
 #: the fields of a job's JSON (:func:`job_json`), which ``GET /jobs?fields=`` may name
 JOB_FIELDS = ("id", "name", "user", "state", "st", "pending_reason", "queue", "array", "array_id", "array_task",
-              "dependency", "gpus", "cpus", "mem_mb", "command", "model", "time_limit", "submit_time", "first_start",
+              "dependency", "gpus", "gpu_type", "cpus", "mem_mb", "command", "model", "time_limit", "submit_time", "first_start",
               "last_start", "end_time", "nodes", "alloc", "procs", "attempts", "resume_count", "preemptions",
               "held_time", "held_s", "checkpoint_dir", "workdir", "progress", "exit_code", "reason",
               "cancel_requested")

@@ -74,7 +74,7 @@ from .specs import profile_key
 from .store import JobRow, Store
 
 #: spec fields policies read, carried into the trace's attrs as they were submitted
-CARRIED = ("resource_times", "iteration_time", "batch_size", "priority", "min_gpus", "throughput")
+CARRIED = ("resource_times", "iteration_time", "batch_size", "priority", "min_gpus", "throughput", "gpu_type")
 #: allocations opened by these events start a process (a launch time can be measured)
 LAUNCHES = ("launch", "resume", "move", "resize")
 

@@ -99,7 +99,7 @@ from ..perf.model import ThroughputModel
 from ..perf.sensitivity import SensitivityFactor, add_sensitivity
 from ..scheduler import Scheduler
 from . import joblogs
-from .actuator import PROGRESS_MARK, Actuator, Running
+from .actuator import PROGRESS_MARK, Actuator, Running, gpu_type_env
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
 from .clock import Clock, ServiceTime, SystemClock, resume
 from .deps import Gate, parse_array, resolve_dependency
@@ -118,6 +118,7 @@ from .queues import QueueAdmin
 from .security import Guard
 from .specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
 from .store import JobRow, Store, unavailable
+from .typespeeds import TypeMeter
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_DURATION", "FINAL_STATES", "HOLDING", "PROGRESS_MARK", "QUEUED_STATES", "SPEC_ATTRS",
@@ -254,6 +255,8 @@ class Service:
         self.actuator.profiler = self.profiler
         self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(seed),
                              check=True, protect_factor=protect)
+        self.meter = TypeMeter(self.model, self.actuator.last_progress, self.clock.time,
+                               lambda jid, d: self.mirror.event(jid, "measured", d))  # speeds per GPU type
 
     # -- what the API and tests read --------------------------------------------------------
     @property
@@ -405,6 +408,7 @@ class Service:
                     "mem_mb": n.mem_mb,
                     "mem_mb_used": mem,
                     "gpu_type": n.gpu_type,
+                    "gres": f"gpu:{gpu_type_env(n.gpu_type) or 'none'}:{n.gpus}",  # Slurm's form
                     "jobs": sorted(jobs, key=int),
                     "state": "mixed" if 0 < len(used_g) < n.gpus else ("alloc" if used_g else "idle"),
                 }
@@ -577,6 +581,7 @@ class Service:
         unpark(self)
         changed = self._load_new() or changed
         self.actuator.promote(self.driver.jobs, self.now())
+        self.meter.observe(self.driver.jobs, self.actuator.running, self.driver.speed, self.now())
         return changed
 
     def act(self) -> list[Action]:

@@ -26,8 +26,28 @@ from .store import JobRow
 
 DEFAULT_DURATION = 3600.0
 MAX_DURATION = 10 * 365 * 86400.0  # time limits beyond ten years are typos  # work estimate (s) for jobs without a time limit
-#: job-spec fields passed to policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves)
-SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time", "queue")
+#: job-spec fields passed to policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves,
+#: the GPU type asked for)
+SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time", "queue",
+              "gpu_type")
+
+#: a GPU type a job may ask for: a product name (``v100``, ``A100``, ``rtx3090``), alternatives joined by ``|``
+GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,62}(\|[A-Za-z0-9][A-Za-z0-9_.\- ]{0,62}){0,7}$")
+_GRES = re.compile(r"^(?:gpu:)?(?:([A-Za-z][A-Za-z0-9_.\-]{0,62}):)?([0-9]{1,6})$")
+
+
+def parse_gres(value: Any, where: str = "gpus") -> tuple[str | None, int]:
+    """``(GPU type or None, count)`` from Slurm's forms: ``2``, ``v100:2`` (``--gpus``), ``gpu:v100:2``
+    (``--gres``).  Raises ``ValueError`` naming ``where``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected a GPU count or TYPE:COUNT (e.g. v100:2), got {value!r}")
+    if isinstance(value, int):
+        return None, value
+    m = _GRES.match(str(value).strip())
+    if m is None:
+        raise ValueError(f"{where}: expected a GPU count or TYPE:COUNT (e.g. 2, v100:2, gpu:v100:2), "
+                         f"got {str(value)[:40]!r}")
+    return m.group(1), int(m.group(2))
 
 
 def job_spec(row: JobRow, epoch: float, default_duration: float = DEFAULT_DURATION, profile: Any = None,

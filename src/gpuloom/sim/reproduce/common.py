@@ -26,6 +26,7 @@ class Row:
     published: float | None
     source: str  # table / figure / section of the published figure
     values: list[float] = field(default_factory=list)  # gpuloom, one per seed
+    other: float | None = None  # the source's own simulator run here on the same input (Result.other_label)
 
     @property
     def mean(self) -> float:
@@ -51,6 +52,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     seeds: int = 1
     wall_s: float = 0.0
+    other_label: str = ""  # a column for Row.other (e.g. "Gavel's simulator"); none when empty
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "preset": self.preset, "title": self.title, "seeds": self.seeds,
@@ -92,13 +94,18 @@ def table(results: Sequence[Result]) -> str:
         lines.append(f"== {res.title} [preset {res.preset}{seeds}; {res.wall_s:.1f} s]")
         w = max([len(r.setting) for r in res.rows] + [7])
         m = max([len(r.metric) + len(r.unit) + 3 for r in res.rows] + [6])
-        lines.append(f"{'setting':<{w}}  {'metric':<{m}}  {'published':>12}  {'gpuloom':>18}  source")
+        o = res.other_label
+        ow = max(len(o), 10)
+        other = f"  {o:>{ow}}" if o else ""
+        lines.append(f"{'setting':<{w}}  {'metric':<{m}}  {'published':>12}{other}  {'gpuloom':>18}  source")
         for r in res.rows:
             ours = fmt(r.mean, r.unit)
             if r.spread is not None:
                 ours += f" ± {fmt(r.spread, r.unit).replace(' %', '')}"
             metric = f"{r.metric} ({r.unit})" if r.unit else r.metric
-            lines.append(f"{r.setting:<{w}}  {metric:<{m}}  {fmt(r.published, r.unit):>12}  {ours:>18}  {r.source}")
+            theirs = f"  {fmt(r.other, r.unit):>{ow}}" if o else ""
+            lines.append(f"{r.setting:<{w}}  {metric:<{m}}  {fmt(r.published, r.unit):>12}{theirs}  {ours:>18}"
+                         f"  {r.source}")
         for n in res.notes:
             lines.append(f"  note: {n}")
         lines.append("")
@@ -121,9 +128,16 @@ def plot(res: Result, folder: Path) -> Path | None:
         rs = [r for r in rows if r.unit == unit]
         x = range(len(rs))
         pub = [r.published if r.published is not None else math.nan for r in rs]
-        ax.bar([i - 0.2 for i in x], pub, 0.4, label="published", color="#999999")
-        ax.bar([i + 0.2 for i in x], [r.mean for r in rs], 0.4, label="gpuloom", color="#3b6ea5",
-               yerr=[r.spread or 0.0 for r in rs], capsize=3)
+        if res.other_label:  # three bars: published, the source's simulator, gpuloom
+            oth = [r.other if r.other is not None else math.nan for r in rs]
+            ax.bar([i - 0.27 for i in x], pub, 0.27, label="published", color="#999999")
+            ax.bar(list(x), oth, 0.27, label=res.other_label, color="#c9a227")
+            ax.bar([i + 0.27 for i in x], [r.mean for r in rs], 0.27, label="gpuloom", color="#3b6ea5",
+                   yerr=[r.spread or 0.0 for r in rs], capsize=3)
+        else:
+            ax.bar([i - 0.2 for i in x], pub, 0.4, label="published", color="#999999")
+            ax.bar([i + 0.2 for i in x], [r.mean for r in rs], 0.4, label="gpuloom", color="#3b6ea5",
+                   yerr=[r.spread or 0.0 for r in rs], capsize=3)
         ax.set_xticks(list(x))
         ax.set_xticklabels([f"{r.setting}\n{r.metric}" for r in rs], fontsize=7)
         ax.set_ylabel(unit or "value")

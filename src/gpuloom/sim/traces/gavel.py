@@ -4,15 +4,25 @@
 total_steps, arrival_time, scale_factor`` (the data README's order is not what
 the files hold: the 4th field is only ever 0/1 and is 0 exactly for
 CycleGAN's ``--max-steps``; the 7th takes 1..64 and is the GPU count).
-10 fields (``physical_cluster/``): ``job_type, command, working_directory,
+10 fields (``physical_cluster/`` and what Gavel's simulator writes with
+``output_trace_file_name``): ``job_type, command, working_directory,
 num_steps_arg, needs_data_dir, total_steps, scale_factor, priority_weight, SLO,
-arrival_time`` (Gavel's parse_trace).  Duration = ``total_steps /
-steps_per_second``.  No throughput measurements are in the data, so
-:data:`GAVEL_SAMPLES_PER_SECOND` is an **assumption**: rough single-V100
-samples/s per model (steps/s = samples/s / batch size), the same for every
-scale factor.  Pass ``steps_per_second={job_type or model: steps/s}`` for real
-numbers: an exact job type wins; models are matched through
-:func:`gpuloom.core.parse.normalise_model`.
+arrival_time`` (Gavel's parse_trace).
+
+Duration = ``total_steps / steps_per_second`` on the reference type (a V100),
+the throughput Gavel measured for the job type and scale factor: the reader
+looks for Gavel's throughput file beside the trace in the data folder
+(``gavel/throughputs/simulation_throughputs.json`` for ``msr/`` and generated
+traces, ``physical_cluster_throughputs.json`` for ``physical_cluster/``), or
+takes ``throughputs=FILE``; it records the file in ``attrs["gpu_speeds_file"]``
+so the throughput model's ``gpu_type`` factor gives each job its speed per
+GPU type (:mod:`gpuloom.perf.gputype`).  Scale factors Gavel did not measure
+(its msr traces ask for up to 64 GPUs; it measured 1, 2, 4, 8) use the nearest
+measured one below.  ``throughputs="none"``, or a job type the file lacks,
+falls back to :data:`GAVEL_SAMPLES_PER_SECOND`, an **assumption**: rough
+single-V100 samples/s per model (steps/s = samples/s / batch size).
+``steps_per_second={job_type or model: steps/s}`` wins over both: an exact job
+type wins; models are matched through :func:`gpuloom.core.parse.normalise_model`.
 """
 
 from __future__ import annotations
@@ -48,12 +58,38 @@ def _gavel_job_type(job_type: str) -> tuple[str, int | None]:
     return job_type.strip(), None
 
 
-def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = None) -> Trace:
+def find_throughputs(trace: Path) -> Path | None:
+    """Gavel's throughput file for a trace in the data folder's ``gavel/`` (see the module notes), or None."""
+    name = "physical_cluster_throughputs.json" if trace.parent.name == "physical_cluster" else \
+        "simulation_throughputs.json"
+    ups = list(trace.parents[:4]) if len(trace.parents) >= 2 else list(trace.absolute().parents[:4])
+    for up in ups:
+        cand = up / "throughputs" / name
+        if cand.is_file():
+            return cand
+        cand = up / "gavel" / "throughputs" / name
+        if cand.is_file():
+            return cand
+    return None
+
+
+def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = None,
+               throughputs: str | Path | None = None) -> Trace:
     """Gavel ``.trace`` (7-field msr or 10-field physical-cluster layout, tab-separated)."""
     p = Path(path)
     w = Where(p)
     b = Builder(p, "gavel")
     sps = dict(steps_per_second or {})
+    matrix = None
+    tp: Path | None = None
+    if throughputs is None:
+        tp = find_throughputs(p)
+    elif str(throughputs).strip().lower() != "none":
+        tp = Path(throughputs)
+    if tp is not None:
+        from ...perf.gputype import load_type_speeds
+
+        matrix = load_type_speeds(tp, pairs=False)
     # keys that are not job types with a batch size also match a model in any spelling
     sps_model = {normalise_model(k): v for k, v in sps.items() if _gavel_job_type(k)[1] is None}
     for row in read_rows(p, w, delimiter="\t"):
@@ -74,6 +110,11 @@ def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = 
         model, batch = _gavel_job_type(job_type)
         norm = normalise_model(model)
         rate = sps.get(job_type, sps_model.get(norm))
+        measured = None
+        if rate is None and matrix is not None:
+            measured = matrix.rate(job_type, gpus)
+            if measured is not None and measured[0] > 0:
+                rate = measured[0]
         if rate is None:
             if norm in _STEPS:
                 rate = _STEPS[norm]
@@ -84,6 +125,8 @@ def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = 
         if not rate > 0:
             raise w.error("job_type", f"steps per second for {job_type!r} must be > 0, got {rate}")
         attrs: dict[str, Any] = {"job_type": job_type, "total_steps": steps, "steps_per_second": rate}
+        if matrix is not None and tp is not None:
+            attrs["gpu_speeds_file"] = str(tp)  # the gpu_type factor's matrix (measured rows or not)
         if batch is not None:
             attrs["batch_size"] = batch
         if prio_s is not None:
