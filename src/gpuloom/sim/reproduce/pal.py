@@ -35,7 +35,13 @@ import numpy as np
 from ...core.cluster import Cluster
 from ...core.job import JobSpec
 from ...perf.model import ThroughputModel
-from ...perf.variability import ARTIFACT_MODEL_CLASSES, add_variability, generate_for_cluster, load_class_profiles
+from ...perf.variability import (
+    ARTIFACT_MODEL_CLASSES,
+    PMScores,
+    add_variability,
+    generate_for_cluster,
+    load_class_profiles,
+)
 from ..engine import simulate
 from ..traces import read_pal
 from .common import Result, Row, need
@@ -55,19 +61,42 @@ def _geo_impr(ratios: list[float]) -> float:
     return 100.0 * (1.0 - math.exp(sum(math.log(r) for r in ratios) / len(ratios)))
 
 
+def workloads(data: Path, preset: str = "paper", limit: int | None = None) -> list[list[JobSpec]]:
+    """The eight Sia-Philly workloads as the preset runs them (``limit``: workloads 1-2, first N jobs)."""
+    paths = [need(data / "pal" / "traces" / "philly" / f"workload-{i}.csv") for i in range(1, 9)]
+    traces: list[list[JobSpec]] = []
+    for w in paths[:2] if limit else paths:
+        specs = read_pal(w).jobs[: limit or None]
+        if preset == "artifact":
+            specs = [replace(s, duration=s.duration * ARTIFACT_ITER_TIME[s.model]) for s in specs]
+        traces.append(specs)
+    return traces
+
+
+def mean_jcts(traces: list[list[JobSpec]], scores: PMScores, preset: str = "paper", backfill: bool = False,
+              seed: int = 0, policies: tuple[str, ...] = POLICIES) -> dict[str, list[float]]:
+    """Mean JCT (s) of each workload under each place policy, on 16 x 4 GPUs with ``scores``."""
+    cl = Cluster.homogeneous(16, 4)
+    art = preset == "artifact"
+    jct: dict[str, list[float]] = {p: [] for p in policies}
+    for specs in traces:
+        for pol in policies:
+            model = add_variability(ThroughputModel.default(cl, 1.7, locality_rule="any"), scores,
+                                    model_classes=ARTIFACT_MODEL_CLASSES if art else None)
+            params: dict = {"backfill": backfill}
+            if pol == "pm-first":
+                params["pm_sort"] = "binned" if art else "raw"
+            res = simulate(cl, specs, order="fifo", place=pol, model=model, params=params,
+                           round_len=360.0 if art else 300.0, restart_overhead=0.0 if art else 10.0,
+                           seed=seed, check=False)
+            jct[pol].append(res.summary()["mean_jct_s"])
+    return jct
+
+
 def run(data: Path, preset: str = "paper", seeds: int = 3, limit: int | None = None) -> Result:
     cl = Cluster.homogeneous(16, 4)
     vdir = need(data / "pal" / "variability")
-    workloads = [need(data / "pal" / "traces" / "philly" / f"workload-{i}.csv") for i in range(1, 9)]
-    if limit:
-        workloads = workloads[:2]
-    art = preset == "artifact"
-    traces: list[list[JobSpec]] = []
-    for w in workloads:
-        specs = read_pal(w).jobs[: limit or None]
-        if art:
-            specs = [replace(s, duration=s.duration * ARTIFACT_ITER_TIME[s.model]) for s in specs]
-        traces.append(specs)
+    traces = workloads(data, preset, limit)
     rows = {(pol, bf): Row(f"{pol}, {'strict queue' if not bf else 'backfill'}", "geomean impr. vs packed-sticky",
                            "%", None if limit else PUBLISHED[pol], "PAL Sec. V-B (artifact README)")
             for pol in ("pm-first", "pal") for bf in (False, True)}
@@ -81,18 +110,7 @@ def run(data: Path, preset: str = "paper", seeds: int = 3, limit: int | None = N
         a = scores.scores[:, 0]  # class A (ResNet-50 and the paper's other class-A models)
         drawn.append(f"seed {seed}: {int((a > SLOW).sum())} (class A max {a.max():.2f})")
         for bf in (False, True):
-            jct: dict[str, list[float]] = {p: [] for p in POLICIES}
-            for specs in traces:
-                for pol in POLICIES:
-                    model = add_variability(ThroughputModel.default(cl, 1.7, locality_rule="any"), scores,
-                                            model_classes=ARTIFACT_MODEL_CLASSES if art else None)
-                    params: dict = {"backfill": bf}
-                    if pol == "pm-first":
-                        params["pm_sort"] = "binned" if art else "raw"
-                    res = simulate(cl, specs, order="fifo", place=pol, model=model, params=params,
-                                   round_len=360.0 if art else 300.0, restart_overhead=0.0 if art else 10.0,
-                                   seed=seed, check=False)
-                    jct[pol].append(res.summary()["mean_jct_s"])
+            jct = mean_jcts(traces, scores, preset, bf, seed)
             for pol in ("pm-first", "pal"):
                 ratios = [x / y for x, y in zip(jct[pol], jct["packed-sticky"], strict=True)]
                 rows[(pol, bf)].values.append(_geo_impr(ratios))
