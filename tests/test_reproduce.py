@@ -132,7 +132,7 @@ def test_synergy_window_run_stops_without_changing_the_windows_figures(data_dir:
 def test_reproduce_measure_jobs(data_dir: Path, tmp_path: Path) -> None:
     res = run("synergy", data_dir, seeds=1, measure=(30, 40))[0]
     windowed = [r for r in res.rows if "jobs 30-39" in r.metric]
-    assert len(windowed) == 6 and all(r.published is None for r in windowed)  # 3.4x is for jobs 4000-4999
+    assert len(windowed) == 9 and all(r.published is None for r in windowed)  # 3.4x is for jobs 4000-4999
     assert any("jobs 0-29" in r.metric for r in res.rows) and "window jobs 30-39 (--measure-jobs)" in res.notes[0]
     with pytest.raises(ReproduceError, match="--measure-jobs applies to gavel and synergy .* not to muri"):
         run("muri", data_dir, measure=(0, 10))
