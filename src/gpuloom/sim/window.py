@@ -11,7 +11,6 @@ steady state instead of one still filling up.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,7 +82,3 @@ def stop_when_finished(ids: set[str]) -> Callable[[Any, str], None]:
                 sim.config.max_time = sim.now  # the rest of the run measures nothing
 
     return observe
-
-
-def nan_mean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else math.nan
