@@ -1,6 +1,6 @@
 """PAL placement: round cost at scale, and PAL's Sia-Philly evaluation.
 
-Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|all]``
+Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|ablation|seeds|all]``
 (``main()`` runs everything; the evaluation parts need ``../shared/data`` or
 ``$GPULOOM_DATA``).
 
@@ -37,6 +37,10 @@ Run: ``PYTHONPATH=src python benchmarks/bench_pal.py [round|eval|sweep|sources|a
    iteration time, :data:`ARTIFACT_ITER_TIME`), its strict queue (no
    backfill) and no restart cost - with the geomean improvement of PM-First
    and PAL over Packed-Sticky after each step.  See ``docs/pal.md``.
+6. **Seeds** (``seeds``, not part of ``all``): ``gpuloom reproduce pal``'s
+   setting (paper preset, strict queue) for PM-score draws 0-9, each with
+   the number of class-A GPUs it drew above 1.5 and PM-First's geomean
+   improvement; then draw 0 with its class-A scores clipped at 1.3.
 
 The PAL traces (``job_id,num_gpus,submit_time,duration,model``) are read
 with :func:`gpuloom.sim.traces.read_pal`.
@@ -295,6 +299,35 @@ def bench_ablation(seed: int = 0) -> None:
         print(f"{label:<36} {_geo_impr(rat['pm-first']):>9.1%} {_geo_impr(rat['pal']):>7.1%}   {w1}")
 
 
+def bench_seeds(seeds: range = range(10), clip: float = 1.3) -> None:
+    """What each PM-score draw gives ``gpuloom reproduce pal`` (paper preset, strict queue): the class-A GPUs
+    drawn above 1.5 (the slow-run tail) against PM-First's geomean improvement; then seed 0 with its class-A
+    scores clipped at ``clip`` (the tail removed, everything else equal)."""
+    from gpuloom.sim.reproduce import pal as rp
+
+    d = data_dir()
+    if d is None:
+        print("seeds skipped: no ../shared/data")
+        return
+    cl = Cluster.homogeneous(16, 4)
+    traces = rp.workloads(d)
+    print("\nPM-score draw vs PM-First's gain (reproduce pal, paper preset, strict queue, 8 workloads)")
+    print(f"{'draw':<22} {'class A > 1.5':>13} {'class A max':>11} {'PM-First':>9}   per workload")
+
+    def one(name: str, scores: PMScores) -> None:
+        jct = rp.mean_jcts(traces, scores, policies=("packed-sticky", "pm-first"))
+        ratios = [a / b for a, b in zip(jct["pm-first"], jct["packed-sticky"], strict=True)]
+        a = scores.scores[:, 0]
+        print(f"{name:<22} {int((a > 1.5).sum()):>13} {a.max():>11.2f} {_geo_impr(ratios):>9.1%}   "
+              + " ".join(f"{1 - r:.0%}" for r in ratios), flush=True)
+
+    for seed in seeds:
+        one(f"seed {seed}", generate_for_cluster(cl, d / "pal" / "variability", seed, per_gpu="max", draw="gpu"))
+    s0 = generate_for_cluster(cl, d / "pal" / "variability", 0, per_gpu="max", draw="gpu").scores.copy()
+    s0[:, 0] = np.minimum(s0[:, 0], clip)
+    one(f"seed 0, A clipped {clip:g}", PMScores(s0, f"seed 0, class A clipped at {clip}"))
+
+
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 and __name__ == "__main__" else "all"
     if what in ("round", "all"):
@@ -309,6 +342,8 @@ def main() -> None:
         bench_sources()
     if what == "ablation":
         bench_ablation()
+    if what == "seeds":  # not part of "all" either: 11 draws x 8 workloads
+        bench_seeds()
 
 
 if __name__ == "__main__":

@@ -103,3 +103,57 @@ def test_trace_policy_params_only_where_taken_and_not_given() -> None:
     assert trace_policy_params({**names, "place": "static"}, {}, specs) == {}
     assert trace_policy_params(names, {}, []) == {}
     assert Stack().scheduler(specs).place.backfill is False and Stack().scheduler().place.backfill is True
+
+
+# -- measurement windows: Synergy's runner measures jobs 4,000-4,999; PAL's seeds ------------------------------
+def test_synergy_window_run_stops_without_changing_the_windows_figures(data_dir: Path) -> None:
+    from gpuloom.core.cluster import Cluster
+    from gpuloom.perf.sensitivity import load_catalogue
+    from gpuloom.sim.engine import simulate
+    from gpuloom.sim.reproduce import synergy
+
+    cat = load_catalogue(data_dir / "synergy/model_sensitivity_profiles.csv")
+    cl = Cluster.homogeneous(2, 8, 24, 500_000)
+    window = (40, 60)
+    specs = synergy.window_workload(window, seed=1)
+    assert len(specs) == 120 and {s.gpus for s in specs} == {1}
+    for order, size in (("fifo", "tune"), ("srtf", "proportional")):
+        stopped = synergy.run_window(cl, specs, order, size, cat, window, seed=1)
+        full = simulate(cl, specs, order=order, size=size, model=synergy._model(cl, cat), round_len=300.0,
+                        check=False, seed=1).measure(window)
+        last = max(j.finish for j in full.jobs[40:60] if j.finish is not None)
+        assert stopped.end_time == last < full.end_time  # the run ends at the window's last finish
+        s, f = stopped.summary(), full.summary()
+        assert s["completed"] == 20 and s["measure_jobs"] == "40:60"
+        for key in ("mean_jct_s", "p99_jct_s", "mean_queueing_delay_s", "makespan_s", "mean_slowdown"):
+            assert s[key] == f[key], key  # later jobs never change what the window's jobs did
+
+
+def test_reproduce_measure_jobs(data_dir: Path, tmp_path: Path) -> None:
+    res = run("synergy", data_dir, seeds=1, measure=(30, 40))[0]
+    windowed = [r for r in res.rows if "jobs 30-39" in r.metric]
+    assert len(windowed) == 9 and all(r.published is None for r in windowed)  # 3.4x is for jobs 4000-4999
+    assert any("jobs 0-29" in r.metric for r in res.rows) and "window jobs 30-39 (--measure-jobs)" in res.notes[0]
+    with pytest.raises(ReproduceError, match="--measure-jobs applies to gavel and synergy .* not to muri"):
+        run("muri", data_dir, measure=(0, 10))
+    r = CliRunner().invoke(app, ["reproduce", "pal", "--measure-jobs", "0:10", "--data", str(data_dir),
+                                 "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "not to pal" in r.output and not (tmp_path / "x").exists()
+    r = CliRunner().invoke(app, ["reproduce", "synergy", "--measure-jobs", "9:3", "--data", str(data_dir),
+                                 "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--measure-jobs 9:3: needs 0 <= A < B" in r.output
+
+
+def test_pal_reports_the_seeds_spread_and_what_each_seed_drew(data_dir: Path) -> None:
+    res = run("pal", data_dir, seeds=3, limit=20)[0]
+    rows = {(r.setting, r.metric.split()[0]): r for r in res.rows}
+    for pol in ("pm-first", "pal"):
+        geo, lo, hi = (rows[(f"{pol}, strict queue", k)] for k in ("geomean", "min", "max"))
+        assert all(a <= g <= b for a, g, b in zip(lo.values, geo.values, hi.values, strict=True))
+    note = next(n for n in res.notes if n.startswith("class-A GPUs drawn"))
+    # the measured PM-scores: seed 2 draws none of the slow class-A GPUs, seeds 0 and 1 draw some
+    assert "seed 0: 5 (class A max 2.75); seed 1: 2 (class A max 2.88); seed 2: 0 (class A max 1.27)" in note
+    assert "(3.6 % of them)" in note and "probability 10 %" in note
+    by_seed = next(n for n in res.notes if n.startswith("pm-first, strict queue, geomean by seed"))
+    g = rows[("pm-first, strict queue", "geomean")].values
+    assert f"range {min(g):.1f}-{max(g):.1f} %" in by_seed

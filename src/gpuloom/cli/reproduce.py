@@ -11,6 +11,7 @@ import typer
 from . import app
 from .common import OptionError, console, user_errors
 from .output import OUT_HELP, Output, report_line
+from .sim import measure_window
 
 
 @app.command()
@@ -21,6 +22,9 @@ def reproduce(
     preset: Annotated[str, typer.Option(help="paper or artifact (where a paper and its artifact differ).")] = "paper",
     seeds: Annotated[int | None, typer.Option(help="Seeds where randomness enters (default 3 for synergy, pal; 1 for gavel).")] = None,
     limit: Annotated[int | None, typer.Option(help="Reduced input: the first N jobs (a quick check).")] = None,
+    measure_jobs: Annotated[str | None, typer.Option(
+        "--measure-jobs", metavar="A:B",
+        help="synergy, gavel: measure jobs A..B-1 by arrival instead of the source's window (4000:5000).")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
@@ -31,7 +35,8 @@ def reproduce(
         output = Output("reproduce", out)
         try:
             data_dir(data)  # no data: an error before any folder is made
-            results = run(which, data, preset, seeds, None, limit)
+            window = measure_window(measure_jobs)
+            results = run(which, data, preset, seeds, None, limit, window)
         except ReproduceError as e:
             raise OptionError(str(e)) from None
     path = write(results, output.create(which))

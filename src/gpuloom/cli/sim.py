@@ -60,7 +60,25 @@ RateOpt = Annotated[float | None, typer.Option(help="Arrival rate of generated j
 LimitOpt = Annotated[int | None, typer.Option(help="Use only the first N jobs by arrival.")]
 DropOpt = Annotated[bool, typer.Option(help="Count jobs that can never fit the cluster as unfinished instead of failing.")]
 
+MeasureOpt = Annotated[str | None, typer.Option(
+    "--measure-jobs", metavar="A:B",
+    help="Compute the summary over jobs A..B-1 by arrival order (every job still runs); jobs.csv marks them.")]
+
 DEFAULT_RATE = 20.0
+
+
+def measure_window(text: str | None, jobs: int | None = None) -> tuple[int, int] | None:
+    """``--measure-jobs A:B`` as a window (None without it), checked against ``jobs`` when given; bad input is
+    an :class:`OptionError` naming the option."""
+    from ..sim.window import WindowError, check_window, parse_window
+
+    if text is None:
+        return None
+    try:
+        window = parse_window(text)
+        return window if jobs is None else check_window(window, jobs)
+    except WindowError as e:
+        raise OptionError(str(e)) from None
 
 
 def load_workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
@@ -231,6 +249,7 @@ def simulate(
     generate: GenerateOpt = None,
     rate: RateOpt = None,
     limit: LimitOpt = None,
+    measure_jobs: MeasureOpt = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -252,12 +271,14 @@ def simulate(
             raise OptionError(f"--locality-penalty must be a number >= 1, got {locality_penalty:g}")
         reschedule_on = choice("--reschedule-on", reschedule_on, ("none", "arrival", "completion", "both"))
         check_workload_options(trace, fmt, trace_opt, generate, rate, limit)
+        measure_window(measure_jobs)
         check_cluster_options(cluster, cpus_per_node, mem_gb_per_node)
         cl = parse_cluster(cluster, cpus_per_node, mem_gb_per_node)
         params = stack_params(param, model_opts)
         queue = queue_stage(queue_policy, queues)
         check_policies(order, group, size, place, list(params), queue)
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        window = measure_window(measure_jobs, len(specs))
         if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
             from ..perf.assembly import trace_options
 
@@ -283,6 +304,7 @@ def simulate(
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
         result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree))
+    result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
     summary = result.summary()
@@ -306,6 +328,9 @@ def simulate(
     console.print(report.summary_table({result.label: result}))
     if per_queue is not None:
         console.print(per_queue)
+    if window is not None:
+        console.print(f"measured: jobs {window[0]}-{window[1] - 1} by arrival order (--measure-jobs); every job ran",
+                      highlight=False)
     console.print(f"[dim]{len(specs)} jobs ({what}) on {cl.num_nodes} {_plural(cl.num_nodes, 'node')} / "
                   f"{cl.num_gpus} GPUs; simulated in {result.wall_time:.2f} s, "
                   f"{result.meta['command_wall_time_s']:.1f} s in all[/]", highlight=False)
@@ -357,6 +382,7 @@ def compare(
     generate: GenerateOpt = None,
     rate: RateOpt = None,
     limit: LimitOpt = None,
+    measure_jobs: MeasureOpt = None,
     round_len: Annotated[float | None, typer.Option(
         "--round", help="Round length in seconds for every configuration (default 300; a config's round= wins).")] = None,
     reschedule_on: Annotated[str | None, typer.Option(
@@ -386,6 +412,7 @@ def compare(
 
     with user_errors():
         check_workload_options(trace, fmt, trace_opt, generate, rate, limit)
+        window = measure_window(measure_jobs)
         check_cluster_options(cluster, cpus_per_node, mem_gb_per_node)
         if processes is not None and processes < 1:
             raise OptionError(f"--processes must be >= 1, got {processes}")
@@ -424,6 +451,7 @@ def compare(
         strict = any(not rc.sim.drop_impossible for rc in configs)
         for s in seed_list if seeded else seed_list[:1]:
             check_impossible(load(s), cl, drop=not strict)
+            measure_window(measure_jobs, len(load(s)))  # the window within every seed's workload
         what = cache[seed_list[0]][1]
         if seeded and len(seed_list) > 1:
             what = what.replace(f"(seed {seed_list[0]})", "(one per seed)")
@@ -441,6 +469,7 @@ def compare(
     meta = _meta(trace, what, cluster)
     for rs in results.values():
         for r in rs:
+            r.measure(window)
             r.meta.update(meta)
             _stall_warning(r)
     labels = list(results)
@@ -456,6 +485,9 @@ def compare(
         console.print(per_queue)
     for note in report.seed_notes(results):
         console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    if window is not None:
+        console.print(f"measured: jobs {window[0]}-{window[1] - 1} by arrival order (--measure-jobs); every job ran",
+                      highlight=False)
     n_jobs = len(next(iter(cache.values()))[0])  # per run
     seeds_txt = f"; {len(seed_list)} seeds: mean ± 95 % CI" if len(seed_list) > 1 else ""
     walls = sum(r.wall_time for rs in results.values() for r in rs)

@@ -157,6 +157,21 @@ class TimeSeries:
         span = end - self.t[0]
         return {name: float((np.asarray(getattr(self, name), dtype=float) * dt).sum() / span) for name in names}
 
+    def means_between(self, names: Sequence[str], start: float, end: float) -> dict[str, float]:
+        """Time-weighted mean of each of ``names`` over ``[start, end]`` (0 before the first point; the
+        value at ``start`` where ``end <= start``)."""
+        if not self.t:
+            return dict.fromkeys(names, 0.0)
+        t = np.asarray(self.t, dtype=float)
+        k = int(np.searchsorted(t, start, side="right")) - 1  # the point holding at start (-1: before the first)
+        if end <= start:
+            return {name: float(getattr(self, name)[k]) if k >= 0 else 0.0 for name in names}
+        lo = np.clip(t, start, end)
+        hi = np.clip(np.append(t[1:], np.inf), start, end)
+        dt = hi - lo
+        return {name: float((np.asarray(getattr(self, name), dtype=float) * dt).sum() / (end - start))
+                for name in names}
+
 
 #: summary keys renamed to carry their unit, old name -> new; the old names stay (same values) for one
 #: release: 0.2 drops them
@@ -187,6 +202,9 @@ class RunResult:
     meta: dict[str, Any] = field(default_factory=dict)  # what the run was made from: trace, version, ...
     #: what observers recorded, by topic (``"queues"``: :mod:`gpuloom.sim.queue_report`); plain values
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the measurement window (:mod:`gpuloom.sim.window`): jobs A..B-1 by arrival order, whose figures the
+    #: summary reads; None: every job.  Set with :meth:`measure`.
+    window: tuple[int, int] | None = None
     #: what :meth:`summary`, :meth:`themis` and the columns they read computed, each with its :meth:`_memo_key`
     _memo: dict[str, tuple[tuple, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -208,8 +226,28 @@ class RunResult:
         return max(self.end_time, last, self.series.t[-1] if self.series.t else 0.0)
 
     def jcts(self) -> np.ndarray:
-        """JCTs of the finished jobs, in job order."""
+        """JCTs of the finished jobs (of the window, if one is set), in job order."""
+        if self.window is not None:
+            c = self._columns()
+            keep = c["done"] & self.measured_mask()
+            return c["finish"][keep] - c["arrival"][keep]
         return np.fromiter((j.finish - j.arrival for j in self.jobs if j.finish is not None), dtype=float)
+
+    def measure(self, window: tuple[int, int] | None) -> RunResult:
+        """Set the measurement window (jobs A..B-1 by arrival order; None: every job) and return self; a
+        :class:`~gpuloom.sim.window.WindowError` if it does not fit the run's jobs."""
+        from .window import check_window
+
+        self.window = None if window is None else check_window(window, len(self.jobs))
+        return self
+
+    def measured_mask(self) -> np.ndarray:
+        """Per job, in job order: True if the job is in the window (every job without one)."""
+        if self.window is None:
+            return np.ones(len(self.jobs), dtype=bool)
+        from .window import mask
+
+        return mask(self._columns()["arrival"], self.window)
 
     @property
     def finished(self) -> list[JobRecord]:
@@ -221,7 +259,7 @@ class RunResult:
         a record edited in place after the figures were read is not seen.)"""
         return (id(self.jobs), len(self.jobs), id(self.series), len(self.series), self.end_time, self.wall_time,
                 self.rounds, self.cluster_gpus, self.cluster_cpus, self.cluster_mem_mb, len(self.impossible),
-                len(self.stalled))
+                len(self.stalled), self.window)
 
     def _memoised(self, name: str, compute: Callable[[], _T]) -> _T:
         key = self._memo_key()
@@ -238,6 +276,8 @@ class RunResult:
         return dict(self._memoised("summary", self._compute_summary))
 
     def _compute_summary(self) -> dict[str, Any]:
+        if self.window is not None:
+            return self._compute_window_summary(self.window)
         jobs = self.jobs
         c = self._columns()
         done = c["done"]
@@ -275,6 +315,56 @@ class RunResult:
             "impossible": len(self.impossible),
             "stalled": len(self.stalled),
             "wall_time_s": self.wall_time,
+        }
+        s.update({old: s[new] for old, new in DEPRECATED_KEYS.items()})
+        return s
+
+    def _compute_window_summary(self, window: tuple[int, int]) -> dict[str, Any]:
+        """:meth:`_compute_summary` over the window's jobs: the same keys, plus ``measure_jobs`` (``"A:B"``).
+        Makespan is the window's last finish minus its first arrival; utilisation is averaged over the window's
+        span (its first arrival to its last finish, or to the end of the run if one of its jobs is unfinished);
+        ``rounds`` and ``wall_time_s`` are the whole run's."""
+        from .window import text
+
+        c = self._columns()
+        inw = self.measured_mask()
+        done = c["done"] & inw
+        jct = c["finish"][done] - c["arrival"][done]
+        jcts = len(jct) > 0
+        arrivals = c["arrival"][inw]
+        first = float(arrivals.min())
+        last = float(c["finish"][done].max()) if jcts else first
+        end = max(self.end_time, last)
+        span_end = last if done.sum() == inw.sum() else end
+        slow = jct / c["duration"][done]
+        rho = self.themis()[1][done]
+        util = self.series.means_between(("gpus", "cpus", "mem_mb"), first, span_end)
+        ids = {self.jobs[i].id for i in np.flatnonzero(inw)}
+        s = {
+            "jobs": int(inw.sum()),
+            "completed": len(jct),
+            "unfinished": int(inw.sum()) - len(jct),
+            "mean_jct_s": float(np.mean(jct)) if jcts else math.nan,
+            "median_jct_s": float(np.percentile(jct, 50)) if jcts else math.nan,
+            "p95_jct_s": float(np.percentile(jct, 95)) if jcts else math.nan,
+            "p99_jct_s": float(np.percentile(jct, 99)) if jcts else math.nan,
+            "geomean_jct_s": float(math.exp(np.mean(np.log(np.maximum(jct, 1e-9))))) if jcts else math.nan,
+            "makespan_s": last - first,
+            "mean_queueing_delay_s": float(np.mean(c["first_start"][done] - c["arrival"][done])) if jcts else math.nan,
+            "mean_slowdown": float(np.mean(slow)) if jcts else math.nan,
+            "max_slowdown": float(np.max(slow)) if jcts else math.nan,
+            "mean_ftf_rho": float(np.nanmean(rho)) if jcts and not np.isnan(rho).all() else math.nan,
+            "max_ftf_rho": float(np.nanmax(rho)) if jcts and not np.isnan(rho).all() else math.nan,
+            "preemptions": sum(self.jobs[i].preemptions for i in np.flatnonzero(inw)),
+            "migrations": sum(self.jobs[i].migrations for i in np.flatnonzero(inw)),
+            "gpu_util": util["gpus"] / self.cluster_gpus if self.cluster_gpus else 0.0,
+            "cpu_util": util["cpus"] / self.cluster_cpus if self.cluster_cpus else 0.0,
+            "mem_util": util["mem_mb"] / self.cluster_mem_mb if self.cluster_mem_mb else 0.0,
+            "rounds": self.rounds,
+            "impossible": sum(1 for i in self.impossible if i in ids),
+            "stalled": sum(1 for i in self.stalled if i in ids),
+            "wall_time_s": self.wall_time,
+            "measure_jobs": text(window),
         }
         s.update({old: s[new] for old, new in DEPRECATED_KEYS.items()})
         return s

@@ -237,9 +237,11 @@ def _pooled(runs: Sequence[RunResult], what: str) -> np.ndarray:
         if what == "jct":
             parts.append(r.jcts())
         elif what == "slowdown":
-            parts.append(np.array([j.slowdown for j in r.jobs if j.slowdown is not None], dtype=float))
+            inw = r.measured_mask()  # the measurement window's jobs (every job without one)
+            parts.append(np.array([j.slowdown for j, m in zip(r.jobs, inw, strict=True)
+                                   if m and j.slowdown is not None], dtype=float))
         else:
-            rho = r.themis()[1]
+            rho = r.themis()[1][r.measured_mask()]
             parts.append(rho[~np.isnan(rho)])
     return np.concatenate(parts) if parts else np.zeros(0)
 

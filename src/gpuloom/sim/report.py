@@ -167,7 +167,15 @@ def describe(result: RunResult) -> dict[str, Any]:
         "params": dict(c.get("params") or {}),
         "cluster": m.get("cluster"),
         "command": m.get("command"),
+        **({"measure_jobs": _window_text(result)} if result.window is not None else {}),
     }
+
+
+def _window_text(result: RunResult) -> str:
+    """``"4000:5000"``: the run's measurement window, as ``--measure-jobs`` takes it."""
+    from .window import text
+
+    return text(result.window) if result.window is not None else ""
 
 
 def _subtitle(result: RunResult, *, label: bool = False) -> str:
@@ -183,6 +191,8 @@ def _subtitle(result: RunResult, *, label: bool = False) -> str:
     if d["params"]:
         p = ", ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
         bits.append(p if len(p) < 60 else p[:57] + "...")
+    if result.window is not None:
+        bits.append(f"jobs {result.window[0]}-{result.window[1] - 1} measured")
     bits.append(f"gpuloom {d['gpuloom_version']}")
     return " · ".join(bits)
 
@@ -228,7 +238,8 @@ def _write_columns(f: Any, columns: Sequence[Sequence[str]]) -> None:
 
 
 def write_jobs_csv(result: RunResult, path: Path) -> Path:
-    """One row per job (:data:`JOB_COLUMNS`), plus ``phase_<name>`` seconds in lifecycle mode.
+    """One row per job (:data:`JOB_COLUMNS`), plus ``phase_<name>`` seconds in lifecycle mode, plus ``measured``
+    (1 for a job of the measurement window, else 0) when the run has one.
 
     ``slowdown`` is JCT / duration; ``contention`` the average number of jobs
     contending over the job's lifetime (N) and ``ftf_rho`` Themis' ρ (see
@@ -237,8 +248,10 @@ def write_jobs_csv(result: RunResult, path: Path) -> Path:
     jobs = result.jobs
     phase_names = list(PHASES) if any(j.phase_s is not None for j in jobs) else []
     contention, rho = result.themis()
+    measured = result.measured_mask().astype(int).tolist() if result.window is not None else None
+    extra = ("measured",) if measured is not None else ()
     with open(path, "w", newline="") as f:
-        f.write(",".join(_text(JOB_COLUMNS + tuple(f"phase_{k}" for k in phase_names))) + "\r\n")
+        f.write(",".join(_text(JOB_COLUMNS + tuple(f"phase_{k}" for k in phase_names) + extra)) + "\r\n")
         for a in range(0, len(jobs), CSV_BLOCK):
             block = jobs[a:a + CSV_BLOCK]
 
@@ -259,6 +272,8 @@ def write_jobs_csv(result: RunResult, path: Path) -> Path:
             phases = col("phase_s")
             for k in range(len(phase_names)):
                 columns.append(_cells([None if p is None else p[k] for p in phases]))
+            if measured is not None:
+                columns.append(_text(measured[a:a + CSV_BLOCK]))
             _write_columns(f, columns)
     return path
 
@@ -525,6 +540,8 @@ def write_compare(results: Results, out_dir: str | Path, runs_dir: bool = True, 
         desc = describe(first)
         for k in ("gpuloom_version", "trace", "workload", "cluster", "command"):
             info.setdefault(k, desc[k])
+        if first.window is not None:
+            info.setdefault("measure_jobs", _window_text(first))
     info["seeds"] = sorted({r.config.get("seed") for rs in runs.values() for r in rs}, key=str)
     if command_clock is not None:
         info["command_wall_time_s"] = command_clock()
@@ -585,6 +602,10 @@ def write_report(result: RunResult, out_dir: str | Path, plots: Sequence[Path] |
     prov = [("stages (order/group/size/place)", d["stages"]), ("trace", d["trace"]), ("workload", d["workload"]),
             ("seed", d["seed"]), ("parameters", ", ".join(f"{k}={v}" for k, v in sorted(d["params"].items())) or None),
             ("gpuloom version", d["gpuloom_version"]), ("command", d["command"])]
+    if result.window is not None:
+        from .window import describe as window_line
+
+        prov.insert(4, ("measured", window_line(result.window, len(result.jobs))))
     md = [f"# gpuloom run: {title}", ""]
     md += [f"- {k}: `{v}`" for k, v in prov if v not in (None, "")]
     scale, unit = time_unit(one)

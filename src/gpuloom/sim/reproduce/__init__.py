@@ -4,7 +4,7 @@
 name       experiment                                                    published figure
 =========  ============================================================  =====================
 muri       trace 3 on 8x8: SRTF, SRSF, Muri-S, Tiresias, Muri-L          Muri Fig. 9 and 10
-synergy    TUNE vs GPU-proportional, 128 GPUs, Synergy's model mix       Synergy abstract
+synergy    TUNE vs GPU-proportional, 128 GPUs, jobs 4,000-4,999          Synergy abstract
 pal        PM-First and PAL vs Packed-Sticky, 8 Sia-Philly workloads     PAL Sec. V-B
 fsched     F-scheduling vs static partitions, thesis scenario            thesis (direction)
 gavel      LAS agnostic vs aware, 36 V100 + 36 P100 + 36 K80, 3 rates    Gavel Fig. 8
@@ -33,16 +33,31 @@ EXPERIMENTS: dict[str, Callable[..., Result]] = {
 DEFAULT_SEEDS = {"muri": 1, "synergy": 3, "pal": 3, "fsched": 1, "gavel": 1}
 #: experiments with randomness whose default is one seed (Gavel's published runs are seed 0): --seeds applies
 SEEDED = frozenset({"gavel"})
+#: experiments whose source measures a window of jobs by arrival: ``measure`` (--measure-jobs) replaces it
+WINDOWED = frozenset({"synergy", "gavel"})
 
 
 def run(names: str | list[str], data: str | Path | None = None, preset: str = "paper", seeds: int | None = None,
-        out: str | Path | None = None, limit: int | None = None) -> list[Result]:
-    """Run experiments by name (``all`` = every one); write ``reproduce.json`` and plots to ``out``."""
+        out: str | Path | None = None, limit: int | None = None, measure: tuple[int, int] | None = None
+        ) -> list[Result]:
+    """Run experiments by name (``all`` = every one); write ``reproduce.json`` and plots to ``out``.
+    ``measure``: the jobs (A, B) by arrival whose figures count, for the experiments of :data:`WINDOWED`."""
     if isinstance(names, str):
         names = list(EXPERIMENTS) if names == "all" else [names]
     for n in names:
         if n not in EXPERIMENTS:
             raise ReproduceError(f"unknown experiment {n!r}; choose from {', '.join(EXPERIMENTS)} or all")
+    if measure is not None:
+        from ..window import WindowError, check_window
+
+        try:
+            check_window(measure, None)
+        except WindowError as e:
+            raise ReproduceError(str(e)) from None
+        other = [n for n in names if n not in WINDOWED]
+        if other:
+            raise ReproduceError(f"--measure-jobs applies to {' and '.join(sorted(WINDOWED))} (their sources measure "
+                                 f"a window of jobs), not to {', '.join(other)}")
     if preset not in PRESETS:
         raise ReproduceError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     d = data_dir(data)
@@ -50,7 +65,8 @@ def run(names: str | list[str], data: str | Path | None = None, preset: str = "p
     for n in names:
         t0 = time.perf_counter()
         s = seeds if seeds is not None else DEFAULT_SEEDS[n]
-        res = EXPERIMENTS[n](d, preset, s if DEFAULT_SEEDS[n] > 1 or n in SEEDED else 1, limit)
+        kw = {"window": measure} if measure is not None else {}
+        res = EXPERIMENTS[n](d, preset, s if DEFAULT_SEEDS[n] > 1 or n in SEEDED else 1, limit, **kw)
         res.wall_s = time.perf_counter() - t0
         results.append(res)
     if out is not None:
@@ -72,4 +88,4 @@ def write(results: list[Result], out: str | Path) -> Path:
     return path
 
 
-__all__ = ["EXPERIMENTS", "PRESETS", "ReproduceError", "Result", "Row", "data_dir", "run", "table", "write"]
+__all__ = ["WINDOWED", "EXPERIMENTS", "PRESETS", "ReproduceError", "Result", "Row", "data_dir", "run", "table", "write"]
