@@ -187,6 +187,41 @@ def test_the_scheduling_loop_waits_for_the_store_as_the_first(tmp_path: Path, cg
         store.close()
 
 
+class _Waits(threading.Event):
+    """The loop's wake-up event, recording how long each wait may last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+def test_the_loop_sleeps_no_later_than_the_next_round_is_due(tmp_path: Path, cgroup_parent: str) -> None:
+    """With a round every 0.25 s and a tick of 0.1 s, the loop that has 0.05 s left to the next round
+    waits 0.05 s, not a whole tick (the round then came up to a tick late: 0.3-0.35 s apart)."""
+    clock = ManualClock(1_700_000_000.0)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    cl = Cluster.homogeneous(1, 1)
+    svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
+                  tmp_path, round_s=0.25, clock=clock)
+    waits = svc._wake = _Waits()
+    try:
+        svc.start()
+        _poll(lambda: svc.rounds == 1 and len(waits.timeouts) > 2, "the first round")
+        assert waits.timeouts[-1] == 0.1  # (the clock stands still: a tick at a time)
+        clock.advance(0.2)
+        _poll(lambda: waits.timeouts[-1] != 0.1, "a shorter wait")
+        assert waits.timeouts[-1] == pytest.approx(0.05) and svc.rounds == 1
+        clock.advance(0.05)
+        _poll(lambda: svc.rounds == 2, "the round then due")
+    finally:
+        svc.shutdown()
+        store.close()
+
+
 # -- the queue command -------------------------------------------------------------------------------
 def test_job_fields_name_every_field_of_a_job() -> None:
     from gpuloom.cli.jobs import ACTIVE
