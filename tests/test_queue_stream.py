@@ -143,6 +143,7 @@ def test_the_streams_values_are_those_of_the_pages_redacted_alike(served: tuple[
     jobs, end = _stream(client, params={"state": ["cancelled", "finished"], "user": "bob", "fields": "id,st"})
     assert (jobs, end) == ([{"id": 6, "st": "CA"}], 1)
     assert client.get("/jobs/stream", params={"fields": "id,secret"}).status_code == 422
+    assert client.get("/jobs/stream", headers={"Authorization": "Bearer not-a-token"}).status_code == 401
 
 
 def test_blocks_read_while_jobs_change_list_each_job_once(tmp_path: Path) -> None:
