@@ -175,3 +175,18 @@ def test_a_stream_without_its_end_line_is_an_error(capsys: pytest.CaptureFixture
         next(blocks)
     assert e.value.exit_code == 1
     assert "the listing from http://x was cut short" in capsys.readouterr().err
+
+
+def test_rows_added_at_once_show_their_text_as_rows_added_one_by_one() -> None:
+    """(``queue`` adds a block's rows at once: a name's terminal escapes are shown as ``?`` all the same.)"""
+    from gpuloom.cli.common import PlainTable
+
+    rows = [["1", "a\x1b[2Jb", "x"], ["2", "ok", "\x9bc"], ["3", "日本", "-"]]
+    one, block = PlainTable("ID", "NAME", "R"), PlainTable("ID", "NAME", "R")
+    for r in rows:
+        one.add_row(*r)
+    block.add_rows([list(r) for r in rows])
+    assert block.rows == one.rows == [["1", "a?[2Jb", "x"], ["2", "ok", "?c"], ["3", "日本", "-"]]
+    clean = PlainTable("ID")
+    clean.add_rows([["7"], ["8"]])
+    assert clean.lines() == [" ID ", " 7  ", " 8  "]
