@@ -7,7 +7,9 @@ submitted next pends.  At each pending level (topped up with job arrays of 1,000
 * **quiet round**: the mean round (``gpuloom_round_duration_seconds``, sum over count from ``/metrics``)
   over ``--quiet`` seconds in which nothing changes (``--round 0.25``), and the server's CPU meanwhile
   (rounds and the 0.1 s ticks between them), which other processes' load does not inflate;
-* **stream**: ``CLIENTS`` clients submit single jobs for ``--stream`` seconds: submissions per second,
+* **quiet** also gives the mean time from one round to the next (``--round 0.25`` plus the round's own);
+* **stream**: one client, then ``CLIENTS`` clients, submit single jobs for ``--stream`` seconds each
+  (the admin's token: no rate limit): submissions per second,
   the rounds meanwhile (their count and mean from ``/metrics``), the longest time without a round and
   how long a submission waited for the round that picked it up (both from the store's events, see
   :func:`stream`): rounds must keep coming however fast submissions do;
@@ -184,38 +186,44 @@ def _slowest(before: dict[float, int], after: dict[float, int]) -> float:
     return last
 
 
-def quiet(s: Server, seconds: float) -> tuple[float, float]:
-    """(mean round, server CPU per second) over ``seconds`` in which nothing changes."""
+def quiet(s: Server, seconds: float) -> tuple[float, float, float]:
+    """(mean round, server CPU per second, mean time from one round to the next) over ``seconds`` in
+    which nothing changes."""
     s0, n0, _ = s.rounds()
     c0, t0 = s.cpu(), time.monotonic()
     time.sleep(seconds)
     c1, t1 = s.cpu(), time.monotonic()
     s1, n1, _ = s.rounds()
-    return (s1 - s0) / max(1, n1 - n0), (c1 - c0) / (t1 - t0)
+    return (s1 - s0) / max(1, n1 - n0), (c1 - c0) / (t1 - t0), (t1 - t0) / max(1, n1 - n0)
 
 
-def stream(s: Server, seconds: float) -> dict:
-    """Submissions from CLIENTS clients for ``seconds``; the rounds meanwhile, as the store recorded them:
-    each round that picks up new jobs moves them to ``waiting_for_initial_resource`` in one batch, one
-    event time for them all, so those times are the rounds' (read after the stream: the watching
-    does not compete with what it watches).  ``gap``: the longest time without such a round;
-    ``contact``: each job's submission to that round (p50, p99)."""
+def stream(s: Server, seconds: float, clients: int = CLIENTS) -> dict:
+    """Submissions from ``clients`` clients (the admin's token: no rate limit) for ``seconds``; the rounds
+    meanwhile, as the store recorded them: each round that picks up new jobs moves them to
+    ``waiting_for_initial_resource`` in one batch, one event time for them all, so those times are the
+    rounds' (read after the stream: the watching does not compete with what it watches).  ``gap``: the
+    longest time without such a round from the first submission to the last (the clients connected
+    before: their start is no gap); ``contact``: each job's submission to that round (p50, p99)."""
     from gpuloom.runtime.store import Store
 
     stop = threading.Event()
-    acked = [0] * CLIENTS
+    ready = threading.Barrier(clients + 1)
+    acked = [0] * clients
 
     def client(k: int) -> None:
         with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {s.token}"}, timeout=300) as h:
+            h.get("/health")  # (connected)
+            ready.wait()
             while not stop.is_set():
                 if h.post("/jobs", json={"name": "s", "command": "sleep 3600", "gpus": 1}).status_code == 201:
                     acked[k] += 1
 
     s0, n0, b0 = s.rounds()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
-    t0 = time.time()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
+    ready.wait()
+    t0 = time.time()
     time.sleep(seconds)
     stop.set()
     for t in threads:
@@ -230,7 +238,8 @@ def stream(s: Server, seconds: float) -> dict:
         store.close()
     submitted = {e["job_id"]: e["time"] for e in events if e["kind"] == "submit"}
     contact = {e["job_id"]: e["time"] for e in events if e["kind"] != "submit" and e["job_id"] in submitted}
-    marks = [t0, *sorted({t for t in contact.values() if t <= t1}), t1]
+    first, last = min(submitted.values()), max(submitted.values())
+    marks = [first, *sorted({t for t in contact.values() if first <= t <= last}), last]
     lat = sorted(contact[j] - submitted[j] for j in contact)
     return {"per_s": sum(acked) / (t1 - t0), "rounds": n1 - n0, "mean": (s1 - s0) / max(1, n1 - n0),
             "gap": max(b - a for a, b in zip(marks, marks[1:], strict=False)), "slowest": _slowest(b0, b1),
@@ -276,9 +285,10 @@ def run_side(side: str, src: Path, db_kind: str, sizes: list[int], quiet_s: floa
                 _wait("the jobs to pend", lambda size=pending: s.count("waiting_for_initial_resource") >= size)
                 time.sleep(2 * ROUND_S + 1)
                 row = {"side": side, "db": db_kind, "pending": pending}
-                row["quiet"], row["quiet_cpu"] = quiet(s, quiet_s)
+                row["quiet"], row["quiet_cpu"], row["every"] = quiet(s, quiet_s)
                 row["queue"], row["queue_cpu"], row["queue_srv"], row["lines"] = queue_cli(s)
                 row["json"], row["json_cpu"], row["json_srv"], row["jobs"] = queue_cli(s, "--json")
+                row["gap1"], row["per_s1"] = (lambda r: (r["gap"], r["per_s"]))(stream(s, stream_s, 1))
                 row.update(stream(s, stream_s))
                 rows.append(row)
                 print(_line(row), flush=True)
@@ -287,9 +297,9 @@ def run_side(side: str, src: Path, db_kind: str, sizes: list[int], quiet_s: floa
     return rows
 
 
-HEAD = (f"{'side':<6} {'db':<8} {'pending':>7} {'quiet ms':>8} {'cpu %':>5} {'subm/s':>6} {'rounds':>6} "
-        f"{'mean ms':>7} {'slowest':>7} {'gap s':>5} {'contact ms':>11} {'queue s (cpu+srv)':>18} "
-        f"{'--json s (cpu+srv)':>19} {'jobs':>6}")
+HEAD = (f"{'side':<6} {'db':<8} {'pending':>7} {'quiet ms':>8} {'cpu %':>5} {'every s':>7} {'1: subm/s':>9} "
+        f"{'gap s':>5} {'subm/s':>6} {'rounds':>6} {'mean ms':>7} {'slowest':>7} {'gap s':>5} {'contact ms':>11} "
+        f"{'queue s (cpu+srv)':>18} {'--json s (cpu+srv)':>19} {'jobs':>6}")
 
 
 def _line(r: dict) -> str:
@@ -297,6 +307,7 @@ def _line(r: dict) -> str:
     q = f"{r['queue']:.2f} ({r['queue_cpu']:.2f}+{r['queue_srv']:.2f})"
     j = f"{r['json']:.2f} ({r['json_cpu']:.2f}+{r['json_srv']:.2f})"
     return (f"{r['side']:<6} {r['db']:<8} {r['pending']:>7} {r['quiet'] * 1e3:>8.1f} {r['quiet_cpu'] * 100:>5.0f} "
+            f"{r['every']:>7.3f} {r['per_s1']:>9.0f} {r['gap1']:>5.2f} "
             f"{r['per_s']:>6.0f} {r['rounds']:>6} {r['mean'] * 1e3:>7.1f} {slow:>7} {r['gap']:>5.2f} "
             f"{r['p50'] * 1e3:>5.0f}/{r['p99'] * 1e3:<5.0f} {q:>18} {j:>19} {r['jobs']:>6}")
 
@@ -317,9 +328,10 @@ def main() -> None:
     sides = ([("before", a.baseline / "src")] if a.baseline else []) + [("after" if a.baseline else "this", REPO / "src")]
     print(f"gpuloom serve, 64x8 declared, {RUNNING} running, --round {ROUND_S}; {CLIENTS} submitting clients; "
           f"{psutil.cpu_count()} cores")
-    print("quiet: mean round with nothing changing, cpu %: the server's CPU meanwhile; subm/s, rounds, mean, "
-          "slowest (its histogram bucket), gap (the longest time without a round), contact (submission to the round "
-          "that picked it up, p50/p99): while clients submit; queue/json: wall seconds of `gpuloom queue [--json]` "
+    print("quiet: mean round with nothing changing, cpu %: the server's CPU meanwhile, every s: from one round "
+          "to the next; 1: one client submitting as fast as it can: subm/s, gap (the longest time without a round); "
+          f"then {CLIENTS} clients: subm/s, rounds, mean, slowest (its histogram bucket), gap, contact (submission to "
+          "the round that picked it up, p50/p99); queue/json: wall seconds of `gpuloom queue [--json]` "
           f"into a file (its CPU + the server's); load {os.getloadavg()[0]:.1f}")
     print(HEAD, flush=True)
     rows: list[dict] = []

@@ -3,7 +3,8 @@
 
 * a round in which nothing changed reads one statement and touches no waiting job, however many
   wait; a round after a submission gives the new job its reason and leaves the others' as they were;
-* the store's lock lets the scheduling loop's thread go before threads that waited longer;
+* the store's lock lets the scheduling loop's thread go before threads that waited longer, and a due
+  round reads the store before eight waiting submissions; the loop sleeps no later than a round is due;
 * ``GET /jobs?fields=`` and ``X-Total-Count``; ``gpuloom queue`` lays 10,000 jobs out as plain lines
   (exactly as Rich would lay the table out, minus the cost), and ``--json`` writes them all.
 """
@@ -182,6 +183,67 @@ def test_the_scheduling_loop_waits_for_the_store_as_the_first(tmp_path: Path, cg
         svc.start()
         with store.lock:  # the loop's next round waits for the store, counted as the first
             _poll(lambda: store.lock.waiting() == (1, 0), "the loop to wait")
+    finally:
+        svc.shutdown()
+        store.close()
+
+
+def test_a_due_round_reads_the_store_before_eight_waiting_submissions(tmp_path: Path, cgroup_parent: str) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    cl = Cluster.homogeneous(1, 1)
+    svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
+                  tmp_path, round_s=0.05)
+    order: list[str] = []
+    try:
+        svc.start()
+        subs = [threading.Thread(target=svc.submit, args=({"name": "s", "command": "sleep 60", "gpus": 1}, "u"))
+                for _ in range(8)]
+        with store.lock:  # a commit in progress: eight submissions and the loop queue behind it
+            for t in subs:
+                t.start()
+            _poll(lambda: store.lock.waiting() == (1, 8), "eight submissions and the loop's round to wait")
+            event.listen(store.engine, "before_cursor_execute",
+                         lambda *_: order.append(threading.current_thread().name))
+        for t in subs:
+            t.join(30)
+        _poll(lambda: store.count_jobs() == 8, "the eight jobs")
+    finally:
+        svc.shutdown()
+        store.close()
+    # the round's statement first, then the eight inserts (a round waits for one commit, not eight)
+    assert order[0] == "gpuloom-scheduler" and len([n for n in order if n != "gpuloom-scheduler"]) >= 8
+
+
+class _Waits(threading.Event):
+    """The loop's wake-up event, recording how long each wait may last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+def test_the_loop_sleeps_no_later_than_the_next_round_is_due(tmp_path: Path, cgroup_parent: str) -> None:
+    """With a round every 0.25 s and a tick of 0.1 s, the loop that has 0.05 s left to the next round
+    waits 0.05 s, not a whole tick (the round then came up to a tick late: 0.3-0.35 s apart)."""
+    clock = ManualClock(1_700_000_000.0)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    cl = Cluster.homogeneous(1, 1)
+    svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
+                  tmp_path, round_s=0.25, clock=clock)
+    waits = svc._wake = _Waits()
+    try:
+        svc.start()
+        _poll(lambda: svc.rounds == 1 and len(waits.timeouts) > 2, "the first round")
+        assert waits.timeouts[-1] == 0.1  # (the clock stands still: a tick at a time)
+        clock.advance(0.2)
+        _poll(lambda: waits.timeouts[-1] != 0.1, "a shorter wait")
+        assert waits.timeouts[-1] == pytest.approx(0.05) and svc.rounds == 1
+        clock.advance(0.05)
+        _poll(lambda: svc.rounds == 2, "the round then due")
     finally:
         svc.shutdown()
         store.close()

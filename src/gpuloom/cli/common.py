@@ -97,6 +97,12 @@ class PlainTable:
             r = [c.translate(_CONTROL) for c in r]
         self.rows.append(r)
 
+    def add_rows(self, rows: list[list[str]]) -> None:
+        """Rows of text cells (as :meth:`add_row`, with one search for control characters in all of them)."""
+        if _CONTROL_RE.search("".join(map("".join, rows))):
+            rows = [[c.translate(_CONTROL) for c in r] for r in rows]
+        self.rows += rows
+
     def lines(self) -> list[str]:
         from rich.cells import cell_len
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -41,7 +41,8 @@ ACTIVE = tuple(s.value for s in JobState if s not in TERMINAL)
 QUEUE_FIELDS = ("id", "array", "name", "user", "queue", "st", "state", "time_limit", "held_s", "gpus", "gpu_type",
                 "progress", "nodes", "pending_reason", "reason")
 HISTORY_PAGE = 1000  # records per /history request
-LIST_PAGE = 2000  # jobs per /jobs request
+LIST_PAGE = 2000  # jobs per /jobs request (from a server without /jobs/stream)
+STREAM = "/jobs/stream"  # the whole listing in one response
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -52,13 +53,32 @@ def _local(iso: str | None) -> str:
     return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _reason(j: dict[str, Any]) -> str:
-    """squeue's NODELIST(REASON): the nodes of a job holding some, else why it waits or ended."""
-    if j["st"] in ("R", "CG"):
-        return ",".join(j.get("nodes") or []) or "-"
-    if j["st"] == "PD":
-        return f"({j.get('pending_reason') or j.get('reason') or 'None'})"
-    return f"({j['reason']})" if j.get("reason") else ""
+def _queue_rows(block: list[list[Any]], fields: list[str], long: bool) -> list[list[str]]:
+    """The queue table's rows for jobs given as lists of the values of ``fields`` (:data:`QUEUE_FIELDS`)."""
+    at = {f: i for i, f in enumerate(fields)}
+    i_id, i_arr, i_name, i_user, i_q, i_st, i_state, i_tl, i_held, i_gpus, i_type, i_prog, i_nodes, i_pr, i_why = \
+        (at[f] for f in QUEUE_FIELDS)
+    times: dict[Any, str] = {}  # (most waiting jobs have held 0 s: each duration is laid out once)
+    rows = []
+    for v in block:
+        st = v[i_st]
+        if st in ("R", "CG"):  # squeue's NODELIST(REASON): the nodes of a job holding some, else why it waits
+            reason = ",".join(v[i_nodes] or []) or "-"
+        elif st == "PD":
+            reason = f"({v[i_pr] or v[i_why] or 'None'})"
+        else:
+            reason = f"({v[i_why]})" if v[i_why] else ""
+        row = [str(v[i_id]), v[i_arr] or "", v[i_name], v[i_user], v[i_q] or "-", st]
+        if long:
+            row += [v[i_state].upper(), format_duration(v[i_tl])]
+        held = v[i_held]
+        if (took := times.get(held)) is None:
+            took = times[held] = format_duration(held)
+        it = v[i_prog]
+        row += [took, f"{v[i_type]}:{v[i_gpus]}" if v[i_type] else str(v[i_gpus]),  # Slurm's TYPE:N
+                "-" if it is None else str(int(it)), reason]
+        rows.append(row)
+    return rows
 
 
 _print_json = print_json
@@ -172,22 +192,62 @@ def queue(
     jobs: list[dict[str, Any]] = []
     if not as_json:  # only what the table shows (a third of the bytes)
         params["fields"] = ",".join(QUEUE_FIELDS)
-    for page in _pages(Client(url, token, state_dir), "/jobs", params):
+    for fields, block in _listing(Client(url, token, state_dir), params):
         if as_json:
-            jobs += page
-            continue
-        for j in page:  # each page becomes rows as it comes (its dicts are not kept)
-            it = j.get("progress")
-            row = [str(j["id"]), j.get("array") or "", j["name"], j["user"], j.get("queue") or "-", j["st"]]
-            if long:
-                row += [j["state"].upper(), format_duration(j.get("time_limit"))]
-            gpus = f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else str(j["gpus"])  # Slurm's TYPE:N
-            row += [format_duration(j.get("held_s")), gpus, "-" if it is None else str(int(it)), _reason(j)]
-            t.add_row(*row)
+            jobs += [dict(zip(fields, v, strict=True)) for v in block]
+        else:  # each block becomes rows as it comes (its values are not kept)
+            t.add_rows(_queue_rows(block, fields, long))
     if as_json:
         _print_json(jobs)
     else:
         _print_table(t)
+
+
+def _listing(client: Client, params: dict[str, Any]) -> Iterator[tuple[list[str], list[list[Any]]]]:
+    """The jobs ``GET /jobs`` lists with ``params``, a block at a time (field names, each job's values in their
+    order): from one response of
+    ``GET /jobs/stream`` (:mod:`gpuloom.runtime.listing`), or page by page from a server without it
+    (which reads ``stream`` as a job id: 422 on the path)."""
+    import httpx
+
+    started = False
+    try:
+        with client.http.stream("GET", STREAM, params=params) as r:
+            if r.status_code >= 400:
+                r.read()
+                if not (r.status_code == 404 or (r.status_code == 422 and '"path"' in r.text)):
+                    client.refused(r)
+            else:
+                started = True
+                yield from _blocks(r.iter_lines(), client.url)
+                return
+    except httpx.HTTPError as e:
+        if started:
+            _cut_short(client.url, e)
+        client.unreachable(e)
+    for page in _pages(client, "/jobs", params):
+        if page:
+            keys = list(page[0])
+            yield keys, [[j[k] for k in keys] for j in page]
+
+
+def _cut_short(url: str, why: object) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] the listing from {url} was cut short ({why})", highlight=False)
+    raise typer.Exit(1)
+
+
+def _blocks(lines: Iterator[str], url: str) -> Iterator[tuple[list[str], list[list[Any]]]]:
+    """The jobs of a ``/jobs/stream`` response's lines, a block at a time; an error if it was cut short."""
+    fields: list[str] | None = None
+    for line in lines:
+        item = json.loads(line)
+        if fields is None:
+            fields = item["fields"]
+        elif isinstance(item, list):
+            yield fields, item
+        else:
+            return  # {"end": COUNT}
+    _cut_short(url, "no end line")
 
 
 def _pages(client: Client, path: str, params: dict[str, Any]) -> Iterator[list[dict[str, Any]]]:

@@ -33,7 +33,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -486,6 +486,25 @@ class Client:
                                  transport=tr)
         self.last: Any = None  # the last response
 
+    def unreachable(self, e: Exception) -> NoReturn:
+        """Exit with why the server could not be reached (or was not trusted)."""
+        refused = self.check.refusal if self.check is not None else None
+        msg = refused or f"cannot reach {self.url}: {e}"
+        err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
+        raise typer.Exit(1) from None
+
+    def refused(self, r: Any) -> NoReturn:
+        """Exit with the error an answer of status 400 or more gives (its body read)."""
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = r.text
+        if isinstance(detail, list):
+            msgs = [f"{'.'.join(str(x) for x in d.get('loc', [])[1:]) or 'request'}: {d.get('msg')}" for d in detail]
+            detail = "; ".join(msgs)
+        err_console.print(f"[bold red]error ({r.status_code}):[/] {escape(str(detail))}", highlight=False)
+        raise typer.Exit(2 if r.status_code in (400, 409, 422) else 1)
+
     def call(self, method: str, path: str, raw: bool = False, retries: int = 0, **kw: Any) -> Any:
         """The answer's JSON (or text); with ``raw`` the response itself.  Errors exit with their message.
         ``retries``: more tries on transport errors (for requests safe to repeat)."""
@@ -500,20 +519,10 @@ class Client:
                 if attempt < retries and refused is None:
                     time.sleep(0.5 * 2**attempt)
                     continue
-                msg = refused or f"cannot reach {self.url}: {e}"
-                err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)
-                raise typer.Exit(1) from None
+                self.unreachable(e)
         self.last = r
         if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail")
-            except ValueError:
-                detail = r.text
-            if isinstance(detail, list):
-                msgs = [f"{'.'.join(str(x) for x in d.get('loc', [])[1:]) or 'request'}: {d.get('msg')}" for d in detail]
-                detail = "; ".join(msgs)
-            err_console.print(f"[bold red]error ({r.status_code}):[/] {escape(str(detail))}", highlight=False)
-            raise typer.Exit(2 if r.status_code in (400, 409, 422) else 1)
+            self.refused(r)
         if raw:
             return r
         ctype = r.headers.get("content-type", "")

@@ -449,7 +449,8 @@ class Service:
         clock = self.clock
         while not self._stop.is_set():
             self.watchdog.tick(clock.monotonic())  # the loop goes round (its rounds may still fail)
-            woke = self._wake.wait(timeout=tick)
+            # (a tick for exits and cancels, or until the next round is due if that comes first)
+            woke = self._wake.wait(timeout=min(tick, max(0.0, next_round - clock.monotonic())))
             if woke:
                 # a burst of submissions: let it gather for a moment so one round takes them all
                 self._stop.wait(max(0.0, last + gap - clock.monotonic()))
