@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.lifecycle import PHASES
-from .metrics import JobRecord, RunResult
+from .metrics import JobRecord, RunResult, TimeSeries
 from .runconfig import RunConfig, run_many  # noqa: F401  (re-exported: the CLI calls report.run_many)
 
 if TYPE_CHECKING:
@@ -263,9 +263,10 @@ def write_jobs_csv(result: RunResult, path: Path) -> Path:
     return path
 
 
-def write_series_csv(result: RunResult, path: Path) -> Path:
-    """The time series (:data:`SERIES_COLUMNS`), a column at a time, in blocks of :data:`CSV_BLOCK` points."""
-    s = result.series
+def write_series_csv(result: RunResult | TimeSeries, path: Path) -> Path:
+    """The time series (:data:`SERIES_COLUMNS`) of a run (or the series itself), a column at a time, in blocks
+    of :data:`CSV_BLOCK` points."""
+    s = result if isinstance(result, TimeSeries) else result.series
     with open(path, "w", newline="") as f:
         f.write(",".join(SERIES_COLUMNS) + "\r\n")
         for a in range(0, len(s), CSV_BLOCK):
@@ -290,17 +291,20 @@ def run_summary(result: RunResult) -> dict[str, Any]:
     }
 
 
+def write_summary(result: RunResult, out_dir: str | Path) -> Path:
+    """Write ``summary.json`` (:func:`run_summary`) into ``out_dir`` (created)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _dump_json(run_summary(result), out / "summary.json")
+    return out / "summary.json"
+
+
 def write_run(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
     """Write ``jobs.csv``, ``series.csv`` and ``summary.json`` into ``out_dir`` (created)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "jobs": write_jobs_csv(result, out / "jobs.csv"),
-        "series": write_series_csv(result, out / "series.csv"),
-        "summary": out / "summary.json",
-    }
-    _dump_json(run_summary(result), paths["summary"])
-    return paths
+    return {"jobs": write_jobs_csv(result, out / "jobs.csv"), "series": write_series_csv(result, out / "series.csv"),
+            "summary": write_summary(result, out)}
 
 
 # -- statistics over seeds ------------------------------------------------------
