@@ -346,6 +346,23 @@ def test_jobs_csv_quotes_as_the_csv_module_does(tmp_path: Path) -> None:
     assert got.endswith(b"late,,2,50,5,,,,,0,0,0,inf,-0.0,,,,,,,\r\n")
 
 
+def test_phase_columns_equal_to_others_in_value_only_keep_their_own_text(tmp_path: Path) -> None:
+    # phase_queued and phase_launching are often queued_time and overhead_time again, and share their cells; only
+    # where they are the same floats bit for bit: 0.0 == -0.0 and 5 == 5.0, but their text differs
+    def rec(jid: str, queued: float, overhead: float, phases: tuple[float, float, float]) -> JobRecord:
+        return JobRecord(jid, "", 1, 0.0, 10.0, 5.0, 15.0, 0, 0, 0, 10.0, overhead, queued, phases)
+
+    series = TimeSeries([0.0, 15.0], [1, 0], [0, 0], [0, 0], [1, 0], [0, 0])
+    same = RunResult({}, [rec("a", 5.0, 0.0, (5.0, 0.0, 10.0))], series, 1, 0, 0, 15.0)
+    assert write_run(same, tmp_path / "same")["jobs"].read_text().splitlines()[1].endswith(
+        ",10.0,0.0,5.0,1.5,1.0,1.5,5.0,0.0,10.0")
+    signs = RunResult({}, [rec("a", 5, -0.0, (5.0, 0.0, 10.0)), rec("b", 5.0, 0.0, (5.0, -0.0, 10.0))], series, 1,
+                      0, 0, 15.0)
+    rows = write_run(signs, tmp_path / "signs")["jobs"].read_text().splitlines()[1:]
+    assert [r.split(",")[13:15] + r.split(",")[18:20] for r in rows] == [["-0.0", "5", "5.0", "0.0"],
+                                                                          ["0.0", "5.0", "5.0", "-0.0"]]
+
+
 def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # summary.json, report.md, report.txt, the plots and the printed table all read one summary
     calls = {"summary": 0, "themis": 0}

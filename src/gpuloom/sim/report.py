@@ -49,6 +49,7 @@ import json
 import math
 import os
 import re
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -199,18 +200,33 @@ _QUOTED = re.compile(r'[,"\r\n]')
 def _cells(values: Sequence[Any]) -> list[str]:
     """:func:`_cell` of each value, in bulk: ``repr`` of floats and ints (``str`` of an int), empty for None
     and NaN; values of other types one by one."""
-    if set(map(type, values)) <= _NUMBERS:
+    kinds = set(map(type, values))
+    if kinds <= _NUMBERS:
         r = list(map(repr, values))
-        return list(map(_BLANK.get, r, r))
+        if type(None) in kinds or (float in kinds and "nan" in r):  # (else nothing to leave empty)
+            return list(map(_BLANK.get, r, r))
+        return r
     return [_cell(v) for v in values]
+
+
+def _same_floats(a: list[Any], b: list[Any]) -> bool:
+    """Whether columns ``a`` and ``b`` are the same floats, bit for bit (so their cells are the same: ``0.0 ==
+    -0.0``, ``1 == 1.0``, but their text differs)."""
+    if a != b or set(map(type, a)) != {float} or set(map(type, b)) != {float}:
+        return False
+    return array("d", a).tobytes() == array("d", b).tobytes()
 
 
 def _text(values: Sequence[Any]) -> list[str]:
     """Cells as the csv module writes ``values`` (str of each, None empty), quoted where a cell holds a comma, a
     quote or a line break (its quotes doubled): the csv module's minimal quoting."""
     kinds = set(map(type, values))
-    if kinds <= {int}:
-        return list(map(str, values))  # (digits and a sign: never quoted)
+    if kinds <= {int}:  # (digits and a sign: never quoted)
+        distinct = set(values)
+        if 4 * len(distinct) > len(values):
+            return list(map(str, values))
+        text = {v: str(v) for v in distinct}  # (counts repeat: each made once)
+        return list(map(text.__getitem__, values))
     if kinds <= {str}:
         cells = list(values)
     else:
@@ -247,18 +263,21 @@ def write_jobs_csv(result: RunResult, path: Path) -> Path:
 
             arrival, fin, fs, dur = col("arrival"), col("finish"), col("first_start"), col("duration")
             jct = [None if x is None else x - t for x, t in zip(fin, arrival, strict=True)]
+            # the times each phase took, and the columns that are often the same values (queued, launching)
+            held = [(v, _cells(v)) for v in (col("queued_time"), col("overhead_time"), col("run_time"))]
             columns = [
                 _text(col("id")), _text(col("model")), _text(col("gpus")), _cells(arrival), _cells(dur),
                 _cells(fs), _cells(fin), _cells(jct),
                 _cells([None if x is None else x - t for x, t in zip(fs, arrival, strict=True)]),
                 _text(col("preemptions")), _text(col("migrations")), _text(col("resizes")),
-                _cells(col("run_time")), _cells(col("overhead_time")), _cells(col("queued_time")),
+                held[2][1], held[1][1], held[0][1],
                 _cells([None if x is None else x / d for x, d in zip(jct, dur, strict=True)]),
                 _cells(contention[a:a + CSV_BLOCK].tolist()), _cells(rho[a:a + CSV_BLOCK].tolist()),
             ]
             phases = col("phase_s")
             for k in range(len(phase_names)):
-                columns.append(_cells([None if p is None else p[k] for p in phases]))
+                values = [None if p is None else p[k] for p in phases]
+                columns.append(held[k][1] if _same_floats(values, held[k][0]) else _cells(values))
             _write_columns(f, columns)
     return path
 
