@@ -100,6 +100,25 @@ def test_cancel_and_a_with_block_end_a_busy_child() -> None:
     assert bg2.pid is None and children() == before
 
 
+def test_a_child_reads_its_argument_while_a_child_forked_after_it_still_runs() -> None:
+    # a child forked later must not hold the first one's argument pipe open: the first would wait for it to end
+    def pipes(pid: int) -> set[str]:
+        return {os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+
+    first: Background[int, int] = Background("adding", lambda x: x + 1)
+    later: Background[float, None] = Background("sleeping", time.sleep)
+    try:
+        assert first._to is not None and first._from is not None and later.pid is not None
+        held = {os.readlink(f"/proc/self/fd/{fd}") for fd in (first._to, first._from)}
+        later.submit(120.0)
+        first.submit(1)
+        assert first.result() == 2
+        assert psutil.Process(later.pid).status() != psutil.STATUS_ZOMBIE  # (it still sleeps)
+        assert not held & pipes(later.pid)  # (it closed the first child's pipes as it started)
+    finally:
+        later.cancel()
+
+
 def test_a_child_sent_nothing_exits_when_its_caller_closes_the_pipe() -> None:
     # a caller that gives up (dies, or drops the child) closes its end: the child, waiting to be sent its
     # argument, ends by itself

@@ -32,6 +32,9 @@ from typing import Generic, TypeVar, cast
 _A = TypeVar("_A")
 _R = TypeVar("_R")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: the pipe ends this process holds to its children: a child forked later closes them at once, else it would
+#: hold a sibling's argument pipe open, and that sibling would wait for it to end before reading its argument
+_HELD: set[int] = set()
 
 
 class BackgroundError(RuntimeError):
@@ -58,6 +61,12 @@ def _die_with_parent(parent: int) -> None:
         pass
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
+
+
+def _close(fd: int) -> None:
+    """Close ``fd``, one of the pipe ends held to a child (:data:`_HELD`)."""
+    _HELD.discard(fd)
+    os.close(fd)
 
 
 def _read_all(fd: int) -> bytes:
@@ -103,12 +112,14 @@ class Background(Generic[_A, _R]):
                 os.close(fd)
             return
         if pid == 0:  # the child: never returns
-            os.close(arg_w)
-            os.close(res_r)
+            for fd in (arg_w, res_r, *_HELD):
+                os.close(fd)
+            _HELD.clear()
             self._child(prepare, arg_r, res_w, parent)
         os.close(arg_r)
         os.close(res_w)
         self.pid, self._to, self._from = pid, arg_w, res_r
+        _HELD.update((arg_w, res_r))
 
     def _child(self, prepare: Callable[[], object] | None, arg_r: int, res_w: int, parent: int) -> None:
         status = 1
@@ -140,7 +151,7 @@ class Background(Generic[_A, _R]):
         except BrokenPipeError:  # the child failed before reading it: result() says why
             pass
         finally:
-            os.close(fd)
+            _close(fd)
 
     def result(self) -> _R:
         """What ``fn`` returned, once the child has ended; :class:`BackgroundError` if it failed."""
@@ -153,7 +164,7 @@ class Background(Generic[_A, _R]):
         except BaseException:
             self.cancel()
             raise
-        os.close(fd)
+        _close(fd)
         self._from = None
         _, status = os.waitpid(pid, 0)
         self.pid = None
@@ -174,7 +185,7 @@ class Background(Generic[_A, _R]):
         for name in ("_to", "_from"):
             fd = getattr(self, name)
             if fd is not None:
-                os.close(fd)
+                _close(fd)
                 setattr(self, name, None)
         pid, self.pid = self.pid, None
         if pid is None:
