@@ -112,18 +112,22 @@ class Background(Generic[_A, _R]):
                 os.close(fd)
             return
         if pid == 0:  # the child: never returns
-            for fd in (arg_w, res_r, *_HELD):
-                os.close(fd)
-            _HELD.clear()
-            self._child(prepare, arg_r, res_w, parent)
+            self._child(prepare, arg_r, res_w, parent, (arg_w, res_r, *_HELD))
         os.close(arg_r)
         os.close(res_w)
         self.pid, self._to, self._from = pid, arg_w, res_r
         _HELD.update((arg_w, res_r))
 
-    def _child(self, prepare: Callable[[], object] | None, arg_r: int, res_w: int, parent: int) -> None:
+    def _child(self, prepare: Callable[[], object] | None, arg_r: int, res_w: int, parent: int,
+               held: tuple[int, ...]) -> None:
         status = 1
         try:
+            for fd in held:  # (the caller's ends of this child's pipes and of its siblings')
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            _HELD.clear()
             _die_with_parent(parent)
             try:
                 if prepare is not None:
