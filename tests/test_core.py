@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
+import re
+from typing import Any
 
 import pytest
 
@@ -68,6 +71,33 @@ def test_jobspec_validation() -> None:
         JobSpec("j3", -1, 1, 5)
     s = JobSpec.from_iterations("j4", 5, 2, iterations=100, iter_time=0.5)
     assert s.duration == 50 and s.iterations == 100
+
+
+def test_jobspecs_from_columns_are_the_specs_the_constructor_makes() -> None:
+    attrs = [{"queue": "a"}, {}, {"queue": "b", "x": 1}]
+    specs = JobSpec.from_columns(["j0", "j1", "j2"], [0, 2.5, 1e9], [1, 8, 3], [10, 0.5, 7.25], attrs)
+    assert specs == [JobSpec("j0", 0, 1, 10, attrs=attrs[0]), JobSpec("j1", 2.5, 8, 0.5, attrs=attrs[1]),
+                     JobSpec("j2", 1e9, 3, 7.25, attrs=attrs[2])]
+    assert [s.attrs for s in specs] == attrs and specs[1].attrs is attrs[1]
+    assert (specs[2].model, specs[2].iterations, specs[2].iter_time, specs[2].user, specs[2].cpus, specs[2].mem_mb,
+            specs[2].profile) == ("", None, None, "", None, None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        specs[0].gpus = 2  # type: ignore[misc]
+    assert JobSpec.from_columns([], [], [], [], []) == []
+
+
+@pytest.mark.parametrize(("column", "value", "error"), [
+    (0, "", "job id must not be empty"), (1, -1.0, "job j1: arrival must be a finite time >= 0, got -1.0"),
+    (1, math.nan, "job j1: arrival must be"), (1, math.inf, "job j1: arrival must be"),
+    (2, 0, "job j1: gpus must be >= 1, got 0"), (3, 0.0, "job j1: duration must be > 0, got 0.0"),
+    (3, math.inf, "job j1: duration must be > 0, got inf"), (3, math.nan, "job j1: duration must be > 0, got nan")])
+def test_jobspecs_from_columns_refuse_what_the_constructor_refuses(column: int, value: object, error: str) -> None:
+    columns: list[list[Any]] = [["j0", "j1", "j2"], [0.0, 1.0, 2.0], [1, 1, 1], [5.0, 5.0, 5.0], [{}, {}, {}]]
+    columns[column][1] = value
+    with pytest.raises(JobError, match=f"^{re.escape(error)}"):
+        JobSpec.from_columns(*columns)
+    with pytest.raises(ValueError, match="columns of 3, 3, 3, 3 and 2 specs"):
+        JobSpec.from_columns(*columns[:4], [{}, {}])
 
 
 def _alloc(jid: str, node: int, gpus: tuple[int, ...], cpus: int = 1, mem: int = 10, group: tuple[str, ...] = ()) -> Allocation:

@@ -72,6 +72,21 @@ def test_impossible_jobs_lists_all_and_caches_by_request() -> None:
                    "(use --drop-impossible to count such jobs as unfinished)")
 
 
+def test_impossible_jobs_answers_jobs_of_one_shape_by_their_gpu_types() -> None:
+    # one answer per shape for jobs asking no GPU type (none, None or ""); a type asked is checked each time
+    mixed = Cluster((Node("v0", 8, 24, 500_000, "V100"), Node("a0", 4, 64, 1_000_000, "A100")))
+    specs = [JobSpec("any", 0, 6, 10), JobSpec("a100", 0, 6, 10, attrs={"gpu_type": "A100"}),
+             JobSpec("none", 0, 6, 10, attrs={"gpu_type": None}), JobSpec("v100", 0, 6, 10, attrs={"gpu_type": "V100"}),
+             JobSpec("empty", 0, 6, 10, attrs={"gpu_type": ""}), JobSpec("h100", 0, 1, 10, attrs={"gpu_type": "H100"}),
+             JobSpec("cores", 0, 1, 10, cpus=70), JobSpec("big", 0, 13, 10, attrs={"queue": "q"})]
+    assert impossible_jobs(specs, mixed) == {
+        "a100": "needs 6 GPUs, the cluster has 4 of type A100",
+        "h100": "needs GPU type H100, the cluster has A100, V100",
+        "cores": "needs 70 CPU cores: no placement gives it that (the largest node has 64 cores)",
+        "big": "needs 13 GPUs, the cluster has 12"}
+    assert impossible_jobs(specs, mixed) == {s.id: why for s in specs if (why := never_fits(s, mixed)) is not None}
+
+
 def test_simulator_refuses_or_drops_impossible_jobs_and_terminates() -> None:
     # formerly a hang: one job of 100 cores on 1x8, with or without drop_impossible
     big = [JobSpec("j1", 0, 1, 100, cpus=100)]

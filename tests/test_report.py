@@ -346,6 +346,23 @@ def test_jobs_csv_quotes_as_the_csv_module_does(tmp_path: Path) -> None:
     assert got.endswith(b"late,,2,50,5,,,,,0,0,0,inf,-0.0,,,,,,,\r\n")
 
 
+def test_phase_columns_equal_to_others_in_value_only_keep_their_own_text(tmp_path: Path) -> None:
+    # phase_queued and phase_launching are often queued_time and overhead_time again, and share their cells; only
+    # where they are the same floats bit for bit: 0.0 == -0.0 and 5 == 5.0, but their text differs
+    def rec(jid: str, queued: float, overhead: float, phases: tuple[float, float, float]) -> JobRecord:
+        return JobRecord(jid, "", 1, 0.0, 10.0, 5.0, 15.0, 0, 0, 0, 10.0, overhead, queued, phases)
+
+    series = TimeSeries([0.0, 15.0], [1, 0], [0, 0], [0, 0], [1, 0], [0, 0])
+    same = RunResult({}, [rec("a", 5.0, 0.0, (5.0, 0.0, 10.0))], series, 1, 0, 0, 15.0)
+    assert write_run(same, tmp_path / "same")["jobs"].read_text().splitlines()[1].endswith(
+        ",10.0,0.0,5.0,1.5,1.0,1.5,5.0,0.0,10.0")
+    signs = RunResult({}, [rec("a", 5, -0.0, (5.0, 0.0, 10.0)), rec("b", 5.0, 0.0, (5.0, -0.0, 10.0))], series, 1,
+                      0, 0, 15.0)
+    rows = write_run(signs, tmp_path / "signs")["jobs"].read_text().splitlines()[1:]
+    assert [r.split(",")[13:15] + r.split(",")[18:20] for r in rows] == [["-0.0", "5", "5.0", "0.0"],
+                                                                          ["0.0", "5.0", "5.0", "-0.0"]]
+
+
 def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # summary.json, report.md, report.txt, the plots and the printed table all read one summary
     calls = {"summary": 0, "themis": 0}
@@ -382,8 +399,8 @@ def test_simulate_runs_without_the_cycle_collector_and_restores_it(tmp_path: Pat
     import gc
 
     seen: list[bool] = []
-    real = report.write_run
-    monkeypatch.setattr(report, "write_run", lambda *a, **k: (seen.append(gc.isenabled()), real(*a, **k))[1])
+    real = report.write_summary
+    monkeypatch.setattr(report, "write_summary", lambda *a, **k: (seen.append(gc.isenabled()), real(*a, **k))[1])
     assert gc.isenabled()
     r = CliRunner().invoke(app, ["simulate", "--generate", "10", "--cluster", "2x4", "--no-plots", "--out",
                                  str(tmp_path / "o")])
@@ -411,3 +428,125 @@ def test_the_command_line_loads_no_database_layer() -> None:
                           "if m.split('.')[0] == 'sqlalchemy' or m == 'gpuloom.runtime.store'))"],
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- gpuloom simulate writes its files from three processes: the bytes it writes alone ---------------------------
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """A run's files, byte for byte, but for the lines giving wall time (and when the run started)."""
+    out = {}
+    for p in sorted(folder.iterdir()):
+        lines = p.read_bytes().splitlines(keepends=True)
+        if p.suffix in (".json", ".md", ".txt"):
+            lines = [x for x in lines if not any(w in x for w in (b"wall_time_s", b"wall time", b'"started"'))]
+        out[p.name] = b"".join(lines)
+    return out
+
+
+def _forks() -> None:
+    from gpuloom.sim.background import can_fork
+
+    if not can_fork():
+        pytest.skip("simulate forks only on Linux with no other thread running")
+
+
+SMALL = ["simulate", "--generate", "60", "--cluster", "4x4", "--order", "las", "--max-time", "20000", "--out"]
+
+
+def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from gpuloom.sim import background, plots
+
+    _forks()
+    before = _children()
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    real_draw, real_jobs = plots.draw_run, report.write_jobs_csv
+
+    def draw(*a: Any) -> Any:
+        (pids / f"plots {os.getpid()}").touch()
+        return real_draw(*a)
+
+    def jobs(*a: Any) -> Any:
+        (pids / f"jobs.csv {os.getpid()}").touch()
+        return real_jobs(*a)
+
+    monkeypatch.setattr(plots, "draw_run", draw)
+    monkeypatch.setattr(report, "write_jobs_csv", jobs)
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    (tmp_path / "o").rename(tmp_path / "forked")  # (the command line, --out included, is in the files)
+    made = sorted(p.name.split() for p in pids.iterdir())
+    assert [w for w, _ in made] == ["jobs.csv", "plots"]  # each once, each in a process of its own
+    assert len({int(pid) for _, pid in made} | {os.getpid()}) == 3
+    assert _children() == before  # both waited for
+    monkeypatch.setattr(background, "can_fork", lambda: False)  # all in this process
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    forked, alone = _files(tmp_path / "forked"), _files(tmp_path / "o")
+    assert set(forked) == {"jobs.csv", "series.csv", "summary.json", "report.md", "report.txt", "jct_cdf.png",
+                           "utilisation.png", "queue.png", "gpuloom-run.json"}
+    assert forked == alone
+    assert b",,," in forked["jobs.csv"]  # (unfinished jobs: empty cells)
+
+
+def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_are_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from gpuloom.sim import plots
+
+    _forks()
+    before = _children()
+
+    def draw(*a: Any) -> Any:
+        raise ValueError("no room for the legend")
+
+    monkeypatch.setattr(plots, "draw_run", draw)
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
+    assert r.exit_code == 1
+    assert "error: drawing the plots failed: ValueError: no room for the legend" in r.output
+    assert ", in draw\n" in r.output  # the child's traceback
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "gpuloom-run.json", "jobs.csv", "report.md", "report.txt", "series.csv", "summary.json"]
+    assert "![" not in (tmp_path / "o" / "report.md").read_text()
+    assert _children() == before
+    # jobs.csv's child failing: the command writes it itself, and fails all the same
+    monkeypatch.undo()
+    parent, real = os.getpid(), report.write_jobs_csv
+
+    def jobs(*a: Any) -> Any:
+        if os.getpid() != parent:
+            raise OSError(28, "No space left on device")
+        return real(*a)
+
+    monkeypatch.setattr(report, "write_jobs_csv", jobs)
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
+    assert r.exit_code == 1
+    assert "error: writing jobs.csv failed: OSError: [Errno 28] No space left on device" in r.output
+    (tmp_path / "o").rename(tmp_path / "failed")
+    monkeypatch.undo()
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert _files(tmp_path / "failed") == _files(tmp_path / "o")  # the files whole, the plots too
+    assert _children() == before
+
+
+def test_simulate_leaves_no_child_behind_when_it_stops_early(tmp_path: Path) -> None:
+    _forks()
+    before = _children()
+    # the plots' child is forked before the trace is read: a missing trace, a refused --out, end it
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "no such file" in r.output
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine\n")
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "taken")])
+    assert r.exit_code == 2 and "holds files" in r.output
+    assert _children() == before

@@ -265,6 +265,19 @@ def test_unknown_policy_and_parameter() -> None:
 def test_duplicate_ids_rejected() -> None:
     with pytest.raises(JobError, match="duplicate job id 'x'"):
         simulate(ONE_GPU, [JobSpec("x", 0, 1, 1), JobSpec("x", 1, 1, 1)])
+    with pytest.raises(JobError, match="^duplicate job id 'b'$"):  # the first one repeated, in input order
+        simulate(ONE_GPU, [JobSpec(i, 0, 1, 1) for i in ("a", "b", "c", "b", "a")])
+
+
+def test_jobs_are_indexed_by_arrival_ties_in_input_order() -> None:
+    def order(arrivals: list[float]) -> list[tuple[str, int]]:
+        sim = Simulator(ONE_GPU, [JobSpec(f"j{k}", a, 1, 1) for k, a in enumerate(arrivals)], Scheduler.from_names())
+        assert [j.index for j in sim.jobs] == list(range(len(arrivals)))
+        return [(j.id, j.index) for j in sim.jobs]
+
+    assert order([0, 0, 1.5, 1.5, 7]) == [("j0", 0), ("j1", 1), ("j2", 2), ("j3", 3), ("j4", 4)]
+    assert order([5, 0, 5, 2.5, 0, 5]) == [("j1", 0), ("j4", 1), ("j3", 2), ("j0", 3), ("j2", 4), ("j5", 5)]
+    assert order([]) == []
 
 
 # -- invariants on random workloads, every order x every baseline placement ----

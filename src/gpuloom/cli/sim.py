@@ -26,9 +26,10 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from . import app
 from .common import (
@@ -47,6 +48,12 @@ from .common import (
 )
 from .output import OUT_HELP, Output, command_line, report_line
 from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queue_stage
+
+if TYPE_CHECKING:
+    from ..sim.background import Background, BackgroundError
+    from ..sim.plots import RunFigures
+
+_R = TypeVar("_R")
 
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
 FormatOpt = Annotated[str | None, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
@@ -219,8 +226,67 @@ def no_cycle_collection(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+#: child processes the running command started (:func:`ends_children` ends those it did not collect)
+_CHILDREN: list[Background[Any, Any]] = []
+
+
+def ends_children(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """End (kill and reap) the child processes the command started and did not collect, however it ends:
+    an error, an early exit, an interrupt."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        mark = len(_CHILDREN)
+        try:
+            return fn(*args, **kw)
+        finally:
+            while len(_CHILDREN) > mark:
+                _CHILDREN.pop().cancel()
+
+    return wrapper
+
+
+def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | None = None) -> Background[Any, Any]:
+    """A child process forked now (:class:`~gpuloom.sim.background.Background`), ended with the command."""
+    from ..sim.background import Background
+
+    child: Background[Any, Any] = Background(what, fn, prepare)
+    _CHILDREN.append(child)
+    return child
+
+
+def _plotter() -> Background[tuple[RunFigures, Path], list[Path]]:
+    """A child process, forked now, that imports matplotlib, then draws the plots of the run it is sent
+    (:func:`~gpuloom.sim.plots.run_figures` and a folder) and writes its ``series.csv``."""
+    from ..sim.plots import load_matplotlib
+
+    return _child("drawing the plots", _draw, load_matplotlib)
+
+
+def _draw(job: tuple[RunFigures, Path]) -> list[Path]:
+    from ..sim.plots import draw_run
+    from ..sim.report import write_series_csv
+
+    figures, folder = job
+    write_series_csv(figures.series, folder / "series.csv")
+    return draw_run(figures, folder)
+
+
+def _collect(child: Background[Any, _R] | None, default: _R) -> tuple[_R, BackgroundError | None]:
+    """``(what the child returned, None)``, or ``(default, error)`` when it failed (or ``default`` without one)."""
+    from ..sim.background import BackgroundError
+
+    if child is None:
+        return default, None
+    try:
+        return child.result(), None
+    except BackgroundError as e:
+        return default, e
+
+
 @app.command()
 @no_cycle_collection
+@ends_children
 @model_options
 def simulate(
     model_opts: dict,
@@ -277,6 +343,7 @@ def simulate(
         params = stack_params(param, model_opts)
         queue = queue_stage(queue_policy, queues)
         check_policies(order, group, size, place, list(params), queue)
+        plotter = _plotter() if plots else None  # forked before the run, while this process is small
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         window = measure_window(measure_jobs, len(specs))
         if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
@@ -307,21 +374,40 @@ def simulate(
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
-    summary = result.summary()
     folder = output.create("-".join([order, *(v for v, d in ((group, "none"), (size, "proportional"),
                                                               (place, "packed-sticky")) if v != d)]))
     from ..sim import report
 
-    drawn = []
-    if plots:
-        from ..sim.plots import plot_run
+    # the run's files are written by three processes at once: jobs.csv by a child forked now (it shares the
+    # run's records, and their Themis figures, computed first: the summary reads them too), the plots and
+    # series.csv by the child forked before the run (it is sent what they show), the summary and report here
+    result.themis()
+    jobs = _child("writing jobs.csv", lambda _: report.write_jobs_csv(result, folder / "jobs.csv"))
+    jobs.submit(None)
+    summary = result.summary()
+    if plotter is not None:
+        from ..sim.plots import run_figures
 
-        drawn = plot_run(result, folder)
+        plotter.submit((run_figures(result), folder))
+    else:
+        report.write_series_csv(result, folder / "series.csv")
     per_queue = queue_outputs({result.label: result}, folder, plots)
+    _, jobs_failed = _collect(jobs, None)
+    drawn, plots_failed = _collect(plotter, [])
+    if jobs_failed is not None:  # (what a failed child may not have written)
+        report.write_jobs_csv(result, folder / "jobs.csv")
+    if plots_failed is not None:
+        report.write_series_csv(result, folder / "series.csv")
     result.meta["command_wall_time_s"] = output.wall_s()
-    report.write_run(result, folder)
+    report.write_summary(result, folder)
     report.write_report(result, folder, drawn)
     output.finish()
+    for failed in (jobs_failed, plots_failed):
+        if failed is not None:  # (the files are all written, but for the plots a failed drawing did not draw)
+            err_console.print(failed.child_traceback.rstrip(), markup=False, highlight=False)
+            err_console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
+    if jobs_failed is not None or plots_failed is not None:
+        raise typer.Exit(1)
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))
         return

@@ -154,8 +154,17 @@ def impossible_jobs(specs: Sequence[JobSpec], cluster: Cluster) -> dict[str, str
     """``{job id: reason}`` for every spec that can never run on ``cluster``, in input order."""
     check = FitChecker(cluster)
     out = {}
+    untyped: dict[tuple[int, int | None, int | None], str | None] = {}  # (no GPU type asked: one answer a shape)
     for s in specs:
-        why = check.never_fits(s)
+        attrs = s.attrs
+        if attrs and attrs.get(GPU_TYPE_KEY) is not None:
+            why = check.never_fits(s)
+        else:
+            shape = (s.gpus, s.cpus, s.mem_mb)
+            if shape in untyped:
+                why = untyped[shape]
+            else:
+                why = untyped[shape] = check.never_fits(s)
         if why is not None:
             out[s.id] = why
     return out

@@ -69,6 +69,47 @@ class JobSpec:
             raise JobError(f"job {id}: iterations and iter_time must be > 0")
         return cls(id, arrival, gpus, iterations * iter_time, iterations=iterations, iter_time=iter_time, **kw)
 
+    @classmethod
+    def from_columns(cls, ids: Sequence[str], arrivals: Sequence[float], gpus: Sequence[int],
+                     durations: Sequence[float], attrs: Sequence[Mapping[str, Any]]) -> list[JobSpec]:
+        """``[JobSpec(ids[k], arrivals[k], gpus[k], durations[k], attrs=attrs[k]) for each k]``: the same specs
+        and the same checks, made a column at a time (a column with a bad value: spec by spec, so the error is
+        the one its spec raises)."""
+        n = len(ids)
+        if not len(arrivals) == len(gpus) == len(durations) == len(attrs) == n:
+            raise ValueError(f"columns of {n}, {len(arrivals)}, {len(gpus)}, {len(durations)} and {len(attrs)} specs")
+        inf = math.inf
+        fields = cls.__dataclass_fields__
+        if not (all(ids) and min(gpus, default=1) >= 1 and all(0 <= a < inf for a in arrivals)
+                and all(0 < d < inf for d in durations)) or tuple(fields) != _FIELDS:
+            return [cls(i, a, g, d, attrs=x) for i, a, g, d, x in zip(ids, arrivals, gpus, durations, attrs, strict=True)]
+        # the frozen class's own slot setters, as its __init__ sets each field (without a call by name each)
+        (set_id, set_arrival, set_gpus, set_duration, set_model, set_iterations, set_iter_time, set_user, set_cpus,
+         set_mem_mb, set_profile, set_attrs) = (getattr(cls, name).__set__ for name in _FIELDS)
+        model, iterations, iter_time, user, cpus, mem_mb, profile = (fields[name].default for name in _FIELDS[4:11])
+        new = object.__new__
+        specs = []
+        for i, a, g, d, x in zip(ids, arrivals, gpus, durations, attrs, strict=True):
+            s = new(cls)
+            set_id(s, i)
+            set_arrival(s, a)
+            set_gpus(s, g)
+            set_duration(s, d)
+            set_model(s, model)
+            set_iterations(s, iterations)
+            set_iter_time(s, iter_time)
+            set_user(s, user)
+            set_cpus(s, cpus)
+            set_mem_mb(s, mem_mb)
+            set_profile(s, profile)
+            set_attrs(s, x)
+            specs.append(s)
+        return specs
+
+
+#: :class:`JobSpec`'s fields, in order (:meth:`JobSpec.from_columns` sets each)
+_FIELDS = ("id", "arrival", "gpus", "duration", "model", "iterations", "iter_time", "user", "cpus", "mem_mb", "profile",
+           "attrs")
 
 #: keys of :attr:`Job.extra` that record what happened (why a job failed), not caches
 RECORD_KEYS: tuple[str, ...] = ("failure",)

@@ -63,6 +63,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+import operator
 import time as _time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -199,13 +200,18 @@ class Simulator:
         self.model = model if model is not None else build_model(cluster)
         self.config = config or SimConfig()
         self.observers = list(observers)
-        ids = set()
-        for s in specs:
-            if s.id in ids:
-                raise JobError(f"duplicate job id {s.id!r}")
-            ids.add(s.id)
-        order = sorted(range(len(specs)), key=lambda i: (specs[i].arrival, i))
-        self.jobs: list[Job] = [Job(specs[i], k) for k, i in enumerate(order)]
+        if len({s.id for s in specs}) != len(specs):
+            ids = set()
+            for s in specs:
+                if s.id in ids:
+                    raise JobError(f"duplicate job id {s.id!r}")
+                ids.add(s.id)
+        # by arrival, ties in input order (a stable sort; none at all where they come in order, as from a trace)
+        arrivals = [s.arrival for s in specs]
+        if all(map(operator.le, arrivals, arrivals[1:])):
+            self.jobs: list[Job] = list(map(Job, specs, range(len(specs))))
+        else:
+            self.jobs = [Job(specs[i], k) for k, i in enumerate(sorted(range(len(specs)), key=arrivals.__getitem__))]
         self.by_id = {j.id: j for j in self.jobs}
         # jobs no placement can ever hold (GPUs, cores, memory, GPU type): an error, or never active
         self.impossible: dict[str, str] = impossible_jobs(specs, cluster)

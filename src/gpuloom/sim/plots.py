@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .metrics import RunResult
+from .metrics import RunResult, TimeSeries
 from .report import (
     BARS,
     CDF_POINTS,
@@ -159,35 +160,70 @@ def _cdf_axes(ax: Any, curves: Mapping[str, np.ndarray], xlabel: str = "JCT", ti
 def modelled_panels(result: RunResult) -> list[tuple[str, int, str]]:
     """The utilisation panels worth drawing, ``(series, capacity, title)``: GPU, and CPU and memory only where
     the run gave them out other than in proportion to GPUs (else their panel repeats the GPU one)."""
-    s = result.series.arrays()
-    panels = [("gpus", result.cluster_gpus, "GPU")]
-    for name, cap, title in (("cpus", result.cluster_cpus, "CPU"), ("mem_mb", result.cluster_mem_mb, "memory")):
+    return _panels(result.series.arrays(), (result.cluster_gpus, result.cluster_cpus, result.cluster_mem_mb))
+
+
+def _panels(s: Mapping[str, np.ndarray], capacity: tuple[int, int, int]) -> list[tuple[str, int, str]]:
+    gpus = capacity[0]
+    panels = [("gpus", gpus, "GPU")]
+    for name, cap, title in (("cpus", capacity[1], "CPU"), ("mem_mb", capacity[2], "memory")):
         # exact, in integers: held / capacity == GPUs held / GPUs, at every point
-        if cap > 0 and np.any(s[name] * result.cluster_gpus != s["gpus"] * cap):
+        if cap > 0 and np.any(s[name] * gpus != s["gpus"] * cap):
             panels.append((name, cap, title))
     return panels
+
+
+@dataclass(slots=True)
+class RunFigures:
+    """What :func:`plot_run` draws of a run, as strings, numbers and arrays: cheap to send to another process
+    (:func:`run_figures` takes them from the run, :func:`draw_run` draws them)."""
+
+    label: str
+    subtitle: str
+    unit: Unit
+    jcts: np.ndarray  # of the finished jobs
+    series: TimeSeries
+    end: float  # RunResult.span_end
+    capacity: tuple[int, int, int]  # the cluster's GPUs, CPU cores, memory (MB)
+    gpu_util: float
+
+
+def run_figures(result: RunResult, unit: Unit | None = None) -> RunFigures:
+    """What :func:`plot_run` draws of ``result`` (times in ``unit``; default: the run's report unit)."""
+    return RunFigures(result.label, _subtitle(result), unit or time_unit({result.label: result}), result.jcts(),
+                      result.series, result.span_end, (result.cluster_gpus, result.cluster_cpus, result.cluster_mem_mb),
+                      result.summary()["gpu_util"])
+
+
+def load_matplotlib() -> None:
+    """Import what :func:`draw_run` draws with (a process that will draw can do it ahead)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
 
 
 def plot_run(result: RunResult, out_dir: str | Path, unit: Unit | None = None) -> list[Path]:
     """``jct_cdf.png``, ``utilisation.png`` (GPU; CPU and memory where :func:`modelled_panels` says), ``queue.png``;
     times in ``unit`` (default: the run's report unit, :func:`~.report.time_unit`)."""
+    return draw_run(run_figures(result, unit), out_dir)
+
+
+def draw_run(f: RunFigures, out_dir: str | Path) -> list[Path]:
+    """:func:`plot_run`'s files, from what :func:`run_figures` took of the run."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    label = result.label
-    sub = _subtitle(result)
-    unit = unit or time_unit({label: result})
+    label, sub = f.label, f.subtitle
 
     fig, (ax,) = _figure(title_lines=2)
-    _cdf_axes(ax, {label: result.jcts()}, unit=unit)
+    _cdf_axes(ax, {label: f.jcts}, unit=f.unit)
     _title(ax, f"JCT CDF: {label}", sub)
     paths.append(out / "jct_cdf.png")
     fig.savefig(paths[-1])
 
-    s = result.series.arrays()
-    end = result.span_end
-    scale, uname = unit
-    panels = modelled_panels(result)
+    s = f.series.arrays()
+    end = f.end
+    scale, uname = f.unit
+    panels = _panels(s, f.capacity)
     fig, axes = _figure(len(panels), height=2.4, title_lines=2)
     for ax, (name, cap, title) in zip(axes, panels, strict=True):
         e, m, lo, hi = binned_series(s["t"], s[name] / max(cap, 1), end)
@@ -195,7 +231,7 @@ def plot_run(result: RunResult, out_dir: str | Path, unit: Unit | None = None) -
         ax.set_ylabel(f"{title} util.")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
-    _title(axes[0], f"Utilisation over time: {label}  (mean GPU {result.summary()['gpu_util']:.1%})", sub)
+    _title(axes[0], f"Utilisation over time: {label}  (mean GPU {f.gpu_util:.1%})", sub)
     axes[-1].set_xlabel(f"time ({uname})")
     paths.append(out / "utilisation.png")
     fig.savefig(paths[-1])

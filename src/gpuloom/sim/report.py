@@ -49,6 +49,7 @@ import json
 import math
 import os
 import re
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -57,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.lifecycle import PHASES
-from .metrics import JobRecord, RunResult
+from .metrics import JobRecord, RunResult, TimeSeries
 from .runconfig import RunConfig, run_many  # noqa: F401  (re-exported: the CLI calls report.run_many)
 
 if TYPE_CHECKING:
@@ -209,18 +210,33 @@ _QUOTED = re.compile(r'[,"\r\n]')
 def _cells(values: Sequence[Any]) -> list[str]:
     """:func:`_cell` of each value, in bulk: ``repr`` of floats and ints (``str`` of an int), empty for None
     and NaN; values of other types one by one."""
-    if set(map(type, values)) <= _NUMBERS:
+    kinds = set(map(type, values))
+    if kinds <= _NUMBERS:
         r = list(map(repr, values))
-        return list(map(_BLANK.get, r, r))
+        if type(None) in kinds or (float in kinds and "nan" in r):  # (else nothing to leave empty)
+            return list(map(_BLANK.get, r, r))
+        return r
     return [_cell(v) for v in values]
+
+
+def _same_floats(a: list[Any], b: list[Any]) -> bool:
+    """Whether columns ``a`` and ``b`` are the same floats, bit for bit (so their cells are the same: ``0.0 ==
+    -0.0``, ``1 == 1.0``, but their text differs)."""
+    if a != b or set(map(type, a)) != {float} or set(map(type, b)) != {float}:
+        return False
+    return array("d", a).tobytes() == array("d", b).tobytes()
 
 
 def _text(values: Sequence[Any]) -> list[str]:
     """Cells as the csv module writes ``values`` (str of each, None empty), quoted where a cell holds a comma, a
     quote or a line break (its quotes doubled): the csv module's minimal quoting."""
     kinds = set(map(type, values))
-    if kinds <= {int}:
-        return list(map(str, values))  # (digits and a sign: never quoted)
+    if kinds <= {int}:  # (digits and a sign: never quoted)
+        distinct = set(values)
+        if 4 * len(distinct) > len(values):
+            return list(map(str, values))
+        text = {v: str(v) for v in distinct}  # (counts repeat: each made once)
+        return list(map(text.__getitem__, values))
     if kinds <= {str}:
         cells = list(values)
     else:
@@ -260,27 +276,31 @@ def write_jobs_csv(result: RunResult, path: Path) -> Path:
 
             arrival, fin, fs, dur = col("arrival"), col("finish"), col("first_start"), col("duration")
             jct = [None if x is None else x - t for x, t in zip(fin, arrival, strict=True)]
+            # the times each phase took, and the columns that are often the same values (queued, launching)
+            held = [(v, _cells(v)) for v in (col("queued_time"), col("overhead_time"), col("run_time"))]
             columns = [
                 _text(col("id")), _text(col("model")), _text(col("gpus")), _cells(arrival), _cells(dur),
                 _cells(fs), _cells(fin), _cells(jct),
                 _cells([None if x is None else x - t for x, t in zip(fs, arrival, strict=True)]),
                 _text(col("preemptions")), _text(col("migrations")), _text(col("resizes")),
-                _cells(col("run_time")), _cells(col("overhead_time")), _cells(col("queued_time")),
+                held[2][1], held[1][1], held[0][1],
                 _cells([None if x is None else x / d for x, d in zip(jct, dur, strict=True)]),
                 _cells(contention[a:a + CSV_BLOCK].tolist()), _cells(rho[a:a + CSV_BLOCK].tolist()),
             ]
             phases = col("phase_s")
             for k in range(len(phase_names)):
-                columns.append(_cells([None if p is None else p[k] for p in phases]))
+                values = [None if p is None else p[k] for p in phases]
+                columns.append(held[k][1] if _same_floats(values, held[k][0]) else _cells(values))
             if measured is not None:
                 columns.append(_text(measured[a:a + CSV_BLOCK]))
             _write_columns(f, columns)
     return path
 
 
-def write_series_csv(result: RunResult, path: Path) -> Path:
-    """The time series (:data:`SERIES_COLUMNS`), a column at a time, in blocks of :data:`CSV_BLOCK` points."""
-    s = result.series
+def write_series_csv(result: RunResult | TimeSeries, path: Path) -> Path:
+    """The time series (:data:`SERIES_COLUMNS`) of a run (or the series itself), a column at a time, in blocks
+    of :data:`CSV_BLOCK` points."""
+    s = result if isinstance(result, TimeSeries) else result.series
     with open(path, "w", newline="") as f:
         f.write(",".join(SERIES_COLUMNS) + "\r\n")
         for a in range(0, len(s), CSV_BLOCK):
@@ -305,17 +325,20 @@ def run_summary(result: RunResult) -> dict[str, Any]:
     }
 
 
+def write_summary(result: RunResult, out_dir: str | Path) -> Path:
+    """Write ``summary.json`` (:func:`run_summary`) into ``out_dir`` (created)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _dump_json(run_summary(result), out / "summary.json")
+    return out / "summary.json"
+
+
 def write_run(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
     """Write ``jobs.csv``, ``series.csv`` and ``summary.json`` into ``out_dir`` (created)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "jobs": write_jobs_csv(result, out / "jobs.csv"),
-        "series": write_series_csv(result, out / "series.csv"),
-        "summary": out / "summary.json",
-    }
-    _dump_json(run_summary(result), paths["summary"])
-    return paths
+    return {"jobs": write_jobs_csv(result, out / "jobs.csv"), "series": write_series_csv(result, out / "series.csv"),
+            "summary": write_summary(result, out)}
 
 
 # -- statistics over seeds ------------------------------------------------------

@@ -40,8 +40,9 @@ def read_philly(path: str | Path) -> Trace:
         return b.done()
     origin = min(stamps)
     # ids are unique by construction and every field was checked above
-    b.jobs = [JobSpec(f"philly-{k}", (stamps[k] - origin).total_seconds(), gpus[k], durs[k],
-                      attrs={"cluster": clusters[k], "queue": clusters[k]}) for k in range(len(stamps))]
+    b.jobs = JobSpec.from_columns([f"philly-{k}" for k in range(len(stamps))],
+                                  [(t - origin).total_seconds() for t in stamps], gpus, durs,
+                                  [{"cluster": c, "queue": c} for c in clusters])
     return b.done(origin=origin.isoformat(sep=" "))
 
 

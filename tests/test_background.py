@@ -1,0 +1,185 @@
+"""Work in a forked child (gpuloom.sim.background): what it returns or raises comes back to the caller, and the
+child never outlives it, whether it finishes, fails, is cancelled or its caller dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from gpuloom.sim.background import Background, BackgroundError, can_fork
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="forks only on Linux with no other thread running")
+
+
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def gone(pid: int, within: float = 10.0) -> bool:
+    """Whether ``pid`` has ended (a zombie waiting for a parent that is not this process counts as ended)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_child_computes_from_what_it_is_sent_and_what_it_prepared() -> None:
+    before = children()
+    state = {"n": 1}
+    bg: Background[int, tuple[int, int, int]] = Background(
+        "adding", lambda x: (os.getpid(), x + state["n"], os.getppid()), prepare=lambda: state.update(n=100))
+    assert bg.pid is not None and bg.pid in children()
+    bg.submit(5)
+    pid, value, parent = bg.result()
+    assert pid != os.getpid() and value == 105 and parent == os.getpid()
+    assert state == {"n": 1}  # the child's memory was its own
+    assert bg.result() == (pid, 105, os.getpid())  # taken once, kept
+    assert children() == before  # waited for
+
+
+def test_a_failing_child_raises_its_message_and_traceback() -> None:
+    def fail(_: object) -> None:
+        raise ValueError("no room for the legend")
+
+    before = children()
+    bg: Background[None, None] = Background("drawing the plots", fail)
+    bg.submit(None)
+    with pytest.raises(BackgroundError, match=r"^drawing the plots failed: ValueError: no room for the legend$") as e:
+        bg.result()
+    assert "in fail\n" in e.value.child_traceback and e.value.child_traceback.rstrip().endswith(
+        "ValueError: no room for the legend")
+    assert bg.pid is None and children() == before  # reaped
+
+
+def test_a_child_that_fails_while_preparing_says_so_without_being_sent_anything() -> None:
+    def broken() -> None:
+        raise ImportError("No module named 'matplotlib'")
+
+    bg: Background[bytes, int] = Background("drawing the plots", len, prepare=broken)
+    bg.submit(b"x" * (1 << 20))  # more than a pipe holds: the child never reads it, the caller is not stuck
+    with pytest.raises(BackgroundError, match="drawing the plots failed: ImportError: No module named 'matplotlib'"):
+        bg.result()
+
+
+def test_a_child_killed_by_a_signal_and_a_child_that_exits_silently() -> None:
+    bg: Background[None, None] = Background("drawing", lambda _: os.kill(os.getpid(), signal.SIGKILL))
+    bg.submit(None)
+    with pytest.raises(BackgroundError, match="^drawing failed: its process was killed by signal 9$"):
+        bg.result()
+    bg = Background("drawing", lambda _: os._exit(3))
+    bg.submit(None)
+    with pytest.raises(BackgroundError, match="^drawing failed: its process exited with status 3 and said nothing$"):
+        bg.result()
+
+
+def test_cancel_and_a_with_block_end_a_busy_child() -> None:
+    before = children()
+    bg: Background[float, None] = Background("sleeping", time.sleep)
+    bg.submit(60.0)
+    pid = bg.pid
+    assert pid is not None
+    t = time.monotonic()
+    bg.cancel()
+    assert time.monotonic() - t < 10 and not psutil.pid_exists(pid) and children() == before
+    with pytest.raises(KeyError), Background("sleeping", time.sleep) as bg2:
+        bg2.submit(60.0)
+        raise KeyError("the caller failed")
+    assert bg2.pid is None and children() == before
+
+
+def test_a_child_reads_its_argument_while_a_child_forked_after_it_still_runs() -> None:
+    # a child forked later must not hold the first one's argument pipe open: the first would wait for it to end
+    def pipes(pid: int) -> set[str]:
+        return {os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+
+    first: Background[int, int] = Background("adding", lambda x: x + 1)
+    later: Background[float, None] = Background("sleeping", time.sleep)
+    try:
+        assert first._to is not None and first._from is not None and later.pid is not None
+        held = {os.readlink(f"/proc/self/fd/{fd}") for fd in (first._to, first._from)}
+        later.submit(120.0)
+        first.submit(1)
+        assert first.result() == 2
+        assert psutil.Process(later.pid).status() != psutil.STATUS_ZOMBIE  # (it still sleeps)
+        assert not held & pipes(later.pid)  # (it closed the first child's pipes as it started)
+    finally:
+        later.cancel()
+
+
+def test_a_child_sent_nothing_exits_when_its_caller_closes_the_pipe() -> None:
+    # a caller that gives up (dies, or drops the child) closes its end: the child, waiting to be sent its
+    # argument, ends by itself
+    script = textwrap.dedent("""
+        import os, sys
+        from gpuloom.sim.background import Background
+        bg = Background("waiting", len)
+        print(bg.pid, flush=True)
+        os._exit(0)  # no clean-up: only the kernel closes the pipe
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert gone(int(out.stdout))
+
+
+def test_a_busy_child_dies_with_its_caller() -> None:
+    # a caller killed by a signal runs no clean-up; the kernel kills its child (PR_SET_PDEATHSIG)
+    script = textwrap.dedent("""
+        import sys, time
+        from gpuloom.sim.background import Background
+        bg = Background("sleeping", time.sleep)
+        bg.submit(120.0)
+        print(bg.pid, flush=True)
+        time.sleep(120)
+    """)
+    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert caller.stdout is not None
+        pid = int(caller.stdout.readline())
+        assert psutil.Process(pid).ppid() == caller.pid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        caller.send_signal(signal.SIGKILL)
+        caller.wait(30)
+        assert gone(pid)
+    finally:
+        caller.kill()
+        caller.wait(30)
+
+
+def test_no_fork_runs_in_the_caller_and_raises_as_it_is() -> None:
+    bg: Background[int, int] = Background("adding", lambda x: x + os.getpid(), fork=False)
+    assert bg.pid is None
+    bg.submit(1)
+    assert bg.result() == 1 + os.getpid()
+
+    def fail(_: object) -> None:
+        raise ValueError("as it is")
+
+    with pytest.raises(ValueError, match="^as it is$"):
+        Background("failing", fail, fork=False).submit(None)
+
+
+def test_no_fork_while_another_thread_runs() -> None:
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert not can_fork()
+        bg: Background[int, int] = Background("adding", lambda x: x + os.getpid())
+        assert bg.pid is None
+        bg.submit(1)
+        assert bg.result() == 1 + os.getpid()
+    finally:
+        stop.set()
+        t.join()
+    assert can_fork()
