@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -184,16 +183,11 @@ def test_queue_and_nodes_show_types_as_slurm_does(monkeypatch: pytest.MonkeyPatc
             "mem_mb_used": 0, "gpu_type": "Tesla V100-SXM2-16GB", "gres": "gpu:v100:4", "jobs": []}
     answers = {"/jobs": [job], "/nodes": [node]}
 
-    class Page:  # what ``call(raw=True)`` answers: the queue reads pages as they come
-        headers: dict[str, str] = {}
+    from gpuloom.cli import jobs as cli_jobs
 
-        def __init__(self, body: Any) -> None:
-            self.body = body
-
-        def json(self) -> Any:
-            return self.body
-
-    monkeypatch.setattr(Client, "call", lambda self, m, p, raw=False, **kw: Page(answers[p]) if raw else answers[p])
+    # the queue reads the listing a block at a time (field names, each job's values); nodes one call
+    monkeypatch.setattr(cli_jobs, "_listing", lambda client, params: iter([(list(job), [list(job.values())])]))
+    monkeypatch.setattr(Client, "call", lambda self, m, p, **kw: answers[p])
     queue = CliRunner().invoke(app, ["queue", "--url", "http://127.0.0.1:1", "--token", "t"])
     nodes = CliRunner().invoke(app, ["nodes", "--url", "http://127.0.0.1:1", "--token", "t"])
     assert queue.exit_code == 0 and "v100:2" in queue.output
