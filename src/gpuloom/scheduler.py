@@ -55,7 +55,6 @@ is updated to match, so the gang check still holds against the final plan.
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -405,67 +404,103 @@ class Scheduler:
                 q.note_reclaim()
             owed = q.owed(rnd.plan, view)
             if owed:
-                rnd = self._evict_for(owed, adm, rnd, view)
+                rnd = self._evict_for(owed, rnd, view)
         rnd = self._hooked(rnd, view)
         if self.hooks and adm.over:
             # a hook (elastic sizing's protection) may keep borrowed work where an owner's job should go:
             # for one round; a queue owed after the hooks two rounds running reclaims over the hook
-            again = q.owed_again(q.owed(rnd.plan, view))
+            owed = q.owed(rnd.plan, view)
+            again = q.owed_again(owed)
             if again:
-                rnd = self._evict_for(again, adm, rnd, view)
+                rnd = self._evict_for(again, rnd, view, {o.queue for o in owed})
+                # a lender the reclaim left below its guarantee is owed from this round on
+                q.owed_again(q.owed(rnd.plan, view))
         elif self.hooks:
             q.owed_again(())  # nothing borrowed: nothing owed this round (two rounds running means in a row)
         plan = q.enforce(rnd.plan, view)
         return rnd if plan is rnd.plan else Round(plan, rnd.requests)
 
-    def _evict_for(self, owed: Sequence[Owed], adm: Admission, rnd: Round, view: pb.View) -> Round:
+    def _evict_for(self, owed: Sequence[Owed], rnd: Round, view: pb.View,
+                   owed_before: Collection[int] | None = None) -> Round:
         """Place owed jobs (:class:`~gpuloom.policies.base.Owed`, queue by queue, each queue's in its order,
-        within its room) on what is left once other queues' borrowed work is set aside, evicting the
-        borrowed work in their way (latest in the cross-queue order first).  Within a queue, after a job
-        finds no placement, jobs as large are not tried."""
+        within its room) where they fit as things are, else on what is left once the borrowed work of the
+        queues over their guarantee is set aside (:meth:`~gpuloom.policies.queue_base.QueuePolicy.lent`),
+        evicting the borrowed work in their way (latest in the cross-queue order first).  Only lenders
+        give work back: a queue at or below its guarantee keeps what it holds.
+
+        A lender evicted below its guarantee may be owed in turn: the queues owed are asked again
+        (those given, and those not in ``owed_before``, the queues owed when the round got here: all of
+        them by default) until a pass places nothing.  It ends: lenders only lose work, and a queue
+        below its guarantee only takes up to it, so what a pass sees only shrinks.  Within a queue's
+        pass, a job whose request has the shape of one that found no placement is not tried."""
+        q = self.queue
         allocs = dict(rnd.plan.allocations)
-        over = [j for j in adm.over if j.id in allocs]
         asked = {j.id: r for r in rnd.requests for j in r.jobs}
         requests = list(rnd.requests)
         placed: list[Job] = []
-        for o in owed:
-            theirs = [j for j in over if j.id not in o.own]  # other queues' borrowed work, still placed
-            ids = {j.id for j in theirs}
-            base = FreeState.of(view.cluster, {k: a for k, a in allocs.items() if k not in ids})
-            room, too_big = o.room, math.inf
-            for j in o.jobs:
-                if j.id in allocs or j.spec.gpus >= too_big or j.spec.gpus > room + 1e-9:
-                    continue
-                r = asked.get(j.id)
-                req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
-                       pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
-                parts = self.place.choose(req, base, view)
-                if parts is None:
-                    too_big = j.spec.gpus
-                    continue
-                gpus = {g for p in parts for g in p.gpus}
-                nodes = {p.node for p in parts}
-                for b in reversed(theirs):
-                    a = allocs.get(b.id)
-                    if a is not None and gpus.intersection(a.gpu_ids):
-                        drop_job(allocs, b.id)
-                free = FreeState.of(view.cluster, allocs)
-                for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
-                    if free.fits(parts):
-                        break
-                    a = allocs.get(b.id)
-                    if a is not None and nodes.intersection(a.nodes):
-                        drop_job(allocs, b.id)
-                        free = FreeState.of(view.cluster, allocs)
-                base.take(parts)
-                room -= req.gpus
-                allocs[j.id] = Allocation(j.id, parts, (), req.key)
-                placed.append(j)
-                if r is None or len(r.jobs) > 1:
-                    requests.append(req)
+        given = {o.queue for o in owed}
+        before = given if owed_before is None else set(owed_before)
+        cluster = view.cluster
+        pending = list(owed)
+        while pending:
+            placed_before = len(placed)
+            for o in pending:
+                theirs: list[Job] = []
+                free = base = FreeState.of(cluster, allocs)
+                stale = True  # theirs and base are to be worked out again (at the start, after an eviction)
+                room = o.room
+                refused: set[tuple[int, int | None, int | None]] = set()
+                for j in o.jobs:
+                    if j.id in allocs or j.spec.gpus > room + 1e-9:
+                        continue
+                    r = asked.get(j.id)
+                    req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
+                           pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
+                    shape = (req.gpus, req.cpus, req.mem_mb)
+                    if shape in refused:
+                        continue
+                    parts = self.place.choose(req, free, view)
+                    if parts is None:
+                        if stale:
+                            theirs = q.lent(allocs, view, [x.id for x in placed])
+                            ids = {x.id for x in theirs}
+                            base = FreeState.of(cluster, {k: a for k, a in allocs.items() if k not in ids})
+                            stale = False
+                        if theirs:
+                            parts = self.place.choose(req, base, view)
+                        if parts is None:
+                            refused.add(shape)
+                            continue
+                        gpus = {g for p in parts for g in p.gpus}
+                        nodes = {p.node for p in parts}
+                        for b in reversed(theirs):
+                            a = allocs.get(b.id)
+                            if a is not None and gpus.intersection(a.gpu_ids):
+                                drop_job(allocs, b.id)
+                        free = FreeState.of(cluster, allocs)
+                        for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
+                            if free.fits(parts):
+                                break
+                            a = allocs.get(b.id)
+                            if a is not None and nodes.intersection(a.nodes):
+                                drop_job(allocs, b.id)
+                                free = FreeState.of(cluster, allocs)
+                        stale = True
+                    free.take(parts)
+                    if not stale:
+                        base.take(parts)
+                    room -= req.gpus
+                    allocs[j.id] = Allocation(j.id, parts, (), req.key)
+                    placed.append(j)
+                    if r is None or len(r.jobs) > 1:
+                        requests.append(req)
+            if len(placed) == placed_before:
+                break
+            # an eviction may have left a lender below its guarantee: the queues owed now
+            pending = [o for o in q.owed(Plan(allocs), view) if o.queue in given or o.queue not in before]
         if not placed:
             return rnd
-        self.queue.note_guaranteed(placed)
+        q.note_guaranteed(placed)
         return Round(Plan(allocs), requests)
 
     def _two_pass(self, adm: Admission, view: pb.View) -> Round:

@@ -12,12 +12,12 @@ runs the pipeline as if there were no queue stage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..core.job import Job
-from ..core.plan import Plan
+from ..core.plan import Allocation, Plan
 from .base import PlacePolicy, Stage, View
 
 
@@ -62,6 +62,11 @@ class QueuePolicy(Stage):
 
     def owed(self, plan: Plan, view: View) -> list[Owed]:
         """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""
+        return []
+
+    def lent(self, allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
+        """The borrowed work in ``allocs`` that reclaim may evict: the placed jobs not called guaranteed
+        (nor in ``guaranteed``) of every queue holding more than its guarantee, the last to evict first."""
         return []
 
     def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:

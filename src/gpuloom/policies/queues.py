@@ -81,12 +81,12 @@ from __future__ import annotations
 import heapq
 import math
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.job import Job
-from ..core.plan import Plan, drop_job
+from ..core.plan import Allocation, Plan, drop_job
 from ..core.queues import INF, QueueError, QueueTree, parse_queues, usage
 from .base import PlacePolicy, View, parse_flag, register
 from .queue_base import Admission, Owed, QueuePolicy
@@ -422,6 +422,25 @@ class QuotaQueues(QueuePolicy):
             if jobs:
                 out.append(Owed(q, room, jobs, {j.id for _, j in self._lists[q]}))
         return out
+
+    def lent(self, allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
+        tree = self.tree
+        if not self.guarantees or tree is None:
+            return []
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        leaf = {jid: self.leaf(by_id[jid]) for jid in allocs if jid in by_id}
+        u = usage(tree, allocs, leaf)
+        g = tree.guarantee
+        lenders = {q for q in tree.leaves if u[q][0] > g[q][0] + _EPS}
+        if not lenders:
+            return []
+        adm = self._last
+        kept = {j.id for j in adm.guaranteed}
+        kept.update(guaranteed)
+        over = [j for j in adm.over if j.id in allocs and leaf[j.id] in lenders and j.id not in kept]
+        # placed without admission (a plan hook kept them): evicted first
+        kept.update(j.id for j in adm.over)
+        return over + [by_id[jid] for jid, q in leaf.items() if q in lenders and jid not in kept]
 
     def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
         again = [o for o in owed if o.queue in self._owed_before]
