@@ -692,11 +692,27 @@ def _free_gpus(plan: Plan, view: pb.View) -> int:
 
 def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:
     """A hook that keeps a job on its current allocation changes that job's request to match
-    (so the gang check compares with what the final plan asks for)."""
+    (so the gang check compares with what the final plan asks for).  A member of a group request
+    kept on what it holds now (alone, or in another group) gets a request of its own."""
     out = []
+    allocs, current = plan.allocations, view.current
     for r in requests:
-        a = plan.allocations.get(r.job.id)
-        if a is not None and a.num_gpus != r.gpus and view.current.get(r.job.id) == a:
-            r = pb.Request(r.jobs, a.num_gpus, r.cpus, r.mem_mb)
-        out.append(r)
+        if len(r.jobs) == 1:
+            a = allocs.get(r.job.id)
+            if a is not None and a.num_gpus != r.gpus and current.get(r.job.id) == a:
+                r = pb.Request(r.jobs, a.num_gpus, r.cpus, r.mem_mb)
+            out.append(r)
+            continue
+        kept = []
+        for j in r.jobs:
+            a = allocs.get(j.id)
+            if a is not None and a.num_gpus != r.gpus and current.get(j.id) == a:
+                kept.append(j)
+        if not kept:
+            out.append(r)
+            continue
+        rest = tuple(j for j in r.jobs if j not in kept)
+        if rest:
+            out.append(pb.Request(rest, r.gpus, r.cpus, r.mem_mb))
+        out.extend(pb.Request((j,), allocs[j.id].num_gpus, r.cpus, r.mem_mb) for j in kept)
     return out
