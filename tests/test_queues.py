@@ -463,6 +463,65 @@ def test_a_queue_stage_without_guarantees_or_limits_is_the_order_policy_itself()
     assert [j.jct for j in plain.jobs] == [j.jct for j in flat.jobs]
 
 
+# -- the per-queue report ---------------------------------------------------------------------------
+def test_the_queue_report_hand_checked() -> None:
+    from gpuloom.sim.queue_report import QueueRecorder
+
+    # one node of 4 GPUs, a and b guaranteed 2 each, rounds every 60 s and on arrivals.  b's four jobs take the
+    # node at 0 (two borrowed); a0 arrives at 50 and reclaims one (b3, the latest borrower); a1 (2 GPUs) at 60
+    # waits: a is owed 1 GPU (deficit 1), not enough for it; a0 ends at 150 (deficit 2); the round at 180
+    # gives a1 b2's GPU and a0's; a1 ends at 280, b2 and b3 resume at 300; b0, b1 end at 1000, b2 at 1120
+    # (out 180-300), b3 at 1250 (out 50-300)
+    specs = [J("b", i, 0.0, 1, 1000.0) for i in range(4)] + [J("a", 0, 50.0, 1, 100.0), J("a", 1, 60.0, 2, 100.0)]
+    rec = QueueRecorder(TWO)
+    sim = Simulator(ONE_NODE, specs, Scheduler.from_names(queue="quota", params={"queues": TWO}),
+                    config=SimConfig(round_len=60.0, reschedule_on_arrival=True, restart_overhead=0.0),
+                    observers=[rec])
+    assert not sim.driver.reasons  # the report reads no pending reasons: the driver keeps none for it
+    r = sim.run()
+    d = rec.finish(sim)
+    assert d["t"] == [0.0, 50.0, 60.0, 150.0, 180.0, 280.0, 300.0, 1000.0, 1120.0, 1250.0]
+    assert d["held"] == [[0, 4], [1, 3], [1, 3], [0, 3], [2, 2], [0, 2], [0, 4], [0, 2], [0, 1], [0, 0]]
+    assert d["deficit"] == [[0, 0], [0, 0], [1, 0], [2, 0], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]
+    assert {j.id: j.finish for j in r.jobs} == {"b0": 1000.0, "b1": 1000.0, "b2": 1120.0, "b3": 1250.0,
+                                                "a0": 150.0, "a1": 280.0}
+
+
+def test_the_queue_report_keeps_what_a_recount_gives() -> None:
+    # the report follows the driver's changes (starts, stops, moves, regroups of Muri's groups, arrivals, ends):
+    # after every event its totals are what counting every running and active job gives
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.sim.generator import generate
+    from gpuloom.sim.queue_report import QueueRecorder
+
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": "qa" if k % 3 else "qb", "resource_times": [0.0, 0.1 + 0.1 * (k % 3), 0.2, 0.0]})
+             for k, s in enumerate(generate(num_jobs=80, jobs_per_hour=60.0, seed=4))]
+    tree = QueueTree([Queue("qa", guarantee=Quota(4)), Queue("qb", guarantee=Quota(4))])
+    rec = QueueRecorder(tree)
+    grouped = []
+
+    def recount(sim: Simulator, what: str) -> None:
+        held = dict.fromkeys(rec.names, 0.0)
+        asked = dict.fromkeys(rec.names, 0.0)
+        for jid, a in sim.current.items():
+            q = rec.queue_of(sim.active[jid])
+            held[q] += a.num_gpus / (1 + len(a.group))
+            asked[q] -= sim.active[jid].spec.gpus
+        assert rec.held[-1] == [round(held[n], 9) for n in rec.names]
+        if what == "round":
+            for j in sim.active.values():
+                asked[rec.queue_of(j)] += j.spec.gpus
+            assert rec._waiting_now == [asked[n] for n in rec.names]
+        grouped.append(any(a.group for a in sim.current.values()))
+
+    cl = Cluster.homogeneous(2, 4)
+    sched = Scheduler.from_names("srsf", "muri", queue="drf", params={"queues": tree})
+    r = Simulator(cl, specs, sched, build_model(cl), SimConfig(check=True, round_len=120.0),
+                  observers=[rec, recount]).run()
+    assert r.summary()["completed"] == 80 and sum(grouped) > 10  # (groups formed and changed)
+
+
 # -- real data ----------------------------------------------------------------------------------
 def test_philly_virtual_clusters_as_queues(data_dir: Path) -> None:
     from gpuloom.sim.quotas import config_quotas, demand_quotas, read_vc_config

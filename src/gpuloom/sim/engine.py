@@ -182,6 +182,11 @@ class Simulator:
     ``model`` None: the model ``gpuloom simulate`` builds with default options,
     plus any factor a stage requires; a given model must already have them
     (:class:`SimulationError` otherwise).
+
+    ``observers`` are called ``obs(sim, "round" | "complete")`` after each round and
+    completion; the driver keeps every waiting job's pending reason for them unless each says
+    ``reads_reasons = False``, and one with an ``attach(sim)`` method is attached when the
+    simulator is built (to follow the driver's changes: :class:`~gpuloom.driver.Listener`).
     """
 
     def __init__(
@@ -218,11 +223,16 @@ class Simulator:
         self.backend = SimBackend(times, self.config.starts_wait_for_stops)
         try:
             # pending reasons (job.reason) cost a pass over the waiting jobs: kept only for observers,
-            # which may read them (queue reports, tests)
+            # which may read them (tests), unless they say they do not (``reads_reasons = False``)
+            reasons = any(getattr(obs, "reads_reasons", True) for obs in self.observers)
             self.driver = Driver(cluster, scheduler, self.model, self.backend, self.rng, self.config.check,
-                                 times.protect_factor, strict=strict, reasons=bool(observers))
+                                 times.protect_factor, strict=strict, reasons=reasons)
         except RequirementError as e:
             raise SimulationError(str(e)) from None
+        for obs in self.observers:  # an observer that follows the driver's changes (a queue report)
+            attach = getattr(obs, "attach", None)
+            if attach is not None:
+                attach(self)
         self.series = TimeSeries()
         self.rounds = 0
         self.rounds_computed = 0
