@@ -407,7 +407,7 @@ def usage(tree: QueueTree, allocations: Mapping[str, Any], leaf: Mapping[str, in
         q = leaf.get(jid)
         if q is None:
             continue
-        g, c, m = job_share(a)
+        g, c, m = a.num_gpus / (1 + len(a.group)), float(a.cpus), float(a.mem_mb)  # (job_share, inlined)
         for n in path[q]:
             u = out[n]
             u[0] += g

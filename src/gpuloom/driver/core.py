@@ -214,6 +214,9 @@ class Driver:
         self._lent: weakref.ref[ActiveJobs] | None = None  # the jobs of the last view (see view)
         self._deleted = [0, 0]  # entries deleted from jobs and from current since each was compacted
         self.listeners: list[Listener] = []  # told of admissions, allocation changes and ends
+        book = scheduler.queue.listener(self.tally)  # a queue stage's jobs per queue (policies/queue_book.py)
+        if book is not None:
+            self.listeners.append(book)
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
 
     # -- jobs -------------------------------------------------------------------------------

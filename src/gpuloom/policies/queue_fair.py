@@ -37,6 +37,12 @@ class DRFQueues(QuotaQueues):
         # dominant share / relative weight = max over resources of use * (1 / (capacity * weight))
         inv = [tuple(1.0 / (c * w) for c in caps) for w in tree.sibling_weight]
         paths = tree.path
+        if all(len(p) == 1 for p in paths):  # one level: the leaf's own share (ordered as the 1-tuples would be)
+            def share(q: int) -> float:
+                u, f = use[q], inv[q]
+                return max(u[0] * f[0], u[1] * f[1], u[2] * f[2])
+
+            return share
 
         def key(q: int) -> tuple[float, ...]:
             out = []
@@ -64,7 +70,8 @@ class FairShareQueues(QuotaQueues):
         self._names: list[str] = []
         self._held: list[float] = []
 
-    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
+              lazy: bool = False) -> Admission:
         tree = self._tree(ordered, view)
         if self.decayed is None or self._names != tree.names:
             old = dict(zip(self._names, self.decayed.values, strict=True)) if self.decayed is not None else {}
@@ -77,7 +84,7 @@ class FairShareQueues(QuotaQueues):
         # what the last round's plan gave each queue, held until now (a job that finished since counts
         # until now: exact when rounds follow completions)
         self.decayed.advance(view.now, self._held)
-        return super().admit(ordered, view, strict, full)
+        return super().admit(ordered, view, strict, full, lazy)
 
     def enforce(self, plan: Plan, view: View) -> Plan:
         plan = super().enforce(plan, view)
@@ -94,6 +101,12 @@ class FairShareQueues(QuotaQueues):
         past = self.decayed.values
         rel = tree.sibling_weight
         paths = tree.path
+
+        if all(len(p) == 1 for p in paths):  # one level: the leaf's own (ordered as the 1-tuples would be)
+            def share(q: int) -> float:
+                return (past[q] + use[q][0] * tau) / rel[q]
+
+            return share
 
         def key(q: int) -> tuple[float, ...]:
             return tuple([(past[n] + use[n][0] * tau) / rel[n] for n in paths[q]])
