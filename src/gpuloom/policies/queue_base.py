@@ -32,6 +32,9 @@ class Admission:
     #: guaranteed, then over, read as one sequence; ``over`` grows as it is read when the walk is lazy
     #: (``admit(lazy=True)``); ``truncated`` and ``held`` are complete once it is read to the end
     walk: Any = None
+    #: when the stage keeps it: (the borrowing walk's steps as (leaf, what its job took, or None: held
+    #: back), each leaf's GPUs in use when the walk began, each leaf's next job when it last stopped)
+    log: Any = None
 
     def finish(self) -> None:
         """Read a lazy walk to its end (``over``, ``held`` and ``truncated`` are then complete)."""

@@ -149,6 +149,8 @@ class QuotaQueues(QueuePolicy):
 
     enabled = True
     dynamic = False
+    #: the admission keeps the borrowing walk's choices (Admission.log) for next_change
+    logs_walk = False
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -251,6 +253,7 @@ class QuotaQueues(QueuePolicy):
                 from_book = False
         else:
             tree = self._tree(ordered, view)
+        self._tree_ready(tree, view)
         nq = len(tree)
         cl = view.cluster
         per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
@@ -403,6 +406,10 @@ class QuotaQueues(QueuePolicy):
         # (lazy) or at once
         share_key = self.share_key(tree, use, view)
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
+        steps: list[tuple[int, Triple | None]] | None = None
+        if self.logs_walk:  # (what the walk chose, step by step, from what use: next_change reads it)
+            steps = []
+            adm.log = (steps, [u[0] for u in use], heads)
 
         def borrowing() -> Iterator[Job]:
             nonlocal asked
@@ -411,13 +418,19 @@ class QuotaQueues(QueuePolicy):
             for q, (_, j) in _cross(heads, rest, share_key, tree):
                 if q in blocked:
                     adm.held[j.id] = QUEUE_AT_QUOTA
+                    if steps is not None:
+                        steps.append((q, None))
                     continue
                 d = demand(j)
                 if not fits(d, limit, path[q]):
                     adm.held[j.id] = QUEUE_AT_QUOTA
                     if strict:
                         blocked.add(q)
+                    if steps is not None:
+                        steps.append((q, None))
                     continue
+                if steps is not None:
+                    steps.append((q, d))
                 take(q, d)
                 adm.over.append(j)
                 yield j
@@ -444,6 +457,9 @@ class QuotaQueues(QueuePolicy):
             adm.walk.finish()
         self._remember(adm, view)
         return adm
+
+    def _tree_ready(self, tree: QueueTree, view: View) -> None:
+        """Called by :meth:`admit` once the round's tree is known (fair share advances its usage)."""
 
     def _remember(self, adm: Admission, view: View) -> None:
         self._last = adm
