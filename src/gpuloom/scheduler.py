@@ -124,6 +124,13 @@ class Scheduler:
         self.preemptive = preemptive
         self.hooks = list(hooks)
         self.queue = queue if queue is not None else pb.make("queue", "none")
+        if group.name != "none" and not size.sizes_groups:
+            raise pb.PolicyError(f"size policy {size.name!r} sizes one job per GPU set, not the groups of group "
+                                 f"policy {group.name!r} (jobs sharing GPUs): use group 'none' or another size policy")
+        if size.one_node and place.spreads:
+            raise pb.PolicyError(f"size policy {size.name!r} keeps a job that one node could hold on one node, and "
+                                 f"place policy {place.name!r} draws GPUs from the whole cluster: a multi-GPU job "
+                                 f"would almost never start; use a packed placement, pm-first or pal")
         self._whole = False  # the last round's prefix left GPUs free: it was planned on the whole queue
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
@@ -182,6 +189,23 @@ class Scheduler:
         if any(h not in own for h in self.hooks):
             return view.now
         return min(st.next_change(view) for st in self.stages)
+
+    def never_runs(self, job: Job, model: ThroughputModel) -> str | None:
+        """Why this stack can never run ``job`` (None: it may): its sizer gives it no request it runs on, or
+        its place policy could not place the fewest GPUs the sizer asks for it even on an empty cluster.
+        What no stack could place is :func:`~gpuloom.core.fit.never_fits`'."""
+        why = self.size.never_sizes(job, model)
+        if why is None:
+            gpus = self.size.least_gpus(job, model)
+            if gpus is not None:
+                why = self.place.never_places(gpus, model.cluster)
+        return why
+
+    @property
+    def checks_jobs(self) -> bool:
+        """Whether :meth:`never_runs` can refuse a job (a stage of this stack says so)."""
+        return (type(self.size).never_sizes is not pb.SizePolicy.never_sizes
+                or type(self.place).never_places is not pb.PlacePolicy.never_places)
 
     @property
     def needs_profiles(self) -> bool:
