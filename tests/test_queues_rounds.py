@@ -178,10 +178,14 @@ NAMES = ["qa", "qb", "qc", "qd", "qe"]
 FIVE = QueueTree([Queue(n, guarantee=Quota(g)) for n, g in zip(NAMES, (10, 8, 6, 4, 4), strict=True)])
 FIVE_LIMITED = QueueTree([Queue(n, guarantee=Quota(g), limit=Quota(14) if n == "qa" else Quota())
                           for n, g in zip(NAMES, (10, 8, 6, 4, 4), strict=True)])
+# two orgs whose guarantees exceed their teams' (a surplus each), the first limited
+ORGS = QueueTree([Queue("org1", guarantee=Quota(16), limit=Quota(24)), Queue("qa", "org1", Quota(6)),
+                  Queue("qb", "org1", Quota(4)), Queue("org2", guarantee=Quota(16)), Queue("qc", "org2", Quota(6)),
+                  Queue("qd", "org2", Quota(4)), Queue("qe", "org2", Quota(2))])
 
 
 @pytest.mark.parametrize("seed", [1, 3])
-@pytest.mark.parametrize("tree", [FIVE, FIVE_LIMITED], ids=["flat", "a-limit"])
+@pytest.mark.parametrize("tree", [FIVE, FIVE_LIMITED, ORGS], ids=["flat", "a-limit", "orgs"])
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_admission_read_as_placement_needs_gives_the_whole_walks_plans(policy: str, tree: QueueTree,
                                                                       seed: int) -> None:

@@ -249,8 +249,6 @@ class QuotaQueues(QueuePolicy):
         if from_book:
             assert book is not None
             tree = self._tree(book.new_jobs(), view)
-            if tree.surplus:
-                from_book = False
         else:
             tree = self._tree(ordered, view)
         self._tree_ready(tree, view)
@@ -380,22 +378,27 @@ class QuotaQueues(QueuePolicy):
         # without ``full`` the walk hands on jobs asking for up to twice the cluster (placement rarely needs
         # more to fill it; the scheduler walks again with ``full`` when it does)
         enough = INF if full else 2.0 * cl.num_gpus
-        # tier B, part 1: an inner queue's guarantee surplus goes to its own subtree
+        # tier B, part 1: an inner queue's guarantee surplus goes to its own subtree (walked until no room is
+        # left in it for even one GPU)
         if self.guarantees and tree.surplus:
-            taken: set[str] = set().union(*taken_by)
-            kept = [list(r) for r in rest]
+            extra: list[set[str]] = [set() for _ in range(nq)]  # per leaf, the jobs the surpluses took
             for n in tree.surplus:
+                if use[n][0] > owed[n][0] - 1 + _EPS:
+                    continue
                 subtree = [q for q in tree.leaves if n in path[q]]
-                for k, (_, j) in _merge_by_rank([iter(kept[q]) for q in subtree]):
+                walks = [_without(lists[q], {*taken_by[q], *extra[q]}) for q in subtree]
+                for k, (_, j) in _merge_by_rank(walks):
                     q = subtree[k]
                     d = demand(j)
                     if fits(d, owed, (n,)) and fits(d, limit, path[q]):
                         take(q, d)
                         adm.over.append(j)
-                        taken.add(j.id)
+                        extra[q].add(j.id)
                         asked += d[0]
-                kept = [[x for x in kept[q] if x[1].id not in taken] for q in range(nq)]
-            rest = [iter(k) for k in kept]
+                        if use[n][0] > owed[n][0] - 1 + _EPS:
+                            break
+            taken_by = [{*taken_by[q], *extra[q]} if extra[q] else taken_by[q] for q in range(nq)]
+            rest = [_without(lists[q], taken_by[q]) for q in range(nq)]
         if not self.borrow:
             for q in tree.leaves:
                 for _, j in rest[q]:
