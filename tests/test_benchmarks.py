@@ -106,3 +106,20 @@ def test_bench_targets_knows_the_reference_checkout_by_its_commit(tmp_path: Path
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=False).stdout.strip()
     assert mod.is_reference(repo) == head.startswith(mod.REFERENCE)
+
+
+def test_bench_targets_queue_cases_are_held_to_a_ratio_of_the_run_without_queues(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # the queue stacks' target: at most 1.5x philly-20k's times in the same table
+    mod = load("bench_targets")
+    walls = {"philly-20k": 2.0, "queues-drf": 2.5, "queues-quota": 4.0}
+    monkeypatch.setattr(mod, "run_child", lambda checkout, case, timeout: {
+        "wall": walls[case], "cpu": walls[case] - 0.5, "result": "r"})
+    mod.table(["philly-20k", "queues-drf", "queues-quota"], None, 10.0)
+    rows = [r.split() for r in capsys.readouterr().out.splitlines()[-3:]]
+    assert rows[0][:2] == ["philly-20k", "-"]
+    assert rows[1][:5] == ["queues-drf", "1.5x", "2.5", "2", "yes/yes"] and "1.2x philly-20k" in " ".join(rows[1])
+    assert rows[2][:5] == ["queues-quota", "1.5x", "4", "3.5", "no/no"]
+    # without the case it is measured against, no verdict
+    mod.table(["queues-drf"], None, 10.0)
+    assert capsys.readouterr().out.splitlines()[-1].split()[4] == "-"
