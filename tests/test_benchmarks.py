@@ -31,13 +31,15 @@ def test_bench_synergy_round_keeps_tune_promises(data_dir: Path, capsys: pytest.
     assert rows["proportional"][3:5] == ["274", "512"] and rows["tune"][3:5] == ["283", "512"]
 
 
-@pytest.mark.parametrize("argv,parts", [([], ["round"]), (["philly"], ["philly"]), (["round", "philly"], ["round", "philly"])])
+@pytest.mark.parametrize("argv,parts", [([], ["round"]), (["philly"], ["philly"]), (["round", "philly"], ["round", "philly"]),
+                                       (["skip"], ["skip"])])
 def test_bench_queues_parts(argv: list[str], parts: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     # with no part named it runs 'round' (Python 3.11's argparse refused that default)
     mod = load("bench_queues")
     ran: list[str] = []
     monkeypatch.setattr(mod, "bench_round", lambda: ran.append("round"))
     monkeypatch.setattr(mod, "bench_philly", lambda *a: ran.append("philly"))
+    monkeypatch.setattr(mod, "bench_skip", lambda *a: ran.append("skip"))
     monkeypatch.setattr(mod, "DATA", BENCH)  # (a directory: the data check passes)
     monkeypatch.setattr(sys, "argv", ["bench_queues.py", *argv])
     mod.main()
