@@ -23,6 +23,10 @@
   and did not get).  Runs in parallel processes (``--processes``, default 2);
   about 5 CPU-minutes per run.  ``--out DIR`` writes the tables as CSV and
   markdown.
+* ``skip``: Philly's first 20,000 jobs (``--limit``) on 64 x 8 GPUs, quotas by demand, FIFO,
+  packed-sticky, 300 s rounds, checks on, under no queue stage and quota, drf and fairshare, each with
+  and without round skipping: rounds computed, CPU seconds and the SHA-256 of ``jobs.csv``, which
+  must be the same both ways.
 
 Data from ../shared/data or $GPULOOM_DATA.
 """
@@ -252,20 +256,54 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
                             q["mean_queueing_delay"], q["mean_share"], q["deficit_gpu_h"], r["summary"]["gpu_util"]])
 
 
+def bench_skip(limit: int) -> None:
+    """Each queue stage on Philly's first ``limit`` jobs with and without round skipping: jobs.csv's SHA-256."""
+    import hashlib
+    import tempfile
+
+    from gpuloom.core import parse_cluster
+    from gpuloom.sim.engine import SimConfig
+    from gpuloom.sim.quotas import demand_quotas
+    from gpuloom.sim.report import write_jobs_csv
+    from gpuloom.sim.runconfig import RunConfig, run_config
+
+    specs = sorted(_philly_specs(), key=lambda s: s.arrival)[:limit]
+    cl = parse_cluster("64x8")
+    tree = demand_quotas(specs, cl.num_gpus)
+    print(f"Philly's first {len(specs):,} jobs, 64x8, quotas by demand, fifo/packed-sticky, checks on")
+    print(f"{'queue stage':12} {'rounds computed':>17} {'cpu s':>7} {'every round':>12} {'cpu s':>7}  jobs.csv SHA-256")
+    for stage in ("none", "quota", "drf", "fairshare"):
+        out = []
+        for skip in (True, False):
+            params = {"queue.queues": tree} if stage != "none" else {}
+            rc = RunConfig("", "fifo", "none", "proportional", "packed-sticky", True, params,
+                           sim=SimConfig(round_len=300.0, restart_overhead=10.0, skip_rounds=skip), queue=stage)
+            t = time.process_time()
+            res = run_config(rc, cl, specs, queues=tree)
+            cpu = time.process_time() - t
+            with tempfile.TemporaryDirectory() as d:
+                digest = hashlib.sha256(write_jobs_csv(res, Path(d) / "jobs.csv").read_bytes()).hexdigest()
+            out.append((res.rounds_computed, res.rounds, cpu, digest))
+        (c1, n1, t1, h1), (c2, _, t2, h2) = out
+        same = h1[:16] + " both" if h1 == h2 else f"DIFFERENT: {h1[:16]} / {h2[:16]}"
+        print(f"{stage:12} {f'{c1:,}/{n1:,}':>17} {t1:7.1f} {c2:12,} {t2:7.1f}  {same}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # (checked below, not with choices: Python 3.11's argparse checks an empty '*' positional, or
     # its list default, against the choices as one value, and refuses it)
-    ap.add_argument("part", nargs="*", metavar="{round,philly}", help="what to run (default: round)")
+    ap.add_argument("part", nargs="*", metavar="{round,philly,skip}", help="what to run (default: round)")
     ap.add_argument("--processes", "-j", type=int, default=2)
     ap.add_argument("--split", action="append", choices=["demand", "venus"])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--days", help="only the jobs arriving in this window, FROM:TO in days (e.g. 63:70)")
+    ap.add_argument("--limit", type=int, default=20_000, help="skip: the first N Philly jobs by arrival")
     args = ap.parse_args()
     args.part = args.part or ["round"]
     for p in args.part:
-        if p not in ("round", "philly"):
-            ap.error(f"argument part: invalid choice: {p!r} (choose from 'round', 'philly')")
+        if p not in ("round", "philly", "skip"):
+            ap.error(f"argument part: invalid choice: {p!r} (choose from 'round', 'philly', 'skip')")
     if "round" in args.part:
         bench_round()
     if "philly" in args.part:
@@ -282,6 +320,13 @@ def main() -> None:
                 ap.error(f"--days: FROM must be >= 0 and below TO, got {args.days!r}")
             days = (lo, hi)
         bench_philly(args.processes, args.out, args.split or ["demand", "venus"], days)
+    if "skip" in args.part:
+        if args.limit < 1:
+            ap.error(f"--limit: at least 1 job, got {args.limit}")
+        if not DATA.is_dir():
+            print(f"data not found at {DATA}; set GPULOOM_DATA")
+            return
+        bench_skip(args.limit)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,17 @@ place-10240        one round on 1,280 x 8 GPUs, every GPU busy (about 3,000 jobs
 million            1,000,000 generated jobs on 1,280 x 8 GPUs (built-in mix and         120 s,
                    durations, about 84 % offered load), FIFO, packed-sticky, checks     2 GB
                    on: simulation time and the process's peak memory
+philly-20k         Philly's first 20,000 jobs on 64 x 8 GPUs, FIFO, packed-sticky,       -
+                   300 s rounds, checks on, no queue tree
+queues-tree        the same measured against quotas by demand (per-queue report:        1.5x
+                   ``--queues demand --queue-policy none``)
+queues-quota       the same under the queue stage quota, drf, fair share (quotas by    1.5x
+queues-drf         demand: ``--queues demand --queue-policy quota|drf|fairshare``)
+queues-fairshare
 =================  ================================================================  ========
+
+The queue cases' target is a ratio to ``philly-20k`` in the same table (:data:`RELATIVE`: each at most
+1.5 times the same run with no queue tree); ``met`` then says whether this run's wall and CPU times are.
 """
 
 from __future__ import annotations
@@ -206,6 +216,26 @@ def _loaded(num_jobs: int, rate: float, until: float, seed: int = 0):  # noqa: A
     return sim, specs
 
 
+def case_philly_queues(queue: str | None) -> dict:
+    """Philly's first 20,000 jobs on 64 x 8 (the issue's runs): no queue tree (None), measured against quotas by
+    demand ("tree": no queue stage), or under the queue stage ``queue`` with those quotas."""
+    from gpuloom.core import parse_cluster
+    from gpuloom.sim.engine import SimConfig
+    from gpuloom.sim.quotas import demand_quotas
+    from gpuloom.sim.runconfig import RunConfig, run_config
+    from gpuloom.sim.traces import load_trace
+
+    specs = sorted(load_trace(data_dir() / "sia" / "philly_jobs.csv", "philly"), key=lambda s: s.arrival)[:20_000]
+    cl = parse_cluster("64x8")
+    tree = demand_quotas(specs, cl.num_gpus) if queue is not None else None
+    stage = "none" if queue in (None, "tree") else queue
+    params = {"queue.queues": tree} if stage != "none" else {}
+    rc = RunConfig("", "fifo", "none", "proportional", "packed-sticky", True, params,
+                   sim=SimConfig(round_len=300.0, restart_overhead=10.0), queue=stage)
+    res, wall, cpu = _timed(lambda: run_config(rc, cl, specs, queues=tree))
+    return {"wall": wall, "cpu": cpu, "result": _summary_fp(res) + f" rounds {res.rounds_computed}/{res.rounds}"}
+
+
 def case_place() -> dict:
     import statistics
 
@@ -286,7 +316,14 @@ CASES = {
     "synergy-opt-srtf": (6.0, None, lambda: case_synergy("opt", "srtf")),
     "place-10240": (0.1, None, case_place),
     "million": (120.0, 2048.0, case_million),
+    "philly-20k": (None, None, lambda: case_philly_queues(None)),
+    "queues-tree": (None, None, lambda: case_philly_queues("tree")),
+    "queues-quota": (None, None, lambda: case_philly_queues("quota")),
+    "queues-drf": (None, None, lambda: case_philly_queues("drf")),
+    "queues-fairshare": (None, None, lambda: case_philly_queues("fairshare")),
 }
+#: cases whose target is a ratio to another case of the same table: name -> (that case, the most it may take)
+RELATIVE = {q: ("philly-20k", 1.5) for q in ("queues-tree", "queues-quota", "queues-drf", "queues-fairshare")}
 
 
 # -- the parent ------------------------------------------------------------------------------------
@@ -354,6 +391,7 @@ def table(cases: list[str], base: Path | None, timeout: float, repeat: int = 1,
         f"{'after s':>8} {'cpu s':>7} " + (f"{'ratio':>7} {'cpu':>6} {'needs':>6} " if base else "") + \
         f"{'met':>11}  result (before | after)"
     print(head)
+    done: dict[str, dict] = {}  # each case's after-side result, for the relative targets
     for name in cases:
         target, mem, _ = CASES[name]
         befores: list[dict] = []
@@ -380,6 +418,7 @@ def table(cases: list[str], base: Path | None, timeout: float, repeat: int = 1,
                 met = "no/no"
             if need is not None:  # and by the ratio against the reference, measured side by side
                 met += "/yes" if wall_ratio is not None and not after.get("timeout") and wall_ratio >= need else "/no"
+        done[name] = after
         rt = RATIO_TARGETS.get(name)
         if rt is not None and "wall" in after:  # against the simulation the same run timed
             met = "/".join("yes" if f"sim_{k}" in after and after[k] <= rt * after[f"sim_{k}"] else "no"
@@ -387,6 +426,14 @@ def table(cases: list[str], base: Path | None, timeout: float, repeat: int = 1,
         tgt = "-" if target is None else f"{target:g} s" + (f"/{mem / 1024:g}GB" if mem else "")
         if rt is not None:
             tgt = f"{rt:g}x sim"
+        if name in RELATIVE:  # at most that many times another case of this table, by wall and by CPU time
+            ref, most = RELATIVE[name]
+            tgt = f"{most:g}x"
+            other = done.get(ref)
+            if other is not None and all(k in other and k in after for k in ("wall", "cpu")):
+                met = "/".join("yes" if after[k] <= most * other[k] and not after.get("timeout") else "no"
+                               for k in ("wall", "cpu"))
+                after = {**after, "result": f"{after['result']}; {after['wall'] / other['wall']:.1f}x {ref}"}
         extra = ""
         for r in (before, after):
             if r and "peak_mb" in r:

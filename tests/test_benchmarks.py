@@ -31,13 +31,15 @@ def test_bench_synergy_round_keeps_tune_promises(data_dir: Path, capsys: pytest.
     assert rows["proportional"][3:5] == ["274", "512"] and rows["tune"][3:5] == ["283", "512"]
 
 
-@pytest.mark.parametrize("argv,parts", [([], ["round"]), (["philly"], ["philly"]), (["round", "philly"], ["round", "philly"])])
+@pytest.mark.parametrize("argv,parts", [([], ["round"]), (["philly"], ["philly"]), (["round", "philly"], ["round", "philly"]),
+                                       (["skip"], ["skip"])])
 def test_bench_queues_parts(argv: list[str], parts: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     # with no part named it runs 'round' (Python 3.11's argparse refused that default)
     mod = load("bench_queues")
     ran: list[str] = []
     monkeypatch.setattr(mod, "bench_round", lambda: ran.append("round"))
     monkeypatch.setattr(mod, "bench_philly", lambda *a: ran.append("philly"))
+    monkeypatch.setattr(mod, "bench_skip", lambda *a: ran.append("skip"))
     monkeypatch.setattr(mod, "DATA", BENCH)  # (a directory: the data check passes)
     monkeypatch.setattr(sys, "argv", ["bench_queues.py", *argv])
     mod.main()
@@ -167,3 +169,20 @@ def test_bench_gavel_round_fills_the_cluster_and_solves_gavels_lp(data_dir: Path
     # (bench_gavel's Gavel row, run beside it): the per-kind LP through HiGHS finds the same optimum
     assert got["objective"] == pytest.approx(0.135921, abs=1e-6)
     assert mod.cluster_spec(2048) == {"v100": 684, "p100": 682, "k80": 682}
+
+
+def test_bench_targets_queue_cases_are_held_to_a_ratio_of_the_run_without_queues(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # the queue stacks' target: at most 1.5x philly-20k's times in the same table
+    mod = load("bench_targets")
+    walls = {"philly-20k": 2.0, "queues-drf": 2.5, "queues-quota": 4.0}
+    monkeypatch.setattr(mod, "run_child", lambda checkout, case, timeout: {
+        "wall": walls[case], "cpu": walls[case] - 0.5, "result": "r"})
+    mod.table(["philly-20k", "queues-drf", "queues-quota"], None, 10.0)
+    rows = [r.split() for r in capsys.readouterr().out.splitlines()[-3:]]
+    assert rows[0][:2] == ["philly-20k", "-"]
+    assert rows[1][:5] == ["queues-drf", "1.5x", "2.5", "2", "yes/yes"] and "1.2x philly-20k" in " ".join(rows[1])
+    assert rows[2][:5] == ["queues-quota", "1.5x", "4", "3.5", "no/no"]
+    # without the case it is measured against, no verdict
+    mod.table(["queues-drf"], None, 10.0)
+    assert capsys.readouterr().out.splitlines()[-1].split()[4] == "-"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from gpuloom.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
 
 runner = CliRunner()
 
@@ -115,15 +118,23 @@ def test_warnings_for_ignored_and_conflicting_options(tmp_path, monkeypatch, cap
                                "2x4", "--generate", "20", "--place", "static", "-P", "slot=2",
                                "--no-plots", "-o", str(tmp_path))
     lines = err.splitlines()
-    assert code == 0
     assert "warning: --format is ignored without --trace" in lines
     assert any(x.startswith("warning: --place static places only whole slots") for x in lines)
-    # and so it goes: 1-GPU jobs never start; the stall guard ends the run and names them
-    stall = next(x for x in lines if "stalled" in x)
-    assert stall.startswith("warning: fifo/none/proportional/static: the run stalled at t=") and "job-00" in stall
-    assert json.loads((tmp_path / "summary.json").read_text())["stalled"][:2] == ["job-00", "job-01"]
+    # and so it goes: a 1-GPU job never starts on slots of 2: refused before the run, in one line
+    assert code == 2 and lines[-1].startswith("error: job job-00: asks 1 GPUs; place policy 'static' places whole "
+                                              "slots of 2 GPUs on one node")
     # --rate with --generate is used, not ignored
     assert not any("--rate is ignored" in x for x in lines)
+    # jobs that wait for ever (under strict quotas, one larger than its queue's guarantee): the stall guard ends
+    # the run and names them
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,arrival,gpus,duration,queue\nsmall,0,1,100,shared\nbig,0,3,100,shared\n")
+    code, _, err = main_output(monkeypatch, capsys, "simulate", "--trace", str(trace), "--cluster", "2x4", "--queues",
+                               str(REPO / "examples" / "queues.toml"), "-P", "borrow=false", "--no-plots", "-o",
+                               str(tmp_path))
+    stall = next(x for x in err.splitlines() if "stalled" in x)
+    assert code == 0 and stall.startswith("warning: fifo/none/proportional/packed-sticky/quota: the run stalled at t=")
+    assert json.loads((tmp_path / "summary.json").read_text())["stalled"] == ["big"]
     code, _, err = main_output(monkeypatch, capsys, "simulate", "--rate", "5", "--no-plots", "-o", str(tmp_path))
     assert "warning: --rate is ignored without --generate" in err
 

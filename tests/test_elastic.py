@@ -331,6 +331,36 @@ def test_scheduler_gang_requests_follow_a_hook_that_keeps_a_job() -> None:
     assert no_h.hooks == []
 
 
+def test_a_hook_that_keeps_a_grouped_job_splits_the_groups_request() -> None:
+    # one node of 8 GPUs; b (8 GPUs, waiting, first in the order) and a (asks 8, elastic sizing gave it 1 GPU,
+    # still protected) stress different resources, so Muri groups them: one request (b, a) for 8 GPUs.  The
+    # hysteresis hook keeps the protected a on its one GPU (a plan with a group is not repaired): a's request
+    # must become its own, of 1 GPU (the gang check compares every member with its request's count), and
+    # b's stays 8; before, only the request's first member was matched with the kept plan: "a: gang broken"
+    from gpuloom.perf.assembly import build_model
+
+    cl = Cluster.homogeneous(1, 8, 24, 128_000)
+    curve = {1: 1.0, 2: 1.8, 4: 3.2, 8: 5.0}
+    b = _job("b", curve, 8, resource_times=[0.0, 0.1, 0.4, 0.0])
+    a = _job("a", curve, 8, arrival=1.0, resource_times=[0.0, 0.4, 0.1, 0.0])
+    a.index = 1
+    lc = Lifecycle("a", 0.0)
+    for st in (S.WAITING_FOR_INITIAL_RESOURCE, S.STANDBY, S.LAUNCHING):
+        lc.to(st, 0.0)
+    lc.to(S.RUNNING_PROTECTED, 5.0)  # protected until 20
+    a.lifecycle = lc
+    a.alloc = Allocation("a", (Part(0, (0,), 3, 16_000),), (), (1, None, None, "a"))
+    sched = Scheduler.from_names("fifo", "muri", "elastic", "packed-sticky")
+    model = build_model(cl)
+    sched.bind(model)
+    model.bind({"a": a, "b": b})
+    view = pb.View(10.0, cl, [b, a], {"a": a.alloc}, model, np.random.default_rng(0))
+    rnd = sched.schedule(view)
+    assert rnd.plan.allocations == {"a": a.alloc}  # the hook kept the running plan
+    assert sorted(([j.id for j in r.jobs], r.gpus) for r in rnd.requests) == [(["a"], 1), (["b"], 8)]
+    sched.check(rnd, view)
+
+
 # ---------------------------------------------------------------------------
 # the lifecycle in the simulator
 LIN2 = {1: 1.0, 2: 2.0}

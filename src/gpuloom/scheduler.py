@@ -55,11 +55,10 @@ is updated to match, so the gang check still holds against the final plan.
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from .core.job import Job
+from .core.job import Job, Shape
 from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan, drop_job
 from .perf.model import ThroughputModel
 from .policies import base as pb
@@ -133,8 +132,16 @@ class Scheduler:
             why = st.refuse(chosen)
             if why:
                 raise pb.PolicyError(why)
+        if group.name != "none" and not size.sizes_groups:
+            raise pb.PolicyError(f"size policy {size.name!r} sizes one job per GPU set, not the groups of group "
+                                 f"policy {group.name!r} (jobs sharing GPUs): use group 'none' or another size policy")
+        if size.one_node and place.spreads:
+            raise pb.PolicyError(f"size policy {size.name!r} keeps a job that one node could hold on one node, and "
+                                 f"place policy {place.name!r} draws GPUs from the whole cluster: a multi-GPU job "
+                                 f"would almost never start; use a packed placement, pm-first or pal")
         self._whole = False  # the last round's prefix left GPUs free: it was planned on the whole queue
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
+        self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
 
     @classmethod
     def from_names(
@@ -190,6 +197,23 @@ class Scheduler:
         if any(h not in own for h in self.hooks):
             return view.now
         return min(st.next_change(view) for st in self.stages)
+
+    def never_runs(self, job: Job, model: ThroughputModel) -> str | None:
+        """Why this stack can never run ``job`` (None: it may): its sizer gives it no request it runs on, or
+        its place policy could not place the fewest GPUs the sizer asks for it even on an empty cluster.
+        What no stack could place is :func:`~gpuloom.core.fit.never_fits`'."""
+        why = self.size.never_sizes(job, model)
+        if why is None:
+            gpus = self.size.least_gpus(job, model)
+            if gpus is not None:
+                why = self.place.never_places(gpus, model.cluster)
+        return why
+
+    @property
+    def checks_jobs(self) -> bool:
+        """Whether :meth:`never_runs` can refuse a job (a stage of this stack says so)."""
+        return (type(self.size).never_sizes is not pb.SizePolicy.never_sizes
+                or type(self.place).never_places is not pb.PlacePolicy.never_places)
 
     @property
     def needs_profiles(self) -> bool:
@@ -247,7 +271,7 @@ class Scheduler:
         every_asked = False  # every job past the requests would be asked for its spec's GPUs
         if self.queue.enabled:
             ordered = self.order.order(view.jobs, view)
-            rnd = self._queued(ordered, view)
+            rnd = self._queued(ordered, view, not reasons and self._queue_walk_ok(view))
         else:
             if view.appended is not None:
                 fast = self._appended_round(view)
@@ -376,14 +400,15 @@ class Scheduler:
         """The stack declares what the tail walk needs (:class:`~gpuloom.policies.incremental.TailWalk`)."""
         return self._incremental(view) and self.place.pure_choose and self.place.backfill
 
-    def _incremental(self, view: pb.View) -> bool:
-        """The stack declares what the shortcuts of :mod:`gpuloom.policies.incremental` rest on."""
+    def _incremental(self, view: pb.View, queues: bool = False) -> bool:
+        """The stack declares what the shortcuts of :mod:`gpuloom.policies.incremental` rest on (with a queue
+        stage only when ``queues``: the queue path asks for what it uses itself)."""
         size, place, order, tally = self.size, self.place, self.order, view.tally
         return (tally is not None and view.free is not None and size.fixed_gpus and size.static_requests
                 and self.group.name == "none" and type(size).allocate is pb.SizePolicy.allocate
                 and place.sticky and type(place).place is pb.PlacePolicy.place
                 and isinstance(order, KeyOrder) and (tally.index_order or not order.follows_view)
-                and not self.queue.enabled)
+                and (queues or not self.queue.enabled))
 
     def _all_fit(self, view: pb.View) -> Round | None:
         """The round when every active job fits by GPU count (:func:`~gpuloom.policies.incremental.all_fit_plan`)."""
@@ -398,7 +423,7 @@ class Scheduler:
         return Round(plan, requests)
 
     # -- the queue stage (policies/queues.py) -------------------------------------------------
-    def _queued(self, ordered: Sequence[Job], view: pb.View) -> Round:
+    def _queued(self, ordered: Sequence[Job], view: pb.View, lazy: bool = False) -> Round:
         """Admit across queues, plan the admitted jobs, reclaim lent GPUs, hooks, limits.
 
         Reclaim happens where a queue below its guarantee has a waiting job
@@ -416,81 +441,154 @@ class Scheduler:
         """
         q = self.queue
         strict = not self.place.backfill
-        adm = q.admit(ordered, view, strict)
-        rnd = self._plan(adm.ordered, view)
-        if adm.truncated and _free_gpus(rnd.plan, view) > 0:
-            adm = q.admit(ordered, view, strict, full=True)
-            rnd = self._plan(adm.ordered, view)
+        adm = q.admit(ordered, view, strict, lazy=lazy)
+        rnd = self._admitted_round(adm, view, lazy)
+        # GPUs left free while the walk was cut short: plan again on everything.  (A lazy walk not read to its
+        # end does not know whether it was: walking again costs no more than reading on, and when it was not,
+        # gives the same plan)
+        if _free_gpus(rnd.plan, view) > 0 and (adm.truncated or (adm.walk is not None and adm.walk.more is not None)):
+            adm = q.admit(ordered, view, strict, full=True, lazy=lazy)
+            rnd = self._admitted_round(adm, view, lazy)
+        # (the borrowing jobs placed are among those the walk read)
         if adm.over and any(j.id in rnd.plan.allocations for j in adm.over):
             if _left_out_while_lent(adm, rnd.plan):
-                rnd = self._two_pass(adm, view)
+                rnd = self._two_pass(adm, view, lazy)
                 q.note_reclaim()
             owed = q.owed(rnd.plan, view)
             if owed:
-                rnd = self._evict_for(owed, adm, rnd, view)
+                rnd = self._evict_for(owed, rnd, view)
         rnd = self._hooked(rnd, view)
         if self.hooks and adm.over:
             # a hook (elastic sizing's protection) may keep borrowed work where an owner's job should go:
             # for one round; a queue owed after the hooks two rounds running reclaims over the hook
-            again = q.owed_again(q.owed(rnd.plan, view))
+            owed = q.owed(rnd.plan, view)
+            again = q.owed_again(owed)
             if again:
-                rnd = self._evict_for(again, adm, rnd, view)
+                rnd = self._evict_for(again, rnd, view, {o.queue for o in owed})
+                # a lender the reclaim left below its guarantee is owed from this round on
+                q.owed_again(q.owed(rnd.plan, view))
         elif self.hooks:
             q.owed_again(())  # nothing borrowed: nothing owed this round (two rounds running means in a row)
         plan = q.enforce(rnd.plan, view)
         return rnd if plan is rnd.plan else Round(plan, rnd.requests)
 
-    def _evict_for(self, owed: Sequence[Owed], adm: Admission, rnd: Round, view: pb.View) -> Round:
+    def _admitted_round(self, adm: Admission, view: pb.View, lazy: bool) -> Round:
+        """The plan of what the queue stage admitted: through :func:`~gpuloom.policies.incremental.prefix_plan`
+        over the lazy walk (placement reads admission only as far as it needs: :meth:`_walked`) when
+        ``lazy``, else by :meth:`_plan`."""
+        walk = adm.walk
+        if lazy and walk is not None and walk.more is not None:  # (a lazy walk not read yet)
+            return self._walked(walk, view, None)
+        return self._plan(adm.ordered, view)
+
+    def _queue_walk_ok(self, view: pb.View) -> bool:
+        """The queue stage's admission may be read lazily and placed through
+        :func:`~gpuloom.policies.incremental.prefix_plan`: what :meth:`_prefix_round` asks of the stack, with
+        FIFO (the stage then reads its jobs per queue as the driver admitted them) and borrowing allowed."""
+        place, tally, order = self.place, view.tally, self.order
+        return (self.walk_queues and self.preemptive and not self.hooks and type(place).arrange is pb.PlacePolicy.arrange
+                and place.pure_choose and place.backfill and tally is not None and not tally.unkeyed
+                and tally.index_order and isinstance(order, KeyOrder) and order.follows_view
+                and self._incremental(view, queues=True))
+
+    def _evict_for(self, owed: Sequence[Owed], rnd: Round, view: pb.View,
+                   owed_before: Collection[int] | None = None) -> Round:
         """Place owed jobs (:class:`~gpuloom.policies.base.Owed`, queue by queue, each queue's in its order,
-        within its room) on what is left once other queues' borrowed work is set aside, evicting the
-        borrowed work in their way (latest in the cross-queue order first).  Within a queue, after a job
-        finds no placement, jobs as large are not tried."""
+        within its room) where they fit as things are, else on what is left once the borrowed work of the
+        queues over their guarantee is set aside (:meth:`~gpuloom.policies.queue_base.QueuePolicy.lent`),
+        evicting the borrowed work in their way (latest in the cross-queue order first).  Only lenders
+        give work back: a queue at or below its guarantee keeps what it holds.
+
+        A lender evicted below its guarantee may be owed in turn: the queues owed are asked again
+        (those given, and those not in ``owed_before``, the queues owed when the round got here: all of
+        them by default) until a pass places nothing.  It ends: lenders only lose work, and a queue
+        below its guarantee only takes up to it, so what a pass sees only shrinks.  Within a queue's
+        pass, a job whose request has the shape of one that found no placement is not tried."""
+        q = self.queue
         allocs = dict(rnd.plan.allocations)
-        over = [j for j in adm.over if j.id in allocs]
         asked = {j.id: r for r in rnd.requests for j in r.jobs}
         requests = list(rnd.requests)
         placed: list[Job] = []
-        for o in owed:
-            theirs = [j for j in over if j.id not in o.own]  # other queues' borrowed work, still placed
-            ids = {j.id for j in theirs}
-            base = FreeState.of(view.cluster, {k: a for k, a in allocs.items() if k not in ids})
-            room, too_big = o.room, math.inf
-            for j in o.jobs:
-                if j.id in allocs or j.spec.gpus >= too_big or j.spec.gpus > room + 1e-9:
-                    continue
-                r = asked.get(j.id)
-                req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
-                       pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
-                parts = self.place.choose_for(req, base, view)
-                if parts is None:
-                    too_big = j.spec.gpus
-                    continue
-                gpus = {g for p in parts for g in p.gpus}
-                nodes = {p.node for p in parts}
-                for b in reversed(theirs):
-                    a = allocs.get(b.id)
-                    if a is not None and gpus.intersection(a.gpu_ids):
-                        drop_job(allocs, b.id)
-                free = FreeState.of(view.cluster, allocs)
-                for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
-                    if free.fits(parts):
-                        break
-                    a = allocs.get(b.id)
-                    if a is not None and nodes.intersection(a.nodes):
-                        drop_job(allocs, b.id)
-                        free = FreeState.of(view.cluster, allocs)
-                base.take(parts)
-                room -= req.gpus
-                allocs[j.id] = Allocation(j.id, parts, (), req.key)
-                placed.append(j)
-                if r is None or len(r.jobs) > 1:
-                    requests.append(req)
+        given = {o.queue for o in owed}
+        before = given if owed_before is None else set(owed_before)
+        cluster = view.cluster
+        free = FreeState.of(cluster, allocs)  # kept up to date below
+        theirs: list[Job] | None = None  # the lent work, and what is free without it: worked out when needed
+        base = free
+
+        def drop(b: Job) -> None:  # evict b (its co-runners keep the GPUs)
+            a = allocs[b.id]
+            drop_job(allocs, b.id)
+            free.release(a.parts, 1, gpus=not any(o in allocs for o in a.group))
+
+        pending = list(owed)
+        while pending:
+            placed_before = len(placed)
+            for o in pending:
+                room = o.room
+                refused: set[tuple[int, int | None, int | None]] = set()
+                for j in o.jobs:
+                    if j.id in allocs or j.spec.gpus > room + 1e-9:
+                        continue
+                    r = asked.get(j.id)
+                    req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
+                           pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
+                    shape = (req.gpus, req.cpus, req.mem_mb)
+                    if shape in refused:
+                        continue
+                    parts = self.place.choose_for(req, free, view)
+                    if parts is None:
+                        if theirs is None:
+                            theirs = q.lent(allocs, view, [x.id for x in placed])
+                            base = free
+                            if theirs:
+                                base = free.copy()
+                                ids = {x.id for x in theirs}
+                                gone: set[tuple[int, ...]] = set()  # (a group's GPUs are given back once)
+                                for b in theirs:
+                                    lent_a = allocs[b.id]
+                                    g_ids = lent_a.gpu_ids
+                                    back = g_ids not in gone and not any(x in allocs and x not in ids
+                                                                         for x in lent_a.group)
+                                    base.release(lent_a.parts, 1, gpus=back)
+                                    if back:
+                                        gone.add(g_ids)
+                        if theirs:
+                            parts = self.place.choose_for(req, base, view)
+                        if parts is None:
+                            refused.add(shape)
+                            continue
+                        gpus = {g for p in parts for g in p.gpus}
+                        nodes = {p.node for p in parts}
+                        for b in reversed(theirs):
+                            a = allocs.get(b.id)
+                            if a is not None and gpus.intersection(a.gpu_ids):
+                                drop(b)
+                        for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
+                            if free.fits(parts):
+                                break
+                            a = allocs.get(b.id)
+                            if a is not None and nodes.intersection(a.nodes):
+                                drop(b)
+                        theirs = None  # (a lender may have fallen to its guarantee)
+                    free.take(parts)
+                    if base is not free:
+                        base.take(parts)
+                    room -= req.gpus
+                    allocs[j.id] = Allocation(j.id, parts, (), req.key)
+                    placed.append(j)
+                    if r is None or len(r.jobs) > 1:
+                        requests.append(req)
+            if len(placed) == placed_before:
+                break
+            # an eviction may have left a lender below its guarantee: the queues owed now
+            pending = [o for o in q.owed(Plan(allocs), view) if o.queue in given or o.queue not in before]
         if not placed:
             return rnd
-        self.queue.note_guaranteed(placed)
+        q.note_guaranteed(placed)
         return Round(Plan(allocs), requests)
 
-    def _two_pass(self, adm: Admission, view: pb.View) -> Round:
+    def _two_pass(self, adm: Admission, view: pb.View, lazy: bool = False) -> Round:
         """Plan tier A alone on the whole cluster, then everything with tier A pinned where it landed.
 
         The second pass sees tier A's jobs as running on their first-pass
@@ -499,17 +597,29 @@ class Scheduler:
         sticky placement keeps what the owners took and lent GPUs are reclaimed.
         Placement that is not sticky re-places everything, tier A first, as the
         first pass did.
+
+        With ``lazy`` (a lazy walk: :meth:`_admitted_round`) both passes go through
+        :func:`~gpuloom.policies.incremental.prefix_plan`, and the walk is read only until every
+        running job was met (the borrowed work to pin is running), then as far as the second pass reads.
         """
-        first = self._plan(adm.guaranteed, view).plan.allocations
+        walk = adm.walk
+        lazy = lazy and walk is not None and walk.more is not None
+        if lazy:
+            first = self._walked(adm.guaranteed, view, None).plan.allocations
+            over: Sequence[Job] = _running_read(walk, len(adm.guaranteed), len(view.current))
+        else:
+            adm.finish()
+            first = self._plan(adm.guaranteed, view).plan.allocations
+            over = adm.over
         free = FreeState.of(view.cluster, first)
         current: dict[str, Allocation] = dict(first)
-        for j in adm.over:
+        for j in over:
             a = view.current.get(j.id)
             if a is not None and not a.group and free.fits(a.parts):
                 free.take(a.parts)
                 current[j.id] = a
         swapped: list[tuple[Job, Any]] = []
-        for j in adm.ordered:
+        for j in adm.ordered:  # (lazy: those read so far; the others all wait, and still look so)
             want = current.get(j.id)
             if j.alloc is not want:
                 swapped.append((j, j.alloc))
@@ -517,10 +627,41 @@ class Scheduler:
         try:
             pinned = pb.View(view.now, view.cluster, view.jobs, current, view.model, view.rng, view.round_index,
                              view.extra, free)
+            if lazy:
+                # what looks waiting in the pinned view: what waits, and the running jobs not pinned (counting
+                # too many is safe: the tail walk only stops later)
+                if view.tally is not None and view.by_id is not None:
+                    waiting = dict(view.tally.waiting)
+                    for jid in view.current.keys() - current.keys():
+                        shape = view.by_id[jid].shape
+                        waiting[shape] = waiting.get(shape, 0) + 1
+                    return self._walked(walk, pinned, waiting)
+                adm.finish()
             return self._plan(adm.ordered, pinned)
         finally:
             for j, a in swapped:
                 j.alloc = a
+
+    def _walked(self, ordered: Sequence[Job], view: pb.View, waiting: Mapping[Shape, int] | None) -> Round:
+        """:func:`~gpuloom.policies.incremental.prefix_plan` over ``ordered`` (a list or a lazy walk: read only
+        as far as placement needs) with the running jobs of its tail read from it in its order (``waiting``:
+        counts of the jobs that may look waiting in it, by shape; the driver's by default); :meth:`_plan` when
+        the prefix is all of it."""
+        size = self.size
+        counts = waiting if waiting is not None else view.tally.waiting if view.tally is not None else None
+        assert counts is not None
+
+        def request(j: Job) -> pb.Request:
+            return size.request(j, view)
+
+        def walk_of(start: int) -> TailWalk:
+            return TailWalk(ordered, start, request, None, counts, view.current)
+
+        out = prefix_plan(ordered, request, walk_of, self.place, view)
+        if out is None:
+            return self._plan(list(ordered), view)
+        plan, end, tail = out
+        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + tail.requests())
 
     def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job], every_asked: bool = False) -> dict[str, str]:
         """Why each active job the plan leaves out waits (see the module notes); ``every_asked``: the
@@ -670,6 +811,21 @@ def _left_out_while_lent(adm: Admission, plan: Plan) -> bool:
 
 
 
+def _running_read(walk: Any, skip: int, running: int) -> list[Job]:
+    """The jobs of a lazy admission walk past its first ``skip`` (the guaranteed ones), read until it has
+    yielded ``running`` running jobs in all (every running job: the rest all wait) or ends."""
+    met = 0
+    out: list[Job] = []
+    for k, j in enumerate(walk):
+        if j.alloc is not None:
+            met += 1
+        if k >= skip:
+            out.append(j)
+        if met >= running:
+            break
+    return out
+
+
 def _free_gpus(plan: Plan, view: pb.View) -> int:
     free = plan.free_gpus
     if free is None:
@@ -679,11 +835,27 @@ def _free_gpus(plan: Plan, view: pb.View) -> int:
 
 def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:
     """A hook that keeps a job on its current allocation changes that job's request to match
-    (so the gang check compares with what the final plan asks for)."""
+    (so the gang check compares with what the final plan asks for).  A member of a group request
+    kept on what it holds now (alone, or in another group) gets a request of its own."""
     out = []
+    allocs, current = plan.allocations, view.current
     for r in requests:
-        a = plan.allocations.get(r.job.id)
-        if a is not None and a.num_gpus != r.gpus and view.current.get(r.job.id) == a:
-            r = pb.Request(r.jobs, a.num_gpus, r.cpus, r.mem_mb)
-        out.append(r)
+        if len(r.jobs) == 1:
+            a = allocs.get(r.job.id)
+            if a is not None and a.num_gpus != r.gpus and current.get(r.job.id) == a:
+                r = pb.Request(r.jobs, a.num_gpus, r.cpus, r.mem_mb)
+            out.append(r)
+            continue
+        kept = []
+        for j in r.jobs:
+            a = allocs.get(j.id)
+            if a is not None and a.num_gpus != r.gpus and current.get(j.id) == a:
+                kept.append(j)
+        if not kept:
+            out.append(r)
+            continue
+        rest = tuple(j for j in r.jobs if j not in kept)
+        if rest:
+            out.append(pb.Request(rest, r.gpus, r.cpus, r.mem_mb))
+        out.extend(pb.Request((j,), allocs[j.id].num_gpus, r.cpus, r.mem_mb) for j in kept)
     return out

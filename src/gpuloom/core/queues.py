@@ -597,7 +597,7 @@ def usage(tree: QueueTree, allocations: Mapping[str, Any], leaf: Mapping[str, in
         q = leaf.get(jid)
         if q is None:
             continue
-        g, c, m = job_share(a)
+        g, c, m = a.num_gpus / (1 + len(a.group)), float(a.cpus), float(a.mem_mb)  # (job_share, inlined)
         for n in path[q]:
             u = out[n]
             u[0] += g
@@ -611,7 +611,11 @@ class DecayedUsage:
 
     :meth:`advance` integrates the GPUs each queue held since the last call
     (held constant over the interval) with the decay applied continuously:
-    ``U(t+dt) = U(t)·2^(-dt/h) + held·(h/ln 2)·(1 - 2^(-dt/h))``.
+    ``U(t+dt) = U(t)·2^(-dt/h) + held·(h/ln 2)·(1 - 2^(-dt/h))``.  The values are
+    worked out from the last time what was held changed (the *anchor*) in one step,
+    so calls in between that bring nothing new (rounds that changed nothing) change
+    no bit of them: a run gives the same usage whether such rounds are computed or
+    skipped.
     """
 
     def __init__(self, size: int, half_life: float) -> None:
@@ -620,13 +624,17 @@ class DecayedUsage:
         self.half_life = float(half_life)
         self.values = [0.0] * size
         self.last: float | None = None
+        self._anchor: tuple[float, list[float], list[float]] | None = None  # (time, values then, held since)
 
     def advance(self, now: float, held: Sequence[float]) -> None:
         if self.last is None or now <= self.last:
             self.last = now if self.last is None else self.last
             return
-        dt = now - self.last
-        k = 2.0 ** (-dt / self.half_life)
+        anchor = self._anchor
+        if anchor is None or anchor[2] != list(held):  # held since the last call, which set the values
+            anchor = self._anchor = (self.last, list(self.values), list(held))
+        t0, start, h = anchor
+        k = 2.0 ** (-(now - t0) / self.half_life)
         gain = self.half_life / math.log(2) * (1.0 - k)
-        self.values = [u * k + h * gain for u, h in zip(self.values, held, strict=True)]
+        self.values = [u * k + x * gain for u, x in zip(start, h, strict=True)]
         self.last = now

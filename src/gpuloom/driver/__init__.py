@@ -7,7 +7,8 @@ throughput model.  The layer sits on the scheduler and below ``sim`` and
 ``runtime``: core <- perf <- policies <- scheduler <- driver <- sim, runtime <- cli.
 """
 
-from .core import Backend, Driver, DriverError, LaunchFailed, Step, lifecycle_steps
+from .core import Backend, Driver, DriverError, LaunchFailed, Listener, Step, lifecycle_steps
 from .stack import STAGE_DEFAULTS, Stack
 
-__all__ = ["STAGE_DEFAULTS", "Backend", "Driver", "DriverError", "LaunchFailed", "Stack", "Step", "lifecycle_steps"]
+__all__ = ["STAGE_DEFAULTS", "Backend", "Driver", "DriverError", "LaunchFailed", "Listener", "Stack", "Step",
+           "lifecycle_steps"]

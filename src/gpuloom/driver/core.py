@@ -119,6 +119,20 @@ class Step:
         return self.action.kind
 
 
+class Listener(Protocol):
+    """Told of every change to the active jobs and what they hold, as it happens (a report that keeps
+    per-queue totals up to date in O(changes) instead of reading every job after each event)."""
+
+    def on_admit(self, job: Job) -> None:
+        """``job`` became active."""
+
+    def on_hold(self, job: Job, old: Allocation | None, new: Allocation | None) -> None:
+        """``job``'s allocation changed from ``old`` to ``new`` (None: nothing)."""
+
+    def on_end(self, job: Job) -> None:
+        """``job`` is no longer active (after :meth:`on_hold` let go of what it held)."""
+
+
 class Backend(Protocol):
     """What a face does with the driver's decisions (see the module notes)."""
 
@@ -202,6 +216,10 @@ class Driver:
         #: the jobs whose pending reason (``job.reason``) the last round set: every active job, or only
         #: those admitted since a round whose reasons still hold (``Round.reasons_of``)
         self.reasoned: Collection[Job] = ()
+        self.listeners: list[Listener] = []  # told of admissions, allocation changes and ends
+        book = scheduler.queue.listener(self.tally)  # a queue stage's jobs per queue (policies/queue_book.py)
+        if book is not None:
+            self.listeners.append(book)
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
 
     # -- jobs -------------------------------------------------------------------------------
@@ -222,6 +240,8 @@ class Driver:
             tally.count_waiting(job, 1)
         else:
             self._stamp += 1
+        for listener in self.listeners:
+            listener.on_admit(job)
         return job
 
     def speed(self, job: Job, alloc: Allocation) -> float:
@@ -300,6 +320,8 @@ class Driver:
             current[jid] = alloc
         if (old is None) != (alloc is None) and jid in self.jobs:
             self.tally.count_waiting(job, 1 if alloc is None else -1)
+        for listener in self.listeners:
+            listener.on_hold(job, old, alloc)
 
     # -- one round ---------------------------------------------------------------------------
     def view(self, now: float, appended: Sequence[Job] | None = None) -> View:
@@ -540,6 +562,8 @@ class Driver:
         job.speed = 0.0
         job.version += 1
         self._pending.discard(jid)
+        for listener in self.listeners:
+            listener.on_end(job)
         job.drop_caches()
         if alloc is not None and alloc.group:  # (co-runners to regroup: none without a group)
             self._regroup_without(alloc.group, jid, now)

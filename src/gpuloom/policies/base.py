@@ -296,6 +296,19 @@ class SizePolicy(Stage):
     #: every request asks for exactly its job's GPUs (lets the scheduler size only a prefix)
     fixed_gpus: ClassVar[bool] = False
     static_requests: ClassVar[bool] = False  #: a lone job asks for its spec's GPUs, cores, memory
+    #: it sizes a group of jobs sharing GPUs (Muri's) as one request; False: grouping is refused up front
+    sizes_groups: ClassVar[bool] = True
+    #: it never lets a job that one node could hold span nodes (the job waits instead): a place policy that
+    #: spreads GPUs over the cluster (``PlacePolicy.spreads``) is refused up front with it
+    one_node: ClassVar[bool] = False
+
+    def least_gpus(self, job: Job, model: ThroughputModel) -> int | None:
+        """The fewest GPUs this sizer ever asks for ``job`` (None: not known before a round)."""
+        return job.spec.gpus if self.fixed_gpus else None
+
+    def never_sizes(self, job: Job, model: ThroughputModel) -> str | None:
+        """Why this sizer can never give ``job`` a request it runs on (None: it can); asked before a run."""
+        return None
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         raise NotImplementedError
@@ -424,6 +437,8 @@ class PlacePolicy(Stage):
     stage: ClassVar[str] = "place"
     sticky: ClassVar[bool] = True
     pure_choose: ClassVar[bool] = False  #: see policies/incremental.py
+    #: it draws a job's GPUs from the whole cluster, one node or several alike (random placement)
+    spreads: ClassVar[bool] = False
     backfill: bool = True
 
     def __init__(self, backfill: bool | str = True) -> None:
@@ -448,6 +463,11 @@ class PlacePolicy(Stage):
         with free.masked(node_ok, gpu_ok):
             parts = self.choose(req, free, view)
         return parts
+
+    def never_places(self, gpus: int, cluster: Cluster) -> str | None:
+        """Why no request of ``gpus`` GPUs could ever be placed, even on the empty ``cluster`` (None: it
+        could); asked before a run (the cluster-wide limits are :func:`~gpuloom.core.fit.never_fits`')."""
+        return None
 
     def arrange(self, requests: Sequence[Request], view: View, preemptive: bool = True) -> list[Request]:
         """The order in which requests are placed: as given, running requests first when not preemptive."""

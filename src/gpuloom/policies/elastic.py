@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.cluster import Cluster
 from ..core.job import Job
 from ..core.lifecycle import JobState
 from ..core.plan import Allocation, Part, Plan
@@ -137,6 +138,11 @@ class ElasticSize(SizePolicy):
             if best <= now:
                 return now
         return best
+
+    def least_gpus(self, job: Job, model: ThroughputModel) -> int | None:
+        cl = model.cluster
+        return self._bounds(job, scaling_of(model), cl.num_gpus if self.span_nodes else cl.max_node_gpus,
+                            cl.num_gpus)[0]
 
     def plan_hooks(self) -> list[Hysteresis]:
         """The :class:`Hysteresis` hook (threshold ``hysteresis`` it/s) unless disabled with ``None``."""
@@ -401,18 +407,24 @@ class StaticSize(SizePolicy):
     def __init__(self, slot: int = 1) -> None:
         self.slot = _check_slot(slot)
 
+    def least_gpus(self, job: Job, model: ThroughputModel) -> int | None:
+        return self.slot
+
+    def never_sizes(self, job: Job, model: ThroughputModel) -> str | None:
+        if scaling_of(model).speed_at(job, self.slot) <= 0:
+            return (f"{job.spec.model or 'no model'}, {job.spec.gpus} GPUs: no throughput on a static slot of "
+                    f"{self.slot} GPUs (give attrs['throughput'] or another slot)")
+        return None
+
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         if self.slot > view.cluster.max_node_gpus:
             raise PolicyError(f"static slot of {self.slot} GPUs is larger than any node")
-        sf = scaling_of(view.model)
         out = []
         for u in units:
-            for j in u:
-                if sf.speed_at(j, self.slot) <= 0:
-                    raise PolicyError(
-                        f"job {j.id} ({j.spec.model or 'no model'}, {j.spec.gpus} GPUs) cannot run on a static slot "
-                        f"of {self.slot} GPUs (no throughput there: give attrs['throughput'] or another slot)"
-                    )
+            for j in u:  # (the simulator refuses such jobs before it starts: Scheduler.never_runs)
+                why = self.never_sizes(j, view.model)
+                if why is not None:
+                    raise PolicyError(f"job {j.id} cannot run: {why}")
             out.append(Request(tuple(u), self.slot))
         return out
 
@@ -426,6 +438,14 @@ class StaticPlace(PlacePolicy):
 
     def __init__(self, slot: int = 1) -> None:
         self.slot = _check_slot(slot)
+
+    def never_places(self, gpus: int, cluster: Cluster) -> str | None:
+        n = self.slot
+        most = max((nd.gpus // n for nd in cluster.nodes), default=0)
+        if gpus % n or gpus // n > most:
+            return (f"asks {gpus} GPUs; place policy 'static' places whole slots of {n} GPU{'s' if n > 1 else ''} "
+                    f"on one node, at most {most * n}")
+        return None
 
     def choose(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         n = self.slot

@@ -135,7 +135,7 @@ jobs it has passed.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
 
 from ..core.fit import GPU_TYPE_KEY, spec_types
@@ -381,7 +381,9 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
 class TailWalk:
     """The jobs ``ordered[start:]`` for placement's third phase (see the module notes).
 
-    ``request(job)`` sizes one job; ``sort_key(job)`` is its place in the order;
+    ``request(job)`` sizes one job; ``sort_key(job)`` is its place in the order (None: the running
+    jobs left once no waiting job ahead can be placed are read from the tail itself, which is then
+    the whole of the order past ``start``: a queue stage's admission);
     ``waiting`` counts the active jobs holding nothing by shape (:class:`Tally`);
     ``current`` is what runs now.  ``visited`` collects the jobs the walk met that could still
     get something (:meth:`requests` sizes them).  ``keep(job)``, when set, places a running job
@@ -395,7 +397,7 @@ class TailWalk:
         ordered: Sequence[Job],
         start: int,
         request: Callable[[Job], Request],
-        sort_key: Callable[[Job], Any],
+        sort_key: Callable[[Job], Any] | None,
         waiting: Mapping[Shape, int],
         current: Mapping[str, Allocation],
     ) -> None:
@@ -404,7 +406,7 @@ class TailWalk:
         self.try_: Callable[[Plan, Request, FreeState, View], bool] | None = None
         self.start = start
         self.request = request
-        self.sort_key = sort_key
+        self.sort_key = sort_key  # None: the running jobs left are read from the tail itself, in its order
         self.waiting = waiting
         self.current = current
         self.visited: list[Job] = []
@@ -438,8 +440,11 @@ class TailWalk:
         if keep is None:  # a running job met that may still fit: placed as any request
             def keep(j: Job) -> object:
                 return place._try(plan, self.request(j), free, view)
-        for j in tail if tail is not None else islice(ordered, start, None):
+        jobs = tail if tail is not None else islice(ordered, start, None)
+        stopped_at: Job | None = None  # the job read when no waiting job ahead could be placed
+        for j in jobs:
             if live <= 0:
+                stopped_at = j
                 break
             if free.free_gpus <= 0:
                 return
@@ -460,11 +465,26 @@ class TailWalk:
                 live -= left[s]
         # only running jobs of the tail are left that could be placed: in their order (rare: found
         # here rather than noted on the way)
+        if self.sort_key is None:  # the order is the tail's own: the rest of it, running jobs only, read until
+            # every running job was met (or the tail ends: a running job may not be in the order at all)
+            unmet = len(self.current) - sum(1 for j in islice(ordered, start) if j.alloc is not None)
+            unmet -= sum(1 for j in visited if j.alloc is not None)
+            for j in chain((stopped_at,) if stopped_at is not None else (), jobs):
+                if unmet <= 0 or free.free_gpus <= 0:
+                    return
+                if j.alloc is None:
+                    continue
+                unmet -= 1
+                visited.append(j)
+                if j.spec.gpus <= free.free_gpus:
+                    keep(j)
+            return
         # (the running jobs met: those of the prefix and those the loop above visited)
         seen = {j.id for j in islice(ordered, start) if j.alloc is not None}
         seen.update(j.id for j in visited if j.alloc is not None)
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in ordered}
-        rest = sorted([by_id[jid] for jid in self.current.keys() - seen], key=self.sort_key)
+        sort_key = self.sort_key
+        rest = sorted([by_id[jid] for jid in self.current.keys() - seen], key=sort_key)
         for j in rest:
             if free.free_gpus <= 0:
                 return

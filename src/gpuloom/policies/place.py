@@ -199,6 +199,7 @@ class RandomSticky(PlacePolicy):
     """
 
     sticky = True
+    spreads = True
 
     def __init__(self, backfill: bool | str = True) -> None:
         super().__init__(backfill)

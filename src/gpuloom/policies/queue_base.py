@@ -12,12 +12,12 @@ runs the pipeline as if there were no queue stage.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..core.job import Job
-from ..core.plan import Plan
+from ..core.plan import Allocation, Plan
 from .base import PlacePolicy, Stage, View
 
 
@@ -29,6 +29,17 @@ class Admission:
     over: list[Job] = field(default_factory=list)  # tier B: borrowing, in the cross-queue order
     held: dict[str, str] = field(default_factory=dict)  # job id -> why it is not admitted
     truncated: bool = False  # the walk stopped once the admitted jobs asked for every GPU
+    #: guaranteed, then over, read as one sequence; ``over`` grows as it is read when the walk is lazy
+    #: (``admit(lazy=True)``); ``truncated`` and ``held`` are complete once it is read to the end
+    walk: Any = None
+    #: when the stage keeps it: (the borrowing walk's steps as (leaf, what its job took, or None: held
+    #: back), each leaf's GPUs in use when the walk began, each leaf's next job when it last stopped)
+    log: Any = None
+
+    def finish(self) -> None:
+        """Read a lazy walk to its end (``over``, ``held`` and ``truncated`` are then complete)."""
+        if self.walk is not None:
+            self.walk.finish()
 
     @property
     def ordered(self) -> list[Job]:
@@ -38,13 +49,11 @@ class Admission:
 @dataclass(slots=True)
 class Owed:
     """A queue below its guarantee: which (``queue``, a stage's own number), the GPUs it may still take
-    (within every limit), its waiting jobs that fit them in its order, and the ids of all its jobs
-    (evicting its own work would not help it)."""
+    (within every limit), and its waiting jobs that fit them in its order."""
 
     queue: int
     room: float
     jobs: list[Job]
-    own: set[str]
 
 
 class QueuePolicy(Stage):
@@ -55,13 +64,27 @@ class QueuePolicy(Stage):
     #: False: the scheduler skips the stage (no admission, no two-pass reclaim, no checks)
     enabled: ClassVar[bool] = False
 
-    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
+    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
+              lazy: bool = False) -> Admission:
         """Tiers of ``ordered`` (the order policy's order); ``strict``: no job passes one that does not fit;
-        ``full``: walk past the point where the admitted jobs ask for every GPU."""
+        ``full``: walk past the point where the admitted jobs ask for every GPU; ``lazy``: the borrowing tier
+        is walked only as far as ``Admission.walk`` is read, and a stage that keeps its jobs per queue from
+        the driver's changes (:meth:`listener`) may read them instead of ``ordered`` (FIFO: ``ordered`` is
+        the order of admission)."""
         return Admission(list(ordered))
+
+    def listener(self, tally: Any) -> Any:
+        """An object the driver whose tally is ``tally`` tells of its changes
+        (:class:`~gpuloom.driver.Listener`), or None."""
+        return None
 
     def owed(self, plan: Plan, view: View) -> list[Owed]:
         """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""
+        return []
+
+    def lent(self, allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
+        """The borrowed work in ``allocs`` that reclaim may evict: the placed jobs not called guaranteed
+        (nor in ``guaranteed``) of every queue holding more than its guarantee, the last to evict first."""
         return []
 
     def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:

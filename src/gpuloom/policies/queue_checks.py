@@ -16,7 +16,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..core.job import Job
 from ..core.plan import Plan, PlanError
@@ -38,10 +39,15 @@ def _show(t: Sequence[float]) -> str:
 
 
 def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan: Plan, view: View,
-                 place: PlacePolicy, leaf_of: Callable[[Job], int], guarantees: bool = True) -> set[int]:
-    """Check ``plan`` (module notes); returns the queues starved this round (to pass in next round)."""
+                 place: PlacePolicy, leaf_of: Callable[[Job], int], guarantees: bool = True,
+                 jobs_of: Callable[[int], Iterable[Job]] | None = None,
+                 smallest: Callable[[int], float] | None = None) -> set[int]:
+    """Check ``plan`` (module notes); returns the queues starved this round (to pass in next round).
+    ``jobs_of(q)``: leaf ``q``'s active jobs, and ``smallest(q)``: the fewest GPUs one of its waiting jobs
+    asks for, when the caller keeps them (else ``view.jobs`` is read)."""
     allocs = plan.allocations
-    leaf = {j.id: leaf_of(j) for j in view.jobs}
+    by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+    leaf = {jid: leaf_of(by_id[jid]) for jid in allocs}
     u = usage(tree, allocs, leaf)
     for n in range(len(tree)):
         if above(u[n], tree.limit[n]):
@@ -63,19 +69,29 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
     total_lent = sum(lent.values())
     starved: set[int] = set()
     if total_lent > 0:
-        free_gpus = view.cluster.num_gpus - len({g for a in allocs.values() for g in a.gpu_ids})
-        waiting: dict[int, list[Job]] = {}
-        for j in view.jobs:
-            if j.id not in allocs:
-                waiting.setdefault(leaf[j.id], []).append(j)
-        for q, jobs in waiting.items():
+        # GPUs held: a group's once
+        shared = {a.gpu_ids for a in allocs.values() if a.group}
+        free_gpus = (view.cluster.num_gpus - sum(a.num_gpus for a in allocs.values() if not a.group)
+                     - sum(len(g) for g in shared))
+        if jobs_of is None:
+            waiting: dict[int, list[Job]] = {}
+            for j in view.jobs:
+                if j.id not in allocs:
+                    waiting.setdefault(leaf_of(j), []).append(j)
+            jobs_of = lambda q: waiting.get(q, ())  # noqa: E731
+        for q in tree.leaves:
             room = G[q][0] - u[q][0]
             if room < 1 - _EPS:
                 continue
-            fit = [j for j in jobs if j.spec.gpus <= room + _EPS
-                   and j.spec.gpus <= free_gpus + total_lent - lent[q] + _EPS]
-            if fit and _placeable(min(fit, key=lambda j: (j.spec.gpus, j.index)), q, tree, adm, plan, view,
-                                  place, leaf, u):
+            most = min(room, free_gpus + total_lent - lent[q]) + _EPS
+            if smallest is not None and smallest(q) > most:
+                continue
+            best: Job | None = None  # the smallest waiting job that fits (the earliest of equals)
+            for j in jobs_of(q):
+                g = j.spec.gpus
+                if g <= most and j.id not in allocs and (best is None or (g, j.index) < (best.spec.gpus, best.index)):
+                    best = j
+            if best is not None and _placeable(best, q, tree, adm, plan, view, place, leaf, u):
                 starved.add(q)
     again = starved & starved_before
     if again:
@@ -87,9 +103,16 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
 
 def _placeable(job: Job, q: int, tree: QueueTree, adm: Admission, plan: Plan, view: View, place: PlacePolicy,
                leaf: Mapping[str, int], u: list[list[float]]) -> bool:
-    """Could ``job`` be placed if every other queue over its guarantee gave back its borrowed work?"""
+    """Could ``job`` be placed if every other queue over its guarantee gave back its borrowed work?  (Asked of
+    a copy of the place policy, the run's random generator put back after: a check changes nothing a round
+    reads, so a run gives the same results with checks on or off.)"""
     lenders = {o for o in tree.leaves if o != q and u[o][0] > tree.guarantee[o][0] + _EPS}
     tier_a = {j.id for j in adm.guaranteed}
     kept = {jid: a for jid, a in plan.allocations.items() if jid in tier_a or leaf.get(jid) not in lenders}
     free = FreeState.of(view.cluster, kept)
-    return place.choose_for(Request((job,), job.spec.gpus, job.spec.cpus, job.spec.mem_mb), free, view) is not None
+    state = view.rng.bit_generator.state
+    try:
+        return copy.copy(place).choose_for(Request((job,), job.spec.gpus, job.spec.cpus, job.spec.mem_mb), free,
+                                       view) is not None
+    finally:
+        view.rng.bit_generator.state = state

@@ -16,14 +16,12 @@ level down the tree) with the lowest key next, by progressive filling.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from ..core.job import Job
 from ..core.plan import Plan
 from ..core.queues import DecayedUsage, QueueTree, usage
 from .base import View, register
-from .queue_base import Admission
 from .queues import QuotaQueues
 
 
@@ -37,6 +35,12 @@ class DRFQueues(QuotaQueues):
         # dominant share / relative weight = max over resources of use * (1 / (capacity * weight))
         inv = [tuple(1.0 / (c * w) for c in caps) for w in tree.sibling_weight]
         paths = tree.path
+        if all(len(p) == 1 for p in paths):  # one level: the leaf's own share (ordered as the 1-tuples would be)
+            def share(q: int) -> float:
+                u, f = use[q], inv[q]
+                return max(u[0] * f[0], u[1] * f[1], u[2] * f[2])
+
+            return share
 
         def key(q: int) -> tuple[float, ...]:
             out = []
@@ -53,6 +57,7 @@ class FairShareQueues(QuotaQueues):
     """Guarantees first, then Slurm's fair share on decayed GPU usage (see the module notes)."""
 
     dynamic = True  # usage decays with time
+    logs_walk = True
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True, half_life: float = 7 * 86400.0) -> None:
@@ -64,8 +69,7 @@ class FairShareQueues(QuotaQueues):
         self._names: list[str] = []
         self._held: list[float] = []
 
-    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
-        tree = self._tree(ordered, view)
+    def _tree_ready(self, tree: QueueTree, view: View) -> None:
         if self.decayed is None or self._names != tree.names:
             old = dict(zip(self._names, self.decayed.values, strict=True)) if self.decayed is not None else {}
             last = self.decayed.last if self.decayed is not None else None
@@ -77,14 +81,14 @@ class FairShareQueues(QuotaQueues):
         # what the last round's plan gave each queue, held until now (a job that finished since counts
         # until now: exact when rounds follow completions)
         self.decayed.advance(view.now, self._held)
-        return super().admit(ordered, view, strict, full)
 
     def enforce(self, plan: Plan, view: View) -> Plan:
         plan = super().enforce(plan, view)
         tree = self.tree
         if tree is not None and self._names == tree.names:
             allocs = plan.allocations
-            held = usage(tree, allocs, {j.id: self.leaf(j) for j in view.jobs if j.id in allocs})
+            by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+            held = usage(tree, allocs, {jid: self.leaf(by_id[jid]) for jid in allocs})
             self._held = [h[0] for h in held]
         return plan
 
@@ -95,10 +99,68 @@ class FairShareQueues(QuotaQueues):
         rel = tree.sibling_weight
         paths = tree.path
 
+        if all(len(p) == 1 for p in paths):  # one level: the leaf's own (ordered as the 1-tuples would be)
+            def share(q: int) -> float:
+                return (past[q] + use[q][0] * tau) / rel[q]
+
+            return share
+
         def key(q: int) -> tuple[float, ...]:
             return tuple([(past[n] + use[n][0] * tau) / rel[n] for n in paths[q]])
 
         return key
+
+    def next_change(self, view: View) -> float:
+        """When the borrowing walk of the last round could first choose another queue, as usage decays.
+
+        After a round that changed nothing, every queue holds what it held (``_held``), so its decayed usage
+        moves as ``U(t) = h·τ + (U(now) - h·τ)·k``, ``k = 2^(-(t - now)/half_life)``, and its key at the use
+        ``u`` it had when the walk compared it, ``(U(t) + u·τ)/w``, is linear in ``k``.  The walk is the same
+        while, at every step, the queue it chose keeps a key below every other queue then still walking: for
+        each such pair the difference ``D(k) = A + B·k`` is worked out from the walk's log and the first ``k``
+        at which it comes within rounding of zero is the pair's change.  Guaranteed tiers do not depend on
+        time; placement and reclaim read only the walk.  A queue tree of more than one level, a near tie, or
+        a starved or owed queue: the next round."""
+        now = view.now
+        tree, decayed, log = self.tree, self.decayed, self._last.log
+        if self._starved or self._owed_before or tree is None or decayed is None or decayed.last != now:
+            return now
+        if log is None:  # strict quotas walk no borrowing tier: usage orders nothing
+            return now if self.borrow else math.inf
+        if any(len(p) != 1 for p in tree.path) or len(self._held) != len(tree):
+            return now
+        steps, start, heads = log
+        if not steps:
+            return math.inf
+        tau = self.half_life / math.log(2)
+        past, held, rel = decayed.values, self._held, tree.sibling_weight
+        last: dict[int, int] = {}
+        for s, (q, _) in enumerate(steps):
+            last[q] = s
+        alive = [q for q in tree.leaves if heads[q] is not None]  # (had jobs left when the walk last stopped)
+        use = list(start)
+        best = 0.0  # the largest k (the earliest time) at which a step could go otherwise
+        for s, (c, d) in enumerate(steps):
+            ac = tau * (held[c] + use[c]) / rel[c]
+            bc = (past[c] - held[c] * tau) / rel[c]
+            for o in (*alive, *(q for q, at in last.items() if at > s)):
+                if o == c:
+                    continue
+                if past[o] == past[c] and held[o] == held[c] and use[o] == use[c] and rel[o] == rel[c]:
+                    continue  # equal keys at every time: the tie is broken by rank, the same way
+                ao = tau * (held[o] + use[o]) / rel[o]
+                bo = (past[o] - held[o] * tau) / rel[o]
+                a, b = ao - ac, bo - bc
+                noise = 1e-9 * (abs(ao) + abs(ac) + abs(bo) + abs(bc) + 1.0)
+                if a + b <= noise:
+                    return now  # (a near tie: rounding could decide it either way)
+                if a < noise:
+                    best = max(best, (noise - a) / b)
+            if d is not None:
+                use[c] += d[0]
+        if best <= 0.0:
+            return math.inf
+        return now - self.half_life * math.log2(best) * (1.0 - 1e-9)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

@@ -81,15 +81,17 @@ from __future__ import annotations
 import heapq
 import math
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from ..core.job import Job
-from ..core.plan import Plan, drop_job
+from ..core.plan import Allocation, Plan, drop_job
 from ..core.queues import INF, QueueError, QueueTree, parse_queues, usage
 from .base import PlacePolicy, View, parse_flag, register
 from .queue_base import Admission, Owed, QueuePolicy
+from .queue_book import QueueBook, Walk
 from .queue_checks import above, check_queues
 
 QUEUE_AT_QUOTA = "QueueAtQuota"
@@ -98,6 +100,9 @@ PRIORITY = "Priority"
 
 _EPS = 1e-6
 Triple = tuple[float, float, float]
+#: a leaf's guaranteed tier: its (rank, job)s, what each asks, their ids, what they sum to
+TierA = tuple[list[tuple[int, Job]], list[Triple], set[str], Triple]
+_rank = itemgetter(0)
 
 
 def load_queue_file(path: str | Path) -> QueueTree:
@@ -144,6 +149,8 @@ class QuotaQueues(QueuePolicy):
 
     enabled = True
     dynamic = False
+    #: the admission keeps the borrowing walk's choices (Admission.log) for next_change
+    logs_walk = False
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -157,11 +164,17 @@ class QuotaQueues(QueuePolicy):
         self.version = 0  # bumped whenever the tree changes (job -> leaf caches are keyed by it)
         self._checked_for: Any = None  # the cluster the tree's capacity was checked against
         self._last = Admission()
-        self._lists: list[list[tuple[int, Job]]] = []
+        self._lists: list[Collection[tuple[int, Job]]] = []  # per leaf, its active jobs (rank, job) in order
+        self._book: QueueBook | None = None  # the active jobs per leaf, when a driver feeds them (listener)
+        self._from_book = False  # the last admission read the book
+        # per leaf, its guaranteed tier and what each of its jobs asks, while its jobs do not change (the
+        # book's leaves, no limits): for the tree, strictness and cluster of _tier_a_key
+        self._tier_a: dict[int, TierA] = {}
+        self._tier_a_key: Any = None
         self._prioritised = False  # the last admission saw a job of non-zero priority
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
-        self.counters = {"guaranteed": 0, "borrowed": 0, "held": 0, "reclaim_passes": 0, "dropped": 0}
+        self.counters = {"reclaim_passes": 0, "dropped": 0}  # (stats() adds the last admission's tiers)
 
     # -- the tree --------------------------------------------------------------------------------
     def set_tree(self, tree: QueueTree | None) -> None:
@@ -217,25 +230,55 @@ class QuotaQueues(QueuePolicy):
         return {j.id: self.leaf(j) for j in jobs}
 
     # -- admission -------------------------------------------------------------------------------
-    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False) -> Admission:
-        tree = self._tree(ordered, view)
+    def listener(self, tally: Any) -> QueueBook:
+        """The book of active jobs per leaf, following the driver whose tally is ``tally`` (see
+        :mod:`.queue_book`)."""
+        self._book = QueueBook(tally)
+        return self._book
+
+    def _leaf_and_priority(self, job: Job) -> tuple[int, bool]:
+        c = job.extra.get("queue_leaf")
+        if c is None or c[0] != self.version or c[1] is not self.tree:
+            c = self._look_up(job)
+        return c[2], bool(c[3])
+
+    def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
+              lazy: bool = False) -> Admission:
+        book = self._book
+        from_book = lazy and self.borrow and book is not None and book.follows(view)
+        if from_book:
+            assert book is not None
+            tree = self._tree(book.new_jobs(), view)
+        else:
+            tree = self._tree(ordered, view)
+        self._tree_ready(tree, view)
         nq = len(tree)
         cl = view.cluster
         per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
-        lists: list[list[tuple[int, Job]]] = [[] for _ in range(nq)]
         prioritised: set[int] = set()  # leaves with a job of non-zero priority
-        version, look_up = self.version, self._look_up
-        for i, j in enumerate(ordered):
-            c = j.extra.get("queue_leaf")
-            if c is None or c[0] != version or c[1] is not tree:
-                c = look_up(j)
-            lists[c[2]].append((i, j))
-            if c[3]:
-                prioritised.add(c[2])
+        lists: list[Collection[tuple[int, Job]]]
+        if from_book:
+            assert book is not None
+            leaves = book.fill((self.version, tree), self._leaf_and_priority)
+            empty: dict[str, tuple[int, Job]] = {}
+            lists = [leaves.get(q, empty).values() for q in range(nq)]
+            prioritised = {q for q, k in book.prioritised.items() if k}
+        else:
+            built: list[list[tuple[int, Job]]] = [[] for _ in range(nq)]
+            version, look_up = self.version, self._look_up
+            for i, j in enumerate(ordered):
+                c = j.extra.get("queue_leaf")
+                if c is None or c[0] != version or c[1] is not tree:
+                    c = look_up(j)
+                built[c[2]].append((i, j))
+                if c[3]:
+                    prioritised.add(c[2])
+            lists = list(built)
+        self._from_book = from_book
         self._prioritised = bool(prioritised) and self.priority
         if self.priority:
             for q in prioritised:
-                lists[q].sort(key=lambda x: -x[1].extra["queue_leaf"][3])
+                lists[q] = sorted(lists[q], key=lambda x: -x[1].extra["queue_leaf"][3])
 
         def demand(j: Job) -> Triple:
             c = j.extra.get("queue_demand")
@@ -251,7 +294,6 @@ class QuotaQueues(QueuePolicy):
         use = [[0.0, 0.0, 0.0] for _ in range(nq)]
         limit, owed, path = tree.limit, tree.owed, tree.path
         adm = Admission()
-        taken: set[str] = set()
 
         def fits(d: Triple, cap: Sequence[Triple], nodes: Sequence[int]) -> bool:
             for n in nodes:
@@ -267,114 +309,168 @@ class QuotaQueues(QueuePolicy):
                 u[1] += d[1]
                 u[2] += d[2]
 
-        # tier A: each leaf within its guarantee (and every limit on its path)
+        # tier A: each leaf within its guarantee (and every limit on its path).  Without limits a leaf's tier
+        # depends on its own jobs alone: read from the book, it is walked again only when they changed;
+        # otherwise its takes are made again in the same order (the same sums, to the bit), or in a flat tree
+        # (no node but the leaf sums them) its use is set to what they summed to
+        cache: dict[int, TierA] | None = None
+        flat = False
+        if from_book and not tree.limited:
+            assert book is not None
+            key = (self.version, tree, strict, per_gpu)
+            if self._tier_a_key != key:
+                self._tier_a, self._tier_a_key = {}, key
+            else:
+                for q in book.changed:
+                    self._tier_a.pop(q, None)
+            book.changed.clear()
+            cache = self._tier_a
+            flat = all(len(p) == 1 for p in path)
+        taken_by: list[Collection[str]] = [()] * nq  # per leaf, its guaranteed jobs' ids
         if self.guarantees:
-            tier_a: list[list[tuple[int, Job]]] = []
+            tier_a: list[tuple[int, Job]] = []
             for q in tree.leaves:
                 o = owed[q]
                 if o[0] < 1 - _EPS:
                     continue  # every job asks for at least one GPU
-                mine: list[tuple[int, Job]] = []
+                hit = cache.get(q) if cache is not None else None
+                if hit is not None:
+                    mine, ds, ids, total = hit
+                    if flat:
+                        use[q] = list(total)
+                    else:
+                        for d in ds:
+                            take(q, d)
+                    tier_a += mine
+                    taken_by[q] = ids
+                    continue
+                mine, ds = [], []
+                # (from the book: its jobs not walked yet, by GPUs, to stop where none of them would fit)
+                ahead = dict(book.sizes.get(q, ())) if from_book and book is not None else None
                 for i, j in lists[q]:
                     d = demand(j)
+                    if ahead is not None:
+                        ahead[j.spec.gpus] -= 1
                     if fits(d, owed, (q,)) and fits(d, limit, path[q]):
                         take(q, d)
                         mine.append((i, j))
-                        taken.add(j.id)
+                        ds.append(d)
                         if use[q][0] > o[0] - 1 + _EPS:
                             break  # no room left for even one GPU
                     elif strict:
                         break
-                tier_a.append(mine)
-            # in the order policy's order across queues (running jobs first under FIFO), each queue's kept
-            adm.guaranteed = [j for _, (_, j) in _merge_by_rank(tier_a)]
-        rest = [[x for x in lists[q] if x[1].id not in taken] if taken else lists[q] for q in range(nq)]
+                    elif ahead is not None:
+                        room = o[0] - use[q][0] + _EPS
+                        if not any(n and g <= room for g, n in ahead.items()):
+                            break
+                tier_a += mine
+                ids = {j.id for _, j in mine}
+                taken_by[q] = ids
+                if cache is not None:
+                    u = use[q]
+                    cache[q] = (mine, ds, ids, (u[0], u[1], u[2]))
+            # in the order policy's order across queues (running jobs first under FIFO), each queue's kept (ranks
+            # are distinct: sorting by them merges the queues' lists)
+            tier_a.sort(key=_rank)
+            adm.guaranteed = [j for _, j in tier_a]
+        rest: list[Iterator[tuple[int, Job]]] = [_without(lists[q], taken_by[q]) for q in range(nq)]
         asked = sum(use[n][0] for n in range(nq) if tree.parent[n] < 0)
         # without ``full`` the walk hands on jobs asking for up to twice the cluster (placement rarely needs
         # more to fill it; the scheduler walks again with ``full`` when it does)
         enough = INF if full else 2.0 * cl.num_gpus
-        # tier B, part 1: an inner queue's guarantee surplus goes to its own subtree
+        # tier B, part 1: an inner queue's guarantee surplus goes to its own subtree (walked until no room is
+        # left in it for even one GPU)
         if self.guarantees and tree.surplus:
+            extra: list[set[str]] = [set() for _ in range(nq)]  # per leaf, the jobs the surpluses took
             for n in tree.surplus:
+                if use[n][0] > owed[n][0] - 1 + _EPS:
+                    continue
                 subtree = [q for q in tree.leaves if n in path[q]]
-                for k, (_, j) in _merge_by_rank([rest[q] for q in subtree]):
+                walks = [_without(lists[q], {*taken_by[q], *extra[q]}) for q in subtree]
+                for k, (_, j) in _merge_by_rank(walks):
                     q = subtree[k]
                     d = demand(j)
                     if fits(d, owed, (n,)) and fits(d, limit, path[q]):
                         take(q, d)
                         adm.over.append(j)
-                        taken.add(j.id)
+                        extra[q].add(j.id)
                         asked += d[0]
-                rest = [[x for x in rest[q] if x[1].id not in taken] for q in range(nq)]
+                        if use[n][0] > owed[n][0] - 1 + _EPS:
+                            break
+            taken_by = [{*taken_by[q], *extra[q]} if extra[q] else taken_by[q] for q in range(nq)]
+            rest = [_without(lists[q], taken_by[q]) for q in range(nq)]
         if not self.borrow:
             for q in tree.leaves:
                 for _, j in rest[q]:
                     adm.held[j.id] = QUEUE_AT_QUOTA
             self._remember(adm, view)
             return adm
-        # tier B, part 2: everything else in the cross-queue order, within every limit
-        key = self.share_key(tree, use, view)
-        done = [0] * nq  # per leaf: jobs of ``rest`` walked
-        blocked: set[int] = set()  # strict: a leaf stops at its first job a limit keeps out
-        for q, (_, j) in self._cross(rest, key, tree):
-            done[q] += 1
-            if q in blocked:
-                adm.held[j.id] = QUEUE_AT_QUOTA
-                continue
-            d = demand(j)
-            if not fits(d, limit, path[q]):
-                adm.held[j.id] = QUEUE_AT_QUOTA
-                if strict:
-                    blocked.add(q)
-                continue
-            take(q, d)
-            adm.over.append(j)
-            asked += d[0]
-            if asked >= enough:
-                break
-        # beyond that: not handed on; those a limit keeps out still say so
-        for q in tree.leaves:
-            left = rest[q][done[q]:]
-            if not left:
-                continue
-            adm.truncated = True
-            if q in blocked:
-                adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in left)
-            elif any(limit[n][0] != INF or limit[n][1] != INF or limit[n][2] != INF for n in path[q]):
-                adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in left if not fits(demand(j), limit, path[q]))
+        # tier B, part 2: everything else in the cross-queue order, within every limit, as placement reads it
+        # (lazy) or at once
+        share_key = self.share_key(tree, use, view)
+        heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
+        steps: list[tuple[int, Triple | None]] | None = None
+        if self.logs_walk:  # (what the walk chose, step by step, from what use: next_change reads it)
+            steps = []
+            adm.log = (steps, [u[0] for u in use], heads)
+
+        def borrowing() -> Iterator[Job]:
+            nonlocal asked
+            blocked: set[int] = set()  # strict: a leaf stops at its first job a limit keeps out
+            stopped = None  # the leaf whose job ended the walk (its head was taken)
+            for q, (_, j) in _cross(heads, rest, share_key, tree):
+                if q in blocked:
+                    adm.held[j.id] = QUEUE_AT_QUOTA
+                    if steps is not None:
+                        steps.append((q, None))
+                    continue
+                d = demand(j)
+                if not fits(d, limit, path[q]):
+                    adm.held[j.id] = QUEUE_AT_QUOTA
+                    if strict:
+                        blocked.add(q)
+                    if steps is not None:
+                        steps.append((q, None))
+                    continue
+                if steps is not None:
+                    steps.append((q, d))
+                take(q, d)
+                adm.over.append(j)
+                yield j
+                asked += d[0]
+                if asked >= enough:
+                    stopped = q
+                    break
+            # beyond that: not handed on; those a limit keeps out still say so (only those leaves are read on)
+            for q in tree.leaves:
+                head = None if q == stopped else heads[q]
+                if head is None:
+                    head = next(rest[q], None)
+                    if head is None:
+                        continue
+                adm.truncated = True
+                if q in blocked:
+                    adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in (head, *rest[q]))
+                elif any(limit[n][0] != INF or limit[n][1] != INF or limit[n][2] != INF for n in path[q]):
+                    adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in (head, *rest[q])
+                                    if not fits(demand(j), limit, path[q]))
+
+        adm.walk = Walk(adm.guaranteed, adm.over, borrowing())
+        if not lazy:
+            adm.walk.finish()
         self._remember(adm, view)
         return adm
 
+    def _tree_ready(self, tree: QueueTree, view: View) -> None:
+        """Called by :meth:`admit` once the round's tree is known (fair share advances its usage)."""
+
     def _remember(self, adm: Admission, view: View) -> None:
         self._last = adm
-        self.counters.update(guaranteed=len(adm.guaranteed), borrowed=len(adm.over), held=len(adm.held))
 
     # the cross-queue order -------------------------------------------------------------------------
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any] | None:
         """Key of a leaf in the progressive filling (lower first), or None: merge by the order policy's rank."""
         return None
-
-    def _cross(self, rest: list[list[tuple[int, Job]]], key: Callable[[int], Any] | None,
-               tree: QueueTree) -> Iterator[tuple[int, tuple[int, Job]]]:
-        """(leaf, (rank, job)) over the remaining jobs: by rank, or by lowest ``key`` (lazy heap: keys only
-        grow as jobs are taken), each leaf's jobs in its own order.  A consumer may stop early."""
-        if key is None:
-            yield from _merge_by_rank(rest)
-            return
-        heap = [(key(q), rest[q][0][0], q) for q in tree.leaves if rest[q]]
-        heapq.heapify(heap)
-        pos = [0] * len(rest)
-        while heap:
-            k, rank, q = heapq.heappop(heap)
-            now_k = key(q)
-            if now_k > k:
-                heapq.heappush(heap, (now_k, rank, q))
-                continue
-            lst = rest[q]
-            yield q, lst[pos[q]]
-            pos[q] += 1
-            if pos[q] < len(lst):
-                heapq.heappush(heap, (key(q), lst[pos[q]][0], q))
 
     # -- after placement -------------------------------------------------------------------------
     def enforce(self, plan: Plan, view: View) -> Plan:
@@ -383,6 +479,7 @@ class QuotaQueues(QueuePolicy):
         tree = self.tree
         if tree is None or not tree.limited:
             return plan
+        self._last.finish()
         allocs = plan.allocations
         placed = [j for j in view.jobs if j.id in allocs]
         leaf = {j.id: self.leaf(j) for j in placed}
@@ -411,17 +508,54 @@ class QuotaQueues(QueuePolicy):
             return []
         tree = self.tree
         allocs = plan.allocations
-        leaf = {j.id: self.leaf(j) for j in view.jobs if j.id in allocs}
-        u = usage(tree, allocs, leaf)
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        u = usage(tree, allocs, {jid: self.leaf(by_id[jid]) for jid in allocs})
         out = []
+        smallest = self._smallest_left_out(plan, view)
         for q in tree.leaves:
             room = min(tree.guarantee[q][0] - u[q][0], *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
-            if room < 1 - _EPS:
-                continue
+            if room < 1 - _EPS or (smallest is not None and smallest(q) > room + _EPS):
+                continue  # (the book knows when no job of the queue left out fits what it is owed)
             jobs = [j for _, j in self._lists[q] if j.id not in allocs and j.spec.gpus <= room + _EPS]
             if jobs:
-                out.append(Owed(q, room, jobs, {j.id for _, j in self._lists[q]}))
+                out.append(Owed(q, room, jobs))
         return out
+
+    def _smallest_left_out(self, plan: Plan, view: View) -> Callable[[int], float] | None:
+        """When this round read the book: per leaf, the fewest GPUs one of its jobs ``plan`` leaves out asks for
+        (those waiting, from the book, and those running now that the plan stops), else None."""
+        book = self._book
+        if not self._from_book or book is None or not book.follows(view) or view.by_id is None:
+            return None
+        allocs, by_id = plan.allocations, view.by_id
+        stopped: dict[int, float] = {}
+        for jid in view.current:
+            if jid not in allocs:
+                q, g = book.where[jid][0], by_id[jid].spec.gpus
+                if g < stopped.get(q, math.inf):
+                    stopped[q] = g
+        if not stopped:
+            return book.smallest_waiting
+        return lambda q: min(book.smallest_waiting(q), stopped.get(q, math.inf))
+
+    def lent(self, allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
+        tree = self.tree
+        if not self.guarantees or tree is None:
+            return []
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        leaf = {jid: self.leaf(by_id[jid]) for jid in allocs if jid in by_id}
+        u = usage(tree, allocs, leaf)
+        g = tree.guarantee
+        lenders = {q for q in tree.leaves if u[q][0] > g[q][0] + _EPS}
+        if not lenders:
+            return []
+        adm = self._last
+        kept = {j.id for j in adm.guaranteed}
+        kept.update(guaranteed)
+        over = [j for j in adm.over if j.id in allocs and leaf[j.id] in lenders and j.id not in kept]
+        # placed without admission (a plan hook kept them): evicted first
+        kept.update(j.id for j in adm.over)
+        return over + [by_id[jid] for jid, q in leaf.items() if q in lenders and jid not in kept]
 
     def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
         again = [o for o in owed if o.queue in self._owed_before]
@@ -431,13 +565,15 @@ class QuotaQueues(QueuePolicy):
     def note_guaranteed(self, jobs: Sequence[Job]) -> None:
         adm = self._last
         ids = {j.id for j in jobs}
-        adm.over = [j for j in adm.over if j.id not in ids]
-        adm.guaranteed = adm.guaranteed + [j for j in jobs if j.id not in {x.id for x in adm.guaranteed}]
+        adm.over[:] = [j for j in adm.over if j.id not in ids]  # (in place: a lazy walk appends to these lists)
+        had = {x.id for x in adm.guaranteed}
+        adm.guaranteed += [j for j in jobs if j.id not in had]
         for j in jobs:
             adm.held.pop(j.id, None)
 
     def pending_reasons(self, plan: Plan, view: View) -> Mapping[str, str]:
         adm = self._last
+        adm.finish()
         allocs = plan.allocations
         out = dict(adm.held)
         if any(j.id in allocs for j in adm.over):
@@ -465,7 +601,8 @@ class QuotaQueues(QueuePolicy):
         return out
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.counters)
+        adm = self._last
+        return {**self.counters, "guaranteed": len(adm.guaranteed), "borrowed": len(adm.over), "held": len(adm.held)}
 
     def next_change(self, view: View) -> float:
         """Admission reads only the jobs and the plan, so time alone changes nothing; except after a round
@@ -483,20 +620,58 @@ class QuotaQueues(QueuePolicy):
         """Raise :class:`~gpuloom.core.plan.PlanError` if a queue is over its limit, or a queue below its
         guarantee has waited two rounds in a row while GPUs it could use are lent (:mod:`.queue_checks`)."""
         if self.tree is not None:
+            smallest = self._smallest_left_out(plan, view)
+            lists = self._lists
             self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
-                                         self.guarantees)
+                                         self.guarantees,
+                                         None if smallest is None else (lambda q: (j for _, j in lists[q])),
+                                         smallest)
 
 
 # ---------------------------------------------------------------------------------------------------
-def _merge_by_rank(lists: Sequence[list[tuple[int, Job]]]) -> Iterator[tuple[int, tuple[int, Job]]]:
+def _without(jobs: Iterable[tuple[int, Job]], ids: Collection[str]) -> Iterator[tuple[int, Job]]:
+    """The (rank, job)s of ``jobs`` whose job is not in ``ids``, lazily."""
+    return (x for x in jobs if x[1].id not in ids) if ids else iter(jobs)
+
+
+def _merge_by_rank(lists: Sequence[Iterator[tuple[int, Job]]]) -> Iterator[tuple[int, tuple[int, Job]]]:
     """(list index, (rank, job)) over every item of ``lists``, lowest head rank first, each list's order
     kept."""
-    heap = [(lst[0][0], k, 0) for k, lst in enumerate(lists) if lst]
+    heap = []
+    for k, it in enumerate(lists):
+        x = next(it, None)
+        if x is not None:
+            heap.append((x[0], k, x))
     heapq.heapify(heap)
     while heap:
-        _, k, i = heapq.heappop(heap)
-        lst = lists[k]
-        yield k, lst[i]
-        if i + 1 < len(lst):
-            heapq.heappush(heap, (lst[i + 1][0], k, i + 1))
+        _, k, x = heapq.heappop(heap)
+        yield k, x
+        nxt = next(lists[k], None)
+        if nxt is not None:
+            heapq.heappush(heap, (nxt[0], k, nxt))
 
+
+def _cross(heads: list[tuple[int, Job] | None], rest: Sequence[Iterator[tuple[int, Job]]],
+           key: Callable[[int], Any] | None, tree: QueueTree) -> Iterator[tuple[int, tuple[int, Job]]]:
+    """(leaf, (rank, job)) over the remaining jobs (``heads[q]`` is leaf q's next, ``rest[q]`` the ones after
+    it; both kept up to date, so a consumer that stops early leaves them as the jobs not yet read): by rank,
+    or by lowest ``key`` (lazy heap: keys only grow as jobs are taken), each leaf's jobs in its own order."""
+    heap: list[tuple[Any, int, int]]
+    if key is None:
+        heap = [(h[0], q, q) for q, h in enumerate(heads) if h is not None]
+    else:
+        heap = [(key(q), h[0], q) for q in tree.leaves if (h := heads[q]) is not None]
+    heapq.heapify(heap)
+    while heap:
+        k, rank, q = heapq.heappop(heap)
+        if key is not None:
+            now_k = key(q)
+            if now_k > k:
+                heapq.heappush(heap, (now_k, rank, q))
+                continue
+        x = heads[q]
+        assert x is not None
+        yield q, x
+        heads[q] = nxt = next(rest[q], None)
+        if nxt is not None:
+            heapq.heappush(heap, (nxt[0], q, q) if key is None else (key(q), nxt[0], q))

@@ -122,6 +122,8 @@ def _ref_node(view: View) -> int:
 class _SynergySizer(SizePolicy):
     fixed_gpus = True
     needs_profiles = True
+    sizes_groups = False  # (a demand vector per job: a group of jobs sharing GPUs has none)
+    one_node = True  # (_Round.try_place: a job one node could host never spans nodes)
     #: the sizers read profiles from the model's sensitivity factor, which has no default: without
     #: --profiles, a trace that carries them, or the service's profiling, they would size like
     #: 'proportional' in silence, so a run without profiles is refused

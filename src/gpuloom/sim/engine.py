@@ -24,8 +24,10 @@ then arrivals, then the round, so a GPU freed at ``t`` is reusable at ``t``.
   done exactly its work.  Predictions are invalidated by bumping ``job.version``.
 
 Jobs that no placement can ever hold (:func:`gpuloom.core.fit.never_fits`: GPUs,
-cores, memory, GPU type) are an error when the simulator is built, or, with
-``drop_impossible``, never become active and count as unfinished
+cores, memory, GPU type), or that this stack can never run
+(:meth:`~gpuloom.scheduler.Scheduler.never_runs`: no throughput on a static slot, more
+GPUs than static slots on one node hold), are an error when the simulator is built,
+or, with ``drop_impossible``, never become active and count as unfinished
 (``RunResult.impossible``).  A **stall guard** stops the run when, for
 ``STALL_ROUNDS`` rounds in a row, jobs wait, no job can finish as things stand
 and none is left to arrive; ``RunResult.stalled`` names the waiting jobs.
@@ -183,6 +185,11 @@ class Simulator:
     ``model`` None: the model ``gpuloom simulate`` builds with default options,
     plus any factor a stage requires; a given model must already have them
     (:class:`SimulationError` otherwise).
+
+    ``observers`` are called ``obs(sim, "round" | "complete")`` after each round and
+    completion; the driver keeps every waiting job's pending reason for them unless each says
+    ``reads_reasons = False``, and one with an ``attach(sim)`` method is attached when the
+    simulator is built (to follow the driver's changes: :class:`~gpuloom.driver.Listener`).
     """
 
     def __init__(
@@ -224,11 +231,26 @@ class Simulator:
         self.backend = SimBackend(times, self.config.starts_wait_for_stops)
         try:
             # pending reasons (job.reason) cost a pass over the waiting jobs: kept only for observers,
-            # which may read them (queue reports, tests)
+            # which may read them (tests), unless they say they do not (``reads_reasons = False``)
+            reasons = any(getattr(obs, "reads_reasons", True) for obs in self.observers)
             self.driver = Driver(cluster, scheduler, self.model, self.backend, self.rng, self.config.check,
-                                 times.protect_factor, strict=strict, reasons=bool(observers))
+                                 times.protect_factor, strict=strict, reasons=reasons)
         except RequirementError as e:
             raise SimulationError(str(e)) from None
+        if scheduler.checks_jobs:  # jobs this stack can never run: refused as those no placement can hold
+            refused = {}
+            for j in self.jobs:
+                if j.id not in self.impossible:
+                    why = scheduler.never_runs(j, self.model)
+                    if why is not None:
+                        refused[j.id] = why
+            if refused and not self.config.drop_impossible:
+                raise JobError(impossible_message(refused))
+            self.impossible.update(refused)
+        for obs in self.observers:  # an observer that follows the driver's changes (a queue report)
+            attach = getattr(obs, "attach", None)
+            if attach is not None:
+                attach(self)
         self.series = TimeSeries()
         self.rounds = 0
         self.rounds_computed = 0

@@ -49,7 +49,13 @@ QUEUE_COLUMNS = (
 
 
 class QueueRecorder:
-    """Observer recording each leaf queue's GPUs held, and its deficit (see the module notes)."""
+    """Observer recording each leaf queue's GPUs held, and its deficit (see the module notes).
+
+    It reads no pending reasons (``reads_reasons``), and keeps its totals from the driver's changes
+    (:class:`~gpuloom.driver.Listener`, attached when the simulator is built): an event costs
+    O(changes since the last one + queues), not a pass over the running and waiting jobs."""
+
+    reads_reasons = False
 
     def __init__(self, tree: QueueTree | None = None, policy: Any = None) -> None:
         if tree is None and policy is None:
@@ -68,9 +74,26 @@ class QueueRecorder:
         self._limit: list[float] = []
         self._held: list[float] = []  # per column: GPUs held now
         self._demand: list[float] = []  # per column: GPUs the active jobs ask for
-        self._running: dict[str, tuple[Any, int]] = {}  # job id -> (allocation, column) as last seen
-        self._active: dict[str, tuple[int, int]] = {}  # job id -> (column, GPUs asked) as last seen
+        self._asked: list[float] = []  # per column: GPUs the running jobs ask for
         self._waiting_now: list[float] = []
+        # the driver's changes not counted yet: allocations (counted at every event), admissions and ends
+        # (counted at rounds, when the queue stage's own tree knows every active job's queue)
+        self._changes: list[tuple[Job, Any, Any]] = []
+        self._comings: list[tuple[Job, int]] = []
+
+    # the driver's changes (Listener) -----------------------------------------------------------
+    def attach(self, sim: Simulator) -> None:
+        """Follow ``sim``'s driver (the simulator calls this when it is built)."""
+        sim.driver.listeners.append(self)
+
+    def on_admit(self, job: Job) -> None:
+        self._comings.append((job, 1))
+
+    def on_hold(self, job: Job, old: Any, new: Any) -> None:
+        self._changes.append((job, old, new))
+
+    def on_end(self, job: Job) -> None:
+        self._comings.append((job, -1))
 
     def _current_tree(self) -> QueueTree | None:
         return self.tree if self.tree is not None else self.policy.tree
@@ -101,37 +124,31 @@ class QueueRecorder:
             grow = len(self.names) - len(self._held)
             self._held += [0.0] * grow
             self._demand += [0.0] * grow
-        jobs, current, col = sim.active, sim.current, self._col
-        held = self._held
-        # what runs: only the changes since the last event (starts, ends, moves, regroups)
-        tracked = self._running
-        for jid in tracked.keys() - current.keys():
-            a, k = tracked.pop(jid)
-            held[k] -= a.num_gpus / (1 + len(a.group))
-        for jid, a in current.items():
-            old = tracked.get(jid)
-            if old is not None and old[0] is a:
-                continue
+            self._asked += [0.0] * grow
+        col, held, asked = self._col, self._held, self._asked
+        # what runs: the allocations that changed since the last event (starts, ends, moves, regroups)
+        for job, old, new in self._changes:
+            k = col[self.queue_of(job)]
             if old is not None:
-                held[old[1]] -= old[0].num_gpus / (1 + len(old[0].group))
-            k = col[self.queue_of(jobs[jid])]
-            held[k] += a.num_gpus / (1 + len(a.group))
-            tracked[jid] = (a, k)
+                held[k] -= old.num_gpus / (1 + len(old.group))
+                if new is None:
+                    asked[k] -= job.spec.gpus
+            if new is not None:
+                held[k] += new.num_gpus / (1 + len(new.group))
+                if old is None:
+                    asked[k] += job.spec.gpus
+        self._changes.clear()
         if event == "round":
             # what is asked for: the GPUs of every active job, kept from arrivals and ends
-            seen, demand = self._active, self._demand
-            for jid in jobs.keys() - seen.keys():
-                j = jobs[jid]
-                k = col[self.queue_of(j)]
-                seen[jid] = (k, j.spec.gpus)
-                demand[k] += j.spec.gpus
-            for jid in seen.keys() - jobs.keys():
-                k, g = seen.pop(jid)
-                demand[k] -= g
-            asked_by_running = [0.0] * len(self.names)
-            for a, k in tracked.values():
-                asked_by_running[k] += seen[a.job_id][1]
-            self._waiting_now = [max(0.0, d - r) for d, r in zip(demand, asked_by_running, strict=True)]
+            comings, demand = self._comings, self._demand
+            gone = {job.id for job, sign in comings if sign < 0}
+            came = {job.id for job, sign in comings if sign > 0}
+            for job, sign in comings:
+                if job.id in gone and job.id in came:
+                    continue  # (came and went between two rounds: never counted)
+                demand[col[self.queue_of(job)]] += sign * job.spec.gpus
+            comings.clear()
+            self._waiting_now = [max(0.0, d - r) for d, r in zip(demand, asked, strict=True)]
             for k, n in enumerate(self.names):
                 if held[k] > self._limit[k] + 1e-6:
                     self.limit_violations[n] = self.limit_violations.get(n, 0) + 1

@@ -1,0 +1,187 @@
+"""The queue stage's book of active jobs per leaf queue, and the lazy walk of what it admits.
+
+Admission (:mod:`.queues`) walks each leaf queue's jobs in the order policy's
+order.  Under FIFO that order is the order in which the driver admitted the jobs
+(:class:`~gpuloom.policies.order.FIFO` hands on ``View.jobs`` as it is), so a
+:class:`QueueBook` that hears the driver's admissions and ends
+(:class:`~gpuloom.driver.Listener`) keeps every leaf's jobs in order, and a round
+reads the front of each leaf instead of sorting tens of thousands of queued jobs
+into leaves: O(changes + what it reads).  A book is used only for views of the
+driver it follows (``View.tally``) whose jobs it counts; anything else (a test's
+view, another driver) is admitted from the ordered jobs as before.
+
+:class:`Walk` is the sequence placement reads: the guaranteed jobs, then the
+borrowing ones as a generator yields them (the cross-queue walk goes only as
+far as placement reads: :func:`~gpuloom.policies.incremental.prefix_plan` stops
+at the prefix that fills the cluster and at the end of its backfill).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+from ..core.job import Job
+
+if TYPE_CHECKING:
+    from .base import View
+    from .incremental import Tally
+
+
+class QueueBook:
+    """Per leaf, its active jobs as ``id -> (rank, job)`` in the driver's admission order (see the module
+    notes), and how many of them have a priority (``prioritised``)."""
+
+    __slots__ = ("tally", "size", "seq", "pending", "leaves", "where", "prioritised", "version", "changed", "idle",
+                 "sizes")
+
+    def __init__(self, tally: Tally | None = None) -> None:
+        self.tally = tally  # the driver followed (its tally identifies its views)
+        self.size = 0  # active jobs heard of
+        self.seq = 0
+        self.pending: dict[str, tuple[int, Job]] = {}  # admitted, not put in a leaf yet (its queue may be new)
+        self.leaves: dict[int, dict[str, tuple[int, Job]]] = {}
+        self.where: dict[str, tuple[int, bool]] = {}  # job id -> its leaf, whether it has a priority
+        self.prioritised: dict[int, int] = {}  # leaf -> its jobs with a priority
+        self.version: Any = None  # the tree the leaves were filled for
+        self.changed: set[int] = set()  # leaves whose jobs changed since the reader last cleared this
+        self.idle: dict[int, dict[int, int]] = {}  # leaf -> {GPUs asked: its waiting jobs asking that many}
+        self.sizes: dict[int, dict[int, int]] = {}  # leaf -> {GPUs asked: its jobs asking that many}
+
+    # the driver's changes (a Listener) ---------------------------------------------------------
+    def on_admit(self, job: Job) -> None:
+        self.seq += 1
+        self.pending[job.id] = (self.seq, job)
+        self.size += 1
+
+    def on_hold(self, job: Job, old: Any, new: Any) -> None:
+        if (old is None) != (new is None):
+            w = self.where.get(job.id)
+            if w is not None:
+                self._count(w[0], job.spec.gpus, 1 if new is None else -1)
+
+    def _count(self, q: int, gpus: int, sign: int, into: dict[int, dict[int, int]] | None = None) -> None:
+        into = self.idle if into is None else into
+        sizes = into.get(q)
+        if sizes is None:
+            sizes = into[q] = {}
+        n = sizes.get(gpus, 0) + sign
+        if n:
+            sizes[gpus] = n
+        else:
+            del sizes[gpus]
+
+    def on_end(self, job: Job) -> None:
+        jid = job.id
+        if self.pending.pop(jid, None) is None:
+            w = self.where.pop(jid, None)
+            if w is not None:
+                del self.leaves[w[0]][jid]
+                self.changed.add(w[0])
+                self._count(w[0], job.spec.gpus, -1, self.sizes)
+                if job.alloc is None:
+                    self._count(w[0], job.spec.gpus, -1)
+                if w[1]:
+                    self.prioritised[w[0]] -= 1
+        self.size -= 1
+
+    # reading -------------------------------------------------------------------------------------
+    def follows(self, view: View) -> bool:
+        """Whether this book counts exactly ``view``'s active jobs (a view of the driver it follows)."""
+        return self.tally is not None and view.tally is self.tally and self.size == len(view.jobs)
+
+    def new_jobs(self) -> list[Job]:
+        """The jobs admitted since the last :meth:`fill`."""
+        return [j for _, j in self.pending.values()]
+
+    def fill(self, version: Any,
+             leaf_of: Callable[[Job], tuple[int, bool]]) -> dict[int, dict[str, tuple[int, Job]]]:
+        """Put the jobs admitted since the last call in their leaves (``leaf_of``: a job's leaf, and whether it
+        has a priority; every job again when the tree changed: ``version``) and return the leaves."""
+        if version != self.version:
+            every = sorted([*self.pending.values(), *(x for d in self.leaves.values() for x in d.values())],
+                           key=lambda x: x[0])
+            self.leaves, self.where, self.prioritised, self.version = {}, {}, {}, version
+            self.idle, self.sizes = {}, {}
+        else:
+            every = list(self.pending.values())
+        self.pending = {}
+        leaves, where, prioritised = self.leaves, self.where, self.prioritised
+        for x in every:
+            j = x[1]
+            q, prio = leaf_of(j)
+            where[j.id] = (q, prio)
+            d = leaves.get(q)
+            if d is None:
+                d = leaves[q] = {}
+            d[j.id] = x
+            self.changed.add(q)
+            self._count(q, j.spec.gpus, 1, self.sizes)
+            if j.alloc is None:
+                self._count(q, j.spec.gpus, 1)
+            if prio:
+                prioritised[q] = prioritised.get(q, 0) + 1
+        return leaves
+
+
+    def smallest_waiting(self, q: int) -> float:
+        """The fewest GPUs a waiting job of leaf ``q`` asks for (``inf``: none waits); filled leaves only."""
+        sizes = self.idle.get(q)
+        return min(sizes) if sizes else math.inf
+
+
+class Walk(Sequence[Job]):
+    """The guaranteed jobs, then the borrowing ones ``more`` yields, read as one sequence; each job read is
+    kept in ``over`` (the admission's list), so reading again from the start costs no new walk."""
+
+    __slots__ = ("guaranteed", "over", "more")
+
+    def __init__(self, guaranteed: list[Job], over: list[Job], more: Iterator[Job] | None) -> None:
+        self.guaranteed = guaranteed
+        self.over = over
+        self.more = more
+
+    def _pull(self) -> bool:
+        more = self.more
+        if more is None:
+            return False
+        for _ in more:  # (one job: the generator appends it to over)
+            return True
+        self.more = None
+        return False
+
+    def finish(self) -> None:
+        """Read to the end (``over`` is then the whole of what the admission hands on)."""
+        while self._pull():
+            pass
+
+    def __iter__(self) -> Iterator[Job]:
+        yield from self.guaranteed
+        over = self.over
+        i = 0
+        while True:
+            while i < len(over):  # (what was read already, by this iterator or another)
+                yield over[i]
+                i += 1
+            more = self.more
+            if more is None or next(more, None) is None:  # (the generator appends the job it yields to over)
+                self.more = None
+                return
+
+    def __len__(self) -> int:
+        self.finish()
+        return len(self.guaranteed) + len(self.over)
+
+    @overload
+    def __getitem__(self, i: int) -> Job: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Job]: ...
+    def __getitem__(self, i: int | slice) -> Job | list[Job]:
+        if isinstance(i, slice) and i.stop is not None and i.stop >= 0 and (i.start or 0) >= 0:
+            need = i.stop - len(self.guaranteed)
+            while len(self.over) < need and self._pull():
+                pass
+            return (self.guaranteed + self.over)[i]
+        self.finish()
+        return (self.guaranteed + self.over)[i]
