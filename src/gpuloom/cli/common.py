@@ -224,8 +224,7 @@ def stack_params(param: Sequence[str] | None, model_opts: dict[str, Any]) -> dic
 def check_policies(order: str, group: str, size: str, place: str, params: Sequence[str], queue: str = "none") -> None:
     """Policy names and ``-P`` names, with "did you mean" and the accepted names; warn about odd pairs."""
     from ..perf.assembly import MODEL_OPTIONS
-    from ..policies.check import check_names, conflicts
-    from ..scheduler import route_params
+    from ..policies.check import check_names, conflicts, route_params
 
     stages = {"order": order, "group": group, "size": size, "place": place}
     if queue != "none":

@@ -3,7 +3,7 @@
 ``gpuloom simulate``, ``compare`` (and its worker processes) and ``serve`` all
 describe what to run as a :class:`Stack`: the stage names, preemption,
 ``-P`` parameters and model options.  :meth:`Stack.scheduler` builds the
-scheduler (parameters routed to stages by :func:`~gpuloom.scheduler.route_params`),
+scheduler (parameters routed to stages by :func:`~gpuloom.policies.check.route_params`),
 :meth:`Stack.model` the throughput model (:func:`~gpuloom.perf.assembly.build_model`);
 ``-P`` names that are model options (:data:`~gpuloom.perf.assembly.MODEL_OPTIONS`)
 configure the model, every other one a stage.  The driver then binds the two

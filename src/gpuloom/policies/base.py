@@ -49,9 +49,17 @@ and methods with defaults (never found with ``hasattr``):
   (:meth:`gpuloom.scheduler.Scheduler.bind`), in the simulator and the service;
 * ``needs_profiles``: the stage reads per-job CPU/memory sensitivity profiles
   (the service profiles new jobs before their first launch for it);
-* ``fixed_gpus`` (size): every request asks for exactly the job's GPUs;
-  ``static_requests`` (size) and ``pure_choose`` (place): see
-  :mod:`gpuloom.policies.incremental` (rounds in O(changes));
+* ``reads_factors``: factors the stage reads when the model has them, falling back without
+  (PAL's PM-scores and locality penalties); with ``requires_factors``, every factor a stage
+  looks up is declared (``tests/test_capabilities.py`` checks the built-in stages);
+* what a round's fast paths (:mod:`gpuloom.policies.fastpath`) rest on:
+  ``fixed_gpus`` (size: every request asks for exactly the job's GPUs),
+  ``static_requests`` (size), ``negotiates`` (size: overrides :meth:`SizePolicy.allocate`),
+  ``merges`` (group: may put several jobs in one unit), ``three_phase`` (place: places
+  with :meth:`PlacePolicy.place`'s loop), ``arranges`` (place: overrides
+  :meth:`PlacePolicy.arrange`), ``pure_choose`` (place), ``keyed`` and ``follows_view``
+  (order: sorts by :meth:`OrderPolicy.sort_key`); see :mod:`gpuloom.policies.incremental`.
+  A class that overrides one of those methods without declaring so is refused when defined;
 * ``shared_params``: parameter names two stages take with one meaning (static
   slots), so a bare ``-P name=value`` reaches both;
 * :meth:`Stage.plan_hooks`: callables ``hook(plan, view) -> Plan`` run after
@@ -242,8 +250,19 @@ class Stage:
     requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor] | None]] = {}
     #: the stage reads per-job CPU/memory sensitivity profiles (Synergy)
     needs_profiles: ClassVar[bool] = False
+    #: factors the stage reads when the model has them (it falls back without them)
+    reads_factors: ClassVar[frozenset[str]] = frozenset()
     #: parameters meant to be shared: a bare ``-P name=`` reaches every chosen stage that shares it
     shared_params: ClassVar[frozenset[str]] = frozenset()
+    #: method -> (the flag a class overriding it must declare, the value that declares it)
+    overrides_declared: ClassVar[Mapping[str, tuple[str, bool]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("overrides_declared") is not None  # the class whose methods these are
+        for meth, (flag, value) in cls.overrides_declared.items():
+            if not own and meth in cls.__dict__ and getattr(cls, flag) != value:
+                raise TypeError(f"{cls.__qualname__} overrides {meth}() but does not declare {flag} = {value}")
 
     def next_change(self, view: View) -> float:
         """The earliest time this stage's output could differ from its output at ``view.now``, on
@@ -279,13 +298,23 @@ class OrderPolicy(Stage):
 
     stage: ClassVar[str] = "order"
     dynamic: ClassVar[bool] = True
+    #: :meth:`order` sorts by :meth:`sort_key` (ties by ``Job.index``)
+    keyed: ClassVar[bool] = False
+    #: the order is View.jobs' own (FIFO): ``sort_key`` matches it only while jobs arrive in index order
+    follows_view: ClassVar[bool] = False
 
     def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
         raise NotImplementedError
 
+    def sort_key(self, job: Job, view: View) -> tuple[float, int]:
+        """Where ``job`` stands in :meth:`order` (only for a ``keyed`` order)."""
+        raise NotImplementedError(f"order policy {self.name!r} is not keyed")
+
 
 class GroupPolicy(Stage):
     stage: ClassVar[str] = "group"
+    #: the policy may put several jobs in one unit (False: every job is a unit of its own, in order)
+    merges: ClassVar[bool] = True
 
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
         raise NotImplementedError
@@ -296,6 +325,9 @@ class SizePolicy(Stage):
     #: every request asks for exactly its job's GPUs (lets the scheduler size only a prefix)
     fixed_gpus: ClassVar[bool] = False
     static_requests: ClassVar[bool] = False  #: a lone job asks for its spec's GPUs, cores, memory
+    #: :meth:`allocate` places job by job with the place policy instead of handing it the requests
+    negotiates: ClassVar[bool] = False
+    overrides_declared: ClassVar[Mapping[str, tuple[str, bool]]] = {"allocate": ("negotiates", True)}
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         raise NotImplementedError
@@ -422,8 +454,16 @@ class PlacePolicy(Stage):
     """
 
     stage: ClassVar[str] = "place"
+    #: GPU types: a job is placed only on the types it can run on (choose_for)
+    reads_factors: ClassVar[frozenset[str]] = frozenset({"gpu_type"})
     sticky: ClassVar[bool] = True
     pure_choose: ClassVar[bool] = False  #: see policies/incremental.py
+    #: places with this class's three-phase loop (:meth:`place` not overridden)
+    three_phase: ClassVar[bool] = True
+    #: :meth:`arrange` is its own (not the order policy's order, running first when not preemptive)
+    arranges: ClassVar[bool] = False
+    overrides_declared: ClassVar[Mapping[str, tuple[str, bool]]] = {
+        "place": ("three_phase", False), "arrange": ("arranges", True)}
     backfill: bool = True
 
     def __init__(self, backfill: bool | str = True) -> None:

@@ -126,6 +126,7 @@ class _SynergySizer(SizePolicy):
     #: --profiles, a trace that carries them, or the service's profiling, they would size like
     #: 'proportional' in silence, so a run without profiles is refused
     requires_factors = {"sensitivity": None}
+    negotiates = True  # places job by job (allocate)
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, profiles: str | None = None) -> None:
         threshold = float(threshold)
