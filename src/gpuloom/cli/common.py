@@ -262,6 +262,7 @@ def user_errors() -> Iterator[None]:
     from ..core.cluster import ClusterError
     from ..core.job import JobError
     from ..core.queues import QueueError
+    from ..core.registry import RegistryError
     from ..perf.assembly import ModelOptionError
     from ..perf.scaling import ScalingError
     from ..perf.sensitivity import SensitivityError
@@ -272,7 +273,7 @@ def user_errors() -> Iterator[None]:
 
     handled: tuple[type[BaseException], ...] = (
         ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
-        SensitivityError, ScalingError, ModelOptionError, OptionError, QueueError,
+        SensitivityError, ScalingError, ModelOptionError, OptionError, QueueError, RegistryError,
     )
     saved = warnings.showwarning
     warnings.showwarning = _showwarning

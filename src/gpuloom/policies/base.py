@@ -91,17 +91,60 @@ from ..core.fit import GPU_TYPE_KEY, spec_types
 from ..core.job import Job
 from ..core.parse import normalise_gpu_type, parse_bool
 from ..core.plan import Allocation, Part, Plan
+from ..core.registry import Registry
 from ..perf.gputype import runnable_types
 from ..perf.model import Factor, ThroughputModel
 from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
 
 STAGES = ("order", "group", "size", "place", "queue")
-_REGISTRY: dict[str, dict[str, type[Stage]]] = {s: {} for s in STAGES}
 
 
 class PolicyError(ValueError):
     """Unknown policy name or bad policy parameter."""
+
+
+def _base_of(stage: str) -> type[Stage]:
+    if stage == "queue":
+        from .queue_base import QueuePolicy  # the queue stage's base lives beside it
+
+        return QueuePolicy
+    return {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
+
+
+def _checker(stage: str) -> Callable[[Any, str], type[Stage]]:
+    def check(obj: Any, where: str) -> type[Stage]:
+        base = _base_of(stage)
+        if not (isinstance(obj, type) and issubclass(obj, Stage)):
+            raise PolicyError(f"{where} is not a policy class (one derived from OrderPolicy, GroupPolicy, "
+                              "SizePolicy, PlacePolicy or QueuePolicy)")
+        if not issubclass(obj, base):
+            raise PolicyError(f"{where} is registered as a {stage} policy but does not derive from {base.__name__}")
+        return obj
+    return check
+
+
+def _accepts(stage: str) -> Callable[[Any], bool]:
+    """An entry point's class belongs to its stage's registry; anything else to the first (which refuses it)."""
+    def accepts(obj: Any) -> bool:
+        if isinstance(obj, type) and issubclass(obj, Stage):
+            return obj.stage == stage
+        return stage == STAGES[0]
+    return accepts
+
+
+def _name(cls: type[Stage], name: str) -> None:
+    if not cls.__dict__.get("name"):  # a class without its own name is known by its first one
+        cls.name = name
+
+
+#: one registry per stage (:class:`~gpuloom.core.registry.Registry`): the modules of this package
+#: register the built-ins; outside classes come by the ``gpuloom.policies`` entry points or module:Class
+_REGISTRY: dict[str, Registry[type[Stage]]] = {
+    s: Registry(f"{s} policy", home=__package__, group="gpuloom.policies", check=_checker(s),
+                accepts=_accepts(s),
+                named=_name, outside="module:Class", error=PolicyError)
+    for s in STAGES}
 
 
 def register(stage: str, *names: str) -> Callable[[type], type]:
@@ -110,27 +153,13 @@ def register(stage: str, *names: str) -> Callable[[type], type]:
         raise PolicyError(f"unknown stage {stage!r}")
 
     def deco(cls: type) -> type:
-        # resolved when a policy module registers a class (this module is fully loaded by then)
-        if stage == "queue":
-            from .queue_base import QueuePolicy  # the queue stage's base lives beside it (no registrations)
-
-            base: type[Stage] = QueuePolicy
-        else:
-            base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise PolicyError(f"{cls.__name__} is registered as a {stage} policy but does not derive from "
-                              f"{base.__name__}")
-        for n in names:
-            _REGISTRY[stage][n] = cls
-        if not cls.__dict__.get("name"):
-            cls.name = names[0]
+        _REGISTRY[stage].add(cls, *names, where=cls.__name__)
         return cls
 
     return deco
 
 
 def names(stage: str) -> list[str]:
-    _load_builtin()
     return sorted(_REGISTRY[stage])
 
 
@@ -142,14 +171,8 @@ def accepted_params(stage: str, name: str) -> set[str]:
 
 
 def lookup(stage: str, name: str) -> type[Stage]:
-    _load_builtin()
-    try:
-        return _REGISTRY[stage][name]
-    except KeyError:
-        from .check import did_you_mean
-
-        raise PolicyError(f"unknown {stage} policy {name!r}{did_you_mean(name, _REGISTRY[stage])} "
-                          f"(choose from: {', '.join(sorted(_REGISTRY[stage]))})") from None
+    """The class of policy ``name`` of ``stage``: registered, or ``module:Class`` imported."""
+    return _REGISTRY[stage].lookup(name)
 
 
 def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
@@ -162,11 +185,6 @@ def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{stage} policy {name!r}: {e}") from None
     return obj
-
-
-def _load_builtin() -> None:
-    # importing the modules runs their @register decorators
-    from . import builtin  # noqa: F401
 
 
 # ---------------------------------------------------------------------------

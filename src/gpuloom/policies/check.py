@@ -16,29 +16,18 @@ and run configurations can report one clear line:
 
 from __future__ import annotations
 
-import difflib
 import inspect
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from ..core.registry import did_you_mean
 from . import base as pb
-
-
-def did_you_mean(word: str, choices: Iterable[str], quote: str = "'") -> str:
-    """``"; did you mean 'srtf'?"`` for the closest choices (difflib), else ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=2, cutoff=0.6)
-    if not close:
-        return ""
-    return "; did you mean " + " or ".join(f"{quote}{c}{quote}" for c in close) + "?"
 
 
 def check_names(stages: Mapping[str, str]) -> None:
     """Raise :class:`~gpuloom.policies.base.PolicyError` for the first unknown policy name."""
     for stage, name in stages.items():
-        known = pb.names(stage)
-        if name not in known:
-            raise pb.PolicyError(
-                f"unknown {stage} policy {name!r}{did_you_mean(name, known)} (choose from: {', '.join(known)})")
+        pb.lookup(stage, name)
 
 
 def accepted(stages: Mapping[str, str]) -> dict[str, list[str]]:
