@@ -180,3 +180,15 @@ def test_executors_by_name_entry_point_or_module_function(tmp_path: Path) -> Non
                        capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stderr.strip()) == (
         2, "error: unknown executor 'lcoal'; did you mean 'local'? (choose from: local, ray; or module:function)")
+
+
+def test_the_extending_guide_shows_the_example_plugin_as_it_is() -> None:
+    # docs/extending.md's Python blocks are the example package's two modules, verbatim
+    repo = SRC.parent
+    doc = (repo / "docs" / "extending.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in doc.split("```python")[1:]]
+    blocks = [b[: b.index("```")] for b in blocks]
+    plugin = repo / "examples" / "plugin"
+    assert blocks == [(plugin / "mylab" / "orders.py").read_text(), (plugin / "mylab" / "traces.py").read_text()]
+    toml = (plugin / "pyproject.toml").read_text()
+    assert 'fewest-gpus = "mylab.orders:FewestGpus"' in toml and 'mylab = "mylab.traces:read_mylab"' in toml
