@@ -140,13 +140,13 @@ class Scheduler:
     @classmethod
     def from_names(
         cls,
-        order: str = "fifo",
-        group: str = "none",
-        size: str = "proportional",
-        place: str = "packed-sticky",
+        order: str = pb.STAGE_DEFAULTS["order"],
+        group: str = pb.STAGE_DEFAULTS["group"],
+        size: str = pb.STAGE_DEFAULTS["size"],
+        place: str = pb.STAGE_DEFAULTS["place"],
         preemptive: bool = True,
         params: Mapping[str, Any] | None = None,
-        queue: str = "none",
+        queue: str = pb.STAGE_DEFAULTS["queue"],
     ) -> Scheduler:
         """Build from registry names; ``params`` (bare or ``stage.name``) go to the stage that takes them."""
         chosen = {"order": order, "group": group, "size": size, "place": place}

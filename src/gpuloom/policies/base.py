@@ -82,6 +82,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -98,6 +99,9 @@ from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
 
 STAGES = ("order", "group", "size", "place", "queue")
+#: the policy each stage takes when none is named (commands, run configurations, Stack, Scheduler)
+STAGE_DEFAULTS: Mapping[str, str] = MappingProxyType(
+    {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", "queue": "none"})
 
 
 class PolicyError(ValueError):

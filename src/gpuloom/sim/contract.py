@@ -94,8 +94,8 @@ def check_stage(stage: str, name: str, params: Mapping[str, Any] | None = None) 
             assert [u[0].id for u in units] == [j.id for j in view.jobs] and all(len(u) == 1 for u in units), \
                 f"group {name!r}: declares merges = False but merged or reordered jobs"
     elif stage == "size":
-        Scheduler(pb.make("order", "fifo"), pb.make("group", "none"), pol,
-                  pb.make("place", "packed-sticky")).bind(view.model)
+        Scheduler(pb.make("order", pb.STAGE_DEFAULTS["order"]), pb.make("group", pb.STAGE_DEFAULTS["group"]), pol,
+                  pb.make("place", pb.STAGE_DEFAULTS["place"])).bind(view.model)
         units = [(j,) for j in view.jobs]
         reqs = pol.size(units, view)
         assert len(reqs) == len(units), f"size {name!r}: {len(reqs)} requests for {len(units)} units"
@@ -115,9 +115,9 @@ def check_stage(stage: str, name: str, params: Mapping[str, Any] | None = None) 
 
 
 def check_round(stage: str, name: str, params: Mapping[str, Any] | None = None) -> None:
-    """A round with policy ``name`` in ``stage`` (the other stages at their defaults) passes the
+    """A round with policy ``name`` in ``stage`` (the others at their ``STAGE_DEFAULTS``) passes the
     scheduler's round check, and the stages' declarations are plain values."""
-    chosen = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", stage: name}
+    chosen = {**pb.STAGE_DEFAULTS, stage: name}
     chosen.update(PARTNER.get((stage, name), {}))
     given = dict(params) if params is not None else {
         k: v for n in chosen.values() for k, v in PARAMS.get(n, {}).items()}
