@@ -63,13 +63,6 @@ DropOpt = Annotated[bool, typer.Option(help="Count jobs that can never fit the c
 DEFAULT_RATE = 20.0
 
 
-def load_workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
-                  limit: int | None, trace_opts: list[str] | None = None):  # noqa: ANN201
-    """The job specs (see the module docstring)."""
-    specs, _ = workload(trace, fmt, generate, rate, seed, limit, trace_opts)
-    return specs
-
-
 def workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
              limit: int | None, trace_opts: list[str] | None = None) -> tuple[list, str]:
     """``(specs, description)``; the description says what the workload is, for reports."""

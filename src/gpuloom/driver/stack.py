@@ -93,8 +93,3 @@ class Stack:
         model = self.model(cluster, seed, specs)
         sched.bind(model)
         return sched, model
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> Stack:
-        keys = ("order", "group", "size", "place", "preemptive", "params", "model_options", "queue")
-        return cls(**{k: d[k] for k in keys if k in d})
