@@ -103,3 +103,10 @@ def test_the_factors_muri_and_pal_read_are_declared() -> None:
     assert set(pb.lookup("group", "muri").requires_factors) == {"interleave"}
     assert pb.lookup("place", "pal").reads_factors == {"gpu_type", "variability", "locality"}
     assert _reads(pb.lookup("place", "pal")) == {"gpu_type", "variability", "locality"}
+
+
+def test_the_profiling_threshold_is_the_stage_s_own() -> None:
+    # the service profiles with the sizer's sensitivity threshold (-P threshold), declared, not probed
+    tune = Scheduler.from_names(size="tune", params={"threshold": 0.05})
+    assert (tune.needs_profiles, tune.size.profiling_threshold()) == (True, 0.05)
+    assert Scheduler.from_names().size.profiling_threshold() == 0.10

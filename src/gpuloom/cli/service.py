@@ -268,11 +268,9 @@ def serve(
 
     profiling = None
     if profile if profile is not None else sched.needs_profiles:
-        from ..perf.sensitivity import DEFAULT_THRESHOLD
-
         try:
             profiling = ProfilingConfig(warmup_s=profile_warmup, window_s=profile_window, timeout_s=profile_timeout,
-                                        threshold=float(getattr(sched.size, "threshold", DEFAULT_THRESHOLD)),
+                                        threshold=sched.size.profiling_threshold(),
                                         grace_s=min(grace, 5.0))
         except ValueError as e:
             msg = str(e)

@@ -48,7 +48,8 @@ and methods with defaults (never found with ``hasattr``):
   it); enforced when a scheduler is bound to a model
   (:meth:`gpuloom.scheduler.Scheduler.bind`), in the simulator and the service;
 * ``needs_profiles``: the stage reads per-job CPU/memory sensitivity profiles
-  (the service profiles new jobs before their first launch for it);
+  (the service profiles new jobs before their first launch for it, with the stage's
+  :meth:`Stage.profiling_threshold`);
 * ``reads_factors``: factors the stage reads when the model has them, falling back without
   (PAL's PM-scores and locality penalties); with ``requires_factors``, every factor a stage
   looks up is declared (``tests/test_capabilities.py`` checks the built-in stages);
@@ -95,6 +96,7 @@ from ..core.plan import Allocation, Part, Plan
 from ..core.registry import Registry
 from ..perf.gputype import runnable_types
 from ..perf.model import Factor, ThroughputModel
+from ..perf.sensitivity import DEFAULT_THRESHOLD as DEFAULT_SENSITIVITY_THRESHOLD
 from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
 
@@ -294,6 +296,11 @@ class Stage:
     def plan_hooks(self) -> Sequence[PlanHook]:
         """Hooks run after placement, in order; none by default."""
         return ()
+
+    def profiling_threshold(self) -> float:
+        """For a stage that ``needs_profiles``: how close to its best speed-up a CPU/memory point
+        must come (the sensitivity threshold the service's profiling measures with)."""
+        return DEFAULT_SENSITIVITY_THRESHOLD
 
     def stats(self) -> dict[str, Any]:
         """Counters of the last round (reports and benchmarks); none by default."""

@@ -72,6 +72,7 @@ from ..core.fit import spec_types
 from ..core.job import Job
 from ..core.parse import normalise_gpu_type
 from ..core.plan import Plan
+from ..perf.gputype import GpuTypeFactor
 from .base import GroupPolicy, PlacePolicy, PolicyError, Request, SizePolicy, Stage, View, parse_flag, register
 
 log = logging.getLogger("gpuloom.policies.gavel")
@@ -217,7 +218,7 @@ class Gavel(SizePolicy):
 
     def _reference_speed(self, job: Job, view: View, real: list[float]) -> float:
         f = view.model.get("gpu_type")
-        ref = getattr(getattr(f, "matrix", None), "reference", None)
+        ref = f.matrix.reference if isinstance(f, GpuTypeFactor) else None
         if ref in self._types:
             return real[self._types.index(ref)] or max(real, default=1.0)
         return max(real, default=1.0)

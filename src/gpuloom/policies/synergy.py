@@ -141,6 +141,9 @@ class _SynergySizer(SizePolicy):
         self.last_order: list[str] = []
         self.last_stats: dict[str, Any] = {}
 
+    def profiling_threshold(self) -> float:
+        return self.threshold
+
     # -- demand vectors ----------------------------------------------------
     def profile(self, job: Job, view: View, factor: SensitivityFactor | None = None) -> CpuMemProfile | None:
         """``job``'s profile (``factor``: the view's sensitivity factor, when the caller has it)."""
