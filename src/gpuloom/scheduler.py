@@ -1,8 +1,8 @@
 """One scheduling round: order → queue → group → size → place, then plan hooks.
 
-(About 650 lines on purpose: the round's pipeline, its shortcuts, the queue stage's reclaim
-passes and the checks all read the same stages and requests; split, each part would reach
-into the others' internals.)
+Which shortcuts a round may take is chosen from the stages' declarations by
+:class:`~gpuloom.policies.fastpath.FastPaths`; ``-P`` routing is
+:func:`~gpuloom.policies.check.route_params`.
 
 The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
 and the real service (:mod:`gpuloom.runtime`), both through the driver
@@ -24,7 +24,7 @@ that lists the qualified forms) unless every one of them declares it shared
 that lists the accepted names.
 
 Speed: when the sizer keeps every job at its requested GPU count
-(``fixed_gpus``) and there is no grouping, only the prefix of the ordered
+(``fixed_gpus``) and the group policy does not merge jobs (``merges``), only the prefix of the ordered
 queue whose GPU demand can fill the cluster (counted as in phase 1 of
 placement) is sized and placed.  If that plan leaves GPUs free while jobs past
 the prefix wait, the round is redone on the whole queue, so the result is the
