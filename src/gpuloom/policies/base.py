@@ -32,7 +32,9 @@ waiting one.  This is how Blox's placement loops (and so PAL's artifact)
 behave: they walk the queue and ``break`` at the first job they cannot place.
 
 Running jobs that end up without an allocation are preempted.  A new policy
-is one class with a ``name`` registered through :func:`register`.
+is one class registered through :func:`register` in a module of this package (every
+module here is imported on first lookup), or, from outside gpuloom, a class under the
+``gpuloom.policies`` entry points or named ``module:Class`` (docs/extending.md).
 
 **The stage contract.**  Every stage derives from :class:`Stage`, which
 declares what the scheduler and the drivers may rely on, as class attributes
