@@ -192,3 +192,41 @@ def test_the_extending_guide_shows_the_example_plugin_as_it_is() -> None:
     assert blocks == [(plugin / "mylab" / "orders.py").read_text(), (plugin / "mylab" / "traces.py").read_text()]
     toml = (plugin / "pyproject.toml").read_text()
     assert 'fewest-gpus = "mylab.orders:FewestGpus"' in toml and 'mylab = "mylab.traces:read_mylab"' in toml
+
+
+def test_serve_runs_jobs_through_a_plugin_executor(tmp_path: Path) -> None:
+    # an executor factory from outside gpuloom (module:function), wrapping the local one: serve builds
+    # the executor through it, and a job runs to completion
+    import httpx
+
+    from gpuloom.cli.testbed import wait_for_serve
+    from service_util import kill_jobs, stepper_cmd, wait_for
+
+    (tmp_path / "lab_exec.py").write_text(textwrap.dedent("""
+        from gpuloom.cli.executors import local
+
+        def make(ctx):
+            (ctx.state_dir / "made-by-plugin").write_text(str(ctx.inventory.num_gpus))
+            return local(ctx)
+    """))
+    sd = tmp_path / "state"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)])}
+    with open(tmp_path / "serve.out", "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--state-dir", str(sd),
+                                 "--cluster", "1x2", "--round", "0.2", "--log-level", "warning",
+                                 "--executor", "lab_exec:make"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        up = wait_for_serve(sd, proc, 60.0, poll_s=0.05)
+        assert up is not None, (tmp_path / "serve.out").read_text()
+        url, token = up
+        assert (sd / "made-by-plugin").read_text() == "2"
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+            r = c.post("/jobs", json={"command": stepper_cmd(2, 0.05), "gpus": 1})
+            assert r.status_code == 201, r.text
+            jid = int(r.json()["id"])
+            done = wait_for(lambda: (j := c.get(f"/jobs/{jid}").json())["state"] == "finished" and j, 60, "the job")
+            assert done["exit_code"] == 0, done
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        kill_jobs(sd)
