@@ -26,46 +26,12 @@ def data_dir() -> Path:
 # make_view: a tiny, complete round input for testing a policy as a pure function
 @pytest.fixture
 def make_view():  # noqa: ANN201
-    """``make_view(jobs=..., current=..., cluster=..., model=..., now=...)`` -> a policy ``View``.
+    """``make_view(jobs=..., current=..., cluster=..., model=..., now=...)`` -> a policy ``View``:
+    :func:`gpuloom.sim.contract.small_view` (a 2x4 cluster, the model ``simulate`` builds and six
+    arrived jobs of 1-4 GPUs carrying what every registered policy may read)."""
+    from gpuloom.sim.contract import small_view
 
-    Defaults: a 2x4 cluster (12 cores, 64 GB per node), the model ``simulate``
-    builds (plus an empty sensitivity catalogue), and six arrived jobs of 1-4 GPUs whose specs carry what every
-    registered policy may read (Muri stage times, a scaling curve, a model name).
-    ``current`` maps job id -> Allocation; those jobs hold them.
-    """
-    import numpy as np
-
-    from gpuloom.core.cluster import Cluster
-    from gpuloom.core.job import Job, JobSpec
-    from gpuloom.perf.assembly import build_model
-    from gpuloom.perf.sensitivity import add_sensitivity
-    from gpuloom.policies.base import FreeState, View
-
-    def _jobs() -> list[Job]:
-        shapes = [(1, 300.0, [0.0, 0.1, 0.3, 0.0]), (2, 200.0, [0.0, 0.3, 0.1, 0.0]), (4, 500.0, [0.0, 0.2, 0.2, 0.1]),
-                  (1, 100.0, [0.1, 0.3, 0.1, 0.0]), (2, 50.0, [0.0, 0.1, 0.4, 0.0]), (3, 400.0, [0.0, 0.2, 0.2, 0.0])]
-        out = []
-        for i, (g, d, rt) in enumerate(shapes):
-            spec = JobSpec(f"j{i}", float(i), g, d, model="resnet50",
-                           attrs={"resource_times": rt, "throughput": {1: 1.0, 2: 1.8, 4: 3.2, 8: 5.0}})
-            j = Job(spec, i)
-            j.arrive(spec.arrival)
-            out.append(j)
-        return out
-
-    def make(jobs=None, current=None, cluster=None, model=None, now: float = 10.0, seed: int = 0):  # noqa: ANN001, ANN202
-        cl = cluster or Cluster.homogeneous(2, 4, 12, 64_000)
-        js = list(jobs) if jobs is not None else _jobs()
-        by_id = {j.id: j for j in js}
-        cur = dict(current or {})
-        for jid, a in cur.items():
-            by_id[jid].alloc = a
-        # the model `simulate` builds, with an (empty) profile catalogue the Synergy sizers can read
-        m = model if model is not None else add_sensitivity(build_model(cl))
-        m.bind(by_id)
-        return View(now, cl, js, cur, m, np.random.default_rng(seed), 1, free=FreeState.of(cl, cur))
-
-    return make
+    return small_view
 
 
 @pytest.fixture(scope="session", autouse=True)

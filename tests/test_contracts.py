@@ -1,113 +1,86 @@
 """Every registered policy name honours its stage's contract, tested as a pure function on a tiny input.
 
 As Gavel tests its policies: each name in the registry gets a small view
-(``make_view``) and must return what its stage promises; then a whole round of
-the scheduler with that stage (the others at their defaults) passes the round
-check.  A new policy is covered by registering it.
+(:func:`gpuloom.sim.contract.small_view`) and must return what its stage promises; then a whole
+round of the scheduler with that stage (the others at their defaults) passes the round check.  The
+checks live in :mod:`gpuloom.sim.contract`, so a plugin's own tests run the same ones; a new
+built-in policy is covered by registering it.
 """
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
-from gpuloom.core.plan import Allocation, Part, check_plan
+from gpuloom.core.plan import Allocation, Part
 from gpuloom.policies import base as pb
 from gpuloom.scheduler import RequirementError, Scheduler
-
-# stages that need a partner to make sense (static slots size and place together)
-PARTNER = {("size", "static"): {"place": "static"}, ("place", "static"): {"size": "static"}}
-PARAMS = {"static": {"slot": 1}}
+from gpuloom.sim.contract import check_round, check_stage, check_trace_reader, small_view
 
 
-def _names(stage: str) -> list[str]:
-    return pb.names(stage)
-
-
-def _stack(stage: str, name: str) -> dict[str, str]:
-    chosen = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", stage: name}
-    chosen.update(PARTNER.get((stage, name), {}))
-    return chosen
-
-
-@pytest.mark.parametrize("name", _names("order"))
-def test_order_returns_a_permutation_of_the_active_jobs(name: str, make_view) -> None:  # noqa: ANN001
-    view = make_view()
-    pol = pb.make("order", name)
-    out = pol.order(view.jobs, view)
-    assert sorted(j.id for j in out) == sorted(j.id for j in view.jobs)
-    assert [j.id for j in pol.order(view.jobs, view)] == [j.id for j in out]  # deterministic
-    assert isinstance(pol.dynamic, bool)
-
-
-@pytest.mark.parametrize("name", _names("group"))
-def test_group_covers_every_job_once_in_units_of_equal_gpus(name: str, make_view) -> None:  # noqa: ANN001
-    view = make_view()
-    units = pb.make("group", name).group(view.jobs, view)
-    ids = [j.id for u in units for j in u]
-    assert sorted(ids) == sorted(j.id for j in view.jobs)
-    for u in units:
-        assert len({j.spec.gpus for j in u}) == 1  # a group shares one GPU set
-
-
-@pytest.mark.parametrize("name", _names("size"))
-def test_size_answers_every_unit(name: str, make_view) -> None:  # noqa: ANN001
-    view = make_view()
-    pol = pb.make("size", name, PARAMS.get(name))
-    Scheduler(pb.make("order", "fifo"), pb.make("group", "none"), pol, pb.make("place", "packed-sticky")).bind(view.model)
-    units = [(j,) for j in view.jobs]
-    reqs = pol.size(units, view)
-    assert len(reqs) == len(units)
-    for r, u in zip(reqs, units, strict=True):
-        assert r.jobs == u and r.gpus >= 1
-        if pol.fixed_gpus:
-            assert r.gpus == u[0].spec.gpus
-
-
-@pytest.mark.parametrize("name", _names("place"))
-def test_place_gives_whole_gangs_without_double_booking(name: str, make_view) -> None:  # noqa: ANN001
-    view = make_view()
-    pol = pb.make("place", name, PARAMS.get(name))
-    if "topology" in pol.requires_factors:
-        from gpuloom.perf.topology import add_topology, load_topology  # noqa: F401
-
+@pytest.mark.parametrize("stage,name", [(s, n) for s in ("order", "group", "size", "place") for n in pb.names(s)])
+def test_each_policy_keeps_its_stage_promise(stage: str, name: str) -> None:
+    pol = pb.lookup(stage, name)
+    if "topology" in pol.requires_factors:  # no default: refused up front without --topology
         with pytest.raises(RequirementError, match="--topology"):
             Scheduler(pb.make("order", "fifo"), pb.make("group", "none"), pb.make("size", "proportional"),
-                      pol).bind(view.model)
+                      pb.make("place", name)).bind(small_view().model)
         return
-    slot = PARAMS.get(name, {}).get("slot")
-    reqs = [pb.Request((j,), slot or j.spec.gpus) for j in view.jobs]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # PAL without PM-scores says so
-        plan = pol.place(reqs, view)
-    check_plan(plan, view.cluster, {r.job.id: r.gpus for r in reqs})
-    assert set(plan.allocations) <= {j.id for j in view.jobs}
-    assert plan.allocations  # something fits an empty cluster
+    check_stage(stage, name)
 
 
-@pytest.mark.parametrize("stage,name", [(s, n) for s in pb.STAGES for n in _names(s)])
-def test_a_round_with_each_policy_passes_the_round_check(stage: str, name: str, make_view) -> None:  # noqa: ANN001
-    chosen = _stack(stage, name)
-    params = {k: v for n in chosen.values() for k, v in PARAMS.get(n, {}).items()}
-    sched = Scheduler.from_names(**chosen, params=params)
-    view = make_view()
-    missing = [f for st in sched.stages for f, make in st.requires_factors.items()
-               if make is None and view.model.get(f) is None]
-    if missing:  # a factor with no default that the view's model lacks (node topologies)
-        with pytest.raises(RequirementError):
-            sched.bind(view.model)
-        return
-    sched.bind(view.model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rnd = sched.schedule(view)
-    sched.check(rnd, view)
-    # the declared capabilities are plain values on the common base
-    for st in sched.stages:
-        assert isinstance(st, pb.Stage) and st.stage in pb.STAGES and st.name
-        assert isinstance(st.dynamic, bool) and isinstance(st.needs_profiles, bool)
-        assert isinstance(st.stats(), dict) and all(callable(h) for h in st.plan_hooks())
+@pytest.mark.parametrize("stage,name", [(s, n) for s in pb.STAGES for n in pb.names(s)])
+def test_a_round_with_each_policy_passes_the_round_check(stage: str, name: str) -> None:
+    check_round(stage, name)
+
+
+def test_the_checks_catch_a_broken_order(monkeypatch) -> None:  # noqa: ANN001
+    class Drops(pb.OrderPolicy):  # loses a job
+        name = "drops"
+
+        def order(self, jobs, view):  # noqa: ANN001, ANN202
+            return list(jobs)[1:]
+
+    class Unkeyed(pb.OrderPolicy):  # declares keyed, sorts otherwise
+        name = "unkeyed"
+        keyed = True
+
+        def sort_key(self, job, view):  # noqa: ANN001, ANN202
+            return (float(job.spec.gpus), job.index)
+
+        def order(self, jobs, view):  # noqa: ANN001, ANN202
+            return list(jobs)
+
+    import sys
+    import types
+
+    mod = types.ModuleType("contract_broken")
+    mod.Drops, mod.Unkeyed = Drops, Unkeyed  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "contract_broken", mod)
+    with pytest.raises(AssertionError, match="not a permutation"):
+        check_stage("order", "contract_broken:Drops")
+    with pytest.raises(AssertionError, match="keyed, but not by sort_key"):
+        check_stage("order", "contract_broken:Unkeyed")
+
+
+def test_the_trace_check(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import sys
+    import types
+
+    from gpuloom.core.job import JobSpec
+    from gpuloom.sim.traces import Trace
+
+    p = tmp_path / "t.csv"
+    p.write_text("id,arrival,gpus,duration\nb,5,1,10\na,0,2,10\n")
+    assert [j.id for j in check_trace_reader("csv", p)] == ["a", "b"]
+
+    def read_unsorted(path):  # noqa: ANN001, ANN202 (a Trace is taken as the reader gives it)
+        return Trace([JobSpec("b", 5.0, 1, 10.0), JobSpec("a", 0.0, 1, 10.0)], "x", str(path), 2)
+
+    mod = types.ModuleType("contract_reader")
+    mod.read_unsorted = read_unsorted  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "contract_reader", mod)
+    with pytest.raises(AssertionError, match="not sorted by arrival"):
+        check_trace_reader("contract_reader:read_unsorted", p)
 
 
 def test_a_running_job_keeps_its_gpus_under_sticky_placement(make_view) -> None:  # noqa: ANN001

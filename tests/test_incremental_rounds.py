@@ -104,7 +104,7 @@ def test_no_walk_without_the_declarations() -> None:
     cl = Cluster.homogeneous(4, 4)
     sim = Simulator(cl, workload(3, 80), sched, config=SimConfig(round_len=600.0))
     view = sim.driver.view(0.0)
-    assert sched._tail([], 0, view) is None  # noqa: SLF001
+    assert sched.fast.tail([], 0, view) is None
 
 
 class Quiet(Scheduler):

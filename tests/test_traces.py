@@ -469,7 +469,7 @@ def test_wrong_width_and_missing_columns(tmp_path: Path) -> None:
 def test_detection_errors_and_unknown_format(tmp_path: Path) -> None:
     p = tmp_path / "x.csv"
     p.write_text("foo,bar\n1,2\n")
-    with pytest.raises(TraceError, match="give one of: philly, sia, pal, blox, muri, gavel"):
+    with pytest.raises(TraceError, match="give one of: alibaba, blox, csv, gavel, jsonl, muri, pal, philly, sia, synergy, tiresias"):
         load_trace(p)
     with pytest.raises(TraceError, match="unknown trace format 'nope'"):
         load_trace(p, "nope")

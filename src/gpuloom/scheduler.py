@@ -1,8 +1,8 @@
 """One scheduling round: order → queue → group → size → place, then plan hooks.
 
-(About 650 lines on purpose: the round's pipeline, its shortcuts, the queue stage's reclaim
-passes and the checks all read the same stages and requests; split, each part would reach
-into the others' internals.)
+Which shortcuts a round may take is chosen from the stages' declarations by
+:class:`~gpuloom.policies.fastpath.FastPaths`; ``-P`` routing is
+:func:`~gpuloom.policies.check.route_params`.
 
 The same :class:`Scheduler` object drives the simulator (:mod:`gpuloom.sim`)
 and the real service (:mod:`gpuloom.runtime`), both through the driver
@@ -24,7 +24,7 @@ that lists the qualified forms) unless every one of them declares it shared
 that lists the accepted names.
 
 Speed: when the sizer keeps every job at its requested GPU count
-(``fixed_gpus``) and there is no grouping, only the prefix of the ordered
+(``fixed_gpus``) and the group policy does not merge jobs (``merges``), only the prefix of the ordered
 queue whose GPU demand can fill the cluster (counted as in phase 1 of
 placement) is sized and placed.  If that plan leaves GPUs free while jobs past
 the prefix wait, the round is redone on the whole queue, so the result is the
@@ -54,7 +54,6 @@ is updated to match, so the gang check still holds against the final plan.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -62,9 +61,10 @@ from .core.job import Job, Shape
 from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan, drop_job
 from .perf.model import ThroughputModel
 from .policies import base as pb
+from .policies.check import route_params
+from .policies.fastpath import FastPaths
 from .policies.free import FreeState
-from .policies.incremental import TailWalk, all_fit_plan, appended_plan, prefix_plan
-from .policies.order import KeyOrder
+from .policies.incremental import TailWalk, prefix_plan
 from .policies.queue_base import Admission, Owed, QueuePolicy
 
 PlanHook = pb.PlanHook
@@ -139,6 +139,8 @@ class Scheduler:
             raise pb.PolicyError(f"size policy {size.name!r} keeps a job that one node could hold on one node, and "
                                  f"place policy {place.name!r} draws GPUs from the whole cluster: a multi-GPU job "
                                  f"would almost never start; use a packed placement, pm-first or pal")
+        #: the round's shortcuts, chosen from the stages' declarations (stages are fixed from here on)
+        self.fast = FastPaths(order, group, size, place, self.queue, preemptive)
         self._whole = False  # the last round's prefix left GPUs free: it was planned on the whole queue
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
@@ -146,13 +148,13 @@ class Scheduler:
     @classmethod
     def from_names(
         cls,
-        order: str = "fifo",
-        group: str = "none",
-        size: str = "proportional",
-        place: str = "packed-sticky",
+        order: str = pb.STAGE_DEFAULTS["order"],
+        group: str = pb.STAGE_DEFAULTS["group"],
+        size: str = pb.STAGE_DEFAULTS["size"],
+        place: str = pb.STAGE_DEFAULTS["place"],
         preemptive: bool = True,
         params: Mapping[str, Any] | None = None,
-        queue: str = "none",
+        queue: str = pb.STAGE_DEFAULTS["queue"],
     ) -> Scheduler:
         """Build from registry names; ``params`` (bare or ``stage.name``) go to the stage that takes them."""
         chosen = {"order": order, "group": group, "size": size, "place": place}
@@ -256,7 +258,7 @@ class Scheduler:
 
     def _plan(self, ordered: Sequence[Job], view: pb.View) -> Round:
         """group → size → place over ``ordered`` (only the prefix that fills the cluster when that is exact)."""
-        if self.size.fixed_gpus and self.group.name == "none":
+        if self.fast.prefix:
             prefix = self._prefix(ordered, view.cluster.num_gpus)
             rnd = self._run(prefix, view)
             if len(prefix) < len(ordered) and _free_gpus(rnd.plan, view) > 0:
@@ -280,13 +282,13 @@ class Scheduler:
             rnd_fit = self._all_fit(view)
             if rnd_fit is not None:
                 rnd, every_asked = rnd_fit, True
-            elif self.size.fixed_gpus and self.group.name == "none":
+            elif self.fast.prefix:
                 ordered = self.order.order(view.jobs, view)
                 fast = self._prefix_round(ordered, view)
                 if fast is not None:
                     return self._with_reasons(fast, view, ordered, reasons)
                 prefix = self._prefix(ordered, view.cluster.num_gpus)
-                walk = self._tail(ordered, len(prefix), view) if len(prefix) < len(ordered) else None
+                walk = self.fast.tail(ordered, len(prefix), view) if len(prefix) < len(ordered) else None
                 if walk is not None:
                     requests = self.size.size([(j,) for j in prefix], view)
                     rnd = Round(self.place.place(requests, view, self.preemptive, tail=walk),
@@ -322,46 +324,14 @@ class Scheduler:
         return rnd
 
     def _prefix_round(self, ordered: Sequence[Job], view: pb.View) -> Round | None:
-        """The round through :func:`~gpuloom.policies.incremental.prefix_plan` when the stack allows
-        it (what the tail walk needs, a preemptive order placed as given, only allocations the
-        stack made: ``Tally.unkeyed == 0``); None otherwise, or when the prefix is the whole queue."""
-        place = self.place
-        if not (self.preemptive and not self.hooks and type(place).arrange is pb.PlacePolicy.arrange
-                and view.tally is not None and not view.tally.unkeyed and self._tail_ok(view)):
-            return None
-        size = self.size
-
-        def request(j: Job) -> pb.Request:
-            return size.request(j, view)
-
-        def walk_of(start: int) -> TailWalk:
-            walk = self._tail(ordered, start, view)
-            assert walk is not None  # (_tail_ok above)
-            return walk
-
-        out = prefix_plan(ordered, request, walk_of, place, view)
-        if out is None:
-            return None
-        plan, end, walk = out
-        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + walk.requests(), full=True)
+        """The round through :meth:`~gpuloom.policies.fastpath.FastPaths.prefix_round`, or None."""
+        out = self.fast.prefix_round(ordered, view, bool(self.hooks))
+        return None if out is None else Round(out[0], lazy=out[1], full=True)
 
     def _appended_round(self, view: pb.View) -> Round | None:
-        """The round when only jobs were admitted since a round that filled the cluster with its
-        prefix and planned no action or had its actions carried out (``view.appended``), under a
-        static stack whose order puts them last (FIFO, jobs admitted in index order); None otherwise.
-
-        The whole walk would select none of them, take the steps of a round on the state the last
-        round left (which plan the current allocations, a fixed point: see
-        :mod:`~gpuloom.policies.incremental`, so they leave the current free state) and then
-        backfill them in order: that last part is the round.
-        """
-        order, tally, place = self.order, view.tally, self.place
-        if not (self.preemptive and not self.dynamic and tally is not None and tally.index_order
-                and isinstance(order, KeyOrder) and order.follows_view and self._tail_ok(view)):
-            return None
-        size = self.size
-        plan, requests = appended_plan(view.appended or (), lambda j: size.request(j, view), place, view)
-        return Round(plan, requests, full=True)
+        """The round through :meth:`~gpuloom.policies.fastpath.FastPaths.appended_round`, or None."""
+        out = self.fast.appended_round(view, bool(self.hooks))
+        return None if out is None else Round(out[0], out[1], full=True)
 
     def _appended_reasons(self, rnd: Round, view: pb.View) -> Round:
         """The reasons of an appended round (:meth:`_appended_round`).  When it placed none of the jobs
@@ -386,41 +356,10 @@ class Scheduler:
                 rnd = Round(plan, _kept_requests(rnd.requests, plan, view))
         return rnd
 
-    def _tail(self, ordered: Sequence[Job], start: int, view: pb.View) -> TailWalk | None:
-        """Backfill past ``ordered[:start]`` without walking the rest (:mod:`gpuloom.policies.incremental`),
-        when the stack declares what that needs; None otherwise (the whole queue is placed)."""
-        order, size = self.order, self.size
-        if not self._tail_ok(view):
-            return None
-        assert view.tally is not None and isinstance(order, KeyOrder)
-        return TailWalk(ordered, start, lambda j: size.request(j, view), lambda j: order.sort_key(j, view),
-                        view.tally.waiting, view.current)
-
-    def _tail_ok(self, view: pb.View) -> bool:
-        """The stack declares what the tail walk needs (:class:`~gpuloom.policies.incremental.TailWalk`)."""
-        return self._incremental(view) and self.place.pure_choose and self.place.backfill
-
-    def _incremental(self, view: pb.View, queues: bool = False) -> bool:
-        """The stack declares what the shortcuts of :mod:`gpuloom.policies.incremental` rest on (with a queue
-        stage only when ``queues``: the queue path asks for what it uses itself)."""
-        size, place, order, tally = self.size, self.place, self.order, view.tally
-        return (tally is not None and view.free is not None and size.fixed_gpus and size.static_requests
-                and self.group.name == "none" and type(size).allocate is pb.SizePolicy.allocate
-                and place.sticky and type(place).place is pb.PlacePolicy.place
-                and isinstance(order, KeyOrder) and (tally.index_order or not order.follows_view)
-                and (queues or not self.queue.enabled))
-
     def _all_fit(self, view: pb.View) -> Round | None:
-        """The round when every active job fits by GPU count (:func:`~gpuloom.policies.incremental.all_fit_plan`)."""
-        tally = view.tally
-        if tally is None or tally.demand > view.cluster.num_gpus or tally.unkeyed or not self._incremental(view):
-            return None
-        order = self.order
-        assert isinstance(order, KeyOrder)
-        waiting = sorted(tally.idle.values(), key=lambda j: order.sort_key(j, view))
-        size = self.size
-        plan, requests = all_fit_plan(waiting, lambda j: size.request(j, view), self.place, view)
-        return Round(plan, requests)
+        """The round when every active job fits by GPU count (:meth:`~gpuloom.policies.fastpath.FastPaths.all_fit`)."""
+        out = self.fast.all_fit(view)
+        return None if out is None else Round(*out)
 
     # -- the queue stage (policies/queues.py) -------------------------------------------------
     def _queued(self, ordered: Sequence[Job], view: pb.View, lazy: bool = False) -> Round:
@@ -486,10 +425,10 @@ class Scheduler:
         :func:`~gpuloom.policies.incremental.prefix_plan`: what :meth:`_prefix_round` asks of the stack, with
         FIFO (the stage then reads its jobs per queue as the driver admitted them) and borrowing allowed."""
         place, tally, order = self.place, view.tally, self.order
-        return (self.walk_queues and self.preemptive and not self.hooks and type(place).arrange is pb.PlacePolicy.arrange
+        return (self.walk_queues and self.preemptive and not self.hooks and not place.arranges
                 and place.pure_choose and place.backfill and tally is not None and not tally.unkeyed
-                and tally.index_order and isinstance(order, KeyOrder) and order.follows_view
-                and self._incremental(view, queues=True))
+                and tally.index_order and order.keyed and order.follows_view
+                and self.fast.ready(view, queues=True))
 
     def _evict_for(self, owed: Sequence[Owed], rnd: Round, view: pb.View,
                    owed_before: Collection[int] | None = None) -> Round:
@@ -750,41 +689,6 @@ class Scheduler:
             self.queue.check(rnd.plan, view, self.place)
 
 
-def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Split ``-P`` parameters by stage (see the module notes); errors name the parameter."""
-    accepted = {s: pb.accepted_params(s, n) for s, n in chosen.items()}
-    out: dict[str, dict[str, Any]] = {s: {} for s in chosen}
-    problems: list[str] = []
-    for key, value in params.items():
-        stage, dot, name = key.partition(".")
-        if dot:
-            if stage not in chosen:
-                problems.append(f"{key!r}: unknown stage {stage!r} (stages: {', '.join(chosen)})")
-            elif name not in accepted[stage]:
-                problems.append(f"{key!r}: {stage} policy {chosen[stage]!r} takes {_listing(accepted[stage])}"
-                                + _did_you_mean(name, accepted[stage]))
-            else:
-                out[stage][name] = value
-            continue
-        takers = [s for s in chosen if key in accepted[s]]
-        if len(takers) == 1 or (takers and all(key in pb.lookup(s, chosen[s]).shared_params for s in takers)):
-            for s in takers:
-                out[s][key] = value
-        elif takers:
-            problems.append(f"{key!r} is taken by several stages: give {' or '.join(f'{s}.{key}' for s in takers)}")
-        else:
-            from .policies.check import _takers
-
-            every = set().union(*accepted.values())
-            others = _takers(key)
-            problems.append(f"{key!r} is not taken by " + ", ".join(f"{s}={n}" for s, n in chosen.items())
-                            + f" (they take {_listing(every)})" + _did_you_mean(key, every)
-                            + (f"; {key} is a parameter of {', '.join(others)}" if others else ""))
-    if problems:
-        raise pb.PolicyError("parameter " + "; ".join(problems))
-    return out
-
-
 def _option_for(factor: str) -> str:
     """The command-line option that configures ``factor`` (from its declaration)."""
     from .perf.assembly import FACTORS
@@ -793,15 +697,6 @@ def _option_for(factor: str) -> str:
         if d.name == factor and d.options:
             return f"{d.options[0].cli} (or -P {d.options[0].name}=...)"
     return f"a {factor!r} factor"
-
-
-def _listing(names: set[str]) -> str:
-    return ", ".join(sorted(names)) if names else "no parameters"
-
-
-def _did_you_mean(name: str, names: set[str]) -> str:
-    close = difflib.get_close_matches(name, sorted(names), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _left_out_while_lent(adm: Admission, plan: Plan) -> bool:

@@ -230,8 +230,7 @@ def stack_params(param: Sequence[str] | None, model_opts: dict[str, Any]) -> dic
 def check_policies(order: str, group: str, size: str, place: str, params: Sequence[str], queue: str = "none") -> None:
     """Policy names and ``-P`` names, with "did you mean" and the accepted names; warn about odd pairs."""
     from ..perf.assembly import MODEL_OPTIONS
-    from ..policies.check import check_names, conflicts
-    from ..scheduler import route_params
+    from ..policies.check import check_names, conflicts, route_params
 
     stages = {"order": order, "group": group, "size": size, "place": place}
     if queue != "none":
@@ -269,6 +268,7 @@ def user_errors() -> Iterator[None]:
     from ..core.cluster import ClusterError
     from ..core.job import JobError
     from ..core.queues import QueueError
+    from ..core.registry import RegistryError
     from ..perf.assembly import ModelOptionError
     from ..perf.scaling import ScalingError
     from ..perf.sensitivity import SensitivityError
@@ -279,7 +279,7 @@ def user_errors() -> Iterator[None]:
 
     handled: tuple[type[BaseException], ...] = (
         ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
-        SensitivityError, ScalingError, ModelOptionError, OptionError, QueueError,
+        SensitivityError, ScalingError, ModelOptionError, OptionError, QueueError, RegistryError,
     )
     saved = warnings.showwarning
     warnings.showwarning = _showwarning

@@ -120,6 +120,9 @@ def serve(
         help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h, seconds.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (serve HTTPS, with --ssl-certfile).")] = None,
     ssl_certfile: Annotated[Path | None, typer.Option(help="TLS certificate chain.")] = None,
+    executor_name: Annotated[str | None, typer.Option(
+        "--executor", help="How jobs run: local (default), ray (the default with --ray), or a plugin's executor "
+                           "(an entry point of gpuloom.executors, or module:function).")] = None,
     ray_address: Annotated[str | None, typer.Option(
         "--ray", help="Run jobs on a Ray cluster: auto (the one running here), its address, or local (start a "
                       "one-node one here, with --gpus N); the inventory comes from Ray's nodes.")] = None,
@@ -219,6 +222,9 @@ def serve(
         params = stack_params(param, model_opts)
         queue = queue_stage(queue_policy, str(queues) if queues else None)
         check_policies(order, group, size, place, list(params), queue)  # did-you-mean, accepted -P names
+        from .executors import EXECUTORS  # the executor by name: local, ray, or a plugin's
+
+        make_executor = EXECUTORS.lookup(executor_name or ("local" if ray_address is None else "ray"))
         # the scheduler and throughput model `simulate` builds for the same options
         stack = Stack(order, group, size, place, not non_preemptive, params, queue=queue)
         sched = stack.scheduler()
@@ -244,41 +250,27 @@ def serve(
     # declared inventories may have more cores than this machine: their ids fold onto it
     import secrets
 
-    from ..runtime.router import local_executor
-
     service_id = store.set_meta_default("service_id", secrets.token_hex(4))
     from ..runtime.local import DEFAULT_ENV_ALLOW
 
     allow = (*DEFAULT_ENV_ALLOW, *(env_allow or ()))
-    following = None
-    if ray_address is None:
-        from ..runtime.security import default_job_dir
+    from .executors import ExecutorContext
 
-        devices = _gpu_devices(gpu_devices, declared=gpus is not None or cluster is not None)
-        # each job's own /tmp goes in the job directory (a directory of the server's, 0700)
-        tmp_dir = Path(job_dir or default_job_dir(sd, service_id, identities.switch)) / "tmp"
-        try:
-            executor = local_executor(inventory, sd / "run", fold_cores=gpus is not None or cluster is not None,
-                                      cgroup_parent=f"gpuloom-{service_id}", env_allow=allow,
-                                      pids_max=pids_limit, gpu_devices=devices,
-                                      private_tmp=not shared_tmp, tmp_dir=tmp_dir)
-        except (RuntimeError, OSError) as e:  # ExecutorError, CgroupError: a bad device file or count
-            raise typer.BadParameter(f"--gpu-devices: {e}") from None
-    else:
-        with user_errors():
-            executor, following = _ray_executor(ray_address, service_id, grace, shared_dir is not None, allow,
-                                                gpus, cpus_per_node, not shared_tmp)
+    with user_errors():
+        executor, following = make_executor(ExecutorContext(
+            sd, service_id, None if ray_address is not None else inventory, gpus is not None or cluster is not None,
+            allow, grace, not shared_tmp, shared_dir, job_dir, identities.switch, pids_limit, gpu_devices,
+            ray_address, gpus, cpus_per_node))
+        if following is not None:
             inventory = following.current
             model = stack.model(inventory, seed)
     from ..runtime.service import ProfilingConfig, Service
 
     profiling = None
     if profile if profile is not None else sched.needs_profiles:
-        from ..perf.sensitivity import DEFAULT_THRESHOLD
-
         try:
             profiling = ProfilingConfig(warmup_s=profile_warmup, window_s=profile_window, timeout_s=profile_timeout,
-                                        threshold=float(getattr(sched.size, "threshold", DEFAULT_THRESHOLD)),
+                                        threshold=sched.size.profiling_threshold(),
                                         grace_s=min(grace, 5.0))
         except ValueError as e:
             msg = str(e)

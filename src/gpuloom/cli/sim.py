@@ -88,13 +88,6 @@ def measure_window(text: str | None, jobs: int | None = None) -> tuple[int, int]
         raise OptionError(str(e)) from None
 
 
-def load_workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
-                  limit: int | None, trace_opts: list[str] | None = None):  # noqa: ANN201
-    """The job specs (see the module docstring)."""
-    specs, _ = workload(trace, fmt, generate, rate, seed, limit, trace_opts)
-    return specs
-
-
 def workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
              limit: int | None, trace_opts: list[str] | None = None) -> tuple[list, str]:
     """``(specs, description)``; the description says what the workload is, for reports."""

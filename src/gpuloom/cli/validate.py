@@ -47,7 +47,7 @@ def _slug(label: str) -> str:
 
 
 def _stacks(names: list[str] | None, params: dict[str, Any]) -> dict[str, Any]:
-    from ..driver import Stack
+    from ..driver import STAGE_DEFAULTS, Stack
     from ..sim.validate import STACKS
 
     out: dict[str, Stack] = {}
@@ -63,8 +63,8 @@ def _stacks(names: list[str] | None, params: dict[str, Any]) -> dict[str, Any]:
                 raise typer.BadParameter(f"--stack {name!r}: one of {', '.join(STACKS)} or order=..,group=..,"
                                          f"size=..,place=..,P.name=value (unknown: {', '.join(sorted(unknown))})")
             stage = {k: str(v) for k, v in kv.items() if not k.startswith("P.")}
-            st = Stack(stage.get("order", "fifo"), stage.get("group", "none"), stage.get("size", "proportional"),
-                       stage.get("place", "packed-sticky"), params=extra)
+            order, group, size, place = (stage.get(s, STAGE_DEFAULTS[s]) for s in ("order", "group", "size", "place"))
+            st = Stack(order, group, size, place, params=extra)
         st.params.update(params)
         st.scheduler()  # bad names and parameters fail now, before any server starts
         out[name] = st

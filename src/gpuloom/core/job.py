@@ -231,10 +231,6 @@ class Job:
     def running(self) -> bool:
         return self.alloc is not None
 
-    @property
-    def alloc_gpus(self) -> int:
-        return 0 if self.alloc is None else self.alloc.num_gpus
-
     def arrive(self, now: float, protect_factor: float = 3.0,
                state: JobState = JobState.WAITING_FOR_INITIAL_RESOURCE) -> Lifecycle:
         """Start the job's lifecycle at ``now``.

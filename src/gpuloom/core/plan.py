@@ -17,7 +17,7 @@ actions (the drivers run it every round and the whole check now and then).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -441,9 +441,3 @@ def drop_job(allocs: dict[str, Allocation], jid: str) -> None:
         if o is not None:
             allocs[oid] = Allocation(o.job_id, o.parts, tuple(x for x in o.group if x != jid), o.key)
 
-
-def gpus_in_use(allocs: Iterable[Allocation]) -> set[int]:
-    used: set[int] = set()
-    for a in allocs:
-        used.update(a.gpu_ids)
-    return used

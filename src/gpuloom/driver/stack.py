@@ -3,7 +3,7 @@
 ``gpuloom simulate``, ``compare`` (and its worker processes) and ``serve`` all
 describe what to run as a :class:`Stack`: the stage names, preemption,
 ``-P`` parameters and model options.  :meth:`Stack.scheduler` builds the
-scheduler (parameters routed to stages by :func:`~gpuloom.scheduler.route_params`),
+scheduler (parameters routed to stages by :func:`~gpuloom.policies.check.route_params`),
 :meth:`Stack.model` the throughput model (:func:`~gpuloom.perf.assembly.build_model`);
 ``-P`` names that are model options (:data:`~gpuloom.perf.assembly.MODEL_OPTIONS`)
 configure the model, every other one a stage.  The driver then binds the two
@@ -20,6 +20,7 @@ from ..core.cluster import Cluster
 from ..core.job import JobSpec
 from ..perf.assembly import build_model, split_params
 from ..perf.model import ThroughputModel
+from ..policies.base import STAGE_DEFAULTS
 from ..scheduler import Scheduler
 
 
@@ -42,22 +43,19 @@ def trace_policy_params(names: Mapping[str, str], given: Mapping[str, Any],
     return out
 
 
-STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", "queue": "none"}
-
-
 @dataclass(slots=True)
 class Stack:
-    order: str = "fifo"
-    group: str = "none"
-    size: str = "proportional"
-    place: str = "packed-sticky"
+    order: str = STAGE_DEFAULTS["order"]
+    group: str = STAGE_DEFAULTS["group"]
+    size: str = STAGE_DEFAULTS["size"]
+    place: str = STAGE_DEFAULTS["place"]
     preemptive: bool = True
     #: ``-P`` items: policy parameters (bare or ``stage.name``) and model options, mixed
     params: dict[str, Any] = field(default_factory=dict)
     #: model options given as flags (``--profiles``, ``--locality-penalty``, ...); ``-P`` wins
     model_options: dict[str, Any] = field(default_factory=dict)
     #: the queue stage (:mod:`gpuloom.policies.queues`): ``none``, ``quota``, ``drf``, ``fairshare``
-    queue: str = "none"
+    queue: str = STAGE_DEFAULTS["queue"]
 
     @property
     def names(self) -> dict[str, str]:
@@ -95,8 +93,3 @@ class Stack:
         model = self.model(cluster, seed, specs)
         sched.bind(model)
         return sched, model
-
-    @classmethod
-    def from_mapping(cls, d: Mapping[str, Any]) -> Stack:
-        keys = ("order", "group", "size", "place", "preemptive", "params", "model_options", "queue")
-        return cls(**{k: d[k] for k in keys if k in d})

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -158,12 +158,6 @@ class SensitivityProfile:
         object.__setattr__(self, "tput", env)
 
     # -- lookups --------------------------------------------------------------
-    @property
-    def max_cpus_per_gpu(self) -> float:
-        """Largest CPU point with a measurement (per GPU)."""
-        rows = np.flatnonzero((self.raw > 0).any(axis=1))
-        return float(self.cpu_axis[rows[-1]])
-
     def per_gpu(self, cpus_per_gpu: float, mem_mb_per_gpu: float) -> float:
         """Throughput at a per-GPU point (floored to the grid)."""
         j = max(0, _floor_index(self.mem_axis, mem_mb_per_gpu))
@@ -448,21 +442,3 @@ def default_grid(profile: CpuMemProfile, gpus: int, cpu_cap: int, mem_cap: int) 
     cps = [c for c in cps if c <= cpu_cap] or [cpu_cap]
     mps = [m for m in mps if m <= mem_cap] or [mem_cap]
     return cps, mps
-
-
-def catalogue_table(cat: Catalogue) -> list[Mapping[str, Any]]:
-    """One row per profile: model, GPUs, best point of the file and the matrix maximum."""
-    out: list[Mapping[str, Any]] = []
-    for p in cat:
-        out.append(
-            {
-                "model": p.model,
-                "gpus": p.gpus,
-                "family": family_of(p.model),
-                "best_cpus": p.best_cpus,
-                "best_mem_gb": None if p.best_mem_mb is None else p.best_mem_mb / 1000,
-                "speedup": p.speedup,
-                "max_tput": float(p.tput.max()),
-            }
-        )
-    return out

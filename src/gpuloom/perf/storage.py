@@ -25,7 +25,6 @@ from ..core.cluster import Cluster
 from ..core.job import Job
 from ..core.parse import normalise_model
 from ..core.plan import Allocation
-from .model import ThroughputModel
 from .synergy_profiles import SensitivityError, read_profile_rows
 
 
@@ -68,11 +67,3 @@ class StorageFactor:
             worst = min(worst, share / d)
         return worst
 
-
-def add_storage(model: ThroughputModel, node_mbps: float, profiles: str | Path | None) -> ThroughputModel:
-    """Add (or replace) the storage factor; ``profiles`` is Synergy's profile file (the demands)."""
-    if not profiles:
-        raise SensitivityError("storage_mbps needs the profiles' storage demands: give -P profiles=FILE "
-                               "or a trace that carries them")
-    model.factors = [f for f in model.factors if f.name != "storage"]
-    return model.add(StorageFactor(load_storage_demands(profiles), model.cluster, node_mbps))

@@ -32,7 +32,9 @@ waiting one.  This is how Blox's placement loops (and so PAL's artifact)
 behave: they walk the queue and ``break`` at the first job they cannot place.
 
 Running jobs that end up without an allocation are preempted.  A new policy
-is one class with a ``name`` registered through :func:`register`.
+is one class registered through :func:`register` in a module of this package (every
+module here is imported on first lookup), or, from outside gpuloom, a class under the
+``gpuloom.policies`` entry points or named ``module:Class`` (docs/extending.md).
 
 **The stage contract.**  Every stage derives from :class:`Stage`, which
 declares what the scheduler and the drivers may rely on, as class attributes
@@ -48,10 +50,19 @@ and methods with defaults (never found with ``hasattr``):
   it); enforced when a scheduler is bound to a model
   (:meth:`gpuloom.scheduler.Scheduler.bind`), in the simulator and the service;
 * ``needs_profiles``: the stage reads per-job CPU/memory sensitivity profiles
-  (the service profiles new jobs before their first launch for it);
-* ``fixed_gpus`` (size): every request asks for exactly the job's GPUs;
-  ``static_requests`` (size) and ``pure_choose`` (place): see
-  :mod:`gpuloom.policies.incremental` (rounds in O(changes));
+  (the service profiles new jobs before their first launch for it, with the stage's
+  :meth:`Stage.profiling_threshold`);
+* ``reads_factors``: factors the stage reads when the model has them, falling back without
+  (PAL's PM-scores and locality penalties); with ``requires_factors``, every factor a stage
+  looks up is declared (``tests/test_capabilities.py`` checks the built-in stages);
+* what a round's fast paths (:mod:`gpuloom.policies.fastpath`) rest on:
+  ``fixed_gpus`` (size: every request asks for exactly the job's GPUs),
+  ``static_requests`` (size), ``negotiates`` (size: overrides :meth:`SizePolicy.allocate`),
+  ``merges`` (group: may put several jobs in one unit), ``three_phase`` (place: places
+  with :meth:`PlacePolicy.place`'s loop), ``arranges`` (place: overrides
+  :meth:`PlacePolicy.arrange`), ``pure_choose`` (place), ``keyed`` and ``follows_view``
+  (order: sorts by :meth:`OrderPolicy.sort_key`); see :mod:`gpuloom.policies.incremental`.
+  A class that overrides one of those methods without declaring so is refused when defined;
 * ``shared_params``: parameter names two stages take with one meaning (static
   slots), so a bare ``-P name=value`` reaches both;
 * :meth:`Stage.plan_hooks`: callables ``hook(plan, view) -> Plan`` run after
@@ -74,6 +85,7 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -83,17 +95,64 @@ from ..core.fit import GPU_TYPE_KEY, spec_types
 from ..core.job import Job
 from ..core.parse import normalise_gpu_type, parse_bool
 from ..core.plan import Allocation, Part, Plan
+from ..core.registry import Registry
 from ..perf.gputype import runnable_types
 from ..perf.model import Factor, ThroughputModel
+from ..perf.sensitivity import DEFAULT_THRESHOLD as DEFAULT_SENSITIVITY_THRESHOLD
 from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
 
 STAGES = ("order", "group", "size", "place", "queue")
-_REGISTRY: dict[str, dict[str, type[Stage]]] = {s: {} for s in STAGES}
+#: the policy each stage takes when none is named (commands, run configurations, Stack, Scheduler)
+STAGE_DEFAULTS: Mapping[str, str] = MappingProxyType(
+    {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", "queue": "none"})
 
 
 class PolicyError(ValueError):
     """Unknown policy name or bad policy parameter."""
+
+
+def _base_of(stage: str) -> type[Stage]:
+    if stage == "queue":
+        from .queue_base import QueuePolicy  # the queue stage's base lives beside it
+
+        return QueuePolicy
+    return {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
+
+
+def _checker(stage: str) -> Callable[[Any, str], type[Stage]]:
+    def check(obj: Any, where: str) -> type[Stage]:
+        base = _base_of(stage)
+        if not (isinstance(obj, type) and issubclass(obj, Stage)):
+            raise PolicyError(f"{where} is not a policy class (one derived from OrderPolicy, GroupPolicy, "
+                              "SizePolicy, PlacePolicy or QueuePolicy)")
+        if not issubclass(obj, base):
+            raise PolicyError(f"{where} is registered as a {stage} policy but does not derive from {base.__name__}")
+        return obj
+    return check
+
+
+def _accepts(stage: str) -> Callable[[Any], bool]:
+    """An entry point's class belongs to its stage's registry; anything else to the first (which refuses it)."""
+    def accepts(obj: Any) -> bool:
+        if isinstance(obj, type) and issubclass(obj, Stage):
+            return obj.stage == stage
+        return stage == STAGES[0]
+    return accepts
+
+
+def _name(cls: type[Stage], name: str) -> None:
+    if not cls.__dict__.get("name"):  # a class without its own name is known by its first one
+        cls.name = name
+
+
+#: one registry per stage (:class:`~gpuloom.core.registry.Registry`): the modules of this package
+#: register the built-ins; outside classes come by the ``gpuloom.policies`` entry points or module:Class
+_REGISTRY: dict[str, Registry[type[Stage]]] = {
+    s: Registry(f"{s} policy", home=__package__, group="gpuloom.policies", check=_checker(s),
+                accepts=_accepts(s),
+                named=_name, outside="module:Class", error=PolicyError)
+    for s in STAGES}
 
 
 def register(stage: str, *names: str) -> Callable[[type], type]:
@@ -102,27 +161,13 @@ def register(stage: str, *names: str) -> Callable[[type], type]:
         raise PolicyError(f"unknown stage {stage!r}")
 
     def deco(cls: type) -> type:
-        # resolved when a policy module registers a class (this module is fully loaded by then)
-        if stage == "queue":
-            from .queue_base import QueuePolicy  # the queue stage's base lives beside it (no registrations)
-
-            base: type[Stage] = QueuePolicy
-        else:
-            base = {"order": OrderPolicy, "group": GroupPolicy, "size": SizePolicy, "place": PlacePolicy}[stage]
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise PolicyError(f"{cls.__name__} is registered as a {stage} policy but does not derive from "
-                              f"{base.__name__}")
-        for n in names:
-            _REGISTRY[stage][n] = cls
-        if not cls.__dict__.get("name"):
-            cls.name = names[0]
+        _REGISTRY[stage].add(cls, *names, where=cls.__name__)
         return cls
 
     return deco
 
 
 def names(stage: str) -> list[str]:
-    _load_builtin()
     return sorted(_REGISTRY[stage])
 
 
@@ -134,14 +179,8 @@ def accepted_params(stage: str, name: str) -> set[str]:
 
 
 def lookup(stage: str, name: str) -> type[Stage]:
-    _load_builtin()
-    try:
-        return _REGISTRY[stage][name]
-    except KeyError:
-        from .check import did_you_mean
-
-        raise PolicyError(f"unknown {stage} policy {name!r}{did_you_mean(name, _REGISTRY[stage])} "
-                          f"(choose from: {', '.join(sorted(_REGISTRY[stage]))})") from None
+    """The class of policy ``name`` of ``stage``: registered, or ``module:Class`` imported."""
+    return _REGISTRY[stage].lookup(name)
 
 
 def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
@@ -154,11 +193,6 @@ def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
     except (TypeError, ValueError) as e:
         raise PolicyError(f"{stage} policy {name!r}: {e}") from None
     return obj
-
-
-def _load_builtin() -> None:
-    # importing the modules runs their @register decorators
-    from . import builtin  # noqa: F401
 
 
 # ---------------------------------------------------------------------------
@@ -242,8 +276,19 @@ class Stage:
     requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor] | None]] = {}
     #: the stage reads per-job CPU/memory sensitivity profiles (Synergy)
     needs_profiles: ClassVar[bool] = False
+    #: factors the stage reads when the model has them (it falls back without them)
+    reads_factors: ClassVar[frozenset[str]] = frozenset()
     #: parameters meant to be shared: a bare ``-P name=`` reaches every chosen stage that shares it
     shared_params: ClassVar[frozenset[str]] = frozenset()
+    #: method -> (the flag a class overriding it must declare, the value that declares it)
+    overrides_declared: ClassVar[Mapping[str, tuple[str, bool]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("overrides_declared") is not None  # the class whose methods these are
+        for meth, (flag, value) in cls.overrides_declared.items():
+            if not own and meth in cls.__dict__ and getattr(cls, flag) != value:
+                raise TypeError(f"{cls.__qualname__} overrides {meth}() but does not declare {flag} = {value}")
 
     def next_change(self, view: View) -> float:
         """The earliest time this stage's output could differ from its output at ``view.now``, on
@@ -253,6 +298,11 @@ class Stage:
     def plan_hooks(self) -> Sequence[PlanHook]:
         """Hooks run after placement, in order; none by default."""
         return ()
+
+    def profiling_threshold(self) -> float:
+        """For a stage that ``needs_profiles``: how close to its best speed-up a CPU/memory point
+        must come (the sensitivity threshold the service's profiling measures with)."""
+        return DEFAULT_SENSITIVITY_THRESHOLD
 
     def stats(self) -> dict[str, Any]:
         """Counters of the last round (reports and benchmarks); none by default."""
@@ -279,13 +329,23 @@ class OrderPolicy(Stage):
 
     stage: ClassVar[str] = "order"
     dynamic: ClassVar[bool] = True
+    #: :meth:`order` sorts by :meth:`sort_key` (ties by ``Job.index``)
+    keyed: ClassVar[bool] = False
+    #: the order is View.jobs' own (FIFO): ``sort_key`` matches it only while jobs arrive in index order
+    follows_view: ClassVar[bool] = False
 
     def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
         raise NotImplementedError
 
+    def sort_key(self, job: Job, view: View) -> tuple[float, int]:
+        """Where ``job`` stands in :meth:`order` (only for a ``keyed`` order)."""
+        raise NotImplementedError(f"order policy {self.name!r} is not keyed")
+
 
 class GroupPolicy(Stage):
     stage: ClassVar[str] = "group"
+    #: the policy may put several jobs in one unit (False: every job is a unit of its own, in order)
+    merges: ClassVar[bool] = True
 
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
         raise NotImplementedError
@@ -309,6 +369,9 @@ class SizePolicy(Stage):
     def never_sizes(self, job: Job, model: ThroughputModel) -> str | None:
         """Why this sizer can never give ``job`` a request it runs on (None: it can); asked before a run."""
         return None
+    #: :meth:`allocate` places job by job with the place policy instead of handing it the requests
+    negotiates: ClassVar[bool] = False
+    overrides_declared: ClassVar[Mapping[str, tuple[str, bool]]] = {"allocate": ("negotiates", True)}
 
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         raise NotImplementedError
@@ -435,10 +498,18 @@ class PlacePolicy(Stage):
     """
 
     stage: ClassVar[str] = "place"
+    #: GPU types: a job is placed only on the types it can run on (choose_for)
+    reads_factors: ClassVar[frozenset[str]] = frozenset({"gpu_type"})
     sticky: ClassVar[bool] = True
     pure_choose: ClassVar[bool] = False  #: see policies/incremental.py
     #: it draws a job's GPUs from the whole cluster, one node or several alike (random placement)
     spreads: ClassVar[bool] = False
+    #: places with this class's three-phase loop (:meth:`place` not overridden)
+    three_phase: ClassVar[bool] = True
+    #: :meth:`arrange` is its own (not the order policy's order, running first when not preemptive)
+    arranges: ClassVar[bool] = False
+    overrides_declared: ClassVar[Mapping[str, tuple[str, bool]]] = {
+        "place": ("three_phase", False), "arrange": ("arranges", True)}
     backfill: bool = True
 
     def __init__(self, backfill: bool | str = True) -> None:

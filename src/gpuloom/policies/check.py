@@ -9,34 +9,25 @@ and run configurations can report one clear line:
 * :func:`check_params`: ``-P`` names no chosen stage takes, with a "did you
   mean", which other policies take that name, and every name the chosen stages
   (and the throughput model) accept;
+* :func:`route_params`: ``-P`` parameters split by stage, as the scheduler takes them;
 * :func:`conflicts`: combinations that run but are rarely what was meant
   (warnings, not errors).
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
+from ..core.registry import did_you_mean
 from . import base as pb
-
-
-def did_you_mean(word: str, choices: Iterable[str], quote: str = "'") -> str:
-    """``"; did you mean 'srtf'?"`` for the closest choices (difflib), else ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=2, cutoff=0.6)
-    if not close:
-        return ""
-    return "; did you mean " + " or ".join(f"{quote}{c}{quote}" for c in close) + "?"
 
 
 def check_names(stages: Mapping[str, str]) -> None:
     """Raise :class:`~gpuloom.policies.base.PolicyError` for the first unknown policy name."""
     for stage, name in stages.items():
-        known = pb.names(stage)
-        if name not in known:
-            raise pb.PolicyError(
-                f"unknown {stage} policy {name!r}{did_you_mean(name, known)} (choose from: {', '.join(known)})")
+        pb.lookup(stage, name)
 
 
 def accepted(stages: Mapping[str, str]) -> dict[str, list[str]]:
@@ -104,3 +95,42 @@ def conflicts(stages: Mapping[str, str]) -> list[str]:
         out.append(f"--size static gives every job one slot of -P slot GPUs; with --place {place} the slots "
                    "are not aligned to fixed GPU ranges (the fixed-slot baseline is --size static --place static)")
     return out
+
+
+def route_params(chosen: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split ``-P`` parameters by stage: ``stage.name`` goes to that stage only, a bare ``name`` to the one
+    chosen stage that takes it, or to every one that takes it when all of them declare it shared
+    (``shared_params``); an ambiguous or unknown name is an error naming the parameter."""
+    accepted = {s: pb.accepted_params(s, n) for s, n in chosen.items()}
+    out: dict[str, dict[str, Any]] = {s: {} for s in chosen}
+    problems: list[str] = []
+    for key, value in params.items():
+        stage, dot, name = key.partition(".")
+        if dot:
+            if stage not in chosen:
+                problems.append(f"{key!r}: unknown stage {stage!r} (stages: {', '.join(chosen)})")
+            elif name not in accepted[stage]:
+                problems.append(f"{key!r}: {stage} policy {chosen[stage]!r} takes {_listing(accepted[stage])}"
+                                + did_you_mean(name, accepted[stage]))
+            else:
+                out[stage][name] = value
+            continue
+        takers = [s for s in chosen if key in accepted[s]]
+        if len(takers) == 1 or (takers and all(key in pb.lookup(s, chosen[s]).shared_params for s in takers)):
+            for s in takers:
+                out[s][key] = value
+        elif takers:
+            problems.append(f"{key!r} is taken by several stages: give {' or '.join(f'{s}.{key}' for s in takers)}")
+        else:
+            every = set().union(*accepted.values())
+            others = _takers(key)
+            problems.append(f"{key!r} is not taken by " + ", ".join(f"{s}={n}" for s, n in chosen.items())
+                            + f" (they take {_listing(every)})" + did_you_mean(key, every)
+                            + (f"; {key} is a parameter of {', '.join(others)}" if others else ""))
+    if problems:
+        raise pb.PolicyError("parameter " + "; ".join(problems))
+    return out
+
+
+def _listing(names: set[str]) -> str:
+    return ", ".join(sorted(names)) if names else "no parameters"

@@ -72,7 +72,8 @@ from ..core.fit import spec_types
 from ..core.job import Job
 from ..core.parse import normalise_gpu_type
 from ..core.plan import Plan
-from .base import PlacePolicy, PolicyError, Request, SizePolicy, Stage, View, parse_flag, register
+from ..perf.gputype import GpuTypeFactor
+from .base import GroupPolicy, PlacePolicy, PolicyError, Request, SizePolicy, Stage, View, parse_flag, register
 
 log = logging.getLogger("gpuloom.policies.gavel")
 _BIG = 1e9  # Gavel's priority for a share not yet served (so 2 x it > it)
@@ -107,6 +108,7 @@ class Gavel(SizePolicy):
     dynamic: ClassVar[bool] = True
     requires_factors: ClassVar[Mapping[str, Any]] = {"gpu_type": _default_factor}
     objective: ClassVar[str] = "las"
+    negotiates: ClassVar[bool] = True  # places type by type (allocate)
 
     def __init__(self, aware: bool | str = True, reset_interval: float = 1920.0, round_len: float = 360.0,
                  shuffle_seed: int | None = None, solver: str = "ipm", time_limit: float = 60.0) -> None:
@@ -146,7 +148,7 @@ class Gavel(SizePolicy):
     # -- the stack ----------------------------------------------------------------------------
     def refuse(self, stages: Mapping[str, Stage]) -> str | None:
         group = stages.get("group")
-        if group is not None and group.name != "none":
+        if isinstance(group, GroupPolicy) and group.merges:
             return (f"size policy {self.name!r} time-shares whole GPUs; GPU sharing (group={group.name}) is "
                     f"Gavel's space-sharing variant, which gpuloom does not implement: use group=none")
         return None
@@ -216,7 +218,7 @@ class Gavel(SizePolicy):
 
     def _reference_speed(self, job: Job, view: View, real: list[float]) -> float:
         f = view.model.get("gpu_type")
-        ref = getattr(getattr(f, "matrix", None), "reference", None)
+        ref = f.matrix.reference if isinstance(f, GpuTypeFactor) else None
         if ref in self._types:
             return real[self._types.index(ref)] or max(real, default=1.0)
         return max(real, default=1.0)

@@ -10,5 +10,6 @@ from .base import GroupPolicy, View, register
 
 @register("group", "none")
 class NoGrouping(GroupPolicy):
+    merges = False
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
         return [(j,) for j in ordered]

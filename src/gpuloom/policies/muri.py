@@ -57,15 +57,17 @@ model's ``interleave`` factor, so grouping and simulation agree.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import ClassVar
 
 import numpy as np
 import rustworkx as rx
 
+from ..core.cluster import Cluster
 from ..core.job import Job
 from ..perf.interleave import InterleaveFactor, Profile, cycle_times
+from ..perf.model import Factor
 from .base import GroupPolicy, PolicyError, View, register
 
 #: integer scale of efficiencies (in [0, 1]) for the Blossom weights
@@ -134,6 +136,10 @@ class MuriGrouping(GroupPolicy):
     """Blossom matching rounds over GPU-count buckets (see the module docstring)."""
 
     name: ClassVar[str] = "muri"
+    #: the interleave factor gives the stage profiles it groups by (the model always has one; the
+    #: driver binds it to the jobs after this default is added)
+    requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor] | None]] = {
+        "interleave": lambda cluster: InterleaveFactor()}
 
     def __init__(self, max_group: int | None = None, pack_all: bool = False) -> None:
         if max_group is not None and int(max_group) < 1:

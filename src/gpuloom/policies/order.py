@@ -54,8 +54,7 @@ Slopes = tuple[float, float, float]
 class KeyOrder(OrderPolicy):
     """Sort by ``key``, ties by arrival (``Job.index``); the last order is kept for :meth:`next_change`."""
 
-    #: the order is View.jobs' own (FIFO): ``sort_key`` matches it only while jobs arrive in index order
-    follows_view: ClassVar[bool] = False
+    keyed: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._last: tuple[tuple[float, int, int], list[Job], list[float]] | None = None

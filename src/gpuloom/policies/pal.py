@@ -60,6 +60,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.plan import Part
+from ..perf.model import LocalityFactor
 from ..perf.variability import PMScores, VariabilityFactor
 from .base import FreeState, PlacePolicy, PolicyError, Request, View, register, split_parts
 
@@ -125,6 +126,9 @@ _UNIFORM = "uniform (no PM-scores in the model)"
 class _VariabilityPlace(PlacePolicy):
     sticky = False
     dynamic = False
+    arranges = True  # classes first (arrange)
+    #: PM-scores (uniform without, unless ``require_scores``) and per-model locality penalties
+    reads_factors = PlacePolicy.reads_factors | {"variability", "locality"}
 
     def __init__(self, locality_penalty: float | None = None, priority: str = "class",
                  require_scores: bool = False, backfill: bool | str = True) -> None:
@@ -171,8 +175,7 @@ class _VariabilityPlace(PlacePolicy):
         if self.locality_penalty is not None:
             return self.locality_penalty
         loc = view.model.get("locality")
-        pf = getattr(loc, "penalty_for", None)
-        return float(pf(req.job.spec.model)) if pf is not None else 1.0
+        return float(loc.penalty_for(req.job.spec.model)) if isinstance(loc, LocalityFactor) else 1.0
 
     def priority_order(self, requests: Sequence[Request], view: View) -> list[Request]:
         if self.priority == "queue":

@@ -128,6 +128,7 @@ class _SynergySizer(SizePolicy):
     #: --profiles, a trace that carries them, or the service's profiling, they would size like
     #: 'proportional' in silence, so a run without profiles is refused
     requires_factors = {"sensitivity": None}
+    negotiates = True  # places job by job (allocate)
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, profiles: str | None = None) -> None:
         threshold = float(threshold)
@@ -141,6 +142,9 @@ class _SynergySizer(SizePolicy):
         self._demand: dict[tuple[Any, int], tuple[int | None, int | None]] = {}
         self.last_order: list[str] = []
         self.last_stats: dict[str, Any] = {}
+
+    def profiling_threshold(self) -> float:
+        return self.threshold
 
     # -- demand vectors ----------------------------------------------------
     def profile(self, job: Job, view: View, factor: SensitivityFactor | None = None) -> CpuMemProfile | None:

@@ -39,6 +39,7 @@ import numpy as np
 from ..core.cluster import Cluster
 from ..core.job import JobSpec
 from ..perf.scaling import THESIS_SAMPLES_PER_STEP, WEAK_SCALING_BATCH, builtin_curve, strong_scaling_curve
+from ..policies.base import STAGE_DEFAULTS
 from ..scheduler import Scheduler
 from .engine import LifecycleTimes, SimConfig, Simulator
 from .metrics import RunResult
@@ -143,8 +144,8 @@ def compare_elastic_static(
     elastic: Mapping[str, Mapping[str, object]] | None = None,
     lifecycle: LifecycleTimes | None = None,
     round_len: float = math.inf,
-    order: str = "fifo",
-    place: str = "packed-sticky",
+    order: str = STAGE_DEFAULTS["order"],
+    place: str = STAGE_DEFAULTS["place"],
 ) -> dict[str, ElasticRun]:
     """Elastic configurations (name -> size params) and ``static n=…`` for each slot size.
 

@@ -80,7 +80,7 @@ from ..core.plan import ActionKind, Allocation
 from ..driver import Driver, Step
 from ..perf.assembly import build_model
 from ..perf.model import ThroughputModel
-from ..policies.base import FreeState
+from ..policies.base import STAGE_DEFAULTS, FreeState
 from ..scheduler import RequirementError, Scheduler
 from .metrics import JobRecord, RunResult, TimeSeries
 
@@ -452,10 +452,10 @@ class Simulator:
 def simulate(
     cluster: Cluster,
     specs: Sequence[JobSpec],
-    order: str = "fifo",
-    group: str = "none",
-    size: str = "proportional",
-    place: str = "packed-sticky",
+    order: str = STAGE_DEFAULTS["order"],
+    group: str = STAGE_DEFAULTS["group"],
+    size: str = STAGE_DEFAULTS["size"],
+    place: str = STAGE_DEFAULTS["place"],
     preemptive: bool = True,
     params: dict | None = None,
     model: ThroughputModel | None = None,

@@ -64,7 +64,7 @@ from ..core.queues import QueueTree
 from ..driver import Stack
 from ..perf.assembly import ModelOptionError, trace_options
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
-from ..policies.base import PolicyError
+from ..policies.base import STAGE_DEFAULTS, PolicyError
 from ..policies.check import check_names
 from ..scheduler import Scheduler
 from . import queue_report
@@ -84,10 +84,8 @@ class ConfigError(PolicyError):
 
 
 _SIM_FIELDS = {f.name: f for f in dataclasses.fields(SimConfig)}
-_STAGE_DEFAULTS = {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky",
-                   "queue": "none"}
 _ALIASES = {"round": "round_len", "P": "params"}
-_TOP_KEYS = ("label", *_STAGE_DEFAULTS, "preemptive", "locality_penalty", "params")
+_TOP_KEYS = ("label", *STAGE_DEFAULTS, "preemptive", "locality_penalty", "params")
 
 
 @dataclass(slots=True)
@@ -95,10 +93,10 @@ class RunConfig:
     """One simulator configuration.  ``sim`` holds the event-loop settings."""
 
     label: str = ""
-    order: str = "fifo"
-    group: str = "none"
-    size: str = "proportional"
-    place: str = "packed-sticky"
+    order: str = STAGE_DEFAULTS["order"]
+    group: str = STAGE_DEFAULTS["group"]
+    size: str = STAGE_DEFAULTS["size"]
+    place: str = STAGE_DEFAULTS["place"]
     preemptive: bool = True
     params: dict[str, Any] = field(default_factory=dict)
     locality_penalty: float = DEFAULT_LOCALITY_PENALTY

@@ -3,8 +3,8 @@
 ``load_trace(path, fmt="auto", **opts)`` returns the jobs of one file sorted by
 arrival (stable: ties keep file order); ``read_trace`` returns a :class:`Trace`
 that also says how many rows were read and which were skipped and why.  Each
-format has one reader function (``read_<format>``) registered in
-:data:`FORMATS`; ``"auto"`` picks one from the extension and the header.
+format has one reader function (``read_<format>``) that registers itself in
+:data:`FORMATS` (``formats``); ``"auto"`` picks one from the extension and the header.
 
 Common rules (every reader):
 
@@ -36,8 +36,8 @@ README in ``shared/data`` lists the files):
 ``tiresias``       Tiresias' trace
 ``alibaba``        Alibaba cluster-trace-gpu-v2023 pod list
 ``own``            gpuloom's own ``csv`` / ``jsonl`` format and :func:`save_trace`
-``detect``         :data:`FORMATS`, :func:`detect_format`, :func:`read_trace`,
-                   :func:`load_trace`
+``formats``        :data:`FORMATS`, the registry (entry points ``gpuloom.traces``)
+``detect``         :func:`detect_format`, :func:`read_trace`, :func:`load_trace`
 =================  ====================================================
 """
 

@@ -19,11 +19,13 @@ from typing import Any
 
 from ...core.job import JobSpec
 from .fields import Builder, Header, Trace, Where, check_width, first_row, float_field, int_field, read_rows, str_field
+from .formats import FORMATS
 
 ALIBABA_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",
                    "creation_time", "deletion_time", "scheduled_time")
 
 
+@FORMATS.register("alibaba")
 def read_alibaba(path: str | Path, pending: str = "skip") -> Trace:
     """Alibaba cluster-trace-gpu-v2023 pod list; CPU-only and never-scheduled pods are skipped (counted)."""
     if pending not in ("skip", "error"):

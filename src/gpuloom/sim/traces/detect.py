@@ -1,4 +1,4 @@
-"""The format registry (:data:`FORMATS`), format detection, and :func:`read_trace` / :func:`load_trace`.
+"""Format detection and :func:`read_trace` / :func:`load_trace` over the formats of :data:`~.formats.FORMATS`.
 
 ``"auto"`` picks a reader from the extension and the first line: ``.jsonl`` or
 a first line starting with ``{`` -> ``jsonl``; ``.trace`` or 6/9 tabs ->
@@ -11,35 +11,14 @@ for the format.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ...core.job import JobSpec
-from .alibaba import read_alibaba
+from ...core.registry import RegistryError
 from .fields import Trace, TraceError
-from .gavel import read_gavel
-from .muri import read_muri
-from .own import read_csv, read_jsonl
-from .pal import read_pal
-from .philly import read_philly
-from .sia import read_sia
-from .synergy import find_profiles, read_synergy
-from .tiresias import read_tiresias
-
-FORMATS: dict[str, Callable[..., Trace]] = {
-    "philly": read_philly,
-    "sia": read_sia,
-    "pal": read_pal,
-    "blox": read_pal,
-    "muri": read_muri,
-    "gavel": read_gavel,
-    "synergy": read_synergy,
-    "tiresias": read_tiresias,
-    "alibaba": read_alibaba,
-    "csv": read_csv,
-    "jsonl": read_jsonl,
-}
+from .formats import FORMATS
+from .synergy import find_profiles
 
 _HEADERS: list[tuple[str, frozenset[str]]] = [
     ("philly", frozenset({"timestamp", "duration", "num_gpus", "cluster"})),
@@ -84,7 +63,7 @@ def detect_format(path: str | Path) -> str:
         raise TraceError("headerless 5-column file is either 'pal' (id,model,submit,duration,gpus) or "
                          "'synergy' (id,model,arrival,iterations,gpus): give the format", p)
     raise TraceError(f"cannot tell the trace format from the first line {first[:80]!r}; "
-                     f"give one of: {', '.join(FORMATS)}", p)
+                     f"give one of: {', '.join(sorted(FORMATS))}", p)
 
 
 def _is_number(s: str) -> bool:
@@ -96,22 +75,40 @@ def _is_number(s: str) -> bool:
 
 
 def read_trace(path: str | Path, fmt: str = "auto", **opts: Any) -> Trace:
-    """Read ``path`` as ``fmt`` (a :data:`FORMATS` name or ``"auto"``); ``opts`` go to the reader."""
+    """Read ``path`` as ``fmt`` (a :data:`FORMATS` name, ``module:function`` or ``"auto"``); ``opts``
+    go to the reader."""
     p = Path(path)
     if not p.is_file():
         raise TraceError("no such file", p)
     name = detect_format(p) if fmt == "auto" else fmt
-    reader = FORMATS.get(name)
-    if reader is None:
-        raise TraceError(f"unknown trace format {fmt!r}; known: auto, {', '.join(FORMATS)}", p)
     try:
-        trace = reader(p, **opts)
+        reader = FORMATS.lookup(name)
+    except RegistryError as e:
+        raise TraceError(f"{e}".replace("(choose from: ", "(choose from: auto, "), p) from None
+    try:
+        out = reader(p, **opts)
     except TypeError as e:
         if "unexpected keyword" in str(e):
             raise TraceError(f"format {name!r} does not take option(s) {', '.join(opts)}", p) from None
         raise
+    trace = out if isinstance(out, Trace) else _listed(out, name, p)
     trace.format = name
     return trace
+
+
+def _listed(jobs: object, name: str, p: Path) -> Trace:
+    """A reader's list of jobs as a :class:`Trace`, sorted by arrival (stable)."""
+    if not isinstance(jobs, list) or not all(isinstance(j, JobSpec) for j in jobs):
+        raise TraceError(f"format {name!r}: the reader returned {type(jobs).__name__}, not a Trace or a list of "
+                         "JobSpec", p)
+    if not jobs:
+        raise TraceError(f"format {name!r}: no jobs", p)
+    seen: set[str] = set()
+    for j in jobs:
+        if j.id in seen:
+            raise TraceError(f"format {name!r}: job id {j.id!r} twice", p)
+        seen.add(j.id)
+    return Trace(sorted(jobs, key=lambda j: j.arrival), name, str(p), len(jobs))
 
 
 def load_trace(path: str | Path, fmt: str = "auto", **opts: Any) -> list[JobSpec]:

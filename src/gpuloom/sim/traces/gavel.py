@@ -34,6 +34,7 @@ from typing import Any
 from ...core.job import JobSpec
 from ...core.parse import normalise_model
 from .fields import Builder, Trace, Where, float_field, int_field, read_rows, str_field
+from .formats import FORMATS
 
 # ASSUMPTION (no throughput measurements ship with the data): rough single-V100
 # training throughput in samples per second; steps/s = samples/s / batch size.
@@ -73,6 +74,7 @@ def find_throughputs(trace: Path) -> Path | None:
     return None
 
 
+@FORMATS.register("gavel")
 def read_gavel(path: str | Path, steps_per_second: Mapping[str, float] | None = None,
                throughputs: str | Path | None = None) -> Trace:
     """Gavel ``.trace`` (7-field msr or 10-field physical-cluster layout, tab-separated)."""

@@ -17,11 +17,13 @@ from pathlib import Path
 
 from ...core.job import JobSpec
 from .fields import Builder, Header, Trace, Where, check_width, first_row, float_field, int_field, read_rows, str_field
+from .formats import FORMATS
 
 MURI_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "batch_size", "duration",
                 "interval", "iteration_time", "resource_time_0", "resource_time_1", "resource_time_2", "priority")
 
 
+@FORMATS.register("muri")
 def read_muri(path: str | Path) -> Trace:
     """Muri trace (times in ms) -> seconds; see the module docstring for the resource columns."""
     p = Path(path)

@@ -37,6 +37,7 @@ from .fields import (
     read_rows,
     str_field,
 )
+from .formats import FORMATS
 
 OWN_FIELDS = ("id", "arrival", "gpus", "duration", "iterations", "iter_time", "model", "user", "cpus", "mem_mb")
 
@@ -97,6 +98,7 @@ def _cell_value(s: str) -> Any:
     return s if flag is None else flag
 
 
+@FORMATS.register("csv")
 def read_csv(path: str | Path) -> Trace:
     """gpuloom's CSV job format (header required; see docs/traces.md)."""
     p = Path(path)
@@ -114,6 +116,7 @@ def read_csv(path: str | Path) -> Trace:
     return b.done()
 
 
+@FORMATS.register("jsonl")
 def read_jsonl(path: str | Path) -> Trace:
     """gpuloom's JSON-lines job format: one object per line (see docs/traces.md)."""
     p = Path(path)

@@ -39,11 +39,13 @@ from .fields import (
     read_rows,
     str_field,
 )
+from .formats import FORMATS
 
 #: how PAL's simulator ran its traces: model options and policy parameters (see the module notes)
 PAL_SOURCE_OPTIONS = {"variability": "artifact", "locality_rule": "any", "place.backfill": False}
 
 
+@FORMATS.register("pal", "blox")
 def read_pal(path: str | Path) -> Trace:
     """Blox/PAL CSV: ``job_id,num_gpus,submit_time,duration,model[,batch_size]`` or the headerless
     ``id,model,submit,duration,gpus`` variant (recognised by a non-header first row)."""

@@ -19,8 +19,10 @@ from pathlib import Path
 
 from ...core.job import JobSpec
 from .fields import Builder, Header, Trace, TraceError, Where, check_width, first_row, float_field, int_field, read_rows
+from .formats import FORMATS
 
 
+@FORMATS.register("philly")
 def read_philly(path: str | Path) -> Trace:
     """Sia's processed Philly job list (``timestamp,duration,num_gpus,gpu_time,cluster``)."""
     p = Path(path)

@@ -25,6 +25,7 @@ from typing import Any
 from ...core.job import JobSpec
 from ...core.parse import normalise_model
 from .fields import Builder, Header, Trace, Where, check_width, first_row, float_field, int_field, read_rows, str_field
+from .formats import FORMATS
 
 # (application, GPUs) -> seconds, as PAL's conversion of Sia's Philly workloads
 # (pal/traces/philly/workload-N-noheader.csv) assigns them; see the module docstring.
@@ -72,6 +73,7 @@ def _duration_table(durations: Mapping[str, float | Mapping[int, float]]) -> Cal
     return lookup
 
 
+@FORMATS.register("sia")
 def read_sia(path: str | Path, durations: Mapping[str, float | Mapping[int, float]] | None = None) -> Trace:
     """Sia workload CSV (``name,time,application,num_replicas,batch_size``); durations as documented."""
     p = Path(path)

@@ -27,6 +27,7 @@ from ...core.parse import normalise_model
 from ...core.parse import safe_arith as safe_arith  # re-exported: the one arithmetic evaluator
 from ...perf.synergy_profiles import ProfileFileError, ProfileRow, read_profile_rows
 from .fields import Builder, Trace, TraceError, Where, check_width, float_field, int_field, read_rows, str_field
+from .formats import FORMATS
 
 PROFILES_FILE = "model_sensitivity_profiles.csv"
 
@@ -70,6 +71,7 @@ def _profile_index(path: Path | None) -> dict[tuple[str, int], ProfileRow]:
     return {(normalise_model(r.model), r.gpus): r for r in rows if r.iter_time is not None}
 
 
+@FORMATS.register("synergy")
 def read_synergy(path: str | Path, profiles: str | Path | None = None,
                  iter_times: Mapping[str, float] | None = None) -> Trace:
     """Synergy trace ``id, model, arrival, iterations, GPUs`` (no header)."""

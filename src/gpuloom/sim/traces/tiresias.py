@@ -10,8 +10,10 @@ from pathlib import Path
 
 from ...core.job import JobSpec
 from .fields import Builder, Header, Trace, Where, check_width, first_row, float_field, int_field, read_rows, str_field
+from .formats import FORMATS
 
 
+@FORMATS.register("tiresias")
 def read_tiresias(path: str | Path) -> Trace:
     """Tiresias CSV ``job_id,num_gpu,submit_time,iterations,model_name,duration,interval`` (seconds)."""
     p = Path(path)

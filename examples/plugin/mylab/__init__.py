@@ -1,0 +1,1 @@
+"""A gpuloom plugin: the ``fewest-gpus`` order and the ``mylab`` trace format."""
