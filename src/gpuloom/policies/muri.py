@@ -1,9 +1,10 @@
 """Muri's grouping (SIGCOMM'22): jobs with different bottlenecks share one set of GPUs.
 
 Registered as group policy ``muri``.  Muri-S is ``--order srsf --group muri``
-(durations known: remaining time × GPUs), Muri-L is ``--order 2d-las --group
-muri`` (durations unknown: attained GPU-time, Tiresias' queues); both names are
-also in :data:`VARIANTS` for scripts.  The order decides *which* jobs enter the
+(durations known: remaining time × GPUs), Muri-L is ``--order las-gpu --group
+muri`` (durations unknown: attained GPU-time, no queues, as Muri's simulator
+ranks it; ``2d-las`` is Tiresias'); both names are also in :data:`VARIANTS`
+for scripts.  The order decides *which* jobs enter the
 grouping and the rank of every resulting unit; this stage only decides who
 shares with whom.
 
@@ -81,7 +82,7 @@ _MATCHINGS_KEPT = 64
 _first = itemgetter(0)
 _rank = itemgetter(0, 1)
 #: (order, group) registry names of Muri's two variants
-VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
+VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("las-gpu", "muri")}
 
 
 def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
