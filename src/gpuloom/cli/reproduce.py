@@ -21,6 +21,8 @@ def reproduce(
     preset: Annotated[str, typer.Option(help="paper or artifact (where a paper and its artifact differ).")] = "paper",
     seeds: Annotated[int | None, typer.Option(help="Seeds where randomness enters (default 3 for synergy, pal; 1 for gavel).")] = None,
     limit: Annotated[int | None, typer.Option(help="Reduced input: the first N jobs (a quick check).")] = None,
+    trace: Annotated[str | None, typer.Option(help="muri only: trace1, trace2, trace3 (default), trace4, testbed "
+                                                   "or a Muri-format file.")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
@@ -31,7 +33,7 @@ def reproduce(
         output = Output("reproduce", out)
         try:
             data_dir(data)  # no data: an error before any folder is made
-            results = run(which, data, preset, seeds, None, limit)
+            results = run(which, data, preset, seeds, None, limit, trace)
         except ReproduceError as e:
             raise OptionError(str(e)) from None
     path = write(results, output.create(which))

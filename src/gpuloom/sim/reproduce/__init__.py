@@ -3,7 +3,7 @@
 =========  ============================================================  =====================
 name       experiment                                                    published figure
 =========  ============================================================  =====================
-muri       trace 3 on 8x8: SRTF, SRSF, Muri-S, Tiresias, Muri-L          Muri Fig. 9 and 10
+muri       a Muri trace on 8x8: SRTF, SRSF, Muri-S, Tiresias, Muri-L     Muri Fig. 9 and 10
 synergy    TUNE vs GPU-proportional, 128 GPUs, Synergy's model mix       Synergy abstract
 pal        PM-First and PAL vs Packed-Sticky, 8 Sia-Philly workloads     PAL Sec. V-B
 fsched     F-scheduling vs static partitions, thesis scenario            thesis (direction)
@@ -36,8 +36,9 @@ SEEDED = frozenset({"gavel"})
 
 
 def run(names: str | list[str], data: str | Path | None = None, preset: str = "paper", seeds: int | None = None,
-        out: str | Path | None = None, limit: int | None = None) -> list[Result]:
-    """Run experiments by name (``all`` = every one); write ``reproduce.json`` and plots to ``out``."""
+        out: str | Path | None = None, limit: int | None = None, trace: str | Path | None = None) -> list[Result]:
+    """Run experiments by name (``all`` = every one); write ``reproduce.json`` and plots to ``out``.
+    ``trace``: Muri's trace for ``muri`` (:func:`muri.trace_path`); only with ``muri``."""
     if isinstance(names, str):
         names = list(EXPERIMENTS) if names == "all" else [names]
     for n in names:
@@ -45,12 +46,15 @@ def run(names: str | list[str], data: str | Path | None = None, preset: str = "p
             raise ReproduceError(f"unknown experiment {n!r}; choose from {', '.join(EXPERIMENTS)} or all")
     if preset not in PRESETS:
         raise ReproduceError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if trace is not None and names != ["muri"]:
+        raise ReproduceError("--trace applies to muri only")
     d = data_dir(data)
     results = []
     for n in names:
         t0 = time.perf_counter()
         s = seeds if seeds is not None else DEFAULT_SEEDS[n]
-        res = EXPERIMENTS[n](d, preset, s if DEFAULT_SEEDS[n] > 1 or n in SEEDED else 1, limit)
+        extra = {"trace": trace} if trace is not None else {}
+        res = EXPERIMENTS[n](d, preset, s if DEFAULT_SEEDS[n] > 1 or n in SEEDED else 1, limit, **extra)
         res.wall_s = time.perf_counter() - t0
         results.append(res)
     if out is not None:

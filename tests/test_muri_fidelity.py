@@ -1,0 +1,87 @@
+"""Muri's own accounting in gpuloom: its per-event start-up overhead, and `reproduce muri --trace`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpuloom.cli import app
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.job import JobSpec
+from gpuloom.perf.startup import DEFAULT_STARTUP, event_overhead, muri_startup
+from gpuloom.scheduler import Scheduler
+from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.reproduce import ReproduceError, run
+from gpuloom.sim.reproduce.muri import trace_path
+
+
+def finishes(specs: list[JobSpec], event: str | float, order: str = "fifo", gpus: int = 2) -> dict[str, float]:
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0, event_overhead=event)
+    res = Simulator(Cluster.homogeneous(1, gpus), specs, Scheduler.from_names(order), None, cfg).run()
+    return {j.id: j.finish for j in res.jobs}
+
+
+def test_startup_table() -> None:
+    assert muri_startup(JobSpec("a", 0.0, 1, 1.0, model="a2c")) == 38.0
+    assert muri_startup(JobSpec("a", 0.0, 8, 1.0, model="a2c")) == 46.0
+    assert muri_startup(JobSpec("a", 0.0, 1, 1.0, model="unknown")) == DEFAULT_STARTUP
+    assert muri_startup(JobSpec("a", 0.0, 3, 1.0, model="dqn")) == DEFAULT_STARTUP  # no row for 3 GPUs
+    assert event_overhead("none") is None and event_overhead(0) is None
+    for bad in ("sometimes", -1.0, math.inf):
+        with pytest.raises(ValueError, match="event_overhead"):
+            SimConfig(event_overhead=bad)
+
+
+def test_event_overhead_charges_every_event_a_job_runs_through_as_muri_does() -> None:
+    # a (dqn, 5 s) runs from 0; b (a2c, 38 s) arrives at 50 on the other GPU.
+    # Muri: at 50, a has done 50 - 5 = 45 of 100 and ends at 50 + 55 = 105 (the stretch that ends in
+    # its completion is not charged); at 105, b has done 55 - 38 = 17 and ends at 105 + 83 = 188
+    specs = [JobSpec("a", 0.0, 1, 100.0, model="dqn"), JobSpec("b", 50.0, 1, 100.0, model="a2c")]
+    assert finishes(specs, "muri") == pytest.approx({"a": 105.0, "b": 188.0})
+    assert finishes(specs, 10.0) == pytest.approx({"a": 110.0, "b": 160.0})
+    assert finishes(specs, "none") == pytest.approx({"a": 100.0, "b": 150.0})
+    # an event shorter than the charge takes all the progress since the last one (not more)
+    specs = [JobSpec("a", 0.0, 1, 100.0, model="dqn"), JobSpec("b", 3.0, 1, 10.0, model="dqn")]
+    # at 3: a loses 3 (done 0); b runs 3..13, a is charged 5 again at 13 (done 10 - 5 = 5): ends 13 + 95
+    assert finishes(specs, "muri") == pytest.approx({"a": 108.0, "b": 13.0})
+
+
+def test_event_overhead_of_a_group_is_the_sum_of_its_members() -> None:
+    from gpuloom.perf.interleave import InterleaveFactor
+    from gpuloom.perf.model import LocalityFactor, ThroughputModel
+
+    cpu, gpu = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)
+
+    def spec(jid: str, arrival: float, prof: tuple[float, float, float], model: str) -> JobSpec:
+        return JobSpec(jid, arrival, 1, 100.0, model=model, attrs={"resource_times": prof, "iteration_time": 1.0})
+
+    # c and g interleave perfectly on the one GPU (speed 1 each); x arrives at 40 and waits (no third
+    # slot it complements).  At 40 both members lose dqn + resnet18 = 5 + 4 = 9 s: 31 done, end at 109
+    specs = [spec("c", 0.0, cpu, "dqn"), spec("g", 0.0, gpu, "resnet18"), spec("x", 40.0, gpu, "bert")]
+    cl = Cluster.homogeneous(1, 1)
+    model = ThroughputModel(cl, [LocalityFactor(), InterleaveFactor(threshold=0.0)])
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0, event_overhead="muri")
+    res = Simulator(cl, specs, Scheduler.from_names("fifo", "muri"), model, cfg).run()
+    fin = {j.id: j.finish for j in res.jobs}
+    assert fin["c"] == pytest.approx(109.0) and fin["g"] == pytest.approx(109.0)
+
+
+def test_reproduce_muri_trace_choice(data_dir: Path, tmp_path: Path) -> None:
+    assert trace_path(data_dir, None).name == "trace3.csv"
+    assert trace_path(data_dir, "trace1") == data_dir / "muri/sim_traces/trace1.csv"
+    assert trace_path(data_dir, "testbed") == data_dir / "muri/testbed_trace/cluster_trace.csv"
+    with pytest.raises(ReproduceError, match="missing input"):
+        trace_path(data_dir, tmp_path / "none.csv")
+    with pytest.raises(ReproduceError, match="muri only"):
+        run("pal", data_dir, trace="trace1")
+    (res,) = run("muri", data_dir, "artifact", limit=30, trace="trace4")
+    assert "trace4" in res.title and all(r.published is None for r in res.rows)
+    r = CliRunner().invoke(app, ["reproduce", "muri", "--trace", "testbed", "--limit", "20", "--data",
+                                 str(data_dir), "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "cluster_trace on 8x8" in r.output
