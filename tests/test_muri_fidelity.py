@@ -85,3 +85,41 @@ def test_reproduce_muri_trace_choice(data_dir: Path, tmp_path: Path) -> None:
                                  str(data_dir), "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "cluster_trace on 8x8" in r.output
+
+
+def test_muri_rule_matches_any_positive_efficiency_then_unpacks_groups_slower_than_turns() -> None:
+    from gpuloom.core.job import Job
+    from gpuloom.perf.interleave import MURI_OVERHEAD, InterleaveFactor
+    from gpuloom.perf.model import LocalityFactor, ThroughputModel
+    from gpuloom.policies.base import View, make
+    from gpuloom.policies.muri import MuriGrouping
+
+    import numpy as np
+
+    def job(jid: str, rt: tuple[float, float, float]) -> Job:
+        return Job(JobSpec(jid, 0.0, 1, 60.0, iter_time=sum(rt), attrs={"resource_times": rt,
+                                                                         "iteration_time": sum(rt)}))
+
+    # two GPU-bound jobs: interleaved, a cycle of 6 + 6 = 12 s x Muri's pair overhead 1.31 > 6 + 6 taking
+    # turns.  gpuloom's rule gives no edge; Muri's an edge of efficiency 12 / (4 x 12 x 1.31), a merge
+    # (they do not fit one GPU), then autopack splits the pair again
+    jobs = [job("g1", (0.0, 6.0, 0.0)), job("g2", (0.0, 6.0, 0.0))]
+    cl = Cluster.homogeneous(1, 1)
+    f = InterleaveFactor(overhead=MURI_OVERHEAD)
+    f.bind({j.id: j for j in jobs})
+    view = View(0.0, cl, jobs, {}, ThroughputModel(cl, [LocalityFactor(), f]), np.random.default_rng(0))
+    profiles = [p for j in jobs if (p := f.profile(j)) is not None]
+    assert MuriGrouping().match_round(profiles, [[0], [1]], 4, f) == []
+    ours = MuriGrouping(rule="muri")
+    (pair,) = ours.match_round(profiles, [[0], [1]], 4, f)
+    assert pair[:2] == (0, 1) and pair[2] == round(1_000_000 * 12 / (4 * 12 * f.overhead_for(2)))
+    units = ours.group(jobs, view)
+    assert [tuple(j.id for j in u) for u in units] == [("g1",), ("g2",)] and ours.last_rounds == 1
+    # complementary jobs still share under both rules
+    jobs = [job("c", (6.0, 0.0, 0.0)), job("g", (0.0, 6.0, 0.0))]
+    f.bind({j.id: j for j in jobs})
+    view = View(0.0, cl, jobs, {}, ThroughputModel(cl, [LocalityFactor(), f]), np.random.default_rng(0))
+    for rule in ("gpuloom", "muri"):
+        assert [tuple(j.id for j in u) for u in MuriGrouping(rule=rule).group(jobs, view)] == [("c", "g")]
+    with pytest.raises(ValueError, match="rule must be one of gpuloom, muri"):
+        make("group", "muri", {"rule": "tiresias"})
