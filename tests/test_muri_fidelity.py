@@ -16,6 +16,7 @@ from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
 from gpuloom.sim.reproduce import ReproduceError, run
 from gpuloom.sim.reproduce.muri import trace_path
+from gpuloom.sim.traces import load_trace
 
 
 def finishes(specs: list[JobSpec], event: str | float, order: str = "fifo", gpus: int = 2) -> dict[str, float]:
@@ -88,13 +89,13 @@ def test_reproduce_muri_trace_choice(data_dir: Path, tmp_path: Path) -> None:
 
 
 def test_muri_rule_matches_any_positive_efficiency_then_unpacks_groups_slower_than_turns() -> None:
+    import numpy as np
+
     from gpuloom.core.job import Job
     from gpuloom.perf.interleave import MURI_OVERHEAD, InterleaveFactor
     from gpuloom.perf.model import LocalityFactor, ThroughputModel
     from gpuloom.policies.base import View, make
     from gpuloom.policies.muri import MuriGrouping
-
-    import numpy as np
 
     def job(jid: str, rt: tuple[float, float, float]) -> Job:
         return Job(JobSpec(jid, 0.0, 1, 60.0, iter_time=sum(rt), attrs={"resource_times": rt,
@@ -123,3 +124,25 @@ def test_muri_rule_matches_any_positive_efficiency_then_unpacks_groups_slower_th
         assert [tuple(j.id for j in u) for u in MuriGrouping(rule=rule).group(jobs, view)] == [("c", "g")]
     with pytest.raises(ValueError, match="rule must be one of gpuloom, muri"):
         make("group", "muri", {"rule": "tiresias"})
+
+
+def test_las_gpu_events_reorders_only_when_jobs_arrive_or_end(data_dir: Path) -> None:
+    # one GPU; b arrives at 100 with less attained GPU-time than a (0 < 100): b runs.  las-gpu swaps
+    # them back at the next 300 s round (a: 100 < b: 200) and so on; Muri's order keeps b until it ends
+    specs = [JobSpec("a", 0.0, 1, 1000.0), JobSpec("b", 100.0, 1, 1000.0)]
+    cfg = SimConfig(round_len=300.0, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0)
+    runs = {}
+    for order in ("las-gpu", "las-gpu-events"):
+        res = Simulator(Cluster.homogeneous(1, 1), specs, Scheduler.from_names(order), None, cfg).run()
+        runs[order] = ({j.id: j.finish for j in res.jobs}, res.rounds_computed)
+    assert runs["las-gpu-events"][0] == pytest.approx({"a": 2000.0, "b": 1100.0})
+    assert runs["las-gpu"][0]["a"] != pytest.approx(2000.0)  # time-sliced
+    assert runs["las-gpu-events"][1] < runs["las-gpu"][1]
+    # with rounds on arrivals and completions only, both are Muri's order: the same run
+    specs = load_trace(data_dir / "muri/sim_traces/trace3.csv", "muri")[:150]
+    cl = Cluster.homogeneous(4, 8, 92, 520_000)
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True)
+    fins = [{j.id: j.finish for j in Simulator(cl, specs, Scheduler.from_names(o, "muri"), None, cfg).run().jobs}
+            for o in ("las-gpu", "las-gpu-events")]
+    assert fins[0] == fins[1]

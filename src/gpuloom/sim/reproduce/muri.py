@@ -10,8 +10,9 @@ docs/muri.md gives each command).  Cluster: 8 nodes x 8 GPUs, 92 cores, 520 GB
 (the testbed's: 350 GB).
 
 Policies: SRTF (``srtf``), SRSF (``srsf``), Muri-S (``srsf`` + ``muri``),
-Tiresias (``2d-las``) and Muri-L (``las-gpu`` + ``muri``: Muri's simulator
-orders Muri-L by attained GPU-time without queues, ``multi_resource_blossom_same_sim_jobs(
+Tiresias (``2d-las``) and Muri-L (``las-gpu-events`` + ``muri``: Muri's
+simulator orders Muri-L by attained GPU-time without queues, re-sorted at
+arrivals and completions, ``multi_resource_blossom_same_sim_jobs(
 know_duration=False)``).  Everything else is gpuloom's default model: the
 locality rule (no penalty for jobs that need several nodes), consolidated
 placement, four-resource interleaving with Muri's sharing overhead.
@@ -39,7 +40,7 @@ from .common import Result, Row, need
 
 #: (setting, order, group), in the figures' order
 POLICIES = (("SRTF", "srtf", "none"), ("SRSF", "srsf", "none"), ("Muri-S", "srsf", "muri"),
-            ("Tiresias", "2d-las", "none"), ("Muri-L", "las-gpu", "muri"))
+            ("Tiresias", "2d-las", "none"), ("Muri-L", "las-gpu-events", "muri"))
 #: draw_fig9-10.py, seconds: (mean JCT, makespan, p99 JCT) by trace file and policy
 PUBLISHED: dict[str, dict[str, tuple[float, float, float]]] = {
     "trace1.csv": {
