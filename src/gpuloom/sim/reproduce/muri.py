@@ -152,7 +152,7 @@ def run(data: Path, preset: str = "paper", seeds: int = 1, limit: int | None = N
         s = res.summary()
         pub = published.get(pol, (None, None, None))
         other = theirs.get(pol)
-        src = f"Muri {FIGURE[pol]} ({label})" if published else f"Muri's simulator ({label})"
+        src = f"Muri {FIGURE[pol]} ({label})" if name in PUBLISHED else f"Muri's simulator ({label})"
         rows.append(Row(pol, "mean JCT", "h", None if pub[0] is None else pub[0] / hours, src,
                         [s["mean_jct_s"] / hours], None if other is None else other / hours))
         rows.append(Row(pol, "p99 JCT", "h", None if pub[2] is None else pub[2] / hours, src,
@@ -162,7 +162,7 @@ def run(data: Path, preset: str = "paper", seeds: int = 1, limit: int | None = N
         ra, rb = jct[a], jct[b]
         rows.append(Row(f"{a} / {b}", "mean JCT ratio", "x",
                         None if ra.published is None or rb.published is None else ra.published / rb.published,
-                        f"Muri {FIGURE[b]} ({label})" if published else f"Muri's simulator ({label})", [ra.mean / rb.mean],
+                        f"Muri {FIGURE[b]} ({label})" if name in PUBLISHED else f"Muri's simulator ({label})", [ra.mean / rb.mean],
                         None if ra.other is None or rb.other is None else ra.other / rb.other))
     notes = [
         "published values: the raw data of Fig. 9/10 in Muri's artifact (simulator/draw_fig9-10.py)",
