@@ -274,7 +274,7 @@ def test_jobs_without_profiles_stay_alone_and_config_errors() -> None:
         MuriGrouping().group(jobs, bare)
     with pytest.raises(PolicyError, match="max_group"):
         make("group", "muri", {"max_group": 0})
-    assert VARIANTS["muri-s"] == ("srsf", "muri") and VARIANTS["muri-l"] == ("2d-las", "muri")
+    assert VARIANTS["muri-s"] == ("srsf", "muri") and VARIANTS["muri-l"] == ("las-gpu-events", "muri")
 
 
 # -- simulation by hand ------------------------------------------------------------------

@@ -46,7 +46,7 @@ def assert_same_run(skipped, every) -> None:  # noqa: ANN001
 
 
 STACKS = [
-    {"order": o} for o in ("fifo", "sjf", "srtf", "srsf", "las", "las-gpu", "2d-las", "ftf")
+    {"order": o} for o in ("fifo", "sjf", "srtf", "srsf", "las", "las-gpu", "las-gpu-events", "2d-las", "ftf")
 ] + [
     {"order": "srtf", "place": "packed-non-sticky"},
     {"order": "srsf", "place": "random-sticky"},
@@ -76,7 +76,7 @@ def test_muri_both_ways_on_real_profiles(data_dir) -> None:  # noqa: ANN001
     specs = sorted(load_trace(data_dir / "muri" / "sim_traces" / "trace3.csv", "muri"), key=lambda s: s.arrival)
     specs = [s for s in specs if s.gpus <= 8][:200]
     cl = Cluster.homogeneous(2, 8, 92, 520_000)
-    for order in ("srsf", "2d-las"):
+    for order in ("srsf", "2d-las", "las-gpu-events"):
         skipped, every = both_ways(cl, specs, {"order": order, "group": "muri"},
                                    reschedule_on_arrival=True, reschedule_on_completion=True)
         assert_same_run(skipped, every)

@@ -25,6 +25,8 @@ def reproduce(
     measure_jobs: Annotated[str | None, typer.Option(
         "--measure-jobs", metavar="A:B",
         help="synergy, gavel: measure jobs A..B-1 by arrival instead of the source's window (4000:5000).")] = None,
+    trace: Annotated[str | None, typer.Option(help="muri only: trace1, trace2, trace3 (default), trace4, testbed "
+                                                   "or a Muri-format file.")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
@@ -36,7 +38,7 @@ def reproduce(
         try:
             data_dir(data)  # no data: an error before any folder is made
             window = measure_window(measure_jobs)
-            results = run(which, data, preset, seeds, None, limit, window)
+            results = run(which, data, preset, seeds, None, limit, measure=window, trace=trace)
         except ReproduceError as e:
             raise OptionError(str(e)) from None
     path = write(results, output.create(which))

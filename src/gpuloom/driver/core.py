@@ -518,6 +518,14 @@ class Driver:
             self._quiet_at = self._stamp
         return failed
 
+    def set_back(self, job: Job, work: float, now: float) -> None:
+        """``job`` keeps its allocation with ``work`` seconds of progress undone (a simulated overhead)."""
+        job.advance(now)
+        job.remaining += work
+        job.version += 1
+        self._stamp += 1  # (the next round plans from scratch: keys moved)
+        self.backend.progressed(self, job, now)
+
     def _drop(self, job: Job, now: float) -> None:
         """Undo a start the backend did not carry out: the job holds nothing, its group shrinks."""
         alloc = job.alloc

@@ -1,9 +1,10 @@
 """Muri's grouping (SIGCOMM'22): jobs with different bottlenecks share one set of GPUs.
 
 Registered as group policy ``muri``.  Muri-S is ``--order srsf --group muri``
-(durations known: remaining time × GPUs), Muri-L is ``--order 2d-las --group
-muri`` (durations unknown: attained GPU-time, Tiresias' queues); both names are
-also in :data:`VARIANTS` for scripts.  The order decides *which* jobs enter the
+(durations known: remaining time × GPUs), Muri-L is ``--order las-gpu-events
+--group muri`` (durations unknown: attained GPU-time, no queues, re-sorted on
+arrivals and completions only, as Muri's simulator ranks it; ``2d-las`` is
+Tiresias'); both names are also in :data:`VARIANTS` for scripts.  The order decides *which* jobs enter the
 grouping and the rank of every resulting unit; this stage only decides who
 shares with whom.
 
@@ -82,8 +83,13 @@ _MATCHINGS_KEPT = 64
 #: a merge candidate's cost, then rank
 _first = itemgetter(0)
 _rank = itemgetter(0, 1)
+#: grouping rules: ``gpuloom`` (the module notes) or ``muri``, Muri's simulator's: an edge wherever the
+#: merged group's efficiency is positive, no tie-breaking bonus, pairs merged in bucket order (buckets by
+#: their best job, pairs by their later node) rather than most efficient first (Muri sorts them but
+#: drops the sorted copy), and *autopack*: a final group slower than its members taking turns is split
+RULES = ("gpuloom", "muri")
 #: (order, group) registry names of Muri's two variants
-VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("2d-las", "muri")}
+VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("las-gpu-events", "muri")}
 
 
 def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
@@ -141,9 +147,12 @@ class MuriGrouping(GroupPolicy):
     requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor] | None]] = {
         "interleave": lambda cluster: InterleaveFactor()}
 
-    def __init__(self, max_group: int | None = None, pack_all: bool = False) -> None:
+    def __init__(self, max_group: int | None = None, pack_all: bool = False, rule: str = "gpuloom") -> None:
         if max_group is not None and int(max_group) < 1:
             raise ValueError(f"max_group must be >= 1, got {max_group}")
+        if rule not in RULES:
+            raise ValueError(f"group 'muri': rule must be one of {', '.join(RULES)}, got {rule!r}")
+        self.rule = rule  # "muri": Muri's own edges, merge order and autopack (see RULES)
         self.max_group = None if max_group is None else int(max_group)
         self.pack_all = bool(pack_all)  # merge every matched pair, even when the cluster has room
         self.last_rounds = 0  # matching rounds in the last call (for tests/benchmarks)
@@ -204,7 +213,11 @@ class MuriGrouping(GroupPolicy):
             if not cands:
                 break
             self.last_rounds += 1
-            cands.sort(key=_rank)
+            if self.rule == "muri":  # bucket order (states are in order of their best job), then later node
+                pos = {id(bs): n for n, bs in enumerate(states)}
+                cands.sort(key=lambda c: (pos[id(c[3])], c[5]))
+            else:
+                cands.sort(key=_rank)
             merged_pairs: dict[int, list[tuple[int, int]]] = {}
             for _, _, _, bs, a, c in cands:
                 if required <= capacity and not self.pack_all:
@@ -217,7 +230,10 @@ class MuriGrouping(GroupPolicy):
                     bs.merge(pairs)
         for bs in states:
             for grp in bs.nodes:
-                units.append([bs.members[x] for x in grp])
+                if self.rule == "muri" and len(grp) > 1 and self._slower_than_turns(bs, grp, factor):
+                    units.extend([bs.members[x]] for x in grp)  # autopack: unpacked
+                else:
+                    units.append([bs.members[x] for x in grp])
         in_unit = set(admitted)
         units.extend([i] for i in range(len(ordered)) if i not in in_unit)
         for u in units:
@@ -268,6 +284,8 @@ class MuriGrouping(GroupPolicy):
         # the matching depends on these alone (and on the interleaving model, whose change clears
         # the caches): a round met in one of the last few matchings (a bucket unchanged since an
         # earlier round: two thirds of Muri-S's on trace3) gets its pairs again
+        if self.rule == "muri":
+            nl = None  # (Muri matches from scratch: no bonus for partners already together)
         rk = (max_group, tuple(gid), None if nl is None else tuple(nl))
         known = self._rounds.get(rk)
         if known is not None:
@@ -319,6 +337,11 @@ class MuriGrouping(GroupPolicy):
         return [(a, c, wmap[(a, c)]) for a, c in pairs]
 
     # -- helpers ------------------------------------------------------------------
+    def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor) -> bool:
+        """Muri's autopack test: the group's iteration time exceeds the sum of its members' alone."""
+        key = tuple(sorted(bs.profiles[x] for x in grp))
+        return self._own_time(key, factor) > sum(self._own_time((bs.profiles[x],), factor) for x in grp)
+
     def _check_cache(self, factor: InterleaveFactor) -> None:
         # (compared field by field, the overheads as dicts: this runs at every matching round)
         sig = self._cache_sig
@@ -379,7 +402,7 @@ class MuriGrouping(GroupPolicy):
                 work = members.sum(axis=(1, 2))
                 for (a, b, ck), t, wk in zip(todo, T.tolist(), work.tolist(), strict=True):
                     apart = self._own_time(ukeys[a], factor) + self._own_time(ukeys[b], factor)
-                    if t < apart * (1.0 - 1e-12):
+                    if t < apart * (1.0 - 1e-12) or (self.rule == "muri" and wk > 0):
                         w = max(1, int(round(WEIGHT_SCALE * wk / (k * t))))
                     else:
                         w = 0

@@ -13,7 +13,10 @@ las       attained service (wall seconds held)
 2d-las    Tiresias: discretised queues on attained GPU-time; inside a queue
           Tiresias' order (new and demoted jobs join the tail, running jobs
           stay ahead of waiting ones)
-las-gpu   attained GPU-time (continuous 2D-LAS; Muri-L's order in Muri's simulator)
+las-gpu   attained GPU-time (continuous 2D-LAS)
+las-gpu-events
+          attained GPU-time as of the last round at which a job arrived or
+          ended (Muri-L's order: Muri's simulator re-sorts at those events only)
 srsf      remaining work × GPUs
 ftf       Themis finish-time fairness ρ = (elapsed + remaining) / duration,
           largest ρ first
@@ -213,6 +216,41 @@ class LASGPU(KeyOrder):
             return None
         g = float(job.alloc.num_gpus)
         return (g, g, now)
+
+
+@register("order", "las-gpu-events")
+class LASGPUEvents(KeyOrder):
+    """Least attained GPU-seconds first, the keys taken at the last round at which the set of active
+    jobs changed (an arrival or an end) and kept until the next such round.
+
+    Muri-L's order as Muri's simulator runs it: it re-sorts by attained GPU-time at every arrival
+    and completion and at no other time.  With rounds on events only it is ``las-gpu``; with
+    periodic rounds as well, ``las-gpu`` re-sorts (and regroups) whenever two keys cross, and this
+    order does not: it changes only with the jobs, so periodic rounds between events that change
+    nothing are skipped.
+    """
+
+    dynamic = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._keys: dict[str, float] = {}
+        self._seen: tuple[float, int] | None = None  # (now, round) of the last check
+
+    def _refresh(self, view: View) -> None:
+        stamp = (view.now, view.round_index)
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        keys, jobs = self._keys, view.jobs
+        if len(jobs) == len(keys) and all(j.id in keys for j in jobs):
+            return  # the same jobs (as many, all known): the order stays
+        now = view.now
+        self._keys = {j.id: j.attained_gpu_at(now) for j in jobs}
+
+    def key(self, job: Job, view: View) -> float:
+        self._refresh(view)
+        return self._keys[job.id]
 
 
 @register("order", "2d-las", "tiresias")

@@ -80,6 +80,7 @@ from ..core.plan import ActionKind, Allocation
 from ..driver import Driver, Step
 from ..perf.assembly import build_model
 from ..perf.model import ThroughputModel
+from ..perf.startup import event_overhead
 from ..policies.base import STAGE_DEFAULTS, FreeState
 from ..scheduler import RequirementError, Scheduler
 from .metrics import JobRecord, RunResult, TimeSeries
@@ -109,12 +110,16 @@ class SimConfig:
     lifecycle: LifecycleTimes | None = None  # lifecycle times; None: the overhead preset
     skip_rounds: bool = True  # skip periodic rounds that provably change nothing (False: compute all)
     starts_wait_for_stops: bool = False  # a round's launches begin when its stops are done (as the service does)
+    #: Muri's accounting: a job running from one computed round to the next loses its start-up time's
+    #: progress ("muri": gpuloom.perf.startup's table; seconds: every job alike; "none"); no round is skipped
+    event_overhead: str | float = "none"
 
     def __post_init__(self) -> None:
         if not self.round_len > 0:
             raise ValueError(f"round length must be > 0, got {self.round_len}")
         if self.launch_overhead < 0 or self.restart_overhead < 0:
             raise ValueError("overheads must be >= 0")
+        event_overhead(self.event_overhead)  # (a bad value is an error here, naming the option)
 
     @property
     def times(self) -> LifecycleTimes:
@@ -254,6 +259,9 @@ class Simulator:
         self.series = TimeSeries()
         self.rounds = 0
         self.rounds_computed = 0
+        self._event_charge = event_overhead(self.config.event_overhead)
+        self._charges: dict[str, tuple[float, float]] = {}  # job -> (charge s, speed) at the last round
+        self._last_round = 0.0
 
     # -- what observers and tests read ----------------------------------------------------
     @property
@@ -311,12 +319,50 @@ class Simulator:
         """Compute a round; returns until when periodic rounds may be skipped (see the module notes)."""
         self.rounds += 1
         self.rounds_computed += 1
+        charging = self._event_charge is not None
+        if charging:
+            self._charge_event()
         actions = self.driver.round(self.now)
+        if charging:
+            self._note_charges()
         for obs in self.observers:
             obs(self, "round")
-        if actions or not self.config.skip_rounds:
+        if actions or not self.config.skip_rounds or charging:
             return -math.inf
         return self.driver.settled_until(self.now)
+
+    def _charge_event(self) -> None:
+        """Muri's per-event overhead (``SimConfig.event_overhead``), charged as Muri's simulator
+        does: every job that has run since the last round loses the progress of the first
+        ``min(charge, time since)`` seconds of it, its charge being the sum of its group's start-up
+        times when that round planned it (its own when alone), at the speed it had then.  So a
+        job pays for every round it runs through, and nothing for the stretch that ends in its
+        completion."""
+        now, jobs, driver = self.now, self.driver.jobs, self.driver
+        since = self._last_round
+        for jid, (oh, speed) in self._charges.items():
+            job = jobs.get(jid)
+            if job is None or job.alloc is None or speed <= 0:
+                continue
+            d = job.spec.duration
+            if job.remaining_at(now) <= 1e-6 * (d if d > 1.0 else 1.0):
+                continue  # it completes at this instant too (Muri ends such jobs before charging)
+            lost = (oh if oh < now - since else now - since) * speed
+            if lost > 0:
+                driver.set_back(job, lost, now)
+
+    def _note_charges(self) -> None:
+        """Each running job's charge at the next round (see :meth:`_charge_event`)."""
+        charge = self._event_charge
+        assert charge is not None
+        by_id = self.by_id
+        out: dict[str, tuple[float, float]] = {}
+        for jid, a in self.driver.current.items():
+            job = by_id[jid]
+            g = job.spec.gpus
+            out[jid] = (charge(job.spec, g) + sum(charge(by_id[o].spec, g) for o in a.group), job.speed)
+        self._charges = out
+        self._last_round = self.now
 
     # -- main loop ----------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:

@@ -3,7 +3,7 @@
 =========  ============================================================  =====================
 name       experiment                                                    published figure
 =========  ============================================================  =====================
-muri       trace 3 on 8x8: SRTF, SRSF, Muri-S, Tiresias, Muri-L          Muri Fig. 9 and 10
+muri       a Muri trace on 8x8: SRTF, SRSF, Muri-S, Tiresias, Muri-L     Muri Fig. 9 and 10
 synergy    TUNE vs GPU-proportional, 128 GPUs, jobs 4,000-4,999          Synergy abstract
 pal        PM-First and PAL vs Packed-Sticky, 8 Sia-Philly workloads     PAL Sec. V-B
 fsched     F-scheduling vs static partitions, thesis scenario            thesis (direction)
@@ -22,6 +22,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from . import fsched, gavel, muri, pal, synergy
 from .common import PRESETS, ReproduceError, Result, Row, data_dir, plot, table
@@ -38,10 +39,11 @@ WINDOWED = frozenset({"synergy", "gavel"})
 
 
 def run(names: str | list[str], data: str | Path | None = None, preset: str = "paper", seeds: int | None = None,
-        out: str | Path | None = None, limit: int | None = None, measure: tuple[int, int] | None = None
-        ) -> list[Result]:
+        out: str | Path | None = None, limit: int | None = None, measure: tuple[int, int] | None = None,
+        trace: str | Path | None = None) -> list[Result]:
     """Run experiments by name (``all`` = every one); write ``reproduce.json`` and plots to ``out``.
-    ``measure``: the jobs (A, B) by arrival whose figures count, for the experiments of :data:`WINDOWED`."""
+    ``measure``: the jobs (A, B) by arrival whose figures count, for the experiments of :data:`WINDOWED`;
+    ``trace``: Muri's trace for ``muri`` (:func:`muri.trace_path`); only with ``muri``."""
     if isinstance(names, str):
         names = list(EXPERIMENTS) if names == "all" else [names]
     for n in names:
@@ -60,12 +62,16 @@ def run(names: str | list[str], data: str | Path | None = None, preset: str = "p
                                  f"a window of jobs), not to {', '.join(other)}")
     if preset not in PRESETS:
         raise ReproduceError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if trace is not None and names != ["muri"]:
+        raise ReproduceError("--trace applies to muri only")
     d = data_dir(data)
     results = []
     for n in names:
         t0 = time.perf_counter()
         s = seeds if seeds is not None else DEFAULT_SEEDS[n]
-        kw = {"window": measure} if measure is not None else {}
+        kw: dict[str, Any] = {"window": measure} if measure is not None else {}
+        if trace is not None:
+            kw["trace"] = trace
         res = EXPERIMENTS[n](d, preset, s if DEFAULT_SEEDS[n] > 1 or n in SEEDED else 1, limit, **kw)
         res.wall_s = time.perf_counter() - t0
         results.append(res)

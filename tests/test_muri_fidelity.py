@@ -1,0 +1,167 @@
+"""Muri's own accounting in gpuloom: its per-event start-up overhead, and `reproduce muri --trace`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpuloom.cli import app
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.job import JobSpec
+from gpuloom.perf.startup import DEFAULT_STARTUP, event_overhead, muri_startup
+from gpuloom.scheduler import Scheduler
+from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.reproduce import ReproduceError, run
+from gpuloom.sim.reproduce.muri import trace_path
+from gpuloom.sim.traces import load_trace
+
+
+def finishes(specs: list[JobSpec], event: str | float, order: str = "fifo", gpus: int = 2) -> dict[str, float]:
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0, event_overhead=event)
+    res = Simulator(Cluster.homogeneous(1, gpus), specs, Scheduler.from_names(order), None, cfg).run()
+    return {j.id: j.finish for j in res.jobs}
+
+
+def test_startup_table() -> None:
+    assert muri_startup(JobSpec("a", 0.0, 1, 1.0, model="a2c")) == 38.0
+    assert muri_startup(JobSpec("a", 0.0, 8, 1.0, model="a2c")) == 46.0
+    assert muri_startup(JobSpec("a", 0.0, 1, 1.0, model="unknown")) == DEFAULT_STARTUP
+    assert muri_startup(JobSpec("a", 0.0, 3, 1.0, model="dqn")) == DEFAULT_STARTUP  # no row for 3 GPUs
+    assert event_overhead("none") is None and event_overhead(0) is None
+    for bad in ("sometimes", -1.0, math.inf):
+        with pytest.raises(ValueError, match="event_overhead"):
+            SimConfig(event_overhead=bad)
+
+
+def test_event_overhead_charges_every_event_a_job_runs_through_as_muri_does() -> None:
+    # a (dqn, 5 s) runs from 0; b (a2c, 38 s) arrives at 50 on the other GPU.
+    # Muri: at 50, a has done 50 - 5 = 45 of 100 and ends at 50 + 55 = 105 (the stretch that ends in
+    # its completion is not charged); at 105, b has done 55 - 38 = 17 and ends at 105 + 83 = 188
+    specs = [JobSpec("a", 0.0, 1, 100.0, model="dqn"), JobSpec("b", 50.0, 1, 100.0, model="a2c")]
+    assert finishes(specs, "muri") == pytest.approx({"a": 105.0, "b": 188.0})
+    assert finishes(specs, 10.0) == pytest.approx({"a": 110.0, "b": 160.0})
+    assert finishes(specs, "none") == pytest.approx({"a": 100.0, "b": 150.0})
+    # an event shorter than the charge takes all the progress since the last one (not more)
+    specs = [JobSpec("a", 0.0, 1, 100.0, model="dqn"), JobSpec("b", 3.0, 1, 10.0, model="dqn")]
+    # at 3: a loses 3 (done 0); b runs 3..13, a is charged 5 again at 13 (done 10 - 5 = 5): ends 13 + 95
+    assert finishes(specs, "muri") == pytest.approx({"a": 108.0, "b": 13.0})
+
+
+def test_event_overhead_of_a_group_is_the_sum_of_its_members() -> None:
+    from gpuloom.perf.interleave import InterleaveFactor
+    from gpuloom.perf.model import LocalityFactor, ThroughputModel
+
+    cpu, gpu = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0)
+
+    def spec(jid: str, arrival: float, prof: tuple[float, float, float], model: str) -> JobSpec:
+        return JobSpec(jid, arrival, 1, 100.0, model=model, attrs={"resource_times": prof, "iteration_time": 1.0})
+
+    # c and g interleave perfectly on the one GPU (speed 1 each); x arrives at 40 and waits (no third
+    # slot it complements).  At 40 both members lose dqn + resnet18 = 5 + 4 = 9 s: 31 done, end at 109
+    specs = [spec("c", 0.0, cpu, "dqn"), spec("g", 0.0, gpu, "resnet18"), spec("x", 40.0, gpu, "bert")]
+    cl = Cluster.homogeneous(1, 1)
+    model = ThroughputModel(cl, [LocalityFactor(), InterleaveFactor(threshold=0.0)])
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0, event_overhead="muri")
+    res = Simulator(cl, specs, Scheduler.from_names("fifo", "muri"), model, cfg).run()
+    fin = {j.id: j.finish for j in res.jobs}
+    assert fin["c"] == pytest.approx(109.0) and fin["g"] == pytest.approx(109.0)
+
+
+def test_reproduce_muri_trace_choice(data_dir: Path, tmp_path: Path) -> None:
+    assert trace_path(data_dir, None).name == "trace3.csv"
+    assert trace_path(data_dir, "trace1") == data_dir / "muri/sim_traces/trace1.csv"
+    assert trace_path(data_dir, "testbed") == data_dir / "muri/testbed_trace/cluster_trace.csv"
+    with pytest.raises(ReproduceError, match="missing input"):
+        trace_path(data_dir, tmp_path / "none.csv")
+    with pytest.raises(ReproduceError, match="muri only"):
+        run("pal", data_dir, trace="trace1")
+    (res,) = run("muri", data_dir, "artifact", limit=30, trace="trace4")
+    assert "trace4" in res.title and all(r.published is None for r in res.rows)
+    r = CliRunner().invoke(app, ["reproduce", "muri", "--trace", "testbed", "--limit", "20", "--data",
+                                 str(data_dir), "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "cluster_trace on 8x8" in r.output
+
+
+def test_muri_rule_matches_any_positive_efficiency_then_unpacks_groups_slower_than_turns() -> None:
+    import numpy as np
+
+    from gpuloom.core.job import Job
+    from gpuloom.perf.interleave import MURI_OVERHEAD, InterleaveFactor
+    from gpuloom.perf.model import LocalityFactor, ThroughputModel
+    from gpuloom.policies.base import View, make
+    from gpuloom.policies.muri import MuriGrouping
+
+    def job(jid: str, rt: tuple[float, float, float]) -> Job:
+        return Job(JobSpec(jid, 0.0, 1, 60.0, iter_time=sum(rt), attrs={"resource_times": rt,
+                                                                         "iteration_time": sum(rt)}))
+
+    # two GPU-bound jobs: interleaved, a cycle of 6 + 6 = 12 s x Muri's pair overhead 1.31 > 6 + 6 taking
+    # turns.  gpuloom's rule gives no edge; Muri's an edge of efficiency 12 / (4 x 12 x 1.31), a merge
+    # (they do not fit one GPU), then autopack splits the pair again
+    jobs = [job("g1", (0.0, 6.0, 0.0)), job("g2", (0.0, 6.0, 0.0))]
+    cl = Cluster.homogeneous(1, 1)
+    f = InterleaveFactor(overhead=MURI_OVERHEAD)
+    f.bind({j.id: j for j in jobs})
+    view = View(0.0, cl, jobs, {}, ThroughputModel(cl, [LocalityFactor(), f]), np.random.default_rng(0))
+    profiles = [p for j in jobs if (p := f.profile(j)) is not None]
+    assert MuriGrouping().match_round(profiles, [[0], [1]], 4, f) == []
+    ours = MuriGrouping(rule="muri")
+    (pair,) = ours.match_round(profiles, [[0], [1]], 4, f)
+    assert pair[:2] == (0, 1) and pair[2] == round(1_000_000 * 12 / (4 * 12 * f.overhead_for(2)))
+    units = ours.group(jobs, view)
+    assert [tuple(j.id for j in u) for u in units] == [("g1",), ("g2",)] and ours.last_rounds == 1
+    # complementary jobs still share under both rules
+    jobs = [job("c", (6.0, 0.0, 0.0)), job("g", (0.0, 6.0, 0.0))]
+    f.bind({j.id: j for j in jobs})
+    view = View(0.0, cl, jobs, {}, ThroughputModel(cl, [LocalityFactor(), f]), np.random.default_rng(0))
+    for rule in ("gpuloom", "muri"):
+        assert [tuple(j.id for j in u) for u in MuriGrouping(rule=rule).group(jobs, view)] == [("c", "g")]
+    with pytest.raises(ValueError, match="rule must be one of gpuloom, muri"):
+        make("group", "muri", {"rule": "tiresias"})
+
+
+def test_las_gpu_events_reorders_only_when_jobs_arrive_or_end(data_dir: Path) -> None:
+    # one GPU; b arrives at 100 with less attained GPU-time than a (0 < 100): b runs.  las-gpu swaps
+    # them back at the next 300 s round (a: 100 < b: 200) and so on; Muri's order keeps b until it ends
+    specs = [JobSpec("a", 0.0, 1, 1000.0), JobSpec("b", 100.0, 1, 1000.0)]
+    cfg = SimConfig(round_len=300.0, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0)
+    runs = {}
+    for order in ("las-gpu", "las-gpu-events"):
+        res = Simulator(Cluster.homogeneous(1, 1), specs, Scheduler.from_names(order), None, cfg).run()
+        runs[order] = ({j.id: j.finish for j in res.jobs}, res.rounds_computed)
+    assert runs["las-gpu-events"][0] == pytest.approx({"a": 2000.0, "b": 1100.0})
+    assert runs["las-gpu"][0]["a"] != pytest.approx(2000.0)  # time-sliced
+    assert runs["las-gpu-events"][1] < runs["las-gpu"][1]
+    # with rounds on arrivals and completions only, both are Muri's order: the same run
+    specs = load_trace(data_dir / "muri/sim_traces/trace3.csv", "muri")[:150]
+    cl = Cluster.homogeneous(4, 8, 92, 520_000)
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True)
+    fins = [{j.id: j.finish for j in Simulator(cl, specs, Scheduler.from_names(o, "muri"), None, cfg).run().jobs}
+            for o in ("las-gpu", "las-gpu-events")]
+    assert fins[0] == fins[1]
+
+
+def test_artifact_preset_places_every_job_afresh_as_muri_does() -> None:
+    # the SRTF drift: Muri re-places every job at every event in priority order, so a running job
+    # moves to let a higher-priority gang start.  2 nodes x 2 GPUs: a (node 0) and c (node 1) leave
+    # one GPU free on each node when d (2 GPUs, the shortest) arrives at 70: placed afresh, d takes a
+    # whole node at once and ends at 170; kept in place (gpuloom's default) it waits for a (1000)
+    from gpuloom.sim.reproduce.muri import scheduler
+
+    specs = [JobSpec("a", 0.0, 1, 1000.0), JobSpec("b", 10.0, 1, 50.0), JobSpec("c", 20.0, 1, 2000.0),
+             JobSpec("d", 70.0, 2, 100.0)]
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0)
+    fin = {}
+    for preset in ("artifact", "paper"):
+        res = Simulator(Cluster.homogeneous(2, 2), specs, scheduler(preset, "srtf", "none"), None, cfg).run()
+        fin[preset] = {j.id: j.finish for j in res.jobs}
+    assert fin["artifact"] == pytest.approx({"a": 1000.0, "b": 60.0, "c": 2020.0, "d": 170.0})
+    assert fin["paper"]["d"] == pytest.approx(1100.0)
