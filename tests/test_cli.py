@@ -97,7 +97,7 @@ def test_version(monkeypatch, capsys) -> None:
     (["compare", "--seeds", "0"], "error: --seeds must be a count >= 1, got 0\n"),
     (["compare", "-c", "order=fifo", "-c", "order=lass"],
      "error: config 'order=lass': unknown order policy 'lass'; did you mean 'las' or '2d-las'? (choose from: 2d-las, fifo, "
-     "ftf, las, las-gpu, sjf, srsf, srtf, themis, tiresias; or module:Class)\n"),
+     "ftf, las, las-gpu, las-gpu-events, sjf, srsf, srtf, themis, tiresias; or module:Class)\n"),
 ])
 def test_bad_options_are_one_line(monkeypatch, capsys, args: list[str], expect: str) -> None:
     code, out, err = main_output(monkeypatch, capsys, *args)
@@ -132,10 +132,10 @@ def test_warnings_for_ignored_and_conflicting_options(tmp_path, monkeypatch, cap
     trace.write_text("id,arrival,gpus,duration,queue\nsmall,0,1,100,shared\nbig,0,3,100,shared\n")
     code, _, err = main_output(monkeypatch, capsys, "simulate", "--trace", str(trace), "--cluster", "2x4", "--queues",
                                str(REPO / "examples" / "queues.toml"), "-P", "borrow=false", "--no-plots", "-o",
-                               str(tmp_path))
+                               str(tmp_path / "stall"))
     stall = next(x for x in err.splitlines() if "stalled" in x)
     assert code == 0 and stall.startswith("warning: fifo/none/proportional/packed-sticky/quota: the run stalled at t=")
-    assert json.loads((tmp_path / "summary.json").read_text())["stalled"] == ["big"]
+    assert json.loads((tmp_path / "stall" / "summary.json").read_text())["stalled"] == ["big"]
     code, _, err = main_output(monkeypatch, capsys, "simulate", "--rate", "5", "--no-plots", "-o", str(tmp_path))
     assert "warning: --rate is ignored without --generate" in err
 
