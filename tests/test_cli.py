@@ -89,7 +89,7 @@ def test_version(monkeypatch, capsys) -> None:
     (["simulate", "--ordr", "fifo"],
      "error: no such option: --ordr; did you mean --order or --round? (see 'gpuloom simulate --help')\n"),
     (["simulate", "--order", "srtff"], "error: unknown order policy 'srtff'; did you mean 'srtf' or 'srsf'? "
-                                       "(choose from: 2d-las, fifo, ftf, las, las-gpu, sjf, srsf, srtf, themis, tiresias; "
+                                       "(choose from: 2d-las, fifo, ftf, las, las-gpu, las-gpu-events, sjf, srsf, srtf, themis, tiresias; "
                                        "or module:Class)\n"),
     (["simulate", "--reschedule-on", "arival"],
      "error: --reschedule-on must be one of none, arrival, completion, both, got 'arival'; did you mean 'arrival'?\n"),
