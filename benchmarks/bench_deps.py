@@ -83,9 +83,9 @@ def case(upstream: int, tasks: int, rounds: int) -> dict:
     import psutil
 
     from gpuloom.core.cluster import Cluster
-    from gpuloom.runtime.router import local_executor
-    from gpuloom.runtime.service import Service
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.exec.router import local_executor
+    from gpuloom.runtime.service.service import Service
+    from gpuloom.runtime.state.store import Store
     from gpuloom.scheduler import Scheduler
 
     proc = psutil.Process()

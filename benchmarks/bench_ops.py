@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.history import history
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.history import history
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 
 N = 2000

@@ -140,7 +140,7 @@ class Server:
         return total, n, buckets
 
     def close(self) -> None:
-        from gpuloom.runtime.store import Store
+        from gpuloom.runtime.state.store import Store
 
         self.http.close()
         self.proc.send_signal(signal.SIGKILL)
@@ -200,7 +200,7 @@ def stream(s: Server, seconds: float) -> dict:
     event time for them all, so those times are the rounds' (read after the stream: the watching
     does not compete with what it watches).  ``gap``: the longest time without such a round;
     ``contact``: each job's submission to that round (p50, p99)."""
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.state.store import Store
 
     stop = threading.Event()
     acked = [0] * CLIENTS

@@ -18,12 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.admission import SubmitError
-from gpuloom.runtime.clock import ManualClock
-from gpuloom.runtime.deps import Gate, resolve_dependency
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.clock import ManualClock
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.admission import SubmitError
+from gpuloom.runtime.service.deps import Gate, resolve_dependency
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 

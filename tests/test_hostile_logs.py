@@ -22,12 +22,12 @@ import pytest
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.lifecycle import JobState
-from gpuloom.runtime import joblogs
-from gpuloom.runtime.ops_api import progress_points
-from gpuloom.runtime.progress import ProgressTail
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store, StoreFull, is_full
+from gpuloom.runtime.api.ops import progress_points
+from gpuloom.runtime.exec import joblogs
+from gpuloom.runtime.exec.progress import ProgressTail
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store, StoreFull, is_full
 from gpuloom.scheduler import Scheduler
 from service_util import (
     JOB_PY,

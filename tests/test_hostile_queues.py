@@ -23,11 +23,11 @@ from gpuloom.cli import app as cli_app
 from gpuloom.cli import jobs as jobs_cli
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import QueueError, parse_queues
-from gpuloom.runtime.admission import Limiter, SubmitLimits
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import HOLDING, Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.admission import Limiter, SubmitLimits
+from gpuloom.runtime.service.service import HOLDING, Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import REPO, Server, kill_jobs, own_cgroup_parent
 

@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import QueueError, parse_queues
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 

@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuloom.core.cluster import Cluster, Node
-from gpuloom.runtime.admission import refuse_reason
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service, parse_duration, parse_mem
-from gpuloom.runtime.specs import parse_mem_bytes
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.admission import refuse_reason
+from gpuloom.runtime.service.service import Service, parse_duration, parse_mem
+from gpuloom.runtime.state.specs import parse_mem_bytes
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 

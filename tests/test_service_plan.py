@@ -18,9 +18,9 @@ from gpuloom.core.job import JobSpec
 from gpuloom.core.lifecycle import JobState
 from gpuloom.core.plan import Allocation
 from gpuloom.perf.assembly import build_model
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import HOLDING, Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.service import HOLDING, Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
 from service_util import job_writable, own_cgroup_parent
@@ -133,7 +133,7 @@ def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart
 ) -> None:
     import time
 
-    from gpuloom.runtime.clock import ManualClock
+    from gpuloom.runtime.exec.clock import ManualClock
 
     cluster = Cluster.homogeneous(1, 4)
     t_done, expect, t_next = _sim_at_completion(cluster)
@@ -201,7 +201,7 @@ def test_a_launch_ends_when_the_job_printed_its_first_progress_line_not_when_a_r
     (a wrong clock, a lying job) counts as printed at the nearer end."""
     import time
 
-    from gpuloom.runtime.clock import ManualClock
+    from gpuloom.runtime.exec.clock import ManualClock
 
     cluster = Cluster.homogeneous(1, 4)
     clock = ManualClock()

@@ -23,12 +23,12 @@ from rich.console import Console
 from sqlalchemy import event
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.api import JOB_FIELDS, job_json
-from gpuloom.runtime.clock import ManualClock
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import ACTIVE_STATES, Service
-from gpuloom.runtime.store import JobRow, Store
-from gpuloom.runtime.storelock import StoreLock
+from gpuloom.runtime.api.app import JOB_FIELDS, job_json
+from gpuloom.runtime.exec.clock import ManualClock
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.service import ACTIVE_STATES, Service
+from gpuloom.runtime.state.store import JobRow, Store
+from gpuloom.runtime.state.storelock import StoreLock
 from gpuloom.scheduler import Scheduler
 from service_util import Server, kill_jobs, own_cgroup_parent, wait_for
 
@@ -235,7 +235,7 @@ def test_a_table_on_a_terminal_is_rich_when_small_and_plain_when_long(monkeypatc
 def test_a_plain_http_client_loads_no_certificates_and_could_verify_none() -> None:
     import ssl
 
-    from gpuloom.runtime.connect import Endpoint, transport
+    from gpuloom.runtime.api.connect import Endpoint, transport
 
     for ep in (Endpoint("http://127.0.0.1:1", None, frozenset({0}), 8642),
                Endpoint("unix:///run/x.sock", "/run/x.sock", frozenset({0}), 8642)):

@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import typer
 
 from ..core.lifecycle import TERMINAL, JobState
-from ..runtime.history import format_duration, format_mem, parse_time
+from ..runtime.state.history import format_duration, format_mem, parse_time
 from . import app
 from .common import PlainTable as Table
 from .common import console, err_console, plain, print_json, print_table
@@ -156,7 +156,7 @@ def queue(
     """List jobs (like squeue): ST is PD (pending), R (running), CG (stopping), CD, F, CA; pending jobs show why."""
     params: dict[str, Any] = {}
     if state:
-        from ..runtime.ops_api import states_of
+        from ..runtime.api.ops import states_of
 
         try:
             params["state"] = states_of(state)
