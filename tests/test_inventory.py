@@ -14,10 +14,11 @@ import pytest
 
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.plan import Allocation, Part
+from gpuloom.runtime.exec.executor import InventoryChange
 from gpuloom.runtime.exec.gang import gang_env
 from gpuloom.runtime.exec.identity import Identities
 from gpuloom.runtime.exec.router import local_executor
-from gpuloom.runtime.service.inventory import InventoryChange, follow
+from gpuloom.runtime.service.inventory import follow
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.codec import alloc_from_json, alloc_to_json
 from gpuloom.runtime.state.store import Store

@@ -21,8 +21,9 @@ import pytest
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.lifecycle import JobState
 from gpuloom.runtime.exec.clock import ManualClock, ServiceTime, resume
+from gpuloom.runtime.exec.executor import InventoryChange
 from gpuloom.runtime.exec.router import local_executor
-from gpuloom.runtime.service.inventory import InventoryChange, follow
+from gpuloom.runtime.service.inventory import follow
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.history import history
 from gpuloom.runtime.state.store import Store

@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from ...core.cluster import Cluster
 
 
 class ExecutorError(RuntimeError):
@@ -164,3 +167,18 @@ class CoreAllocator:
 
     def release(self, node: str, job_id: str) -> None:
         self.used[node].pop(job_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryChange:
+    """What a cluster whose nodes come and go (Ray) reports: the nodes now, and those lost."""
+
+
+    cluster: Cluster  # the nodes now usable
+    lost: frozenset[str]  # names of nodes that left: their processes cannot be reached
+    fence_s: float = 0.0  # how long jobs that ran on a lost node wait before they run again
+
+
+class InventorySource(Protocol):
+    def poll(self) -> InventoryChange | None:
+        """The new inventory if it changed since the last call, else None (cheap: called every tick)."""

@@ -58,9 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from ...core.cluster import Cluster, ClusterError, Node
-from ..service.inventory import InventoryChange
 from .cgroups import MB  # the service's memory unit: 10^6 bytes
-from .executor import Executor, ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
+from .executor import Executor, ExecutorError, InventoryChange, LaunchSpec, NodeUnavailable, ProcInfo
 from .local import DEFAULT_ENV_ALLOW
 from .logmirror import append_to, mirror_offset, set_mirror_offset
 from .ray_agent import AgentActor, stop_orphan
@@ -482,7 +481,7 @@ def _why(e: BaseException) -> str:
 
 
 class RayInventory:
-    """The service's inventory source on Ray (:class:`~.inventory.InventorySource`): the executor's
+    """The service's inventory source on Ray (:class:`~.executor.InventorySource`): the executor's
     nodes, re-read at most every ``every_s`` seconds; a change comes with the nodes lost."""
 
     def __init__(self, executor: RayExecutor, every_s: float = 1.0, fence_s: float | None = None) -> None:

@@ -2,7 +2,7 @@
 
 The driver, the throughput model and the core allocator are built for one
 :class:`~gpuloom.core.cluster.Cluster`, and a ``Cluster`` is fixed.  A service
-given an :class:`InventorySource` (``gpuloom serve --ray``) asks it on every
+given an :class:`~..exec.executor.InventorySource` (``gpuloom serve --ray``) asks it on every
 tick of its loop; when it reports a change, the service **rebuilds** its
 in-memory state for the new cluster exactly as a restarted service does
 (:func:`rebuild`): the store is the truth, so the new driver, model, mirror and
@@ -34,28 +34,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from ...core.cluster import Cluster
 from ...core.lifecycle import JobState
+from ..exec.executor import InventoryChange
 
 if TYPE_CHECKING:
     from .service import Service
 
 log = logging.getLogger("gpuloom.service")
-
-
-@dataclass(frozen=True, slots=True)
-class InventoryChange:
-    cluster: Cluster  # the nodes now usable
-    lost: frozenset[str]  # names of nodes that left: their processes cannot be reached
-    fence_s: float = 0.0  # how long jobs that ran on a lost node wait before they run again
-
-
-class InventorySource(Protocol):
-    def poll(self) -> InventoryChange | None:
-        """The new inventory if it changed since the last call, else None (cheap: called every tick)."""
 
 
 def follow(svc: Service) -> bool:

@@ -100,7 +100,7 @@ from ...perf.sensitivity import SensitivityFactor, add_sensitivity
 from ...scheduler import Scheduler
 from ..exec import joblogs
 from ..exec.clock import Clock, ServiceTime, SystemClock, resume
-from ..exec.executor import Executor
+from ..exec.executor import Executor, InventorySource
 from ..exec.identity import Identities
 from ..state.disk import PRESSURE_CAP, DiskGuard
 from ..state.locks import AlreadyServed, ServerLocks
@@ -110,8 +110,8 @@ from .actuator import PROGRESS_MARK, Actuator, Running, gpu_type_env
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
 from .deps import Gate, parse_array, resolve_dependency
 from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
-from .inventory import InventorySource, unpark
 from .inventory import follow as follow_inventory
+from .inventory import unpark
 from .isolation import Backoff, culprits
 from .mirror import Mirror
 from .outbox import Outbox
