@@ -271,6 +271,7 @@ def test_a_relative_state_dir_never_writes_records_where_the_job_planted_links(
     from gpuloom.core.cluster import Cluster
     from gpuloom.runtime.exec.identity import Identities
     from gpuloom.runtime.exec.router import local_executor
+    from gpuloom.runtime.service.config import ServiceConfig
     from gpuloom.runtime.service.service import Service
     from gpuloom.runtime.state.store import Store
     from gpuloom.scheduler import Scheduler
@@ -288,8 +289,9 @@ def test_a_relative_state_dir_never_writes_records_where_the_job_planted_links(
     subprocess.run(["chown", "-R", "-h", f"{account}:", str(work)], check=True)  # as an earlier job left them
     cluster = Cluster.homogeneous(1, 1)
     store = Store(f"sqlite:///{here / 'st.db'}")
-    svc = Service(store, cluster, local_executor(cluster, "st/run", True, cgroup_parent), Scheduler.from_names(), "st",
-                  round_s=1000.0, grace_s=5.0, identities=Identities({"alice": account}))
+    svc = Service(store, cluster, local_executor(cluster, "st/run", True, cgroup_parent), Scheduler.from_names(),
+                  ServiceConfig("st",
+                  round_s=1000.0, grace_s=5.0, identities=Identities({"alice": account})))
     try:
         jid = svc.submit({"name": "j", "command": "echo done", "gpus": 1, "workdir": str(work)}, "alice")
 

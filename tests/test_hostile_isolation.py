@@ -32,6 +32,7 @@ from gpuloom.runtime.exec.discovery import (
 from gpuloom.runtime.exec.executor import ExecutorError, LaunchSpec
 from gpuloom.runtime.exec.local import LocalExecutor
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
@@ -145,7 +146,8 @@ def test_fork_bomb_fails_alone_with_its_reason_while_a_neighbour_finishes(tmp_pa
     if not mgr.support.pids:
         pytest.skip(f"no writable pids cgroup here ({mgr.mode}): {mgr.support.reason}")
     store = Store(f"sqlite:///{tmp_path / 'state' / 'db.sqlite'}")
-    svc = Service(store, cluster, ex, Scheduler.from_names(), tmp_path / "state", round_s=1000.0, grace_s=2.0)
+    svc = Service(store, cluster, ex, Scheduler.from_names(),
+                  ServiceConfig(tmp_path / "state", round_s=1000.0, grace_s=2.0))
     marker, release = shared / "full", shared / "release"
     try:
         bomb = svc.submit({"command": f"{JOB_PY} {shared / 'bomb.py'} {marker} {release} 300", "gpus": 1}, "alice")

@@ -18,6 +18,7 @@ from gpuloom.runtime.exec.executor import InventoryChange
 from gpuloom.runtime.exec.gang import gang_env
 from gpuloom.runtime.exec.identity import Identities
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.inventory import follow
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.codec import alloc_from_json, alloc_to_json
@@ -111,9 +112,9 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
     src = Source()
     store = Store(f"sqlite:///{tmp_path / 'db'}")
     svc = Service(store, full, local_executor(full, tmp_path / "run", True, cgroup_parent),
-                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
                   round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src,
-                  identities=Identities(switch=False))  # jobs as this account: they run this venv's Python
+                  identities=Identities(switch=False)))  # jobs as this account: they run this venv's Python
     try:
         def cmd(steps: int) -> str:
             return (f"{sys.executable} {SLEEPY} --steps {steps} --step-s 0.05 --checkpoint-every 1 "
@@ -176,9 +177,9 @@ def test_a_job_submitted_while_a_node_joins_is_loaded_by_the_next_round(
     src = Source()
     store = Store(f"sqlite:///{tmp_path / 'db'}")
     svc = Service(store, Cluster(nodes[:1]), local_executor(Cluster(nodes), tmp_path / "run", True, cgroup_parent),
-                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
                   round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src,
-                  identities=Identities(switch=False))
+                  identities=Identities(switch=False)))
     try:
         first = svc.submit({"name": "first", "command": f"{sys.executable} -c pass", "gpus": 1}, "u")
         svc.round()
@@ -214,8 +215,8 @@ def test_queue_guarantees_shrink_with_the_cluster_and_come_back_with_it(tmp_path
     def service(cluster: Cluster, src: Source) -> Service:
         return Service(Store(f"sqlite:///{tmp_path / 'db'}"), cluster,
                        local_executor(cluster, tmp_path / "run", True, cgroup_parent),
-                       Scheduler.from_names(queue="quota"), tmp_path, round_s=1000.0, grace_s=1.0,
-                       launch_timeout_s=0.0, inventory=src, identities=Identities(switch=False))
+                       Scheduler.from_names(queue="quota"), ServiceConfig(tmp_path, round_s=1000.0, grace_s=1.0,
+                       launch_timeout_s=0.0, inventory=src, identities=Identities(switch=False)))
 
     src = Source()
     svc = service(full, src)

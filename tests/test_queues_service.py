@@ -17,6 +17,7 @@ from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import QueueError, parse_queues
 from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
@@ -42,7 +43,7 @@ def make_service(tmp: Path, cgroup_parent: str, policy: str = "quota") -> Servic
     store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
     cluster = Cluster.homogeneous(1, 4)
     return Service(store, cluster, local_executor(cluster, tmp / "run", True, cgroup_parent),
-                   Scheduler.from_names(queue=policy), tmp, round_s=1000.0, grace_s=0.0)
+                   Scheduler.from_names(queue=policy), ServiceConfig(tmp, round_s=1000.0, grace_s=0.0))
 
 
 @pytest.fixture
@@ -160,7 +161,7 @@ def test_a_stored_tree_that_no_longer_fits_is_an_error_at_start(tmp_path: Path, 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     small = Cluster.homogeneous(1, 2)
     svc2 = Service(store, small, local_executor(small, tmp_path / "run", True, cgroup_parent),
-                   Scheduler.from_names(queue="quota"), tmp_path)
+                   Scheduler.from_names(queue="quota"), ServiceConfig(tmp_path))
     try:
         with pytest.raises(QueueError, match="guarantees ask for 4 gpus, the cluster has 2"):
             svc2.queues.validate()

@@ -30,6 +30,7 @@ ray = pytest.importorskip("ray")
 from gpuloom.runtime.exec.cgroups import memory_limit_of  # noqa: E402
 from gpuloom.runtime.exec.identity import Identities  # noqa: E402
 from gpuloom.runtime.exec.ray_executor import AGENT_PREFIX, NAME_LABEL, RayExecutor, RayInventory  # noqa: E402
+from gpuloom.runtime.service.config import ServiceConfig  # noqa: E402
 from gpuloom.runtime.service.service import Service  # noqa: E402
 from gpuloom.runtime.state.store import Store  # noqa: E402
 from gpuloom.scheduler import Scheduler  # noqa: E402
@@ -97,9 +98,10 @@ def make(fake: Fake, tmp_path: Path) -> Iterator[Any]:
         inv = RayInventory(ex, every_s=0.2)
         store = Store(f"sqlite:///{tmp_path / 'gpuloom.db'}")
         # jobs run as this account (not a job account), so they can run this venv's Python and torch
-        svc = Service(store, inv.current, ex, Scheduler.from_names("fifo", "none", "proportional", place), tmp_path,
+        svc = Service(store, inv.current, ex, Scheduler.from_names("fifo", "none", "proportional", place),
+                      ServiceConfig(tmp_path,
                       round_s=0.2, grace_s=grace, launch_timeout_s=30.0, inventory=inv,
-                      identities=Identities(switch=False))
+                      identities=Identities(switch=False)))
         svc.start()
         made.append((svc, ex))
         return svc, ex

@@ -23,6 +23,7 @@ from gpuloom.core.lifecycle import JobState
 from gpuloom.runtime.exec.clock import ManualClock, ServiceTime, resume
 from gpuloom.runtime.exec.executor import InventoryChange
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.inventory import follow
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.history import history
@@ -52,8 +53,8 @@ def make(tmp_path: Path, cgroup_parent: str) -> Iterator[Callable[..., Service]]
         cl = cluster or Cluster.homogeneous(1, 4)
         opts: dict = {"round_s": 1000.0, "grace_s": 0.0, "launch_timeout_s": 60.0, **kw}
         svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent),
-                      Scheduler.from_names(order, "none", "proportional", "packed-sticky"), tmp_path,
-                      clock=clock, **opts)
+                      Scheduler.from_names(order, "none", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
+                      clock=clock, **opts))
         made.append(svc)
         return svc
 

@@ -37,6 +37,7 @@ import pytest
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.lifecycle import JobState
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.health import liveness, readiness
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
@@ -231,8 +232,8 @@ def ready(c: httpx.Client) -> tuple[int, dict[str, Any]]:
 
 def service(store: Store, cl: Cluster, tmp_path: Path, cgroup_parent: str, **kw: Any) -> Service:
     sched = kw.pop("scheduler", None) or Scheduler.from_names()
-    return Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), sched, tmp_path,
-                   round_s=1000.0, grace_s=2.0, **kw)
+    return Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), sched, ServiceConfig(tmp_path,
+                   round_s=1000.0, grace_s=2.0, **kw))
 
 
 def round_despite(svc: Service) -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
@@ -103,7 +104,7 @@ def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path, cgroup_pare
     store = Store(pg_url)
     cluster = Cluster.homogeneous(1, 2)
     svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=100)
+                  ServiceConfig(tmp_path, round_s=100))
     jid = svc.submit({"name": "pg", "command": "echo on postgres", "gpus": 2}, "alice")
     svc.round()
     assert store.get_job(jid).state == "launching"  # type: ignore[union-attr]

@@ -26,6 +26,7 @@ from gpuloom.core.cluster import Cluster
 from gpuloom.runtime.api.app import JOB_FIELDS, job_json
 from gpuloom.runtime.exec.clock import ManualClock
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import ACTIVE_STATES, Service
 from gpuloom.runtime.state.store import JobRow, Store
 from gpuloom.runtime.state.storelock import StoreLock
@@ -54,7 +55,7 @@ def test_a_round_in_which_nothing_changed_touches_no_waiting_job(tmp_path: Path,
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 2)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=1000.0, grace_s=1.0, launch_timeout_s=1.0, clock=clock)
+                  ServiceConfig(tmp_path, round_s=1000.0, grace_s=1.0, launch_timeout_s=1.0, clock=clock))
     try:
         run = [svc.submit({"name": "r", "command": "sleep 60", "gpus": 1}, "alice") for _ in range(2)]
         svc.round()
@@ -177,7 +178,7 @@ def test_the_scheduling_loop_waits_for_the_store_as_the_first(tmp_path: Path, cg
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 1)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=0.05)
+                  ServiceConfig(tmp_path, round_s=0.05))
     try:
         svc.start()
         with store.lock:  # the loop's next round waits for the store, counted as the first

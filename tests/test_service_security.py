@@ -30,6 +30,7 @@ from gpuloom.runtime.exec.executor import ExecutorError, LaunchSpec
 from gpuloom.runtime.exec.identity import Identities, IdentityError, creatable, lookup
 from gpuloom.runtime.exec.local import LocalExecutor, NodeAgent
 from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.isolation import Backoff
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
@@ -64,8 +65,9 @@ class Env:
 
     def service(self) -> Service:
         ex = local_executor(self.cluster, self.tmp / "state" / "run", True, self.cgroup_parent)
-        return Service(self.store, self.cluster, ex, Scheduler.from_names(*self.names), self.tmp / "state",
-                       round_s=1000.0, grace_s=5.0, **self.kw)  # type: ignore[arg-type]
+        return Service(self.store, self.cluster, ex, Scheduler.from_names(*self.names),
+                       ServiceConfig(self.tmp / "state",
+                       round_s=1000.0, grace_s=5.0, **self.kw))  # type: ignore[arg-type]
 
     def post(self, who: str, body: dict, key: str | None = None):  # noqa: ANN201
         hd = {**h(self.tokens[who]), **({"Idempotency-Key": key} if key else {})}
@@ -333,7 +335,7 @@ def test_5_launch_is_recorded_before_the_process_and_recovery_runs_it_once(tmp_p
     from gpuloom.runtime.exec.cgroups import CgroupManager
 
     def service(ex: LocalExecutor) -> Service:
-        return Service(store, cluster, ex, Scheduler.from_names(), tmp_path, round_s=1000.0, grace_s=5.0)
+        return Service(store, cluster, ex, Scheduler.from_names(), ServiceConfig(tmp_path, round_s=1000.0, grace_s=5.0))
 
     def executor(cls: type[LocalExecutor]) -> LocalExecutor:
         return cls("node-0", cgroups=CgroupManager(parent=cgroup_parent), run_dir=tmp_path / "run" / "node-0",

@@ -270,6 +270,7 @@ def serve(
                                                 gpus, cpus_per_node, not shared_tmp)
             inventory = following.current
             model = stack.model(inventory, seed)
+    from ..runtime.service.config import ServiceConfig
     from ..runtime.service.service import ProfilingConfig, Service
 
     profiling = None
@@ -291,11 +292,12 @@ def serve(
     try:
         if shared_dir is not None:  # job accounts pass through to their checkpoint directories, list nothing
             private_dir(shared_dir, 0o711)
-        svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
+        svc = Service(store, inventory, executor, sched,
+                      ServiceConfig(sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                       launch_timeout_s=launch_timeout, profiling=profiling, identities=identities, job_dir=job_dir,
                       checkpoint_roots=checkpoint_root, keep_finished_s=keep_s, data_dir=shared_dir,
                       inventory=following, model_factory=lambda cl: stack.model(cl, seed),
-                      log_dir=log_dir if log_dir is None else log_dir.absolute(), log_cap=cap)
+                      log_dir=log_dir if log_dir is None else log_dir.absolute(), log_cap=cap))
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None

@@ -83,7 +83,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,16 +98,15 @@ from ...perf.assembly import build_model
 from ...perf.model import ThroughputModel
 from ...perf.sensitivity import SensitivityFactor, add_sensitivity
 from ...scheduler import Scheduler
-from ..exec import joblogs
 from ..exec.clock import Clock, ServiceTime, SystemClock, resume
-from ..exec.executor import Executor, InventorySource
-from ..exec.identity import Identities
+from ..exec.executor import Executor
 from ..state.disk import PRESSURE_CAP, DiskGuard
 from ..state.locks import AlreadyServed, ServerLocks
 from ..state.specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
 from ..state.store import JobRow, Store, unavailable
 from .actuator import PROGRESS_MARK, Actuator, Running, gpu_type_env
 from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
+from .config import ServiceConfig
 from .deps import Gate, parse_array, resolve_dependency
 from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
 from .inventory import follow as follow_inventory
@@ -122,16 +121,14 @@ from .typespeeds import TypeMeter
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_DURATION", "FINAL_STATES", "HOLDING", "PROGRESS_MARK", "QUEUED_STATES", "SPEC_ATTRS",
-    "NotFound", "PermissionDenied", "ProfilingConfig", "Running", "Service", "SubmitError", "parse_duration",
-    "parse_mem",
+    "NotFound", "PermissionDenied", "ProfilingConfig", "Running", "Service", "ServiceConfig", "SubmitError",
+    "parse_duration", "parse_mem",
 ]
 
 log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
 MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`Service.mark_time`)
-#: a running job's log over this is cut (its first 1/8 and last 1/4 kept, :mod:`.joblogs`); 0: no cap
-DEFAULT_LOG_CAP = 256 << 20
 
 S = JobState
 #: holding nothing, waiting for the plan to give it resources
@@ -148,46 +145,19 @@ class Service:
     actuator: Actuator  # (made by assemble)
     driver: Driver
 
-    def __init__(
-        self,
-        store: Store,
-        cluster: Cluster,
-        executor: Executor,
-        scheduler: Scheduler,
-        state_dir: str | Path,
-        round_s: float = 5.0,
-        grace_s: float = 10.0,
-        default_duration: float = DEFAULT_DURATION,
-        model: ThroughputModel | None = None,
-        seed: int = 0,
-        protect_factor: float = 3.0,
-        launch_timeout_s: float = 60.0,
-        profiling: ProfilingConfig | None = None,
-        clock: Clock | None = None,
-        identities: Identities | None = None,
-        job_dir: str | Path | None = None,
-        checkpoint_roots: Sequence[str | Path] | None = None,
-        keep_finished_s: float | None = None,
-        model_factory: Callable[[Cluster], ThroughputModel] | None = None,
-        data_dir: str | Path | None = None,
-        inventory: InventorySource | None = None,
-        log_dir: str | Path | None = None,
-        log_cap: int = DEFAULT_LOG_CAP,
-    ) -> None:
-        if not round_s > 0:
-            raise ValueError(f"round length must be > 0, got {round_s}")
-        if log_cap != 0 and not log_cap >= joblogs.MIN_CAP:
-            raise ValueError(f"log cap must be 0 (none) or at least {joblogs.MIN_CAP} bytes, got {log_cap}")
+    def __init__(self, store: Store, cluster: Cluster, executor: Executor, scheduler: Scheduler,
+                 config: ServiceConfig) -> None:
+        self.config = config
         self.store = store
         self.executor = executor
         self.scheduler = scheduler
-        self.state_dir = Path(os.path.abspath(state_dir))  # never resolved later from another directory
+        self.state_dir = Path(os.path.abspath(config.state_dir))  # never resolved later from another directory
         #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
-        self.data_dir = Path(os.path.abspath(data_dir)) if data_dir is not None else self.state_dir
+        self.data_dir = Path(os.path.abspath(config.data_dir)) if config.data_dir is not None else self.state_dir
         #: jobs' logs (default data_dir/logs): best on another file system than the database (:mod:`.disk`)
-        self.log_dir = Path(log_dir).absolute() if log_dir is not None else None
-        self.log_cap = int(log_cap)  # bytes; a running job's log over it is cut (:mod:`.joblogs`)
-        self.clock: Clock = clock or SystemClock()
+        self.log_dir = Path(config.log_dir).absolute() if config.log_dir is not None else None
+        self.log_cap = int(config.log_cap)  # bytes; a running job's log over it is cut (:mod:`.joblogs`)
+        self.clock: Clock = config.clock or SystemClock()
         #: the loop's records the store has not taken yet (a full disk, a database down): kept in order,
         #: retried every tick (:mod:`.outbox`); the loop starts and preempts nothing while any wait
         self.outbox = Outbox(store, self.clock.time)
@@ -196,9 +166,9 @@ class Service:
         self.gave_up: str | None = None  # why this server stopped scheduling (another took over), if it did
         self.health = Health()  # what /ready reports: the last lock check, rounds, the store (:mod:`.health`)
         self.watchdog = Watchdog.from_env()  # systemd's, when it runs the service
-        self.round_s = float(round_s)
-        self.model_factory = model_factory or build_model  # the same model `simulate` builds
-        self.inventory = inventory  # nodes that come and go (:mod:`.inventory`); None: a fixed cluster
+        self.round_s = float(config.round_s)
+        self.model_factory = config.model_factory or build_model  # the same model `simulate` builds
+        self.inventory = config.inventory  # nodes that come and go (:mod:`.inventory`); None: a fixed cluster
         #: job id -> service time from which it may be planned again (inf: once the inventory changes)
         self.parked: dict[int, float] = {}
         epoch = float(store.set_meta_default("epoch", repr(self.clock.time())))
@@ -207,10 +177,10 @@ class Service:
         self._next_mark = -float("inf")
         self.service_id = store.set_meta_default("service_id", secrets.token_hex(4))
         # who runs the jobs, where their checkpoints go, how long finished jobs are kept (see .security)
-        self.guard = Guard(self.state_dir, self.service_id, identities, job_dir, checkpoint_roots, keep_finished_s)
-        self._parts = (profiling, epoch, float(default_duration), float(protect_factor), float(grace_s),
-                       float(launch_timeout_s), seed)
-        self.assemble(cluster, model)
+        self.guard = Guard(self.state_dir, self.service_id, config.identities, config.job_dir,
+                           config.checkpoint_roots, config.keep_finished_s)
+        self._stored_epoch = epoch
+        self.assemble(cluster, config.model)
         self.last_id = 0
         self._contact: list[Job] = []  # admitted in WAITING_FOR_INITIAL_CONTACT since the last _load_new
         self.lock = threading.RLock()  # in-memory state: loop vs API readers
@@ -235,7 +205,7 @@ class Service:
     def assemble(self, cluster: Cluster, model: ThroughputModel | None = None) -> None:
         """The parts built for one cluster: model, mirror, actuator, profiler, driver.  Called again
         (then :meth:`recover`) when the inventory changes (:func:`.inventory.rebuild`)."""
-        profiling, epoch, duration, protect, grace, launch_timeout, seed = self._parts
+        cfg, profiling = self.config, self.config.profiling
         old = getattr(self, "actuator", None)
         if old is not None:
             old.close()
@@ -245,16 +215,17 @@ class Service:
                                                                                         SensitivityFactor):
             # stored profiles, and profiles submitted with a job, reach the sizers through it
             add_sensitivity(self.model)
-        self.mirror = Mirror(self.store, self.clock, epoch, duration, protect, self.timebase, self.outbox)
+        self.mirror = Mirror(self.store, self.clock, self._stored_epoch, float(cfg.default_duration),
+                             float(cfg.protect_factor), self.timebase, self.outbox)
         if old is not None:  # a rebuild: the active and parked jobs keep their arrivals
             keep = set(self.driver.jobs) | {str(j) for j in self.parked}
             self.mirror.arrivals = {j: a for j, a in old.mirror.arrivals.items() if j in keep}
-        self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, grace, launch_timeout,
-                                 self.guard.identities, self.guard.job_dir, self.log_dir)
+        self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, float(cfg.grace_s),
+                                 float(cfg.launch_timeout_s), self.guard.identities, self.guard.job_dir, self.log_dir)
         self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
         self.actuator.profiler = self.profiler
-        self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(seed),
-                             check=True, protect_factor=protect)
+        self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(cfg.seed),
+                             check=True, protect_factor=float(cfg.protect_factor))
         self.meter = TypeMeter(self.model, self.actuator.last_progress, self.clock.time,
                                lambda jid, d: self.mirror.event(jid, "measured", d))  # speeds per GPU type
 
