@@ -20,9 +20,9 @@ from sqlalchemy import event
 from gpuloom.core.cluster import Cluster
 from gpuloom.runtime.exec.clock import ManualClock
 from gpuloom.runtime.exec.router import local_executor
-from gpuloom.runtime.service.admission import SubmitError
 from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.deps import Gate, resolve_dependency
+from gpuloom.runtime.service.errors import SubmitError
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler

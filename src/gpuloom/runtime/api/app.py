@@ -67,8 +67,9 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from ...core.lifecycle import JobState
 from ...core.queues import QueueError
 from ..exec import joblogs
-from ..service.admission import LimitExceeded, NotFound, PermissionDenied, SubmitError
+from ..service.admission import LimitExceeded
 from ..service.deps import parse_array, parse_dependency
+from ..service.errors import NotFound, PermissionDenied, SubmitError
 from ..service.health import liveness, readiness
 from ..service.queues import QueueDenied
 from ..service.service import FINAL_STATES, HOLDING, Service

@@ -49,13 +49,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...core.cluster import Cluster
 from ...core.job import Job
 from ...core.lifecycle import JobState
 from ...core.parse import normalise_gpu_type
-from ...core.plan import Action, ActionKind
+from ...core.plan import Action, ActionKind, Allocation
 from ...driver import Driver, LaunchFailed, Step, lifecycle_steps
 from ..exec import joblogs
 from ..exec.executor import CoreAllocator, Executor, LaunchSpec, NodeUnavailable, ProcInfo
@@ -64,11 +64,8 @@ from ..exec.identity import Identities, owned_dir, private_dir
 from ..exec.progress import ProgressError
 from ..exec.progress import parse_line as parse_progress
 from ..state.codec import alloc_to_json, proc_to_json
-from ..state.store import unavailable
+from ..state.store import JobRow, unavailable
 from .mirror import Mirror
-
-if TYPE_CHECKING:
-    from .profile_manager import ProfilingManager
 
 log = logging.getLogger("gpuloom.service")
 S = JobState
@@ -93,6 +90,13 @@ def gpu_type_env(name: str) -> str:
     return re.sub(r"[^a-z0-9._-]", "", normalise_gpu_type(name))[:64]
 
 
+class Profiler(Protocol):
+    """What a launch asks of profiling (:class:`.profile_manager.ProfilingManager`)."""
+
+    def needs_profile(self, row: JobRow) -> bool: ...
+    def profile(self, job: Job, alloc: Allocation) -> bool: ...
+
+
 class Actuator:
     def __init__(self, mirror: Mirror, cluster: Cluster, executor: Executor, state_dir: Path, grace_s: float,
                  launch_timeout_s: float, identities: Identities | None = None, job_dir: Path | None = None,
@@ -111,7 +115,7 @@ class Actuator:
         self.running: dict[str, Running] = {}
         self.exec_owner: dict[str, str] = {}  # executor id -> job id
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpuloom-stop")
-        self.profiler: ProfilingManager | None = None
+        self.profiler: Profiler | None = None
         self.profiled = False  # a job got a profile in this round: later starts wait for the next
         self.refused = False  # the store refused a launch's record in this round: later starts wait too
         self.prepared: dict[str, str] = {}  # job id -> the stop state prepare_stops stored for this round

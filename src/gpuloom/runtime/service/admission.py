@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 from ...core.cluster import Cluster
 from ...core.lifecycle import JobState
 from ..exec.identity import Account, creatable
+from .deps import MAX_ARRAY, parse_array
+from .errors import SubmitError
 
 if TYPE_CHECKING:
     from ..state.store import Store
@@ -46,23 +48,6 @@ if TYPE_CHECKING:
 #: the states a pending limit counts: queued, holding nothing (the service's QUEUED_STATES)
 PENDING = (JobState.WAITING_FOR_INITIAL_CONTACT.value, JobState.WAITING_FOR_INITIAL_RESOURCE.value,
            JobState.STANDBY.value)
-
-
-class SubmitError(ValueError):
-    """A job the service refuses; ``field`` names the offending field when there is one."""
-
-    def __init__(self, msg: str, field: str | None = None, kind: str = "never_fits") -> None:
-        super().__init__(msg)
-        self.field = field
-        self.kind = kind  # the 422's ``type``
-
-
-class PermissionDenied(PermissionError):
-    pass
-
-
-class NotFound(KeyError):
-    pass
 
 
 def refuse_reason(cluster: Cluster, gpus: int, cpus: int | None, mem_mb: int | None) -> tuple[str, str] | None:
@@ -189,7 +174,6 @@ class SubmitLimits:
 
     def __post_init__(self) -> None:
         from ...core.queues import MAX_PRIORITY
-        from .deps import MAX_ARRAY
 
         if self.max_pending < 1:
             raise ValueError(f"--max-pending must be >= 1, got {self.max_pending}")
@@ -209,8 +193,6 @@ def array_tasks(spec: Mapping[str, Any], max_size: int) -> int:
     text = spec.get("array")
     if text is None:
         return 1
-    from .deps import parse_array
-
     try:
         tasks, _ = parse_array(text)
     except ValueError as e:

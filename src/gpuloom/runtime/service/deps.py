@@ -48,7 +48,7 @@ from typing import Any
 from ...core.lifecycle import JobState
 from ..exec.clock import Clock
 from ..state.store import JobRow, Store, unavailable
-from .admission import SubmitError
+from .errors import SubmitError
 
 S = JobState
 MAX_ARRAY = 10_000  # tasks in one array

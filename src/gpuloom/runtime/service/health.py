@@ -29,13 +29,20 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..state.store import StoreFull
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ...core.cluster import Cluster
+    from ...driver import Driver
+    from ...scheduler import Scheduler
+    from ..exec.clock import Clock
+    from ..state.disk import DiskGuard
+    from ..state.store import Store
+    from .outbox import Outbox
 
 LOCK_CHECK_S = 1.0  # the loop confirms its lock at least this often (and before every round that acts)
 STORE_RETRY_S = 1.0  # a round that failed on the store's state is retried after at most this long
@@ -44,6 +51,35 @@ STORE_RETRY_S = 1.0  # a round that failed on the store's state is retried after
 def stale_after(round_s: float) -> float:
     """Seconds without a completed round after which the loop counts as not running."""
     return max(3.0 * round_s, 10.0)
+
+
+class Observed(Protocol):
+    """What ``/health`` and ``/ready`` read of the service."""
+
+    @property
+    def health(self) -> Health: ...
+    @property
+    def rounds(self) -> int: ...
+    @property
+    def driver(self) -> Driver: ...
+    @property
+    def gate(self) -> Sized: ...
+    @property
+    def outbox(self) -> Outbox: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def disk(self) -> DiskGuard: ...
+    @property
+    def gave_up(self) -> str | None: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def round_s(self) -> float: ...
 
 
 @dataclass(slots=True)
@@ -67,7 +103,7 @@ class Health:
         self.failures += 1
 
 
-def liveness(svc: Service) -> dict[str, Any]:
+def liveness(svc: Observed) -> dict[str, Any]:
     """``/health``: from memory only (sizes, read atomically: the loop may be mid-round)."""
     return {
         "status": "ok",
@@ -80,7 +116,7 @@ def liveness(svc: Service) -> dict[str, Any]:
     }
 
 
-def readiness(svc: Service) -> tuple[bool, dict[str, Any]]:
+def readiness(svc: Observed) -> tuple[bool, dict[str, Any]]:
     """(ready, ``/ready``'s body): each check ``ok`` or what is wrong."""
     h = svc.health
     checks: dict[str, str] = {}

@@ -34,18 +34,35 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ...core.lifecycle import JobState
 from ..exec.executor import InventoryChange
+from .recovery import Recoverable, recover
+from .states import HOLDING, QUEUED_STATES
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ...core.cluster import Cluster
+    from ..exec.executor import InventorySource
+    from .queues import QueueAdmin
 
 log = logging.getLogger("gpuloom.service")
 
 
-def follow(svc: Service) -> bool:
+class Rebuildable(Recoverable, Protocol):
+    """What following the inventory uses of the service: what recovery does, and the rebuild itself."""
+
+    parked: dict[int, float]  # job id -> service time from which it may be planned again
+
+    @property
+    def inventory(self) -> InventorySource | None: ...
+    @property
+    def queues(self) -> QueueAdmin: ...
+    def reap(self) -> bool: ...
+    def assemble(self, cluster: Cluster) -> None: ...
+
+
+def follow(svc: Rebuildable) -> bool:
     """Ask the service's inventory source for a change and rebuild for it; True if it changed, or
     if a parked job's wait is over (a round admits it)."""
     src = svc.inventory
@@ -64,13 +81,10 @@ def follow(svc: Service) -> bool:
     return True
 
 
-def rebuild(svc: Service, change: InventoryChange) -> None:
+def rebuild(svc: Rebuildable, change: InventoryChange) -> None:
     """Rebuild the service's state for ``change.cluster`` (see the module notes)."""
-    from .recovery import recover
-    from .service import HOLDING
-
     with svc.lock:
-        svc._reap()  # exits already reported belong to the old state
+        svc.reap()  # exits already reported belong to the old state
         now = svc.now()
         lost_jobs = set()
         for row in svc.store.list_jobs(HOLDING):
@@ -92,10 +106,8 @@ def rebuild(svc: Service, change: InventoryChange) -> None:
             svc.mirror.event(str(j), "node-lost", {"nodes": sorted(change.lost), "wait_s": change.fence_s})
 
 
-def unpark(svc: Service) -> None:
+def unpark(svc: Rebuildable) -> None:
     """Admit parked jobs whose time has come (and that fit now)."""
-    from .service import QUEUED_STATES
-
     if not svc.parked:
         return
     now = svc.now()

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...core.job import Job
 from ...core.plan import Allocation
@@ -44,7 +44,14 @@ from .profiles import OK, profile_from_record, profile_key, record_from_result, 
 from .profiling import NoProgress, RealProfiler
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ...core.cluster import Cluster
+    from ...driver import Driver
+    from ...perf.model import ThroughputModel
+    from ..exec.clock import Clock
+    from ..exec.executor import Executor
+    from ..state.store import Store
+    from .actuator import Actuator
+    from .mirror import Mirror
 
 log = logging.getLogger("gpuloom.service")
 
@@ -80,10 +87,32 @@ class ProfilingConfig:
             raise ValueError(f"profiling mem_points must be >= 1, got {self.mem_points}")
 
 
-class ProfilingManager:
-    """Profiles jobs for a :class:`~.service.Service` (see the module notes)."""
+class ProfilingHost(Protocol):
+    """What profiling uses of the service: its parts for the job's node, and a wake-up when done."""
 
-    def __init__(self, service: Service, config: ProfilingConfig) -> None:
+    @property
+    def store(self) -> Store: ...
+    @property
+    def model(self) -> ThroughputModel: ...
+    @property
+    def mirror(self) -> Mirror: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def actuator(self) -> Actuator: ...
+    @property
+    def driver(self) -> Driver: ...
+    @property
+    def executor(self) -> Executor: ...
+    @property
+    def clock(self) -> Clock: ...
+    def wake(self) -> None: ...
+
+
+class ProfilingManager:
+    """Profiles jobs for the service (see the module notes)."""
+
+    def __init__(self, service: ProfilingHost, config: ProfilingConfig) -> None:
         self.svc = service
         self.config = config
         self._profiles: dict[str, SensitivityProfile | None] = {}  # profile key -> profile (None: unprofilable)

@@ -47,16 +47,23 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Column, Float, Integer, MetaData, Table, Text, insert, select, update
 
 from ...core.job import Job
 from ...core.queues import Queue, QueueError, QueueTree, parse_queues, usage
 from .admission import PENDING, LimitExceeded
+from .states import ACTIVE_STATES
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ...core.cluster import Cluster
+    from ...driver import Driver
+    from ...scheduler import Scheduler
+    from ..exec.executor import InventorySource
+    from ..state.store import Store
+    from .admission import Limiter
 
 log = logging.getLogger("gpuloom.service")
 
@@ -81,10 +88,29 @@ class QueueDenied(QueueError):
     """A submission its user may not make (HTTP 403): a queue not open to them, a priority above the limit."""
 
 
+class QueueHost(Protocol):
+    """What the queue tree uses of the service."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def inventory(self) -> InventorySource | None: ...
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def limits(self) -> Limiter: ...
+    @property
+    def driver(self) -> Driver: ...
+
+
 class QueueAdmin:
     """The tree of one service (see the module notes)."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: QueueHost) -> None:
         self.service = service
         # the queue stage (policies/queues.py: QuotaQueues and its kin, or the disabled base)
         stage: Any = service.scheduler.queue
@@ -186,8 +212,6 @@ class QueueAdmin:
 
     def _active(self) -> list[tuple[str, Mapping[str, Any], str]]:
         """(id, attrs, user) of every active job: mirrored ones and those not picked up yet."""
-        from .service import ACTIVE_STATES
-
         return [(str(r.id), {"queue": r.spec.get("queue")}, r.user)
                 for r in self.service.store.list_jobs(ACTIVE_STATES)]
 

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...core.lifecycle import PROGRESS_STATES, JobState
 from ...core.plan import Allocation
@@ -49,16 +50,55 @@ from ..exec.executor import ProcInfo
 from ..state.codec import alloc_from_json, proc_from_json
 from ..state.store import JobRow
 from .actuator import Running
+from .states import ACTIVE_STATES, QUEUED_STATES
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ...core.cluster import Cluster
+    from ...core.job import Job
+    from ...driver import Driver
+    from ..exec.clock import Clock
+    from ..exec.executor import Executor
+    from ..state.store import Store
+    from .actuator import Actuator
+    from .deps import Gate
+    from .mirror import Mirror
 
 log = logging.getLogger("gpuloom.service")
 S = JobState
 
 
-def recover(svc: Service) -> None:
-    from .service import ACTIVE_STATES, QUEUED_STATES
+class Recoverable(Protocol):
+    """What recovery uses of the service: its parts, and how it admits, ends and cancels jobs."""
+
+    last_id: int  # the highest job id seen (raised here)
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def executor(self) -> Executor: ...
+    @property
+    def actuator(self) -> Actuator: ...
+    @property
+    def driver(self) -> Driver: ...
+    @property
+    def mirror(self) -> Mirror: ...
+    @property
+    def gate(self) -> Gate: ...
+    def now(self) -> float: ...
+    def wake(self) -> None: ...
+    def fits_or_fail(self, row: JobRow) -> bool: ...
+    def admit_row(self, row: JobRow, state: JobState, arrival: float | None = None) -> Job: ...
+    def end(self, jid: str, state: JobState, code: int | None, reason: str | None) -> None: ...
+    def request_cancel(self, jid: str) -> None: ...
+
+
+def recover(svc: Recoverable) -> None:
 
     with svc.lock:
         for row in svc.store.list_jobs(ACTIVE_STATES):
@@ -85,7 +125,7 @@ def recover(svc: Service) -> None:
     svc.wake()
 
 
-def _recover_holding(svc: Service, row: JobRow) -> None:
+def _recover_holding(svc: Recoverable, row: JobRow) -> None:
     act = svc.actuator
     state = JobState(row.state)
     procs = [proc_from_json(d) for d in row.procs or [] if "pid" in d]
@@ -164,7 +204,7 @@ def _recover_holding(svc: Service, row: JobRow) -> None:
         svc.admit_row(row, S.STANDBY)
 
 
-def _started(svc: Service, row: JobRow) -> float:
+def _started(svc: Recoverable, row: JobRow) -> float:
     """The service time of the job's last launch, at most now: as stored, or, for a launch recorded
     without it (an older version), from its wall time's age (:meth:`.Mirror.since`)."""
     if row.last_start_at is not None:
@@ -172,7 +212,7 @@ def _started(svc: Service, row: JobRow) -> float:
     return svc.mirror.since(row.last_start) if row.last_start is not None else svc.now()
 
 
-def _sweep(svc: Service) -> None:
+def _sweep(svc: Recoverable) -> None:
     """Stop (SIGTERM, grace, SIGKILL) processes the previous service launched but never recorded: a
     launch it did not live to confirm, a profiling run.  Recovery never leaves a job running twice."""
     act = svc.actuator
@@ -190,7 +230,7 @@ def _sweep(svc: Service) -> None:
         f.result()
 
 
-def _settle(svc: Service) -> None:
+def _settle(svc: Recoverable) -> None:
     """Once every adopted job is back: members of a group whose partners were not adopted keep
     their GPUs in a smaller group; every adopted job gets its speed and is advanced to now."""
     drv = svc.driver

@@ -24,21 +24,34 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...core.cluster import Cluster
 from ..exec import joblogs
 from ..exec.identity import Identities, IdentityError, private_dir
-from .admission import SubmitError, check_checkpoint_dir, check_policy_fields
+from .admission import check_checkpoint_dir, check_policy_fields
+from .errors import SubmitError
+from .states import FINAL_STATES
 
 if TYPE_CHECKING:
-    from .service import Service
+    from ..exec.clock import Clock
+    from ..state.store import Store
 
 log = logging.getLogger("gpuloom.service")
 
 JOB_DIR_BASE = "/var/tmp"  # where default job directories go when jobs run as other accounts
 JOB_DIR_BASE_ENV = "GPULOOM_JOB_DIR_BASE"  # overrides it (a directory job accounts can enter)
 PURGE_EVERY_S = 60.0
+
+
+class Kept(Protocol):
+    """What retention uses of the service: the store, the wall clock, where a job's log is."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def clock(self) -> Clock: ...
+    def log_path(self, job_id: int | str) -> Path: ...
 
 
 def default_job_dir(state_dir: Path, service_id: str, switch: bool) -> Path:
@@ -79,16 +92,14 @@ class Guard:
         if path is not None:
             check_checkpoint_dir(path, self.roots, acc)
 
-    def maybe_purge(self, svc: Service, mono: float) -> int:
+    def maybe_purge(self, svc: Kept, mono: float) -> int:
         """Delete finished jobs older than ``keep_finished_s`` (at most once a minute); how many went."""
         if self.keep_finished_s is None or mono < self._next_purge:
             return 0
         self._next_purge = mono + PURGE_EVERY_S
         return self.purge(svc)
 
-    def purge(self, svc: Service) -> int:
-        from .service import FINAL_STATES
-
+    def purge(self, svc: Kept) -> int:
         assert self.keep_finished_s is not None
         ids = svc.store.purge_jobs(svc.clock.time() - self.keep_finished_s, FINAL_STATES)
         for jid in ids:

@@ -91,7 +91,7 @@ import numpy as np
 
 from ...core.cluster import Cluster
 from ...core.job import Job
-from ...core.lifecycle import HOLDING_STATES, TERMINAL, JobState
+from ...core.lifecycle import JobState
 from ...core.plan import Action
 from ...driver import Driver
 from ...perf.assembly import build_model
@@ -105,9 +105,10 @@ from ..state.locks import AlreadyServed, ServerLocks
 from ..state.specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
 from ..state.store import JobRow, Store, unavailable
 from .actuator import PROGRESS_MARK, Actuator, Running, gpu_type_env
-from .admission import NotFound, PermissionDenied, SubmitError, check_submittable, refuse_reason
+from .admission import check_submittable, refuse_reason
 from .config import ServiceConfig
 from .deps import Gate, parse_array, resolve_dependency
+from .errors import NotFound, PermissionDenied, SubmitError
 from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
 from .inventory import follow as follow_inventory
 from .inventory import unpark
@@ -117,6 +118,7 @@ from .outbox import Outbox
 from .profile_manager import ProfilingConfig, ProfilingManager
 from .queues import QueueAdmin
 from .security import Guard
+from .states import ACTIVE_STATES, FINAL_STATES, HOLDING, QUEUED_STATES
 from .typespeeds import TypeMeter
 
 __all__ = [
@@ -131,12 +133,6 @@ MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bu
 MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`Service.mark_time`)
 
 S = JobState
-#: holding nothing, waiting for the plan to give it resources
-QUEUED_STATES = (S.WAITING_FOR_INITIAL_CONTACT.value, S.WAITING_FOR_INITIAL_RESOURCE.value, S.STANDBY.value)
-#: a process exists (starting, progressing, or being stopped)
-HOLDING = tuple(s.value for s in JobState if s in HOLDING_STATES)
-ACTIVE_STATES = QUEUED_STATES + HOLDING
-FINAL_STATES = tuple(s.value for s in JobState if s in TERMINAL)
 
 
 class Service:
@@ -436,7 +432,7 @@ class Service:
                     self._cap_logs()
                     self.outbox.flush()  # what the store refused before, oldest first
                     # (a rebuild recovers from the store: only once it has every record)
-                    changed = (not self.outbox and follow_inventory(self)) or self._reap() or woke
+                    changed = (not self.outbox and follow_inventory(self)) or self.reap() or woke
                     t = clock.monotonic()
                     if changed or t >= next_round:
                         self.round()
@@ -546,7 +542,7 @@ class Service:
 
     def observe(self) -> bool:
         """Bring the mirror up to date with the world; True if anything changed."""
-        changed = self._reap()
+        changed = self.reap()
         self._handle_cancels()
         self._enforce_time_limits()
         unpark(self)
@@ -592,7 +588,8 @@ class Service:
         self.driver.finish(job, self.now(), S.FAILED)
         self._record_end(job, S.FAILED, None, reason, None, 0.0)
 
-    def _reap(self) -> bool:
+    def reap(self) -> bool:
+        """Record the exits the executor reports (after what the outbox holds); True if any."""
         self.outbox.flush()
         ended = self.actuator.reap()
         for jid, state, code, reason in ended:

@@ -1,6 +1,6 @@
 """What the service tells its operator: a log line per job transition, Prometheus metrics, recent history.
 
-:class:`Telemetry` hangs off a :class:`~.service.Service`:
+:class:`Telemetry` hangs off the service (what it reads of it: :class:`Watched`):
 
 * it **listens to the store** (:attr:`Store.listeners <.store.Store.listeners>`):
   every committed job event becomes one log line on logger ``gpuloom.jobs``
@@ -28,7 +28,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -36,11 +36,12 @@ from prometheus_client.registry import Collector
 
 from ...core.lifecycle import PROGRESS_STATES, SHORT_STATE, JobState
 from ..state.store import unavailable
-from .health import readiness
+from .health import Observed, readiness
 
 if TYPE_CHECKING:
     from ...core.plan import Action
-    from .service import Service
+    from .deps import Gate
+    from .mirror import Mirror
 
 jlog = logging.getLogger("gpuloom.jobs")
 S = JobState
@@ -80,8 +81,19 @@ def gpus_of(alloc: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
     return nodes, gpus
 
 
+class Watched(Observed, Protocol):
+    """What telemetry reads of the service: what ``/ready`` reads, the mirror, the gate, the last round."""
+
+    @property
+    def mirror(self) -> Mirror: ...
+    @property
+    def gate(self) -> Gate: ...
+    @property
+    def last_round_s(self) -> float: ...
+
+
 class Telemetry:
-    def __init__(self, service: Service, sample_s: float = 2.0, history_points: int = 3600) -> None:
+    def __init__(self, service: Watched, sample_s: float = 2.0, history_points: int = 3600) -> None:
         self.svc = service
         self.sample_s = sample_s
         self.samples: deque[dict[str, float]] = deque(maxlen=history_points)
