@@ -5,7 +5,7 @@ Endpoints (JSON; every one but ``/health`` and ``/ready`` needs ``Authorization:
 =========================  ==================================================
 ``GET  /health``           liveness (memory only): job counts, rounds run
 ``GET  /ready``            readiness: store, lock, rounds (503 naming what fails;
-                           :mod:`.health`)
+                           :mod:`..service.health`)
 ``POST /jobs``             submit a job spec; 201 with the stored job
 ``GET  /jobs``             jobs (``?state=standby&state=running``, ``?user=``, ``?since=``,
                            pages: ``?limit=&after=``, ``?fields=id,st``); others' without command
@@ -18,12 +18,12 @@ Endpoints (JSON; every one but ``/health`` and ``/ready`` needs ``Authorization:
 ``POST /tokens``           admin only: a new token for a user (``expires``: 30d)
 ``GET  /tokens``           tokens (ids, users, expiry): all for an admin, else one's own
 ``DELETE /tokens/{id}``    revoke a token: one's own, or any for an admin
-``/queues``...             queues: usage vs quota, admin changes (:mod:`.queue_api`)
+``/queues``...             queues: usage vs quota, admin changes (:mod:`..api.queues`)
 =========================  ==================================================
 
 The operator's endpoints (``/metrics``, ``/history``, ``/cluster``, the
 dashboard at ``/``, the OpenAPI page ``/docs`` with local assets) are in
-:mod:`.ops_api`.  Times in job JSON are ISO 8601 (UTC).
+:mod:`..api.ops`.  Times in job JSON are ISO 8601 (UTC).
 
 Design decisions:
 
@@ -31,7 +31,7 @@ Design decisions:
   ``detail`` names the field (``loc``).  A job that can never fit the cluster
   gets a 422 in the same shape (``type: never_fits``) with the reason.
 * **Acknowledged = committed**: ``POST /jobs`` answers only after the store
-  committed the job (see :mod:`.store`).
+  committed the job (see :mod:`..state.store`).
 * **Tokens** are random 32-byte url-safe strings; the store keeps only their
   sha256.  The admin token is created on first start and written to
   ``STATE_DIR/admin.token`` with mode 0600.  A user token submits as its user;
@@ -488,7 +488,7 @@ def create_app(service: Service) -> FastAPI:
                ) -> dict[str, Any]:
         t0 = time.perf_counter()
         user, admin = who
-        service.limits.rate(user, admin)  # 429 over the user's submissions per second (:mod:`.admission`)
+        service.limits.rate(user, admin)  # 429 over the user's submissions per second (:mod:`..service.admission`)
         spec = body.to_spec()
         owner = spec.pop("user", None) or user
         if owner != user and not admin:

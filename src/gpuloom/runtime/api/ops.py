@@ -1,15 +1,15 @@
 """The operator's endpoints, mounted on the API by :func:`mount`.
 
 =============================  =================================================
-``GET /metrics``               Prometheus text format (:mod:`.telemetry`)
+``GET /metrics``               Prometheus text format (:mod:`..service.telemetry`)
 ``GET /whoami``                the token's user and admin flag
 ``GET /cluster``               nodes x GPUs: who holds each, allocated / busy
 ``GET /stats/series``          recent samples: GPUs allocated / busy, jobs
                                pending / running (``?since=``)
-``GET /history``               accounting records (:mod:`.history`), ``?user=
+``GET /history``               accounting records (:mod:`..state.history`), ``?user=
                                &state=&since=&until=&allocations=true``, paged
                                like ``/jobs``: ``?limit=&after=``, ``X-Next-After``
-``GET /history/trace``         finished jobs as a replayable trace (:mod:`.export`)
+``GET /history/trace``         finished jobs as a replayable trace (:mod:`..state.export`)
 ``GET /jobs/{id}/allocations`` what the job held, from when to when
 ``GET /jobs/{id}/progress``    its ``GPULOOM_PROGRESS`` points (owner or admin)
 ``GET /``                      the dashboard (:mod:`.dashboard`)
@@ -183,7 +183,7 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
                    job: Annotated[list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None,
                                   Query(max_length=1000, description="only these job ids")] = None,
                    ) -> list[dict[str, Any]]:
-        """The finished jobs as rows of gpuloom's JSONL trace format (:mod:`.export`), replayable in the simulator.
+        """The finished jobs as rows of gpuloom's JSONL trace format (:mod:`..state.export`), replayable in the simulator.
 
         Progress comes from the jobs' logs: a user who is not an admin gets only their own jobs."""
         from ..state.export import export_trace

@@ -1,7 +1,7 @@
 """The environment of a gang job spanning nodes: what torchrun and ``torch.distributed`` expect.
 
 A job whose allocation spans nodes runs as one process per node part (executor
-ids ``ID.RANK``, :mod:`.actuator`).  Every executor (local processes, Ray
+ids ``ID.RANK``, :mod:`..service.actuator`).  Every executor (local processes, Ray
 agents) gets the same variables from :func:`gang_env`, so a multi-node job
 sees the same thing wherever it runs:
 

@@ -1,8 +1,5 @@
 """Running job processes on this machine.
 
-(Over 500 lines: launch, control, adoption and the search for unrecorded processes share one table of
-processes and its lock; splitting them would expose that state.)
-
 Two layers, so that a multi-machine executor reuses the launch logic unchanged:
 
 * :class:`NodeAgent` launches, stops, polls and adopts processes *on the machine

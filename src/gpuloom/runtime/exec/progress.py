@@ -242,6 +242,3 @@ class ProgressTail:
         """Iterations per second (see :func:`rate`), optionally only from points at or after ``since``."""
         pts = self.points if since is None else [p for p in self.points if p.t >= since]
         return rate(pts, window_s)
-
-    def samples_per_s(self, window_s: float | None = None) -> float | None:
-        return rate(self.points, window_s, "samples")

@@ -166,9 +166,6 @@ class AgentActor:
         mine = [p for j, p in self.agent.running().items() if j not in set(known) and self.agent.alive(j)]
         return mine + self.agent.orphans()
 
-    def repin(self, job_id: str, cpus: tuple[int, ...]) -> int:
-        return self.agent.repin(job_id, cpus)
-
     # -- what the agent adds --------------------------------------------------------------------
     def ping(self) -> str:
         self._node()

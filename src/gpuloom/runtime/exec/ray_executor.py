@@ -40,7 +40,7 @@ Node loss and agent loss
 :class:`RayInventory` re-reads Ray's node table at most once a second.  A node
 that is gone (not alive, or whose agent cannot be made again) is *lost*: its
 processes are forgotten here, not reported as exits, and the service rebuilds
-its state for the new inventory (:mod:`.inventory`), requeueing the jobs that
+its state for the new inventory (:mod:`..service.inventory`), requeueing the jobs that
 ran there (all parts of a job spanning nodes) after the fence period.  An agent
 that died on a node that is still alive (killed) is replaced: the new agent
 adopts its processes, and exits that happened meanwhile are read from their

@@ -13,15 +13,15 @@
   of the allocation (a part is one node; a job spanning nodes gets one
   process per node, executor ids ``ID.RANK``), with node-local GPU ids
   (``Cluster.local_index``), concrete cores from a
-  :class:`~.executor.CoreAllocator`, the part's memory limit and
+  :class:`~..exec.executor.CoreAllocator`, the part's memory limit and
   ``GPULOOM_JOB_ID``, ``GPULOOM_CHECKPOINT_DIR`` and, when the job ran before,
   ``GPULOOM_RESUME=1``; the parts of a job spanning nodes also get what
-  torchrun and ``torch.distributed`` expect (:mod:`.gang`).  The job walks its start steps to LAUNCHING; it
+  torchrun and ``torch.distributed`` expect (:mod:`..exec.gang`).  The job walks its start steps to LAUNCHING; it
   makes no progress (``busy_until`` = inf) until its first ``GPULOOM_PROGRESS``
   line promotes it (:meth:`Actuator.promote`).  A launch that raises fails the
   job alone (:class:`~gpuloom.driver.LaunchFailed`), its processes stopped and
   cores released; one refused by a node that cannot take it now
-  (:class:`~.executor.NodeUnavailable`) leaves the job queued;
+  (:class:`~..exec.executor.NodeUnavailable`) leaves the job queued;
 * **regrouped**: only the record changes (new co-runners, new remaining work).
 
 **The store's part** (:mod:`.outbox`).  What gates an action is written now: a
@@ -126,7 +126,7 @@ class Actuator:
         return self.log_dir / f"{jid}.log"
 
     def log_size(self, jid: str) -> int:
-        """Bytes the job has written to its log (a logical offset: cuts do not move it, :mod:`.joblogs`)."""
+        """Bytes the job has written to its log (a logical offset: cuts do not move it, :mod:`..exec.joblogs`)."""
         return joblogs.logical_size(self.log_path(jid)) or 0
 
     def last_progress(self, jid: str | int) -> int | None:
@@ -166,7 +166,7 @@ class Actuator:
 
     def cap_logs(self, cap: int, why: str = "", most: int | None = None, jids: Sequence[str] | None = None) -> int:
         """Cut the running jobs' logs (or those of ``jids``) over ``cap`` bytes (0: none), largest first,
-        ``most`` of them at most (:func:`.joblogs.cut`); the jobs keep running.  How many were cut."""
+        ``most`` of them at most (:func:`..exec.joblogs.cut`); the jobs keep running.  How many were cut."""
         if cap <= 0:
             return 0
         over = []
@@ -304,7 +304,7 @@ class Actuator:
                 env_common["GPULOOM_ARRAY_TASK_ID"] = str(row.array_task)
             log_offset = self.log_size(jid)
             launches = []
-            if multi:  # torchrun / torch.distributed: rank 0's node hosts the rendezvous (:mod:`.gang`)
+            if multi:  # torchrun / torch.distributed: rank 0's node hosts the rendezvous (:mod:`..exec.gang`)
                 addr, port = self.executor.rendezvous(self.cluster.nodes[alloc.parts[0].node].name)
             for rank, p in enumerate(alloc.parts):
                 node = self.cluster.nodes[p.node].name

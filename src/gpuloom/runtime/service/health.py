@@ -8,11 +8,11 @@
   check passes, else 503 naming the checks that fail:
 
   ``store``   the database answers a query, its disk is not nearly full
-              (:mod:`.disk`), and it takes the loop's records (none waits
+              (:mod:`..state.disk`), and it takes the loop's records (none waits
               in the outbox, :mod:`.outbox`);
   ``lock``    this server holds its database (a PostgreSQL advisory lock is
               checked every :data:`LOCK_CHECK_S` and before every round that
-              acts; :mod:`.locks`);
+              acts; :mod:`..state.locks`);
   ``rounds``  a round completed within :func:`stale_after` seconds.
 
 :class:`Health` is what the loop notes as it goes; :func:`readiness` turns it

@@ -16,7 +16,7 @@ changes the restart's guarantees, with no second code path:
   checkpoint, and its parts on other nodes are stopped first: a job spanning
   nodes loses all its parts together.  It waits ``fence_s`` (the grace period
   plus a second) before it may run again: if the lost node still runs at all,
-  its fence (:mod:`.ray_agent`) has stopped the old processes by then, so no
+  its fence (:mod:`..exec.ray_agent`) has stopped the old processes by then, so no
   job runs twice;
 * queued jobs stay queued; a job the smaller cluster cannot hold is not failed
   (as it is against a fixed inventory) but *parked*: kept out of the plan with

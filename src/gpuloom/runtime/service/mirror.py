@@ -5,12 +5,12 @@ objects.  :class:`Mirror` keeps the two in step:
 
 * **One id type.**  The store's primary keys are integers; everything above it
   (the driver, the plan, the executor's ids ``"7"``/``"7.1"``) uses the string
-  form.  Conversion happens here only: :meth:`Mirror.write` takes a string id.
+  form, and so do the mirror's methods (:meth:`Mirror.write` takes a string id).
 * :meth:`Mirror.load` builds the job the driver schedules from a stored row: its
-  spec (:func:`~.specs.job_spec`), its lifecycle started in the stored state,
+  spec (:func:`~..state.specs.job_spec`), its lifecycle started in the stored state,
   its counters, and its remaining work as stored (``work_left`` at ``work_at``)
   or, for a job that never ran, its whole work estimate.
-* **Service time** (:meth:`Mirror.now`) runs on the monotonic clock (:class:`~.clock.ServiceTime`);
+* **Service time** (:meth:`Mirror.now`) runs on the monotonic clock (:class:`~..exec.clock.ServiceTime`);
   a stored wall time (a submission, a first start) becomes service time by its age on the wall
   clock now, never negative and never before ``floor`` (:meth:`Mirror.since`): a wall-clock step
   moves it by no more than those bounds.
@@ -97,7 +97,7 @@ class Mirror:
               expect_state: Iterable[str] | None = None) -> bool:
         """Update the job's row (and log ``event``) in one transaction, now; False if ``expect_state``
         failed.  For a change that must be stored before the loop acts on it (a launch's intent): it
-        raises if the store refuses it, or (:class:`~.store.StoreUnavailable`) records still wait."""
+        raises if the store refuses it, or (:class:`~..state.store.StoreUnavailable`) records still wait."""
         if not self.outbox.flush():
             raise StoreUnavailable(f"records wait for the store: {self.outbox.error}")
         return self.store.update_job(int(jid), dict(fields), event, dict(detail or {}), durable=durable,

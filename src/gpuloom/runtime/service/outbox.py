@@ -4,7 +4,7 @@ What the scheduling loop observes (a process ended, a stop finished, a job
 progressed, a job's group changed) has already happened: it cannot be undone
 because the store is unreachable or its disk is full.  So the loop never
 drops such a record: :meth:`Outbox.put` writes it at once, or, when the store
-refuses (:func:`~.store.unavailable`), or earlier records still wait, keeps it
+refuses (:func:`~..state.store.unavailable`), or earlier records still wait, keeps it
 behind them.  :meth:`Outbox.flush` (every loop tick) writes the waiting
 records oldest first and stops at the first refusal: records reach the store
 in the order their changes happened, with the times they happened (an

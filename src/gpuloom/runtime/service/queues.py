@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -61,6 +60,7 @@ if TYPE_CHECKING:
     from ...core.cluster import Cluster
     from ...driver import Driver
     from ...scheduler import Scheduler
+    from ..exec.clock import Clock
     from ..exec.executor import InventorySource
     from ..state.store import Store
     from .admission import Limiter
@@ -105,6 +105,8 @@ class QueueHost(Protocol):
     def limits(self) -> Limiter: ...
     @property
     def driver(self) -> Driver: ...
+    @property
+    def clock(self) -> Clock: ...
 
 
 class QueueAdmin:
@@ -170,11 +172,12 @@ class QueueAdmin:
     def _put(self, tree: QueueTree) -> None:
         store = self.service.store
         doc = json.dumps(tree.as_mapping(), sort_keys=True)
+        now = self.service.clock.time()
         with store.lock, store._begin(True) as c:
             if c.execute(select(queue_config_t.c.id).where(queue_config_t.c.id == 1)).first() is None:
-                c.execute(insert(queue_config_t).values(id=1, doc=doc, updated=time.time()))
+                c.execute(insert(queue_config_t).values(id=1, doc=doc, updated=now))
             else:
-                c.execute(update(queue_config_t).where(queue_config_t.c.id == 1).values(doc=doc, updated=time.time()))
+                c.execute(update(queue_config_t).where(queue_config_t.c.id == 1).values(doc=doc, updated=now))
 
     # -- changes ------------------------------------------------------------------------------------
     def configure(self, tree: QueueTree) -> None:

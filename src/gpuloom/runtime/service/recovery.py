@@ -12,7 +12,7 @@ to resume from its checkpoint.  Adopted jobs that were protected lose their
 protection at once (its start is unknown).
 
 Held time counts from the launch's stored service time (``last_start_at``;
-service time continues across the restart, :func:`.clock.resume`), so a
+service time continues across the restart, :func:`..exec.clock.resume`), so a
 wall-clock step while the service was down adds nothing to it; an exit record's
 wall time is trusted only within ``[launch, now]`` in service time.
 

@@ -9,7 +9,7 @@
   jobs running as other accounts that is ``/var/tmp/gpuloom-SERVICE_ID``
   (``--job-dir``; ``$GPULOOM_JOB_DIR_BASE`` replaces ``/var/tmp``), 0711 and owned by the server, and each job's directory in
   it is owned by the job's account, 0700.
-* **Accounts** (:mod:`.identity`): which OS account runs each user's jobs.
+* **Accounts** (:mod:`..exec.identity`): which OS account runs each user's jobs.
 * **Submission checks** (:meth:`Guard.check_spec`): the fields the policies
   read, against the cluster; a given ``checkpoint_dir`` must lie under an
   allowed root (``--checkpoint-root``, default the job directory) and be

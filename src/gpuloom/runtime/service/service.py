@@ -1,33 +1,31 @@
 """The scheduler service: store-backed jobs, rounds on a timer and on events, plan → executor.
 
-(Over 500 lines: the API entry points and the loop's phases share the service's lock and mirror; the
-parts that stand alone are in the modules listed below.)
-
 The service is the simulator's twin: both are faces of one
 :class:`~gpuloom.driver.Driver`, which owns the active jobs and the current
 plan and asks the very same :class:`~gpuloom.scheduler.Scheduler` (built from
 the names ``simulate`` takes) for each round.  What the service adds lives in
 its own modules:
 
-========================  ==================================================
-:mod:`.mirror`            stored rows ↔ the driver's jobs (one id type), the
-                          remaining-work record
-:mod:`.actuator`          the driver's backend: launch and stop through the
-                          executor, progress, exits
-:mod:`.recovery`          adopt or requeue after a restart
-:mod:`.profile_manager`   profiling new jobs before their first launch
-:mod:`.specs`             the API's fields (``8G``, ``1:30:00``) and stored
-                          specs as ``JobSpec``
-:mod:`.admission`         what is refused at submission
-:mod:`.codec`             allocations and processes as stored JSON
-:mod:`.clock`             the injected clock
-:mod:`.deps`              job arrays and dependencies: the gate new jobs pass
-:mod:`.telemetry`         a log line per job transition, metrics, samples
-:mod:`.history`           accounting from the store (``gpuloom history``)
-:mod:`.inventory`         nodes joining and leaving (Ray): rebuild, park
-:mod:`.outbox`            the loop's records the store has not taken yet
-:mod:`.health`            liveness, readiness, systemd's watchdog
-========================  ==================================================
+==========================  ================================================
+:mod:`.config`              the settings (:class:`~.config.ServiceConfig`)
+:mod:`.mirror`              stored rows ↔ the driver's jobs (one id type), the
+                            remaining-work record
+:mod:`.actuator`            the driver's backend: launch and stop through the
+                            executor, progress, exits
+:mod:`.recovery`            adopt or requeue after a restart
+:mod:`.profile_manager`     profiling new jobs before their first launch
+:mod:`.admission`           what is refused at submission
+:mod:`.deps`                job arrays and dependencies: the gate new jobs pass
+:mod:`.telemetry`           a log line per job transition, metrics, samples
+:mod:`.inventory`           nodes joining and leaving (Ray): rebuild, park
+:mod:`.outbox`              the loop's records the store has not taken yet
+:mod:`.health`              liveness, readiness, systemd's watchdog
+:mod:`..state.specs`        the API's fields (``8G``, ``1:30:00``) and stored
+                            specs as ``JobSpec``
+:mod:`..state.codec`        allocations and processes as stored JSON
+:mod:`..state.history`      accounting from the store (``gpuloom history``)
+:mod:`..exec.clock`         the injected clock
+==========================  ================================================
 
 **A round is observe, then act** (as Ray's autoscaler v2 reconciler does):
 observe reaps exits, applies cancels and time limits, picks up new
@@ -40,7 +38,7 @@ Design decisions:
 
 * **The store is the truth.**  API calls write to the store (committed with
   ``synchronous=FULL``) before they answer; the loop's records of processes
-  commit with ``synchronous=NORMAL`` (see :mod:`.store` for why that is safe).
+  commit with ``synchronous=NORMAL`` (see :mod:`..state.store` for why that is safe).
   Every state change the loop makes is committed before the next action.
 * **The store may fail** (its disk full, the database down): what the loop
   observed is kept in order until it is recorded (:mod:`.outbox`); a round
@@ -49,10 +47,10 @@ Design decisions:
 * **Rounds on a timer and on events.**  The loop wakes every ``tick`` (at most
   0.1 s) to poll the executor; a round runs when ``round_s`` has elapsed or
   something happened (submission, cancel, completion).
-* **Time.**  Every reading comes from the injected :class:`~.clock.Clock`.
+* **Time.**  Every reading comes from the injected :class:`~..exec.clock.Clock`.
   Scheduling runs in *service time*: seconds since the *epoch* (stored in
   ``meta``), advanced by the monotonic clock and continued by a restart from
-  the last stored mark (:mod:`.clock`), so held time, time limits, launch
+  the last stored mark (:mod:`..exec.clock`), so held time, time limits, launch
   timeouts, protection and fences ignore wall-clock steps; wall time is only
   what is stored and shown for people.  A job's work estimate is its time limit,
   or ``default_duration`` without one; SJF-like orders use it, LAS-like orders
@@ -150,9 +148,9 @@ class Service:
         self.state_dir = Path(os.path.abspath(config.state_dir))  # never resolved later from another directory
         #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
         self.data_dir = Path(os.path.abspath(config.data_dir)) if config.data_dir is not None else self.state_dir
-        #: jobs' logs (default data_dir/logs): best on another file system than the database (:mod:`.disk`)
+        #: jobs' logs (default data_dir/logs): best on another file system than the database (:mod:`..state.disk`)
         self.log_dir = Path(config.log_dir).absolute() if config.log_dir is not None else None
-        self.log_cap = int(config.log_cap)  # bytes; a running job's log over it is cut (:mod:`.joblogs`)
+        self.log_cap = int(config.log_cap)  # bytes; a running job's log over it is cut (:mod:`..exec.joblogs`)
         self.clock: Clock = config.clock or SystemClock()
         #: the loop's records the store has not taken yet (a full disk, a database down): kept in order,
         #: retried every tick (:mod:`.outbox`); the loop starts and preempts nothing while any wait
@@ -168,7 +166,7 @@ class Service:
         #: job id -> service time from which it may be planned again (inf: once the inventory changes)
         self.parked: dict[int, float] = {}
         epoch = float(store.set_meta_default("epoch", repr(self.clock.time())))
-        # service time runs on the monotonic clock, continued from the last mark (:func:`.clock.resume`)
+        # service time runs on the monotonic clock, continued from the last mark (:func:`..exec.clock.resume`)
         self.timebase = ServiceTime(self.clock, resume(self.clock, epoch, store.get_meta("clock")))
         self._next_mark = -float("inf")
         self.service_id = store.set_meta_default("service_id", secrets.token_hex(4))
@@ -248,12 +246,12 @@ class Service:
         return self.driver.rounds
 
     def now(self) -> float:
-        """Service time: seconds since the stored epoch, on the monotonic clock (:class:`.clock.ServiceTime`)."""
+        """Service time: seconds since the stored epoch, on the monotonic clock (:class:`..exec.clock.ServiceTime`)."""
         return self.mirror.now()
 
     def mark_time(self, force: bool = True) -> None:
         """Store where service time is (at most every :data:`MARK_S` unless ``force``): a restart
-        continues from it (:func:`.clock.resume`).  A store that cannot take it now keeps the last one."""
+        continues from it (:func:`..exec.clock.resume`).  A store that cannot take it now keeps the last one."""
         t = self.clock.monotonic()
         if not force and t < self._next_mark:
             return
@@ -501,14 +499,14 @@ class Service:
 
     def may_act(self) -> bool:
         """Whether this round may start and preempt jobs: the state disk has room for their records
-        (:mod:`.disk`), every record of what happened is stored (so the store releases a GPU before it
+        (:mod:`..state.disk`), every record of what happened is stored (so the store releases a GPU before it
         records another job taking it, :mod:`.outbox`), and this server still holds its database."""
         if self.disk.db_low():
             return False
         return self.outbox.flush() and self.check_lock()
 
     def check_lock(self) -> bool:
-        """Confirm that this server still holds its locks (:meth:`.locks.ServerLocks.check`: a PostgreSQL
+        """Confirm that this server still holds its locks (:meth:`..state.locks.ServerLocks.check`: a PostgreSQL
         session lost with a restart of the database is taken again).  False while that cannot be told (the
         database is unreachable), and for good once another server holds the database: this one gives up."""
         self.health.lock_checked = self.clock.monotonic()
@@ -623,7 +621,7 @@ class Service:
 
     def _cap_logs(self) -> None:
         """Cut running jobs' logs over the cap; while the logs' disk is nearly full, the largest ones
-        over :data:`.disk.PRESSURE_CAP`, one at a time, until it is not."""
+        over :data:`..state.disk.PRESSURE_CAP`, one at a time, until it is not."""
         self.actuator.cap_logs(self.log_cap)
         while self.disk.logs_low() and self.actuator.cap_logs(PRESSURE_CAP, " (its disk is nearly full)", most=1):
             pass
@@ -701,15 +699,3 @@ class Service:
             self.actuator.terminate(jids)
             for jid in jids:
                 self.end(jid, S.CANCELLED, None, "terminated")
-
-    def wait_idle(self, timeout: float = 10.0) -> bool:
-        """Block until no job is active (tests, shutdown scripts)."""
-        import time
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            with self.lock:
-                if not self.driver.jobs and self.store.count_jobs(ACTIVE_STATES) == 0:
-                    return True
-            time.sleep(0.05)
-        return False

@@ -5,7 +5,7 @@ node-local GPU indices, core counts and concrete core ids, memory, and its
 co-runners (``group``); :func:`alloc_from_json` checks it against the cluster,
 so a store written for another inventory fails loudly at recovery.  It reads
 GPUs back by node name and node-local index, so an inventory that changed
-around a node (Ray nodes joining and leaving, :mod:`.inventory`) still finds them.
+around a node (Ray nodes joining and leaving, :mod:`..service.inventory`) still finds them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The service's state store: the truth about every accepted job.
 
-(Over 500 lines on purpose: every table and every transaction lives here, behind one writer lock.)
-
 SQLAlchemy 2.0 Core over an SQLite file by default (``sqlite:///PATH``), or
 PostgreSQL by URL (``postgresql+psycopg://...``, optional extra ``postgres``).
 
@@ -277,13 +275,13 @@ class StoreFull(StoreError):
 
 
 class StoreUnavailable(StoreError):
-    """A write that must come after records the store has not taken yet (:mod:`.outbox`) was not made."""
+    """A write that must come after records the store has not taken yet (:mod:`..service.outbox`) was not made."""
 
 
 def unavailable(e: BaseException) -> bool:
     """Whether a store error is the store's state, not the request's: its disk full, the database
     unreachable or restarting, a lock or connection lost.  Retrying it later may succeed (the loop's
-    records wait, :mod:`.outbox`; the API answers 503); any other error is a bug or bad data."""
+    records wait, :mod:`..service.outbox`; the API answers 503); any other error is a bug or bad data."""
     from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
