@@ -167,3 +167,26 @@ def test_a_stored_tree_that_no_longer_fits_is_an_error_at_start(tmp_path: Path, 
             svc2.queues.validate()
     finally:
         store.close()
+
+
+def test_a_stored_tree_is_stamped_by_the_services_clock(tmp_path: Path, cgroup_parent: str) -> None:
+    # the queue tree's "updated" time is the injected clock's wall time, not the machine's
+    from sqlalchemy import select
+
+    from gpuloom.runtime.exec.clock import ManualClock
+    from gpuloom.runtime.service.queues import queue_config_t
+
+    clock = ManualClock(1_000.0)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    cluster = Cluster.homogeneous(1, 4)
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
+                  Scheduler.from_names(queue="quota"), ServiceConfig(tmp_path, round_s=1000.0, clock=clock))
+    try:
+        svc.queues.configure(parse_queues(TREE))
+        clock.advance(5.0)
+        svc.queues.configure(parse_queues({**TREE, "default": "vision"}))
+        with store.engine.connect() as c:
+            assert c.execute(select(queue_config_t.c.updated)).scalar() == 1_005.0
+    finally:
+        svc.terminate_all()
+        store.close()
