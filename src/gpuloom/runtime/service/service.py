@@ -121,7 +121,7 @@ from .typespeeds import TypeMeter
 
 __all__ = [
     "ACTIVE_STATES", "DEFAULT_DURATION", "FINAL_STATES", "HOLDING", "PROGRESS_MARK", "QUEUED_STATES", "SPEC_ATTRS",
-    "NotFound", "PermissionDenied", "ProfilingConfig", "Running", "Service", "ServiceConfig", "SubmitError",
+    "NotFound", "PermissionDenied", "ProfilingConfig", "Running", "Service", "SubmitError",
     "parse_duration", "parse_mem",
 ]
 
