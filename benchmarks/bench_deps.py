@@ -83,9 +83,10 @@ def case(upstream: int, tasks: int, rounds: int) -> dict:
     import psutil
 
     from gpuloom.core.cluster import Cluster
-    from gpuloom.runtime.router import local_executor
-    from gpuloom.runtime.service import Service
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.exec.router import local_executor
+    from gpuloom.runtime.service.config import ServiceConfig
+    from gpuloom.runtime.service.service import Service
+    from gpuloom.runtime.state.store import Store
     from gpuloom.scheduler import Scheduler
 
     proc = psutil.Process()
@@ -95,8 +96,9 @@ def case(upstream: int, tasks: int, rounds: int) -> dict:
         db = d / "gpuloom.db"
         store = Store(f"sqlite:///{db}")
         cl = Cluster.homogeneous(1, 8)
-        svc = Service(store, cl, local_executor(cl, d / "run", True, parent), Scheduler.from_names("fifo"), d,
-                      round_s=1000.0)
+        svc = Service(store, cl, local_executor(cl, d / "run", True, parent), Scheduler.from_names("fifo"),
+                      ServiceConfig(d,
+                      round_s=1000.0))
         try:
             svc.submit({"name": "blocker", "command": "sleep 3600", "gpus": 8}, "bob")
             svc.round()

@@ -20,11 +20,11 @@ import time
 import uuid
 from pathlib import Path
 
-from gpuloom.runtime.cgroups import CgroupManager
-from gpuloom.runtime.executor import LaunchSpec
-from gpuloom.runtime.local import LocalExecutor
-from gpuloom.runtime.profiling import RealProfiler
-from gpuloom.runtime.progress import ProgressTail
+from gpuloom.runtime.exec.cgroups import CgroupManager
+from gpuloom.runtime.exec.executor import LaunchSpec
+from gpuloom.runtime.exec.local import LocalExecutor
+from gpuloom.runtime.exec.progress import ProgressTail
+from gpuloom.runtime.service.profiling import RealProfiler
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PY = shlex.quote(sys.executable)

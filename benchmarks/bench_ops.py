@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.history import history
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.history import history
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 
 N = 2000
@@ -30,8 +31,9 @@ N = 2000
 def _service(d: Path) -> Service:
     store = Store(f"sqlite:///{d / 'db.sqlite'}", synchronous="NORMAL")
     cl = Cluster.homogeneous(4, 8)
-    return Service(store, cl, local_executor(cl, d / "run", True, "gpuloom-bench-ops"), Scheduler.from_names(), d,
-                   round_s=1000.0)
+    return Service(store, cl, local_executor(cl, d / "run", True, "gpuloom-bench-ops"), Scheduler.from_names(),
+                   ServiceConfig(d,
+                   round_s=1000.0))
 
 
 def _submit(svc: Service, n: int) -> float:

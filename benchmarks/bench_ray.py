@@ -62,7 +62,7 @@ class Server:
         self.http = httpx.Client(base_url=self.url, timeout=120, headers={"Authorization": f"Bearer {self.token}"})
 
     def store(self) -> Any:
-        from gpuloom.runtime.store import Store
+        from gpuloom.runtime.state.store import Store
 
         return Store(f"sqlite:///{self.state_dir / 'gpuloom.db'}")
 
@@ -163,7 +163,7 @@ def burst(s: Server) -> tuple[float, float, list[int]]:
 def agent_memory(namespace: str, names: list[str]) -> list[tuple[str, float, float]]:
     import ray
 
-    from gpuloom.runtime.ray_executor import AGENT_PREFIX
+    from gpuloom.runtime.exec.ray_executor import AGENT_PREFIX
 
     out = []
     for n in names:
@@ -216,7 +216,7 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from gpuloom.runtime.ray_executor import NAME_LABEL
+    from gpuloom.runtime.exec.ray_executor import NAME_LABEL
 
     print(f"fake Ray cluster: 3 nodes x 16 GPUs on one machine ({psutil.cpu_count()} cores); grace {GRACE} s")
     t = time.monotonic()
@@ -260,7 +260,7 @@ def main() -> None:
             finally:
                 for s in servers.values():
                     s.close()
-                from gpuloom.runtime.ray_executor import AGENT_PREFIX
+                from gpuloom.runtime.exec.ray_executor import AGENT_PREFIX
 
                 for n in ("n0", "n1", "n2", "n3"):
                     try:

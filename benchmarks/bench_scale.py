@@ -142,7 +142,7 @@ class Server:
         return total, n, buckets
 
     def close(self) -> None:
-        from gpuloom.runtime.store import Store
+        from gpuloom.runtime.state.store import Store
 
         self.http.close()
         self.proc.send_signal(signal.SIGKILL)
@@ -204,7 +204,7 @@ def stream(s: Server, seconds: float, clients: int = CLIENTS) -> dict:
     rounds' (read after the stream: the watching does not compete with what it watches).  ``gap``: the
     longest time without such a round from the first submission to the last (the clients connected
     before: their start is no gap); ``contact``: each job's submission to that round (p50, p99)."""
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.state.store import Store
 
     stop = threading.Event()
     ready = threading.Barrier(clients + 1)

@@ -55,7 +55,7 @@ class _Server:
         self.url, self.token = up
 
     def close(self) -> None:
-        from gpuloom.runtime.store import Store
+        from gpuloom.runtime.state.store import Store
 
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
@@ -111,7 +111,7 @@ def _drive(url: str, token: str, n: int, clients: int, body: dict, gap: float = 
 
 
 def bench_submit(n: int, clients: int, src: Path = REPO / "src") -> dict:
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.state.store import Store
 
     with tempfile.TemporaryDirectory() as d:
         sd = Path(d)
@@ -132,7 +132,7 @@ def bench_submit(n: int, clients: int, src: Path = REPO / "src") -> dict:
 
 
 def bench_launch(n: int, clients: int, round_s: float, gap: float = 0.0) -> dict:
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.state.store import Store
 
     nodes = -(-n // 8)
     with tempfile.TemporaryDirectory() as d:

@@ -37,14 +37,14 @@ def make_view():  # noqa: ANN201
 @pytest.fixture(scope="session", autouse=True)
 def _remove_job_dirs():  # noqa: ANN202
     """The services tests start (as root) put default checkpoint directories in
-    ``$GPULOOM_JOB_DIR_BASE/gpuloom-ID`` (see ``runtime/security.py``): this session's go in a base
+    ``$GPULOOM_JOB_DIR_BASE/gpuloom-ID`` (see ``runtime/service/security.py``): this session's go in a base
     of its own (servers the tests start inherit the variable), removed after the session, so two
     test sessions on one machine never remove each other's."""
     import os
     import shutil
     import tempfile
 
-    from gpuloom.runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
+    from gpuloom.runtime.service.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
 
     # (not named gpuloom-*: sessions of an older checkout remove every new /var/tmp/gpuloom-* when they end)
     base = tempfile.mkdtemp(prefix="tests-gpuloom-", dir=JOB_DIR_BASE)

@@ -20,7 +20,7 @@ import httpx
 import psutil
 
 from gpuloom.cli.testbed import wait_for_serve
-from gpuloom.runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
+from gpuloom.runtime.service.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def remove_cgroups(parent: str) -> None:
 
 def kill_jobs(state_dir: Path) -> None:
     """Kill every job process the store still records and remove the service's cgroups (test cleanup)."""
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.state.store import Store
 
     db = state_dir / "gpuloom.db"
     if not db.exists():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime import cgroups
-from gpuloom.runtime.cgroups import (
+from gpuloom.runtime.exec import cgroups
+from gpuloom.runtime.exec.cgroups import (
     CgroupManager,
     cgroup_name,
     detect,
@@ -40,7 +40,7 @@ def test_cgroup_name_is_one_safe_path_component() -> None:
 
 def test_no_cgroup_filesystem_degrades_and_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cgroups._warned.clear()
-    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.cgroups"):
+    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.exec.cgroups"):
         a = CgroupManager(root=str(tmp_path))
         b = CgroupManager(root=str(tmp_path))
     assert a.mode == b.mode == "none"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime.discovery import (
+from gpuloom.runtime.exec.discovery import (
     DiscoveryError,
     discover,
     discover_inventory,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime.executor import LaunchSpec
-from gpuloom.runtime.local import LocalExecutor
-from gpuloom.runtime.progress import ProgressTail
+from gpuloom.runtime.exec.executor import LaunchSpec
+from gpuloom.runtime.exec.local import LocalExecutor
+from gpuloom.runtime.exec.progress import ProgressTail
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PY = shlex.quote(sys.executable)

@@ -1,4 +1,4 @@
-"""The service's history as a trace (runtime/export.py): exact numbers from a hand-written store and logs,
+"""The service's history as a trace (runtime/state/export.py): exact numbers from a hand-written store and logs,
 the trace read back by the simulator, and replayed at the measured speeds."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from gpuloom.core.job import JobSpec
 from gpuloom.driver import Stack
 from gpuloom.perf.profile_record import profile_from_record, record_from_function, record_from_points
 from gpuloom.perf.sensitivity import SensitivityError, SensitivityProfile
-from gpuloom.runtime.export import export_trace, span_rate
-from gpuloom.runtime.progress import Point
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.progress import Point
+from gpuloom.runtime.state.export import export_trace, span_rate
+from gpuloom.runtime.state.store import Store
 from gpuloom.sim.engine import SimConfig, Simulator
 from gpuloom.sim.traces import TraceError
 from gpuloom.sim.traces.own import read_jsonl, save_trace
@@ -198,10 +198,10 @@ def test_a_bad_profile_in_a_trace_names_line_and_field(tmp_path: Path) -> None:
 def test_a_job_spec_brings_its_work_estimate_and_profile() -> None:
     from pydantic import ValidationError
 
-    from gpuloom.runtime.api import JobSubmit
-    from gpuloom.runtime.profiles import wants_profile
-    from gpuloom.runtime.specs import job_spec
-    from gpuloom.runtime.store import JobRow
+    from gpuloom.runtime.api.app import JobSubmit
+    from gpuloom.runtime.service.profiles import wants_profile
+    from gpuloom.runtime.state.specs import job_spec
+    from gpuloom.runtime.state.store import JobRow
 
     rec = record_from_function(1, [1, 2, 4], [1000], lambda c, m: float(c))
     spec = {"command": "x", "gpus": 1, "model": "m", "iterations": 200, "iteration_time": 0.25, "time_limit": 600,

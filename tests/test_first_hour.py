@@ -26,7 +26,7 @@ PATH = re.compile(r"[\w.-]+(/[\w.-]+)*/?")
 def named_paths(doc: Path) -> list[tuple[str, Path]]:
     """``(as written, where it must be)`` for each repository path ``doc`` names outside code blocks: links
     (relative to ``doc``), and paths in backticks that start at the repository's root (``tests/test_cli.py``,
-    ``examples/``) or at the package's (``runtime/api.py``, as the docs' tables write them)."""
+    ``examples/``) or at the package's (``runtime/api/app.py``, as the docs' tables write them)."""
     text = FENCED.sub("", doc.read_text())
     top = {p.name for p in REPO.iterdir()} - {".git", ".venv"}
     sub = {p.name for p in PACKAGE.iterdir() if not p.name.startswith("_")}
@@ -52,7 +52,7 @@ def test_the_docs_name_only_files_that_exist() -> None:
     assert not missing, "the docs name files that do not exist:\n" + "\n".join(missing)
     # the check sees what it should: a link, a root path, a package path, a test id
     found = {text for doc in DOCS for text, _ in named_paths(doc)}
-    assert {"docs/ray.md", "examples/cluster.toml", "runtime/api.py", "tests/test_validation_e2e.py"} <= found
+    assert {"docs/ray.md", "examples/cluster.toml", "runtime/api/app.py", "tests/test_validation_e2e.py"} <= found
 
 
 def reports_doc_row(name: str) -> str:

@@ -82,8 +82,8 @@ def test_jobs_ask_for_types_and_measured_speeds_move_a_job_to_its_fastest_type(s
 def test_gpus_take_slurms_type_forms() -> None:
     from pydantic import ValidationError
 
-    from gpuloom.runtime.api import JobSubmit
-    from gpuloom.runtime.specs import parse_gres
+    from gpuloom.runtime.api.app import JobSubmit
+    from gpuloom.runtime.state.specs import parse_gres
 
     assert [parse_gres(v) for v in (2, "2", "v100:2", "gpu:a100:4")] == [(None, 2), (None, 2), ("v100", 2),
                                                                        ("a100", 4)]
@@ -105,7 +105,7 @@ def test_meter_turns_progress_into_speeds_per_type() -> None:
     from gpuloom.core.plan import Allocation, Part
     from gpuloom.perf.assembly import build_model
     from gpuloom.perf.gputype import GpuTypeFactor
-    from gpuloom.runtime.typespeeds import TypeMeter
+    from gpuloom.runtime.service.typespeeds import TypeMeter
 
     cl = parse_cluster("k80:1,v100:1")
     model = build_model(cl)
@@ -146,8 +146,8 @@ def test_what_jobs_and_nodes_claim_is_bounded() -> None:
     from gpuloom.core.lifecycle import JobState
     from gpuloom.core.plan import Allocation, Part
     from gpuloom.perf.assembly import build_model
-    from gpuloom.runtime.actuator import gpu_type_env
-    from gpuloom.runtime.typespeeds import TypeMeter
+    from gpuloom.runtime.service.actuator import gpu_type_env
+    from gpuloom.runtime.service.typespeeds import TypeMeter
 
     # a node's name for its GPUs (declared, NVML, a Ray agent's) reaches jobs' environments cleaned
     for name in ("\x1b]0;title\x07 V100", "Tesla V100-SXM2-16GB", "A100;rm -rf /", "x" * 500):

@@ -18,12 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.admission import SubmitError
-from gpuloom.runtime.clock import ManualClock
-from gpuloom.runtime.deps import Gate, resolve_dependency
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.clock import ManualClock
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.deps import Gate, resolve_dependency
+from gpuloom.runtime.service.errors import SubmitError
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -47,8 +48,8 @@ def make(tmp_path: Path, cgroup_parent: str):  # noqa: ANN201
         d.mkdir()
         cl = Cluster.homogeneous(1, gpus)
         svc = Service(Store(f"sqlite:///{d / 'db.sqlite'}"), cl, local_executor(cl, d / "run", True, cgroup_parent),
-                      Scheduler.from_names("fifo"), d, round_s=1000.0, grace_s=1.0,
-                      clock=ManualClock(T0) if manual else None)
+                      Scheduler.from_names("fifo"), ServiceConfig(d, round_s=1000.0, grace_s=1.0,
+                      clock=ManualClock(T0) if manual else None))
         made.append(svc)
         return svc
 

@@ -31,10 +31,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuloom.runtime import local
-from gpuloom.runtime.cgroups import CgroupManager
-from gpuloom.runtime.executor import ExecutorError, LaunchSpec, ProcInfo
-from gpuloom.runtime.local import DEFAULT_ENV_ALLOW, NodeAgent
+from gpuloom.runtime.exec import local
+from gpuloom.runtime.exec.cgroups import CgroupManager
+from gpuloom.runtime.exec.executor import ExecutorError, LaunchSpec, ProcInfo
+from gpuloom.runtime.exec.local import DEFAULT_ENV_ALLOW, NodeAgent
 from service_util import JOB_PY, job_writable, own_cgroup_parent, wait_for
 
 ROOT = os.geteuid() == 0
@@ -269,10 +269,11 @@ def test_the_servers_path_and_library_path_do_not_reach_jobs(tmp_path: Path, mon
 def test_a_relative_state_dir_never_writes_records_where_the_job_planted_links(
         tmp_path: Path, cgroup_parent: str, account: str, share: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpuloom.core.cluster import Cluster
-    from gpuloom.runtime.identity import Identities
-    from gpuloom.runtime.router import local_executor
-    from gpuloom.runtime.service import Service
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.exec.identity import Identities
+    from gpuloom.runtime.exec.router import local_executor
+    from gpuloom.runtime.service.config import ServiceConfig
+    from gpuloom.runtime.service.service import Service
+    from gpuloom.runtime.state.store import Store
     from gpuloom.scheduler import Scheduler
 
     here = tmp_path / "srv"
@@ -288,8 +289,9 @@ def test_a_relative_state_dir_never_writes_records_where_the_job_planted_links(
     subprocess.run(["chown", "-R", "-h", f"{account}:", str(work)], check=True)  # as an earlier job left them
     cluster = Cluster.homogeneous(1, 1)
     store = Store(f"sqlite:///{here / 'st.db'}")
-    svc = Service(store, cluster, local_executor(cluster, "st/run", True, cgroup_parent), Scheduler.from_names(), "st",
-                  round_s=1000.0, grace_s=5.0, identities=Identities({"alice": account}))
+    svc = Service(store, cluster, local_executor(cluster, "st/run", True, cgroup_parent), Scheduler.from_names(),
+                  ServiceConfig("st",
+                  round_s=1000.0, grace_s=5.0, identities=Identities({"alice": account})))
     try:
         jid = svc.submit({"name": "j", "command": "echo done", "gpus": 1, "workdir": str(work)}, "alice")
 
@@ -428,7 +430,7 @@ def test_without_mount_namespaces_jobs_share_tmp_and_it_is_said_once(tmp_path: P
 def test_environment_names_must_be_shell_names(name: str) -> None:
     from pydantic import ValidationError
 
-    from gpuloom.runtime.api import JobSubmit
+    from gpuloom.runtime.api.app import JobSubmit
 
     with pytest.raises(ValidationError, match="environment variable name"):
         JobSubmit.model_validate({"command": "true", "gpus": 1, "env": {name: "x"}})

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from gpuloom.core.cluster import Cluster, Node
-from gpuloom.runtime import cgroups
-from gpuloom.runtime.cgroups import CgroupError, CgroupManager, JobCgroup, cgroup_name, device_number
-from gpuloom.runtime.discovery import (
+from gpuloom.runtime.exec import cgroups
+from gpuloom.runtime.exec.cgroups import CgroupError, CgroupManager, JobCgroup, cgroup_name, device_number
+from gpuloom.runtime.exec.discovery import (
     DiscoveryError,
     GpuInfo,
     discover_gpu_devices,
@@ -29,11 +29,12 @@ from gpuloom.runtime.discovery import (
     proc_minors,
     with_minors,
 )
-from gpuloom.runtime.executor import ExecutorError, LaunchSpec
-from gpuloom.runtime.local import LocalExecutor
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.executor import ExecutorError, LaunchSpec
+from gpuloom.runtime.exec.local import LocalExecutor
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import JOB_PY, REPO, job_writable, own_cgroup_parent, wait_for
 
@@ -145,7 +146,8 @@ def test_fork_bomb_fails_alone_with_its_reason_while_a_neighbour_finishes(tmp_pa
     if not mgr.support.pids:
         pytest.skip(f"no writable pids cgroup here ({mgr.mode}): {mgr.support.reason}")
     store = Store(f"sqlite:///{tmp_path / 'state' / 'db.sqlite'}")
-    svc = Service(store, cluster, ex, Scheduler.from_names(), tmp_path / "state", round_s=1000.0, grace_s=2.0)
+    svc = Service(store, cluster, ex, Scheduler.from_names(),
+                  ServiceConfig(tmp_path / "state", round_s=1000.0, grace_s=2.0))
     marker, release = shared / "full", shared / "release"
     try:
         bomb = svc.submit({"command": f"{JOB_PY} {shared / 'bomb.py'} {marker} {release} 300", "gpus": 1}, "alice")
@@ -324,7 +326,7 @@ def test_v2_limits_pids_and_says_devices_are_not_isolated(tmp_path: Path, caplog
     for f, text in (("cgroup.procs", ""), ("cpuset.cpus", "0-3\n"), ("cpuset.mems.effective", "0\n")):
         (root / "gpuloom" / f).write_text(text)
     cgroups._warned.clear()
-    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.cgroups"):
+    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.exec.cgroups"):
         m = CgroupManager(root=str(root), pids_max=100)
         numbers = m.gpu_devices(["/dev/null", "/dev/zero"])
         m.gpu_devices(["/dev/null", "/dev/zero"])
@@ -349,7 +351,7 @@ def test_v1_without_pids_and_devices_hierarchies_degrades(tmp_path: Path, caplog
         for d in (tmp_path / c, tmp_path / c / "gpuloom"):
             (d / "cgroup.procs").write_text("")
     cgroups._warned.clear()
-    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.cgroups"):
+    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.exec.cgroups"):
         m = CgroupManager(root=str(tmp_path))
         numbers = m.gpu_devices(["/dev/null"])
     s = m.support
@@ -365,7 +367,7 @@ def test_v1_without_pids_and_devices_hierarchies_degrades(tmp_path: Path, caplog
 
 def test_no_cgroups_reports_every_limit_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cgroups._warned.clear()
-    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.cgroups"):
+    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.exec.cgroups"):
         m = CgroupManager(root=str(tmp_path))
         m.gpu_devices(["/dev/null"])
     s = m.support

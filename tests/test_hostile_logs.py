@@ -22,12 +22,13 @@ import pytest
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.lifecycle import JobState
-from gpuloom.runtime import joblogs
-from gpuloom.runtime.ops_api import progress_points
-from gpuloom.runtime.progress import ProgressTail
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store, StoreFull, is_full
+from gpuloom.runtime.api.ops import progress_points
+from gpuloom.runtime.exec import joblogs
+from gpuloom.runtime.exec.progress import ProgressTail
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store, StoreFull, is_full
 from gpuloom.scheduler import Scheduler
 from service_util import (
     JOB_PY,
@@ -184,7 +185,7 @@ def test_a_cut_does_not_promote_a_launching_job_on_old_lines(tmp_path: Path, cgr
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 2)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=1000.0, grace_s=1.0, log_cap=1 << 16)
+                  ServiceConfig(tmp_path, round_s=1000.0, grace_s=1.0, log_cap=1 << 16))
     go = job_writable(tmp_path)
     try:
         jid = str(svc.submit({"command": f"head -c 3000 /dev/zero | tr '\\0' y; echo; "

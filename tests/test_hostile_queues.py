@@ -23,11 +23,12 @@ from gpuloom.cli import app as cli_app
 from gpuloom.cli import jobs as jobs_cli
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import QueueError, parse_queues
-from gpuloom.runtime.admission import Limiter, SubmitLimits
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import HOLDING, Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.admission import Limiter, SubmitLimits
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import HOLDING, Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import REPO, Server, kill_jobs, own_cgroup_parent
 
@@ -75,7 +76,7 @@ def serve(tmp_path: Path, cgroup_parent: str) -> Iterator[Callable[..., Api]]:
         store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
         cluster = Cluster.homogeneous(1, 4)
         svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
-                      Scheduler.from_names(queue=policy), tmp_path, round_s=1000.0, grace_s=0.0)
+                      Scheduler.from_names(queue=policy), ServiceConfig(tmp_path, round_s=1000.0, grace_s=0.0))
         if tree is not None:
             svc.queues.configure(parse_queues(tree))
         tokens = {"admin": ensure_admin_token(store, tmp_path)}
@@ -197,7 +198,7 @@ def test_a_per_user_open_parent_makes_each_user_a_queue_of_their_own(serve) -> N
     assert running_by_user(svc) == {"alice": 1, "bob": 1}
     # stored with the tree: a restarted service schedules with both
     store = Store(f"sqlite:///{svc.state_dir / 'db.sqlite'}")
-    again = Service(store, svc.cluster, svc.executor, Scheduler.from_names(queue="quota"), svc.state_dir)
+    again = Service(store, svc.cluster, svc.executor, Scheduler.from_names(queue="quota"), ServiceConfig(svc.state_dir))
     try:
         tree = again.queues.tree
         assert tree is not None and tree.names == ["students", "students.alice", "students.bob", "shared"]

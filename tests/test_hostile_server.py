@@ -27,9 +27,9 @@ from typer.testing import CliRunner
 
 from gpuloom.cli import app
 from gpuloom.cli.service import Client
-from gpuloom.runtime.connect import Endpoint, PeerCheck, ServerNotTrusted, find_server
-from gpuloom.runtime.listen import ROOT_SOCKET_DIR
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.connect import Endpoint, PeerCheck, ServerNotTrusted, find_server
+from gpuloom.runtime.api.listen import ROOT_SOCKET_DIR
+from gpuloom.runtime.state.store import Store
 from service_util import JOB_PY, REPO, Server, job_writable, kill_jobs, shared_copy, submit, wait_for
 
 ROOT = os.geteuid() == 0

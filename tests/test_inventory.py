@@ -1,5 +1,5 @@
 """Without Ray: the gang environment, allocations read back by node name, Ray's node table as a
-cluster, and the service rebuilding itself when nodes leave and join (:mod:`gpuloom.runtime.inventory`)."""
+cluster, and the service rebuilding itself when nodes leave and join (:mod:`gpuloom.runtime.service.inventory`)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ import pytest
 
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.plan import Allocation, Part
-from gpuloom.runtime.codec import alloc_from_json, alloc_to_json
-from gpuloom.runtime.gang import gang_env
-from gpuloom.runtime.identity import Identities
-from gpuloom.runtime.inventory import InventoryChange, follow
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.executor import InventoryChange
+from gpuloom.runtime.exec.gang import gang_env
+from gpuloom.runtime.exec.identity import Identities
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.inventory import follow
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.codec import alloc_from_json, alloc_to_json
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent, wait_for
 
@@ -57,7 +59,7 @@ def test_allocation_is_read_back_by_node_name_in_a_rebuilt_cluster() -> None:
 
 
 def test_ray_node_table_becomes_the_gpu_nodes_by_name() -> None:
-    from gpuloom.runtime.ray_executor import gpu_nodes, node_name
+    from gpuloom.runtime.exec.ray_executor import gpu_nodes, node_name
 
     table = [
         {"NodeID": "aa11bb22cc", "Alive": True, "NodeManagerHostname": "gpu7.example.org",
@@ -110,9 +112,9 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
     src = Source()
     store = Store(f"sqlite:///{tmp_path / 'db'}")
     svc = Service(store, full, local_executor(full, tmp_path / "run", True, cgroup_parent),
-                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
                   round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src,
-                  identities=Identities(switch=False))  # jobs as this account: they run this venv's Python
+                  identities=Identities(switch=False)))  # jobs as this account: they run this venv's Python
     try:
         def cmd(steps: int) -> str:
             return (f"{sys.executable} {SLEEPY} --steps {steps} --step-s 0.05 --checkpoint-every 1 "
@@ -169,15 +171,15 @@ def test_a_job_submitted_while_a_node_joins_is_loaded_by_the_next_round(
         tmp_path: Path, cgroup_parent: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The API does not wait for the loop: a submission that lands while a rebuild reads the store is
     a new job for the next round, not skipped (it once waited in contact forever)."""
-    from gpuloom.runtime import recovery
+    from gpuloom.runtime.service import recovery
 
     nodes = tuple(Node(f"n{i}", 2, 2, 4000) for i in range(2))
     src = Source()
     store = Store(f"sqlite:///{tmp_path / 'db'}")
     svc = Service(store, Cluster(nodes[:1]), local_executor(Cluster(nodes), tmp_path / "run", True, cgroup_parent),
-                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
                   round_s=1000.0, grace_s=5.0, launch_timeout_s=0.0, inventory=src,
-                  identities=Identities(switch=False))
+                  identities=Identities(switch=False)))
     try:
         first = svc.submit({"name": "first", "command": f"{sys.executable} -c pass", "gpus": 1}, "u")
         svc.round()
@@ -213,8 +215,8 @@ def test_queue_guarantees_shrink_with_the_cluster_and_come_back_with_it(tmp_path
     def service(cluster: Cluster, src: Source) -> Service:
         return Service(Store(f"sqlite:///{tmp_path / 'db'}"), cluster,
                        local_executor(cluster, tmp_path / "run", True, cgroup_parent),
-                       Scheduler.from_names(queue="quota"), tmp_path, round_s=1000.0, grace_s=1.0,
-                       launch_timeout_s=0.0, inventory=src, identities=Identities(switch=False))
+                       Scheduler.from_names(queue="quota"), ServiceConfig(tmp_path, round_s=1000.0, grace_s=1.0,
+                       launch_timeout_s=0.0, inventory=src, identities=Identities(switch=False)))
 
     src = Source()
     svc = service(full, src)

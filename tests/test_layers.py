@@ -94,3 +94,118 @@ def test_every_package_has_a_layer() -> None:
 def test_the_rule_itself(src: str, dst: str, expected: bool) -> None:
     # the check fails on an upward or sideways import, and passes a downward one
     assert (LAYER[dst] >= LAYER[src]) is expected
+
+
+# -- runtime/ in rooms -------------------------------------------------------------------------------------
+#: room under gpuloom.runtime -> its order: a room imports from its own room and the rooms below it
+#: (exec: processes and machines; state: what is stored; service: the loop; api: the HTTP door)
+ROOM = {"exec": 0, "state": 1, "service": 2, "api": 3}
+RUNTIME = SRC / "runtime"
+
+
+def _room(module: str) -> str | None:
+    """``gpuloom.runtime.state.store`` -> ``state``; None outside runtime's rooms."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["gpuloom", "runtime"] and len(parts) > 2 else None
+
+
+def room_violations() -> list[str]:
+    bad = []
+    for path in sorted(RUNTIME.rglob("*.py")):
+        src = _room(_module_name(path))
+        if src is None:  # runtime/__init__.py
+            continue
+        for line, target in _imports(path):
+            dst = _room(target)
+            if dst is not None and ROOM.get(dst, 99) > ROOM[src]:
+                bad.append(f"{path.relative_to(SRC.parent)}:{line}: {src} (room {ROOM[src]}) imports "
+                           f"{target} ({dst}, room {ROOM.get(dst)})")
+    return bad
+
+
+def test_runtime_rooms_import_only_their_own_and_lower_rooms() -> None:
+    assert room_violations() == []
+
+
+def test_every_runtime_module_is_in_a_room() -> None:
+    loose = [p.name for p in RUNTIME.glob("*.py") if p.name != "__init__.py"]
+    rooms = {p.name for p in RUNTIME.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert loose == [] and rooms == set(ROOM)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of ``root``'s package it imports (every import, ``TYPE_CHECKING`` ones too;
+    ``from pkg import mod`` counts as importing ``pkg.mod``)."""
+    mods = {_module_name(p) for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        mod = _module_name(path)
+        is_pkg = path.name == "__init__.py"
+        base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                up = base[: len(base) - (node.level - 1)] if node.level else []
+                target = ".".join(up + ([node.module] if node.module else []))
+                deps |= {f"{target}.{a.name}" if f"{target}.{a.name}" in mods else target for a in node.names}
+        graph[mod] = {d for d in deps if d in mods and d != mod}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("graph,expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}}, [["a", "b", "c"], ["d", "e"]]),
+])
+def test_the_cycle_walk_itself(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+    assert cycles(graph) == expected
+
+
+@pytest.mark.parametrize("room,other,expected", [("api", "service", True), ("state", "exec", True),
+                                                 ("exec", "state", False), ("service", "api", False)])
+def test_the_room_rule_itself(room: str, other: str, expected: bool) -> None:
+    # a room may import a room below it, never one above
+    assert (ROOM[other] <= ROOM[room]) is expected
+
+
+def test_no_import_cycles_inside_runtime() -> None:
+    # every import counts, those under TYPE_CHECKING too: a helper names a protocol of what it
+    # uses of the service, never the service's module
+    assert cycles(import_graph(RUNTIME)) == []

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime.cgroups import CgroupManager, format_cpus
-from gpuloom.runtime.executor import LaunchSpec, ProcInfo
-from gpuloom.runtime.local import ExecutorError, LocalExecutor, read_exit_record
+from gpuloom.runtime.exec.cgroups import CgroupManager, format_cpus
+from gpuloom.runtime.exec.executor import LaunchSpec, ProcInfo
+from gpuloom.runtime.exec.local import ExecutorError, LocalExecutor, read_exit_record
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PY = shlex.quote(sys.executable)
@@ -23,7 +23,7 @@ CORES = sorted(os.sched_getaffinity(0))
 
 PROBE = (
     "import json, os\n"
-    "from gpuloom.runtime.cgroups import memory_limit_of, process_cgroups\n"
+    "from gpuloom.runtime.exec.cgroups import memory_limit_of, process_cgroups\n"
     "print('PROBE ' + json.dumps({'cvd': os.environ.get('CUDA_VISIBLE_DEVICES'),"
     " 'cpus': sorted(os.sched_getaffinity(0)), 'mem': memory_limit_of(),"
     " 'cg': process_cgroups(), 'resume': os.environ.get('GPULOOM_RESUME'),"
@@ -316,8 +316,8 @@ def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path) -> None:
     sleepy = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
     service = (
         "import dataclasses, json, sys, time\n"
-        "from gpuloom.runtime.executor import LaunchSpec\n"
-        "from gpuloom.runtime.local import LocalExecutor\n"
+        "from gpuloom.runtime.exec.executor import LaunchSpec\n"
+        "from gpuloom.runtime.exec.local import LocalExecutor\n"
         f"ex = LocalExecutor('local', run_dir={str(run)!r})\n"
         f"info = ex.launch(LaunchSpec({job!r}, {f'{sys.executable} {sleepy} --steps 40 --step-s 0.02'!r}, 'local',"
         f" (0,), (), 100, {str(log)!r}))\n"

@@ -17,14 +17,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.lifecycle import SHORT_STATE, JobState
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.clock import ManualClock
-from gpuloom.runtime.deps import parse_array, parse_dependency
-from gpuloom.runtime.history import format_duration, format_mem, history, parse_time
-from gpuloom.runtime.logfmt import JsonFormatter
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.clock import ManualClock
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.deps import parse_array, parse_dependency
+from gpuloom.runtime.service.logfmt import JsonFormatter
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.history import format_duration, format_mem, history, parse_time
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -46,8 +47,9 @@ def make(tmp_path: Path, cgroup_parent: str):  # noqa: ANN201
         store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
         cl = Cluster.homogeneous(nodes, gpus)
         svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent),
-                      Scheduler.from_names(order, params=dict(params)), tmp_path, round_s=1000.0, grace_s=1.0,
-                      clock=clock)
+                      Scheduler.from_names(order, params=dict(params)),
+                      ServiceConfig(tmp_path, round_s=1000.0, grace_s=1.0,
+                      clock=clock))
         made.append(svc)
         return svc
 

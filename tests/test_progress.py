@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime.progress import Point, ProgressError, ProgressTail, parse_line, rate
+from gpuloom.runtime.exec.progress import Point, ProgressError, ProgressTail, parse_line, rate
 
 
 def test_parse_lines() -> None:
@@ -81,8 +81,8 @@ def _profiler(tmp_path: Path, args: str, **kw):
     import shlex
     import sys
 
-    from gpuloom.runtime.local import LocalExecutor
-    from gpuloom.runtime.profiling import RealProfiler
+    from gpuloom.runtime.exec.local import LocalExecutor
+    from gpuloom.runtime.service.profiling import RealProfiler
 
     cores = sorted(os.sched_getaffinity(0))[:2]
     cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(SLEEPY))} {args}"
@@ -107,7 +107,7 @@ def test_real_profiler_measures_cpu_sensitivity(tmp_path: Path) -> None:
 
 
 def test_real_profiler_out_of_memory_is_zero(tmp_path: Path) -> None:
-    from gpuloom.runtime.cgroups import CgroupManager
+    from gpuloom.runtime.exec.cgroups import CgroupManager
 
     if not CgroupManager().support.memory:
         pytest.skip("no writable memory cgroup")
@@ -118,7 +118,7 @@ def test_real_profiler_out_of_memory_is_zero(tmp_path: Path) -> None:
 
 
 def test_silent_job_cannot_be_profiled(tmp_path: Path) -> None:
-    from gpuloom.runtime.profiling import NoProgress, grid_profile, profile_job
+    from gpuloom.runtime.service.profiling import NoProgress, grid_profile, profile_job
 
     prof = _profiler(tmp_path, "--steps 3 > /dev/null")
     prof.startup_timeout_s = 5.0
@@ -134,8 +134,8 @@ def test_real_profiler_drives_the_optimistic_profiler(tmp_path: Path) -> None:
     import os
 
     pytest.importorskip("gpuloom.perf.profiler", reason="optimistic profiler not merged yet")
-    from gpuloom.runtime.cgroups import CgroupManager
-    from gpuloom.runtime.profiling import profile_job
+    from gpuloom.runtime.exec.cgroups import CgroupManager
+    from gpuloom.runtime.service.profiling import profile_job
 
     if len(os.sched_getaffinity(0)) < 2 or not CgroupManager().support.memory:
         pytest.skip("needs 2 cores and a writable memory cgroup")

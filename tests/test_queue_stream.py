@@ -26,12 +26,13 @@ from gpuloom.cli import app
 from gpuloom.cli import jobs as jobs_cli
 from gpuloom.cli.service import Client
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.api import JOB_FIELDS, create_app, create_token, ensure_admin_token
-from gpuloom.runtime.clock import ManualClock
-from gpuloom.runtime.listing import job_lines
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import ACTIVE_STATES, Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import JOB_FIELDS, create_app, create_token, ensure_admin_token
+from gpuloom.runtime.api.listing import job_lines
+from gpuloom.runtime.exec.clock import ManualClock
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import ACTIVE_STATES, Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -50,7 +51,7 @@ def served(tmp_path: Path, cgroup_parent: str) -> Iterator[tuple[Service, TestCl
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 2)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=1000.0, grace_s=0.0, launch_timeout_s=1.0, clock=clock)
+                  ServiceConfig(tmp_path, round_s=1000.0, grace_s=0.0, launch_timeout_s=1.0, clock=clock))
     try:
         svc.submit({"name": "run", "command": "sleep 60", "gpus": 1, "time_limit": 3600}, "alice")
         done = svc.submit({"name": "done", "command": "true", "gpus": 1}, "alice")

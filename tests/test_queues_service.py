@@ -15,10 +15,11 @@ from fastapi.testclient import TestClient
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import QueueError, parse_queues
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -42,7 +43,7 @@ def make_service(tmp: Path, cgroup_parent: str, policy: str = "quota") -> Servic
     store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
     cluster = Cluster.homogeneous(1, 4)
     return Service(store, cluster, local_executor(cluster, tmp / "run", True, cgroup_parent),
-                   Scheduler.from_names(queue=policy), tmp, round_s=1000.0, grace_s=0.0)
+                   Scheduler.from_names(queue=policy), ServiceConfig(tmp, round_s=1000.0, grace_s=0.0))
 
 
 @pytest.fixture
@@ -160,9 +161,32 @@ def test_a_stored_tree_that_no_longer_fits_is_an_error_at_start(tmp_path: Path, 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     small = Cluster.homogeneous(1, 2)
     svc2 = Service(store, small, local_executor(small, tmp_path / "run", True, cgroup_parent),
-                   Scheduler.from_names(queue="quota"), tmp_path)
+                   Scheduler.from_names(queue="quota"), ServiceConfig(tmp_path))
     try:
         with pytest.raises(QueueError, match="guarantees ask for 4 gpus, the cluster has 2"):
             svc2.queues.validate()
     finally:
+        store.close()
+
+
+def test_a_stored_tree_is_stamped_by_the_services_clock(tmp_path: Path, cgroup_parent: str) -> None:
+    # the queue tree's "updated" time is the injected clock's wall time, not the machine's
+    from sqlalchemy import select
+
+    from gpuloom.runtime.exec.clock import ManualClock
+    from gpuloom.runtime.service.queues import queue_config_t
+
+    clock = ManualClock(1_000.0)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    cluster = Cluster.homogeneous(1, 4)
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
+                  Scheduler.from_names(queue="quota"), ServiceConfig(tmp_path, round_s=1000.0, clock=clock))
+    try:
+        svc.queues.configure(parse_queues(TREE))
+        clock.advance(5.0)
+        svc.queues.configure(parse_queues({**TREE, "default": "vision"}))
+        with store.engine.connect() as c:
+            assert c.execute(select(queue_config_t.c.updated)).scalar() == 1_005.0
+    finally:
+        svc.terminate_all()
         store.close()

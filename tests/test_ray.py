@@ -27,11 +27,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from gpuloom.runtime.cgroups import memory_limit_of  # noqa: E402
-from gpuloom.runtime.identity import Identities  # noqa: E402
-from gpuloom.runtime.ray_executor import AGENT_PREFIX, NAME_LABEL, RayExecutor, RayInventory  # noqa: E402
-from gpuloom.runtime.service import Service  # noqa: E402
-from gpuloom.runtime.store import Store  # noqa: E402
+from gpuloom.runtime.exec.cgroups import memory_limit_of  # noqa: E402
+from gpuloom.runtime.exec.identity import Identities  # noqa: E402
+from gpuloom.runtime.exec.ray_executor import AGENT_PREFIX, NAME_LABEL, RayExecutor, RayInventory  # noqa: E402
+from gpuloom.runtime.service.config import ServiceConfig  # noqa: E402
+from gpuloom.runtime.service.service import Service  # noqa: E402
+from gpuloom.runtime.state.store import Store  # noqa: E402
 from gpuloom.scheduler import Scheduler  # noqa: E402
 from service_util import (  # noqa: E402
     JOB_PY,
@@ -97,9 +98,10 @@ def make(fake: Fake, tmp_path: Path) -> Iterator[Any]:
         inv = RayInventory(ex, every_s=0.2)
         store = Store(f"sqlite:///{tmp_path / 'gpuloom.db'}")
         # jobs run as this account (not a job account), so they can run this venv's Python and torch
-        svc = Service(store, inv.current, ex, Scheduler.from_names("fifo", "none", "proportional", place), tmp_path,
+        svc = Service(store, inv.current, ex, Scheduler.from_names("fifo", "none", "proportional", place),
+                      ServiceConfig(tmp_path,
                       round_s=0.2, grace_s=grace, launch_timeout_s=30.0, inventory=inv,
-                      identities=Identities(switch=False))
+                      identities=Identities(switch=False)))
         svc.start()
         made.append((svc, ex))
         return svc, ex
@@ -126,7 +128,7 @@ def state(svc: Service, jid: int) -> str:
     return row.state
 
 
-#: a launched job: protected for a moment after its first progress line (see runtime/actuator.py), then running
+#: a launched job: protected for a moment after its first progress line (see runtime/service/actuator.py), then running
 RUNNING = ("running_protected", "running")
 
 
@@ -267,7 +269,7 @@ def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> 
 
 
 def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_work(fake: Fake, tmp_path: Path) -> None:
-    from gpuloom.runtime.executor import LaunchSpec
+    from gpuloom.runtime.exec.executor import LaunchSpec
 
     ns = f"gpuloom-test-{uuid.uuid4().hex[:6]}"
     ex = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0)

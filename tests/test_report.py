@@ -425,7 +425,7 @@ def test_the_command_line_loads_no_database_layer() -> None:
     import sys
 
     out = subprocess.run([sys.executable, "-c", "import sys, gpuloom.cli; print(sorted(m for m in sys.modules "
-                          "if m.split('.')[0] == 'sqlalchemy' or m == 'gpuloom.runtime.store'))"],
+                          "if m.split('.')[0] == 'sqlalchemy' or m == 'gpuloom.runtime.state.store'))"],
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
 

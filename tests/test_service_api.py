@@ -11,12 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuloom.core.cluster import Cluster, Node
-from gpuloom.runtime.admission import refuse_reason
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service, parse_duration, parse_mem
-from gpuloom.runtime.specs import parse_mem_bytes
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.admission import refuse_reason
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service, parse_duration, parse_mem
+from gpuloom.runtime.state.specs import parse_mem_bytes
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -30,7 +31,8 @@ def cgroup_parent() -> Iterator[str]:
 def api(tmp_path: Path, cgroup_parent: str):  # noqa: ANN201
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cluster = Cluster.homogeneous(2, 4)
-    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(), tmp_path)
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
+                  ServiceConfig(tmp_path))
     admin = ensure_admin_token(store, tmp_path)
     tokens = {"admin": admin, "alice": create_token(store, "alice"), "bob": create_token(store, "bob")}
     with TestClient(create_app(svc)) as client:
@@ -194,12 +196,23 @@ def test_store_concurrent_writers_and_compare_and_set(tmp_path: Path) -> None:
 def test_recovery_fails_jobs_the_cluster_can_no_longer_hold(tmp_path: Path, cgroup_parent: str) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl2, cl1 = Cluster.homogeneous(2, 4), Cluster.homogeneous(1, 4)
-    big = Service(store, cl2, local_executor(cl2, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(), tmp_path)
+    big = Service(store, cl2, local_executor(cl2, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
+                  ServiceConfig(tmp_path))
     jid = big.submit({"name": "wide", "command": "true", "gpus": 8}, "alice")
-    small = Service(store, cl1, local_executor(cl1, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(), tmp_path)
+    small = Service(store, cl1, local_executor(cl1, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
+                    ServiceConfig(tmp_path))
     small.recover()
     row = store.get_job(jid)
     assert row is not None and row.state == "failed"
     assert row.reason == "can never run on this cluster: needs 8 GPUs, the cluster has 4"
     assert small.jobs == {} and small.round() == []
     store.close()
+
+
+@pytest.mark.parametrize("kw,msg", [({"round_s": 0.0}, "round length must be > 0, got 0.0"),
+                                    ({"log_cap": 5}, "log cap must be 0 .none. or at least 65536 bytes, got 5")])
+def test_service_config_refuses_bad_settings(tmp_path: Path, kw: dict, msg: str) -> None:
+    # refused when the settings are made, before a service touches the store
+    with pytest.raises(ValueError, match=msg):
+        ServiceConfig(tmp_path, **kw)
+    assert ServiceConfig(tmp_path, log_cap=0).log_cap == 0  # 0: no cap

@@ -20,12 +20,14 @@ import pytest
 
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.lifecycle import JobState
-from gpuloom.runtime.clock import ManualClock, ServiceTime, resume
-from gpuloom.runtime.history import history
-from gpuloom.runtime.inventory import InventoryChange, follow
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.clock import ManualClock, ServiceTime, resume
+from gpuloom.runtime.exec.executor import InventoryChange
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.inventory import follow
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.history import history
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import JOB_PY, job_writable, own_cgroup_parent, shared_copy
 
@@ -51,8 +53,8 @@ def make(tmp_path: Path, cgroup_parent: str) -> Iterator[Callable[..., Service]]
         cl = cluster or Cluster.homogeneous(1, 4)
         opts: dict = {"round_s": 1000.0, "grace_s": 0.0, "launch_timeout_s": 60.0, **kw}
         svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent),
-                      Scheduler.from_names(order, "none", "proportional", "packed-sticky"), tmp_path,
-                      clock=clock, **opts)
+                      Scheduler.from_names(order, "none", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
+                      clock=clock, **opts))
         made.append(svc)
         return svc
 
@@ -356,8 +358,8 @@ def test_profiling_window_and_rate_survive_a_step_of_the_jobs_clock(tmp_path: Pa
     a window that a step back never closes, or to measure 20 lines over 2 h)."""
     import os
 
-    from gpuloom.runtime.local import LocalExecutor
-    from gpuloom.runtime.profiling import RealProfiler
+    from gpuloom.runtime.exec.local import LocalExecutor
+    from gpuloom.runtime.service.profiling import RealProfiler
 
     script = tmp_path / "stepped.py"
     script.write_text(STEPPED)
@@ -388,9 +390,9 @@ def test_a_process_recorded_before_a_wall_step_is_still_recognised(tmp_path: Pat
     or, for a process already adopted, report it ended while it ran on)."""
     import dataclasses
 
-    from gpuloom.runtime.cgroups import CgroupManager
-    from gpuloom.runtime.executor import LaunchSpec
-    from gpuloom.runtime.local import NodeAgent
+    from gpuloom.runtime.exec.cgroups import CgroupManager
+    from gpuloom.runtime.exec.executor import LaunchSpec
+    from gpuloom.runtime.exec.local import NodeAgent
 
     first = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")
     info = first.launch(LaunchSpec("j", "echo ready; sleep 30", "", (), (), 0, str(tmp_path / "j.log"), {}))
@@ -417,9 +419,9 @@ def test_orphans_are_found_by_their_pid_record_not_by_creation_times(tmp_path: P
     import os
     import subprocess
 
-    from gpuloom.runtime.cgroups import CgroupManager
-    from gpuloom.runtime.executor import LaunchSpec
-    from gpuloom.runtime.local import NodeAgent
+    from gpuloom.runtime.exec.cgroups import CgroupManager
+    from gpuloom.runtime.exec.executor import LaunchSpec
+    from gpuloom.runtime.exec.local import NodeAgent
 
     agent = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")
     info = agent.launch(LaunchSpec("r", "echo ready; sleep 30", "", (), (), 0, str(tmp_path / "r.log"), {}))
@@ -447,10 +449,10 @@ def test_a_nodes_fence_stops_processes_recorded_before_a_wall_step(tmp_path: Pat
     import os
     import subprocess
 
-    from gpuloom.runtime.cgroups import CgroupManager
-    from gpuloom.runtime.executor import LaunchSpec
-    from gpuloom.runtime.local import NodeAgent
-    from gpuloom.runtime.ray_agent import fence_entry, fence_main
+    from gpuloom.runtime.exec.cgroups import CgroupManager
+    from gpuloom.runtime.exec.executor import LaunchSpec
+    from gpuloom.runtime.exec.local import NodeAgent
+    from gpuloom.runtime.exec.ray_agent import fence_entry, fence_main
 
     run = tmp_path / "run"
     agent = NodeAgent(CgroupManager(enabled=False), run)

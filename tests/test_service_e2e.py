@@ -75,7 +75,7 @@ def row_alloc(s: Server, jid: int) -> dict:
     """The (single) part of the allocation recorded for the job's launch."""
     (ev,) = [e for e in c_events(s, jid) if e["kind"] == "launch"]
     assert ev["detail"]["resume"] is False
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.state.store import Store
 
     store = Store(f"sqlite:///{s.state_dir / 'gpuloom.db'}")
     try:

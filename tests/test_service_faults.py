@@ -36,11 +36,12 @@ import pytest
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.lifecycle import JobState
-from gpuloom.runtime.health import liveness, readiness
-from gpuloom.runtime.locks import AlreadyServed, ServerLocks
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import JobRow, Store, unavailable
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.health import liveness, readiness
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
+from gpuloom.runtime.state.store import JobRow, Store, unavailable
 from gpuloom.scheduler import Scheduler
 from service_util import REPO, Server, job_writable, kill_jobs, own_cgroup_parent, running, wait_for
 
@@ -144,7 +145,7 @@ def held_gpus(rows: list[JobRow]) -> dict[str, set[int]]:
 def cluster_matches_store(c: httpx.Client, store: Store) -> bool:
     """Whether ``/cluster`` shows allocated exactly the GPUs the store's holding jobs hold (read twice around
     the store, so a round between the reads cannot make a match out of two different moments)."""
-    from gpuloom.runtime.service import HOLDING
+    from gpuloom.runtime.service.service import HOLDING
 
     def shown() -> dict[str, set[int]]:
         nodes = c.get("/cluster").json()["nodes"]
@@ -166,7 +167,7 @@ def ledger_counts(path: Path) -> dict[int, int]:
 
 def final_check(store: Store, acked: set[int], ledger: Path) -> dict[str, Any]:
     """The scenario's end: every acknowledged job present and finished, each run to its end once, no overlap."""
-    from gpuloom.runtime.service import FINAL_STATES
+    from gpuloom.runtime.service.service import FINAL_STATES
 
     rows = {r.id: r for r in store.list_jobs()}
     lost = sorted(acked - set(rows))
@@ -231,8 +232,8 @@ def ready(c: httpx.Client) -> tuple[int, dict[str, Any]]:
 
 def service(store: Store, cl: Cluster, tmp_path: Path, cgroup_parent: str, **kw: Any) -> Service:
     sched = kw.pop("scheduler", None) or Scheduler.from_names()
-    return Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), sched, tmp_path,
-                   round_s=1000.0, grace_s=2.0, **kw)
+    return Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), sched, ServiceConfig(tmp_path,
+                   round_s=1000.0, grace_s=2.0, **kw))
 
 
 def round_despite(svc: Service) -> None:
@@ -389,8 +390,8 @@ def test_the_database_lock_is_taken_again_after_a_restart_or_given_up(pg: Postgr
 def test_ready_names_what_fails(tmp_path: Path, cgroup_parent: str) -> None:
     from fastapi.testclient import TestClient
 
-    from gpuloom.runtime.api import create_app
-    from gpuloom.runtime.clock import ManualClock
+    from gpuloom.runtime.api.app import create_app
+    from gpuloom.runtime.exec.clock import ManualClock
 
     clock = ManualClock()
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
@@ -415,7 +416,7 @@ def test_ready_names_what_fails(tmp_path: Path, cgroup_parent: str) -> None:
 
 def test_watchdog_pings_while_the_loop_goes_round_not_while_it_is_stuck(tmp_path: Path,
                                                                       cgroup_parent: str) -> None:
-    from gpuloom.runtime.health import Watchdog
+    from gpuloom.runtime.service.health import Watchdog
 
     w = Watchdog.from_env({"NOTIFY_SOCKET": "@gpuloom-test", "WATCHDOG_USEC": "2000000"})
     assert (w.address, w.every) == ("\0gpuloom-test", 1.0)

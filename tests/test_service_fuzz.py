@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -51,7 +52,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
     name = next(parent)
     store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
     cluster = Cluster.homogeneous(2, 4)
-    svc = Service(store, cluster, local_executor(cluster, tmp / "run", True, name), Scheduler.from_names(), tmp)
+    svc = Service(store, cluster, local_executor(cluster, tmp / "run", True, name), Scheduler.from_names(),
+                  ServiceConfig(tmp))
     tokens = {"admin": ensure_admin_token(store, tmp), "alice": create_token(store, "alice")}
     with TestClient(create_app(svc), raise_server_exceptions=False) as c:
         yield c, tokens

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from gpuloom.runtime.service import QUEUED_STATES
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.service.service import QUEUED_STATES
+from gpuloom.runtime.state.store import Store
 from service_util import Server, kill_jobs, wait_for
 
 N = 1000

@@ -18,9 +18,10 @@ from gpuloom.core.job import JobSpec
 from gpuloom.core.lifecycle import JobState
 from gpuloom.core.plan import Allocation
 from gpuloom.perf.assembly import build_model
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import HOLDING, Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import HOLDING, Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
 from service_util import job_writable, own_cgroup_parent
@@ -76,7 +77,8 @@ def test_simulator_and_service_make_the_same_plan(
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
-                  Scheduler.from_names(order, group, "proportional", place), tmp_path, round_s=1000.0, grace_s=0.0)
+                  Scheduler.from_names(order, group, "proportional", place),
+                  ServiceConfig(tmp_path, round_s=1000.0, grace_s=0.0))
     try:
         got = []
         k = 0
@@ -133,7 +135,7 @@ def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart
 ) -> None:
     import time
 
-    from gpuloom.runtime.clock import ManualClock
+    from gpuloom.runtime.exec.clock import ManualClock
 
     cluster = Cluster.homogeneous(1, 4)
     t_done, expect, t_next = _sim_at_completion(cluster)
@@ -147,8 +149,8 @@ def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart
 
     def service() -> Service:
         return Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
-                       Scheduler.from_names("fifo", "muri", "proportional", "packed-sticky"), tmp_path,
-                       round_s=1000.0, grace_s=0.0, launch_timeout_s=0.0, protect_factor=0.0, clock=clock)
+                       Scheduler.from_names("fifo", "muri", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
+                       round_s=1000.0, grace_s=0.0, launch_timeout_s=0.0, protect_factor=0.0, clock=clock))
 
     svc = service()
     try:
@@ -201,15 +203,15 @@ def test_a_launch_ends_when_the_job_printed_its_first_progress_line_not_when_a_r
     (a wrong clock, a lying job) counts as printed at the nearer end."""
     import time
 
-    from gpuloom.runtime.clock import ManualClock
+    from gpuloom.runtime.exec.clock import ManualClock
 
     cluster = Cluster.homogeneous(1, 4)
     clock = ManualClock()
     epoch = clock.time()
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent),
-                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), tmp_path,
-                  round_s=1000.0, grace_s=0.0, launch_timeout_s=60.0, protect_factor=3.0, clock=clock)
+                  Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
+                  round_s=1000.0, grace_s=0.0, launch_timeout_s=60.0, protect_factor=3.0, clock=clock))
     try:
         ids = [svc.submit({"name": "j", "command": f"echo GPULOOM_PROGRESS iter=0 t={t!r}; sleep 60", "gpus": 1,
                            "iterations": 1000, "iteration_time": 0.1}, "alice")

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
 
@@ -103,7 +104,7 @@ def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path, cgroup_pare
     store = Store(pg_url)
     cluster = Cluster.homogeneous(1, 2)
     svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=100)
+                  ServiceConfig(tmp_path, round_s=100))
     jid = svc.submit({"name": "pg", "command": "echo on postgres", "gpus": 2}, "alice")
     svc.round()
     assert store.get_job(jid).state == "launching"  # type: ignore[union-attr]
@@ -119,7 +120,7 @@ def test_service_round_trip_on_postgres(pg_url: str, tmp_path: Path, cgroup_pare
 
 def test_one_server_per_database_by_advisory_lock(pg_url: str, tmp_path: Path) -> None:
     """Two servers on one PostgreSQL database: the second is refused (each with its own state dir)."""
-    from gpuloom.runtime.locks import AlreadyServed, ServerLocks
+    from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
 
     s1, s2 = Store(pg_url), Store(pg_url)
     (tmp_path / "a").mkdir()

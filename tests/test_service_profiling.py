@@ -66,7 +66,7 @@ def launches(c, jid: int) -> list[dict]:  # noqa: ANN001
 
 
 def stored_profile(state_dir: Path, key: str) -> dict | None:
-    from gpuloom.runtime.store import Store
+    from gpuloom.runtime.state.store import Store
 
     store = Store(f"sqlite:///{state_dir / 'gpuloom.db'}")
     try:
@@ -172,7 +172,7 @@ def test_profiling_off_by_flag(server, tmp_path: Path) -> None:  # noqa: ANN001
 def test_profile_record_round_trip_gives_the_demand() -> None:
     from gpuloom.perf.profiler import optimistic_profile
     from gpuloom.perf.sensitivity import SensitivityProfile, demand_vector
-    from gpuloom.runtime.profiles import (
+    from gpuloom.runtime.service.profiles import (
         profile_from_record,
         profile_key,
         record_from_result,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime.cgroups import CgroupManager
-from gpuloom.runtime.executor import LaunchSpec
-from gpuloom.runtime.local import LocalExecutor
-from gpuloom.runtime.router import NodeRouter, RoutingError
+from gpuloom.runtime.exec.cgroups import CgroupManager
+from gpuloom.runtime.exec.executor import LaunchSpec
+from gpuloom.runtime.exec.local import LocalExecutor
+from gpuloom.runtime.exec.router import NodeRouter, RoutingError
 from service_util import own_cgroup_parent
 
 

@@ -24,12 +24,13 @@ from rich.console import Console
 from sqlalchemy import event
 
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.api import JOB_FIELDS, job_json
-from gpuloom.runtime.clock import ManualClock
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import ACTIVE_STATES, Service
-from gpuloom.runtime.store import JobRow, Store
-from gpuloom.runtime.storelock import StoreLock
+from gpuloom.runtime.api.app import JOB_FIELDS, job_json
+from gpuloom.runtime.exec.clock import ManualClock
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import ACTIVE_STATES, Service
+from gpuloom.runtime.state.store import JobRow, Store
+from gpuloom.runtime.state.storelock import StoreLock
 from gpuloom.scheduler import Scheduler
 from service_util import Server, kill_jobs, own_cgroup_parent, wait_for
 
@@ -55,7 +56,7 @@ def test_a_round_in_which_nothing_changed_touches_no_waiting_job(tmp_path: Path,
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 2)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=1000.0, grace_s=1.0, launch_timeout_s=1.0, clock=clock)
+                  ServiceConfig(tmp_path, round_s=1000.0, grace_s=1.0, launch_timeout_s=1.0, clock=clock))
     try:
         run = [svc.submit({"name": "r", "command": "sleep 60", "gpus": 1}, "alice") for _ in range(2)]
         svc.round()
@@ -178,7 +179,7 @@ def test_the_scheduling_loop_waits_for_the_store_as_the_first(tmp_path: Path, cg
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 1)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=0.05)
+                  ServiceConfig(tmp_path, round_s=0.05))
     try:
         svc.start()
         with store.lock:  # the loop's next round waits for the store, counted as the first
@@ -192,7 +193,7 @@ def test_a_due_round_reads_the_store_before_eight_waiting_submissions(tmp_path: 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 1)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=0.05)
+                  ServiceConfig(tmp_path, round_s=0.05))
     order: list[str] = []
     try:
         svc.start()
@@ -233,7 +234,7 @@ def test_the_loop_sleeps_no_later_than_the_next_round_is_due(tmp_path: Path, cgr
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 1)
     svc = Service(store, cl, local_executor(cl, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
-                  tmp_path, round_s=0.25, clock=clock)
+                  ServiceConfig(tmp_path, round_s=0.25, clock=clock))
     waits = svc._wake = _Waits()
     try:
         svc.start()
@@ -297,7 +298,7 @@ def test_a_table_on_a_terminal_is_rich_when_small_and_plain_when_long(monkeypatc
 def test_a_plain_http_client_loads_no_certificates_and_could_verify_none() -> None:
     import ssl
 
-    from gpuloom.runtime.connect import Endpoint, transport
+    from gpuloom.runtime.api.connect import Endpoint, transport
 
     for ep in (Endpoint("http://127.0.0.1:1", None, frozenset({0}), 8642),
                Endpoint("unix:///run/x.sock", "/run/x.sock", frozenset({0}), 8642)):

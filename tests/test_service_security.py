@@ -25,14 +25,15 @@ from fastapi.testclient import TestClient
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.lifecycle import JobState
-from gpuloom.runtime.api import create_app, create_token, ensure_admin_token
-from gpuloom.runtime.executor import ExecutorError, LaunchSpec
-from gpuloom.runtime.identity import Identities, IdentityError, creatable, lookup
-from gpuloom.runtime.isolation import Backoff
-from gpuloom.runtime.local import LocalExecutor, NodeAgent
-from gpuloom.runtime.router import local_executor
-from gpuloom.runtime.service import Service
-from gpuloom.runtime.store import Store
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.executor import ExecutorError, LaunchSpec
+from gpuloom.runtime.exec.identity import Identities, IdentityError, creatable, lookup
+from gpuloom.runtime.exec.local import LocalExecutor, NodeAgent
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.isolation import Backoff
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import JOB_PY, job_writable, ledger, own_cgroup_parent, stepper_cmd, wait_for
 
@@ -64,8 +65,9 @@ class Env:
 
     def service(self) -> Service:
         ex = local_executor(self.cluster, self.tmp / "state" / "run", True, self.cgroup_parent)
-        return Service(self.store, self.cluster, ex, Scheduler.from_names(*self.names), self.tmp / "state",
-                       round_s=1000.0, grace_s=5.0, **self.kw)  # type: ignore[arg-type]
+        return Service(self.store, self.cluster, ex, Scheduler.from_names(*self.names),
+                       ServiceConfig(self.tmp / "state",
+                       round_s=1000.0, grace_s=5.0, **self.kw))  # type: ignore[arg-type]
 
     def post(self, who: str, body: dict, key: str | None = None):  # noqa: ANN201
         hd = {**h(self.tokens[who]), **({"Idempotency-Key": key} if key else {})}
@@ -286,7 +288,7 @@ def test_3_minimums_units_and_use_is_counted(env: Env) -> None:
     assert (n0["cpus_used"], n0["mem_mb_used"]) == (1, 68)
     # node memory counts in the same unit: --mem-gb-per-node 4 is 4000 MB, as 4G is for a job
     from gpuloom.core.cluster import parse_cluster
-    from gpuloom.runtime.specs import parse_mem
+    from gpuloom.runtime.state.specs import parse_mem
 
     assert parse_cluster("1x4", 8, 4).nodes[0].mem_mb == parse_mem("4G") == 4000
 
@@ -330,10 +332,10 @@ def test_5_launch_is_recorded_before_the_process_and_recovery_runs_it_once(tmp_p
                                                                            cgroup_parent: str) -> None:
     cluster = Cluster.homogeneous(1, 1)
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    from gpuloom.runtime.cgroups import CgroupManager
+    from gpuloom.runtime.exec.cgroups import CgroupManager
 
     def service(ex: LocalExecutor) -> Service:
-        return Service(store, cluster, ex, Scheduler.from_names(), tmp_path, round_s=1000.0, grace_s=5.0)
+        return Service(store, cluster, ex, Scheduler.from_names(), ServiceConfig(tmp_path, round_s=1000.0, grace_s=5.0))
 
     def executor(cls: type[LocalExecutor]) -> LocalExecutor:
         return cls("node-0", cgroups=CgroupManager(parent=cgroup_parent), run_dir=tmp_path / "run" / "node-0",
@@ -477,7 +479,7 @@ def test_9_bad_numbers_huge_ids_and_nul_bytes_get_4xx(env: Env) -> None:
 
 
 def test_9_a_nul_byte_reaching_the_executor_leaves_no_cgroup(tmp_path: Path, cgroup_parent: str) -> None:
-    from gpuloom.runtime.cgroups import CgroupManager
+    from gpuloom.runtime.exec.cgroups import CgroupManager
 
     agent = NodeAgent(CgroupManager(parent=cgroup_parent), tmp_path / "run")
     with pytest.raises(ExecutorError, match="launch failed"):

@@ -1,7 +1,7 @@
 """The executors ``gpuloom serve`` can run jobs with, by name (``--executor``).
 
 An executor factory takes an :class:`ExecutorContext` (what ``serve`` was told) and returns the
-:class:`~gpuloom.runtime.executor.Executor` and, when the executor brings its own inventory (Ray's
+:class:`~gpuloom.runtime.exec.executor.Executor` and, when the executor brings its own inventory (Ray's
 nodes), the inventory that follows it (:class:`Following`); None keeps the
 declared or discovered one (``ExecutorContext.inventory``).  ``local`` and ``ray`` are built in;
 outside factories come by the ``gpuloom.executors`` entry points or as ``--executor module:function``.
@@ -18,8 +18,7 @@ import typer
 
 from ..core.cluster import Cluster
 from ..core.registry import Registry, RegistryError
-from ..runtime.executor import Executor
-from ..runtime.inventory import InventorySource
+from ..runtime.exec.executor import Executor, InventorySource
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +65,8 @@ EXECUTORS: Registry[Factory] = Registry("executor", group="gpuloom.executors", c
 @EXECUTORS.register("local")
 def local(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
     """Processes on this machine, in cgroups where they are writable."""
-    from ..runtime.router import local_executor
-    from ..runtime.security import default_job_dir
+    from ..runtime.exec.router import local_executor
+    from ..runtime.service.security import default_job_dir
     from .service import _gpu_devices
 
     if ctx.inventory is None:

@@ -1,6 +1,6 @@
 """Writing the service's history as a trace (``gpuloom history --as-trace FILE``).
 
-The rows come from the service (``GET /history/trace``, :mod:`gpuloom.runtime.export`);
+The rows come from the service (``GET /history/trace``, :mod:`gpuloom.runtime.state.export`);
 this module writes them as gpuloom's JSONL trace format and reads the file back with
 the simulator's reader (:func:`gpuloom.sim.traces.own.read_jsonl`), so what it writes is
 known to replay.  Beside it goes the cluster the jobs ran on (``GET /nodes``) as a

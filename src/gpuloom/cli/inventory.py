@@ -23,8 +23,8 @@ def inventory(
 ) -> None:
     """Show this machine as the service sees it: discovered or declared GPUs, cores, memory, cgroup support."""
     from ..perf.topology import TopologyError
-    from ..runtime.cgroups import CgroupManager
-    from ..runtime.discovery import DiscoveryError, discover_inventory
+    from ..runtime.exec.cgroups import CgroupManager
+    from ..runtime.exec.discovery import DiscoveryError, discover_inventory
 
     try:
         inv = discover_inventory(gpus, cpus, int(mem_gb * 1000) if mem_gb is not None else None, name,

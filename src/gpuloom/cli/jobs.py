@@ -27,7 +27,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from ..core.lifecycle import TERMINAL, JobState
-from ..runtime.history import format_duration, format_mem, parse_time
+from ..runtime.state.history import format_duration, format_mem, parse_time
 from . import app
 from .common import PlainTable as Table
 from .common import console, err_console, plain, print_json, print_table
@@ -176,7 +176,7 @@ def queue(
     """List jobs (like squeue): ST is PD (pending), R (running), CG (stopping), CD, F, CA; pending jobs show why."""
     params: dict[str, Any] = {}
     if state:
-        from ..runtime.ops_api import states_of
+        from ..runtime.api.ops import states_of
 
         try:
             params["state"] = states_of(state)
@@ -206,7 +206,7 @@ def queue(
 def _listing(client: Client, params: dict[str, Any]) -> Iterator[tuple[list[str], list[list[Any]]]]:
     """The jobs ``GET /jobs`` lists with ``params``, a block at a time (field names, each job's values in their
     order): from one response of
-    ``GET /jobs/stream`` (:mod:`gpuloom.runtime.listing`), or page by page from a server without it
+    ``GET /jobs/stream`` (:mod:`gpuloom.runtime.api.listing`), or page by page from a server without it
     (which reads ``stream`` as a job id: 422 on the path)."""
     import httpx
 

@@ -21,7 +21,7 @@ Clients find the server and token from ``--url``/``--token``, else
 (``--state-dir``, ``GPULOOM_STATE_DIR``, default ``~/.gpuloom``) where
 ``serve`` writes ``server.json`` and ``admin.token``, else a root server's
 socket ``/run/gpuloom/PORT.sock``; they send a token only to a server running
-as a trusted account (:mod:`gpuloom.runtime.connect`).  Every command takes
+as a trusted account (:mod:`gpuloom.runtime.api.connect`).  Every command takes
 ``--json``.
 """
 
@@ -38,7 +38,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
-from ..runtime.cgroups import DEFAULT_PIDS_MAX
+from ..runtime.exec.cgroups import DEFAULT_PIDS_MAX
 from . import app
 from .common import SafeTable as Table
 from .common import cell, check_policies, console, err_console, model_options, stack_params, user_errors
@@ -165,12 +165,12 @@ def serve(
     """Run the scheduler service: HTTP API + scheduling loop + executor."""
     from ..driver import Stack
     from ..policies.queues import load_queue_file
-    from ..runtime.api import create_app, ensure_admin_token
-    from ..runtime.identity import Identities, IdentityError, private_dir
-    from ..runtime.locks import AlreadyServed, ServerLocks
-    from ..runtime.logfmt import configure
-    from ..runtime.specs import parse_duration, parse_mem_bytes
-    from ..runtime.store import Store
+    from ..runtime.api.app import create_app, ensure_admin_token
+    from ..runtime.exec.identity import Identities, IdentityError, private_dir
+    from ..runtime.service.logfmt import configure
+    from ..runtime.state.locks import AlreadyServed, ServerLocks
+    from ..runtime.state.specs import parse_duration, parse_mem_bytes
+    from ..runtime.state.store import Store
 
     try:
         configure(log_level, log_format)
@@ -183,7 +183,7 @@ def serve(
         cap = parse_mem_bytes(log_cap, "--log-cap")
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    from ..runtime.joblogs import MIN_CAP
+    from ..runtime.exec.joblogs import MIN_CAP
 
     if cap and cap < MIN_CAP:
         raise typer.BadParameter(f"--log-cap: 0 (no cap) or at least {MIN_CAP} bytes (64Ki), got {log_cap!r}")
@@ -194,7 +194,7 @@ def serve(
             keep_s = parse_duration(keep_finished, "--keep-finished")
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
-    from ..runtime.admission import Limiter, SubmitLimits
+    from ..runtime.service.admission import Limiter, SubmitLimits
 
     try:
         limits = SubmitLimits(max_pending, max_array_size, submit_rate, submit_burst, max_priority)
@@ -235,7 +235,7 @@ def serve(
     if not round_s > 0:
         raise typer.BadParameter(f"--round must be > 0, got {round_s}")
     url = db or f"sqlite:///{sd / 'gpuloom.db'}"
-    from ..runtime.store import StoreError
+    from ..runtime.state.store import StoreError
 
     locks = ServerLocks()
     try:
@@ -251,7 +251,7 @@ def serve(
     import secrets
 
     service_id = store.set_meta_default("service_id", secrets.token_hex(4))
-    from ..runtime.local import DEFAULT_ENV_ALLOW
+    from ..runtime.exec.local import DEFAULT_ENV_ALLOW
 
     allow = (*DEFAULT_ENV_ALLOW, *(env_allow or ()))
     from .executors import ExecutorContext
@@ -264,7 +264,8 @@ def serve(
         if following is not None:
             inventory = following.current
             model = stack.model(inventory, seed)
-    from ..runtime.service import ProfilingConfig, Service
+    from ..runtime.service.config import ServiceConfig
+    from ..runtime.service.service import ProfilingConfig, Service
 
     profiling = None
     if profile if profile is not None else sched.needs_profiles:
@@ -283,11 +284,12 @@ def serve(
     try:
         if shared_dir is not None:  # job accounts pass through to their checkpoint directories, list nothing
             private_dir(shared_dir, 0o711)
-        svc = Service(store, inventory, executor, sched, sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
+        svc = Service(store, inventory, executor, sched,
+                      ServiceConfig(sd, round_s=round_s, grace_s=grace, model=model, seed=seed,
                       launch_timeout_s=launch_timeout, profiling=profiling, identities=identities, job_dir=job_dir,
                       checkpoint_roots=checkpoint_root, keep_finished_s=keep_s, data_dir=shared_dir,
                       inventory=following, model_factory=lambda cl: stack.model(cl, seed),
-                      log_dir=log_dir if log_dir is None else log_dir.absolute(), log_cap=cap)
+                      log_dir=log_dir if log_dir is None else log_dir.absolute(), log_cap=cap))
     except IdentityError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
@@ -303,7 +305,7 @@ def serve(
                "give --ssl-keyfile and --ssl-certfile, or bind 127.0.0.1")
         err_console.print(f"[bold yellow]warning:[/] {escape(msg)}", highlight=False)
         logging.getLogger("gpuloom.service").warning(msg)
-    from ..runtime.listen import remove_server_info, serve_http, write_server_info
+    from ..runtime.api.listen import remove_server_info, serve_http, write_server_info
 
     svc.server_locks = locks  # confirmed every round: another server that took the database makes this one stop
     svc.start()
@@ -336,7 +338,7 @@ def _gpu_devices(option: str, declared: bool) -> tuple[str, ...]:
     if option == "none":
         return ()
     if option == "auto":
-        from ..runtime.discovery import discover_gpu_devices
+        from ..runtime.exec.discovery import discover_gpu_devices
 
         return () if declared else discover_gpu_devices()
     paths = tuple(p.strip() for p in option.split(","))
@@ -352,7 +354,7 @@ def _private_to_jobs(path: Path) -> bool:
 
 def _connection_limits(max_connections: int | None, header_timeout: float, keep_alive: float,  # noqa: ANN202
                        send_timeout: float):
-    from ..runtime.listen import ConnectionLimits, ListenError
+    from ..runtime.api.listen import ConnectionLimits, ListenError
 
     try:
         return ConnectionLimits.for_process(max_connections, header_timeout, keep_alive, send_timeout)
@@ -364,7 +366,7 @@ def _listen(sd: Path, host: str, port: int, socket_path: Path | None, tls: bool,
     """The server's TCP and Unix sockets, listening; exit 2 naming whoever holds them."""
     import atexit
 
-    from ..runtime.listen import ListenError, Listeners, default_socket_path, remove_server_info
+    from ..runtime.api.listen import ListenError, Listeners, default_socket_path, remove_server_info
 
     remove_server_info(sd)  # a dead server's: nothing may point clients at a listener that is not this one
     try:
@@ -394,8 +396,8 @@ def _loopback(host: str) -> bool:
 def _ray_executor(address: str, service_id: str, grace: float, shared: bool,  # noqa: ANN202
                   env_allow: tuple[str, ...], gpus: int | None, cpus: int | None, private_tmp: bool):
     """The Ray executor (agents in the namespace ``gpuloom-<service id>``) and the inventory that follows Ray."""
-    from ..runtime.executor import ExecutorError
-    from ..runtime.ray_executor import RayExecutor, RayInventory
+    from ..runtime.exec.executor import ExecutorError
+    from ..runtime.exec.ray_executor import RayExecutor, RayInventory
     from .common import ray_connect
 
     ray_connect(address, gpus, cpus)
@@ -426,7 +428,7 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
     mem_mb = int(mem_gb * 1000) if mem_gb is not None else None
     discover: Callable[..., Cluster] | None
     try:
-        from ..runtime.discovery import discover
+        from ..runtime.exec.discovery import discover
     except ImportError:
         discover = None
     if discover is not None:
@@ -448,12 +450,12 @@ def _inventory(gpus: int | None, cluster: str | None, cpus: int | None, mem_gb: 
 
 # -- client ------------------------------------------------------------------------------------
 class Client:
-    """The server found as :mod:`gpuloom.runtime.connect` says, and refused unless its account is trusted."""
+    """The server found as :mod:`gpuloom.runtime.api.connect` says, and refused unless its account is trusted."""
 
     def __init__(self, url: str | None, token: str | None, state_dir: Path | None) -> None:
         import httpx
 
-        from ..runtime.connect import ServerNotTrusted, find_server, transport
+        from ..runtime.api.connect import ServerNotTrusted, find_server, transport
 
         sd = state_dir_path(state_dir)
         try:
@@ -569,7 +571,7 @@ def nodes(
     if as_json:
         console.print_json(json.dumps(ns))
         return
-    from ..runtime.history import format_mem
+    from ..runtime.state.history import format_mem
 
     t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY", "GRES", "TYPE", "JOBS", box=None)
     for n in ns:

@@ -7,7 +7,7 @@ off: the jobs bring their profiles) under one policy stack, submits each
 job is ``examples/sleepy_train.py``: a real process that sleeps its stages,
 holding lock files for its GPUs), waits until every job has ended, and
 reads back what happened: the accounting (``GET /history?allocations=true``)
-and the history as a trace (``GET /history/trace``, :mod:`gpuloom.runtime.export`).
+and the history as a trace (``GET /history/trace``, :mod:`gpuloom.runtime.state.export`).
 Whatever happens, it cancels what is still running and stops the server.
 """
 
@@ -154,7 +154,7 @@ class Testbed:
     def share_files(self) -> tuple[str, str]:
         """(the job script, the GPU lock directory), somewhere the jobs' OS accounts can read and write."""
         if self.share is None:  # outside /tmp: jobs of other accounts get their own /tmp
-            from ..runtime.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
+            from ..runtime.service.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
 
             base = os.environ.get(JOB_DIR_BASE_ENV) or JOB_DIR_BASE
             self.share = Path(tempfile.mkdtemp(prefix="gpuloom-testbed-", dir=base))

@@ -3,7 +3,7 @@
 For each policy stack: a time-scaled slice of a real trace runs through a real
 ``gpuloom serve`` on a declared fake-GPU cluster, jobs being real processes
 (:mod:`.testbed`); the service's history is exported as a trace
-(:mod:`gpuloom.runtime.export`); the same workload is simulated with the same
+(:mod:`gpuloom.runtime.state.export`); the same workload is simulated with the same
 stack four ways, which splits the error (:mod:`gpuloom.sim.validate`):
 
 * ``model``: what the simulator predicts from the workload alone (the model's

@@ -11,7 +11,7 @@ GPUs; ``matrix[i][j]`` is the throughput (iterations/s; 0 = not measured) at
 ``cpu_points[i]`` cores and ``mem_points[j]`` MB; ``cpus``/``mem_mb`` the
 demand (the point a sizer would pick; optional here).  ``status`` other than
 ``"ok"`` means no profile (the service's ``unprofilable`` records).  The
-service writes these records for what it profiles (:mod:`gpuloom.runtime.profiles`),
+service writes these records for what it profiles (:mod:`gpuloom.runtime.service.profiles`),
 a job may carry one inline (``profile:`` in its spec), and gpuloom's JSONL trace
 format carries one per job (``attrs["profile"]``), so a profile measured by the
 service reaches the simulator unchanged.

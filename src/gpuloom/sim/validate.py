@@ -262,7 +262,7 @@ def table(rows: Mapping[str, Mapping[str, Any]]) -> str:
 
 # -- calibration from what the service measured -------------------------------------------------
 def lifecycle_attrs(row: Mapping[str, Any]) -> dict[str, float]:
-    """Per-job lifecycle times from an exported trace row (:mod:`gpuloom.runtime.export`).
+    """Per-job lifecycle times from an exported trace row (:mod:`gpuloom.runtime.state.export`).
 
     The launch time is the measured launch (to the first progress line) plus the
     job's exit lag (last progress line to the end the service recorded), spread

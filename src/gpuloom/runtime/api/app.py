@@ -1,0 +1,625 @@
+"""The HTTP API of ``gpuloom serve`` (FastAPI).
+
+Endpoints (JSON; every one but ``/health`` and ``/ready`` needs ``Authorization: Bearer TOKEN``):
+
+=========================  ==================================================
+``GET  /health``           liveness (memory only): job counts, rounds run
+``GET  /ready``            readiness: store, lock, rounds (503 naming what fails;
+                           :mod:`..service.health`)
+``POST /jobs``             submit a job spec; 201 with the stored job
+``GET  /jobs``             jobs (``?state=standby&state=running``, ``?user=``, ``?since=``,
+                           pages: ``?limit=&after=``, ``?fields=id,st``); others' without command
+                           and paths
+``GET  /jobs/stream``      all those jobs in one response of JSON lines (:mod:`.listing`)
+``GET  /jobs/{id}``        one job, with its allocation and processes
+``DELETE /jobs/{id}``      cancel: the owner or an admin
+``GET  /jobs/{id}/logs``   the job's stdout+stderr (``?tail=BYTES``): owner or admin
+``GET  /jobs/{id}/events`` its history
+``GET  /nodes``            nodes with used/total GPUs, cores, memory
+``POST /tokens``           admin only: a new token for a user (``expires``: 30d)
+``GET  /tokens``           tokens (ids, users, expiry): all for an admin, else one's own
+``DELETE /tokens/{id}``    revoke a token: one's own, or any for an admin
+``/queues``...             queues: usage vs quota, admin changes (:mod:`..api.queues`)
+=========================  ==================================================
+
+The operator's endpoints (``/metrics``, ``/history``, ``/cluster``, the
+dashboard at ``/``, the OpenAPI page ``/docs`` with local assets) are in
+:mod:`..api.ops`.  Times in job JSON are ISO 8601 (UTC).
+
+Design decisions:
+
+* **Validation is Pydantic's**: unknown or malformed fields get a 422 whose
+  ``detail`` names the field (``loc``).  A job that can never fit the cluster
+  gets a 422 in the same shape (``type: never_fits``) with the reason.
+* **Acknowledged = committed**: ``POST /jobs`` answers only after the store
+  committed the job (see :mod:`..state.store`).
+* **Tokens** are random 32-byte url-safe strings; the store keeps only their
+  sha256.  The admin token is created on first start and written to
+  ``STATE_DIR/admin.token`` with mode 0600.  A user token submits as its user;
+  an admin may submit on behalf of another user (``user`` field).
+* Endpoints are plain ``def`` functions: FastAPI runs them in its thread pool,
+  and the store serialises writers.
+* **Limits and privacy**: bodies over 1 MiB get 413, every field is bounded,
+  a 422 never echoes its input (:mod:`.limits`); users see other users' jobs
+  without command, paths and process ids (:mod:`.privacy`).  ``POST /jobs``
+  with an ``Idempotency-Key`` header is done once: a retry with the same key
+  gets the same job (200).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from ...core.lifecycle import JobState
+from ...core.queues import QueueError
+from ..exec import joblogs
+from ..service.admission import LimitExceeded
+from ..service.deps import parse_array, parse_dependency
+from ..service.errors import NotFound, PermissionDenied, SubmitError
+from ..service.health import liveness, readiness
+from ..service.queues import QueueDenied
+from ..service.service import FINAL_STATES, HOLDING, Service
+from ..state.history import array_label, iso, short_state
+from ..state.specs import parse_duration, parse_mem
+from ..state.store import JobRow, Store, StoreFull
+from ..state.tokens import create_token as _create_token
+from ..state.tokens import list_tokens, revoke_token
+from .limits import (
+    MAX_COMMAND,
+    MAX_CURVE_POINTS,
+    MAX_ENV_NAME,
+    MAX_ENV_TOTAL,
+    MAX_ENV_VALUE,
+    MAX_ENV_VARS,
+    MAX_ID,
+    MAX_NAME,
+    MAX_PAGE,
+    MAX_PATH,
+    BodyLimit,
+    check_text,
+    validation_error,
+)
+from .privacy import redact_events, redact_job
+from .queues import QUEUE_RE, add_queue_routes
+
+log = logging.getLogger("gpuloom.service")
+TOKEN_FILE = "admin.token"
+MAX_LOG_BYTES = 8 << 20  # /logs returns at most the last 8 MiB
+USER_RE = r"^[A-Za-z0-9_.@-]{1,64}$"
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+MIN_MEM_MB = 16  # the smallest memory a job may ask for (a limit below it is a typo, and unenforceable)
+
+
+def _walk(v: Any, where: str, depth: int = 0, count: list[int] | None = None) -> None:
+    """Free-form JSON (``profile``): bounded depth and size, no NUL bytes, finite numbers."""
+    count = count if count is not None else [0]
+    count[0] += 1
+    if depth > 6 or count[0] > 1000:
+        raise ValueError(f"{where} is too deep or too large")
+    if isinstance(v, str):
+        check_text(v, where)
+        if len(v) > MAX_PATH:
+            raise ValueError(f"{where}: strings of at most {MAX_PATH} characters")
+    elif isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{where}: numbers must be finite")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _walk(k, where, depth + 1, count)
+            _walk(x, where, depth + 1, count)
+    elif isinstance(v, list):
+        for x in v:
+            _walk(x, where, depth + 1, count)
+
+
+class JobSubmit(BaseModel):
+    """A job spec as submitted (YAML/JSON ``gpuloom submit`` files have the same keys).
+
+    Every field is bounded (:mod:`.limits`); numbers are strict (``true`` is not 1) and finite."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("job", min_length=1, max_length=MAX_NAME)
+    command: str = Field(min_length=1, max_length=MAX_COMMAND)
+    gpus: int = Field(ge=1, le=100_000, strict=True)
+    cpus: int | None = Field(None, ge=1, le=1_000_000, strict=True)
+    mem: int | float | str | None = None  # "8G" (10^9 bytes), "8Gi" (2^30), "512M", or MB (10^6 bytes)
+    model: str | None = Field(None, max_length=MAX_NAME)
+    profile: bool | dict[str, Any] | None = None  # true/false: ask for / opt out of profiling
+    checkpoint_dir: str | None = Field(None, max_length=MAX_PATH)
+    time_limit: float | str | None = None  # seconds or Slurm time (1:30:00)
+    user: str | None = Field(None, pattern=USER_RE)
+    env: dict[str, str] | None = Field(None, max_length=MAX_ENV_VARS)
+    workdir: str | None = Field(None, max_length=MAX_PATH)
+    priority: int | None = Field(None, ge=-(10**9), le=10**9, strict=True)
+    batch_size: int | None = Field(None, ge=1, le=10**9, strict=True)
+    # scaling curve f(gpus) in it/s (elastic sizing)
+    throughput: dict[str, Finite] | list[Finite] | None = Field(None, max_length=MAX_CURVE_POINTS)
+    min_gpus: int | None = Field(None, ge=1, le=100_000, strict=True)
+    resource_times: list[Finite] | None = Field(None, min_length=1, max_length=8)  # s/iteration per stage (Muri)
+    iteration_time: Finite | None = Field(None, gt=0)  # seconds per iteration (Muri)
+    iterations: int | None = Field(None, ge=1, le=10**12, strict=True)  # with iteration_time: the work estimate
+
+    queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/service/queues.py)
+    gpu_type: str | None = Field(None, max_length=520)  # "v100", "a100|h100"; also gpus: "v100:2" (Slurm's gres)
+    array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
+    dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gres(cls, data: Any) -> Any:
+        """``gpus: v100:2`` (or ``gpu:v100:2``) is ``gpus: 2, gpu_type: v100`` (anything else is left to the
+        field's own check, which names it)."""
+        if isinstance(data, dict) and isinstance(data.get("gpus"), str):
+            from ..state.specs import parse_gres
+
+            try:
+                t, n = parse_gres(data["gpus"])
+            except ValueError:
+                return data
+            data = {**data, "gpus": n}
+            if t is not None:
+                if data.get("gpu_type") not in (None, t):
+                    raise ValueError(f"gpus {t}:{n} and gpu_type {data['gpu_type']!r} disagree")
+                data["gpu_type"] = t
+        return data
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> Any:
+        if isinstance(v, str):  # (not a count, nor TYPE:COUNT: _gres left it)
+            raise ValueError(f"expected a GPU count or TYPE:COUNT (e.g. 2, v100:2, gpu:v100:2), got {v[:40]!r}")
+        return v
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | None) -> str | None:
+        from ..state.specs import GPU_TYPE_RE
+
+        if v is not None and not GPU_TYPE_RE.match(v):
+            raise ValueError(f"gpu_type: a GPU type (v100, a100, ...) or several joined by |, got {v[:40]!r}")
+        return v
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_array(v)
+        return v
+
+    @field_validator("dependency")
+    @classmethod
+    def _dependency(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_dependency(v)
+        return v
+
+    @field_validator("name", "command", "model", "checkpoint_dir", "workdir", "array", "dependency")
+    @classmethod
+    def _text(cls, v: str | None, info: Any) -> str | None:
+        return v if v is None else check_text(v, info.field_name)
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            _walk(v, "profile")
+            from ...perf.profile_record import is_record, profile_from_record
+
+            if is_record(v):  # an inline profile record: the sizers will read it
+                try:
+                    if profile_from_record("profile", v) is None:
+                        raise ValueError("an inline profile needs status ok (or none)")
+                except ValueError as e:  # SensitivityError
+                    raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("resource_times")
+    @classmethod
+    def _stages(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(not (x >= 0) for x in v):
+            raise ValueError("resource_times must be >= 0 seconds per iteration")
+        return v
+
+    @field_validator("throughput")
+    @classmethod
+    def _curve(cls, v: Any) -> Any:
+        vals = v.values() if isinstance(v, dict) else (v or [])
+        if any(not (x >= 0) for x in vals):
+            raise ValueError("throughput values must be >= 0 iterations/s")
+        if isinstance(v, dict):
+            for k in v:
+                if not (k.isascii() and k.isdigit() and 1 <= int(k) <= 100_000):
+                    raise ValueError(f"throughput keys are GPU counts (1, 2, ...), got {k[:20]!r}")
+        return v
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        mb = parse_mem(v, "mem")
+        if mb < MIN_MEM_MB:
+            raise ValueError(f"mem: at least {MIN_MEM_MB} MB, got {str(v)[:40]!r}")
+        return mb
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _tl(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v, "time_limit")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return v
+        total = 0
+        for k, x in v.items():
+            if len(k) > MAX_ENV_NAME or k.startswith("GPULOOM_") or k == "CUDA_VISIBLE_DEVICES":
+                raise ValueError(f"environment variable name {k[:40]!r} is not allowed")
+            if not ENV_NAME_RE.match(k):  # the job's shell sets it: a shell name
+                raise ValueError(f"environment variable name {k[:40]!r} is not allowed: letters, digits and _, "
+                                 "not starting with a digit")
+            check_text(x, f"env {k}")
+            if len(x) > MAX_ENV_VALUE:
+                raise ValueError(f"env {k}: values of at most {MAX_ENV_VALUE} characters")
+            total += len(k) + len(x)
+        if total > MAX_ENV_TOTAL:
+            raise ValueError(f"env: at most {MAX_ENV_TOTAL} characters in all")
+        return v
+
+    @field_validator("checkpoint_dir", "workdir")
+    @classmethod
+    def _abs(cls, v: str | None) -> str | None:
+        if v is not None and not os.path.isabs(v):
+            raise ValueError(f"must be an absolute path, got {v[:80]!r}")
+        return v
+
+    def to_spec(self) -> dict[str, Any]:
+        d = self.model_dump(exclude_none=True)
+        if "mem" in d:
+            d["mem_mb"] = d.pop("mem")
+        return d
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str = Field(pattern=USER_RE)
+    admin: bool = Field(False, strict=True)
+    expires: float | str | None = None  # seconds or a duration (30d, 12h, 1:00:00) from now
+
+    @field_validator("expires", mode="before")
+    @classmethod
+    def _exp(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v, "expires")
+
+
+def job_json(row: JobRow, live_progress: int | None = None, now: float | None = None) -> dict[str, Any]:
+    """A job as the API returns it; ``now`` (wall seconds) adds the live ``held_s`` of a running job."""
+    s = row.spec
+    nodes = [p["node"] for p in (row.alloc or {}).get("parts", [])]
+    held = row.held_time
+    if now is not None and row.alloc and row.last_start is not None and row.end_time is None:
+        held += max(0.0, now - row.last_start)
+    return {
+        "id": row.id,
+        "name": row.name,
+        "user": row.user,
+        "state": row.state,
+        "st": short_state(row.state),
+        "pending_reason": row.pending_reason,
+        "queue": str(s.get("queue") or ""),
+        "array": array_label(row),
+        "array_id": row.array_id,
+        "array_task": row.array_task,
+        "dependency": s.get("dependency"),
+        "gpus": s.get("gpus"),
+        "gpu_type": s.get("gpu_type"),
+        "cpus": s.get("cpus"),
+        "mem_mb": s.get("mem_mb"),
+        "command": s.get("command"),
+        "model": s.get("model"),
+        "time_limit": s.get("time_limit"),
+        "submit_time": iso(row.submit_time),
+        "first_start": iso(row.first_start),
+        "last_start": iso(row.last_start),
+        "end_time": iso(row.end_time),
+        "nodes": nodes,
+        "alloc": row.alloc,
+        "procs": row.procs,
+        "attempts": row.attempts,
+        "resume_count": row.resume_count,
+        "preemptions": row.preemptions,
+        "held_time": row.held_time,
+        "held_s": held,
+        "checkpoint_dir": row.checkpoint_dir,
+        "workdir": s.get("workdir"),
+        "progress": live_progress if live_progress is not None else row.progress,
+        "exit_code": row.exit_code,
+        "reason": row.reason,
+        "cancel_requested": row.cancel_requested,
+    }
+
+
+#: the fields of a job's JSON (:func:`job_json`), which ``GET /jobs?fields=`` may name
+JOB_FIELDS = ("id", "name", "user", "state", "st", "pending_reason", "queue", "array", "array_id", "array_task",
+              "dependency", "gpus", "gpu_type", "cpus", "mem_mb", "command", "model", "time_limit", "submit_time", "first_start",
+              "last_start", "end_time", "nodes", "alloc", "procs", "attempts", "resume_count", "preemptions",
+              "held_time", "held_s", "checkpoint_dir", "workdir", "progress", "exit_code", "reason",
+              "cancel_requested")
+
+
+def job_fields(text: str | None) -> list[str] | None:
+    """``"id,name,st"`` -> those field names (None: all); a 422 saying which one is unknown (by position:
+    an error never echoes its input)."""
+    if text is None:
+        return None
+    keys = [k.strip() for k in text.split(",")]
+    bad = [i for i, k in enumerate(keys) if k not in JOB_FIELDS]
+    if bad:
+        raise HTTPException(422, [{"loc": ["query", "fields"], "msg": f"name {bad[0] + 1} of the list is no field of a "
+                                   f"job; a job's fields are {', '.join(JOB_FIELDS)}", "type": "bad_fields"}])
+    return list(dict.fromkeys(keys))
+
+
+def ensure_admin_token(store: Store, state_dir: str | Path) -> str:
+    """The admin token from ``STATE_DIR/admin.token`` (mode 0600), created on first start."""
+    path = Path(state_dir) / TOKEN_FILE
+    if path.exists():
+        token = path.read_text().strip()
+        if token and store.lookup_token(token) is None:
+            store.add_token(token, "admin", admin=True)
+        if token:
+            os.chmod(path, 0o600)
+            return token
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(path, 0o600)
+    store.add_token(token, "admin", admin=True)
+    return token
+
+
+def create_token(store: Store, user: str, admin: bool = False, expires_in: float | None = None) -> str:
+    return _create_token(store, user, admin, expires_in)
+
+
+#: declared in the OpenAPI document, so ``/docs`` has an Authorize button
+bearer = HTTPBearer(auto_error=False, description="A token from `gpuloom token create USER` (or STATE_DIR/admin.token).")
+
+
+def _auth(request: Request,
+          creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> tuple[str, bool]:
+    """(user, is_admin) for the request's bearer token, or 401."""
+    if creds is None or creds.scheme.lower() != "bearer":
+        raise HTTPException(401, "missing token: send 'Authorization: Bearer TOKEN'", headers={"WWW-Authenticate": "Bearer"})
+    token = creds.credentials.strip()
+    who = request.app.state.service.store.lookup_token(token) if len(token) <= 256 else None
+    if who is None:
+        raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
+    return who
+
+
+Auth = Annotated[tuple[str, bool], Depends(_auth)]
+JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
+
+
+def create_app(service: Service) -> FastAPI:
+    """The API over a (started or not) :class:`Service`."""
+    from ... import __version__
+
+    app = FastAPI(title="gpuloom", version=__version__, docs_url=None, redoc_url=None,
+                  description="The scheduler service's API.  Authorize with a bearer token "
+                              "(`gpuloom token create USER`, or the admin token in the state directory).")
+    app.state.service = service
+    app.add_middleware(BodyLimit)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    store = service.store
+
+    def as_json(row: JobRow, who: tuple[str, bool] | None = None) -> dict[str, Any]:
+        # a job holding a process: its progress now, from its log; else what was stored when it stopped
+        live = service.last_progress(row.id) if row.state in HOLDING else None
+        d = job_json(row, live, service.clock.time())
+        return d if who is None else redact_job(d, who[0], who[1])
+
+    def get_row(job_id: int) -> JobRow:
+        row = store.get_job(job_id)
+        if row is None:
+            raise HTTPException(404, f"no job {job_id}")
+        return row
+
+    @app.exception_handler(LimitExceeded)
+    def _over(_req: Request, e: LimitExceeded) -> JSONResponse:
+        return JSONResponse(status_code=e.status, content={"detail": str(e)}, headers=e.headers)
+
+    @app.exception_handler(SubmitError)
+    def _refused(_req: Request, e: SubmitError) -> JSONResponse:
+        return JSONResponse(
+            status_code=422,
+            content={"detail": [{"loc": ["body", e.field or "spec"], "msg": str(e), "type": e.kind}]},
+        )
+
+    @app.exception_handler(StoreFull)
+    def _full(_req: Request, e: StoreFull) -> JSONResponse:  # any write while the state disk is full
+        return JSONResponse(status_code=503, content={"detail": str(e)}, headers={"Retry-After": "60"})
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    def _store_down(_req: Request, e: Exception) -> JSONResponse:  # the database unreachable, restarting
+        log.warning("the store cannot answer a request: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return JSONResponse(status_code=503, content={"detail": "the database cannot be reached; retry later"},
+                            headers={"Retry-After": "10"})
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        """Liveness: the process answers (memory only: 200 while the database is down)."""
+        return liveness(service)
+
+    @app.get("/ready")
+    def ready(response: Response) -> dict[str, Any]:
+        """Readiness: the store answers and takes records, this server holds its lock, rounds run (503
+        naming what fails)."""
+        ok, body = readiness(service)
+        if not ok:
+            response.status_code = 503
+        return body
+
+    @app.post("/jobs", status_code=201)
+    def submit(body: JobSubmit, who: Auth, response: Response,
+               idempotency_key: Annotated[str | None, Header(max_length=200, pattern=r"^[\x21-\x7e]+$")] = None,
+               ) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        user, admin = who
+        service.limits.rate(user, admin)  # 429 over the user's submissions per second (:mod:`..service.admission`)
+        spec = body.to_spec()
+        owner = spec.pop("user", None) or user
+        if owner != user and not admin:
+            raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
+        try:
+            spec = service.queues.assign(spec, owner, admin)
+        except QueueDenied as e:  # a queue not open to the user, a priority above its limit
+            raise HTTPException(403, str(e)) from None
+        except QueueError as e:
+            raise HTTPException(422, [{"loc": ["body", "queue"], "msg": str(e), "type": "no_queue"}]) from None
+        with service.limits.admitting(store, spec, owner, admin, idempotency_key, service.queues.check_pending):
+            if idempotency_key is None:
+                jid = service.submit(spec, owner)
+            else:  # a retry with the same key gets the job the first attempt created
+                jid, new = service.submit_once(spec, owner, idempotency_key)
+                if not new:
+                    response.status_code = 200
+        service.telemetry.submit_seconds.observe(time.perf_counter() - t0)
+        return job_json(get_row(jid))
+
+    @app.get("/jobs")
+    def list_jobs(
+        who: Auth,
+        response: Response,
+        state: Annotated[list[JobState] | None, Query(max_length=len(JobState))] = None,
+        user: Annotated[str | None, Query(pattern=USER_RE)] = None,
+        since: Annotated[float | None, Query(ge=0, le=1e11, allow_inf_nan=False)] = None,
+        after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
+        fields: Annotated[str | None, Query(max_length=1000)] = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs by id, filtered by state, user and time (``since``, Unix seconds: jobs not ended before it,
+        like sacct's start time); a page of at most ``limit`` after id ``after``.  A full page names the
+        next one in ``X-Next-After``; ``X-Total-Count`` says how many jobs the filters match, on every page.
+        ``fields=id,name,st``: only those fields of each job."""
+        keys = job_fields(fields)
+        states = [s.value for s in state] if state else None
+        rows = store.list_jobs(states, user=user, after_id=after, since=since, limit=limit)
+        if len(rows) == limit:
+            response.headers["X-Next-After"] = str(rows[-1].id)
+        response.headers["X-Total-Count"] = str(store.count_jobs(states, user=user, since=since))
+        jobs = [as_json(r, who) for r in rows]
+        return jobs if keys is None else [{k: j[k] for k in keys} for j in jobs]
+
+    @app.get("/jobs/stream", response_class=StreamingResponse)
+    def stream_jobs(
+        who: Auth,
+        state: Annotated[list[JobState] | None, Query(max_length=len(JobState))] = None,
+        user: Annotated[str | None, Query(pattern=USER_RE)] = None,
+        since: Annotated[float | None, Query(ge=0, le=1e11, allow_inf_nan=False)] = None,
+        fields: Annotated[str | None, Query(max_length=1000)] = None,
+    ) -> StreamingResponse:
+        """Every job ``GET /jobs`` would list with these filters, in one response of JSON lines:
+        ``{"fields": [...]}``, then blocks of jobs (each job a list of its values in that order), then
+        ``{"end": COUNT}`` (:mod:`.listing`)."""
+        from .listing import job_lines
+
+        def live(jid: int, st: str) -> int | None:
+            return service.last_progress(jid) if st in HOLDING else None
+
+        lines = job_lines(store, job_fields(fields) or list(JOB_FIELDS), who, service.clock.time, live,
+                          [s.value for s in state] if state else None, user, since)
+        first = next(lines)  # (a store that cannot answer: 503 now, not a broken stream)
+        return StreamingResponse(itertools.chain([first], lines), media_type="application/x-ndjson")
+
+    @app.get("/jobs/{job_id}")
+    def get_job(job_id: JobId, who: Auth) -> dict[str, Any]:
+        return as_json(get_row(job_id), who)
+
+    @app.delete("/jobs/{job_id}")
+    def cancel(job_id: JobId, who: Auth) -> dict[str, Any]:
+        user, admin = who
+        try:
+            row = service.cancel(job_id, user, admin)
+        except NotFound:
+            raise HTTPException(404, f"no job {job_id}") from None
+        except PermissionDenied as e:
+            raise HTTPException(403, str(e)) from None
+        return job_json(row)
+
+    @app.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
+    def logs(job_id: JobId, who: Auth, tail: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+             offset: Annotated[int | None, Query(ge=0, le=MAX_ID, description="Read from this byte (for -f).")] = None,
+             ) -> StreamingResponse:
+        """The log's last ``tail`` bytes, or the bytes from ``offset``; header ``X-Log-Offset``: where
+        the text returned ends (the next ``offset``)."""
+        user, admin = who
+        row = get_row(job_id)
+        if not admin and row.user != user:
+            raise HTTPException(403, f"job {job_id} belongs to {row.user}")
+        # offsets count the bytes the job wrote, so a cut of the log does not move them; streamed a
+        # chunk at a time: a request costs the server one chunk of memory whatever the log holds
+        path = service.log_path(job_id)
+        following = offset is not None and row.state not in FINAL_STATES  # whole lines only
+        start, end = joblogs.span(path, tail, offset, MAX_LOG_BYTES, whole_lines=following)
+        return StreamingResponse(joblogs.text(path, start, end), media_type="text/plain; charset=utf-8",
+                                 headers={"X-Log-Offset": str(end)})
+
+    @app.get("/jobs/{job_id}/events")
+    def job_events(job_id: JobId, who: Auth) -> list[dict[str, Any]]:
+        row = get_row(job_id)
+        events = [{**e, "time": iso(e["time"])} for e in store.events(job_id)]
+        return redact_events(events, row.user, who[0], who[1])
+
+    @app.get("/nodes")
+    def nodes(who: Auth) -> list[dict[str, Any]]:
+        return service.nodes()
+
+    @app.post("/tokens", status_code=201)
+    def tokens(body: TokenCreate, who: Auth) -> dict[str, Any]:
+        if not who[1]:
+            raise HTTPException(403, "only an admin may create tokens")
+        exp = body.expires  # already seconds (parsed)
+        token = create_token(store, body.user, body.admin, None if exp is None else float(exp))
+        return {"user": body.user, "admin": body.admin, "token": token, "expires_in": exp}
+
+    @app.get("/tokens")
+    def tokens_list(who: Auth) -> list[dict[str, Any]]:
+        """Tokens (never their secret): every one for an admin, one's own otherwise."""
+        return list_tokens(store, None if who[1] else who[0])
+
+    @app.delete("/tokens/{token_id}")
+    def tokens_revoke(token_id: Annotated[str, PathParam(max_length=64)], who: Auth) -> dict[str, Any]:
+        if not revoke_token(store, token_id, None if who[1] else who[0]):
+            raise HTTPException(404, f"no token {token_id[:64]!r}" + ("" if who[1] else " of yours"))
+        return {"id": token_id, "revoked": True}
+
+    from .ops import mount
+
+    mount(app, service, _auth)
+    add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
+    return app

@@ -1,0 +1,248 @@
+"""Recovery after a restart: rebuild the mirror from the store, adopt live processes, requeue the rest.
+
+A job that held a process (launching, running, being stopped) is adopted if
+all its processes are alive (same pid and start time); a stop the previous
+service had begun (checkpointing, stopping) is finished now (and counted as
+the preemption it was).  A job whose processes are gone and that was not
+being stopped ends as its exit records say: FINISHED if they are all 0,
+FAILED if one is not (an exit record is final: a job that failed while the
+service was down is not run again), with the time it ran up to its exit.
+Without exit records (the wrapper itself was killed) it is requeued (STANDBY)
+to resume from its checkpoint.  Adopted jobs that were protected lose their
+protection at once (its start is unknown).
+
+Held time counts from the launch's stored service time (``last_start_at``;
+service time continues across the restart, :func:`..exec.clock.resume`), so a
+wall-clock step while the service was down adds nothing to it; an exit record's
+wall time is trusted only within ``[launch, now]`` in service time.
+
+Launches are recorded before their processes exist (an *intent*: the
+processes to be, without pids); a process whose launch the previous service
+did not live to confirm, and any other process it launched and never
+recorded (profiling runs), is found from the pid file its wrapper writes
+first and stopped gracefully (:func:`_sweep`), so no job runs twice.
+Lifecycles restart from the stored state (the history before the restart is
+in the events table).
+
+An adopted job continues from its stored remaining work (``work_left`` as of
+``work_at``) at the speed the throughput model gives its stored allocation,
+group included, so it has the remaining work, group and speed the simulator
+would give it at the same instant.  Co-runners that were not adopted leave
+their partners' groups.
+
+Recovery needs to read the store, not to write it: what it decides (an end,
+a requeue, a stop finished) is recorded like the loop's own records
+(:mod:`.outbox`), so a server restarts on a full state disk, and a job whose
+end could not be recorded before the restart ends as its exit record says,
+once, not run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...core.lifecycle import PROGRESS_STATES, JobState
+from ...core.plan import Allocation
+from ..exec.executor import ProcInfo
+from ..state.codec import alloc_from_json, proc_from_json
+from ..state.store import JobRow
+from .actuator import Running
+from .states import ACTIVE_STATES, QUEUED_STATES
+
+if TYPE_CHECKING:
+    from ...core.cluster import Cluster
+    from ...core.job import Job
+    from ...driver import Driver
+    from ..exec.clock import Clock
+    from ..exec.executor import Executor
+    from ..state.store import Store
+    from .actuator import Actuator
+    from .deps import Gate
+    from .mirror import Mirror
+
+log = logging.getLogger("gpuloom.service")
+S = JobState
+
+
+class Recoverable(Protocol):
+    """What recovery uses of the service: its parts, and how it admits, ends and cancels jobs."""
+
+    last_id: int  # the highest job id seen (raised here)
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def executor(self) -> Executor: ...
+    @property
+    def actuator(self) -> Actuator: ...
+    @property
+    def driver(self) -> Driver: ...
+    @property
+    def mirror(self) -> Mirror: ...
+    @property
+    def gate(self) -> Gate: ...
+    def now(self) -> float: ...
+    def wake(self) -> None: ...
+    def fits_or_fail(self, row: JobRow) -> bool: ...
+    def admit_row(self, row: JobRow, state: JobState, arrival: float | None = None) -> Job: ...
+    def end(self, jid: str, state: JobState, code: int | None, reason: str | None) -> None: ...
+    def request_cancel(self, jid: str) -> None: ...
+
+
+def recover(svc: Recoverable) -> None:
+
+    with svc.lock:
+        for row in svc.store.list_jobs(ACTIVE_STATES):
+            svc.last_id = max(svc.last_id, row.id)
+            if row.state == S.WAITING_FOR_INITIAL_CONTACT.value:
+                if svc.fits_or_fail(row):
+                    svc.gate.add(row)  # dependencies and array limits first, like a new submission
+                continue
+            if row.state in QUEUED_STATES:
+                if row.procs:  # a launch was intended and not confirmed: its process, if any, is swept
+                    svc.mirror.record(str(row.id), {"procs": None}, "launch-unconfirmed", {})
+                    row.procs = None
+                if svc.fits_or_fail(row):
+                    svc.admit_row(row, JobState(row.state))
+                continue
+            _recover_holding(svc, row)
+            if row.cancel_requested:
+                svc.request_cancel(str(row.id))
+        _settle(svc)
+        _sweep(svc)
+    # ``last_id`` stops at the newest job read above: a job submitted since (the API does not take
+    # the loop's lock, and a rebuild runs this while the service serves) is newer, and the next
+    # round loads it like any other submission
+    svc.wake()
+
+
+def _recover_holding(svc: Recoverable, row: JobRow) -> None:
+    act = svc.actuator
+    state = JobState(row.state)
+    procs = [proc_from_json(d) for d in row.procs or [] if "pid" in d]
+    alloc = None
+    adopted: list[ProcInfo] = []
+    jid = str(row.id)
+    if procs and row.alloc:
+        try:
+            alloc = alloc_from_json(jid, row.alloc, svc.cluster)
+        except (KeyError, ValueError) as e:
+            log.warning("job %s: stored allocation no longer fits the cluster (%s)", row.id, e)
+        adopted = [p for p in procs if act.adopt(p)]
+    alive = alloc is not None and bool(procs) and len(adopted) == len(procs)
+    stopping = state in (S.CHECKPOINTING, S.STOPPING)
+    wall = svc.clock.time()
+    now = svc.now()
+    started = _started(svc, row)
+    if alive and not stopping:
+        assert alloc is not None and row.alloc is not None
+        job = svc.admit_row(row, state)
+        cores = {p["node"]: tuple(p.get("cores", ())) for p in row.alloc["parts"]}
+        for p in procs:
+            act.cores.claim(p.node, p.job_id, cores.get(p.node, ()))
+            act.exec_owner[p.job_id] = jid
+        act.running[jid] = Running({p.job_id: p for p in procs}, {}, cores, started,
+                                   act.log_size(jid) if state is S.LAUNCHING else 0)
+        svc.driver.hold(job, alloc)  # its speed once every co-runner is back (_settle)
+        if state is S.RUNNING_PROTECTED and job.lifecycle is not None:
+            # how long it has been protected is unknown: it ran before the restart, protection ends now
+            job.lifecycle.protected_until = svc.now()
+        if state in PROGRESS_STATES:
+            job.busy_until = job.last_update  # progressing since its last record
+        else:
+            job.busy_until = math.inf
+        svc.mirror.event(jid, "adopt", {"pids": [p.pid for p in procs]})
+        log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
+        return
+    for p in adopted:  # partly alive, or a stop to finish: stop what is left
+        act.stop_quietly(p.job_id)
+    gone = [p for p in procs if p not in adopted]
+    codes = {p.job_id: act.exit_code(p) for p in gone}
+    ngpu = int(row.spec["gpus"])
+    if not stopping and procs and not adopted and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING):
+        failed = {e: c for e, c in codes.items() if c not in (0, None)}
+        if failed or all(c == 0 for c in codes.values()):
+            # an exit record is final: the job finished, or failed, while the service was down
+            ended = [t for t in (act.exit_time(p) for p in gone) if t is not None]
+            end = max(ended) if ended else wall
+            # (wall times of the launch and of the exit record: at most the service time since the launch)
+            ran = min(max(0.0, end - (row.last_start or end)), now - started)
+            row.held_time += ran
+            row.held_gpu_time += ran * ngpu
+            svc.admit_row(row, state)
+            if failed:
+                eid, code = min(failed.items())
+                svc.end(jid, S.FAILED, code, f"process {eid} ended with code {code} while the service was down")
+            else:
+                svc.end(jid, S.FINISHED, 0, "finished while the service was down")
+            return
+    held = row.held_time + (now - started)
+    row.held_gpu_time += (held - row.held_time) * ngpu
+    row.held_time = held
+    if stopping:  # the stop the previous service began was a preemption (or half of a move/resize)
+        row.preemptions += 1
+    why = "stop completed after a restart" if stopping else "process lost while the service was down"
+    svc.mirror.record(
+        jid,
+        {"state": S.STANDBY.value, "alloc": None, "procs": None, "held_time": held,
+         "held_gpu_time": row.held_gpu_time, "preemptions": row.preemptions,
+         "reason": f"{why}; requeued to resume"},
+        "requeue",
+        {"why": why},
+    )
+    row.state = S.STANDBY.value
+    if svc.fits_or_fail(row):  # a smaller cluster may no longer hold it; a parked job waits
+        svc.admit_row(row, S.STANDBY)
+
+
+def _started(svc: Recoverable, row: JobRow) -> float:
+    """The service time of the job's last launch, at most now: as stored, or, for a launch recorded
+    without it (an older version), from its wall time's age (:meth:`.Mirror.since`)."""
+    if row.last_start_at is not None:
+        return min(svc.now(), float(row.last_start_at))
+    return svc.mirror.since(row.last_start) if row.last_start is not None else svc.now()
+
+
+def _sweep(svc: Recoverable) -> None:
+    """Stop (SIGTERM, grace, SIGKILL) processes the previous service launched but never recorded: a
+    launch it did not live to confirm, a profiling run.  Recovery never leaves a job running twice."""
+    act = svc.actuator
+    try:
+        found = svc.executor.orphans()
+    except Exception as e:
+        log.warning("cannot look for unrecorded processes: %s", e)
+        return
+    futs = []
+    for p in found:
+        if act.adopt(p):
+            log.warning("process %s (pid %s) was launched but never recorded: stopping it", p.job_id, p.pid)
+            futs.append(act.pool.submit(act.stop_quietly, p.job_id))
+    for f in futs:
+        f.result()
+
+
+def _settle(svc: Recoverable) -> None:
+    """Once every adopted job is back: members of a group whose partners were not adopted keep
+    their GPUs in a smaller group; every adopted job gets its speed and is advanced to now."""
+    drv = svc.driver
+    now = svc.now()
+    for jid, a in list(drv.current.items()):
+        job = drv.jobs[jid]
+        if any(o not in drv.current for o in a.group):
+            a = Allocation(a.job_id, a.parts, tuple(o for o in a.group if o in drv.current))
+            drv.hold(job, a)
+            job.speed = drv.speed(job, a)
+            job.advance(now)
+            svc.actuator.regrouped(drv, job, now)
+            continue
+        job.speed = drv.speed(job, a)
+        job.advance(now)

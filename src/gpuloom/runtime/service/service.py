@@ -1,0 +1,702 @@
+"""The scheduler service: store-backed jobs, rounds on a timer and on events, plan → executor.
+
+The service is the simulator's twin: both are faces of one
+:class:`~gpuloom.driver.Driver`, which owns the active jobs and the current
+plan and asks the very same :class:`~gpuloom.scheduler.Scheduler` (built from
+the names ``simulate`` takes) for each round.  What the service adds lives in
+its own modules:
+
+==========================  ================================================
+:mod:`.config`              the settings (:class:`~.config.ServiceConfig`)
+:mod:`.mirror`              stored rows ↔ the driver's jobs (one id type), the
+                            remaining-work record
+:mod:`.actuator`            the driver's backend: launch and stop through the
+                            executor, progress, exits
+:mod:`.recovery`            adopt or requeue after a restart
+:mod:`.profile_manager`     profiling new jobs before their first launch
+:mod:`.admission`           what is refused at submission
+:mod:`.deps`                job arrays and dependencies: the gate new jobs pass
+:mod:`.telemetry`           a log line per job transition, metrics, samples
+:mod:`.inventory`           nodes joining and leaving (Ray): rebuild, park
+:mod:`.outbox`              the loop's records the store has not taken yet
+:mod:`.health`              liveness, readiness, systemd's watchdog
+:mod:`..state.specs`        the API's fields (``8G``, ``1:30:00``) and stored
+                            specs as ``JobSpec``
+:mod:`..state.codec`        allocations and processes as stored JSON
+:mod:`..state.history`      accounting from the store (``gpuloom history``)
+:mod:`..exec.clock`         the injected clock
+==========================  ================================================
+
+**A round is observe, then act** (as Ray's autoscaler v2 reconciler does):
+observe reaps exits, applies cancels and time limits, picks up new
+submissions and promotes jobs that reported progress; act asks the driver for
+a plan and applies it (stops, then launches).  A job the scheduler cannot plan
+for, or whose launch fails, fails alone with the reason (:mod:`.isolation`);
+rounds that still fail back off exponentially and are logged once.
+
+Design decisions:
+
+* **The store is the truth.**  API calls write to the store (committed with
+  ``synchronous=FULL``) before they answer; the loop's records of processes
+  commit with ``synchronous=NORMAL`` (see :mod:`..state.store` for why that is safe).
+  Every state change the loop makes is committed before the next action.
+* **The store may fail** (its disk full, the database down): what the loop
+  observed is kept in order until it is recorded (:mod:`.outbox`); a round
+  acts only on a store that has every record and this server's lock
+  (:meth:`Service.may_act`); a launch or stop the store refuses is not applied.
+* **Rounds on a timer and on events.**  The loop wakes every ``tick`` (at most
+  0.1 s) to poll the executor; a round runs when ``round_s`` has elapsed or
+  something happened (submission, cancel, completion).
+* **Time.**  Every reading comes from the injected :class:`~..exec.clock.Clock`.
+  Scheduling runs in *service time*: seconds since the *epoch* (stored in
+  ``meta``), advanced by the monotonic clock and continued by a restart from
+  the last stored mark (:mod:`..exec.clock`), so held time, time limits, launch
+  timeouts, protection and fences ignore wall-clock steps; wall time is only
+  what is stored and shown for people.  A job's work estimate is its time limit,
+  or ``default_duration`` without one; SJF-like orders use it, LAS-like orders
+  the seconds it has held GPUs (persisted).  A job's remaining work falls
+  at the model's speed while it reports progress, and is stored with every
+  change, so SRTF-like orders see the same remaining work after a restart.
+* **Job states** are the lifecycle's (:mod:`gpuloom.core.lifecycle`), stored in
+  ``jobs.state``: submitted → ``waiting_for_initial_contact``; picked up by the
+  loop → ``waiting_for_initial_resource``; launched → ``standby`` →
+  ``launching``; first ``GPULOOM_PROGRESS`` line (or ``launch_timeout_s``
+  without any) → ``running_protected`` (for 3 × the measured launch time) →
+  ``running``; preempted/moved/resized → ``checkpointing`` (SIGTERM sent) →
+  ``stopping`` → ``standby``; and ``finished`` / ``failed`` / ``cancelled``.
+* **Exits.**  A process that exits while the service did not stop it ends the
+  job: code 0 → ``FINISHED``, otherwise ``FAILED`` with the code.  A process
+  the service stopped (preemption, move, resize) is requeued (the job
+  checkpoints on SIGTERM and exits non-zero, conventionally 143), unless it
+  exited 0: it had completed.  After a restart, exit records are final: a
+  process that is gone and left 0 completed while the service was down, one
+  that left another code failed (:mod:`.recovery`).
+* **Sharing** (:mod:`.security`): jobs run as unprivileged OS accounts, the
+  state is private, one bad job fails alone (:mod:`.isolation`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...core.cluster import Cluster
+from ...core.job import Job
+from ...core.lifecycle import JobState
+from ...core.plan import Action
+from ...driver import Driver
+from ...perf.assembly import build_model
+from ...perf.model import ThroughputModel
+from ...perf.sensitivity import SensitivityFactor, add_sensitivity
+from ...scheduler import Scheduler
+from ..exec.clock import Clock, ServiceTime, SystemClock, resume
+from ..exec.executor import Executor
+from ..state.disk import PRESSURE_CAP, DiskGuard
+from ..state.locks import AlreadyServed, ServerLocks
+from ..state.specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
+from ..state.store import JobRow, Store, unavailable
+from .actuator import PROGRESS_MARK, Actuator, Running, gpu_type_env
+from .admission import check_submittable, refuse_reason
+from .config import ServiceConfig
+from .deps import Gate, parse_array, resolve_dependency
+from .errors import NotFound, PermissionDenied, SubmitError
+from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
+from .inventory import follow as follow_inventory
+from .inventory import unpark
+from .isolation import Backoff, culprits
+from .mirror import Mirror
+from .outbox import Outbox
+from .profile_manager import ProfilingConfig, ProfilingManager
+from .queues import QueueAdmin
+from .security import Guard
+from .states import ACTIVE_STATES, FINAL_STATES, HOLDING, QUEUED_STATES
+from .typespeeds import TypeMeter
+
+__all__ = [
+    "ACTIVE_STATES", "DEFAULT_DURATION", "FINAL_STATES", "HOLDING", "PROGRESS_MARK", "QUEUED_STATES", "SPEC_ATTRS",
+    "NotFound", "PermissionDenied", "ProfilingConfig", "Running", "Service", "SubmitError",
+    "parse_duration", "parse_mem",
+]
+
+log = logging.getLogger("gpuloom.service")
+
+MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
+MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`Service.mark_time`)
+
+S = JobState
+
+
+class Service:
+    """Runs scheduling rounds over the store's jobs and drives the executor."""
+
+    actuator: Actuator  # (made by assemble)
+    driver: Driver
+
+    def __init__(self, store: Store, cluster: Cluster, executor: Executor, scheduler: Scheduler,
+                 config: ServiceConfig) -> None:
+        self.config = config
+        self.store = store
+        self.executor = executor
+        self.scheduler = scheduler
+        self.state_dir = Path(os.path.abspath(config.state_dir))  # never resolved later from another directory
+        #: logs/ and checkpoints/ (a directory shared with the nodes, e.g. NFS; default the state dir)
+        self.data_dir = Path(os.path.abspath(config.data_dir)) if config.data_dir is not None else self.state_dir
+        #: jobs' logs (default data_dir/logs): best on another file system than the database (:mod:`..state.disk`)
+        self.log_dir = Path(config.log_dir).absolute() if config.log_dir is not None else None
+        self.log_cap = int(config.log_cap)  # bytes; a running job's log over it is cut (:mod:`..exec.joblogs`)
+        self.clock: Clock = config.clock or SystemClock()
+        #: the loop's records the store has not taken yet (a full disk, a database down): kept in order,
+        #: retried every tick (:mod:`.outbox`); the loop starts and preempts nothing while any wait
+        self.outbox = Outbox(store, self.clock.time)
+        #: the locks that make this the database's one server (the CLI's; checked before acting, :meth:`may_act`)
+        self.server_locks: ServerLocks | None = None
+        self.gave_up: str | None = None  # why this server stopped scheduling (another took over), if it did
+        self.health = Health()  # what /ready reports: the last lock check, rounds, the store (:mod:`.health`)
+        self.watchdog = Watchdog.from_env()  # systemd's, when it runs the service
+        self.round_s = float(config.round_s)
+        self.model_factory = config.model_factory or build_model  # the same model `simulate` builds
+        self.inventory = config.inventory  # nodes that come and go (:mod:`.inventory`); None: a fixed cluster
+        #: job id -> service time from which it may be planned again (inf: once the inventory changes)
+        self.parked: dict[int, float] = {}
+        epoch = float(store.set_meta_default("epoch", repr(self.clock.time())))
+        # service time runs on the monotonic clock, continued from the last mark (:func:`..exec.clock.resume`)
+        self.timebase = ServiceTime(self.clock, resume(self.clock, epoch, store.get_meta("clock")))
+        self._next_mark = -float("inf")
+        self.service_id = store.set_meta_default("service_id", secrets.token_hex(4))
+        # who runs the jobs, where their checkpoints go, how long finished jobs are kept (see .security)
+        self.guard = Guard(self.state_dir, self.service_id, config.identities, config.job_dir,
+                           config.checkpoint_roots, config.keep_finished_s)
+        self._stored_epoch = epoch
+        self.assemble(cluster, config.model)
+        self.last_id = 0
+        self._contact: list[Job] = []  # admitted in WAITING_FOR_INITIAL_CONTACT since the last _load_new
+        self.lock = threading.RLock()  # in-memory state: loop vs API readers
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._cancels: set[str] = set()
+        self._cancel_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.last_round_s = 0.0
+        self.backoff = Backoff()
+        self.gate = Gate(store, self.clock)  # arrays and dependencies (:mod:`.deps`)
+        from .admission import Limiter, SubmitLimits
+        from .telemetry import Telemetry
+
+        self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
+        self.limits = Limiter(SubmitLimits(), self.clock.monotonic)  # per-user submission limits (:mod:`.admission`)
+        self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
+        self.disk = DiskGuard(store.path.parent if store.path is not None else None, self.actuator.log_dir)
+        self._read_at = 0.0  # service time of the last read of new submissions (their arrivals are after it)
+        self.mark_time()
+
+    def assemble(self, cluster: Cluster, model: ThroughputModel | None = None) -> None:
+        """The parts built for one cluster: model, mirror, actuator, profiler, driver.  Called again
+        (then :meth:`recover`) when the inventory changes (:func:`.inventory.rebuild`)."""
+        cfg, profiling = self.config, self.config.profiling
+        old = getattr(self, "actuator", None)
+        if old is not None:
+            old.close()
+        self.cluster = cluster
+        self.model = model or self.model_factory(cluster)
+        if (profiling is not None or self.scheduler.needs_profiles) and not isinstance(self.model.get("sensitivity"),
+                                                                                        SensitivityFactor):
+            # stored profiles, and profiles submitted with a job, reach the sizers through it
+            add_sensitivity(self.model)
+        self.mirror = Mirror(self.store, self.clock, self._stored_epoch, float(cfg.default_duration),
+                             float(cfg.protect_factor), self.timebase, self.outbox)
+        if old is not None:  # a rebuild: the active and parked jobs keep their arrivals
+            keep = set(self.driver.jobs) | {str(j) for j in self.parked}
+            self.mirror.arrivals = {j: a for j, a in old.mirror.arrivals.items() if j in keep}
+        self.actuator = Actuator(self.mirror, cluster, self.executor, self.data_dir, float(cfg.grace_s),
+                                 float(cfg.launch_timeout_s), self.guard.identities, self.guard.job_dir, self.log_dir)
+        self.profiler = ProfilingManager(self, profiling) if profiling is not None else None
+        self.actuator.profiler = self.profiler
+        self.driver = Driver(cluster, self.scheduler, self.model, self.actuator, np.random.default_rng(cfg.seed),
+                             check=True, protect_factor=float(cfg.protect_factor))
+        self.meter = TypeMeter(self.model, self.actuator.last_progress, self.clock.time,
+                               lambda jid, d: self.mirror.event(jid, "measured", d))  # speeds per GPU type
+
+    # -- what the API and tests read --------------------------------------------------------
+    @property
+    def epoch(self) -> float:
+        return self.mirror.epoch
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        """Active jobs (mirrored), by id."""
+        return self.driver.jobs
+
+    @property
+    def current(self) -> dict[str, Any]:
+        return self.driver.current
+
+    @property
+    def running(self) -> dict[str, Running]:
+        return self.actuator.running
+
+    @property
+    def rounds(self) -> int:
+        return self.driver.rounds
+
+    def now(self) -> float:
+        """Service time: seconds since the stored epoch, on the monotonic clock (:class:`..exec.clock.ServiceTime`)."""
+        return self.mirror.now()
+
+    def mark_time(self, force: bool = True) -> None:
+        """Store where service time is (at most every :data:`MARK_S` unless ``force``): a restart
+        continues from it (:func:`..exec.clock.resume`).  A store that cannot take it now keeps the last one."""
+        t = self.clock.monotonic()
+        if not force and t < self._next_mark:
+            return
+        self._next_mark = t + MARK_S  # (also after a failure: tried, and logged, once per MARK_S)
+        try:
+            self.store.set_meta("clock", self.timebase.mark())
+        except Exception as e:
+            log.warning("cannot record the service time yet: %s", e)
+
+    def log_path(self, job_id: int | str) -> Path:
+        return self.actuator.log_path(job_id)
+
+    def last_progress(self, job_id: int | str) -> int | None:
+        return self.actuator.last_progress(job_id)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -- API side (any thread) -------------------------------------------------------
+    def validate(self, spec: Mapping[str, Any], user: str | None = None) -> None:
+        check_submittable(self.cluster, dict(spec))
+        self.guard.check_spec(self.cluster, dict(spec), user)
+
+    def submit(self, spec: Mapping[str, Any], user: str) -> int:
+        """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
+        self.disk.check_submit()
+        self.validate(spec, user)
+        spec, tasks = self._expand(spec)
+        ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
+                                  now=self.clock.time(), array_tasks=tasks)
+        self._wake.set()
+        return ids[0]
+
+    def _expand(self, spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[int] | None]:
+        """The spec as stored (array limit, resolved dependencies) and its array's task indices."""
+        spec = dict(spec)
+        tasks = None
+        if spec.get("array") is not None:
+            try:
+                tasks, limit = parse_array(spec["array"])
+            except ValueError as e:
+                raise SubmitError(str(e), "array", "bad_array") from None
+            if limit is not None:
+                spec["array_limit"] = limit
+        if spec.get("dependency"):
+            spec["depends_on"] = resolve_dependency(self.store, spec["dependency"])
+        return spec, tasks
+
+    def submit_once(self, spec: Mapping[str, Any], user: str, key: str) -> tuple[int, bool]:
+        """:meth:`submit` under an idempotency key: (job id, True) the first time, (the same id, False)
+        when ``user`` retries with the same key."""
+        old = self.store.job_for_key(user, key)
+        if old is not None:
+            return old, False
+        self.disk.check_submit()
+        self.validate(spec, user)
+        spec, tasks = self._expand(spec)
+        ids, new = self.store.add_jobs_once([spec] * (len(tasks) if tasks else 1), user,
+                                            S.WAITING_FOR_INITIAL_CONTACT.value, key, now=self.clock.time(),
+                                            array_tasks=tasks)
+        if new:
+            self._wake.set()
+        return ids[0], new
+
+    def cancel(self, job_id: int, user: str, admin: bool) -> JobRow:
+        row = self.store.get_job(job_id)
+        if row is None:
+            raise NotFound(job_id)
+        if not admin and row.user != user:
+            raise PermissionDenied(f"job {job_id} belongs to {row.user}; only its owner or an admin may cancel it")
+        if row.state in FINAL_STATES:
+            return row
+        # queued: cancelled at once (compare-and-set against a concurrent launch)
+        done = self.store.update_job(
+            job_id,
+            {"state": S.CANCELLED.value, "cancel_requested": True, "end_time": self.clock.time(),
+             "reason": f"cancelled by {user}"},
+            "cancel",
+            {"by": user},
+            expect_state=QUEUED_STATES,
+            now=self.clock.time(),
+        )
+        if not done:
+            self.store.update_job(job_id, {"cancel_requested": True}, "cancel-request", {"by": user},
+                                  now=self.clock.time())
+        self.request_cancel(str(job_id))
+        self._wake.set()
+        row = self.store.get_job(job_id)
+        assert row is not None  # it was there above, and jobs are never deleted
+        return row
+
+    def request_cancel(self, jid: str) -> None:
+        with self._cancel_lock:
+            self._cancels.add(jid)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Per-node use.  Reads a snapshot of the allocations without the loop's lock, so it
+        answers at once even while a round waits for jobs to checkpoint."""
+        current = dict(self.driver.current)  # a C-level copy: atomic under the GIL
+        out = []
+        for i, n in enumerate(self.cluster.nodes):
+            used_g: set[int] = set()
+            cpus = mem = 0
+            jobs = []
+            for jid, a in current.items():
+                for p in a.parts:
+                    if p.node == i:
+                        used_g.update(p.gpus)
+                        cpus += p.cpus
+                        mem += p.mem_mb
+                        jobs.append(jid)
+            out.append(
+                {
+                    "name": n.name,
+                    "gpus": n.gpus,
+                    "gpus_used": len(used_g),
+                    "cpus": n.cpus,
+                    "cpus_used": cpus,
+                    "mem_mb": n.mem_mb,
+                    "mem_mb_used": mem,
+                    "gpu_type": n.gpu_type,
+                    "gres": f"gpu:{gpu_type_env(n.gpu_type) or 'none'}:{n.gpus}",  # Slurm's form
+                    "jobs": sorted(jobs, key=int),
+                    "state": "mixed" if 0 < len(used_g) < n.gpus else ("alloc" if used_g else "idle"),
+                }
+            )
+        return out
+
+    # -- the loop ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Recover from the store, then run rounds in a background thread."""
+        self.recover()
+        self.health.started = self.clock.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="gpuloom-scheduler", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the loop; running jobs keep running (a restarted service adopts them)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self.lock:
+            self.mark_time()
+            if not self.outbox.flush():
+                log.error("%d change(s) of job(s) %s were never recorded (%s); a restarted server ends each such "
+                          "job as its exit record says (requeued without one), finishes a stop begun, and stops "
+                          "a process whose launch is not recorded", len(self.outbox),
+                          ", ".join(map(str, sorted(self.outbox.jobs()))), self.outbox.error or "another server")
+        self.actuator.close()
+        self.executor.close()
+        self.telemetry.close()
+
+    def _loop(self) -> None:
+        self.store.lock.first()  # a stream of submissions cannot keep rounds waiting for the store
+        tick = min(self.round_s, 0.1)
+        gap = min(self.round_s, MIN_EVENT_GAP_S)
+        next_round = 0.0
+        last = 0.0
+        clock = self.clock
+        while not self._stop.is_set():
+            self.watchdog.tick(clock.monotonic())  # the loop goes round (its rounds may still fail)
+            # (a tick for exits and cancels, or until the next round is due if that comes first)
+            woke = self._wake.wait(timeout=min(tick, max(0.0, next_round - clock.monotonic())))
+            if woke:
+                # a burst of submissions: let it gather for a moment so one round takes them all
+                self._stop.wait(max(0.0, last + gap - clock.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                if clock.monotonic() - self.health.lock_checked >= LOCK_CHECK_S:
+                    self.check_lock()  # between rounds too: a server whose database another took stops at once
+                    if self.gave_up:
+                        break
+                with self.lock:
+                    self._cap_logs()
+                    self.outbox.flush()  # what the store refused before, oldest first
+                    # (a rebuild recovers from the store: only once it has every record)
+                    changed = (not self.outbox and follow_inventory(self)) or self.reap() or woke
+                    t = clock.monotonic()
+                    if changed or t >= next_round:
+                        self.round()
+                        last = clock.monotonic()
+                        next_round = last + self.round_s
+                    self.guard.maybe_purge(self, t)
+                self.backoff.succeeded()
+            except Exception as e:  # a bad round must not kill the service: back off, log once
+                self.health.failed(e, clock.monotonic())
+                down = unavailable(e)
+                delay = self.backoff.failed(e if down else None)
+                # the store's state (a full disk, a database down): retry soon (records wait), not after 30 s
+                self._stop.wait(min(delay, STORE_RETRY_S) if down else delay)
+
+    def recover(self) -> None:
+        """Rebuild the mirror from the store; adopt live processes, requeue dead ones (:mod:`.recovery`)."""
+        from .recovery import recover
+
+        recover(self)
+        with self.lock:
+            self._cap_logs()  # adopted jobs' logs that grew while no server watched them
+
+    # -- mirror ------------------------------------------------------------------------
+    def admit_row(self, row: JobRow, state: JobState, arrival: float | None = None) -> Job:
+        """Mirror a stored job and hand it to the driver, its lifecycle in ``state`` (``arrival``: see
+        :meth:`.Mirror.load`)."""
+        profile = self.profiler.stored_profile(row.spec) if self.profiler is not None else None
+        job = self.driver.admit(self.mirror.load(row, state, profile, arrival), self.now())
+        if state is S.WAITING_FOR_INITIAL_CONTACT:
+            self._contact.append(job)
+        return job
+
+    def fits_or_fail(self, row: JobRow) -> bool:
+        """False (and the job FAILED) if it can never run on the cluster, e.g. after the cluster shrank.
+
+        With an inventory that follows a changing cluster, such a job is parked (kept out of the
+        plan until the inventory changes) instead; a parked job is not admitted (:mod:`.inventory`)."""
+        if row.id in self.parked:
+            return False
+        s = row.spec
+        reason = refuse_reason(self.cluster, int(s["gpus"]), s.get("cpus"), s.get("mem_mb"))
+        if reason is None:
+            return True
+        if self.inventory is not None:
+            self.parked[row.id] = float("inf")
+            self.mirror.record(str(row.id), {"pending_reason": f"Nodes: {reason[1]} while nodes are missing"})
+            return False
+        self.mirror.record(str(row.id), {"state": S.FAILED.value, "end_time": self.clock.time(), "alloc": None,
+                                         "procs": None, "reason": f"can never run on this cluster: {reason[1]}"},
+                           "failed", {"reason": reason[1]})
+        return False
+
+    # -- one round: observe, then act ------------------------------------------------------
+    def round(self) -> list[Action]:
+        """Observe (reap, cancels, time limits, new jobs, progress), then act (plan → actions)."""
+        t0 = self.clock.monotonic()
+        with self.lock:
+            self.observe()
+            actions = self.act() if self.may_act() else []
+            self.mark_time(force=False)
+        t1 = self.clock.monotonic()
+        self.last_round_s = t1 - t0
+        self.health.round_done(t1)
+        self.telemetry.round_done(actions, self.last_round_s)
+        return actions
+
+    def may_act(self) -> bool:
+        """Whether this round may start and preempt jobs: the state disk has room for their records
+        (:mod:`..state.disk`), every record of what happened is stored (so the store releases a GPU before it
+        records another job taking it, :mod:`.outbox`), and this server still holds its database."""
+        if self.disk.db_low():
+            return False
+        return self.outbox.flush() and self.check_lock()
+
+    def check_lock(self) -> bool:
+        """Confirm that this server still holds its locks (:meth:`..state.locks.ServerLocks.check`: a PostgreSQL
+        session lost with a restart of the database is taken again).  False while that cannot be told (the
+        database is unreachable), and for good once another server holds the database: this one gives up."""
+        self.health.lock_checked = self.clock.monotonic()
+        if self.gave_up is not None:
+            return False
+        if self.server_locks is None:
+            return True
+        try:
+            self.server_locks.check()
+        except AlreadyServed as e:
+            self.give_up(str(e))
+            return False
+        except Exception as e:
+            if not unavailable(e):
+                raise
+            self.health.lock = f"unknown: the database cannot be reached ({str(e).splitlines()[0]})"
+            return False
+        self.health.lock = "held"
+        return True
+
+    def give_up(self, why: str) -> None:
+        """Stop scheduling for good: another server holds the database now.  Nothing more is written (that
+        server recovers from the store and the jobs' exit records); the jobs run on, for it to adopt."""
+        if self.gave_up is not None:
+            return
+        self.gave_up = why
+        self.health.lock = f"lost: {why}"
+        self.outbox.closed = True
+        self._stop.set()
+        log.critical("this server stops scheduling: %s", why)
+
+    def observe(self) -> bool:
+        """Bring the mirror up to date with the world; True if anything changed."""
+        changed = self.reap()
+        self._handle_cancels()
+        self._enforce_time_limits()
+        unpark(self)
+        changed = self._load_new() or changed
+        self.actuator.promote(self.driver.jobs, self.now())
+        self.meter.observe(self.driver.jobs, self.actuator.running, self.driver.speed, self.now())
+        return changed
+
+    def act(self) -> list[Action]:
+        now = self.now()
+        jobs = self.driver.jobs
+        for jid in self.driver.current:  # (a waiting job's work does not change: advanced when it starts)
+            jobs[jid].advance(now)
+        try:
+            _, actions = self.driver.plan(now)
+        except Exception:
+            bad = culprits(self.driver, now)
+            if not bad:
+                raise  # not one job's fault: the loop backs off
+            for job, why in bad:  # each fails alone, with the error as its reason
+                log.warning("job %s cannot be scheduled, failed: %s", job.id, why)
+                self.fail(job.id, f"cannot be scheduled: {why}")
+            _, actions = self.driver.plan(now)
+        self.mirror.record_reasons(self.driver.reasoned)
+        self.actuator.profiled = self.actuator.refused = False
+        self.actuator.prepare_stops(self.driver, actions, now)  # a store that refuses it: nothing is applied
+        failed = self.driver.apply(actions, now)
+        for job in failed:
+            held = 0.0
+            if job.id in self.actuator.running:  # failed while holding (its new speed could not be rated)
+                self.actuator.terminate([job.id])
+                held = self.actuator.end(job.id)[1]
+            self._record_end(job, S.FAILED, None, job.extra.get("failure"), None, held)
+        return actions
+
+    def fail(self, jid: str, reason: str) -> None:
+        """End an active job as FAILED with ``reason``, stopping its processes if it has any."""
+        if jid in self.actuator.running:
+            self.actuator.terminate([jid])
+            self.end(jid, S.FAILED, None, reason)
+            return
+        job = self.driver.jobs[jid]
+        self.driver.finish(job, self.now(), S.FAILED)
+        self._record_end(job, S.FAILED, None, reason, None, 0.0)
+
+    def reap(self) -> bool:
+        """Record the exits the executor reports (after what the outbox holds); True if any."""
+        self.outbox.flush()
+        ended = self.actuator.reap()
+        for jid, state, code, reason in ended:
+            self.end(jid, state, code, reason)
+        return bool(ended)
+
+    def end(self, jid: str, state: JobState, code: int | None, reason: str | None) -> None:
+        """End a job: FINISHED (from a launching or running state), FAILED or CANCELLED (from any)."""
+        self.actuator.cap_logs(self.log_cap, jids=[jid])  # what it wrote since the last tick's check
+        _, held_now = self.actuator.end(jid)
+        job = self.driver.jobs[jid]
+        alloc = self.driver.finish(job, self.now(), state)  # co-runners are regrouped (and recorded)
+        self._record_end(job, state, code, reason, alloc.num_gpus if alloc is not None else None, held_now)
+
+    def _record_end(self, job: Job, state: JobState, code: int | None, reason: str | None, gpus: int | None,
+                    held_now: float) -> None:
+        jid = job.id
+        row = self.mirror.drop(jid)
+        if row is None:
+            return
+        held = row.held_time + held_now
+        self.mirror.record(
+            jid,
+            {"state": state.value, "end_time": self.clock.time(), "alloc": None, "procs": None, "exit_code": code,
+             "reason": reason, "held_time": held, "progress": self.last_progress(jid),
+             "held_gpu_time": row.held_gpu_time + held_now * (gpus or 0),
+             **self.mirror.work(job)},
+            state.value,
+            {"exit_code": code, "reason": reason},
+        )
+
+    def _cap_logs(self) -> None:
+        """Cut running jobs' logs over the cap; while the logs' disk is nearly full, the largest ones
+        over :data:`..state.disk.PRESSURE_CAP`, one at a time, until it is not."""
+        self.actuator.cap_logs(self.log_cap)
+        while self.disk.logs_low() and self.actuator.cap_logs(PRESSURE_CAP, " (its disk is nearly full)", most=1):
+            pass
+
+    def _handle_cancels(self) -> None:
+        with self._cancel_lock:
+            ids, self._cancels = self._cancels, set()
+        to_stop = []
+        for jid in sorted(ids, key=int):
+            if jid in self.actuator.running:
+                to_stop.append(jid)
+            elif jid in self.driver.jobs:  # queued (the API marked it cancelled, unless it was running then)
+                self.driver.finish(self.driver.jobs[jid], self.now(), S.CANCELLED)
+                self.mirror.drop(jid)
+                self.mirror.record(jid, {"state": S.CANCELLED.value, "end_time": self.clock.time(),
+                                         "reason": "cancelled"}, "cancel", {}, expect_state=QUEUED_STATES)
+            else:  # not mirrored yet: held back by the gate or parked, or skipped by _load_new
+                self.gate.drop(int(jid))
+                self.parked.pop(int(jid), None)
+        if to_stop:
+            self.actuator.terminate(to_stop)
+            for jid in to_stop:
+                self.end(jid, S.CANCELLED, None, "cancelled")
+
+    def _enforce_time_limits(self) -> None:
+        now = self.now()
+        over = []
+        for jid, run in self.actuator.running.items():
+            limit = self.mirror.rows[jid].spec.get("time_limit")
+            if limit and self.mirror.rows[jid].held_time + max(0.0, now - run.start) > float(limit):
+                over.append(jid)
+        if over:
+            self.actuator.terminate(over)
+            for jid in over:
+                limit = self.mirror.rows[jid].spec["time_limit"]
+                self.end(jid, S.FAILED, None, f"time limit of {limit} s reached")
+
+    def _load_new(self) -> bool:
+        """Mirror jobs submitted since the last round; they make contact (-> WAITING_FOR_INITIAL_RESOURCE).
+
+        The service has no agent protocol: a job is in contact once the loop
+        has it.  One UPDATE for the whole batch."""
+        floor, self._read_at = self._read_at, self.now()
+        rows = self.store.list_jobs([S.WAITING_FOR_INITIAL_CONTACT.value], after_id=self.last_id)
+        # submitted since the last read: their arrivals lie between it and now, whatever the wall clock did
+        fresh = {row.id: self.mirror.since(row.submit_time, floor) for row in rows}
+        for row in rows:
+            self.gate.add(row)
+        if rows:
+            self.last_id = rows[-1].id
+        for row in self.gate.ready():  # those whose dependencies and array limits let them run
+            if self.fits_or_fail(row):
+                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT, fresh.get(row.id))
+        # those admitted since the last call, not every active job (a round costs O(new jobs) here)
+        jobs = self.driver.jobs
+        new = [j.id for j in self._contact if jobs.get(j.id) is j and j.lifecycle is not None
+               and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
+        self._contact = []
+        if new:
+            self.store.set_states([int(j) for j in new], S.WAITING_FOR_INITIAL_RESOURCE.value,
+                                  [S.WAITING_FOR_INITIAL_CONTACT.value], now=self.clock.time())
+            now = self.now()
+            for jid in new:
+                lc = self.driver.jobs[jid].lifecycle
+                assert lc is not None
+                lc.walk([S.WAITING_FOR_INITIAL_RESOURCE], now)
+                self.mirror.rows[jid].state = S.WAITING_FOR_INITIAL_RESOURCE.value
+        return bool(rows)
+
+    # -- tests and shutdown scripts ------------------------------------------------------
+    def terminate_all(self) -> None:
+        """Stop every running job's processes and end the jobs as cancelled (test clean-up)."""
+        with self.lock:
+            jids = list(self.actuator.running)
+            self.actuator.terminate(jids)
+            for jid in jids:
+                self.end(jid, S.CANCELLED, None, "terminated")

@@ -1,0 +1,1 @@
+"""What the service keeps: the store, its codec and locks, accounting, export, tokens."""
