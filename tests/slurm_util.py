@@ -250,7 +250,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         c.stop()
 
 
-@pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmCluster]:
+@pytest.fixture(scope="session", name="slurm")
+def slurm_fixture() -> Iterator[SlurmCluster]:
     """One test Slurm for the whole session (tests that restart or drain something put it back)."""
     yield from slurm_cluster()

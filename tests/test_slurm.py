@@ -1,0 +1,176 @@
+"""gpuloom over a real Slurm (tests/slurm_util.py starts one here): the executor, its inventory,
+and ``gpuloom serve --slurm``; plus the parsers of Slurm's output on hand-written records."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuloom.runtime.executor import LaunchSpec, NodeUnavailable
+from gpuloom.runtime.slurm_executor import (
+    SlurmExecutor,
+    exit_of,
+    gres_gpus,
+    gres_indices,
+    node_state_ok,
+    parse_records,
+    slurm_node,
+)
+from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
+
+REPO = Path(__file__).resolve().parents[1]
+PY = shlex.quote(sys.executable)
+
+
+# -- Slurm's output, parsed ----------------------------------------------------------------------
+def test_parse_records_keeps_spaced_values_and_repeated_keys() -> None:
+    text = ("NodeName=n1 Gres=gpu:g0:1,gpu:g1:1 State=IDLE+DRAIN Reason=Not responding [root@2026] CPUTot=8\n"
+            "JobId=7 JobState=RUNNING JOB_GRES=gpu:g1:1 Nodes=n1 CPU_IDs=0-1 GRES=gpu:g1:1(IDX:1) "
+            "TresPerNode=gres:gpu:g1:1\nNo more\n")
+    recs = parse_records(text)
+    assert recs[0] == {"NodeName": "n1", "Gres": "gpu:g0:1,gpu:g1:1", "State": "IDLE+DRAIN",
+                       "Reason": "Not responding [root@2026]", "CPUTot": "8"}
+    assert recs[1]["GRES"] == "gpu:g1:1(IDX:1)" and recs[1]["CPU_IDs"] == "0-1" and len(recs) == 2
+
+
+def test_gres_and_exit_codes() -> None:
+    assert gres_gpus("gpu:g0:1,gpu:g1:1(S:0),license:3") == [("g0", 1), ("g1", 1)]
+    assert gres_gpus("gpu:4(S:0-1)") == [("", 4)]
+    assert gres_gpus("gpu:a100:2,gpu:v100:1") == [("a100", 2), ("v100", 1)]
+    assert gres_indices("gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == [1, 3]
+    assert gres_indices("gpu:3(IDX:0,2-3)") == [0, 2, 3]
+    assert gres_indices("gpu:g0:0(IDX:N/A),gpu:g2:1(IDX:2)") == [2]
+    assert [exit_of(c) for c in ("0:0", "3:0", "0:15", "0:9", "x")] == [0, 3, 143, 137, None]
+
+
+def test_node_states_and_gpu_declarations() -> None:
+    assert [node_state_ok(s) for s in ("IDLE", "MIXED", "ALLOCATED", "IDLE+DRAIN", "MIXED+DRAIN", "DOWN",
+                                       "IDLE*", "DOWN+NOT_RESPONDING", "IDLE+COMPLETING")] == \
+        [True, True, True, False, False, False, False, False, True]
+    per_device = slurm_node({"NodeName": "a", "Gres": "gpu:g0:1,gpu:g1:1,gpu:g2:1", "CPUTot": "8",
+                             "RealMemory": "1000", "State": "IDLE", "Partitions": "gpu,all"})
+    assert per_device is not None
+    assert (per_device.gpus, per_device.types, per_device.gpu_type, per_device.cpus, per_device.mem_mb,
+            per_device.partitions) == (3, ("g0", "g1", "g2"), "generic", 8, 1000, ("gpu", "all"))
+    model = slurm_node({"NodeName": "b", "Gres": "gpu:a100:4", "CPUTot": "16", "RealMemory": "9", "State": "MIXED"})
+    assert model is not None and (model.gpus, model.types, model.gpu_type) == (4, (), "a100")
+    assert slurm_node({"NodeName": "c", "Gres": "(null)", "CPUTot": "4", "State": "IDLE"}) is None
+
+
+# -- the test Slurm itself -----------------------------------------------------------------------
+def test_sbatch_runs_a_job_on_the_pinned_gpus(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The harness works: a typed-gres job gets exactly the GPU indices it named."""
+    out = tmp_path / "out.log"
+    r = slurm.run("sbatch", "--parsable", f"--output={out}", "--gres=gpu:g2:1", "--mem=10", "--cpus-per-task=1",
+                  f"--chdir={tmp_path}", "--wrap", "echo cvd=$CUDA_VISIBLE_DEVICES")
+    sid = r.stdout.strip()
+    wait_until(lambda: slurm.job(sid).get("JobState") == "COMPLETED", 30, f"job {sid} to complete", slurm.logs)
+    assert slurm.job(sid)["ExitCode"] == "0:0"
+    assert out.read_text() == "cvd=2\n"
+
+
+# -- the executor against the test Slurm -----------------------------------------------------------
+
+SLEEPY = REPO / "examples" / "sleepy_train.py"
+
+
+@pytest.fixture
+def ex(slurm: SlurmCluster) -> Iterator[SlurmExecutor]:
+    e = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, start_wait_s=20.0)
+    e.read_nodes()
+    yield e
+    slurm.cancel_all()
+    wait_until(lambda: not slurm.scontrol("show", "job").strip().startswith("JobId") or
+               all(r.get("JobState") not in ("RUNNING", "COMPLETING", "CONFIGURING")
+                   for r in parse_records(slurm.scontrol("show", "job"))), 30, "jobs to end")
+
+
+def sleepy(steps: int, ckpt: Path, step_s: float = 0.05) -> str:
+    return (f"{PY} {SLEEPY} --steps {steps} --step-s {step_s} --checkpoint-every 1 --checkpoint-dir {ckpt} "
+            f"--ledger {ckpt}/ledger")
+
+
+def spec(eid: str, command: str, log: Path, gpus: tuple[int, ...] = (), cpus: int = 1, mem: int = 200,
+         **env: str) -> LaunchSpec:
+    return LaunchSpec(eid, command, "gpn0", gpus, tuple(range(cpus)), mem, str(log), env)
+
+
+def test_launch_places_the_job_on_the_chosen_gpus_cores_and_memory(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                   tmp_path: Path) -> None:
+    log = tmp_path / "j1.log"
+    cmd = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS mem=$GPULOOM_MEM_MB x=$X attempt=$GPULOOM_ATTEMPT"'
+    info = ex.launch(spec("j1", cmd, log, gpus=(1, 3), cpus=2, mem=300, X="a b"))
+    rec = slurm.job(info.pid)
+    assert rec["JobName"] == "gltest:j1" and rec["NodeList"] == "gpn0"
+    assert slurm.scontrol("show", "job", "-d", str(info.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
+    assert (rec["NumCPUs"], rec["MinMemoryNode"]) == ("2", "300M")
+    got = wait_until(lambda: ex.poll(), 30, "the job's exit")
+    assert got == {"j1": 0}
+    assert log.read_text() == "cvd=1,3 cpus=2 mem=300 x=a b attempt=1\n"
+    assert ex.poll() == {} and "j1" not in ex.procs
+
+
+def test_exit_codes_and_reasons_read_back(ex: SlurmExecutor, tmp_path: Path) -> None:
+    ex.launch(spec("bad", "exit 3", tmp_path / "bad.log"))
+    ex.launch(spec("sig", "kill -KILL $$", tmp_path / "sig.log"))
+    got: dict[str, int | None] = {}
+    wait_until(lambda: got.update(ex.poll()) or len(got) == 2, 30, "both exits")
+    assert got == {"bad": 3, "sig": 137}
+    assert ex.end_reason("bad") is None
+
+
+def test_gpus_held_by_a_job_submitted_directly_are_not_overlaid(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                tmp_path: Path) -> None:
+    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1", "--mem=10", f"--output={tmp_path}/o",
+                  f"--chdir={tmp_path}", "--wrap", "sleep 60")
+    sid = r.stdout.strip()
+    wait_until(lambda: slurm.job(sid).get("JobState") == "RUNNING", 30, "the direct job to run")
+    with pytest.raises(NodeUnavailable, match=r"GPU\(s\) \[0\] of gpn0 are held by jobs submitted to Slurm"):
+        ex.launch(spec("j2", "true", tmp_path / "j2.log", gpus=(0, 1)))
+    assert not [rec for rec in parse_records(slurm.scontrol("show", "job")) if rec["JobName"] == "gltest:j2"]
+    ex.launch(spec("j3", "true", tmp_path / "j3.log", gpus=(1,)))  # other GPUs: fine
+    assert wait_until(lambda: ex.poll(), 30, "j3's exit") == {"j3": 0}
+
+
+def test_preempt_and_resume_keep_the_slurm_job_and_run_each_step_once(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                     tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "p.log"
+    s = spec("p", sleepy(40, ckpt), log, gpus=(2,), cpus=1, GPULOOM_CHECKPOINT_DIR=str(ckpt), GPULOOM_ATTEMPT="1")
+    first = ex.launch(s)
+    wait_until(lambda: "iter=5" in log.read_text(), 30, "some progress")
+    assert ex.stop("p", 10.0) == 143
+    held = slurm.job(first.pid)
+    assert (held["JobState"], held["Reason"]) == ("PENDING", "job_requeued_in_held_state")
+    t0 = time.monotonic()
+    again = ex.launch(LaunchSpec(**{**{f: getattr(s, f) for f in s.__slots__}, "mem_mb": 250,  # type: ignore[attr-defined]
+                                    "env": {**s.env, "GPULOOM_RESUME": "1", "GPULOOM_ATTEMPT": "2"}}))
+    assert time.monotonic() - t0 < 15  # not Slurm's 121 s requeue delay
+    assert again.pid == first.pid
+    assert wait_until(lambda: ex.poll(), 60, "the resumed job's exit") == {"p": 0}
+    rec = slurm.job(first.pid)
+    assert (rec["Restarts"], rec["MinMemoryNode"]) == ("1", "250M")
+    steps = [int(x) for x in (ckpt / "ledger").read_text().split()]
+    assert steps == list(range(1, 41))
+    text = log.read_text()
+    assert text.count("resumed from ") == 1 and text.count("checkpointed at step") == 1 and "result=820" in text
+
+
+def test_relaunch_on_other_gpus_submits_a_new_job(ex: SlurmExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Slurm 22.05 piles gres Types up when a held job is re-pinned: a move gets a fresh Slurm job."""
+    log = tmp_path / "m.log"
+    first = ex.launch(spec("m", 'echo "cvd=$CUDA_VISIBLE_DEVICES resume=${GPULOOM_RESUME-}"; sleep 30', log,
+                           gpus=(0,)))
+    wait_until(lambda: "cvd=" in log.read_text(), 30, "the first run")
+    ex.stop("m", 2.0)
+    second = ex.launch(spec("m", 'echo "cvd=$CUDA_VISIBLE_DEVICES resume=${GPULOOM_RESUME-}"; sleep 30', log,
+                            gpus=(3,), GPULOOM_RESUME="1"))
+    assert second.pid != first.pid
+    wait_until(lambda: log.read_text().count("cvd=") == 2, 30, "the second run")
+    assert [ln for ln in log.read_text().splitlines() if ln.startswith("cvd=")] == ["cvd=0 resume=", "cvd=3 resume=1"]
+    assert slurm.job(first.pid).get("JobState") == "CANCELLED"
