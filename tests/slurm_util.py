@@ -74,8 +74,9 @@ class SlurmCluster:
     # -- set-up --------------------------------------------------------------------------------
     def write(self) -> None:
         r = self.root
+        r.chmod(0o755)  # job accounts reach their batch scripts in the spool
         for d in ("munge", "state", "spool", "log"):
-            (r / d).mkdir(mode=0o700, parents=True, exist_ok=True)
+            (r / d).mkdir(mode=0o755 if d == "spool" else 0o700, parents=True, exist_ok=True)
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)

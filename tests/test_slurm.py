@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from gpuloom.runtime.slurm_executor import (
     parse_records,
     slurm_node,
 )
+from service_util import Server, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
 from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,7 +154,7 @@ def test_preempt_and_resume_keep_the_slurm_job_and_run_each_step_once(ex: SlurmE
                                     "env": {**s.env, "GPULOOM_RESUME": "1", "GPULOOM_ATTEMPT": "2"}}))
     assert time.monotonic() - t0 < 15  # not Slurm's 121 s requeue delay
     assert again.pid == first.pid
-    assert wait_until(lambda: ex.poll(), 60, "the resumed job's exit") == {"p": 0}
+    assert wait_until(lambda: ex.poll(), 60, "the resumed job's exit") == {"p": 0}, log.read_text() + slurm.logs()
     rec = slurm.job(first.pid)
     assert (rec["Restarts"], rec["MinMemoryNode"]) == ("1", "250M")
     steps = [int(x) for x in (ckpt / "ledger").read_text().split()]
@@ -174,3 +176,69 @@ def test_relaunch_on_other_gpus_submits_a_new_job(ex: SlurmExecutor, slurm: Slur
     wait_until(lambda: log.read_text().count("cvd=") == 2, 30, "the second run")
     assert [ln for ln in log.read_text().splitlines() if ln.startswith("cvd=")] == ["cvd=0 resume=", "cvd=3 resume=1"]
     assert slurm.job(first.pid).get("JobState") == "CANCELLED"
+
+
+# -- gpuloom serve --slurm ------------------------------------------------------------------------------
+@pytest.fixture
+def serve_slurm(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``serve_slurm(*args)`` -> a started ``gpuloom serve --slurm all`` (jobs as the default job account)."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    servers: list[Server] = []
+    jobs = job_writable(tmp_path)
+
+    def make(*args: str) -> Server:
+        (tmp_path / "state").mkdir(mode=0o700, exist_ok=True)
+        s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(jobs),
+                   *args).start()
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+    slurm.cancel_all()
+
+
+def slurm_ids(s: Server, jid: int) -> list[int]:
+    """The Slurm job id of each launch of gpuloom job ``jid`` (from its launch events)."""
+    with s.client() as c:
+        return [e["detail"]["pids"][0] for e in c.get(f"/jobs/{jid}/events").json()
+                if e["kind"] in ("launch", "preempt", "move", "resize") and "pids" in e["detail"]]
+
+
+def test_serve_slurm_places_preempts_and_resumes_each_step_once(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm("--order", "sjf", "--grace", "10")
+    with s.client() as c:
+        assert [(n["name"], n["gpus"]) for n in c.get("/nodes").json()] == [("gpn0", 4)]
+        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit=600)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
+        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit=60)
+        short = wait_for(lambda: (j := job(c, short_id))["state"] == "finished" and j, 90, "short job")
+        long = wait_for(lambda: (j := job(c, long_id))["state"] == "finished" and j, 90, "long job")
+        log = c.get(f"/jobs/{long_id}/logs").text
+        short_log = c.get(f"/jobs/{short_id}/logs").text
+    assert short["exit_code"] == 0 and ledger(short["checkpoint_dir"]) == [0, 1, 2]
+    assert long["exit_code"] == 0 and long["progress"] == 30
+    assert long["preemptions"] == 1 and long["attempts"] == 2 and long["resume_count"] == 1
+    recs = start_records(log)
+    assert [(r["resume"], r["cvd"]) for r in recs] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
+    assert ledger(long["checkpoint_dir"]) == list(range(30))  # no step lost or repeated
+    (short_rec,) = start_records(short_log)
+    assert len(short_rec["cvd"].split(",")) == 2
+    # the resumed launch is the same Slurm job, released again (Slurm counts the restart)
+    first, again = slurm_ids(s, long_id)
+    assert first == again
+    rec = slurm.job(first)
+    assert (rec["JobName"], rec["Restarts"], rec["JobState"]) == (f"gpuloom-{service_id(s)}:{long_id}", "1",
+                                                                   "COMPLETED")
+    assert rec["UserId"].startswith("gpuloom(")  # the job's own account, not root
+
+
+def service_id(s: Server) -> str:
+    from gpuloom.runtime.store import Store
+
+    store = Store(f"sqlite:///{s.state_dir / 'gpuloom.db'}")
+    try:
+        return str(store.get_meta("service_id"))
+    finally:
+        store.close()

@@ -47,7 +47,9 @@ left).  The job stays in Slurm, held; a relaunch of the same executor id on
 the same node and GPUs with the same command updates its cores and memory,
 sets ``StartTime=now`` (a plain requeue waits 121 s) and releases it: the same
 Slurm job id, ``SLURM_RESTART_COUNT`` counting the resumes
-(``GPULOOM_RESUME=1`` from it).  Slurm 22.05 piles gres Types up when a held
+(``GPULOOM_RESUME=1`` from it).  The release waits until a second has passed
+since the requeue: slurmd refuses, by whole seconds, launch credentials as old
+as a requeue's (the job would fail at once with ``already killed``).  Slurm 22.05 piles gres Types up when a held
 job is re-pinned to other GPUs, so a relaunch elsewhere cancels the held job
 and submits a new one.  Held jobs not relaunched within ``hold_s`` are
 cancelled.
@@ -77,7 +79,9 @@ from typing import Any
 
 from ..core.cluster import Cluster, ClusterError, Node
 from .executor import Executor, ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
+from .identity import lookup, owned_dir, private_dir
 from .inventory import InventoryChange
+from .logmirror import append_to, mirror_offset, set_mirror_offset
 
 log = logging.getLogger("gpuloom.service")
 
@@ -98,6 +102,8 @@ REASONS = {"OUT_OF_MEMORY": "killed by the OOM killer (Slurm: OUT_OF_MEMORY)",
            "DEADLINE": "passed its Slurm deadline (DEADLINE)",
            "PREEMPTED": "preempted by Slurm (PREEMPTED)",
            "CANCELLED": "cancelled in Slurm (scancel), not by gpuloom"}
+#: how long after a requeue a held job may be released again (see :meth:`SlurmExecutor.launch`)
+REVOKE_S = 1.1
 _NAME_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _GRES_IDX = re.compile(r"gpu(?::[^:(,]+)?:(\d+)\(IDX:([^)]*)\)")
 
@@ -225,6 +231,7 @@ class _Held:
     slurm_id: int
     key: tuple[Any, ...]  # what a relaunch must match to reuse it
     since: float  # monotonic
+    wall: float = 0.0  # when it was requeued (time.time())
 
 
 class SlurmExecutor(Executor):
@@ -235,11 +242,15 @@ class SlurmExecutor(Executor):
     environment of Slurm's commands (``SLURM_CONF`` for a cluster not in
     ``/etc/slurm``).  ``start_wait_s``: how long a launch waits for Slurm to
     start the job before it gives up (the job stays queued in gpuloom).
+    ``out_dir``: where Slurm writes jobs' output, on a file system the nodes
+    share, one directory per account (owned by it), copied into each job's log
+    as it grows (None: Slurm writes the job's log itself, which the job's
+    account must then be able to reach).
     """
 
     def __init__(self, prefix: str, partition: str | None = None, grace_s: float = 10.0,
                  env: Mapping[str, str] | None = None, hold_s: float = 600.0, start_wait_s: float = 15.0,
-                 poll_every_s: float = 0.2, timeout_s: float = 30.0) -> None:
+                 poll_every_s: float = 0.2, timeout_s: float = 30.0, out_dir: str | None = None) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", prefix):
             raise ExecutorError(f"Slurm job name prefix {prefix!r}: letters, digits, '_', '.', '-' only")
         self.prefix = prefix
@@ -259,6 +270,8 @@ class SlurmExecutor(Executor):
         self._keys: dict[str, tuple[Any, ...]] = {}  # executor id -> its launch's key (for a relaunch)
         self.jobs: dict[int, dict[str, str]] = {}  # Slurm's jobs at the last read
         self._read_at = -1e9
+        self.out_dir = str(private_dir(out_dir, 0o711)) if out_dir is not None else None
+        self.outputs: dict[str, str] = {}  # executor id -> where Slurm writes its output (out_dir)
 
     # -- Slurm's commands ---------------------------------------------------------------------
     def _which(self, name: str) -> str:
@@ -381,6 +394,9 @@ class SlurmExecutor(Executor):
         if held is not None:
             rec = self.jobs.get(held.slurm_id)
             if held.key == self._key(spec) and rec is not None and rec.get("JobState") == "PENDING":
+                # the requeue revoked the job's launch credentials issued up to its second (slurmd compares
+                # whole seconds): a launch within that second is refused ("already killed") and fails
+                time.sleep(max(0.0, held.wall + REVOKE_S - time.time()))
                 try:
                     self.cmd("scontrol", "update", f"JobId={held.slurm_id}", f"NumCPUs={cpus}",
                              f"CPUsPerTask={cpus}", f"MinMemoryNode={max(1, spec.mem_mb)}", "StartTime=now")
@@ -391,17 +407,49 @@ class SlurmExecutor(Executor):
                                 held.slurm_id, e)
             if sid is None:
                 self._cancel(held.slurm_id)
+        out = self._output(spec)
         if sid is None:
-            sid = self._submit(spec, node, gres, cpus)
+            sid = self._submit(spec, gres, cpus, out)
         rec = self._wait_start(spec.job_id, sid)
         info = ProcInfo(spec.job_id, spec.node, sid, _time(rec.get("SubmitTime")), spec.log_path, "")
         self.procs[spec.job_id] = info
         self._keys[spec.job_id] = self._key(spec)
+        if out != spec.log_path:
+            self.outputs[spec.job_id] = out
         return info
 
-    def _submit(self, spec: LaunchSpec, node: SlurmNode, gres: str | None, cpus: int) -> int:
+    def _output(self, spec: LaunchSpec) -> str:
+        """Where Slurm writes the job's output: its log, or a file of its account's in ``out_dir``."""
+        if self.out_dir is None:
+            return spec.log_path
+        try:
+            d = owned_dir(os.path.join(self.out_dir, spec.user or "_server"), lookup(spec.user) if spec.user else None)
+        except (OSError, ValueError) as e:  # IdentityError is a ValueError
+            raise ExecutorError(f"job {spec.job_id}: cannot make its Slurm output directory: {e}") from None
+        return str(d / f"{spec.job_id}.log")
+
+    def mirror(self, eids: Sequence[str], final: bool = False) -> None:
+        """Append what is new in Slurm's output of ``eids`` to their logs (whole lines unless ``final``)."""
+        for eid in eids:
+            remote, p = self.outputs.get(eid), self.procs.get(eid)
+            if remote is None or p is None:
+                continue
+            off = mirror_offset(p.log_path, "slurm", remote)
+            try:
+                with open(remote, "rb") as f:
+                    f.seek(off)
+                    data = f.read(16 << 20)
+            except OSError:
+                continue
+            if not final:
+                data = data[:data.rfind(b"\n") + 1]
+            if data:
+                append_to(p.log_path, data)
+                set_mirror_offset(p.log_path, "slurm", remote, off + len(data))
+
+    def _submit(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
         argv = ["sbatch", "--parsable", f"--job-name={self.job_name(spec.job_id)}", "--open-mode=append",
-                f"--output={spec.log_path}", f"--error={spec.log_path}", "--nodes=1", "--ntasks=1",
+                f"--output={out}", f"--error={out}", "--nodes=1", "--ntasks=1",
                 f"--cpus-per-task={cpus}", f"--mem={max(1, spec.mem_mb)}", f"--nodelist={spec.node}",
                 f"--chdir={spec.workdir or '/'}", "--export=NONE", "--requeue"]
         if gres is not None:
@@ -457,7 +505,7 @@ class SlurmExecutor(Executor):
         if p is None:
             raise ExecutorError(f"job {job_id}: not running through this executor")
         if job_id in self.exits:  # it ended on its own; not yet polled
-            self.procs.pop(job_id, None)
+            self._forget(job_id)
             return self.exits.pop(job_id)
         sid = p.pid
         self.cmd("scancel", "--signal=TERM", "--full", str(sid), ok=("Invalid job id", "completing or completed"))
@@ -473,13 +521,18 @@ class SlurmExecutor(Executor):
             code = 137  # still running after the grace period: requeuehold kills it
         try:  # kept held for a relaunch (same Slurm id); cancelled if none comes
             self.cmd("scontrol", "requeuehold", str(sid))
-            self.held[job_id] = _Held(sid, self._keys.pop(job_id, ()), time.monotonic())
+            self.held[job_id] = _Held(sid, self._keys.pop(job_id, ()), time.monotonic(), time.time())
         except SlurmError as e:
             log.info("job %s: Slurm job %d not kept for a relaunch (%s)", job_id, sid, e)
             self._keys.pop(job_id, None)
             self._cancel(sid)
-        self.procs.pop(job_id, None)
+        self._forget(job_id)
         return code
+
+    def _forget(self, eid: str) -> None:
+        self.mirror([eid], final=True)
+        self.procs.pop(eid, None)
+        self.outputs.pop(eid, None)
 
     # -- observe ------------------------------------------------------------------------------
     def poll(self) -> dict[str, int | None]:
@@ -511,9 +564,10 @@ class SlurmExecutor(Executor):
                     self.exits[eid] = None
                     self.reasons[eid] = f"requeued in Slurm, not by gpuloom (Reason={rec.get('Reason', '?')})"
             self._expire_held()
+            self.mirror([e for e in self.outputs if e not in self.exits])
         out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
         for x in out:
-            self.procs.pop(x, None)
+            self._forget(x)
             self._keys.pop(x, None)
         return out
 
@@ -545,6 +599,9 @@ class SlurmExecutor(Executor):
         if rec.get("JobState") not in LIVE:
             return False
         self.procs[info.job_id] = info
+        out = rec.get("StdOut", "")
+        if self.out_dir is not None and out.startswith(self.out_dir + "/"):
+            self.outputs[info.job_id] = out
         return True
 
     def exit_code(self, info: ProcInfo) -> int | None:
@@ -592,7 +649,8 @@ class SlurmExecutor(Executor):
         """Requeue held this executor's jobs on ``node`` (lost: drained or down) and forget them."""
         gone = [e for e, p in self.procs.items() if p.node == node]
         for e in gone:
-            p = self.procs.pop(e)
+            p = self.procs[e]
+            self._forget(e)
             self.exits.pop(e, None)
             try:
                 self.cmd("scontrol", "requeuehold", str(p.pid), ok=("Invalid job id",))
