@@ -7,6 +7,7 @@ import shlex
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from gpuloom.runtime.executor import LaunchSpec, NodeUnavailable
 from gpuloom.runtime.slurm_executor import (
     SlurmExecutor,
+    SlurmInventory,
     exit_of,
     gres_gpus,
     gres_indices,
@@ -22,7 +24,7 @@ from gpuloom.runtime.slurm_executor import (
     parse_records,
     slurm_node,
 )
-from service_util import Server, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
+from service_util import Server, job, job_writable, key_events, ledger, start_records, stepper_cmd, submit, wait_for
 from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,3 +244,97 @@ def service_id(s: Server) -> str:
         return str(store.get_meta("service_id"))
     finally:
         store.close()
+
+
+def events_of(s: Server, jid: int) -> list[str]:
+    with s.client() as c:
+        return key_events(c.get(f"/jobs/{jid}/events").json())
+
+
+def test_service_sigkill_then_the_new_service_adopts_its_slurm_job(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm()
+    with s.client() as c:
+        jid = submit(c, name="a", command=stepper_cmd(400, 0.05), gpus=2)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
+    (sid,) = slurm_ids(s, jid)
+    s.kill()
+    assert slurm.job(sid)["JobState"] == "RUNNING"  # Slurm runs it on without the service
+    s2 = serve_slurm()
+    with s2.client() as c:
+        row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the adopted job")
+        log = c.get(f"/jobs/{jid}/logs").text
+    assert row["state"] == "finished" and row["exit_code"] == 0 and row["attempts"] == 1
+    assert events_of(s2, jid) == ["submit", "launch", "adopt", "finished"], (s2.state_dir / "serve.out").read_text()
+    assert ledger(row["checkpoint_dir"]) == list(range(400))  # ran once, through the restart
+    assert len(start_records(log)) == 1 and log.count("GPULOOM_PROGRESS iter=400") == 1  # its log copied once
+    assert (slurm.job(sid)["Restarts"], slurm.job(sid)["JobState"]) == ("0", "COMPLETED")
+
+
+def test_slurmctld_restart_loses_no_job(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm()
+    with s.client() as c:
+        jid = submit(c, name="a", command=stepper_cmd(60, 0.1), gpus=1)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
+        slurm.stop_daemon("slurmctld")
+        time.sleep(1.0)  # the service's loop meets a controller that does not answer
+        assert job(c, jid)["state"] in ("running", "running_protected")
+        slurm.start_ctld()
+        row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the job")
+    assert (row["state"], row["exit_code"], row["attempts"]) == ("finished", 0, 1)
+    assert ledger(row["checkpoint_dir"]) == list(range(60))
+
+
+def test_drained_node_gets_no_new_job_and_keeps_its_running_one(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm()
+    try:
+        with s.client() as c:
+            a = submit(c, name="a", command=stepper_cmd(40, 0.1), gpus=1)
+            wait_for(lambda: "GPULOOM_PROGRESS iter=2" in c.get(f"/jobs/{a}/logs").text, 60, "progress")
+            slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=gpuloom-test")
+            b = submit(c, name="b", command=stepper_cmd(2, 0.05), gpus=1)
+            time.sleep(2.0)  # rounds go by: b is planned onto the drained node and refused there
+            assert job(c, b)["state"] not in ("running", "running_protected", "finished", "launching")
+            assert job(c, a)["state"] in ("running", "running_protected")
+            resumed = time.time()
+            slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+            rows = [wait_for(lambda i=i: (j := job(c, i))["state"] in ("finished", "failed") and j, 90, f"job {i}")
+                    for i in (a, b)]
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME", check=False)
+    assert [(r["state"], r["exit_code"], r["attempts"] >= 1) for r in rows] == [("finished", 0, True)] * 2
+    assert rows[0]["attempts"] == 1 and ledger(rows[0]["checkpoint_dir"]) == list(range(40))
+    assert datetime.fromisoformat(rows[1]["first_start"]).timestamp() > resumed  # b started once the node was back
+
+
+def test_evict_requeues_the_job_held_and_a_relaunch_resumes_it(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                               tmp_path: Path) -> None:
+    """What a lost node's jobs get: requeued held (Slurm's SIGTERM, checkpoint), not reported as exits."""
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "e.log"
+    s = spec("e", sleepy(30, ckpt), log, gpus=(0,), GPULOOM_CHECKPOINT_DIR=str(ckpt))
+    first = ex.launch(s)
+    wait_until(lambda: "iter=4" in log.read_text(), 30, "progress")
+    assert ex.evict("gpn0") == ["e"]
+    wait_until(lambda: slurm.job(first.pid).get("Reason") == "job_requeued_in_held_state", 30, "the held job")
+    assert ex.poll() == {} and not ex.alive("e")
+    wait_until(lambda: "checkpointed at step" in log.read_text(), 30, "the checkpoint on SIGTERM")
+    ex.launch(LaunchSpec("e", s.command, "gpn0", (1,), (0,), 200, str(log), {**s.env, "GPULOOM_RESUME": "1"}))
+    assert wait_until(lambda: ex.poll(), 60, "the resumed job's exit") == {"e": 0}
+    assert [int(x) for x in (ckpt / "ledger").read_text().split()] == list(range(1, 31))
+
+
+def test_inventory_follows_slurm_nodes(ex: SlurmExecutor, slurm: SlurmCluster) -> None:
+    inv = SlurmInventory(ex, every_s=0.0)
+    assert [(n.name, n.gpus, n.cpus, n.mem_mb, n.gpu_type) for n in inv.current.nodes] == \
+        [("gpn0", 4, 8, 8000, "generic")]
+    assert ex.nodes["gpn0"].types == ("g0", "g1", "g2", "g3")
+    assert inv.poll() is None
+    try:
+        slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=gpuloom-test")
+        assert inv.poll() is None  # no node left up: the inventory is kept
+        assert not ex.nodes["gpn0"].up
+        with pytest.raises(NodeUnavailable, match="Slurm node 'gpn0' is not up now"):
+            ex.launch(spec("x", "true", Path("/dev/null")))
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+    wait_until(lambda: inv.poll() is None and ex.nodes["gpn0"].up, 10, "the node to be up again")

@@ -16,7 +16,9 @@ does not respond) is a node of the service's cluster: its GPUs, cores
 (``CPUTot``), memory (``RealMemory``, in Slurm's unit, which jobs are given in
 too).  A node that goes down or is drained is *lost*: its jobs are requeued
 held in Slurm (SIGTERM, then Slurm's ``KillWait``, then SIGKILL) and gpuloom
-resumes them elsewhere after the fence.
+resumes them elsewhere after the fence.  When no node is left up, the
+inventory is kept as it was: running jobs run on, and launches onto a node
+that is not up are refused (the job stays queued) until one is back.
 
 GPUs
 ----
@@ -696,15 +698,15 @@ class SlurmInventory:
         if usable == self.usable and not changed:
             return None
         lost = (self.usable - usable) | changed
+        try:
+            new = ex.cluster()
+        except ClusterError as e:  # no node left: keep the inventory (its jobs run on; launches are refused)
+            log.error("%s", e)
+            return None
         for name in sorted(lost):
             moved = ex.evict(name)
             log.warning("Slurm node %s is %s: %d job(s) requeued off it", name,
                         "gone" if name not in nodes else "no longer up", len(moved))
-        try:
-            new = ex.cluster()
-        except ClusterError as e:
-            log.error("%s", e)
-            return None
         self.usable = usable
         self.current = new
         return InventoryChange(new, frozenset(lost), self.fence_s)
