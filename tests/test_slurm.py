@@ -328,6 +328,7 @@ def test_inventory_follows_slurm_nodes(ex: SlurmExecutor, slurm: SlurmCluster) -
     assert [(n.name, n.gpus, n.cpus, n.mem_mb, n.gpu_type) for n in inv.current.nodes] == \
         [("gpn0", 4, 8, 8000, "generic")]
     assert ex.nodes["gpn0"].types == ("g0", "g1", "g2", "g3")
+    assert ex.rendezvous("gpn0")[0] == "127.0.0.1"  # the node's NodeAddr
     assert inv.poll() is None
     try:
         slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=gpuloom-test")

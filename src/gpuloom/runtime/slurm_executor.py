@@ -80,7 +80,7 @@ from datetime import datetime
 from typing import Any
 
 from ..core.cluster import Cluster, ClusterError, Node
-from .executor import Executor, ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
+from .executor import Executor, ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo, free_port
 from .identity import lookup, owned_dir, private_dir
 from .inventory import InventoryChange
 from .logmirror import append_to, mirror_offset, set_mirror_offset
@@ -199,6 +199,7 @@ class SlurmNode:
     types: tuple[str, ...]  # one gres Type per device, in index order; () when not declared so
     up: bool
     partitions: tuple[str, ...]
+    addr: str = ""  # NodeAddr: where other nodes reach it
 
     def as_node(self) -> Node:
         return Node(self.name, self.gpus, self.cpus, self.mem_mb, self.gpu_type)
@@ -215,7 +216,8 @@ def slurm_node(rec: Mapping[str, str]) -> SlurmNode | None:
     gpu_type = next(iter(kinds)) if len(kinds) == 1 and "" not in kinds and not types else "generic"
     cpus = int(rec.get("CPUEfctv") or rec.get("CPUTot") or 0)
     return SlurmNode(rec["NodeName"], n, cpus, int(rec.get("RealMemory") or 0), gpu_type, types,
-                     node_state_ok(rec.get("State", "")), tuple(p for p in rec.get("Partitions", "").split(",") if p))
+                     node_state_ok(rec.get("State", "")), tuple(p for p in rec.get("Partitions", "").split(",") if p),
+                     rec.get("NodeAddr", rec["NodeName"]))
 
 
 def _time(s: str | None) -> float:
@@ -661,6 +663,13 @@ class SlurmExecutor(Executor):
                 log.warning("job %s: cannot requeue Slurm job %d off node %s: %s", e, p.pid, node, err)
                 self._cancel(p.pid)
         return gone
+
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """Rank 0's node address (Slurm's ``NodeAddr``) and a port free on this machine (not checked there)."""
+        n = self.nodes.get(node)
+        if n is None:
+            raise ExecutorError(f"node {node!r} is not a Slurm node with GPUs")
+        return n.addr, free_port()
 
     def cluster(self) -> Cluster:
         up = [n.as_node() for n in sorted(self.nodes.values(), key=lambda n: n.name) if n.up]
