@@ -339,3 +339,21 @@ def test_inventory_follows_slurm_nodes(ex: SlurmExecutor, slurm: SlurmCluster) -
     finally:
         slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
     wait_until(lambda: inv.poll() is None and ex.nodes["gpn0"].up, 10, "the node to be up again")
+
+
+def test_held_jobs_are_cancelled_when_no_relaunch_comes_even_after_a_restart(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                             tmp_path: Path) -> None:
+    first = ex.launch(spec("h", "sleep 30", tmp_path / "h.log"))
+    assert ex.stop("h", 5.0) == 143
+    assert slurm.job(first.pid)["Reason"] == "job_requeued_in_held_state"
+    later = SlurmExecutor("gltest", env=slurm.env, hold_s=0.0)  # a restarted service, which never relaunches it
+    assert later.poll() == {}
+    wait_until(lambda: slurm.job(first.pid).get("JobState") == "CANCELLED", 10, "the held job to be cancelled")
+    assert later.held == {}
+
+
+def test_a_job_done_before_its_stop_is_not_kept_held(ex: SlurmExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    info = ex.launch(spec("d", "true", tmp_path / "d.log"))
+    wait_until(lambda: slurm.job(info.pid).get("JobState") == "COMPLETED", 30, "the job to complete")
+    assert ex.stop("d", 2.0) == 0
+    assert slurm.job(info.pid)["JobState"] == "COMPLETED" and ex.held == {} and ex.poll() == {}

@@ -272,6 +272,7 @@ class SlurmExecutor(Executor):
         self.exits: dict[str, int | None] = {}
         self.reasons: dict[str, str] = {}
         self._keys: dict[str, tuple[Any, ...]] = {}  # executor id -> its launch's key (for a relaunch)
+        self._stopping: set[str] = set()  # executor ids a stop (a worker thread) is carrying out: poll leaves them
         self.jobs: dict[int, dict[str, str]] = {}  # Slurm's jobs at the last read
         self._read_at = -1e9
         self.out_dir = str(private_dir(out_dir, 0o711)) if out_dir is not None else None
@@ -511,18 +512,33 @@ class SlurmExecutor(Executor):
         if job_id in self.exits:  # it ended on its own; not yet polled
             self._forget(job_id)
             return self.exits.pop(job_id)
-        sid = p.pid
-        self.cmd("scancel", "--signal=TERM", "--full", str(sid), ok=("Invalid job id", "completing or completed"))
+        self._stopping.add(job_id)
+        try:
+            return self._stop(job_id, p.pid, grace_s)
+        finally:
+            self._stopping.discard(job_id)
+
+    def _stop(self, job_id: str, sid: int, grace_s: float) -> int | None:
         end = time.monotonic() + grace_s
-        rec = self._job(sid)
-        while rec is not None and rec.get("JobState") in LIVE and time.monotonic() < end:
-            time.sleep(0.1)
+        rec: dict[str, str] | None = {"JobState": "RUNNING"}
+        sent = -1e9
+        # COMPLETING: its batch script has exited (its code is final) and Slurm is tearing the rest down
+        while rec is not None and rec.get("JobState") in LIVE - {"COMPLETING"} and time.monotonic() < end:
+            if time.monotonic() - sent >= 1.0:  # again each second: a job whose batch step is still starting
+                sent = time.monotonic()         # on its node drops the signal
+                self.cmd("scancel", "--signal=TERM", "--full", str(sid), ok=("Invalid job id", "completing or completed"))
+            else:
+                time.sleep(0.1)
             rec = self._job(sid)
         code = None
-        if rec is not None and rec.get("JobState") in ENDED:
+        if rec is not None and (rec.get("JobState") in ENDED or rec.get("JobState") == "COMPLETING"):
             code = exit_of(rec.get("ExitCode", ""))
         elif rec is not None:
             code = 137  # still running after the grace period: requeuehold kills it
+        if code == 0 or rec is None:  # its work is done (or Slurm forgot it): nothing to resume
+            self._keys.pop(job_id, None)
+            self._forget(job_id)
+            return code
         try:  # kept held for a relaunch (same Slurm id); cancelled if none comes
             self.cmd("scontrol", "requeuehold", str(sid))
             self.held[job_id] = _Held(sid, self._keys.pop(job_id, ()), time.monotonic(), time.time())
@@ -547,7 +563,7 @@ class SlurmExecutor(Executor):
                 log.warning("cannot read Slurm's jobs: %s", e)
                 return {}
             for eid, p in list(self.procs.items()):
-                if eid in self.exits:
+                if eid in self.exits or eid in self._stopping:
                     continue
                 rec = self.jobs.get(p.pid)
                 if rec is None:
@@ -567,6 +583,7 @@ class SlurmExecutor(Executor):
                     self.held[eid] = _Held(p.pid, self._keys.get(eid, ()), time.monotonic())
                     self.exits[eid] = None
                     self.reasons[eid] = f"requeued in Slurm, not by gpuloom (Reason={rec.get('Reason', '?')})"
+            self._find_held()
             self._expire_held()
             self.mirror([e for e in self.outputs if e not in self.exits])
         out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
@@ -574,6 +591,18 @@ class SlurmExecutor(Executor):
             self._forget(x)
             self._keys.pop(x, None)
         return out
+
+    def _find_held(self) -> None:
+        """Held jobs of this service's that an earlier incarnation left: cancelled when their time is up."""
+        known = {h.slurm_id for h in self.held.values()} | {p.pid for p in self.procs.values()}
+        for sid, rec in self.jobs.items():
+            eid = self._eid_of(rec)
+            if eid is None or sid in known or "held" not in rec.get("Reason", "").lower() or eid in self._stopping:
+                continue
+            if eid in self.held:  # an older one for the same id: only the latest can be resumed
+                self._cancel(sid)
+            else:
+                self.held[eid] = _Held(sid, (), time.monotonic(), time.time())
 
     def _expire_held(self) -> None:
         now = time.monotonic()
