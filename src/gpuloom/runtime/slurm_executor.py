@@ -384,8 +384,9 @@ class SlurmExecutor(Executor):
             node = self.nodes.get(spec.node)
         if node is None or not node.up:
             raise NodeUnavailable(f"job {spec.job_id}: Slurm node {spec.node!r} is not up now")
-        try:
-            self.read_jobs()
+        try:  # what poll read a moment ago will do: a job started since then cannot be overlaid (Slurm keeps
+            if time.monotonic() - self._read_at > 1.0:  # ours pending: _wait_start gives up)
+                self.read_jobs()
         except SlurmError as e:
             raise NodeUnavailable(f"job {spec.job_id}: {e}") from None
         taken = self._foreign_gpus(spec.node) & set(spec.gpus)
@@ -420,18 +421,19 @@ class SlurmExecutor(Executor):
         self.procs[spec.job_id] = info
         self._keys[spec.job_id] = self._key(spec)
         if out != spec.log_path:
-            self.outputs[spec.job_id] = out
+            self.outputs[spec.job_id] = out.replace("%j", str(sid))
         return info
 
     def _output(self, spec: LaunchSpec) -> str:
-        """Where Slurm writes the job's output: its log, or a file of its account's in ``out_dir``."""
+        """Where Slurm writes the job's output: its log, or a file of its account's in ``out_dir``, one per
+        Slurm job (``%j``: its id; a requeued job appends to its own)."""
         if self.out_dir is None:
             return spec.log_path
         try:
             d = owned_dir(os.path.join(self.out_dir, spec.user or "_server"), lookup(spec.user) if spec.user else None)
         except (OSError, ValueError) as e:  # IdentityError is a ValueError
             raise ExecutorError(f"job {spec.job_id}: cannot make its Slurm output directory: {e}") from None
-        return str(d / f"{spec.job_id}.log")
+        return str(d / f"{spec.job_id}.%j.log")
 
     def mirror(self, eids: Sequence[str], final: bool = False) -> None:
         """Append what is new in Slurm's output of ``eids`` to their logs (whole lines unless ``final``)."""
@@ -570,7 +572,11 @@ class SlurmExecutor(Executor):
                     self.exits[eid] = self._sacct(p.pid)
                     continue
                 state = rec.get("JobState", "")
-                if state in ENDED:
+                if state == "COMPLETING" and rec.get("ExitCode") == "0:0":
+                    # its script exited 0: done (Slurm frees its resources when the teardown ends, and
+                    # starts the next job then); a failure waits for the final state, which names it
+                    self.exits[eid] = 0
+                elif state in ENDED:
                     code = exit_of(rec.get("ExitCode", ""))
                     if state == "OUT_OF_MEMORY" and code == 0:
                         code = 137
@@ -588,8 +594,14 @@ class SlurmExecutor(Executor):
             self.mirror([e for e in self.outputs if e not in self.exits])
         out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
         for x in out:
+            remote = self.outputs.get(x)
             self._forget(x)
             self._keys.pop(x, None)
+            if remote is not None:  # copied whole into the job's log
+                try:
+                    os.unlink(remote)
+                except OSError:
+                    pass
         return out
 
     def _find_held(self) -> None:
