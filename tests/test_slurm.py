@@ -3,6 +3,7 @@ and ``gpuloom serve --slurm``; plus the parsers of Slurm's output on hand-writte
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
@@ -22,6 +23,7 @@ from gpuloom.runtime.slurm_executor import (
     gres_indices,
     node_state_ok,
     parse_records,
+    read_output,
     slurm_node,
 )
 from service_util import Server, job, job_writable, key_events, ledger, start_records, stepper_cmd, submit, wait_for
@@ -66,6 +68,23 @@ def test_node_states_and_gpu_declarations() -> None:
     assert slurm_node({"NodeName": "c", "Gres": "(null)", "CPUTot": "4", "State": "IDLE"}) is None
 
 
+def test_job_output_is_copied_only_from_a_plain_file_of_its_owner(tmp_path: Path) -> None:
+    """The job's account owns its output directory: a link it puts there is never followed by the service."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root only\n")
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "ok.log").write_bytes(b"line 1\nline 2\n")
+    (d / "sym.log").symlink_to(secret)
+    os.link(secret, d / "hard.log")
+    os.mkfifo(d / "fifo.log")
+    assert read_output(str(d / "ok.log"), 7) == b"line 2\n"
+    assert [read_output(str(d / f), 0) for f in ("sym.log", "hard.log", "fifo.log", "none.log")] == [None] * 4
+    if os.geteuid() == 0:  # a file of another owner than the directory's
+        os.chown(d / "ok.log", 65534, 65534)
+        assert read_output(str(d / "ok.log"), 0) is None
+
+
 # -- the test Slurm itself -----------------------------------------------------------------------
 def test_sbatch_runs_a_job_on_the_pinned_gpus(slurm: SlurmCluster, tmp_path: Path) -> None:
     """The harness works: a typed-gres job gets exactly the GPU indices it named."""
@@ -108,14 +127,14 @@ def test_launch_places_the_job_on_the_chosen_gpus_cores_and_memory(ex: SlurmExec
                                                                    tmp_path: Path) -> None:
     log = tmp_path / "j1.log"
     cmd = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS mem=$GPULOOM_MEM_MB x=$X attempt=$GPULOOM_ATTEMPT"'
-    info = ex.launch(spec("j1", cmd, log, gpus=(1, 3), cpus=2, mem=300, X="a b"))
+    info = ex.launch(spec("j1", cmd, log, gpus=(1, 3), cpus=2, mem=300, X="a b $(echo no) ';\"`"))
     rec = slurm.job(info.pid)
     assert rec["JobName"] == "gltest:j1" and rec["NodeList"] == "gpn0"
     assert slurm.scontrol("show", "job", "-d", str(info.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
     assert (rec["NumCPUs"], rec["MinMemoryNode"]) == ("2", "300M")
     got = wait_until(lambda: ex.poll(), 30, "the job's exit")
     assert got == {"j1": 0}
-    assert log.read_text() == "cvd=1,3 cpus=2 mem=300 x=a b attempt=1\n"
+    assert log.read_text() == "cvd=1,3 cpus=2 mem=300 x=a b $(echo no) ';\"` attempt=1\n"  # values stay data
     assert ex.poll() == {} and "j1" not in ex.procs
 
 

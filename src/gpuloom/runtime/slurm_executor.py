@@ -72,6 +72,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -218,6 +219,26 @@ def slurm_node(rec: Mapping[str, str]) -> SlurmNode | None:
     return SlurmNode(rec["NodeName"], n, cpus, int(rec.get("RealMemory") or 0), gpu_type, types,
                      node_state_ok(rec.get("State", "")), tuple(p for p in rec.get("Partitions", "").split(",") if p),
                      rec.get("NodeAddr", rec["NodeName"]))
+
+
+def read_output(path: str, offset: int, most: int = 16 << 20) -> bytes | None:
+    """Up to ``most`` bytes from ``offset`` of a job's output file, which its account owns and could replace:
+    only a regular file with one name, owned by the owner of its directory, is read (never through a link,
+    so a job cannot have the service copy another file into its log); None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.stat(os.path.dirname(path)).st_uid:
+            log.warning("%s: not a plain file of its directory's owner: not copied", path)
+            return None
+        return os.pread(fd, most, offset)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _time(s: str | None) -> float:
@@ -442,11 +463,8 @@ class SlurmExecutor(Executor):
             if remote is None or p is None:
                 continue
             off = mirror_offset(p.log_path, "slurm", remote)
-            try:
-                with open(remote, "rb") as f:
-                    f.seek(off)
-                    data = f.read(16 << 20)
-            except OSError:
+            data = read_output(remote, off)
+            if data is None:
                 continue
             if not final:
                 data = data[:data.rfind(b"\n") + 1]
@@ -572,11 +590,7 @@ class SlurmExecutor(Executor):
                     self.exits[eid] = self._sacct(p.pid)
                     continue
                 state = rec.get("JobState", "")
-                if state == "COMPLETING" and rec.get("ExitCode") == "0:0":
-                    # its script exited 0: done (Slurm frees its resources when the teardown ends, and
-                    # starts the next job then); a failure waits for the final state, which names it
-                    self.exits[eid] = 0
-                elif state in ENDED:
+                if state in ENDED:  # (not at COMPLETING: its GPUs are not free before the teardown ends)
                     code = exit_of(rec.get("ExitCode", ""))
                     if state == "OUT_OF_MEMORY" and code == 0:
                         code = 137
