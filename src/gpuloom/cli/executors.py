@@ -3,7 +3,7 @@
 An executor factory takes an :class:`ExecutorContext` (what ``serve`` was told) and returns the
 :class:`~gpuloom.runtime.exec.executor.Executor` and, when the executor brings its own inventory (Ray's
 nodes), the inventory that follows it (:class:`Following`); None keeps the
-declared or discovered one (``ExecutorContext.inventory``).  ``local`` and ``ray`` are built in;
+declared or discovered one (``ExecutorContext.inventory``).  ``local``, ``ray`` and ``slurm`` are built in;
 outside factories come by the ``gpuloom.executors`` entry points or as ``--executor module:function``.
 """
 
@@ -40,6 +40,7 @@ class ExecutorContext:
     ray_address: str | None
     gpus: int | None
     cpus_per_node: int | None
+    slurm: str | None = None  # --slurm: all, or a partition
 
 
 class Following(InventorySource, Protocol):
@@ -92,3 +93,15 @@ def ray(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
         raise typer.BadParameter("the ray executor needs --ray ADDRESS")
     return _ray_executor(ctx.ray_address, ctx.service_id, ctx.grace_s, ctx.shared_dir is not None, ctx.env_allow,
                          ctx.gpus, ctx.cpus_per_node, ctx.private_tmp)
+
+
+@EXECUTORS.register("slurm")
+def slurm(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
+    """Slurm batch jobs on the Slurm cluster of this machine's slurm.conf (``--slurm all|PARTITION``); the
+    inventory follows Slurm's nodes."""
+    from .service import _slurm_executor
+
+    if ctx.slurm is None:
+        raise typer.BadParameter("the slurm executor needs --slurm all or --slurm PARTITION")
+    return _slurm_executor(ctx.slurm, ctx.service_id, ctx.grace_s, ctx.state_dir, ctx.job_dir, ctx.shared_dir,
+                           ctx.switch_users)

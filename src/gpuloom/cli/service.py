@@ -126,6 +126,9 @@ def serve(
     ray_address: Annotated[str | None, typer.Option(
         "--ray", help="Run jobs on a Ray cluster: auto (the one running here), its address, or local (start a "
                       "one-node one here, with --gpus N); the inventory comes from Ray's nodes.")] = None,
+    slurm: Annotated[str | None, typer.Option(
+        "--slurm", help="Run jobs on the Slurm cluster of this machine's slurm.conf ($SLURM_CONF): 'all' (every "
+                        "node with GPU gres) or a partition; the inventory comes from Slurm's nodes.")] = None,
     shared_dir: Annotated[Path | None, typer.Option(
         help="Directory shared with every node (NFS, Lustre) for logs/ and checkpoints/ (default: the state dir; "
              "with --ray and no shared dir, logs are fetched through the node agents).")] = None,
@@ -215,6 +218,7 @@ def serve(
                                      "jobs would not see their checkpoints there; choose another directory, or "
                                      "--shared-tmp")
 
+    _check_slurm(slurm, ray_address, gpus, cluster)
     if ray_address is not None and (cluster is not None or (gpus is not None and ray_address != "local")):
         raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --cluster, and --gpus "
                                  "only with --ray local (the GPUs its one node declares)")
@@ -224,11 +228,12 @@ def serve(
         check_policies(order, group, size, place, list(params), queue)  # did-you-mean, accepted -P names
         from .executors import EXECUTORS  # the executor by name: local, ray, or a plugin's
 
-        make_executor = EXECUTORS.lookup(executor_name or ("local" if ray_address is None else "ray"))
+        make_executor = EXECUTORS.lookup(executor_name or ("slurm" if slurm is not None else
+                                                           "local" if ray_address is None else "ray"))
         # the scheduler and throughput model `simulate` builds for the same options
         stack = Stack(order, group, size, place, not non_preemptive, params, queue=queue)
         sched = stack.scheduler()
-        if ray_address is None:
+        if ray_address is None and slurm is None:
             inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
             # (bound to each other by the service's driver, after it adds what profiling needs)
             model = stack.model(inventory, seed)
@@ -258,9 +263,10 @@ def serve(
 
     with user_errors():
         executor, following = make_executor(ExecutorContext(
-            sd, service_id, None if ray_address is not None else inventory, gpus is not None or cluster is not None,
+            sd, service_id, inventory if ray_address is None and slurm is None else None,
+            gpus is not None or cluster is not None,
             allow, grace, not shared_tmp, shared_dir, job_dir, identities.switch, pids_limit, gpu_devices,
-            ray_address, gpus, cpus_per_node))
+            ray_address, gpus, cpus_per_node, slurm))
         if following is not None:
             inventory = following.current
             model = stack.model(inventory, seed)
@@ -391,6 +397,36 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _check_slurm(slurm: str | None, ray_address: str | None, gpus: int | None, cluster: str | None) -> None:
+    if slurm is None:
+        return
+    if ray_address is not None or gpus is not None or cluster is not None:
+        raise typer.BadParameter("--slurm takes the inventory from Slurm's nodes: give no --ray, --gpus or --cluster")
+    if slurm != "all" and not slurm.replace("_", "").replace("-", "").replace(".", "").isalnum():
+        raise typer.BadParameter(f"--slurm: 'all' or a partition name, got {slurm!r}")
+
+
+def _slurm_executor(slurm: str, service_id: str, grace: float, sd: Path, job_dir: Path | None,  # noqa: ANN202
+                    shared_dir: Path | None, switch: bool):
+    """The Slurm executor (jobs named ``gpuloom-<service id>:<job>``) and the inventory that follows Slurm.
+
+    Slurm writes jobs' output under the job directory (``slurm-out/<account>/``), which the nodes must share."""
+    from ..core.cluster import ClusterError
+    from ..runtime.exec.executor import ExecutorError
+    from ..runtime.exec.identity import IdentityError, private_dir
+    from ..runtime.exec.slurm import SlurmExecutor, SlurmInventory
+    from ..runtime.service.security import default_job_dir
+
+    base = job_dir or (shared_dir / "checkpoints" if shared_dir is not None else default_job_dir(sd, service_id, switch))
+    try:
+        private_dir(base, 0o711 if switch else 0o700)  # as the service makes it: job accounts pass through
+        ex = SlurmExecutor(f"gpuloom-{service_id}", partition=None if slurm == "all" else slurm, grace_s=grace,
+                           out_dir=str(Path(base) / "slurm-out"))
+        return ex, SlurmInventory(ex)
+    except (ExecutorError, IdentityError, OSError) as e:
+        raise ClusterError(f"--slurm: {e}") from None
 
 
 def _ray_executor(address: str, service_id: str, grace: float, shared: bool,  # noqa: ANN202

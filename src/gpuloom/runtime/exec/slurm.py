@@ -1,0 +1,775 @@
+"""The executor of a Slurm cluster: gpuloom decides, Slurm's daemons run the jobs.
+
+``gpuloom serve --slurm`` runs the service in front of an existing Slurm
+cluster (tested against Slurm 22.05).  Everything goes through Slurm's own
+commands (``sbatch``, ``scontrol``, ``scancel``), run by the service's account,
+which must be root or a Slurm operator able to submit as other users (see
+docs/slurm.md).
+
+Nodes
+-----
+:class:`SlurmInventory` reads ``scontrol show node`` (at most once a second):
+every node with GPU gres (``Gres=gpu:...``) in the chosen partition whose state
+is up (``IDLE``, ``MIXED``, ``ALLOCATED``, ``COMPLETING``, without ``DRAIN``,
+``FAIL``, ``MAINT``, ``REBOOT``, ``POWER*`` flags or the ``*`` of a node that
+does not respond) is a node of the service's cluster: its GPUs, cores
+(``CPUTot``), memory (``RealMemory``, in Slurm's unit, which jobs are given in
+too).  A node that goes down or is drained is *lost*: its jobs are requeued
+held in Slurm (SIGTERM, then Slurm's ``KillWait``, then SIGKILL) and gpuloom
+resumes them elsewhere after the fence.  When no node is left up, the
+inventory is kept as it was: running jobs run on, and launches onto a node
+that is not up are refused (the job stays queued) until one is back.
+
+GPUs
+----
+Where the node declares one gres Type per device (``gpu:g0:1,gpu:g1:1,...``
+from ``gres.conf`` lines in index order), a launch asks for exactly the plan's
+GPUs (``--gres=gpu:g1:1,gpu:g3:1``) and Slurm's ``CUDA_VISIBLE_DEVICES`` is the
+plan's indices.  Otherwise it asks for a count (``--gres=gpu:2``) and Slurm
+picks which.  GPUs that jobs submitted to Slurm directly hold are read from
+``scontrol show job -d`` (``GRES=gpu:g1:1(IDX:1)``): a launch onto one of them
+is refused (:class:`~.executor.NodeUnavailable`: the job stays queued), never
+overlaid.
+
+Jobs
+----
+One Slurm batch job per executor id, named ``gpuloom:<service>:<id>``, its
+output appended (``--open-mode=append``) to the job's log, run as the job's
+account (``sbatch --uid``, root only), with its cores (``--cpus-per-task``),
+memory (``--mem``), node (``--nodelist``) and GPUs.  The command and its
+environment are in the batch script (read by ``sbatch`` from its stdin, never
+in argv); the script waits for the command on SIGTERM so its checkpoint handler
+runs.  A :class:`~.executor.ProcInfo` records the Slurm job id as ``pid`` and
+its submit time as ``start_time`` (a restarted service adopts the job only if
+both match: ids restart when Slurm's state is lost).
+
+**Stop**: ``scancel --signal=TERM --full``, up to the grace period for the job
+to checkpoint and exit, then ``scontrol requeuehold`` (which kills what is
+left).  The job stays in Slurm, held; a relaunch of the same executor id on
+the same node and GPUs with the same command updates its cores and memory,
+sets ``StartTime=now`` (a plain requeue waits 121 s) and releases it: the same
+Slurm job id, ``SLURM_RESTART_COUNT`` counting the resumes
+(``GPULOOM_RESUME=1`` from it).  The release waits until a second has passed
+since the requeue: slurmd refuses, by whole seconds, launch credentials as old
+as a requeue's (the job would fail at once with ``already killed``).  Slurm 22.05 piles gres Types up when a held
+job is re-pinned to other GPUs, so a relaunch elsewhere cancels the held job
+and submits a new one.  Held jobs not relaunched within ``hold_s`` are
+cancelled.
+
+**Exits** come from ``scontrol show job``: ``ExitCode=code:signal`` (a signal
+``n`` reads ``128 + n``), and the state names the reason (``OUT_OF_MEMORY``,
+``TIMEOUT``, ``NODE_FAIL``, a ``CANCELLED`` by someone else).  Slurm keeps a
+finished job for ``MinJobAge`` (300 s by default); a job that ended longer ago
+while the service was down is read from ``sacct`` where accounting is on, else
+its code is unknown.  While ``slurmctld`` does not answer, nothing is reported
+and launches are deferred (the jobs keep running under ``slurmd``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ...core.cluster import Cluster, ClusterError, Node
+from .executor import Executor, ExecutorError, InventoryChange, LaunchSpec, NodeUnavailable, ProcInfo, free_port
+from .identity import lookup, owned_dir, private_dir
+from .logmirror import append_to, mirror_offset, set_mirror_offset
+
+log = logging.getLogger("gpuloom.service")
+
+#: states of a job that has ended (its ExitCode is final)
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+#: states of a job whose processes run (or are being set up or torn down)
+LIVE = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT",
+                  "RESIZING"})
+UP = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
+NOT_UP_FLAGS = frozenset({"DRAIN", "DRAINING", "DRAINED", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED",
+                          "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN",
+                          "NOT_RESPONDING", "FUTURE", "INVALID_REG", "DOWN", "UNKNOWN"})
+REASONS = {"OUT_OF_MEMORY": "killed by the OOM killer (Slurm: OUT_OF_MEMORY)",
+           "TIMEOUT": "reached its Slurm time limit (TIMEOUT)",
+           "NODE_FAIL": "its node failed (Slurm: NODE_FAIL)",
+           "BOOT_FAIL": "its node failed to boot (Slurm: BOOT_FAIL)",
+           "DEADLINE": "passed its Slurm deadline (DEADLINE)",
+           "PREEMPTED": "preempted by Slurm (PREEMPTED)",
+           "CANCELLED": "cancelled in Slurm (scancel), not by gpuloom"}
+#: how long after a requeue a held job may be released again (see :meth:`SlurmExecutor.launch`)
+REVOKE_S = 1.1
+_NAME_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_GRES_IDX = re.compile(r"gpu(?::[^:(,]+)?:(\d+)\(IDX:([^)]*)\)")
+
+
+class SlurmError(ExecutorError):
+    """A Slurm command that failed; the message has the command and what it said."""
+
+
+def parse_records(text: str) -> list[dict[str, str]]:
+    """Records of ``scontrol --oneliner show job|node`` (one a line, ``Key=Value`` words), first of each key.
+
+    A word without ``=`` belongs to the value before it (a node's ``Reason=Not responding [..]``)."""
+    out = []
+    for line in text.splitlines():
+        if "=" not in line:
+            continue
+        rec: dict[str, str] = {}
+        last = None
+        for word in line.split():
+            k, eq, v = word.partition("=")
+            if eq and k and (k.replace("/", "").replace(":", "").replace("_", "").isalnum()):
+                if k in rec:  # -d repeats some keys (the allocated GRES): keep both, the second as k+"#2"
+                    k = k + "#2"
+                    if k in rec:
+                        last = None
+                        continue
+                rec[k] = v
+                last = k
+            elif last is not None:
+                rec[last] += " " + word
+        out.append(rec)
+    return out
+
+
+def gres_gpus(gres: str) -> list[tuple[str, int]]:
+    """A node's ``Gres=`` as (type, count) per GPU entry, in order (type ``""`` when untyped)."""
+    out = []
+    for item in gres.split(","):
+        item = item.split("(", 1)[0]
+        parts = item.split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        try:
+            count = int(parts[-1])
+            typ = parts[1] if len(parts) == 3 else ""
+        except ValueError:  # gpu:a100 (count 1)
+            count, typ = 1, parts[1]
+        out.append((typ, count))
+    return out
+
+
+def gres_indices(gres: str) -> list[int]:
+    """GPU indices in a job's or node's allocated ``GRES=gpu:g1:1(IDX:1),gpu:2(IDX:0,2-3)``."""
+    out: list[int] = []
+    for m in _GRES_IDX.finditer(gres):
+        if int(m.group(1)) == 0:
+            continue
+        for r in m.group(2).split(","):
+            if r in ("", "N/A"):
+                continue
+            a, _, b = r.partition("-")
+            out.extend(range(int(a), int(b or a) + 1))
+    return sorted(out)
+
+
+def exit_of(code: str) -> int | None:
+    """Shell-style exit of a Slurm ``ExitCode=code:signal`` (``128 + signal`` when a signal ended it)."""
+    try:
+        a, _, b = code.partition(":")
+        rc, sig = int(a), int(b or 0)
+    except ValueError:
+        return None
+    return 128 + sig if sig else rc
+
+
+def node_state_ok(state: str) -> bool:
+    """Whether a node of ``State=`` (``IDLE``, ``MIXED+DRAIN``, ``IDLE*``) may get jobs."""
+    if "*" in state or "~" in state or "#" in state or "!" in state or "%" in state:
+        return False
+    words = state.upper().split("+")
+    return words[0] in UP and not (set(words[1:]) & NOT_UP_FLAGS)
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    name: str
+    gpus: int
+    cpus: int
+    mem_mb: int
+    gpu_type: str
+    types: tuple[str, ...]  # one gres Type per device, in index order; () when not declared so
+    up: bool
+    partitions: tuple[str, ...]
+    addr: str = ""  # NodeAddr: where other nodes reach it
+
+    def as_node(self) -> Node:
+        return Node(self.name, self.gpus, self.cpus, self.mem_mb, self.gpu_type)
+
+
+def slurm_node(rec: Mapping[str, str]) -> SlurmNode | None:
+    """A :class:`SlurmNode` of one ``scontrol show node`` record, or None if it declares no GPU."""
+    gpus = gres_gpus(rec.get("Gres", "") if rec.get("Gres") not in (None, "(null)") else "")
+    n = sum(c for _, c in gpus)
+    if n < 1:
+        return None
+    types = tuple(t for t, _ in gpus) if all(c == 1 and t for t, c in gpus) and len({t for t, _ in gpus}) == n else ()
+    kinds = {t for t, _ in gpus}
+    gpu_type = next(iter(kinds)) if len(kinds) == 1 and "" not in kinds and not types else "generic"
+    cpus = int(rec.get("CPUEfctv") or rec.get("CPUTot") or 0)
+    return SlurmNode(rec["NodeName"], n, cpus, int(rec.get("RealMemory") or 0), gpu_type, types,
+                     node_state_ok(rec.get("State", "")), tuple(p for p in rec.get("Partitions", "").split(",") if p),
+                     rec.get("NodeAddr", rec["NodeName"]))
+
+
+def read_output(path: str, offset: int, most: int = 16 << 20) -> bytes | None:
+    """Up to ``most`` bytes from ``offset`` of a job's output file, which its account owns and could replace:
+    only a regular file with one name, owned by the owner of its directory, is read (never through a link,
+    so a job cannot have the service copy another file into its log); None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.stat(os.path.dirname(path)).st_uid:
+            log.warning("%s: not a plain file of its directory's owner: not copied", path)
+            return None
+        return os.pread(fd, most, offset)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _time(s: str | None) -> float:
+    """Seconds since the epoch of a Slurm time (``2026-11-28T19:31:42``, local time); 0 if not a time."""
+    try:
+        return datetime.fromisoformat(str(s)).timestamp()
+    except ValueError:
+        return 0.0
+
+
+@dataclass(slots=True)
+class _Held:
+    """A job stopped by gpuloom and requeued held in Slurm, kept for a relaunch."""
+
+    slurm_id: int
+    key: tuple[Any, ...]  # what a relaunch must match to reuse it
+    since: float  # monotonic
+    wall: float = 0.0  # when it was requeued (time.time())
+
+
+class SlurmExecutor(Executor):
+    """Runs each job as a Slurm batch job (see the module notes).
+
+    ``prefix``: job names are ``<prefix>:<executor id>`` (one per service).
+    ``partition``: where jobs go (None: Slurm's default).  ``env``: the
+    environment of Slurm's commands (``SLURM_CONF`` for a cluster not in
+    ``/etc/slurm``).  ``start_wait_s``: how long a launch waits for Slurm to
+    start the job before it gives up (the job stays queued in gpuloom).
+    ``out_dir``: where Slurm writes jobs' output, on a file system the nodes
+    share, one directory per account (owned by it), copied into each job's log
+    as it grows (None: Slurm writes the job's log itself, which the job's
+    account must then be able to reach).
+    """
+
+    def __init__(self, prefix: str, partition: str | None = None, grace_s: float = 10.0,
+                 env: Mapping[str, str] | None = None, hold_s: float = 600.0, start_wait_s: float = 15.0,
+                 poll_every_s: float = 0.2, timeout_s: float = 30.0, out_dir: str | None = None) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", prefix):
+            raise ExecutorError(f"Slurm job name prefix {prefix!r}: letters, digits, '_', '.', '-' only")
+        self.prefix = prefix
+        self.partition = partition
+        self.grace_s = float(grace_s)
+        self.env = dict(env if env is not None else os.environ)
+        self.hold_s = float(hold_s)
+        self.start_wait_s = float(start_wait_s)
+        self.poll_every_s = float(poll_every_s)
+        self.timeout_s = float(timeout_s)
+        self._bin: dict[str, str] = {}
+        self.nodes: dict[str, SlurmNode] = {}  # every GPU node Slurm reports (usable or not), by name
+        self.procs: dict[str, ProcInfo] = {}
+        self.held: dict[str, _Held] = {}
+        self.exits: dict[str, int | None] = {}
+        self.reasons: dict[str, str] = {}
+        self._keys: dict[str, tuple[Any, ...]] = {}  # executor id -> its launch's key (for a relaunch)
+        self._stopping: set[str] = set()  # executor ids a stop (a worker thread) is carrying out: poll leaves them
+        self.jobs: dict[int, dict[str, str]] = {}  # Slurm's jobs at the last read
+        self._read_at = -1e9
+        self.out_dir = str(private_dir(out_dir, 0o711)) if out_dir is not None else None
+        self.outputs: dict[str, str] = {}  # executor id -> where Slurm writes its output (out_dir)
+
+    # -- Slurm's commands ---------------------------------------------------------------------
+    def _which(self, name: str) -> str:
+        if name not in self._bin:
+            path = self.env.get("PATH", os.defpath) + ":/usr/bin:/usr/sbin:/bin:/sbin"
+            found = shutil.which(name, path=path)
+            if found is None:
+                raise SlurmError(f"{name}: not found (install Slurm's client commands)")
+            self._bin[name] = found
+        return self._bin[name]
+
+    def cmd(self, *argv: str, stdin: str | None = None, ok: Sequence[str] = ()) -> str:
+        """Run a Slurm command; its stdout.  SlurmError when it fails, unless its stderr has one of ``ok``."""
+        try:
+            r = subprocess.run([self._which(argv[0]), *argv[1:]], input=stdin, capture_output=True, text=True,
+                               env=self.env, timeout=self.timeout_s, cwd="/")
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{' '.join(argv[:3])}: no answer within {self.timeout_s:g} s") from None
+        if r.returncode != 0 and not any(s in r.stderr for s in ok):
+            raise SlurmError(f"{' '.join(argv[:4])}: {r.stderr.strip() or f'exit {r.returncode}'}"[:500])
+        return r.stdout
+
+    def read_jobs(self) -> dict[int, dict[str, str]]:
+        """Every job slurmctld holds (``scontrol show job -d``), by id; also kept in ``self.jobs``."""
+        out = self.cmd("scontrol", "--oneliner", "show", "job", "-d")
+        self.jobs = {int(r["JobId"]): r for r in parse_records(out) if r.get("JobId", "").isdigit()}
+        self._read_at = time.monotonic()
+        return self.jobs
+
+    def read_nodes(self) -> dict[str, SlurmNode]:
+        out = self.cmd("scontrol", "--oneliner", "show", "node")
+        nodes = {}
+        for rec in parse_records(out):
+            n = slurm_node(rec) if "NodeName" in rec else None
+            if n is not None and (self.partition is None or self.partition in n.partitions):
+                nodes[n.name] = n
+        self.nodes = nodes
+        return nodes
+
+    def job_name(self, eid: str) -> str:
+        return f"{self.prefix}:{eid}"
+
+    def _eid_of(self, rec: Mapping[str, str]) -> str | None:
+        name = rec.get("JobName", "")
+        return name[len(self.prefix) + 1:] if name.startswith(self.prefix + ":") else None
+
+    # -- launch -------------------------------------------------------------------------------
+    def _gres(self, node: SlurmNode, gpus: Sequence[int]) -> str | None:
+        if not gpus:
+            return None
+        if node.types:
+            bad = [g for g in gpus if not 0 <= g < len(node.types)]
+            if bad:
+                raise ExecutorError(f"GPU index(es) {bad} not on Slurm node {node.name} ({node.gpus} GPUs)")
+            return ",".join(f"gpu:{node.types[g]}:1" for g in sorted(gpus))
+        return f"gpu:{len(gpus)}"
+
+    def _foreign_gpus(self, node: str) -> set[int]:
+        """GPU indices of ``node`` held by jobs that are not this executor's (submitted to Slurm directly)."""
+        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        out: set[int] = set()
+        for jid, rec in self.jobs.items():
+            if jid in mine or rec.get("JobState") not in LIVE or rec.get("NodeList") != node:
+                continue
+            out.update(gres_indices(rec.get("GRES", "")))
+        return out
+
+    def script(self, spec: LaunchSpec) -> str:
+        """The batch script: the job's environment, then its command, waited for through SIGTERM."""
+        env = dict(spec.env)
+        bad = [k for k in env if not _NAME_OK.match(k)]
+        if bad:
+            raise ExecutorError(f"job {spec.job_id}: environment names must be shell names: {bad[:3]}")
+        resume = env.pop("GPULOOM_RESUME", None) == "1"
+        attempt = int(env.pop("GPULOOM_ATTEMPT", "1") or 1)
+        lines = ["#!/bin/sh", f"# gpuloom job {spec.job_id}", "unset GPULOOM_RESUME"]
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", GPULOOM_JOB_ID=env.get("GPULOOM_JOB_ID", spec.job_id))
+        lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
+        # what Slurm decides at each start: cores, memory, restarts (a requeued job resumes)
+        lines += [
+            'r=${SLURM_RESTART_COUNT:-0}',
+            f'export GPULOOM_ATTEMPT=$(({attempt} + r))',
+            f'if [ "$r" -gt 0 ] || [ {int(resume)} = 1 ]; then export GPULOOM_RESUME=1; fi',
+            'export GPULOOM_CPUS="${SLURM_CPUS_ON_NODE:-1}" OMP_NUM_THREADS="${SLURM_CPUS_ON_NODE:-1}"',
+            'export GPULOOM_MEM_MB="${SLURM_MEM_PER_NODE:-0}" CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"',
+            'trap \'t=1\' TERM',
+            f"/bin/sh -c {shlex.quote(spec.command)} &",
+            'c=$!',
+            'while :; do wait "$c"; rc=$?; kill -0 "$c" 2>/dev/null || break; done',
+            'exit "$rc"',
+            "",
+        ]
+        return "\n".join(lines)
+
+    def _key(self, spec: LaunchSpec) -> tuple[Any, ...]:
+        env = {k: v for k, v in spec.env.items() if k not in ("GPULOOM_RESUME", "GPULOOM_ATTEMPT")}
+        return (spec.node, tuple(sorted(spec.gpus)), spec.command, tuple(sorted(env.items())), spec.workdir,
+                spec.user, spec.log_path)
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        node = self.nodes.get(spec.node)
+        if node is None:
+            self.read_nodes()
+            node = self.nodes.get(spec.node)
+        if node is None or not node.up:
+            raise NodeUnavailable(f"job {spec.job_id}: Slurm node {spec.node!r} is not up now")
+        try:  # what poll read a moment ago will do: a job started since then cannot be overlaid (Slurm keeps
+            if time.monotonic() - self._read_at > 1.0:  # ours pending: _wait_start gives up)
+                self.read_jobs()
+        except SlurmError as e:
+            raise NodeUnavailable(f"job {spec.job_id}: {e}") from None
+        taken = self._foreign_gpus(spec.node) & set(spec.gpus)
+        if taken:
+            raise NodeUnavailable(f"job {spec.job_id}: GPU(s) {sorted(taken)} of {spec.node} are held by jobs "
+                                  "submitted to Slurm directly")
+        gres = self._gres(node, spec.gpus)
+        cpus = max(1, len(spec.cpus))
+        held = self.held.pop(spec.job_id, None)
+        sid = None
+        if held is not None:
+            rec = self.jobs.get(held.slurm_id)
+            if held.key == self._key(spec) and rec is not None and rec.get("JobState") == "PENDING":
+                # the requeue revoked the job's launch credentials issued up to its second (slurmd compares
+                # whole seconds): a launch within that second is refused ("already killed") and fails
+                time.sleep(max(0.0, held.wall + REVOKE_S - time.time()))
+                try:
+                    self.cmd("scontrol", "update", f"JobId={held.slurm_id}", f"NumCPUs={cpus}",
+                             f"CPUsPerTask={cpus}", f"MinMemoryNode={max(1, spec.mem_mb)}", "StartTime=now")
+                    self.cmd("scontrol", "release", str(held.slurm_id))
+                    sid = held.slurm_id
+                except SlurmError as e:
+                    log.warning("job %s: cannot resume Slurm job %d (%s): submitting a new one", spec.job_id,
+                                held.slurm_id, e)
+            if sid is None:
+                self._cancel(held.slurm_id)
+        out = self._output(spec)
+        if sid is None:
+            sid = self._submit(spec, gres, cpus, out)
+        rec = self._wait_start(spec.job_id, sid)
+        info = ProcInfo(spec.job_id, spec.node, sid, _time(rec.get("SubmitTime")), spec.log_path, "")
+        self.procs[spec.job_id] = info
+        self._keys[spec.job_id] = self._key(spec)
+        if out != spec.log_path:
+            self.outputs[spec.job_id] = out.replace("%j", str(sid))
+        return info
+
+    def _output(self, spec: LaunchSpec) -> str:
+        """Where Slurm writes the job's output: its log, or a file of its account's in ``out_dir``, one per
+        Slurm job (``%j``: its id; a requeued job appends to its own)."""
+        if self.out_dir is None:
+            return spec.log_path
+        try:
+            d = owned_dir(os.path.join(self.out_dir, spec.user or "_server"), lookup(spec.user) if spec.user else None)
+        except (OSError, ValueError) as e:  # IdentityError is a ValueError
+            raise ExecutorError(f"job {spec.job_id}: cannot make its Slurm output directory: {e}") from None
+        return str(d / f"{spec.job_id}.%j.log")
+
+    def mirror(self, eids: Sequence[str], final: bool = False) -> None:
+        """Append what is new in Slurm's output of ``eids`` to their logs (whole lines unless ``final``)."""
+        for eid in eids:
+            remote, p = self.outputs.get(eid), self.procs.get(eid)
+            if remote is None or p is None:
+                continue
+            off = mirror_offset(p.log_path, "slurm", remote)
+            data = read_output(remote, off)
+            if data is None:
+                continue
+            if not final:
+                data = data[:data.rfind(b"\n") + 1]
+            if data:
+                append_to(p.log_path, data)
+                set_mirror_offset(p.log_path, "slurm", remote, off + len(data))
+
+    def _submit(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
+        argv = ["sbatch", "--parsable", f"--job-name={self.job_name(spec.job_id)}", "--open-mode=append",
+                f"--output={out}", f"--error={out}", "--nodes=1", "--ntasks=1",
+                f"--cpus-per-task={cpus}", f"--mem={max(1, spec.mem_mb)}", f"--nodelist={spec.node}",
+                f"--chdir={spec.workdir or '/'}", "--export=NONE", "--requeue"]
+        if gres is not None:
+            argv.append(f"--gres={gres}")
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        if spec.user is not None and (os.geteuid() != 0 or spec.user != "root"):
+            argv.append(f"--uid={spec.user}")
+        try:
+            out = self.cmd(*argv, stdin=self.script(spec))
+        except SlurmError as e:
+            if "Unable to contact slurm controller" in str(e) or "no answer" in str(e):
+                raise NodeUnavailable(f"job {spec.job_id}: {e}") from None
+            raise
+        try:
+            return int(out.strip().split(";")[0])
+        except ValueError:
+            raise SlurmError(f"job {spec.job_id}: sbatch gave no job id: {out.strip()[:200]!r}") from None
+
+    def _wait_start(self, eid: str, sid: int) -> dict[str, str]:
+        """Wait until Slurm starts the job (or it ends at once); cancel it and defer the launch if it does not."""
+        end = time.monotonic() + self.start_wait_s
+        while True:
+            rec = self._job(sid)
+            state = (rec or {}).get("JobState", "")
+            if rec is not None and (state in LIVE or state in ENDED):
+                return rec
+            if time.monotonic() > end:
+                self._cancel(sid)
+                why = (rec or {}).get("Reason", "gone")
+                raise NodeUnavailable(f"job {eid}: Slurm did not start job {sid} within {self.start_wait_s:g} s "
+                                      f"(Reason={why}): cancelled, the job stays queued")
+            time.sleep(0.05)
+
+    def _job(self, sid: int) -> dict[str, str] | None:
+        out = self.cmd("scontrol", "--oneliner", "show", "job", "-d", str(sid), ok=("Invalid job id",))
+        recs = parse_records(out)
+        if recs:
+            self.jobs[sid] = recs[0]
+            return recs[0]
+        self.jobs.pop(sid, None)
+        return None
+
+    def _cancel(self, sid: int) -> None:
+        try:
+            self.cmd("scancel", str(sid), ok=("Invalid job id", "already completing or completed"))
+        except SlurmError as e:
+            log.warning("cannot cancel Slurm job %d: %s", sid, e)
+
+    # -- stop ---------------------------------------------------------------------------------
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        p = self.procs.get(job_id)
+        if p is None:
+            raise ExecutorError(f"job {job_id}: not running through this executor")
+        if job_id in self.exits:  # it ended on its own; not yet polled
+            self._forget(job_id)
+            return self.exits.pop(job_id)
+        self._stopping.add(job_id)
+        try:
+            return self._stop(job_id, p.pid, grace_s)
+        finally:
+            self._stopping.discard(job_id)
+
+    def _stop(self, job_id: str, sid: int, grace_s: float) -> int | None:
+        end = time.monotonic() + grace_s
+        rec: dict[str, str] | None = {"JobState": "RUNNING"}
+        sent = -1e9
+        # COMPLETING: its batch script has exited (its code is final) and Slurm is tearing the rest down
+        while rec is not None and rec.get("JobState") in LIVE - {"COMPLETING"} and time.monotonic() < end:
+            if time.monotonic() - sent >= 1.0:  # again each second: a job whose batch step is still starting
+                sent = time.monotonic()         # on its node drops the signal
+                self.cmd("scancel", "--signal=TERM", "--full", str(sid), ok=("Invalid job id", "completing or completed"))
+            else:
+                time.sleep(0.1)
+            rec = self._job(sid)
+        code = None
+        if rec is not None and (rec.get("JobState") in ENDED or rec.get("JobState") == "COMPLETING"):
+            code = exit_of(rec.get("ExitCode", ""))
+        elif rec is not None:
+            code = 137  # still running after the grace period: requeuehold kills it
+        if code == 0 or rec is None:  # its work is done (or Slurm forgot it): nothing to resume
+            self._keys.pop(job_id, None)
+            self._forget(job_id)
+            return code
+        try:  # kept held for a relaunch (same Slurm id); cancelled if none comes
+            self.cmd("scontrol", "requeuehold", str(sid))
+            self.held[job_id] = _Held(sid, self._keys.pop(job_id, ()), time.monotonic(), time.time())
+        except SlurmError as e:
+            log.info("job %s: Slurm job %d not kept for a relaunch (%s)", job_id, sid, e)
+            self._keys.pop(job_id, None)
+            self._cancel(sid)
+        self._forget(job_id)
+        return code
+
+    def _forget(self, eid: str) -> None:
+        self.mirror([eid], final=True)
+        self.procs.pop(eid, None)
+        self.outputs.pop(eid, None)
+
+    # -- observe ------------------------------------------------------------------------------
+    def poll(self) -> dict[str, int | None]:
+        if time.monotonic() - self._read_at >= self.poll_every_s:
+            try:
+                self.read_jobs()
+            except SlurmError as e:  # slurmctld restarting: nothing is known to have ended
+                log.warning("cannot read Slurm's jobs: %s", e)
+                return {}
+            for eid, p in list(self.procs.items()):
+                if eid in self.exits or eid in self._stopping:
+                    continue
+                rec = self.jobs.get(p.pid)
+                if rec is None:
+                    self.exits[eid] = self._sacct(p.pid)
+                    continue
+                state = rec.get("JobState", "")
+                if state in ENDED:  # (not at COMPLETING: its GPUs are not free before the teardown ends)
+                    code = exit_of(rec.get("ExitCode", ""))
+                    if state == "OUT_OF_MEMORY" and code == 0:
+                        code = 137
+                    self.exits[eid] = code
+                    if state in REASONS:
+                        self.reasons[eid] = REASONS[state]
+                elif state == "PENDING" and p.node in self.nodes and self.nodes[p.node].up:
+                    # requeued by someone else (scontrol requeue): held, and ended here
+                    self.cmd("scontrol", "hold", str(p.pid), ok=("already",))
+                    self.held[eid] = _Held(p.pid, self._keys.get(eid, ()), time.monotonic())
+                    self.exits[eid] = None
+                    self.reasons[eid] = f"requeued in Slurm, not by gpuloom (Reason={rec.get('Reason', '?')})"
+            self._find_held()
+            self._expire_held()
+            self.mirror([e for e in self.outputs if e not in self.exits])
+        out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
+        for x in out:
+            remote = self.outputs.get(x)
+            self._forget(x)
+            self._keys.pop(x, None)
+            if remote is not None:  # copied whole into the job's log
+                try:
+                    os.unlink(remote)
+                except OSError:
+                    pass
+        return out
+
+    def _find_held(self) -> None:
+        """Held jobs of this service's that an earlier incarnation left: cancelled when their time is up."""
+        known = {h.slurm_id for h in self.held.values()} | {p.pid for p in self.procs.values()}
+        for sid, rec in self.jobs.items():
+            eid = self._eid_of(rec)
+            if eid is None or sid in known or "held" not in rec.get("Reason", "").lower() or eid in self._stopping:
+                continue
+            if eid in self.held:  # an older one for the same id: only the latest can be resumed
+                self._cancel(sid)
+            else:
+                self.held[eid] = _Held(sid, (), time.monotonic(), time.time())
+
+    def _expire_held(self) -> None:
+        now = time.monotonic()
+        for eid, h in list(self.held.items()):
+            if now - h.since > self.hold_s:
+                del self.held[eid]
+                self._cancel(h.slurm_id)
+
+    def _sacct(self, sid: int) -> int | None:
+        """The exit of a job slurmctld no longer holds, from accounting (None where it is off)."""
+        try:
+            out = self.cmd("sacct", "-n", "-P", "-X", "-j", str(sid), "-o", "State,ExitCode")
+        except SlurmError:
+            return None
+        for line in out.splitlines():
+            _, _, code = line.partition("|")
+            return exit_of(code)
+        return None
+
+    def adopt(self, info: ProcInfo) -> bool:
+        cur = self.procs.get(info.job_id)
+        if cur is not None and cur.pid == info.pid:
+            return True
+        rec = self._job(info.pid)
+        if rec is None or self._eid_of(rec) != info.job_id or abs(_time(rec.get("SubmitTime")) - info.start_time) > 1:
+            return False
+        if rec.get("JobState") not in LIVE:
+            return False
+        self.procs[info.job_id] = info
+        out = rec.get("StdOut", "")
+        if self.out_dir is not None and out.startswith(self.out_dir + "/"):
+            self.outputs[info.job_id] = out
+        return True
+
+    def exit_code(self, info: ProcInfo) -> int | None:
+        rec = self._job(info.pid)
+        if rec is None:
+            return self._sacct(info.pid)
+        if self._eid_of(rec) != info.job_id or rec.get("JobState") not in ENDED:
+            return None
+        return exit_of(rec.get("ExitCode", ""))
+
+    def exit_time(self, info: ProcInfo) -> float | None:
+        rec = self._job(info.pid)
+        if rec is None or rec.get("JobState") not in ENDED:
+            return None
+        t = _time(rec.get("EndTime"))
+        return t or None
+
+    def alive(self, job_id: str) -> bool:
+        p = self.procs.get(job_id)
+        if p is None:
+            return False
+        rec = self._job(p.pid)
+        return rec is not None and rec.get("JobState") in LIVE
+
+    def end_reason(self, job_id: str) -> str | None:
+        return self.reasons.pop(job_id, None)
+
+    def orphans(self) -> list[ProcInfo]:
+        """Running Slurm jobs with this service's names that no record holds (a launch not recorded)."""
+        try:
+            self.read_jobs()
+        except SlurmError as e:
+            log.warning("cannot look for unrecorded Slurm jobs: %s", e)
+            return []
+        known = {p.pid for p in self.procs.values()}
+        out = []
+        for sid, rec in self.jobs.items():
+            eid = self._eid_of(rec)
+            if eid is not None and sid not in known and rec.get("JobState") in LIVE:
+                out.append(ProcInfo(eid, rec.get("NodeList", ""), sid, _time(rec.get("SubmitTime")),
+                                    rec.get("StdOut", ""), ""))
+        return out
+
+    def evict(self, node: str) -> list[str]:
+        """Requeue held this executor's jobs on ``node`` (lost: drained or down) and forget them."""
+        gone = [e for e, p in self.procs.items() if p.node == node]
+        for e in gone:
+            p = self.procs[e]
+            self._forget(e)
+            self.exits.pop(e, None)
+            try:
+                self.cmd("scontrol", "requeuehold", str(p.pid), ok=("Invalid job id",))
+                self.held[e] = _Held(p.pid, (), time.monotonic())  # not reused: cancelled on expiry
+            except SlurmError as err:
+                log.warning("job %s: cannot requeue Slurm job %d off node %s: %s", e, p.pid, node, err)
+                self._cancel(p.pid)
+        return gone
+
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """Rank 0's node address (Slurm's ``NodeAddr``) and a port free on this machine (not checked there)."""
+        n = self.nodes.get(node)
+        if n is None:
+            raise ExecutorError(f"node {node!r} is not a Slurm node with GPUs")
+        return n.addr, free_port()
+
+    def cluster(self) -> Cluster:
+        up = [n.as_node() for n in sorted(self.nodes.values(), key=lambda n: n.name) if n.up]
+        if not up:
+            raise ClusterError("the Slurm cluster has no node with GPUs up"
+                               + (f" in partition {self.partition}" if self.partition else "")
+                               + " (declare them as gres: Gres=gpu:... in slurm.conf)")
+        return Cluster(tuple(up))
+
+
+class SlurmInventory:
+    """The service's inventory source on Slurm (:class:`~.inventory.InventorySource`): the nodes
+    that are up, re-read at most every ``every_s`` seconds; a node that goes down or is drained is
+    lost (its jobs are requeued held and resumed elsewhere after ``fence_s``)."""
+
+    def __init__(self, executor: SlurmExecutor, every_s: float = 1.0, fence_s: float | None = None) -> None:
+        self.executor = executor
+        self.every_s = float(every_s)
+        self.fence_s = executor.grace_s + 1.0 if fence_s is None else float(fence_s)
+        self._last = 0.0
+        executor.read_nodes()
+        self.current = executor.cluster()
+        self.usable = {n.name for n in self.current.nodes}
+
+    def poll(self) -> InventoryChange | None:
+        t = time.monotonic()
+        if t - self._last < self.every_s:
+            return None
+        self._last = t
+        ex = self.executor
+        nodes = ex.read_nodes()
+        usable = {name for name, n in nodes.items() if n.up}
+        before = {n.name: n for n in self.current.nodes}
+        changed = {name for name in usable & set(before) if nodes[name].as_node() != before[name]}
+        if usable == self.usable and not changed:
+            return None
+        lost = (self.usable - usable) | changed
+        try:
+            new = ex.cluster()
+        except ClusterError as e:  # no node left: keep the inventory (its jobs run on; launches are refused)
+            log.error("%s", e)
+            return None
+        for name in sorted(lost):
+            moved = ex.evict(name)
+            log.warning("Slurm node %s is %s: %d job(s) requeued off it", name,
+                        "gone" if name not in nodes else "no longer up", len(moved))
+        self.usable = usable
+        self.current = new
+        return InventoryChange(new, frozenset(lost), self.fence_s)

@@ -1,0 +1,257 @@
+"""A real one-node Slurm (Debian's ``slurm-wlm`` and ``munge``) started by the tests, on this machine.
+
+``munged`` with a key made here, ``slurmctld -D`` and ``slurmd -D`` with a ``slurm.conf`` and
+``gres.conf`` written here: one node (``NODE``) declaring ``GPUS`` GPUs as gres over fake device
+files (character devices with the numbers of ``/dev/null``), one gres Type per device (``g0`` ...)
+so that a job's GPU indices can be pinned, ``select/cons_tres`` with ``CR_Core_Memory``, no
+cgroups (``proctrack/linuxproc``, ``task/none``).  Every file lives in one temporary directory
+(the device files in ``/dev``, named after it); :meth:`SlurmCluster.stop` ends each daemon and
+removes all of it, and runs even when a test fails.  Tests skip, saying why, where the binaries
+are missing or not running as root (device files, ``SlurmUser=root``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NODE = "gpn0"
+GPUS = 4
+CPUS = 8
+MEM_MB = 8000
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel")
+
+
+def missing() -> str | None:
+    """Why a real Slurm cannot run here, or None."""
+    gone = [b for b in BINARIES if shutil.which(b, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
+    if gone:
+        return f"Slurm not installed (no {', '.join(gone)}): apt-get install slurm-wlm munge"
+    if os.geteuid() != 0:
+        return "a test Slurm needs root (device files, SlurmUser=root)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _which(name: str) -> str:
+    found = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+    assert found is not None, name
+    return found
+
+
+class SlurmCluster:
+    """The daemons and files of one test Slurm; ``env`` makes its client commands find it."""
+
+    def __init__(self, root: Path, node: str = NODE, gpus: int = GPUS, cpus: int = CPUS, mem_mb: int = MEM_MB) -> None:
+        self.root = root
+        self.node = node
+        self.gpus = gpus
+        self.cpus = cpus
+        self.mem_mb = mem_mb
+        self.tag = uuid.uuid4().hex[:6]
+        self.devices = [f"/dev/gpuloom-test-{self.tag}-gpu{i}" for i in range(gpus)]
+        self.conf = root / "slurm.conf"
+        self.munge_socket = root / "munge" / "munge.socket"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+
+    # -- set-up --------------------------------------------------------------------------------
+    def write(self) -> None:
+        r = self.root
+        r.chmod(0o755)  # job accounts reach their batch scripts in the spool
+        for d in ("munge", "state", "spool", "log"):
+            (r / d).mkdir(mode=0o755 if d == "spool" else 0o700, parents=True, exist_ok=True)
+        key = r / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        for dev in self.devices:
+            os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # a character device: /dev/null's numbers
+        ctl_port, d_port = _free_port(), _free_port()
+        self.conf.write_text("\n".join([
+            "ClusterName=gpuloomtest",
+            f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
+            f"SlurmctldPort={ctl_port}",
+            f"SlurmdPort={d_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            f"StateSaveLocation={r / 'state'}",
+            f"SlurmdSpoolDir={r / 'spool'}",
+            f"SlurmctldPidFile={r / 'slurmctld.pid'}",
+            f"SlurmdPidFile={r / 'slurmd.pid'}",
+            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            "SlurmdParameters=config_overrides",  # declare more cores and memory than this machine has
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "ReturnToService=2",
+            "KillWait=5",
+            "MinJobAge=300",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            "InactiveLimit=0",
+            "GresTypes=gpu",
+            f"NodeName={self.node} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 CPUs={self.cpus} "
+            f"RealMemory={self.mem_mb} Gres={','.join(f'gpu:g{i}:1' for i in range(self.gpus))} State=UNKNOWN",
+            f"PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]))
+        (r / "gres.conf").write_text("".join(f"NodeName={self.node} Name=gpu Type=g{i} File={dev}\n"
+                                             for i, dev in enumerate(self.devices)))
+        self.conf.chmod(0o644)
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        out = open(self.root / "log" / f"{name}.out", "ab")
+        self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        out.close()
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.write()
+        r = self.root
+        self._spawn("munged", [_which("munged"), "-F", "--force", f"--key-file={r / 'munge' / 'munge.key'}",
+                               f"--socket={self.munge_socket}", f"--pid-file={r / 'munge' / 'munged.pid'}",
+                               f"--seed-file={r / 'munge' / 'munged.seed'}", f"--log-file={r / 'log' / 'munged.log'}"])
+        wait_until(self.munge_socket.exists, 10.0, "munged's socket")
+        self.start_ctld()
+        self.start_slurmd()
+        wait_until(lambda: "IDLE" in self.scontrol("show", "node", self.node).upper(), timeout,
+                   f"node {self.node} to be idle", self.logs)
+
+    def start_ctld(self) -> None:
+        self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i"])
+        wait_until(lambda: self.run("scontrol", "ping", check=False).returncode == 0, 30.0, "slurmctld", self.logs)
+
+    def start_slurmd(self) -> None:
+        self._spawn("slurmd", [_which("slurmd"), "-D", "-N", self.node])
+
+    def stop_daemon(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        p = self.procs.pop(name, None)
+        if p is None or p.poll() is not None:
+            return
+        os.killpg(p.pid, sig)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+    # -- commands ------------------------------------------------------------------------------
+    def run(self, *argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([_which(argv[0]), *argv[1:]], env=self.env, capture_output=True, text=True,
+                              check=check, timeout=timeout)
+
+    def scontrol(self, *args: str) -> str:
+        return self.run("scontrol", "--oneliner", *args).stdout
+
+    def job(self, job_id: int | str) -> dict[str, str]:
+        """``scontrol show job -d``'s fields of one job (the first of each key)."""
+        out = self.scontrol("show", "job", "-d", str(job_id))
+        fields: dict[str, str] = {}
+        for tok in out.split():
+            k, eq, v = tok.partition("=")
+            if eq and k not in fields:
+                fields[k] = v
+        return fields
+
+    def cancel_all(self) -> None:
+        self.run("scancel", "--full", "--user=root", check=False)
+        self.run("scancel", "--user=root", check=False)
+
+    def logs(self) -> str:
+        out = []
+        for f in sorted((self.root / "log").glob("*")):
+            text = f.read_text(errors="replace")
+            out.append(f"== {f.name}\n{text[-3000:]}")
+        return "\n".join(out)
+
+    # -- tear-down -----------------------------------------------------------------------------
+    def stop(self) -> None:
+        if "slurmctld" in self.procs:
+            try:
+                self.cancel_all()
+            except Exception:
+                pass
+        for name in ("slurmd", "slurmctld", "munged"):
+            self.stop_daemon(name)
+        self._kill_leftovers()
+        for dev in self.devices:
+            try:
+                os.unlink(dev)
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill_leftovers(self) -> None:
+        """slurmstepd processes of jobs (their own sessions) still running from this Slurm's spool."""
+        import psutil
+
+        spool = str(self.root)
+        for p in psutil.process_iter(["name", "cmdline", "environ"]):
+            try:
+                if spool in " ".join(p.info["cmdline"] or []) or \
+                        (p.info["environ"] or {}).get("SLURM_CONF") == str(self.conf):
+                    if p.pid != os.getpid():
+                        p.kill()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+
+
+def wait_until(fn: Any, timeout: float, what: str, why: Any = None) -> Any:
+    """Poll ``fn`` until it returns something true; fail naming ``what`` (and ``why()``) after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            got = fn()
+        except (subprocess.SubprocessError, OSError):
+            got = None
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{why()}" if why else ""))
+        time.sleep(0.1)
+
+
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """Start a test Slurm in a fresh temporary directory (skip where it cannot run); stop it after."""
+    why = missing()
+    if why is not None:
+        pytest.skip(why)
+    c = SlurmCluster(Path(tempfile.mkdtemp(prefix="gpuloom-slurm-")))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session", name="slurm")
+def slurm_fixture() -> Iterator[SlurmCluster]:
+    """One test Slurm for the whole session (tests that restart or drain something put it back)."""
+    yield from slurm_cluster()

@@ -1,0 +1,378 @@
+"""gpuloom over a real Slurm (tests/slurm_util.py starts one here): the executor, its inventory,
+and ``gpuloom serve --slurm``; plus the parsers of Slurm's output on hand-written records."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
+from gpuloom.runtime.exec.slurm import (
+    SlurmExecutor,
+    SlurmInventory,
+    exit_of,
+    gres_gpus,
+    gres_indices,
+    node_state_ok,
+    parse_records,
+    read_output,
+    slurm_node,
+)
+from service_util import Server, job, job_writable, key_events, ledger, start_records, stepper_cmd, submit, wait_for
+from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
+
+REPO = Path(__file__).resolve().parents[1]
+PY = shlex.quote(sys.executable)
+
+
+# -- Slurm's output, parsed ----------------------------------------------------------------------
+def test_parse_records_keeps_spaced_values_and_repeated_keys() -> None:
+    text = ("NodeName=n1 Gres=gpu:g0:1,gpu:g1:1 State=IDLE+DRAIN Reason=Not responding [root@2026] CPUTot=8\n"
+            "JobId=7 JobState=RUNNING JOB_GRES=gpu:g1:1 Nodes=n1 CPU_IDs=0-1 GRES=gpu:g1:1(IDX:1) "
+            "TresPerNode=gres:gpu:g1:1\nNo more\n")
+    recs = parse_records(text)
+    assert recs[0] == {"NodeName": "n1", "Gres": "gpu:g0:1,gpu:g1:1", "State": "IDLE+DRAIN",
+                       "Reason": "Not responding [root@2026]", "CPUTot": "8"}
+    assert recs[1]["GRES"] == "gpu:g1:1(IDX:1)" and recs[1]["CPU_IDs"] == "0-1" and len(recs) == 2
+
+
+def test_gres_and_exit_codes() -> None:
+    assert gres_gpus("gpu:g0:1,gpu:g1:1(S:0),license:3") == [("g0", 1), ("g1", 1)]
+    assert gres_gpus("gpu:4(S:0-1)") == [("", 4)]
+    assert gres_gpus("gpu:a100:2,gpu:v100:1") == [("a100", 2), ("v100", 1)]
+    assert gres_indices("gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == [1, 3]
+    assert gres_indices("gpu:3(IDX:0,2-3)") == [0, 2, 3]
+    assert gres_indices("gpu:g0:0(IDX:N/A),gpu:g2:1(IDX:2)") == [2]
+    assert [exit_of(c) for c in ("0:0", "3:0", "0:15", "0:9", "x")] == [0, 3, 143, 137, None]
+
+
+def test_node_states_and_gpu_declarations() -> None:
+    assert [node_state_ok(s) for s in ("IDLE", "MIXED", "ALLOCATED", "IDLE+DRAIN", "MIXED+DRAIN", "DOWN",
+                                       "IDLE*", "DOWN+NOT_RESPONDING", "IDLE+COMPLETING")] == \
+        [True, True, True, False, False, False, False, False, True]
+    per_device = slurm_node({"NodeName": "a", "Gres": "gpu:g0:1,gpu:g1:1,gpu:g2:1", "CPUTot": "8",
+                             "RealMemory": "1000", "State": "IDLE", "Partitions": "gpu,all"})
+    assert per_device is not None
+    assert (per_device.gpus, per_device.types, per_device.gpu_type, per_device.cpus, per_device.mem_mb,
+            per_device.partitions) == (3, ("g0", "g1", "g2"), "generic", 8, 1000, ("gpu", "all"))
+    model = slurm_node({"NodeName": "b", "Gres": "gpu:a100:4", "CPUTot": "16", "RealMemory": "9", "State": "MIXED"})
+    assert model is not None and (model.gpus, model.types, model.gpu_type) == (4, (), "a100")
+    assert slurm_node({"NodeName": "c", "Gres": "(null)", "CPUTot": "4", "State": "IDLE"}) is None
+
+
+def test_job_output_is_copied_only_from_a_plain_file_of_its_owner(tmp_path: Path) -> None:
+    """The job's account owns its output directory: a link it puts there is never followed by the service."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root only\n")
+    d = tmp_path / "out"
+    d.mkdir()
+    (d / "ok.log").write_bytes(b"line 1\nline 2\n")
+    (d / "sym.log").symlink_to(secret)
+    os.link(secret, d / "hard.log")
+    os.mkfifo(d / "fifo.log")
+    assert read_output(str(d / "ok.log"), 7) == b"line 2\n"
+    assert [read_output(str(d / f), 0) for f in ("sym.log", "hard.log", "fifo.log", "none.log")] == [None] * 4
+    if os.geteuid() == 0:  # a file of another owner than the directory's
+        os.chown(d / "ok.log", 65534, 65534)
+        assert read_output(str(d / "ok.log"), 0) is None
+
+
+# -- the test Slurm itself -----------------------------------------------------------------------
+def test_sbatch_runs_a_job_on_the_pinned_gpus(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The harness works: a typed-gres job gets exactly the GPU indices it named."""
+    out = tmp_path / "out.log"
+    r = slurm.run("sbatch", "--parsable", f"--output={out}", "--gres=gpu:g2:1", "--mem=10", "--cpus-per-task=1",
+                  f"--chdir={tmp_path}", "--wrap", "echo cvd=$CUDA_VISIBLE_DEVICES")
+    sid = r.stdout.strip()
+    wait_until(lambda: slurm.job(sid).get("JobState") == "COMPLETED", 30, f"job {sid} to complete", slurm.logs)
+    assert slurm.job(sid)["ExitCode"] == "0:0"
+    assert out.read_text() == "cvd=2\n"
+
+
+# -- the executor against the test Slurm -----------------------------------------------------------
+
+SLEEPY = REPO / "examples" / "sleepy_train.py"
+
+
+@pytest.fixture
+def ex(slurm: SlurmCluster) -> Iterator[SlurmExecutor]:
+    e = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, start_wait_s=20.0)
+    e.read_nodes()
+    yield e
+    slurm.cancel_all()
+    wait_until(lambda: not slurm.scontrol("show", "job").strip().startswith("JobId") or
+               all(r.get("JobState") not in ("RUNNING", "COMPLETING", "CONFIGURING")
+                   for r in parse_records(slurm.scontrol("show", "job"))), 30, "jobs to end")
+
+
+def sleepy(steps: int, ckpt: Path, step_s: float = 0.05) -> str:
+    return (f"{PY} {SLEEPY} --steps {steps} --step-s {step_s} --checkpoint-every 1 --checkpoint-dir {ckpt} "
+            f"--ledger {ckpt}/ledger")
+
+
+def spec(eid: str, command: str, log: Path, gpus: tuple[int, ...] = (), cpus: int = 1, mem: int = 200,
+         **env: str) -> LaunchSpec:
+    return LaunchSpec(eid, command, "gpn0", gpus, tuple(range(cpus)), mem, str(log), env)
+
+
+def test_launch_places_the_job_on_the_chosen_gpus_cores_and_memory(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                   tmp_path: Path) -> None:
+    log = tmp_path / "j1.log"
+    cmd = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS mem=$GPULOOM_MEM_MB x=$X attempt=$GPULOOM_ATTEMPT"'
+    info = ex.launch(spec("j1", cmd, log, gpus=(1, 3), cpus=2, mem=300, X="a b $(echo no) ';\"`"))
+    rec = slurm.job(info.pid)
+    assert rec["JobName"] == "gltest:j1" and rec["NodeList"] == "gpn0"
+    assert slurm.scontrol("show", "job", "-d", str(info.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
+    assert (rec["NumCPUs"], rec["MinMemoryNode"]) == ("2", "300M")
+    got = wait_until(lambda: ex.poll(), 30, "the job's exit")
+    assert got == {"j1": 0}
+    assert log.read_text() == "cvd=1,3 cpus=2 mem=300 x=a b $(echo no) ';\"` attempt=1\n"  # values stay data
+    assert ex.poll() == {} and "j1" not in ex.procs
+
+
+def test_exit_codes_and_reasons_read_back(ex: SlurmExecutor, tmp_path: Path) -> None:
+    ex.launch(spec("bad", "exit 3", tmp_path / "bad.log"))
+    ex.launch(spec("sig", "kill -KILL $$", tmp_path / "sig.log"))
+    got: dict[str, int | None] = {}
+    wait_until(lambda: got.update(ex.poll()) or len(got) == 2, 30, "both exits")
+    assert got == {"bad": 3, "sig": 137}
+    assert ex.end_reason("bad") is None
+
+
+def test_gpus_held_by_a_job_submitted_directly_are_not_overlaid(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                tmp_path: Path) -> None:
+    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1", "--mem=10", f"--output={tmp_path}/o",
+                  f"--chdir={tmp_path}", "--wrap", "sleep 60")
+    sid = r.stdout.strip()
+    wait_until(lambda: slurm.job(sid).get("JobState") == "RUNNING", 30, "the direct job to run")
+    with pytest.raises(NodeUnavailable, match=r"GPU\(s\) \[0\] of gpn0 are held by jobs submitted to Slurm"):
+        ex.launch(spec("j2", "true", tmp_path / "j2.log", gpus=(0, 1)))
+    assert not [rec for rec in parse_records(slurm.scontrol("show", "job")) if rec["JobName"] == "gltest:j2"]
+    ex.launch(spec("j3", "true", tmp_path / "j3.log", gpus=(1,)))  # other GPUs: fine
+    assert wait_until(lambda: ex.poll(), 30, "j3's exit") == {"j3": 0}
+
+
+def test_preempt_and_resume_keep_the_slurm_job_and_run_each_step_once(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                     tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "p.log"
+    s = spec("p", sleepy(40, ckpt), log, gpus=(2,), cpus=1, GPULOOM_CHECKPOINT_DIR=str(ckpt), GPULOOM_ATTEMPT="1")
+    first = ex.launch(s)
+    wait_until(lambda: "iter=5" in log.read_text(), 30, "some progress")
+    assert ex.stop("p", 10.0) == 143
+    held = slurm.job(first.pid)
+    assert (held["JobState"], held["Reason"]) == ("PENDING", "job_requeued_in_held_state")
+    t0 = time.monotonic()
+    again = ex.launch(LaunchSpec(**{**{f: getattr(s, f) for f in s.__slots__}, "mem_mb": 250,  # type: ignore[attr-defined]
+                                    "env": {**s.env, "GPULOOM_RESUME": "1", "GPULOOM_ATTEMPT": "2"}}))
+    assert time.monotonic() - t0 < 15  # not Slurm's 121 s requeue delay
+    assert again.pid == first.pid
+    assert wait_until(lambda: ex.poll(), 60, "the resumed job's exit") == {"p": 0}, log.read_text() + slurm.logs()
+    rec = slurm.job(first.pid)
+    assert (rec["Restarts"], rec["MinMemoryNode"]) == ("1", "250M")
+    steps = [int(x) for x in (ckpt / "ledger").read_text().split()]
+    assert steps == list(range(1, 41))
+    text = log.read_text()
+    assert text.count("resumed from ") == 1 and text.count("checkpointed at step") == 1 and "result=820" in text
+
+
+def test_relaunch_on_other_gpus_submits_a_new_job(ex: SlurmExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Slurm 22.05 piles gres Types up when a held job is re-pinned: a move gets a fresh Slurm job."""
+    log = tmp_path / "m.log"
+    first = ex.launch(spec("m", 'echo "cvd=$CUDA_VISIBLE_DEVICES resume=${GPULOOM_RESUME-}"; sleep 30', log,
+                           gpus=(0,)))
+    wait_until(lambda: "cvd=" in log.read_text(), 30, "the first run")
+    ex.stop("m", 2.0)
+    second = ex.launch(spec("m", 'echo "cvd=$CUDA_VISIBLE_DEVICES resume=${GPULOOM_RESUME-}"; sleep 30', log,
+                            gpus=(3,), GPULOOM_RESUME="1"))
+    assert second.pid != first.pid
+    wait_until(lambda: log.read_text().count("cvd=") == 2, 30, "the second run")
+    assert [ln for ln in log.read_text().splitlines() if ln.startswith("cvd=")] == ["cvd=0 resume=", "cvd=3 resume=1"]
+    assert slurm.job(first.pid).get("JobState") == "CANCELLED"
+
+
+# -- gpuloom serve --slurm ------------------------------------------------------------------------------
+@pytest.fixture
+def serve_slurm(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``serve_slurm(*args)`` -> a started ``gpuloom serve --slurm all`` (jobs as the default job account)."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    servers: list[Server] = []
+    jobs = job_writable(tmp_path)
+
+    def make(*args: str) -> Server:
+        (tmp_path / "state").mkdir(mode=0o700, exist_ok=True)
+        s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(jobs),
+                   *args).start()
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+    slurm.cancel_all()
+
+
+def slurm_ids(s: Server, jid: int) -> list[int]:
+    """The Slurm job id of each launch of gpuloom job ``jid`` (from its launch events)."""
+    with s.client() as c:
+        return [e["detail"]["pids"][0] for e in c.get(f"/jobs/{jid}/events").json()
+                if e["kind"] in ("launch", "preempt", "move", "resize") and "pids" in e["detail"]]
+
+
+def test_serve_slurm_places_preempts_and_resumes_each_step_once(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm("--order", "sjf", "--grace", "10")
+    with s.client() as c:
+        assert [(n["name"], n["gpus"]) for n in c.get("/nodes").json()] == [("gpn0", 4)]
+        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit=600)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
+        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit=60)
+        short = wait_for(lambda: (j := job(c, short_id))["state"] == "finished" and j, 90, "short job")
+        long = wait_for(lambda: (j := job(c, long_id))["state"] == "finished" and j, 90, "long job")
+        log = c.get(f"/jobs/{long_id}/logs").text
+        short_log = c.get(f"/jobs/{short_id}/logs").text
+    assert short["exit_code"] == 0 and ledger(short["checkpoint_dir"]) == [0, 1, 2]
+    assert long["exit_code"] == 0 and long["progress"] == 30
+    assert long["preemptions"] == 1 and long["attempts"] == 2 and long["resume_count"] == 1
+    recs = start_records(log)
+    assert [(r["resume"], r["cvd"]) for r in recs] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
+    assert ledger(long["checkpoint_dir"]) == list(range(30))  # no step lost or repeated
+    (short_rec,) = start_records(short_log)
+    assert len(short_rec["cvd"].split(",")) == 2
+    # the resumed launch is the same Slurm job, released again (Slurm counts the restart)
+    first, again = slurm_ids(s, long_id)
+    assert first == again
+    rec = slurm.job(first)
+    assert (rec["JobName"], rec["Restarts"], rec["JobState"]) == (f"gpuloom-{service_id(s)}:{long_id}", "1",
+                                                                   "COMPLETED")
+    assert rec["UserId"].startswith("gpuloom(")  # the job's own account, not root
+
+
+def service_id(s: Server) -> str:
+    from gpuloom.runtime.state.store import Store
+
+    store = Store(f"sqlite:///{s.state_dir / 'gpuloom.db'}")
+    try:
+        return str(store.get_meta("service_id"))
+    finally:
+        store.close()
+
+
+def events_of(s: Server, jid: int) -> list[str]:
+    with s.client() as c:
+        return key_events(c.get(f"/jobs/{jid}/events").json())
+
+
+def test_service_sigkill_then_the_new_service_adopts_its_slurm_job(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm()
+    with s.client() as c:
+        jid = submit(c, name="a", command=stepper_cmd(400, 0.05), gpus=2)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
+    (sid,) = slurm_ids(s, jid)
+    s.kill()
+    assert slurm.job(sid)["JobState"] == "RUNNING"  # Slurm runs it on without the service
+    s2 = serve_slurm()
+    with s2.client() as c:
+        row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the adopted job")
+        log = c.get(f"/jobs/{jid}/logs").text
+    assert row["state"] == "finished" and row["exit_code"] == 0 and row["attempts"] == 1
+    assert events_of(s2, jid) == ["submit", "launch", "adopt", "finished"], (s2.state_dir / "serve.out").read_text()
+    assert ledger(row["checkpoint_dir"]) == list(range(400))  # ran once, through the restart
+    assert len(start_records(log)) == 1 and log.count("GPULOOM_PROGRESS iter=400") == 1  # its log copied once
+    assert (slurm.job(sid)["Restarts"], slurm.job(sid)["JobState"]) == ("0", "COMPLETED")
+
+
+def test_slurmctld_restart_loses_no_job(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm()
+    with s.client() as c:
+        jid = submit(c, name="a", command=stepper_cmd(60, 0.1), gpus=1)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
+        slurm.stop_daemon("slurmctld")
+        time.sleep(1.0)  # the service's loop meets a controller that does not answer
+        assert job(c, jid)["state"] in ("running", "running_protected")
+        slurm.start_ctld()
+        row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the job")
+    assert (row["state"], row["exit_code"], row["attempts"]) == ("finished", 0, 1)
+    assert ledger(row["checkpoint_dir"]) == list(range(60))
+
+
+def test_drained_node_gets_no_new_job_and_keeps_its_running_one(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm()
+    try:
+        with s.client() as c:
+            a = submit(c, name="a", command=stepper_cmd(40, 0.1), gpus=1)
+            wait_for(lambda: "GPULOOM_PROGRESS iter=2" in c.get(f"/jobs/{a}/logs").text, 60, "progress")
+            slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=gpuloom-test")
+            b = submit(c, name="b", command=stepper_cmd(2, 0.05), gpus=1)
+            time.sleep(2.0)  # rounds go by: b is planned onto the drained node and refused there
+            assert job(c, b)["state"] not in ("running", "running_protected", "finished", "launching")
+            assert job(c, a)["state"] in ("running", "running_protected")
+            resumed = time.time()
+            slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+            rows = [wait_for(lambda i=i: (j := job(c, i))["state"] in ("finished", "failed") and j, 90, f"job {i}")
+                    for i in (a, b)]
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME", check=False)
+    assert [(r["state"], r["exit_code"], r["attempts"] >= 1) for r in rows] == [("finished", 0, True)] * 2
+    assert rows[0]["attempts"] == 1 and ledger(rows[0]["checkpoint_dir"]) == list(range(40))
+    assert datetime.fromisoformat(rows[1]["first_start"]).timestamp() > resumed  # b started once the node was back
+
+
+def test_evict_requeues_the_job_held_and_a_relaunch_resumes_it(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                               tmp_path: Path) -> None:
+    """What a lost node's jobs get: requeued held (Slurm's SIGTERM, checkpoint), not reported as exits."""
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "e.log"
+    s = spec("e", sleepy(30, ckpt), log, gpus=(0,), GPULOOM_CHECKPOINT_DIR=str(ckpt))
+    first = ex.launch(s)
+    wait_until(lambda: "iter=4" in log.read_text(), 30, "progress")
+    assert ex.evict("gpn0") == ["e"]
+    wait_until(lambda: slurm.job(first.pid).get("Reason") == "job_requeued_in_held_state", 30, "the held job")
+    assert ex.poll() == {} and not ex.alive("e")
+    wait_until(lambda: "checkpointed at step" in log.read_text(), 30, "the checkpoint on SIGTERM")
+    ex.launch(LaunchSpec("e", s.command, "gpn0", (1,), (0,), 200, str(log), {**s.env, "GPULOOM_RESUME": "1"}))
+    assert wait_until(lambda: ex.poll(), 60, "the resumed job's exit") == {"e": 0}
+    assert [int(x) for x in (ckpt / "ledger").read_text().split()] == list(range(1, 31))
+
+
+def test_inventory_follows_slurm_nodes(ex: SlurmExecutor, slurm: SlurmCluster) -> None:
+    inv = SlurmInventory(ex, every_s=0.0)
+    assert [(n.name, n.gpus, n.cpus, n.mem_mb, n.gpu_type) for n in inv.current.nodes] == \
+        [("gpn0", 4, 8, 8000, "generic")]
+    assert ex.nodes["gpn0"].types == ("g0", "g1", "g2", "g3")
+    assert ex.rendezvous("gpn0")[0] == "127.0.0.1"  # the node's NodeAddr
+    assert inv.poll() is None
+    try:
+        slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=gpuloom-test")
+        assert inv.poll() is None  # no node left up: the inventory is kept
+        assert not ex.nodes["gpn0"].up
+        with pytest.raises(NodeUnavailable, match="Slurm node 'gpn0' is not up now"):
+            ex.launch(spec("x", "true", Path("/dev/null")))
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+    wait_until(lambda: inv.poll() is None and ex.nodes["gpn0"].up, 10, "the node to be up again")
+
+
+def test_held_jobs_are_cancelled_when_no_relaunch_comes_even_after_a_restart(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                             tmp_path: Path) -> None:
+    first = ex.launch(spec("h", "sleep 30", tmp_path / "h.log"))
+    assert ex.stop("h", 5.0) == 143
+    assert slurm.job(first.pid)["Reason"] == "job_requeued_in_held_state"
+    later = SlurmExecutor("gltest", env=slurm.env, hold_s=0.0)  # a restarted service, which never relaunches it
+    assert later.poll() == {}
+    wait_until(lambda: slurm.job(first.pid).get("JobState") == "CANCELLED", 10, "the held job to be cancelled")
+    assert later.held == {}
+
+
+def test_a_job_done_before_its_stop_is_not_kept_held(ex: SlurmExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    info = ex.launch(spec("d", "true", tmp_path / "d.log"))
+    wait_until(lambda: slurm.job(info.pid).get("JobState") == "COMPLETED", 30, "the job to complete")
+    assert ex.stop("d", 2.0) == 0
+    assert slurm.job(info.pid)["JobState"] == "COMPLETED" and ex.held == {} and ex.poll() == {}
