@@ -313,7 +313,8 @@ def test_no_command_hides_outside_a_run_block() -> None:
                 f"{b.key}: a command in a ```{b.lang or '(no language)'} block: tag it bash (or no-run, with a reason)"
         if b.no_run is not None:
             assert b.no_run.strip(), f"{b.key}: <!-- no-run --> needs a reason"
-    assert len([b for b in BLOCKS if b.no_run is not None]) <= 3, "keep no-run blocks few"
+    # the README's install and test commands, and a Ray and a Slurm cluster of several machines
+    assert len([b for b in BLOCKS if b.no_run is not None]) <= 4, "keep no-run blocks few"
 
 
 def test_blocks_are_found() -> None:

@@ -174,12 +174,12 @@ def test_executors_by_name_entry_point_or_module_function(tmp_path: Path) -> Non
         print(EXECUTORS.lookup("mine").__name__, EXECUTORS.lookup("mylab_plugin:broken").__name__)
     """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["['local', 'mine', 'ray'] True", "broken broken"]
+    assert r.stdout.splitlines() == ["['local', 'mine', 'ray', 'slurm'] True", "broken broken"]
     env = {**os.environ, "GPULOOM_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(SRC)}
     r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--executor", "lcoal", "--port", "0"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stderr.strip()) == (
-        2, "error: unknown executor 'lcoal'; did you mean 'local'? (choose from: local, ray; or module:function)")
+        2, "error: unknown executor 'lcoal'; did you mean 'local'? (choose from: local, ray, slurm; or module:function)")
 
 
 def test_the_extending_guide_shows_the_example_plugin_as_it_is() -> None:

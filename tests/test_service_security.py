@@ -440,12 +440,15 @@ def test_8_names_are_shown_as_they_are_in_every_table(monkeypatch: pytest.Monkey
     job = {"id": 1, "name": "[/]", "user": "[bold]x", "state": "running", "st": "R", "gpus": 1, "progress": None,
            "nodes": ["\x1b[31mred"], "reason": "[red]", "pending_reason": None, "last_start": None, "held_time": 0,
            "held_s": 0, "array": None, "queue": "[/]", "command": "echo \x1b]0;title\x07", "attempts": 1,
-           "resume_count": 0, "preemptions": 0, "alloc": None, "time_limit": None}
+           "resume_count": 0, "preemptions": 0, "alloc": None, "time_limit": None, "gpu_type": None}
     node = {"name": "[/]", "state": "idle", "gpus": 1, "gpus_used": 0, "cpus": 1, "cpus_used": 0, "mem_mb": 1,
             "mem_mb_used": 0, "gpu_type": "\x1b]0;title\x07", "jobs": []}
     answers = {"/jobs": [job], "/nodes": [node], "/jobs/1": job,
                "/jobs/1/events": [{"time": None, "kind": "[/]", "detail": {"why": "\x1b[2J"}}], "/history": []}
-    # (listings are read as raw pages: the queue's pages come as responses)
+    from gpuloom.cli import jobs as cli_jobs
+
+    # the queue reads its listing a block at a time (field names, each job's values)
+    monkeypatch.setattr(cli_jobs, "_listing", lambda client, params: iter([(list(job), [list(job.values())])]))
     monkeypatch.setattr(Client, "call", lambda self, m, p, raw=False, **kw:
                         httpx.Response(200, json=answers[p]) if raw else answers[p])
     runner = CliRunner()
