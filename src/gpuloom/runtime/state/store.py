@@ -67,6 +67,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.sql import Select
 
 from ...core.lifecycle import JobState
 from .storelock import StoreLock
@@ -263,6 +264,24 @@ class _Entered:
 
     def __exit__(self, *exc: Any) -> Any:
         return self.cm.__exit__(*exc)
+
+
+def _filtered(q: Select[Any], states: Iterable[str] | None, user: str | None, after_id: int | None,
+              since: float | None, until: float | None, limit: int | None) -> Select[Any]:
+    """``q`` over jobs by id: those in ``states``, of ``user``, after id ``after_id``, not ended before
+    ``since``, submitted by ``until``; at most ``limit`` of them."""
+    if since is not None:
+        q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
+    if until is not None:
+        q = q.where(jobs_t.c.submit_time <= until)
+    if states is not None:
+        q = q.where(jobs_t.c.state.in_(list(states)))
+    if user is not None:
+        q = q.where(jobs_t.c.user == user)
+    if after_id is not None:
+        q = q.where(jobs_t.c.id > after_id)
+    q = q.order_by(jobs_t.c.id)
+    return q if limit is None else q.limit(limit)
 
 
 class StoreError(RuntimeError):
@@ -566,20 +585,7 @@ class Store:
     ) -> list[JobRow]:
         """Jobs by id; ``since``/``until`` (wall seconds): only those not ended before ``since`` and
         submitted by ``until``; at most ``limit`` of them, after id ``after_id``."""
-        q = select(*_ROW_COLS)
-        if since is not None:
-            q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
-        if until is not None:
-            q = q.where(jobs_t.c.submit_time <= until)
-        if states is not None:
-            q = q.where(jobs_t.c.state.in_(list(states)))
-        if user is not None:
-            q = q.where(jobs_t.c.user == user)
-        if after_id is not None:
-            q = q.where(jobs_t.c.id > after_id)
-        q = q.order_by(jobs_t.c.id)
-        if limit is not None:
-            q = q.limit(limit)
+        q = _filtered(select(*_ROW_COLS), states, user, after_id, since, until, limit)
         with self.lock, self.engine.connect() as c:
             rows = c.execute(q).all()
         return [_decode(r) for r in rows]
@@ -589,18 +595,7 @@ class Store:
                     ) -> list[tuple[Any, ...]]:
         """:meth:`list_jobs` with only ``columns`` (names of :class:`JobRow` fields), each job a tuple of
         their values in that order, JSON columns decoded: a listing that shows a few fields reads only those."""
-        q = select(*(jobs_t.c[k] for k in columns))
-        if since is not None:
-            q = q.where((jobs_t.c.end_time.is_(None)) | (jobs_t.c.end_time >= since))
-        if states is not None:
-            q = q.where(jobs_t.c.state.in_(list(states)))
-        if user is not None:
-            q = q.where(jobs_t.c.user == user)
-        if after_id is not None:
-            q = q.where(jobs_t.c.id > after_id)
-        q = q.order_by(jobs_t.c.id)
-        if limit is not None:
-            q = q.limit(limit)
+        q = _filtered(select(*(jobs_t.c[k] for k in columns)), states, user, after_id, since, None, limit)
         with self.lock, self.engine.connect() as c:
             rows = c.execute(q).all()
         at = [i for i, k in enumerate(columns) if k in _JSON_COLS]
