@@ -4,6 +4,8 @@ skipped where it is absent."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,21 @@ def _remove_job_dirs():  # noqa: ANN202
     else:
         os.environ[JOB_DIR_BASE_ENV] = old
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
+    """``tmpfs(name, size)``: a fresh tmpfs of ``size`` mounted at ``tmp_path/name``, unmounted afterwards
+    (needs root: the full-disk tests)."""
+    mounted: list[Path] = []
+
+    def _mount(name: str, size: str) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(d)], check=True)
+        mounted.append(d)
+        return d
+
+    yield _mount
+    for d in reversed(mounted):
+        subprocess.run(["umount", "-l", str(d)], check=False)

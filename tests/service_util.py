@@ -217,3 +217,20 @@ def job_writable(tmp_path: Path) -> Path:
     d.mkdir(exist_ok=True)
     os.chmod(d, 0o777)
     return d
+
+
+def fill(d: Path) -> Path:
+    """Fill ``d``'s file system to the last byte with a file of its own."""
+    f = d / "filler"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    assert os.statvfs(d).f_bavail == 0
+    return f

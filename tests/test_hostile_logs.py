@@ -34,6 +34,7 @@ from service_util import (
     JOB_PY,
     REPO,
     Server,
+    fill,
     job,
     job_writable,
     key_events,
@@ -59,41 +60,6 @@ def chatty_output(iters: int, lines: int) -> bytes:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return b"".join(mod.output(iters, lines))
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
-    """``tmpfs(name, size)``: a fresh tmpfs of ``size`` mounted at ``tmp_path/name``, unmounted afterwards."""
-    mounted: list[Path] = []
-
-    def _mount(name: str, size: str) -> Path:
-        d = tmp_path / name
-        d.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(d)], check=True)
-        mounted.append(d)
-        return d
-
-    yield _mount
-    for d in reversed(mounted):
-        subprocess.run(["umount", "-l", str(d)], check=False)
-
-
-def fill(d: Path) -> Path:
-    """Fill ``d``'s file system to the last byte with a file of its own."""
-    f = d / "filler"
-    fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    st = os.statvfs(d)
-    assert st.f_bavail == 0
-    return f
 
 
 # -- bounded reads -------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
 from gpuloom.runtime.state.store import JobRow, Store, unavailable
 from gpuloom.scheduler import Scheduler
-from service_util import REPO, Server, job_writable, kill_jobs, own_cgroup_parent, running, wait_for
+from service_util import REPO, Server, fill, job_writable, kill_jobs, own_cgroup_parent, running, wait_for
 
 S = JobState
 ROOT = os.geteuid() == 0
@@ -497,6 +497,18 @@ def serve_args(*more: str) -> tuple[str, ...]:
     return ("--cluster", "2x2", "--round", "0.2", "--grace", "2", *more)
 
 
+def settle(c: httpx.Client, store: Store, arrivals: Arrivals, ledger: Path) -> None:
+    """After the fault: nothing left to record, the cluster as the store has it; arrivals go on 3 s more,
+    then every job acknowledged ends, and the cluster still matches the store."""
+    assert c.get("/health").json()["unrecorded"] == 0
+    wait_for(lambda: cluster_matches_store(c, store), timeout=10, what="/cluster to match the store")
+    time.sleep(3.0)  # arrivals go on
+    arrivals.stop()
+    wait_for(lambda: all(j in ledger_counts(ledger) for j in arrivals.acked), timeout=90, what="every job to end")
+    time.sleep(0.5)
+    assert cluster_matches_store(c, store)
+
+
 def test_postgres_stopped_for_20_s_and_restarted_mid_run(pg: Postgres, tmp_path: Path) -> None:
     ledger = job_writable(tmp_path) / "ledger"
     s = Server(tmp_path, *serve_args("--db", pg.url)).start()
@@ -521,15 +533,8 @@ def test_postgres_stopped_for_20_s_and_restarted_mid_run(pg: Postgres, tmp_path:
             t_start = pg.start()
             wait_for(lambda: ready(c)[0] == 200, timeout=60, what="/ready after the restart")
             recovered = time.monotonic() - t_start
-            assert c.get("/health").json()["unrecorded"] == 0
             assert "gpuloom_unrecorded_changes 0.0" in c.get("/metrics").text
-            wait_for(lambda: cluster_matches_store(c, store), timeout=10, what="/cluster to match the store")
-            time.sleep(3.0)  # arrivals go on
-            arrivals.stop()
-            wait_for(lambda: all(j in ledger_counts(ledger) for j in arrivals.acked), timeout=90,
-                     what="every job to end")
-            time.sleep(0.5)
-            assert cluster_matches_store(c, store)
+            settle(c, store, arrivals, ledger)
         assert arrivals.errors == []
         out = final_check(store, arrivals.acked, ledger)
         print(f"\nPostgreSQL down {t_start - t_stop:.1f} s: {out['jobs']} jobs, {out['launches']} launches, "
@@ -540,40 +545,6 @@ def test_postgres_stopped_for_20_s_and_restarted_mid_run(pg: Postgres, tmp_path:
         s.stop()
         store.close()
         kill_jobs(tmp_path)
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
-    """``tmpfs(name, size)``: a fresh tmpfs of ``size`` mounted at ``tmp_path/name``, unmounted afterwards."""
-    mounted: list[Path] = []
-
-    def _mount(name: str, size: str) -> Path:
-        d = tmp_path / name
-        d.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(d)], check=True)
-        mounted.append(d)
-        return d
-
-    yield _mount
-    for d in reversed(mounted):
-        subprocess.run(["umount", "-l", str(d)], check=False)
-
-
-def fill(d: Path) -> Path:
-    """Fill ``d``'s file system to the last byte with a file of its own."""
-    f = d / "filler"
-    fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    assert os.statvfs(d).f_bavail == 0
-    return f
 
 
 @needs_root
@@ -600,14 +571,7 @@ def test_state_disk_filled_and_freed_mid_run(tmp_path: Path, tmpfs: Callable[[st
             t_free = time.monotonic()
             wait_for(lambda: ready(c)[0] == 200, timeout=60, what="/ready once space is freed")
             recovered = time.monotonic() - t_free
-            assert c.get("/health").json()["unrecorded"] == 0
-            wait_for(lambda: cluster_matches_store(c, store), timeout=10, what="/cluster to match the store")
-            time.sleep(3.0)  # arrivals go on
-            arrivals.stop()
-            wait_for(lambda: all(j in ledger_counts(ledger) for j in arrivals.acked), timeout=90,
-                     what="every job to end")
-            time.sleep(0.5)
-            assert cluster_matches_store(c, store)
+            settle(c, store, arrivals, ledger)
         assert arrivals.errors == []
         out = final_check(store, arrivals.acked, ledger)
         print(f"\nstate disk full {t_free - t_full:.1f} s: {out['jobs']} jobs, {out['launches']} launches, "
