@@ -448,23 +448,44 @@ def _files(folder: Path) -> dict[str, bytes]:
     return out
 
 
-def _forks() -> None:
+def _forks(request: pytest.FixtureRequest) -> bool:
+    """True when the test ran whole in a fresh interpreter instead (the caller returns).
+
+    simulate forks only with no other thread running; an earlier test in this process may have left one, so
+    the test then runs alone in a new pytest process, where nothing else has started a thread.
+    """
+    import os
+    import subprocess
+    import sys
+
     from gpuloom.sim.background import can_fork
 
-    if not can_fork():
-        pytest.skip("simulate forks only on Linux with no other thread running")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("simulate forks only on Linux")
+    if can_fork():
+        return False
+    if os.environ.get("GPULOOM_TEST_ALONE") == "1":
+        pytest.fail("a thread runs in a fresh pytest process: simulate would never fork")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", request.node.nodeid],
+                       cwd=request.config.rootpath, env={**os.environ, "GPULOOM_TEST_ALONE": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout, r.stdout[-2000:]
+    return True
 
 
 SMALL = ["simulate", "--generate", "60", "--cluster", "4x4", "--order", "las", "--max-time", "20000", "--out"]
 
 
 def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     request: pytest.FixtureRequest) -> None:
     import os
 
     from gpuloom.sim import background, plots
 
-    _forks()
+    if _forks(request):
+        return
     before = _children()
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -498,12 +519,13 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
 
 
 def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_are_written(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     import os
 
     from gpuloom.sim import plots
 
-    _forks()
+    if _forks(request):
+        return
     before = _children()
 
     def draw(*a: Any) -> Any:
@@ -539,8 +561,9 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     assert _children() == before
 
 
-def test_simulate_leaves_no_child_behind_when_it_stops_early(tmp_path: Path) -> None:
-    _forks()
+def test_simulate_leaves_no_child_behind_when_it_stops_early(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if _forks(request):
+        return
     before = _children()
     # the plots' child is forked before the trace is read: a missing trace, a refused --out, end it
     r = CliRunner().invoke(app, ["simulate", "--trace", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o")])
