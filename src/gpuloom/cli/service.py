@@ -563,12 +563,14 @@ def load_job_file(path: Path) -> dict[str, Any]:
     """A job spec from YAML or JSON; errors name the file."""
     import yaml
 
+    from .specfile import parse_spec_text
+
     try:
         text = path.read_text()
     except OSError as e:
         raise typer.BadParameter(f"{path}: {e.strerror}") from None
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        data = parse_spec_text(text, path.suffix.lower() == ".json")  # (YAML: 1:30:00 stays a time)
     except (ValueError, yaml.YAMLError) as e:
         raise typer.BadParameter(f"{path}: {e}") from None
     if not isinstance(data, dict):

@@ -76,7 +76,7 @@ from ..service.health import liveness, readiness
 from ..service.queues import QueueDenied
 from ..service.service import FINAL_STATES, HOLDING, Service
 from ..state.history import array_label, iso, short_state
-from ..state.specs import parse_duration, parse_mem
+from ..state.specs import parse_duration, parse_mem, parse_time_limit
 from ..state.store import JobRow, Store, StoreFull
 from ..state.tokens import create_token as _create_token
 from ..state.tokens import list_tokens, revoke_token
@@ -145,7 +145,7 @@ class JobSubmit(BaseModel):
     model: str | None = Field(None, max_length=MAX_NAME)
     profile: bool | dict[str, Any] | None = None  # true/false: ask for / opt out of profiling
     checkpoint_dir: str | None = Field(None, max_length=MAX_PATH)
-    time_limit: float | str | None = None  # seconds or Slurm time (1:30:00)
+    time_limit: float | str | None = None  # Slurm's: minutes (60, "60"), 1:30:00, 2-00:00:00, 90s, 2h
     user: str | None = Field(None, pattern=USER_RE)
     env: dict[str, str] | None = Field(None, max_length=MAX_ENV_VARS)
     workdir: str | None = Field(None, max_length=MAX_PATH)
@@ -264,7 +264,7 @@ class JobSubmit(BaseModel):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _tl(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v, "time_limit")
+        return None if v is None else parse_time_limit(v, "time_limit")
 
     @field_validator("env")
     @classmethod

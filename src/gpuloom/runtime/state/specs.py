@@ -114,10 +114,24 @@ def parse_mem(value: Any, where: str = "mem") -> int:
     return -(-b // BYTES_PER_MB)
 
 
+def parse_time_limit(value: Any, where: str = "time_limit") -> float:
+    """Seconds from a job's time limit by Slurm's rule, the same from every entry point: a bare number is
+    minutes (``60``, ``1.5``, ``"60"``); else ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]`` or ``90s/10m/2h/1d``.
+    Raises ``ValueError`` naming ``where``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            v = float(value) * 60.0
+        except OverflowError:
+            v = math.inf
+        return _checked_seconds(v, value, where)
+    return parse_duration(value, where)
+
+
 def parse_duration(value: Any, where: str = "time_limit") -> float:
-    """Seconds from a number or a Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) or ``90s/10m/2h/1d``."""
+    """Seconds from a number of seconds or a Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``)
+    or ``90s/10m/2h/1d``.  Job time limits use :func:`parse_time_limit` (a bare number is minutes there)."""
     if isinstance(value, bool):
-        raise ValueError(f"{where}: expected seconds or a time like 1:30:00, not a boolean")
+        raise ValueError(f"{where}: expected a time like 1:30:00 or 2h, not a boolean")
     if isinstance(value, int | float):
         try:
             v = float(value)
@@ -150,10 +164,15 @@ def parse_duration(value: Any, where: str = "time_limit") -> float:
                         raise ValueError
                 v = float(days * 86400 + h * 3600 + m * 60 + sec)
         except (ValueError, OverflowError):
-            raise ValueError(f"{where}: expected seconds or a time like 30:00, 1:30:00, 2-00:00:00 or 2h, "
+            raise ValueError(f"{where}: expected minutes or a time like 30:00, 1:30:00, 2-00:00:00, 90s or 2h, "
                              f"got {str(value)[:40]!r}") from None
+    return _checked_seconds(v, value, where)
+
+
+def _checked_seconds(v: float, value: Any, where: str) -> float:
+    """``v`` (seconds read from ``value``) if finite, > 0 and at most :data:`MAX_DURATION`."""
     if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{where}: must be a finite number of seconds > 0, got {str(value)[:40]!r}")
+        raise ValueError(f"{where}: must be a finite time > 0, got {str(value)[:40]!r}")
     if v > MAX_DURATION:
         raise ValueError(f"{where}: at most {MAX_DURATION / 86400:.0f} days, got {str(value)[:40]!r}")
     return v
