@@ -1,5 +1,6 @@
 """Job specs from every entry point: time limits by Slurm's rule (a bare number is minutes), in
-exact seconds, from the API's JSON, spec files (YAML, JSON), ``submit --time`` and arrays."""
+exact seconds, from the API's JSON, spec files (YAML, JSON), ``submit --time`` and arrays; one typed
+request for both faces (errors naming the field, equal requests from equivalent inputs, the stored form)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from typer.testing import CliRunner
 from gpuloom.cli import app as cli_app
 from gpuloom.cli.specfile import parse_spec_text
 from gpuloom.core.cluster import Cluster
-from gpuloom.runtime.api.app import create_app, create_token
+from gpuloom.core.request import JobRequest, RequestError, parse_request
+from gpuloom.runtime.api.app import JobSubmit, create_app, create_token
 from gpuloom.runtime.exec.router import local_executor
 from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.specs import parse_duration, parse_time_limit
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
+from gpuloom.sim.traces.own import read_jsonl
 from service_util import Server, kill_jobs, own_cgroup_parent
 
 NCPU = len(os.sched_getaffinity(0))
@@ -119,3 +122,90 @@ def test_cli_flags_and_spec_files_give_the_same_seconds(tmp_path: Path) -> None:
     assert got == {"a.yaml": 3600.0, "b.yaml": 5400.0, "c.json": 3600.0, "d.json": 3600.0, "e.yaml": 90.0,
                    "--time 60": 3600.0, "-t 2-0": 172800.0, "--time 60 over a file's 1:30:00": 3600.0}
     assert tasks == [3600.0, 3600.0]
+
+
+# -- one typed request for both faces ------------------------------------------------------------------
+@pytest.mark.parametrize(("body", "field", "message"), [
+    ({"command": "x", "gpu": 2}, "gpu", "gpu: not a job field; did you mean 'gpus'"),
+    ({"gpus": 1}, "command", "command: missing"),
+    ({"command": "x", "gpus": "two"}, "gpus", "gpus: expected a GPU count or TYPE:COUNT"),
+    ({"command": "x", "gpus": 0}, "gpus", "gpus: must be >= 1, got 0"),
+    ({"command": "x", "gpus": True}, "gpus", "gpus: expected a GPU count"),
+    ({"command": "x", "gpus": "v100:2", "gpu_type": "k80"}, "gpu_type", "gpu_type: gpus v100:2 and gpu_type 'k80' disagree"),
+    ({"command": "x", "gpu_type": "v100\nrm"}, "gpu_type", "gpu_type: a GPU type (v100, a100, ...)"),
+    ({"command": "x", "cpus": 1.5}, "cpus", "cpus: expected a whole number, got 1.5"),
+    ({"command": "x", "cpus": 0}, "cpus", "cpus: must be >= 1, got 0"),
+    ({"command": "x", "priority": "high"}, "priority", "priority: expected a whole number, got 'high'"),
+    ({"command": "x", "mem": "lots"}, "mem", "mem: expected a size like 8G"),
+    ({"command": "x", "time_limit": "soon"}, "time_limit", "time_limit: expected minutes or a time like"),
+    ({"command": "x", "env": {"A": 1}}, "env", "env: expected a mapping of NAME: text"),
+    ({"command": "x", "resource_times": []}, "resource_times", "resource_times: expected a list of seconds"),
+    ({"command": "x", "throughput": {"x": 1.0}}, "throughput", "throughput: keys are GPU counts"),
+    ({"command": "x", "iteration_time": 0}, "iteration_time", "iteration_time: must be > 0"),
+    ({"command": "x", "array": 5}, "array", "array: expected text, got 5"),
+])
+def test_request_errors_name_the_field(body: dict, field: str, message: str) -> None:
+    with pytest.raises(RequestError) as e:
+        parse_request(body)
+    assert e.value.field == field and str(e.value).startswith(message), str(e.value)
+
+
+def test_both_faces_make_equal_requests_and_the_same_job_spec_as_a_trace(tmp_path: Path) -> None:
+    # a spec file's fields (as the CLI reads them) and the API's JSON, written differently, mean one request
+    from_file = parse_request(parse_spec_text(
+        "command: python train.py\ngpus: v100:2\nmem: 8G\ntime_limit: 1:30:00\ncpus: 4\npriority: 3\n", False))
+    from_api = JobSubmit.model_validate({"command": "python train.py", "gpus": 2, "gpu_type": "v100",
+                                         "mem": 8000, "time_limit": 90, "cpus": 4, "priority": 3}).to_request()
+    assert from_file == from_api == JobRequest("python train.py", gpus=2, gpu_type="v100", cpus=4, mem_mb=8000,
+                                               time_limit=5400.0, priority=3)
+    # and the scheduler sees what the simulator's own trace format makes of the same job
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"id": "7", "arrival": 0, "gpus": 2, "duration": 5400, "cpus": 4, "mem_mb": 8000,
+                                 "priority": 3, "gpu_type": "v100"}) + "\n")
+    (from_trace,) = read_jsonl(trace).jobs
+    assert from_api.to_job_spec("7", 0.0) == from_trace
+
+
+def test_the_stored_form_is_unchanged_and_old_rows_load() -> None:
+    # a row as the service stored it before the typed request: keys it adds itself ride along
+    old = {"name": "arr", "command": "sleep 1", "gpus": 2, "mem_mb": 8000, "time_limit": 600.0, "profile": False,
+           "array": "0-3%1", "array_limit": 1, "dependency": "afterok:3", "depends_on": [[3, "afterok"]],
+           "env": {"A": "b"}, "throughput": {"1": 1.0, "2": 1.8}}
+    req = JobRequest.from_stored(old)
+    assert req.stored() == old and req.extra == {"array_limit": 1, "depends_on": [[3, "afterok"]]}
+    assert (req.gpus, req.mem_mb, req.time_limit, req.profile) == (2, 8000, 600.0, False)
+    body = {"command": "sleep 1", "gpus": "a100:1", "mem": "1Gi", "time_limit": "2h", "env": {"A": "b"}}
+    assert JobSubmit.model_validate(body).to_spec() == {"name": "job", "command": "sleep 1", "gpus": 1,
+                                                        "gpu_type": "a100", "mem_mb": 1074, "time_limit": 7200.0,
+                                                        "env": {"A": "b"}}
+
+
+def test_the_service_takes_a_typed_request(api: tuple[TestClient, dict[str, str]]) -> None:
+    c, hd = api
+    svc: Service = c.app.state.service  # type: ignore[attr-defined]
+    jid = svc.submit(JobRequest("sleep 1", gpus=2, cpus=3, time_limit=60.0, name="typed"), "alice")
+    assert svc.store.get_job(jid).spec == {"command": "sleep 1", "gpus": 2, "name": "typed",  # type: ignore[union-attr]
+                                           "cpus": 3, "time_limit": 60.0}
+
+
+def test_cli_refuses_a_bad_spec_file_naming_file_and_field(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("command: python train.py\ngpus: 2\ntime_limt: 60\n")
+    # nothing listens on port 9: a request would fail differently; the field is refused before any is sent
+    r = CliRunner().invoke(cli_app, ["submit", str(f), "--url", "http://127.0.0.1:9", "--token", "t"])
+    assert r.exit_code == 2 and "time_limt: not a job field; did you mean 'time_limit'?" in r.output
+    assert "job.yaml" in r.output
+    r = CliRunner().invoke(cli_app, ["submit", "--gpus", "v100:x", "--url", "http://127.0.0.1:9", "--token", "t",
+                                     "--", "true"])
+    assert r.exit_code == 2 and "gpus: expected a GPU count or TYPE:COUNT" in r.output
+
+
+def test_queue_rows_show_the_gpu_type_as_slurm_does() -> None:
+    from gpuloom.cli.jobs import QUEUE_FIELDS, _queue_rows
+
+    base = {"id": 1, "array": "", "name": "a", "user": "alice", "queue": "q", "st": "PD", "state": "waiting",
+            "time_limit": 60.0, "held_s": 0.0, "gpus": 2, "gpu_type": "v100", "progress": None, "nodes": [],
+            "pending_reason": "Resources", "reason": None}
+    typed, plain = ([base[f] for f in QUEUE_FIELDS], [{**base, "gpu_type": None}[f] for f in QUEUE_FIELDS])
+    rows = _queue_rows([typed, plain], list(QUEUE_FIELDS), False)
+    assert [r[7] for r in rows] == ["v100:2", "2"]

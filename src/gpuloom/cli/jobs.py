@@ -141,6 +141,7 @@ def submit(
             extra[k] = v
         body["env"] = extra
     body.setdefault("gpus", 1)
+    _check_request(body, args[0] if len(args) == 1 and args[0].lower().endswith(SPEC_SUFFIXES) else None)
     # like sbatch: the job runs in the directory it was submitted from unless --chdir/workdir says
     # otherwise, and a relative one is taken from there (a node without it runs the job in the
     # account's home instead and says so in the job's log)
@@ -160,6 +161,17 @@ def submit(
         console.print(f"Submitted job array {job['array_id']} ({body['array']})", highlight=False)
     else:
         console.print(f"Submitted job {job['id']}", highlight=False)
+
+
+def _check_request(body: dict[str, Any], path: str | None) -> None:
+    """Refuse a spec the server would refuse for its fields, naming the field (and the spec file) before
+    anything is sent; the server reads the same body (:func:`gpuloom.core.request.parse_request`)."""
+    from ..core.request import RequestError, parse_request
+
+    try:
+        parse_request(body)
+    except RequestError as e:
+        raise typer.BadParameter(f"{path}: {e}" if path else str(e)) from None
 
 
 @app.command()

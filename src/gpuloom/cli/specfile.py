@@ -17,12 +17,12 @@ import yaml
 class SpecLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` without base-60 numbers: ``1:30:00`` stays the string ``"1:30:00"``."""
 
-    def construct_yaml_int(self, node: yaml.Node) -> Any:
-        text = self.construct_scalar(node)  # type: ignore[arg-type]
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        text = self.construct_scalar(node)
         return text if ":" in str(text) else super().construct_yaml_int(node)
 
-    def construct_yaml_float(self, node: yaml.Node) -> Any:
-        text = self.construct_scalar(node)  # type: ignore[arg-type]
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> Any:
+        text = self.construct_scalar(node)
         return text if ":" in str(text) else super().construct_yaml_float(node)
 
 

@@ -68,6 +68,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ...core.lifecycle import JobState
 from ...core.queues import QueueError
+from ...core.request import JobRequest
 from ..exec import joblogs
 from ..service.admission import LimitExceeded
 from ..service.deps import parse_array, parse_dependency
@@ -293,11 +294,16 @@ class JobSubmit(BaseModel):
             raise ValueError(f"must be an absolute path, got {v[:80]!r}")
         return v
 
-    def to_spec(self) -> dict[str, Any]:
+    def to_request(self) -> JobRequest:
+        """The typed request (:mod:`gpuloom.core.request`): the fields as checked above, in seconds and MB."""
         d = self.model_dump(exclude_none=True)
         if "mem" in d:
             d["mem_mb"] = d.pop("mem")
-        return d
+        return JobRequest.from_stored(d)
+
+    def to_spec(self) -> dict[str, Any]:
+        """The stored form of :meth:`to_request`."""
+        return self.to_request().stored()
 
 
 class TokenCreate(BaseModel):
