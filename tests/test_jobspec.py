@@ -209,3 +209,37 @@ def test_queue_rows_show_the_gpu_type_as_slurm_does() -> None:
     typed, plain = ([base[f] for f in QUEUE_FIELDS], [{**base, "gpu_type": None}[f] for f in QUEUE_FIELDS])
     rows = _queue_rows([typed, plain], list(QUEUE_FIELDS), False)
     assert [r[7] for r in rows] == ["v100:2", "2"]
+
+
+# -- GPU types: placed only on nodes of the type asked for -----------------------------------------
+def test_typed_jobs_are_placed_on_their_type_on_a_mixed_declared_cluster(tmp_path: Path) -> None:
+    from gpuloom.core.cluster import parse_cluster
+    from gpuloom.runtime.service.errors import SubmitError
+
+    parent = own_cgroup_parent()
+    cluster = parse_cluster("k80:2x2,v100:1x2")  # k80-0, k80-1 (2 GPUs each), v100-0 (2 GPUs)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    svc = Service(store, cluster, local_executor(cluster, tmp_path / "run", True, next(parent)),
+                  Scheduler.from_names("fifo"), ServiceConfig(tmp_path, round_s=1000.0, grace_s=0.0))
+    try:
+        ids = {name: svc.submit(parse_request({"command": "sleep 60", "name": name, **body}), "alice")
+               for name, body in (("v100-pair", {"gpus": "v100:2"}), ("k80-three", {"gpus": 3, "gpu_type": "k80"}),
+                                  ("either", {"gpus": 1, "gpu_type": "V100|k80"}), ("v100-wait", {"gpus": "v100:1"}))}
+        with pytest.raises(SubmitError, match="needs GPU type a100, the cluster has k80, v100"):
+            svc.submit(parse_request({"command": "true", "gpus": "a100:1"}), "alice")
+        with pytest.raises(SubmitError, match="needs 3 GPUs, the cluster has 2 of type v100"):
+            svc.submit(parse_request({"command": "true", "gpus": "v100:3"}), "alice")
+        svc.round()
+        nodes = {name: sorted({cluster.nodes[p.node].name for p in svc.current[str(i)].parts})
+                 for name, i in ids.items() if str(i) in svc.current}
+        gpus = {name: sorted((p.node, g) for p in svc.current[str(i)].parts for g in p.gpus)
+                for name, i in ids.items() if str(i) in svc.current}
+    finally:
+        svc.terminate_all()
+        store.close()
+        next(parent, None)
+    # FIFO, packed: the V100 pair fills v100-0; three K80 GPUs take k80-0 and one of k80-1; the job taking
+    # either type gets the K80 GPU left; the second V100 job waits (both V100s are taken)
+    assert nodes == {"v100-pair": ["v100-0"], "k80-three": ["k80-0", "k80-1"], "either": ["k80-1"]}
+    # (node, GPU): GPUs are numbered across the cluster, k80-0 has 0-1, k80-1 2-3, v100-0 4-5
+    assert gpus == {"v100-pair": [(2, 4), (2, 5)], "k80-three": [(0, 0), (0, 1), (1, 2)], "either": [(1, 3)]}
