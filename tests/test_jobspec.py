@@ -125,7 +125,7 @@ def test_cli_flags_and_spec_files_give_the_same_seconds(tmp_path: Path) -> None:
 
 
 # -- one typed request for both faces ------------------------------------------------------------------
-@pytest.mark.parametrize(("body", "field", "message"), [
+BAD_BODIES = [
     ({"command": "x", "gpu": 2}, "gpu", "gpu: not a job field; did you mean 'gpus'"),
     ({"gpus": 1}, "command", "command: missing"),
     ({"command": "x", "gpus": "two"}, "gpus", "gpus: expected a GPU count or TYPE:COUNT"),
@@ -143,11 +143,26 @@ def test_cli_flags_and_spec_files_give_the_same_seconds(tmp_path: Path) -> None:
     ({"command": "x", "throughput": {"x": 1.0}}, "throughput", "throughput: keys are GPU counts"),
     ({"command": "x", "iteration_time": 0}, "iteration_time", "iteration_time: must be > 0"),
     ({"command": "x", "array": 5}, "array", "array: expected text, got 5"),
-])
+]
+
+
+@pytest.mark.parametrize(("body", "field", "message"), BAD_BODIES)
 def test_request_errors_name_the_field(body: dict, field: str, message: str) -> None:
     with pytest.raises(RequestError) as e:
         parse_request(body)
     assert e.value.field == field and str(e.value).startswith(message), str(e.value)
+
+
+def test_the_api_refuses_the_same_bodies_naming_the_same_field(api: tuple[TestClient, dict[str, str]]) -> None:
+    c, hd = api
+    got = []
+    for body, field, _ in BAD_BODIES:
+        r = c.post("/jobs", json={"gpus": 1, **body} if "gpus" not in body and "command" in body else body, headers=hd)
+        assert r.status_code == 422, (body, r.text)
+        loc = r.json()["detail"][0]["loc"]
+        got.append((field, loc[1] if len(loc) > 1 else loc[0]))
+    # the API names every field parse_request names; the two GPU forms disagreeing is a check of the whole body
+    assert got == [(f, "body" if f == "gpu_type" and "disagree" in m else f) for _, f, m in BAD_BODIES]
 
 
 def test_both_faces_make_equal_requests_and_the_same_job_spec_as_a_trace(tmp_path: Path) -> None:
