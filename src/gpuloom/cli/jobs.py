@@ -95,7 +95,7 @@ def submit(
                                              "type (v100:2, as Slurm's --gpus).")] = None,
     cpus: Annotated[int | None, typer.Option("--cpus", "-c", help="CPU cores (default: the GPU-proportional share).")] = None,
     mem: Annotated[str | None, typer.Option("--mem", help="Memory: 8G (10^9 bytes), 8Gi (2^30 bytes), 512M, or MB.")] = None,
-    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM:SS, 90m, 2h.")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit as Slurm: minutes (60), MM:SS, HH:MM:SS, D-HH:MM:SS, 90s, 2h.")] = None,
     wrap: Annotated[str | None, typer.Option("--wrap", help="The command as one string (run by /bin/sh -c).")] = None,
     array: Annotated[str | None, typer.Option("--array", "-a", help="Job array: 0-9, 1,3,5-7, 0-15:4, 0-9%2 (at most 2 at once).")] = None,
     dependency: Annotated[str | None, typer.Option("--dependency", "-d", help="afterok:ID[:ID], afterany:, afternotok:, after:; ID_N for one array task; comma = all.")] = None,
