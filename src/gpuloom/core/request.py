@@ -3,8 +3,8 @@
 Both faces meet here.  The service's submissions (the API's JSON, ``gpuloom
 submit``'s flags and spec files) become a ``JobRequest`` in the units the
 service keeps (time limit in seconds, memory in MB of 10^6 bytes, the GPU type
-apart from the count); :meth:`JobRequest.to_job_spec` makes the same
-:class:`~gpuloom.core.job.JobSpec` a trace row makes.  :meth:`JobRequest.stored`
+apart from the count); :meth:`JobRequest.to_job_spec` (:func:`stored_job_spec` for a stored
+one) makes the same :class:`~gpuloom.core.job.JobSpec` a trace row makes.  :meth:`JobRequest.stored`
 is the JSON form the store keeps (the keys it has always had), and
 :meth:`JobRequest.from_stored` reads it back, old rows included: keys the
 service adds (``array_limit``, ``depends_on``) ride along in ``extra``.
@@ -92,25 +92,30 @@ class JobRequest:
         known.setdefault("command", "")
         return cls(**known, extra=extra)
 
-    def attrs(self) -> dict[str, Any]:
-        """What policies read (:data:`POLICY_ATTRS` that are set)."""
-        return {k: getattr(self, k) for k in POLICY_ATTRS if getattr(self, k) is not None}
-
     def to_job_spec(self, id: str, arrival: float, user: str = "", default_duration: float = 3600.0,
                     profile: Any = None) -> JobSpec:
-        """The scheduler's view: the work estimate is ``iterations x iteration_time`` when both are given,
-        else the time limit, else ``default_duration``."""
-        kw: dict[str, Any] = {"model": self.model or "", "user": user, "cpus": self.cpus, "mem_mb": self.mem_mb,
-                              "profile": profile, "attrs": self.attrs()}
-        if self.iterations and self.iteration_time:
-            return JobSpec.from_iterations(id, arrival, self.gpus, self.iterations, self.iteration_time, **kw)
-        return JobSpec(id, arrival, self.gpus, float(self.time_limit or default_duration), **kw)
+        """The scheduler's view (:func:`stored_job_spec` of :meth:`stored`)."""
+        return stored_job_spec(self.stored(), id, arrival, user, default_duration, profile)
 
 
 _FIELDS = tuple(f.name for f in fields(JobRequest) if f.name != "extra")
 _FIELD_SET = frozenset(_FIELDS)
 #: what users write, by field: the spec files' and the API's keys (``mem`` in units, not ``mem_mb``)
 USER_FIELDS = tuple("mem" if f == "mem_mb" else f for f in _FIELDS)
+
+
+def stored_job_spec(s: Mapping[str, Any], id: str, arrival: float, user: str = "", default_duration: float = 3600.0,
+                    profile: Any = None) -> JobSpec:
+    """The :class:`JobSpec` the scheduler sees for a request in its stored form: the work estimate is
+    ``iterations x iteration_time`` when both are given, else the time limit, else ``default_duration``;
+    :data:`POLICY_ATTRS` that are set become its ``attrs``.  The service's mirror reads its rows with it."""
+    kw: dict[str, Any] = {"model": str(s.get("model") or ""), "user": user, "cpus": s.get("cpus"),
+                          "mem_mb": s.get("mem_mb"), "profile": profile,
+                          "attrs": {k: s[k] for k in POLICY_ATTRS if s.get(k) is not None}}
+    iters, it = s.get("iterations"), s.get("iteration_time")
+    if iters and it:
+        return JobSpec.from_iterations(id, arrival, int(s["gpus"]), int(iters), float(it), **kw)
+    return JobSpec(id, arrival, int(s["gpus"]), float(s.get("time_limit") or default_duration), **kw)
 
 
 def parse_request(data: Mapping[str, Any]) -> JobRequest:

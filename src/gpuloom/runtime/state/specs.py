@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...core.job import JobSpec
-from ...core.request import POLICY_ATTRS, JobRequest
+from ...core.request import POLICY_ATTRS, stored_job_spec
 from ...core.units import (  # noqa: F401 (the parsers' former home: callers import them from here)
     BYTES_PER_MB,
     GPU_TYPE_RE,
@@ -45,7 +45,7 @@ def job_spec(row: JobRow, epoch: float, default_duration: float = DEFAULT_DURATI
         profile = profile_from_record(profile_key(s), s["profile"])
     if arrival is None:
         arrival = max(0.0, row.submit_time - epoch)
-    return JobRequest.from_stored(s).to_job_spec(str(row.id), arrival, row.user, default_duration, profile)
+    return stored_job_spec(s, str(row.id), arrival, row.user, default_duration, profile)
 
 
 def profile_key(spec: Mapping[str, Any]) -> str:
