@@ -1,9 +1,9 @@
 """A job as a user asks for it, typed: :class:`JobRequest`, and :func:`parse_request`, which reads one.
 
 Both faces meet here.  The service's submissions (the API's JSON, ``gpuloom
-submit``'s flags and spec files) become a ``JobRequest`` in the units the
-service keeps (time limit in seconds, memory in MB of 10^6 bytes, the GPU type
-apart from the count); :meth:`JobRequest.to_job_spec` (:func:`stored_job_spec` for a stored
+submit``'s flags and spec files) become a ``JobRequest``, or directly its stored
+form, in the units the service keeps (time limit in seconds, memory in MB of
+10^6 bytes, the GPU type apart from the count); :meth:`JobRequest.to_job_spec` (:func:`stored_job_spec` for a stored
 one) makes the same :class:`~gpuloom.core.job.JobSpec` a trace row makes.  :meth:`JobRequest.stored`
 is the JSON form the store keeps (the keys it has always had), and
 :meth:`JobRequest.from_stored` reads it back, old rows included: keys the

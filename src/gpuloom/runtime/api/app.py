@@ -294,16 +294,17 @@ class JobSubmit(BaseModel):
             raise ValueError(f"must be an absolute path, got {v[:80]!r}")
         return v
 
-    def to_request(self) -> JobRequest:
-        """The typed request (:mod:`gpuloom.core.request`): the fields as checked above, in seconds and MB."""
+    def to_spec(self) -> dict[str, Any]:
+        """The fields as checked above in the stored form of :class:`~gpuloom.core.request.JobRequest`
+        (seconds, MB): what a submission stores, made directly."""
         d = self.model_dump(exclude_none=True)
         if "mem" in d:
             d["mem_mb"] = d.pop("mem")
-        return JobRequest.from_stored(d)
+        return d
 
-    def to_spec(self) -> dict[str, Any]:
-        """The stored form of :meth:`to_request`."""
-        return self.to_request().stored()
+    def to_request(self) -> JobRequest:
+        """The typed request (:mod:`gpuloom.core.request`) these fields make."""
+        return JobRequest.from_stored(self.to_spec())
 
 
 class TokenCreate(BaseModel):
