@@ -48,8 +48,17 @@ def test_time_limit_bare_numbers_are_minutes_and_the_rest_as_documented() -> Non
              "2-00:00:00": 172800.0, "1-2": 93600.0, "1-02:03:04": 93784.0, "90s": 90.0, "10m": 600.0,
              "2h": 7200.0, "1d": 86400.0, "1.5h": 5400.0}
     assert {k: parse_time_limit(k) for k in cases} == cases
-    # other durations (token lifetimes, --keep-finished) keep their numbers in seconds
-    assert parse_duration(60, "expires") == 60.0 and parse_duration("60", "expires") == 3600.0
+    # the programmatic parser keeps numbers in seconds; what users write goes through parse_time_limit
+    assert parse_duration(60, "x") == 60.0 and parse_duration("60", "x") == 3600.0
+
+
+def test_token_lifetimes_read_bare_numbers_as_minutes_too(api: tuple[TestClient, dict[str, str]]) -> None:
+    c, _ = api
+    admin = c.app.state.service.store  # type: ignore[attr-defined]
+    hd = {"Authorization": f"Bearer {create_token(admin, 'root', admin=True)}"}
+    got = [c.post("/tokens", json={"user": "carol", "expires": e}, headers=hd).json()["expires_in"]
+           for e in (60, "60", "30d", "90s")]
+    assert got == [3600.0, 3600.0, 2592000.0, 90.0]
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -117,7 +117,8 @@ def serve(
         "--shared-tmp", help="Jobs share this machine's /tmp and /dev/shm (default: each job that runs as another "
                              "account gets its own, removed when it ends).")] = False,
     keep_finished: Annotated[str | None, typer.Option(
-        help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h, seconds.")] = None,
+        help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h; a bare number is "
+             "minutes.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (serve HTTPS, with --ssl-certfile).")] = None,
     ssl_certfile: Annotated[Path | None, typer.Option(help="TLS certificate chain.")] = None,
     executor_name: Annotated[str | None, typer.Option(
@@ -623,7 +624,7 @@ def nodes(
 def token_create(
     user: Annotated[str, typer.Argument(help="User name the token acts as.")],
     admin: Annotated[bool, typer.Option("--admin", help="Give the token admin rights.")] = False,
-    expires: Annotated[str | None, typer.Option(help="Refuse the token after this long: 30d, 12h, seconds.")] = None,
+    expires: Annotated[str | None, typer.Option(help="Refuse the token after this long: 30d, 12h, 90s; a bare number is minutes.")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,

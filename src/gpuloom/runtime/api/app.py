@@ -77,7 +77,7 @@ from ..service.health import liveness, readiness
 from ..service.queues import QueueDenied
 from ..service.service import FINAL_STATES, HOLDING, Service
 from ..state.history import array_label, iso, short_state
-from ..state.specs import parse_duration, parse_mem, parse_time_limit
+from ..state.specs import parse_mem, parse_time_limit
 from ..state.store import JobRow, Store, StoreFull
 from ..state.tokens import create_token as _create_token
 from ..state.tokens import list_tokens, revoke_token
@@ -311,12 +311,12 @@ class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user: str = Field(pattern=USER_RE)
     admin: bool = Field(False, strict=True)
-    expires: float | str | None = None  # seconds or a duration (30d, 12h, 1:00:00) from now
+    expires: float | str | None = None  # from now: 30d, 12h, 1:00:00, 90s; a bare number is minutes (as time limits)
 
     @field_validator("expires", mode="before")
     @classmethod
     def _exp(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v, "expires")
+        return None if v is None else parse_time_limit(v, "expires")
 
 
 def job_json(row: JobRow, live_progress: int | None = None, now: float | None = None) -> dict[str, Any]:
