@@ -142,7 +142,7 @@ def run_gpuloom(jobs: list[dict[str, Any]], base: Path, py: str, tag: str, args:
 
             def submit(j: dict[str, Any]) -> None:
                 r = c.post("/jobs", json={"name": f"b{j['i']}", "command": command(j, base, py, tag), "gpus": j["gpus"],
-                                          "time_limit": time_limit_s(j), "cpus": 2 * j["gpus"],
+                                          "time_limit": f"{time_limit_s(j):g}s", "cpus": 2 * j["gpus"],
                                           "mem": f"{2000 * j['gpus']}M"})
                 r.raise_for_status()
                 ids.append(r.json()["id"])

@@ -50,14 +50,14 @@ def test_jobs_ask_for_types_and_measured_speeds_move_a_job_to_its_fastest_type(s
         r = c.post("/jobs", json={"command": stepper_cmd(1, 0.01), "gpus": "a100:1"})
         assert r.status_code == 422 and "needs GPU type a100, the cluster has" in r.text
         # asking for a type: Slurm's gres form, and the spec field (any spelling of the product)
-        pinned = submit(c, name="pinned", command=stepper_cmd(80, 0.1), gpus="v100:1", time_limit=600)
+        pinned = submit(c, name="pinned", command=stepper_cmd(80, 0.1), gpus="v100:1", time_limit="600s")
         wait_for(lambda: job(c, pinned)["state"].startswith("running"), what="the pinned job running")
-        k80 = submit(c, name="k80-only", command=stepper_cmd(2, 0.05), gpus=1, gpu_type="k80", time_limit=600)
+        k80 = submit(c, name="k80-only", command=stepper_cmd(2, 0.05), gpus=1, gpu_type="k80", time_limit="600s")
         wait_for(lambda: job(c, k80)["state"] == "finished", what="the K80 job")
         # a job the scheduler knows nothing about: 20 iterations/s on a V100 (its iteration_time), 5 on a K80
         env = {"STEPPER_DT_K80": "0.2", "STEPPER_DT_V100": "0.05"}
         x = submit(c, name="x", command=stepper_cmd(150, 0.05), gpus=1, iterations=150, iteration_time=0.05,
-                   env=env, time_limit=600)
+                   env=env, time_limit="600s")
         done = [wait_for(lambda i=i: (j := job(c, i))["state"] == "finished" and j, timeout=120, what=f"job {i}")
                 for i in (pinned, x)]
         events = c.get(f"/jobs/{x}/events").json()

@@ -169,12 +169,16 @@ def test_executors_by_name_entry_point_or_module_function(tmp_path: Path) -> Non
         mine = mylab_plugin:broken
     """)
     r = _run(tmp_path, """
-        from gpuloom.cli.executors import EXECUTORS, local
+        from gpuloom.cli.executors import EXECUTORS
+        from gpuloom.cli.executor.local import local
         print(sorted(EXECUTORS), EXECUTORS.lookup("local") is local)
+        print([EXECUTORS[n].__module__ for n in ("local", "ray", "slurm")])
         print(EXECUTORS.lookup("mine").__name__, EXECUTORS.lookup("mylab_plugin:broken").__name__)
     """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["['local', 'mine', 'ray', 'slurm'] True", "broken broken"]
+    # each built-in registers itself in its own module: adding one is adding a file
+    assert r.stdout.splitlines() == ["['local', 'mine', 'ray', 'slurm'] True", "['gpuloom.cli.executor.local', "
+                                     "'gpuloom.cli.executor.ray', 'gpuloom.cli.executor.slurm']", "broken broken"]
     env = {**os.environ, "GPULOOM_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(SRC)}
     r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--executor", "lcoal", "--port", "0"], env=env,
                        capture_output=True, text=True, timeout=120)
@@ -203,7 +207,7 @@ def test_serve_runs_jobs_through_a_plugin_executor(tmp_path: Path) -> None:
     from service_util import kill_jobs, stepper_cmd, wait_for
 
     (tmp_path / "lab_exec.py").write_text(textwrap.dedent("""
-        from gpuloom.cli.executors import local
+        from gpuloom.cli.executor.local import local
 
         def make(ctx):
             (ctx.state_dir / "made-by-plugin").write_text(str(ctx.inventory.num_gpus))
@@ -230,3 +234,68 @@ def test_serve_runs_jobs_through_a_plugin_executor(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(30)
         kill_jobs(sd)
+
+
+FACTOR_PLUGIN = '''
+from gpuloom.perf.assembly import FactorDecl, ModelOption
+
+
+class Slowdown:
+    name = "slowdown"
+
+    def __init__(self, f):
+        self.f = f
+
+    def __call__(self, job, alloc):
+        return self.f
+
+
+def build(cluster, options, specs):
+    return Slowdown(options["slowdown_factor"])
+
+
+SLOWDOWN = FactorDecl("slowdown", (ModelOption("slowdown_factor", float, None, "Every job's speed times X.",
+                                               metavar="X", cli_type=float),), build)
+CLASH = FactorDecl("clash", (ModelOption("topology", str, None, "Another topology."),), build)
+'''
+
+
+def test_model_factors_plug_in_by_entry_points(tmp_path: Path) -> None:
+    # a factor from outside: built when its option is given, its option a -P name and a command-line flag;
+    # one that takes a built-in's option is reported and left out
+    _install(tmp_path, """
+        [gpuloom.factors]
+        slowdown = mylab_plugin:SLOWDOWN
+        clash = mylab_plugin:CLASH
+    """, FACTOR_PLUGIN)
+    r = _run(tmp_path, """
+        from gpuloom.core.cluster import Cluster
+        from gpuloom.core.job import Job, JobSpec
+        from gpuloom.core.plan import Allocation, Part
+        from gpuloom.perf.assembly import FACTORS, FLAG_OPTIONS, MODEL_OPTIONS, build_model, split_params
+        print(list(FACTORS))
+        print("slowdown_factor" in MODEL_OPTIONS, FLAG_OPTIONS[-1].cli, split_params({"slowdown_factor": 1, "x": 2}))
+        cl = Cluster.homogeneous(1, 2)
+        job = Job(JobSpec("a", 0.0, 1, 10.0))
+        alloc = Allocation("a", (Part(0, (0,), 6, 1000),))
+        print(build_model(cl).speed(job, alloc), build_model(cl, {"slowdown_factor": "0.5"}).speed(job, alloc))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "['locality', 'scaling', 'interleave', 'variability', 'topology', 'sensitivity', 'gpu_type', 'storage', "
+        "'slowdown']",
+        "True --slowdown-factor ({'x': 2}, {'slowdown_factor': 1})",
+        "1.0 0.5"]
+    assert "entry point clash = mylab_plugin:CLASH (group gpuloom.factors): option 'topology' of factor 'clash' " \
+        "is already factor 'topology''s; ignored" in r.stderr
+
+
+def test_builtin_factors_are_registered_in_model_order() -> None:
+    from gpuloom.perf.assembly import FACTORS, FactorDecl
+
+    assert list(FACTORS) == ["locality", "scaling", "interleave", "variability", "topology", "sensitivity",
+                             "gpu_type", "storage"]
+    with pytest.raises(RegistryError, match="a model factor is a FactorDecl"):
+        FACTORS.lookup("gpuloom.perf.assembly:build_model")
+    with pytest.raises(RegistryError, match="option 'profiles' of factor 'mine' is already factor 'sensitivity''s"):
+        FACTORS.add(FactorDecl("mine", FACTORS["sensitivity"].options, lambda c, o, s: None), "mine")

@@ -37,7 +37,7 @@ def test_sigkill_at_random_points_every_ledger_exactly_once(tmp_path: Path) -> N
                     n = rng.randint(8, 30)
                     # shorter jobs preempt longer ones (SRTF): time limits set the work estimate, generously
                     jid = submit(c, name=f"s{n}", command=stepper_cmd(n, 0.1), gpus=rng.choice([1, 1, 2]),
-                                 time_limit=10 * n)
+                                 time_limit=f"{10 * n}s")
                     steps[jid] = n
             time.sleep(rng.uniform(0.05, 1.5))
             s.kill()

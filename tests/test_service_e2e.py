@@ -91,10 +91,10 @@ def test_preempted_job_resumes_with_every_step_done_once(server) -> None:  # noq
     s = server("--cluster", "1x4", "--cpus-per-node", str(NCPU), "--order", "sjf", "--round", "0.2", "--grace", "10")
     with s.client() as c:
         long_id = c.post("/jobs", json={"name": "long", "command": stepper_cmd(30, 0.05), "gpus": 4,
-                                        "time_limit": 600}).json()["id"]
+                                        "time_limit": "600s"}).json()["id"]
         wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, what="long job progress")
         short_id = c.post("/jobs", json={"name": "short", "command": stepper_cmd(3, 0.05), "gpus": 2,
-                                         "time_limit": 60}).json()["id"]
+                                         "time_limit": "60s"}).json()["id"]
         short = wait_for(lambda: (j := job(c, short_id))["state"] == "finished" and j, what="short job")
         long = wait_for(lambda: (j := job(c, long_id))["state"] == "finished" and j, what="long job")
         log = c.get(f"/jobs/{long_id}/logs").text
@@ -120,7 +120,7 @@ def test_preempted_job_resumes_with_every_step_done_once(server) -> None:  # noq
 def test_time_limit_and_cancel(server) -> None:  # noqa: ANN001
     s = server("--cluster", "1x2", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "2")
     with s.client() as c:
-        slow = submit(c, **{"command": stepper_cmd(1000, 0.05), "gpus": 1, "time_limit": 1})
+        slow = submit(c, **{"command": stepper_cmd(1000, 0.05), "gpus": 1, "time_limit": "1s"})
         run = submit(c, **{"command": stepper_cmd(1000, 0.05), "gpus": 1})
         queued = submit(c, **{"command": "true", "gpus": 2})
         wait_for(lambda: "iter=1" in c.get(f"/jobs/{run}/logs").text, what="running")

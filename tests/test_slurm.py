@@ -231,9 +231,9 @@ def test_serve_slurm_places_preempts_and_resumes_each_step_once(serve_slurm: Any
     s = serve_slurm("--order", "sjf", "--grace", "10")
     with s.client() as c:
         assert [(n["name"], n["gpus"]) for n in c.get("/nodes").json()] == [("gpn0", 4)]
-        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit=600)
+        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
         wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
-        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit=60)
+        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
         short = wait_for(lambda: (j := job(c, short_id))["state"] == "finished" and j, 90, "short job")
         long = wait_for(lambda: (j := job(c, long_id))["state"] == "finished" and j, 90, "long job")
         log = c.get(f"/jobs/{long_id}/logs").text

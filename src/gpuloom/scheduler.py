@@ -693,7 +693,7 @@ def _option_for(factor: str) -> str:
     """The command-line option that configures ``factor`` (from its declaration)."""
     from .perf.assembly import FACTORS
 
-    for d in FACTORS:
+    for d in FACTORS.values():
         if d.name == factor and d.options:
             return f"{d.options[0].cli} (or -P {d.options[0].name}=...)"
     return f"a {factor!r} factor"

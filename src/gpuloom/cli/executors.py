@@ -3,8 +3,9 @@
 An executor factory takes an :class:`ExecutorContext` (what ``serve`` was told) and returns the
 :class:`~gpuloom.runtime.exec.executor.Executor` and, when the executor brings its own inventory (Ray's
 nodes), the inventory that follows it (:class:`Following`); None keeps the
-declared or discovered one (``ExecutorContext.inventory``).  ``local``, ``ray`` and ``slurm`` are built in;
-outside factories come by the ``gpuloom.executors`` entry points or as ``--executor module:function``.
+declared or discovered one (``ExecutorContext.inventory``).  ``local``, ``ray`` and ``slurm`` are built in,
+each in its own module of :mod:`gpuloom.cli.executor`, where it registers itself; outside factories come by
+the ``gpuloom.executors`` entry points or as ``--executor module:function``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-import typer
 
 from ..core.cluster import Cluster
 from ..core.registry import Registry, RegistryError
@@ -59,49 +58,7 @@ def _factory(obj: Any, where: str) -> Factory:
     return obj
 
 
-EXECUTORS: Registry[Factory] = Registry("executor", group="gpuloom.executors", check=_factory,
-                                        outside="module:function")
-
-
-@EXECUTORS.register("local")
-def local(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
-    """Processes on this machine, in cgroups where they are writable."""
-    from ..runtime.exec.router import local_executor
-    from ..runtime.service.security import default_job_dir
-    from .service import _gpu_devices
-
-    if ctx.inventory is None:
-        raise typer.BadParameter("the local executor needs an inventory: give no --ray")
-    devices = _gpu_devices(ctx.gpu_devices, declared=ctx.declared)
-    # each job's own /tmp goes in the job directory (a directory of the server's, 0700)
-    tmp_dir = Path(ctx.job_dir or default_job_dir(ctx.state_dir, ctx.service_id, ctx.switch_users)) / "tmp"
-    try:
-        return local_executor(ctx.inventory, ctx.state_dir / "run", fold_cores=ctx.declared,
-                              cgroup_parent=f"gpuloom-{ctx.service_id}", env_allow=ctx.env_allow,
-                              pids_max=ctx.pids_max, gpu_devices=devices, private_tmp=ctx.private_tmp,
-                              tmp_dir=tmp_dir), None
-    except (RuntimeError, OSError) as e:  # ExecutorError, CgroupError: a bad device file or count
-        raise typer.BadParameter(f"--gpu-devices: {e}") from None
-
-
-@EXECUTORS.register("ray")
-def ray(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
-    """Node agents on a Ray cluster (``--ray ADDRESS``); the inventory follows Ray's nodes."""
-    from .service import _ray_executor
-
-    if ctx.ray_address is None:
-        raise typer.BadParameter("the ray executor needs --ray ADDRESS")
-    return _ray_executor(ctx.ray_address, ctx.service_id, ctx.grace_s, ctx.shared_dir is not None, ctx.env_allow,
-                         ctx.gpus, ctx.cpus_per_node, ctx.private_tmp)
-
-
-@EXECUTORS.register("slurm")
-def slurm(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
-    """Slurm batch jobs on the Slurm cluster of this machine's slurm.conf (``--slurm all|PARTITION``); the
-    inventory follows Slurm's nodes."""
-    from .service import _slurm_executor
-
-    if ctx.slurm is None:
-        raise typer.BadParameter("the slurm executor needs --slurm all or --slurm PARTITION")
-    return _slurm_executor(ctx.slurm, ctx.service_id, ctx.grace_s, ctx.state_dir, ctx.job_dir, ctx.shared_dir,
-                           ctx.switch_users)
+#: executors by name: each built-in registers itself in its module of :mod:`gpuloom.cli.executor` (one file an
+#: executor); outside ones by entry points or ``module:function``
+EXECUTORS: Registry[Factory] = Registry("executor", home="gpuloom.cli.executor", group="gpuloom.executors",
+                                        check=_factory, outside="module:function")

@@ -95,7 +95,7 @@ def submit(
                                              "type (v100:2, as Slurm's --gpus).")] = None,
     cpus: Annotated[int | None, typer.Option("--cpus", "-c", help="CPU cores (default: the GPU-proportional share).")] = None,
     mem: Annotated[str | None, typer.Option("--mem", help="Memory: 8G (10^9 bytes), 8Gi (2^30 bytes), 512M, or MB.")] = None,
-    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM:SS, 90m, 2h.")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit as Slurm: minutes (60), MM:SS, HH:MM:SS, D-HH:MM:SS, 90s, 2h.")] = None,
     wrap: Annotated[str | None, typer.Option("--wrap", help="The command as one string (run by /bin/sh -c).")] = None,
     array: Annotated[str | None, typer.Option("--array", "-a", help="Job array: 0-9, 1,3,5-7, 0-15:4, 0-9%2 (at most 2 at once).")] = None,
     dependency: Annotated[str | None, typer.Option("--dependency", "-d", help="afterok:ID[:ID], afterany:, afternotok:, after:; ID_N for one array task; comma = all.")] = None,
@@ -141,6 +141,7 @@ def submit(
             extra[k] = v
         body["env"] = extra
     body.setdefault("gpus", 1)
+    _check_request(body, args[0] if len(args) == 1 and args[0].lower().endswith(SPEC_SUFFIXES) else None)
     # like sbatch: the job runs in the directory it was submitted from unless --chdir/workdir says
     # otherwise, and a relative one is taken from there (a node without it runs the job in the
     # account's home instead and says so in the job's log)
@@ -160,6 +161,17 @@ def submit(
         console.print(f"Submitted job array {job['array_id']} ({body['array']})", highlight=False)
     else:
         console.print(f"Submitted job {job['id']}", highlight=False)
+
+
+def _check_request(body: dict[str, Any], path: str | None) -> None:
+    """Refuse a spec the server would refuse for its fields, naming the field (and the spec file) before
+    anything is sent; the server reads the same body (:func:`gpuloom.core.request.parse_request`)."""
+    from ..core.request import RequestError, parse_request
+
+    try:
+        parse_request(body)
+    except RequestError as e:
+        raise typer.BadParameter(f"{path}: {e}" if path else str(e)) from None
 
 
 @app.command()

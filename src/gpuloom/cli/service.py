@@ -117,7 +117,8 @@ def serve(
         "--shared-tmp", help="Jobs share this machine's /tmp and /dev/shm (default: each job that runs as another "
                              "account gets its own, removed when it ends).")] = False,
     keep_finished: Annotated[str | None, typer.Option(
-        help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h, seconds.")] = None,
+        help="Delete finished jobs (and their logs) this long after they ended: 30d, 12h; a bare number is "
+             "minutes.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (serve HTTPS, with --ssl-certfile).")] = None,
     ssl_certfile: Annotated[Path | None, typer.Option(help="TLS certificate chain.")] = None,
     executor_name: Annotated[str | None, typer.Option(
@@ -563,12 +564,14 @@ def load_job_file(path: Path) -> dict[str, Any]:
     """A job spec from YAML or JSON; errors name the file."""
     import yaml
 
+    from .specfile import parse_spec_text
+
     try:
         text = path.read_text()
     except OSError as e:
         raise typer.BadParameter(f"{path}: {e.strerror}") from None
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        data = parse_spec_text(text, path.suffix.lower() == ".json")  # (YAML: 1:30:00 stays a time)
     except (ValueError, yaml.YAMLError) as e:
         raise typer.BadParameter(f"{path}: {e}") from None
     if not isinstance(data, dict):
@@ -621,7 +624,7 @@ def nodes(
 def token_create(
     user: Annotated[str, typer.Argument(help="User name the token acts as.")],
     admin: Annotated[bool, typer.Option("--admin", help="Give the token admin rights.")] = False,
-    expires: Annotated[str | None, typer.Option(help="Refuse the token after this long: 30d, 12h, seconds.")] = None,
+    expires: Annotated[str | None, typer.Option(help="Refuse the token after this long: 30d, 12h, 90s; a bare number is minutes.")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,

@@ -33,11 +33,13 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ..core.cluster import Cluster
 from ..core.job import JobSpec
+from ..core.registry import Registry, RegistryError
 from .model import DEFAULT_LOCALITY_PENALTY, LOCALITY_RULES, Factor, LocalityFactor, ThroughputModel
 
 
@@ -139,7 +141,7 @@ def _with_trace_options(options: Mapping[str, Any] | None, specs: Sequence[JobSp
     A trace's ``variability=generate|artifact`` needs the measured data folder: without
     one it is left out with a warning (the run did not ask for it)."""
     given = {k: v for k, v in (options or {}).items() if v is not None}
-    extra = {k: v for k, v in trace_options(specs).items() if k in OPTIONS and k not in given}
+    extra = {k: v for k, v in trace_options(specs).items() if k in _options()[0] and k not in given}
     word = str(extra.get("variability", "")).partition(":")
     if word[0] in ("generate", "artifact") and not word[2] and given.get("variability_dir") is None:
         from .datadir import data_dir, describe_search
@@ -256,8 +258,25 @@ def _gpu_type(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) 
     return GpuTypeFactor(speeds, cluster)
 
 
-#: every factor gpuloom knows, in the order the model multiplies them
-FACTORS: tuple[FactorDecl, ...] = (
+_OPTION_OF: dict[str, str] = {"seed": "(shared)"}  # option name -> the factor declaring it
+
+
+def _factor(obj: Any, where: str) -> FactorDecl:
+    """``obj`` if it is a :class:`FactorDecl` whose options no other factor declares."""
+    if not isinstance(obj, FactorDecl):
+        raise RegistryError(f"{where}: a model factor is a FactorDecl(name, options, build), got {obj!r}")
+    for o in obj.options:
+        owner = _OPTION_OF.get(o.name, obj.name)
+        if owner != obj.name:
+            raise RegistryError(f"{where}: option {o.name!r} of factor {obj.name!r} is already factor {owner!r}'s")
+    _OPTION_OF.update((o.name, obj.name) for o in obj.options)
+    return obj
+
+
+#: every model factor by name, in the order the model multiplies them: the built-ins below, then outside ones
+#: (entry points of ``gpuloom.factors``, each a FactorDecl registered under its own name)
+FACTORS: Registry[FactorDecl] = Registry("model factor", group="gpuloom.factors", check=_factor)
+for _decl in (
     FactorDecl("locality", (
         ModelOption("locality_penalty", _penalty, DEFAULT_LOCALITY_PENALTY,
                     f"Slowdown of a job spanning nodes (default {DEFAULT_LOCALITY_PENALTY}).", metavar="X",
@@ -303,38 +322,53 @@ FACTORS: tuple[FactorDecl, ...] = (
         ModelOption("storage_mbps", _positive, None, "Storage bandwidth per node, MB/s (Synergy's speed column).",
                     flag=False),
     ), _storage, help="storage bandwidth (Synergy)"),
-)
+):
+    FACTORS.add(_decl, _decl.name)
 
 SHARED_OPTIONS: tuple[ModelOption, ...] = (ModelOption("seed", _int, 0, "Seed of generated model data.", flag=False),)
 
-OPTIONS: dict[str, ModelOption] = {o.name: o for d in FACTORS for o in d.options} | {o.name: o for o in SHARED_OPTIONS}
-#: names that configure the throughput model rather than a policy (``-P name=value``)
-MODEL_OPTIONS: frozenset[str] = frozenset(OPTIONS)
-#: the options exposed as command-line flags, in declaration order
-FLAG_OPTIONS: tuple[ModelOption, ...] = tuple(o for d in FACTORS for o in d.options if o.flag)
+
+@cache
+def _options() -> tuple[dict[str, ModelOption], frozenset[str], tuple[ModelOption, ...]]:
+    """(every option by name, their names, the command-line flags in declaration order), once the factors
+    (outside ones included) are loaded."""
+    decls = list(FACTORS.values())
+    options = {o.name: o for d in decls for o in d.options} | {o.name: o for o in SHARED_OPTIONS}
+    return options, frozenset(options), tuple(o for d in decls for o in d.options if o.flag)
+
+
+def __getattr__(name: str) -> Any:
+    """``OPTIONS``, ``MODEL_OPTIONS`` (names that configure the model rather than a policy: ``-P
+    name=value``) and ``FLAG_OPTIONS``, computed when first asked for (after outside factors load)."""
+    names = ("OPTIONS", "MODEL_OPTIONS", "FLAG_OPTIONS")
+    if name not in names:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _options()[names.index(name)]
 
 
 def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(policy parameters, model options) from one ``-P`` mapping."""
-    policy = {k: v for k, v in params.items() if k not in MODEL_OPTIONS}
-    model = {k: v for k, v in params.items() if k in MODEL_OPTIONS}
+    names = _options()[1]
+    policy = {k: v for k, v in params.items() if k not in names}
+    model = {k: v for k, v in params.items() if k in names}
     return policy, model
 
 
 def normalise_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Typed options with every default filled in; unknown names and bad values are errors naming them."""
     out: dict[str, Any] = {}
+    known = _options()[0]
     for k, v in (options or {}).items():
-        opt = OPTIONS.get(k)
+        opt = known.get(k)
         if opt is None:
-            raise ModelOptionError(f"unknown model option {k!r}; known: {', '.join(sorted(OPTIONS))}")
+            raise ModelOptionError(f"unknown model option {k!r}; known: {', '.join(sorted(known))}")
         if v is None:
             continue
         try:
             out[k] = opt.type(v)
         except (TypeError, ValueError) as e:
             raise ModelOptionError(f"model option {k} ({opt.cli}): {e}") from None
-    for name, opt in OPTIONS.items():
+    for name, opt in known.items():
         out.setdefault(name, opt.default)
     return out
 
@@ -344,7 +378,7 @@ def build_model(cluster: Cluster, options: Mapping[str, Any] | None = None,
     """The throughput model for ``options`` and the run's jobs (see the module notes); the same for every face."""
     opts = normalise_options(_with_trace_options(options, specs))
     model = ThroughputModel(cluster)
-    for decl in FACTORS:
+    for decl in FACTORS.values():
         if not decl.always and opts.get(decl.options[0].name) is None:
             continue
         f = decl.build(cluster, opts, specs)

@@ -242,17 +242,6 @@ class MuriGrouping(GroupPolicy):
         units.sort(key=_first)
         return [tuple(ordered[i] for i in u) for u in units]
 
-    def match_bucket(self, profiles: list[Profile], max_group: int, factor: InterleaveFactor,
-                     current: Sequence[str | None] | None = None) -> list[list[int]]:
-        """Groups (lists of indices into ``profiles``) from matching rounds with no capacity limit."""
-        bs = _BucketState(1, list(range(len(profiles))), profiles, list(current or [None] * len(profiles)))
-        while True:
-            pairs = self.match_round(profiles, bs.nodes, max_group, factor, bs.labels)
-            if not pairs:
-                return bs.nodes
-            self.last_rounds += 1
-            bs.merge([(a, c) for a, c, _ in pairs])
-
     def match_round(
         self,
         profiles: list[Profile],

@@ -68,6 +68,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from ...core.lifecycle import JobState
 from ...core.queues import QueueError
+from ...core.request import JobRequest
 from ..exec import joblogs
 from ..service.admission import LimitExceeded
 from ..service.deps import parse_array, parse_dependency
@@ -76,7 +77,7 @@ from ..service.health import liveness, readiness
 from ..service.queues import QueueDenied
 from ..service.service import FINAL_STATES, HOLDING, Service
 from ..state.history import array_label, iso, short_state
-from ..state.specs import parse_duration, parse_mem
+from ..state.specs import parse_mem, parse_time_limit
 from ..state.store import JobRow, Store, StoreFull
 from ..state.tokens import create_token as _create_token
 from ..state.tokens import list_tokens, revoke_token
@@ -145,7 +146,7 @@ class JobSubmit(BaseModel):
     model: str | None = Field(None, max_length=MAX_NAME)
     profile: bool | dict[str, Any] | None = None  # true/false: ask for / opt out of profiling
     checkpoint_dir: str | None = Field(None, max_length=MAX_PATH)
-    time_limit: float | str | None = None  # seconds or Slurm time (1:30:00)
+    time_limit: float | str | None = None  # Slurm's: minutes (60, "60"), 1:30:00, 2-00:00:00, 90s, 2h
     user: str | None = Field(None, pattern=USER_RE)
     env: dict[str, str] | None = Field(None, max_length=MAX_ENV_VARS)
     workdir: str | None = Field(None, max_length=MAX_PATH)
@@ -264,7 +265,7 @@ class JobSubmit(BaseModel):
     @field_validator("time_limit", mode="before")
     @classmethod
     def _tl(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v, "time_limit")
+        return None if v is None else parse_time_limit(v, "time_limit")
 
     @field_validator("env")
     @classmethod
@@ -294,22 +295,28 @@ class JobSubmit(BaseModel):
         return v
 
     def to_spec(self) -> dict[str, Any]:
+        """The fields as checked above in the stored form of :class:`~gpuloom.core.request.JobRequest`
+        (seconds, MB): what a submission stores, made directly."""
         d = self.model_dump(exclude_none=True)
         if "mem" in d:
             d["mem_mb"] = d.pop("mem")
         return d
+
+    def to_request(self) -> JobRequest:
+        """The typed request (:mod:`gpuloom.core.request`) these fields make."""
+        return JobRequest.from_stored(self.to_spec())
 
 
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user: str = Field(pattern=USER_RE)
     admin: bool = Field(False, strict=True)
-    expires: float | str | None = None  # seconds or a duration (30d, 12h, 1:00:00) from now
+    expires: float | str | None = None  # from now: 30d, 12h, 1:00:00, 90s; a bare number is minutes (as time limits)
 
     @field_validator("expires", mode="before")
     @classmethod
     def _exp(cls, v: Any) -> Any:
-        return None if v is None else parse_duration(v, "expires")
+        return None if v is None else parse_time_limit(v, "expires")
 
 
 def job_json(row: JobRow, live_progress: int | None = None, now: float | None = None) -> dict[str, Any]:

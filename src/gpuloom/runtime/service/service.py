@@ -91,6 +91,7 @@ from ...core.cluster import Cluster
 from ...core.job import Job
 from ...core.lifecycle import JobState
 from ...core.plan import Action
+from ...core.request import JobRequest
 from ...driver import Driver
 from ...perf.assembly import build_model
 from ...perf.model import ThroughputModel
@@ -275,8 +276,9 @@ class Service:
         check_submittable(self.cluster, dict(spec))
         self.guard.check_spec(self.cluster, dict(spec), user)
 
-    def submit(self, spec: Mapping[str, Any], user: str) -> int:
+    def submit(self, spec: JobRequest | Mapping[str, Any], user: str) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
+        spec = spec.stored() if isinstance(spec, JobRequest) else spec
         self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
@@ -300,9 +302,10 @@ class Service:
             spec["depends_on"] = resolve_dependency(self.store, spec["dependency"])
         return spec, tasks
 
-    def submit_once(self, spec: Mapping[str, Any], user: str, key: str) -> tuple[int, bool]:
+    def submit_once(self, spec: JobRequest | Mapping[str, Any], user: str, key: str) -> tuple[int, bool]:
         """:meth:`submit` under an idempotency key: (job id, True) the first time, (the same id, False)
         when ``user`` retries with the same key."""
+        spec = spec.stored() if isinstance(spec, JobRequest) else spec
         old = self.store.job_for_key(user, key)
         if old is not None:
             return old, False

@@ -223,10 +223,6 @@ class JobRow:
     last_start_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
-        return d
-
 
 #: the columns of a :class:`JobRow`, selected in its fields' order: :func:`_decode` builds it by position
 #: (a page of 1,000 rows in ~3 ms; by column name, through SQLAlchemy's row mappings, ~50 ms)
@@ -903,7 +899,3 @@ class Store:
         if row is None or (row[2] is not None and row[2] <= (time.time() if now is None else now)):
             return None
         return str(row[0]), bool(row[1])
-
-    def has_admin(self) -> bool:
-        with self.lock, self.engine.connect() as c:
-            return c.execute(select(tokens_t.c.user).where(tokens_t.c.admin.is_(True))).first() is not None

@@ -1,0 +1,20 @@
+"""The ``slurm`` executor: Slurm batch jobs (``--slurm all|PARTITION``)."""
+
+from __future__ import annotations
+
+import typer
+
+from ...runtime.exec.executor import Executor
+from ..executors import EXECUTORS, ExecutorContext, Following
+
+
+@EXECUTORS.register("slurm")
+def slurm(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
+    """Slurm batch jobs on the Slurm cluster of this machine's slurm.conf (``--slurm all|PARTITION``); the
+    inventory follows Slurm's nodes."""
+    from ..service import _slurm_executor
+
+    if ctx.slurm is None:
+        raise typer.BadParameter("the slurm executor needs --slurm all or --slurm PARTITION")
+    return _slurm_executor(ctx.slurm, ctx.service_id, ctx.grace_s, ctx.state_dir, ctx.job_dir, ctx.shared_dir,
+                           ctx.switch_users)
