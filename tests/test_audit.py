@@ -1,0 +1,226 @@
+"""The audit trail: every job change with its actor and subject, token and queue changes, admins only;
+and the job log lines' fields (name, queue, actor; the logger under ``logger``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpuloom.core.cluster import Cluster
+from gpuloom.core.queues import parse_queues
+from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
+from gpuloom.runtime.exec.router import local_executor
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.logfmt import JsonFormatter, TextFormatter
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.audit import SCHEDULER, event_actor, record, trail
+from gpuloom.runtime.state.store import Store
+from gpuloom.scheduler import Scheduler
+from service_util import own_cgroup_parent
+
+TREE = {"default": "prod", "queue": [{"name": "research", "guarantee": 1, "users": ["alice"]},
+                                     {"name": "prod", "guarantee": 1, "open": True}]}
+
+
+@pytest.fixture
+def cgroup_parent() -> Iterator[str]:
+    yield from own_cgroup_parent()
+
+
+class Api:
+    def __init__(self, tmp: Path, cgroup_parent: str, policy: str = "quota") -> None:
+        self.tmp = tmp
+        self.store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
+        cl = Cluster.homogeneous(1, 2)
+        self.svc = Service(self.store, cl, local_executor(cl, tmp / "run", True, cgroup_parent),
+                           Scheduler.from_names(queue=policy), ServiceConfig(tmp, round_s=1000.0, grace_s=1.0))
+        self.admin = ensure_admin_token(self.store, tmp)
+        self.alice = create_token(self.store, "alice")
+        self.client = TestClient(create_app(self.svc))
+
+    def h(self, token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    def rounds_until(self, cond: Any, what: str, timeout: float = 20.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.svc.round()
+            if cond():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self) -> None:
+        self.client.close()
+        self.svc.terminate_all()
+        self.svc.shutdown()
+        self.store.close()
+
+
+@pytest.fixture
+def api(tmp_path: Path, cgroup_parent: str) -> Iterator[Api]:
+    a = Api(tmp_path, cgroup_parent)
+    yield a
+    a.close()
+
+
+class Captured:
+    """JSON lines of the loggers ``names`` at INFO while in use."""
+
+    def __init__(self, *names: str, fmt: logging.Formatter | None = None) -> None:
+        self.buf = io.StringIO()
+        self.handler = logging.StreamHandler(self.buf)
+        self.handler.setFormatter(fmt or JsonFormatter())
+        self.loggers = [logging.getLogger(n) for n in names]
+        self.old = [lg.level for lg in self.loggers]
+
+    def __enter__(self) -> Captured:
+        for lg in self.loggers:
+            lg.addHandler(self.handler)
+            lg.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for lg, old in zip(self.loggers, self.old, strict=True):
+            lg.removeHandler(self.handler)
+            lg.setLevel(old)
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in self.buf.getvalue().splitlines()]
+
+
+def test_event_actor_rules() -> None:
+    assert event_actor("submit", {"user": "alice"}) == "alice"
+    assert event_actor("submit", {"user": "alice", "actor": "admin"}) == "admin"
+    assert event_actor("cancel", {"by": "admin"}) == "admin"
+    assert event_actor("cancel-request", {"by": "bob"}) == "bob"
+    assert event_actor("launch", {"alloc": {}}) == SCHEDULER
+    assert event_actor("failed", {"exit_code": 2}) == SCHEDULER
+
+
+def test_an_admins_cancel_of_alices_jobs_is_logged_with_actor_and_subject(api: Api) -> None:
+    api.svc.queues.configure(parse_queues(TREE))
+    with Captured("gpuloom.jobs") as cap:
+        run = api.client.post("/jobs", json={"name": "train", "command": "sleep 60", "gpus": 2, "queue": "research"},
+                              headers=api.h(api.alice)).json()["id"]
+        api.rounds_until(lambda: api.store.get_job(run).state in ("running", "running_protected", "launching")
+                         and api.store.get_job(run).alloc is not None, "the job to launch")
+        wait = api.client.post("/jobs", json={"name": "eval", "command": "true", "gpus": 1},
+                               headers=api.h(api.alice)).json()["id"]
+        assert api.client.delete(f"/jobs/{wait}", headers=api.h(api.admin)).json()["state"] == "cancelled"
+        assert api.client.delete(f"/jobs/{run}", headers=api.h(api.admin)).status_code == 200
+        api.rounds_until(lambda: api.store.get_job(run).state == "cancelled", "the running job to end")
+    lines = cap.lines()
+    by = {(d["job"], d["event"]): d for d in lines}
+    sub = by[run, "submit"]
+    assert {k: sub[k] for k in ("logger", "user", "actor", "name", "queue")} == {
+        "logger": "gpuloom.jobs", "user": "alice", "actor": "alice", "name": "train", "queue": "research"}
+    launch = by[run, "launch"]
+    assert (launch["actor"], launch["name"], launch["queue"], launch["user"]) == (SCHEDULER, "train", "research",
+                                                                                  "alice")
+    # queued: cancelled by the API at once; running: ended by the loop at the admin's request
+    for jid, name in ((wait, "eval"), (run, "train")):
+        c = by[jid, "cancel"]
+        assert (c["user"], c["actor"], c["name"]) == ("alice", "admin", name), c
+    assert by[wait, "cancel"]["queue"] == "prod"  # the default queue, as assigned at submission
+
+
+def test_text_lines_carry_the_same_fields_and_the_logger_once() -> None:
+    rec = logging.LogRecord("gpuloom.jobs", logging.INFO, __file__, 1, "job %s cancelled", (7,), None)
+    for k, v in {"event": "cancel", "job": 7, "user": "alice", "actor": "admin", "job_name": "train",
+                 "queue": "research"}.items():
+        setattr(rec, k, v)
+    d = json.loads(JsonFormatter().format(rec))
+    assert {k: v for k, v in d.items() if k != "time"} == {
+        "level": "info", "logger": "gpuloom.jobs", "msg": "job 7 cancelled", "event": "cancel", "job": 7,
+        "user": "alice", "actor": "admin", "name": "train", "queue": "research"}
+    text = TextFormatter().format(rec)
+    assert text.endswith("INFO gpuloom.jobs: job 7 cancelled [event=cancel job=7 user=alice actor=admin name=train "
+                         "queue=research]")
+
+
+def test_admin_submitting_for_alice_is_the_actor(api: Api) -> None:
+    jid = api.client.post("/jobs", json={"command": "true", "gpus": 1, "user": "alice"},
+                          headers=api.h(api.admin)).json()["id"]
+    sub = [r for r in trail(api.store) if r["job"] == jid and r["kind"] == "submit"]
+    assert [(r["actor"], r["subject"]) for r in sub] == [("admin", "alice")]
+    own = api.client.post("/jobs", json={"command": "true", "gpus": 1}, headers=api.h(api.alice)).json()["id"]
+    assert api.store.events(own)[0]["detail"] == {"user": "alice"}  # unchanged when one submits for oneself
+
+
+def test_token_and_queue_changes_are_in_the_trail_for_admins_only(api: Api) -> None:
+    admin, c = api.h(api.admin), api.client
+    with Captured("gpuloom.audit", "gpuloom.jobs") as cap:
+        made = c.post("/tokens", json={"user": "bob", "expires": "1d"}, headers=admin).json()
+        tid = next(t["id"] for t in c.get("/tokens", headers=admin).json() if t["user"] == "bob")
+        assert c.delete(f"/tokens/{tid}", headers=admin).status_code == 200
+        assert c.put("/queues/research", json={"guarantee": 1, "users": ["alice"]}, headers=admin).status_code == 200
+        assert c.put("/queues/prod", json={"guarantee": 1, "open": True}, headers=admin).status_code == 200
+        assert c.put("/users/alice/queue", json={"queue": "research"}, headers=admin).status_code == 200
+        assert c.put("/queue-default", json={"queue": "prod"}, headers=admin).status_code == 200
+        assert c.put("/groups/ml", json={"users": ["alice", "bob"]}, headers=admin).status_code == 200
+        assert c.delete("/queues/nope", headers=admin).status_code == 404  # no change: no record
+        jid = c.post("/jobs", json={"command": "true", "gpus": 1}, headers=api.h(api.alice)).json()["id"]
+        c.delete(f"/jobs/{jid}", headers=admin)
+    want = [("admin", "token.create", "bob", tid), ("admin", "token.revoke", "bob", tid),
+            ("admin", "queue.set", None, "research"), ("admin", "queue.set", None, "prod"),
+            ("admin", "queue.user", "alice", "research"), ("admin", "queue.default", None, "prod"),
+            ("admin", "queue.group", None, "ml"), ("alice", "submit", "alice", None), ("admin", "cancel", "alice", None)]
+    r = c.get("/audit", headers=admin)
+    assert r.status_code == 200
+    got = r.json()
+    assert [(x["actor"], x["kind"], x["subject"], x["target"]) for x in got] == want
+    assert got[-1]["job"] == jid and got[0]["detail"] == {"admin": False, "expires_in": 86400.0}
+    # filters: by actor, by kind family, by exact kind, from a time on
+    assert [x["kind"] for x in c.get("/audit", params={"actor": "alice"}, headers=admin).json()] == ["submit"]
+    assert [x["kind"] for x in c.get("/audit", params={"kind": "token"}, headers=admin).json()] == [
+        "token.create", "token.revoke"]
+    assert [x["job"] for x in c.get("/audit", params={"kind": "cancel"}, headers=admin).json()] == [jid]
+    later = c.get("/audit", params={"since": got[-1]["t"]}, headers=admin).json()
+    assert [x["kind"] for x in later] == ["cancel"]
+    page = c.get("/audit", params={"limit": 2}, headers=admin)
+    assert len(page.json()) == 2 and float(page.headers["X-Next-Since"]) == got[1]["t"]
+    # an ordinary user reads none of it, whatever the filter
+    for params in ({}, {"actor": "alice"}, {"kind": "token"}):
+        r = c.get("/audit", params=params, headers=api.h(api.alice))
+        assert r.status_code == 403 and r.json() == {"detail": "only an admin may read the audit trail"}
+    # no secret anywhere: neither the new token nor the admin's, in the trail or the log lines
+    out = json.dumps(got) + cap.buf.getvalue()
+    assert made["token"] not in out and api.admin not in out and api.alice not in out
+    audit_lines = [d for d in cap.lines() if d["logger"] == "gpuloom.audit"]
+    assert [(d["actor"], d["event"], d.get("subject"), d.get("target")) for d in audit_lines] == [
+        w for w in want if w[1] not in ("submit", "cancel")]
+
+
+def test_the_trail_survives_a_restart_and_old_stores_get_the_table(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    store = Store(url)
+    jid = store.add_job({"command": "true", "gpus": 1}, "alice", "waiting_for_initial_contact", now=100.0)
+    store.update_job(jid, {"state": "cancelled"}, "cancel", {"by": "admin"}, now=101.0)
+    record(store, "admin", "queue.delete", None, "old", now=102.0)
+    store.close()
+    con = sqlite3.connect(tmp_path / "db.sqlite")  # a store from before the audit table
+    con.execute("DROP TABLE audit")
+    con.commit()
+    con.close()
+    store = Store(url)
+    assert [(r["actor"], r["kind"], r["subject"]) for r in trail(store)] == [
+        ("alice", "submit", "alice"), ("admin", "cancel", "alice")]
+    record(store, "admin", "queue.delete", None, "old", now=103.0)
+    store.close()
+    store = Store(url)  # and what was recorded is there after a restart
+    assert [(r["time"], r["actor"], r["kind"], r["target"]) for r in trail(store, since=101.5)] == [
+        (103.0, "admin", "queue.delete", "old")]
+    assert [r["kind"] for r in trail(store, actor=SCHEDULER)] == []
+    with pytest.raises(ValueError, match="limit: 1 to 10000 records, got 0"):
+        trail(store, limit=0)
+    store.close()
