@@ -42,7 +42,7 @@ from ..runtime.exec.cgroups import DEFAULT_PIDS_MAX
 from . import app
 from .common import SafeTable as Table
 from .common import cell, check_policies, console, err_console, model_options, stack_params, user_errors
-from .queues import queue_stage
+from .queues import served_queue_stage
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -224,7 +224,9 @@ def serve(
                                  "only with --ray local (the GPUs its one node declares)")
     with user_errors():
         params = stack_params(param, model_opts)
-        queue = queue_stage(queue_policy, str(queues) if queues else None)
+        # (without --queues and --queue-policy: the stored tree's policy)
+        queue = served_queue_stage(queue_policy, str(queues) if queues else None,
+                                   db or f"sqlite:///{state_dir_path(state_dir) / 'gpuloom.db'}")
         check_policies(order, group, size, place, list(params), queue)  # did-you-mean, accepted -P names
         from .executors import EXECUTORS  # the executor by name: local, ray, or a plugin's
 
