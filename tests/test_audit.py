@@ -14,9 +14,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from gpuloom.cli import app as app_cli
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import parse_queues
+from gpuloom.runtime.api.access import enable, open_log, safe_path
+from gpuloom.runtime.api.access import log as access_log
 from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
 from gpuloom.runtime.exec.router import local_executor
 from gpuloom.runtime.service.config import ServiceConfig
@@ -25,7 +29,7 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.audit import SCHEDULER, event_actor, record, trail
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent
+from service_util import Server, kill_jobs, own_cgroup_parent
 
 TREE = {"default": "prod", "queue": [{"name": "research", "guarantee": 1, "users": ["alice"]},
                                      {"name": "prod", "guarantee": 1, "open": True}]}
@@ -224,3 +228,68 @@ def test_the_trail_survives_a_restart_and_old_stores_get_the_table(tmp_path: Pat
     with pytest.raises(ValueError, match="limit: 1 to 10000 records, got 0"):
         trail(store, limit=0)
     store.close()
+
+
+def test_access_log_one_line_per_request_without_secrets(api: Api, tmp_path: Path) -> None:
+    path = tmp_path / "access.log"
+    lines: list[list[str]] = []
+    for fmt in ("text", "json"):
+        path.unlink(missing_ok=True)
+        handler = open_log(str(path), fmt)
+        app = create_app(api.svc)
+        enable(app, handler)
+        try:
+            with TestClient(app) as c:
+                r1 = c.get("/jobs", params={"state": "running", "token": "SECRETX"}, headers=api.h(api.alice))
+                c.get("/health")
+                c.get("/jobs", headers=api.h("nope-secret"))
+                c.delete(f"/tokens/{api.alice}", headers=api.h(api.admin))
+                made = c.post("/tokens", json={"user": "bob"}, headers=api.h(api.admin)).json()["token"]
+        finally:
+            access_log.removeHandler(handler)
+            handler.close()
+        text = path.read_text()
+        for secret in (api.admin, api.alice, made, "SECRETX", "nope-secret"):
+            assert secret not in text
+        if fmt == "json":
+            recs = [json.loads(x) for x in text.splitlines()]
+            assert [(r["client"], r["user"], r["method"], r["path"], r["status"]) for r in recs] == [
+                (x[1], x[2], x[3], x[4], int(x[5])) for x in lines]
+            assert sorted(recs[0]) == ["bytes", "client", "duration_s", "method", "path", "status", "time", "user"]
+            assert recs[0]["bytes"] == len(r1.content) and 0 <= recs[0]["duration_s"] < 10
+        else:
+            lines = [x.split(" ") for x in text.splitlines()]
+            assert [x[1:6] for x in lines] == [
+                ["testclient", "alice", "GET", "/jobs?state&token", "200"],
+                ["testclient", "-", "GET", "/health", "200"],
+                ["testclient", "-", "GET", "/jobs", "401"],
+                ["testclient", "admin", "DELETE", "/tokens/<redacted>", "404"],
+                ["testclient", "admin", "POST", "/tokens", "201"]]
+            assert all(len(x) == 8 and x[0].endswith("Z") for x in lines)
+            assert int(lines[0][7]) == len(r1.content) and float(lines[0][6]) >= 0
+
+
+def test_safe_path() -> None:
+    assert safe_path("/tokens/0123456789ab", b"") == "/tokens/0123456789ab"  # an id is no secret
+    assert safe_path("/tokens/" + "x" * 43, b"") == "/tokens/<redacted>"
+    assert safe_path("/jobs", b"state=running&state=pending&token=abc") == "/jobs?state&token"
+    assert safe_path("/jobs", b"a%20b=1") == "/jobs?a?20b"
+
+
+def test_serve_access_log_is_written_once_not_by_uvicorn_too(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    sd.mkdir()
+    srv = Server(sd, "--cluster", "1x2", "--log-level", "info", "--access-log", "-").start()
+    try:
+        with srv.client() as c:
+            assert c.get("/jobs", params={"state": "running"}).status_code == 200
+    finally:
+        srv.stop()
+        kill_jobs(sd)
+    out = (sd / "serve.out").read_text()
+    mine = [x for x in out.splitlines() if "/jobs" in x]
+    assert len(mine) == 1 and mine[0].split(" ")[1:6] == ["127.0.0.1", "admin", "GET", "/jobs?state", "200"], mine
+    assert srv.token not in out
+    bad = CliRunner().invoke(app_cli, ["serve", "--state-dir", str(tmp_path / "s2"), "--cluster", "1x2",
+                                       "--access-log", str(tmp_path / "no" / "such" / "dir" / "a.log")])
+    assert bad.exit_code == 2 and "--access-log" in bad.output and "No such file or directory" in bad.output

@@ -99,6 +99,9 @@ def serve(
         help="Seconds a profile run may print no progress line before its job counts as unprofilable.")] = 60.0,
     log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
     log_format: Annotated[str, typer.Option(help="Log lines as text or json (one object per line).")] = "text",
+    access_log: Annotated[str | None, typer.Option(
+        help="Write one line per request (time, client, user, method, path, status, seconds, bytes) to this "
+             "file, or - for standard output; in --log-format. Off by default.")] = None,
     users: Annotated[Path | None, typer.Option(
         help="YAML/TOML map of gpuloom user to the OS account their jobs run as ('*': everyone else).")] = None,
     job_user: Annotated[str | None, typer.Option(
@@ -180,6 +183,7 @@ def serve(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     os.umask(0o077)  # everything the server writes is private: database, tokens, logs, run records
+    access_handler = _access_log(access_log, log_format)
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise typer.BadParameter("give both --ssl-keyfile and --ssl-certfile, or neither")
     try:
@@ -328,7 +332,12 @@ def serve(
             "at most %d connections)", "gpuloom", listeners.url, listeners.unix_path or "no socket", listeners.url,
             listeners.url, inventory.num_nodes, "s" * (inventory.num_nodes != 1), inventory.num_gpus,
             "s" * (inventory.num_gpus != 1), "/".join(sched.names.values()), url, connections.max_connections)
-        serve_http(create_app(svc), listeners, connections, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+        api = create_app(svc)
+        if access_handler is not None:
+            from ..runtime.api.access import enable
+
+            enable(api, access_handler)
+        serve_http(api, listeners, connections, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
                    ssl_certfile=str(ssl_certfile) if ssl_certfile else None, metrics=svc.telemetry.registry,
                    stop_when=lambda: svc.gave_up is not None)
     finally:
@@ -339,6 +348,18 @@ def serve(
     if svc.gave_up is not None:  # the jobs run on: the server that took the database adopts them
         err_console.print(f"[bold red]error:[/] {escape(svc.gave_up)}", highlight=False)
         raise typer.Exit(3)
+
+
+def _access_log(target: str | None, fmt: str) -> logging.Handler | None:
+    """``--access-log``'s handler, opened now: a file that cannot be written is a usage error."""
+    if target is None:
+        return None
+    from ..runtime.api.access import open_log
+
+    try:
+        return open_log(target, fmt)
+    except OSError as e:
+        raise typer.BadParameter(f"--access-log {target}: {e.strerror or e}") from None
 
 
 def _gpu_devices(option: str, declared: bool) -> tuple[str, ...]:

@@ -418,6 +418,7 @@ def _auth(request: Request,
     who = request.app.state.service.store.lookup_token(token) if len(token) <= 256 else None
     if who is None:
         raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
+    request.state.user = who[0]  # (for the access log: the user, never the token)
     return who
 
 
