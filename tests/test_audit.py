@@ -7,6 +7,8 @@ import io
 import json
 import logging
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +16,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
-from gpuloom.cli import app as app_cli
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import parse_queues
 from gpuloom.runtime.api.access import enable, open_log, safe_path
@@ -290,6 +290,9 @@ def test_serve_access_log_is_written_once_not_by_uvicorn_too(tmp_path: Path) -> 
     mine = [x for x in out.splitlines() if "/jobs" in x]
     assert len(mine) == 1 and mine[0].split(" ")[1:6] == ["127.0.0.1", "admin", "GET", "/jobs?state", "200"], mine
     assert srv.token not in out
-    bad = CliRunner().invoke(app_cli, ["serve", "--state-dir", str(tmp_path / "s2"), "--cluster", "1x2",
-                                       "--access-log", str(tmp_path / "no" / "such" / "dir" / "a.log")])
-    assert bad.exit_code == 2 and "--access-log" in bad.output and "No such file or directory" in bad.output
+    # (a process of its own: serve configures the root logger)
+    bad = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--state-dir", str(tmp_path / "s2"), "--cluster",
+                          "1x2", "--access-log", str(tmp_path / "no" / "such" / "dir" / "a.log")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--access-log" in bad.stderr and "No such file or directory" in bad.stderr
+    assert not (tmp_path / "s2").exists()  # refused before anything started

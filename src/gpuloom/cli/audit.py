@@ -23,8 +23,12 @@ from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
 PAGE = 10_000  # records per request (the server's most)
 
 
+DETAIL_WIDTH = 100  # a detail is cut to this many characters in the table (--json has it whole)
+
+
 def _detail(d: dict[str, Any]) -> str:
-    return ",".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in sorted(d.items()))
+    text = ",".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in sorted(d.items()))
+    return text if len(text) <= DETAIL_WIDTH else text[:DETAIL_WIDTH - 3] + "..."
 
 
 @app.command()

@@ -13,7 +13,7 @@ Two sources, read together by :func:`trail` (``GET /audit``, ``gpuloom audit``; 
 
 Every :func:`record` is also logged (logger ``gpuloom.audit``, fields ``event``, ``actor``,
 ``subject``, ``target``).  The table is on the store's ``metadata``, so a store made before it
-gets it when it opens (:class:`.store.Store` creates missing tables).
+gets it when it opens (:class:`.store.Store` imports this module and creates missing tables).
 """
 
 from __future__ import annotations

@@ -400,6 +400,8 @@ class Store:
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
 
+        from . import audit  # noqa: F401  (its table joins the metadata: created below where missing)
+
         with self.lock:
             metadata.create_all(self.engine)
             self._add_missing_columns()
