@@ -168,7 +168,7 @@ def queue(
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", "-t", help="Only these states: PD, R, CG, CD, F, CA or lifecycle names (repeatable, or comma-separated).")] = None,
     long: Annotated[bool, typer.Option("--long", "-l", help="Also the lifecycle state and the time limit.")] = False,
-    out_format: Annotated[str | None, typer.Option("--format", "-o", help="squeue's codes (\"%.8i %u %j %t %M %l %D %b %R\") or field names (id,user,name,st); see docs/service.md.")] = None,
+    out_format: Annotated[str | None, typer.Option("--format", "-o", help="squeue's codes (\"%.8i %u %j %t %M %l %D %b %R\") or field names (jobid,user,name,st); see docs/operations.md.")] = None,
     expand: Annotated[bool, typer.Option("--array", "-r", help="One line per array task (pending tasks of an array are one line otherwise).")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
