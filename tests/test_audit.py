@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from gpuloom.cli import app as cli_app
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.queues import parse_queues
 from gpuloom.runtime.api.access import enable, open_log, safe_path
@@ -296,3 +298,31 @@ def test_serve_access_log_is_written_once_not_by_uvicorn_too(tmp_path: Path) -> 
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--access-log" in bad.stderr and "No such file or directory" in bad.stderr
     assert not (tmp_path / "s2").exists()  # refused before anything started
+
+
+def test_gpuloom_audit_lists_the_trail_for_an_admin_and_refuses_a_user(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    sd.mkdir()
+    srv = Server(sd, "--cluster", "1x2").start()
+    env = {"GPULOOM_STATE_DIR": str(sd), "GPULOOM_URL": srv.url}
+    runner = CliRunner()
+    try:
+        with srv.client() as c:
+            alice = c.post("/tokens", json={"user": "alice"}).json()["token"]
+            jid = c.post("/jobs", json={"command": "true", "gpus": 1, "user": "alice"}).json()["id"]
+        r = runner.invoke(cli_app, ["audit", "--since", "1h", "--json"], env=env)
+        assert r.exit_code == 0, r.output
+        recs = json.loads(r.output)
+        assert [(x["actor"], x["kind"], x["subject"]) for x in recs][:2] == [("admin", "token.create", "alice"),
+                                                                             ("admin", "submit", "alice")]
+        assert recs[1]["job"] == jid
+        table = runner.invoke(cli_app, ["audit", "--kind", "token"], env=env).output.splitlines()
+        assert table[0].split() == ["TIME", "ACTOR", "KIND", "SUBJECT", "TARGET", "DETAIL"]
+        assert table[1].split()[1:4] == ["admin", "token.create", "alice"] and len(table) == 2
+        denied = runner.invoke(cli_app, ["audit", "--token", alice], env=env)
+        assert denied.exit_code == 1 and "error (403): only an admin may read the audit trail" in denied.output
+        bad = runner.invoke(cli_app, ["audit", "--since", "soon"], env=env)
+        assert bad.exit_code == 2 and "--since" in bad.output
+    finally:
+        srv.stop()
+        kill_jobs(sd)
