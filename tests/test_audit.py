@@ -194,7 +194,14 @@ def test_token_and_queue_changes_are_in_the_trail_for_admins_only(api: Api) -> N
     later = c.get("/audit", params={"since": got[-1]["t"]}, headers=admin).json()
     assert [x["kind"] for x in later] == ["cancel"]
     page = c.get("/audit", params={"limit": 2}, headers=admin)
-    assert len(page.json()) == 2 and float(page.headers["X-Next-Since"]) == got[1]["t"]
+    assert len(page.json()) == 2 and page.headers["X-Next-After"] == got[1]["cursor"]
+    pages = page.json()
+    while "X-Next-After" in page.headers:  # page by page: every record once, in order
+        page = c.get("/audit", params={"limit": 2, "after": page.headers["X-Next-After"]}, headers=admin)
+        pages += page.json()
+    assert pages == got
+    r = c.get("/audit", params={"after": "soon"}, headers=admin)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "after"]
     # an ordinary user reads none of it, whatever the filter
     for params in ({}, {"actor": "alice"}, {"kind": "token"}):
         r = c.get("/audit", params=params, headers=api.h(api.alice))
@@ -326,3 +333,27 @@ def test_gpuloom_audit_lists_the_trail_for_an_admin_and_refuses_a_user(tmp_path:
     finally:
         srv.stop()
         kill_jobs(sd)
+
+
+def test_pages_of_records_at_one_time_hold_each_once(tmp_path: Path) -> None:
+    from gpuloom.runtime.state.audit import parse_cursor
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    ids = store.add_jobs([{"command": "true", "gpus": 1}] * 5, "alice", "waiting_for_initial_contact", now=50.0,
+                         array_tasks=range(5))  # one array: five submit events at the same time
+    record(store, "admin", "queue.set", None, "a", now=50.0)
+    record(store, "admin", "queue.set", None, "b", now=50.0)
+    want = [("queue.set", None), ("queue.set", None), *(("submit", j) for j in ids)]
+    assert [(r["kind"], r["job"]) for r in trail(store)] == want
+    got: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = trail(store, limit=2, after=after)
+        got += page
+        if len(page) < 2:
+            break
+        after = parse_cursor(page[-1]["cursor"])
+    assert [(r["kind"], r["job"]) for r in got] == want
+    with pytest.raises(ValueError, match="after: a record's cursor"):
+        parse_cursor("50.0:2:1")
+    store.close()

@@ -53,14 +53,8 @@ def audit(
         params["kind"] = kind
     client = Client(url, token, state_dir)
     recs: list[dict[str, Any]] = client.call("GET", "/audit", params=params)
-    seen = {json.dumps(r, sort_keys=True) for r in recs}
-    while client.last is not None and client.last.headers.get("X-Next-Since"):  # the next page
-        page = client.call("GET", "/audit", params={**params, "since": client.last.headers["X-Next-Since"]})
-        new = [r for r in page if json.dumps(r, sort_keys=True) not in seen]  # (the boundary's records come again)
-        if not new:
-            break
-        seen.update(json.dumps(r, sort_keys=True) for r in new)
-        recs += new
+    while client.last is not None and client.last.headers.get("X-Next-After"):  # the next page
+        recs += client.call("GET", "/audit", params={**params, "after": client.last.headers["X-Next-After"]})
     if as_json:
         print_json(recs)
         return

@@ -5,7 +5,8 @@
                                ``?actor=`` (a user, or ``scheduler``),
                                ``?kind=`` (``cancel``, ``token.create``, or a
                                family: ``token``, ``queue``), ``?limit=``
-                               (:mod:`..state.audit`); ``X-Next-Since`` when cut
+                               (:mod:`..state.audit`); a full page names the next in
+                               ``X-Next-After`` (``?after=``)
 =============================  =================================================
 
 A user who is not an admin gets 403: the trail names every user's actions.
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Response
 
 from ..service.service import Service
-from ..state.audit import MAX_TRAIL, trail
+from ..state.audit import MAX_TRAIL, parse_cursor, trail
 from ..state.history import iso
 
 NAME_RE = r"^[A-Za-z0-9_.@-]{1,64}$"
@@ -37,13 +38,18 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         actor: Annotated[str | None, Query(pattern=NAME_RE)] = None,
         kind: Annotated[str | None, Query(pattern=KIND_RE)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_TRAIL)] = 1000,
+        after: Annotated[str | None, Query(max_length=80)] = None,
     ) -> list[dict[str, Any]]:
         """Audit records by time (admins only): ``time`` (ISO 8601), ``actor``, ``kind``, ``subject`` (the
-        user concerned), ``target``, ``job``, ``detail``.  A full page names where the next starts in
-        ``X-Next-Since`` (records at that time may come again)."""
+        user concerned), ``target``, ``job``, ``detail``, ``cursor``.  A full page names the next in
+        ``X-Next-After``: its last record's cursor, to give as ``after``."""
         if not who[1]:
             raise HTTPException(403, "only an admin may read the audit trail")
-        recs = trail(service.store, since, actor, kind, limit)
+        try:
+            cursor = None if after is None else parse_cursor(after)
+        except ValueError as e:
+            raise HTTPException(422, [{"loc": ["query", "after"], "msg": str(e), "type": "bad_cursor"}]) from None
+        recs = trail(service.store, since, actor, kind, limit, cursor)
         if len(recs) == limit:
-            response.headers["X-Next-Since"] = repr(recs[-1]["time"])
+            response.headers["X-Next-After"] = recs[-1]["cursor"]
         return [{**r, "time": iso(r["time"]), "t": r["time"]} for r in recs]

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Column, Float, Integer, String, Table, Text, insert, or_, select
+from sqlalchemy import Column, Float, Integer, String, Table, Text, and_, insert, or_, select, true
 
 from .store import Store, events_t, hash_token, jobs_t, metadata, tokens_t
 from .tokens import ID_LEN
@@ -75,14 +76,42 @@ def _kind_match(col: Any, kind: str) -> Any:
     return or_(col == kind, col.startswith(kind + ".", autoescape=True))
 
 
+Cursor = tuple[float, int, int]  # (time, source: 0 the audit table, 1 job events, row id): the trail's order
+
+
+def parse_cursor(text: str) -> Cursor:
+    """``TIME:SOURCE:ID`` (a record's ``cursor``) as a :data:`Cursor`; ``ValueError`` naming it otherwise."""
+    try:
+        t, src, rid = text.split(":")
+        out = (float(t), int(src), int(rid))
+    except ValueError:
+        raise ValueError("after: a record's cursor, TIME:SOURCE:ID (the X-Next-After header)") from None
+    if out[1] not in (0, 1) or not math.isfinite(out[0]):
+        raise ValueError("after: a record's cursor, TIME:SOURCE:ID (the X-Next-After header)")
+    return out
+
+
+def _after(tcol: Any, idcol: Any, src: int, after: Cursor | None) -> Any:
+    """Rows of source ``src`` past ``after`` in the trail's order (time, source, id)."""
+    if after is None:
+        return true()
+    t, s, i = after
+    if src > s:
+        return tcol >= t
+    if src < s:
+        return tcol > t
+    return or_(tcol > t, and_(tcol == t, idcol > i))
+
+
 def trail(store: Store, since: float | None = None, actor: str | None = None, kind: str | None = None,
-          limit: int = 1000) -> list[dict[str, Any]]:
-    """The oldest ``limit`` records from ``since`` (wall seconds) on, of both sources, by time: ``{"time",
-    "actor", "kind", "subject", "target", "job", "detail"}``; only ``actor``'s, only of ``kind`` (or its
-    family)."""
+          limit: int = 1000, after: Cursor | None = None) -> list[dict[str, Any]]:
+    """The first ``limit`` records from ``since`` (wall seconds) on and past ``after``, of both sources, by
+    time: ``{"time", "actor", "kind", "subject", "target", "job", "detail", "cursor"}``; only ``actor``'s,
+    only of ``kind`` (or its family)."""
     if not 1 <= limit <= MAX_TRAIL:
         raise ValueError(f"limit: 1 to {MAX_TRAIL} records, got {limit}")
-    q = select(audit_t).order_by(audit_t.c.time, audit_t.c.id).limit(limit)
+    q = (select(audit_t).where(_after(audit_t.c.time, audit_t.c.id, 0, after))
+         .order_by(audit_t.c.time, audit_t.c.id).limit(limit))
     if since is not None:
         q = q.where(audit_t.c.time >= since)
     if actor is not None:
@@ -92,19 +121,19 @@ def trail(store: Store, since: float | None = None, actor: str | None = None, ki
     with store.lock, store.engine.connect() as c:
         rows = c.execute(q).mappings().all()
     out = [{"time": r["time"], "actor": r["actor"], "kind": r["kind"], "subject": r["subject"],
-            "target": r["target"], "job": None, "detail": json.loads(r["detail"]) if r["detail"] else {}}
-           for r in rows]
-    out += _job_events(store, since, actor, kind, limit)
-    out.sort(key=lambda r: r["time"])  # (stable: each source is in order already)
+            "target": r["target"], "job": None, "detail": json.loads(r["detail"]) if r["detail"] else {},
+            "cursor": f"{r['time']!r}:0:{r['id']}"} for r in rows]
+    out += _job_events(store, since, actor, kind, limit, after)
+    out.sort(key=lambda r: parse_cursor(r["cursor"]))
     return out[:limit]
 
 
 def _job_events(store: Store, since: float | None, actor: str | None, kind: str | None,
-                limit: int) -> list[dict[str, Any]]:
+                limit: int, after: Cursor | None) -> list[dict[str, Any]]:
     """Job events as audit records, read a chunk at a time until ``limit`` match."""
     q = (select(events_t.c.id, events_t.c.job_id, events_t.c.time, events_t.c.kind, events_t.c.detail, jobs_t.c.user)
          .select_from(events_t.outerjoin(jobs_t, jobs_t.c.id == events_t.c.job_id))
-         .order_by(events_t.c.time, events_t.c.id))
+         .order_by(events_t.c.time, events_t.c.id).limit(_CHUNK))
     if since is not None:
         q = q.where(events_t.c.time >= since)
     if kind is not None:
@@ -112,19 +141,18 @@ def _job_events(store: Store, since: float | None, actor: str | None, kind: str 
     if actor is not None and actor != SCHEDULER:  # a superset (the name in the detail); exact below
         q = q.where(events_t.c.detail.contains(json.dumps(actor), autoescape=True))
     out: list[dict[str, Any]] = []
-    offset = 0
     while len(out) < limit:
         with store.lock, store.engine.connect() as c:
-            rows = c.execute(q.offset(offset).limit(_CHUNK)).all()
-        for _eid, job, t, k, d, owner in rows:
+            rows = c.execute(q.where(_after(events_t.c.time, events_t.c.id, 1, after))).all()
+        for eid, job, t, k, d, owner in rows:
             detail = json.loads(d) if d else {}
             who = event_actor(k, detail)
             if actor is None or who == actor:
                 out.append({"time": t, "actor": who, "kind": k, "subject": owner, "target": None, "job": job,
-                            "detail": detail})
+                            "detail": detail, "cursor": f"{t!r}:1:{eid}"})
         if len(rows) < _CHUNK:
             break
-        offset += _CHUNK
+        after = (rows[-1][2], 1, rows[-1][0])  # the next chunk: past the last row read
     return out[:limit]
 
 
