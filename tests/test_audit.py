@@ -174,20 +174,26 @@ def test_token_and_queue_changes_are_in_the_trail_for_admins_only(api: Api) -> N
         assert c.put("/users/alice/queue", json={"queue": "research"}, headers=admin).status_code == 200
         assert c.put("/queue-default", json={"queue": "prod"}, headers=admin).status_code == 200
         assert c.put("/groups/ml", json={"users": ["alice", "bob"]}, headers=admin).status_code == 200
+        assert c.put("/queues/lab", json={"per_user": True}, headers=admin).status_code == 200
+        own = c.post("/jobs", json={"command": "true", "gpus": 1, "queue": "lab"}, headers=api.h(api.alice)).json()
+        assert own["queue"] == "lab.alice"  # made on first submission: a change by alice
         assert c.delete("/queues/nope", headers=admin).status_code == 404  # no change: no record
         jid = c.post("/jobs", json={"command": "true", "gpus": 1}, headers=api.h(api.alice)).json()["id"]
         c.delete(f"/jobs/{jid}", headers=admin)
     want = [("admin", "token.create", "bob", tid), ("admin", "token.revoke", "bob", tid),
             ("admin", "queue.set", None, "research"), ("admin", "queue.set", None, "prod"),
             ("admin", "queue.user", "alice", "research"), ("admin", "queue.default", None, "prod"),
-            ("admin", "queue.group", None, "ml"), ("alice", "submit", "alice", None), ("admin", "cancel", "alice", None)]
+            ("admin", "queue.group", None, "ml"), ("admin", "queue.set", None, "lab"),
+            ("alice", "queue.set", "alice", "lab.alice"), ("alice", "submit", "alice", None),
+            ("alice", "submit", "alice", None), ("admin", "cancel", "alice", None)]
     r = c.get("/audit", headers=admin)
     assert r.status_code == 200
     got = r.json()
     assert [(x["actor"], x["kind"], x["subject"], x["target"]) for x in got] == want
     assert got[-1]["job"] == jid and got[0]["detail"] == {"admin": False, "expires_in": 86400.0}
     # filters: by actor, by kind family, by exact kind, from a time on
-    assert [x["kind"] for x in c.get("/audit", params={"actor": "alice"}, headers=admin).json()] == ["submit"]
+    assert [x["kind"] for x in c.get("/audit", params={"actor": "alice"}, headers=admin).json()] == [
+        "queue.set", "submit", "submit"]
     assert [x["kind"] for x in c.get("/audit", params={"kind": "token"}, headers=admin).json()] == [
         "token.create", "token.revoke"]
     assert [x["job"] for x in c.get("/audit", params={"kind": "cancel"}, headers=admin).json()] == [jid]

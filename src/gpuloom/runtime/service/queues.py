@@ -329,6 +329,9 @@ class QueueAdmin:
             if i is None:
                 self.commit(self.configured.with_queue(want))
                 log.info("queues: made %s for %s under %s", want.name, user, want.parent)
+                from ..state.audit import record
+
+                record(self.service.store, user, "queue.set", user, want.name, {"parent": want.parent, "per_user": True})
                 tree = self.tree
                 assert tree is not None
             elif tree.queues[i].parent != want.parent:
