@@ -276,8 +276,7 @@ class Service:
         self.guard.check_spec(self.cluster, dict(spec), user)
 
     def submit(self, spec: Mapping[str, Any], user: str, actor: str | None = None) -> int:
-        """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's).
-        ``actor``: who submits for ``user`` (an admin), recorded in the audit trail."""
+        """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
         self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
