@@ -99,13 +99,20 @@ def _queue(monkeypatch: pytest.MonkeyPatch, client: TestClient, *flags: str, str
 def test_queue_prints_the_same_bytes_through_the_stream_as_through_pages(
         served: tuple[Service, TestClient, str], monkeypatch: pytest.MonkeyPatch) -> None:
     _, client, _ = served
-    out = _queue(monkeypatch, client)
+    out = _queue(monkeypatch, client, "--array")
     assert out.splitlines() == [
         " JOBID  ARRAY  NAME  USER   QUEUE  ST  TIME  GPUS  ITER  NODELIST(REASON) ",
         " 1             run   alice  -      R   2:05  1     -     node-0           ",
         " 3      3_0    wide  bob    -      PD  0:00  2     -     (Resources)      ",
         " 4      3_1    wide  bob    -      PD  0:00  2     -     (Resources)      ",
         " 5      3_2    wide  bob    -      PD  0:00  2     -     (Resources)      ",
+    ]
+    assert out == _queue(monkeypatch, client, "--array", stream=False)
+    out = _queue(monkeypatch, client)  # the array's pending tasks as one line
+    assert out.splitlines() == [
+        " JOBID  ARRAY    NAME  USER   QUEUE  ST  TIME  GPUS  ITER  NODELIST(REASON)    ",
+        " 1               run   alice  -      R   2:05  1     -     node-0              ",
+        " 3      3_[0-2]  wide  bob    -      PD  0:00  2     -     (Resources) 3 tasks ",
     ]
     assert out == _queue(monkeypatch, client, stream=False)
     for flags in (["--all"], ["--all", "--long"], ["--user", "bob", "--all"], ["--state", "CA"], ["--json"],

@@ -180,12 +180,21 @@ def queue(
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", "-t", help="Only these states: PD, R, CG, CD, F, CA or lifecycle names (repeatable, or comma-separated).")] = None,
     long: Annotated[bool, typer.Option("--long", "-l", help="Also the lifecycle state and the time limit.")] = False,
+    out_format: Annotated[str | None, typer.Option("--format", "-o", help="squeue's codes (\"%.8i %u %j %t %M %l %D %b %R\") or field names (jobid,user,name,st); see docs/operations.md.")] = None,
+    expand: Annotated[bool, typer.Option("--array", "-r", help="One line per array task (pending tasks of an array are one line otherwise).")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List jobs (like squeue): ST is PD (pending), R (running), CG (stopping), CD, F, CA; pending jobs show why."""
+    """List jobs (like squeue): ST is PD (pending), R (running), CG (stopping), CD, F, CA; pending jobs show why;
+    the pending tasks of an array are one line (16_[3-291]) unless --array."""
+    from .queuefmt import FormatError, parse_format
+
+    try:
+        fmt = None if out_format is None else parse_format(out_format)
+    except FormatError as e:
+        raise typer.BadParameter(str(e)) from None
     params: dict[str, Any] = {}
     if state:
         from ..runtime.api.ops import states_of
@@ -202,17 +211,45 @@ def queue(
         ["TIME", "GPUS", "ITER", "NODELIST(REASON)"]
     t = Table(*cols)
     jobs: list[dict[str, Any]] = []
+    kept: list[list[Any]] = []  # (to collapse arrays, or lay out a --format)
+    names = list(QUEUE_FIELDS)
     if not as_json:  # only what the table shows (a third of the bytes)
         params["fields"] = ",".join(QUEUE_FIELDS)
     for fields, block in _listing(Client(url, token, state_dir), params):
         if as_json:
             jobs += [dict(zip(fields, v, strict=True)) for v in block]
-        else:  # each block becomes rows as it comes (its values are not kept)
+        elif expand and fmt is None:  # each block becomes rows as it comes (its values are not kept)
             t.add_rows(_queue_rows(block, fields, long))
+        else:
+            names = fields
+            kept += block
     if as_json:
         _print_json(jobs)
-    else:
+    elif expand and fmt is None:
         _print_table(t)
+    else:
+        _print_queue(kept, names, long, expand, fmt, t)
+
+
+def _print_queue(values: list[list[Any]], fields: list[str], long: bool, expand: bool, fmt: Any, t: Table) -> None:
+    """The queue's lines, pending array tasks collapsed unless ``expand``: the table ``t``, or ``fmt``."""
+    from .queuefmt import cells, code_lines, collapse
+
+    rows, counts = (values, {}) if expand else collapse(values, fields)
+    if fmt is None:
+        out = _queue_rows(rows, fields, long)
+        for k, n in counts.items():
+            out[k][-1] += f" {n} tasks"
+        t.add_rows(out)
+        _print_table(t)
+    elif isinstance(fmt, list):  # field names: a table
+        named = Table(*(n.upper() for n in fmt))
+        named.add_rows([cells(v, fields, fmt, counts.get(k, 1)) for k, v in enumerate(rows)])
+        _print_table(named)
+    else:
+        import sys
+
+        sys.stdout.write("\n".join(plain(x) for x in code_lines(rows, fields, counts, fmt)) + "\n")
 
 
 def _listing(client: Client, params: dict[str, Any]) -> Iterator[tuple[list[str], list[list[Any]]]]:

@@ -28,6 +28,7 @@ and the queue's limits (``--max-priority``, ``--max-pending``,
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from ..sim.metrics import RunResult
     from ..sim.runconfig import RunConfig
 
+log = logging.getLogger("gpuloom.service")
 QueuePolicyOpt = Annotated[str | None, typer.Option(
     "--queue-policy", help="Queue stage: none, quota, drf, fairshare (default: quota with --queues, else none).")]
 QueuesOpt = Annotated[str | None, typer.Option(
@@ -58,6 +60,34 @@ QueuesOpt = Annotated[str | None, typer.Option(
 def queue_stage(policy: str | None, queues: str | None) -> str:
     """The queue stage's name: as given, else ``quota`` when a tree is given, else ``none``."""
     return policy or ("quota" if queues else "none")
+
+
+def served_queue_stage(policy: str | None, queues: str | None, url: str) -> str:
+    """``serve``'s queue stage: as given, or ``quota`` with ``--queues``; else, when the store at ``url``
+    holds a tree, the policy stored with it (``quota`` if none was).  A policy given beside a stored tree
+    overrides the stored one, which is logged (``none``: a warning that the stored tree is not used)."""
+    if queues:
+        return queue_stage(policy, queues)
+    from ..runtime.service.queues import stored_queues
+
+    try:
+        found = stored_queues(url)
+    except Exception as e:  # (the store is opened again below, and its error reported there)
+        log.debug("queues: cannot read the stored tree: %s", e)
+        found = None
+    if found is None:
+        return queue_stage(policy, queues)
+    count, stored = found
+    if policy is None:
+        log.info("queues: scheduling with the stored tree (%d queues) and its policy %s", count, stored)
+        return stored
+    if policy == "none":
+        log.warning("queues: --queue-policy none: this service runs without the stored tree of %d queues "
+                    "(stored policy %s); restart without --queue-policy to use it", count, stored)
+    elif policy != stored:
+        log.warning("queues: --queue-policy %s replaces the stored policy %s for the stored tree of %d queues",
+                    policy, stored, count)
+    return policy
 
 
 def apply_queues(configs: Sequence[RunConfig], queues: str | None, specs: Sequence[JobSpec],

@@ -42,7 +42,7 @@ from ..runtime.exec.cgroups import DEFAULT_PIDS_MAX
 from . import app
 from .common import SafeTable as Table
 from .common import cell, check_policies, console, err_console, model_options, stack_params, user_errors
-from .queues import queue_stage
+from .queues import served_queue_stage
 
 token_app = typer.Typer(help="Manage API tokens (admin).", no_args_is_help=True)
 app.add_typer(token_app, name="token")
@@ -99,6 +99,9 @@ def serve(
         help="Seconds a profile run may print no progress line before its job counts as unprofilable.")] = 60.0,
     log_level: Annotated[str, typer.Option(help="Log level: debug, info, warning, error.")] = "info",
     log_format: Annotated[str, typer.Option(help="Log lines as text or json (one object per line).")] = "text",
+    access_log: Annotated[str | None, typer.Option(
+        help="Write one line per request (time, client, user, method, path, status, seconds, bytes) to this "
+             "file, or - for standard output; in --log-format. Off by default.")] = None,
     users: Annotated[Path | None, typer.Option(
         help="YAML/TOML map of gpuloom user to the OS account their jobs run as ('*': everyone else).")] = None,
     job_user: Annotated[str | None, typer.Option(
@@ -181,6 +184,7 @@ def serve(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     os.umask(0o077)  # everything the server writes is private: database, tokens, logs, run records
+    access_handler = _access_log(access_log, log_format)
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise typer.BadParameter("give both --ssl-keyfile and --ssl-certfile, or neither")
     try:
@@ -225,7 +229,9 @@ def serve(
                                  "only with --ray local (the GPUs its one node declares)")
     with user_errors():
         params = stack_params(param, model_opts)
-        queue = queue_stage(queue_policy, str(queues) if queues else None)
+        # (without --queues and --queue-policy: the stored tree's policy)
+        queue = served_queue_stage(queue_policy, str(queues) if queues else None,
+                                   db or f"sqlite:///{state_dir_path(state_dir) / 'gpuloom.db'}")
         check_policies(order, group, size, place, list(params), queue)  # did-you-mean, accepted -P names
         from .executors import EXECUTORS  # the executor by name: local, ray, or a plugin's
 
@@ -327,7 +333,12 @@ def serve(
             "at most %d connections)", "gpuloom", listeners.url, listeners.unix_path or "no socket", listeners.url,
             listeners.url, inventory.num_nodes, "s" * (inventory.num_nodes != 1), inventory.num_gpus,
             "s" * (inventory.num_gpus != 1), "/".join(sched.names.values()), url, connections.max_connections)
-        serve_http(create_app(svc), listeners, connections, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+        api = create_app(svc)
+        if access_handler is not None:
+            from ..runtime.api.access import enable
+
+            enable(api, access_handler)
+        serve_http(api, listeners, connections, ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
                    ssl_certfile=str(ssl_certfile) if ssl_certfile else None, metrics=svc.telemetry.registry,
                    stop_when=lambda: svc.gave_up is not None)
     finally:
@@ -338,6 +349,18 @@ def serve(
     if svc.gave_up is not None:  # the jobs run on: the server that took the database adopts them
         err_console.print(f"[bold red]error:[/] {escape(svc.gave_up)}", highlight=False)
         raise typer.Exit(3)
+
+
+def _access_log(target: str | None, fmt: str) -> logging.Handler | None:
+    """``--access-log``'s handler, opened now: a file that cannot be written is a usage error."""
+    if target is None:
+        return None
+    from ..runtime.api.access import open_log
+
+    try:
+        return open_log(target, fmt)
+    except OSError as e:
+        raise typer.BadParameter(f"--access-log {target}: {e.strerror or e}") from None
 
 
 def _gpu_devices(option: str, declared: bool) -> tuple[str, ...]:

@@ -76,6 +76,7 @@ from ..service.errors import NotFound, PermissionDenied, SubmitError
 from ..service.health import liveness, readiness
 from ..service.queues import QueueDenied
 from ..service.service import FINAL_STATES, HOLDING, Service
+from ..state import audit
 from ..state.history import array_label, iso, short_state
 from ..state.specs import parse_mem, parse_time_limit
 from ..state.store import JobRow, Store, StoreFull
@@ -424,6 +425,7 @@ def _auth(request: Request,
     who = request.app.state.service.store.lookup_token(token) if len(token) <= 256 else None
     if who is None:
         raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
+    request.state.user = who[0]  # (for the access log: the user, never the token)
     return who
 
 
@@ -510,9 +512,9 @@ def create_app(service: Service) -> FastAPI:
             raise HTTPException(422, [{"loc": ["body", "queue"], "msg": str(e), "type": "no_queue"}]) from None
         with service.limits.admitting(store, spec, owner, admin, idempotency_key, service.queues.check_pending):
             if idempotency_key is None:
-                jid = service.submit(spec, owner)
+                jid = service.submit(spec, owner, user)
             else:  # a retry with the same key gets the job the first attempt created
-                jid, new = service.submit_once(spec, owner, idempotency_key)
+                jid, new = service.submit_once(spec, owner, idempotency_key, user)
                 if not new:
                     response.status_code = 200
         service.telemetry.submit_seconds.observe(time.perf_counter() - t0)
@@ -612,6 +614,7 @@ def create_app(service: Service) -> FastAPI:
             raise HTTPException(403, "only an admin may create tokens")
         exp = body.expires  # already seconds (parsed)
         token = create_token(store, body.user, body.admin, None if exp is None else float(exp))
+        audit.token_created(store, who[0], body.user, token, body.admin, None if exp is None else float(exp))
         return {"user": body.user, "admin": body.admin, "token": token, "expires_in": exp}
 
     @app.get("/tokens")
@@ -621,12 +624,17 @@ def create_app(service: Service) -> FastAPI:
 
     @app.delete("/tokens/{token_id}")
     def tokens_revoke(token_id: Annotated[str, PathParam(max_length=64)], who: Auth) -> dict[str, Any]:
+        owner = audit.token_owner(store, token_id)
         if not revoke_token(store, token_id, None if who[1] else who[0]):
             raise HTTPException(404, f"no token {token_id[:64]!r}" + ("" if who[1] else " of yours"))
+        audit.record(store, who[0], "token.revoke", owner, token_id)
         return {"id": token_id, "revoked": True}
 
     from .ops import mount
 
     mount(app, service, _auth)
+    from .audit import mount as mount_audit
+
+    mount_audit(app, service, _auth)  # GET /audit
     add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app

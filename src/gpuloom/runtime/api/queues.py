@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...core.queues import MAX_PRIORITY, Queue, QueueError, parse_quota
 from ..service.queues import QueueConflict
+from ..state.audit import record
 
 #: queue names: a per-user queue is ``<parent>.<user>`` (user names may hold ``@``)
 QUEUE_RE = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,129}$"
@@ -81,6 +82,13 @@ def add_queue_routes(app: FastAPI, auth: Any) -> None:
         out: dict[str, Any] = admin.usage()
         return out
 
+    def audited(who: tuple[str, bool], kind: str, subject: str | None, target: str | None, detail: Any,
+                fn: Any, *args: Any) -> dict[str, Any]:
+        """:func:`change`, then its record in the audit trail (only a change that was made)."""
+        out = change(fn, *args)
+        record(app.state.service.store, who[0], kind, subject, target, detail)
+        return out
+
     @app.get("/queues")
     def queues(who: Auth) -> dict[str, Any]:
         out: dict[str, Any] = app.state.service.queues.usage()
@@ -95,13 +103,14 @@ def add_queue_routes(app: FastAPI, auth: Any) -> None:
                       body.max_pending, body.per_user, parse_quota(body.per_user_limit, "per_user_limit"))
         except QueueError as e:
             raise HTTPException(422, str(e)) from None
-        return change(app.state.service.queues.set_queue, q)
+        return audited(who, "queue.set", None, name, body.model_dump(exclude_defaults=True),
+                       app.state.service.queues.set_queue, q)
 
     @app.delete("/queues/{name}")
     def delete_queue(name: Name, who: Auth) -> dict[str, Any]:
         admin_only(who)
         try:
-            return change(app.state.service.queues.delete_queue, name)
+            return audited(who, "queue.delete", None, name, None, app.state.service.queues.delete_queue, name)
         except KeyError:
             raise HTTPException(404, f"no queue {name!r}") from None
 
@@ -109,14 +118,17 @@ def add_queue_routes(app: FastAPI, auth: Any) -> None:
     def user_queue(user: Annotated[str, Path(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")], body: QueueChoice,
                    who: Auth) -> dict[str, Any]:
         admin_only(who)
-        return change(app.state.service.queues.set_user, user, body.queue)
+        return audited(who, "queue.user", user, body.queue, {"queue": body.queue},
+                       app.state.service.queues.set_user, user, body.queue)
 
     @app.put("/queue-default")
     def default_queue(body: QueueChoice, who: Auth) -> dict[str, Any]:
         admin_only(who)
-        return change(app.state.service.queues.set_default, body.queue)
+        return audited(who, "queue.default", None, body.queue, {"queue": body.queue},
+                       app.state.service.queues.set_default, body.queue)
 
     @app.put("/groups/{name}")
     def group(name: Annotated[str, Path(pattern=NAME_RE)], body: GroupBody, who: Auth) -> dict[str, Any]:
         admin_only(who)
-        return change(app.state.service.queues.set_group, name, body.users)
+        return audited(who, "queue.group", None, name, {"users": body.users},
+                       app.state.service.queues.set_group, name, body.users)

@@ -2,9 +2,14 @@
 
 Job transitions are logged by :mod:`.telemetry` (logger ``gpuloom.jobs``) with
 structured fields passed as ``extra`` (:data:`FIELDS`: ``event``, ``job``,
-``user``, ``nodes``, ``gpus``, ...).  The JSON format writes one object per
-line with those fields as keys (for Loki, Elasticsearch, ``jq``); the text
-format appends them as ``key=value`` after the message.
+``user``, ``actor``, ``name``, ``queue``, ``nodes``, ``gpus``, ...); audit
+records (:mod:`..state.audit`) on logger ``gpuloom.audit``.  The JSON format
+writes one object per line with those fields as keys (for Loki,
+Elasticsearch, ``jq``), the logger's name under ``logger``; the text format
+appends them as ``key=value`` after the message.
+
+A record's ``name`` attribute is its logger's (``logging`` refuses ``extra``
+that sets it): a job's name is passed as ``job_name`` and written as ``name``.
 """
 
 from __future__ import annotations
@@ -15,15 +20,17 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any
 
-#: structured fields a record may carry (``log.info(msg, extra={...})``)
-FIELDS = ("event", "job", "user", "name", "queue", "array", "nodes", "gpus", "exit_code", "reason", "state",
-          "latency_s")
+#: structured fields a record may carry (``log.info(msg, extra={...})``), as written
+FIELDS = ("event", "job", "user", "actor", "subject", "target", "name", "queue", "array", "nodes", "gpus",
+          "exit_code", "reason", "state", "latency_s")
+#: the record attribute a field is read from, where it is not the field's name
+_ATTR = {"name": "job_name"}
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: getattr(record, k) for k in FIELDS if getattr(record, k, None) is not None}
+    return {k: v for k in FIELDS if (v := getattr(record, _ATTR.get(k, k), None)) is not None}
 
 
 class JsonFormatter(logging.Formatter):

@@ -77,6 +77,30 @@ queue_config_t = Table(
 )
 
 
+POLICY_KEY = "queue_policy"  # (meta) the queue stage the stored tree was last scheduled with
+
+
+def stored_queues(url: str) -> tuple[int, str] | None:
+    """(queues, policy) of the tree stored in the database at ``url``, or None when none is (a service
+    restarted without ``--queue-policy`` schedules with them)."""
+    from sqlalchemy import inspect as sa_inspect
+
+    from ..state.store import Store
+
+    store = Store(url)
+    try:
+        if not sa_inspect(store.engine).has_table(queue_config_t.name):
+            return None
+        with store.lock, store.engine.connect() as c:
+            doc = c.execute(select(queue_config_t.c.doc).where(queue_config_t.c.id == 1)).scalar()
+        if doc is None:
+            return None
+        queues = json.loads(doc).get("queue") or []
+        return len(queues), store.get_meta(POLICY_KEY) or "quota"
+    finally:
+        store.close()
+
+
 _ACCESS = ("users", "groups", "open", "max_priority", "max_pending", "per_user", "per_user_limit")
 
 
@@ -126,6 +150,8 @@ class QueueAdmin:
         doc = self._stored()
         if doc is not None and stage.enabled:
             self._use(parse_queues(doc, "stored queues"))
+            if store.get_meta(POLICY_KEY) != stage.name:  # a policy given at start replaces the stored one
+                store.set_meta(POLICY_KEY, stage.name)
 
     @property
     def enabled(self) -> bool:
@@ -197,6 +223,7 @@ class QueueAdmin:
             raise QueueError("this service runs without queues (serve --queue-policy quota|drf|fairshare)")
         self._check(tree)
         self._put(tree)
+        self.service.store.set_meta(POLICY_KEY, self.stage.name)  # the policy a restart schedules it with
         with self.service.lock:
             self._use(tree)
         return tree
@@ -302,6 +329,9 @@ class QueueAdmin:
             if i is None:
                 self.commit(self.configured.with_queue(want))
                 log.info("queues: made %s for %s under %s", want.name, user, want.parent)
+                from ..state.audit import record
+
+                record(self.service.store, user, "queue.set", user, want.name, {"parent": want.parent, "per_user": True})
                 tree = self.tree
                 assert tree is not None
             elif tree.queues[i].parent != want.parent:

@@ -276,14 +276,14 @@ class Service:
         check_submittable(self.cluster, dict(spec))
         self.guard.check_spec(self.cluster, dict(spec), user)
 
-    def submit(self, spec: JobRequest | Mapping[str, Any], user: str) -> int:
+    def submit(self, spec: JobRequest | Mapping[str, Any], user: str, actor: str | None = None) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
         spec = spec.stored() if isinstance(spec, JobRequest) else spec
         self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
         ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
-                                  now=self.clock.time(), array_tasks=tasks)
+                                  now=self.clock.time(), array_tasks=tasks, actor=actor)
         self._wake.set()
         return ids[0]
 
@@ -302,7 +302,8 @@ class Service:
             spec["depends_on"] = resolve_dependency(self.store, spec["dependency"])
         return spec, tasks
 
-    def submit_once(self, spec: JobRequest | Mapping[str, Any], user: str, key: str) -> tuple[int, bool]:
+    def submit_once(self, spec: JobRequest | Mapping[str, Any], user: str, key: str,
+                    actor: str | None = None) -> tuple[int, bool]:
         """:meth:`submit` under an idempotency key: (job id, True) the first time, (the same id, False)
         when ``user`` retries with the same key."""
         spec = spec.stored() if isinstance(spec, JobRequest) else spec
@@ -314,7 +315,7 @@ class Service:
         spec, tasks = self._expand(spec)
         ids, new = self.store.add_jobs_once([spec] * (len(tasks) if tasks else 1), user,
                                             S.WAITING_FOR_INITIAL_CONTACT.value, key, now=self.clock.time(),
-                                            array_tasks=tasks)
+                                            array_tasks=tasks, actor=actor)
         if new:
             self._wake.set()
         return ids[0], new

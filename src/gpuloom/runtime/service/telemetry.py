@@ -6,8 +6,10 @@
   every committed job event becomes one log line on logger ``gpuloom.jobs``
   (submit, launch, resume, move, resize, preempt, finish, fail, cancel,
   requeue, adopt at INFO, failures at WARNING, intermediate lifecycle states
-  at DEBUG) with the job id, user, nodes and GPUs as structured fields
-  (:mod:`.logfmt`), and counts it;
+  at DEBUG) with the job id, its user (whose job), the actor (who caused it:
+  :func:`..state.audit.event_actor`; a running job's cancel is its requester's),
+  its name, queue, nodes and GPUs as structured fields (:mod:`.logfmt`), and
+  counts it;
 * it keeps **metrics** in a registry of its own (one per service, so tests
   may run several): counters and histograms updated as things happen, and
   gauges computed at scrape time from the service's current allocation and
@@ -35,6 +37,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ...core.lifecycle import PROGRESS_STATES, SHORT_STATE, JobState
+from ..state.audit import event_actor
 from ..state.store import unavailable
 from .health import Observed, readiness
 
@@ -81,6 +84,9 @@ def gpus_of(alloc: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
     return nodes, gpus
 
 
+_Who = tuple[str | None, str | None, str | None, str | None]
+
+
 class Watched(Observed, Protocol):
     """What telemetry reads of the service: what ``/ready`` reads, the mirror, the gate, the last round."""
 
@@ -99,7 +105,8 @@ class Telemetry:
         self.samples: deque[dict[str, float]] = deque(maxlen=history_points)
         self._last_sample = -1e18
         self._alloc: dict[int, Mapping[str, Any]] = {}  # last stored allocation per job (for stop/end lines)
-        self._users: dict[int, tuple[str | None, str | None]] = {}  # (user, array task) per job until it ends
+        self._users: dict[int, _Who] = {}  # (user, array task, name, queue) per job until it ends
+        self._cancel_by: dict[int, str] = {}  # who asked to cancel a running job, until it ends
         self._lock = threading.Lock()
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.rounds = Counter("gpuloom_rounds", "Scheduling rounds run.", registry=r)
@@ -133,11 +140,16 @@ class Telemetry:
         if kind == "launch" and detail.get("resume"):
             event = "resume"
         alloc = fields.get("alloc")
+        actor = event_actor(kind, detail)
         with self._lock:
             if alloc:
                 self._alloc[job_id] = alloc
             elif kind in _ENDS or "alloc" in fields:
                 alloc = self._alloc.pop(job_id, None) if kind in _ENDS else self._alloc.get(job_id)
+            if kind == "cancel-request":
+                self._cancel_by[job_id] = actor
+            elif kind in _ENDS and (asked := self._cancel_by.pop(job_id, None)) is not None and "cancel" in kind:
+                actor = asked
         if level >= logging.INFO:
             self.events.labels(event).inc()
         if event in ("preempt", "stop"):
@@ -154,6 +166,11 @@ class Telemetry:
         extra: dict[str, Any] = {"event": event, "job": job_id}
         if who[0]:
             extra["user"] = who[0]
+        extra["actor"] = actor
+        if who[2]:
+            extra["job_name"] = who[2]  # (written as "name": logging keeps that for the logger's)
+        if who[3]:
+            extra["queue"] = who[3]
         if nodes:
             extra["nodes"], extra["gpus"] = nodes, gpus
         for k in ("exit_code", "reason"):
@@ -167,8 +184,8 @@ class Telemetry:
         jlog.log(level, "job %s %s%s%s", job_id, _VERB.get(event, event), where, tail, extra=extra)
 
     def _who(self, job_id: int, kind: str, detail: Mapping[str, Any], fields: Mapping[str, Any], row: Any,
-             level: int) -> tuple[str | None, str | None]:
-        """(user, array task label) of a job, remembered from its first logged event until its end."""
+             level: int) -> _Who:
+        """(user, array task label, name, queue) of a job, remembered from its first logged event until its end."""
         with self._lock:
             who = self._users.get(job_id)
         if who is None:
@@ -178,7 +195,11 @@ class Telemetry:
             arr = None if row is None or row.array_id is None else f"{row.array_id}_{row.array_task}"
             if kind == "submit" and fields.get("array_id") is not None:
                 arr = f"{fields['array_id']}_{fields['array_task']}"
-            who = (user, arr)
+            if kind == "submit":
+                name, queue = fields.get("name"), fields.get("queue")
+            else:
+                name, queue = (None, None) if row is None else (row.name, row.spec.get("queue"))
+            who = (user, arr, name, queue or None)
         with self._lock:
             if kind in _ENDS:
                 self._users.pop(job_id, None)

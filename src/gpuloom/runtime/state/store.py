@@ -396,6 +396,8 @@ class Store:
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
 
+        from . import audit  # noqa: F401  (its table joins the metadata: created below where missing)
+
         with self.lock:
             metadata.create_all(self.engine)
             self._add_missing_columns()
@@ -475,21 +477,22 @@ class Store:
         return self.add_jobs([spec], user, state, now)[0]
 
     def add_jobs(self, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float | None = None,
-                 array_tasks: Sequence[int] | None = None) -> list[int]:
+                 array_tasks: Sequence[int] | None = None, actor: str | None = None) -> list[int]:
         """Insert jobs and their 'submit' events in one committed transaction; return their ids.
 
         With ``array_tasks`` (one index per spec) they are one job array: each row's ``array_id``
-        is the first job's id (Slurm's array job id), ``array_task`` its index."""
+        is the first job's id (Slurm's array job id), ``array_task`` its index.  ``actor``: who submitted
+        for ``user`` (an admin), recorded in the submit events."""
         now = time.time() if now is None else now
         if array_tasks is not None and len(array_tasks) != len(specs):
             raise ValueError("one array task index per spec")
         with self.lock, self._begin(True) as c:
-            ids = self._insert_jobs(c, specs, user, state, now, array_tasks)
-        self._notify_submitted(ids, user, state, now, array_tasks)
+            ids = self._insert_jobs(c, specs, user, state, now, array_tasks, actor)
+        self._notify_submitted(ids, user, state, now, array_tasks, specs, actor)
         return ids
 
     def _insert_jobs(self, c: Any, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float,
-                     array_tasks: Sequence[int] | None) -> list[int]:
+                     array_tasks: Sequence[int] | None, actor: str | None = None) -> list[int]:
         ids: list[int] = []
         for k, spec in enumerate(specs):
             res = c.execute(
@@ -517,15 +520,20 @@ class Store:
             ids.append(int(res.inserted_primary_key[0]))
         if array_tasks is not None:
             c.execute(update(jobs_t).where(jobs_t.c.id == ids[0]).values(array_id=ids[0]))
-        c.execute(insert(events_t), [{"job_id": jid, "time": now, "kind": "submit",
-                                      "detail": json.dumps({"user": user})} for jid in ids])
+        detail = json.dumps({"user": user} if actor in (None, user) else {"actor": actor, "user": user})
+        c.execute(insert(events_t), [{"job_id": jid, "time": now, "kind": "submit", "detail": detail} for jid in ids])
         return ids
 
     def _notify_submitted(self, ids: Sequence[int], user: str, state: str, now: float,
-                          array_tasks: Sequence[int] | None) -> None:
+                          array_tasks: Sequence[int] | None, specs: Sequence[Mapping[str, Any]] = (),
+                          actor: str | None = None) -> None:
+        detail = {"user": user} if actor in (None, user) else {"actor": actor, "user": user}
         for k, jid in enumerate(ids):
             arr = {} if array_tasks is None else {"array_id": ids[0], "array_task": int(array_tasks[k])}
-            self._notify(jid, "submit", {"user": user}, {"state": state, "submit_time": now, **arr})
+            # (the job's name and queue, for its log lines: not stored with the event)
+            spec = specs[k] if k < len(specs) else {}
+            named = {"name": str(spec.get("name") or "job"), "queue": spec.get("queue")} if spec else {}
+            self._notify(jid, "submit", detail, {"state": state, "submit_time": now, **arr, **named})
 
     def _notify(self, job_id: int | None, kind: str, detail: Mapping[str, Any], fields: Mapping[str, Any]) -> None:
         for fn in list(self.listeners):
@@ -542,7 +550,8 @@ class Store:
         return None if v is None else int(v)
 
     def add_jobs_once(self, specs: Sequence[Mapping[str, Any]], user: str, state: str, key: str,
-                      now: float | None = None, array_tasks: Sequence[int] | None = None) -> tuple[list[int], bool]:
+                      now: float | None = None, array_tasks: Sequence[int] | None = None,
+                      actor: str | None = None) -> tuple[list[int], bool]:
         """:meth:`add_jobs` and the key's record in one transaction: (new ids, True), or ([the first id the
         key already names], False)."""
         now = time.time() if now is None else now
@@ -551,9 +560,9 @@ class Store:
             if old is not None:
                 return [old], False
             with self._begin(True) as c:
-                ids = self._insert_jobs(c, specs, user, state, now, array_tasks)
+                ids = self._insert_jobs(c, specs, user, state, now, array_tasks, actor)
                 c.execute(insert(idempotency_t).values(user=user, key=key, job_id=ids[0], created=now))
-        self._notify_submitted(ids, user, state, now, array_tasks)
+        self._notify_submitted(ids, user, state, now, array_tasks, specs, actor)
         return ids, True
 
     def purge_jobs(self, before: float, states: Iterable[str]) -> list[int]:
