@@ -6,14 +6,14 @@ Two sources, read together by :func:`trail` (``GET /audit``, ``gpuloom audit``; 
   event's ``actor`` (or ``by``, as cancels record it); a submission's is the submitting user
   unless an admin submitted for them; any other event is the service's own decision:
   ``scheduler`` (:func:`event_actor`).  Its *subject* is the job's owner.
-* **other changes** (the ``audit`` table, below): tokens created and revoked, queue tree
+* **other changes** (the ``audit`` table, defined with the others in :mod:`.store`): tokens created and revoked, queue tree
   changes (queues, users' default queues, the default queue, groups), written by
   :func:`record` with the actor, the subject (the user concerned, if any) and the target
   (a queue, group or token id).  No secret is stored: a token is named by its id.
 
 Every :func:`record` is also logged (logger ``gpuloom.audit``, fields ``event``, ``actor``,
 ``subject``, ``target``).  The table is on the store's ``metadata``, so a store made before it
-gets it when it opens (:class:`.store.Store` imports this module and creates missing tables).
+gets it when it opens (:class:`.store.Store` creates missing tables).
 """
 
 from __future__ import annotations
@@ -25,28 +25,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Column, Float, Integer, String, Table, Text, and_, insert, or_, select, true
+from sqlalchemy import and_, insert, or_, select, true
 
-from .store import Store, events_t, hash_token, jobs_t, metadata, tokens_t
-from .tokens import ID_LEN
+from .store import TOKEN_ID_LEN as ID_LEN
+from .store import Store, audit_t, events_t, hash_token, jobs_t, tokens_t
 
 log = logging.getLogger("gpuloom.audit")
 SCHEDULER = "scheduler"  # the actor of the service's own decisions
 MAX_TRAIL = 10_000  # records one request may return
 _CHUNK = 2000  # job events read at a time while filtering by actor
-
-audit_t = Table(
-    "audit",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("time", Float, nullable=False, index=True),  # wall seconds
-    Column("actor", String(100), nullable=False, index=True),  # who did it: a user name (the token's)
-    Column("kind", String(40), nullable=False, index=True),  # token.create, queue.set, ...
-    Column("subject", String(100)),  # the user concerned (a token's owner, a user given a queue)
-    Column("target", String(200)),  # what changed: a queue, a group, a token id
-    Column("detail", Text),  # JSON
-)
-
 
 def event_actor(kind: str, detail: Mapping[str, Any]) -> str:
     """Who caused a job event (see the module notes)."""

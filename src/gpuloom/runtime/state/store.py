@@ -173,6 +173,20 @@ idempotency_t = Table(
     Column("created", Float, nullable=False),
 )
 
+# Who changed what outside jobs (tokens, queues): written and read by :mod:`.audit`.
+audit_t = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False, index=True),  # wall seconds
+    Column("actor", String(100), nullable=False, index=True),  # who did it: a user name (the token's)
+    Column("kind", String(40), nullable=False, index=True),  # token.create, queue.set, ...
+    Column("subject", String(100)),  # the user concerned (a token's owner, a user given a queue)
+    Column("target", String(200)),  # what changed: a queue, a group, a token id
+    Column("detail", Text),  # JSON
+)
+
+
 meta_t = Table(
     "meta",
     metadata,
@@ -184,6 +198,7 @@ _JSON_COLS = ("spec", "alloc", "procs")
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: seconds to reach the server (unless the URL sets connect_timeout)
 _IN_CHUNK = 500  # ids per ``IN (...)``: below every SQLite build's limit on bound parameters
 S_CANCELLED = JobState.CANCELLED.value
+TOKEN_ID_LEN = 12  # a token's public id: this many hex digits of its hash
 
 
 def hash_token(token: str) -> str:
@@ -395,8 +410,6 @@ class Store:
                 cur.execute(f"PRAGMA synchronous={sync}")
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
-
-        from . import audit  # noqa: F401  (its table joins the metadata: created below where missing)
 
         with self.lock:
             metadata.create_all(self.engine)

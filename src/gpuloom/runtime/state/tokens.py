@@ -15,9 +15,8 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
+from .store import TOKEN_ID_LEN as ID_LEN
 from .store import Store, tokens_t
-
-ID_LEN = 12
 
 
 def create_token(store: Store, user: str, admin: bool = False, expires_in: float | None = None) -> str:
