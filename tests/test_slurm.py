@@ -4,6 +4,7 @@ and ``gpuloom serve --slurm``; plus the parsers of Slurm's output on hand-writte
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import time
@@ -27,7 +28,7 @@ from gpuloom.runtime.exec.slurm import (
     slurm_node,
 )
 from service_util import Server, job, job_writable, key_events, ledger, start_records, stepper_cmd, submit, wait_for
-from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
+from slurm_util import MEM_MB, SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = shlex.quote(sys.executable)
@@ -128,7 +129,7 @@ def test_launch_places_the_job_on_the_chosen_gpus_cores_and_memory(ex: SlurmExec
     log = tmp_path / "j1.log"
     cmd = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS mem=$GPULOOM_MEM_MB x=$X attempt=$GPULOOM_ATTEMPT"'
     info = ex.launch(spec("j1", cmd, log, gpus=(1, 3), cpus=2, mem=300, X="a b $(echo no) ';\"`"))
-    rec = slurm.job(info.pid)
+    rec = wait_until(lambda: (r := slurm.job(info.pid))["JobState"] != "PENDING" and r, 30, "the start")
     assert rec["JobName"] == "gltest:j1" and rec["NodeList"] == "gpn0"
     assert slurm.scontrol("show", "job", "-d", str(info.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
     assert (rec["NumCPUs"], rec["MinMemoryNode"]) == ("2", "300M")
@@ -158,6 +159,62 @@ def test_gpus_held_by_a_job_submitted_directly_are_not_overlaid(ex: SlurmExecuto
     assert not [rec for rec in parse_records(slurm.scontrol("show", "job")) if rec["JobName"] == "gltest:j2"]
     ex.launch(spec("j3", "true", tmp_path / "j3.log", gpus=(1,)))  # other GPUs: fine
     assert wait_until(lambda: ex.poll(), 30, "j3's exit") == {"j3": 0}
+
+
+def test_a_launch_does_not_wait_and_one_slurm_does_not_start_is_cancelled(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    """Memory a job submitted directly holds keeps ours pending: reported ended after ``start_wait_s``."""
+    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1", f"--mem={MEM_MB - 100}", f"--output={tmp_path}/o",
+                  f"--chdir={tmp_path}", "--wrap", "sleep 60")
+    wait_until(lambda: slurm.job(r.stdout.strip()).get("JobState") == "RUNNING", 30, "the direct job to run")
+    ex.start_wait_s = 2.0
+    t0 = time.monotonic()
+    info = ex.launch(spec("w", "true", tmp_path / "w.log", gpus=(1,), mem=200))
+    assert time.monotonic() - t0 < 2.0 and slurm.job(info.pid)["JobState"] == "PENDING"
+    assert ex.alive("w") and ex.poll() == {}
+    assert wait_until(lambda: ex.poll(), 20, "the launch to be given up") == {"w": None}
+    assert re.fullmatch(rf"Slurm did not start its job {info.pid} within 2 s \(Reason=(None|Resources)\): cancelled",
+                        ex.end_reason("w") or "")  # (Slurm's reason: before and after its next scheduling pass)
+    assert slurm.job(info.pid)["JobState"] == "CANCELLED" and "w" not in ex.procs
+
+
+@pytest.fixture
+def ex_out(slurm: SlurmCluster, tmp_path: Path) -> Iterator[SlurmExecutor]:
+    """An executor whose jobs' output (and exit records) Slurm writes under ``out_dir``, as the service's."""
+    e = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, start_wait_s=20.0, out_dir=str(tmp_path / "out"))
+    e.read_nodes()
+    yield e
+    slurm.cancel_all()
+
+
+def test_the_exit_record_of_the_batch_script_reports_the_end(ex_out: SlurmExecutor, slurm: SlurmCluster,
+                                                             tmp_path: Path) -> None:
+    log = tmp_path / "o.log"
+    info = ex_out.launch(spec("o", "echo hi", log))
+    assert wait_until(lambda: ex_out.poll(), 30, "the exit") == {"o": 0}
+    assert log.read_text() == "hi\n" and os.listdir(tmp_path / "out" / "_server") == []  # copied, then removed
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "COMPLETED", 30, "Slurm's end")
+
+
+def test_an_exit_record_ends_the_job_at_once_and_one_that_lies_is_cancelled(ex_out: SlurmExecutor,
+                                                                            slurm: SlurmCluster,
+                                                                            tmp_path: Path) -> None:
+    """Only a clean exit is taken from the record (a failure waits for Slurm's reason); a job that wrote
+    one and runs on is cancelled in Slurm after ENDED_GRACE_S."""
+    info = ex_out.launch(spec("f", "sleep 60", tmp_path / "f.log", gpus=(2,)))
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "RUNNING", 30, "the job to run")
+    record = tmp_path / "out" / "_server" / f"f.{info.pid}.exit"
+    record.write_text("3\n")
+    assert ex_out.poll() == {}
+    record.write_text("0\n")
+    t0 = time.monotonic()
+    assert ex_out.poll() == {"f": 0} and not record.exists()
+    assert slurm.job(info.pid)["JobState"] == "RUNNING"
+    ex_out.launch(spec("g", "true", tmp_path / "g.log", gpus=(2,)))  # f's GPU: ours, not refused as another's
+    got: dict[str, int | None] = {}
+    wait_until(lambda: got.update(ex_out.poll()) or "g" in got, 30, "g's exit")
+    assert got == {"g": 0} and slurm.job(info.pid)["JobState"] == "CANCELLED"
+    assert time.monotonic() - t0 >= 5.0  # g waited in Slurm for f's GPU until f was cancelled
 
 
 def test_preempt_and_resume_keep_the_slurm_job_and_run_each_step_once(ex: SlurmExecutor, slurm: SlurmCluster,
@@ -363,6 +420,7 @@ def test_inventory_follows_slurm_nodes(ex: SlurmExecutor, slurm: SlurmCluster) -
 def test_held_jobs_are_cancelled_when_no_relaunch_comes_even_after_a_restart(ex: SlurmExecutor, slurm: SlurmCluster,
                                                                              tmp_path: Path) -> None:
     first = ex.launch(spec("h", "sleep 30", tmp_path / "h.log"))
+    wait_until(lambda: slurm.job(first.pid)["JobState"] == "RUNNING", 30, "the start")  # (launch does not wait)
     assert ex.stop("h", 5.0) == 143
     assert slurm.job(first.pid)["Reason"] == "job_requeued_in_held_state"
     later = SlurmExecutor("gltest", env=slurm.env, hold_s=0.0)  # a restarted service, which never relaunches it
