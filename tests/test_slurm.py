@@ -163,19 +163,35 @@ def test_gpus_held_by_a_job_submitted_directly_are_not_overlaid(ex: SlurmExecuto
 
 def test_a_launch_does_not_wait_and_one_slurm_does_not_start_is_cancelled(ex: SlurmExecutor, slurm: SlurmCluster,
                                                                           tmp_path: Path) -> None:
-    """Memory a job submitted directly holds keeps ours pending: reported ended after ``start_wait_s``."""
-    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1", f"--mem={MEM_MB - 100}", f"--output={tmp_path}/o",
-                  f"--chdir={tmp_path}", "--wrap", "sleep 60")
-    wait_until(lambda: slurm.job(r.stdout.strip()).get("JobState") == "RUNNING", 30, "the direct job to run")
-    ex.start_wait_s = 2.0
-    t0 = time.monotonic()
-    info = ex.launch(spec("w", "true", tmp_path / "w.log", gpus=(1,), mem=200))
-    assert time.monotonic() - t0 < 2.0 and slurm.job(info.pid)["JobState"] == "PENDING"
-    assert ex.alive("w") and ex.poll() == {}
-    assert wait_until(lambda: ex.poll(), 20, "the launch to be given up") == {"w": None}
-    assert re.fullmatch(rf"Slurm did not start its job {info.pid} within 2 s \(Reason=(None|Resources)\): cancelled",
-                        ex.end_reason("w") or "")  # (Slurm's reason: before and after its next scheduling pass)
+    """A Slurm reservation (the node stays up) keeps ours pending: reported ended after ``start_wait_s``."""
+    slurm.run("scontrol", "create", "reservation", "ReservationName=gltest", "Users=root", f"Nodes={slurm.node}",
+              "StartTime=now", "Duration=10", "Flags=IGNORE_JOBS")
+    try:
+        ex.start_wait_s = 2.0
+        t0 = time.monotonic()
+        info = ex.launch(spec("w", "true", tmp_path / "w.log", gpus=(1,), mem=200))
+        assert time.monotonic() - t0 < 2.0 and slurm.job(info.pid)["JobState"] == "PENDING"
+        assert ex.alive("w") and ex.poll() == {}
+        assert wait_until(lambda: ex.poll(), 20, "the launch to be given up") == {"w": None}
+        why = ex.end_reason("w") or ""
+    finally:
+        slurm.run("scontrol", "delete", "ReservationName=gltest")
+    assert re.fullmatch(rf"Slurm did not start its job {info.pid} within 2 s \(Reason=\S+\): cancelled", why), why
     assert slurm.job(info.pid)["JobState"] == "CANCELLED" and "w" not in ex.procs
+
+
+def test_cores_and_memory_held_by_a_job_submitted_directly_refuse_a_launch(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                           tmp_path: Path) -> None:
+    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1", f"--mem={MEM_MB - 300}", "--cpus-per-task=6",
+                  f"--output={tmp_path}/o", f"--chdir={tmp_path}", "--wrap", "sleep 60")
+    wait_until(lambda: slurm.job(r.stdout.strip()).get("JobState") == "RUNNING", 30, "the direct job to run")
+    with pytest.raises(NodeUnavailable, match=r"^job m: gpn0 has 2 core\(s\) and 300 MB free \(jobs submitted to "
+                                              r"Slurm directly hold 6 and 7700 MB\), it needs 1 and 400 MB$"):
+        ex.launch(spec("m", "true", tmp_path / "m.log", gpus=(1,), mem=400))
+    with pytest.raises(NodeUnavailable, match="it needs 3 and 100 MB"):
+        ex.launch(spec("c", "true", tmp_path / "c.log", gpus=(1,), cpus=3, mem=100))
+    ex.launch(spec("ok", "true", tmp_path / "ok.log", gpus=(1,), cpus=2, mem=300))  # what is left: fine
+    assert wait_until(lambda: ex.poll(), 30, "its exit") == {"ok": 0}
 
 
 @pytest.fixture

@@ -39,7 +39,8 @@ account (``sbatch --uid``, root only), with its cores (``--cpus-per-task``),
 memory (``--mem``), node (``--nodelist``) and GPUs.  The command and its
 environment are in the batch script (read by ``sbatch`` from its stdin, never
 in argv); the script waits for the command on SIGTERM so its checkpoint handler
-runs.  A :class:`~.executor.ProcInfo` records the Slurm job id as ``pid`` and
+runs.  A launch returns once Slurm has the job (the round never waits for its
+start); :meth:`~SlurmExecutor.poll` follows the start.  A :class:`~.executor.ProcInfo` records the Slurm job id as ``pid`` and
 its submit time as ``start_time`` (a restarted service adopts the job only if
 both match: ids restart when Slurm's state is lost).
 
@@ -49,15 +50,17 @@ left).  The job stays in Slurm, held; a relaunch of the same executor id on
 the same node and GPUs with the same command updates its cores and memory,
 sets ``StartTime=now`` (a plain requeue waits 121 s) and releases it: the same
 Slurm job id, ``SLURM_RESTART_COUNT`` counting the resumes
-(``GPULOOM_RESUME=1`` from it).  The release waits until a second has passed
+(``GPULOOM_RESUME=1`` from it).  The release waits (in poll) until a second has passed
 since the requeue: slurmd refuses, by whole seconds, launch credentials as old
 as a requeue's (the job would fail at once with ``already killed``).  Slurm 22.05 piles gres Types up when a held
 job is re-pinned to other GPUs, so a relaunch elsewhere cancels the held job
 and submits a new one.  Held jobs not relaunched within ``hold_s`` are
 cancelled.
 
-**Exits** come from ``scontrol show job``: ``ExitCode=code:signal`` (a signal
-``n`` reads ``128 + n``), and the state names the reason (``OUT_OF_MEMORY``,
+**Exits**: a clean one from the exit record the batch script writes next to
+its output (seen before Slurm's teardown ends); others from ``scontrol show
+job``: ``ExitCode=code:signal`` (a signal ``n`` reads ``128 + n``), and the
+state names the reason (``OUT_OF_MEMORY``,
 ``TIMEOUT``, ``NODE_FAIL``, a ``CANCELLED`` by someone else).  Slurm keeps a
 finished job for ``MinJobAge`` (300 s by default); a job that ended longer ago
 while the service was down is read from ``sacct`` where accounting is on, else
@@ -171,6 +174,22 @@ def gres_indices(gres: str) -> list[int]:
             a, _, b = r.partition("-")
             out.extend(range(int(a), int(b or a) + 1))
     return sorted(out)
+
+
+def tres(s: str) -> tuple[int, int]:
+    """(cores, memory in MB) of a job's ``TRES=cpu=2,mem=300M,node=1,billing=2``."""
+    cpus = mem = 0
+    for item in s.split(","):
+        k, _, v = item.partition("=")
+        try:
+            if k == "cpu":
+                cpus = int(v)
+            elif k == "mem" and v:
+                scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}.get(v[-1].upper())
+                mem = int(float(v[:-1]) * scale) if scale is not None else int(v)
+        except ValueError:
+            continue
+    return cpus, mem
 
 
 def exit_of(code: str) -> int | None:
@@ -390,6 +409,20 @@ class SlurmExecutor(Executor):
             out.update(gres_indices(rec.get("GRES", "")))
         return out
 
+    def _held_on(self, node: str) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(cores, MB) that jobs on ``node`` hold: (submitted to Slurm directly, this executor's running ones).
+        Ours reported ended by their exit file are left out: their teardown frees them."""
+        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        other, ours = [0, 0], [0, 0]
+        for jid, rec in self.jobs.items():
+            if rec.get("JobState") not in LIVE or rec.get("NodeList") != node or jid in self._ended:
+                continue
+            c, m = tres(rec.get("TRES", ""))
+            side = ours if jid in mine else other
+            side[0] += c
+            side[1] += m
+        return (other[0], other[1]), (ours[0], ours[1])
+
     def script(self, spec: LaunchSpec, exit_dir: str | None = None) -> str:
         """The batch script: the job's environment, then its command, waited for through SIGTERM; then,
         with ``exit_dir``, its exit code written to ``<exit_dir>/<id>.<Slurm job id>.exit`` (seen by the
@@ -445,6 +478,11 @@ class SlurmExecutor(Executor):
                                   "submitted to Slurm directly")
         gres = self._gres(node, spec.gpus)
         cpus = max(1, len(spec.cpus))
+        (oc, om), (mc, mm) = self._held_on(spec.node)
+        if (oc or om) and (oc + mc + cpus > node.cpus or om + mm + spec.mem_mb > node.mem_mb):
+            raise NodeUnavailable(f"job {spec.job_id}: {spec.node} has {node.cpus - oc - mc} core(s) and "
+                                  f"{node.mem_mb - om - mm} MB free (jobs submitted to Slurm directly hold {oc} and "
+                                  f"{om} MB), it needs {cpus} and {spec.mem_mb} MB")
         held = self.held.pop(spec.job_id, None)
         sid = None
         if held is not None:
