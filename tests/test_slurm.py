@@ -212,6 +212,22 @@ def test_the_exit_record_of_the_batch_script_reports_the_end(ex_out: SlurmExecut
     wait_until(lambda: slurm.job(info.pid)["JobState"] == "COMPLETED", 30, "Slurm's end")
 
 
+def test_an_exit_record_that_is_not_a_plain_file_is_refused_and_logged_once(ex_out: SlurmExecutor,
+                                                                           slurm: SlurmCluster, tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    info = ex_out.launch(spec("h", "sleep 60", tmp_path / "h.log", gpus=(3,)))
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "RUNNING", 30, "the job to run")
+    zero = tmp_path / "zero"
+    zero.write_text("0\n")
+    record = tmp_path / "out" / "_server" / f"h.{info.pid}.exit"
+    os.link(zero, record)  # a second name of a file it does not own alone
+    for _ in range(3):
+        assert ex_out.poll() == {}
+    assert [r.getMessage() for r in caplog.records if "not a plain file" in r.getMessage()] == \
+        [f"{record}: not a plain file of its directory's owner: not copied"]
+    assert ex_out.stop("h", 5.0) == 143 and not record.exists()  # removed with the job's other files
+
+
 def test_an_exit_record_ends_the_job_at_once_and_one_that_lies_is_cancelled(ex_out: SlurmExecutor,
                                                                             slurm: SlurmCluster,
                                                                             tmp_path: Path) -> None:

@@ -241,10 +241,11 @@ def slurm_node(rec: Mapping[str, str]) -> SlurmNode | None:
                      rec.get("NodeAddr", rec["NodeName"]))
 
 
-def read_output(path: str, offset: int, most: int = 16 << 20) -> bytes | None:
+def read_output(path: str, offset: int, most: int = 16 << 20, warned: set[str] | None = None) -> bytes | None:
     """Up to ``most`` bytes from ``offset`` of a job's output file, which its account owns and could replace:
     only a regular file with one name, owned by the owner of its directory, is read (never through a link,
-    so a job cannot have the service copy another file into its log); None otherwise."""
+    so a job cannot have the service copy another file into its log); None otherwise.  ``warned``: paths
+    already logged as refused (each is logged once, not at every poll)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -252,7 +253,10 @@ def read_output(path: str, offset: int, most: int = 16 << 20) -> bytes | None:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.stat(os.path.dirname(path)).st_uid:
-            log.warning("%s: not a plain file of its directory's owner: not copied", path)
+            if warned is None or path not in warned:
+                log.warning("%s: not a plain file of its directory's owner: not copied", path)
+                if warned is not None:
+                    warned.add(path)
             return None
         return os.pread(fd, most, offset)
     except OSError:
@@ -332,6 +336,7 @@ class SlurmExecutor(Executor):
         self._release_at: dict[str, float] = {}  # executor id -> when (time.time()) its held job may be released
         self._exit_files: dict[str, str] = {}  # executor id -> where its batch script writes its exit (out_dir)
         self._ended: dict[int, float] = {}  # Slurm ids reported ended by their exit file -> when (monotonic)
+        self._warned: set[str] = set()  # jobs' files refused (read_output), logged once each
 
     # -- Slurm's commands ---------------------------------------------------------------------
     def _which(self, name: str) -> str:
@@ -552,7 +557,7 @@ class SlurmExecutor(Executor):
             if remote is None or p is None:
                 continue
             off = mirror_offset(p.log_path, "slurm", remote)
-            data = read_output(remote, off)
+            data = read_output(remote, off, warned=self._warned)
             if data is None:
                 continue
             if not final:
@@ -651,6 +656,7 @@ class SlurmExecutor(Executor):
 
     def _forget(self, eid: str) -> None:
         self.mirror([eid], final=True)
+        self._warned.difference_update([self.outputs.get(eid, ""), self._exit_files.get(eid, "")])
         self.procs.pop(eid, None)
         self.outputs.pop(eid, None)
         self._starting.pop(eid, None)
@@ -716,7 +722,7 @@ class SlurmExecutor(Executor):
             p = self.procs.get(eid)
             if p is None or eid in self.exits or eid in self._stopping or eid in self._release_at:
                 continue
-            if read_output(path, 0, 64) == b"0\n":
+            if read_output(path, 0, 64, self._warned) == b"0\n":
                 self.exits[eid] = 0
                 self._starting.pop(eid, None)
                 self._ended[p.pid] = time.monotonic()
