@@ -29,7 +29,8 @@ plan's indices.  Otherwise it asks for a count (``--gres=gpu:2``) and Slurm
 picks which.  GPUs that jobs submitted to Slurm directly hold are read from
 ``scontrol show job -d`` (``GRES=gpu:g1:1(IDX:1)``): a launch onto one of them
 is refused (:class:`~.executor.NodeUnavailable`: the job stays queued), never
-overlaid.
+overlaid; so is one that would not fit in the cores and memory (their
+``TRES=``) such jobs leave on the node.
 
 Jobs
 ----
