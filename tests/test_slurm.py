@@ -344,6 +344,29 @@ def test_serve_slurm_places_preempts_and_resumes_each_step_once(serve_slurm: Any
     assert rec["UserId"].startswith("gpuloom(")  # the job's own account, not root
 
 
+def test_serve_slurm_resizes_a_running_job_by_a_stop_and_a_relaunch(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    """Elastic sizing gives a lone job the node's 4 GPUs, then shrinks it to 2 when a second job comes:
+    a stop (checkpoint, requeued held) and a relaunch on other GPUs, which is a new Slurm job."""
+    s = serve_slurm("--size", "elastic")
+    curve = [1.0, 2.0, 3.0, 4.0]
+    with s.client() as c:
+        # (a is resized once out of its protection: 3 x its launch time, which Slurm's start makes 1-4 s)
+        a = submit(c, name="a", command=stepper_cmd(500, 0.04), gpus=1, throughput=curve)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{a}/logs").text, 60, "a's progress")
+        b = submit(c, name="b", command=stepper_cmd(10, 0.05), gpus=1, throughput=curve)
+        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] == "finished" and x, 120, f"job {j}") for j in (a, b)}
+        log_a = c.get(f"/jobs/{a}/logs").text
+        ev_a = c.get(f"/jobs/{a}/events").json()
+    launches = [e for e in ev_a if e["kind"] in ("launch", "resize")]
+    assert [e["kind"] for e in launches][:2] == ["launch", "resize"]
+    assert [len(e["detail"]["alloc"]["parts"][0]["gpus"]) for e in launches][:2] == [4, 2]
+    recs = start_records(log_a)
+    assert [len(r["cvd"].split(",")) for r in recs][:2] == [4, 2] and recs[1]["resume"] == "1"
+    assert ledger(rows[a]["checkpoint_dir"]) == list(range(500)) and ledger(rows[b]["checkpoint_dir"]) == list(range(10))
+    first, second = slurm_ids(s, a)[:2]
+    assert first != second and slurm.job(first)["JobState"] == "CANCELLED"  # the held one, not reused elsewhere
+
+
 def service_id(s: Server) -> str:
     from gpuloom.runtime.state.store import Store
 
