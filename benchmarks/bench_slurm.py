@@ -9,7 +9,8 @@ The workload goes, one configuration after the other, through:
 * ``slurm``: stock Slurm, ``sbatch --gres=gpu:N`` at each arrival (FIFO + backfill);
 * ``slurm+time``: the same with time limits (``--time``: 1.5 x the run time, in whole minutes);
 * ``gpuloom``: ``gpuloom serve`` with its own executor on the declared 4-GPU node, ``fifo`` then
-  ``srtf`` (time limits as above are its work estimates);
+  ``srtf``, with the same time limits as ``slurm+time`` (whole minutes) and the run time as its work
+  estimate (``iterations`` x ``iteration_time``);
 * ``gpuloom/slurm``: ``gpuloom serve --slurm all``, ``fifo`` then ``srtf``.
 
 Each run of a job appends ``start``/``end`` records (wall clock, its ``CUDA_VISIBLE_DEVICES``) to
@@ -17,7 +18,8 @@ a file, so every configuration is measured by the same clock in the job itself: 
 submit; makespan = last end - first submit; **hand-off** = a run's start minus the moment the last
 of its GPUs came free (the end of the previous run there), for runs that were waiting for them.
 
-Run: ``python benchmarks/run.py slurm`` (root, with ``slurm-wlm`` and ``munge``; about 6 minutes).
+Run: ``python benchmarks/run.py slurm`` (root, with ``slurm-wlm`` and ``munge``; about 8 minutes), or
+``python benchmarks/bench_slurm.py NAME...`` for some configurations (``"gpuloom/slurm fifo"``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ def command(job: dict[str, Any], base: Path, py: str, tag: str) -> str:
 
 def time_limit_s(job: dict[str, Any]) -> float:
     return job["steps"] * STEP_S * 1.5
+
+
+def time_limit_min(job: dict[str, Any]) -> int:
+    """Slurm's ``--time``: whole minutes (gpuloom gets the same limit)."""
+    return max(1, math.ceil(time_limit_s(job) / 60))
 
 
 def submit_all(jobs: list[dict[str, Any]], submit: Any) -> dict[int, float]:
@@ -122,7 +129,7 @@ def run_stock(slurm: Any, jobs: list[dict[str, Any]], base: Path, py: str, tag: 
         argv = ["sbatch", "--parsable", f"--gres=gpu:{j['gpus']}", f"--cpus-per-task={2 * j['gpus']}",
                 f"--mem={2000 * j['gpus']}", f"--output={base}/{tag}-{j['i']}.out", f"--chdir={base}"]
         if limits:
-            argv.append(f"--time={max(1, math.ceil(time_limit_s(j) / 60))}")
+            argv.append(f"--time={time_limit_min(j)}")
         ids.append(slurm.run(*argv, "--wrap", command(j, base, py, tag)).stdout.strip())
 
     submitted = submit_all(jobs, submit)
@@ -142,7 +149,8 @@ def run_gpuloom(jobs: list[dict[str, Any]], base: Path, py: str, tag: str, args:
 
             def submit(j: dict[str, Any]) -> None:
                 r = c.post("/jobs", json={"name": f"b{j['i']}", "command": command(j, base, py, tag), "gpus": j["gpus"],
-                                          "time_limit": f"{time_limit_s(j):g}s", "cpus": 2 * j["gpus"],
+                                          "time_limit": time_limit_min(j), "cpus": 2 * j["gpus"],
+                                          "iterations": j["steps"], "iteration_time": STEP_S,
                                           "mem": f"{2000 * j['gpus']}M"})
                 r.raise_for_status()
                 ids.append(r.json()["id"])
@@ -196,7 +204,10 @@ def main() -> None:
             ("gpuloom/slurm fifo", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all"])),
             ("gpuloom/slurm srtf", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--order", "srtf"])),
         ]
+        only = sys.argv[1:]  # configuration names to run (default: all)
         for k, (name, fn) in enumerate(configs):
+            if only and name not in only:
+                continue
             m = fn(f"c{k}")
             rows.append((name, m))
             print(f"  {name:20s} mean JCT {m['mean']:6.1f} s  median {m['median']:6.1f}  p95 {m['p95']:6.1f}  "
@@ -205,10 +216,17 @@ def main() -> None:
                   flush=True)
     finally:
         slurm.stop()
-        subprocess.run(["rm", "-rf", str(top)], check=False)
+        if os.environ.get("GPULOOM_BENCH_KEEP"):  # records, service state and logs, to look into a failure
+            print(f"kept {top}")
+        else:
+            subprocess.run(["rm", "-rf", str(top)], check=False)
     by = dict(rows)
+    if "slurm" not in by:
+        return
     base_jct = by["slurm"]["mean"]
     for own, over in (("gpuloom fifo", "gpuloom/slurm fifo"), ("gpuloom srtf", "gpuloom/slurm srtf")):
+        if own not in by or over not in by:
+            continue
         gain, kept = base_jct - by[own]["mean"], base_jct - by[over]["mean"]
         print(f"{over}: keeps {kept:.1f} s of {own}'s {gain:.1f} s mean-JCT gain over stock Slurm"
               + (f" ({100 * kept / gain:.0f} %)" if gain > 0 else ""))

@@ -4,6 +4,7 @@ and ``gpuloom serve --slurm``; plus the parsers of Slurm's output on hand-writte
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import time
@@ -27,7 +28,7 @@ from gpuloom.runtime.exec.slurm import (
     slurm_node,
 )
 from service_util import Server, job, job_writable, key_events, ledger, start_records, stepper_cmd, submit, wait_for
-from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
+from slurm_util import MEM_MB, SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = shlex.quote(sys.executable)
@@ -128,7 +129,7 @@ def test_launch_places_the_job_on_the_chosen_gpus_cores_and_memory(ex: SlurmExec
     log = tmp_path / "j1.log"
     cmd = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS mem=$GPULOOM_MEM_MB x=$X attempt=$GPULOOM_ATTEMPT"'
     info = ex.launch(spec("j1", cmd, log, gpus=(1, 3), cpus=2, mem=300, X="a b $(echo no) ';\"`"))
-    rec = slurm.job(info.pid)
+    rec = wait_until(lambda: (r := slurm.job(info.pid))["JobState"] != "PENDING" and r, 30, "the start")
     assert rec["JobName"] == "gltest:j1" and rec["NodeList"] == "gpn0"
     assert slurm.scontrol("show", "job", "-d", str(info.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
     assert (rec["NumCPUs"], rec["MinMemoryNode"]) == ("2", "300M")
@@ -158,6 +159,94 @@ def test_gpus_held_by_a_job_submitted_directly_are_not_overlaid(ex: SlurmExecuto
     assert not [rec for rec in parse_records(slurm.scontrol("show", "job")) if rec["JobName"] == "gltest:j2"]
     ex.launch(spec("j3", "true", tmp_path / "j3.log", gpus=(1,)))  # other GPUs: fine
     assert wait_until(lambda: ex.poll(), 30, "j3's exit") == {"j3": 0}
+
+
+def test_a_launch_does_not_wait_and_one_slurm_does_not_start_is_cancelled(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    """A Slurm reservation (the node stays up) keeps ours pending: reported ended after ``start_wait_s``."""
+    slurm.run("scontrol", "create", "reservation", "ReservationName=gltest", "Users=root", f"Nodes={slurm.node}",
+              "StartTime=now", "Duration=10", "Flags=IGNORE_JOBS")
+    try:
+        ex.start_wait_s = 2.0
+        t0 = time.monotonic()
+        info = ex.launch(spec("w", "true", tmp_path / "w.log", gpus=(1,), mem=200))
+        assert time.monotonic() - t0 < 2.0 and slurm.job(info.pid)["JobState"] == "PENDING"
+        assert ex.alive("w") and ex.poll() == {}
+        assert wait_until(lambda: ex.poll(), 20, "the launch to be given up") == {"w": None}
+        why = ex.end_reason("w") or ""
+    finally:
+        slurm.run("scontrol", "delete", "ReservationName=gltest")
+    assert re.fullmatch(rf"Slurm did not start its job {info.pid} within 2 s \(Reason=\S+\): cancelled", why), why
+    assert slurm.job(info.pid)["JobState"] == "CANCELLED" and "w" not in ex.procs
+
+
+def test_cores_and_memory_held_by_a_job_submitted_directly_refuse_a_launch(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                           tmp_path: Path) -> None:
+    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1", f"--mem={MEM_MB - 300}", "--cpus-per-task=6",
+                  f"--output={tmp_path}/o", f"--chdir={tmp_path}", "--wrap", "sleep 60")
+    wait_until(lambda: slurm.job(r.stdout.strip()).get("JobState") == "RUNNING", 30, "the direct job to run")
+    with pytest.raises(NodeUnavailable, match=r"^job m: gpn0 has 2 core\(s\) and 300 MB free \(jobs submitted to "
+                                              r"Slurm directly hold 6 and 7700 MB\), it needs 1 and 400 MB$"):
+        ex.launch(spec("m", "true", tmp_path / "m.log", gpus=(1,), mem=400))
+    with pytest.raises(NodeUnavailable, match="it needs 3 and 100 MB"):
+        ex.launch(spec("c", "true", tmp_path / "c.log", gpus=(1,), cpus=3, mem=100))
+    ex.launch(spec("ok", "true", tmp_path / "ok.log", gpus=(1,), cpus=2, mem=300))  # what is left: fine
+    assert wait_until(lambda: ex.poll(), 30, "its exit") == {"ok": 0}
+
+
+@pytest.fixture
+def ex_out(slurm: SlurmCluster, tmp_path: Path) -> Iterator[SlurmExecutor]:
+    """An executor whose jobs' output (and exit records) Slurm writes under ``out_dir``, as the service's."""
+    e = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, start_wait_s=20.0, out_dir=str(tmp_path / "out"))
+    e.read_nodes()
+    yield e
+    slurm.cancel_all()
+
+
+def test_the_exit_record_of_the_batch_script_reports_the_end(ex_out: SlurmExecutor, slurm: SlurmCluster,
+                                                             tmp_path: Path) -> None:
+    log = tmp_path / "o.log"
+    info = ex_out.launch(spec("o", "echo hi", log))
+    assert wait_until(lambda: ex_out.poll(), 30, "the exit") == {"o": 0}
+    assert log.read_text() == "hi\n" and os.listdir(tmp_path / "out" / "_server") == []  # copied, then removed
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "COMPLETED", 30, "Slurm's end")
+
+
+def test_an_exit_record_that_is_not_a_plain_file_is_refused_and_logged_once(ex_out: SlurmExecutor,
+                                                                           slurm: SlurmCluster, tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    info = ex_out.launch(spec("h", "sleep 60", tmp_path / "h.log", gpus=(3,)))
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "RUNNING", 30, "the job to run")
+    zero = tmp_path / "zero"
+    zero.write_text("0\n")
+    record = tmp_path / "out" / "_server" / f"h.{info.pid}.exit"
+    os.link(zero, record)  # a second name of a file it does not own alone
+    for _ in range(3):
+        assert ex_out.poll() == {}
+    assert [r.getMessage() for r in caplog.records if "not a plain file" in r.getMessage()] == \
+        [f"{record}: not a plain file of its directory's owner: not copied"]
+    assert ex_out.stop("h", 5.0) == 143 and not record.exists()  # removed with the job's other files
+
+
+def test_an_exit_record_ends_the_job_at_once_and_one_that_lies_is_cancelled(ex_out: SlurmExecutor,
+                                                                            slurm: SlurmCluster,
+                                                                            tmp_path: Path) -> None:
+    """Only a clean exit is taken from the record (a failure waits for Slurm's reason); a job that wrote
+    one and runs on is cancelled in Slurm after ENDED_GRACE_S."""
+    info = ex_out.launch(spec("f", "sleep 60", tmp_path / "f.log", gpus=(2,)))
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "RUNNING", 30, "the job to run")
+    record = tmp_path / "out" / "_server" / f"f.{info.pid}.exit"
+    record.write_text("3\n")
+    assert ex_out.poll() == {}
+    record.write_text("0\n")
+    t0 = time.monotonic()
+    assert ex_out.poll() == {"f": 0} and not record.exists()
+    assert slurm.job(info.pid)["JobState"] == "RUNNING"
+    ex_out.launch(spec("g", "true", tmp_path / "g.log", gpus=(2,)))  # f's GPU: ours, not refused as another's
+    got: dict[str, int | None] = {}
+    wait_until(lambda: got.update(ex_out.poll()) or "g" in got, 30, "g's exit")
+    assert got == {"g": 0} and slurm.job(info.pid)["JobState"] == "CANCELLED"
+    assert time.monotonic() - t0 >= 5.0  # g waited in Slurm for f's GPU until f was cancelled
 
 
 def test_preempt_and_resume_keep_the_slurm_job_and_run_each_step_once(ex: SlurmExecutor, slurm: SlurmCluster,
@@ -253,6 +342,29 @@ def test_serve_slurm_places_preempts_and_resumes_each_step_once(serve_slurm: Any
     assert (rec["JobName"], rec["Restarts"], rec["JobState"]) == (f"gpuloom-{service_id(s)}:{long_id}", "1",
                                                                    "COMPLETED")
     assert rec["UserId"].startswith("gpuloom(")  # the job's own account, not root
+
+
+def test_serve_slurm_resizes_a_running_job_by_a_stop_and_a_relaunch(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    """Elastic sizing gives a lone job the node's 4 GPUs, then shrinks it to 2 when a second job comes:
+    a stop (checkpoint, requeued held) and a relaunch on other GPUs, which is a new Slurm job."""
+    s = serve_slurm("--size", "elastic")
+    curve = [1.0, 2.0, 3.0, 4.0]
+    with s.client() as c:
+        # (a is resized once out of its protection: 3 x its launch time, which Slurm's start makes 1-4 s)
+        a = submit(c, name="a", command=stepper_cmd(500, 0.04), gpus=1, throughput=curve)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{a}/logs").text, 60, "a's progress")
+        b = submit(c, name="b", command=stepper_cmd(10, 0.05), gpus=1, throughput=curve)
+        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] == "finished" and x, 120, f"job {j}") for j in (a, b)}
+        log_a = c.get(f"/jobs/{a}/logs").text
+        ev_a = c.get(f"/jobs/{a}/events").json()
+    launches = [e for e in ev_a if e["kind"] in ("launch", "resize")]
+    assert [e["kind"] for e in launches][:2] == ["launch", "resize"]
+    assert [len(e["detail"]["alloc"]["parts"][0]["gpus"]) for e in launches][:2] == [4, 2]
+    recs = start_records(log_a)
+    assert [len(r["cvd"].split(",")) for r in recs][:2] == [4, 2] and recs[1]["resume"] == "1"
+    assert ledger(rows[a]["checkpoint_dir"]) == list(range(500)) and ledger(rows[b]["checkpoint_dir"]) == list(range(10))
+    first, second = slurm_ids(s, a)[:2]
+    assert first != second and slurm.job(first)["JobState"] == "CANCELLED"  # the held one, not reused elsewhere
 
 
 def service_id(s: Server) -> str:
@@ -363,6 +475,7 @@ def test_inventory_follows_slurm_nodes(ex: SlurmExecutor, slurm: SlurmCluster) -
 def test_held_jobs_are_cancelled_when_no_relaunch_comes_even_after_a_restart(ex: SlurmExecutor, slurm: SlurmCluster,
                                                                              tmp_path: Path) -> None:
     first = ex.launch(spec("h", "sleep 30", tmp_path / "h.log"))
+    wait_until(lambda: slurm.job(first.pid)["JobState"] == "RUNNING", 30, "the start")  # (launch does not wait)
     assert ex.stop("h", 5.0) == 143
     assert slurm.job(first.pid)["Reason"] == "job_requeued_in_held_state"
     later = SlurmExecutor("gltest", env=slurm.env, hold_s=0.0)  # a restarted service, which never relaunches it

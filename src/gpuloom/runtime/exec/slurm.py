@@ -29,7 +29,8 @@ plan's indices.  Otherwise it asks for a count (``--gres=gpu:2``) and Slurm
 picks which.  GPUs that jobs submitted to Slurm directly hold are read from
 ``scontrol show job -d`` (``GRES=gpu:g1:1(IDX:1)``): a launch onto one of them
 is refused (:class:`~.executor.NodeUnavailable`: the job stays queued), never
-overlaid.
+overlaid; so is one that would not fit in the cores and memory (their
+``TRES=``) such jobs leave on the node.
 
 Jobs
 ----
@@ -39,7 +40,8 @@ account (``sbatch --uid``, root only), with its cores (``--cpus-per-task``),
 memory (``--mem``), node (``--nodelist``) and GPUs.  The command and its
 environment are in the batch script (read by ``sbatch`` from its stdin, never
 in argv); the script waits for the command on SIGTERM so its checkpoint handler
-runs.  A :class:`~.executor.ProcInfo` records the Slurm job id as ``pid`` and
+runs.  A launch returns once Slurm has the job (the round never waits for its
+start); :meth:`~SlurmExecutor.poll` follows the start.  A :class:`~.executor.ProcInfo` records the Slurm job id as ``pid`` and
 its submit time as ``start_time`` (a restarted service adopts the job only if
 both match: ids restart when Slurm's state is lost).
 
@@ -49,15 +51,17 @@ left).  The job stays in Slurm, held; a relaunch of the same executor id on
 the same node and GPUs with the same command updates its cores and memory,
 sets ``StartTime=now`` (a plain requeue waits 121 s) and releases it: the same
 Slurm job id, ``SLURM_RESTART_COUNT`` counting the resumes
-(``GPULOOM_RESUME=1`` from it).  The release waits until a second has passed
+(``GPULOOM_RESUME=1`` from it).  The release waits (in poll) until a second has passed
 since the requeue: slurmd refuses, by whole seconds, launch credentials as old
 as a requeue's (the job would fail at once with ``already killed``).  Slurm 22.05 piles gres Types up when a held
 job is re-pinned to other GPUs, so a relaunch elsewhere cancels the held job
 and submits a new one.  Held jobs not relaunched within ``hold_s`` are
 cancelled.
 
-**Exits** come from ``scontrol show job``: ``ExitCode=code:signal`` (a signal
-``n`` reads ``128 + n``), and the state names the reason (``OUT_OF_MEMORY``,
+**Exits**: a clean one from the exit record the batch script writes next to
+its output (seen before Slurm's teardown ends); others from ``scontrol show
+job``: ``ExitCode=code:signal`` (a signal ``n`` reads ``128 + n``), and the
+state names the reason (``OUT_OF_MEMORY``,
 ``TIMEOUT``, ``NODE_FAIL``, a ``CANCELLED`` by someone else).  Slurm keeps a
 finished job for ``MinJobAge`` (300 s by default); a job that ended longer ago
 while the service was down is read from ``sacct`` where accounting is on, else
@@ -106,6 +110,8 @@ REASONS = {"OUT_OF_MEMORY": "killed by the OOM killer (Slurm: OUT_OF_MEMORY)",
            "CANCELLED": "cancelled in Slurm (scancel), not by gpuloom"}
 #: how long after a requeue a held job may be released again (see :meth:`SlurmExecutor.launch`)
 REVOKE_S = 1.1
+#: how long a job whose batch script wrote its exit may stay running in Slurm before it is cancelled
+ENDED_GRACE_S = 5.0
 _NAME_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _GRES_IDX = re.compile(r"gpu(?::[^:(,]+)?:(\d+)\(IDX:([^)]*)\)")
 
@@ -171,6 +177,22 @@ def gres_indices(gres: str) -> list[int]:
     return sorted(out)
 
 
+def tres(s: str) -> tuple[int, int]:
+    """(cores, memory in MB) of a job's ``TRES=cpu=2,mem=300M,node=1,billing=2``."""
+    cpus = mem = 0
+    for item in s.split(","):
+        k, _, v = item.partition("=")
+        try:
+            if k == "cpu":
+                cpus = int(v)
+            elif k == "mem" and v:
+                scale = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}.get(v[-1].upper())
+                mem = int(float(v[:-1]) * scale) if scale is not None else int(v)
+        except ValueError:
+            continue
+    return cpus, mem
+
+
 def exit_of(code: str) -> int | None:
     """Shell-style exit of a Slurm ``ExitCode=code:signal`` (``128 + signal`` when a signal ended it)."""
     try:
@@ -220,10 +242,11 @@ def slurm_node(rec: Mapping[str, str]) -> SlurmNode | None:
                      rec.get("NodeAddr", rec["NodeName"]))
 
 
-def read_output(path: str, offset: int, most: int = 16 << 20) -> bytes | None:
+def read_output(path: str, offset: int, most: int = 16 << 20, warned: set[str] | None = None) -> bytes | None:
     """Up to ``most`` bytes from ``offset`` of a job's output file, which its account owns and could replace:
     only a regular file with one name, owned by the owner of its directory, is read (never through a link,
-    so a job cannot have the service copy another file into its log); None otherwise."""
+    so a job cannot have the service copy another file into its log); None otherwise.  ``warned``: paths
+    already logged as refused (each is logged once, not at every poll)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -231,13 +254,24 @@ def read_output(path: str, offset: int, most: int = 16 << 20) -> bytes | None:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.stat(os.path.dirname(path)).st_uid:
-            log.warning("%s: not a plain file of its directory's owner: not copied", path)
+            if warned is None or path not in warned:
+                log.warning("%s: not a plain file of its directory's owner: not copied", path)
+                if warned is not None:
+                    warned.add(path)
             return None
         return os.pread(fd, most, offset)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _unlink(path: str | None) -> None:
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _time(s: str | None) -> float:
@@ -264,16 +298,18 @@ class SlurmExecutor(Executor):
     ``prefix``: job names are ``<prefix>:<executor id>`` (one per service).
     ``partition``: where jobs go (None: Slurm's default).  ``env``: the
     environment of Slurm's commands (``SLURM_CONF`` for a cluster not in
-    ``/etc/slurm``).  ``start_wait_s``: how long a launch waits for Slurm to
-    start the job before it gives up (the job stays queued in gpuloom).
+    ``/etc/slurm``).  ``start_wait_s``: how long a launched job may stay
+    pending in Slurm (a launch returns once ``sbatch`` has it; the round does
+    not wait for the start) before it is cancelled and reported ended.
     ``out_dir``: where Slurm writes jobs' output, on a file system the nodes
     share, one directory per account (owned by it), copied into each job's log
     as it grows (None: Slurm writes the job's log itself, which the job's
-    account must then be able to reach).
+    account must then be able to reach); there each batch script also writes
+    its exit code, so a clean exit is seen before Slurm's teardown ends.
     """
 
     def __init__(self, prefix: str, partition: str | None = None, grace_s: float = 10.0,
-                 env: Mapping[str, str] | None = None, hold_s: float = 600.0, start_wait_s: float = 15.0,
+                 env: Mapping[str, str] | None = None, hold_s: float = 600.0, start_wait_s: float = 60.0,
                  poll_every_s: float = 0.2, timeout_s: float = 30.0, out_dir: str | None = None) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", prefix):
             raise ExecutorError(f"Slurm job name prefix {prefix!r}: letters, digits, '_', '.', '-' only")
@@ -297,6 +333,11 @@ class SlurmExecutor(Executor):
         self._read_at = -1e9
         self.out_dir = str(private_dir(out_dir, 0o711)) if out_dir is not None else None
         self.outputs: dict[str, str] = {}  # executor id -> where Slurm writes its output (out_dir)
+        self._starting: dict[str, float] = {}  # executor id -> by when (monotonic) Slurm must have started it
+        self._release_at: dict[str, float] = {}  # executor id -> when (time.time()) its held job may be released
+        self._exit_files: dict[str, str] = {}  # executor id -> where its batch script writes its exit (out_dir)
+        self._ended: dict[int, float] = {}  # Slurm ids reported ended by their exit file -> when (monotonic)
+        self._warned: set[str] = set()  # jobs' files refused (read_output), logged once each
 
     # -- Slurm's commands ---------------------------------------------------------------------
     def _which(self, name: str) -> str:
@@ -336,6 +377,16 @@ class SlurmExecutor(Executor):
         self.nodes = nodes
         return nodes
 
+    def _read_node(self, name: str) -> SlurmNode | None:
+        """One node as Slurm has it now (also kept in ``self.nodes``), or None if it is not a GPU node here."""
+        recs = parse_records(self.cmd("scontrol", "--oneliner", "show", "node", name, ok=("not found",)))
+        n = slurm_node(recs[0]) if recs and "NodeName" in recs[0] else None
+        if n is None or (self.partition is not None and self.partition not in n.partitions):
+            self.nodes.pop(name, None)
+            return None
+        self.nodes[name] = n
+        return n
+
     def job_name(self, eid: str) -> str:
         return f"{self.prefix}:{eid}"
 
@@ -358,14 +409,30 @@ class SlurmExecutor(Executor):
         """GPU indices of ``node`` held by jobs that are not this executor's (submitted to Slurm directly)."""
         mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
         out: set[int] = set()
-        for jid, rec in self.jobs.items():
-            if jid in mine or rec.get("JobState") not in LIVE or rec.get("NodeList") != node:
+        for jid, rec in self.jobs.items():  # (one of ours reported ended by its exit file may still be completing)
+            if jid in mine or jid in self._ended or rec.get("JobState") not in LIVE or rec.get("NodeList") != node:
                 continue
             out.update(gres_indices(rec.get("GRES", "")))
         return out
 
-    def script(self, spec: LaunchSpec) -> str:
-        """The batch script: the job's environment, then its command, waited for through SIGTERM."""
+    def _held_on(self, node: str) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(cores, MB) that jobs on ``node`` hold: (submitted to Slurm directly, this executor's running ones).
+        Ours reported ended by their exit file are left out: their teardown frees them."""
+        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        other, ours = [0, 0], [0, 0]
+        for jid, rec in self.jobs.items():
+            if rec.get("JobState") not in LIVE or rec.get("NodeList") != node or jid in self._ended:
+                continue
+            c, m = tres(rec.get("TRES", ""))
+            side = ours if jid in mine else other
+            side[0] += c
+            side[1] += m
+        return (other[0], other[1]), (ours[0], ours[1])
+
+    def script(self, spec: LaunchSpec, exit_dir: str | None = None) -> str:
+        """The batch script: the job's environment, then its command, waited for through SIGTERM; then,
+        with ``exit_dir``, its exit code written to ``<exit_dir>/<id>.<Slurm job id>.exit`` (seen by the
+        next poll, before Slurm has torn the job down)."""
         env = dict(spec.env)
         bad = [k for k in env if not _NAME_OK.match(k)]
         if bad:
@@ -387,9 +454,11 @@ class SlurmExecutor(Executor):
             f"/bin/sh -c {shlex.quote(spec.command)} &",
             'c=$!',
             'while :; do wait "$c"; rc=$?; kill -0 "$c" 2>/dev/null || break; done',
-            'exit "$rc"',
-            "",
         ]
+        if exit_dir is not None:
+            f = shlex.quote(f"{exit_dir}/{spec.job_id}.") + '"$SLURM_JOB_ID".exit'
+            lines.append(f'echo "$rc" > {f}.tmp && mv -f {f}.tmp {f}')
+        lines += ['exit "$rc"', ""]
         return "\n".join(lines)
 
     def _key(self, spec: LaunchSpec) -> tuple[Any, ...]:
@@ -398,14 +467,14 @@ class SlurmExecutor(Executor):
                 spec.user, spec.log_path)
 
     def launch(self, spec: LaunchSpec) -> ProcInfo:
-        node = self.nodes.get(spec.node)
-        if node is None:
-            self.read_nodes()
-            node = self.nodes.get(spec.node)
+        try:  # read now: a node drained a moment ago refuses the launch (the job stays queued)
+            node = self._read_node(spec.node)
+        except SlurmError as e:
+            raise NodeUnavailable(f"job {spec.job_id}: {e}") from None
         if node is None or not node.up:
             raise NodeUnavailable(f"job {spec.job_id}: Slurm node {spec.node!r} is not up now")
         try:  # what poll read a moment ago will do: a job started since then cannot be overlaid (Slurm keeps
-            if time.monotonic() - self._read_at > 1.0:  # ours pending: _wait_start gives up)
+            if time.monotonic() - self._read_at > 1.0:  # ours pending: poll gives up on it)
                 self.read_jobs()
         except SlurmError as e:
             raise NodeUnavailable(f"job {spec.job_id}: {e}") from None
@@ -415,18 +484,19 @@ class SlurmExecutor(Executor):
                                   "submitted to Slurm directly")
         gres = self._gres(node, spec.gpus)
         cpus = max(1, len(spec.cpus))
+        (oc, om), (mc, mm) = self._held_on(spec.node)
+        if (oc or om) and (oc + mc + cpus > node.cpus or om + mm + spec.mem_mb > node.mem_mb):
+            raise NodeUnavailable(f"job {spec.job_id}: {spec.node} has {node.cpus - oc - mc} core(s) and "
+                                  f"{node.mem_mb - om - mm} MB free (jobs submitted to Slurm directly hold {oc} and "
+                                  f"{om} MB), it needs {cpus} and {spec.mem_mb} MB")
         held = self.held.pop(spec.job_id, None)
         sid = None
         if held is not None:
             rec = self.jobs.get(held.slurm_id)
             if held.key == self._key(spec) and rec is not None and rec.get("JobState") == "PENDING":
-                # the requeue revoked the job's launch credentials issued up to its second (slurmd compares
-                # whole seconds): a launch within that second is refused ("already killed") and fails
-                time.sleep(max(0.0, held.wall + REVOKE_S - time.time()))
                 try:
                     self.cmd("scontrol", "update", f"JobId={held.slurm_id}", f"NumCPUs={cpus}",
                              f"CPUsPerTask={cpus}", f"MinMemoryNode={max(1, spec.mem_mb)}", "StartTime=now")
-                    self.cmd("scontrol", "release", str(held.slurm_id))
                     sid = held.slurm_id
                 except SlurmError as e:
                     log.warning("job %s: cannot resume Slurm job %d (%s): submitting a new one", spec.job_id,
@@ -434,15 +504,41 @@ class SlurmExecutor(Executor):
             if sid is None:
                 self._cancel(held.slurm_id)
         out = self._output(spec)
-        if sid is None:
+        exit_file = None if out == spec.log_path else f"{os.path.dirname(out)}/{spec.job_id}.%j.exit"
+        if sid is not None and held is not None:
+            _unlink(exit_file.replace("%j", str(sid)) if exit_file else None)  # the stopped run's
+            # the requeue revoked the job's launch credentials issued up to its second (slurmd compares
+            # whole seconds): a launch within that second is refused ("already killed") and fails; a release
+            # due later is left to poll (the round does not wait)
+            if time.time() >= held.wall + REVOKE_S:
+                self._release(spec.job_id, sid)
+            else:
+                self._release_at[spec.job_id] = held.wall + REVOKE_S
+        else:
             sid = self._submit(spec, gres, cpus, out)
-        rec = self._wait_start(spec.job_id, sid)
+        # not waited for: poll follows it (cancelled, and reported ended, if Slurm does not start it in time)
+        rec = self._job(sid)
+        if rec is None:
+            raise SlurmError(f"job {spec.job_id}: Slurm job {sid} is gone at once after its launch")
         info = ProcInfo(spec.job_id, spec.node, sid, _time(rec.get("SubmitTime")), spec.log_path, "")
         self.procs[spec.job_id] = info
         self._keys[spec.job_id] = self._key(spec)
+        self._starting[spec.job_id] = time.monotonic() + self.start_wait_s + (
+            max(0.0, self._release_at.get(spec.job_id, 0.0) - time.time()))
         if out != spec.log_path:
             self.outputs[spec.job_id] = out.replace("%j", str(sid))
+        if exit_file is not None:
+            self._exit_files[spec.job_id] = exit_file.replace("%j", str(sid))
         return info
+
+    def _release(self, eid: str, sid: int) -> None:
+        """Release a held job updated for its relaunch; one that cannot be is cancelled and reported ended."""
+        try:
+            self.cmd("scontrol", "release", str(sid))
+        except SlurmError as e:
+            self._cancel(sid)
+            self.exits[eid] = None
+            self.reasons[eid] = f"Slurm job {sid} could not be released: {e}"
 
     def _output(self, spec: LaunchSpec) -> str:
         """Where Slurm writes the job's output: its log, or a file of its account's in ``out_dir``, one per
@@ -462,7 +558,7 @@ class SlurmExecutor(Executor):
             if remote is None or p is None:
                 continue
             off = mirror_offset(p.log_path, "slurm", remote)
-            data = read_output(remote, off)
+            data = read_output(remote, off, warned=self._warned)
             if data is None:
                 continue
             if not final:
@@ -472,6 +568,7 @@ class SlurmExecutor(Executor):
                 set_mirror_offset(p.log_path, "slurm", remote, off + len(data))
 
     def _submit(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
+        exit_dir = os.path.dirname(out) if out != spec.log_path else None
         argv = ["sbatch", "--parsable", f"--job-name={self.job_name(spec.job_id)}", "--open-mode=append",
                 f"--output={out}", f"--error={out}", "--nodes=1", "--ntasks=1",
                 f"--cpus-per-task={cpus}", f"--mem={max(1, spec.mem_mb)}", f"--nodelist={spec.node}",
@@ -483,7 +580,7 @@ class SlurmExecutor(Executor):
         if spec.user is not None and (os.geteuid() != 0 or spec.user != "root"):
             argv.append(f"--uid={spec.user}")
         try:
-            out = self.cmd(*argv, stdin=self.script(spec))
+            out = self.cmd(*argv, stdin=self.script(spec, exit_dir))
         except SlurmError as e:
             if "Unable to contact slurm controller" in str(e) or "no answer" in str(e):
                 raise NodeUnavailable(f"job {spec.job_id}: {e}") from None
@@ -492,21 +589,6 @@ class SlurmExecutor(Executor):
             return int(out.strip().split(";")[0])
         except ValueError:
             raise SlurmError(f"job {spec.job_id}: sbatch gave no job id: {out.strip()[:200]!r}") from None
-
-    def _wait_start(self, eid: str, sid: int) -> dict[str, str]:
-        """Wait until Slurm starts the job (or it ends at once); cancel it and defer the launch if it does not."""
-        end = time.monotonic() + self.start_wait_s
-        while True:
-            rec = self._job(sid)
-            state = (rec or {}).get("JobState", "")
-            if rec is not None and (state in LIVE or state in ENDED):
-                return rec
-            if time.monotonic() > end:
-                self._cancel(sid)
-                why = (rec or {}).get("Reason", "gone")
-                raise NodeUnavailable(f"job {eid}: Slurm did not start job {sid} within {self.start_wait_s:g} s "
-                                      f"(Reason={why}): cancelled, the job stays queued")
-            time.sleep(0.05)
 
     def _job(self, sid: int) -> dict[str, str] | None:
         out = self.cmd("scontrol", "--oneliner", "show", "job", "-d", str(sid), ok=("Invalid job id",))
@@ -538,6 +620,11 @@ class SlurmExecutor(Executor):
             self._stopping.discard(job_id)
 
     def _stop(self, job_id: str, sid: int, grace_s: float) -> int | None:
+        if job_id in self._starting and (self._job(sid) or {}).get("JobState") == "PENDING":
+            self._cancel(sid)  # not started: nothing ran, nothing to resume
+            self._keys.pop(job_id, None)
+            self._forget(job_id)
+            return None
         end = time.monotonic() + grace_s
         rec: dict[str, str] | None = {"JobState": "RUNNING"}
         sent = -1e9
@@ -570,17 +657,29 @@ class SlurmExecutor(Executor):
 
     def _forget(self, eid: str) -> None:
         self.mirror([eid], final=True)
+        self._warned.difference_update([self.outputs.get(eid, ""), self._exit_files.get(eid, "")])
         self.procs.pop(eid, None)
         self.outputs.pop(eid, None)
+        self._starting.pop(eid, None)
+        self._release_at.pop(eid, None)
+        _unlink(self._exit_files.pop(eid, None))
 
     # -- observe ------------------------------------------------------------------------------
     def poll(self) -> dict[str, int | None]:
+        for eid, due in list(self._release_at.items()):  # resumes whose release had to wait (see launch)
+            if time.time() >= due:
+                del self._release_at[eid]
+                if eid in self.procs:
+                    self._release(eid, self.procs[eid].pid)
+        self._read_exit_files()
         if time.monotonic() - self._read_at >= self.poll_every_s:
             try:
                 self.read_jobs()
             except SlurmError as e:  # slurmctld restarting: nothing is known to have ended
                 log.warning("cannot read Slurm's jobs: %s", e)
                 return {}
+            self._check_starting()
+            self._check_ended()
             for eid, p in list(self.procs.items()):
                 if eid in self.exits or eid in self._stopping:
                     continue
@@ -596,7 +695,7 @@ class SlurmExecutor(Executor):
                     self.exits[eid] = code
                     if state in REASONS:
                         self.reasons[eid] = REASONS[state]
-                elif state == "PENDING" and p.node in self.nodes and self.nodes[p.node].up:
+                elif state == "PENDING" and eid not in self._starting and p.node in self.nodes and self.nodes[p.node].up:
                     # requeued by someone else (scontrol requeue): held, and ended here
                     self.cmd("scontrol", "hold", str(p.pid), ok=("already",))
                     self.held[eid] = _Held(p.pid, self._keys.get(eid, ()), time.monotonic())
@@ -616,6 +715,45 @@ class SlurmExecutor(Executor):
                 except OSError:
                     pass
         return out
+
+    def _read_exit_files(self) -> None:
+        """Exits the batch scripts wrote, seen before Slurm's teardown ends: code 0 only (a failure waits
+        for Slurm's state, which names its reason: OOM, time limit)."""
+        for eid, path in self._exit_files.items():
+            p = self.procs.get(eid)
+            if p is None or eid in self.exits or eid in self._stopping or eid in self._release_at:
+                continue
+            if read_output(path, 0, 64, self._warned) == b"0\n":
+                self.exits[eid] = 0
+                self._starting.pop(eid, None)
+                self._ended[p.pid] = time.monotonic()
+
+    def _check_starting(self) -> None:
+        """Launches Slurm has not started yet: one still pending after ``start_wait_s`` is cancelled and
+        reported ended (its GPUs are held by something the plan does not know)."""
+        for eid, by in list(self._starting.items()):
+            p = self.procs.get(eid)
+            rec = self.jobs.get(p.pid) if p is not None else None
+            if p is None or rec is None or rec.get("JobState") != "PENDING":
+                del self._starting[eid]
+            elif (eid not in self._release_at and time.monotonic() > by and eid not in self.exits
+                  and (p.node not in self.nodes or self.nodes[p.node].up)):  # (on a lost node: evict's)
+                del self._starting[eid]
+                self._cancel(p.pid)
+                self.exits[eid] = None
+                self.reasons[eid] = (f"Slurm did not start its job {p.pid} within {self.start_wait_s:g} s "
+                                     f"(Reason={rec.get('Reason', '?')}): cancelled")
+
+    def _check_ended(self) -> None:
+        """A job reported ended by its exit file must end in Slurm too: cancelled if it runs on."""
+        for sid, t in list(self._ended.items()):
+            state = self.jobs.get(sid, {}).get("JobState")
+            if state is None or state in ENDED:
+                del self._ended[sid]
+            elif state != "COMPLETING" and time.monotonic() - t > ENDED_GRACE_S:
+                log.warning("Slurm job %d wrote its exit but runs on: cancelled", sid)
+                del self._ended[sid]
+                self._cancel(sid)
 
     def _find_held(self) -> None:
         """Held jobs of this service's that an earlier incarnation left: cancelled when their time is up."""
@@ -654,12 +792,16 @@ class SlurmExecutor(Executor):
         rec = self._job(info.pid)
         if rec is None or self._eid_of(rec) != info.job_id or abs(_time(rec.get("SubmitTime")) - info.start_time) > 1:
             return False
-        if rec.get("JobState") not in LIVE:
+        pending = rec.get("JobState") == "PENDING" and "held" not in rec.get("Reason", "").lower()
+        if rec.get("JobState") not in LIVE and not pending:
             return False
         self.procs[info.job_id] = info
+        if pending:  # launched, not started yet
+            self._starting[info.job_id] = time.monotonic() + self.start_wait_s
         out = rec.get("StdOut", "")
         if self.out_dir is not None and out.startswith(self.out_dir + "/"):
             self.outputs[info.job_id] = out
+            self._exit_files[info.job_id] = f"{os.path.dirname(out)}/{info.job_id}.{info.pid}.exit"
         return True
 
     def exit_code(self, info: ProcInfo) -> int | None:
@@ -682,7 +824,8 @@ class SlurmExecutor(Executor):
         if p is None:
             return False
         rec = self._job(p.pid)
-        return rec is not None and rec.get("JobState") in LIVE
+        return rec is not None and (rec.get("JobState") in LIVE or
+                                    (job_id in self._starting and rec.get("JobState") == "PENDING"))
 
     def end_reason(self, job_id: str) -> str | None:
         return self.reasons.pop(job_id, None)
@@ -698,7 +841,8 @@ class SlurmExecutor(Executor):
         out = []
         for sid, rec in self.jobs.items():
             eid = self._eid_of(rec)
-            if eid is not None and sid not in known and rec.get("JobState") in LIVE:
+            pending = rec.get("JobState") == "PENDING" and "held" not in rec.get("Reason", "").lower()
+            if eid is not None and sid not in known and (rec.get("JobState") in LIVE or pending):
                 out.append(ProcInfo(eid, rec.get("NodeList", ""), sid, _time(rec.get("SubmitTime")),
                                     rec.get("StdOut", ""), ""))
         return out
