@@ -56,6 +56,8 @@ class Stack:
     model_options: dict[str, Any] = field(default_factory=dict)
     #: the queue stage (:mod:`gpuloom.policies.queues`): ``none``, ``quota``, ``drf``, ``fairshare``
     queue: str = STAGE_DEFAULTS["queue"]
+    #: reservations for this many waiting jobs (:mod:`gpuloom.policies.backfill`); 0: none
+    reserve_depth: int = 0
 
     @property
     def names(self) -> dict[str, str]:
@@ -77,8 +79,11 @@ class Stack:
         """The scheduler; ``specs``' own policy parameters (:func:`trace_policy_params`) where none is given."""
         policy, _ = self.split()
         policy = {**trace_policy_params(self.names, policy, specs), **policy}
-        return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy,
-                                    self.queue)
+        sched = Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy,
+                                     self.queue)
+        if self.reserve_depth:
+            sched.reserve(self.reserve_depth)
+        return sched
 
     def model(self, cluster: Cluster, seed: int | None = None, specs: Sequence[JobSpec] = ()) -> ThroughputModel:
         _, opts = self.split()
