@@ -8,6 +8,7 @@ in, when estimates are exact (durations known, no overheads, a round at every ar
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -133,3 +134,51 @@ def test_reserved_jobs_never_start_later_than_first_estimate(seed: int, depth: i
 def test_bad_depth_refused() -> None:
     with pytest.raises(PolicyError, match="reserve depth must be >= 1, got 0"):
         Scheduler.from_names().reserve(0)
+
+
+# -- the service: real processes -------------------------------------------------------------------------
+
+def _wall(iso_t: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso_t).timestamp()
+
+
+def test_service_big_job_starts_no_later_than_its_estimate(tmp_path) -> None:  # noqa: ANN001
+    # 1x4, non-preemptive FIFO, the guarantee on (serve's default): four sleepy 1-GPU jobs end after 2-5 s
+    # (limits 3-6 s), then a 4-GPU job, then a stream of 1-GPU jobs of 3 s (limit 4 s), two a second
+    from service_util import Server, job, kill_jobs, submit, wait_for
+
+    s = Server(tmp_path, "--gpus", "4", "--round", "0.2", "--non-preemptive").start()
+    try:
+        with s.client() as c:
+            for i in range(4):
+                submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=3 + i)
+            wait_for(lambda: all(job(c, i + 1)["st"] == "R" for i in range(4)), what="the first four running")
+            big = submit(c, name="big", command="sleep 1", gpus=4, time_limit=3)
+            first = wait_for(lambda: job(c, big)["est_start"], what="an estimate for the 4-GPU job")
+            small = []
+            for k in range(12):
+                small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit=4))
+                if k == 0:  # a waiting job behind it: its position, no estimate beyond the reserved ones
+                    d = wait_for(lambda: (x := job(c, small[0]))["queue_position"] and x, what="s0's position")
+                    assert (d["queue_position"], d["queue_position_in_queue"]) == (2, 2)
+                time.sleep(0.5)
+            b = wait_for(lambda: (x := job(c, big))["first_start"] and x, timeout=30, what="the 4-GPU job's start")
+            assert b["queue_position"] is None and b["est_start"] is None  # no longer waiting
+            r = c.get("/starts")
+            assert r.status_code == 200, r.text
+            starts = r.json()
+            assert all(x["id"] in small for x in starts)
+            assert [x["queue_position"] for x in starts] == list(range(1, len(starts) + 1))
+            smalls = [job(c, k) for k in small]
+        # its first estimate came from the running jobs' limits (at most a3's start + 6 s); it started by then
+        assert _wall(b["first_start"]) <= _wall(first) + 1e-3, (b["first_start"], first)
+        # and small jobs submitted before it started waited for it (without the guarantee the stream, six
+        # GPUs' worth of work on four, keeps a GPU busy until every small job has started)
+        big_start = _wall(b["first_start"])
+        assert any(_wall(x["submit_time"]) < big_start and (x["first_start"] is None or _wall(x["first_start"]) > big_start)
+                   for x in smalls)
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)

@@ -10,9 +10,10 @@ in the order keeps its start only if it does not push that reservation later (Sl
 ends by the reserved start, or it leaves the reserved GPUs, cores and memory free; otherwise the hook
 takes it out of the plan and it waits.
 
-Estimates: a running job's predicted finish at its current speed; a job not running, ``now`` plus its
-remaining work at speed 1 (the service's work estimate is the job's time limit, or its default when it
-has none).  Start-up overheads are not counted.  A job ahead of a reservation is never held back, so a
+Estimates: a running job's predicted finish at its current speed (while its start-up's end is unknown:
+its work estimate from when it took its resources, as a time limit counts); a job not running, ``now``
+plus its remaining work at speed 1 (the service's work estimate is the job's time limit, or its default
+when it has none).  Start-up overheads of jobs not running are not counted.  A job ahead of a reservation is never held back, so a
 reserved job starts no later than its estimate unless something ahead of it runs past its estimate.
 
 The hook records, for the last round, every reserved job's estimated start (:attr:`Backfill.starts`)
@@ -124,7 +125,7 @@ class Backfill:
         now = view.now
         d = job.remaining_at(now)
         req = self.size.request(job, view)
-        times = sorted({now, *(e for _, _, e in busy if e > now)})
+        times = sorted({now, *(e for _, _, e in busy if now < e < _INF)})
         for t in times:
             free = _free_of(view.cluster, (a for a, s, e in busy if s < t + d and e > t))
             parts = self.place.choose_for(req, free, view)
@@ -168,13 +169,20 @@ class Backfill:
 
 
 def _end(job: Job, now: float) -> float:
-    """A running job's estimated end at its current speed (after its start-up), else ``now`` plus its
-    remaining work."""
+    """A running job's estimated end: at its current speed once its start-up is over; while the start-up's
+    end is not known (the service's job that has not reported progress yet), ``now`` plus its work estimate
+    less the time it has held its resources (a time limit counts the start-up too)."""
     r, sp = job.remaining_at(now), job.speed
-    if job.alloc is None or sp <= 0:
+    if job.alloc is None:
         return now + r
     b = job.busy_until
-    return (b if b > now else now) + r / sp
+    if sp > 0 and b < _INF:
+        return (b if b > now else now) + r / sp
+    left = job.spec.duration - job.attained_at(now)
+    return now + (left if left > 0 else 0.0)
+
+
+_INF = float("inf")
 
 
 def _free_of(cluster: Cluster, allocs: Iterable[Allocation]) -> FreeState:

@@ -558,7 +558,9 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/jobs/{job_id}")
     def get_job(job_id: JobId, who: Auth) -> dict[str, Any]:
-        return as_json(get_row(job_id), who)
+        from ..service.starts import job_start  # queue position and estimated start (a waiting job)
+
+        return {**as_json(get_row(job_id), who), **job_start(service, job_id)}
 
     @app.delete("/jobs/{job_id}")
     def cancel(job_id: JobId, who: Auth) -> dict[str, Any]:
@@ -621,5 +623,8 @@ def create_app(service: Service) -> FastAPI:
     from .ops import mount
 
     mount(app, service, _auth)
+    from .starts import mount as mount_starts
+
+    mount_starts(app, service, _auth)  # GET /starts
     add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app
