@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import datetime
 
 import pytest
 
@@ -179,6 +180,52 @@ def test_service_big_job_starts_no_later_than_its_estimate(tmp_path) -> None:  #
         big_start = _wall(b["first_start"])
         assert any(_wall(x["submit_time"]) < big_start and (x["first_start"] is None or _wall(x["first_start"]) > big_start)
                    for x in smalls)
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
+
+
+def test_queue_start_and_show_print_positions_and_estimates(tmp_path) -> None:  # noqa: ANN001
+    # 1 GPU held by a job of limit 60 s; two waiting jobs of limits 10 s and 20 s: positions 1 and 2,
+    # estimated starts the holder's end and 10 s later (one round's plan); a third user's job is cut by --user
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+    from service_util import Server, job, kill_jobs, submit, wait_for
+
+    runner = CliRunner()
+    sd = ("--state-dir", str(tmp_path))
+    s = Server(tmp_path, "--gpus", "1", "--round", "0.2").start()
+    try:
+        with s.client() as c:
+            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit=60)
+            wait_for(lambda: job(c, holder)["st"] == "R", what="the holder running")
+            first = submit(c, name="first", command="true", gpus=1, time_limit=10)
+            second = submit(c, name="second", command="true", gpus=1, time_limit=20)
+            wait_for(lambda: job(c, second)["est_start"], what="estimates")
+
+        def starts() -> list[dict]:
+            r = runner.invoke(app, ["queue", "--start", "--json", *sd])
+            assert r.exit_code == 0, r.output
+            return json.loads(r.output)
+
+        got = wait_for(lambda: (x := starts()) and all(j["est_start"] for j in x) and x, what="both estimated")
+        assert [(j["id"], j["queue_position"], j["queue_position_in_queue"]) for j in got] == [(first, 1, 1),
+                                                                                              (second, 2, 2)]
+        ests = [datetime.fromisoformat(j["est_start"]).timestamp() for j in got]
+        assert ests[1] - ests[0] == pytest.approx(10.0, abs=0.002)  # (milliseconds in the API's times)
+        r = runner.invoke(app, ["queue", "--start", *sd])
+        lines = r.output.splitlines()
+        assert lines[0].split() == ["JOBID", "NAME", "USER", "QUEUE", "ST", "POS", "QPOS", "START_TIME", "GPUS",
+                                    "NODELIST(REASON)"]
+        assert [ln.split()[:7] for ln in lines[1:]] == [[str(first), "first", "admin", "-", "PD", "1", "1"],
+                                                        [str(second), "second", "admin", "-", "PD", "2", "2"]]
+        assert runner.invoke(app, ["queue", "--start", "--user", "bob", "--json", *sd]).output.strip() == "[]"
+        r = runner.invoke(app, ["show", str(second), *sd])
+        assert r.exit_code == 0 and "Position=2 QueuePosition=2 EstStartTime=" in r.output
+        assert "EstStartTime=N/A" not in r.output
     finally:
         s.stop()
         kill_jobs(tmp_path)

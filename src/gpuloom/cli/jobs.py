@@ -168,12 +168,18 @@ def queue(
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", "-t", help="Only these states: PD, R, CG, CD, F, CA or lifecycle names (repeatable, or comma-separated).")] = None,
     long: Annotated[bool, typer.Option("--long", "-l", help="Also the lifecycle state and the time limit.")] = False,
+    start: Annotated[bool, typer.Option("--start", help="Waiting jobs by position, with estimated start times "
+                                                        "(like squeue --start).")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List jobs (like squeue): ST is PD (pending), R (running), CG (stopping), CD, F, CA; pending jobs show why."""
+    if start:
+        from .starts import show_starts
+
+        return show_starts(Client(url, token, state_dir), user, as_json)
     params: dict[str, Any] = {}
     if state:
         from ..runtime.api.ops import states_of
@@ -304,6 +310,8 @@ def show(
         [("User", j["user"]), ("Queue", j.get("queue") or "-"), ("JobState", f"{j['state'].upper()} ({j['st']})")],
         [("Reason", (j.get("pending_reason") if j["st"] == "PD" else None) or j.get("reason") or "None"),
          ("Dependency", j.get("dependency") or "-")],
+        *([[("Position", j.get("queue_position") or "-"), ("QueuePosition", j.get("queue_position_in_queue") or "-"),
+            ("EstStartTime", _local(j.get("est_start")) if j.get("est_start") else "N/A")]] if j["st"] == "PD" else []),
         [("GPUs", f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
          ("Memory", format_mem(j.get("mem_mb")) if j.get("mem_mb") is not None else "proportional"),
          ("TimeLimit", format_duration(j.get("time_limit")) if j.get("time_limit") else "UNLIMITED")],
