@@ -133,8 +133,8 @@ def test_reserved_jobs_never_start_later_than_first_estimate(seed: int, depth: i
 
 
 def test_bad_depth_refused() -> None:
-    with pytest.raises(PolicyError, match="reserve depth must be >= 1, got 0"):
-        Scheduler.from_names().reserve(0)
+    with pytest.raises(PolicyError, match="reserve depth must be >= 0, got -1"):
+        Scheduler.from_names().reserve(-1)
 
 
 # -- the service: real processes -------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from ..core.job import JobSpec
 from ..core.lifecycle import LifecycleTimes
 from ..core.parse import parse_bool
 from ..core.queues import QueueTree
+from ..core.reservations import Reservation
 from ..driver import Stack
 from ..perf.assembly import ModelOptionError, trace_options
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
@@ -103,6 +104,7 @@ class RunConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     queue: str = "none"  # the queue stage (policies/queues.py)
     reserve_depth: int = 0  # reservations for this many waiting jobs (policies/backfill.py); 0: none
+    reservations: list[Reservation] = field(default_factory=list)  # an advance reservation calendar
 
     @property
     def name(self) -> str:
@@ -113,7 +115,8 @@ class RunConfig:
     def stack(self) -> Stack:
         """The policy stack this configuration runs (the route ``simulate`` and ``serve`` share)."""
         return Stack(self.order, self.group, self.size, self.place, self.preemptive, dict(self.params),
-                     {"locality_penalty": self.locality_penalty}, self.queue, self.reserve_depth)
+                     {"locality_penalty": self.locality_penalty}, self.queue, self.reserve_depth,
+                     list(self.reservations))
 
     def scheduler(self, where: str = "", specs: Sequence[JobSpec] = ()) -> Scheduler:
         try:

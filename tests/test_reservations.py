@@ -1,0 +1,145 @@
+"""Advance reservations (core/reservations.py, policies/backfill.py, sim/reservations.py): exact starts on
+hand-checked cases in the simulator, and bad reservations refused with a clear reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuloom.core.cluster import parse_cluster
+from gpuloom.core.job import JobSpec
+from gpuloom.core.reservations import Reservation, ReservationError, check_overlaps
+from gpuloom.scheduler import Scheduler
+from gpuloom.sim.engine import SimConfig, Simulator
+from gpuloom.sim.reservations import load_calendar
+
+
+def _run(cluster: str, specs: list[JobSpec], reservations: list[Reservation], depth: int = 0,
+         observers=()) -> dict[str, tuple[float | None, int]]:
+    sched = Scheduler.from_names(preemptive=False)
+    bf = sched.reserve(depth)
+    bf.reservations = list(reservations)
+    sim = Simulator(parse_cluster(cluster), specs, sched, None, SimConfig(round_len=10.0, restart_overhead=0.0),
+                    observers=[o(bf) for o in observers])
+    return {j.id: (j.first_start, j.preemptions) for j in sim.run().jobs}
+
+
+def test_a_reserved_node_is_kept_for_its_users() -> None:
+    # 2x2 (node-0, node-1); node-1 reserved for alice from 100 to 300.  bob's b0, b1 (500 s) fill node-0 at 0;
+    # b2 (50 s) ends before the window and runs on node-1 at 0.  bob's b3 (1000 s, at 60) would take node-1:
+    # it waits for the window's end (300).  alice's 2-GPU job (at 100) starts at 100 on node-1.
+    specs = [JobSpec("b0", 0, 1, 500.0, user="bob"), JobSpec("b1", 0, 1, 500.0, user="bob"),
+             JobSpec("b2", 0, 1, 50.0, user="bob"), JobSpec("b3", 60, 1, 1000.0, user="bob"),
+             JobSpec("a0", 100, 2, 100.0, user="alice")]
+    resv = Reservation("maint", 100.0, 300.0, frozenset({"alice"}), ("node-1",))
+    got = _run("2x2", specs, [resv])
+    assert {k: v[0] for k, v in got.items()} == {"b0": 0.0, "b1": 0.0, "b2": 0.0, "b3": 300.0, "a0": 100.0}
+    # without it b3 takes node-1 at 60 and alice waits for node-0 (500)
+    got = _run("2x2", specs, [])
+    assert {k: v[0] for k, v in got.items()} == {"b0": 0.0, "b1": 0.0, "b2": 0.0, "b3": 60.0, "a0": 500.0}
+
+
+def test_a_gpu_count_reservation_keeps_that_many_gpus() -> None:
+    # 1x4; 2 GPUs reserved for alice from 100 to 300: two of bob's four 1000 s jobs start at 0, the two that
+    # would overlap the reserved GPUs wait until 300; alice's 2-GPU job runs 100-200
+    specs = [JobSpec(f"b{i}", 0, 1, 1000.0, user="bob") for i in range(4)] + [JobSpec("a0", 100, 2, 100.0, user="alice")]
+    kept: list[tuple[int, ...]] = []
+
+    def watch(bf):  # noqa: ANN001, ANN202
+        def obs(sim, what):  # noqa: ANN001, ANN202
+            if what == "round" and sim.now == 150.0:
+                kept.append(bf.kept["lab"])
+        return obs
+
+    got = _run("1x4", specs, [Reservation("lab", 100.0, 300.0, frozenset({"alice"}), gpus=2)], observers=[watch])
+    assert sorted(v[0] for k, v in got.items() if k.startswith("b")) == [0.0, 0.0, 300.0, 300.0]
+    assert got["a0"][0] == 100.0
+    assert len(kept[0]) == 2
+
+
+def test_a_job_of_another_user_on_a_reservation_that_begins_is_stopped() -> None:
+    # 1x2; bob's job runs on both GPUs from 0; at 50 an admin reserves node-0 for alice from 100: at 100 bob's
+    # job is stopped (requeued), alice's job starts, and bob's resumes when the window ends (300)
+    specs = [JobSpec("b0", 0, 2, 1000.0, user="bob"), JobSpec("a0", 100, 1, 100.0, user="alice")]
+
+    def late(bf):  # noqa: ANN001, ANN202
+        def obs(sim, what):  # noqa: ANN001, ANN202
+            if what == "round" and sim.now == 50.0:
+                bf.reservations = [Reservation("now", 100.0, 300.0, frozenset({"alice"}), ("node-0",))]
+        return obs
+
+    sched = Scheduler.from_names(preemptive=False)
+    bf = sched.reserve(0)
+    sim = Simulator(parse_cluster("1x2"), specs, sched, None, SimConfig(round_len=10.0, restart_overhead=0.0),
+                    observers=[late(bf)])
+    jobs = {j.id: j for j in sim.run().jobs}
+    assert (jobs["b0"].first_start, jobs["b0"].preemptions) == (0.0, 1)
+    assert jobs["a0"].first_start == 100.0
+    # 100 s of work done before the stop, 900 left from 300
+    assert jobs["b0"].finish == 1200.0
+
+
+def test_waiting_jobs_estimates_count_the_reservations() -> None:
+    # 1x2, node-0 reserved for alice 0-1000: bob's 2-GPU job's estimate is the window's end; alice's job
+    # ignores the reservation she may use
+    specs = [JobSpec("b0", 0, 2, 100.0, user="bob"), JobSpec("a0", 0, 2, 100.0, user="alice")]
+    seen: dict[str, float] = {}
+
+    def watch(bf):  # noqa: ANN001, ANN202
+        def obs(sim, what):  # noqa: ANN001, ANN202
+            if what == "round" and sim.now == 0.0:
+                seen.update(bf.starts)
+        return obs
+
+    got = _run("1x2", specs, [Reservation("r", 0.0, 1000.0, frozenset({"alice"}), ("node-0",))], depth=2,
+               observers=[watch])
+    assert seen == {"b0": 1000.0}  # (a0 started at once)
+    assert got == {"b0": (1000.0, 0), "a0": (0.0, 0)}
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"end": 100.0}, "reservation 'r': duration must be > 0 (start 100, end 100)"),
+    ({"users": frozenset()}, "reservation 'r': users must name at least one user"),
+    ({"nodes": (), "gpus": 0}, "reservation 'r': give either nodes or gpus (a number > 0), not neither"),
+    ({"gpus": 2}, "reservation 'r': give either nodes or gpus (a number > 0), not both"),
+    ({"name": "bad name"}, "reservation 'bad name': name must be"),
+])
+def test_bad_reservations_refused(kw: dict, msg: str) -> None:
+    args = {"name": "r", "start": 100.0, "end": 200.0, "users": frozenset({"alice"}), "nodes": ("node-0",), **kw}
+    with pytest.raises(ReservationError) as e:
+        Reservation(**args)
+    assert str(e.value).startswith(msg)
+
+
+def test_reservations_checked_against_the_cluster_and_each_other() -> None:
+    cl = parse_cluster("2x2")
+    with pytest.raises(ReservationError, match=r"reservation 'r': nodes: no node 'node-9' in this cluster"):
+        Reservation("r", 0, 10, frozenset({"a"}), ("node-9",)).check(cl)
+    with pytest.raises(ReservationError, match=r"reservation 'r': gpus: 5 asked, the cluster has 4"):
+        Reservation("r", 0, 10, frozenset({"a"}), gpus=5).check(cl)
+    with pytest.raises(ReservationError, match=r"reservation 'q': nodes: node-0 is reserved by 'r'"):
+        check_overlaps([Reservation("r", 0, 10, frozenset({"a"}), ("node-0",)),
+                        Reservation("q", 5, 15, frozenset({"b"}), ("node-0", "node-1"))])
+
+
+def test_calendar_file(tmp_path: Path) -> None:
+    cl = parse_cluster("2x2")
+    cal = tmp_path / "cal.csv"
+    cal.write_text('name,start,duration,users,nodes,gpus\nmaint,100,200,"alice,bob",node-1,\nlab,0,50,carol,,2\n')
+    assert load_calendar(cal, cl) == [
+        Reservation("maint", 100.0, 300.0, frozenset({"alice", "bob"}), ("node-1",)),
+        Reservation("lab", 0.0, 50.0, frozenset({"carol"}), (), 2)]
+    for body, msg in [
+        ("name,start,duration,users,nodes,gpus\nm,soon,10,a,node-0,\n", f"{cal}:2: start: expected seconds"),
+        ("name,start,duration,users,nodes,gpus\nm,0,10,a,node-0,\nn,0,-5,a,node-1,\n",
+         f"{cal}:3: duration: expected seconds >= 0"),
+        ("name,start,duration,users,nodes,gpus\nm,0,10,a,node-7,\n", f"{cal}:2: reservation 'm': nodes: no node"),
+        ("name,start,duration,users,nodes,gpus\nm,0,10,a,,x\n", f"{cal}:2: gpus: expected a whole number"),
+        ("name,start,duration,users\n", f"{cal}:1: the header must be"),
+        ("name,start,duration,users,nodes,gpus\nm,0,10,a,node-0\n", f"{cal}:2: expected 6 fields"),
+    ]:
+        cal.write_text(body)
+        with pytest.raises(ReservationError) as e:
+            load_calendar(cal, cl)
+        assert str(e.value).startswith(msg), str(e.value)
