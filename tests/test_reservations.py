@@ -3,6 +3,7 @@ hand-checked cases in the simulator, and bad reservations refused with a clear r
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,75 @@ def test_calendar_file(tmp_path: Path) -> None:
         with pytest.raises(ReservationError) as e:
             load_calendar(cal, cl)
         assert str(e.value).startswith(msg), str(e.value)
+
+
+# -- the service: real processes -----------------------------------------------------------------------------
+
+def test_service_reservation_keeps_a_node_for_its_users(tmp_path: Path) -> None:
+    # 2 nodes of 1 GPU; node-1 reserved for admin from now for an hour: bob's second job waits rather than
+    # take node-1, admin's job runs there; the reservation survives a restart; deleted, bob's job starts
+    from service_util import Server, job, kill_jobs, submit, wait_for
+
+    s = Server(tmp_path, "--cluster", "2x1", "--round", "0.2").start()
+    try:
+        with s.client() as c:
+            bob_token = c.post("/tokens", json={"user": "bob"}).json()["token"]
+            r = c.post("/reservations", json={"name": "maint", "nodes": "node-1", "duration": "1h",
+                                              "users": ["admin"]})
+            assert r.status_code == 201, r.text
+            assert r.json()["state"] == "active" and r.json()["nodes"] == ["node-1"]
+            with s.client(bob_token) as b:
+                assert b.post("/reservations", json={"nodes": "node-0", "duration": 60, "users": "bob"}).status_code == 403
+                b1 = submit(b, command="sleep 60", gpus=1, time_limit=120)
+                b2 = submit(b, command="sleep 60", gpus=1, time_limit=120)
+            wait_for(lambda: job(c, b1)["st"] == "R", what="bob's first job running")
+            time.sleep(1.0)  # rounds pass: bob's second job stays off node-1
+            assert job(c, b1)["nodes"] == ["node-0"] and job(c, b2)["st"] == "PD"
+            mine = submit(c, command="sleep 60", gpus=1, time_limit=120)
+            wait_for(lambda: job(c, mine)["st"] == "R", what="admin's job in the reservation")
+            assert job(c, mine)["nodes"] == ["node-1"]
+            listed = c.get("/reservations").json()
+            assert [(x["name"], x["users"], x["gpu_ids"]) for x in listed] == [("maint", ["admin"], [1])]
+        s.stop()
+        s = Server(tmp_path, "--cluster", "2x1", "--round", "0.2").start()
+        with s.client() as c:
+            assert [x["name"] for x in c.get("/reservations").json()] == ["maint"]
+            c.delete(f"/jobs/{mine}")
+            time.sleep(1.0)
+            assert job(c, b2)["st"] == "PD"  # still kept off node-1 after the restart
+            assert c.delete("/reservations/maint").json() == {"name": "maint", "deleted": True}
+            wait_for(lambda: job(c, b2)["st"] == "R", what="bob's job once the reservation is gone")
+            assert c.get("/reservations").json() == []
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
+
+
+def test_service_refuses_bad_reservations(tmp_path: Path) -> None:
+    from service_util import Server
+
+    s = Server(tmp_path, "--cluster", "2x1", "--round", "0.2").start()
+    try:
+        with s.client() as c:
+            def refused(body: dict) -> tuple[int, object]:
+                r = c.post("/reservations", json=body)
+                d = r.json()["detail"]
+                return r.status_code, (d[0]["loc"][-1], d[0]["msg"]) if isinstance(d, list) else d
+
+            base = {"duration": "1h", "users": "alice"}
+            assert refused({**base, "nodes": "node-7"}) == (
+                422, ("nodes", "reservation 'resv1': nodes: no node 'node-7' in this cluster (nodes: node-0, node-1)"))
+            assert refused({**base, "gpus": 3}) == (422, ("gpus", "reservation 'resv1': gpus: 3 asked, the cluster has 2"))
+            assert refused({**base, "nodes": "node-0", "start": "soon"})[1][0] == "start"  # type: ignore[index]
+            code, (field, msg) = refused({**base, "nodes": "node-0", "duration": "0"})  # type: ignore[misc]
+            assert (code, field, msg) == (422, "duration", "duration: must be a finite number of seconds > 0, got '0'")
+            code, (field, msg) = refused({**base, "nodes": "node-0", "start": "2020-01-01"})  # type: ignore[misc]
+            assert (code, field, msg) == (422, "start", "the reservation would be over before it is made")
+            assert refused({"duration": "1h", "users": "", "nodes": "node-0"}) == (
+                422, ("users", "reservation 'resv1': users must name at least one user"))
+            assert c.post("/reservations", json={**base, "nodes": "node-0", "start": "now+1h"}).status_code == 201
+            code, msg = refused({**base, "nodes": "node-0,node-1", "start": "now+90m", "name": "late"})
+            assert (code, msg) == (409, "reservation 'late': nodes: node-0 is reserved by 'resv1' over an overlapping window")
+            assert c.delete("/reservations/nope").status_code == 404
+    finally:
+        s.stop()

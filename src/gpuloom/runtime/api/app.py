@@ -626,5 +626,8 @@ def create_app(service: Service) -> FastAPI:
     from .starts import mount as mount_starts
 
     mount_starts(app, service, _auth)  # GET /starts
+    from .reservations import mount as mount_reservations
+
+    mount_reservations(app, service, _auth)  # /reservations
     add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app
