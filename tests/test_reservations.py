@@ -173,6 +173,11 @@ def test_service_reservation_keeps_a_node_for_its_users(tmp_path: Path) -> None:
             assert job(c, mine)["nodes"] == ["node-1"]
             listed = c.get("/reservations").json()
             assert [(x["name"], x["users"], x["gpu_ids"]) for x in listed] == [("maint", ["admin"], [1])]
+            from prometheus_client.parser import text_string_to_metric_families
+
+            fams = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+            assert [(x.labels, x.value) for x in fams["gpuloom_reservation_gpus"].samples] == [
+                ({"name": "maint", "state": "active"}, 1.0)]
         s.stop()
         s = Server(tmp_path, "--cluster", "2x1", "--round", "0.2").start()
         with s.client() as c:

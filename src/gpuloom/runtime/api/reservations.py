@@ -17,6 +17,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi import Path as PathParam
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...core.reservations import NAME_RE, Reservation, ReservationError, check_overlaps
@@ -61,11 +63,40 @@ def sync(service: Service) -> None:
         hook.reservations = [dataclasses.replace(r, start=r.start + shift, end=r.end + shift) for r in rs]
 
 
+class _Gauges(Collector):
+    """``gpuloom_reservation_gpus{name,state}`` (the GPUs it keeps: its nodes' or its count) and
+    ``gpuloom_reservation_start_seconds`` / ``_end_seconds`` (Unix time), read at scrape time."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def describe(self) -> Any:
+        return iter(())  # (computed at scrape time)
+
+    def collect(self) -> Any:
+        svc = self.service
+        now = svc.clock.time()
+        per_node = {n.name: n.gpus for n in svc.cluster.nodes}
+        gpus = GaugeMetricFamily("gpuloom_reservation_gpus", "GPUs an advance reservation keeps.",
+                                 labels=["name", "state"])
+        start = GaugeMetricFamily("gpuloom_reservation_start_seconds", "When a reservation begins (Unix time).",
+                                  labels=["name"])
+        end = GaugeMetricFamily("gpuloom_reservation_end_seconds", "When a reservation ends (Unix time).",
+                                labels=["name"])
+        for r in stored.load(svc.store):
+            d = stored.as_json(r, now)
+            gpus.add_metric([r.name, d["state"]], r.gpus or sum(per_node.get(n, 0) for n in r.nodes))
+            start.add_metric([r.name], r.start)
+            end.add_metric([r.name], r.end)
+        yield from (gpus, start, end)
+
+
 def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]]) -> None:
     Auth = Annotated[tuple[str, bool], Depends(auth)]
     store = service.store
     stored.ensure(store)
     sync(service)
+    service.telemetry.registry.register(_Gauges(service))
 
     def admin(who: tuple[str, bool], what: str) -> None:
         if not who[1]:
