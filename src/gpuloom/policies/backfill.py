@@ -34,6 +34,8 @@ from .free import FreeState
 
 #: the ``JobSpec.attrs`` key of a job's queue (the queue stage's)
 QUEUE_KEY = "queue"
+#: waiting jobs a round tries to start on what the jobs it held back left free (as Slurm's bf_max_job_test)
+MAX_TRIES = 100
 
 
 @dataclass(slots=True)
@@ -115,6 +117,7 @@ class Backfill:
             busy.append((slot.alloc, slot.start, slot.end, "", slot.users))
         self.kept = kept
         reserved = 0
+        failed: dict[tuple, float] = {(): float(MAX_TRIES)}  # what could not start now (see _now)
 
         def reserve(j: Job) -> None:
             nonlocal reserved
@@ -145,7 +148,7 @@ class Backfill:
                 busy.append((a, now, end, user, None))
             elif j.id in blocked:
                 continue
-            elif out is not None and self.place.backfill and self._now(j, out, slots, busy, view):
+            elif out is not None and self.place.backfill and self._now(j, out, slots, busy, view, failed):
                 continue  # placed on what the jobs held back left free
             else:
                 reserve(j)
@@ -210,17 +213,24 @@ class Backfill:
         return None
 
     def _now(self, job: Job, out: dict[str, Allocation], slots: list[Slot], busy: list[Entry],
-             view: View) -> bool:
+             view: View, failed: dict[tuple, float]) -> bool:
         """Start the waiting ``job`` now if it fits beside every reservation (the plan left it waiting, and
-        jobs held back since left room); whether it did."""
+        jobs held back since left room); whether it did.  ``failed``: per (shape, user), the earliest end
+        that did not fit this round (a job of that shape and user ending later cannot fit either: it
+        overlaps more), and the tries left (key ``()``)."""
+        now = view.now
+        end = now + job.remaining_at(now)
+        key = (job.shape, job.spec.user)
+        if end >= failed.get(key, _INF) or failed[()] <= 0:
+            return False
         req = self.size.request(job, view)
         free_gpus = view.cluster.num_gpus - len({g for a in out.values() for g in a.gpu_ids})
         if req.gpus > free_gpus:
             return False
-        now = view.now
-        end = now + job.remaining_at(now)
+        failed[()] -= 1
         a = self._place_off(job, req, req.key, end, out, slots, view)
         if a is None or not self._beside(a, job.spec.user, now, end, slots, busy, view.cluster):
+            failed[key] = min(end, failed.get(key, _INF))
             return False
         out[job.id] = a
         busy.append((a, now, end, job.spec.user, None))
