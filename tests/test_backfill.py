@@ -229,3 +229,35 @@ def test_queue_start_and_show_print_positions_and_estimates(tmp_path) -> None:  
     finally:
         s.stop()
         kill_jobs(tmp_path)
+
+
+def test_dashboard_job_page_shows_position_and_estimated_start(tmp_path) -> None:  # noqa: ANN001
+    from service_util import Server, job, kill_jobs, submit, wait_for
+    from test_dashboard import ARGS, CHROMIUM, _browser
+
+    sync_playwright = _browser()
+    s = Server(tmp_path, "--gpus", "1", "--round", "0.2").start()
+    try:
+        with s.client() as c:
+            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit=60)
+            wait_for(lambda: job(c, holder)["st"] == "R", what="the holder running")
+            waiting = submit(c, name="waiting", command="true", gpus=1, time_limit=10)
+            est = wait_for(lambda: job(c, waiting)["est_start"], what="an estimate")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+            try:
+                page = browser.new_page()
+                page.goto(s.url + f"/?refresh=500#/job/{waiting}")
+                page.wait_for_selector("#login-form", state="visible")
+                page.fill("#token", s.token)
+                page.click("#login-form button")
+                page.wait_for_selector("#spec dd:has-text('1 (1 in its queue)')")
+                shown = page.evaluate("iso => new Date(iso).toLocaleString()", est)
+                terms = [t.inner_text() for t in page.query_selector_all("#spec dt")]
+                assert terms[2:4] == ["position", "est. start"]
+                assert page.query_selector_all("#spec dd")[3].inner_text() == shown
+            finally:
+                browser.close()
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
