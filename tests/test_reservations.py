@@ -221,3 +221,62 @@ def test_service_refuses_bad_reservations(tmp_path: Path) -> None:
             assert c.delete("/reservations/nope").status_code == 404
     finally:
         s.stop()
+
+
+def test_a_job_submitted_to_a_reservation_runs_only_inside_it() -> None:
+    # 1x4; 2 GPUs reserved for alice from 100 to 300.  Her job for the reservation (at 0, 50 s) waits for it
+    # and runs 100-150 on a reserved GPU; her plain job runs at once; her 500 s job for it never fits in it
+    specs = [JobSpec("in", 0, 1, 50.0, user="alice", attrs={"reservation": "lab"}),
+             JobSpec("plain", 0, 1, 50.0, user="alice"),
+             JobSpec("long", 0, 1, 500.0, user="alice", attrs={"reservation": "lab"})]
+    gpus: dict[str, tuple[int, ...]] = {}
+    kept: list[tuple[int, ...]] = []
+
+    def watch(bf):  # noqa: ANN001, ANN202
+        def obs(sim, what):  # noqa: ANN001, ANN202
+            if what == "round":
+                for jid, a in sim.driver.current.items():
+                    gpus.setdefault(jid, a.gpu_ids)
+                if sim.now == 100.0:
+                    kept.append(bf.kept["lab"])
+        return obs
+
+    got = _run("1x4", specs, [Reservation("lab", 100.0, 300.0, frozenset({"alice"}), gpus=2)], observers=[watch])
+    assert got["in"][0] == 100.0 and got["plain"][0] == 0.0 and got["long"][0] is None
+    assert set(gpus["in"]) <= set(kept[0])
+
+
+def test_service_submit_to_a_reservation(tmp_path: Path) -> None:
+    # 2 nodes of 1 GPU, node-1 reserved for admin: `submit --reservation maint` runs on node-1 although
+    # node-0 is free; an unknown reservation is refused (422), and so is one not open to the user (403)
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+    from service_util import Server, job, kill_jobs, wait_for
+
+    runner = CliRunner()
+    sd = ("--state-dir", str(tmp_path))
+    s = Server(tmp_path, "--cluster", "2x1", "--round", "0.2").start()
+    try:
+        r = runner.invoke(app, ["reservation", "create", "--name", "maint", "--nodes", "node-1", "--duration", "60",
+                                "--users", "admin", *sd])
+        assert r.exit_code == 0 and r.output.strip() == "Reservation created: maint"
+        r = runner.invoke(app, ["submit", "--reservation", "maint", "--time", "5", "--json", *sd, "--", "sleep", "30"])
+        assert r.exit_code == 0, r.output
+        jid = int(__import__("json").loads(r.output)["id"])
+        with s.client() as c:
+            wait_for(lambda: job(c, jid)["st"] == "R", what="the job in its reservation")
+            assert job(c, jid)["nodes"] == ["node-1"]
+            r2 = c.post("/jobs", json={"command": "true", "gpus": 1, "reservation": "nope"})
+            assert r2.status_code == 422 and r2.json()["detail"][0]["loc"] == ["body", "reservation"]
+            assert r2.json()["detail"][0]["msg"] == "no reservation 'nope'"
+            bob = c.post("/tokens", json={"user": "bob"}).json()["token"]
+            with s.client(bob) as b:
+                r3 = b.post("/jobs", json={"command": "true", "gpus": 1, "reservation": "maint"})
+            assert (r3.status_code, r3.json()["detail"]) == (403, "reservation 'maint' is not open to 'bob' (users: admin)")
+        r = runner.invoke(app, ["reservation", "list", *sd])
+        assert r.output.splitlines()[0].split() == ["NAME", "STATE", "START", "END", "USERS", "NODES", "GPUS"]
+        assert r.output.splitlines()[1].split()[:2] == ["maint", "active"]
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)

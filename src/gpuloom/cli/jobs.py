@@ -100,6 +100,7 @@ def submit(
     array: Annotated[str | None, typer.Option("--array", "-a", help="Job array: 0-9, 1,3,5-7, 0-15:4, 0-9%2 (at most 2 at once).")] = None,
     dependency: Annotated[str | None, typer.Option("--dependency", "-d", help="afterok:ID[:ID], afterany:, afternotok:, after:; ID_N for one array task; comma = all.")] = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue to submit to.")] = None,
+    reservation: Annotated[str | None, typer.Option("--reservation", help="Run only inside this reservation.")] = None,
     workdir: Annotated[str | None, typer.Option("--chdir", "-D", help="Working directory (default: the current one, as sbatch).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="Extra environment NAME=VALUE (repeatable).")] = None,
     url: UrlOpt = None,
@@ -130,7 +131,7 @@ def submit(
         gpus = gpus.strip()
     flags = {"name": name, "gpus": int(gpus) if gpus is not None and gpus.isdigit() else gpus, "cpus": cpus,
              "mem": mem, "time_limit": time_limit, "array": array,
-             "dependency": dependency, "queue": queue, "workdir": workdir}
+             "dependency": dependency, "queue": queue, "workdir": workdir, "reservation": reservation}
     body.update({k: v for k, v in flags.items() if v is not None})
     if env:
         extra = dict(body.get("env") or {})

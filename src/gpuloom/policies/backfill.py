@@ -16,6 +16,9 @@ plus its remaining work at speed 1 (the service's work estimate is the job's tim
 when it has none).  Start-up overheads of jobs not running are not counted.  A job ahead of a reservation is never held back, so a
 reserved job starts no later than its estimate unless something ahead of it runs past its estimate.
 
+A job submitted to an advance reservation (``attrs["reservation"]``) runs only inside it: once it has
+begun, on the resources it keeps, and only if its estimate ends by the reservation's end.
+
 The hook records, for the last round, every reserved job's estimated start (:attr:`Backfill.starts`)
 and every waiting job's position in the order, overall and within its queue (:attr:`Backfill.positions`).
 """
@@ -34,6 +37,8 @@ from .free import FreeState
 
 #: the ``JobSpec.attrs`` key of a job's queue (the queue stage's)
 QUEUE_KEY = "queue"
+#: the ``JobSpec.attrs`` key of the advance reservation a job was submitted to (it runs only inside it)
+RESERVATION_KEY = "reservation"
 #: waiting jobs a round tries to start on what the jobs it held back left free (as Slurm's bf_max_job_test)
 MAX_TRIES = 100
 
@@ -128,8 +133,16 @@ class Backfill:
                     slots.append(slot)
                     busy.append((slot.alloc, slot.start, slot.end, j.spec.user, None))
 
+        by_name = {s.alloc.job_id.removeprefix("reservation:"): s for s in slots}
         for j in ordered:
             a = allocs.get(j.id)
+            inside = j.spec.attrs.get(RESERVATION_KEY) if j.spec.attrs else None
+            if inside is not None and j.id not in current:
+                if out is None:
+                    out = dict(allocs)
+                if not self._inside(j, by_name.get(str(inside)), out, busy, view):
+                    held.append(j.id)
+                continue
             if a is not None:
                 if j.id in current:
                     continue  # running (kept, moved or resized): in the profile already
@@ -211,6 +224,31 @@ class Backfill:
             if parts is not None:
                 return Slot(job, Allocation(job.id, tuple(parts)), t, t + d)
         return None
+
+    def _inside(self, job: Job, slot: Slot | None, out: dict[str, Allocation], busy: list[Entry],
+                view: View) -> bool:
+        """Place ``job``, submitted to the advance reservation ``slot``, on what it keeps, if it has begun and
+        the job's estimate ends within it (where the plan put it, when that is inside); whether it runs."""
+        now = view.now
+        a = out.pop(job.id, None)
+        end = now + job.remaining_at(now)
+        if slot is None or slot.start > now or end > slot.end:
+            return False
+        mine = set(slot.alloc.gpu_ids)
+        if a is None or not mine.issuperset(a.gpu_ids):
+            free = _free_of(view.cluster, out.values())
+            for node in range(len(view.cluster.nodes)):
+                outside = tuple(g for g in free.free_on(node) if g not in mine)
+                if outside:
+                    free.take([Part(node, outside, 0, 0)])
+            req = self.size.request(job, view)
+            parts = self.place.choose_for(req, free, view)
+            if parts is None:
+                return False
+            a = Allocation(job.id, tuple(parts), (), req.key)
+        out[job.id] = a
+        busy.append((a, now, end, job.spec.user, None))
+        return True
 
     def _now(self, job: Job, out: dict[str, Allocation], slots: list[Slot], busy: list[Entry],
              view: View, failed: dict[tuple, float]) -> bool:

@@ -159,6 +159,7 @@ class JobSubmit(BaseModel):
     iterations: int | None = Field(None, ge=1, le=10**12, strict=True)  # with iteration_time: the work estimate
 
     queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/service/queues.py)
+    reservation: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # run only inside it
     gpu_type: str | None = Field(None, max_length=520)  # "v100", "a100|h100"; also gpus: "v100:2" (Slurm's gres)
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
     dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
@@ -495,6 +496,10 @@ def create_app(service: Service) -> FastAPI:
         owner = spec.pop("user", None) or user
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
+        if spec.get("reservation"):
+            from .reservations import check_submit
+
+            check_submit(store, spec["reservation"], owner)  # 422 unknown, 403 not one of its users
         try:
             spec = service.queues.assign(spec, owner, admin)
         except QueueDenied as e:  # a queue not open to the user, a priority above its limit

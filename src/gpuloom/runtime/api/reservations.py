@@ -49,6 +49,15 @@ def _refuse(field: str, msg: str) -> HTTPException:
     return HTTPException(422, [{"loc": ["body", field], "msg": msg, "type": "reservation"}])
 
 
+def check_submit(store: Any, name: str, user: str) -> None:
+    """Refuse a job for reservation ``name`` that does not exist (422) or does not admit ``user`` (403)."""
+    r = next((r for r in stored.load(store) if r.name == name), None)
+    if r is None:
+        raise _refuse("reservation", f"no reservation {name!r}")
+    if not r.admits(user):
+        raise HTTPException(403, f"reservation {name!r} is not open to {user!r} (users: {', '.join(sorted(r.users))})")
+
+
 def sync(service: Service) -> None:
     """Hand the stored reservations to the scheduler's backfill hook, in service time (adding the hook,
     with no reservations of waiting jobs, to a scheduler without one)."""

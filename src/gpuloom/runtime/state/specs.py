@@ -29,7 +29,7 @@ MAX_DURATION = 10 * 365 * 86400.0  # time limits beyond ten years are typos  # w
 #: job-spec fields passed to policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves,
 #: the GPU type asked for)
 SPEC_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time", "queue",
-              "gpu_type")
+              "gpu_type", "reservation")
 
 #: a GPU type a job may ask for: a product name (``v100``, ``A100``, ``rtx3090``), alternatives joined by ``|``
 GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\- ]{0,62}(\|[A-Za-z0-9][A-Za-z0-9_.\- ]{0,62}){0,7}$")
