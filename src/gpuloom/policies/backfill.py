@@ -13,11 +13,17 @@ takes it out of the plan and it waits.
 Estimates: a running job's predicted finish at its current speed (while its start-up's end is unknown:
 its work estimate from when it took its resources, as a time limit counts); a job not running, ``now``
 plus its remaining work at speed 1 (the service's work estimate is the job's time limit, or its default
-when it has none).  Start-up overheads of jobs not running are not counted.  A job ahead of a reservation is never held back, so a
-reserved job starts no later than its estimate unless something ahead of it runs past its estimate.
+when it has none).  Start-up overheads of jobs not running are not counted.  A job ahead of a
+reservation is never held back, so a reserved job starts no later than its estimate unless something
+ahead of it runs past its estimate.
 
-A job submitted to an advance reservation (``attrs["reservation"]``) runs only inside it: once it has
-begun, on the resources it keeps, and only if its estimate ends by the reservation's end.
+Advance reservations (:attr:`Backfill.reservations`, :mod:`gpuloom.core.reservations`) enter the profile
+first, for every job but those of their users: a job of another user is kept off what they keep inside
+their window (placed elsewhere, or held), and one still holding it when the window begins is taken out
+of the plan (stopped).  A job submitted to an advance reservation (``attrs["reservation"]``) runs only
+inside it: once it has begun, on the resources it keeps, and only if its estimate ends by its end.  When
+jobs were held back, waiting jobs the plan left out are tried on what they left free (at most
+:data:`MAX_TRIES` a round).
 
 The hook records, for the last round, every reserved job's estimated start (:attr:`Backfill.starts`)
 and every waiting job's position in the order, overall and within its queue (:attr:`Backfill.positions`).
