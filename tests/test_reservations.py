@@ -163,6 +163,7 @@ def test_service_reservation_keeps_a_node_for_its_users(tmp_path: Path) -> None:
             assert r.json()["state"] == "active" and r.json()["nodes"] == ["node-1"]
             with s.client(bob_token) as b:
                 assert b.post("/reservations", json={"nodes": "node-0", "duration": 60, "users": "bob"}).status_code == 403
+                assert b.delete("/reservations/maint").json()["detail"] == "only an admin may delete reservations"
                 b1 = submit(b, command="sleep 60", gpus=1, time_limit=120)
                 b2 = submit(b, command="sleep 60", gpus=1, time_limit=120)
             wait_for(lambda: job(c, b1)["st"] == "R", what="bob's first job running")
