@@ -61,6 +61,7 @@ from .core.job import Job, Shape
 from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan, drop_job
 from .perf.model import ThroughputModel
 from .policies import base as pb
+from .policies.backfill import Backfill
 from .policies.check import route_params
 from .policies.fastpath import FastPaths
 from .policies.free import FreeState
@@ -167,6 +168,18 @@ class Scheduler:
         hooks = [h for st in stages.values() for h in st.plan_hooks()]
         return cls(stages["order"], stages["group"], stages["size"], stages["place"], preemptive, hooks,
                    stages["queue"])
+
+    def reserve(self, depth: int) -> Backfill:
+        """Keep reservations for the first ``depth`` waiting jobs (:mod:`.policies.backfill`): a plan hook,
+        run after the stages' own."""
+        bf = Backfill(self.order, self.size, self.place, depth, self.stages)
+        self.hooks.append(bf)
+        return bf
+
+    @property
+    def backfill(self) -> Backfill | None:
+        """The backfill hook :meth:`reserve` added, if any."""
+        return next((h for h in self.hooks if isinstance(h, Backfill)), None)
 
     @property
     def stages(self) -> tuple[pb.Stage, ...]:

@@ -269,6 +269,7 @@ def user_errors() -> Iterator[None]:
     from ..core.job import JobError
     from ..core.queues import QueueError
     from ..core.registry import RegistryError
+    from ..core.reservations import ReservationError
     from ..perf.assembly import ModelOptionError
     from ..perf.scaling import ScalingError
     from ..perf.sensitivity import SensitivityError
@@ -279,7 +280,7 @@ def user_errors() -> Iterator[None]:
 
     handled: tuple[type[BaseException], ...] = (
         ClusterError, JobError, PolicyError, FileNotFoundError, TraceError, TopologyError, VariabilityError,
-        SensitivityError, ScalingError, ModelOptionError, OptionError, QueueError, RegistryError,
+        SensitivityError, ScalingError, ModelOptionError, OptionError, QueueError, RegistryError, ReservationError,
     )
     saved = warnings.showwarning
     warnings.showwarning = _showwarning

@@ -100,6 +100,7 @@ def submit(
     array: Annotated[str | None, typer.Option("--array", "-a", help="Job array: 0-9, 1,3,5-7, 0-15:4, 0-9%2 (at most 2 at once).")] = None,
     dependency: Annotated[str | None, typer.Option("--dependency", "-d", help="afterok:ID[:ID], afterany:, afternotok:, after:; ID_N for one array task; comma = all.")] = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue to submit to.")] = None,
+    reservation: Annotated[str | None, typer.Option("--reservation", help="Run only inside this reservation.")] = None,
     workdir: Annotated[str | None, typer.Option("--chdir", "-D", help="Working directory (default: the current one, as sbatch).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="Extra environment NAME=VALUE (repeatable).")] = None,
     url: UrlOpt = None,
@@ -130,7 +131,7 @@ def submit(
         gpus = gpus.strip()
     flags = {"name": name, "gpus": int(gpus) if gpus is not None and gpus.isdigit() else gpus, "cpus": cpus,
              "mem": mem, "time_limit": time_limit, "array": array,
-             "dependency": dependency, "queue": queue, "workdir": workdir}
+             "dependency": dependency, "queue": queue, "workdir": workdir, "reservation": reservation}
     body.update({k: v for k, v in flags.items() if v is not None})
     if env:
         extra = dict(body.get("env") or {})
@@ -182,6 +183,8 @@ def queue(
     long: Annotated[bool, typer.Option("--long", "-l", help="Also the lifecycle state and the time limit.")] = False,
     out_format: Annotated[str | None, typer.Option("--format", "-o", help="squeue's codes (\"%.8i %u %j %t %M %l %D %b %R\") or field names (jobid,user,name,st); see docs/operations.md.")] = None,
     expand: Annotated[bool, typer.Option("--array", "-r", help="One line per array task (pending tasks of an array are one line otherwise).")] = False,
+    start: Annotated[bool, typer.Option("--start", help="Waiting jobs by position, with estimated start times "
+                                                        "(like squeue --start).")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
@@ -195,6 +198,10 @@ def queue(
         fmt = None if out_format is None else parse_format(out_format)
     except FormatError as e:
         raise typer.BadParameter(str(e)) from None
+    if start:
+        from .starts import show_starts
+
+        return show_starts(Client(url, token, state_dir), user, as_json)
     params: dict[str, Any] = {}
     if state:
         from ..runtime.api.ops import states_of
@@ -353,6 +360,8 @@ def show(
         [("User", j["user"]), ("Queue", j.get("queue") or "-"), ("JobState", f"{j['state'].upper()} ({j['st']})")],
         [("Reason", (j.get("pending_reason") if j["st"] == "PD" else None) or j.get("reason") or "None"),
          ("Dependency", j.get("dependency") or "-")],
+        *([[("Position", j.get("queue_position") or "-"), ("QueuePosition", j.get("queue_position_in_queue") or "-"),
+            ("EstStartTime", _local(j.get("est_start")) if j.get("est_start") else "N/A")]] if j["st"] == "PD" else []),
         [("GPUs", f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
          ("Memory", format_mem(j.get("mem_mb")) if j.get("mem_mb") is not None else "proportional"),
          ("TimeLimit", format_duration(j.get("time_limit")) if j.get("time_limit") else "UNLIMITED")],

@@ -82,6 +82,9 @@ def serve(
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
     queue_policy: Annotated[str | None, typer.Option(
         "--queue-policy", help="Queue stage: none, quota, drf, fairshare (default: quota with --queues, else none).")] = None,
+    reserve_depth: Annotated[int, typer.Option(
+        "--reserve-depth", help="Backfill guarantee: reservations (and estimated starts) for the first N waiting "
+                                "jobs; 0 turns it off.")] = 8,
     queues: Annotated[Path | None, typer.Option(
         "--queues", help="Queue tree (TOML); replaces the stored one. Without it the stored tree is used.")] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter or model option name=value.")] = None,
@@ -238,7 +241,9 @@ def serve(
         make_executor = EXECUTORS.lookup(executor_name or ("slurm" if slurm is not None else
                                                            "local" if ray_address is None else "ray"))
         # the scheduler and throughput model `simulate` builds for the same options
-        stack = Stack(order, group, size, place, not non_preemptive, params, queue=queue)
+        if reserve_depth < 0:
+            raise typer.BadParameter(f"--reserve-depth must be >= 0, got {reserve_depth}")
+        stack = Stack(order, group, size, place, not non_preemptive, params, queue=queue, reserve_depth=reserve_depth)
         sched = stack.scheduler()
         if ray_address is None and slurm is None:
             inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)

@@ -297,6 +297,11 @@ def simulate(
     queue_policy: QueuePolicyOpt = None,
     queues: QueuesOpt = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-P", help="Policy parameter (name or stage.name) or model option, name=value (repeatable).")] = None,
+    reserve_depth: Annotated[int, typer.Option(
+        "--reserve-depth", help="Backfill guarantee: reservations for the first N waiting jobs (0: none).")] = 0,
+    reservations: Annotated[Path | None, typer.Option(
+        "--reservations", help="Advance reservation calendar (CSV: name,start,duration,users,nodes,gpus; "
+                               "docs/operations.md).")] = None,
     round_len: Annotated[float, typer.Option("--round", help="Round length in seconds.")] = 300.0,
     reschedule_on: Annotated[str, typer.Option(help="Also reschedule on: arrival, completion, both or none.")] = "none",
     restart_overhead: Annotated[float, typer.Option(help="Seconds lost per resume, migration or resize.")] = 10.0,
@@ -357,8 +362,15 @@ def simulate(
             drop_impossible=drop_impossible,
         )
         label = f"{order}/{group}/{size}/{place}" + (f"/{queue}" if queue != "none" else "")
+        if reserve_depth < 0:
+            raise OptionError(f"--reserve-depth must be >= 0, got {reserve_depth}")
+        calendar = []
+        if reservations is not None:
+            from ..sim.reservations import load_calendar
+
+            calendar = load_calendar(reservations, cl)
         rc = RunConfig(label, order, group, size, place, not non_preemptive, params, locality_penalty, cfg,
-                       queue).validate()
+                       queue, reserve_depth, calendar).validate()
         tree = apply_queues([rc], queues, specs, cl)
         if tree is not None:
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at

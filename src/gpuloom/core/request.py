@@ -35,9 +35,9 @@ class RequestError(ValueError):
 
 
 #: request fields passed to policies as ``JobSpec.attrs`` (priority, Muri stage times, elastic curves,
-#: the queue, the GPU type asked for)
+#: the queue, the GPU type asked for, the reservation to run in)
 POLICY_ATTRS = ("priority", "batch_size", "throughput", "min_gpus", "resource_times", "iteration_time", "queue",
-                "gpu_type")
+                "gpu_type", "reservation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,7 @@ class JobRequest:
     time_limit: float | None = None
     priority: int | None = None
     queue: str | None = None
+    reservation: str | None = None  # run only inside this advance reservation
     array: str | None = None  # "0-9%2"
     dependency: str | None = None  # "afterok:5"
     env: Mapping[str, str] | None = None
@@ -165,7 +166,7 @@ def parse_request(data: Mapping[str, Any]) -> JobRequest:
             kw["time_limit"] = parse_time_limit(data["time_limit"], "time_limit")
         except ValueError as e:
             raise RequestError("time_limit", str(e)) from None
-    for k in ("queue", "array", "dependency", "workdir", "model", "checkpoint_dir", "user"):
+    for k in ("queue", "reservation", "array", "dependency", "workdir", "model", "checkpoint_dir", "user"):
         if data.get(k) is not None:
             kw[k] = _text(data[k], k)
     if data.get("env") is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core.cluster import Cluster
 from ..core.job import JobSpec
+from ..core.reservations import Reservation
 from ..perf.assembly import build_model, split_params
 from ..perf.model import ThroughputModel
 from ..policies.base import STAGE_DEFAULTS
@@ -56,6 +57,10 @@ class Stack:
     model_options: dict[str, Any] = field(default_factory=dict)
     #: the queue stage (:mod:`gpuloom.policies.queues`): ``none``, ``quota``, ``drf``, ``fairshare``
     queue: str = STAGE_DEFAULTS["queue"]
+    #: reservations for this many waiting jobs (:mod:`gpuloom.policies.backfill`); 0: none
+    reserve_depth: int = 0
+    #: advance reservations (:mod:`gpuloom.core.reservations`) the backfill hook keeps
+    reservations: list[Reservation] = field(default_factory=list)
 
     @property
     def names(self) -> dict[str, str]:
@@ -77,8 +82,11 @@ class Stack:
         """The scheduler; ``specs``' own policy parameters (:func:`trace_policy_params`) where none is given."""
         policy, _ = self.split()
         policy = {**trace_policy_params(self.names, policy, specs), **policy}
-        return Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy,
-                                    self.queue)
+        sched = Scheduler.from_names(self.order, self.group, self.size, self.place, self.preemptive, policy,
+                                     self.queue)
+        if self.reserve_depth or self.reservations:
+            sched.reserve(self.reserve_depth).reservations = list(self.reservations)
+        return sched
 
     def model(self, cluster: Cluster, seed: int | None = None, specs: Sequence[JobSpec] = ()) -> ThroughputModel:
         _, opts = self.split()

@@ -450,7 +450,8 @@ class Simulator:
                 self.rounds += 1
             record()
             # stall guard: jobs wait, none will ever finish as things stand, none will arrive
-            if ptr >= n and self.active and self._next_completion() == math.inf:
+            if ptr >= n and self.active and self._next_completion() == math.inf and not _reserved_after(
+                    self.scheduler, t):
                 idle_rounds += 1
                 if idle_rounds >= STALL_ROUNDS:
                     self.stalled = sorted(self.active, key=lambda i: self.by_id[i].index)
@@ -493,6 +494,12 @@ class Simulator:
             impossible=dict(self.impossible),
             stalled=list(self.stalled),
         )
+
+
+def _reserved_after(sched: Scheduler, t: float) -> bool:
+    """An advance reservation is not over at ``t`` (jobs it keeps waiting are not stalled)."""
+    bf = sched.backfill
+    return bf is not None and any(r.end > t for r in bf.reservations)
 
 
 def simulate(

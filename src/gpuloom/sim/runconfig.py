@@ -61,6 +61,7 @@ from ..core.job import JobSpec
 from ..core.lifecycle import LifecycleTimes
 from ..core.parse import parse_bool
 from ..core.queues import QueueTree
+from ..core.reservations import Reservation
 from ..driver import Stack
 from ..perf.assembly import ModelOptionError, trace_options
 from ..perf.model import DEFAULT_LOCALITY_PENALTY, ThroughputModel
@@ -102,6 +103,8 @@ class RunConfig:
     locality_penalty: float = DEFAULT_LOCALITY_PENALTY
     sim: SimConfig = field(default_factory=SimConfig)
     queue: str = "none"  # the queue stage (policies/queues.py)
+    reserve_depth: int = 0  # reservations for this many waiting jobs (policies/backfill.py); 0: none
+    reservations: list[Reservation] = field(default_factory=list)  # an advance reservation calendar
 
     @property
     def name(self) -> str:
@@ -112,7 +115,8 @@ class RunConfig:
     def stack(self) -> Stack:
         """The policy stack this configuration runs (the route ``simulate`` and ``serve`` share)."""
         return Stack(self.order, self.group, self.size, self.place, self.preemptive, dict(self.params),
-                     {"locality_penalty": self.locality_penalty}, self.queue)
+                     {"locality_penalty": self.locality_penalty}, self.queue, self.reserve_depth,
+                     list(self.reservations))
 
     def scheduler(self, where: str = "", specs: Sequence[JobSpec] = ()) -> Scheduler:
         try:
@@ -154,6 +158,8 @@ def auto_label(rc: RunConfig, ref: RunConfig | None = None) -> str:
     parts += [f"{k}={_show(v)}" for k, v in sorted(rc.params.items()) if ref.params.get(k, _MISSING) != v]
     if rc.locality_penalty != ref.locality_penalty:
         parts.append(f"locality_penalty={_show(rc.locality_penalty)}")
+    if rc.reserve_depth != ref.reserve_depth:
+        parts.append(f"reserve_depth={rc.reserve_depth}")
     for f in _SIM_FIELDS:
         v = getattr(rc.sim, f)
         if v != getattr(ref.sim, f):

@@ -161,6 +161,7 @@ class JobSubmit(BaseModel):
     iterations: int | None = Field(None, ge=1, le=10**12, strict=True)  # with iteration_time: the work estimate
 
     queue: str | None = Field(None, pattern=QUEUE_RE)  # else the user's default queue (runtime/service/queues.py)
+    reservation: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # run only inside it
     gpu_type: str | None = Field(None, max_length=520)  # "v100", "a100|h100"; also gpus: "v100:2" (Slurm's gres)
     array: str | None = Field(None, max_length=200)  # job array: "0-9", "1,3,5-7", "0-15:4", "0-9%2"
     dependency: str | None = Field(None, max_length=2000)  # "afterok:5", "afterany:5:6,afterok:7_2"
@@ -504,6 +505,10 @@ def create_app(service: Service) -> FastAPI:
         owner = spec.pop("user", None) or user
         if owner != user and not admin:
             raise HTTPException(403, f"token of {user!r} cannot submit as {owner!r}")
+        if spec.get("reservation"):
+            from .reservations import check_submit
+
+            check_submit(store, spec["reservation"], owner)  # 422 unknown, 403 not one of its users
         try:
             spec = service.queues.assign(spec, owner, admin)
         except QueueDenied as e:  # a queue not open to the user, a priority above its limit
@@ -567,7 +572,9 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/jobs/{job_id}")
     def get_job(job_id: JobId, who: Auth) -> dict[str, Any]:
-        return as_json(get_row(job_id), who)
+        from ..service.starts import job_start  # queue position and estimated start (a waiting job)
+
+        return {**as_json(get_row(job_id), who), **job_start(service, job_id)}
 
     @app.delete("/jobs/{job_id}")
     def cancel(job_id: JobId, who: Auth) -> dict[str, Any]:
@@ -636,5 +643,11 @@ def create_app(service: Service) -> FastAPI:
     from .audit import mount as mount_audit
 
     mount_audit(app, service, _auth)  # GET /audit
+    from .starts import mount as mount_starts
+
+    mount_starts(app, service, _auth)  # GET /starts
+    from .reservations import mount as mount_reservations
+
+    mount_reservations(app, service, _auth)  # /reservations
     add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app

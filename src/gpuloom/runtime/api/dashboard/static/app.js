@@ -221,6 +221,8 @@ async function jobPage(main, id) {
     ["ended", when(job.end_time)], ["held", dur(job.held_s)], ["attempts", job.attempts],
     ["preemptions", job.preemptions], ["exit code", job.exit_code ?? "-"], ["iterations", job.progress ?? "-"],
     ["nodes", (job.nodes || []).join(",") || "-"]];
+  if (job.st === "PD") spec.splice(2, 0, ["position", job.queue_position  // (from the backfill plan)
+    ? `${job.queue_position} (${job.queue_position_in_queue} in its queue)` : "-"], ["est. start", when(job.est_start)]);
   const timed = progress.filter(p => p.t !== null);
   const chart = timed.length >= 1
     ? lineChart("Progress (iterations)", [{ name: "iter", color: "#2b6cb0", points: timed.map(p => [p.t, p.iter]) }],
