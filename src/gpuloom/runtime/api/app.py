@@ -621,5 +621,8 @@ def create_app(service: Service) -> FastAPI:
     from .ops import mount
 
     mount(app, service, _auth)
+    from .control import mount as mount_control
+
+    mount_control(app, service, _auth)  # node drain/resume/maintenance, POST /jobs/actions
     add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app
