@@ -18,7 +18,7 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent, wait_for
+from service_util import own_cgroup_parent
 
 T0 = 1_700_000_000.0
 
@@ -105,3 +105,172 @@ def test_drain_wait_keeps_running_jobs_and_starts_nothing_there(env: Env) -> Non
     env.ok("admin", "POST", f"/nodes/{node}/resume")
     env.svc.round()
     assert env.nodes_of(d) == [node] and env.node(node)["state"] == "mixed"
+
+
+def test_drain_checkpoint_moves_running_jobs_elsewhere(env: Env) -> None:
+    a, b = env.submit("alice"), env.submit("alice")
+    env.svc.round()
+    (node,) = set(env.nodes_of(a) + env.nodes_of(b))  # packed: both on one node
+    other = "node-1" if node == "node-0" else "node-0"
+    env.ok("admin", "POST", f"/nodes/{node}/drain", json={"reason": "GPU 1 Xid 79", "mode": "checkpoint"})
+    env.svc.round()  # stopped there (SIGTERM: the checkpoint) and started on the other node
+    for j in (a, b):
+        got = env.job(j)
+        assert env.nodes_of(j) == [other] and got["attempts"] == 2, got
+    assert env.node(node)["state"] == "drain" and env.node(other)["state"] == "alloc"
+    kinds = [e["kind"] for e in env.ok("admin", "GET", f"/jobs/{a}/events")]
+    assert "failed" not in kinds and "cancel" not in kinds
+
+
+def test_pending_reason_names_drained_nodes_when_only_they_fit(env: Env) -> None:
+    env.ok("admin", "POST", "/nodes/node-0/drain", json={"reason": "cabling"})
+    big = env.submit("alice", gpus=3)  # needs both nodes' GPUs
+    small = env.submit("alice", gpus=1)
+    env.svc.round()
+    assert env.job(big)["pending_reason"] == "ReqNodeNotAvail, UnavailableNodes:node-0"
+    assert env.nodes_of(small) == ["node-1"]
+    env.ok("admin", "POST", "/nodes/node-0/resume")
+    env.ok("admin", "POST", "/jobs/actions", json={"action": "cancel", "jobs": [str(small)]})
+    env.svc.round()
+    env.svc.round()
+    assert sorted(env.nodes_of(big)) == ["node-0", "node-1"]
+
+
+def test_drain_is_admin_only_and_checked(env: Env) -> None:
+    r = env.call("alice", "POST", "/nodes/node-0/drain", json={"reason": "x"})
+    assert r.status_code == 403 and "admin" in r.json()["detail"]
+    assert env.call("admin", "POST", "/nodes/nope/drain", json={"reason": "x"}).status_code == 404
+    r = env.call("admin", "POST", "/nodes/node-0/drain", json={"reason": "x", "mode": "later"})
+    assert r.status_code == 422 and "mode" in r.json()["detail"]
+    r = env.call("admin", "POST", "/nodes/node-0/drain", json={"reason": " "})
+    assert r.status_code == 422 and "reason" in r.json()["detail"]
+    assert env.call("alice", "POST", "/nodes/node-0/resume").status_code == 403
+    assert env.node("node-0")["state"] == "idle"
+
+
+def test_drain_survives_a_restart(env: Env) -> None:
+    env.ok("admin", "POST", "/nodes/node-1/drain", json={"reason": "PSU", "mode": "checkpoint"})
+    svc2 = env._service()
+    n = next(n for n in svc2.nodes() if n["name"] == "node-1")
+    assert (n["state"], n["reason"], n["drain_mode"]) == ("drain", "PSU", "checkpoint")
+    svc2.actuator.close()
+
+
+def test_maintenance_window_boundaries(tmp_path: Path, cgroup_parent: str) -> None:
+    clock = ManualClock(T0)
+    e = Env(tmp_path, cgroup_parent, clock)
+    try:
+        out = e.ok("admin", "POST", "/nodes/node-0/maintenance",
+                   json={"start": T0 + 100, "duration": "50s", "reason": "firmware"})
+        assert out["state"] == "idle" and out["maintenance"]["start"] == T0 + 100
+        assert out["maintenance"]["end"] == T0 + 150
+        ends_at_t = e.submit("alice", time_limit="100s")  # ends exactly at the window's start: may go there
+        past_t = e.submit("alice", time_limit="101s")
+        no_limit = e.submit("alice")
+        e.svc.round()
+        assert e.nodes_of(ends_at_t) == ["node-0"]
+        assert e.nodes_of(past_t) == ["node-1"] and e.nodes_of(no_limit) == ["node-1"]
+        e.ok("admin", "POST", "/jobs/actions", json={"action": "cancel", "jobs": [str(ends_at_t), str(past_t)]})
+        filler = e.submit("alice")
+        e.svc.round()
+        assert e.nodes_of(filler) == ["node-1"]  # node-1 is full from here on
+        clock.advance(100.0)  # the window opens: drained
+        late = e.submit("alice", time_limit="10s")
+        e.svc.round()
+        assert e.node("node-0")["state"] == "maint" and e.job(late)["nodes"] == []
+        clock.advance(49.0)
+        e.svc.round()
+        assert e.job(late)["nodes"] == []
+        clock.advance(1.0)  # T + D: back by itself
+        e.svc.round()
+        e.svc.round()
+        assert e.node("node-0")["maintenance"] is None and e.nodes_of(late) == ["node-0"]
+    finally:
+        e.close()
+
+
+def test_hold_and_release_an_array(env: Env) -> None:
+    first = env.ok("alice", "POST", "/jobs", json={"command": "sleep 60", "gpus": 1, "array": "0-3"})
+    aid = first["array_id"]
+    out = env.ok("alice", "POST", "/jobs/actions", json={"action": "hold", "jobs": [str(aid)]})
+    assert [(j["array"], j["result"]) for j in out["jobs"]] == [(f"{aid}_{t}", "held") for t in range(4)]
+    env.svc.round()
+    tasks = env.ok("alice", "GET", "/jobs", params={"user": "alice"})
+    assert [(j["st"], j["pending_reason"]) for j in tasks] == [("PD", "JobHeldUser")] * 4
+    out = env.ok("alice", "POST", "/jobs/actions", json={"action": "release", "jobs": [f"{aid}_[1-2]"]})
+    assert [(j["array"], j["result"]) for j in out["jobs"]] == [(f"{aid}_1", "released"), (f"{aid}_2", "released")]
+    env.svc.round()
+    env.svc.round()
+    tasks = env.ok("alice", "GET", "/jobs", params={"user": "alice"})
+    assert [(j["array_task"], j["st"]) for j in tasks] == [(0, "PD"), (1, "R"), (2, "R"), (3, "PD")]
+    assert [j["pending_reason"] for j in tasks if j["st"] == "PD"] == ["JobHeldUser"] * 2
+    env.ok("alice", "POST", "/jobs/actions", json={"action": "release", "jobs": [str(aid)]})
+    env.svc.round()
+    env.svc.round()
+    assert [j["st"] for j in env.ok("alice", "GET", "/jobs", params={"user": "alice"})] == ["R"] * 4
+
+
+def test_cancel_of_an_array_id_cancels_every_task(env: Env) -> None:
+    first = env.ok("alice", "POST", "/jobs", json={"command": "sleep 60", "gpus": 1, "array": "0-2"})
+    other = env.submit("alice")
+    out = env.ok("alice", "POST", "/jobs/actions", json={"action": "cancel", "jobs": [str(first["array_id"])]})
+    assert [j["result"] for j in out["jobs"]] == ["cancelled"] * 3
+    assert env.job(other)["state"] == "waiting_for_initial_contact"
+
+
+def test_requeue_runs_the_job_again_exactly_once(env: Env) -> None:
+    a = env.submit("alice")
+    env.svc.round()
+    assert env.job(a)["attempts"] == 1
+    r1 = env.ok("alice", "POST", "/jobs/actions", json={"action": "requeue", "jobs": [str(a)]})
+    r2 = env.ok("alice", "POST", "/jobs/actions", json={"action": "requeue", "jobs": [str(a)]})
+    assert (r1["jobs"][0]["result"], r2["jobs"][0]["result"]) == ("requeued", "already requeued")
+    env.svc.round()  # stopped (checkpoint) and back in the queue
+    assert env.job(a)["st"] == "PD" and env.job(a)["preemptions"] == 1
+    for _ in range(3):
+        env.svc.round()
+    got = env.job(a)
+    assert (got["st"], got["attempts"], got["preemptions"]) == ("R", 2, 1)
+    kinds = [e["kind"] for e in env.ok("admin", "GET", f"/jobs/{a}/events")]
+    assert kinds.count("requeue") == 1
+    r = env.ok("alice", "POST", "/jobs/actions", json={"action": "requeue", "jobs": [str(env.submit("alice"))]})
+    assert r["jobs"][0]["result"].startswith("not running")
+
+
+def test_alice_cannot_hold_bobs_jobs(env: Env) -> None:
+    b = env.submit("bob")
+    a = env.submit("alice")
+    r = env.call("alice", "POST", "/jobs/actions", json={"action": "hold", "jobs": [str(b)]})
+    assert r.status_code == 403 and "other users" in r.json()["detail"]
+    out = env.ok("alice", "POST", "/jobs/actions", json={"action": "hold", "jobs": [str(a), str(b)]})
+    assert [j["id"] for j in out["jobs"]] == [a] and out["denied"] == [b]
+    out = env.ok("alice", "POST", "/jobs/actions", json={"action": "hold", "user": "bob"})
+    assert out["jobs"] == [] and out["skipped"] == 1
+    out = env.ok("admin", "POST", "/jobs/actions", json={"action": "hold", "jobs": [str(b)]})
+    env.svc.round()
+    assert env.job(b)["pending_reason"] == "JobHeldAdmin"
+    out = env.ok("bob", "POST", "/jobs/actions", json={"action": "release", "jobs": [str(b)]})
+    assert out["jobs"][0]["result"].startswith("denied: job")
+    out = env.ok("admin", "POST", "/jobs/actions", json={"action": "release", "jobs": [str(b)]})
+    assert out["jobs"][0]["result"] == "released"
+
+
+def test_bulk_cancel_by_user_state_and_name(env: Env) -> None:
+    a1 = env.submit("alice", name="train")
+    b1 = env.submit("bob", name="train")
+    env.svc.round()  # both run
+    a2, a3 = env.submit("alice", name="train"), env.submit("alice", name="eval")
+    b2 = env.submit("bob", name="train")
+    out = env.ok("admin", "POST", "/jobs/actions",
+                 json={"action": "cancel", "user": "alice", "state": ["PD"], "name": "train"})
+    assert [j["id"] for j in out["jobs"]] == [a2]
+    out = env.ok("bob", "POST", "/jobs/actions", json={"action": "cancel", "state": ["PD"]})
+    assert [j["id"] for j in out["jobs"]] == [b2] and out["skipped"] == 0  # bob's filter sees bob's jobs
+    states = {j: env.job(j)["st"] for j in (a1, b1, a2, a3, b2)}
+    assert states == {a1: "R", b1: "R", a2: "CA", a3: "PD", b2: "CA"}
+    r = env.call("admin", "POST", "/jobs/actions", json={"action": "cancel"})
+    assert r.status_code == 422 and "give job ids or a filter" in r.json()["detail"]
+    r = env.call("admin", "POST", "/jobs/actions", json={"action": "cancel", "jobs": ["7_[5-"]})
+    assert r.status_code == 422 and "7_[5-" in r.json()["detail"]
+    r = env.call("admin", "POST", "/jobs/actions", json={"action": "cancel", "state": ["XX"]})
+    assert r.status_code == 422 and "unknown state 'XX'" in r.json()["detail"]

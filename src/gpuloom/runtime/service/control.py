@@ -316,9 +316,9 @@ class Control:
         how = self.holds.get(row.id)
         if how is None:
             return False
-        if row.pending_reason != how:
-            self.svc.mirror.record(str(row.id), {"pending_reason": how})
-            row.pending_reason = how
+        # (always: the gate that hands it over has just stored its own reason for it)
+        self.svc.mirror.record(str(row.id), {"pending_reason": how})
+        row.pending_reason = how
         return True
 
     def observe(self) -> None:
