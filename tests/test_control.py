@@ -274,3 +274,22 @@ def test_bulk_cancel_by_user_state_and_name(env: Env) -> None:
     assert r.status_code == 422 and "7_[5-" in r.json()["detail"]
     r = env.call("admin", "POST", "/jobs/actions", json={"action": "cancel", "state": ["XX"]})
     assert r.status_code == 422 and "unknown state 'XX'" in r.json()["detail"]
+
+
+def test_metrics_give_node_states_and_held_jobs(env: Env) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a = env.submit("alice")
+    env.svc.round()
+    (node,) = env.nodes_of(a)
+    env.ok("admin", "POST", f"/nodes/{node}/drain", json={"reason": "fan"})
+    b = env.submit("bob")
+    env.ok("bob", "POST", "/jobs/actions", json={"action": "hold", "jobs": [str(b)]})
+    text = env.client.get("/metrics", headers={"Authorization": f"Bearer {env.admin}"}).text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    states = {(s.labels["node"], s.labels["state"]): s.value for s in fams["gpuloom_node_state"].samples}
+    other = "node-1" if node == "node-0" else "node-0"
+    assert {k for k, v in states.items() if v == 1.0} == {(node, "drng"), (other, "idle")}
+    assert len(states) == 12  # 2 nodes x 6 states
+    held = {s.labels["reason"]: s.value for s in fams["gpuloom_jobs_held"].samples}
+    assert held == {"JobHeldUser": 1.0, "JobHeldAdmin": 0.0}

@@ -24,9 +24,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from ...core.cluster import Cluster
 from ...core.lifecycle import JobState
@@ -106,8 +109,8 @@ class Control:
         self._to_release: set[int] = set()
         self._to_requeue: set[int] = set()
         self.requeued: set[int] = set()  # stopped by a requeue, not yet back in the queue
-        self._shapes: dict[tuple[int, int | None, int | None], str | None] = {}  # waiting reasons (per round)
         self._sync_hook()
+        svc.telemetry.registry.register(_Gauges(self))  # type: ignore[has-type]  # (set in Service.__init__)
 
     # -- stored state ------------------------------------------------------------------
     def _save_nodes(self) -> None:
@@ -394,6 +397,34 @@ class Control:
             svc.mirror.event(sid, "requeue", {})
         with self.lock:
             self._sync_hook()
+
+
+STATES = ("idle", "mixed", "alloc", "drng", "drain", "maint")
+
+
+class _Gauges(Collector):
+    """``gpuloom_node_state{node,state}`` (1 for the node's state, 0 for the others, as node exporters
+    give states) and ``gpuloom_jobs_held{reason}``, read at scrape time."""
+
+    def __init__(self, ctl: Control) -> None:
+        self.ctl = ctl
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fam = GaugeMetricFamily("gpuloom_node_state", "1 for the node's state (sinfo's: idle, mixed, alloc, "
+                                "drng, drain, maint), 0 for the others.", labels=["node", "state"])
+        for n in self.ctl.svc.nodes():
+            for st in STATES:
+                fam.add_metric([n["name"], st], 1.0 if n["state"] == st else 0.0)
+        yield fam
+        held = GaugeMetricFamily("gpuloom_jobs_held", "Pending jobs held (scontrol hold), by pending reason.",
+                                 labels=["reason"])
+        how = list(self.ctl.holds.values())
+        for r in (HELD_USER, HELD_ADMIN):
+            held.add_metric([r], how.count(r))
+        yield held
 
 
 def parse_when(v: str | float, now: float) -> float:
