@@ -293,3 +293,29 @@ def test_metrics_give_node_states_and_held_jobs(env: Env) -> None:
     assert len(states) == 12  # 2 nodes x 6 states
     held = {s.labels["reason"]: s.value for s in fams["gpuloom_jobs_held"].samples}
     assert held == {"JobHeldUser": 1.0, "JobHeldAdmin": 0.0}
+
+
+def test_update_a_pending_job_within_limits(env: Env) -> None:
+    blocker = env.submit("alice", gpus=4)
+    env.svc.round()
+    j = env.submit("alice", gpus=2, time_limit="1:00:00")
+    env.svc.round()
+    out = env.ok("alice", "POST", f"/jobs/{j}/update", json={"gpus": 1, "time_limit": "30:00", "priority": -5})
+    assert (out["gpus"], out["time_limit"], out["priority"]) == (1, 1800.0, -5)
+    # refused past the limits: above the default priority, more GPUs than the cluster, another's job
+    r = env.call("alice", "POST", f"/jobs/{j}/update", json={"priority": 1})
+    assert r.status_code == 403 and "priority 1 is above" in r.json()["detail"]
+    r = env.call("alice", "POST", f"/jobs/{j}/update", json={"gpus": 5})
+    assert r.status_code == 422 and "needs 5 GPUs, the cluster has 4" in r.json()["detail"]
+    assert env.call("bob", "POST", f"/jobs/{j}/update", json={"gpus": 1}).status_code == 403
+    r = env.call("alice", "POST", f"/jobs/{blocker}/update", json={"gpus": 1})
+    assert r.status_code == 409 and "only a pending job" in r.json()["detail"]
+    r = env.call("alice", "POST", f"/jobs/{j}/update", json={})
+    assert r.status_code == 422 and "give one or more of" in r.json()["detail"]
+    assert env.ok("admin", "POST", f"/jobs/{j}/update", json={"priority": 50})["priority"] == 50
+    # the loop schedules the updated job: 1 GPU once the blocker is gone
+    env.ok("admin", "POST", "/jobs/actions", json={"action": "cancel", "jobs": [str(blocker)]})
+    env.svc.round()
+    env.svc.round()
+    got = env.job(j)
+    assert got["st"] == "R" and sum(len(p["gpus"]) for p in got["alloc"]["parts"]) == 1

@@ -153,3 +153,27 @@ def requeue(jobs: JobsArg = None, user: UserOpt = None, state: StateOpt = None, 
             as_json: JsonOpt = False) -> None:
     """Requeue running jobs (scontrol requeue): checkpointed, stopped and queued again (one new attempt)."""
     _act("requeue", jobs, user, state, queue, name, url, token, state_dir, as_json)
+
+
+@app.command()
+def update(
+    job: Annotated[int, typer.Argument(help="A pending job's id.")],
+    gpus: Annotated[int | None, typer.Option("--gpus", "-G", help="GPUs.")] = None,
+    time: Annotated[str | None, typer.Option("--time", "-t", help="Time limit: 1:30:00, 90m, 2h.")] = None,
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue (its permissions apply).")] = None,
+    priority: Annotated[int | None, typer.Option("--priority", help="Priority: lower freely, raise up to the "
+                                                                   "queue's limit (admin: any).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a pending job (scontrol update jobid=...): GPUs, time limit, queue, priority."""
+    body = {k: v for k, v in (("gpus", gpus), ("time_limit", time), ("queue", queue), ("priority", priority))
+            if v is not None}
+    out = Client(url, token, state_dir).call("POST", f"/jobs/{job}/update", json=body)
+    if as_json:
+        console.print_json(json.dumps(out))
+    else:
+        console.print(cell(f"job {out['id']}: updated ({', '.join(f'{k}={body[k]}' for k in body)})"),
+                      highlight=False)

@@ -4,6 +4,8 @@
 ``POST /nodes/{name}/drain``      ``{"reason", "mode": "wait"|"checkpoint"}`` (admin)
 ``POST /nodes/{name}/resume``     back in service (admin)
 ``POST /nodes/{name}/maintenance`` ``{"start", "duration", "reason"}``: a window (admin)
+``POST /jobs/{id}/update``        a pending job's ``{"gpus", "time_limit", "queue", "priority"}``
+                                  (scontrol update), through the submission's checks
 ``POST /jobs/actions``            ``{"action": cancel|hold|release|requeue, "jobs": ["16", "16_3",
                                   "16_[1-5]"], "user", "state", "queue", "name"}``: per job, what
                                   was done; others' jobs: ``denied`` (named) or ``skipped`` (count)
@@ -18,9 +20,11 @@ from fastapi import Depends, FastAPI, HTTPException
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...core.queues import QueueError
 from ..service.bulk import ACTIONS, SelectError, Selector, apply, select
 from ..service.control import ControlError, parse_when
-from ..service.errors import NotFound
+from ..service.errors import NotFound, PermissionDenied, SubmitError
+from ..service.queues import QueueDenied
 from ..service.service import Service
 from ..state.specs import parse_duration
 
@@ -38,6 +42,14 @@ class MaintenanceBody(BaseModel):
     start: str | float = Field(description="now, now+1h, seconds since the epoch, or ISO 8601 (UTC)")
     duration: str | float = Field(description="2h, 30m, 1:30:00 or seconds")
     reason: str = Field(max_length=500)
+
+
+class UpdateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpus: int | None = Field(None, ge=1, le=1_000_000, strict=True)
+    time_limit: str | float | None = Field(None, description="as at submission: 1:30:00, 90m, 2h")
+    queue: str | None = Field(None, max_length=255)
+    priority: int | None = Field(None, ge=-(10**9), le=10**9, strict=True)
 
 
 class ActionBody(BaseModel):
@@ -102,6 +114,25 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         except ControlError as e:
             raise HTTPException(422, str(e)) from None
         return node_out(name)
+
+    @app.post("/jobs/{job_id}/update", tags=["jobs"])
+    def update(job_id: Annotated[int, PathParam(ge=1, le=2**62)], body: UpdateBody, who: Auth) -> dict[str, Any]:
+        """Change a pending job's GPUs, time limit, queue or priority (scontrol update), within what a
+        submission may ask: a user may lower a priority, raise it only up to the queue's limit."""
+        changes = body.model_dump(exclude_none=True)
+        try:
+            if "time_limit" in changes:
+                changes["time_limit"] = parse_duration(changes["time_limit"], "time_limit")
+            row = service.control.update(job_id, changes, who[0], who[1])
+        except NotFound:
+            raise HTTPException(404, f"no job {job_id}") from None
+        except (PermissionDenied, QueueDenied) as e:
+            raise HTTPException(403, str(e)) from None
+        except (ControlError, SubmitError, QueueError, ValueError) as e:
+            raise HTTPException(409 if isinstance(e, ControlError) and e.field == "job" else 422, str(e)) from None
+        s = row.spec
+        return {"id": row.id, "user": row.user, "state": row.state, "gpus": s.get("gpus"),
+                "time_limit": s.get("time_limit"), "queue": str(s.get("queue") or ""), "priority": s.get("priority")}
 
     @app.post("/jobs/actions", tags=["jobs"])
     def job_actions(body: ActionBody, who: Auth) -> dict[str, Any]:

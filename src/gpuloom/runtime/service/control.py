@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -40,11 +40,18 @@ from .errors import NotFound, PermissionDenied
 from .states import FINAL_STATES, QUEUED_STATES
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from ...core.job import Job
     from ...driver import Driver
     from ...policies.base import View
-    from ..state.store import JobRow
-    from .service import Service
+    from ...scheduler import Scheduler
+    from ..exec.clock import Clock
+    from ..state.store import JobRow, Store
+    from .actuator import Actuator
+    from .deps import Gate
+    from .mirror import Mirror
+    from .queues import QueueAdmin
 
 log = logging.getLogger("gpuloom.service")
 S = JobState
@@ -53,6 +60,7 @@ NODES_KEY = "node_control"
 HOLDS_KEY = "job_holds"
 MODES = ("wait", "checkpoint")
 HELD_USER, HELD_ADMIN = "JobHeldUser", "JobHeldAdmin"  # Slurm's pending reasons
+UPDATABLE = ("gpus", "time_limit", "queue", "priority")
 
 
 class ControlError(ValueError):
@@ -95,10 +103,46 @@ class NodeHold:
                 "start": self.start, "end": self.end}
 
 
+class Controlled(Protocol):
+    """What the controls use of the service."""
+
+    parked: dict[int, float]
+    last_id: int
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def mirror(self) -> Mirror: ...
+    @property
+    def gate(self) -> Gate: ...
+    @property
+    def driver(self) -> Driver: ...
+    @property
+    def actuator(self) -> Actuator: ...
+    @property
+    def queues(self) -> QueueAdmin: ...
+    @property
+    def telemetry(self) -> Any: ...
+    def now(self) -> float: ...
+    def wake(self) -> None: ...
+    def nodes(self) -> list[dict[str, Any]]: ...
+    def validate(self, spec: Mapping[str, Any], user: str | None = None) -> None: ...
+    def fits_or_fail(self, row: JobRow) -> bool: ...
+    def admit_row(self, row: JobRow, state: JobState, arrival: float | None = None) -> Job: ...
+
+
 class Control:
     """The operator's node and job controls of one service (see the module notes)."""
 
-    def __init__(self, svc: Service) -> None:
+    def __init__(self, svc: Controlled) -> None:
         self.svc = svc
         self.lock = threading.Lock()  # the dicts below: API threads vs the loop
         raw = svc.store.get_meta(NODES_KEY)
@@ -110,7 +154,7 @@ class Control:
         self._to_requeue: set[int] = set()
         self.requeued: set[int] = set()  # stopped by a requeue, not yet back in the queue
         self._sync_hook()
-        svc.telemetry.registry.register(_Gauges(self))  # type: ignore[has-type]  # (set in Service.__init__)
+        svc.telemetry.registry.register(_Gauges(self))
 
     # -- stored state ------------------------------------------------------------------
     def _save_nodes(self) -> None:
@@ -313,6 +357,37 @@ class Control:
     def held_reason(self, job_id: int) -> str | None:
         return self.holds.get(job_id)
 
+    def update(self, job_id: int, changes: Mapping[str, Any], user: str, admin: bool) -> JobRow:
+        """Change a pending job's ``gpus``, ``time_limit`` (seconds), ``queue`` or ``priority``, through the
+        checks a submission passes (the cluster, the queue's permissions and priority limit).  Raises
+        :class:`ControlError`, :class:`.errors.SubmitError`, ``QueueDenied``/``QueueError``."""
+        svc = self.svc
+        row = svc.store.get_job(job_id)
+        if row is None:
+            raise NotFound(job_id)
+        if not admin and row.user != user:
+            raise PermissionDenied(f"job {job_id} belongs to {row.user}; only its owner or an admin may update it")
+        if row.state not in QUEUED_STATES:
+            raise ControlError(f"job {job_id} is {row.state}: only a pending job can be updated", "job")
+        bad = sorted(set(changes) - set(UPDATABLE))
+        if bad or not changes:
+            raise ControlError(f"update: give one or more of {', '.join(UPDATABLE)}"
+                               + (f" (not {', '.join(bad)})" if bad else ""), bad[0] if bad else "update")
+        spec = {**row.spec, **changes}
+        spec = svc.queues.assign(spec, row.user, admin)  # the queue's permissions, its cap, the priority limit
+        svc.validate(spec, row.user)
+        with svc.lock:  # between rounds: the loop never holds the old spec while the store has the new one
+            done = svc.store.update_job(job_id, {"spec": spec}, "update", {"by": user, **changes},
+                                        expect_state=QUEUED_STATES, now=svc.clock.time())
+            if not done:
+                raise ControlError(f"job {job_id} is no longer pending", "job")
+            self._take_out(job_id)
+            self._hand_back([job_id])
+        svc.wake()
+        new = svc.store.get_job(job_id)
+        assert new is not None
+        return new
+
     # -- the loop's side -------------------------------------------------------------------
     def keeps_out(self, row: JobRow) -> bool:
         """Whether a job about to be admitted is held (its pending reason is then recorded)."""
@@ -376,6 +451,8 @@ class Control:
         rows = svc.store.get_jobs(ids)
         for jid, row in sorted(rows.items()):
             if row.state not in QUEUED_STATES or str(jid) in svc.driver.jobs or jid in self.holds:
+                continue
+            if jid > svc.last_id:  # not read by the loop yet: it will be, as any new submission
                 continue
             svc.mirror.record(str(jid), {"pending_reason": None})
             row.pending_reason = None
