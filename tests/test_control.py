@@ -29,12 +29,12 @@ def cgroup_parent() -> Iterator[str]:
 
 
 class Env:
-    def __init__(self, tmp: Path, cgroup_parent: str, clock: ManualClock | None = None) -> None:
+    def __init__(self, tmp: Path, cgroup_parent: str, clock: ManualClock | None = None, nodes: int = 2) -> None:
         self.tmp = tmp
         self.parent = cgroup_parent
         self.clock = clock
         self.store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
-        self.cluster = Cluster.homogeneous(2, 2)  # node-0, node-1: 2 GPUs each
+        self.cluster = Cluster.homogeneous(nodes, 2)  # node-0, node-1, ...: 2 GPUs each
         self.svc = self._service()
         self.admin = ensure_admin_token(self.store, tmp)
         self.tok = {"admin": self.admin, "alice": create_token(self.store, "alice"),
@@ -319,3 +319,34 @@ def test_update_a_pending_job_within_limits(env: Env) -> None:
     env.svc.round()
     got = env.job(j)
     assert got["st"] == "R" and sum(len(p["gpus"]) for p in got["alloc"]["parts"]) == 1
+
+
+def test_drain_checkpoint_moves_a_job_spanning_nodes(tmp_path: Path, cgroup_parent: str) -> None:
+    e = Env(tmp_path, cgroup_parent, nodes=3)
+    try:
+        j = e.submit("alice", gpus=4)
+        e.svc.round()
+        assert sorted(e.nodes_of(j)) == ["node-0", "node-1"]
+        e.ok("admin", "POST", "/nodes/node-0/drain", json={"reason": "IB link", "mode": "checkpoint"})
+        e.svc.round()
+        assert sorted(e.nodes_of(j)) == ["node-1", "node-2"] and e.job(j)["attempts"] == 2
+    finally:
+        e.close()
+
+
+def test_holds_of_cancelled_jobs_are_forgotten(tmp_path: Path, cgroup_parent: str) -> None:
+    clock = ManualClock(T0)
+    e = Env(tmp_path, cgroup_parent, clock)
+    try:
+        a, b = e.submit("alice"), e.submit("alice")
+        e.ok("alice", "POST", "/jobs/actions", json={"action": "hold", "jobs": [str(a), str(b)]})
+        e.svc.round()
+        e.ok("alice", "POST", "/jobs/actions", json={"action": "cancel", "jobs": [str(a)]})
+        e.svc.round()
+        assert sorted(e.svc.control.holds) == [a, b]  # (looked at every 10 s)
+        clock.advance(10.0)
+        e.svc.round()
+        assert sorted(e.svc.control.holds) == [b]
+        assert e.store.get_meta("job_holds") == f'{{"{b}": "JobHeldUser"}}'
+    finally:
+        e.close()

@@ -60,6 +60,7 @@ NODES_KEY = "node_control"
 HOLDS_KEY = "job_holds"
 MODES = ("wait", "checkpoint")
 HELD_USER, HELD_ADMIN = "JobHeldUser", "JobHeldAdmin"  # Slurm's pending reasons
+PRUNE_S = 10.0  # holds of jobs that ended (cancelled) are forgotten at most this often
 UPDATABLE = ("gpus", "time_limit", "queue", "priority")
 
 
@@ -153,6 +154,7 @@ class Control:
         self._to_release: set[int] = set()
         self._to_requeue: set[int] = set()
         self.requeued: set[int] = set()  # stopped by a requeue, not yet back in the queue
+        self._prune_at = 0.0  # (monotonic) when holds of jobs that ended are next forgotten
         self._sync_hook()
         svc.telemetry.registry.register(_Gauges(self))
 
@@ -269,19 +271,14 @@ class Control:
             drop_job(allocs, jid)
         free = FreeState.of(view.cluster, allocs)
         for jid, a in moved.items():
-            if len(a.parts) != 1 or a.group:
-                continue  # a gang across nodes, or co-runners: waits for the next round's placement
-            p = a.parts[0]
-            for n in range(len(names)):
-                h = holds.get(n)
-                if h is not None and not h.admits(t, self._limit(jid)):
-                    continue
-                gpus = free.free_on(n)
-                if len(gpus) >= len(p.gpus) and free.cpu_counts[n] >= p.cpus and free.mem_counts[n] >= p.mem_mb:
-                    part = Part(n, tuple(gpus[: len(p.gpus)]), p.cpus, p.mem_mb)
-                    free.take((part,))
-                    allocs[jid] = Allocation(jid, (part,), (), a.key)
-                    break
+            if a.group:
+                continue  # co-runners sharing GPUs: wait for the next round's placement
+            limit = self._limit(jid)
+            ok = [n for n in range(len(names)) if n not in holds or holds[n].admits(t, limit)]
+            parts = _first_fit(free, a.parts, ok)
+            if parts is not None:
+                free.take(parts)
+                allocs[jid] = Allocation(jid, parts, (), a.key)
         return Plan(allocs)
 
     def amend_reasons(self, driver: Driver) -> list[Job]:
@@ -415,6 +412,15 @@ class Control:
                 self._sync_hook()
         for n in over:
             log.info("node %s: maintenance window over, resumed", n)
+        if self.holds and svc.clock.monotonic() >= self._prune_at:  # holds of jobs cancelled since
+            self._prune_at = svc.clock.monotonic() + PRUNE_S
+            states = svc.store.job_states(list(self.holds))
+            with self.lock:
+                gone = [j for j in self.holds if states.get(j, ("",))[0] not in QUEUED_STATES]
+                for j in gone:
+                    del self.holds[j]
+                if gone:
+                    self._save_holds()
         for jid in sorted(hold):
             self._take_out(jid)
         if release:
@@ -474,6 +480,25 @@ class Control:
             svc.mirror.event(sid, "requeue", {})
         with self.lock:
             self._sync_hook()
+
+
+def _first_fit(free: FreeState, parts: tuple[Part, ...], nodes: list[int]) -> tuple[Part, ...] | None:
+    """The same parts (GPUs, cores, memory each) on distinct nodes among ``nodes``, first fit; None if
+    they do not fit."""
+    out: list[Part] = []
+    used: set[int] = set()
+    for p in parts:
+        for n in nodes:
+            if n in used:
+                continue
+            gpus = free.free_on(n)
+            if len(gpus) >= len(p.gpus) and free.cpu_counts[n] >= p.cpus and free.mem_counts[n] >= p.mem_mb:
+                out.append(Part(n, tuple(gpus[: len(p.gpus)]), p.cpus, p.mem_mb))
+                used.add(n)
+                break
+        else:
+            return None
+    return tuple(out)
 
 
 STATES = ("idle", "mixed", "alloc", "drng", "drain", "maint")
