@@ -29,7 +29,9 @@ def cgroup_parent() -> Iterator[str]:
 
 
 class Env:
-    def __init__(self, tmp: Path, cgroup_parent: str, clock: ManualClock | None = None, nodes: int = 2) -> None:
+    def __init__(self, tmp: Path, cgroup_parent: str, clock: ManualClock | None = None, nodes: int = 2,
+                 queue: str = "none") -> None:
+        self.queue = queue
         self.tmp = tmp
         self.parent = cgroup_parent
         self.clock = clock
@@ -44,7 +46,7 @@ class Env:
     def _service(self) -> Service:
         return Service(self.store, self.cluster,
                        local_executor(self.cluster, self.tmp / "run", True, self.parent),
-                       Scheduler.from_names("fifo", "none", "proportional", "packed-sticky"),
+                       Scheduler.from_names("fifo", "none", "proportional", "packed-sticky", queue=self.queue),
                        ServiceConfig(self.tmp, round_s=1000.0, grace_s=2.0, clock=self.clock))
 
     def call(self, who: str, method: str, path: str, **kw: Any) -> Any:
@@ -348,5 +350,33 @@ def test_holds_of_cancelled_jobs_are_forgotten(tmp_path: Path, cgroup_parent: st
         e.svc.round()
         assert sorted(e.svc.control.holds) == [b]
         assert e.store.get_meta("job_holds") == f'{{"{b}": "JobHeldUser"}}'
+    finally:
+        e.close()
+
+
+def test_bulk_by_queue_and_update_through_queue_permissions(tmp_path: Path, cgroup_parent: str) -> None:
+    from gpuloom.core.queues import parse_queues
+
+    e = Env(tmp_path, cgroup_parent, queue="quota")
+    try:
+        e.svc.queues.configure(parse_queues({"default": "shared", "queue": [
+            {"name": "shared", "guarantee": 2, "limit": 4},
+            {"name": "lab", "guarantee": 2, "limit": 4, "users": ["bob"]}]}))
+        a1 = e.submit("alice")
+        b1 = e.submit("bob", queue="lab")
+        b2 = e.submit("bob")
+        out = e.ok("admin", "POST", "/jobs/actions", json={"action": "hold", "queue": "lab"})
+        assert [j["id"] for j in out["jobs"]] == [b1]
+        out = e.ok("admin", "POST", "/jobs/actions", json={"action": "hold", "queue": "shared", "user": "bob"})
+        assert [j["id"] for j in out["jobs"]] == [b2]
+        # alice may not move her job into bob's queue; bob may move his
+        r = e.call("alice", "POST", f"/jobs/{a1}/update", json={"queue": "lab"})
+        assert r.status_code == 403 and "lab" in r.json()["detail"]
+        assert e.ok("bob", "POST", f"/jobs/{b2}/update", json={"queue": "lab"})["queue"] == "lab"
+        r = e.call("bob", "POST", f"/jobs/{b2}/update", json={"queue": "nope"})
+        assert r.status_code in (403, 422) and "nope" in r.text
+        e.svc.round()
+        assert (e.job(a1)["st"], e.job(b1)["pending_reason"], e.job(b2)["pending_reason"]) == (
+            "R", "JobHeldAdmin", "JobHeldAdmin")
     finally:
         e.close()
