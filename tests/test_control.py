@@ -380,3 +380,21 @@ def test_bulk_by_queue_and_update_through_queue_permissions(tmp_path: Path, cgro
             "R", "JobHeldAdmin", "JobHeldAdmin")
     finally:
         e.close()
+
+
+def test_a_hold_made_while_holds_are_pruned_is_kept(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the API thread holds job b between the loop's read of the held jobs' states and its prune
+    a, b = env.submit("alice"), env.submit("alice")
+    env.ok("alice", "POST", "/jobs/actions", json={"action": "hold", "jobs": [str(a)]})
+    real = env.store.job_states
+
+    def read_then_hold(ids: Any) -> Any:
+        out = real(ids)
+        row = env.store.get_job(b)
+        assert row is not None
+        env.svc.control.hold(row, "alice", False)
+        return out
+
+    monkeypatch.setattr(env.store, "job_states", read_then_hold)
+    env.svc.round()
+    assert sorted(env.svc.control.holds) == [a, b]

@@ -414,9 +414,10 @@ class Control:
             log.info("node %s: maintenance window over, resumed", n)
         if self.holds and svc.clock.monotonic() >= self._prune_at:  # holds of jobs cancelled since
             self._prune_at = svc.clock.monotonic() + PRUNE_S
-            states = svc.store.job_states(list(self.holds))
+            asked = list(self.holds)  # (a hold added meanwhile is not looked at: its state was not read)
+            states = svc.store.job_states(asked)
             with self.lock:
-                gone = [j for j in self.holds if states.get(j, ("",))[0] not in QUEUED_STATES]
+                gone = [j for j in asked if j in self.holds and states.get(j, ("",))[0] not in QUEUED_STATES]
                 for j in gone:
                     del self.holds[j]
                 if gone:
