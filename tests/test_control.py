@@ -120,8 +120,11 @@ def test_drain_checkpoint_moves_running_jobs_elsewhere(env: Env) -> None:
         got = env.job(j)
         assert env.nodes_of(j) == [other] and got["attempts"] == 2, got
     assert env.node(node)["state"] == "drain" and env.node(other)["state"] == "alloc"
-    kinds = [e["kind"] for e in env.ok("admin", "GET", f"/jobs/{a}/events")]
+    events = env.ok("admin", "GET", f"/jobs/{a}/events")
+    kinds = [e["kind"] for e in events]
     assert "failed" not in kinds and "cancel" not in kinds
+    (drained,) = [e for e in events if e["kind"] == "node-drain"]
+    assert drained["detail"] == {"nodes": [node], "reason": "GPU 1 Xid 79"}
 
 
 def test_pending_reason_names_drained_nodes_when_only_they_fit(env: Env) -> None:

@@ -259,8 +259,11 @@ class Control:
             if not on:
                 continue
             if current.get(jid) == a:  # staying where it runs
-                if any(holds[n].evicts(t) for n in on):
+                why = [holds[n] for n in on if holds[n].evicts(t)]
+                if why:
                     off.append(jid)
+                    self.svc.mirror.event(jid, "node-drain", {"nodes": [names[n] for n in on],
+                                                              "reason": why[0].reason})
             elif any(not holds[n].admits(t, self._limit(jid)) for n in on):
                 off.append(jid)
         if not off:
