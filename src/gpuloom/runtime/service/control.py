@@ -296,22 +296,14 @@ class Control:
         usable = tuple(n for n in self.svc.cluster.nodes if n.name not in blocked)
         cl = Cluster(usable) if usable else None
         why = f"ReqNodeNotAvail, UnavailableNodes:{','.join(blocked)}"
-        shapes: dict[tuple[int, int | None, int | None], bool] = {}
+        # by shape first (the driver counts its waiting jobs by shape): most rounds find none to mark
+        never = {sh for sh in list(driver.tally.waiting) if cl is None or refuse_reason(cl, *sh) is not None}
         out = []
-        for jid, job in driver.jobs.items():
-            if jid in driver.current:
-                continue
-            row = self.svc.mirror.rows.get(jid)
-            if row is None:
-                continue
-            s = row.spec
-            key = (int(s["gpus"]), s.get("cpus"), s.get("mem_mb"))
-            never = shapes.get(key)
-            if never is None:
-                never = shapes[key] = cl is None or refuse_reason(cl, *key) is not None
-            if never and job.reason != why:
-                job.reason = why
-                out.append(job)
+        if never:
+            for job in list(driver.tally.idle.values()):
+                if job.shape in never and job.reason != why:
+                    job.reason = why
+                    out.append(job)
         return out
 
     # -- jobs (API side) -----------------------------------------------------------------
