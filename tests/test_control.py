@@ -401,3 +401,29 @@ def test_a_hold_made_while_holds_are_pruned_is_kept(env: Env, monkeypatch: pytes
     monkeypatch.setattr(env.store, "job_states", read_then_hold)
     env.svc.round()
     assert sorted(env.svc.control.holds) == [a, b]
+
+
+def test_queue_reclaim_does_not_place_on_a_drained_node(tmp_path: Path, cgroup_parent: str) -> None:
+    # lab is owed its guarantee; the only GPU it could reclaim is on the drained node: it waits, and the
+    # queue checks (no queue starved two rounds while GPUs are lent) do not stop the rounds
+    from gpuloom.core.queues import parse_queues
+
+    e = Env(tmp_path, cgroup_parent, queue="quota")
+    try:
+        e.svc.queues.configure(parse_queues({"default": "shared", "queue": [
+            {"name": "shared", "guarantee": 2, "limit": 4},
+            {"name": "lab", "guarantee": 2, "limit": 4, "users": ["bob"]}]}))
+        a = [e.submit("alice") for _ in range(3)]
+        e.svc.round()
+        assert [e.nodes_of(j) for j in a] == [["node-0"], ["node-0"], ["node-1"]]
+        e.ok("admin", "POST", "/nodes/node-1/drain", json={"reason": "fan"})
+        b = e.submit("bob", queue="lab")
+        for _ in range(4):
+            e.svc.round()
+            assert e.job(b)["nodes"] == [] and [e.job(j)["st"] for j in a] == ["R"] * 3
+        e.ok("admin", "POST", "/jobs/actions", json={"action": "cancel", "jobs": [str(a[0])]})
+        e.svc.round()
+        e.svc.round()
+        assert e.nodes_of(b) == ["node-0"]
+    finally:
+        e.close()

@@ -168,12 +168,13 @@ class Control:
     def _sync_hook(self) -> None:
         """The plan hook is in the scheduler exactly while some node is drained or has a window
         (a hook turns off the scheduler's shortcuts)."""
-        hooks = self.svc.scheduler.hooks
         want = bool(self.nodes or self.requeued)
-        if want and self.hook not in hooks:
-            hooks.append(self.hook)
-        elif not want and self.hook in hooks:
-            hooks.remove(self.hook)
+        sched = self.svc.scheduler
+        for hooks in (sched.hooks, sched.final_hooks):  # (the last word too: over a queue stage's reclaims)
+            if want and self.hook not in hooks:
+                hooks.append(self.hook)
+            elif not want and self.hook in hooks:
+                hooks.remove(self.hook)
 
     # -- nodes (API side) ----------------------------------------------------------------
     def _node(self, name: str) -> str:
@@ -268,6 +269,9 @@ class Control:
                 off.append(jid)
         if not off:
             return plan
+        forgive = getattr(self.svc.scheduler.queue, "forgive", None)
+        if forgive is not None:  # (a queue owed GPUs that are on a drained node is not starved by the plan)
+            forgive()
         allocs = dict(plan.allocations)
         moved = {jid: allocs[jid] for jid in off}
         for jid in off:
