@@ -127,6 +127,9 @@ class Scheduler:
         self.place = place
         self.preemptive = preemptive
         self.hooks = list(hooks)
+        #: hooks that also have the last word over a queue stage's reclaims (nodes out of service); each is
+        #: in ``hooks`` too
+        self.final_hooks: list[PlanHook] = []
         self.queue = queue if queue is not None else pb.make("queue", "none")
         chosen = {st.stage: st for st in self.stages}
         for st in self.stages:  # a stage that cannot run beside the others says so now, not mid-run
@@ -287,6 +290,8 @@ class Scheduler:
         if self.queue.enabled:
             ordered = self.order.order(view.jobs, view)
             rnd = self._queued(ordered, view, not reasons and self._queue_walk_ok(view))
+            if self.final_hooks:
+                rnd = self._hooked(rnd, view, self.final_hooks)
         else:
             if view.appended is not None:
                 fast = self._appended_round(view)
@@ -360,10 +365,11 @@ class Scheduler:
             return rnd
         return self._with_reasons(rnd, view, None, True, every_asked=True)
 
-    def _hooked(self, rnd: Round, view: pb.View) -> Round:
-        if self.hooks:
+    def _hooked(self, rnd: Round, view: pb.View, hooks: Sequence[PlanHook] | None = None) -> Round:
+        hooks = self.hooks if hooks is None else hooks
+        if hooks:
             placed = plan = rnd.plan
-            for hook in self.hooks:
+            for hook in hooks:
                 plan = hook(plan, view)
             if plan is not placed:
                 rnd = Round(plan, _kept_requests(rnd.requests, plan, view))

@@ -607,44 +607,24 @@ def load_job_file(path: Path) -> dict[str, Any]:
     return data
 
 
-@app.command()
-def cancel(
-    job_ids: Annotated[list[int], typer.Argument(help="Job id(s).")],
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-    state_dir: StateDirOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Cancel jobs (like scancel): your own, or any with the admin token."""
-    c = Client(url, token, state_dir)
-    out = [c.call("DELETE", f"/jobs/{i}") for i in job_ids]
-    if as_json:
-        console.print_json(json.dumps(out))
-    else:
-        for j in out:
-            note = "" if j["state"] in ("cancelled", "finished", "failed") else " (cancel requested)"
-            console.print(cell(f"job {j['id']}: {j['state']}{note}"), highlight=False)
-
-
-@app.command()
 def nodes(
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Nodes and their use (like sinfo)."""
+    """Nodes and their use (like sinfo); drained nodes with their reason (`nodes drain`, :mod:`.control`)."""
     ns = Client(url, token, state_dir).call("GET", "/nodes")
     if as_json:
         console.print_json(json.dumps(ns))
         return
     from ..runtime.state.history import format_mem
 
-    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY", "GRES", "TYPE", "JOBS", box=None)
+    t = Table("NODE", "STATE", "GPUS", "CPUS", "MEMORY", "GRES", "TYPE", "JOBS", "REASON", box=None)
     for n in ns:
         t.add_row(n["name"], n["state"], f"{n['gpus_used']}/{n['gpus']}", f"{n['cpus_used']}/{n['cpus']}",
                   f"{format_mem(n['mem_mb_used'])}/{format_mem(n['mem_mb'])}", n.get("gres", "-"), n["gpu_type"],
-                  ",".join(n["jobs"]) or "-")
+                  ",".join(n["jobs"]) or "-", n.get("reason") or "-")
     console.print(t)
 
 

@@ -615,6 +615,11 @@ class QuotaQueues(QueuePolicy):
     def note_reclaim(self) -> None:
         self.counters["reclaim_passes"] += 1
 
+    def forgive(self) -> None:
+        """A plan hook kept this round's plan off nodes out of service (drained): GPUs the starvation check
+        counts as lent may be there, where no queue can use them, so the round starts no two-round count."""
+        self._starved = set()
+
     # -- invariants ------------------------------------------------------------------------------
     def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
         """Raise :class:`~gpuloom.core.plan.PlanError` if a queue is over its limit, or a queue below its

@@ -15,7 +15,8 @@ Endpoints (JSON; every one but ``/health`` and ``/ready`` needs ``Authorization:
 ``DELETE /jobs/{id}``      cancel: the owner or an admin
 ``GET  /jobs/{id}/logs``   the job's stdout+stderr (``?tail=BYTES``): owner or admin
 ``GET  /jobs/{id}/events`` its history
-``GET  /nodes``            nodes with used/total GPUs, cores, memory
+``GET  /nodes``            nodes with used/total GPUs, cores, memory, state and reason
+                           (drain, maintenance and job control: :mod:`.control`)
 ``POST /tokens``           admin only: a new token for a user (``expires``: 30d)
 ``GET  /tokens``           tokens (ids, users, expiry): all for an admin, else one's own
 ``DELETE /tokens/{id}``    revoke a token: one's own, or any for an admin
@@ -649,5 +650,8 @@ def create_app(service: Service) -> FastAPI:
     from .reservations import mount as mount_reservations
 
     mount_reservations(app, service, _auth)  # /reservations
+    from .control import mount as mount_control
+
+    mount_control(app, service, _auth)  # node drain/resume/maintenance, POST /jobs/actions
     add_queue_routes(app, _auth)  # GET/PUT/DELETE /queues..., PUT /users/{user}/queue, PUT /queue-default
     return app

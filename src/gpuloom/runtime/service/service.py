@@ -106,6 +106,7 @@ from ..state.store import JobRow, Store, unavailable
 from .actuator import PROGRESS_MARK, Actuator, Running, gpu_type_env
 from .admission import check_submittable, refuse_reason
 from .config import ServiceConfig
+from .control import Control
 from .deps import Gate, parse_array, resolve_dependency
 from .errors import NotFound, PermissionDenied, SubmitError
 from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
@@ -193,6 +194,7 @@ class Service:
         self.telemetry = Telemetry(self)  # transition log lines, metrics, history samples
         self.limits = Limiter(SubmitLimits(), self.clock.monotonic)  # per-user submission limits (:mod:`.admission`)
         self.queues = QueueAdmin(self)  # the queue tree: stored, validated, given to the scheduler
+        self.control = Control(self)  # node drain/maintenance, job hold/release/requeue (:mod:`.control`)
         self.disk = DiskGuard(store.path.parent if store.path is not None else None, self.actuator.log_dir)
         self._read_at = 0.0  # service time of the last read of new submissions (their arrivals are after it)
         self.mark_time()
@@ -356,6 +358,7 @@ class Service:
         answers at once even while a round waits for jobs to checkpoint."""
         current = dict(self.driver.current)  # a C-level copy: atomic under the GIL
         out = []
+        t = self.clock.time()
         for i, n in enumerate(self.cluster.nodes):
             used_g: set[int] = set()
             cpus = mem = 0
@@ -379,7 +382,7 @@ class Service:
                     "gpu_type": n.gpu_type,
                     "gres": f"gpu:{gpu_type_env(n.gpu_type) or 'none'}:{n.gpus}",  # Slurm's form
                     "jobs": sorted(jobs, key=int),
-                    "state": "mixed" if 0 < len(used_g) < n.gpus else ("alloc" if used_g else "idle"),
+                    **self.control.node_json(n.name, len(used_g), n.gpus, t),
                 }
             )
         return out
@@ -473,7 +476,7 @@ class Service:
 
         With an inventory that follows a changing cluster, such a job is parked (kept out of the
         plan until the inventory changes) instead; a parked job is not admitted (:mod:`.inventory`)."""
-        if row.id in self.parked:
+        if row.id in self.parked or self.control.keeps_out(row):
             return False
         s = row.spec
         reason = refuse_reason(self.cluster, int(s["gpus"]), s.get("cpus"), s.get("mem_mb"))
@@ -547,6 +550,7 @@ class Service:
         """Bring the mirror up to date with the world; True if anything changed."""
         changed = self.reap()
         self._handle_cancels()
+        self.control.observe()
         self._enforce_time_limits()
         unpark(self)
         changed = self._load_new() or changed
@@ -569,6 +573,7 @@ class Service:
                 log.warning("job %s cannot be scheduled, failed: %s", job.id, why)
                 self.fail(job.id, f"cannot be scheduled: {why}")
             _, actions = self.driver.plan(now)
+        self.mirror.record_reasons(self.control.amend_reasons(self.driver))
         self.mirror.record_reasons(self.driver.reasoned)
         self.actuator.profiled = self.actuator.refused = False
         self.actuator.prepare_stops(self.driver, actions, now)  # a store that refuses it: nothing is applied

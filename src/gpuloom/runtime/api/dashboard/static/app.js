@@ -151,8 +151,9 @@ function pager(page) {
 async function overview(main) {
   const [cluster, page, series] = await Promise.all([api("/cluster"), queuePageOf(), api("/stats/series?since=1h")]);
   const jobs = page.body;
-  const nodes = el("div", { class: "cards", id: "cluster" }, cluster.nodes.map(n => el("div", { class: "card node", "data-node": n.name },
+  const nodes = el("div", { class: "cards", id: "cluster" }, cluster.nodes.map(n => el("div", { class: `card node${n.reason ? " drained" : ""}`, "data-node": n.name, "data-state": n.state },
     el("div", { class: "name" }, n.name, " ", el("span", { class: "meta" }, n.gpu_type)),
+    n.reason ? el("div", { class: "drain-reason", title: n.state }, `${n.state}: ${n.reason}`) : null,
     el("div", { class: "gpus" }, n.slots.map(s => {
       const holders = s.jobs.map(j => j.id).join("+");
       const tip = s.jobs.length ? s.jobs.map(j => `job ${j.id} (${j.user}: ${j.name})`).join(", ") : "idle";
