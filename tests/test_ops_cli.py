@@ -26,8 +26,15 @@ def cli(*args: str) -> tuple[int, str]:
 def test_version_and_completion() -> None:
     code, out = cli("--version")
     assert code == 0 and out.strip() == "gpuloom 0.1.0"
-    code, out = cli("--show-completion", "bash")
-    assert code == 0 and "_GPULOOM_COMPLETE" in out
+    # the shell is found among the command's parents (as when a user types it), so run it from bash
+    import shlex
+    import subprocess
+    import sys
+
+    r = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m gpuloom --show-completion; exit $?"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "_GPULOOM_COMPLETE" in r.stdout, r.stderr
+    assert "complete -o default -F _gpuloom_completion gpuloom" in r.stdout
 
 
 def test_array_of_ten_with_a_dependency_chain_finishes_in_order(tmp_path: Path) -> None:
