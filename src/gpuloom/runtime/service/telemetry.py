@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from ...core.lifecycle import PROGRESS_STATES, SHORT_STATE, JobState
 from ..state.store import unavailable
+from . import opsmetrics
 from .health import Observed, readiness
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ _VERB = {"submit": "submitted", "launch": "launched", "resume": "resumed", "move
          "preempt": "preempted", "stop": "stopped", "finish": "finished", "fail": "failed", "cancel": "cancelled",
          "requeue": "requeued", "adopt": "adopted"}
 _ENDS = ("finished", "failed", "cancelled", "cancel")
+_PD_STATES = frozenset(s.value for s, code in SHORT_STATE.items() if code == "PD")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 
 
@@ -117,6 +119,7 @@ class Telemetry:
                                    "stopped to move or resize).", registry=r)
         self.failures = Counter("gpuloom_job_failures", "Jobs that failed.", registry=r)
         r.register(_Collector(self))
+        opsmetrics.register(r, service)  # type: ignore[arg-type]  # (its queues are made after its telemetry)
         service.store.listeners.append(self.on_event)
 
     def close(self) -> None:
@@ -298,7 +301,18 @@ class _Collector(Collector):
         for (q, code), count in sorted(by_queue.items()):
             fam.add_metric([q, code], count)
         yield fam
-        fam = GaugeMetricFamily("gpuloom_pending_jobs", "Pending jobs by reason.", labels=["reason"])
+        # every pending job has a reason: those no round has given one yet (picked up since, or not yet
+        # picked up from the store) count as Slurm's "None", so the reasons sum to gpuloom_jobs{st="PD"}
+        given = sum(by_reason.values())
+        if counts is not None:
+            unreasoned = sum(n for s, n in counts.items() if s in _PD_STATES) - given
+        else:
+            unreasoned = len(svc.gate) - sum(svc.gate.by_reason.values()) + sum(
+                1 for row, lc in entries if (lc is None or SHORT_STATE[lc.state] == "PD") and not row.pending_reason)
+        if unreasoned > 0:
+            by_reason["None"] = by_reason.get("None", 0) + unreasoned
+        fam = GaugeMetricFamily("gpuloom_pending_jobs", "Pending jobs by reason (None: not looked at yet).",
+                                labels=["reason"])
         for reason, count in sorted(by_reason.items()):
             fam.add_metric([reason], count)
         yield fam
