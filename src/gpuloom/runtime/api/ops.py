@@ -12,6 +12,7 @@
 ``GET /history/trace``         finished jobs as a replayable trace (:mod:`..state.export`)
 ``GET /jobs/{id}/allocations`` what the job held, from when to when
 ``GET /jobs/{id}/progress``    its ``GPULOOM_PROGRESS`` points (owner or admin)
+``GET /jobs/{id}/gpus``        its GPUs' NVML readings now, and its totals
 ``GET /``                      the dashboard (:mod:`.dashboard`)
 ``GET /docs``                  the OpenAPI page, its assets served from here
 =============================  =================================================
@@ -39,6 +40,7 @@ from ...core.lifecycle import SHORT_STATE, JobState
 from ..exec import joblogs
 from ..exec.progress import scan
 from ..service.service import Service
+from ..state import gpudb
 from ..state.history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, parse_time, span_json
 from .limits import MAX_ID
 
@@ -174,7 +176,13 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
                        allocations, job, after, limit)
         if len(recs) == limit:
             response.headers["X-Next-After"] = str(recs[-1]["id"])
-        return recs
+        return with_gpu_usage(recs)
+
+    def with_gpu_usage(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Records with their jobs' NVML totals (None where no GPU of theirs was sampled)."""
+        use = gpudb.job_usage(store, [r["id"] for r in recs])
+        empty = dict.fromkeys(("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mb", "gpu_energy_wh", "gpu_samples"))
+        return [{**r, **use.get(r["id"], empty)} for r in recs]
 
     @app.get("/history/trace", tags=["operations"])
     def hist_trace(who: Auth, user: Annotated[str | None, Query()] = None,
@@ -200,6 +208,13 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         if store.get_job(job_id) is None:
             raise HTTPException(404, f"no job {job_id}")
         return [span_json(a) for a in store.allocations([job_id])]
+
+    @app.get("/jobs/{job_id}/gpus", tags=["operations"])
+    def job_gpus(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> dict[str, Any]:
+        """NVML telemetry of the job: each GPU it holds at the last sample, and its totals so far."""
+        if store.get_job(job_id) is None:
+            raise HTTPException(404, f"no job {job_id}")
+        return {"now": tel.gpus.job_now(str(job_id)), "total": gpudb.job_usage(store, [job_id]).get(job_id)}
 
     @app.get("/jobs/{job_id}/progress", tags=["operations"])
     def progress(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> list[dict[str, Any]]:

@@ -17,9 +17,9 @@
   charts (at most one point per ``sample_s``; ``history_points`` kept).
 
 GPUs *allocated* are those some job's allocation holds; *busy* those held by a
-job that is making progress (``running_protected``/``running``), i.e. not
-launching, checkpointing or stopping.  (Actual GPU utilisation from NVML is
-not sampled.)
+job whose process runs (``launching``, ``running_protected``, ``running``: not
+waiting, checkpointing or stopping) and, where NVML samples the GPU
+(:mod:`.gputel`), whose utilisation is above 0.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from ...core.lifecycle import PROGRESS_STATES, SHORT_STATE, JobState
 from ..state.store import unavailable
 from . import opsmetrics
+from .gputel import GpuCollector, JobGpus
 from .health import Observed, readiness
 
 if TYPE_CHECKING:
@@ -118,7 +119,9 @@ class Telemetry:
         self.preemptions = Counter("gpuloom_preemptions", "Jobs stopped by the scheduler (preempted, or "
                                    "stopped to move or resize).", registry=r)
         self.failures = Counter("gpuloom_job_failures", "Jobs that failed.", registry=r)
+        self.gpus = JobGpus(service)  # NVML readings attributed to jobs (gputel)
         r.register(_Collector(self))
+        r.register(GpuCollector(self.gpus))
         opsmetrics.register(r, service)  # type: ignore[arg-type]  # (its queues are made after its telemetry)
         service.store.listeners.append(self.on_event)
 
@@ -196,6 +199,7 @@ class Telemetry:
         m = self.svc.clock.monotonic()  # the interval: monotonic; the sample's time: wall, for people
         if m - self._last_sample >= self.sample_s:
             self._last_sample = m
+            self.gpus.observe(m)
             self.samples.append(self.sample())
 
     def sample(self, t: float | None = None) -> dict[str, float]:
@@ -221,16 +225,18 @@ class Telemetry:
         jobs = dict(self.svc.driver.jobs)
         alloc: dict[str, set[int]] = {n.name: set() for n in cl.nodes}
         busy: dict[str, set[int]] = {n.name: set() for n in cl.nodes}
+        util = self.gpus.util
         for jid, a in current.items():
             job = jobs.get(jid)
             lc = job.lifecycle if job is not None else None
-            progressing = lc is not None and lc.state in PROGRESS_STATES
+            # busy: its process runs (launched or making progress) and, where NVML samples the GPU, it computes
+            running = lc is not None and (lc.state in PROGRESS_STATES or lc.state is S.LAUNCHING)
             for p in a.parts:
                 name = cl.nodes[p.node].name
                 local = {cl.local_index(g) for g in p.gpus}
                 alloc[name] |= local
-                if progressing:
-                    busy[name] |= local
+                if running:
+                    busy[name] |= {g for g in local if (u := util(name, g)) is None or u > 0}
         return {"allocated": alloc, "busy": busy}
 
     def metrics_text(self) -> bytes:
