@@ -4,8 +4,8 @@
 ``GET /metrics``               Prometheus text format (:mod:`..service.telemetry`)
 ``GET /whoami``                the token's user and admin flag
 ``GET /cluster``               nodes x GPUs: who holds each, allocated / busy
-``GET /stats/series``          recent samples: GPUs allocated / busy, jobs
-                               pending / running (``?since=``)
+``GET /stats/series``          stored samples: GPUs allocated / busy, jobs
+                               pending / running, per queue (``?since=&step=``)
 ``GET /history``               accounting records (:mod:`..state.history`), ``?user=
                                &state=&since=&until=&allocations=true``, paged
                                like ``/jobs``: ``?limit=&after=``, ``X-Next-After``
@@ -39,6 +39,7 @@ from pydantic import Field
 from ...core.lifecycle import SHORT_STATE, JobState
 from ..exec import joblogs
 from ..exec.progress import scan
+from ..service.series import downsample
 from ..service.service import Service
 from ..state import gpudb
 from ..state.history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, parse_time, span_json
@@ -145,11 +146,19 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
 
     @app.get("/stats/series", tags=["operations"])
     def series(who: Auth, since: Annotated[str | None, Query(description="ISO time, Unix seconds or an age (1h)")]
-               = None) -> list[dict[str, Any]]:
-        """Recent samples (one per round, at most every 2 s): GPUs allocated / busy, jobs pending / running."""
+               = None, step: Annotated[float | None, Query(gt=0, le=86400, description="seconds per point "
+                                                             "(default: every sample, at most 2000 points)")] = None
+               ) -> list[dict[str, Any]]:
+        """The cluster over time, stored: GPUs allocated / busy, jobs pending / running, GPUs used per queue.
+        Samples are 2 s apart for the last 24 hours, 5-minute means for 30 days; ``step`` averages them."""
         t0 = _time(since, "since")
-        pts = list(tel.samples)
-        return [{**p, "time": iso(p["time"])} for p in pts if t0 is None or p["time"] >= t0]
+        t0 = now() - 3600.0 if t0 is None else t0
+        pts = tel.series.read(t0)
+        if step is None and len(pts) > MAX_POINTS:
+            step = (pts[-1]["time"] - pts[0]["time"]) / (MAX_POINTS - 1) or None
+        if step is not None:
+            pts = downsample(pts, step)
+        return [{**{k: v for k, v in p.items() if k != "step"}, "time": iso(p["time"])} for p in pts]
 
     def _time(v: str | None, where: str) -> float | None:
         if v is None:

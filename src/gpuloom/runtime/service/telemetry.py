@@ -35,10 +35,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ...core.lifecycle import PROGRESS_STATES, SHORT_STATE, JobState
+from ...core.queues import QueueError
+from ...core.queues import usage as queue_usage
 from ..state.store import unavailable
 from . import opsmetrics
 from .gputel import GpuCollector, JobGpus
 from .health import Observed, readiness
+from .series import SeriesRecorder
 
 if TYPE_CHECKING:
     from ...core.plan import Action
@@ -120,12 +123,14 @@ class Telemetry:
                                    "stopped to move or resize).", registry=r)
         self.failures = Counter("gpuloom_job_failures", "Jobs that failed.", registry=r)
         self.gpus = JobGpus(service)  # NVML readings attributed to jobs (gputel)
+        self.series = SeriesRecorder(service.store, sample_s)  # the samples, stored (series)
         r.register(_Collector(self))
         r.register(GpuCollector(self.gpus))
         opsmetrics.register(r, service)  # type: ignore[arg-type]  # (its queues are made after its telemetry)
         service.store.listeners.append(self.on_event)
 
     def close(self) -> None:
+        self.series.flush()
         try:
             self.svc.store.listeners.remove(self.on_event)
         except ValueError:
@@ -200,7 +205,9 @@ class Telemetry:
         if m - self._last_sample >= self.sample_s:
             self._last_sample = m
             self.gpus.observe(m)
-            self.samples.append(self.sample())
+            point = self.sample()
+            self.samples.append(point)
+            self.series.add({**point, "queues": self.queue_gpus()})
 
     def sample(self, t: float | None = None) -> dict[str, float]:
         """The cluster now: GPUs total / allocated / busy, jobs pending / running."""
@@ -217,6 +224,25 @@ class Telemetry:
             "pending": float(len(jobs) - sum(1 for j in holding if j in jobs) + len(self.svc.gate)),
             "running": float(len(holding)),
         }
+
+    def queue_gpus(self) -> dict[str, float]:
+        """GPUs each queue's running jobs hold (summed up the tree; empty without queues): O(running jobs)."""
+        queues = getattr(self.svc, "queues", None)
+        stage = queues.stage if queues is not None and queues.enabled else None
+        tree = stage.tree if stage is not None else None
+        if stage is None or tree is None:
+            return {}
+        jobs = dict(self.svc.driver.jobs)
+        current = dict(self.svc.driver.current)
+        leaf: dict[str, int] = {}
+        for jid in current:
+            if jid in jobs:
+                try:
+                    leaf[jid] = stage.leaf(jobs[jid])
+                except QueueError:
+                    continue
+        used = queue_usage(tree, current, leaf)
+        return {q.name: used[i][0] for i, q in enumerate(tree.queues)}
 
     def gpu_use(self) -> dict[str, dict[str, set[int]]]:
         """Per node name: node-local GPU indices allocated, and busy (held by a job making progress)."""
