@@ -93,6 +93,15 @@ def progress_points(path: Path) -> list[dict[str, Any]]:
     return pts
 
 
+def reading_json(got: Any) -> dict[str, Any]:
+    """A GPU's last NVML reading for ``/cluster`` (nothing where it is not sampled)."""
+    if got is None:
+        return {}
+    r = got[0]
+    return {"util": r.util, "mem_used_mb": round(r.mem_used_mb, 1), "mem_total_mb": round(r.mem_total_mb, 1),
+            "power_w": r.power_w, "temp_c": r.temp_c}
+
+
 def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]]) -> None:
     Auth = Annotated[tuple[str, bool], Depends(auth)]
     store = service.store
@@ -137,7 +146,8 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
             slots = []
             for g in range(n.gpus):
                 state = "busy" if g in use["busy"][n.name] else "allocated" if g in use["allocated"][n.name] else "idle"
-                slots.append({"gpu": g, "state": state, "jobs": holders.get((n.name, g), [])})
+                slots.append({"gpu": g, "state": state, "jobs": holders.get((n.name, g), []),
+                              **reading_json(tel.gpus.gpus.get((n.name, g)))})
             nodes.append({**info, "slots": slots, "gpus_allocated": len(use["allocated"][n.name]),
                           "gpus_busy": len(use["busy"][n.name])})
         s = tel.sample()
@@ -223,7 +233,10 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         """NVML telemetry of the job: each GPU it holds at the last sample, and its totals so far."""
         if store.get_job(job_id) is None:
             raise HTTPException(404, f"no job {job_id}")
-        return {"now": tel.gpus.job_now(str(job_id)), "total": gpudb.job_usage(store, [job_id]).get(job_id)}
+        series = [{"time": iso(t), "util": u, "mem_used_mb": round(m, 1)}
+                  for t, u, m in list(tel.gpus.recent.get(str(job_id), ()))]
+        return {"now": tel.gpus.job_now(str(job_id)), "total": gpudb.job_usage(store, [job_id]).get(job_id),
+                "series": series}
 
     @app.get("/jobs/{job_id}/progress", tags=["operations"])
     def progress(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> list[dict[str, Any]]:

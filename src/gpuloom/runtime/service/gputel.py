@@ -12,6 +12,7 @@ every sample, so ``history`` has them after the job ends and a restart continues
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from ..exec.gpustats import GpuReading
 
 log = logging.getLogger("gpuloom.service")
+RECENT_POINTS = 900  # per running job, for its chart: 30 minutes of 2 s samples
 
 
 @dataclass(slots=True)
@@ -51,6 +53,8 @@ class JobGpus:
         #: (node name, node-local GPU) -> (reading, job id holding it or None)
         self.gpus: dict[tuple[str, int], tuple[GpuReading, str | None]] = {}
         self._acc: dict[str, _Acc] = {}
+        #: job id -> its recent (wall time, mean utilisation, memory MiB) points, for its page's chart
+        self.recent: dict[str, deque[tuple[float, float, float]]] = {}
         self._stored: set[int] = set()
 
     def readings(self) -> dict[str, dict[int, GpuReading]]:
@@ -78,6 +82,8 @@ class JobGpus:
         holding = set(holder.values())
         for jid in [j for j in self._acc if j not in holding]:  # ended or stopped: its totals are stored
             del self._acc[jid]
+        for jid in [j for j in self.recent if j not in holding]:
+            del self.recent[jid]
         if not per_job:
             return
         fresh = [int(j) for j in per_job if j not in self._acc]
@@ -109,6 +115,8 @@ class JobGpus:
                 elif acc.last is not None:
                     acc.energy_j += sum(p for p in powers if p is not None) * max(0.0, now - acc.last)
             acc.last = now
+            self.recent.setdefault(jid, deque(maxlen=RECENT_POINTS)).append(
+                (self.svc.clock.time(), util, sum(r.mem_used_mb for r in rs)))
             rows[int(jid)] = acc.as_row(self.svc.clock.time())
         try:
             gpudb.save_usage(self.svc.store, rows, self._stored)

@@ -25,17 +25,14 @@ from prometheus_client.registry import Collector
 from ... import __version__
 
 if TYPE_CHECKING:
-    from .deps import Gate
     from .queues import QueueAdmin
 
 
 class QueueHost(Protocol):
-    """What the per-queue gauges read of the service: its queue tree, and the gate's held jobs by queue."""
+    """What the per-queue gauges read of the service: its queue tree."""
 
     @property
     def queues(self) -> QueueAdmin: ...
-    @property
-    def gate(self) -> Gate: ...
 
 
 class _Build(Collector):
@@ -49,8 +46,7 @@ class _Build(Collector):
 class _Queues(Collector):
     """Per-queue usage against guarantee and limit, pending and admitted jobs (empty without a queue tree).
 
-    Pending counts the jobs the gate still holds (dependencies, array limits) in their queue too: the
-    tree's own count sees only the jobs the scheduler has."""
+    Pending counts the jobs the gate still holds (dependencies, array limits) too (``held``)."""
 
     def __init__(self, svc: QueueHost) -> None:
         self.svc = svc  # read at scrape time: the service makes its queues after its telemetry
@@ -63,15 +59,6 @@ class _Queues(Collector):
         rows = queues.usage()["queues"] if queues is not None else []
         if not rows:
             return
-        held: dict[str, int] = dict(self.svc.gate.by_queue)
-        extra = [0] * len(rows)  # gate-held jobs, added to their queue and every queue above it
-        index = {r["name"]: i for i, r in enumerate(rows)}
-        for name, n in held.items():
-            i = index.get(name)
-            while i is not None:
-                extra[i] += n
-                parent = rows[i]["parent"]
-                i = index.get(parent) if parent else None
         fams = {
             "used": GaugeMetricFamily("gpuloom_queue_gpus_used", "GPUs the queue's running jobs hold (with its "
                                       "sub-queues').", labels=["queue", "parent"]),
@@ -84,13 +71,13 @@ class _Queues(Collector):
             "admitted": GaugeMetricFamily("gpuloom_queue_admitted_jobs", "Jobs of the queue holding an "
                                           "allocation (with its sub-queues').", labels=["queue", "parent"]),
         }
-        for i, r in enumerate(rows):
+        for r in rows:
             lab = [r["name"], r["parent"] or ""]
             fams["used"].add_metric(lab, float(r["used"]["gpus"]))
             fams["nominal"].add_metric(lab, float(r["guarantee"]["gpus"]))
             if "gpus" in r["limit"]:
                 fams["limit"].add_metric(lab, float(r["limit"]["gpus"]))
-            fams["pending"].add_metric(lab, float(r["pending"] + extra[i]))
+            fams["pending"].add_metric(lab, float(r["pending"] + r["held"]))
             fams["admitted"].add_metric(lab, float(r["running"]))
         yield from fams.values()
 
