@@ -173,3 +173,28 @@ def test_a_sleep_job_is_busy_at_launch_without_nvml(make: Any, monkeypatch: pyte
     assert svc.jobs[str(jid)].lifecycle.state is JobState.LAUNCHING  # no progress line yet (nor ever)
     assert svc.telemetry.gpu_use()["busy"]["node-0"] == {0}
     assert svc.telemetry.sample()["busy"] == 1.0
+
+
+def test_show_and_history_print_the_jobs_gpu_use(tmp_path: Path, fake: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpuloom.cli import app
+    from service_util import Server, kill_jobs, wait_for
+
+    (tmp_path / "state").mkdir()
+    s = Server(tmp_path / "state", "--cluster", "1x2", "--cpus-per-node", "2", "--round", "0.3").start()
+    try:
+        c = s.client()
+        jid = c.post("/jobs", json={"name": "t", "command": "sleep 600", "gpus": 2}).json()["id"]
+        wait_for(lambda: (c.get(f"/jobs/{jid}/gpus").json()["total"] or {}).get("gpu_samples", 0) >= 2,
+                 what="two GPU samples of the job")
+        sd = ("--state-dir", str(tmp_path / "state"))
+        out = CliRunner().invoke(app, ["show", str(jid), *sd]).output
+        line = next(x for x in out.splitlines() if "GPUUtil=" in x)
+        assert line.split()[:2] == ["GPUUtil=70%/80%", "GPUMemMax=4000MiB"] and "GPUEnergy=" in line
+        assert c.delete(f"/jobs/{jid}").status_code == 200
+        out = CliRunner().invoke(app, ["history", *sd]).output
+        assert "GPU-UTIL" in out and "70%/80%" in out and "4000MiB" in out
+    finally:
+        s.stop()
+        kill_jobs(tmp_path / "state")

@@ -338,7 +338,6 @@ def show(
     _print_table(t)
 
 
-@app.command()
 def _gpu_util(rec: dict[str, Any] | None) -> str:
     """NVML utilisation of a history record: ``mean%/max%`` (``-``: not sampled)."""
     if not rec or rec.get("gpu_util_mean") is None:
@@ -354,6 +353,7 @@ def _gpu_energy(rec: dict[str, Any] | None) -> str:
     return "-" if not rec or rec.get("gpu_energy_wh") is None else f"{rec['gpu_energy_wh']:g}Wh"
 
 
+@app.command()
 def history(
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", "-s", help="Only these states: CD, F, CA, PD, R, CG or lifecycle names (repeatable).")] = None,
