@@ -8,9 +8,9 @@
   interval for the last :data:`FINE_KEEP_S`, and :data:`COARSE_S` averages kept for
   :data:`COARSE_KEEP_S` (so the table holds at most about 43,200 + 8,640 rows at 2 s samples).
 
-The tables are made by the store's own ``create_all`` when this module was imported before the
-store opened (the service imports it), else by :func:`ensure` on first use: an older database
-gains them either way.
+The store's module imports this one, so the tables are made by the store's own ``create_all``
+with the others: an older database gains them when it opens.  :func:`ensure` makes them again
+in a store whose tables were dropped after it opened (once per store).
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ import json
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Column, Float, Index, Integer, Table, Text, delete, insert, select, update
 
-from .store import Store, metadata
+from .store import metadata  # (the store's module imports this one once its metadata exists)
+
+if TYPE_CHECKING:
+    from .store import Store
 
 FINE_KEEP_S = 24 * 3600.0
 COARSE_S = 300.0
