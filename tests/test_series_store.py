@@ -39,6 +39,9 @@ def test_two_tiers_and_their_retention(tmp_path: Path) -> None:
     got = gpudb.points(store, T0)
     assert [(t - T0, s, d) for t, s, d in got] == \
         [(0.0, 2.0, {"busy": 0.0}), (150.0, 2.0, {"busy": 1.0}), (300.0, 2.0, {"busy": 2.0}), (450.0, 2.0, {"busy": 3.0})]
+    # a long range reads the 5-minute means where there are some (the window from T0 + 300 is still open)
+    assert [(t - T0, s, d) for t, s, d in gpudb.points(store, T0, coarse=True)] == \
+        [(0.0, 300.0, {"busy": 0.5}), (300.0, 2.0, {"busy": 2.0}), (450.0, 2.0, {"busy": 3.0})]
     gpudb.prune(store, T0 + 300 + gpudb.FINE_KEEP_S + 1, 2.0)  # the fine points before T0 + 301 go
     got = gpudb.points(store, T0)
     assert [(t - T0, s, d) for t, s, d in got] == [(0.0, 300.0, {"busy": 0.5}), (450.0, 2.0, {"busy": 3.0})]

@@ -42,6 +42,7 @@ from ..exec.progress import scan
 from ..service.series import downsample
 from ..service.service import Service
 from ..state import gpudb
+from ..state.gpudb import COARSE_S
 from ..state.history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, parse_time, span_json
 from .limits import MAX_ID
 
@@ -160,10 +161,11 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
                                                              "(default: every sample, at most 2000 points)")] = None
                ) -> list[dict[str, Any]]:
         """The cluster over time, stored: GPUs allocated / busy, jobs pending / running, GPUs used per queue.
-        Samples are 2 s apart for the last 24 hours, 5-minute means for 30 days; ``step`` averages them."""
+        Samples are 2 s apart for the last 24 hours, 5-minute means for 30 days; ``step`` averages them
+        (from 300 s on, over the 5-minute means)."""
         t0 = _time(since, "since")
         t0 = now() - 3600.0 if t0 is None else t0
-        pts = tel.series.read(t0)
+        pts = tel.series.read(t0, coarse=step is not None and step >= COARSE_S)
         if step is None and len(pts) > MAX_POINTS:
             step = (pts[-1]["time"] - pts[0]["time"]) / (MAX_POINTS - 1) or None
         if step is not None:

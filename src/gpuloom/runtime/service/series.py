@@ -94,9 +94,10 @@ class SeriesRecorder:
             log.debug("time series not stored this time: %s", e)
             del self.unsaved[:-MAX_UNSAVED]
 
-    def read(self, since: float, until: float | None = None) -> list[dict[str, Any]]:
-        """Fine and coarse points from ``since`` (the stored ones, then those not written yet), by time."""
-        got = [{"time": t, "step": s, **d} for t, s, d in gpudb.points(self.store, since, until)]
+    def read(self, since: float, until: float | None = None, coarse: bool = False) -> list[dict[str, Any]]:
+        """Fine and coarse points from ``since`` (the stored ones, then those not written yet), by time;
+        ``coarse``: the coarse ones wherever there are some (a long range read cheaply)."""
+        got = [{"time": t, "step": s, **d} for t, s, d in gpudb.points(self.store, since, until, coarse)]
         last = max((p["time"] for p in got if p["step"] < gpudb.COARSE_S), default=-math.inf)
         got += [{"time": t, "step": s, **d} for t, s, d in self.unsaved
                 if s < gpudb.COARSE_S and t > last and t >= since and (until is None or t <= until)]

@@ -124,18 +124,25 @@ def prune(store: Store, now: float, fine_step: float) -> None:
         c.execute(delete(series_t).where(series_t.c.step >= COARSE_S, series_t.c.time < now - COARSE_KEEP_S))
 
 
-def points(store: Store, since: float, until: float | None = None) -> list[tuple[float, float, dict[str, Any]]]:
-    """(time, step, doc) from ``since`` on, by time: coarse points where no fine one is kept, fine ones after."""
+def points(store: Store, since: float, until: float | None = None,
+           coarse: bool = False) -> list[tuple[float, float, dict[str, Any]]]:
+    """(time, step, doc) from ``since`` on, by time: coarse points where no fine one is kept, fine ones
+    after; with ``coarse``, coarse points wherever there are some, fine ones only after the last."""
     ensure(store)
+    is_fine, is_coarse = series_t.c.step < COARSE_S, series_t.c.step >= COARSE_S
     with store.lock, store.engine.connect() as c:
-        first_fine = c.execute(select(series_t.c.time).where(series_t.c.step < COARSE_S, series_t.c.time >= since)
-                               .order_by(series_t.c.time).limit(1)).scalar()
         q = select(series_t.c.time, series_t.c.step, series_t.c.doc).where(series_t.c.time >= since)
         if until is not None:
             q = q.where(series_t.c.time <= until)
-        fine = q.where(series_t.c.step < COARSE_S)
-        coarse = q.where(series_t.c.step >= COARSE_S)
-        if first_fine is not None:
-            coarse = coarse.where(series_t.c.time + series_t.c.step <= first_fine)
-        rows = list(c.execute(coarse.order_by(series_t.c.time))) + list(c.execute(fine.order_by(series_t.c.time)))
+        if coarse:
+            end = c.execute(select(series_t.c.time + series_t.c.step).where(is_coarse)
+                            .order_by(series_t.c.time.desc()).limit(1)).scalar()
+            first = q.where(is_coarse)
+            later = q.where(is_fine) if end is None else q.where(is_fine, series_t.c.time >= end)
+        else:
+            start = c.execute(select(series_t.c.time).where(is_fine, series_t.c.time >= since)
+                              .order_by(series_t.c.time).limit(1)).scalar()
+            first = q.where(is_coarse) if start is None else q.where(is_coarse, series_t.c.time + series_t.c.step <= start)
+            later = q.where(is_fine)
+        rows = list(c.execute(first.order_by(series_t.c.time))) + list(c.execute(later.order_by(series_t.c.time)))
     return [(float(t), float(s), json.loads(d)) for t, s, d in rows]

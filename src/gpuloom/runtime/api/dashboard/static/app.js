@@ -110,7 +110,8 @@ function detailText(d) {
   return Object.entries(d || {}).map(([k, v]) => `${k}: ${val(v)}`).join("; ");
 }
 function seriesUrl() {
-  const step = Math.max(2, Math.round(RANGES[range] / 300));
+  // about 300 points; from 24 h on, over the stored 5-minute means (a cheap read)
+  const step = RANGES[range] >= 86400 ? Math.max(300, Math.round(RANGES[range] / 300)) : Math.max(2, Math.round(RANGES[range] / 300));
   return `/stats/series?since=${range}&step=${step}`;
 }
 function rangeBar() {
