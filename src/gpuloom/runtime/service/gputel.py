@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..exec.gpustats import GpuReading
 
 log = logging.getLogger("gpuloom.service")
-RECENT_POINTS = 900  # per running job, for its chart: 30 minutes of 2 s samples
+RECENT_POINTS = 300  # per running job, for its chart: 10 minutes of 2 s samples (bounded memory)
 
 
 @dataclass(slots=True)
