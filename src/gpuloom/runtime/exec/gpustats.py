@@ -2,8 +2,9 @@
 
 A :class:`GpuSampler` reads every GPU every ``period_s`` seconds on a thread of its own (never on
 the scheduling loop) and keeps the latest :class:`GpuReading` per NVML index; the executor of the
-node hands them out (:meth:`.executor.Executor.gpu_readings`) and the service attributes them to
-the jobs holding the GPUs (:mod:`..service.gpuusage`).
+node hands them out (:meth:`.executor.Executor.gpu_readings`: the local executor's own sampler,
+each Ray agent's) and the service attributes them to the jobs holding the GPUs
+(:mod:`..service.gputel`).
 
 NVML is ``pynvml`` (``nvidia-ml-py``), or the file-backed fake :mod:`.fakenvml` when
 ``GPULOOM_FAKE_NVML`` names its file.  Where NVML cannot start (no driver, no library) nothing is

@@ -13,8 +13,10 @@
   gauges computed at scrape time from the service's current allocation and
   the store (:class:`_Collector`).  ``GET /metrics`` serves them;
 * after every round it **samples** the cluster (GPUs allocated and busy, jobs
-  pending and running) into a ring of recent points, for the dashboard's
-  charts (at most one point per ``sample_s``; ``history_points`` kept).
+  pending and running, GPUs used per queue) for the dashboard's charts, at most
+  one point per ``sample_s``: kept in a ring of recent points
+  (``history_points``) and stored (:mod:`.series`); with each sample it
+  attributes the nodes' NVML readings to jobs (:mod:`.gputel`).
 
 GPUs *allocated* are those some job's allocation holds; *busy* those held by a
 job whose process runs (``launching``, ``running_protected``, ``running``: not
@@ -245,7 +247,7 @@ class Telemetry:
         return {q.name: used[i][0] for i, q in enumerate(tree.queues)}
 
     def gpu_use(self) -> dict[str, dict[str, set[int]]]:
-        """Per node name: node-local GPU indices allocated, and busy (held by a job making progress)."""
+        """Per node name: node-local GPU indices allocated, and busy (see the module notes)."""
         cl = self.svc.cluster
         current = dict(self.svc.driver.current)  # snapshots: the loop may be mid-round
         jobs = dict(self.svc.driver.jobs)
