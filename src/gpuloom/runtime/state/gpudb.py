@@ -8,6 +8,8 @@
   interval for the last :data:`FINE_KEEP_S`, and :data:`COARSE_S` averages kept for
   :data:`COARSE_KEEP_S` (so the table holds at most about 43,200 + 8,640 rows at 2 s samples).
 
+Writes are not fsynced one by one (``durable=False``, SQLite's NORMAL): a crash may lose the
+last points, never the database; a full disk raises :class:`~.store.StoreFull` as elsewhere.
 The store's module imports this one, so the tables are made by the store's own ``create_all``
 with the others: an older database gains them when it opens.  :func:`ensure` makes them again
 in a store whose tables were dropped after it opened (once per store).
@@ -82,7 +84,7 @@ def save_usage(store: Store, rows: Mapping[int, Mapping[str, Any]], known: set[i
     if not rows:
         return
     ensure(store)
-    with store.lock, store.engine.begin() as c:
+    with store.lock, store._begin(durable=False) as c:
         for jid, r in rows.items():
             vals = {k: r[k] for k in ("samples", "util_sum", "util_max", "mem_max_mb", "energy_j", "updated")}
             if jid in known:
@@ -112,14 +114,14 @@ def add_points(store: Store, points: Iterable[tuple[float, float, Mapping[str, A
     if not rows:
         return
     ensure(store)
-    with store.lock, store.engine.begin() as c:
+    with store.lock, store._begin(durable=False) as c:
         c.execute(insert(series_t), rows)
 
 
 def prune(store: Store, now: float, fine_step: float) -> None:
     """Drop fine points older than FINE_KEEP_S and coarse ones older than COARSE_KEEP_S."""
     ensure(store)
-    with store.lock, store.engine.begin() as c:
+    with store.lock, store._begin(durable=False) as c:
         c.execute(delete(series_t).where(series_t.c.step < COARSE_S, series_t.c.time < now - FINE_KEEP_S))
         c.execute(delete(series_t).where(series_t.c.step >= COARSE_S, series_t.c.time < now - COARSE_KEEP_S))
 
