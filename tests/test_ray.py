@@ -224,6 +224,25 @@ def test_job_over_two_nodes_gets_the_torchrun_environment_and_logs_through_the_a
     assert not str(ex.remote_logs.get(jid, "")).startswith(str(svc.log_path(jid)))
 
 
+def test_agents_sample_their_gpus_and_the_service_attributes_them(fake: Fake, make: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node's agent samples NVML (here the fake, which the service hands its agents) off the loop; the
+    service reads the answers without waiting and attributes them to the job holding the GPUs."""
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps({"gpus": [{"util": 91, "mem_used_mb": 2048, "mem_total_mb": 16384, "power_w": 120},
+                                         {"util": 0, "mem_used_mb": 0, "mem_total_mb": 16384}]}))
+    monkeypatch.setenv("GPULOOM_FAKE_NVML", str(nvml))
+    svc, ex = make()
+    jid = svc.submit({"name": "t", "command": "sleep 60", "gpus": 1}, "u")
+    until_state(svc, jid, "launching", 60)
+    wait_for(lambda: svc.telemetry.gpus.job_now(str(jid)), 30, "the job's GPU readings")
+    (g,) = svc.telemetry.gpus.job_now(str(jid))
+    assert (g["node"], g["gpu"], g["util"], g["mem_used_mb"], g["power_w"]) == (nodes_of(svc, jid)[0], 0, 91.0, 2048.0,
+                                                                                 120.0)
+    assert set(ex.gpu_readings()) == set(ex.agents)  # every node's agent answers
+    svc.cancel(jid, "u", True)
+
+
 def test_training_job_over_two_nodes_of_two_gpus_with_torch_distributed(fake: Fake, make: Any, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     svc, _ = make()

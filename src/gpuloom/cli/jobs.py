@@ -374,6 +374,7 @@ def show(
          ("Iterations", "-" if j.get("progress") is None else int(j["progress"])),
          ("ExitCode", "-" if j.get("exit_code") is None else j["exit_code"])],
         [("Command", j.get("command"))],
+        [("GPUUtil", _gpu_util(rec)), ("GPUMemMax", _gpu_mem(rec)), ("GPUEnergy", _gpu_energy(rec))],
         [("CheckpointDir", j.get("checkpoint_dir") or "-")],
     ]
     for i, kv in enumerate(lines):
@@ -393,6 +394,21 @@ def show(
         d = {k: v for k, v in d.items() if k != "alloc"}
         t.add_row(_local(e["time"]), e["kind"], json.dumps(d, sort_keys=True) if d else "")
     _print_table(t)
+
+
+def _gpu_util(rec: dict[str, Any] | None) -> str:
+    """NVML utilisation of a history record: ``mean%/max%`` (``-``: not sampled)."""
+    if not rec or rec.get("gpu_util_mean") is None:
+        return "-"
+    return f"{rec['gpu_util_mean']:g}%/{rec['gpu_util_max']:g}%"
+
+
+def _gpu_mem(rec: dict[str, Any] | None) -> str:
+    return "-" if not rec or rec.get("gpu_mem_max_mb") is None else f"{rec['gpu_mem_max_mb']:g}MiB"
+
+
+def _gpu_energy(rec: dict[str, Any] | None) -> str:
+    return "-" if not rec or rec.get("gpu_energy_wh") is None else f"{rec['gpu_energy_wh']:g}Wh"
 
 
 @app.command()
@@ -441,11 +457,12 @@ def history(
         _print_json(recs)
         return
     t = Table("JOBID", "NAME", "USER", "QUEUE", "STATE", "SUBMIT", "START", "END", "ELAPSED", "GPUS", "GPU-HOURS",
-              "EXITCODE")
+              "EXITCODE", "GPU-UTIL", "GPU-MEM", "ENERGY")
     for r in recs:
         t.add_row(r["array"] or str(r["id"]), r["name"], r["user"], r["queue"] or "-", r["state"].upper(),
                   _local(r["submit"]), _local(r["start"]), _local(r["end"]), format_duration(r["elapsed_s"]),
-                  str(r["gpus"]), f"{r['gpu_hours']:.3f}", "-" if r["exit_code"] is None else str(r["exit_code"]))
+                  str(r["gpus"]), f"{r['gpu_hours']:.3f}", "-" if r["exit_code"] is None else str(r["exit_code"]),
+                  _gpu_util(r), _gpu_mem(r), _gpu_energy(r))
         for a in r.get("allocations") or []:
             gpus = " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items())
             t.add_row("", f"  {a['opened_by']}", "", "", "", "", _local(a["start"]), _local(a["end"]), "", str(a["gpus"]),

@@ -4,14 +4,15 @@
 ``GET /metrics``               Prometheus text format (:mod:`..service.telemetry`)
 ``GET /whoami``                the token's user and admin flag
 ``GET /cluster``               nodes x GPUs: who holds each, allocated / busy
-``GET /stats/series``          recent samples: GPUs allocated / busy, jobs
-                               pending / running (``?since=``)
+``GET /stats/series``          stored samples: GPUs allocated / busy, jobs
+                               pending / running, per queue (``?since=&step=``)
 ``GET /history``               accounting records (:mod:`..state.history`), ``?user=
                                &state=&since=&until=&allocations=true``, paged
                                like ``/jobs``: ``?limit=&after=``, ``X-Next-After``
 ``GET /history/trace``         finished jobs as a replayable trace (:mod:`..state.export`)
 ``GET /jobs/{id}/allocations`` what the job held, from when to when
 ``GET /jobs/{id}/progress``    its ``GPULOOM_PROGRESS`` points (owner or admin)
+``GET /jobs/{id}/gpus``        its GPUs' NVML readings now, and its totals
 ``GET /``                      the dashboard (:mod:`.dashboard`)
 ``GET /docs``                  the OpenAPI page, its assets served from here
 =============================  =================================================
@@ -38,7 +39,10 @@ from pydantic import Field
 from ...core.lifecycle import SHORT_STATE, JobState
 from ..exec import joblogs
 from ..exec.progress import scan
+from ..service.series import downsample
 from ..service.service import Service
+from ..state import gpudb
+from ..state.gpudb import COARSE_S
 from ..state.history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, parse_time, span_json
 from .limits import MAX_ID
 
@@ -90,6 +94,15 @@ def progress_points(path: Path) -> list[dict[str, Any]]:
     return pts
 
 
+def reading_json(got: Any) -> dict[str, Any]:
+    """A GPU's last NVML reading for ``/cluster`` (nothing where it is not sampled)."""
+    if got is None:
+        return {}
+    r = got[0]
+    return {"util": r.util, "mem_used_mb": round(r.mem_used_mb, 1), "mem_total_mb": round(r.mem_total_mb, 1),
+            "power_w": r.power_w, "temp_c": r.temp_c}
+
+
 def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]]) -> None:
     Auth = Annotated[tuple[str, bool], Depends(auth)]
     store = service.store
@@ -134,7 +147,8 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
             slots = []
             for g in range(n.gpus):
                 state = "busy" if g in use["busy"][n.name] else "allocated" if g in use["allocated"][n.name] else "idle"
-                slots.append({"gpu": g, "state": state, "jobs": holders.get((n.name, g), [])})
+                slots.append({"gpu": g, "state": state, "jobs": holders.get((n.name, g), []),
+                              **reading_json(tel.gpus.gpus.get((n.name, g)))})
             nodes.append({**info, "slots": slots, "gpus_allocated": len(use["allocated"][n.name]),
                           "gpus_busy": len(use["busy"][n.name])})
         s = tel.sample()
@@ -143,11 +157,20 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
 
     @app.get("/stats/series", tags=["operations"])
     def series(who: Auth, since: Annotated[str | None, Query(description="ISO time, Unix seconds or an age (1h)")]
-               = None) -> list[dict[str, Any]]:
-        """Recent samples (one per round, at most every 2 s): GPUs allocated / busy, jobs pending / running."""
+               = None, step: Annotated[float | None, Query(gt=0, le=86400, description="seconds per point "
+                                                             "(default: every sample, at most 2000 points)")] = None
+               ) -> list[dict[str, Any]]:
+        """The cluster over time, stored: GPUs allocated / busy, jobs pending / running, GPUs used per queue.
+        Samples are 2 s apart for the last 24 hours, 5-minute means for 30 days; ``step`` averages them
+        (from 300 s on, over the 5-minute means)."""
         t0 = _time(since, "since")
-        pts = list(tel.samples)
-        return [{**p, "time": iso(p["time"])} for p in pts if t0 is None or p["time"] >= t0]
+        t0 = now() - 3600.0 if t0 is None else t0
+        pts = tel.series.read(t0, coarse=step is not None and step >= COARSE_S)
+        if step is None and len(pts) > MAX_POINTS:
+            step = (pts[-1]["time"] - pts[0]["time"]) / (MAX_POINTS - 1) or None
+        if step is not None:
+            pts = downsample(pts, step)
+        return [{**{k: v for k, v in p.items() if k != "step"}, "time": iso(p["time"])} for p in pts]
 
     def _time(v: str | None, where: str) -> float | None:
         if v is None:
@@ -174,7 +197,13 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
                        allocations, job, after, limit)
         if len(recs) == limit:
             response.headers["X-Next-After"] = str(recs[-1]["id"])
-        return recs
+        return with_gpu_usage(recs)
+
+    def with_gpu_usage(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Records with their jobs' NVML totals (None where no GPU of theirs was sampled)."""
+        use = gpudb.job_usage(store, [r["id"] for r in recs])
+        empty = dict.fromkeys(("gpu_util_mean", "gpu_util_max", "gpu_mem_max_mb", "gpu_energy_wh", "gpu_samples"))
+        return [{**r, **use.get(r["id"], empty)} for r in recs]
 
     @app.get("/history/trace", tags=["operations"])
     def hist_trace(who: Auth, user: Annotated[str | None, Query()] = None,
@@ -200,6 +229,16 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         if store.get_job(job_id) is None:
             raise HTTPException(404, f"no job {job_id}")
         return [span_json(a) for a in store.allocations([job_id])]
+
+    @app.get("/jobs/{job_id}/gpus", tags=["operations"])
+    def job_gpus(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> dict[str, Any]:
+        """NVML telemetry of the job: each GPU it holds at the last sample, and its totals so far."""
+        if store.get_job(job_id) is None:
+            raise HTTPException(404, f"no job {job_id}")
+        series = [{"time": iso(t), "util": u, "mem_used_mb": round(m, 1)}
+                  for t, u, m in list(tel.gpus.recent.get(str(job_id), ()))]
+        return {"now": tel.gpus.job_now(str(job_id)), "total": gpudb.job_usage(store, [job_id]).get(job_id),
+                "series": series}
 
     @app.get("/jobs/{job_id}/progress", tags=["operations"])
     def progress(job_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Auth) -> list[dict[str, Any]]:

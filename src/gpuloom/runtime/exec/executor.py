@@ -30,9 +30,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ...core.cluster import Cluster
+
+if TYPE_CHECKING:
+    from .gpustats import GpuReading
 
 
 class ExecutorError(RuntimeError):
@@ -123,6 +126,11 @@ class Executor(ABC):
         (after recovery adopted what the store records: launches the service did not live to record).
         Each can be adopted, then stopped."""
         return []
+
+    def gpu_readings(self) -> dict[str, dict[int, GpuReading]]:
+        """Per node served: the latest NVML reading of each GPU by node-local index (:mod:`.gpustats`);
+        empty where nothing is sampled."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release resources; running jobs are left running (they can be adopted)."""

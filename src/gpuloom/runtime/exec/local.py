@@ -100,6 +100,7 @@ import psutil
 from gpuloom.runtime.exec.cgroups import CgroupError, CgroupManager, JobCgroup, cgroup_name, format_cpus
 from gpuloom.runtime.exec.clock import boot_id
 from gpuloom.runtime.exec.executor import Executor, ExecutorError, LaunchSpec, ProcInfo
+from gpuloom.runtime.exec.gpustats import GpuReading, GpuSampler
 from gpuloom.runtime.exec.identity import IdentityError, private_dir
 
 __all__ = ["ExecutorError", "LocalExecutor", "NodeAgent", "exit_path_for", "read_exit_record", "same_process"]
@@ -806,6 +807,7 @@ class LocalExecutor(Executor):
             self.node, self.nodes = names[0], frozenset(names)
         self.agent = agent if agent is not None else NodeAgent(cgroups, run_dir, fold_cores, env_allow,
                                                                      gpu_devices, private_tmp, tmp_dir)
+        self.gpus = GpuSampler()  # NVML telemetry of this machine's GPUs, sampled from the first ask
 
     def _own(self, node: str, job_id: str) -> None:
         if node and self.nodes is not None and node not in self.nodes:
@@ -845,8 +847,13 @@ class LocalExecutor(Executor):
     def orphans(self) -> list[ProcInfo]:
         return [replace(p, node=self.node) for p in self.agent.orphans()]
 
+    def gpu_readings(self) -> dict[str, dict[int, GpuReading]]:
+        got = self.gpus.readings()
+        return {n: got for n in (self.nodes or (self.node,))} if got else {}
+
     def close(self) -> None:
         self.agent.cgroups.remove_parent()  # only if empty: running jobs keep theirs
+        self.gpus.close()
 
     @property
     def cgroup_mode(self) -> str:

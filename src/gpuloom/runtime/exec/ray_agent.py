@@ -56,6 +56,7 @@ import psutil
 
 from .cgroups import CgroupManager
 from .executor import LaunchSpec, ProcInfo, free_port
+from .gpustats import GpuReading, GpuSampler
 from .local import DEFAULT_ENV_ALLOW, NodeAgent, identity, same_process
 
 #: how often the fence checks its raylet, and the long poll re-checks exits (seconds)
@@ -88,6 +89,7 @@ class AgentActor:
         self._exit_lock = threading.Lock()
         self._fence_lock = threading.Lock()
         self.fence_pid = self._start_fence()
+        self.gpus = GpuSampler()  # this node's NVML telemetry, sampled from the first ask
 
     def _node(self) -> None:
         """Raise :class:`NodeLost` once the raylet is gone (this process was handed to another parent)."""
@@ -189,6 +191,10 @@ class AgentActor:
                 data = data[: data.rfind(b"\n") + 1]
             out.append(data)
         return out
+
+    def gpu_readings(self) -> dict[int, GpuReading]:
+        """This node's GPUs' latest NVML readings, by index (empty without NVML)."""
+        return self.gpus.readings()
 
     def info(self) -> dict[str, Any]:
         """The node as the agent sees it (address, Ray node id, cores, memory, GPUs) and the agent's own use."""

@@ -50,6 +50,7 @@ exit records, so a killed agent loses no job.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -58,8 +59,10 @@ from pathlib import Path
 from typing import Any
 
 from ...core.cluster import Cluster, ClusterError, Node
+from . import fakenvml
 from .cgroups import MB  # the service's memory unit: 10^6 bytes
 from .executor import Executor, ExecutorError, InventoryChange, LaunchSpec, NodeUnavailable, ProcInfo
+from .gpustats import GpuReading
 from .local import DEFAULT_ENV_ALLOW
 from .logmirror import append_to, mirror_offset, set_mirror_offset
 from .ray_agent import AgentActor, stop_orphan
@@ -148,15 +151,20 @@ class RayExecutor(Executor):
         self._waits: dict[str, Any] = {}  # node -> outstanding wait_exits() reference
         self._acks: dict[str, list[tuple[str, int]]] = {}  # node -> exits received, acknowledged in the next call
         self._dead_agents: set[str] = set()  # nodes whose agent died: replaced at the next refresh
+        self._gpu_asks: dict[str, Any] = {}  # node -> outstanding gpu_readings() reference
+        self._gpus: dict[str, dict[int, GpuReading]] = {}  # node -> its agent's last answer
         self._ended_on: dict[str, str] = {}  # executor id -> node, for end_reason() right after its exit
         self._starting: dict[str, tuple[RayNode, Any, Any, float]] = {}  # node -> (node, actor, info(), since)
         self._last_logs = 0.0
 
     # -- nodes and agents ---------------------------------------------------------------------
     def _agent_options(self, node: RayNode) -> dict[str, Any]:
+        env = {"RAY_kill_child_processes_on_worker_exit": "0"}
+        if os.environ.get(fakenvml.ENV):  # a service on the fake NVML (tests, demos): its agents too
+            env[fakenvml.ENV] = os.environ[fakenvml.ENV]
         return {"name": AGENT_PREFIX + node.name, "namespace": self.namespace, "lifetime": "detached",
                 "get_if_exists": True, "num_cpus": 0, "num_gpus": 0, "max_concurrency": 64, "max_restarts": 0,
-                "runtime_env": {"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}},
+                "runtime_env": {"env_vars": env},
                 "scheduling_strategy": self._affinity(node.node_id, soft=False)}
 
     def refresh(self, wait_s: float = 0.0) -> tuple[list[str], list[str]]:
@@ -350,6 +358,25 @@ class RayExecutor(Executor):
         if job_id in self.exits:
             return self.exits.pop(job_id)
         raise ExecutorError(f"job {job_id}: not running on node {node}")
+
+    def gpu_readings(self) -> dict[str, dict[int, GpuReading]]:
+        """Each node's last NVML readings, never waited for: the answers that came since the last call
+        are taken and each agent is asked again (an agent that does not answer keeps its last ones out)."""
+        ray = self._ray
+        for node, ref in list(self._gpu_asks.items()):
+            done, _ = ray.wait([ref], timeout=0)
+            if not done:
+                continue
+            del self._gpu_asks[node]
+            try:
+                self._gpus[node] = ray.get(ref, timeout=0)
+            except Exception as e:  # the agent died or the node left: no readings from it until it answers
+                log.debug("node %s: no GPU readings (%s)", node, _why(e))
+                self._gpus.pop(node, None)
+        for node, agent in self.agents.items():
+            if node not in self._gpu_asks:
+                self._gpu_asks[node] = agent.gpu_readings.remote()
+        return {n: r for n, r in self._gpus.items() if n in self.agents and r}
 
     def poll(self) -> dict[str, int | None]:
         ray = self._ray

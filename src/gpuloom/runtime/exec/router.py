@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...core.cluster import Cluster
 from .executor import Executor, ExecutorError, LaunchSpec, ProcInfo
+from .gpustats import GpuReading
 
 
 class RoutingError(RuntimeError):
@@ -86,6 +87,12 @@ class NodeRouter(Executor):
 
     def orphans(self) -> list[ProcInfo]:
         return [p for ex in self.executors.values() for p in ex.orphans()]
+
+    def gpu_readings(self) -> dict[str, dict[int, GpuReading]]:
+        out: dict[str, dict[int, GpuReading]] = {}
+        for ex in self.executors.values():
+            out.update(ex.gpu_readings())
+        return out
 
     def close(self) -> None:
         for ex in self.executors.values():

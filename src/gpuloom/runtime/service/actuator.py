@@ -399,8 +399,8 @@ class Actuator:
     # -- observe ----------------------------------------------------------------------------
     def promote(self, jobs: Mapping[str, Job], now: float) -> None:
         """LAUNCHING -> RUNNING_PROTECTED once the job prints its first progress line after this
-        launch (or after ``launch_timeout_s`` for jobs that print none); RUNNING_PROTECTED ->
-        RUNNING when protection expires.
+        launch (or after ``launch_timeout_s`` for jobs that print none, dated at the process start:
+        its recorded launch takes no time); RUNNING_PROTECTED -> RUNNING when protection expires.
 
         The promotion is dated when the line was printed (its ``t=``, kept between the launch and
         now, :meth:`progress_since`), not when a round noticed it: between rounds (seconds apart) the
@@ -413,7 +413,7 @@ class Actuator:
             if lc.state is S.LAUNCHING:
                 printed = self.progress_since(run, jid, now)
                 if printed is None and now - run.start >= self.launch_timeout_s:
-                    printed = now
+                    printed = run.start  # no progress line: it was running from its process start
                 if printed is not None:
                     ready = min(now, max(lc.since, printed))
                     job.busy_until = ready  # working from the line on: advance() credits now - ready

@@ -413,6 +413,11 @@ class QueueAdmin:
                     pending[n] += 1
                     if j.reason:
                         reasons[n][j.reason] = reasons[n].get(j.reason, 0) + 1
+        held = [0] * len(tree)  # jobs the gate holds (dependencies, array limits): pending, not yet scheduled
+        gate = getattr(self.service, "gate", None)
+        for name, n in (dict(gate.by_queue) if gate is not None else {}).items():
+            for k in tree.path[tree.index[name]] if name in tree.index else ():
+                held[k] += n
         rows = []
         for i, q in enumerate(tree.queues):
             g = tree.guarantee[i]
@@ -424,7 +429,7 @@ class QueueAdmin:
                           if v != float("inf")},
                 "used": {"gpus": used[i][0], "cpus": used[i][1], "mem_mb": used[i][2]},
                 "borrowed": max(0.0, used[i][0] - g[0]),
-                "running": running[i], "pending": pending[i], "reasons": reasons[i],
+                "running": running[i], "pending": pending[i], "held": held[i], "reasons": reasons[i],
                 "default": q.name == tree.default,
                 # who may submit and the queue's limits, as given (see core/queues.py)
                 **{k: v for k, v in q.as_dict().items() if k in _ACCESS},

@@ -15,13 +15,15 @@
   gauges computed at scrape time from the service's current allocation and
   the store (:class:`_Collector`).  ``GET /metrics`` serves them;
 * after every round it **samples** the cluster (GPUs allocated and busy, jobs
-  pending and running) into a ring of recent points, for the dashboard's
-  charts (at most one point per ``sample_s``; ``history_points`` kept).
+  pending and running, GPUs used per queue) for the dashboard's charts, at most
+  one point per ``sample_s``: kept in a ring of recent points
+  (``history_points``) and stored (:mod:`.series`); with each sample it
+  attributes the nodes' NVML readings to jobs (:mod:`.gputel`).
 
 GPUs *allocated* are those some job's allocation holds; *busy* those held by a
-job that is making progress (``running_protected``/``running``), i.e. not
-launching, checkpointing or stopping.  (Actual GPU utilisation from NVML is
-not sampled.)
+job whose process runs (``launching``, ``running_protected``, ``running``: not
+waiting, checkpointing or stopping) and, where NVML samples the GPU
+(:mod:`.gputel`), whose utilisation is above 0.
 """
 
 from __future__ import annotations
@@ -37,9 +39,14 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ...core.lifecycle import PROGRESS_STATES, SHORT_STATE, JobState
+from ...core.queues import QueueError
+from ...core.queues import usage as queue_usage
 from ..state.audit import event_actor
 from ..state.store import unavailable
+from . import opsmetrics
+from .gputel import GpuCollector, JobGpus
 from .health import Observed, readiness
+from .series import SeriesRecorder
 
 if TYPE_CHECKING:
     from ...core.plan import Action
@@ -71,6 +78,7 @@ _VERB = {"submit": "submitted", "launch": "launched", "resume": "resumed", "move
          "preempt": "preempted", "stop": "stopped", "finish": "finished", "fail": "failed", "cancel": "cancelled",
          "requeue": "requeued", "adopt": "adopted"}
 _ENDS = ("finished", "failed", "cancelled", "cancel")
+_PD_STATES = frozenset(s.value for s, code in SHORT_STATE.items() if code == "PD")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 
 
@@ -123,10 +131,15 @@ class Telemetry:
         self.preemptions = Counter("gpuloom_preemptions", "Jobs stopped by the scheduler (preempted, or "
                                    "stopped to move or resize).", registry=r)
         self.failures = Counter("gpuloom_job_failures", "Jobs that failed.", registry=r)
+        self.gpus = JobGpus(service)  # NVML readings attributed to jobs (gputel)
+        self.series = SeriesRecorder(service.store, sample_s)  # the samples, stored (series)
         r.register(_Collector(self))
+        r.register(GpuCollector(self.gpus))
+        opsmetrics.register(r, service)  # type: ignore[arg-type]  # (its queues are made after its telemetry)
         service.store.listeners.append(self.on_event)
 
     def close(self) -> None:
+        self.series.flush()
         try:
             self.svc.store.listeners.remove(self.on_event)
         except ValueError:
@@ -214,7 +227,10 @@ class Telemetry:
         m = self.svc.clock.monotonic()  # the interval: monotonic; the sample's time: wall, for people
         if m - self._last_sample >= self.sample_s:
             self._last_sample = m
-            self.samples.append(self.sample())
+            self.gpus.observe(m)
+            point = self.sample()
+            self.samples.append(point)
+            self.series.add({**point, "queues": self.queue_gpus()})
 
     def sample(self, t: float | None = None) -> dict[str, float]:
         """The cluster now: GPUs total / allocated / busy, jobs pending / running."""
@@ -232,23 +248,44 @@ class Telemetry:
             "running": float(len(holding)),
         }
 
+    def queue_gpus(self) -> dict[str, float]:
+        """GPUs each queue's running jobs hold (summed up the tree; empty without queues): O(running jobs)."""
+        queues = getattr(self.svc, "queues", None)
+        stage = queues.stage if queues is not None and queues.enabled else None
+        tree = stage.tree if stage is not None else None
+        if stage is None or tree is None:
+            return {}
+        jobs = dict(self.svc.driver.jobs)
+        current = dict(self.svc.driver.current)
+        leaf: dict[str, int] = {}
+        for jid in current:
+            if jid in jobs:
+                try:
+                    leaf[jid] = stage.leaf(jobs[jid])
+                except QueueError:
+                    continue
+        used = queue_usage(tree, current, leaf)
+        return {q.name: used[i][0] for i, q in enumerate(tree.queues)}
+
     def gpu_use(self) -> dict[str, dict[str, set[int]]]:
-        """Per node name: node-local GPU indices allocated, and busy (held by a job making progress)."""
+        """Per node name: node-local GPU indices allocated, and busy (see the module notes)."""
         cl = self.svc.cluster
         current = dict(self.svc.driver.current)  # snapshots: the loop may be mid-round
         jobs = dict(self.svc.driver.jobs)
         alloc: dict[str, set[int]] = {n.name: set() for n in cl.nodes}
         busy: dict[str, set[int]] = {n.name: set() for n in cl.nodes}
+        util = self.gpus.util
         for jid, a in current.items():
             job = jobs.get(jid)
             lc = job.lifecycle if job is not None else None
-            progressing = lc is not None and lc.state in PROGRESS_STATES
+            # busy: its process runs (launched or making progress) and, where NVML samples the GPU, it computes
+            running = lc is not None and (lc.state in PROGRESS_STATES or lc.state is S.LAUNCHING)
             for p in a.parts:
                 name = cl.nodes[p.node].name
                 local = {cl.local_index(g) for g in p.gpus}
                 alloc[name] |= local
-                if progressing:
-                    busy[name] |= local
+                if running:
+                    busy[name] |= {g for g in local if (u := util(name, g)) is None or u > 0}
         return {"allocated": alloc, "busy": busy}
 
     def metrics_text(self) -> bytes:
@@ -319,7 +356,18 @@ class _Collector(Collector):
         for (q, code), count in sorted(by_queue.items()):
             fam.add_metric([q, code], count)
         yield fam
-        fam = GaugeMetricFamily("gpuloom_pending_jobs", "Pending jobs by reason.", labels=["reason"])
+        # every pending job has a reason: those no round has given one yet (picked up since, or not yet
+        # picked up from the store) count as Slurm's "None", so the reasons sum to gpuloom_jobs{st="PD"}
+        given = sum(by_reason.values())
+        if counts is not None:
+            unreasoned = sum(n for s, n in counts.items() if s in _PD_STATES) - given
+        else:
+            unreasoned = len(svc.gate) - sum(svc.gate.by_reason.values()) + sum(
+                1 for row, lc in entries if (lc is None or SHORT_STATE[lc.state] == "PD") and not row.pending_reason)
+        if unreasoned > 0:
+            by_reason["None"] = by_reason.get("None", 0) + unreasoned
+        fam = GaugeMetricFamily("gpuloom_pending_jobs", "Pending jobs by reason (None: not looked at yet).",
+                                labels=["reason"])
         for reason, count in sorted(by_reason.items()):
             fam.add_metric([reason], count)
         yield fam

@@ -193,6 +193,7 @@ meta_t = Table(
     Column("key", String(100), primary_key=True),
     Column("value", Text, nullable=False),
 )
+from . import gpudb  # noqa: E402,F401,I001  (GPU telemetry and time series tables, on this metadata)
 
 _JSON_COLS = ("spec", "alloc", "procs")
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: seconds to reach the server (unless the URL sets connect_timeout)

@@ -11,9 +11,11 @@ no CSRF surface.  Charts are inline SVG drawn by ``app.js``; nothing is loaded
 from outside the service.
 
 Views: the overview (cluster map of nodes x GPUs with the jobs holding each,
-utilisation and queue-length charts, the queue with states, reasons and
-queues), a job page (spec, lifecycle timeline, progress chart from the job's
-``GPULOOM_PROGRESS`` lines, log tail, cancel) and the history (accounting).
+utilisation and queue-length charts over a chosen range, the queue with states,
+reasons and queues, filters, search and arrays collapsed to a row), a job page
+(spec, lifecycle timeline, progress chart from the job's ``GPULOOM_PROGRESS``
+lines, NVML telemetry, log tail, cancel), the queues (tree, usage vs guarantee
+vs limit over time) and the history (accounting).
 
 The queue shows how many jobs are active and one page of them at a time, by
 id (500; ``?page=N`` in the address for another size), with Previous and Next:

@@ -12,8 +12,13 @@ let jobMsg = { id: null, text: "", error: false };  // the answer to the last ca
 // the queue is shown a page at a time (QUEUE_PAGE jobs, by id): starts[i] is the id page i comes after
 // (null: the first); kept across refreshes, and back to the first page when the one shown empties
 const QUEUE_PAGE = Number(new URLSearchParams(location.search).get("page") || 500);
-const QUEUE_FIELDS = "id,array,name,user,queue,st,state,held_s,gpus,progress,nodes,pending_reason,reason";
+const QUEUE_FIELDS = "id,array,array_id,name,user,queue,st,state,held_s,gpus,progress,nodes,pending_reason,reason";
 let queuePage = { starts: [null], index: 0 };
+// the charts' time range, and the job list's filters and expanded arrays: kept across refreshes
+const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
+let range = "1h";
+let filters = { user: "", state: "", queue: "", search: "" };
+const expanded = new Set();
 
 // -- DOM helpers: every text goes through textContent (no HTML injection) --------------------
 function el(tag, attrs, ...kids) {
@@ -80,6 +85,8 @@ function dur(s) {
   return d ? `${d}-${p(h)}:${p(m)}:${p(x)}` : h ? `${h}:${p(m)}:${p(x)}` : `${m}:${p(x)}`;
 }
 function when(iso) { return iso ? new Date(iso).toLocaleString() : "-"; }
+// GPU memory, which NVML gives in MiB
+function gib(mib) { return mib === null || mib === undefined ? "-" : `${(mib / 1024).toFixed(1)} GiB`; }
 function mem(mb) {
   if (mb === null || mb === undefined) return "-";
   const f = (v, u) => (Math.abs(v - Math.round(v)) < 0.005 ? v.toFixed(0) : v.toFixed(2)) + u;
@@ -89,6 +96,27 @@ function reasonOf(j) {
   if (j.st === "PD") return j.pending_reason || j.reason || "";
   if (j.st === "R" || j.st === "CG") return (j.nodes || []).join(",");
   return j.reason || "";
+}
+// the job page's reason: why it waits (pending) or why it ended; running jobs have none
+function jobReason(j) {
+  if (j.st === "PD") return j.pending_reason || j.reason || "-";
+  if (ENDED.includes(j.state)) return j.reason || "-";
+  return "-";
+}
+// an event's detail as "key: value" pairs (lists joined, nested objects as their own pairs)
+function detailText(d) {
+  const val = v => Array.isArray(v) ? v.map(x => typeof x === "object" && x !== null ? detailText(x) : x).join(", ")
+    : typeof v === "object" && v !== null ? `{${detailText(v)}}` : String(v);
+  return Object.entries(d || {}).map(([k, v]) => `${k}: ${val(v)}`).join("; ");
+}
+function seriesUrl() {
+  // about 300 points; from 24 h on, over the stored 5-minute means (a cheap read)
+  const step = RANGES[range] >= 86400 ? Math.max(300, Math.round(RANGES[range] / 300)) : Math.max(2, Math.round(RANGES[range] / 300));
+  return `/stats/series?since=${range}&step=${step}`;
+}
+function rangeBar() {
+  return el("div", { class: "ranges", id: "ranges" }, "Range: ", Object.keys(RANGES).map(r => el("button",
+    { class: r === range ? "on" : null, "data-range": r, onclick: () => { range = r; render(); } }, r)));
 }
 function jobLink(id, text) { return el("a", { href: `#/job/${id}` }, text === undefined ? id : text); }
 
@@ -149,18 +177,24 @@ function pager(page) {
 }
 
 async function overview(main) {
-  const [cluster, page, series] = await Promise.all([api("/cluster"), queuePageOf(), api("/stats/series?since=1h")]);
+  const [cluster, page, series] = await Promise.all([api("/cluster"), queuePageOf(), api(seriesUrl())]);
   const jobs = page.body;
   const nodes = el("div", { class: "cards", id: "cluster" }, cluster.nodes.map(n => el("div", { class: `card node${n.reason ? " drained" : ""}`, "data-node": n.name, "data-state": n.state },
     el("div", { class: "name" }, n.name, " ", el("span", { class: "meta" }, n.gpu_type)),
     n.reason ? el("div", { class: "drain-reason", title: n.state }, `${n.state}: ${n.reason}`) : null,
     el("div", { class: "gpus" }, n.slots.map(s => {
       const holders = s.jobs.map(j => j.id).join("+");
-      const tip = s.jobs.length ? s.jobs.map(j => `job ${j.id} (${j.user}: ${j.name})`).join(", ") : "idle";
-      const attrs = { class: `gpu ${s.state}`, title: `GPU ${s.gpu}: ${tip}`, "data-gpu": s.gpu };
+      const tip = (s.jobs.length ? s.jobs.map(j => `job ${j.id} (${j.user}: ${j.name})`).join(", ") : "idle")
+        + (s.util === undefined ? "" : `; ${s.util}% used, memory ${gib(s.mem_used_mb)} of ${gib(s.mem_total_mb)}`
+          + (s.power_w === null ? "" : `, ${s.power_w} W`) + (s.temp_c === null ? "" : `, ${s.temp_c} °C`));
+      const attrs = { class: `gpu ${s.state}`, title: `GPU ${s.gpu}: ${tip}`, "data-gpu": s.gpu,
+        "data-util": s.util === undefined ? null : s.util };
       return s.jobs.length ? el("a", { ...attrs, href: `#/job/${s.jobs[0].id}` }, holders) : el("div", attrs, s.gpu);
     })),
     el("div", { class: "meta" }, `GPUs ${n.gpus_allocated}/${n.gpus} allocated, ${n.gpus_busy} busy`),
+    n.slots.some(s => s.util !== undefined)
+      ? el("div", { class: "meta util" }, "util ", n.slots.map(s => s.util === undefined ? "-" : `${s.util}%`).join(" "))
+      : null,
     el("div", { class: "meta" }, `cores ${n.cpus_used}/${n.cpus}, memory ${mem(n.mem_mb_used)}/${mem(n.mem_mb)}`))));
   const pts = series.map(p => [Date.parse(p.time) / 1000, p]);
   const util = lineChart("GPU utilisation (%)", [
@@ -170,11 +204,8 @@ async function overview(main) {
   const qlen = lineChart("Jobs", [
     { name: "pending", color: "#c53030", points: pts.map(([t, p]) => [t, p.pending]) },
     { name: "running", color: "#2b6cb0", points: pts.map(([t, p]) => [t, p.running]) }], { xLabel: clock, id: "queue-length" });
-  const rows = jobs.map(j => el("tr", { "data-job": j.id },
-    el("td", {}, jobLink(j.id)), el("td", {}, j.array || ""), el("td", {}, j.name), el("td", {}, j.user),
-    el("td", {}, j.queue || "-"), el("td", { class: `st st-${j.st}`, title: j.state }, j.st),
-    el("td", {}, dur(j.held_s)), el("td", {}, j.gpus), el("td", {}, j.progress === null ? "-" : j.progress),
-    el("td", { class: "reason" }, reasonOf(j))));
+  const shown = jobs.filter(matches);
+  const rows = collapse(shown).map(g => g.length === 1 ? jobRow(g[0]) : arrayRows(g)).flat();
   main.replaceChildren(
     el("h2", {}, `Cluster: ${cluster.gpus_allocated}/${cluster.gpus} GPUs allocated, ${cluster.gpus_busy} busy; `
       + `${cluster.jobs_running} running, ${cluster.jobs_pending} pending`),
@@ -182,18 +213,75 @@ async function overview(main) {
       el("span", { style: "background:#d69e2e" }), "allocated (launching or stopping)",
       el("span", { style: "background:#e2e8f0" }), "idle"),
     nodes,
+    rangeBar(),
     el("div", { class: "charts" }, util, qlen),
     el("h2", { id: "queue-title" }, `Queue (${page.total ?? jobs.length} active jobs)`),
     pager(page),
+    filterBar(jobs),
     el("table", { id: "queue" },
       el("thead", {}, el("tr", {}, ["JOBID", "ARRAY", "NAME", "USER", "QUEUE", "ST", "TIME", "GPUS", "ITER",
         "NODELIST(REASON)"].map(h => el("th", {}, h)))),
       el("tbody", {}, rows)));
 }
 
+function jobRow(j, extra) {
+  return el("tr", { "data-job": j.id, class: extra || null },
+    el("td", {}, jobLink(j.id)), el("td", {}, j.array || ""), el("td", {}, j.name), el("td", {}, j.user),
+    el("td", {}, j.queue || "-"), el("td", { class: `st st-${j.st}`, title: j.state }, j.st),
+    el("td", {}, dur(j.held_s)), el("td", {}, j.gpus), el("td", {}, j.progress === null ? "-" : j.progress),
+    el("td", { class: "reason" }, reasonOf(j)));
+}
+// the filters (user, state, queue) and the search box (id, name, array, command words) on the page's jobs
+function matches(j) {
+  const q = filters.search.trim().toLowerCase();
+  return (!filters.user || j.user === filters.user) && (!filters.state || j.st === filters.state)
+    && (!filters.queue || (j.queue || "-") === filters.queue)
+    && (!q || [j.id, j.name, j.array, j.user].some(v => v !== null && v !== undefined && String(v).toLowerCase().includes(q)));
+}
+function filterBar(jobs) {
+  const pick = (key, values, label) => el("select", { id: `filter-${key}`, "aria-label": label, onchange: ev => {
+    filters[key] = ev.target.value; render(); } },
+    el("option", { value: "" }, `all ${label}s`),
+    [...new Set(values)].sort().map(v => el("option", { value: v, selected: v === filters[key] }, v)));
+  const search = el("input", { id: "filter-search", type: "search", placeholder: "search id, name, user",
+    value: filters.search, "aria-label": "search" });
+  search.addEventListener("change", () => { filters.search = search.value; render(); });
+  return el("div", { class: "filters", id: "filters" }, pick("user", jobs.map(j => j.user), "user"),
+    pick("state", jobs.map(j => j.st), "state"), pick("queue", jobs.map(j => j.queue || "-"), "queue"), search,
+    el("span", { class: "meta" }, "(on this page of jobs)"));
+}
+// consecutive tasks of one array become one group (one row, expandable); other jobs a group each
+function collapse(jobs) {
+  const out = [];
+  for (const j of jobs) {
+    const last = out[out.length - 1];
+    if (j.array_id !== undefined && j.array && last && last[0].array && arrayOf(last[0]) === arrayOf(j)) last.push(j);
+    else out.push([j]);
+  }
+  return out;
+}
+function arrayOf(j) { return String(j.array).split("_")[0]; }
+function arrayRows(tasks) {
+  const a = arrayOf(tasks[0]), open = expanded.has(a);
+  const count = {};
+  for (const t of tasks) count[t.st] = (count[t.st] || 0) + 1;
+  const states = Object.entries(count).map(([k, v]) => `${v} ${k}`).join(", ");
+  const toggle = el("button", { class: "toggle", "data-array": a, title: open ? "collapse" : "show each task",
+    onclick: () => { if (open) expanded.delete(a); else expanded.add(a); render(); } }, open ? "−" : "+");
+  const first = tasks[0];
+  const head = el("tr", { "data-array": a, class: "array" },
+    el("td", {}, toggle, " ", jobLink(first.id, `${a}_[${tasks.map(t => t.array.split("_")[1]).join(",")}]`)),
+    el("td", {}, `${tasks.length} tasks`), el("td", {}, first.name), el("td", {}, first.user),
+    el("td", {}, first.queue || "-"), el("td", {}, states), el("td", {}, ""),
+    el("td", {}, tasks.reduce((n, t) => n + Number(t.gpus || 0), 0)), el("td", {}, ""),
+    el("td", { class: "reason" }, [...new Set(tasks.map(reasonOf).filter(Boolean))].join("; ")));
+  return [head, ...(open ? tasks.map(t => jobRow(t, "task")) : [])];
+}
+
 async function jobPage(main, id) {
   const job = await api(`/jobs/${id}`);
-  const [events, allocs] = await Promise.all([api(`/jobs/${id}/events`), api(`/jobs/${id}/allocations`)]);
+  const [events, allocs, gpus] = await Promise.all([api(`/jobs/${id}/events`), api(`/jobs/${id}/allocations`),
+    api(`/jobs/${id}/gpus`)]);
   const mine = me && (me.admin || me.user === job.user);
   let progress = [], log = "";
   if (mine) [progress, log] = await Promise.all([api(`/jobs/${id}/progress`), api(`/jobs/${id}/logs?tail=6000`)]);
@@ -215,7 +303,7 @@ async function jobPage(main, id) {
       try { const j = await api(`/jobs/${id}`, { method: "DELETE" }); show(`job ${id}: ${j.state}`, false); }
       catch (e) { show(e.message, true); }
     } }, "Cancel job");
-  const spec = [["state", `${job.st} (${job.state})`], ["reason", reasonOf(job) || "-"], ["user", job.user],
+  const spec = [["state", `${job.st} (${job.state})`], ["reason", jobReason(job)], ["user", job.user],
     ["queue", job.queue || "-"], ["array", job.array || "-"], ["dependency", job.dependency || "-"],
     ["command", job.command], ["gpus", job.gpus], ["cpus", job.cpus ?? "-"], ["memory", mem(job.mem_mb)],
     ["time limit", dur(job.time_limit)], ["submitted", when(job.submit_time)], ["started", when(job.first_start)],
@@ -236,10 +324,11 @@ async function jobPage(main, id) {
     el("div", { class: "row" },
       el("div", {}, el("dl", { class: "spec", id: "spec" }, spec.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]))),
       el("div", {}, chart)),
+    gpuSection(gpus),
     el("h2", {}, "Timeline"),
     el("table", { id: "timeline" }, el("thead", {}, el("tr", {}, ["TIME", "EVENT", "DETAIL"].map(h => el("th", {}, h)))),
       el("tbody", {}, events.map(e => el("tr", {}, el("td", {}, when(e.time)), el("td", {}, e.kind),
-        el("td", { class: "reason" }, Object.keys(e.detail || {}).length ? JSON.stringify(e.detail) : ""))))),
+        el("td", { class: "reason detail" }, detailText(e.detail)))))),
     el("h2", {}, "Allocations"),
     el("table", { id: "allocations" }, el("thead", {}, el("tr", {}, ["FROM", "TO", "NODES", "GPUS", "CORES", "MEMORY", "BY"]
       .map(h => el("th", {}, h)))), el("tbody", {}, allocs.map(a => el("tr", {}, el("td", {}, when(a.start)),
@@ -248,6 +337,60 @@ async function jobPage(main, id) {
       el("td", {}, a.cpus), el("td", {}, mem(a.mem_mb)), el("td", {}, `${a.opened_by} → ${a.closed_by || ""}`))))),
     el("h2", {}, "Log (tail)"), pre);
   pre.scrollTop = pre.scrollHeight;
+}
+
+// the job's GPUs from NVML: each now, its totals, and a chart of its recent utilisation and memory
+function gpuSection(g) {
+  if (!g.now.length && !g.total) return null;
+  const pts = g.series.map(p => [Date.parse(p.time) / 1000, p]);
+  const t = g.total;
+  const w = v => (v === null || v === undefined ? "-" : v);
+  return el("div", { id: "gpu-telemetry" },
+    el("h2", {}, "GPU telemetry"),
+    t ? el("p", { id: "gpu-total" }, `utilisation mean ${w(t.gpu_util_mean)}%, max ${w(t.gpu_util_max)}%; `
+      + `memory max ${gib(t.gpu_mem_max_mb)}; energy ${t.gpu_energy_wh === null ? "-" : t.gpu_energy_wh + " Wh"} `
+      + `(${t.gpu_samples} samples)`) : null,
+    el("div", { class: "row" },
+      el("div", {}, el("table", { id: "gpu-now" }, el("thead", {}, el("tr", {}, ["NODE", "GPU", "UTIL", "MEMORY",
+        "POWER", "TEMP"].map(h => el("th", {}, h)))), el("tbody", {}, g.now.map(r => el("tr", {},
+        el("td", {}, r.node), el("td", {}, r.gpu), el("td", {}, `${r.util}%`),
+        el("td", {}, `${gib(r.mem_used_mb)} / ${gib(r.mem_total_mb)}`),
+        el("td", {}, r.power_w === null ? "-" : `${r.power_w} W`), el("td", {}, r.temp_c === null ? "-" : `${r.temp_c} °C`)))))),
+      el("div", { class: "charts" },
+        lineChart("GPU utilisation (%)", [{ name: "util", color: "#2f855a", points: pts.map(([x, p]) => [x, p.util]) }],
+          { yMax: 100, xLabel: clock, id: "gpu-util", width: 360 }),
+        lineChart("GPU memory (GiB)", [{ name: "used", color: "#2b6cb0",
+          points: pts.map(([x, p]) => [x, p.mem_used_mb / 1024]) }], { xLabel: clock, id: "gpu-mem", width: 360 }))));
+}
+
+// each queue: its place in the tree, usage vs guarantee vs limit (now and over time), running and pending
+async function queuesPage(main) {
+  const [q, series] = await Promise.all([api("/queues"), api(seriesUrl())]);
+  if (!q.queues.length) {
+    main.replaceChildren(el("h2", {}, "Queues"), el("p", { id: "no-queues" }, "This service runs without queues."));
+    return;
+  }
+  const pts = series.map(p => [Date.parse(p.time) / 1000, p]);
+  const limitOf = r => (r.limit.gpus === undefined ? "-" : r.limit.gpus);
+  const rows = q.queues.map(r => el("tr", { "data-queue": r.name },
+    el("td", { style: `padding-left:${8 + 18 * r.depth}px` }, r.depth ? "└ " : "", r.name, r.default ? " (default)" : ""),
+    el("td", {}, r.parent || "-"), el("td", {}, r.used.gpus), el("td", {}, r.guarantee.gpus), el("td", {}, limitOf(r)),
+    el("td", {}, r.borrowed), el("td", {}, r.running), el("td", {}, r.pending + (r.held || 0)),
+    el("td", { class: "reason" }, Object.entries({ ...r.reasons, ...(r.held ? { "held (dependency, array limit)": r.held } : {}) })
+      .map(([k, v]) => `${k}: ${v}`).join(", "))));
+  const charts = q.queues.map(r => {
+    const flat = v => pts.length ? [[pts[0][0], v], [pts[pts.length - 1][0], v]] : [];
+    const lines = [{ name: "used", color: "#2f855a", points: pts.map(([x, p]) => [x, (p.queues || {})[r.name] || 0]) },
+      { name: "guarantee", color: "#2b6cb0", points: flat(r.guarantee.gpus) }];
+    if (r.limit.gpus !== undefined) lines.push({ name: "limit", color: "#c53030", points: flat(r.limit.gpus) });
+    return lineChart(`${r.name} (GPUs)`, lines, { xLabel: clock, id: `queue-${r.name}`, width: 360, height: 150,
+      yMax: Math.max(1, r.limit.gpus ?? 0, r.guarantee.gpus, ...pts.map(([, p]) => (p.queues || {})[r.name] || 0)) });
+  });
+  main.replaceChildren(
+    el("h2", {}, `Queues (${q.policy})`),
+    el("table", { id: "queues" }, el("thead", {}, el("tr", {}, ["QUEUE", "PARENT", "GPUS USED", "GUARANTEE", "LIMIT",
+      "BORROWED", "RUNNING", "PENDING", "PENDING REASONS"].map(h => el("th", {}, h)))), el("tbody", {}, rows)),
+    el("h2", {}, "Usage over time"), rangeBar(), el("div", { class: "charts", id: "queue-charts" }, charts));
 }
 
 async function historyPage(main) {
@@ -270,6 +413,7 @@ async function render() {
   try {
     if (m) await jobPage(main, m[1]);
     else if (location.hash.startsWith("#/history")) await historyPage(main);
+    else if (location.hash.startsWith("#/queues")) await queuesPage(main);
     else await overview(main);
     main.dataset.rendered = String(Date.now());
   } catch (e) {
