@@ -10,22 +10,19 @@
 
 Writes are not fsynced one by one (``durable=False``, SQLite's NORMAL): a crash may lose the
 last points, never the database; a full disk raises :class:`~.store.StoreFull` as elsewhere.
-The store's module imports this one, so the tables are made by the store's own ``create_all``
-with the others: an older database gains them when it opens.  :func:`ensure` makes them again
-in a store whose tables were dropped after it opened (once per store).
+The tables are defined with the others in :mod:`.store`, so the store's own ``create_all`` makes
+them: an older database gains them when it opens.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Column, Float, Index, Integer, Table, Text, delete, insert, select, update
+from sqlalchemy import delete, insert, select, update
 
-from .store import metadata  # (the store's module imports this one once its metadata exists)
+from .store import gpu_usage_t, series_t
 
 if TYPE_CHECKING:
     from .store import Store
@@ -34,46 +31,11 @@ FINE_KEEP_S = 24 * 3600.0
 COARSE_S = 300.0
 COARSE_KEEP_S = 30 * 86400.0
 
-gpu_usage_t = Table(
-    "gpu_usage", metadata,
-    Column("job_id", Integer, primary_key=True),
-    Column("samples", Integer, nullable=False),
-    Column("util_sum", Float, nullable=False),  # sum over samples of the mean utilisation (%) of its GPUs
-    Column("util_max", Float, nullable=False),
-    Column("mem_max_mb", Float, nullable=False),  # MiB its GPUs held at once, at most
-    Column("energy_j", Float),  # None: some GPU had no power reading
-    Column("updated", Float, nullable=False),
-)
-series_t = Table(
-    "series", metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("time", Float, nullable=False),
-    Column("step", Float, nullable=False),  # the interval the point stands for: fine or COARSE_S
-    Column("doc", Text, nullable=False),
-    Index("ix_series_step_time", "step", "time"),
-)
-
-_made: weakref.WeakSet[Store] = weakref.WeakSet()
-_made_lock = threading.Lock()
-
-
-def ensure(store: Store) -> None:
-    """Make the tables in a store opened before this module was imported (once per store)."""
-    if store in _made:
-        return
-    with _made_lock, store.lock:
-        if store not in _made:
-            for t in (gpu_usage_t, series_t):
-                t.create(store.engine, checkfirst=True)
-            _made.add(store)
-
-
 # -- per-job GPU usage ------------------------------------------------------------------------------
 def load_usage(store: Store, job_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    ensure(store)
     with store.lock, store.engine.connect() as c:
         rows = c.execute(select(gpu_usage_t).where(gpu_usage_t.c.job_id.in_(ids))).mappings().all()
     return {int(r["job_id"]): dict(r) for r in rows}
@@ -83,7 +45,6 @@ def save_usage(store: Store, rows: Mapping[int, Mapping[str, Any]], known: set[i
     """Write these jobs' rows (``known``: the ids already stored, updated; the others inserted)."""
     if not rows:
         return
-    ensure(store)
     with store.lock, store._begin(durable=False) as c:
         for jid, r in rows.items():
             vals = {k: r[k] for k in ("samples", "util_sum", "util_max", "mem_max_mb", "energy_j", "updated")}
@@ -113,14 +74,12 @@ def add_points(store: Store, points: Iterable[tuple[float, float, Mapping[str, A
     rows = [{"time": t, "step": s, "doc": json.dumps(d, separators=(",", ":"))} for t, s, d in points]
     if not rows:
         return
-    ensure(store)
     with store.lock, store._begin(durable=False) as c:
         c.execute(insert(series_t), rows)
 
 
 def prune(store: Store, now: float, fine_step: float) -> None:
     """Drop fine points older than FINE_KEEP_S and coarse ones older than COARSE_KEEP_S."""
-    ensure(store)
     with store.lock, store._begin(durable=False) as c:
         c.execute(delete(series_t).where(series_t.c.step < COARSE_S, series_t.c.time < now - FINE_KEEP_S))
         c.execute(delete(series_t).where(series_t.c.step >= COARSE_S, series_t.c.time < now - COARSE_KEEP_S))
@@ -130,7 +89,6 @@ def points(store: Store, since: float, until: float | None = None,
            coarse: bool = False) -> list[tuple[float, float, dict[str, Any]]]:
     """(time, step, doc) from ``since`` on, by time: coarse points where no fine one is kept, fine ones
     after; with ``coarse``, coarse points wherever there are some, fine ones only after the last."""
-    ensure(store)
     is_fine, is_coarse = series_t.c.step < COARSE_S, series_t.c.step >= COARSE_S
     with store.lock, store.engine.connect() as c:
         q = select(series_t.c.time, series_t.c.step, series_t.c.doc).where(series_t.c.time >= since)

@@ -193,7 +193,25 @@ meta_t = Table(
     Column("key", String(100), primary_key=True),
     Column("value", Text, nullable=False),
 )
-from . import gpudb  # noqa: E402,F401,I001  (GPU telemetry and time series tables, on this metadata)
+# GPU telemetry totals per job and the dashboard's time series: written and read by :mod:`.gpudb`.
+gpu_usage_t = Table(
+    "gpu_usage", metadata,
+    Column("job_id", Integer, primary_key=True),
+    Column("samples", Integer, nullable=False),
+    Column("util_sum", Float, nullable=False),  # sum over samples of the mean utilisation (%) of its GPUs
+    Column("util_max", Float, nullable=False),
+    Column("mem_max_mb", Float, nullable=False),  # MiB its GPUs held at once, at most
+    Column("energy_j", Float),  # None: some GPU had no power reading
+    Column("updated", Float, nullable=False),
+)
+series_t = Table(
+    "series", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("step", Float, nullable=False),  # the interval the point stands for: fine or COARSE_S
+    Column("doc", Text, nullable=False),
+    Index("ix_series_step_time", "step", "time"),
+)
 
 _JSON_COLS = ("spec", "alloc", "procs")
 CONNECT_TIMEOUT_S = 10  # PostgreSQL: seconds to reach the server (unless the URL sets connect_timeout)
