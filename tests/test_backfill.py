@@ -154,13 +154,13 @@ def test_service_big_job_starts_no_later_than_its_estimate(tmp_path) -> None:  #
     try:
         with s.client() as c:
             for i in range(4):
-                submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=3 + i)
+                submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=f"{3 + i}s")
             wait_for(lambda: all(job(c, i + 1)["st"] == "R" for i in range(4)), what="the first four running")
-            big = submit(c, name="big", command="sleep 1", gpus=4, time_limit=3)
+            big = submit(c, name="big", command="sleep 1", gpus=4, time_limit="3s")
             first = wait_for(lambda: job(c, big)["est_start"], what="an estimate for the 4-GPU job")
             small = []
             for k in range(12):
-                small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit=4))
+                small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit="4s"))
                 if k == 0:  # a waiting job behind it: its position, no estimate beyond the reserved ones
                     d = wait_for(lambda: (x := job(c, small[0]))["queue_position"] and x, what="s0's position")
                     assert (d["queue_position"], d["queue_position_in_queue"]) == (2, 2)
@@ -200,10 +200,10 @@ def test_queue_start_and_show_print_positions_and_estimates(tmp_path) -> None:  
     s = Server(tmp_path, "--gpus", "1", "--round", "0.2").start()
     try:
         with s.client() as c:
-            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit=60)
+            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit="60s")
             wait_for(lambda: job(c, holder)["st"] == "R", what="the holder running")
-            first = submit(c, name="first", command="true", gpus=1, time_limit=10)
-            second = submit(c, name="second", command="true", gpus=1, time_limit=20)
+            first = submit(c, name="first", command="true", gpus=1, time_limit="10s")
+            second = submit(c, name="second", command="true", gpus=1, time_limit="20s")
             wait_for(lambda: job(c, second)["est_start"], what="estimates")
 
         def starts() -> list[dict]:
@@ -239,9 +239,9 @@ def test_dashboard_job_page_shows_position_and_estimated_start(tmp_path) -> None
     s = Server(tmp_path, "--gpus", "1", "--round", "0.2").start()
     try:
         with s.client() as c:
-            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit=60)
+            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit="60s")
             wait_for(lambda: job(c, holder)["st"] == "R", what="the holder running")
-            waiting = submit(c, name="waiting", command="true", gpus=1, time_limit=10)
+            waiting = submit(c, name="waiting", command="true", gpus=1, time_limit="10s")
             est = wait_for(lambda: job(c, waiting)["est_start"], what="an estimate")
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)

@@ -164,12 +164,12 @@ def test_service_reservation_keeps_a_node_for_its_users(tmp_path: Path) -> None:
             with s.client(bob_token) as b:
                 assert b.post("/reservations", json={"nodes": "node-0", "duration": 60, "users": "bob"}).status_code == 403
                 assert b.delete("/reservations/maint").json()["detail"] == "only an admin may delete reservations"
-                b1 = submit(b, command="sleep 60", gpus=1, time_limit=120)
-                b2 = submit(b, command="sleep 60", gpus=1, time_limit=120)
+                b1 = submit(b, command="sleep 60", gpus=1, time_limit="120s")
+                b2 = submit(b, command="sleep 60", gpus=1, time_limit="120s")
             wait_for(lambda: job(c, b1)["st"] == "R", what="bob's first job running")
             time.sleep(1.0)  # rounds pass: bob's second job stays off node-1
             assert job(c, b1)["nodes"] == ["node-0"] and job(c, b2)["st"] == "PD"
-            mine = submit(c, command="sleep 60", gpus=1, time_limit=120)
+            mine = submit(c, command="sleep 60", gpus=1, time_limit="120s")
             wait_for(lambda: job(c, mine)["st"] == "R", what="admin's job in the reservation")
             assert job(c, mine)["nodes"] == ["node-1"]
             listed = c.get("/reservations").json()
@@ -211,7 +211,7 @@ def test_service_refuses_bad_reservations(tmp_path: Path) -> None:
             assert refused({**base, "gpus": 3}) == (422, ("gpus", "reservation 'resv1': gpus: 3 asked, the cluster has 2"))
             assert refused({**base, "nodes": "node-0", "start": "soon"})[1][0] == "start"  # type: ignore[index]
             code, (field, msg) = refused({**base, "nodes": "node-0", "duration": "0"})  # type: ignore[misc]
-            assert (code, field, msg) == (422, "duration", "duration: must be a finite number of seconds > 0, got '0'")
+            assert (code, field, msg) == (422, "duration", "duration: must be a finite time > 0, got '0'")
             code, (field, msg) = refused({**base, "nodes": "node-0", "start": "2020-01-01"})  # type: ignore[misc]
             assert (code, field, msg) == (422, "start", "the reservation would be over before it is made")
             assert refused({"duration": "1h", "users": "", "nodes": "node-0"}) == (
