@@ -107,6 +107,7 @@ from .admission import check_submittable, refuse_reason
 from .config import ServiceConfig
 from .deps import Gate, parse_array, resolve_dependency
 from .errors import NotFound, PermissionDenied, SubmitError
+from .gather import Gather
 from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
 from .inventory import follow as follow_inventory
 from .inventory import unpark
@@ -128,6 +129,8 @@ __all__ = [
 log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
+MAX_EVENT_GAP_S = 0.2  # ... and at most this far while events stream in (:mod:`.gather`)
+STREAM_S = 0.1  # an event sooner than this after a round is part of a stream
 MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`Service.mark_time`)
 
 S = JobState
@@ -179,6 +182,7 @@ class Service:
         self._contact: list[Job] = []  # admitted in WAITING_FOR_INITIAL_CONTACT since the last _load_new
         self.lock = threading.RLock()  # in-memory state: loop vs API readers
         self._wake = threading.Event()
+        self.gather = Gather(min(self.round_s, MIN_EVENT_GAP_S), min(self.round_s, MAX_EVENT_GAP_S), STREAM_S)
         self._stop = threading.Event()
         self._cancels: set[str] = set()
         self._cancel_lock = threading.Lock()
@@ -408,7 +412,6 @@ class Service:
     def _loop(self) -> None:
         self.store.lock.first()  # a stream of submissions cannot keep rounds waiting for the store
         tick = min(self.round_s, 0.1)
-        gap = min(self.round_s, MIN_EVENT_GAP_S)
         next_round = 0.0
         last = 0.0
         clock = self.clock
@@ -418,7 +421,8 @@ class Service:
             woke = self._wake.wait(timeout=min(tick, max(0.0, next_round - clock.monotonic())))
             if woke:
                 # a burst of submissions: let it gather for a moment so one round takes them all
-                self._stop.wait(max(0.0, last + gap - clock.monotonic()))
+                # (and longer while they stream in: :mod:`.gather`)
+                self._stop.wait(max(0.0, last + self.gather.next(clock.monotonic() - last) - clock.monotonic()))
             self._wake.clear()
             if self._stop.is_set():
                 break
