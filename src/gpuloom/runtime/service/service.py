@@ -281,13 +281,17 @@ class Service:
 
     def submit(self, spec: Mapping[str, Any], user: str) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
+        return self.submit_row(spec, user).id
+
+    def submit_row(self, spec: Mapping[str, Any], user: str) -> JobRow:
+        """:meth:`submit`, returning the (first) job's row as stored (:meth:`..state.store.Store.add_jobs_row`)."""
         self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
-        ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
-                                  now=self.clock.time(), array_tasks=tasks)
+        _, row = self.store.add_jobs_row([spec] * (len(tasks) if tasks else 1), user,
+                                         S.WAITING_FOR_INITIAL_CONTACT.value, now=self.clock.time(), array_tasks=tasks)
         self._wake.set()
-        return ids[0]
+        return row
 
     def _expand(self, spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[int] | None]:
         """The spec as stored (array limit, resolved dependencies) and its array's task indices."""
