@@ -688,10 +688,11 @@ class Service:
         jobs = self.driver.jobs
         new = [j.id for j in self._contact if jobs.get(j.id) is j and j.lifecycle is not None
                and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
-        self._contact = []
-        if new:
+        if new:  # (a store that refuses it: they stay in _contact, and the next round tries again)
             self.store.set_states([int(j) for j in new], S.WAITING_FOR_INITIAL_RESOURCE.value,
                                   [S.WAITING_FOR_INITIAL_CONTACT.value], now=self.clock.time())
+        self._contact = []
+        if new:
             now = self.now()
             for jid in new:
                 lc = self.driver.jobs[jid].lifecycle
