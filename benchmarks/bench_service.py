@@ -16,8 +16,9 @@ httpx clients.
   (queueing behind other launches).
 
 Run: ``PYTHONPATH=src python benchmarks/bench_service.py``; with ``--baseline OTHER_CHECKOUT``, only the
-submission benchmark from 32 clients, alternating between that checkout's server and this one's, in
-one run (medians of 3 and their ratios).
+submission benchmark from 32 clients, 6 pairs of runs of that checkout's server and this one's, each
+version first in every other pair, in one run (medians and their ratios, and the median of each pair's
+ratio).
 """
 
 from __future__ import annotations
@@ -156,14 +157,17 @@ def bench_launch(n: int, clients: int, round_s: float, gap: float = 0.0) -> dict
             "max_ms": float(lat.max())}
 
 
-def compare_submit(baseline: Path, n: int = 1000, clients: int = 32, repeats: int = 5) -> None:
+def compare_submit(baseline: Path, n: int = 1000, clients: int = 32, repeats: int = 6) -> None:
     """Submission throughput and p99 latency from ``clients`` clients: this checkout against another
     (``baseline``, e.g. a worktree of an earlier commit), alternating, in one run; medians and ratios."""
     runs: dict[str, list[dict]] = {"baseline": [], "this": []}
-    for _ in range(repeats):
-        for name, src in (("baseline", baseline / "src"), ("this", REPO / "src")):
+    pair = (("baseline", baseline / "src"), ("this", REPO / "src"))
+    for k in range(repeats):
+        # each version goes first in every other pair: a run that follows another (its disk writes still
+        # being flushed, its processes being reaped) is not always the same version's
+        for name, src in pair if k % 2 == 0 else pair[::-1]:
             runs[name].append(bench_submit(n, clients, src))
-    print(f"submit: {n} jobs from {clients} clients, {repeats} alternating pairs; "
+    print(f"submit: {n} jobs from {clients} clients, {repeats} alternating pairs (each version first in turn); "
           f"{psutil.cpu_count()} cores, SQLite WAL synchronous=FULL")
     med = {}
     for name, rs in runs.items():

@@ -517,14 +517,15 @@ def create_app(service: Service) -> FastAPI:
         except QueueError as e:
             raise HTTPException(422, [{"loc": ["body", "queue"], "msg": str(e), "type": "no_queue"}]) from None
         with service.limits.admitting(store, spec, owner, admin, idempotency_key, service.queues.check_pending):
-            if idempotency_key is None:
-                jid = service.submit(spec, owner, user)
+            row = None
+            if idempotency_key is None:  # (its row read back under the insert's hold of the store's lock)
+                row = service.submit_row(spec, owner, user)
             else:  # a retry with the same key gets the job the first attempt created
                 jid, new = service.submit_once(spec, owner, idempotency_key, user)
                 if not new:
                     response.status_code = 200
         service.telemetry.submit_seconds.observe(time.perf_counter() - t0)
-        return job_json(get_row(jid))
+        return job_json(row if row is not None else get_row(jid))
 
     @app.get("/jobs")
     def list_jobs(

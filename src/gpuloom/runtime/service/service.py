@@ -109,6 +109,7 @@ from .config import ServiceConfig
 from .control import Control
 from .deps import Gate, parse_array, resolve_dependency
 from .errors import NotFound, PermissionDenied, SubmitError
+from .gather import Gather
 from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
 from .inventory import follow as follow_inventory
 from .inventory import unpark
@@ -130,6 +131,8 @@ __all__ = [
 log = logging.getLogger("gpuloom.service")
 
 MIN_EVENT_GAP_S = 0.02  # event-triggered rounds are at least this far apart (bursts batch)
+MAX_EVENT_GAP_S = 0.2  # ... and at most this far while events stream in (:mod:`.gather`)
+STREAM_S = 0.1  # an event sooner than this after a round is part of a stream
 MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`Service.mark_time`)
 
 S = JobState
@@ -181,6 +184,7 @@ class Service:
         self._contact: list[Job] = []  # admitted in WAITING_FOR_INITIAL_CONTACT since the last _load_new
         self.lock = threading.RLock()  # in-memory state: loop vs API readers
         self._wake = threading.Event()
+        self.gather = Gather(min(self.round_s, MIN_EVENT_GAP_S), min(self.round_s, MAX_EVENT_GAP_S), STREAM_S)
         self._stop = threading.Event()
         self._cancels: set[str] = set()
         self._cancel_lock = threading.Lock()
@@ -280,14 +284,19 @@ class Service:
 
     def submit(self, spec: JobRequest | Mapping[str, Any], user: str, actor: str | None = None) -> int:
         """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
+        return self.submit_row(spec, user, actor).id
+
+    def submit_row(self, spec: JobRequest | Mapping[str, Any], user: str, actor: str | None = None) -> JobRow:
+        """:meth:`submit`, returning the (first) job's row as stored (:meth:`..state.store.Store.add_jobs_row`)."""
         spec = spec.stored() if isinstance(spec, JobRequest) else spec
         self.disk.check_submit()
         self.validate(spec, user)
         spec, tasks = self._expand(spec)
-        ids = self.store.add_jobs([spec] * (len(tasks) if tasks else 1), user, S.WAITING_FOR_INITIAL_CONTACT.value,
-                                  now=self.clock.time(), array_tasks=tasks, actor=actor)
+        _, row = self.store.add_jobs_row([spec] * (len(tasks) if tasks else 1), user,
+                                         S.WAITING_FOR_INITIAL_CONTACT.value, now=self.clock.time(), array_tasks=tasks,
+                                         actor=actor)
         self._wake.set()
-        return ids[0]
+        return row
 
     def _expand(self, spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[int] | None]:
         """The spec as stored (array limit, resolved dependencies) and its array's task indices."""
@@ -415,7 +424,6 @@ class Service:
     def _loop(self) -> None:
         self.store.lock.first()  # a stream of submissions cannot keep rounds waiting for the store
         tick = min(self.round_s, 0.1)
-        gap = min(self.round_s, MIN_EVENT_GAP_S)
         next_round = 0.0
         last = 0.0
         clock = self.clock
@@ -425,7 +433,8 @@ class Service:
             woke = self._wake.wait(timeout=min(tick, max(0.0, next_round - clock.monotonic())))
             if woke:
                 # a burst of submissions: let it gather for a moment so one round takes them all
-                self._stop.wait(max(0.0, last + gap - clock.monotonic()))
+                # (and longer while they stream in: :mod:`.gather`)
+                self._stop.wait(max(0.0, last + self.gather.next(clock.monotonic() - last) - clock.monotonic()))
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -689,10 +698,11 @@ class Service:
         jobs = self.driver.jobs
         new = [j.id for j in self._contact if jobs.get(j.id) is j and j.lifecycle is not None
                and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
-        self._contact = []
-        if new:
+        if new:  # (a store that refuses it: they stay in _contact, and the next round tries again)
             self.store.set_states([int(j) for j in new], S.WAITING_FOR_INITIAL_RESOURCE.value,
                                   [S.WAITING_FOR_INITIAL_CONTACT.value], now=self.clock.time())
+        self._contact = []
+        if new:
             now = self.now()
             for jid in new:
                 lc = self.driver.jobs[jid].lifecycle

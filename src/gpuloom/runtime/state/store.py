@@ -523,6 +523,21 @@ class Store:
         self._notify_submitted(ids, user, state, now, array_tasks, specs, actor)
         return ids
 
+    def add_jobs_row(self, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float | None = None,
+                     array_tasks: Sequence[int] | None = None, actor: str | None = None) -> tuple[list[int], JobRow]:
+        """:meth:`add_jobs`, and the first job's row as stored, read under the same hold of the lock: a
+        submission that answers with its job waits for the lock once, not twice."""
+        now = time.time() if now is None else now
+        if array_tasks is not None and len(array_tasks) != len(specs):
+            raise ValueError("one array task index per spec")
+        with self.lock:
+            with self._begin(True) as c:
+                ids = self._insert_jobs(c, specs, user, state, now, array_tasks, actor)
+            row = self.get_job(ids[0])
+        self._notify_submitted(ids, user, state, now, array_tasks, specs, actor)
+        assert row is not None  # (committed above; jobs are deleted only when purged, long after they end)
+        return ids, row
+
     def _insert_jobs(self, c: Any, specs: Sequence[Mapping[str, Any]], user: str, state: str, now: float,
                      array_tasks: Sequence[int] | None, actor: str | None = None) -> list[int]:
         ids: list[int] = []
