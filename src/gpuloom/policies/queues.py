@@ -230,6 +230,20 @@ class QuotaQueues(QueuePolicy):
     def leaves(self, jobs: Sequence[Job]) -> dict[str, int]:
         return {j.id: self.leaf(j) for j in jobs}
 
+    def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
+        """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
+        admission filled it for this tree (it has every active job's leaf), else looked up job by job."""
+        book = self._book
+        if (self._from_book and book is not None and not book.pending and book.follows(view)
+                and book.version is not None and book.version[0] == self.version and book.version[1] is self.tree):
+            where = book.where
+            try:
+                return {jid: where[jid][0] for jid in ids}
+            except KeyError:  # (not one of the jobs the book holds: look each up)
+                pass
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        return {jid: self.leaf(by_id[jid]) for jid in ids}
+
     # -- admission -------------------------------------------------------------------------------
     def listener(self, tally: Any) -> QueueBook:
         """The book of active jobs per leaf, following the driver whose tally is ``tally`` (see
@@ -527,8 +541,7 @@ class QuotaQueues(QueuePolicy):
             return []
         tree = self.tree
         allocs = plan.allocations
-        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        u = usage(tree, allocs, {jid: self.leaf(by_id[jid]) for jid in allocs})
+        u = usage(tree, allocs, self.leaf_map(allocs, view))
         out = []
         smallest = self._smallest_left_out(plan, view)
         for q in tree.leaves:
@@ -562,7 +575,7 @@ class QuotaQueues(QueuePolicy):
         if not self.guarantees or tree is None:
             return []
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        leaf = {jid: self.leaf(by_id[jid]) for jid in allocs if jid in by_id}
+        leaf = self.leaf_map([jid for jid in allocs if jid in by_id], view)
         u = usage(tree, allocs, leaf)
         g = tree.guarantee
         lenders = {q for q in tree.leaves if u[q][0] > g[q][0] + _EPS}
@@ -644,7 +657,7 @@ class QuotaQueues(QueuePolicy):
             self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
                                          self.guarantees,
                                          None if smallest is None else (lambda q: (j for _, j in lists[q])),
-                                         smallest)
+                                         smallest, self.leaf_map(plan.allocations, view))
 
 
 # ---------------------------------------------------------------------------------------------------
