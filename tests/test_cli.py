@@ -243,7 +243,6 @@ def test_the_command_named_alone_answers_as_the_whole_app(monkeypatch, capsys, a
             else len(getattr(one, "commands", {})) > 10)
     answers = []
     for cmd in (one, typer.main.get_command(app)):
-        monkeypatch.setattr(typer.main, "get_command", lambda _app, cmd=cmd: cmd)
         monkeypatch.setattr("gpuloom.cli.command_for", lambda _argv, cmd=cmd: cmd)
         answers.append(main_output(monkeypatch, capsys, *args))
     assert answers[0] == answers[1]
