@@ -75,8 +75,8 @@ def tidy_help(cmd: Any) -> Any:
 
 def command_for(argv: list[str]) -> Any:
     """The click command that runs ``argv``: when its first word names a command (or group) of ``app``, an app
-    of that one alone (typer reads the signature of every command it builds, about 0.2 s of CPU for all of
-    them); anything else (no command, an option, a misspelt name, shell completion) gets the whole app."""
+    of that one alone (typer reads the signature of every command it builds); anything else (no command, an
+    option, a misspelt name, shell completion) gets the whole app."""
     name = argv[1] if len(argv) > 1 else ""
     if name and not name.startswith("-") and not any(k.endswith("_COMPLETE") for k in os.environ):
         cmds = [c for c in app.registered_commands
