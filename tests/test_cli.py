@@ -225,3 +225,25 @@ def test_compare_writes_per_run_jobs_csv(tmp_path) -> None:
     assert len(list(csv.DictReader((tmp_path / "runs" / "fifo" / "jobs.csv").open()))) == 20
     doc = json.loads((tmp_path / "runs" / "srtf_random-sticky" / "summary.json").read_text())
     assert doc["label"] == "srtf/random-sticky" and doc["stages"] == "srtf/none/proportional/random-sticky"
+
+
+@pytest.mark.parametrize("args", [["simulate", "--help"], ["queues", "--help"], ["simulate", "--ordr", "fifo"],
+                                  ["simulat"], ["--help"]])
+def test_the_command_named_alone_answers_as_the_whole_app(monkeypatch, capsys, args: list[str]) -> None:
+    # main() builds only the command the first word names (gpuloom.cli.command_for): its help and its usage
+    # errors are those of the whole app's; a word that names no command (a misspelling: "did you mean") or
+    # none at all gets the whole app
+    import typer
+
+    from gpuloom.cli import app, command_for
+
+    argv = ["gpuloom", *args]
+    one = command_for(argv)
+    assert (sorted(getattr(one, "commands", {})) == [args[0]] if args[0] in ("simulate", "queues")
+            else len(getattr(one, "commands", {})) > 10)
+    answers = []
+    for cmd in (one, typer.main.get_command(app)):
+        monkeypatch.setattr("gpuloom.cli.command_for", lambda _argv, cmd=cmd: cmd)
+        answers.append(main_output(monkeypatch, capsys, *args))
+    assert answers[0] == answers[1]
+    assert answers[0][0] in (0, 2) and (answers[0][1] or answers[0][2])

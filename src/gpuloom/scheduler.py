@@ -562,9 +562,12 @@ class Scheduler:
         """
         walk = adm.walk
         lazy = lazy and walk is not None and walk.more is not None
+        known: list[Job] | None = None  # (lazy: the running borrowed jobs, when the stage knows them unread)
         if lazy:
             first = self._walked(adm.guaranteed, view, None).plan.allocations
-            over: Sequence[Job] = _running_read(walk, len(adm.guaranteed), len(view.current))
+            known = self.queue.running_borrowed(adm, view)
+            over: Sequence[Job] = (_running_read(walk, len(adm.guaranteed), len(view.current)) if known is None
+                                   else known)
         else:
             adm.finish()
             first = self._plan(adm.guaranteed, view).plan.allocations
@@ -577,7 +580,9 @@ class Scheduler:
                 free.take(a.parts)
                 current[j.id] = a
         swapped: list[tuple[Job, Any]] = []
-        for j in adm.ordered:  # (lazy: those read so far; the others all wait, and still look so)
+        # (lazy: those read so far and, when the walk was not read to its last running job, the running ones
+        # it holds further on; the others all wait, and still look so)
+        for j in adm.ordered if known is None else [*adm.ordered, *over]:
             want = current.get(j.id)
             if j.alloc is not want:
                 swapped.append((j, j.alloc))

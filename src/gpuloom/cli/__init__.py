@@ -8,6 +8,8 @@ close name, instead of a boxed panel wrapped at the terminal width.
 
 from __future__ import annotations
 
+import copy
+import os
 import sys
 from typing import Annotated, Any
 
@@ -71,12 +73,28 @@ def tidy_help(cmd: Any) -> Any:
     return cmd
 
 
+def command_for(argv: list[str]) -> Any:
+    """The click command that runs ``argv``: when its first word names a command (or group) of ``app``, an app
+    of that one alone (typer reads the signature of every command it builds); anything else (no command, an
+    option, a misspelt name, shell completion) gets the whole app."""
+    name = argv[1] if len(argv) > 1 else ""
+    if name and not name.startswith("-") and not any(k.endswith("_COMPLETE") for k in os.environ):
+        cmds = [c for c in app.registered_commands
+                if (c.name or typer.main.get_command_name(getattr(c.callback, "__name__", ""))) == name]
+        groups = [g for g in app.registered_groups if g.name == name]
+        if cmds or groups:
+            one = copy.copy(app)  # (the root callback and settings shared; only the command lists differ)
+            one.registered_commands, one.registered_groups = cmds, groups
+            return typer.main.get_command(one)
+    return typer.main.get_command(app)
+
+
 def main() -> None:
     from .output import mark_process_start
 
     try:
         with mark_process_start():  # a command's wall time counts from the process's start
-            rv = tidy_help(typer.main.get_command(app))(standalone_mode=False, prog_name="gpuloom")
+            rv = tidy_help(command_for(sys.argv))(standalone_mode=False, prog_name="gpuloom")
     except _cx.ClickException as e:
         print(usage_error_line(e), file=sys.stderr)
         sys.exit(e.exit_code)

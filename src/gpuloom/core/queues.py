@@ -593,6 +593,15 @@ def usage(tree: QueueTree, allocations: Mapping[str, Any], leaf: Mapping[str, in
     """
     out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
     path = tree.path
+    if all(len(p) == 1 for p in path):  # a flat tree: each job's share is added to its leaf alone
+        for jid, a in allocations.items():
+            q = leaf.get(jid)
+            if q is not None:
+                u = out[q]
+                u[0] += a.num_gpus / (1 + len(a.group))
+                u[1] += float(a.cpus)
+                u[2] += float(a.mem_mb)
+        return out
     for jid, a in allocations.items():
         q = leaf.get(jid)
         if q is None:

@@ -78,6 +78,11 @@ class QueuePolicy(Stage):
         (:class:`~gpuloom.driver.Listener`), or None."""
         return None
 
+    def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
+        """The running jobs of ``adm``'s lazy borrowing walk in its order when the stage knows them without
+        reading the walk, else None."""
+        return None
+
     def owed(self, plan: Plan, view: View) -> list[Owed]:
         """Per queue below its guarantee in ``plan``: what it is owed (see :class:`Owed`)."""
         return []

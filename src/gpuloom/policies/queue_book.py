@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any, overload
 
 from ..core.job import Job
@@ -161,9 +162,11 @@ class Walk(Sequence[Job]):
         over = self.over
         i = 0
         while True:
-            while i < len(over):  # (what was read already, by this iterator or another)
-                yield over[i]
-                i += 1
+            n = len(over)
+            if i < n:  # (what was read already, by this iterator or another; then look again)
+                yield from islice(over, i, n)
+                i = n
+                continue
             more = self.more
             if more is None or next(more, None) is None:  # (the generator appends the job it yields to over)
                 self.more = None

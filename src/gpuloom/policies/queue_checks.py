@@ -41,13 +41,15 @@ def _show(t: Sequence[float]) -> str:
 def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan: Plan, view: View,
                  place: PlacePolicy, leaf_of: Callable[[Job], int], guarantees: bool = True,
                  jobs_of: Callable[[int], Iterable[Job]] | None = None,
-                 smallest: Callable[[int], float] | None = None) -> set[int]:
+                 smallest: Callable[[int], float] | None = None,
+                 leaves: Mapping[str, int] | None = None) -> set[int]:
     """Check ``plan`` (module notes); returns the queues starved this round (to pass in next round).
     ``jobs_of(q)``: leaf ``q``'s active jobs, and ``smallest(q)``: the fewest GPUs one of its waiting jobs
-    asks for, when the caller keeps them (else ``view.jobs`` is read)."""
+    asks for, when the caller keeps them (else ``view.jobs`` is read); ``leaves``: each planned job's leaf,
+    when the caller knows them (else ``leaf_of`` is asked)."""
     allocs = plan.allocations
     by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-    leaf = {jid: leaf_of(by_id[jid]) for jid in allocs}
+    leaf = leaves if leaves is not None else {jid: leaf_of(by_id[jid]) for jid in allocs}
     u = usage(tree, allocs, leaf)
     for n in range(len(tree)):
         if above(u[n], tree.limit[n]):

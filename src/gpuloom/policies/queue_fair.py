@@ -87,8 +87,7 @@ class FairShareQueues(QuotaQueues):
         tree = self.tree
         if tree is not None and self._names == tree.names:
             allocs = plan.allocations
-            by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-            held = usage(tree, allocs, {jid: self.leaf(by_id[jid]) for jid in allocs})
+            held = usage(tree, allocs, self.leaf_map(allocs, view))
             self._held = [h[0] for h in held]
         return plan
 

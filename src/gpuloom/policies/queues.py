@@ -172,6 +172,7 @@ class QuotaQueues(QueuePolicy):
         self._tier_a: dict[int, TierA] = {}
         self._tier_a_key: Any = None
         self._prioritised = False  # the last admission saw a job of non-zero priority
+        self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         self.counters = {"reclaim_passes": 0, "dropped": 0}  # (stats() adds the last admission's tiers)
@@ -228,6 +229,20 @@ class QuotaQueues(QueuePolicy):
 
     def leaves(self, jobs: Sequence[Job]) -> dict[str, int]:
         return {j.id: self.leaf(j) for j in jobs}
+
+    def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
+        """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
+        admission filled it for this tree (it has every active job's leaf), else looked up job by job."""
+        book = self._book
+        if (self._from_book and book is not None and not book.pending and book.follows(view)
+                and book.version is not None and book.version[0] == self.version and book.version[1] is self.tree):
+            where = book.where
+            try:
+                return {jid: where[jid][0] for jid in ids}
+            except KeyError:  # (not one of the jobs the book holds: look each up)
+                pass
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        return {jid: self.leaf(by_id[jid]) for jid in ids}
 
     # -- admission -------------------------------------------------------------------------------
     def listener(self, tally: Any) -> QueueBook:
@@ -408,6 +423,10 @@ class QuotaQueues(QueuePolicy):
         # tier B, part 2: everything else in the cross-queue order, within every limit, as placement reads it
         # (lazy) or at once
         share_key = self.share_key(tree, use, view)
+        # a whole walk of the book merged by rank, each job taken (no limit, no surplus tier, no priority):
+        # its jobs are the book's untaken ones in rank order (running_borrowed reads them without walking)
+        self._by_rank = (adm if full and from_book and share_key is None and not tree.limited and not tree.surplus
+                         and not self._prioritised else None)
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
         steps: list[tuple[int, Triple | None]] | None = None
         if self.logs_walk:  # (what the walk chose, step by step, from what use: next_change reads it)
@@ -461,6 +480,20 @@ class QuotaQueues(QueuePolicy):
         self._remember(adm, view)
         return adm
 
+    def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
+        """The running jobs ``adm``'s borrowing walk yields, in its order, without reading it: when the walk
+        is the book's untaken jobs merged by rank and read to the end (``admit(full=True)`` with no limit,
+        no surplus tier, no priority, the order across queues by rank), those are the running jobs outside
+        the guaranteed tier sorted by rank; else None (the caller reads the walk)."""
+        book = self._book
+        if adm is not self._by_rank or book is None or not book.follows(view):
+            return None
+        kept = {j.id for j in adm.guaranteed}
+        where, leaves = book.where, book.leaves
+        out = [leaves[where[jid][0]][jid] for jid in view.current if jid not in kept]
+        out.sort(key=_rank)
+        return [j for _, j in out]
+
     def _tree_ready(self, tree: QueueTree, view: View) -> None:
         """Called by :meth:`admit` once the round's tree is known (fair share advances its usage)."""
 
@@ -508,8 +541,7 @@ class QuotaQueues(QueuePolicy):
             return []
         tree = self.tree
         allocs = plan.allocations
-        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        u = usage(tree, allocs, {jid: self.leaf(by_id[jid]) for jid in allocs})
+        u = usage(tree, allocs, self.leaf_map(allocs, view))
         out = []
         smallest = self._smallest_left_out(plan, view)
         for q in tree.leaves:
@@ -543,7 +575,7 @@ class QuotaQueues(QueuePolicy):
         if not self.guarantees or tree is None:
             return []
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        leaf = {jid: self.leaf(by_id[jid]) for jid in allocs if jid in by_id}
+        leaf = self.leaf_map([jid for jid in allocs if jid in by_id], view)
         u = usage(tree, allocs, leaf)
         g = tree.guarantee
         lenders = {q for q in tree.leaves if u[q][0] > g[q][0] + _EPS}
@@ -630,7 +662,7 @@ class QuotaQueues(QueuePolicy):
             self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
                                          self.guarantees,
                                          None if smallest is None else (lambda q: (j for _, j in lists[q])),
-                                         smallest)
+                                         smallest, self.leaf_map(plan.allocations, view))
 
 
 # ---------------------------------------------------------------------------------------------------
