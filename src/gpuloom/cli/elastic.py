@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from ..core.registry import STAGE_DEFAULTS
 from . import app
 from .common import console, user_errors
 from .output import OUT_HELP, Output
@@ -35,8 +36,8 @@ def elastic(
     stop: Annotated[float, typer.Option(help="Stop time, s (an assumption).")] = 2.0,
     round_len: Annotated[float, typer.Option("--round", help="Also reschedule every this many s (default: on events only, as the thesis).")] = math.inf,
     step: Annotated[str, typer.Option(help="Thesis step: global (90 samples split over the GPUs) or gpu (per-GPU mini-batch).")] = "global",
-    order: Annotated[str, typer.Option(help="Order policy.")] = "fifo",
-    place: Annotated[str, typer.Option(help="Place policy for the elastic runs.")] = "packed-sticky",
+    order: Annotated[str, typer.Option(help="Order policy.")] = STAGE_DEFAULTS["order"],
+    place: Annotated[str, typer.Option(help="Place policy for the elastic runs.")] = STAGE_DEFAULTS["place"],
     out: Annotated[Path | None, typer.Option("--out", "-o", help=OUT_HELP)] = None,
 ) -> None:
     """Compare elastic F-scheduling with static slots; write the breakdown chart and utilisation CDF."""

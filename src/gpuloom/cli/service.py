@@ -38,6 +38,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.markup import escape
 
+from ..core.registry import STAGE_DEFAULTS
 from ..runtime.exec.cgroups import DEFAULT_PIDS_MAX
 from . import app
 from .common import SafeTable as Table
@@ -75,10 +76,10 @@ def serve(
     cluster: Annotated[str | None, typer.Option("--cluster", "-C", help="Declared inventory: NODESxGPUS or a cluster file.")] = None,
     cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for a declared inventory.")] = None,
     mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node (GB) for a declared inventory.")] = None,
-    order: Annotated[str, typer.Option(help="Order policy (same names as simulate).")] = "fifo",
-    group: Annotated[str, typer.Option(help="Group policy.")] = "none",
-    size: Annotated[str, typer.Option(help="Size policy.")] = "proportional",
-    place: Annotated[str, typer.Option(help="Place policy.")] = "packed-sticky",
+    order: Annotated[str, typer.Option(help="Order policy (same names as simulate).")] = STAGE_DEFAULTS["order"],
+    group: Annotated[str, typer.Option(help="Group policy.")] = STAGE_DEFAULTS["group"],
+    size: Annotated[str, typer.Option(help="Size policy.")] = STAGE_DEFAULTS["size"],
+    place: Annotated[str, typer.Option(help="Place policy.")] = STAGE_DEFAULTS["place"],
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
     queue_policy: Annotated[str | None, typer.Option(
         "--queue-policy", help="Queue stage: none, quota, drf, fairshare (default: quota with --queues, else none).")] = None,

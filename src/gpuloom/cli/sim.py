@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.markup import escape
 
+from ..core.registry import STAGE_DEFAULTS
 from . import app
 from .common import (
     OptionError,
@@ -289,10 +290,10 @@ def simulate(
     cluster: ClusterOpt = "16x4",
     cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")] = None,
     mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")] = None,
-    order: Annotated[str, typer.Option(help="Order policy: fifo, sjf, srtf, las, 2d-las, srsf, ftf, ...")] = "fifo",
-    group: Annotated[str, typer.Option(help="Group policy: none, muri, ...")] = "none",
-    size: Annotated[str, typer.Option(help="Size policy: proportional, greedy, opt, tune, elastic, ...")] = "proportional",
-    place: Annotated[str, typer.Option(help="Place policy: packed-sticky, packed-non-sticky, random-sticky, ...")] = "packed-sticky",
+    order: Annotated[str, typer.Option(help="Order policy: fifo, sjf, srtf, las, 2d-las, srsf, ftf, ...")] = STAGE_DEFAULTS["order"],
+    group: Annotated[str, typer.Option(help="Group policy: none, muri, ...")] = STAGE_DEFAULTS["group"],
+    size: Annotated[str, typer.Option(help="Size policy: proportional, greedy, opt, tune, elastic, ...")] = STAGE_DEFAULTS["size"],
+    place: Annotated[str, typer.Option(help="Place policy: packed-sticky, packed-non-sticky, random-sticky, ...")] = STAGE_DEFAULTS["place"],
     non_preemptive: Annotated[bool, typer.Option("--non-preemptive", help="Never preempt a running job.")] = False,
     queue_policy: QueuePolicyOpt = None,
     queues: QueuesOpt = None,
@@ -379,8 +380,8 @@ def simulate(
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
-    folder = output.create("-".join([order, *(v for v, d in ((group, "none"), (size, "proportional"),
-                                                              (place, "packed-sticky")) if v != d)]))
+    folder = output.create("-".join([order, *(v for v, d in ((group, STAGE_DEFAULTS["group"]), (size, STAGE_DEFAULTS["size"]),
+                                                              (place, STAGE_DEFAULTS["place"])) if v != d)]))
     from ..sim import report
 
     # the run's files are written by three processes at once: jobs.csv by a child forked now (it shares the

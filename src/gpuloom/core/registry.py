@@ -23,8 +23,13 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from importlib.metadata import entry_points
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any, Generic, TypeVar
+
+STAGES = ("order", "group", "size", "place", "queue")
+#: the policy each stage takes when none is named (commands, run configurations, Stack, Scheduler)
+STAGE_DEFAULTS: Mapping[str, str] = MappingProxyType(
+    {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", "queue": "none"})
 
 T = TypeVar("T")
 

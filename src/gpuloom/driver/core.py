@@ -57,8 +57,7 @@ walks the holes, and ``dict.copy`` of a dict more than a third holes re-inserts 
 one by one instead of cloning the table.  So at the start of a round, once either dict has
 lost more entries since it was last rebuilt than half of what it holds, the driver replaces it
 with a compact copy (same entries, same order; ``dict(d)`` re-inserts into a table sized for
-them): O(n) once per n/2 deletions.  On Philly's first 20,000 jobs that saves 2.4 % of the
-simulation's instructions.  The dicts are replaced, not rebuilt in place, because the service's
+them): O(n) once per n/2 deletions (docs/performance.md).  The dicts are replaced, not rebuilt in place, because the service's
 API threads copy them without the loop's lock (``dict(driver.current)``, one C call: atomic
 under the GIL) and must never see one half rebuilt; so nothing may keep ``driver.jobs`` or
 ``driver.current`` across rounds (the model's factors are bound to the new ``jobs`` again).

@@ -85,7 +85,6 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -95,17 +94,12 @@ from ..core.fit import GPU_TYPE_KEY, spec_types
 from ..core.job import Job
 from ..core.parse import normalise_gpu_type, parse_bool
 from ..core.plan import Allocation, Part, Plan
-from ..core.registry import Registry
+from ..core.registry import STAGE_DEFAULTS, STAGES, Registry  # noqa: F401 (STAGE_DEFAULTS: imported from here too)
 from ..perf.gputype import runnable_types
 from ..perf.model import Factor, ThroughputModel
 from ..perf.sensitivity import DEFAULT_THRESHOLD as DEFAULT_SENSITIVITY_THRESHOLD
 from .free import FreeState
 from .incremental import TailWalk, Tally, try_new
-
-STAGES = ("order", "group", "size", "place", "queue")
-#: the policy each stage takes when none is named (commands, run configurations, Stack, Scheduler)
-STAGE_DEFAULTS: Mapping[str, str] = MappingProxyType(
-    {"order": "fifo", "group": "none", "size": "proportional", "place": "packed-sticky", "queue": "none"})
 
 
 class PolicyError(ValueError):

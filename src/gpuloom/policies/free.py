@@ -28,10 +28,8 @@ class FreeState:
     GPUs per node in a ``bytearray`` (an ``array`` if a node has more than 255
     GPUs), whose ``in`` and ``index`` find the nodes with a given number of
     free GPUs at C speed (:func:`~gpuloom.policies.place.best_fit`);
-    ``cpu_counts`` and ``mem_counts`` are lists of ints.  Lists, not
-    ``array("q")``: an array parses every int it stores through the C API, and
-    these are written about ten times per placement; on Philly's first 20,000
-    jobs the lists save 4.5 % of the simulation's instructions.  Sizers that
+    ``cpu_counts`` and ``mem_counts`` are lists of ints (not ``array("q")``,
+    which converts every int it stores; docs/performance.md).  Sizers that
     move cores (Synergy's demotions) write ``cpu_counts`` and ``mem_counts``.
 
     For whole-cluster questions, ``gpu_free`` is a numpy view of the free
@@ -174,11 +172,8 @@ class FreeState:
         return taken
 
     def release_all(self, allocs: Iterable[Allocation]) -> None:
-        """:meth:`release` every allocation of ``allocs`` (one member each, GPUs included).
-
-        (One call, not one per job, for the running jobs a long queue's round leaves out: about 40
-        per round on the Philly trace; with :meth:`take_if_fits` it was worth about 4 % of that run.)
-        """
+        """:meth:`release` every allocation of ``allocs`` (one member each, GPUs included): one call, not
+        one per job, for the running jobs a long queue's round leaves out."""
         gf, nc, nm = self._gf, self.cpu_counts, self.mem_counts
         counts = self.gpu_counts
         freed = 0

@@ -71,27 +71,6 @@ nothing gets nothing from a smaller free state).  So the round ends on its own
 plan and plans no action (``Driver.apply`` notes it;
 ``test_placement_is_a_fixed_point_on_its_own_plan`` checks it round by round).
 
-**What is still done again every round.**  A round after jobs ended still walks
-the prefix with phase 1's count, releases every running job phase 1 leaves out
-(they wait behind a waiting job it selected that does not fit) and keeps them
-again one by one as the walk passes them, because a waiting job earlier in the
-order must see what they hold as free, though almost all of them stay where
-they are.  Measured on Philly (64 x 8, FIFO), a round through
-:func:`prefix_plan` counts about 130 jobs in phase 1 and passes about 64 more
-in the tail walk; it releases and keeps about 40 running jobs and tries about
-8 placements (two thirds of them in the tail).  Phase 1 is about 6 % of the
-run.  Phase 1's selection could be carried from one round to the next (a job
-that ends shifts it only after its own place; the fixed point above says that
-after an exact apply only what ended since can change the walk), but finding
-where it changed means comparing it with the last round's, which costs more
-than counting it again (see *carrying the released state over* below).  Nor
-does reading it in bulk pay: while the count left is at least
-the most any job asks, every job is selected whatever it asks, but sorting
-that stretch with ``attrgetter``, ``accumulate`` and ``compress`` made a
-140-job prefix cost 3x the loop (the interpreter's specialised attribute reads
-beat ``attrgetter``'s generic ones), and with comprehensions it cost the same
-as the loop; on Philly the first made 6 % more instructions.
-
 **Keeps counted, not made.**  The keeps are cheap while the round has placed
 nothing: the exact free state is then the current one less the released jobs
 not passed yet (they ran side by side, and only they were taken back), so each
@@ -100,32 +79,8 @@ next try, which must read them, whichever way moves fewer allocations: taking
 back the jobs kept since the last try (:meth:`FreeState.take_back`, unchecked,
 in one call), or starting again from the current state
 (:meth:`FreeState.reset`) and releasing the jobs not passed yet.  The keeps
-after the round's last try are never made.  On Philly (82,247 jobs), of the
-605,724 keeps 514,644 come before the round's first placement; where each was
-a checked take, the buffers now take back 54,296 of them and release 35,382
-jobs again after 14,461 restarts from the current state (of 22,338 tries that
-found keeps pending); 91,080 keeps after a placement are still checked.  With
-the 606,338 releases at the rounds' starts, 787,000 allocations are moved
-instead of 1,212,000: 4.2 % fewer instructions on Philly's first 20,000 jobs.
-Three other ways around the keeps do not pay:
-
-* *carrying the released state over* (the cluster less the running jobs
-  phase 1 selects, updated from one round to the next by the allocations no
-  longer or newly selected): on Philly the selection moves by only 19,001
-  allocations out and 19,122 in over 15,308 rounds, against 606,338 releases,
-  but finding those few means comparing the 119 jobs selected per round with
-  the last round's (by job and allocation identity, in dicts and sets), which
-  cost more than releasing the 40 left out: 12 % more instructions on
-  Philly's first 20,000 jobs;
-* *keeping from the current state* alone (phase 3 starts on the current free
-  state and releases the jobs not passed yet at the first try): phase 2b comes
-  first, and its tries need every released job free (measured in an earlier
-  form: the same plans, 0.99x the time);
-* *lazy tries* (try on a state with the keeps since the last try not taken
-  back, which is larger: a try that gets nothing there gets nothing on the
-  exact one, under ``pure_choose``): not built, since a try that gets
-  something must be made again on the exact state, and a try costs more than
-  the take-backs it would save (about 23 a try on Philly, in one call).
+after the round's last try are never made.
+(What this and the alternatives measured: docs/performance.md, "The simulator's rounds".)
 
 Each job passed changes what the next try reads (the count of free GPUs on its
 node decides best fit), so every try must see exactly which of the released
