@@ -261,3 +261,54 @@ def test_dashboard_job_page_shows_position_and_estimated_start(tmp_path) -> None
     finally:
         s.stop()
         kill_jobs(tmp_path)
+
+
+# -- a job held by its queue's quota: a reservation of the queue's room ------------------------------------
+
+TEAM = {"queue": [{"name": "team", "limit": 4}]}
+
+
+def _team_stream() -> list[JobSpec]:
+    """The 1x4 stream of :func:`_stream` on 1x8, every job in queue ``team`` (limit 4 GPUs): GPUs are always
+    free, the queue's limit is what holds the 4-GPU job."""
+    return [JobSpec(s.id, s.arrival, s.gpus, s.duration, attrs={"queue": "team"}) for s in _stream()]
+
+
+def _run_queued(specs: list[JobSpec], depth: int, observe=None) -> RunResult:
+    sched = Scheduler.from_names(preemptive=False, queue="quota", params={"queues": TEAM})
+    if depth:
+        sched.reserve(depth)
+    obs = [] if observe is None else [observe(sched)]
+    return Simulator(parse_cluster("1x8"), specs, sched, None, SimConfig(round_len=10.0), observers=obs).run()
+
+
+def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones() -> None:
+    # without: each GPU of the limit that frees goes to the next small job of the queue (s0 at 100 when a0
+    # ends, s1 at 200, s2 at 250, s3 at 300, s4 at 350); at 400 (a3's end) big, first in the order, is
+    # admitted and the queue's limit stops s3 and s4 (even without preemption), which run again later
+    res = {j.id: j for j in _run_queued(_team_stream(), 0).jobs}
+    assert res["big"].first_start == 400.0
+    assert [(res[f"s{k}"].first_start, res[f"s{k}"].preemptions) for k in range(5)] == [
+        (100.0, 0), (200.0, 0), (250.0, 0), (300.0, 1), (350.0, 1)]
+    # with: big is reserved the queue's room from 400 (a3's end, when the queue's running jobs leave it four
+    # GPUs under its limit); s0 (100-250), s1 (200-350) and s2 (250-400) end by then and start; s3 and s4
+    # would hold a GPU of the limit at 400 and wait; big runs 400-500 as first estimated, then s3..s6 start,
+    # s7 at 650 (when s3 ends); nothing is stopped
+    seen: list[tuple[float, float]] = []
+
+    def observe(sched: Scheduler):
+        bf = sched.backfill
+        assert bf is not None
+
+        def obs(sim: Simulator, what: str) -> None:
+            if what == "round" and "big" in bf.starts:
+                seen.append((sim.now, bf.starts["big"]))
+        return obs
+
+    res = {j.id: j for j in _run_queued(_team_stream(), 1, observe).jobs}
+    assert res["big"].first_start == 400.0
+    assert [res[f"s{k}"].first_start for k in range(8)] == [100.0, 200.0, 250.0, 500.0, 500.0, 500.0, 500.0,
+                                                            650.0]
+    assert all(j.preemptions == 0 for j in res.values())
+    assert seen[0] == (10.0, 400.0)  # its estimate in the round it arrived: it started then
+    assert {est for _, est in seen} == {400.0}
