@@ -312,3 +312,40 @@ def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones() -> None
     assert all(j.preemptions == 0 for j in res.values())
     assert seen[0] == (10.0, 400.0)  # its estimate in the round it arrived: it started then
     assert {est for _, est in seen} == {400.0}
+
+
+def test_service_big_job_held_by_its_queue_quota_starts_no_later_than_its_estimate(tmp_path) -> None:  # noqa: ANN001
+    # 1x8, queue ``team`` limited to 4 GPUs (GPUs are never short: the limit holds the 4-GPU job): four
+    # sleepy 1-GPU jobs end after 2-5 s (limits 3-6 s), then a 4-GPU job, then 1-GPU jobs of 3 s (limit 4 s),
+    # two a second, all in ``team``
+    from service_util import Server, job, kill_jobs, submit, wait_for
+
+    tree = tmp_path / "queues.toml"
+    tree.write_text('default = "team"\n[[queue]]\nname = "team"\nlimit = 4\n')
+    s = Server(tmp_path, "--gpus", "8", "--round", "0.2", "--non-preemptive", "--queue-policy", "quota",
+               "--queues", str(tree)).start()
+    try:
+        with s.client() as c:
+            for i in range(4):
+                submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=f"{3 + i}s")
+            wait_for(lambda: all(job(c, i + 1)["st"] == "R" for i in range(4)), what="the first four running")
+            big = submit(c, name="big", command="sleep 1", gpus=4, time_limit="3s")
+            first = wait_for(lambda: job(c, big)["est_start"], what="an estimate for the 4-GPU job")
+            assert job(c, big)["pending_reason"] == "QueueAtQuota"
+            small = []
+            for k in range(12):
+                small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit="4s"))
+                time.sleep(0.5)
+            b = wait_for(lambda: (x := job(c, big))["first_start"] and x, timeout=30, what="the 4-GPU job's start")
+            wait_for(lambda: all(job(c, k)["st"] == "CD" for k in small), timeout=60, what="the small jobs' ends")
+            smalls = [job(c, k) for k in small]
+        # its first estimate: when the queue's running jobs leave it 4 GPUs (by their limits: at most a3's
+        # start + 6 s); it started by then, no small job was stopped for it, and small jobs submitted before
+        # it started waited for it
+        assert _wall(b["first_start"]) <= _wall(first) + 1e-3, (b["first_start"], first)
+        assert [x["preemptions"] for x in smalls] == [0] * 12
+        big_start = _wall(b["first_start"])
+        assert any(_wall(x["submit_time"]) < big_start < _wall(x["first_start"]) for x in smalls)
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
