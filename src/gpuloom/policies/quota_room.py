@@ -12,7 +12,8 @@ parent) that would still hold room at its start, and leave too little, is kept o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
 
 from ..core.job import Job
 from ..core.queues import INF
@@ -39,8 +40,10 @@ class QuotaRoom:
         self.caps: list[Triple] = [(c[0], c[1], c[2]) for c in caps]
         cl = view.cluster
         self.per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
-        #: (capped nodes on the job's path, what it asks, from, until)
-        self.entries: list[tuple[tuple[int, ...], Triple, float, float]] = []
+        #: per capped tree node: (what a job asks, from, until) of each job holding room under it
+        self.entries: dict[int, list[tuple[Triple, float, float]]] = {}
+        # per node, the use at times already asked (kept up to date as entries are added)
+        self._use: dict[int, dict[float, list[float]]] = {}
 
     @classmethod
     def of(cls, stages: Sequence[Stage], view: View) -> QuotaRoom | None:
@@ -63,36 +66,88 @@ class QuotaRoom:
 
     def add(self, job: Job, start: float, end: float) -> None:
         """``job`` holds its queue room from ``start`` to ``end``."""
-        nodes = self.capped(job)
-        if nodes and end > start:
-            self.entries.append((nodes, self.demand(job), start, end))
+        if end <= start:
+            return
+        d = self.demand(job)
+        for n in self.capped(job):
+            self.entries.setdefault(n, []).append((d, start, end))
+            for t, u in self._use.get(n, {}).items():
+                if start <= t < end:
+                    u[0] += d[0]
+                    u[1] += d[1]
+                    u[2] += d[2]
+
+    def use(self, n: int, t: float) -> list[float]:
+        """What the entries under node ``n`` hold at ``t``."""
+        at = self._use.setdefault(n, {})
+        u = at.get(t)
+        if u is None:
+            u = [0.0, 0.0, 0.0]
+            for d, es, ee in self.entries.get(n, ()):
+                if es <= t < ee:
+                    u[0] += d[0]
+                    u[1] += d[1]
+                    u[2] += d[2]
+            at[t] = u
+        return u
 
     def fits(self, job: Job, start: float, end: float) -> bool:
         """Whether ``job`` fits under every cap on its path from ``start`` to ``end``, beside the entries."""
-        nodes = self.capped(job)
-        if not nodes:
-            return True
         d = self.demand(job)
-        # use only grows where an entry begins: check the interval's start and each such point in it
-        points = {start, *(e[2] for e in self.entries if start < e[2] < end)}
-        for t in points:
-            for n in nodes:
-                c = self.caps[n]
-                u = [d[0], d[1], d[2]]
-                for en, ed, es, ee in self.entries:
-                    if n in en and es <= t < ee:
-                        u[0] += ed[0]
-                        u[1] += ed[1]
-                        u[2] += ed[2]
-                if u[0] > c[0] + _EPS or u[1] > c[1] + _EPS or u[2] > c[2] + _EPS:
+        for n in self.capped(job):
+            c = self.caps[n]
+            # use only grows where an entry begins: the interval's start and each such point in it
+            for t in {start, *(e[1] for e in self.entries.get(n, ()) if start < e[1] < end)}:
+                u = self.use(n, t)
+                if u[0] + d[0] > c[0] + _EPS or u[1] + d[1] > c[1] + _EPS or u[2] + d[2] > c[2] + _EPS:
                     return False
         return True
 
     def earliest(self, job: Job, after: float, duration: float) -> float | None:
         """The earliest time from ``after`` at which ``job`` fits under its caps for ``duration``, or None (it
         asks more than a cap, or the room never frees: an entry without an end)."""
-        times = sorted({after, *(e[3] for e in self.entries if after < e[3] < INF)})
+        nodes = self.capped(job)
+        d = self.demand(job)
+        # per node: starts and ends sorted with running sums, so the use at a time is two bisections
+        sweeps = [_Sweep(self.entries.get(n, []), self.caps[n], d) for n in nodes]
+        times = sorted({after, *(e[2] for n in nodes for e in self.entries.get(n, ()) if after < e[2] < INF)})
         for t in times:
-            if self.fits(job, t, t + duration):
+            if all(sw.fits(t, t + duration) for sw in sweeps):
                 return t
         return None
+
+
+class _Sweep:
+    """One node's entries as running sums over their starts and their ends (see :meth:`QuotaRoom.earliest`)."""
+
+    def __init__(self, entries: Sequence[tuple[Triple, float, float]], cap: Triple, d: Triple) -> None:
+        self.cap, self.d = cap, d
+        by_start = sorted(entries, key=lambda e: e[1])
+        by_end = sorted(entries, key=lambda e: e[2])
+        self.starts = [e[1] for e in by_start]
+        self.ends = [e[2] for e in by_end]
+        self.began = _sums(e[0] for e in by_start)
+        self.ended = _sums(e[0] for e in by_end)
+
+    def use(self, t: float) -> Triple:
+        b = self.began[bisect_right(self.starts, t)]
+        e = self.ended[bisect_right(self.ends, t)]
+        return (b[0] - e[0], b[1] - e[1], b[2] - e[2])
+
+    def fits(self, start: float, end: float) -> bool:
+        lo, hi = bisect_right(self.starts, start), bisect_left(self.starts, end)
+        c, d = self.cap, self.d
+        for t in (start, *self.starts[lo:hi]):
+            u = self.use(t)
+            if u[0] + d[0] > c[0] + _EPS or u[1] + d[1] > c[1] + _EPS or u[2] + d[2] > c[2] + _EPS:
+                return False
+        return True
+
+
+def _sums(items: Iterable[Triple]) -> list[Triple]:
+    """Running sums of ``items``, from (0, 0, 0)."""
+    out = [(0.0, 0.0, 0.0)]
+    for x in items:
+        p = out[-1]
+        out.append((p[0] + x[0], p[1] + x[1], p[2] + x[2]))
+    return out
