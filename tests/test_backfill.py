@@ -266,27 +266,38 @@ def test_dashboard_job_page_shows_position_and_estimated_start(tmp_path) -> None
 # -- a job held by its queue's quota: a reservation of the queue's room ------------------------------------
 
 TEAM = {"queue": [{"name": "team", "limit": 4}]}
+#: the three ways a queue's room is capped at 4 GPUs: its limit; its parent's limit (the small jobs in a
+#: sibling queue); its guarantee under strict quotas
+CAPS = {
+    "limit": ({"queues": TEAM}, "team"),
+    "parent": ({"queues": {"queue": [{"name": "org", "limit": 4}, {"name": "team", "parent": "org"},
+                                     {"name": "other", "parent": "org"}]}}, "other"),
+    "strict": ({"queues": {"queue": [{"name": "team", "guarantee": 4}]}, "borrow": False}, "team"),
+}
 
 
-def _team_stream() -> list[JobSpec]:
-    """The 1x4 stream of :func:`_stream` on 1x8, every job in queue ``team`` (limit 4 GPUs): GPUs are always
-    free, the queue's limit is what holds the 4-GPU job."""
-    return [JobSpec(s.id, s.arrival, s.gpus, s.duration, attrs={"queue": "team"}) for s in _stream()]
+def _team_stream(small_queue: str = "team") -> list[JobSpec]:
+    """The 1x4 stream of :func:`_stream` on 1x8, the a-jobs and the 4-GPU job in queue ``team``, the small
+    jobs in ``small_queue``: GPUs are always free, the queue's cap is what holds the 4-GPU job."""
+    return [JobSpec(s.id, s.arrival, s.gpus, s.duration,
+                    attrs={"queue": small_queue if s.id.startswith("s") else "team"}) for s in _stream()]
 
 
-def _run_queued(specs: list[JobSpec], depth: int, observe=None) -> RunResult:
-    sched = Scheduler.from_names(preemptive=False, queue="quota", params={"queues": TEAM})
+def _run_queued(specs: list[JobSpec], depth: int, observe=None, params: dict | None = None) -> RunResult:
+    sched = Scheduler.from_names(preemptive=False, queue="quota", params=params or {"queues": TEAM})
     if depth:
         sched.reserve(depth)
     obs = [] if observe is None else [observe(sched)]
     return Simulator(parse_cluster("1x8"), specs, sched, None, SimConfig(round_len=10.0), observers=obs).run()
 
 
-def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones() -> None:
+@pytest.mark.parametrize("cap", sorted(CAPS))
+def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones(cap: str) -> None:
+    params, small_queue = CAPS[cap]
     # without: each GPU of the limit that frees goes to the next small job of the queue (s0 at 100 when a0
     # ends, s1 at 200, s2 at 250, s3 at 300, s4 at 350); at 400 (a3's end) big, first in the order, is
     # admitted and the queue's limit stops s3 and s4 (even without preemption), which run again later
-    res = {j.id: j for j in _run_queued(_team_stream(), 0).jobs}
+    res = {j.id: j for j in _run_queued(_team_stream(small_queue), 0, params=params).jobs}
     assert res["big"].first_start == 400.0
     assert [(res[f"s{k}"].first_start, res[f"s{k}"].preemptions) for k in range(5)] == [
         (100.0, 0), (200.0, 0), (250.0, 0), (300.0, 1), (350.0, 1)]
@@ -305,7 +316,7 @@ def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones() -> None
                 seen.append((sim.now, bf.starts["big"]))
         return obs
 
-    res = {j.id: j for j in _run_queued(_team_stream(), 1, observe).jobs}
+    res = {j.id: j for j in _run_queued(_team_stream(small_queue), 1, observe, params).jobs}
     assert res["big"].first_start == 400.0
     assert [res[f"s{k}"].first_start for k in range(8)] == [100.0, 200.0, 250.0, 500.0, 500.0, 500.0, 500.0,
                                                             650.0]
