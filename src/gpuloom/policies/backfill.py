@@ -167,7 +167,7 @@ class Backfill:
                     continue  # running (kept, moved or resized): in the profile already
                 end = now + j.remaining_at(now)
                 user = j.spec.user
-                if room is not None and not room.fits(j, now, end):  # it would keep a reserved job's queue room
+                if room is not None and not room.fits(j, now, end, False):  # it keeps a reserved job's room
                     if out is None:
                         out = dict(allocs)
                     drop_job(out, j.id)
@@ -311,7 +311,7 @@ class Backfill:
         if req.gpus > free_gpus:
             return False
         room = self.room
-        if room is not None and not room.fits(job, now, end):
+        if room is not None and not room.fits(job, now, end, False):
             return False
         failed[()] -= 1
         a = self._place_off(job, req, req.key, end, out, slots, view)

@@ -91,13 +91,16 @@ class QuotaRoom:
             at[t] = u
         return u
 
-    def fits(self, job: Job, start: float, end: float) -> bool:
-        """Whether ``job`` fits under every cap on its path from ``start`` to ``end``, beside the entries."""
+    def fits(self, job: Job, start: float, end: float, at_start: bool = True) -> bool:
+        """Whether ``job`` fits under every cap on its path from ``start`` to ``end``, beside the entries;
+        without ``at_start``, only where an entry begins after ``start`` (a job started now: the queue stage
+        admitted it, so what it checked is not checked again: only the reservations ahead)."""
         d = self.demand(job)
         for n in self.capped(job):
             c = self.caps[n]
             # use only grows where an entry begins: the interval's start and each such point in it
-            for t in {start, *(e[1] for e in self.entries.get(n, ()) if start < e[1] < end)}:
+            later = {e[1] for e in self.entries.get(n, ()) if start < e[1] < end}
+            for t in ({start, *later} if at_start else later):
                 u = self.use(n, t)
                 if u[0] + d[0] > c[0] + _EPS or u[1] + d[1] > c[1] + _EPS or u[2] + d[2] > c[2] + _EPS:
                     return False
