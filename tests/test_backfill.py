@@ -261,3 +261,148 @@ def test_dashboard_job_page_shows_position_and_estimated_start(tmp_path) -> None
     finally:
         s.stop()
         kill_jobs(tmp_path)
+
+
+# -- a job held by its queue's quota: a reservation of the queue's room ------------------------------------
+
+TEAM = {"queue": [{"name": "team", "limit": 4}]}
+#: the three ways a queue's room is capped at 4 GPUs: its limit; its parent's limit (the small jobs in a
+#: sibling queue); its guarantee under strict quotas
+CAPS = {
+    "limit": ({"queues": TEAM}, "team"),
+    "parent": ({"queues": {"queue": [{"name": "org", "limit": 4}, {"name": "team", "parent": "org"},
+                                     {"name": "other", "parent": "org"}]}}, "other"),
+    "strict": ({"queues": {"queue": [{"name": "team", "guarantee": 4}]}, "borrow": False}, "team"),
+}
+
+
+def _team_stream(small_queue: str = "team") -> list[JobSpec]:
+    """The 1x4 stream of :func:`_stream` on 1x8, the a-jobs and the 4-GPU job in queue ``team``, the small
+    jobs in ``small_queue``: GPUs are always free, the queue's cap is what holds the 4-GPU job."""
+    return [JobSpec(s.id, s.arrival, s.gpus, s.duration,
+                    attrs={"queue": small_queue if s.id.startswith("s") else "team"}) for s in _stream()]
+
+
+def _run_queued(specs: list[JobSpec], depth: int, observe=None, params: dict | None = None) -> RunResult:
+    sched = Scheduler.from_names(preemptive=False, queue="quota", params=params or {"queues": TEAM})
+    if depth:
+        sched.reserve(depth)
+    obs = [] if observe is None else [observe(sched)]
+    return Simulator(parse_cluster("1x8"), specs, sched, None, SimConfig(round_len=10.0), observers=obs).run()
+
+
+@pytest.mark.parametrize("cap", sorted(CAPS))
+def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones(cap: str) -> None:
+    params, small_queue = CAPS[cap]
+    # without: each GPU of the limit that frees goes to the next small job of the queue (s0 at 100 when a0
+    # ends, s1 at 200, s2 at 250, s3 at 300, s4 at 350); at 400 (a3's end) big, first in the order, is
+    # admitted and the queue's limit stops s3 and s4 (even without preemption), which run again later
+    res = {j.id: j for j in _run_queued(_team_stream(small_queue), 0, params=params).jobs}
+    assert res["big"].first_start == 400.0
+    assert [(res[f"s{k}"].first_start, res[f"s{k}"].preemptions) for k in range(5)] == [
+        (100.0, 0), (200.0, 0), (250.0, 0), (300.0, 1), (350.0, 1)]
+    # with: big is reserved the queue's room from 400 (a3's end, when the queue's running jobs leave it four
+    # GPUs under its limit); s0 (100-250), s1 (200-350) and s2 (250-400) end by then and start; s3 and s4
+    # would hold a GPU of the limit at 400 and wait; big runs 400-500 as first estimated, then s3..s6 start,
+    # s7 at 650 (when s3 ends); nothing is stopped
+    seen: list[tuple[float, float]] = []
+
+    def observe(sched: Scheduler):
+        bf = sched.backfill
+        assert bf is not None
+
+        def obs(sim: Simulator, what: str) -> None:
+            if what == "round" and "big" in bf.starts:
+                seen.append((sim.now, bf.starts["big"]))
+        return obs
+
+    res = {j.id: j for j in _run_queued(_team_stream(small_queue), 1, observe, params).jobs}
+    assert res["big"].first_start == 400.0
+    assert [res[f"s{k}"].first_start for k in range(8)] == [100.0, 200.0, 250.0, 500.0, 500.0, 500.0, 500.0,
+                                                            650.0]
+    assert all(j.preemptions == 0 for j in res.values())
+    assert seen[0] == (10.0, 400.0)  # its estimate in the round it arrived: it started then
+    assert {est for _, est in seen} == {400.0}
+
+
+def test_service_big_job_held_by_its_queue_quota_starts_no_later_than_its_estimate(tmp_path) -> None:  # noqa: ANN001
+    # 1x8, queue ``team`` limited to 4 GPUs (GPUs are never short: the limit holds the 4-GPU job): four
+    # sleepy 1-GPU jobs end after 2-5 s (limits 3-6 s), then a 4-GPU job, then 1-GPU jobs of 3 s (limit 4 s),
+    # two a second, all in ``team``
+    from service_util import Server, job, kill_jobs, submit, wait_for
+
+    tree = tmp_path / "queues.toml"
+    tree.write_text('default = "team"\n[[queue]]\nname = "team"\nlimit = 4\n')
+    s = Server(tmp_path, "--gpus", "8", "--round", "0.2", "--non-preemptive", "--queue-policy", "quota",
+               "--queues", str(tree)).start()
+    try:
+        with s.client() as c:
+            for i in range(4):
+                submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=f"{3 + i}s")
+            wait_for(lambda: all(job(c, i + 1)["st"] == "R" for i in range(4)), what="the first four running")
+            big = submit(c, name="big", command="sleep 1", gpus=4, time_limit="3s")
+            first = wait_for(lambda: job(c, big)["est_start"], what="an estimate for the 4-GPU job")
+            assert job(c, big)["pending_reason"] == "QueueAtQuota"
+            small = []
+            for k in range(12):
+                small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit="4s"))
+                time.sleep(0.5)
+            b = wait_for(lambda: (x := job(c, big))["first_start"] and x, timeout=30, what="the 4-GPU job's start")
+            wait_for(lambda: all(job(c, k)["st"] == "CD" for k in small), timeout=60, what="the small jobs' ends")
+            smalls = [job(c, k) for k in small]
+        # its first estimate: when the queue's running jobs leave it 4 GPUs (by their limits: at most a3's
+        # start + 6 s); it started by then, no small job was stopped for it, and small jobs submitted before
+        # it started waited for it
+        assert _wall(b["first_start"]) <= _wall(first) + 1e-3, (b["first_start"], first)
+        assert [x["preemptions"] for x in smalls] == [0] * 12
+        big_start = _wall(b["first_start"])
+        assert any(_wall(x["submit_time"]) < big_start < _wall(x["first_start"]) for x in smalls)
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)
+
+
+ORG = {"queue": [{"name": "org", "limit": 6}, {"name": "x", "parent": "org"},
+                 {"name": "y", "parent": "org", "limit": 3}, {"name": "z"}]}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_jobs_held_by_limits_never_start_later_than_first_estimate(seed: int, depth: int) -> None:
+    # 2x4; queues x and y under org (limit 6; y limit 3), z uncapped: the first reserved job (the first
+    # waiting one in the order, often held by a limit) starts by its first estimate when estimates are exact
+    # (durations known, no overheads, a round at every arrival and completion)
+    rng = random.Random(seed)
+    specs = []
+    t = 0.0
+    for i in range(60):
+        t += rng.choice([0.0, 5.0, 17.0, 40.0])
+        q = rng.choice(["x", "x", "y", "z"])
+        gpus = rng.choice([1, 1, 1, 2, 3, 4] if q != "y" else [1, 1, 1, 2, 3])
+        specs.append(JobSpec(f"j{i}", t, gpus, float(rng.randint(20, 400)), attrs={"queue": q}))
+    first: dict[str, float] = {}
+    at_quota: set[str] = set()
+
+    def observe(sched: Scheduler):
+        bf = sched.backfill
+        assert bf is not None
+
+        def obs(sim: Simulator, what: str) -> None:
+            if what == "round" and bf.starts:
+                jid = min(bf.starts, key=lambda k: bf.positions[k])
+                first.setdefault(jid, bf.starts[jid])
+                if sim.active[jid].reason == "QueueAtQuota":
+                    at_quota.add(jid)
+        return obs
+
+    sched = Scheduler.from_names(preemptive=False, queue="quota", params={"queues": ORG})
+    sched.reserve(depth)
+    # (no restart overhead: the limits stop jobs and start them again, and a start-up is not estimated)
+    config = SimConfig(round_len=10.0, reschedule_on_arrival=True, reschedule_on_completion=True,
+                       restart_overhead=0.0)
+    res = Simulator(parse_cluster("2x4"), specs, sched, None, config, observers=[observe(sched)]).run()
+    starts = {j.id: j.first_start for j in res.jobs}
+    assert all(s is not None for s in starts.values())
+    assert at_quota, "no job held by a limit was ever first reserved"
+    late = {jid: (starts[jid], est) for jid, est in first.items() if starts[jid] > est + 1e-9}  # type: ignore[operator]
+    assert not late

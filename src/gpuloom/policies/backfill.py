@@ -3,9 +3,11 @@
 A plan hook (:class:`Backfill`) run after placement.  It walks the active jobs in the order policy's
 order and keeps a profile of what holds resources when: each running job until its estimated end, each
 job the plan starts until ``now`` plus its estimate, and each reservation.  The first ``depth`` jobs
-the plan leaves waiting (and no stage holds back: a queue at its quota) each get a reservation: the
+the plan leaves waiting (and no stage holds back but for its queue's quota) each get a reservation: the
 earliest time at which the place policy finds them room that stays free for their whole estimated run,
-given everything ahead of them in the profile.  A job the plan starts that comes after a reservation
+given everything ahead of them in the profile.  When a queue stage caps some queue, the profile also
+keeps each job's room under its queue's caps (:mod:`.quota_room`): a reservation starts no earlier than
+the job fits under them, and a later job starts only if it leaves every reserved job that room.  A job the plan starts that comes after a reservation
 in the order keeps its start only if it does not push that reservation later (Slurm's ``bf`` rule): it
 ends by the reserved start, or it leaves the reserved GPUs, cores and memory free; otherwise the hook
 takes it out of the plan and it waits.
@@ -40,6 +42,7 @@ from ..core.plan import Allocation, Part, Plan, drop_job
 from ..core.reservations import Reservation
 from .base import OrderPolicy, PlacePolicy, PolicyError, Request, SizePolicy, Stage, View
 from .free import FreeState
+from .quota_room import QUEUE_AT_QUOTA, QuotaRoom
 
 #: the ``JobSpec.attrs`` key of a job's queue (the queue stage's)
 QUEUE_KEY = "queue"
@@ -90,14 +93,17 @@ class Backfill:
         self.held: list[str] = []
         #: the last round's advance reservations: name -> the global GPU ids they keep (empty: none found)
         self.kept: dict[str, tuple[int, ...]] = {}
+        #: the last round's queue room (:mod:`.quota_room`), None when no queue has a cap
+        self.room: QuotaRoom | None = None
 
     def __call__(self, plan: Plan, view: View) -> Plan:
         now, current, cluster = view.now, view.current, view.cluster
         allocs = plan.allocations
         ordered = self.order.order(view.jobs, view)
-        blocked: set[str] = set()
+        blocked: dict[str, str] = {}
         for st in self.stages:
             blocked.update(st.pending_reasons(plan, view))
+        room = self.room = QuotaRoom.of(self.stages, view)
         busy: list[Entry] = []
         jobs = {j.id: j for j in ordered}
         out: dict[str, Allocation] | None = None
@@ -108,6 +114,8 @@ class Backfill:
             rj = jobs.get(jid)
             if rj is not None and jid in current:
                 busy.append((ra, now, _end(rj, now), rj.spec.user, None))
+                if room is not None:
+                    room.add(rj, now, busy[-1][2])
         # advance reservations; a job of another user still on one that has begun is stopped
         kept: dict[str, tuple[int, ...]] = {}
         for r in sorted((r for r in self.reservations if r.end > now), key=lambda r: (r.start, r.name)):
@@ -132,12 +140,15 @@ class Backfill:
 
         def reserve(j: Job) -> None:
             nonlocal reserved
-            if reserved < self.depth and j.id not in blocked:
-                slot = self._reserve(j, busy, view)
+            at_quota = room is not None and blocked.get(j.id) == QUEUE_AT_QUOTA
+            if reserved < self.depth and (j.id not in blocked or at_quota):
+                slot = self._reserve(j, busy, view) if room is None else self._reserve_room(j, busy, view, room)
                 if slot is not None:
                     reserved += 1
                     slots.append(slot)
                     busy.append((slot.alloc, slot.start, slot.end, j.spec.user, None))
+                    if room is not None:
+                        room.add(j, slot.start, slot.end)
 
         by_name = {s.alloc.job_id.removeprefix("reservation:"): s for s in slots}
         for j in ordered:
@@ -148,12 +159,21 @@ class Backfill:
                     out = dict(allocs)
                 if not self._inside(j, by_name.get(str(inside)), out, busy, view):
                     held.append(j.id)
+                elif room is not None:
+                    room.add(j, now, busy[-1][2])
                 continue
             if a is not None:
                 if j.id in current:
                     continue  # running (kept, moved or resized): in the profile already
                 end = now + j.remaining_at(now)
                 user = j.spec.user
+                if room is not None and not room.fits(j, now, end, False):  # it keeps a reserved job's room
+                    if out is None:
+                        out = dict(allocs)
+                    drop_job(out, j.id)
+                    held.append(j.id)
+                    reserve(j)
+                    continue
                 if slots and not self._beside(a, user, now, end, slots, busy, cluster):
                     if out is None:
                         out = dict(allocs)
@@ -165,7 +185,11 @@ class Backfill:
                         continue
                     out[j.id] = a = moved
                 busy.append((a, now, end, user, None))
+                if room is not None:
+                    room.add(j, now, end)
             elif j.id in blocked:
+                if blocked[j.id] == QUEUE_AT_QUOTA:
+                    reserve(j)  # (the room under its queue's cap, when that frees, and GPUs then)
                 continue
             elif out is not None and self.place.backfill and self._now(j, out, slots, busy, view, failed):
                 continue  # placed on what the jobs held back left free
@@ -215,15 +239,30 @@ class Backfill:
                 return Slot(None, Allocation(holder.id, tuple(parts)), r.start, r.end, r.users)
         return None
 
-    def _reserve(self, job: Job, busy: list[Entry], view: View) -> Slot | None:
-        """The earliest slot for ``job`` on what ``busy`` leaves free over its whole estimated run (the
-        advance reservations that admit its user left out)."""
-        now = view.now
-        d = job.remaining_at(now)
+    def _reserve_room(self, job: Job, busy: list[Entry], view: View, room: QuotaRoom) -> Slot | None:
+        """The earliest slot for ``job`` that has both GPUs (:meth:`_reserve`) and room under its queue's caps
+        for its whole estimated run, or None."""
+        d = job.remaining_at(view.now)
+        after = view.now
+        for _ in range(_ROOM_TRIES):
+            t = room.earliest(job, after, d)
+            if t is None:
+                return None
+            slot = self._reserve(job, busy, view, t)
+            if slot is None or room.fits(job, slot.start, slot.end):
+                return slot
+            after = slot.start
+        return None
+
+    def _reserve(self, job: Job, busy: list[Entry], view: View, after: float | None = None) -> Slot | None:
+        """The earliest slot for ``job`` from ``after`` (default: now) on what ``busy`` leaves free over its
+        whole estimated run (the advance reservations that admit its user left out)."""
+        first = view.now if after is None else after
+        d = job.remaining_at(view.now)
         req = self.size.request(job, view)
         user = job.spec.user
         mine = [e for e in busy if e[4] is None or user not in e[4]]
-        times = sorted({now, *(e[2] for e in mine if now < e[2] < _INF)})
+        times = sorted({first, *(e[2] for e in mine if first < e[2] < _INF)})
         for t in times:
             free = _free_of(view.cluster, (e[0] for e in mine if e[1] < t + d and e[2] > t))
             parts = self.place.choose_for(req, free, view)
@@ -271,6 +310,9 @@ class Backfill:
         free_gpus = view.cluster.num_gpus - len({g for a in out.values() for g in a.gpu_ids})
         if req.gpus > free_gpus:
             return False
+        room = self.room
+        if room is not None and not room.fits(job, now, end, False):
+            return False
         failed[()] -= 1
         a = self._place_off(job, req, req.key, end, out, slots, view)
         if a is None or not self._beside(a, job.spec.user, now, end, slots, busy, view.cluster):
@@ -278,6 +320,8 @@ class Backfill:
             return False
         out[job.id] = a
         busy.append((a, now, end, job.spec.user, None))
+        if room is not None:
+            room.add(job, now, end)
         return True
 
     def _elsewhere(self, job: Job, a: Allocation, end: float, allocs: Mapping[str, Allocation],
@@ -351,6 +395,8 @@ def _end(job: Job, now: float) -> float:
 
 
 _INF = float("inf")
+#: rounds of "room under the caps, then GPUs from then" a queue-room reservation tries before giving up
+_ROOM_TRIES = 8
 
 
 def _free_of(cluster: Cluster, allocs: Iterable[Allocation]) -> FreeState:
