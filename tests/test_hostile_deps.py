@@ -309,7 +309,9 @@ def test_held_jobs_are_counted_in_the_metrics_by_reason(make) -> None:  # noqa: 
     def values(name: str, key: str) -> dict:
         return {tuple(s.labels[k] for k in key.split(",")): s.value for s in fams[name].samples}
 
-    assert values("gpuloom_pending_jobs", "reason") == {("Dependency",): 5.0, ("JobArrayTaskLimit",): 2.0}
+    # every pending job is counted: the two no round has looked at yet (bob's job, task l_0) as "None"
+    assert values("gpuloom_pending_jobs", "reason") == {("Dependency",): 5.0, ("JobArrayTaskLimit",): 2.0,
+                                                        ("None",): 2.0}
     assert values("gpuloom_queue_jobs", "queue,st") == {("research", "PD"): 5.0, ("", "PD"): 4.0}
 
 

@@ -49,6 +49,11 @@ def _poll(cond, what: str, timeout: float = 10.0) -> None:  # noqa: ANN001
 
 
 # -- rounds ----------------------------------------------------------------------------------------
+def _series_write(sql: str) -> bool:
+    """A statement of the time series' flush: its insert or prune, or the switch to a write not synced at once."""
+    return "series" in sql.split() or sql.startswith("PRAGMA synchronous")
+
+
 @pytest.mark.parametrize("waiting", [5, 60])
 def test_a_round_in_which_nothing_changed_touches_no_waiting_job(tmp_path: Path, cgroup_parent: str,
                                                                  waiting: int) -> None:
@@ -72,8 +77,9 @@ def test_a_round_in_which_nothing_changed_touches_no_waiting_job(tmp_path: Path,
         seen = {j: svc.jobs[j].last_update for j in pending}
         svc.mark_time()  # the service time's mark (one write per MARK_S whatever waits) falls outside
         statements: list[str] = []
+        # (the dashboard's time series is flushed every few samples, and pruned, whatever waits: left out)
         event.listen(store.engine, "before_cursor_execute",
-                     lambda _c, _cur, sql, *_: statements.append(" ".join(sql.split()[:1])))
+                     lambda _c, _cur, sql, *_: None if _series_write(sql) else statements.append(sql.split()[0]))
         for _ in range(3):
             clock.advance(3.0)
             svc.round()
@@ -347,7 +353,7 @@ def test_queue_lists_ten_thousand_jobs_as_plain_lines(tmp_path: Path) -> None:
                 assert r.status_code == 422 and "of the list is no field of a job" in r.text
                 assert "secret" not in r.text and "<b>" not in r.text  # (an error never echoes its input)
         runner = CliRunner()
-        res = runner.invoke(app, ["queue", "--state", "PD", "--state-dir", str(tmp_path)])
+        res = runner.invoke(app, ["queue", "--array", "--state", "PD", "--state-dir", str(tmp_path)])
         assert res.exit_code == 0, res.output
         lines = res.output.splitlines()
         assert len(lines) == 10_001

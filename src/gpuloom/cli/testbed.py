@@ -144,7 +144,7 @@ class Testbed:
                "--job-dir", str(self.share / "jobs"),
                *cluster_args(self.cluster), "--round", repr(self.round_s), "--grace", repr(self.grace_s),
                "--no-profile", "--log-level", "warning", "--order", st.order, "--group", st.group, "--size", st.size,
-               "--place", st.place]
+               "--place", st.place, "--reserve-depth", str(st.reserve_depth)]  # (the service's default is 8)
         if not st.preemptive:
             cmd.append("--non-preemptive")
         for k, v in {**st.model_options, **st.params}.items():
