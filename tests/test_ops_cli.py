@@ -52,10 +52,15 @@ def test_array_of_ten_with_a_dependency_chain_finishes_in_order(tmp_path: Path) 
         code, out = cli("queue", *sd)
         # (the array's waiting tasks are one line: 1_[2-9] while task 1 runs)
         assert code == 0 and "(Dependency)" in out and "(JobArrayTaskLimit)" in out and re.search(r" 1_(\[\d-9\]|9) ", out)
-        code, out = cli("queue", "--state", "PD", "--json", *sd)
-        pending = json.loads(out)
-        assert {j["id"] for j in pending} >= {11, 12} and all(j["st"] == "PD" for j in pending)
-        assert {j["pending_reason"] for j in pending if j["id"] in (11, 12)} == {"Dependency"}
+        def pending() -> list[dict]:
+            code, out = cli("queue", "--state", "PD", "--json", *sd)
+            assert code == 0, out
+            return json.loads(out)
+
+        assert {j["id"] for j in pending()} >= {11, 12} and all(j["st"] == "PD" for j in pending())
+        # (a job's pending reason is the next round's: until then it is None)
+        wait_for(lambda: {j["pending_reason"] for j in pending() if j["id"] in (11, 12)} == {"Dependency"},
+                 what="both dependent jobs held for their dependency")
 
         def done() -> list[dict] | None:
             recs = json.loads(cli("history", "--json", *sd)[1])
