@@ -27,7 +27,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from ..core.lifecycle import TERMINAL, JobState
-from ..runtime.state.history import format_duration, format_mem, parse_time
+from ..core.units import parse_wall_time
+from ..runtime.state.history import format_duration, format_mem
 from . import app
 from .common import PlainTable as Table
 from .common import console, err_console, plain, print_json, print_table
@@ -430,7 +431,7 @@ def history(
     for key, v in (("since", since), ("until", until)):
         if v is not None:
             try:
-                params[key] = repr(parse_time(v, now, f"--{key}"))
+                params[key] = repr(parse_wall_time(v, now, f"--{key}", -1))
             except ValueError as e:
                 raise typer.BadParameter(str(e)) from None
     if user:

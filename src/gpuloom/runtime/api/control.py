@@ -21,8 +21,9 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...core.queues import QueueError
+from ...core.units import parse_wall_time
 from ..service.bulk import ACTIONS, SelectError, Selector, apply, select
-from ..service.control import ControlError, parse_when
+from ..service.control import ControlError
 from ..service.errors import NotFound, PermissionDenied, SubmitError
 from ..service.queues import QueueDenied
 from ..service.service import Service
@@ -103,7 +104,10 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         ``start + duration``, then back by itself."""
         admin_only(who, "a maintenance window")
         try:
-            start = parse_when(body.start, service.clock.time())
+            try:
+                start = parse_wall_time(body.start, service.clock.time(), "start")
+            except ValueError as e:
+                raise ControlError(str(e), "start") from None
             try:
                 dur = float(parse_duration(body.duration))
             except (TypeError, ValueError) as e:

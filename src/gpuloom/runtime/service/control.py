@@ -528,29 +528,3 @@ class _Gauges(Collector):
             held.add_metric([r], how.count(r))
         yield held
 
-
-def parse_when(v: str | float, now: float) -> float:
-    """A wall time: seconds since the epoch, ``now``, ``now+1h``/``+30m`` or ISO 8601 (UTC unless it says)."""
-    from datetime import UTC, datetime
-
-    from ..state.specs import parse_duration
-
-    if isinstance(v, (int, float)):
-        return float(v)
-    s = str(v).strip()
-    if s == "now":
-        return now
-    if s.startswith("now+") or s.startswith("+"):
-        return now + float(parse_duration(s.split("+", 1)[1]))
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    try:
-        d = datetime.fromisoformat(s)
-    except ValueError:
-        raise ControlError(f"start: expected now, now+DURATION, seconds since the epoch or ISO 8601, got {s!r}",
-                           "start") from None
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=UTC)
-    return d.timestamp()
