@@ -104,7 +104,6 @@ class _Gauges(Collector):
 def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]]) -> None:
     Auth = Annotated[tuple[str, bool], Depends(auth)]
     store = service.store
-    stored.ensure(store)
     sync(service)
     service.telemetry.registry.register(_Gauges(service))
 

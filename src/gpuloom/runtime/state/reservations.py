@@ -1,7 +1,7 @@
 """Advance reservations in the store: the ``reservations`` table, and the times users write for them.
 
-A reservation is stored with wall-clock times (Unix seconds), so it survives a restart; the table is
-created on first use where an older database lacks it (:func:`ensure`).  ``start`` is read by
+A reservation is stored with wall-clock times (Unix seconds), so it survives a restart; the table
+(:data:`.store.reservations_t`) is made when the store opens, as the others are.  ``start`` is read by
 :func:`gpuloom.core.units.parse_wall_time` (``now``, ``now+1h``, an ISO date/time, Unix seconds).
 """
 
@@ -10,28 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Column, Float, String, Table, Text, delete, insert, select
+from sqlalchemy import delete, insert, select
 
 from ...core.reservations import Reservation
-from .store import Store, metadata
-
-reservations_t = Table(
-    "reservations",
-    metadata,
-    Column("name", String(64), primary_key=True),
-    Column("start", Float, nullable=False),  # wall seconds
-    Column("end", Float, nullable=False),
-    Column("users", Text, nullable=False),  # JSON list
-    Column("nodes", Text, nullable=False),  # JSON list (empty: a GPU count)
-    Column("gpus", Float, nullable=False),
-    Column("created", Float, nullable=False),
-    Column("creator", String(100), nullable=False),
-)
-
-def ensure(store: Store) -> None:
-    """Create the table where the database lacks it (one made by an older release)."""
-    with store.lock:
-        reservations_t.create(store.engine, checkfirst=True)
+from .store import Store, reservations_t
 
 
 def load(store: Store) -> list[Reservation]:
