@@ -296,7 +296,9 @@ class Control:
             job = by_id.get(jid)
             if a.group or job is None:
                 continue  # co-runners sharing GPUs: wait for the next round's placement
-            parts = place.choose_for(Request((job,), a.num_gpus, job.spec.cpus, job.spec.mem_mb), free, pview)
+            # the cores and memory this round's sizing gave it, wherever it lands
+            req = Request((job,), a.num_gpus, sum(p.cpus for p in a.parts), sum(p.mem_mb for p in a.parts))
+            parts = place.choose_for(req, free, pview)
             if parts is not None:
                 free.take(parts)
                 allocs[jid] = Allocation(jid, parts, (), a.key)
