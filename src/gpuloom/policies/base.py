@@ -199,15 +199,22 @@ class Blocked:
 
     room: Mapping[int, float]
     limit: Callable[[str], float | None]
+    #: masks made, by the jobs' time limits (most jobs of a round share one: none, or a queue's default)
+    _made: dict[tuple[float | None, ...], tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def masks(self, cluster: Cluster, jobs: Sequence[Job]) -> tuple[np.ndarray, np.ndarray]:
         """(per node, per GPU) 0/1 masks of the nodes all of ``jobs`` may start on."""
-        limits = [self.limit(j.id) for j in jobs]
+        limits = tuple(self.limit(j.id) for j in jobs)
+        hit = self._made.get(limits)
+        if hit is not None and len(hit[0]) == cluster.num_nodes:
+            return hit
         node_ok = np.ones(cluster.num_nodes, dtype=np.uint8)
         for node, room in self.room.items():
             if any(t is None or t > room for t in limits):
                 node_ok[node] = 0
-        return node_ok, node_ok[cluster.gpu_node]
+        made = self._made[limits] = (node_ok, node_ok[cluster.gpu_node])
+        return made
 
 
 @dataclass(slots=True)
