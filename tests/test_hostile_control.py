@@ -78,6 +78,9 @@ def test_oversized_and_malformed_selections_are_refused_fast(env: Env) -> None:
     r = env.call("admin", "POST", "/nodes/node-0/maintenance", json={"start": "yesterday-ish", "duration": "1h",
                                                                      "reason": "x"})
     assert r.status_code == 422 and "start" in r.json()["detail"]
+    for bad in ("now+soon", "now+0", "nan"):  # (a bad duration after now+ was a 500)
+        r = env.call("admin", "POST", "/nodes/node-0/maintenance", json={"start": bad, "duration": "1h", "reason": "x"})
+        assert r.status_code == 422 and r.json()["detail"].startswith("start: "), (bad, r.text)
     r = env.call("admin", "POST", "/nodes/node-0/maintenance", json={"start": "now", "duration": "-5",
                                                                      "reason": "x"})
     assert r.status_code == 422 and "duration" in r.json()["detail"]
