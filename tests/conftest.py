@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,3 +78,61 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
     yield _mount
     for d in reversed(mounted):
         subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``server(*args)``: ``gpuloom serve *args`` started with its state in ``tmp_path``; every server made
+    is stopped, and the jobs under ``tmp_path`` killed, after the test."""
+    from service_util import Server, kill_jobs
+
+    servers: list[Server] = []
+
+    def make(*args: str) -> Server:
+        s = Server(tmp_path, *args).start()
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+    kill_jobs(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the browser tests: a headless Chromium, and where their screenshots go
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """The system's Chromium, headless, driven by playwright; the test is skipped, loudly, where there is
+    no Chromium (``apt-get install chromium``, or ``$GPULOOM_CHROMIUM``) or no playwright."""
+    import warnings
+
+    from service_util import CHROMIUM, CHROMIUM_ARGS
+
+    if CHROMIUM is None:
+        msg = ("!!! BROWSER TEST SKIPPED: no Chromium found (apt-get install chromium, or set GPULOOM_CHROMIUM); "
+               "the dashboard was NOT tested in a browser !!!")
+        warnings.warn(msg, stacklevel=2)
+        pytest.skip(msg)
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("!!! BROWSER TEST SKIPPED: the playwright package is missing (pip install -e '.[test]') !!!")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: ``$GPULOOM_SCREENSHOTS`` (``docs/img`` refreshes the docs' ones), else the test's
+    directory."""
+    import os
+
+    d = Path(os.environ.get("GPULOOM_SCREENSHOTS") or tmp_path / "shots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -234,3 +234,24 @@ def fill(d: Path) -> Path:
         os.close(fd)
     assert os.statvfs(d).f_bavail == 0
     return f
+
+
+# -- the dashboard in a real headless browser (playwright driving the system's Chromium) -----------------
+CHROMIUM = os.environ.get("GPULOOM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+MAX_PNG = 200_000  # bytes a screenshot for the docs may take
+
+
+def login(page: Any, url: str, token: str) -> None:
+    """Open ``url`` (the dashboard) and log in with ``token``."""
+    page.goto(url)
+    page.wait_for_selector("#login-form", state="visible")
+    page.fill("#token", token)
+    page.click("#login-form button")
+
+
+def shot(page: Any, path: Path) -> None:
+    """A screenshot of what ``page`` shows, small enough for the docs."""
+    page.screenshot(path=str(path), full_page=False)
+    assert path.stat().st_size < MAX_PNG, f"{path} is {path.stat().st_size} bytes"

@@ -40,6 +40,19 @@ def _stream() -> list[JobSpec]:
     return out
 
 
+def _estimates_of(jid: str, seen: list[tuple[float, float]]):  # noqa: ANN202
+    """An observer for :func:`_run`: (time, ``jid``'s estimated start) at each round that reserves it."""
+    def observe(sched: Scheduler):
+        bf = sched.backfill
+        assert bf is not None
+
+        def obs(sim: Simulator, what: str) -> None:
+            if what == "round" and jid in bf.starts:
+                seen.append((sim.now, bf.starts[jid]))
+        return obs
+    return observe
+
+
 def test_big_job_behind_a_stream_of_small_ones() -> None:
     # without: every GPU freed goes to the next small job (s0 at 100, s1 at 200, s2 at 250, s3 at 300, s4 at 350,
     # s5 and s6 at 400, s7 at 450): four GPUs are first free together at 600, when s7 ends
@@ -49,16 +62,7 @@ def test_big_job_behind_a_stream_of_small_ones() -> None:
     # with: big is reserved all four GPUs from 400 (a3's end); s0 (100-250), s1 (200-350) and s2 (250-400) end
     # by then and start; s3 would run to 450 and waits; big runs 400-500, then s3..s6 start, s7 at 650
     seen: list[tuple[float, float]] = []
-
-    def observe(sched: Scheduler):
-        bf = sched.backfill
-        assert bf is not None
-
-        def obs(sim: Simulator, what: str) -> None:
-            if what == "round" and "big" in bf.starts:
-                seen.append((sim.now, bf.starts["big"]))
-        return obs
-
+    observe = _estimates_of("big", seen)
     starts = {j.id: j.first_start for j in _run("1x4", _stream(), 1, observe).jobs}
     assert starts["big"] == 400.0
     assert [starts[f"s{k}"] for k in range(8)] == [100.0, 200.0, 250.0, 500.0, 500.0, 500.0, 500.0, 650.0]
@@ -145,47 +149,60 @@ def _wall(iso_t: str) -> float:
     return datetime.fromisoformat(iso_t).timestamp()
 
 
-def test_service_big_job_starts_no_later_than_its_estimate(tmp_path) -> None:  # noqa: ANN001
+def _four_then_big(c) -> tuple[int, str]:  # noqa: ANN001
+    """Four sleepy 1-GPU jobs ending after 2-5 s (limits 3-6 s), running; then a 4-GPU job (limit 3 s) with
+    its first estimated start."""
+    from service_util import job, submit, wait_for
+
+    for i in range(4):
+        submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=f"{3 + i}s")
+    wait_for(lambda: all(job(c, i + 1)["st"] == "R" for i in range(4)), what="the first four running")
+    big = submit(c, name="big", command="sleep 1", gpus=4, time_limit="3s")
+    return big, wait_for(lambda: job(c, big)["est_start"], what="an estimate for the 4-GPU job")
+
+
+def _hold_the_gpu(c) -> int:  # noqa: ANN001
+    """A running job of limit 60 s on the service's one GPU."""
+    from service_util import job, submit, wait_for
+
+    holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit="60s")
+    wait_for(lambda: job(c, holder)["st"] == "R", what="the holder running")
+    return holder
+
+
+def test_service_big_job_starts_no_later_than_its_estimate(server) -> None:  # noqa: ANN001
     # 1x4, non-preemptive FIFO, the guarantee on (serve's default): four sleepy 1-GPU jobs end after 2-5 s
     # (limits 3-6 s), then a 4-GPU job, then a stream of 1-GPU jobs of 3 s (limit 4 s), two a second
-    from service_util import Server, job, kill_jobs, submit, wait_for
+    from service_util import job, submit, wait_for
 
-    s = Server(tmp_path, "--gpus", "4", "--round", "0.2", "--non-preemptive").start()
-    try:
-        with s.client() as c:
-            for i in range(4):
-                submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=f"{3 + i}s")
-            wait_for(lambda: all(job(c, i + 1)["st"] == "R" for i in range(4)), what="the first four running")
-            big = submit(c, name="big", command="sleep 1", gpus=4, time_limit="3s")
-            first = wait_for(lambda: job(c, big)["est_start"], what="an estimate for the 4-GPU job")
-            small = []
-            for k in range(12):
-                small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit="4s"))
-                if k == 0:  # a waiting job behind it: its position, no estimate beyond the reserved ones
-                    d = wait_for(lambda: (x := job(c, small[0]))["queue_position"] and x, what="s0's position")
-                    assert (d["queue_position"], d["queue_position_in_queue"]) == (2, 2)
-                time.sleep(0.5)
-            b = wait_for(lambda: (x := job(c, big))["first_start"] and x, timeout=30, what="the 4-GPU job's start")
-            assert b["queue_position"] is None and b["est_start"] is None  # no longer waiting
-            r = c.get("/starts")
-            assert r.status_code == 200, r.text
-            starts = r.json()
-            assert all(x["id"] in small for x in starts)
-            assert [x["queue_position"] for x in starts] == list(range(1, len(starts) + 1))
-            smalls = [job(c, k) for k in small]
-        # its first estimate came from the running jobs' limits (at most a3's start + 6 s); it started by then
-        assert _wall(b["first_start"]) <= _wall(first) + 1e-3, (b["first_start"], first)
-        # and small jobs submitted before it started waited for it (without the guarantee the stream, six
-        # GPUs' worth of work on four, keeps a GPU busy until every small job has started)
-        big_start = _wall(b["first_start"])
-        assert any(_wall(x["submit_time"]) < big_start and (x["first_start"] is None or _wall(x["first_start"]) > big_start)
-                   for x in smalls)
-    finally:
-        s.stop()
-        kill_jobs(tmp_path)
+    s = server("--gpus", "4", "--round", "0.2", "--non-preemptive")
+    with s.client() as c:
+        big, first = _four_then_big(c)
+        small = []
+        for k in range(12):
+            small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit="4s"))
+            if k == 0:  # a waiting job behind it: its position, no estimate beyond the reserved ones
+                d = wait_for(lambda: (x := job(c, small[0]))["queue_position"] and x, what="s0's position")
+                assert (d["queue_position"], d["queue_position_in_queue"]) == (2, 2)
+            time.sleep(0.5)
+        b = wait_for(lambda: (x := job(c, big))["first_start"] and x, timeout=30, what="the 4-GPU job's start")
+        assert b["queue_position"] is None and b["est_start"] is None  # no longer waiting
+        r = c.get("/starts")
+        assert r.status_code == 200, r.text
+        starts = r.json()
+        assert all(x["id"] in small for x in starts)
+        assert [x["queue_position"] for x in starts] == list(range(1, len(starts) + 1))
+        smalls = [job(c, k) for k in small]
+    # its first estimate came from the running jobs' limits (at most a3's start + 6 s); it started by then
+    assert _wall(b["first_start"]) <= _wall(first) + 1e-3, (b["first_start"], first)
+    # and small jobs submitted before it started waited for it (without the guarantee the stream, six
+    # GPUs' worth of work on four, keeps a GPU busy until every small job has started)
+    big_start = _wall(b["first_start"])
+    assert any(_wall(x["submit_time"]) < big_start and (x["first_start"] is None or _wall(x["first_start"]) > big_start)
+               for x in smalls)
 
 
-def test_queue_start_and_show_print_positions_and_estimates(tmp_path) -> None:  # noqa: ANN001
+def test_queue_start_and_show_print_positions_and_estimates(tmp_path, server) -> None:  # noqa: ANN001
     # 1 GPU held by a job of limit 60 s; two waiting jobs of limits 10 s and 20 s: positions 1 and 2,
     # estimated starts the holder's end and 10 s later (one round's plan); a third user's job is cut by --user
     import json
@@ -193,74 +210,54 @@ def test_queue_start_and_show_print_positions_and_estimates(tmp_path) -> None:  
     from typer.testing import CliRunner
 
     from gpuloom.cli import app
-    from service_util import Server, job, kill_jobs, submit, wait_for
+    from service_util import job, submit, wait_for
 
     runner = CliRunner()
     sd = ("--state-dir", str(tmp_path))
-    s = Server(tmp_path, "--gpus", "1", "--round", "0.2").start()
-    try:
-        with s.client() as c:
-            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit="60s")
-            wait_for(lambda: job(c, holder)["st"] == "R", what="the holder running")
-            first = submit(c, name="first", command="true", gpus=1, time_limit="10s")
-            second = submit(c, name="second", command="true", gpus=1, time_limit="20s")
-            wait_for(lambda: job(c, second)["est_start"], what="estimates")
+    s = server("--gpus", "1", "--round", "0.2")
+    with s.client() as c:
+        _hold_the_gpu(c)
+        first = submit(c, name="first", command="true", gpus=1, time_limit="10s")
+        second = submit(c, name="second", command="true", gpus=1, time_limit="20s")
+        wait_for(lambda: job(c, second)["est_start"], what="estimates")
 
-        def starts() -> list[dict]:
-            r = runner.invoke(app, ["queue", "--start", "--json", *sd])
-            assert r.exit_code == 0, r.output
-            return json.loads(r.output)
+    def starts() -> list[dict]:
+        r = runner.invoke(app, ["queue", "--start", "--json", *sd])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
 
-        got = wait_for(lambda: (x := starts()) and all(j["est_start"] for j in x) and x, what="both estimated")
-        assert [(j["id"], j["queue_position"], j["queue_position_in_queue"]) for j in got] == [(first, 1, 1),
-                                                                                              (second, 2, 2)]
-        ests = [datetime.fromisoformat(j["est_start"]).timestamp() for j in got]
-        assert ests[1] - ests[0] == pytest.approx(10.0, abs=0.002)  # (milliseconds in the API's times)
-        r = runner.invoke(app, ["queue", "--start", *sd])
-        lines = r.output.splitlines()
-        assert lines[0].split() == ["JOBID", "NAME", "USER", "QUEUE", "ST", "POS", "QPOS", "START_TIME", "GPUS",
-                                    "NODELIST(REASON)"]
-        assert [ln.split()[:7] for ln in lines[1:]] == [[str(first), "first", "admin", "-", "PD", "1", "1"],
-                                                        [str(second), "second", "admin", "-", "PD", "2", "2"]]
-        assert runner.invoke(app, ["queue", "--start", "--user", "bob", "--json", *sd]).output.strip() == "[]"
-        r = runner.invoke(app, ["show", str(second), *sd])
-        assert r.exit_code == 0 and "Position=2 QueuePosition=2 EstStartTime=" in r.output
-        assert "EstStartTime=N/A" not in r.output
-    finally:
-        s.stop()
-        kill_jobs(tmp_path)
+    got = wait_for(lambda: (x := starts()) and all(j["est_start"] for j in x) and x, what="both estimated")
+    assert [(j["id"], j["queue_position"], j["queue_position_in_queue"]) for j in got] == [(first, 1, 1),
+                                                                                          (second, 2, 2)]
+    ests = [datetime.fromisoformat(j["est_start"]).timestamp() for j in got]
+    assert ests[1] - ests[0] == pytest.approx(10.0, abs=0.002)  # (milliseconds in the API's times)
+    r = runner.invoke(app, ["queue", "--start", *sd])
+    lines = r.output.splitlines()
+    assert lines[0].split() == ["JOBID", "NAME", "USER", "QUEUE", "ST", "POS", "QPOS", "START_TIME", "GPUS",
+                                "NODELIST(REASON)"]
+    assert [ln.split()[:7] for ln in lines[1:]] == [[str(first), "first", "admin", "-", "PD", "1", "1"],
+                                                    [str(second), "second", "admin", "-", "PD", "2", "2"]]
+    assert runner.invoke(app, ["queue", "--start", "--user", "bob", "--json", *sd]).output.strip() == "[]"
+    r = runner.invoke(app, ["show", str(second), *sd])
+    assert r.exit_code == 0 and "Position=2 QueuePosition=2 EstStartTime=" in r.output
+    assert "EstStartTime=N/A" not in r.output
 
 
-def test_dashboard_job_page_shows_position_and_estimated_start(tmp_path) -> None:  # noqa: ANN001
-    from service_util import Server, job, kill_jobs, submit, wait_for
-    from test_dashboard import ARGS, CHROMIUM, _browser
+def test_dashboard_job_page_shows_position_and_estimated_start(server, browser) -> None:  # noqa: ANN001
+    from service_util import job, login, submit, wait_for
 
-    sync_playwright = _browser()
-    s = Server(tmp_path, "--gpus", "1", "--round", "0.2").start()
-    try:
-        with s.client() as c:
-            holder = submit(c, name="holder", command="sleep 60", gpus=1, time_limit="60s")
-            wait_for(lambda: job(c, holder)["st"] == "R", what="the holder running")
-            waiting = submit(c, name="waiting", command="true", gpus=1, time_limit="10s")
-            est = wait_for(lambda: job(c, waiting)["est_start"], what="an estimate")
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-            try:
-                page = browser.new_page()
-                page.goto(s.url + f"/?refresh=500#/job/{waiting}")
-                page.wait_for_selector("#login-form", state="visible")
-                page.fill("#token", s.token)
-                page.click("#login-form button")
-                page.wait_for_selector("#spec dd:has-text('1 (1 in its queue)')")
-                shown = page.evaluate("iso => new Date(iso).toLocaleString()", est)
-                terms = [t.inner_text() for t in page.query_selector_all("#spec dt")]
-                assert terms[2:4] == ["position", "est. start"]
-                assert page.query_selector_all("#spec dd")[3].inner_text() == shown
-            finally:
-                browser.close()
-    finally:
-        s.stop()
-        kill_jobs(tmp_path)
+    s = server("--gpus", "1", "--round", "0.2")
+    with s.client() as c:
+        _hold_the_gpu(c)
+        waiting = submit(c, name="waiting", command="true", gpus=1, time_limit="10s")
+        est = wait_for(lambda: job(c, waiting)["est_start"], what="an estimate")
+    page = browser.new_page()
+    login(page, s.url + f"/?refresh=500#/job/{waiting}", s.token)
+    page.wait_for_selector("#spec dd:has-text('1 (1 in its queue)')")
+    shown = page.evaluate("iso => new Date(iso).toLocaleString()", est)
+    terms = [t.inner_text() for t in page.query_selector_all("#spec dt")]
+    assert terms[2:4] == ["position", "est. start"]
+    assert page.query_selector_all("#spec dd")[3].inner_text() == shown
 
 
 # -- a job held by its queue's quota: a reservation of the queue's room ------------------------------------
@@ -306,16 +303,7 @@ def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones(cap: str)
     # would hold a GPU of the limit at 400 and wait; big runs 400-500 as first estimated, then s3..s6 start,
     # s7 at 650 (when s3 ends); nothing is stopped
     seen: list[tuple[float, float]] = []
-
-    def observe(sched: Scheduler):
-        bf = sched.backfill
-        assert bf is not None
-
-        def obs(sim: Simulator, what: str) -> None:
-            if what == "round" and "big" in bf.starts:
-                seen.append((sim.now, bf.starts["big"]))
-        return obs
-
+    observe = _estimates_of("big", seen)
     res = {j.id: j for j in _run_queued(_team_stream(small_queue), 1, observe, params).jobs}
     assert res["big"].first_start == 400.0
     assert [res[f"s{k}"].first_start for k in range(8)] == [100.0, 200.0, 250.0, 500.0, 500.0, 500.0, 500.0,
@@ -325,41 +313,32 @@ def test_big_job_held_by_its_queue_quota_behind_a_stream_of_small_ones(cap: str)
     assert {est for _, est in seen} == {400.0}
 
 
-def test_service_big_job_held_by_its_queue_quota_starts_no_later_than_its_estimate(tmp_path) -> None:  # noqa: ANN001
+def test_service_big_job_held_by_its_queue_quota_starts_no_later_than_its_estimate(tmp_path, server) -> None:  # noqa: ANN001
     # 1x8, queue ``team`` limited to 4 GPUs (GPUs are never short: the limit holds the 4-GPU job): four
     # sleepy 1-GPU jobs end after 2-5 s (limits 3-6 s), then a 4-GPU job, then 1-GPU jobs of 3 s (limit 4 s),
     # two a second, all in ``team``
-    from service_util import Server, job, kill_jobs, submit, wait_for
+    from service_util import job, submit, wait_for
 
     tree = tmp_path / "queues.toml"
     tree.write_text('default = "team"\n[[queue]]\nname = "team"\nlimit = 4\n')
-    s = Server(tmp_path, "--gpus", "8", "--round", "0.2", "--non-preemptive", "--queue-policy", "quota",
-               "--queues", str(tree)).start()
-    try:
-        with s.client() as c:
-            for i in range(4):
-                submit(c, name=f"a{i}", command=f"sleep {2 + i}", gpus=1, time_limit=f"{3 + i}s")
-            wait_for(lambda: all(job(c, i + 1)["st"] == "R" for i in range(4)), what="the first four running")
-            big = submit(c, name="big", command="sleep 1", gpus=4, time_limit="3s")
-            first = wait_for(lambda: job(c, big)["est_start"], what="an estimate for the 4-GPU job")
-            assert job(c, big)["pending_reason"] == "QueueAtQuota"
-            small = []
-            for k in range(12):
-                small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit="4s"))
-                time.sleep(0.5)
-            b = wait_for(lambda: (x := job(c, big))["first_start"] and x, timeout=30, what="the 4-GPU job's start")
-            wait_for(lambda: all(job(c, k)["st"] == "CD" for k in small), timeout=60, what="the small jobs' ends")
-            smalls = [job(c, k) for k in small]
-        # its first estimate: when the queue's running jobs leave it 4 GPUs (by their limits: at most a3's
-        # start + 6 s); it started by then, no small job was stopped for it, and small jobs submitted before
-        # it started waited for it
-        assert _wall(b["first_start"]) <= _wall(first) + 1e-3, (b["first_start"], first)
-        assert [x["preemptions"] for x in smalls] == [0] * 12
-        big_start = _wall(b["first_start"])
-        assert any(_wall(x["submit_time"]) < big_start < _wall(x["first_start"]) for x in smalls)
-    finally:
-        s.stop()
-        kill_jobs(tmp_path)
+    s = server("--gpus", "8", "--round", "0.2", "--non-preemptive", "--queue-policy", "quota", "--queues", str(tree))
+    with s.client() as c:
+        big, first = _four_then_big(c)
+        assert job(c, big)["pending_reason"] == "QueueAtQuota"
+        small = []
+        for k in range(12):
+            small.append(submit(c, name=f"s{k}", command="sleep 3", gpus=1, time_limit="4s"))
+            time.sleep(0.5)
+        b = wait_for(lambda: (x := job(c, big))["first_start"] and x, timeout=30, what="the 4-GPU job's start")
+        wait_for(lambda: all(job(c, k)["st"] == "CD" for k in small), timeout=60, what="the small jobs' ends")
+        smalls = [job(c, k) for k in small]
+    # its first estimate: when the queue's running jobs leave it 4 GPUs (by their limits: at most a3's
+    # start + 6 s); it started by then, no small job was stopped for it, and small jobs submitted before
+    # it started waited for it
+    assert _wall(b["first_start"]) <= _wall(first) + 1e-3, (b["first_start"], first)
+    assert [x["preemptions"] for x in smalls] == [0] * 12
+    big_start = _wall(b["first_start"])
+    assert any(_wall(x["submit_time"]) < big_start < _wall(x["first_start"]) for x in smalls)
 
 
 ORG = {"queue": [{"name": "org", "limit": 6}, {"name": "x", "parent": "org"},

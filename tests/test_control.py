@@ -3,7 +3,7 @@ and bulk selection, through the API with the loop's rounds run by hand (real pro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpuloom.core.cluster import Cluster
+from gpuloom.perf.assembly import build_model
+from gpuloom.perf.model import ThroughputModel
+from gpuloom.perf.topology import add_topology, parse_topology
 from gpuloom.runtime.api.app import create_app, create_token, ensure_admin_token
 from gpuloom.runtime.exec.clock import ManualClock
 from gpuloom.runtime.exec.router import local_executor
@@ -30,13 +33,16 @@ def cgroup_parent() -> Iterator[str]:
 
 class Env:
     def __init__(self, tmp: Path, cgroup_parent: str, clock: ManualClock | None = None, nodes: int = 2,
-                 queue: str = "none") -> None:
+                 queue: str = "none", gpus: int = 2, place: str = "packed-sticky",
+                 model: Callable[[Cluster], ThroughputModel] | None = None) -> None:
         self.queue = queue
+        self.place = place
         self.tmp = tmp
         self.parent = cgroup_parent
         self.clock = clock
         self.store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
-        self.cluster = Cluster.homogeneous(nodes, 2)  # node-0, node-1, ...: 2 GPUs each
+        self.cluster = Cluster.homogeneous(nodes, gpus)  # node-0, node-1, ...: 2 GPUs each unless told
+        self.model = model(self.cluster) if model is not None else None
         self.svc = self._service()
         self.admin = ensure_admin_token(self.store, tmp)
         self.tok = {"admin": self.admin, "alice": create_token(self.store, "alice"),
@@ -46,8 +52,8 @@ class Env:
     def _service(self) -> Service:
         return Service(self.store, self.cluster,
                        local_executor(self.cluster, self.tmp / "run", True, self.parent),
-                       Scheduler.from_names("fifo", "none", "proportional", "packed-sticky", queue=self.queue),
-                       ServiceConfig(self.tmp, round_s=1000.0, grace_s=2.0, clock=self.clock))
+                       Scheduler.from_names("fifo", "none", "proportional", self.place, queue=self.queue),
+                       ServiceConfig(self.tmp, round_s=1000.0, grace_s=2.0, clock=self.clock, model=self.model))
 
     def call(self, who: str, method: str, path: str, **kw: Any) -> Any:
         r = self.client.request(method, path, headers={"Authorization": f"Bearer {self.tok[who]}"}, **kw)
@@ -335,6 +341,29 @@ def test_drain_checkpoint_moves_a_job_spanning_nodes(tmp_path: Path, cgroup_pare
         e.ok("admin", "POST", "/nodes/node-0/drain", json={"reason": "IB link", "mode": "checkpoint"})
         e.svc.round()
         assert sorted(e.nodes_of(j)) == ["node-1", "node-2"] and e.job(j)["attempts"] == 2
+    finally:
+        e.close()
+
+
+# four GPUs: 0-1 and 2-3 share a PCIe host bridge, the pairs reach each other over the SMP interconnect
+TOPO_4 = ("\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\n"
+          "GPU0\t X \tPHB\tSYS\tSYS\t0-7\nGPU1\tPHB\t X \tSYS\tSYS\t0-7\n"
+          "GPU2\tSYS\tSYS\t X \tPHB\t8-15\nGPU3\tSYS\tSYS\tPHB\t X \t8-15\n")
+
+
+def test_drain_checkpoint_re_places_through_a_topology_aware_policy(tmp_path: Path, cgroup_parent: str) -> None:
+    # topo-spread puts a 2-GPU job on a SYS pair: local GPUs 0 and 2 of an empty node (first fit would
+    # take 0 and 1).  Moved off a drained node, the job gets the policy's choice on the other node.
+    e = Env(tmp_path, cgroup_parent, gpus=4, place="topo-spread",
+            model=lambda cl: add_topology(build_model(cl), parse_topology(TOPO_4, "pcie4")))
+    try:
+        j = e.submit("alice", gpus=2)
+        e.svc.round()
+        assert e.job(j)["alloc"]["parts"][0]["gpus"] == [0, 2] and e.nodes_of(j) == ["node-0"]
+        e.ok("admin", "POST", "/nodes/node-0/drain", json={"reason": "PCIe errors", "mode": "checkpoint"})
+        e.svc.round()
+        got = e.job(j)
+        assert (e.nodes_of(j), got["alloc"]["parts"][0]["gpus"], got["attempts"]) == (["node-1"], [4, 6], 2)
     finally:
         e.close()
 

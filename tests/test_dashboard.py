@@ -13,130 +13,92 @@ installs it).
 
 from __future__ import annotations
 
-import os
-import shutil
-import warnings
 from pathlib import Path
+from typing import Any
 
-import pytest
+from service_util import shot, submit, wait_for
 
-from service_util import Server, kill_jobs, submit, wait_for
-
-CHROMIUM = os.environ.get("GPULOOM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # prints progress with timestamps until stopped
 PROGRESS = ("python3 -c \"import time\nfor i in range(100000):\n"
             "    print('GPULOOM_PROGRESS iter=%d t=%f' % (i * 10, time.time()), flush=True); time.sleep(0.2)\"")
-MAX_PNG = 200_000
 
 
-def _browser():  # noqa: ANN202
-    if CHROMIUM is None:
-        msg = ("!!! BROWSER TEST SKIPPED: no Chromium found (apt-get install chromium, or set GPULOOM_CHROMIUM); "
-               "the dashboard was NOT tested in a browser !!!")
-        warnings.warn(msg, stacklevel=2)
-        pytest.skip(msg)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("!!! BROWSER TEST SKIPPED: the playwright package is missing (pip install -e '.[test]') !!!")
-    return sync_playwright
-
-
-def test_dashboard_in_a_browser(tmp_path: Path) -> None:
-    sync_playwright = _browser()
-    shots = Path(os.environ.get("GPULOOM_SCREENSHOTS") or tmp_path / "shots")
-    shots.mkdir(parents=True, exist_ok=True)
-    s = Server(tmp_path, "--cluster", "2x2", "--cpus-per-node", "4", "--round", "0.3").start()
-    try:
-        admin = s.client()
-        alice_t = admin.post("/tokens", json={"user": "alice"}).json()["token"]
-        bob_t = admin.post("/tokens", json={"user": "bob"}).json()["token"]
-        alice, bob = s.client(alice_t), s.client(bob_t)
-        j1 = submit(alice, name="resnet-a", command=PROGRESS, gpus=2, mem="4G", time_limit="1:00:00")
-        submit(bob, name="bert-b", command="sleep 600", gpus=1)
-        wait_for(lambda: alice.get(f"/jobs/{j1}").json()["st"] == "R", what="job 1 to run")
-        outside: list[str] = []
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-            try:
-                page = browser.new_page(viewport={"width": 1100, "height": 720})
-                page.on("request", lambda r: None if r.url.startswith(s.url) else outside.append(r.url))
-                page.goto(s.url + "/?refresh=500")
-                # login
-                page.wait_for_selector("#login-form", state="visible")
-                page.fill("#token", "not-a-token")
-                page.click("#login-form button")
-                page.wait_for_selector("#login-error:has-text('not accepted')")
-                page.fill("#token", alice_t)
-                page.click("#login-form button")
-                page.wait_for_selector(f"#queue tr[data-job='{j1}']")
-                assert page.inner_text("#who") == "alice"
-                assert page.locator("#cluster .gpu.busy, #cluster .gpu.allocated").count() == 3
-                # the list updates after a submit: a job that cannot fit yet shows why it waits
-                j3 = submit(alice, name="gpt-c", command="sleep 600", gpus=2)
-                row = page.wait_for_selector(f"#queue tr[data-job='{j3}']")
-                page.wait_for_selector(f"#queue tr[data-job='{j3}'] td.reason:has-text('Resources')")
-                assert "PD" in row.inner_text() and "alice" in row.inner_text()
-                page.wait_for_function("document.querySelectorAll('svg[data-chart=utilisation] path').length == 2")
-                wait_for(lambda: len(admin.get("/stats/series").json()) >= 3, what="three samples")
-                page.wait_for_timeout(700)
-                _shot(page, shots / "dashboard-overview.png")
-                # the queue a page at a time (here two jobs a page): how many in all, Next and Previous
-                page.goto(s.url + "/?refresh=500&page=2")
-                page.wait_for_selector("#queue-title:has-text('Queue (3 active jobs)')")
-                assert page.inner_text("#queue-range") == "jobs 1–2 of 3, by id" and page.is_disabled("#queue-prev")
-                assert [r.get_attribute("data-job") for r in page.query_selector_all("#queue tbody tr")] == ["1", "2"]
-                page.click("#queue-next")
-                page.wait_for_selector("#queue-range:has-text('jobs 3–3 of 3')")
-                assert [r.get_attribute("data-job") for r in page.query_selector_all("#queue tbody tr")] == [str(j3)]
-                assert page.is_disabled("#queue-next")
-                page.wait_for_timeout(1200)  # refreshes keep the page shown
-                assert page.inner_text("#queue-range") == "jobs 3–3 of 3, by id"
-                page.click("#queue-prev")
-                page.wait_for_selector("#queue-range:has-text('jobs 1–2 of 3')")
-                # a job page shows progress
-                page.goto(s.url + f"/?refresh=500#/job/{j1}")
-                page.wait_for_selector("#spec")
-                wait_for(lambda: len(alice.get(f"/jobs/{j1}/progress").json()) >= 5, what="progress lines")
-                page.wait_for_function("(() => { const p = document.querySelector('svg[data-chart=progress] path');"
-                                       " return p && p.getAttribute('d').split('L').length >= 5; })()")
-                assert "resnet-a" in page.inner_text("main h2") and "GPULOOM_PROGRESS" in page.inner_text("#log")
-                assert "launch" in page.inner_text("#timeline") and "node-" in page.inner_text("#allocations")
-                assert page.is_enabled("#cancel")
-                _shot(page, shots / "dashboard-job.png")
-                # bob may look, not cancel
-                other = browser.new_page(viewport={"width": 1100, "height": 720})
-                other.goto(s.url + f"/#/job/{j1}")
-                other.fill("#token", bob_t)
-                other.click("#login-form button")
-                other.wait_for_selector("#spec")
-                assert other.is_disabled("#cancel") and "only alice" in other.get_attribute("#cancel", "title")
-                assert "only the owner" in other.inner_text("#log")
-                assert bob.delete(f"/jobs/{j1}").status_code == 403  # what the button would get
-                # the owner cancels
-                page.click("#cancel")
-                page.wait_for_selector("#job-msg:has-text('job 1:')")
-                wait_for(lambda: alice.get(f"/jobs/{j1}").json()["st"] == "CA", what="job 1 to be cancelled")
-                page.wait_for_selector("#spec dd:has-text('CA (cancelled)')")
-                assert "job 1:" in page.inner_text("#job-msg")  # the answer outlives the page's refreshes
-                # the history view
-                page.goto(s.url + "/#/history")
-                page.wait_for_selector(f"#history tr[data-job='{j1}']")
-                # the API page, with its assets served locally and an Authorize button
-                page.goto(s.url + "/docs")
-                page.wait_for_selector("button.authorize")
-                page.click("button.authorize")
-                page.wait_for_selector("text=HTTPBearer")
-            finally:
-                browser.close()
-        assert outside == []  # no CDN, nothing from outside
-    finally:
-        s.stop()
-        kill_jobs(tmp_path)
-
-
-def _shot(page, path: Path) -> None:  # noqa: ANN001
-    page.screenshot(path=str(path), full_page=False)
-    assert path.stat().st_size < MAX_PNG, f"{path} is {path.stat().st_size} bytes"
+def test_dashboard_in_a_browser(server: Any, browser: Any, shots: Path) -> None:
+    s = server("--cluster", "2x2", "--cpus-per-node", "4", "--round", "0.3")
+    admin = s.client()
+    alice_t = admin.post("/tokens", json={"user": "alice"}).json()["token"]
+    bob_t = admin.post("/tokens", json={"user": "bob"}).json()["token"]
+    alice, bob = s.client(alice_t), s.client(bob_t)
+    j1 = submit(alice, name="resnet-a", command=PROGRESS, gpus=2, mem="4G", time_limit="1:00:00")
+    submit(bob, name="bert-b", command="sleep 600", gpus=1)
+    wait_for(lambda: alice.get(f"/jobs/{j1}").json()["st"] == "R", what="job 1 to run")
+    outside: list[str] = []
+    page = browser.new_page(viewport={"width": 1100, "height": 720})
+    page.on("request", lambda r: None if r.url.startswith(s.url) else outside.append(r.url))
+    page.goto(s.url + "/?refresh=500")
+    # login
+    page.wait_for_selector("#login-form", state="visible")
+    page.fill("#token", "not-a-token")
+    page.click("#login-form button")
+    page.wait_for_selector("#login-error:has-text('not accepted')")
+    page.fill("#token", alice_t)
+    page.click("#login-form button")
+    page.wait_for_selector(f"#queue tr[data-job='{j1}']")
+    assert page.inner_text("#who") == "alice"
+    assert page.locator("#cluster .gpu.busy, #cluster .gpu.allocated").count() == 3
+    # the list updates after a submit: a job that cannot fit yet shows why it waits
+    j3 = submit(alice, name="gpt-c", command="sleep 600", gpus=2)
+    row = page.wait_for_selector(f"#queue tr[data-job='{j3}']")
+    page.wait_for_selector(f"#queue tr[data-job='{j3}'] td.reason:has-text('Resources')")
+    assert "PD" in row.inner_text() and "alice" in row.inner_text()
+    page.wait_for_function("document.querySelectorAll('svg[data-chart=utilisation] path').length == 2")
+    wait_for(lambda: len(admin.get("/stats/series").json()) >= 3, what="three samples")
+    page.wait_for_timeout(700)
+    shot(page, shots / "dashboard-overview.png")
+    # the queue a page at a time (here two jobs a page): how many in all, Next and Previous
+    page.goto(s.url + "/?refresh=500&page=2")
+    page.wait_for_selector("#queue-title:has-text('Queue (3 active jobs)')")
+    assert page.inner_text("#queue-range") == "jobs 1–2 of 3, by id" and page.is_disabled("#queue-prev")
+    assert [r.get_attribute("data-job") for r in page.query_selector_all("#queue tbody tr")] == ["1", "2"]
+    page.click("#queue-next")
+    page.wait_for_selector("#queue-range:has-text('jobs 3–3 of 3')")
+    assert [r.get_attribute("data-job") for r in page.query_selector_all("#queue tbody tr")] == [str(j3)]
+    assert page.is_disabled("#queue-next")
+    page.wait_for_timeout(1200)  # refreshes keep the page shown
+    assert page.inner_text("#queue-range") == "jobs 3–3 of 3, by id"
+    page.click("#queue-prev")
+    page.wait_for_selector("#queue-range:has-text('jobs 1–2 of 3')")
+    # a job page shows progress
+    page.goto(s.url + f"/?refresh=500#/job/{j1}")
+    page.wait_for_selector("#spec")
+    wait_for(lambda: len(alice.get(f"/jobs/{j1}/progress").json()) >= 5, what="progress lines")
+    page.wait_for_function("(() => { const p = document.querySelector('svg[data-chart=progress] path');"
+                           " return p && p.getAttribute('d').split('L').length >= 5; })()")
+    assert "resnet-a" in page.inner_text("main h2") and "GPULOOM_PROGRESS" in page.inner_text("#log")
+    assert "launch" in page.inner_text("#timeline") and "node-" in page.inner_text("#allocations")
+    assert page.is_enabled("#cancel")
+    shot(page, shots / "dashboard-job.png")
+    # bob may look, not cancel
+    other = browser.new_page(viewport={"width": 1100, "height": 720})
+    other.goto(s.url + f"/#/job/{j1}")
+    other.fill("#token", bob_t)
+    other.click("#login-form button")
+    other.wait_for_selector("#spec")
+    assert other.is_disabled("#cancel") and "only alice" in other.get_attribute("#cancel", "title")
+    assert "only the owner" in other.inner_text("#log")
+    assert bob.delete(f"/jobs/{j1}").status_code == 403  # what the button would get
+    # the owner cancels
+    page.click("#cancel")
+    page.wait_for_selector("#job-msg:has-text('job 1:')")
+    wait_for(lambda: alice.get(f"/jobs/{j1}").json()["st"] == "CA", what="job 1 to be cancelled")
+    page.wait_for_selector("#spec dd:has-text('CA (cancelled)')")
+    assert "job 1:" in page.inner_text("#job-msg")  # the answer outlives the page's refreshes
+    # the history view
+    page.goto(s.url + "/#/history")
+    page.wait_for_selector(f"#history tr[data-job='{j1}']")
+    # the API page, with its assets served locally and an Authorize button
+    page.goto(s.url + "/docs")
+    page.wait_for_selector("button.authorize")
+    page.click("button.authorize")
+    page.wait_for_selector("text=HTTPBearer")
+    assert outside == []  # no CDN, nothing from outside

@@ -8,24 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from service_util import Server, job, kill_jobs, ledger, stepper_cmd, submit, wait_for
+from service_util import job, ledger, stepper_cmd, submit, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
-
-
-@pytest.fixture
-def server(tmp_path: Path):  # noqa: ANN201
-    servers: list[Server] = []
-
-    def make(*args: str) -> Server:
-        s = Server(tmp_path, *args).start()
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.stop()
-    kill_jobs(tmp_path)
 
 
 def _cluster(tmp_path: Path) -> Path:

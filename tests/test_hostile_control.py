@@ -69,9 +69,18 @@ def test_oversized_and_malformed_selections_are_refused_fast(env: Env) -> None:
     assert r.status_code == 422
     r = env.call("admin", "POST", "/nodes/..%2Fnode-0/drain", json={"reason": "x"})
     assert r.status_code == 404
+    r = env.call("admin", "POST", "/nodes/node-0/drain", json={"reason": "x", "mode": "now"})
+    assert r.status_code == 422 and r.json()["detail"] == "mode: expected one of wait, checkpoint, got 'now'"
+    for path, body in (("drain", {"reason": "x"}), ("resume", None),
+                       ("maintenance", {"start": "now", "duration": "1h", "reason": "x"})):
+        r = env.call("admin", "POST", f"/nodes/nope/{path}", json=body)
+        assert (r.status_code, r.json()["detail"]) == (404, "no node 'nope'"), path
     r = env.call("admin", "POST", "/nodes/node-0/maintenance", json={"start": "yesterday-ish", "duration": "1h",
                                                                      "reason": "x"})
     assert r.status_code == 422 and "start" in r.json()["detail"]
+    for bad in ("now+soon", "now+0", "nan"):  # (a bad duration after now+ was a 500)
+        r = env.call("admin", "POST", "/nodes/node-0/maintenance", json={"start": bad, "duration": "1h", "reason": "x"})
+        assert r.status_code == 422 and r.json()["detail"].startswith("start: "), (bad, r.text)
     r = env.call("admin", "POST", "/nodes/node-0/maintenance", json={"start": "now", "duration": "-5",
                                                                      "reason": "x"})
     assert r.status_code == 422 and "duration" in r.json()["detail"]

@@ -24,7 +24,7 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.deps import parse_array, parse_dependency
 from gpuloom.runtime.service.logfmt import JsonFormatter
 from gpuloom.runtime.service.service import Service
-from gpuloom.runtime.state.history import format_duration, format_mem, history, parse_time
+from gpuloom.runtime.state.history import format_duration, format_mem, history
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import own_cgroup_parent
@@ -95,11 +95,6 @@ def test_display_helpers() -> None:
     # G is 10^9 bytes: 1000 MB, for jobs and nodes alike
     assert [format_mem(m) for m in (None, 512, 8000, 64_000, 8589.934592, 2_000_000)] == \
         ["-", "512M", "8G", "64G", "8.59G", "2T"]
-    assert parse_time("2h", now=T0) == T0 - 7200
-    assert parse_time("2023-11-14T22:13:20", now=0) == T0  # UTC unless it says
-    assert parse_time("2023-11-14T23:13:20+01:00", now=0) == T0
-    with pytest.raises(ValueError, match="--since"):
-        parse_time("yesterday", 0, "--since")
 
 
 def test_pending_reasons_are_stored_and_cleared(make) -> None:  # noqa: ANN001

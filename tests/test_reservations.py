@@ -281,3 +281,30 @@ def test_service_submit_to_a_reservation(tmp_path: Path) -> None:
     finally:
         s.stop()
         kill_jobs(tmp_path)
+
+
+def test_the_reservations_table_is_made_when_the_store_opens_even_on_an_older_database(tmp_path: Path) -> None:
+    # an older release's database: no reservations table.  Opening the store alone (in a fresh interpreter,
+    # so no module that uses the table has been imported) adds it; reservations then go in and come back.
+    import sqlite3
+    import subprocess
+    import sys
+
+    from gpuloom.runtime.state import reservations as stored
+    from gpuloom.runtime.state.store import Store
+
+    db = tmp_path / "old.db"
+    Store(f"sqlite:///{db}").close()
+    with sqlite3.connect(db) as c:
+        c.execute("DROP TABLE reservations")
+    code = ("import sqlite3, sys; from gpuloom.runtime.state.store import Store; Store(sys.argv[1]).close(); "
+            "print(sqlite3.connect(sys.argv[2]).execute(\"SELECT name FROM sqlite_master WHERE name = "
+            "'reservations'\").fetchall())")
+    out = subprocess.run([sys.executable, "-c", code, f"sqlite:///{db}", str(db)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[('reservations',)]"
+    store = Store(f"sqlite:///{db}")
+    r = Reservation("maint", 100.0, 200.0, frozenset({"alice"}), ("node-0",), 0)
+    stored.add(store, r, "admin", 50.0)
+    assert stored.load(store) == [r]
+    store.close()

@@ -11,12 +11,13 @@ then gives every job of that model 2 cores, where GPU-proportional would give 1.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from service_util import JOB_PY, REPO, Server, job, job_writable, kill_jobs, shared_copy, wait_for
+from service_util import JOB_PY, REPO, job, job_writable, shared_copy, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 SLEEPY = REPO / "examples" / "sleepy_train.py"
@@ -24,20 +25,11 @@ SLEEPY = REPO / "examples" / "sleepy_train.py"
 pytestmark = pytest.mark.skipif(NCPU < 2, reason="the speed curve needs 2 CPU cores")
 
 
-@pytest.fixture
-def server(tmp_path: Path):  # noqa: ANN201
-    servers: list[Server] = []
-
-    def make(*args: str) -> Server:
-        s = Server(tmp_path, *args).start()
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.stop()
-    kill_jobs(tmp_path)
-    # no job or profile run outlives the test (their command lines name the test's directory)
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(tmp_path: Path) -> Iterator[None]:
+    """No job or profile run outlives the test (their command lines name the test's directory): checked
+    after the servers are stopped (an autouse fixture is set up before ``server``, so torn down after)."""
+    yield
     left = [p for p in psutil.process_iter(["cmdline"]) if tmp_path.name in " ".join(p.info["cmdline"] or [])]
     assert not left, f"processes left behind: {[p.info['cmdline'] for p in left]}"
 

@@ -130,6 +130,8 @@ class Scheduler:
         #: hooks that also have the last word over a queue stage's reclaims (nodes out of service); each is
         #: in ``hooks`` too
         self.final_hooks: list[PlanHook] = []
+        #: nodes out of service this round, given to the view before planning (operator control)
+        self.blocked: Callable[[pb.View], pb.Blocked | None] | None = None
         self.queue = queue if queue is not None else pb.make("queue", "none")
         chosen = {st.stage: st for st in self.stages}
         for st in self.stages:  # a stage that cannot run beside the others says so now, not mid-run
@@ -285,6 +287,8 @@ class Scheduler:
     def schedule(self, view: pb.View, reasons: bool = True) -> Round:
         """The round for ``view``; ``reasons=False`` leaves ``Round.reasons`` empty (the simulator
         has no use for them, and they cost a pass over every waiting job)."""
+        if self.blocked is not None and view.blocked is None:
+            view.blocked = self.blocked(view)
         ordered: Sequence[Job] | None = None
         every_asked = False  # every job past the requests would be asked for its spec's GPUs
         if self.queue.enabled:

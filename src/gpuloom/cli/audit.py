@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..runtime.state.history import parse_time
+from ..core.units import parse_wall_time
 from . import app
 from .common import PlainTable as Table
 from .common import print_json, print_table
@@ -43,7 +43,7 @@ def audit(
 ) -> None:
     """The audit trail (admin): job changes with who made them, token and queue changes."""
     try:
-        start = parse_time(since if since is not None else "1d", time.time(), "--since")
+        start = parse_wall_time(since if since is not None else "1d", time.time(), "--since", -1)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     params: dict[str, Any] = {"since": repr(start), "limit": PAGE}

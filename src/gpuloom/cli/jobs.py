@@ -20,18 +20,19 @@ import os
 import shlex
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from ..core.lifecycle import TERMINAL, JobState
-from ..runtime.state.history import format_duration, format_mem, parse_time
+from ..core.units import parse_wall_time
+from ..runtime.state.history import format_duration, format_mem
 from . import app
 from .common import PlainTable as Table
 from .common import console, err_console, plain, print_json, print_table
 from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt, load_job_file
+from .timefmt import local_time
 
 ACTIVE_CODES = ("PD", "R", "CG")
 #: the states of jobs not ended (the service's ACTIVE_STATES), from the lifecycle: listing jobs does not
@@ -44,13 +45,6 @@ HISTORY_PAGE = 1000  # records per /history request
 LIST_PAGE = 2000  # jobs per /jobs request (from a server without /jobs/stream)
 STREAM = "/jobs/stream"  # the whole listing in one response
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
-
-
-def _local(iso: str | None) -> str:
-    """An API time (ISO 8601, UTC) as local time without zone, like Slurm prints it."""
-    if not iso:
-        return "-"
-    return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _queue_rows(block: list[list[Any]], fields: list[str], long: bool) -> list[list[str]]:
@@ -361,12 +355,12 @@ def show(
         [("Reason", (j.get("pending_reason") if j["st"] == "PD" else None) or j.get("reason") or "None"),
          ("Dependency", j.get("dependency") or "-")],
         *([[("Position", j.get("queue_position") or "-"), ("QueuePosition", j.get("queue_position_in_queue") or "-"),
-            ("EstStartTime", _local(j.get("est_start")) if j.get("est_start") else "N/A")]] if j["st"] == "PD" else []),
+            ("EstStartTime", local_time(j.get("est_start"), "N/A"))]] if j["st"] == "PD" else []),
         [("GPUs", f"{j['gpu_type']}:{j['gpus']}" if j.get("gpu_type") else j["gpus"]), ("CPUs", j.get("cpus") if j.get("cpus") is not None else "proportional"),
          ("Memory", format_mem(j.get("mem_mb")) if j.get("mem_mb") is not None else "proportional"),
          ("TimeLimit", format_duration(j.get("time_limit")) if j.get("time_limit") else "UNLIMITED")],
-        [("SubmitTime", _local(j.get("submit_time"))), ("StartTime", _local(j.get("first_start"))),
-         ("EndTime", _local(j.get("end_time")))],
+        [("SubmitTime", local_time(j.get("submit_time"))), ("StartTime", local_time(j.get("first_start"))),
+         ("EndTime", local_time(j.get("end_time")))],
         [("Elapsed", format_duration(rec["elapsed_s"]) if rec else "-"), ("Held", format_duration(j.get("held_s"))),
          ("GPUHours", f"{rec['gpu_hours']:.4f}" if rec else "-")],
         [("Nodes", ",".join(j.get("nodes") or []) or "-"), ("GPUIds", gpus)],
@@ -383,7 +377,7 @@ def show(
         typer.echo("Allocations:")
         t = Table("FROM", "TO", "NODES", "GPUS", "CPUS", "MEMORY", "TAKEN BY", "GIVEN UP BY")
         for a in rec["allocations"]:
-            t.add_row(_local(a["start"]), _local(a["end"]) if a["end"] else "(holding)", ",".join(a["nodes"]),
+            t.add_row(local_time(a["start"]), local_time(a["end"]) if a["end"] else "(holding)", ",".join(a["nodes"]),
                       " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items()), str(a["cpus"]),
                       format_mem(a["mem_mb"]), a["opened_by"] or "", a["closed_by"] or "")
         _print_table(t)
@@ -392,7 +386,7 @@ def show(
     for e in events:
         d = e.get("detail") or {}
         d = {k: v for k, v in d.items() if k != "alloc"}
-        t.add_row(_local(e["time"]), e["kind"], json.dumps(d, sort_keys=True) if d else "")
+        t.add_row(local_time(e["time"]), e["kind"], json.dumps(d, sort_keys=True) if d else "")
     _print_table(t)
 
 
@@ -430,7 +424,7 @@ def history(
     for key, v in (("since", since), ("until", until)):
         if v is not None:
             try:
-                params[key] = repr(parse_time(v, now, f"--{key}"))
+                params[key] = repr(parse_wall_time(v, now, f"--{key}", -1))
             except ValueError as e:
                 raise typer.BadParameter(str(e)) from None
     if user:
@@ -460,12 +454,12 @@ def history(
               "EXITCODE", "GPU-UTIL", "GPU-MEM", "ENERGY")
     for r in recs:
         t.add_row(r["array"] or str(r["id"]), r["name"], r["user"], r["queue"] or "-", r["state"].upper(),
-                  _local(r["submit"]), _local(r["start"]), _local(r["end"]), format_duration(r["elapsed_s"]),
+                  local_time(r["submit"]), local_time(r["start"]), local_time(r["end"]), format_duration(r["elapsed_s"]),
                   str(r["gpus"]), f"{r['gpu_hours']:.3f}", "-" if r["exit_code"] is None else str(r["exit_code"]),
                   _gpu_util(r), _gpu_mem(r), _gpu_energy(r))
         for a in r.get("allocations") or []:
             gpus = " ".join(f"{n}:{','.join(map(str, g))}" for n, g in a["local_gpus"].items())
-            t.add_row("", f"  {a['opened_by']}", "", "", "", "", _local(a["start"]), _local(a["end"]), "", str(a["gpus"]),
+            t.add_row("", f"  {a['opened_by']}", "", "", "", "", local_time(a["start"]), local_time(a["end"]), "", str(a["gpus"]),
                       "", gpus)
     _print_table(t)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -11,16 +10,11 @@ from . import app
 from .common import PlainTable as Table
 from .common import print_json, print_table
 from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
+from .timefmt import local_time
 
 reservation_app = typer.Typer(help="Advance reservations: resources kept for some users over a window (admin).",
                               no_args_is_help=True)
 app.add_typer(reservation_app, name="reservation")
-
-
-def _local(iso: str | None) -> str:
-    if not iso:
-        return "-"
-    return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 
 @reservation_app.command("create")
@@ -66,7 +60,7 @@ def listing(url: UrlOpt = None, token: TokenOpt = None, state_dir: StateDirOpt =
         return
     t = Table("NAME", "STATE", "START", "END", "USERS", "NODES", "GPUS")
     for r in rows:
-        t.add_row(r["name"], r["state"], _local(r["start"]), _local(r["end"]), ",".join(r["users"]),
+        t.add_row(r["name"], r["state"], local_time(r["start"]), local_time(r["end"]), ",".join(r["users"]),
                   ",".join(r["nodes"]) or "-", str(r["gpus"] or "-"))
     print_table(t)
 

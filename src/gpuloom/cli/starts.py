@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from .common import PlainTable as Table
 from .common import print_json, print_table
 from .service import Client
-
-
-def _local(iso: str | None) -> str:
-    """An API time (ISO 8601, UTC) as local time without zone, like Slurm prints it; N/A without one."""
-    if not iso:
-        return "N/A"
-    return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+from .timefmt import local_time
 
 
 def show_starts(client: Client, user: str | None, as_json: bool) -> None:
@@ -29,6 +22,6 @@ def show_starts(client: Client, user: str | None, as_json: bool) -> None:
     t = Table("JOBID", "NAME", "USER", "QUEUE", "ST", "POS", "QPOS", "START_TIME", "GPUS", "NODELIST(REASON)")
     for j in jobs:
         t.add_row(str(j["id"]), j["name"] or "", j["user"], j["queue"] or "-", "PD", str(j["queue_position"]),
-                  str(j["queue_position_in_queue"]), _local(j["est_start"]), str(j["gpus"]),
+                  str(j["queue_position_in_queue"]), local_time(j["est_start"], "N/A"), str(j["gpus"]),
                   f"({j['pending_reason'] or 'None'})")
     print_table(t)

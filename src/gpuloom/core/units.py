@@ -2,14 +2,15 @@
 
 ``parse_mem`` (MB of 10^6 bytes: ``8G`` = 8000, ``8Gi`` = 8590), ``parse_time_limit``
 (seconds, Slurm's rule: a bare number is minutes), ``parse_duration`` (other
-durations: a bare number is seconds), ``parse_gres`` (``v100:2``).  Each raises
-``ValueError`` naming the field it was given.
+durations: a bare number is seconds), ``parse_wall_time`` (a moment: ISO, Unix seconds, ``now+1h``, ``2h``),
+``parse_gres`` (``v100:2``).  Each raises ``ValueError`` naming the field it was given.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
@@ -129,6 +130,60 @@ def parse_duration(value: Any, where: str = "time_limit") -> float:
             raise ValueError(f"{where}: expected minutes or a time like 30:00, 1:30:00, 2-00:00:00, 90s or 2h, "
                              f"got {str(value)[:40]!r}") from None
     return _checked_seconds(v, value, where)
+
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
+_NOW = re.compile(r"^now\s*(?:([+-])\s*(.+))?$", re.IGNORECASE)
+_SPAN_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_wall_time(value: Any, now: float, where: str = "time", direction: int = 1) -> float:
+    """Wall seconds (Unix time) from what users write for a moment: Unix seconds (``1732172400``), an ISO
+    date/time (``2026-01-31``, ``2026-01-31T09:30``, ``...Z``; UTC unless it says), ``now``, ``now+D`` /
+    ``now-D`` / ``+D`` (``D`` as :func:`parse_duration` reads it, or weeks: ``1w``), or a bare duration with a
+    unit (``90m``, ``2h``, ``7d``), which is that long after ``now`` when ``direction`` is 1 (a start) and
+    before it when -1 (an age: ``--since 2h``).  Raises ``ValueError`` naming ``where`` and the value."""
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be 1 or -1, got {direction!r}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        v = float(value)
+    elif isinstance(value, str):
+        s = value.strip()
+        m = _NOW.match(s)
+        rel = (m.group(1), m.group(2)) if m else ("+", s[1:]) if s.startswith("+") else None
+        if rel is not None:
+            return now if rel[1] is None else now + (1 if rel[0] == "+" else -1) * _span(rel[1], value, where)
+        if _AGE.match(s):
+            return now + direction * _span(s, value, where)
+        try:
+            v = float(s)
+        except ValueError:
+            try:
+                d = datetime.fromisoformat(s)
+            except ValueError:
+                raise _bad_time(value, where) from None
+            return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
+    else:
+        raise _bad_time(value, where)
+    if not math.isfinite(v):
+        raise ValueError(f"{where}: must be a finite time, got {str(value)[:40]!r}")
+    return v
+
+
+def _span(text: str, value: Any, where: str) -> float:
+    """Seconds of a relative time's duration (``2h``, ``1w``, ``1:30:00``)."""
+    m = _AGE.match(text.strip())
+    if m:
+        return float(m.group(1)) * _SPAN_UNIT[m.group(2).lower()]
+    try:
+        return parse_duration(text, where)
+    except ValueError:
+        raise _bad_time(value, where) from None
+
+
+def _bad_time(value: Any, where: str) -> ValueError:
+    return ValueError(f"{where}: expected an ISO date/time (2026-01-31T09:30), Unix seconds, now, now+DURATION "
+                      f"(now+1h) or a duration like 2h or 7d, got {str(value)[:40]!r}")
 
 
 def _checked_seconds(v: float, value: Any, where: str) -> float:

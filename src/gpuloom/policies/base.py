@@ -190,6 +190,33 @@ def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
 
 
 # ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Nodes out of service for new work this round (drained, or in or before a maintenance window).
+
+    ``room[node]``: the longest time limit (seconds) a job may have to start there now (< 0: no job
+    may); ``limit(job id)``: a job's time limit (None: none, so it starts on none of these nodes)."""
+
+    room: Mapping[int, float]
+    limit: Callable[[str], float | None]
+    #: masks made, by the jobs' time limits (most jobs of a round share one: none, or a queue's default)
+    _made: dict[tuple[float | None, ...], tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, compare=False, repr=False)
+
+    def masks(self, cluster: Cluster, jobs: Sequence[Job]) -> tuple[np.ndarray, np.ndarray]:
+        """(per node, per GPU) 0/1 masks of the nodes all of ``jobs`` may start on."""
+        limits = tuple(self.limit(j.id) for j in jobs)
+        hit = self._made.get(limits)
+        if hit is not None and len(hit[0]) == cluster.num_nodes:
+            return hit
+        node_ok = np.ones(cluster.num_nodes, dtype=np.uint8)
+        for node, room in self.room.items():
+            if any(t is None or t > room for t in limits):
+                node_ok[node] = 0
+        made = self._made[limits] = (node_ok, node_ok[cluster.gpu_node])
+        return made
+
+
 @dataclass(slots=True)
 class View:
     """What a policy sees in one round.  Policies must not mutate it."""
@@ -209,6 +236,8 @@ class View:
     #: with its prefix (``Round.full``), planned no action or had all its actions carried out, and
     #: nothing else changed since; else None
     appended: Sequence[Job] | None = None
+    #: nodes new work may not go to (operator control); placement through choose_for keeps off them
+    blocked: Blocked | None = None
 
 
 @dataclass(slots=True)
@@ -514,7 +543,11 @@ class PlacePolicy(Stage):
 
     def choose_for(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         """:meth:`choose` within the GPU types ``req`` may use (:func:`allowed_types`): the other
-        nodes look full while it chooses.  Callers outside the loop place through this."""
+        nodes look full while it chooses, as do nodes ``view.blocked`` keeps this request off.  Callers
+        outside the loop place through this."""
+        if view.blocked is not None:
+            with free.masked(*view.blocked.masks(free.cluster, req.jobs)):
+                return self.choose_for(req, free, replace(view, blocked=None))
         if req.types is None and len(req.jobs) == 1 and view.model.get("gpu_type") is None:
             attrs = req.jobs[0].spec.attrs
             if not attrs or GPU_TYPE_KEY not in attrs:

@@ -13,7 +13,8 @@
 """
 
 # (no ``from __future__ import annotations``: the endpoints' annotations name a dependency made in mount())
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException
@@ -21,8 +22,9 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...core.queues import QueueError
+from ...core.units import parse_wall_time
 from ..service.bulk import ACTIONS, SelectError, Selector, apply, select
-from ..service.control import ControlError, parse_when
+from ..service.control import ControlError
 from ..service.errors import NotFound, PermissionDenied, SubmitError
 from ..service.queues import QueueDenied
 from ..service.service import Service
@@ -62,6 +64,17 @@ class ActionBody(BaseModel):
     name: str | None = Field(None, max_length=255)
 
 
+@contextmanager
+def node_errors(name: str) -> Iterator[None]:
+    """A node route's errors as HTTP: no such node -> 404, a request that cannot be carried out -> 422."""
+    try:
+        yield
+    except NotFound:
+        raise HTTPException(404, f"no node {name!r}") from None
+    except ControlError as e:
+        raise HTTPException(422, str(e)) from None
+
+
 def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]]) -> None:
     Auth = Annotated[tuple[str, bool], Depends(auth)]
     ctl = service.control
@@ -80,21 +93,15 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
     def drain(name: NodeName, body: DrainBody, who: Auth) -> dict[str, Any]:
         """Drain a node: ``wait`` lets its jobs finish, ``checkpoint`` moves them elsewhere."""
         admin_only(who, "draining a node")
-        try:
+        with node_errors(name):
             ctl.drain(name, body.reason, body.mode, who[0])
-        except NotFound:
-            raise HTTPException(404, f"no node {name!r}") from None
-        except ControlError as e:
-            raise HTTPException(422, str(e)) from None
         return node_out(name)
 
     @app.post("/nodes/{name}/resume", tags=["operations"])
     def resume(name: NodeName, who: Auth) -> dict[str, Any]:
         admin_only(who, "resuming a node")
-        try:
+        with node_errors(name):
             ctl.resume(name, who[0])
-        except NotFound:
-            raise HTTPException(404, f"no node {name!r}") from None
         return node_out(name)
 
     @app.post("/nodes/{name}/maintenance", tags=["operations"])
@@ -102,17 +109,16 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         """A maintenance window: no job that would still run at ``start`` goes there; drained until
         ``start + duration``, then back by itself."""
         admin_only(who, "a maintenance window")
-        try:
-            start = parse_when(body.start, service.clock.time())
+        with node_errors(name):
+            try:
+                start = parse_wall_time(body.start, service.clock.time(), "start")
+            except ValueError as e:
+                raise ControlError(str(e), "start") from None
             try:
                 dur = float(parse_duration(body.duration))
             except (TypeError, ValueError) as e:
                 raise ControlError(f"duration: {e}", "duration") from None
             ctl.maintenance(name, start, dur, body.reason, who[0])
-        except NotFound:
-            raise HTTPException(404, f"no node {name!r}") from None
-        except ControlError as e:
-            raise HTTPException(422, str(e)) from None
         return node_out(name)
 
     @app.post("/jobs/{job_id}/update", tags=["jobs"])

@@ -37,13 +37,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field
 
 from ...core.lifecycle import SHORT_STATE, JobState
+from ...core.units import parse_wall_time
 from ..exec import joblogs
 from ..exec.progress import scan
 from ..service.series import downsample
 from ..service.service import Service
 from ..state import gpudb
 from ..state.gpudb import COARSE_S
-from ..state.history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, parse_time, span_json
+from ..state.history import HISTORY_PAGE, MAX_HISTORY_PAGE, history, iso, span_json
 from .limits import MAX_ID
 
 DASHBOARD = Path(__file__).parent / "dashboard"
@@ -176,7 +177,7 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         if v is None:
             return None
         try:
-            return parse_time(v, now(), where)
+            return parse_wall_time(v, now(), where, -1)
         except ValueError as e:
             raise HTTPException(422, str(e)) from None
 

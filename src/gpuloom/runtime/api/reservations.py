@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...core.reservations import NAME_RE, Reservation, ReservationError, check_overlaps
+from ...core.units import parse_wall_time
 from ..service.service import Service
 from ..state import reservations as stored
 from ..state.specs import parse_duration
@@ -103,7 +104,6 @@ class _Gauges(Collector):
 def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]]) -> None:
     Auth = Annotated[tuple[str, bool], Depends(auth)]
     store = service.store
-    stored.ensure(store)
     sync(service)
     service.telemetry.registry.register(_Gauges(service))
 
@@ -121,7 +121,7 @@ def mount(app: FastAPI, service: Service, auth: Callable[..., tuple[str, bool]])
         if not NAME_RE.match(name):
             raise _refuse("name", "1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
         try:
-            start = stored.parse_start(body.start, now)
+            start = parse_wall_time(body.start, now, "start")
         except ValueError as e:
             raise _refuse("start", str(e)) from None
         try:

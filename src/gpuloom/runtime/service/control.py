@@ -6,8 +6,9 @@ applies it in its observe phase (:meth:`Control.observe`).
 
 * **Nodes** stay in the cluster the driver plans over (running jobs keep their allocations and
   the dashboard keeps showing them).  While any node is drained or has a maintenance window, a
-  plan hook (:meth:`Control.hook`) keeps new work off it: a job the place policy put there is
-  placed on the first node that is not blocked and has room, or waits.  ``wait`` drains let the
+  the place policy keeps new work off it (the view's ``blocked`` nodes, :meth:`Control.blocked`), and a
+  plan hook (:meth:`Control.hook`) re-places through the policy whatever still lands there (a job
+  resuming on its old GPUs, one a node now evicts), or it waits.  ``wait`` drains let the
   node's running jobs finish; ``checkpoint`` drains, and a maintenance window once it has begun,
   take them off too (the driver stops them through the normal preempt path: SIGTERM, checkpoint,
   requeue) and they resume elsewhere.  Before a window starts at ``T`` the node takes only jobs
@@ -25,7 +26,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
@@ -33,7 +34,8 @@ from prometheus_client.registry import Collector
 
 from ...core.cluster import Cluster
 from ...core.lifecycle import JobState
-from ...core.plan import Allocation, Part, Plan, drop_job
+from ...core.plan import Allocation, Plan, drop_job
+from ...policies.base import Blocked, Request
 from ...policies.free import FreeState
 from .admission import refuse_reason
 from .errors import NotFound, PermissionDenied
@@ -175,6 +177,7 @@ class Control:
                 hooks.append(self.hook)
             elif not want and self.hook in hooks:
                 hooks.remove(self.hook)
+        sched.blocked = self.blocked if self.nodes else None
 
     # -- nodes (API side) ----------------------------------------------------------------
     def _node(self, name: str) -> str:
@@ -239,6 +242,14 @@ class Control:
         tl = row.spec.get("time_limit") if row is not None else None
         return float(tl) if tl else None
 
+    def blocked(self, view: View) -> Blocked | None:
+        """The nodes held now, for the place policy: none may start a job while drained or in a
+        window; before a window, a job whose time limit ends by its start may."""
+        t = self.svc.clock.time()
+        room = {i: (-1.0 if h.active(t) else h.start - t) for i, n in enumerate(view.cluster.nodes)
+                if (h := self.nodes.get(n.name)) is not None}
+        return Blocked(room, self._limit) if room else None
+
     def hook(self, plan: Plan, view: View) -> Plan:
         """Keep new work off drained nodes, and take running work off evicting ones (module notes);
         jobs being requeued are left out (the driver stops them)."""
@@ -277,12 +288,17 @@ class Control:
         for jid in off:
             drop_job(allocs, jid)
         free = FreeState.of(view.cluster, allocs)
+        # re-placed by the place policy itself, held nodes masked: its topology or class scoring applies
+        place = self.svc.scheduler.place
+        pview = view if view.blocked is not None else replace(view, blocked=self.blocked(view))
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
         for jid, a in moved.items():
-            if a.group:
+            job = by_id.get(jid)
+            if a.group or job is None:
                 continue  # co-runners sharing GPUs: wait for the next round's placement
-            limit = self._limit(jid)
-            ok = [n for n in range(len(names)) if n not in holds or holds[n].admits(t, limit)]
-            parts = _first_fit(free, a.parts, ok)
+            # the cores and memory this round's sizing gave it, wherever it lands
+            req = Request((job,), a.num_gpus, sum(p.cpus for p in a.parts), sum(p.mem_mb for p in a.parts))
+            parts = place.choose_for(req, free, pview)
             if parts is not None:
                 free.take(parts)
                 allocs[jid] = Allocation(jid, parts, (), a.key)
@@ -482,25 +498,6 @@ class Control:
             self._sync_hook()
 
 
-def _first_fit(free: FreeState, parts: tuple[Part, ...], nodes: list[int]) -> tuple[Part, ...] | None:
-    """The same parts (GPUs, cores, memory each) on distinct nodes among ``nodes``, first fit; None if
-    they do not fit."""
-    out: list[Part] = []
-    used: set[int] = set()
-    for p in parts:
-        for n in nodes:
-            if n in used:
-                continue
-            gpus = free.free_on(n)
-            if len(gpus) >= len(p.gpus) and free.cpu_counts[n] >= p.cpus and free.mem_counts[n] >= p.mem_mb:
-                out.append(Part(n, tuple(gpus[: len(p.gpus)]), p.cpus, p.mem_mb))
-                used.add(n)
-                break
-        else:
-            return None
-    return tuple(out)
-
-
 STATES = ("idle", "mixed", "alloc", "drng", "drain", "maint")
 
 
@@ -528,29 +525,3 @@ class _Gauges(Collector):
             held.add_metric([r], how.count(r))
         yield held
 
-
-def parse_when(v: str | float, now: float) -> float:
-    """A wall time: seconds since the epoch, ``now``, ``now+1h``/``+30m`` or ISO 8601 (UTC unless it says)."""
-    from datetime import UTC, datetime
-
-    from ..state.specs import parse_duration
-
-    if isinstance(v, (int, float)):
-        return float(v)
-    s = str(v).strip()
-    if s == "now":
-        return now
-    if s.startswith("now+") or s.startswith("+"):
-        return now + float(parse_duration(s.split("+", 1)[1]))
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    try:
-        d = datetime.fromisoformat(s)
-    except ValueError:
-        raise ControlError(f"start: expected now, now+DURATION, seconds since the epoch or ISO 8601, got {s!r}",
-                           "start") from None
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=UTC)
-    return d.timestamp()

@@ -21,13 +21,12 @@ allocations: the history a replay of the service in the simulator starts from.
 :func:`history` answers a page of records by job id (``after``, ``limit``):
 the API's ``/history`` answers at most :data:`MAX_HISTORY_PAGE` at once.
 
-Times in JSON are ISO 8601 in UTC (:func:`iso`); :func:`parse_time` reads
-ISO dates and times, Unix seconds, and ages such as ``2h`` (two hours ago).
+Times in JSON are ISO 8601 in UTC (:func:`iso`); ``since``/``until`` are read by
+:func:`gpuloom.core.units.parse_wall_time` (a bare duration there is an age: ``2h``, two hours ago).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -40,8 +39,6 @@ if TYPE_CHECKING:  # (the CLI's job commands use the formatting here without loa
 HISTORY_PAGE = 1000  # records per /history page unless asked (as /jobs)
 MAX_HISTORY_PAGE = 10_000  # and at most
 _ALLOC_CHUNK = 500  # job ids per query of their allocation records
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def iso(t: float | None) -> str | None:
@@ -49,30 +46,6 @@ def iso(t: float | None) -> str | None:
     if t is None:
         return None
     return datetime.fromtimestamp(float(t), UTC).isoformat(timespec="milliseconds")
-
-
-def parse_time(text: str | float, now: float, where: str = "time") -> float:
-    """Wall seconds from an ISO date/time (UTC unless it says), Unix seconds, or an age (``90m``, ``2h``, ``1d``).
-
-    Raises ``ValueError`` naming ``where``."""
-    if isinstance(text, int | float):
-        return float(text)
-    s = str(text).strip()
-    m = _AGE.match(s)
-    if m:
-        return now - float(m.group(1)) * _UNIT[m.group(2)]
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    try:
-        d = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{where}: expected an ISO date/time (2026-01-31, 2026-01-31T09:30), Unix seconds "
-                         f"or an age like 2h or 7d, got {text!r}") from None
-    if d.tzinfo is None:
-        d = d.replace(tzinfo=UTC)
-    return d.timestamp()
 
 
 def short_state(state: str) -> str:

@@ -1,66 +1,19 @@
 """Advance reservations in the store: the ``reservations`` table, and the times users write for them.
 
-A reservation is stored with wall-clock times (Unix seconds), so it survives a restart; the table is
-created on first use where an older database lacks it (:func:`ensure`).  ``start`` takes what Slurm's
-``StartTime`` does: ``now``, ``now+1h`` (any duration :func:`.specs.parse_duration` reads), an ISO date/time
-(UTC unless it says) or Unix seconds.
+A reservation is stored with wall-clock times (Unix seconds), so it survives a restart; the table
+(:data:`.store.reservations_t`) is made when the store opens, as the others are.  ``start`` is read by
+:func:`gpuloom.core.units.parse_wall_time` (``now``, ``now+1h``, an ISO date/time, Unix seconds).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from sqlalchemy import Column, Float, String, Table, Text, delete, insert, select
+from sqlalchemy import delete, insert, select
 
 from ...core.reservations import Reservation
-from .specs import parse_duration
-from .store import Store, metadata
-
-reservations_t = Table(
-    "reservations",
-    metadata,
-    Column("name", String(64), primary_key=True),
-    Column("start", Float, nullable=False),  # wall seconds
-    Column("end", Float, nullable=False),
-    Column("users", Text, nullable=False),  # JSON list
-    Column("nodes", Text, nullable=False),  # JSON list (empty: a GPU count)
-    Column("gpus", Float, nullable=False),
-    Column("created", Float, nullable=False),
-    Column("creator", String(100), nullable=False),
-)
-
-_NOW = re.compile(r"^now\s*(?:\+\s*(.+))?$", re.IGNORECASE)
-
-
-def parse_start(text: str | float, now: float) -> float:
-    """Wall seconds from ``now``, ``now+DURATION``, an ISO date/time or Unix seconds; ``ValueError`` naming
-    ``start``."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return float(text)
-    s = str(text).strip()
-    m = _NOW.match(s)
-    if m:
-        return now + (parse_duration(m.group(1), "start") if m.group(1) else 0.0)
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    from datetime import UTC, datetime
-
-    try:
-        d = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"start: expected now, now+DURATION (now+1h), an ISO date/time (2026-01-31T09:30) or "
-                         f"Unix seconds, got {s[:40]!r}") from None
-    return (d if d.tzinfo is not None else d.replace(tzinfo=UTC)).timestamp()
-
-
-def ensure(store: Store) -> None:
-    """Create the table where the database lacks it (one made by an older release)."""
-    with store.lock:
-        reservations_t.create(store.engine, checkfirst=True)
+from .store import Store, reservations_t
 
 
 def load(store: Store) -> list[Reservation]:

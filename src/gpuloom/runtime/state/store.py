@@ -186,6 +186,19 @@ audit_t = Table(
     Column("detail", Text),  # JSON
 )
 
+# Advance reservations, wall-clock times: written and read by :mod:`.reservations`.
+reservations_t = Table(
+    "reservations",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("start", Float, nullable=False),  # wall seconds
+    Column("end", Float, nullable=False),
+    Column("users", Text, nullable=False),  # JSON list
+    Column("nodes", Text, nullable=False),  # JSON list (empty: a GPU count)
+    Column("gpus", Float, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("creator", String(100), nullable=False),
+)
 
 meta_t = Table(
     "meta",
