@@ -244,3 +244,21 @@ def test_autopack_with_raw_profiles_compares_the_group_with_its_members_iteratio
         view = View(0.0, cl, jobs, {}, ThroughputModel(cl, [LocalityFactor(), f]), np.random.default_rng(0))
         units[kind] = [tuple(j.id for j in u) for u in MuriGrouping(rule="muri").group(jobs, view)]
     assert units == {"raw": [("g1", "g2")], "normalised": [("g1",), ("g2",)]}
+
+
+def test_artifact_preset_interleaves_raw_stage_times() -> None:
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.sim.reproduce.muri import model_options
+
+    a, b = (Job(s) for s in _raw_jobs())
+    speeds = {}
+    for preset in ("artifact", "paper"):
+        f = build_model(Cluster.homogeneous(1, 1), options=model_options(preset)).get("interleave")
+        f.bind({"a": a, "b": b})
+        speeds[preset] = f(a, Allocation("a", (), ("b",)))
+    # artifact: the raw pair cycle 5 s x Muri's 1.33 over 1.015 twice (the work carries the first
+    # 1.015); paper: the normalised cycle 10 s x 1.33 / 1.015, capped at 1
+    assert speeds["artifact"] == pytest.approx(10.0 / (5.0 * 1.33 / 1.015 ** 2))
+    assert speeds["paper"] == pytest.approx(10.0 / (10.0 * 1.33 / 1.015))

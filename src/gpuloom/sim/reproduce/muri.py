@@ -24,7 +24,9 @@ semantics: rounds only on events, every iteration 1.015x the trace's
 charged at every event (``SimConfig.event_overhead="muri"``) in place of
 gpuloom's restart cost, every job placed afresh at every round
 (``packed-non-sticky``: Muri re-places all jobs in priority order at each
-event) and Muri's grouping rule (``rule=muri``).  Deterministic: one run each.
+event), Muri's grouping rule (``rule=muri``) and the trace's stage times as
+given (``interleave_profiles=raw``: Muri interleaves the raw ``resource_time``
+columns against each job's iteration time).  Deterministic: one run each.
 """
 
 from __future__ import annotations
@@ -129,9 +131,10 @@ def model_options(preset: str) -> dict[str, object]:
     """Throughput-model options of ``preset``.  ``artifact``: the work already carries the 1.015
     factor, which Muri applies to a job alone only; a group's iteration there is its cycle
     x 1.33/1.5/1.37 over 1.015 (``itertime_overhead_list``), so the sharing overhead relative to the
-    scaled solo speed is Muri's over 1.015 once more."""
+    scaled solo speed is Muri's over 1.015 once more; stage times raw, as Muri's ``matching.py`` reads them."""
     if preset == "artifact":
-        return {"interleave_overhead": {m: f / ITER_OVERHEAD for m, f in MURI_OVERHEAD.items()}}
+        return {"interleave_overhead": {m: f / ITER_OVERHEAD for m, f in MURI_OVERHEAD.items()},
+                "interleave_profiles": "raw"}
     return {}
 
 
