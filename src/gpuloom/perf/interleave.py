@@ -89,7 +89,8 @@ ordering's ``T``; *efficiency* = fraction of resource time busy =
 ``Σ_j Σ_r t_j[r] / (k · T)``.  Every member's iteration time inside the group
 is ``T`` (times an optional measured sharing overhead per group size, e.g.
 Muri's 1.33/1.5/1.37 for 2/3/4 jobs, :data:`MURI_OVERHEAD`), so its speed is
-``solo / T``; ``T >= solo`` always, so sharing never speeds a job up.
+``solo / T``; ``T >= solo`` always, so sharing never speeds a job up (with
+normalised profiles; raw ones, :data:`PROFILE_KINDS`, need not keep to that).
 
 Speed: the hot entry points are :func:`cycle_times` (numpy over a batch of
 groups, all orderings at once) and :func:`group_cycle` (one group, cached by
