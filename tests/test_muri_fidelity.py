@@ -198,6 +198,11 @@ def test_raw_profiles_interleave_the_trace_stage_times_against_the_iteration_tim
     assert raw.profile(c) == (0.001, 1.0, 0.0) and norm.profile(c) == pytest.approx((0.0, 1.0, 0.0))
     with pytest.raises(ValueError, match="interleave profiles must be one of normalised, raw"):
         InterleaveFactor(profiles="cooked")
+    from gpuloom.perf.interleave import ProfileError
+
+    for bad in ((0.0, 0.0, 0.0), (1.0, -1.0, 0.0), (math.nan, 1.0, 0.0)):
+        with pytest.raises(ProfileError, match="job z: raw stage times must be finite"):
+            raw.profile(JobSpec("z", 0.0, 1, 1.0, attrs={"resource_times": bad, "iteration_time": 1.0}))
 
 
 def test_raw_profiles_in_a_simulation_and_as_a_model_option() -> None:
