@@ -165,3 +165,105 @@ def test_artifact_preset_places_every_job_afresh_as_muri_does() -> None:
         fin[preset] = {j.id: j.finish for j in res.jobs}
     assert fin["artifact"] == pytest.approx({"a": 1000.0, "b": 60.0, "c": 2020.0, "d": 170.0})
     assert fin["paper"]["d"] == pytest.approx(1100.0)
+
+
+def _raw_jobs() -> list[JobSpec]:
+    # a: stages 3 + 1 + 1 s in a 10 s iteration (5 s unattributed); b: 1 + 2 + 1 s in 4 s
+    return [JobSpec("a", 0.0, 1, 100.0, attrs={"resource_times": (3.0, 1.0, 1.0), "iteration_time": 10.0}),
+            JobSpec("b", 0.0, 1, 100.0, attrs={"resource_times": (1.0, 2.0, 1.0), "iteration_time": 4.0})]
+
+
+def test_raw_profiles_interleave_the_trace_stage_times_against_the_iteration_time() -> None:
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation
+    from gpuloom.perf.interleave import InterleaveFactor
+
+    a, b = (Job(s) for s in _raw_jobs())
+    raw, norm = InterleaveFactor(profiles="raw"), InterleaveFactor()
+    for f in (raw, norm):
+        f.bind({"a": a, "b": b})
+    # raw: the best pair cycle (loading over two phases) is max(3, 2 + 1) + max(1, 1 + 1) = 5 s, so a
+    # (10 s alone) runs at 10 / 5 = 2x, b at 4 / 5
+    assert raw.profile(a) == (3.0, 1.0, 1.0) and raw.solo_time(a) == 10.0 and raw.solo_time(b) == 4.0
+    assert raw(a, Allocation("a", (), ("b",))) == pytest.approx(2.0)
+    assert raw(b, Allocation("b", (), ("a",))) == pytest.approx(0.8)
+    # normalised: a's 5 unattributed seconds go to its loading stage (8, 1, 1): a cycle of
+    # max(8, 3) + max(1, 2) = 10 s, a at 1x, b at 0.4x
+    assert norm.profile(a) == (8.0, 1.0, 1.0) and norm.solo_time(a) == 10.0
+    assert norm(a, Allocation("a", (), ("b",))) == pytest.approx(1.0)
+    assert norm(b, Allocation("b", (), ("a",))) == pytest.approx(0.4)
+    # raw keeps a stage under the threshold and stages overlapping the iteration time; normalised drops
+    # the 1 ms of loading (overlapped time comes off the other stages first)
+    c = Job(JobSpec("c", 0.0, 1, 1.0, attrs={"resource_times": (0.001, 1.0, 0.0), "iteration_time": 1.0}))
+    assert raw.profile(c) == (0.001, 1.0, 0.0) and norm.profile(c) == pytest.approx((0.0, 1.0, 0.0))
+    with pytest.raises(ValueError, match="interleave profiles must be one of normalised, raw"):
+        InterleaveFactor(profiles="cooked")
+    from gpuloom.perf.interleave import ProfileError
+
+    for bad in ((0.0, 0.0, 0.0), (1.0, -1.0, 0.0), (math.nan, 1.0, 0.0)):
+        with pytest.raises(ProfileError, match="job z: raw stage times must be finite"):
+            raw.profile(JobSpec("z", 0.0, 1, 1.0, attrs={"resource_times": bad, "iteration_time": 1.0}))
+
+
+def test_raw_profiles_in_a_simulation_and_as_a_model_option() -> None:
+    from gpuloom.perf.assembly import build_model
+
+    cl = Cluster.homogeneous(1, 1)
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True,
+                    restart_overhead=0.0)
+    fin = {}
+    for kind in ("raw", "normalised"):
+        model = build_model(cl, specs=_raw_jobs(), options={"interleave_overhead": "none",
+                                                             "interleave_profiles": kind})
+        res = Simulator(cl, _raw_jobs(), Scheduler.from_names("fifo", "muri"), model, cfg).run()
+        fin[kind] = {j.id: j.finish for j in res.jobs}
+    # raw: a at 2x ends at 50 (b has done 40 of 100), b alone for the other 60: 110.
+    # normalised: a at 1x ends at 100 (b: 40 done), b at 160
+    assert fin["raw"] == pytest.approx({"a": 50.0, "b": 110.0})
+    assert fin["normalised"] == pytest.approx({"a": 100.0, "b": 160.0})
+    with pytest.raises(ValueError, match="interleave_profiles=raw"):
+        build_model(cl, options={"interleave_profiles": "raw", "interleave_model": "shared"})
+    with pytest.raises(ValueError, match="expected normalised"):
+        build_model(cl, options={"interleave_profiles": "cooked"})
+
+
+def test_autopack_with_raw_profiles_compares_the_group_with_its_members_iteration_times() -> None:
+    import numpy as np
+
+    from gpuloom.core.job import Job
+    from gpuloom.perf.interleave import MURI_OVERHEAD, InterleaveFactor
+    from gpuloom.perf.model import LocalityFactor, ThroughputModel
+    from gpuloom.policies.base import View
+    from gpuloom.policies.muri import MuriGrouping
+
+    # two GPU-bound jobs listing 6 s of GPU stage in a 20 s iteration.  Raw: the pair's cycle is
+    # 12 s x 1.31 = 15.7 s, below 20 + 20 taking turns: kept.  Normalised: (0, 20, 0) each, a
+    # cycle of 40 s x 1.31 > 40 s: autopack splits it
+    jobs = [Job(JobSpec(g, 0.0, 1, 60.0, attrs={"resource_times": (0.0, 6.0, 0.0), "iteration_time": 20.0}))
+            for g in ("g1", "g2")]
+    cl = Cluster.homogeneous(1, 1)
+    units = {}
+    for kind in ("raw", "normalised"):
+        f = InterleaveFactor(overhead=MURI_OVERHEAD, profiles=kind)
+        f.bind({j.id: j for j in jobs})
+        view = View(0.0, cl, jobs, {}, ThroughputModel(cl, [LocalityFactor(), f]), np.random.default_rng(0))
+        units[kind] = [tuple(j.id for j in u) for u in MuriGrouping(rule="muri").group(jobs, view)]
+    assert units == {"raw": [("g1", "g2")], "normalised": [("g1",), ("g2",)]}
+
+
+def test_artifact_preset_interleaves_raw_stage_times() -> None:
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.sim.reproduce.muri import model_options
+
+    a, b = (Job(s) for s in _raw_jobs())
+    speeds = {}
+    for preset in ("artifact", "paper"):
+        f = build_model(Cluster.homogeneous(1, 1), options=model_options(preset)).get("interleave")
+        f.bind({"a": a, "b": b})
+        speeds[preset] = f(a, Allocation("a", (), ("b",)))
+    # artifact: the raw pair cycle 5 s x Muri's 1.33 over 1.015 twice (the work carries the first
+    # 1.015); paper: the normalised cycle 10 s x 1.33 / 1.015, capped at 1
+    assert speeds["artifact"] == pytest.approx(10.0 / (5.0 * 1.33 / 1.015 ** 2))
+    assert speeds["paper"] == pytest.approx(10.0 / (10.0 * 1.33 / 1.015))

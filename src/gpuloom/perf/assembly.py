@@ -180,10 +180,20 @@ def _interleave(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]
 
         # Muri's measured overhead is its lock-step executor's: charged here only when given otherwise
         ov = o["interleave_overhead"]
+        if o["interleave_profiles"] == "raw":
+            raise ValueError("interleave_profiles=raw is Muri's lock-step model: not with interleave_model=shared")
         return SharedInterleaveFactor(threshold=threshold, overhead=None if ov == "muri" else parse_overhead(ov),
                                       resources=resources)
     return InterleaveFactor(threshold=threshold, overhead=parse_overhead(o["interleave_overhead"]),
-                            resources=resources)
+                            resources=resources, profiles=o["interleave_profiles"])
+
+
+def _interleave_profiles(v: Any) -> str:
+    m = str(v).strip().lower()
+    if m not in ("normalised", "raw"):
+        raise ValueError(f"expected normalised (stage times summing to the iteration time) or raw (as the trace "
+                         f"gives them, as Muri's simulator uses them), got {v!r}")
+    return m
 
 
 def _interleave_model(v: Any) -> str:
@@ -296,6 +306,8 @@ for _decl in (
         ModelOption("interleave_model", _interleave_model, "muri", "muri: lock-step groups (Muri's executor); shared: "
                     "processes sharing GPUs, each on its own cores, taking turns on GPU and network "
                     "(the service; perf/sharing.py).", flag=False),
+        ModelOption("interleave_profiles", _interleave_profiles, "normalised", "normalised: stage times summing "
+                    "to the iteration time; raw: as the trace gives them (Muri's simulator).", flag=False),
     ), _interleave, always=True, help="GPU sharing of a group (Muri)"),
     FactorDecl("variability", (
         ModelOption("variability", str, None, "PAL PM-scores: a PerfVar CSV, generate[:DIR] / artifact[:DIR], or none "

@@ -89,7 +89,8 @@ ordering's ``T``; *efficiency* = fraction of resource time busy =
 ``Σ_j Σ_r t_j[r] / (k · T)``.  Every member's iteration time inside the group
 is ``T`` (times an optional measured sharing overhead per group size, e.g.
 Muri's 1.33/1.5/1.37 for 2/3/4 jobs, :data:`MURI_OVERHEAD`), so its speed is
-``solo / T``; ``T >= solo`` always, so sharing never speeds a job up.
+``solo / T``; ``T >= solo`` always, so sharing never speeds a job up (with
+normalised profiles; raw ones, :data:`PROFILE_KINDS`, need not keep to that).
 
 Speed: the hot entry points are :func:`cycle_times` (numpy over a batch of
 groups, all orderings at once) and :func:`group_cycle` (one group, cached by
@@ -119,6 +120,10 @@ MURI_LAYOUT = (2, 1, 1)
 DEFAULT_RESOURCES = 4
 #: stages shorter than this fraction of the iteration count as zero
 DEFAULT_THRESHOLD = 0.02
+#: how a factor reads stage times: ``normalised`` (:func:`stage_profile`, summing to the iteration time) or
+#: ``raw``, the trace's stage times as given, as Muri's simulator interleaves them (its groups' cycles come
+#: from them, while a job alone takes its iteration time: a group can then outrun its members alone)
+PROFILE_KINDS = ("normalised", "raw")
 #: Muri's measured slowdown of a shared iteration, by group size, relative to a job
 #: alone: its simulator (``jobs.py``, ``itertime_overhead_list``) charges a job alone
 #: 1.015 x its iteration time and a group of 2/3/4 its ideal cycle x 1.33, 1.5,
@@ -187,6 +192,20 @@ def spec_profile(spec: JobSpec, threshold: float = DEFAULT_THRESHOLD) -> Profile
         return _cached_profile(tuple(float(x) for x in rt), None if it is None else float(it), threshold)
     except (TypeError, ValueError) as e:
         raise ProfileError(f"job {spec.id}: bad stage profile: {e}") from None
+
+
+def raw_profile(spec: JobSpec) -> Profile | None:
+    """The trace's stage times of a job as given (seconds; ``attrs["resource_times"]``), or ``None``."""
+    rt = spec.attrs.get("resource_times") if spec.attrs else None
+    if rt is None:
+        return None
+    try:
+        t = tuple(float(x) for x in rt)
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"job {spec.id}: bad stage profile: {e}") from None
+    if not t or any(not math.isfinite(x) or x < 0 for x in t) or not sum(t) > 0:
+        raise ProfileError(f"job {spec.id}: raw stage times must be finite, >= 0 and not all 0, got {list(t)}")
+    return t
 
 
 @lru_cache(maxsize=4096)
@@ -405,7 +424,10 @@ class InterleaveFactor:
     values); ``threshold`` is the stage threshold of :func:`stage_profile`;
     ``resources`` is the cycle a group interleaves on (4: storage, CPU, GPU,
     network, Muri's model; a 3-stage trace profile then has layout
-    :data:`MURI_LAYOUT`; 3: storage and CPU as one resource).
+    :data:`MURI_LAYOUT`; 3: storage and CPU as one resource).  ``profiles``
+    (:data:`PROFILE_KINDS`): ``raw`` takes the stage times as given (no
+    threshold), a job's own time is its iteration time (:meth:`solo_time`) and
+    a member's speed is that over the group's iteration time, not capped at 1.
     """
 
     name = "interleave"
@@ -416,7 +438,11 @@ class InterleaveFactor:
         threshold: float = DEFAULT_THRESHOLD,
         overhead: Mapping[int, float] | None = None,
         resources: int = DEFAULT_RESOURCES,
+        profiles: str = "normalised",
     ) -> None:
+        if profiles not in PROFILE_KINDS:
+            raise ValueError(f"interleave profiles must be one of {', '.join(PROFILE_KINDS)}, got {profiles!r}")
+        self.raw = profiles == "raw"
         if int(resources) < 1:
             raise ValueError(f"interleave resources must be >= 1, got {resources}")
         self.resources = int(resources)
@@ -454,11 +480,21 @@ class InterleaveFactor:
         hit = self._profiles.get(spec.id)
         if hit is not None and hit[0] is spec:
             return hit[1]
-        p = spec_profile(spec, self.threshold)
+        p = raw_profile(spec) if self.raw else spec_profile(spec, self.threshold)
         if len(self._profiles) > 1_000_000:
             self._profiles.clear()
         self._profiles[spec.id] = (spec, p)
         return p
+
+    def solo_time(self, job: Job | JobSpec) -> float:
+        """A job's iteration time alone: its profile's sum, or with raw profiles its iteration time
+        (``attrs["iteration_time"]``, else ``iter_time``, else the sum of its stages)."""
+        prof = self._require(job)
+        if not self.raw:
+            return float(sum(prof))
+        spec = job.spec if isinstance(job, Job) else job
+        it = spec.attrs.get("iteration_time", spec.iter_time) if spec.attrs else spec.iter_time
+        return float(sum(prof)) if it is None else float(it)
 
     def _require(self, job: Job | JobSpec) -> Profile:
         p = self.profile(job)
@@ -486,5 +522,7 @@ class InterleaveFactor:
             except KeyError:
                 raise ProfileError(f"job {job.id}: co-runner {oid!r} is unknown to the interleave factor") from None
             profs.append(self._require(other))
+        if self.raw:  # (Muri's simulator: the cycle of the raw stages against the iteration time, uncapped)
+            return self.solo_time(job) / self.group_time(profs)
         solo = float(sum(own))
         return min(1.0, solo / self.group_time(profs))

@@ -230,7 +230,7 @@ class MuriGrouping(GroupPolicy):
                     bs.merge(pairs)
         for bs in states:
             for grp in bs.nodes:
-                if self.rule == "muri" and len(grp) > 1 and self._slower_than_turns(bs, grp, factor):
+                if self.rule == "muri" and len(grp) > 1 and self._slower_than_turns(bs, grp, factor, ordered):
                     units.extend([bs.members[x]] for x in grp)  # autopack: unpacked
                 else:
                     units.append([bs.members[x] for x in grp])
@@ -326,9 +326,13 @@ class MuriGrouping(GroupPolicy):
         return [(a, c, wmap[(a, c)]) for a, c in pairs]
 
     # -- helpers ------------------------------------------------------------------
-    def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor) -> bool:
-        """Muri's autopack test: the group's iteration time exceeds the sum of its members' alone."""
+    def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor,
+                           ordered: Sequence[Job]) -> bool:
+        """Muri's autopack test: the group's iteration time exceeds the sum of its members' alone (with raw
+        stage times a job's time alone is its iteration time, not its stages' sum)."""
         key = tuple(sorted(bs.profiles[x] for x in grp))
+        if factor.raw:
+            return self._own_time(key, factor) > sum(factor.solo_time(ordered[bs.members[x]]) for x in grp)
         return self._own_time(key, factor) > sum(self._own_time((bs.profiles[x],), factor) for x in grp)
 
     def _check_cache(self, factor: InterleaveFactor) -> None:
