@@ -221,3 +221,35 @@ def test_a_server_paused_after_its_lock_check_launches_nothing_once_another_took
         locks.release()
         reader.close()
         store.close()
+
+
+def test_a_serving_loop_whose_write_is_fenced_steps_down_and_launches_nothing(tmp_path: Path,
+                                                                                cgroup_parent: str) -> None:
+    """The loop of a server whose database another took (here: the epoch raised by another store) gives up
+    at its first write, before it launches anything; SQLite, so it runs wherever the suite does."""
+    url = f"sqlite:///{tmp_path / 'gpuloom.db'}"
+    store, other = Store(url), Store(url)
+    locks = ServerLocks().acquire(tmp_path, store)
+    svc = faults.service(store, Cluster.homogeneous(1, 2), tmp_path, cgroup_parent)
+    svc.server_locks = locks
+    ledger = job_writable(tmp_path) / "ledger"
+    try:
+        svc.start()
+        assert other.take_epoch() == 2
+        ids = [other.add_job({"command": f"echo $GPULOOM_JOB_ID >> {ledger}", "gpus": 1}, "alice",
+                             faults.S.WAITING_FOR_INITIAL_CONTACT.value) for _ in range(2)]
+        svc.wake()
+        wait_for(lambda: svc.gave_up is not None, timeout=20, what="the server to step down")
+        assert svc.gave_up == ("another gpuloom server took the database (its server epoch is 2, this server's 1); "
+                               "this server stops, the other one schedules")
+        assert not readiness(svc)[0] and svc.running == {}
+        rows = other.get_jobs(ids)
+        assert [(rows[j].state, rows[j].attempts) for j in ids] == [("waiting_for_initial_contact", 0)] * 2
+        assert {e["kind"] for j in ids for e in other.events(j)} == {"submit"}
+        assert not ledger.exists()
+    finally:
+        svc.shutdown()
+        locks.release()
+        kill_jobs(tmp_path)
+        store.close()
+        other.close()
