@@ -456,6 +456,9 @@ class Service:
                     self.guard.maybe_purge(self, t)
                 self.backoff.succeeded()
             except Exception as e:  # a bad round must not kill the service: back off, log once
+                if self.store.fenced is not None:  # another server took the database: it alone acts now
+                    self.give_up(self.store.fenced)
+                    break
                 self.health.failed(e, clock.monotonic())
                 down = unavailable(e)
                 delay = self.backoff.failed(e if down else None)
@@ -507,6 +510,9 @@ class Service:
         with self.lock:
             self.observe()
             actions = self.act() if self.may_act() else []
+            if self.store.fenced is not None:  # a write of the round was refused: another server took over
+                self.give_up(self.store.fenced)
+                return []
             self.mark_time(force=False)
         t1 = self.clock.monotonic()
         self.last_round_s = t1 - t0
@@ -527,6 +533,8 @@ class Service:
         session lost with a restart of the database is taken again).  False while that cannot be told (the
         database is unreachable), and for good once another server holds the database: this one gives up."""
         self.health.lock_checked = self.clock.monotonic()
+        if self.store.fenced is not None:
+            self.give_up(self.store.fenced)
         if self.gave_up is not None:
             return False
         if self.server_locks is None:

@@ -20,9 +20,15 @@ So the server confirms its lock (:meth:`ServerLocks.check`: its session's own
 row in ``pg_locks``, one query) at least every second and before every round
 that starts or preempts jobs: a lost one is taken again on a new session, or,
 if another server took it meanwhile, :class:`AlreadyServed` tells this one to
-stop scheduling (the service gives up and the process exits).  Between the
-restart and the next check the server may still act once; the check before
-acting bounds that to a round that was already under way.
+stop scheduling (the service gives up and the process exits).
+
+A server paused past its check (a VM pause, SIGSTOP) may resume after another
+took the database.  So taking the locks also takes a new server epoch, a
+fencing token in the store (:meth:`~.store.Store.take_epoch`): every write
+checks it in its own transaction, and a stale server's launch intent, stop
+or other record fails (:class:`~.store.Fenced`) before it acts.  A lock taken
+again on a new session keeps its epoch only if the stored one is still it:
+otherwise another server held the database meanwhile, and this one stops.
 """
 
 from __future__ import annotations
@@ -71,8 +77,9 @@ class FileLock:
         self.fd = fd
         return self
 
-    def check(self) -> None:
-        """A file lock lasts as long as its descriptor: nothing to confirm."""
+    def check(self) -> bool:
+        """A file lock lasts as long as its descriptor: nothing to confirm (never taken again)."""
+        return False
 
     def release(self) -> None:
         if self.fd is not None:
@@ -174,6 +181,7 @@ class ServerLocks:
 
     def __init__(self) -> None:
         self.held: list[FileLock | PgAdvisoryLock] = []
+        self.store: Any = None
 
     def acquire(self, state_dir: str | Path, store: Any) -> ServerLocks:
         try:
@@ -184,16 +192,33 @@ class ServerLocks:
                     self.held.append(FileLock(db + ".lock", f"the database {db}").acquire())
             elif store.engine.dialect.name == "postgresql":
                 self.held.append(PgAdvisoryLock(store.engine, store.url).acquire())
+            store.take_epoch()  # a server paused before this one took the database writes nothing from now on
         except BaseException:
             self.release()
             raise
+        self.store = store
         return self
 
     def check(self) -> None:
         """Confirm every lock (see the module notes); raises :class:`AlreadyServed` if another server holds the
-        database now, the database's error while it cannot be reached."""
+        database now or held it since, the database's error while it cannot be reached."""
         for lk in self.held:
-            lk.check()
+            if lk.check() and self.store is not None and self.store.fence is not None:
+                self._same_epoch(lk)
+
+    def _same_epoch(self, lk: FileLock | PgAdvisoryLock) -> None:
+        """After a lock was taken again: the stored epoch must still be this server's, or another server held
+        the database meanwhile (and this one's view of it is stale)."""
+        try:
+            now = self.store.stored_epoch()
+        except BaseException:
+            lk.release()  # unconfirmed: taken again, and confirmed, at the next check
+            raise
+        if now != self.store.fence:
+            lk.release()
+            raise AlreadyServed(f"another gpuloom server took the database {_safe_url(self.store.url)} while this "
+                                f"one's session was lost (its server epoch is {now}, this server's "
+                                f"{self.store.fence}); this server stops, the other one schedules")
 
     def release(self) -> None:
         for lk in reversed(self.held):

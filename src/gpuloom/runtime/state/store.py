@@ -29,7 +29,13 @@ Design decisions:
   each job held, from when to when), ``profiles`` (model →
   measured profile), ``tokens`` (sha256 of a token → user, admin flag,
   expiry), ``idempotency`` (a submission's key → its jobs) and ``meta``
-  (service epoch and other key/values).
+  (service epoch and other key/values), ``server_epoch`` (the fencing token
+  below).
+* **Fenced writes.**  A server that takes the database raises the stored
+  server epoch (:meth:`Store.take_epoch`); each write transaction then checks,
+  last before its commit, that the epoch is still its own (:class:`Fenced`
+  otherwise, rolled back): a server paused past the loss of its lock writes
+  nothing once another took the database.
 * **Private.**  An SQLite file is created 0600 (its WAL and shared-memory
   files take the same mode): job specs hold users' environments.
 """
@@ -206,6 +212,14 @@ meta_t = Table(
     Column("key", String(100), primary_key=True),
     Column("value", Text, nullable=False),
 )
+#: the server epoch, a fencing token (one row, id 1): raised by each server that takes the database
+#: (:meth:`Store.take_epoch`); a server's writes commit only while the stored epoch is still its own
+epoch_t = Table(
+    "server_epoch",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("epoch", Integer, nullable=False),
+)
 # GPU telemetry totals per job and the dashboard's time series: written and read by :mod:`.gpudb`.
 gpu_usage_t = Table(
     "gpu_usage", metadata,
@@ -340,6 +354,11 @@ class StoreUnavailable(StoreError):
     """A write that must come after records the store has not taken yet (:mod:`..service.outbox`) was not made."""
 
 
+class Fenced(StoreUnavailable):
+    """A write of a server whose database another server took since (the stored server epoch is no longer
+    this store's :attr:`Store.fence`): rolled back, and every later write refused at once."""
+
+
 def unavailable(e: BaseException) -> bool:
     """Whether a store error is the store's state, not the request's: its disk full, the database
     unreachable or restarting, a lock or connection lost.  Retrying it later may succeed (the loop's
@@ -370,11 +389,15 @@ class _Tx:
         self.store = store
         self.durable = durable
         self.cm: Any = None
+        self.conn: Any = None
 
     def __enter__(self) -> Any:
+        if self.store.fenced is not None:
+            raise Fenced(self.store.fenced)
         try:
             self.cm = self.store._begin_raw(self.durable)
-            return self.cm.__enter__()
+            self.conn = self.cm.__enter__()
+            return self.conn
         except Exception as e:
             full = self.store.full(e)
             if full is e:
@@ -382,8 +405,16 @@ class _Tx:
             raise full from e
 
     def __exit__(self, et: Any, ev: BaseException | None, tb: Any) -> Any:
+        fence_error: BaseException | None = None
+        if et is None and self.store.fence is not None:
+            try:  # last, so SQLite's write lock is held; PostgreSQL's FOR SHARE holds off a new epoch until commit
+                self.store.check_fence(self.conn)
+            except BaseException as e:  # noqa: BLE001  (rolled back below, then raised)
+                fence_error, et, ev, tb = e, type(e), e, e.__traceback__
         try:
             out = self.cm.__exit__(et, ev, tb)
+            if fence_error is not None:
+                raise fence_error
         except Exception as e:
             full = self.store.full(e)
             if full is e:
@@ -406,6 +437,9 @@ class Store:
         #: ``fn(job_id, kind, detail, fields)`` called after each job event commits (see the module notes)
         self.listeners: list[Callable[[int | None, str, Mapping[str, Any], Mapping[str, Any]], None]] = []
         self.is_sqlite = url.startswith("sqlite")
+        #: this server's epoch (:meth:`take_epoch`): every write checks it in its transaction; None: not checked
+        self.fence: int | None = None
+        self.fenced: str | None = None  # why writes are refused: another server took the database
         self.path: Path | None = None  # the database file, when it is a local one (SQLite)
         kw: dict[str, Any] = {"future": True}
         if self.is_sqlite:
@@ -492,6 +526,38 @@ class Store:
         with self.lock, self._begin(False) as c:
             if c.execute(update(meta_t).where(meta_t.c.key == key).values(value=value)).rowcount == 0:
                 c.execute(insert(meta_t).values(key=key, value=value))
+
+    # -- the server epoch (a fencing token) ----------------------------------------
+    def take_epoch(self, expect: int | None = None) -> int | None:
+        """Raise the stored server epoch by one (from ``expect`` only, when given; None if it is not that)
+        and make the new one this store's :attr:`fence`.  A server calls it once it holds the database's
+        lock: any write of an earlier holder fails from then on (:class:`Fenced`)."""
+        with self.lock, self.engine.begin() as c:  # not fenced: it moves the fence
+            cur = c.execute(select(epoch_t.c.epoch).where(epoch_t.c.id == 1).with_for_update()).scalar()
+            if expect is not None and cur != expect:
+                return None
+            if cur is None:
+                c.execute(insert(epoch_t).values(id=1, epoch=1))
+            else:
+                c.execute(update(epoch_t).where(epoch_t.c.id == 1).values(epoch=cur + 1))
+        self.fence, self.fenced = (1 if cur is None else cur + 1), None
+        return self.fence
+
+    def stored_epoch(self) -> int | None:
+        """The server epoch in the store (None: no server took it yet)."""
+        with self.lock, self.engine.connect() as c:
+            return c.execute(select(epoch_t.c.epoch).where(epoch_t.c.id == 1)).scalar()
+
+    def check_fence(self, c: Any) -> None:
+        """Raise :class:`Fenced` (and refuse every later write) unless the stored epoch is still :attr:`fence`;
+        on PostgreSQL the epoch's row stays share-locked until ``c``'s transaction ends."""
+        q = select(epoch_t.c.epoch).where(epoch_t.c.id == 1)
+        now = c.execute(q if self.is_sqlite else q.with_for_update(read=True)).scalar()
+        if now != self.fence:
+            self.fenced = (f"another gpuloom server took the database (its server epoch is {now}, this server's "
+                           f"{self.fence}); this server stops, the other one schedules")
+            log.critical("a write is refused: %s", self.fenced)
+            raise Fenced(self.fenced)
 
     # -- jobs -------------------------------------------------------------------
     def _begin(self, durable: bool = True) -> _Tx:
