@@ -151,6 +151,8 @@ class QuotaQueues(QueuePolicy):
     dynamic = False
     #: the admission keeps the borrowing walk's choices (Admission.log) for next_change
     logs_walk = False
+    #: False: every queue's usage is summed from a plan's allocations (tests compare the two ways)
+    incremental = True
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -230,12 +232,68 @@ class QuotaQueues(QueuePolicy):
     def leaves(self, jobs: Sequence[Job]) -> dict[str, int]:
         return {j.id: self.leaf(j) for j in jobs}
 
-    def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
-        """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
-        admission filled it for this tree (it has every active job's leaf), else looked up job by job."""
+    def _book_ready(self, view: View) -> QueueBook | None:
+        """The book, when this round's admission filled it for this tree and it holds every active job of
+        ``view`` (each one's leaf, what each leaf holds now), else None."""
         book = self._book
         if (self._from_book and book is not None and not book.pending and book.follows(view)
                 and book.version is not None and book.version[0] == self.version and book.version[1] is self.tree):
+            return book
+        return None
+
+    def usage_of(self, plan: Plan, view: View) -> list[list[float]]:
+        """:func:`~gpuloom.core.queues.usage` of ``plan``: what the book's leaves hold now, with what ``plan``
+        changes of the current allocations (:meth:`~gpuloom.core.plan.Plan.extending`) taken out and added, in
+        O(changes + queues); when the book is not ready, a group's share (a fraction: sums in another order
+        could round otherwise) is or was held, or the plan does not extend the current allocations, the
+        allocations are summed."""
+        tree = self.tree
+        assert tree is not None
+        out = self._changed_usage(plan, view) if self.incremental else None
+        if out is None:
+            allocs = plan.allocations
+            out = usage(tree, allocs, self.leaf_map(allocs, view))
+        return out
+
+    def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
+        book = self._book_ready(view)
+        base, allocs = plan.base, plan.allocations
+        if (book is None or not book.exact or base is not view.current
+                or len(allocs) != len(base) - len(plan.removed) + len(plan.added)):
+            return None
+        tree = self.tree
+        assert tree is not None
+        where = book.where
+        leaf = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
+        for q, h in book.held.items():
+            leaf[q] = list(h)
+        for ids, held, sign in ((plan.removed, base, -1.0), (plan.added, allocs, 1.0)):
+            for jid in ids:
+                a = held.get(jid)
+                w = where.get(jid)
+                if a is None or w is None or a.group:
+                    return None
+                u = leaf[w[0]]
+                u[0] += sign * a.num_gpus
+                u[1] += sign * a.cpus
+                u[2] += sign * a.mem_mb
+        if all(len(p) == 1 for p in tree.path):
+            return leaf
+        out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
+        for q in tree.leaves:
+            g, c, m = leaf[q]
+            for n in tree.path[q]:
+                u = out[n]
+                u[0] += g
+                u[1] += c
+                u[2] += m
+        return out
+
+    def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
+        """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
+        admission filled it for this tree (it has every active job's leaf), else looked up job by job."""
+        book = self._book_ready(view)
+        if book is not None:
             where = book.where
             try:
                 return {jid: where[jid][0] for jid in ids}
@@ -541,7 +599,7 @@ class QuotaQueues(QueuePolicy):
             return []
         tree = self.tree
         allocs = plan.allocations
-        u = usage(tree, allocs, self.leaf_map(allocs, view))
+        u = self.usage_of(plan, view)
         out = []
         smallest = self._smallest_left_out(plan, view)
         for q in tree.leaves:
@@ -659,13 +717,42 @@ class QuotaQueues(QueuePolicy):
         if self.tree is not None:
             smallest = self._smallest_left_out(plan, view)
             lists = self._lists
+            # with the usage from the book (no group: each job's GPUs are its own), the GPUs free are those
+            # no queue holds
+            u = self._changed_usage(plan, view) if self.incremental else None
+            leaves: Mapping[str, int]
+            free: float | None = None
+            if u is not None:
+                assert self._book is not None
+                leaves = _Leaves(self._book.where)
+                free = view.cluster.num_gpus - sum(u[q][0] for q in self.tree.leaves)
+            else:
+                leaves = self.leaf_map(plan.allocations, view)
             self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
                                          self.guarantees,
                                          None if smallest is None else (lambda q: (j for _, j in lists[q])),
-                                         smallest, self.leaf_map(plan.allocations, view))
+                                         smallest, leaves, u, free)
 
 
 # ---------------------------------------------------------------------------------------------------
+class _Leaves(Mapping[str, int]):
+    """``{job id: its leaf}`` read from the book's ``where`` as asked (not built for every planned job)."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: Mapping[str, tuple[int, bool]]) -> None:
+        self.where = where
+
+    def __getitem__(self, jid: str) -> int:
+        return self.where[jid][0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
 def _without(jobs: Iterable[tuple[int, Job]], ids: Collection[str]) -> Iterator[tuple[int, Job]]:
     """The (rank, job)s of ``jobs`` whose job is not in ``ids``, lazily."""
     return (x for x in jobs if x[1].id not in ids) if ids else iter(jobs)
