@@ -177,6 +177,9 @@ class QuotaQueues(QueuePolicy):
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
+        # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
+        # prefix filled the cluster: a round on its plan would plan it again (see appended)
+        self._settled = False
         self.counters = {"reclaim_passes": 0, "dropped": 0}  # (stats() adds the last admission's tiers)
 
     # -- the tree --------------------------------------------------------------------------------
@@ -354,14 +357,7 @@ class QuotaQueues(QueuePolicy):
                 lists[q] = sorted(lists[q], key=lambda x: -x[1].extra["queue_leaf"][3])
 
         def demand(j: Job) -> Triple:
-            c = j.extra.get("queue_demand")
-            if c is None or c[0] != per_gpu:
-                s = j.spec
-                g = s.gpus
-                c = j.extra["queue_demand"] = (per_gpu, (
-                    float(g), float(s.cpus) if s.cpus is not None else g * per_gpu[0],
-                    float(s.mem_mb) if s.mem_mb is not None else g * per_gpu[1]))
-            return c[1]
+            return _demand(j, per_gpu)
 
         self._lists = lists
         use = [[0.0, 0.0, 0.0] for _ in range(nq)]
@@ -537,6 +533,60 @@ class QuotaQueues(QueuePolicy):
             adm.walk.finish()
         self._remember(adm, view)
         return adm
+
+    def settled(self, done: bool) -> None:
+        """The scheduler's word on the round just planned: ``done`` when it was planned in one pass over a
+        walk read from the book, its prefix filled the cluster, and no reclaim or eviction changed it."""
+        self._settled = done and self._from_book
+
+    def appended(self, jobs: Sequence[Job], view: View) -> bool:
+        """Whether a round of ``view``, where only ``jobs`` (last in FIFO order) were admitted since a
+        settled round (:meth:`settled`) whose plan is the current one, admits them last, each after every
+        job admitted before: then the whole walk is the last one with them at its end, and the round
+        only backfills them (the scheduler then asks :meth:`owed` of that plan, and the tier-A jobs must all
+        be placed, as the whole round's reclaim would).  So: the cross-queue order by rank (``quota``),
+        borrowing, no limit, no surplus tier, no priority, the tree and the walk's tiers as the last round
+        left them (the book's leaves, cached tiers), and no job of ``jobs`` that fits its queue's guarantee
+        beside the jobs it already admits there (it would join the guaranteed tier)."""
+        book, tree = self._book, self.tree
+        if (not self._settled or self._starved or self._owed_before or self._prioritised or not self.borrow
+                or type(self).share_key is not QuotaQueues.share_key or tree is None or tree.limited or tree.surplus
+                or book is None or not book.follows(view) or book.version != (self.version, tree)):
+            return False
+        version = self.version
+        if self._tree(jobs, view) is not tree or self.version != version:
+            return False  # (a new queue name: every job's queue is looked up again)
+        cl = view.cluster
+        per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
+        if self._tier_a_key != (version, tree, False, per_gpu):
+            return False
+        owed = tree.owed
+        for j in jobs:
+            q, prio = self._leaf_and_priority(j)
+            if prio:
+                return False
+            o = owed[q]
+            if not self.guarantees or o[0] < 1 - _EPS:
+                continue  # (no guaranteed tier there)
+            hit = self._tier_a.get(q)
+            if hit is None:
+                return False
+            u, d = hit[3], _demand(j, per_gpu)
+            if u[0] + d[0] <= o[0] + _EPS and u[1] + d[1] <= o[1] + _EPS and u[2] + d[2] <= o[2] + _EPS:
+                return False
+        book.fill((version, tree), self._leaf_and_priority)
+        book.changed.difference_update(self._tier_a)  # (their guaranteed tiers did not change)
+        return True
+
+    def all_guaranteed_placed(self, plan: Plan) -> bool:
+        allocs = plan.allocations
+        return all(j.id in allocs for j in self._last.guaranteed)
+
+    def note_appended(self, placed: Sequence[Job]) -> None:
+        """The round admitted its new jobs last (:meth:`appended`) and placed ``placed`` of them: they are
+        borrowing."""
+        last = self._last
+        self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated)
 
     def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
         """The running jobs ``adm``'s borrowing walk yields, in its order, without reading it: when the walk
@@ -735,6 +785,18 @@ class QuotaQueues(QueuePolicy):
 
 
 # ---------------------------------------------------------------------------------------------------
+def _demand(j: Job, per_gpu: tuple[float, float]) -> Triple:
+    """What ``j`` asks of its queue: its GPUs, its cores and memory (else its GPUs' share of the cluster's)."""
+    c = j.extra.get("queue_demand")
+    if c is None or c[0] != per_gpu:
+        s = j.spec
+        g = s.gpus
+        c = j.extra["queue_demand"] = (per_gpu, (
+            float(g), float(s.cpus) if s.cpus is not None else g * per_gpu[0],
+            float(s.mem_mb) if s.mem_mb is not None else g * per_gpu[1]))
+    return c[1]
+
+
 class _Leaves(Mapping[str, int]):
     """``{job id: its leaf}`` read from the book's ``where`` as asked (not built for every planned job)."""
 
