@@ -236,3 +236,120 @@ def test_running_borrowed_jobs_known_without_the_walk_give_the_walks_plans(seed:
                               config=SimConfig(check=True, restart_overhead=30.0)).run())
     assert runs[0].jobs == runs[1].jobs == runs[2].jobs and runs[0].series == runs[1].series == runs[2].series
     assert sum(known) >= 5  # (the book's list was used, in that many two-pass rounds)
+
+
+@pytest.mark.parametrize("tree", [FIVE, ORGS], ids=["flat", "orgs"])
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(policy: str, tree: QueueTree) -> None:
+    # the stage keeps what each leaf holds now as the driver changes allocations (QueueBook.held) and works out a
+    # plan's usage from the changes the plan makes (QuotaQueues.usage_of); every time it does, that must be what
+    # summing the plan's allocations gives, to the bit, and the run must be the same as summing every time
+    from gpuloom.core.queues import usage
+
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    runs, kept = [], []
+    for incremental in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": tree})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.incremental = incremental
+        if incremental:
+            changed = stage._changed_usage
+
+            def compared(plan: Plan, view: pb.View, stage: QuotaQueues = stage, changed=changed) -> list | None:  # noqa: ANN001
+                out = changed(plan, view)
+                if out is not None:
+                    assert stage.tree is not None
+                    allocs = plan.allocations
+                    assert out == usage(stage.tree, allocs, stage.leaf_map(allocs, view))
+                    kept.append(len(plan.added) + len(plan.removed))
+                return out
+
+            stage._changed_usage = compared  # type: ignore[method-assign]
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert len(kept) > 100 and sum(kept) > 100  # (the kept sums were used, on plans that changed something)
+
+
+def test_the_queue_book_holds_each_leafs_allocations_and_gives_up_on_a_groups_fractions() -> None:
+    from gpuloom.policies.queue_book import QueueBook
+
+    book = QueueBook()
+    a, b, c = (Job(JobSpec(n, 0.0, g, 100.0)) for n, g in (("a", 2), ("b", 1), ("c", 1)))
+    for j in (a, b, c):
+        book.on_admit(j)
+    book.fill(1, lambda j: ({"a": 0, "b": 0, "c": 1}[j.id], False))
+    two = Allocation("a", (Part(0, (0, 1), 4, 1000),))
+    one = Allocation("b", (Part(0, (2,), 2, 500),))
+    book.on_hold(a, None, two)
+    book.on_hold(b, None, one)
+    assert book.held == {0: [3.0, 6.0, 1500.0]} and book.exact
+    book.on_hold(a, two, None)
+    assert book.held == {0: [1.0, 2.0, 500.0]} and book.idle == {0: {2: 1}, 1: {1: 1}}
+    # c shares b's GPU: each counts half of it, a fraction whose sums depend on their order
+    book.on_hold(c, None, Allocation("c", (Part(0, (2,), 2, 500),), ("b",)))
+    assert book.held[1] == [0.5, 2.0, 500.0] and not book.exact
+
+
+def _appended_counted(sched: Scheduler, hits: list[bool]) -> None:
+    fast = sched._queued_appended
+
+    def counted(view: pb.View) -> object:
+        out = fast(view)
+        hits.append(out is not None)
+        return out
+
+    sched._queued_appended = counted  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("seed", [2, 5])
+def test_a_queue_round_that_only_backfills_its_new_jobs_gives_the_whole_rounds_plans(seed: int) -> None:
+    # after a settled quota round (one pass, prefix filling the cluster, no reclaim) a round where jobs only
+    # arrived backfills them on what is free (Scheduler._queued_appended), unless one of them joins its queue's
+    # guaranteed tier, is owed GPUs, or borrows while a guaranteed job waits.  The same run planning every such
+    # round whole must give the same jobs, bit for bit
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
+             for k, s in enumerate(generate(400, 60.0, seed, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    runs, hits = [], []
+    for fast in (True, False):
+        sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
+        sched.append_queues = fast
+        if fast:
+            _appended_counted(sched, hits)
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert sum(hits) >= 20 and not all(hits)  # (taken that often, and refused at times)
+    assert sum(j.preemptions for j in runs[0].jobs) > 20  # (reclaim happened)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: str, data_dir) -> None:  # noqa: ANN001
+    # Philly's jobs 10,000 to 11,000 by arrival (a busy stretch) on 8 x 8 GPUs, its virtual clusters as queues by
+    # demand, checks on.  With rounds skipped, usage kept from the driver's changes, the walk read as placement
+    # needs and rounds that only backfill new jobs; against every round computed; and against rounds summed,
+    # walked whole and planned whole: the same jobs and series, bit for bit
+    from gpuloom.sim.quotas import demand_quotas
+    from gpuloom.sim.traces import load_trace
+
+    specs = sorted(load_trace(data_dir / "sia" / "philly_jobs.csv", "philly"), key=lambda s: s.arrival)[10_000:11_000]
+    cl = Cluster.homogeneous(8, 8)
+    tree = demand_quotas(specs, cl.num_gpus)
+    runs, hits = [], []
+    for fast, skip in ((True, True), (True, False), (False, True)):
+        sched = Scheduler.from_names(queue=policy, params={"queues": tree})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        sched.walk_queues = sched.append_queues = stage.incremental = fast
+        if fast and skip:
+            _appended_counted(sched, hits)
+        cfg = SimConfig(round_len=300.0, restart_overhead=10.0, check=True, skip_rounds=skip)
+        runs.append(Simulator(cl, specs, sched, config=cfg).run())
+    first = runs[0]
+    assert all(r.jobs == first.jobs and r.series == first.series for r in runs[1:])
+    assert first.rounds_computed < runs[1].rounds_computed and sum(j.preemptions for j in first.jobs) > 20
+    if policy == "quota":
+        assert sum(hits) >= 20

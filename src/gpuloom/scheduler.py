@@ -65,7 +65,7 @@ from .policies.backfill import Backfill
 from .policies.check import route_params
 from .policies.fastpath import FastPaths
 from .policies.free import FreeState
-from .policies.incremental import TailWalk, prefix_plan
+from .policies.incremental import TailWalk, appended_plan, prefix_plan
 from .policies.queue_base import Admission, Owed, QueuePolicy
 
 PlanHook = pb.PlanHook
@@ -150,6 +150,7 @@ class Scheduler:
         self._whole = False  # the last round's prefix left GPUs free: it was planned on the whole queue
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
+        self.append_queues = True  # False: a queue round never only backfills its new jobs (tests compare)
 
     @classmethod
     def from_names(
@@ -292,8 +293,13 @@ class Scheduler:
         ordered: Sequence[Job] | None = None
         every_asked = False  # every job past the requests would be asked for its spec's GPUs
         if self.queue.enabled:
+            lazy = not reasons and self._queue_walk_ok(view)
+            if lazy and view.appended is not None and self.append_queues:
+                fast = self._queued_appended(view)
+                if fast is not None:
+                    return fast
             ordered = self.order.order(view.jobs, view)
-            rnd = self._queued(ordered, view, not reasons and self._queue_walk_ok(view))
+            rnd = self._queued(ordered, view, lazy)
             if self.final_hooks:
                 rnd = self._hooked(rnd, view, self.final_hooks)
         else:
@@ -405,12 +411,13 @@ class Scheduler:
         strict = not self.place.backfill
         adm = q.admit(ordered, view, strict, lazy=lazy)
         rnd = self._admitted_round(adm, view, lazy)
+        one_pass = rnd
         # GPUs left free while the walk was cut short: plan again on everything.  (A lazy walk not read to its
         # end does not know whether it was: walking again costs no more than reading on, and when it was not,
         # gives the same plan)
         if _free_gpus(rnd.plan, view) > 0 and (adm.truncated or (adm.walk is not None and adm.walk.more is not None)):
             adm = q.admit(ordered, view, strict, full=True, lazy=lazy)
-            rnd = self._admitted_round(adm, view, lazy)
+            rnd = one_pass = self._admitted_round(adm, view, lazy)
         # (the borrowing jobs placed are among those the walk read)
         if adm.over and any(j.id in rnd.plan.allocations for j in adm.over):
             if _left_out_while_lent(adm, rnd.plan):
@@ -432,7 +439,33 @@ class Scheduler:
         elif self.hooks:
             q.owed_again(())  # nothing borrowed: nothing owed this round (two rounds running means in a row)
         plan = q.enforce(rnd.plan, view)
-        return rnd if plan is rnd.plan else Round(plan, rnd.requests)
+        # one pass whose prefix filled the cluster (_walked), kept as it was: a round on its plan plans it again,
+        # so the next may only backfill the jobs admitted meanwhile (_queued_appended)
+        settled = rnd is one_pass and plan is rnd.plan and rnd.full
+        q.settled(settled)
+        rnd = rnd if plan is rnd.plan else Round(plan, rnd.requests)
+        rnd.full = settled
+        return rnd
+
+    def _queued_appended(self, view: pb.View) -> Round | None:
+        """The round when only ``view.appended`` jobs were admitted since a settled queue round
+        (:meth:`_queued`) and the queue stage admits them after every other
+        (:meth:`~gpuloom.policies.queue_base.QueuePolicy.appended`): the whole walk would redo the last
+        round's steps on the plan it left and then backfill the new jobs, as without queues
+        (:func:`~gpuloom.policies.incremental.appended_plan`).  That round would also reclaim for a queue
+        owed GPUs, or in two passes for a guaranteed job left out while the new jobs borrow: None then
+        (the whole round is planned)."""
+        q, appended = self.queue, view.appended or ()
+        if not q.appended(appended, view):
+            return None
+        size = self.size
+        plan, requests = appended_plan(appended, lambda j: size.request(j, view), self.place, view)
+        placed = [j for j in appended if j.id in plan.allocations]
+        if q.owed(plan, view) or (placed and not q.all_guaranteed_placed(plan)):
+            q.settled(False)
+            return None
+        q.note_appended(placed)
+        return Round(plan, requests, full=True)
 
     def _admitted_round(self, adm: Admission, view: pb.View, lazy: bool) -> Round:
         """The plan of what the queue stage admitted: through :func:`~gpuloom.policies.incremental.prefix_plan`
@@ -628,7 +661,7 @@ class Scheduler:
         if out is None:
             return self._plan(list(ordered), view)
         plan, end, tail = out
-        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + tail.requests())
+        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + tail.requests(), full=True)
 
     def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job], every_asked: bool = False) -> dict[str, str]:
         """Why each active job the plan leaves out waits (see the module notes); ``every_asked``: the

@@ -108,5 +108,21 @@ class QueuePolicy(Stage):
         """Raise :class:`~gpuloom.core.plan.PlanError` where the plan breaks a queue invariant."""
         return None
 
+    def settled(self, done: bool) -> None:
+        """The scheduler's word on the round just planned (``done``: one pass over the walk, the prefix filled
+        the cluster, nothing reclaimed or evicted)."""
+
+    def appended(self, jobs: Sequence[Job], view: View) -> bool:
+        """Whether the round of ``view``, where only ``jobs`` were admitted since a settled round, admits
+        them after every job admitted before (the round then only backfills them)."""
+        return False
+
+    def all_guaranteed_placed(self, plan: Plan) -> bool:
+        """Every job the last admission called guaranteed is in ``plan``."""
+        return True
+
+    def note_appended(self, placed: Sequence[Job]) -> None:
+        """The round only backfilled its new jobs (:meth:`appended`); ``placed`` of them got GPUs."""
+
     def note_reclaim(self) -> None:
         """The scheduler planned again in two passes to reclaim lent GPUs."""

@@ -35,7 +35,7 @@ class QueueBook:
     notes), and how many of them have a priority (``prioritised``)."""
 
     __slots__ = ("tally", "size", "seq", "pending", "leaves", "where", "prioritised", "version", "changed", "idle",
-                 "sizes")
+                 "sizes", "held", "exact")
 
     def __init__(self, tally: Tally | None = None) -> None:
         self.tally = tally  # the driver followed (its tally identifies its views)
@@ -49,6 +49,11 @@ class QueueBook:
         self.changed: set[int] = set()  # leaves whose jobs changed since the reader last cleared this
         self.idle: dict[int, dict[int, int]] = {}  # leaf -> {GPUs asked: its waiting jobs asking that many}
         self.sizes: dict[int, dict[int, int]] = {}  # leaf -> {GPUs asked: its jobs asking that many}
+        #: leaf -> [GPUs, cores, MB] its filled jobs hold now (each job's share, as usage() counts it)
+        self.held: dict[int, list[float]] = {}
+        #: no job of a group was ever held since the leaves were filled: every share summed in ``held`` is a
+        #: whole number, so the sums are exact in any order (a group's share is a fraction)
+        self.exact = True
 
     # the driver's changes (a Listener) ---------------------------------------------------------
     def on_admit(self, job: Job) -> None:
@@ -57,10 +62,24 @@ class QueueBook:
         self.size += 1
 
     def on_hold(self, job: Job, old: Any, new: Any) -> None:
-        if (old is None) != (new is None):
-            w = self.where.get(job.id)
-            if w is not None:
-                self._count(w[0], job.spec.gpus, 1 if new is None else -1)
+        w = self.where.get(job.id)
+        if (old is None) != (new is None) and w is not None:
+            self._count(w[0], job.spec.gpus, 1 if new is None else -1)
+        if w is not None:
+            if old is not None:
+                self._hold(w[0], old, -1)
+            if new is not None:
+                self._hold(w[0], new, 1)
+
+    def _hold(self, q: int, a: Any, sign: int) -> None:
+        if a.group:
+            self.exact = False
+        u = self.held.get(q)
+        if u is None:
+            u = self.held[q] = [0.0, 0.0, 0.0]
+        u[0] += sign * (a.num_gpus / (1 + len(a.group)))
+        u[1] += sign * float(a.cpus)
+        u[2] += sign * float(a.mem_mb)
 
     def _count(self, q: int, gpus: int, sign: int, into: dict[int, dict[int, int]] | None = None) -> None:
         into = self.idle if into is None else into
@@ -104,7 +123,7 @@ class QueueBook:
             every = sorted([*self.pending.values(), *(x for d in self.leaves.values() for x in d.values())],
                            key=lambda x: x[0])
             self.leaves, self.where, self.prioritised, self.version = {}, {}, {}, version
-            self.idle, self.sizes = {}, {}
+            self.idle, self.sizes, self.held, self.exact = {}, {}, {}, True
         else:
             every = list(self.pending.values())
         self.pending = {}
@@ -121,6 +140,8 @@ class QueueBook:
             self._count(q, j.spec.gpus, 1, self.sizes)
             if j.alloc is None:
                 self._count(q, j.spec.gpus, 1)
+            else:
+                self._hold(q, j.alloc, 1)
             if prio:
                 prioritised[q] = prioritised.get(q, 0) + 1
         return leaves

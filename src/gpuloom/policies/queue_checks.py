@@ -42,15 +42,20 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
                  place: PlacePolicy, leaf_of: Callable[[Job], int], guarantees: bool = True,
                  jobs_of: Callable[[int], Iterable[Job]] | None = None,
                  smallest: Callable[[int], float] | None = None,
-                 leaves: Mapping[str, int] | None = None) -> set[int]:
+                 leaves: Mapping[str, int] | None = None, used: list[list[float]] | None = None,
+                 free: float | None = None) -> set[int]:
     """Check ``plan`` (module notes); returns the queues starved this round (to pass in next round).
     ``jobs_of(q)``: leaf ``q``'s active jobs, and ``smallest(q)``: the fewest GPUs one of its waiting jobs
     asks for, when the caller keeps them (else ``view.jobs`` is read); ``leaves``: each planned job's leaf,
-    when the caller knows them (else ``leaf_of`` is asked)."""
+    when the caller knows them (else ``leaf_of`` is asked); ``used``: what each queue holds in ``plan``
+    (:func:`~gpuloom.core.queues.usage`), and ``free``: the GPUs it leaves free, when the caller knows them."""
     allocs = plan.allocations
-    by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-    leaf = leaves if leaves is not None else {jid: leaf_of(by_id[jid]) for jid in allocs}
-    u = usage(tree, allocs, leaf)
+    if leaves is not None:
+        leaf = leaves
+    else:
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        leaf = {jid: leaf_of(by_id[jid]) for jid in allocs}
+    u = used if used is not None else usage(tree, allocs, leaf)
     for n in range(len(tree)):
         if above(u[n], tree.limit[n]):
             raise PlanError(f"queue {tree.queues[n].name!r} holds {_show(u[n])}, over its limit "
@@ -71,10 +76,12 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
     total_lent = sum(lent.values())
     starved: set[int] = set()
     if total_lent > 0:
-        # GPUs held: a group's once
-        shared = {a.gpu_ids for a in allocs.values() if a.group}
-        free_gpus = (view.cluster.num_gpus - sum(a.num_gpus for a in allocs.values() if not a.group)
-                     - sum(len(g) for g in shared))
+        if free is not None:
+            free_gpus: float = free
+        else:  # GPUs held: a group's once
+            shared = {a.gpu_ids for a in allocs.values() if a.group}
+            free_gpus = (view.cluster.num_gpus - sum(a.num_gpus for a in allocs.values() if not a.group)
+                         - sum(len(g) for g in shared))
         if jobs_of is None:
             waiting: dict[int, list[Job]] = {}
             for j in view.jobs:

@@ -151,6 +151,8 @@ class QuotaQueues(QueuePolicy):
     dynamic = False
     #: the admission keeps the borrowing walk's choices (Admission.log) for next_change
     logs_walk = False
+    #: False: every queue's usage is summed from a plan's allocations (tests compare the two ways)
+    incremental = True
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -175,6 +177,9 @@ class QuotaQueues(QueuePolicy):
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
+        # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
+        # prefix filled the cluster: a round on its plan would plan it again (see appended)
+        self._settled = False
         self.counters = {"reclaim_passes": 0, "dropped": 0}  # (stats() adds the last admission's tiers)
 
     # -- the tree --------------------------------------------------------------------------------
@@ -230,12 +235,68 @@ class QuotaQueues(QueuePolicy):
     def leaves(self, jobs: Sequence[Job]) -> dict[str, int]:
         return {j.id: self.leaf(j) for j in jobs}
 
-    def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
-        """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
-        admission filled it for this tree (it has every active job's leaf), else looked up job by job."""
+    def _book_ready(self, view: View) -> QueueBook | None:
+        """The book, when this round's admission filled it for this tree and it holds every active job of
+        ``view`` (each one's leaf, what each leaf holds now), else None."""
         book = self._book
         if (self._from_book and book is not None and not book.pending and book.follows(view)
                 and book.version is not None and book.version[0] == self.version and book.version[1] is self.tree):
+            return book
+        return None
+
+    def usage_of(self, plan: Plan, view: View) -> list[list[float]]:
+        """:func:`~gpuloom.core.queues.usage` of ``plan``: what the book's leaves hold now, with what ``plan``
+        changes of the current allocations (:meth:`~gpuloom.core.plan.Plan.extending`) taken out and added, in
+        O(changes + queues); when the book is not ready, a group's share (a fraction: sums in another order
+        could round otherwise) is or was held, or the plan does not extend the current allocations, the
+        allocations are summed."""
+        tree = self.tree
+        assert tree is not None
+        out = self._changed_usage(plan, view) if self.incremental else None
+        if out is None:
+            allocs = plan.allocations
+            out = usage(tree, allocs, self.leaf_map(allocs, view))
+        return out
+
+    def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
+        book = self._book_ready(view)
+        base, allocs = plan.base, plan.allocations
+        if (book is None or not book.exact or base is not view.current
+                or len(allocs) != len(base) - len(plan.removed) + len(plan.added)):
+            return None
+        tree = self.tree
+        assert tree is not None
+        where = book.where
+        leaf = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
+        for q, h in book.held.items():
+            leaf[q] = list(h)
+        for ids, held, sign in ((plan.removed, base, -1.0), (plan.added, allocs, 1.0)):
+            for jid in ids:
+                a = held.get(jid)
+                w = where.get(jid)
+                if a is None or w is None or a.group:
+                    return None
+                u = leaf[w[0]]
+                u[0] += sign * a.num_gpus
+                u[1] += sign * a.cpus
+                u[2] += sign * a.mem_mb
+        if all(len(p) == 1 for p in tree.path):
+            return leaf
+        out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
+        for q in tree.leaves:
+            g, c, m = leaf[q]
+            for n in tree.path[q]:
+                u = out[n]
+                u[0] += g
+                u[1] += c
+                u[2] += m
+        return out
+
+    def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
+        """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
+        admission filled it for this tree (it has every active job's leaf), else looked up job by job."""
+        book = self._book_ready(view)
+        if book is not None:
             where = book.where
             try:
                 return {jid: where[jid][0] for jid in ids}
@@ -296,14 +357,7 @@ class QuotaQueues(QueuePolicy):
                 lists[q] = sorted(lists[q], key=lambda x: -x[1].extra["queue_leaf"][3])
 
         def demand(j: Job) -> Triple:
-            c = j.extra.get("queue_demand")
-            if c is None or c[0] != per_gpu:
-                s = j.spec
-                g = s.gpus
-                c = j.extra["queue_demand"] = (per_gpu, (
-                    float(g), float(s.cpus) if s.cpus is not None else g * per_gpu[0],
-                    float(s.mem_mb) if s.mem_mb is not None else g * per_gpu[1]))
-            return c[1]
+            return _demand(j, per_gpu)
 
         self._lists = lists
         use = [[0.0, 0.0, 0.0] for _ in range(nq)]
@@ -480,6 +534,60 @@ class QuotaQueues(QueuePolicy):
         self._remember(adm, view)
         return adm
 
+    def settled(self, done: bool) -> None:
+        """The scheduler's word on the round just planned: ``done`` when it was planned in one pass over a
+        walk read from the book, its prefix filled the cluster, and no reclaim or eviction changed it."""
+        self._settled = done and self._from_book
+
+    def appended(self, jobs: Sequence[Job], view: View) -> bool:
+        """Whether a round of ``view``, where only ``jobs`` (last in FIFO order) were admitted since a
+        settled round (:meth:`settled`) whose plan is the current one, admits them last, each after every
+        job admitted before: then the whole walk is the last one with them at its end, and the round
+        only backfills them (the scheduler then asks :meth:`owed` of that plan, and the tier-A jobs must all
+        be placed, as the whole round's reclaim would).  So: the cross-queue order by rank (``quota``),
+        borrowing, no limit, no surplus tier, no priority, the tree and the walk's tiers as the last round
+        left them (the book's leaves, cached tiers), and no job of ``jobs`` that fits its queue's guarantee
+        beside the jobs it already admits there (it would join the guaranteed tier)."""
+        book, tree = self._book, self.tree
+        if (not self._settled or self._starved or self._owed_before or self._prioritised or not self.borrow
+                or type(self).share_key is not QuotaQueues.share_key or tree is None or tree.limited or tree.surplus
+                or book is None or not book.follows(view) or book.version != (self.version, tree)):
+            return False
+        version = self.version
+        if self._tree(jobs, view) is not tree or self.version != version:
+            return False  # (a new queue name: every job's queue is looked up again)
+        cl = view.cluster
+        per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
+        if self._tier_a_key != (version, tree, False, per_gpu):
+            return False
+        owed = tree.owed
+        for j in jobs:
+            q, prio = self._leaf_and_priority(j)
+            if prio:
+                return False
+            o = owed[q]
+            if not self.guarantees or o[0] < 1 - _EPS:
+                continue  # (no guaranteed tier there)
+            hit = self._tier_a.get(q)
+            if hit is None:
+                return False
+            u, d = hit[3], _demand(j, per_gpu)
+            if u[0] + d[0] <= o[0] + _EPS and u[1] + d[1] <= o[1] + _EPS and u[2] + d[2] <= o[2] + _EPS:
+                return False
+        book.fill((version, tree), self._leaf_and_priority)
+        book.changed.difference_update(self._tier_a)  # (their guaranteed tiers did not change)
+        return True
+
+    def all_guaranteed_placed(self, plan: Plan) -> bool:
+        allocs = plan.allocations
+        return all(j.id in allocs for j in self._last.guaranteed)
+
+    def note_appended(self, placed: Sequence[Job]) -> None:
+        """The round admitted its new jobs last (:meth:`appended`) and placed ``placed`` of them: they are
+        borrowing."""
+        last = self._last
+        self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated)
+
     def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
         """The running jobs ``adm``'s borrowing walk yields, in its order, without reading it: when the walk
         is the book's untaken jobs merged by rank and read to the end (``admit(full=True)`` with no limit,
@@ -541,7 +649,7 @@ class QuotaQueues(QueuePolicy):
             return []
         tree = self.tree
         allocs = plan.allocations
-        u = usage(tree, allocs, self.leaf_map(allocs, view))
+        u = self.usage_of(plan, view)
         out = []
         smallest = self._smallest_left_out(plan, view)
         for q in tree.leaves:
@@ -659,13 +767,54 @@ class QuotaQueues(QueuePolicy):
         if self.tree is not None:
             smallest = self._smallest_left_out(plan, view)
             lists = self._lists
+            # with the usage from the book (no group: each job's GPUs are its own), the GPUs free are those
+            # no queue holds
+            u = self._changed_usage(plan, view) if self.incremental else None
+            leaves: Mapping[str, int]
+            free: float | None = None
+            if u is not None:
+                assert self._book is not None
+                leaves = _Leaves(self._book.where)
+                free = view.cluster.num_gpus - sum(u[q][0] for q in self.tree.leaves)
+            else:
+                leaves = self.leaf_map(plan.allocations, view)
             self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
                                          self.guarantees,
                                          None if smallest is None else (lambda q: (j for _, j in lists[q])),
-                                         smallest, self.leaf_map(plan.allocations, view))
+                                         smallest, leaves, u, free)
 
 
 # ---------------------------------------------------------------------------------------------------
+def _demand(j: Job, per_gpu: tuple[float, float]) -> Triple:
+    """What ``j`` asks of its queue: its GPUs, its cores and memory (else its GPUs' share of the cluster's)."""
+    c = j.extra.get("queue_demand")
+    if c is None or c[0] != per_gpu:
+        s = j.spec
+        g = s.gpus
+        c = j.extra["queue_demand"] = (per_gpu, (
+            float(g), float(s.cpus) if s.cpus is not None else g * per_gpu[0],
+            float(s.mem_mb) if s.mem_mb is not None else g * per_gpu[1]))
+    return c[1]
+
+
+class _Leaves(Mapping[str, int]):
+    """``{job id: its leaf}`` read from the book's ``where`` as asked (not built for every planned job)."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: Mapping[str, tuple[int, bool]]) -> None:
+        self.where = where
+
+    def __getitem__(self, jid: str) -> int:
+        return self.where[jid][0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
 def _without(jobs: Iterable[tuple[int, Job]], ids: Collection[str]) -> Iterator[tuple[int, Job]]:
     """The (rank, job)s of ``jobs`` whose job is not in ``ids``, lazily."""
     return (x for x in jobs if x[1].id not in ids) if ids else iter(jobs)

@@ -184,8 +184,8 @@ class QueueRecorder:
             "names": list(self.names),
             "queues": info,
             "t": list(self.t),
-            "held": [r + [0.0] * (n - len(r)) for r in self.held],
-            "deficit": [r + [0.0] * (n - len(r)) for r in self.deficit],
+            "held": [r if len(r) == n else r + [0.0] * (n - len(r)) for r in self.held],
+            "deficit": [r if len(r) == n else r + [0.0] * (n - len(r)) for r in self.deficit],
             "limit_violations": dict(self.limit_violations),
             "job_queue": job_queue,
         }
