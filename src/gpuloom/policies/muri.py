@@ -47,7 +47,9 @@ Speed: edge weights come from :func:`~gpuloom.perf.interleave.cycle_times`,
 batched in numpy over the *distinct* profile combinations of a bucket (a trace
 has a few dozen model × GPU-count profiles), then gathered for every node pair:
 by plain loops in the usual bucket of about ten nodes (numpy's per-call cost
-would be most of a round), with numpy past ``_NUMPY_NODES``.  A matching
+would be most of a round), with numpy past ``_NUMPY_NODES`` (the graph then
+built from the weight matrix in one call, the same edges in the same order).
+Each bucket keeps its nodes' profile keys through its merges.  A matching
 depends on its nodes' profiles and current groups alone, so a round met in one
 of the last ``_MATCHINGS_KEPT`` (a bucket unchanged since an earlier round)
 gets its pairs again instead of new weights and a new Blossom run.  The
@@ -82,6 +84,7 @@ _MATCHINGS_KEPT = 64
 #: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
 #: a merge candidate's cost, then rank
 _first = itemgetter(0)
+
 _rank = itemgetter(0, 1)
 #: grouping rules: ``gpuloom`` (the module notes) or ``muri``, Muri's simulator's: an edge wherever the
 #: merged group's efficiency is positive, no tie-breaking bonus, pairs merged in bucket order (buckets by
@@ -103,6 +106,22 @@ def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tupl
     return sorted((a, b) if a < b else (b, a) for a, b in m)
 
 
+def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
+    """:func:`max_weight_pairs` for a symmetric ``n x n`` matrix of integral weights (0: no edge,
+    diagonal ignored): the same graph, edges in the same (row-major, ``a < b``) order, so the same
+    matching, built in one call instead of from a list of Python tuples."""
+    n = len(weights)
+    if n < 2:
+        return []
+    w = np.array(weights, dtype=np.float64)
+    np.fill_diagonal(w, 0.0)
+    g = rx.PyGraph.from_adjacency_matrix(w, 0.0)
+    if g.num_edges() == 0:
+        return []
+    m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
+    return sorted((a, b) if a < b else (b, a) for a, b in m)
+
+
 def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
     first = lab[node[0]]
     if first < 0:
@@ -116,7 +135,7 @@ def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
 class _BucketState:
     """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
 
-    __slots__ = ("gpus", "members", "profiles", "labels", "nodes")
+    __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen")
 
     def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
         self.gpus = gpus
@@ -125,16 +144,24 @@ class _BucketState:
         ids: dict[str, int] = {}
         self.labels = [-1 if c is None else ids.setdefault(c, len(ids)) for c in current]
         self.nodes: list[list[int]] = [[i] for i in range(len(members))]
+        # each node's sorted profiles and their id in the policy's key table (of generation gen),
+        # kept along with the nodes rather than rebuilt at every matching round
+        self.keys: list[tuple[Profile, ...]] = [(p,) for p in profiles]
+        self.gids: list[int] = []
+        self.gen = -1
 
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         used = [False] * len(self.nodes)
-        merged: list[list[int]] = []
+        nodes, keys = self.nodes, self.keys
+        merged: list[tuple[list[int], tuple[Profile, ...]]] = []
         for a, c in pairs:
-            merged.append(sorted(self.nodes[a] + self.nodes[c]))
+            merged.append((sorted(nodes[a] + nodes[c]), tuple(sorted(keys[a] + keys[c]))))
             used[a] = used[c] = True
-        merged.extend(nd for i, nd in enumerate(self.nodes) if not used[i])
-        merged.sort(key=_first)
-        self.nodes = merged
+        merged.extend((nd, keys[i]) for i, nd in enumerate(nodes) if not used[i])
+        merged.sort()  # by first member: nodes are disjoint, so the keys are never compared
+        self.nodes = [m[0] for m in merged]
+        self.keys = [m[1] for m in merged]
+        self.gids = []
 
 
 @register("group", "muri")
@@ -161,6 +188,7 @@ class MuriGrouping(GroupPolicy):
         self._key_ids: dict[tuple[Profile, ...], int] = {}
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
+        self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
         # the last matching rounds: (max_group, node key ids, node labels) -> matched (a, b, weight)
         self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int], ...]] = OrderedDict()
 
@@ -205,7 +233,7 @@ class MuriGrouping(GroupPolicy):
         while self.pack_all or required > capacity:
             cands: list[tuple[int, int, int, _BucketState, int, int]] = []
             for bs in states:
-                for a, c, w in self.match_round(bs.profiles, bs.nodes, cap_group, factor, bs.labels):
+                for a, c, w in self._match_bucket(bs, cap_group, factor):
                     x, y = bs.nodes[a][0], bs.nodes[c][0]
                     best = x if x < y else y
                     # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
@@ -267,6 +295,23 @@ class MuriGrouping(GroupPolicy):
         keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
         ids = self._key_ids
         gid = [ids.setdefault(kk, len(ids)) for kk in keys]
+        return self._match_keys(keys, gid, nodes, max_group, factor, labels)
+
+    def _match_bucket(self, bs: _BucketState, max_group: int, factor: InterleaveFactor) -> list[tuple[int, int, int]]:
+        """:meth:`match_round` over a bucket's nodes, with the keys the bucket keeps."""
+        nodes = bs.nodes
+        if len(nodes) < 2 or min(len(nd) for nd in nodes) * 2 > max_group:
+            return []
+        self._check_cache(factor)
+        if bs.gen != self._gen or not bs.gids:
+            ids = self._key_ids
+            bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
+            bs.gen = self._gen
+        return self._match_keys(bs.keys, bs.gids, nodes, max_group, factor, bs.labels)
+
+    def _match_keys(self, keys: list[tuple[Profile, ...]], gid: list[int], nodes: list[list[int]], max_group: int,
+                    factor: InterleaveFactor, labels: Sequence[int] | None) -> list[tuple[int, int, int]]:
+        """:meth:`match_round` once the nodes' keys and their ids are known."""
         nl = None
         if labels is not None and any(x >= 0 for x in labels):
             nl = [_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)]
@@ -299,31 +344,33 @@ class MuriGrouping(GroupPolicy):
         # the edges of positive weight, in (a, c) order, a < c: plain loops over a few nodes (a
         # bucket in a round holds about ten: numpy's per-call overhead would be most of the work),
         # numpy past _NUMPY_NODES
-        edges: list[tuple[int, int, int]] = []
         if n > _NUMPY_NODES:
-            iu, ju = np.triu_indices(n, 1)
-            ka = np.array(kid, dtype=np.int64)
-            ww = np.array(W, dtype=np.int64).reshape(len(W), len(W))[ka[iu], ka[ju]]
+            ka = np.array(kid, dtype=np.intp)
+            ww = np.array(W, dtype=np.int64)[ka[:, None], ka[None, :]]
             if nl is not None:
                 na = np.array(nl, dtype=np.int64)
-                ww = ww + STICKY_BONUS * ((na[iu] == na[ju]) & (ww > 0))
-            sel = np.flatnonzero(ww > 0)
-            edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
-        else:
-            for a in range(n - 1):
-                row = W[kid[a]]
-                la = -1 if nl is None else nl[a]
-                for c in range(a + 1, n):
-                    w = row[kid[c]]
-                    if w > 0:
-                        if nl is not None and nl[c] == la:
-                            w += STICKY_BONUS
-                        edges.append((a, c, w))
+                ww += STICKY_BONUS * ((na[:, None] == na[None, :]) & (ww > 0))
+            np.fill_diagonal(ww, 0)
+            if not ww.any():
+                return []
+            return [(a, c, int(ww[a, c])) for a, c in max_weight_pairs_dense(ww)]
+        edges: list[tuple[int, int, int]] = []
+        for a in range(n - 1):
+            row = W[kid[a]]
+            la = -1 if nl is None else nl[a]
+            for c in range(a + 1, n):
+                w = row[kid[c]]
+                if w > 0:
+                    if nl is not None and nl[c] == la:
+                        w += STICKY_BONUS
+                    edges.append((a, c, w))
         if not edges:
             return []
-        pairs = max_weight_pairs(n, edges)
-        wmap = {(a, c): w for a, c, w in edges}
-        return [(a, c, wmap[(a, c)]) for a, c in pairs]
+        out = []
+        for a, c in max_weight_pairs(n, edges):
+            w = W[kid[a]][kid[c]]
+            out.append((a, c, w + STICKY_BONUS if nl is not None and nl[a] == nl[c] else w))
+        return out
 
     # -- helpers ------------------------------------------------------------------
     def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor) -> bool:
@@ -341,6 +388,7 @@ class MuriGrouping(GroupPolicy):
             self._tcache.clear()
             self._key_ids.clear()
             self._rounds.clear()
+            self._gen += 1
 
     def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
         t = self._tcache.get(key)
