@@ -114,7 +114,7 @@ def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
     if n < 2:
         return []
     w = np.array(weights, dtype=np.float64)
-    np.fill_diagonal(w, 0.0)
+    w.flat[:: n + 1] = 0.0
     g = rx.PyGraph.from_adjacency_matrix(w, 0.0)
     if g.num_edges() == 0:
         return []
@@ -135,7 +135,7 @@ def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
 class _BucketState:
     """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
 
-    __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen")
+    __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen", "common", "any_label")
 
     def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
         self.gpus = gpus
@@ -149,18 +149,24 @@ class _BucketState:
         self.keys: list[tuple[Profile, ...]] = [(p,) for p in profiles]
         self.gids: list[int] = []
         self.gen = -1
+        # each node's members' common label (-1: none), and whether any member has a label
+        self.common: list[int] = list(self.labels)
+        self.any_label = any(x >= 0 for x in self.labels)
 
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         used = [False] * len(self.nodes)
-        nodes, keys = self.nodes, self.keys
-        merged: list[tuple[list[int], tuple[Profile, ...]]] = []
+        nodes, keys, common = self.nodes, self.keys, self.common
+        merged: list[tuple[list[int], tuple[Profile, ...], int]] = []
         for a, c in pairs:
-            merged.append((sorted(nodes[a] + nodes[c]), tuple(sorted(keys[a] + keys[c]))))
+            la = common[a]
+            merged.append((sorted(nodes[a] + nodes[c]), tuple(sorted(keys[a] + keys[c])),
+                           la if la == common[c] else -1))
             used[a] = used[c] = True
-        merged.extend((nd, keys[i]) for i, nd in enumerate(nodes) if not used[i])
-        merged.sort()  # by first member: nodes are disjoint, so the keys are never compared
+        merged.extend((nd, keys[i], common[i]) for i, nd in enumerate(nodes) if not used[i])
+        merged.sort()  # by first member: nodes are disjoint, so nothing else is compared
         self.nodes = [m[0] for m in merged]
         self.keys = [m[1] for m in merged]
+        self.common = [m[2] for m in merged]
         self.gids = []
 
 
@@ -295,7 +301,10 @@ class MuriGrouping(GroupPolicy):
         keys = [(profiles[nd[0]],) if len(nd) == 1 else tuple(sorted(profiles[x] for x in nd)) for nd in nodes]
         ids = self._key_ids
         gid = [ids.setdefault(kk, len(ids)) for kk in keys]
-        return self._match_keys(keys, gid, nodes, max_group, factor, labels)
+        nl = None
+        if labels is not None and any(x >= 0 for x in labels):
+            nl = [_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)]
+        return self._match_keys(keys, gid, nl, max_group, factor)
 
     def _match_bucket(self, bs: _BucketState, max_group: int, factor: InterleaveFactor) -> list[tuple[int, int, int]]:
         """:meth:`match_round` over a bucket's nodes, with the keys the bucket keeps."""
@@ -307,14 +316,13 @@ class MuriGrouping(GroupPolicy):
             ids = self._key_ids
             bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
             bs.gen = self._gen
-        return self._match_keys(bs.keys, bs.gids, nodes, max_group, factor, bs.labels)
+        # (as match_round labels them: the members' common label, else one of the node's own)
+        nl = [c if c >= 0 else -2 - x for x, c in enumerate(bs.common)] if bs.any_label else None
+        return self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
 
-    def _match_keys(self, keys: list[tuple[Profile, ...]], gid: list[int], nodes: list[list[int]], max_group: int,
-                    factor: InterleaveFactor, labels: Sequence[int] | None) -> list[tuple[int, int, int]]:
-        """:meth:`match_round` once the nodes' keys and their ids are known."""
-        nl = None
-        if labels is not None and any(x >= 0 for x in labels):
-            nl = [_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)]
+    def _match_keys(self, keys: list[tuple[Profile, ...]], gid: list[int], nl: list[int] | None, max_group: int,
+                    factor: InterleaveFactor) -> list[tuple[int, int, int]]:
+        """:meth:`match_round` once the nodes' keys, their ids and their labels are known."""
         # the matching depends on these alone (and on the interleaving model, whose change clears
         # the caches): a round met in one of the last few matchings (a bucket unchanged since an
         # earlier round: two thirds of Muri-S's on trace3) gets its pairs again
@@ -350,7 +358,7 @@ class MuriGrouping(GroupPolicy):
             if nl is not None:
                 na = np.array(nl, dtype=np.int64)
                 ww += STICKY_BONUS * ((na[:, None] == na[None, :]) & (ww > 0))
-            np.fill_diagonal(ww, 0)
+            ww.flat[:: n + 1] = 0
             if not ww.any():
                 return []
             return [(a, c, int(ww[a, c])) for a, c in max_weight_pairs_dense(ww)]
