@@ -156,6 +156,23 @@ def ids(units: list[tuple[Job, ...]]) -> list[tuple[str, ...]]:
     return [tuple(j.id for j in u) for u in units]
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([CPU, GPU, NET, None])), min_size=1,
+                max_size=40), st.integers(2, 8))
+def test_units_partition_the_queue_in_order_of_their_first_member(raw: list, gpus: int) -> None:
+    # admitted jobs form units, every other job runs alone, and the units come in the order of
+    # their highest-priority member (members in order too): the queue, each job exactly once
+    jobs = [Job(spec(f"j{i}", p, gpus=g) if p is not None else JobSpec(f"j{i}", 0.0, g, 60.0))
+            for i, (g, p) in enumerate(raw)]
+    units = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, gpus)))
+    pos = {j.id: i for i, j in enumerate(jobs)}
+    flat = [pos[j.id] for u in units for j in u]
+    assert sorted(flat) == list(range(len(jobs)))
+    firsts = [pos[u[0].id] for u in units]
+    assert firsts == sorted(firsts)
+    assert all([pos[j.id] for j in u] == sorted(pos[j.id] for j in u) for u in units)
+
+
 def test_pairs_complementary_jobs() -> None:
     jobs = [Job(spec("c1", CPU)), Job(spec("c2", CPU)), Job(spec("g1", GPU)), Job(spec("g2", GPU))]
     pol = MuriGrouping(max_group=2)

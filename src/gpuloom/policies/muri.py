@@ -268,13 +268,27 @@ class MuriGrouping(GroupPolicy):
                     units.extend([bs.members[x]] for x in grp)  # autopack: unpacked
                 else:
                     units.append([bs.members[x] for x in grp])
-        in_unit = set(admitted)
-        units.extend([i] for i in range(len(ordered)) if i not in in_unit)
         for u in units:
             if len(u) > 1:
                 u.sort()
         units.sort(key=_first)
-        return [tuple(ordered[i] for i in u) for u in units]
+        # the units hold the admitted jobs; every other job runs alone: all in order of first member,
+        # the jobs past the last admitted one taken as they come
+        held = set(admitted)
+        end = max(admitted, default=-1) + 1
+        out: list[tuple[Job, ...]] = []
+        nxt = 0
+        for u in units:
+            f = u[0]
+            if nxt < f:
+                out.extend([(ordered[i],) for i in range(nxt, f) if i not in held])
+            out.append((ordered[f],) if len(u) == 1 else tuple([ordered[i] for i in u]))
+            nxt = f + 1
+        if nxt < end:
+            out.extend([(ordered[i],) for i in range(nxt, end) if i not in held])
+            nxt = end
+        out.extend([(j,) for j in ordered[nxt:]])
+        return out
 
     def match_round(
         self,
