@@ -84,7 +84,6 @@ _MATCHINGS_KEPT = 64
 #: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
 #: a merge candidate's cost, then rank
 _first = itemgetter(0)
-
 _rank = itemgetter(0, 1)
 #: grouping rules: ``gpuloom`` (the module notes) or ``muri``, Muri's simulator's: an edge wherever the
 #: merged group's efficiency is positive, no tie-breaking bonus, pairs merged in bucket order (buckets by
@@ -507,4 +506,4 @@ class MuriGrouping(GroupPolicy):
         return admitted
 
 
-__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs"]
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs", "max_weight_pairs_dense"]
