@@ -50,6 +50,12 @@ philly-command     ``gpuloom simulate`` on the Philly list, 64 x 8 (``philly``'s
                    simulation timed in the same process (``Simulator.run``)
 muri-s             Muri-S on Muri's trace3, the flags of docs/muri.md                 3 s
                    (8 x 8, 92 cores, 520 GB; srsf + muri, rescheduling on both)
+muri-s-trace1      the same on Muri's trace1 (1,494 jobs), trace4 (2,638 jobs)        -
+muri-s-trace4
+2d-las-muri-trace1 Tiresias' 2D-LAS + muri on trace1, trace4 (the same flags)         -
+2d-las-muri-trace4
+muri-l-trace1      Muri-L (``las-gpu-events`` + muri) on trace1, trace4 (the same     1x
+muri-l-trace4      flags), against 2D-LAS + muri on the same trace
 synergy-tune-fifo  bench_synergy's 1,000 jobs on 16 x 8 GPUs, FIFO / SRTF,           3 s
 synergy-tune-srtf  Synergy-TUNE
 synergy-opt-fifo   the same with Synergy-OPT                                          6 s
@@ -73,6 +79,7 @@ queues-fairshare
 
 The queue cases' target is a ratio to ``philly-20k`` in the same table (:data:`RELATIVE`: each at most
 1.5 times the same run with no queue tree); ``met`` then says whether this run's wall and CPU times are.
+Muri-L's target is likewise at most the time of 2D-LAS + muri on the same trace (listed before it).
 """
 
 from __future__ import annotations
@@ -180,6 +187,23 @@ def case_muri_s() -> dict:
     cfg = SimConfig(round_len=300.0, reschedule_on_arrival=True, reschedule_on_completion=True)
     rc = RunConfig("", "srsf", "muri", "proportional", "packed-sticky", True, {}, DEFAULT_LOCALITY_PENALTY, cfg)
     rc.validate()  # (imports the policies: not the simulation's time)
+    res, wall, cpu = _timed(lambda: run_config(rc, cl, specs))
+    return {"wall": wall, "cpu": cpu, "result": _summary_fp(res) + f" rounds {res.rounds_computed}/{res.rounds}"}
+
+
+def case_muri_trace(trace: str, order: str) -> dict:
+    """A whole Muri trace with the flags of docs/muri.md (``case_muri_s``'s) and ``order`` + muri."""
+    from gpuloom.core.cluster import parse_cluster
+    from gpuloom.perf.model import DEFAULT_LOCALITY_PENALTY
+    from gpuloom.sim.engine import SimConfig
+    from gpuloom.sim.runconfig import RunConfig, run_config
+    from gpuloom.sim.traces import load_trace
+
+    cl = parse_cluster("8x8", 92, 520)
+    specs = load_trace(data_dir() / "muri" / "sim_traces" / f"{trace}.csv", "muri")
+    cfg = SimConfig(round_len=300.0, reschedule_on_arrival=True, reschedule_on_completion=True)
+    rc = RunConfig("", order, "muri", "proportional", "packed-sticky", True, {}, DEFAULT_LOCALITY_PENALTY, cfg)
+    rc.validate()
     res, wall, cpu = _timed(lambda: run_config(rc, cl, specs))
     return {"wall": wall, "cpu": cpu, "result": _summary_fp(res) + f" rounds {res.rounds_computed}/{res.rounds}"}
 
@@ -310,6 +334,12 @@ CASES = {
     "philly-nocheck": (None, None, lambda: case_philly(False)),
     "philly-command": (None, None, case_philly_command),
     "muri-s": (3.0, None, case_muri_s),
+    "muri-s-trace1": (None, None, lambda: case_muri_trace("trace1", "srsf")),
+    "muri-s-trace4": (None, None, lambda: case_muri_trace("trace4", "srsf")),
+    "2d-las-muri-trace1": (None, None, lambda: case_muri_trace("trace1", "2d-las")),
+    "muri-l-trace1": (None, None, lambda: case_muri_trace("trace1", "las-gpu-events")),
+    "2d-las-muri-trace4": (None, None, lambda: case_muri_trace("trace4", "2d-las")),
+    "muri-l-trace4": (None, None, lambda: case_muri_trace("trace4", "las-gpu-events")),
     "synergy-tune-fifo": (3.0, None, lambda: case_synergy("tune", "fifo")),
     "synergy-tune-srtf": (3.0, None, lambda: case_synergy("tune", "srtf")),
     "synergy-opt-fifo": (6.0, None, lambda: case_synergy("opt", "fifo")),
@@ -324,6 +354,8 @@ CASES = {
 }
 #: cases whose target is a ratio to another case of the same table: name -> (that case, the most it may take)
 RELATIVE = {q: ("philly-20k", 1.5) for q in ("queues-tree", "queues-quota", "queues-drf", "queues-fairshare")}
+# Muri-L (as Muri ranks: attained GPU-time, re-sorted on events) costs no more than Tiresias' 2D-LAS + muri
+RELATIVE.update({f"muri-l-{t}": (f"2d-las-muri-{t}", 1.0) for t in ("trace1", "trace4")})
 
 
 # -- the parent ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from gpuloom.perf.assembly import build_model
 from gpuloom.perf.interleave import InterleaveFactor, group_cycle
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
 from gpuloom.policies.base import FreeState, PolicyError, View, make
-from gpuloom.policies.muri import VARIANTS, MuriGrouping, max_weight_pairs
+from gpuloom.policies.muri import VARIANTS, MuriGrouping, max_weight_pairs, max_weight_pairs_dense
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
 from gpuloom.sim.traces import load_trace
@@ -101,6 +101,27 @@ def test_matching_equals_networkx_on_larger_graphs(n: int, seed: int) -> None:
     assert total(pairs, edges) == sum(edges[(min(a, b), max(a, b))] for a, b in ref)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_matching_is_the_edge_list_matching_pair_for_pair(seed: int) -> None:
+    # rounds past _NUMPY_NODES build the graph from a weight matrix: the same edges in the same
+    # order, so Blossom must pick the very same pairs, ties included (few distinct weights, as
+    # when many jobs share a profile; some edges carry the +1 of partners already together)
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        n, nk = int(rng.integers(2, 90)), int(rng.integers(1, 8))
+        classes = rng.choice([0, 500_000, 500_001, 730_000], size=(nk, nk))
+        classes = np.triu(classes) + np.triu(classes, 1).T
+        kid = rng.integers(0, nk, n)
+        label = rng.integers(-1, 3, n)
+        w = classes[kid[:, None], kid[None, :]]
+        w = w + ((label[:, None] == label[None, :]) & (label[:, None] >= 0) & (w > 0))
+        edges = [(a, c, int(w[a, c])) for a in range(n) for c in range(a + 1, n) if w[a, c] > 0]
+        assert max_weight_pairs_dense(w) == max_weight_pairs(n, edges)
+    # the diagonal is no edge; no edge at all, no pairs
+    assert max_weight_pairs_dense(np.array([[5, 0], [0, 5]])) == []
+    assert max_weight_pairs_dense(np.array([[0, 3], [3, 0]])) == [(0, 1)]
+
+
 def test_grouping_weights_match_networkx_on_real_profiles(data_dir: Path) -> None:
     # the same integer-weighted pair graph Muri builds for 60 trace jobs: equal optimum in both libraries
     specs = load_muri(data_dir / "muri/sim_traces/trace1.csv", limit=400)
@@ -133,6 +154,23 @@ def view_for(jobs: list[Job], cluster: Cluster, factor: InterleaveFactor | None 
 
 def ids(units: list[tuple[Job, ...]]) -> list[tuple[str, ...]]:
     return [tuple(j.id for j in u) for u in units]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([CPU, GPU, NET, None])), min_size=1,
+                max_size=40), st.integers(2, 8))
+def test_units_partition_the_queue_in_order_of_their_first_member(raw: list, gpus: int) -> None:
+    # admitted jobs form units, every other job runs alone, and the units come in the order of
+    # their highest-priority member (members in order too): the queue, each job exactly once
+    jobs = [Job(spec(f"j{i}", p, gpus=g) if p is not None else JobSpec(f"j{i}", 0.0, g, 60.0))
+            for i, (g, p) in enumerate(raw)]
+    units = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, gpus)))
+    pos = {j.id: i for i, j in enumerate(jobs)}
+    flat = [pos[j.id] for u in units for j in u]
+    assert sorted(flat) == list(range(len(jobs)))
+    firsts = [pos[u[0].id] for u in units]
+    assert firsts == sorted(firsts)
+    assert all([pos[j.id] for j in u] == sorted(pos[j.id] for j in u) for u in units)
 
 
 def test_pairs_complementary_jobs() -> None:
@@ -365,8 +403,9 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
 def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path, variant: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # a round's edges come from plain loops over a few nodes and from numpy past _NUMPY_NODES, and
-    # a graph met lately gets its matching again: each way must give the same edges, weights and
-    # order, so the same groups and the same run
+    # a graph met lately gets its matching again, and buckets keep their nodes' keys through merges
+    # (or rebuild them every round): each way must give the same edges, weights and order, so the
+    # same groups and the same run
     import gpuloom.policies.muri as muri
 
     specs = load_muri(data_dir / "muri/sim_traces/trace3.csv", limit=150)
@@ -374,12 +413,17 @@ def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path
     specs = [s for s in specs if s.gpus <= 16]
     runs = []
     sizes: list[int] = []
-    real = muri.max_weight_pairs
+    real, real_dense = muri.max_weight_pairs, muri.max_weight_pairs_dense
     monkeypatch.setattr(muri, "max_weight_pairs", lambda n, e: (sizes.append(n), real(n, e))[1])
+    monkeypatch.setattr(muri, "max_weight_pairs_dense", lambda w: (sizes.append(len(w)), real_dense(w))[1])
     solved = []
-    for loops_up_to, kept in ((0, 0), (10**9, 0), (10**9, 64)):
+    kept_keys = muri.MuriGrouping._match_bucket  # noqa: SLF001
+    for loops_up_to, kept, from_scratch in ((0, 0, False), (10**9, 0, False), (10**9, 64, False), (0, 0, True)):
         monkeypatch.setattr(muri, "_NUMPY_NODES", loops_up_to)
         monkeypatch.setattr(muri, "_MATCHINGS_KEPT", kept)
+        # the node keys each bucket keeps through its merges, or rebuilt from the nodes every round
+        monkeypatch.setattr(muri.MuriGrouping, "_match_bucket", kept_keys if not from_scratch else (
+            lambda self, bs, m, f: self.match_round(bs.profiles, bs.nodes, m, f, bs.labels)))
         sizes.clear()
         res = Simulator(cl, specs, Scheduler.from_names(*VARIANTS[variant]), build_model(cl),
                         SimConfig(round_len=600.0)).run()
@@ -387,5 +431,5 @@ def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path
         solved.append(len(sizes))
         if kept == 0:
             assert max(sizes) > 8 and any(s < 8 for s in sizes)  # matchings both small and larger
-    assert runs[0] == runs[1] == runs[2]
-    assert solved[0] == solved[1] > solved[2]  # graphs met again were not solved again
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    assert solved[0] == solved[1] == solved[3] > solved[2]  # graphs met again were not solved again

@@ -47,7 +47,9 @@ Speed: edge weights come from :func:`~gpuloom.perf.interleave.cycle_times`,
 batched in numpy over the *distinct* profile combinations of a bucket (a trace
 has a few dozen model × GPU-count profiles), then gathered for every node pair:
 by plain loops in the usual bucket of about ten nodes (numpy's per-call cost
-would be most of a round), with numpy past ``_NUMPY_NODES``.  A matching
+would be most of a round), with numpy past ``_NUMPY_NODES`` (the graph then
+built from the weight matrix in one call, the same edges in the same order).
+Each bucket keeps its nodes' profile keys through its merges.  A matching
 depends on its nodes' profiles and current groups alone, so a round met in one
 of the last ``_MATCHINGS_KEPT`` (a bucket unchanged since an earlier round)
 gets its pairs again instead of new weights and a new Blossom run.  The
@@ -103,6 +105,22 @@ def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tupl
     return sorted((a, b) if a < b else (b, a) for a, b in m)
 
 
+def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
+    """:func:`max_weight_pairs` for a symmetric ``n x n`` matrix of integral weights (0: no edge,
+    diagonal ignored): the same graph, edges in the same (row-major, ``a < b``) order, so the same
+    matching, built in one call instead of from a list of Python tuples."""
+    n = len(weights)
+    if n < 2:
+        return []
+    w = np.array(weights, dtype=np.float64)
+    w.flat[:: n + 1] = 0.0
+    g = rx.PyGraph.from_adjacency_matrix(w, 0.0)
+    if g.num_edges() == 0:
+        return []
+    m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
+    return sorted((a, b) if a < b else (b, a) for a, b in m)
+
+
 def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
     first = lab[node[0]]
     if first < 0:
@@ -116,7 +134,7 @@ def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
 class _BucketState:
     """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
 
-    __slots__ = ("gpus", "members", "profiles", "labels", "nodes")
+    __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen", "common", "any_label")
 
     def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
         self.gpus = gpus
@@ -125,16 +143,30 @@ class _BucketState:
         ids: dict[str, int] = {}
         self.labels = [-1 if c is None else ids.setdefault(c, len(ids)) for c in current]
         self.nodes: list[list[int]] = [[i] for i in range(len(members))]
+        # each node's sorted profiles and their id in the policy's key table (of generation gen),
+        # kept along with the nodes rather than rebuilt at every matching round
+        self.keys: list[tuple[Profile, ...]] = [(p,) for p in profiles]
+        self.gids: list[int] = []
+        self.gen = -1
+        # each node's members' common label (-1: none), and whether any member has a label
+        self.common: list[int] = list(self.labels)
+        self.any_label = any(x >= 0 for x in self.labels)
 
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         used = [False] * len(self.nodes)
-        merged: list[list[int]] = []
+        nodes, keys, common = self.nodes, self.keys, self.common
+        merged: list[tuple[list[int], tuple[Profile, ...], int]] = []
         for a, c in pairs:
-            merged.append(sorted(self.nodes[a] + self.nodes[c]))
+            la = common[a]
+            merged.append((sorted(nodes[a] + nodes[c]), tuple(sorted(keys[a] + keys[c])),
+                           la if la == common[c] else -1))
             used[a] = used[c] = True
-        merged.extend(nd for i, nd in enumerate(self.nodes) if not used[i])
-        merged.sort(key=_first)
-        self.nodes = merged
+        merged.extend((nd, keys[i], common[i]) for i, nd in enumerate(nodes) if not used[i])
+        merged.sort()  # by first member: nodes are disjoint, so nothing else is compared
+        self.nodes = [m[0] for m in merged]
+        self.keys = [m[1] for m in merged]
+        self.common = [m[2] for m in merged]
+        self.gids = []
 
 
 @register("group", "muri")
@@ -161,6 +193,7 @@ class MuriGrouping(GroupPolicy):
         self._key_ids: dict[tuple[Profile, ...], int] = {}
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
+        self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
         # the last matching rounds: (max_group, node key ids, node labels) -> matched (a, b, weight)
         self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int], ...]] = OrderedDict()
 
@@ -205,7 +238,7 @@ class MuriGrouping(GroupPolicy):
         while self.pack_all or required > capacity:
             cands: list[tuple[int, int, int, _BucketState, int, int]] = []
             for bs in states:
-                for a, c, w in self.match_round(bs.profiles, bs.nodes, cap_group, factor, bs.labels):
+                for a, c, w in self._match_bucket(bs, cap_group, factor):
                     x, y = bs.nodes[a][0], bs.nodes[c][0]
                     best = x if x < y else y
                     # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
@@ -234,13 +267,27 @@ class MuriGrouping(GroupPolicy):
                     units.extend([bs.members[x]] for x in grp)  # autopack: unpacked
                 else:
                     units.append([bs.members[x] for x in grp])
-        in_unit = set(admitted)
-        units.extend([i] for i in range(len(ordered)) if i not in in_unit)
         for u in units:
             if len(u) > 1:
                 u.sort()
         units.sort(key=_first)
-        return [tuple(ordered[i] for i in u) for u in units]
+        # the units hold the admitted jobs; every other job runs alone: all in order of first member,
+        # the jobs past the last admitted one taken as they come
+        held = set(admitted)
+        end = max(admitted, default=-1) + 1
+        out: list[tuple[Job, ...]] = []
+        nxt = 0
+        for u in units:
+            f = u[0]
+            if nxt < f:
+                out.extend([(ordered[i],) for i in range(nxt, f) if i not in held])
+            out.append((ordered[f],) if len(u) == 1 else tuple([ordered[i] for i in u]))
+            nxt = f + 1
+        if nxt < end:
+            out.extend([(ordered[i],) for i in range(nxt, end) if i not in held])
+            nxt = end
+        out.extend([(j,) for j in ordered[nxt:]])
+        return out
 
     def match_round(
         self,
@@ -270,6 +317,25 @@ class MuriGrouping(GroupPolicy):
         nl = None
         if labels is not None and any(x >= 0 for x in labels):
             nl = [_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)]
+        return self._match_keys(keys, gid, nl, max_group, factor)
+
+    def _match_bucket(self, bs: _BucketState, max_group: int, factor: InterleaveFactor) -> list[tuple[int, int, int]]:
+        """:meth:`match_round` over a bucket's nodes, with the keys the bucket keeps."""
+        nodes = bs.nodes
+        if len(nodes) < 2 or min(len(nd) for nd in nodes) * 2 > max_group:
+            return []
+        self._check_cache(factor)
+        if bs.gen != self._gen or not bs.gids:
+            ids = self._key_ids
+            bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
+            bs.gen = self._gen
+        # (as match_round labels them: the members' common label, else one of the node's own)
+        nl = [c if c >= 0 else -2 - x for x, c in enumerate(bs.common)] if bs.any_label else None
+        return self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
+
+    def _match_keys(self, keys: list[tuple[Profile, ...]], gid: list[int], nl: list[int] | None, max_group: int,
+                    factor: InterleaveFactor) -> list[tuple[int, int, int]]:
+        """:meth:`match_round` once the nodes' keys, their ids and their labels are known."""
         # the matching depends on these alone (and on the interleaving model, whose change clears
         # the caches): a round met in one of the last few matchings (a bucket unchanged since an
         # earlier round: two thirds of Muri-S's on trace3) gets its pairs again
@@ -299,31 +365,33 @@ class MuriGrouping(GroupPolicy):
         # the edges of positive weight, in (a, c) order, a < c: plain loops over a few nodes (a
         # bucket in a round holds about ten: numpy's per-call overhead would be most of the work),
         # numpy past _NUMPY_NODES
-        edges: list[tuple[int, int, int]] = []
         if n > _NUMPY_NODES:
-            iu, ju = np.triu_indices(n, 1)
-            ka = np.array(kid, dtype=np.int64)
-            ww = np.array(W, dtype=np.int64).reshape(len(W), len(W))[ka[iu], ka[ju]]
+            ka = np.array(kid, dtype=np.intp)
+            ww = np.array(W, dtype=np.int64)[ka[:, None], ka[None, :]]
             if nl is not None:
                 na = np.array(nl, dtype=np.int64)
-                ww = ww + STICKY_BONUS * ((na[iu] == na[ju]) & (ww > 0))
-            sel = np.flatnonzero(ww > 0)
-            edges = list(zip(iu[sel].tolist(), ju[sel].tolist(), ww[sel].tolist(), strict=True))
-        else:
-            for a in range(n - 1):
-                row = W[kid[a]]
-                la = -1 if nl is None else nl[a]
-                for c in range(a + 1, n):
-                    w = row[kid[c]]
-                    if w > 0:
-                        if nl is not None and nl[c] == la:
-                            w += STICKY_BONUS
-                        edges.append((a, c, w))
+                ww += STICKY_BONUS * ((na[:, None] == na[None, :]) & (ww > 0))
+            ww.flat[:: n + 1] = 0
+            if not ww.any():
+                return []
+            return [(a, c, int(ww[a, c])) for a, c in max_weight_pairs_dense(ww)]
+        edges: list[tuple[int, int, int]] = []
+        for a in range(n - 1):
+            row = W[kid[a]]
+            la = -1 if nl is None else nl[a]
+            for c in range(a + 1, n):
+                w = row[kid[c]]
+                if w > 0:
+                    if nl is not None and nl[c] == la:
+                        w += STICKY_BONUS
+                    edges.append((a, c, w))
         if not edges:
             return []
-        pairs = max_weight_pairs(n, edges)
-        wmap = {(a, c): w for a, c, w in edges}
-        return [(a, c, wmap[(a, c)]) for a, c in pairs]
+        out = []
+        for a, c in max_weight_pairs(n, edges):
+            w = W[kid[a]][kid[c]]
+            out.append((a, c, w + STICKY_BONUS if nl is not None and nl[a] == nl[c] else w))
+        return out
 
     # -- helpers ------------------------------------------------------------------
     def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor,
@@ -345,6 +413,7 @@ class MuriGrouping(GroupPolicy):
             self._tcache.clear()
             self._key_ids.clear()
             self._rounds.clear()
+            self._gen += 1
 
     def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
         t = self._tcache.get(key)
@@ -441,4 +510,4 @@ class MuriGrouping(GroupPolicy):
         return admitted
 
 
-__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs"]
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs", "max_weight_pairs_dense"]
