@@ -489,3 +489,29 @@ def test_a_job_done_before_its_stop_is_not_kept_held(ex: SlurmExecutor, slurm: S
     wait_until(lambda: slurm.job(info.pid).get("JobState") == "COMPLETED", 30, "the job to complete")
     assert ex.stop("d", 2.0) == 0
     assert slurm.job(info.pid)["JobState"] == "COMPLETED" and ex.held == {} and ex.poll() == {}
+
+
+def test_serve_slurm_plans_around_a_job_submitted_directly(serve_slurm: Any, slurm: SlurmCluster,
+                                                           tmp_path: Path) -> None:
+    """A job submitted to Slurm directly holds GPUs 0 and 1: gpuloom's plan puts its jobs on 2 and 3,
+    and the one that does not fit beside them waits (not failed, not refused at launch) until they end."""
+    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1,gpu:g1:1", "-c", "2", "--mem=500",
+                  f"--output={tmp_path}/direct.out", f"--chdir={tmp_path}", "--wrap", "sleep 300")
+    direct = r.stdout.strip()
+    wait_until(lambda: slurm.job(direct).get("JobState") == "RUNNING", 30, "the direct job to run")
+    s = serve_slurm()
+    with s.client() as c:
+        a = submit(c, name="a", command=stepper_cmd(40, 0.1), gpus=2)
+        b = submit(c, name="b", command=stepper_cmd(3, 0.05), gpus=2)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{a}/logs").text, 60, "a's progress")
+        assert job(c, b)["state"] == "waiting_for_initial_resource"
+        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
+                for j in (a, b)}
+        logs = {j: c.get(f"/jobs/{j}/logs").text for j in (a, b)}
+    for j in (a, b):
+        assert (rows[j]["state"], rows[j]["attempts"]) == ("finished", 1)
+        assert [r["cvd"] for r in start_records(logs[j])] == ["2,3"]
+    assert events_of(s, b) == ["submit", "launch", "finished"]
+    (sa,), (sb,) = slurm_ids(s, a), slurm_ids(s, b)
+    assert slurm.job(sb)["StartTime"] >= slurm.job(sa)["EndTime"]  # b waited for a's GPUs
+    assert slurm.job(direct)["JobState"] == "RUNNING"  # untouched

@@ -283,6 +283,9 @@ def serve(
         if following is not None:
             inventory = following.current
             model = stack.model(inventory, seed)
+        for hook in getattr(executor, "plan_hooks", ()):  # work the executor sees outside the plan (Slurm's own jobs)
+            sched.hooks.append(hook)
+            sched.final_hooks.append(hook)
     from ..runtime.service.config import ServiceConfig
     from ..runtime.service.service import ProfilingConfig, Service
 

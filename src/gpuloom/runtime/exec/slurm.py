@@ -88,6 +88,7 @@ from ...core.cluster import Cluster, ClusterError, Node
 from .executor import Executor, ExecutorError, InventoryChange, LaunchSpec, NodeUnavailable, ProcInfo, free_port
 from .identity import lookup, owned_dir, private_dir
 from .logmirror import append_to, mirror_offset, set_mirror_offset
+from .slurm_plan import ForeignJobs, Held
 
 log = logging.getLogger("gpuloom.service")
 
@@ -338,6 +339,8 @@ class SlurmExecutor(Executor):
         self._exit_files: dict[str, str] = {}  # executor id -> where its batch script writes its exit (out_dir)
         self._ended: dict[int, float] = {}  # Slurm ids reported ended by their exit file -> when (monotonic)
         self._warned: set[str] = set()  # jobs' files refused (read_output), logged once each
+        #: plan hooks the service adds to its scheduler: the plan leaves what direct jobs hold alone
+        self.plan_hooks = (ForeignJobs(self.foreign_use),)
 
     # -- Slurm's commands ---------------------------------------------------------------------
     def _which(self, name: str) -> str:
@@ -413,6 +416,21 @@ class SlurmExecutor(Executor):
             if jid in mine or jid in self._ended or rec.get("JobState") not in LIVE or rec.get("NodeList") != node:
                 continue
             out.update(gres_indices(rec.get("GRES", "")))
+        return out
+
+    def foreign_use(self) -> dict[str, Held]:
+        """What running jobs that are not this executor's (submitted to Slurm directly) hold on each node,
+        as of the last read of Slurm's jobs (the plan hook :class:`~.slurm_plan.ForeignJobs` subtracts it)."""
+        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        out: dict[str, Held] = {}
+        for jid, rec in self.jobs.items():
+            node = rec.get("NodeList", "")
+            if jid in mine or jid in self._ended or rec.get("JobState") not in LIVE or node not in self.nodes:
+                continue
+            c, m = tres(rec.get("TRES", ""))
+            h = out.get(node)
+            gpus = frozenset(gres_indices(rec.get("GRES", "")))
+            out[node] = Held(gpus, c, m) if h is None else Held(h.gpus | gpus, h.cpus + c, h.mem_mb + m)
         return out
 
     def _held_on(self, node: str) -> tuple[tuple[int, int], tuple[int, int]]:
