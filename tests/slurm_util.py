@@ -76,7 +76,8 @@ class SlurmCluster:
         r = self.root
         r.chmod(0o755)  # job accounts reach their batch scripts in the spool
         for d in ("munge", "state", "spool", "log"):
-            (r / d).mkdir(mode=0o755 if d == "spool" else 0o700, parents=True, exist_ok=True)
+            # (munged's socket: every account reaches it, as srun --uid needs and every site has it)
+            (r / d).mkdir(mode=0o755 if d in ("spool", "munge") else 0o700, parents=True, exist_ok=True)
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
