@@ -768,6 +768,18 @@ class SlurmExecutor(Executor):
 
     def _forget(self, eid: str) -> None:
         self.mirror([eid], final=True)
+        out = self.outputs.get(eid)
+        if self.launcher == "srun" and out is not None:  # srun's files of its launches, an earlier service's too
+            live = {f for _, err, script in self._sruns.values() for f in (err, script)}
+            for d, pat in ((os.path.dirname(out), rf"{re.escape(eid)}\.\d+\.sh"),
+                           (str(self.out_dir), rf"\.srun-{re.escape(eid)}\.\d+\.err")):
+                try:
+                    names = os.listdir(d)
+                except OSError:
+                    continue
+                for f in (f"{d}/{n}" for n in names if re.fullmatch(pat, n)):
+                    if f not in live:
+                        _unlink(f)
         self._warned.difference_update([self.outputs.get(eid, ""), self._exit_files.get(eid, "")])
         self.procs.pop(eid, None)
         self.outputs.pop(eid, None)
