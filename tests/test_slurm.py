@@ -606,7 +606,8 @@ def test_serve_slurm_srun_preempts_and_resumes_each_step_once(serve_slurm: Any, 
         log = c.get(f"/jobs/{long_id}/logs").text
     assert rows[short_id]["exit_code"] == 0 and ledger(rows[short_id]["checkpoint_dir"]) == [0, 1, 2]
     long = rows[long_id]
-    assert (long["exit_code"], long["progress"], long["preemptions"], long["resume_count"]) == (0, 30, 1, 1)
+    assert (long["exit_code"], long["progress"], long["preemptions"], long["resume_count"]) == (0, 30, 1, 1), \
+        log[-300:] + slurm.scontrol("show", "job") + (s.state_dir / "serve.out").read_text()[-3000:]
     assert [(r["resume"], r["cvd"]) for r in start_records(log)] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
     assert ledger(long["checkpoint_dir"]) == list(range(30))
     first, again = slurm_ids(s, long_id)
