@@ -11,14 +11,15 @@ The workload goes, one configuration after the other, through:
 * ``gpuloom``: ``gpuloom serve`` with its own executor on the declared 4-GPU node, ``fifo`` then
   ``srtf``, with the same time limits as ``slurm+time`` (whole minutes) and the run time as its work
   estimate (``iterations`` x ``iteration_time``);
-* ``gpuloom/slurm``: ``gpuloom serve --slurm all``, ``fifo`` then ``srtf``.
+* ``gpuloom/slurm``: ``gpuloom serve --slurm all``, ``fifo`` then ``srtf``;
+* ``gpuloom/srun``: the same with ``--executor slurm-srun`` (each job an allocation with one step).
 
 Each run of a job appends ``start``/``end`` records (wall clock, its ``CUDA_VISIBLE_DEVICES``) to
 a file, so every configuration is measured by the same clock in the job itself: JCT = last end -
 submit; makespan = last end - first submit; **hand-off** = a run's start minus the moment the last
 of its GPUs came free (the end of the previous run there), for runs that were waiting for them.
 
-Run: ``python benchmarks/run.py slurm`` (root, with ``slurm-wlm`` and ``munge``; about 8 minutes), or
+Run: ``python benchmarks/run.py slurm`` (root, with ``slurm-wlm`` and ``munge``; about 10 minutes), or
 ``python benchmarks/bench_slurm.py NAME...`` for some configurations (``"gpuloom/slurm fifo"``).
 """
 
@@ -203,6 +204,9 @@ def main() -> None:
                                                                           "--mem-gb-per-node", "8", "--order", "srtf"])),
             ("gpuloom/slurm fifo", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all"])),
             ("gpuloom/slurm srtf", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--order", "srtf"])),
+            ("gpuloom/srun fifo", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--executor", "slurm-srun"])),
+            ("gpuloom/srun srtf", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--executor", "slurm-srun",
+                                                                              "--order", "srtf"])),
         ]
         only = sys.argv[1:]  # configuration names to run (default: all)
         for k, (name, fn) in enumerate(configs):
@@ -224,7 +228,8 @@ def main() -> None:
     if "slurm" not in by:
         return
     base_jct = by["slurm"]["mean"]
-    for own, over in (("gpuloom fifo", "gpuloom/slurm fifo"), ("gpuloom srtf", "gpuloom/slurm srtf")):
+    for own, over in (("gpuloom fifo", "gpuloom/slurm fifo"), ("gpuloom srtf", "gpuloom/slurm srtf"),
+                      ("gpuloom fifo", "gpuloom/srun fifo"), ("gpuloom srtf", "gpuloom/srun srtf")):
         if own not in by or over not in by:
             continue
         gain, kept = base_jct - by[own]["mean"], base_jct - by[over]["mean"]

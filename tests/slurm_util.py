@@ -3,8 +3,8 @@
 ``munged`` with a key made here, ``slurmctld -D`` and ``slurmd -D`` with a ``slurm.conf`` and
 ``gres.conf`` written here: one node (``NODE``) declaring ``GPUS`` GPUs as gres over fake device
 files (character devices with the numbers of ``/dev/null``), one gres Type per device (``g0`` ...)
-so that a job's GPU indices can be pinned, ``select/cons_tres`` with ``CR_Core_Memory``, no
-cgroups (``proctrack/linuxproc``, ``task/none``).  Every file lives in one temporary directory
+so that a job's GPU indices can be pinned, ``select/cons_tres`` with ``CR_Core_Memory``, ``batch_sched_delay=0`` (as docs/slurm.md
+recommends), no cgroups (``proctrack/linuxproc``, ``task/none``).  Every file lives in one temporary directory
 (the device files in ``/dev``, named after it); :meth:`SlurmCluster.stop` ends each daemon and
 removes all of it, and runs even when a test fails.  Tests skip, saying why, where the binaries
 are missing or not running as root (device files, ``SlurmUser=root``).
@@ -76,7 +76,8 @@ class SlurmCluster:
         r = self.root
         r.chmod(0o755)  # job accounts reach their batch scripts in the spool
         for d in ("munge", "state", "spool", "log"):
-            (r / d).mkdir(mode=0o755 if d == "spool" else 0o700, parents=True, exist_ok=True)
+            # (munged's socket: every account reaches it, as srun --uid needs and every site has it)
+            (r / d).mkdir(mode=0o755 if d in ("spool", "munge") else 0o700, parents=True, exist_ok=True)
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -104,6 +105,8 @@ class SlurmCluster:
             "MpiDefault=none",
             "SwitchType=switch/none",
             "SchedulerType=sched/backfill",
+            # a job is otherwise started at most once per 3 s (slurmctld's default batch_sched_delay), on both sides
+            "SchedulerParameters=batch_sched_delay=0",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core_Memory",
             "SlurmdParameters=config_overrides",  # declare more cores and memory than this machine has

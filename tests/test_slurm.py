@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
+from gpuloom.runtime.exec.identity import lookup
 from gpuloom.runtime.exec.slurm import (
     SlurmExecutor,
     SlurmInventory,
@@ -27,7 +28,18 @@ from gpuloom.runtime.exec.slurm import (
     read_output,
     slurm_node,
 )
-from service_util import Server, job, job_writable, key_events, ledger, start_records, stepper_cmd, submit, wait_for
+from service_util import (
+    JOB_PY,
+    Server,
+    job,
+    job_writable,
+    key_events,
+    ledger,
+    start_records,
+    stepper_cmd,
+    submit,
+    wait_for,
+)
 from slurm_util import MEM_MB, SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,15 +115,19 @@ def test_sbatch_runs_a_job_on_the_pinned_gpus(slurm: SlurmCluster, tmp_path: Pat
 SLEEPY = REPO / "examples" / "sleepy_train.py"
 
 
+def jobs_ended(slurm: SlurmCluster) -> None:
+    wait_until(lambda: not slurm.scontrol("show", "job").strip().startswith("JobId") or
+               all(r.get("JobState") not in ("RUNNING", "COMPLETING", "CONFIGURING")
+                   for r in parse_records(slurm.scontrol("show", "job"))), 30, "jobs to end")
+
+
 @pytest.fixture
 def ex(slurm: SlurmCluster) -> Iterator[SlurmExecutor]:
     e = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, start_wait_s=20.0)
     e.read_nodes()
     yield e
     slurm.cancel_all()
-    wait_until(lambda: not slurm.scontrol("show", "job").strip().startswith("JobId") or
-               all(r.get("JobState") not in ("RUNNING", "COMPLETING", "CONFIGURING")
-                   for r in parse_records(slurm.scontrol("show", "job"))), 30, "jobs to end")
+    jobs_ended(slurm)
 
 
 def sleepy(steps: int, ckpt: Path, step_s: float = 0.05) -> str:
@@ -489,3 +505,114 @@ def test_a_job_done_before_its_stop_is_not_kept_held(ex: SlurmExecutor, slurm: S
     wait_until(lambda: slurm.job(info.pid).get("JobState") == "COMPLETED", 30, "the job to complete")
     assert ex.stop("d", 2.0) == 0
     assert slurm.job(info.pid)["JobState"] == "COMPLETED" and ex.held == {} and ex.poll() == {}
+
+
+def test_serve_slurm_plans_around_a_job_submitted_directly(serve_slurm: Any, slurm: SlurmCluster,
+                                                           tmp_path: Path) -> None:
+    """A job submitted to Slurm directly holds GPUs 0 and 1: gpuloom's plan puts its jobs on 2 and 3,
+    and the one that does not fit beside them waits (not failed, not refused at launch) until they end."""
+    r = slurm.run("sbatch", "--parsable", "--gres=gpu:g0:1,gpu:g1:1", "-c", "2", "--mem=500",
+                  f"--output={tmp_path}/direct.out", f"--chdir={tmp_path}", "--wrap", "sleep 300")
+    direct = r.stdout.strip()
+    wait_until(lambda: slurm.job(direct).get("JobState") == "RUNNING", 30, "the direct job to run")
+    s = serve_slurm()
+    with s.client() as c:
+        a = submit(c, name="a", command=stepper_cmd(20, 0.1), gpus=2)
+        b = submit(c, name="b", command=stepper_cmd(3, 0.05), gpus=2)
+        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
+                for j in (a, b)}
+        logs = {j: c.get(f"/jobs/{j}/logs").text for j in (a, b)}
+    for j in (a, b):
+        assert (rows[j]["state"], rows[j]["attempts"]) == ("finished", 1)
+        assert [r["cvd"] for r in start_records(logs[j])] == ["2,3"]
+        assert events_of(s, j) == ["submit", "launch", "finished"]
+    spans = sorted((datetime.fromisoformat(rows[j]["first_start"]), datetime.fromisoformat(rows[j]["end_time"]))
+                   for j in (a, b))
+    assert spans[0][1] <= spans[1][0]  # whichever the plan took first, the other waited for its GPUs
+    assert slurm.job(direct)["JobState"] == "RUNNING"  # untouched
+
+
+# -- the srun launcher: an allocation with one step per job ------------------------------------------
+@pytest.fixture
+def ex_srun(slurm: SlurmCluster, tmp_path: Path) -> Iterator[SlurmExecutor]:
+    """An executor launching with srun, its output under a directory the job account reaches."""
+    e = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, start_wait_s=20.0,
+                      out_dir=str(job_writable(tmp_path) / "out"), launcher="srun")
+    e.read_nodes()
+    jobs_ended(slurm)  # (a service's jobs from an earlier test may still be completing)
+    yield e
+    slurm.cancel_all()
+    slurm.run("scancel", "--user=gpuloom", check=False)
+    jobs_ended(slurm)
+
+
+def test_srun_launch_runs_as_the_account_on_the_chosen_gpus_and_a_new_executor_adopts_it(
+        ex_srun: SlurmExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    log = tmp_path / "s.log"
+    cmd = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS id=$(id -un):$(id -G)"; sleep 2; echo done'
+    info = ex_srun.launch(LaunchSpec("s", cmd, "gpn0", (1, 3), (0, 1), 300, str(log), {}, None, "gpuloom"))
+    rec = slurm.job(info.pid)
+    assert (rec["JobName"], rec["BatchFlag"]) == ("gltest:s", "0")  # not a batch job: an allocation and a step
+    assert rec["UserId"].startswith("gpuloom(") and rec["GroupId"].startswith("gpuloom(")
+    assert slurm.scontrol("show", "job", "-d", str(info.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
+    # a restarted service's executor finds it by its Slurm id and submit time, with its output
+    again = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, out_dir=ex_srun.out_dir, launcher="srun")
+    again.read_nodes()
+    assert again.adopt(info)
+    assert wait_until(lambda: again.poll(), 30, "the adopted job's exit") == {"s": 0}
+    out = Path(str(again.out_dir))  # its script and srun's messages are gone with it, though another srun ran it
+    assert [n for n in os.listdir(out / "gpuloom") if n.endswith(".sh")] == [] and \
+        [n for n in os.listdir(out) if n.startswith(".srun-")] == []
+    groups = " ".join(str(g) for g in lookup("gpuloom").groups)  # its own groups only, none of the service's
+    assert log.read_text() == f"cvd=1,3 cpus=2 id=gpuloom:{groups}\ndone\n"
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "COMPLETED", 30, "Slurm's end")
+    bad = again.launch(LaunchSpec("b", "exit 3", "gpn0", (0,), (0,), 100, str(tmp_path / "b.log"), {}, None,
+                                  "gpuloom"))
+    assert wait_until(lambda: again.poll(), 30, "b's exit") == {"b": 3}
+    assert slurm.job(bad.pid)["JobState"] == "FAILED"
+    wait_until(lambda: again.poll() == {} and not again._sruns, 10, "b's srun to be reaped")
+
+
+def test_srun_preempt_and_resume_run_each_step_once(ex_srun: SlurmExecutor, slurm: SlurmCluster,
+                                                   tmp_path: Path) -> None:
+    ckpt = job_writable(tmp_path) / "ckpt"
+    log = tmp_path / "p.log"
+    cmd = f"{JOB_PY} {SLEEPY} --steps 40 --step-s 0.05 --checkpoint-every 1 --checkpoint-dir {ckpt} --ledger {ckpt}/ledger"
+    s = LaunchSpec("p", cmd, "gpn0", (2,), (0,), 200, str(log), {"GPULOOM_CHECKPOINT_DIR": str(ckpt)}, None, "gpuloom")
+    first = ex_srun.launch(s)
+    wait_until(lambda: ex_srun.poll() == {} and "iter=5" in log.read_text(), 30, "some progress")  # (poll copies it)
+    code = ex_srun.stop("p", 10.0)
+    assert code == 143, (slurm.job(first.pid), log.read_text()[-800:])
+    assert slurm.job(first.pid)["JobState"] in ("CANCELLED", "FAILED")  # no requeue: a resume is a new job
+    again = ex_srun.launch(LaunchSpec(**{**{f: getattr(s, f) for f in s.__slots__},  # type: ignore[attr-defined]
+                                         "env": {**s.env, "GPULOOM_RESUME": "1", "GPULOOM_ATTEMPT": "2"}}))
+    assert again.pid != first.pid
+    assert wait_until(lambda: ex_srun.poll(), 60, "the resumed job's exit") == {"p": 0}, log.read_text()
+    assert [int(x) for x in (ckpt / "ledger").read_text().split()] == list(range(1, 41))
+    text = log.read_text()
+    assert text.count("resumed from ") == 1 and text.count("checkpointed at step") == 1 and "result=820" in text
+
+
+def test_serve_slurm_srun_preempts_and_resumes_each_step_once(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    """``--executor slurm-srun``: the preempted job ends in Slurm and resumes as a new Slurm job, its
+    account's, every step run once."""
+    s = serve_slurm("--executor", "slurm-srun", "--order", "sjf", "--grace", "10")
+    with s.client() as c:
+        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
+        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
+        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
+                for j in (short_id, long_id)}
+        log = c.get(f"/jobs/{long_id}/logs").text
+    assert rows[short_id]["exit_code"] == 0 and ledger(rows[short_id]["checkpoint_dir"]) == [0, 1, 2]
+    long = rows[long_id]
+    assert (long["exit_code"], long["progress"], long["preemptions"], long["resume_count"]) == (0, 30, 1, 1), \
+        log[-300:] + slurm.scontrol("show", "job") + (s.state_dir / "serve.out").read_text()[-3000:]
+    assert [(r["resume"], r["cvd"]) for r in start_records(log)] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
+    assert ledger(long["checkpoint_dir"]) == list(range(30))
+    first, again = slurm_ids(s, long_id)
+    assert first != again
+    rec = slurm.job(again)
+    assert (rec["JobName"], rec["BatchFlag"], rec["JobState"]) == (f"gpuloom-{service_id(s)}:{long_id}", "0",
+                                                                   "COMPLETED")
+    assert rec["UserId"].startswith("gpuloom(") and rec["GroupId"].startswith("gpuloom(")

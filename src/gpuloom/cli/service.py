@@ -283,6 +283,9 @@ def serve(
         if following is not None:
             inventory = following.current
             model = stack.model(inventory, seed)
+        for hook in getattr(executor, "plan_hooks", ()):  # work the executor sees outside the plan (Slurm's own jobs)
+            sched.hooks.append(hook)
+            sched.final_hooks.append(hook)
     from ..runtime.service.config import ServiceConfig
     from ..runtime.service.service import ProfilingConfig, Service
 
@@ -439,7 +442,7 @@ def _check_slurm(slurm: str | None, ray_address: str | None, gpus: int | None, c
 
 
 def _slurm_executor(slurm: str, service_id: str, grace: float, sd: Path, job_dir: Path | None,  # noqa: ANN202
-                    shared_dir: Path | None, switch: bool):
+                    shared_dir: Path | None, switch: bool, launcher: str = "sbatch"):
     """The Slurm executor (jobs named ``gpuloom-<service id>:<job>``) and the inventory that follows Slurm.
 
     Slurm writes jobs' output under the job directory (``slurm-out/<account>/``), which the nodes must share."""
@@ -453,7 +456,7 @@ def _slurm_executor(slurm: str, service_id: str, grace: float, sd: Path, job_dir
     try:
         private_dir(base, 0o711 if switch else 0o700)  # as the service makes it: job accounts pass through
         ex = SlurmExecutor(f"gpuloom-{service_id}", partition=None if slurm == "all" else slurm, grace_s=grace,
-                           out_dir=str(Path(base) / "slurm-out"))
+                           out_dir=str(Path(base) / "slurm-out"), launcher=launcher)
         return ex, SlurmInventory(ex)
     except (ExecutorError, IdentityError, OSError) as e:
         raise ClusterError(f"--slurm: {e}") from None

@@ -18,3 +18,15 @@ def slurm(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
         raise typer.BadParameter("the slurm executor needs --slurm all or --slurm PARTITION")
     return _slurm_executor(ctx.slurm, ctx.service_id, ctx.grace_s, ctx.state_dir, ctx.job_dir, ctx.shared_dir,
                            ctx.switch_users)
+
+
+@EXECUTORS.register("slurm-srun")
+def slurm_srun(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
+    """As ``slurm``, each job an allocation with one step (``srun``), which slurmctld places as it is asked
+    rather than at its scheduling loop's next pass (docs/slurm.md)."""
+    from ..service import _slurm_executor
+
+    if ctx.slurm is None:
+        raise typer.BadParameter("the slurm-srun executor needs --slurm all or --slurm PARTITION")
+    return _slurm_executor(ctx.slurm, ctx.service_id, ctx.grace_s, ctx.state_dir, ctx.job_dir, ctx.shared_dir,
+                           ctx.switch_users, launcher="srun")

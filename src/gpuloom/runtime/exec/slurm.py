@@ -58,6 +58,14 @@ job is re-pinned to other GPUs, so a relaunch elsewhere cancels the held job
 and submits a new one.  Held jobs not relaunched within ``hold_s`` are
 cancelled.
 
+**srun** (``launcher="srun"``): the job is instead an allocation with one
+step, started by an ``srun`` the service runs (in its own session, as the
+job's account) for the job's whole run.  slurmctld places an allocation in the
+request itself, where a batch job waits for its scheduling loop's next pass
+(up to a second); the job ends with its step and its exit code, and is read
+back as a batch job is.  It cannot be requeued: a stop ends it, a resume is a
+new job.
+
 **Exits**: a clean one from the exit record the batch script writes next to
 its output (seen before Slurm's teardown ends); others from ``scontrol show
 job``: ``ExitCode=code:signal`` (a signal ``n`` reads ``128 + n``), and the
@@ -76,6 +84,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -88,6 +97,7 @@ from ...core.cluster import Cluster, ClusterError, Node
 from .executor import Executor, ExecutorError, InventoryChange, LaunchSpec, NodeUnavailable, ProcInfo, free_port
 from .identity import lookup, owned_dir, private_dir
 from .logmirror import append_to, mirror_offset, set_mirror_offset
+from .slurm_plan import ForeignJobs, Held
 
 log = logging.getLogger("gpuloom.service")
 
@@ -113,6 +123,7 @@ REVOKE_S = 1.1
 #: how long a job whose batch script wrote its exit may stay running in Slurm before it is cancelled
 ENDED_GRACE_S = 5.0
 _NAME_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SRUN_JOB = re.compile(r"srun: (?:jobid (\d+):|job (\d+) queued)")
 _GRES_IDX = re.compile(r"gpu(?::[^:(,]+)?:(\d+)\(IDX:([^)]*)\)")
 
 
@@ -274,6 +285,14 @@ def _unlink(path: str | None) -> None:
             pass
 
 
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read(1 << 16)
+    except OSError:
+        return ""
+
+
 def _time(s: str | None) -> float:
     """Seconds since the epoch of a Slurm time (``2026-11-28T19:31:42``, local time); 0 if not a time."""
     try:
@@ -306,11 +325,22 @@ class SlurmExecutor(Executor):
     as it grows (None: Slurm writes the job's log itself, which the job's
     account must then be able to reach); there each batch script also writes
     its exit code, so a clean exit is seen before Slurm's teardown ends.
+    ``launcher``: ``sbatch`` (a batch job) or ``srun`` (an allocation with one
+    step, which slurmctld places in the request itself rather than at its
+    scheduling loop's next pass; see :meth:`_srun`; needs ``out_dir``).
     """
 
     def __init__(self, prefix: str, partition: str | None = None, grace_s: float = 10.0,
                  env: Mapping[str, str] | None = None, hold_s: float = 600.0, start_wait_s: float = 60.0,
-                 poll_every_s: float = 0.2, timeout_s: float = 30.0, out_dir: str | None = None) -> None:
+                 poll_every_s: float = 0.2, timeout_s: float = 30.0, out_dir: str | None = None,
+                 launcher: str = "sbatch") -> None:
+        if launcher not in ("sbatch", "srun"):
+            raise ExecutorError(f"Slurm launcher {launcher!r}: sbatch or srun")
+        if launcher == "srun" and out_dir is None:
+            raise ExecutorError("the srun launcher needs an output directory (out_dir): srun writes there as the job's account")
+        self.launcher = launcher
+        #: Slurm job id -> its srun process, srun's stderr (service-private) and the job's script (reaped at poll)
+        self._sruns: dict[int, tuple[subprocess.Popen[bytes], str, str]] = {}
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", prefix):
             raise ExecutorError(f"Slurm job name prefix {prefix!r}: letters, digits, '_', '.', '-' only")
         self.prefix = prefix
@@ -338,6 +368,8 @@ class SlurmExecutor(Executor):
         self._exit_files: dict[str, str] = {}  # executor id -> where its batch script writes its exit (out_dir)
         self._ended: dict[int, float] = {}  # Slurm ids reported ended by their exit file -> when (monotonic)
         self._warned: set[str] = set()  # jobs' files refused (read_output), logged once each
+        #: plan hooks the service adds to its scheduler: the plan leaves what direct jobs hold alone
+        self.plan_hooks = (ForeignJobs(self.foreign_use),)
 
     # -- Slurm's commands ---------------------------------------------------------------------
     def _which(self, name: str) -> str:
@@ -413,6 +445,21 @@ class SlurmExecutor(Executor):
             if jid in mine or jid in self._ended or rec.get("JobState") not in LIVE or rec.get("NodeList") != node:
                 continue
             out.update(gres_indices(rec.get("GRES", "")))
+        return out
+
+    def foreign_use(self) -> dict[str, Held]:
+        """What running jobs that are not this executor's (submitted to Slurm directly) hold on each node,
+        as of the last read of Slurm's jobs (the plan hook :class:`~.slurm_plan.ForeignJobs` subtracts it)."""
+        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        out: dict[str, Held] = {}
+        for jid, rec in self.jobs.items():
+            node = rec.get("NodeList", "")
+            if jid in mine or jid in self._ended or rec.get("JobState") not in LIVE or node not in self.nodes:
+                continue
+            c, m = tres(rec.get("TRES", ""))
+            h = out.get(node)
+            gpus = frozenset(gres_indices(rec.get("GRES", "")))
+            out[node] = Held(gpus, c, m) if h is None else Held(h.gpus | gpus, h.cpus + c, h.mem_mb + m)
         return out
 
     def _held_on(self, node: str) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -515,7 +562,7 @@ class SlurmExecutor(Executor):
             else:
                 self._release_at[spec.job_id] = held.wall + REVOKE_S
         else:
-            sid = self._submit(spec, gres, cpus, out)
+            sid = self._srun(spec, gres, cpus, out) if self.launcher == "srun" else self._submit(spec, gres, cpus, out)
         # not waited for: poll follows it (cancelled, and reported ended, if Slurm does not start it in time)
         rec = self._job(sid)
         if rec is None:
@@ -566,6 +613,68 @@ class SlurmExecutor(Executor):
             if data:
                 append_to(p.log_path, data)
                 set_mirror_offset(p.log_path, "slurm", remote, off + len(data))
+
+    def _srun(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
+        """Start the job as an allocation with one step: ``srun`` (run by the service, in its own session,
+        as the job's account with ``--uid``/``--gid``) asks for the allocation, which slurmctld places in
+        the request itself when the node has room (a batch job waits for its scheduling loop, up to a
+        second), then runs the script as its step; the job ends with the step, with its exit code.  srun
+        writes the output (as the account, to ``out``) and stays until the job ends; its Slurm job id is
+        read from its ``-v`` line ``jobid N:`` (or ``job N queued``)."""
+        d = os.path.dirname(out)
+        tag = f"{spec.job_id}.{time.time_ns()}"
+        script = f"{d}/{tag}.sh"
+        acc = lookup(spec.user) if spec.user is not None else None
+        try:  # the script has the job's environment: its account's only (the directory is the account's)
+            fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.script(spec, d))
+                if acc is not None:
+                    os.fchown(f.fileno(), acc.uid, acc.gid)
+        except OSError as e:
+            raise ExecutorError(f"job {spec.job_id}: cannot write its script for srun: {e}") from None
+        err = f"{self.out_dir}/.srun-{tag}.err"  # the service's own (srun's messages, the job id)
+        argv = [self._which("srun"), "-v", f"--job-name={self.job_name(spec.job_id)}", "--nodes=1", "--ntasks=1",
+                f"--cpus-per-task={cpus}", f"--mem={max(1, spec.mem_mb)}", f"--nodelist={spec.node}",
+                f"--chdir={spec.workdir or '/'}", "--export=NONE", f"--output={out}", f"--error={out}",
+                "--open-mode=append", "--input=none"]
+        if gres is not None:
+            argv.append(f"--gres={gres}")
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        if acc is not None and (os.geteuid() != 0 or acc.uid != 0):
+            argv += [f"--uid={acc.uid}", f"--gid={acc.gid}"]
+        argv.append(script)
+        with open(err, "wb") as ef:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=ef, env=self.env,
+                                 cwd="/", start_new_session=True)
+        end = time.monotonic() + self.timeout_s
+        while True:
+            text = _read_text(err)
+            m = _SRUN_JOB.search(text)
+            if m is not None:
+                sid = int(m.group(1) or m.group(2))
+                self._sruns[sid] = (p, err, script)
+                return sid
+            if p.poll() is not None or time.monotonic() > end:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                _unlink(err)
+                _unlink(script)
+                why = " ".join(ln for ln in text.splitlines() if "error" in ln)[:300] or f"srun exited {p.returncode}"
+                if "Unable to contact slurm controller" in text or "Socket timed out" in text:
+                    raise NodeUnavailable(f"job {spec.job_id}: {why}")
+                raise SlurmError(f"job {spec.job_id}: srun gave no job id: {why}")
+            time.sleep(0.01)
+
+    def _reap_sruns(self) -> None:
+        """Collect the srun processes whose job has ended, and their files."""
+        for sid, (p, err, script) in list(self._sruns.items()):
+            if p.poll() is not None:
+                del self._sruns[sid]
+                _unlink(err)
+                _unlink(script)
 
     def _submit(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
         exit_dir = os.path.dirname(out) if out != spec.log_path else None
@@ -632,7 +741,9 @@ class SlurmExecutor(Executor):
         while rec is not None and rec.get("JobState") in LIVE - {"COMPLETING"} and time.monotonic() < end:
             if time.monotonic() - sent >= 1.0:  # again each second: a job whose batch step is still starting
                 sent = time.monotonic()         # on its node drops the signal
-                self.cmd("scancel", "--signal=TERM", "--full", str(sid), ok=("Invalid job id", "completing or completed"))
+                # --full: the batch script too; an srun job (BatchFlag=0) has none, and --full signals nothing there
+                full = ["--full"] if (self.jobs.get(sid) or {}).get("BatchFlag", "1") != "0" else []
+                self.cmd("scancel", "--signal=TERM", *full, str(sid), ok=("Invalid job id", "completing or completed"))
             else:
                 time.sleep(0.1)
             rec = self._job(sid)
@@ -657,6 +768,18 @@ class SlurmExecutor(Executor):
 
     def _forget(self, eid: str) -> None:
         self.mirror([eid], final=True)
+        out = self.outputs.get(eid)
+        if self.launcher == "srun" and out is not None:  # srun's files of its launches, an earlier service's too
+            live = {f for _, err, script in self._sruns.values() for f in (err, script)}
+            for d, pat in ((os.path.dirname(out), rf"{re.escape(eid)}\.\d+\.sh"),
+                           (str(self.out_dir), rf"\.srun-{re.escape(eid)}\.\d+\.err")):
+                try:
+                    names = os.listdir(d)
+                except OSError:
+                    continue
+                for f in (f"{d}/{n}" for n in names if re.fullmatch(pat, n)):
+                    if f not in live:
+                        _unlink(f)
         self._warned.difference_update([self.outputs.get(eid, ""), self._exit_files.get(eid, "")])
         self.procs.pop(eid, None)
         self.outputs.pop(eid, None)
@@ -671,6 +794,7 @@ class SlurmExecutor(Executor):
                 del self._release_at[eid]
                 if eid in self.procs:
                     self._release(eid, self.procs[eid].pid)
+        self._reap_sruns()
         self._read_exit_files()
         if time.monotonic() - self._read_at >= self.poll_every_s:
             try:
@@ -798,11 +922,22 @@ class SlurmExecutor(Executor):
         self.procs[info.job_id] = info
         if pending:  # launched, not started yet
             self._starting[info.job_id] = time.monotonic() + self.start_wait_s
-        out = rec.get("StdOut", "")
+        out = rec.get("StdOut", "") or self._srun_output(info.job_id, info.pid, rec)
         if self.out_dir is not None and out.startswith(self.out_dir + "/"):
             self.outputs[info.job_id] = out
             self._exit_files[info.job_id] = f"{os.path.dirname(out)}/{info.job_id}.{info.pid}.exit"
         return True
+
+    def _srun_output(self, eid: str, sid: int, rec: Mapping[str, str]) -> str:
+        """Where srun writes a job's output (Slurm records none for an srun job): its account's directory,
+        or the service's own ``_server`` one; "" if neither has it."""
+        if self.out_dir is None:
+            return ""
+        for d in (rec.get("UserId", "").split("(")[0], "_server"):
+            path = f"{self.out_dir}/{d}/{eid}.{sid}.log"
+            if d and os.path.isfile(path):
+                return path
+        return ""
 
     def exit_code(self, info: ProcInfo) -> int | None:
         rec = self._job(info.pid)
