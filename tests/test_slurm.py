@@ -155,6 +155,24 @@ def test_launch_places_the_job_on_the_chosen_gpus_cores_and_memory(ex: SlurmExec
     assert ex.poll() == {} and "j1" not in ex.procs
 
 
+def test_a_batch_job_of_an_account_has_its_groups_only(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """sbatch as root with --uid alone would leave the job root's group: the launch names the account's."""
+    e = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env, start_wait_s=20.0,
+                      out_dir=str(job_writable(tmp_path) / "out"))
+    e.read_nodes()
+    log = job_writable(tmp_path) / "g.log"
+    try:
+        info = e.launch(LaunchSpec("g", 'echo "id=$(id -un):$(id -g):$(id -G)"', "gpn0", (0,), (0,), 100, str(log),
+                                   {}, None, "gpuloom"))
+        assert wait_until(lambda: e.poll(), 30, "the job's exit") == {"g": 0}
+        acc = lookup("gpuloom")
+        assert slurm.job(info.pid)["GroupId"].startswith("gpuloom(")
+        assert log.read_text() == f"id=gpuloom:{acc.gid}:{' '.join(str(g) for g in acc.groups)}\n"
+    finally:
+        slurm.cancel_all()
+        jobs_ended(slurm)
+
+
 def test_exit_codes_and_reasons_read_back(ex: SlurmExecutor, tmp_path: Path) -> None:
     ex.launch(spec("bad", "exit 3", tmp_path / "bad.log"))
     ex.launch(spec("sig", "kill -KILL $$", tmp_path / "sig.log"))

@@ -687,7 +687,9 @@ class SlurmExecutor(Executor):
         if self.partition:
             argv.append(f"--partition={self.partition}")
         if spec.user is not None and (os.geteuid() != 0 or spec.user != "root"):
-            argv.append(f"--uid={spec.user}")
+            # --uid alone leaves the job the submitter's group (root's): name the account's group too
+            acc = lookup(spec.user)
+            argv += [f"--uid={acc.uid}", f"--gid={acc.gid}"]
         try:
             out = self.cmd(*argv, stdin=self.script(spec, exit_dir))
         except SlurmError as e:
