@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,19 @@ def test_bad_arguments() -> None:
         runner_workload(3, ITER, split=(1, 2))
     with pytest.raises(WorkloadError, match="lstm"):
         runner_workload(3, {k: v for k, v in ITER.items() if k != "lstm"})
+
+
+def test_reproduce_artifact_preset_runs_the_runners_job_list(data_dir: Path) -> None:
+    from gpuloom.sim.reproduce import run, synergy
+
+    iters = synergy.runner_iter_times(data_dir / "synergy/model_sensitivity_profiles.csv")
+    assert {m: iters[m] for m in ITER} == ITER
+    specs = synergy.window_workload((30, 40), 0, iter_times=iters)
+    assert specs == runner_workload(80, ITER)  # runner seed 42: the README's run
+    assert synergy.window_workload((30, 40), 1, iter_times=iters) == runner_workload(80, ITER, seed=43)
+    art = run("synergy", data_dir, preset="artifact", seeds=1, measure=(30, 40))[0]
+    paper = run("synergy", data_dir, preset="paper", seeds=1, measure=(30, 40))[0]
+    assert any(n.startswith("jobs: the job list Synergy's runner generates") for n in art.notes)
+    assert any("--preset artifact runs the runner's own job list" in n for n in paper.notes)
+    jct = {(r.setting, r.metric): r.values for r in art.rows}
+    assert jct != {(r.setting, r.metric): r.values for r in paper.rows}
