@@ -76,3 +76,20 @@ def test_reproduce_artifact_preset_runs_the_runners_job_list(data_dir: Path) -> 
     assert any("--preset artifact runs the runner's own job list" in n for n in paper.notes)
     jct = {(r.setting, r.metric): r.values for r in art.rows}
     assert jct != {(r.setting, r.metric): r.values for r in paper.rows}
+
+
+def test_artifact_preset_replaces_every_job_every_round_at_no_cost(data_dir: Path) -> None:
+    # Synergy's simulator ends every lease with its round and allocates each round afresh, charging nothing
+    from gpuloom.core.cluster import Cluster
+    from gpuloom.perf.sensitivity import load_catalogue
+    from gpuloom.sim.reproduce import synergy
+
+    profiles = data_dir / "synergy/model_sensitivity_profiles.csv"
+    cat = load_catalogue(profiles)
+    cl = Cluster.homogeneous(2, 8, 24, 500_000)
+    specs = synergy.window_workload((40, 60), 0, iter_times=synergy.runner_iter_times(profiles))
+    art = synergy.run_window(cl, specs, "fifo", "tune", cat, (40, 60), 0, "artifact")
+    paper = synergy.run_window(cl, specs, "fifo", "tune", cat, (40, 60), 0)
+    assert (art.config["place"], paper.config["place"]) == ("packed-non-sticky", "packed-sticky")
+    assert sum(j.migrations for j in art.jobs) > 0 and all(j.overhead_time == 0 for j in art.jobs)
+    assert sum(j.migrations for j in paper.jobs) == 0
