@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -143,4 +144,70 @@ def synergy_workload(
         specs.append(
             JobSpec(f"j{i}", round(t, 3), int(g), max(float(d), min_duration), model=model, attrs={"family": fam})
         )
+    return specs
+
+
+#: Synergy's model zoo in its order (``jobs/model_zoo.py``: ``create_default_models``), by family
+RUNNER_MODELS: dict[str, tuple[str, ...]] = {
+    "image": ("alexnet", "res18", "res50", "mobilenet", "shufflenet"),
+    "language": ("gnmt", "transformer", "lstm"),
+    "speech": ("m5", "deepspeech"),
+}
+RUNNER_SEED = 42  #: ``runner.py --seed`` default
+
+
+def _gavel_like(rng: random.Random) -> float:
+    """``helpers/utils.py: get_gavel_like_iter``: seconds at the proportional share, two draws."""
+    lo, hi = (3.0, 4.0) if rng.random() >= 0.8 else (1.5, 3.0)
+    return 60 * (10 ** rng.uniform(lo, hi))
+
+
+def runner_workload(
+    num_jobs: int,
+    iter_times: Mapping[str, float],
+    jobs_per_hour: float = 9.0,
+    split: Sequence[float] = (20, 70, 10),
+    seed: int = RUNNER_SEED,
+) -> list[JobSpec]:
+    """The single-GPU jobs Synergy's runner generates in its default run (the artifact README's command).
+
+    In that run (``--cluster_job_log``, exponential arrivals, no ``--multigpu``) every job of the Philly list
+    gets a Gavel-like duration drawn from Python's ``random`` (``parse_philly_trace_full.py``): the Philly log
+    only decides how many jobs pass its filter, never a duration.  The runner seeds ``random`` with ``seed``
+    before the list is drawn and again before each run, so this rebuilds it without the log: the durations,
+    then from a fresh stream per job a Poisson gap (whole seconds), a ``randint(0, 9)`` that the runner draws
+    and ignores, and the model by Synergy's ``OVERALL`` assignment (the family furthest below its share of the
+    jobs so far, its models in turn).  Iterations are ``int(duration / iter_time)`` as the runner sets them;
+    ``iter_times`` gives each model's (the ``iter_time`` of its 1-GPU profile).
+    """
+    if num_jobs < 0:
+        raise WorkloadError(f"num_jobs must be >= 0, got {num_jobs}")
+    if not (math.isfinite(jobs_per_hour) and jobs_per_hour > 0):
+        raise WorkloadError(f"jobs_per_hour must be > 0, got {jobs_per_hour}")
+    _split(split)
+    pct = [float(x) for x in split]
+    missing = [m for ms in RUNNER_MODELS.values() for m in ms if not iter_times.get(m, 0) > 0]
+    if missing:
+        raise WorkloadError(f"iter_times has no positive iteration time for {', '.join(missing)}")
+    rng = random.Random(seed)
+    durations = [_gavel_like(rng) for _ in range(num_jobs)]
+    rng = random.Random(seed)
+    fams = list(RUNNER_MODELS)
+    total = dict.fromkeys(fams, 0)
+    turn = dict.fromkeys(fams, 0)
+    specs: list[JobSpec] = []
+    t = 0
+    for i, d in enumerate(durations):
+        t += math.ceil(-math.log(1.0 - rng.random()) / jobs_per_hour * 3600)
+        rng.randint(0, 9)
+        n = sum(total.values())
+        # each family's priority as the runner computes it (all 0 before the first job); ties: the first family
+        prio = [pct[k] / 100 - total[f] / n for k, f in enumerate(fams)] if n else [0.0] * 3
+        fam = fams[max(range(3), key=lambda k: (prio[k], -k))]
+        model = RUNNER_MODELS[fam][turn[fam] % len(RUNNER_MODELS[fam])]
+        turn[fam] += 1
+        total[fam] += 1
+        it = float(iter_times[model])
+        specs.append(JobSpec.from_iterations(f"j{i}", float(t), 1, max(1, int(d / it)), it, model=model,
+                                             attrs={"family": fam}))
     return specs
