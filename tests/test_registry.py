@@ -184,7 +184,7 @@ def test_executors_by_name_entry_point_or_module_function(tmp_path: Path) -> Non
     r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--executor", "lcoal", "--port", "0"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stderr.strip()) == (
-        2, "error: unknown executor 'lcoal'; did you mean 'local'? (choose from: local, ray, slurm; or module:function)")
+        2, "error: unknown executor 'lcoal'; did you mean 'local'? (choose from: local, ray, slurm, slurm-srun; or module:function)")
 
 
 def test_the_extending_guide_shows_the_example_plugin_as_it_is() -> None:
