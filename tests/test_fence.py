@@ -9,7 +9,6 @@ transaction that the epoch is still its own: the stale server's launch is refuse
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,31 +19,11 @@ from gpuloom.core.cluster import Cluster
 from gpuloom.runtime.service.health import readiness
 from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
 from gpuloom.runtime.state.store import Fenced, Store, unavailable
-from service_util import Server, job_writable, kill_jobs, own_cgroup_parent, wait_for
+from service_util import Server, job_writable, kill_jobs, wait_for
 
-
-@pytest.fixture
-def pg() -> Iterator[faults.Postgres]:
-    """A throw-away PostgreSQL server (skipped without its binaries, as in the fault suite)."""
-    pytest.importorskip("psycopg")
-    if faults._PG_BIN is None:
-        pytest.skip("PostgreSQL server binaries not installed")
-    if faults.ROOT:
-        try:
-            faults.pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and no 'postgres' user to run the server")
-    server = faults.Postgres()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
+# the fault suite's throw-away PostgreSQL server (skipped without its binaries) and cgroup parent
+pg = faults.pg
+cgroup_parent = faults.cgroup_parent
 
 
 def test_a_write_after_another_server_took_the_epoch_is_refused_and_rolled_back(tmp_path: Path) -> None:
