@@ -74,3 +74,17 @@ def test_the_option_is_checked_and_the_factor_reads_the_others() -> None:
     m = build_model(CL, {"interleave_model": "shared"})
     f = m.get("interleave")
     assert isinstance(f, SharedInterleaveFactor) and f.solo is not None and f.overhead == {}
+
+
+def test_the_interleave_choices_parse_and_name_each_choice_with_its_meaning() -> None:
+    from gpuloom.perf.assembly import _interleave_model, _interleave_profiles
+
+    assert _interleave_model(" Shared ") == "shared" and _interleave_profiles("RAW") == "raw"
+    with pytest.raises(ValueError) as e:
+        _interleave_profiles("cooked")
+    assert str(e.value) == ("expected normalised (stage times summing to the iteration time) or raw (as the trace "
+                            "gives them, as Muri's simulator uses them), got 'cooked'")
+    with pytest.raises(ValueError) as e:
+        _interleave_model(3)
+    assert str(e.value) == ("expected muri (lock-step groups, Muri's executor) or shared (processes sharing GPUs, "
+                            "each on its own cores), got 3")

@@ -188,20 +188,23 @@ def _interleave(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]
                             resources=resources, profiles=o["interleave_profiles"])
 
 
-def _interleave_profiles(v: Any) -> str:
-    m = str(v).strip().lower()
-    if m not in ("normalised", "raw"):
-        raise ValueError(f"expected normalised (stage times summing to the iteration time) or raw (as the trace "
-                         f"gives them, as Muri's simulator uses them), got {v!r}")
-    return m
+def _choice(**meanings: str) -> Callable[[Any], str]:
+    """A parser of one of ``meanings``' names (case and spaces aside); its error gives each with its meaning."""
+    names = [f"{k} ({m})" for k, m in meanings.items()]
+    expected = f"expected {', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else f"expected {names[0]}"
+
+    def parse(v: Any) -> str:
+        m = str(v).strip().lower()
+        if m not in meanings:
+            raise ValueError(f"{expected}, got {v!r}")
+        return m
+    return parse
 
 
-def _interleave_model(v: Any) -> str:
-    m = str(v).strip().lower()
-    if m not in ("muri", "shared"):
-        raise ValueError(f"expected muri (lock-step groups, Muri's executor) or shared (processes sharing GPUs, "
-                         f"each on its own cores), got {v!r}")
-    return m
+_interleave_profiles = _choice(normalised="stage times summing to the iteration time",
+                               raw="as the trace gives them, as Muri's simulator uses them")
+_interleave_model = _choice(muri="lock-step groups, Muri's executor",
+                            shared="processes sharing GPUs, each on its own cores")
 
 
 def _variability(cluster: Cluster, o: Mapping[str, Any], specs: Sequence[JobSpec]) -> Factor | None:
