@@ -199,6 +199,8 @@ class Blocked:
 
     room: Mapping[int, float]
     limit: Callable[[str], float | None]
+    #: nodes whose running jobs leave them now (a checkpoint drain, a maintenance window begun)
+    evicts: frozenset[int] = frozenset()
     #: masks made, by the jobs' time limits (most jobs of a round share one: none, or a queue's default)
     _made: dict[tuple[float | None, ...], tuple[np.ndarray, np.ndarray]] = field(
         default_factory=dict, compare=False, repr=False)
@@ -215,6 +217,15 @@ class Blocked:
                 node_ok[node] = 0
         made = self._made[limits] = (node_ok, node_ok[cluster.gpu_node])
         return made
+
+    def keeps(self, jobs: Sequence[Job], parts: Sequence[Part], staying: bool) -> bool:
+        """Whether ``jobs`` may hold ``parts``: as they run now (``staying``) unless a node evicts them,
+        else only on nodes all of them may start on (as :meth:`masks` has it)."""
+        if staying:
+            return not any(p.node in self.evicts for p in parts)
+        room = self.room
+        on = [room[p.node] for p in parts if p.node in room]
+        return not on or all((t := self.limit(j.id)) is not None and t <= min(on) for j in jobs)
 
 
 @dataclass(slots=True)
@@ -592,6 +603,7 @@ class PlacePolicy(Stage):
         """
         kept: set[str] = set()
         allocations = plan.allocations
+        blocked = view.blocked
         for i in order:
             if not selected[i]:
                 continue
@@ -600,6 +612,8 @@ class PlacePolicy(Stage):
             prev = jobs[0].alloc
             if prev is None or prev.key != req.key:
                 continue
+            if blocked is not None and not blocked.keeps(jobs, prev.parts, True):
+                continue  # on a node that evicts: placed again, off it
             if len(jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
                 continue
             for j in jobs:
@@ -618,9 +632,9 @@ class PlacePolicy(Stage):
             released.add(g)
         return free
 
-    def keep_parts(self, req: Request, free: FreeState) -> tuple[Part, ...] | None:
+    def keep_parts(self, req: Request, free: FreeState, view: View | None = None) -> tuple[Part, ...] | None:
         """The request's previous GPUs with its new CPU/memory, if all still free (and of a type
-        the request may use)."""
+        the request may use, and on nodes ``view.blocked`` lets it keep: :meth:`Blocked.keeps`)."""
         prev = req.jobs[0].alloc  # req.prev, without the property call (every try reads it)
         if prev is None or prev.num_gpus != req.gpus:
             return None
@@ -632,13 +646,18 @@ class PlacePolicy(Stage):
             parts = prev.parts
         else:
             parts = split_parts(free.cluster, req, {p.node: p.gpus for p in prev.parts})
+        if view is not None and view.blocked is not None and not view.blocked.keeps(req.jobs, parts,
+                                                                                    prev.key == req.key):
+            return None
         return parts if free.fits(parts, len(req.jobs)) else None
 
     def _try(self, plan: Plan, req: Request, free: FreeState, view: View) -> bool:
         """Place ``req`` (its old GPUs if sticky, else ``choose``) and commit; False if it gets nothing."""
         if self.sticky and len(req.jobs) == 1:  # a lone job kept as it is (what the steps below do)
             prev = req.jobs[0].alloc
-            if prev is not None and not prev.group and prev.key == req.key and free.take_if_fits(prev.parts):
+            if (prev is not None and not prev.group and prev.key == req.key
+                    and (view.blocked is None or view.blocked.keeps(req.jobs, prev.parts, True))
+                    and free.take_if_fits(prev.parts)):
                 plan.add(prev)
                 return True
         parts = place_request(self, req, free, view)
@@ -681,7 +700,7 @@ class PlacePolicy(Stage):
             for i in order:
                 if done[i] or not selected[i] or not requests[i].running:
                     continue
-                parts = self.keep_parts(requests[i], free)
+                parts = self.keep_parts(requests[i], free, view)
                 if parts is not None:
                     self._commit(plan, requests[i], parts, free)
                     done[i] = True
@@ -706,5 +725,5 @@ class PlacePolicy(Stage):
 
 def place_request(policy: PlacePolicy, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
     """One request through a policy's stickiness and ``choose`` (used by sizers that place job by job)."""
-    parts = policy.keep_parts(req, free) if policy.sticky else None
+    parts = policy.keep_parts(req, free, view) if policy.sticky else None
     return parts if parts is not None else policy.choose_for(req, free, view)

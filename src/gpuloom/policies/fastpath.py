@@ -49,7 +49,9 @@ class FastPaths:
         ``queues``, on a queue stage's path."""
         tally = view.tally
         return ((self.incremental_queues if queues else self.incremental) and tally is not None and view.free is not None
-                and (tally.index_order or not self.order.follows_view))
+                and (tally.index_order or not self.order.follows_view)
+                # (they keep running jobs where they run: not while a node evicts its jobs)
+                and (view.blocked is None or not view.blocked.evicts))
 
     def tail(self, ordered: Sequence[Job], start: int, view: View) -> TailWalk | None:
         """Backfill past ``ordered[:start]`` without walking the rest, or None (place the whole queue)."""

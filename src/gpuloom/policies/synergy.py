@@ -254,7 +254,7 @@ class _Round:
         """Keep the job's GPUs (sticky) or ``choose``; never span a job that one node could host."""
         free = self.free
         if self.place.sticky:
-            parts = self.place.keep_parts(req, free)
+            parts = self.place.keep_parts(req, free, self.view)
             if parts is not None:
                 return parts
         g = req.gpus

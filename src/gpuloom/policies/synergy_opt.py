@@ -308,7 +308,7 @@ class Opt(_SynergySizer):
                     # back on its node: when its GPUs are free, keep_parts gives what picking them
                     # (_pick offers them first) and splitting would, its parts again for an unchanged
                     # request (sorted GPUs, as split_parts gives them)
-                    parts = rnd.place.keep_parts(req, free)
+                    parts = rnd.place.keep_parts(req, free, rnd.view)
                 if parts is None:
                     parts = split_parts(rnd.cluster, req, {node: rnd._pick(node, g, prev_gpus)})
                     if len(parts[0].gpus) != g or not free.fits(parts):

@@ -6,9 +6,9 @@ applies it in its observe phase (:meth:`Control.observe`).
 
 * **Nodes** stay in the cluster the driver plans over (running jobs keep their allocations and
   the dashboard keeps showing them).  While any node is drained or has a maintenance window, a
-  the place policy keeps new work off it (the view's ``blocked`` nodes, :meth:`Control.blocked`), and a
-  plan hook (:meth:`Control.hook`) re-places through the policy whatever still lands there (a job
-  resuming on its old GPUs, one a node now evicts), or it waits.  ``wait`` drains let the
+  the place policy keeps new work off it and moves running work off a node that evicts it (the view's
+  ``blocked`` nodes, :meth:`Control.blocked`); a plan hook (:meth:`Control.hook`) re-places through the
+  policy whatever a stage placing outside it still puts there (Synergy's ``opt`` LP), or it waits.  ``wait`` drains let the
   node's running jobs finish; ``checkpoint`` drains, and a maintenance window once it has begun,
   take them off too (the driver stops them through the normal preempt path: SIGTERM, checkpoint,
   requeue) and they resume elsewhere.  Before a window starts at ``T`` the node takes only jobs
@@ -248,7 +248,10 @@ class Control:
         t = self.svc.clock.time()
         room = {i: (-1.0 if h.active(t) else h.start - t) for i, n in enumerate(view.cluster.nodes)
                 if (h := self.nodes.get(n.name)) is not None}
-        return Blocked(room, self._limit) if room else None
+        if not room:
+            return None
+        return Blocked(room, self._limit, frozenset(i for i, n in enumerate(view.cluster.nodes)
+                                                    if (h := self.nodes.get(n.name)) is not None and h.evicts(t)))
 
     def hook(self, plan: Plan, view: View) -> Plan:
         """Keep new work off drained nodes, and take running work off evicting ones (module notes);
@@ -278,6 +281,7 @@ class Control:
                                                               "reason": why[0].reason})
             elif any(not holds[n].admits(t, self._limit(jid)) for n in on):
                 off.append(jid)
+        self._evicted(plan, view, holds, t)
         if not off:
             return plan
         forgive = getattr(self.svc.scheduler.queue, "forgive", None)
@@ -303,6 +307,19 @@ class Control:
                 free.take(parts)
                 allocs[jid] = Allocation(jid, parts, (), a.key)
         return Plan(allocs)
+
+    def _evicted(self, plan: Plan, view: View, holds: Mapping[int, NodeHold], t: float) -> None:
+        """A ``node-drain`` event for each running job the plan takes off a node that evicts it (the
+        place policy moves such jobs itself: :meth:`~gpuloom.policies.base.Blocked.keeps`)."""
+        allocs = plan.allocations
+        names = view.cluster.nodes
+        requeued = {str(j) for j in self.requeued}
+        for jid, a in view.current.items():
+            why = [holds[p.node] for p in a.parts if p.node in holds and holds[p.node].evicts(t)]
+            if why and allocs.get(jid) != a and jid not in requeued:
+                self.svc.mirror.event(jid, "node-drain", {"nodes": [names[p.node].name for p in a.parts
+                                                                    if p.node in holds],
+                                                          "reason": why[0].reason})
 
     def amend_reasons(self, driver: Driver) -> list[Job]:
         """Waiting jobs that fit only on blocked nodes: their pending reason says so (Slurm's
