@@ -55,10 +55,12 @@ is updated to match, so the gang check still holds against the final plan.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from .core.cluster import Cluster
 from .core.job import Job, Shape
-from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan, drop_job
+from .core.plan import Action, Allocation, Part, Plan, PlanError, check_actions, check_plan, drop_job
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.backfill import Backfill
@@ -132,6 +134,8 @@ class Scheduler:
         self.final_hooks: list[PlanHook] = []
         #: nodes out of service this round, given to the view before planning (operator control)
         self.blocked: Callable[[pb.View], pb.Blocked | None] | None = None
+        #: what work outside the plan holds (jobs submitted to Slurm directly), given to the view's blocked too
+        self.outside: list[Callable[[Cluster], Sequence[Part]]] = []
         self.queue = queue if queue is not None else pb.make("queue", "none")
         chosen = {st.stage: st for st in self.stages}
         for st in self.stages:  # a stage that cannot run beside the others says so now, not mid-run
@@ -288,8 +292,8 @@ class Scheduler:
     def schedule(self, view: pb.View, reasons: bool = True) -> Round:
         """The round for ``view``; ``reasons=False`` leaves ``Round.reasons`` empty (the simulator
         has no use for them, and they cost a pass over every waiting job)."""
-        if self.blocked is not None and view.blocked is None:
-            view.blocked = self.blocked(view)
+        if view.blocked is None and (self.blocked is not None or self.outside):
+            view.blocked = self._blocked(view)
         ordered: Sequence[Job] | None = None
         every_asked = False  # every job past the requests would be asked for its spec's GPUs
         if self.queue.enabled:
@@ -342,6 +346,14 @@ class Scheduler:
                 rnd = self._run(ordered, view)
             rnd = self._hooked(rnd, view)
         return self._with_reasons(rnd, view, ordered, reasons, every_asked)
+
+    def _blocked(self, view: pb.View) -> pb.Blocked | None:
+        """The nodes held this round (:attr:`blocked`) with what work outside the plan holds (:attr:`outside`)."""
+        b = self.blocked(view) if self.blocked is not None else None
+        held = tuple(p for f in self.outside for p in f(view.cluster))
+        if not held:
+            return b
+        return pb.Blocked({}, _no_limit, held=held) if b is None else replace(b, held=held)
 
     def _with_reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job] | None, reasons: bool,
                       every_asked: bool = True) -> Round:
@@ -748,6 +760,10 @@ class Scheduler:
                 raise PlanError(f"job {act.job_id}: gang broken, holds {a.num_gpus} of {want} GPUs")
         if self.queue.enabled:
             self.queue.check(rnd.plan, view, self.place)
+
+
+def _no_limit(job: str) -> float | None:
+    return None
 
 
 def _option_for(factor: str) -> str:

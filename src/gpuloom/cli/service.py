@@ -272,6 +272,7 @@ def serve(
     from ..runtime.exec.local import DEFAULT_ENV_ALLOW
 
     allow = (*DEFAULT_ENV_ALLOW, *(env_allow or ()))
+    from ..runtime.exec.slurm_plan import ForeignJobs
     from .executors import ExecutorContext
 
     with user_errors():
@@ -286,6 +287,8 @@ def serve(
         for hook in getattr(executor, "plan_hooks", ()):  # work the executor sees outside the plan (Slurm's own jobs)
             sched.hooks.append(hook)
             sched.final_hooks.append(hook)
+            if isinstance(hook, ForeignJobs):  # what it holds reaches the view: the place policy chooses around it
+                sched.outside.append(hook.held_parts)
     from ..runtime.service.config import ServiceConfig
     from ..runtime.service.service import ProfilingConfig, Service
 

@@ -84,6 +84,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -192,15 +193,18 @@ def make(stage: str, name: str, params: Mapping[str, Any] | None = None) -> Any:
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Blocked:
-    """Nodes out of service for new work this round (drained, or in or before a maintenance window).
+    """Nodes out of service for new work this round (drained, or in or before a maintenance window),
+    and what work outside the plan holds (jobs submitted to Slurm directly).
 
     ``room[node]``: the longest time limit (seconds) a job may have to start there now (< 0: no job
-    may); ``limit(job id)``: a job's time limit (None: none, so it starts on none of these nodes)."""
+    may); ``limit(job id)``: a job's time limit (None: none, so it starts on none of these nodes);
+    ``held``: parts (global GPU ids, cores, memory) no new allocation may take (:meth:`PlacePolicy.choose_for`)."""
 
     room: Mapping[int, float]
     limit: Callable[[str], float | None]
     #: nodes whose running jobs leave them now (a checkpoint drain, a maintenance window begun)
     evicts: frozenset[int] = frozenset()
+    held: tuple[Part, ...] = ()
     #: masks made, by the jobs' time limits (most jobs of a round share one: none, or a queue's default)
     _made: dict[tuple[float | None, ...], tuple[np.ndarray, np.ndarray]] = field(
         default_factory=dict, compare=False, repr=False)
@@ -247,7 +251,8 @@ class View:
     #: with its prefix (``Round.full``), planned no action or had all its actions carried out, and
     #: nothing else changed since; else None
     appended: Sequence[Job] | None = None
-    #: nodes new work may not go to (operator control); placement through choose_for keeps off them
+    #: nodes new work may not go to (operator control), what work outside the plan holds; placement
+    #: through choose_for keeps off both
     blocked: Blocked | None = None
 
 
@@ -554,10 +559,15 @@ class PlacePolicy(Stage):
 
     def choose_for(self, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:
         """:meth:`choose` within the GPU types ``req`` may use (:func:`allowed_types`): the other
-        nodes look full while it chooses, as do nodes ``view.blocked`` keeps this request off.  Callers
-        outside the loop place through this."""
-        if view.blocked is not None:
-            with free.masked(*view.blocked.masks(free.cluster, req.jobs)):
+        nodes look full while it chooses, as do nodes ``view.blocked`` keeps this request off and what it
+        says work outside the plan holds.  Callers outside the loop place through this."""
+        b = view.blocked
+        if b is not None:
+            with ExitStack() as held:
+                if b.held:
+                    held.enter_context(free.holding(b.held))
+                if b.room:
+                    held.enter_context(free.masked(*b.masks(free.cluster, req.jobs)))
                 return self.choose_for(req, free, replace(view, blocked=None))
         if req.types is None and len(req.jobs) == 1 and view.model.get("gpu_type") is None:
             attrs = req.jobs[0].spec.attrs

@@ -110,6 +110,12 @@ class FreeState:
         the state inside it: leaving it restores the buffers as they were on entry."""
         return _Masked(self, node_ok, gpu_ok)
 
+    def holding(self, held: Iterable[Part]) -> _Holding:
+        """A context in which what ``held`` holds (work outside the plan: its GPUs where free, its cores
+        and memory up to what is left) looks taken.  Only read the state inside it: leaving it restores
+        the buffers as they were on entry."""
+        return _Holding(self, held)
+
     def free_on(self, node: int) -> list[int]:
         gf = self._gf
         return [g for g in range(self._off[node], self._off[node + 1]) if gf[g]]
@@ -251,4 +257,38 @@ class _Masked:
         gf, counts, free = self.saved
         f._gf[:] = gf
         f.gpu_counts[:] = counts  # type: ignore[assignment]  # (a copy of this very buffer)
+        f.free_gpus = free
+
+
+class _Holding:
+    """:meth:`FreeState.holding`: copies of the buffers on entry, ``held`` taken, the copies written back on exit."""
+
+    __slots__ = ("free", "held", "saved")
+
+    def __init__(self, free: FreeState, held: Iterable[Part]) -> None:
+        self.free, self.held = free, held
+        self.saved: tuple[bytearray, bytearray | array, list[int], list[int], int] | None = None
+
+    def __enter__(self) -> FreeState:
+        f = self.free
+        self.saved = (f._gf[:], f.gpu_counts[:], f.cpu_counts[:], f.mem_counts[:], f.free_gpus)
+        gf = f._gf
+        for p in self.held:
+            ids = [g for g in p.gpus if gf[g]]
+            for g in ids:
+                gf[g] = 0
+            f.gpu_counts[p.node] -= len(ids)
+            f.free_gpus -= len(ids)
+            f.cpu_counts[p.node] -= min(max(p.cpus, 0), max(f.cpu_counts[p.node], 0))
+            f.mem_counts[p.node] -= min(max(p.mem_mb, 0), max(f.mem_counts[p.node], 0))
+        return f
+
+    def __exit__(self, *exc: object) -> None:
+        f = self.free
+        assert self.saved is not None
+        gf, counts, cpus, mem, free = self.saved
+        f._gf[:] = gf
+        f.gpu_counts[:] = counts  # type: ignore[assignment]  # (a copy of this very buffer)
+        f.cpu_counts[:] = cpus
+        f.mem_counts[:] = mem
         f.free_gpus = free

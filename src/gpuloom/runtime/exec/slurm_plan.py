@@ -2,16 +2,18 @@
 
 Users who bypass gpuloom still ``sbatch`` their own jobs.  What those jobs hold
 (their GPU indices, cores and memory, read by the Slurm executor from
-``scontrol show job -d`` at each poll) is subtracted from the plan by a plan
-hook, :class:`ForeignJobs`, which the service runs after its own stages:
+``scontrol show job -d`` at each poll) reaches the round's view through
+:class:`ForeignJobs`: the scheduler takes :meth:`ForeignJobs.held_parts` into
+``View.blocked`` (``Blocked.held``), so the place policy chooses around it with
+its own topology and PM-score rules.  The same object, run as a plan hook after
+the stages, checks the plan against it for stages that place outside
+``choose_for`` (Synergy's ``opt`` LP):
 
 * a job that runs where it runs keeps its allocation (Slurm started it, so
   nothing directly submitted overlaps it);
 * then each new or changed allocation that fits in what is left is kept;
-* then, in the plan's order, each that did not is moved, part by part, to the
-  first node with enough free GPUs, cores and memory left (its own node first),
-  or, if nothing is left, dropped: a job not yet running waits for a later
-  round, and a running one keeps its current allocation instead of the change.
+* each other is not made: a running job keeps its current allocation if that
+  still fits, and one not yet running waits for a later round.
 
 Without this the plan kept choosing GPUs a direct job held, and every launch
 onto them was refused, so a job waited even while other GPUs were free.
@@ -37,17 +39,23 @@ class Held:
     mem_mb: int
 
 
-def foreign_free(cluster: Cluster, held: Mapping[str, Held]) -> FreeState:
-    """The cluster's free state with ``held`` taken (by node name; unknown nodes and GPU indices
-    beyond a node's are ignored, cores and memory are taken up to what the node has)."""
-    free = FreeState(cluster)
+def held_parts(cluster: Cluster, held: Mapping[str, Held]) -> tuple[Part, ...]:
+    """``held`` as parts of ``cluster`` (global GPU ids; by node name: unknown nodes and GPU indices beyond
+    a node's are ignored, cores and memory are capped at what the node has)."""
+    out = []
     for i, node in enumerate(cluster.nodes):
         h = held.get(node.name)
-        if h is None:
-            continue
-        off = int(cluster.gpu_offset[i])
-        ids = tuple(off + g for g in sorted(h.gpus) if 0 <= g < node.gpus)
-        free.take((Part(i, ids, min(h.cpus, free.cpu_counts[i]), min(h.mem_mb, free.mem_counts[i])),))
+        if h is not None:
+            off = int(cluster.gpu_offset[i])
+            ids = tuple(off + g for g in sorted(h.gpus) if 0 <= g < node.gpus)
+            out.append(Part(i, ids, min(h.cpus, node.cpus), min(h.mem_mb, node.mem_mb)))
+    return tuple(out)
+
+
+def foreign_free(cluster: Cluster, held: Mapping[str, Held]) -> FreeState:
+    """The cluster's free state with ``held`` taken (:func:`held_parts`)."""
+    free = FreeState(cluster)
+    free.take(held_parts(cluster, held))
     return free
 
 
@@ -58,31 +66,15 @@ def _fits(free: FreeState, a: Allocation, shared: bool) -> bool:
     return all(p.cpus <= free.cpu_counts[p.node] and p.mem_mb <= free.mem_counts[p.node] for p in a.parts)
 
 
-def _move(free: FreeState, a: Allocation) -> Allocation | None:
-    """``a``'s parts (as many GPUs, cores and memory each) on distinct nodes with room, each on its
-    own node first, then in node order; None if they do not fit."""
-    out: list[Part] = []
-    used: set[int] = set()
-    for p in a.parts:
-        order = [p.node] + [n for n in range(len(free.cluster.nodes)) if n != p.node]
-        for n in order:
-            if n in used:
-                continue
-            ids = free.free_on(n)
-            if len(ids) >= len(p.gpus) and free.cpu_counts[n] >= p.cpus and free.mem_counts[n] >= p.mem_mb:
-                out.append(Part(n, tuple(ids[:len(p.gpus)]), p.cpus, p.mem_mb))
-                used.add(n)
-                break
-        else:
-            return None
-    return Allocation(a.job_id, tuple(out), (), a.key)
-
-
 class ForeignJobs:
-    """A plan hook keeping the plan off what ``held()`` reports (see the module notes)."""
+    """What ``held()`` reports, for the view (:meth:`held_parts`) and as a plan hook checking the plan
+    against it (see the module notes)."""
 
     def __init__(self, held: Callable[[], Mapping[str, Held]]) -> None:
         self.held = held
+
+    def held_parts(self, cluster: Cluster) -> tuple[Part, ...]:
+        return held_parts(cluster, self.held())
 
     def __call__(self, plan: Plan, view: View) -> Plan:
         held = self.held()
@@ -107,16 +99,11 @@ class ForeignJobs:
                 seen.add(g)
             else:
                 rest.append(j)
-        for j in rest:  # then the others, in the plan's order, in what is left
-            a = allocs[j]  # (a co-runner dropped before it left it out of its group)
-            cur = current.get(j)
+        for j in rest:  # then the others, in the plan's order: as they run, or not at all
+            cur = current.get(j)  # (a co-runner dropped before it left it out of its group)
             if cur is not None and not cur.group and _fits(free, cur, False):
-                allocs[j] = cur  # running: it stays as it is rather than take what Slurm gave others
-            elif (moved := None if a.group else _move(free, a)) is not None:
-                allocs[j] = moved
+                allocs[j] = cur
+                free.take(cur.parts)
             else:
                 drop_job(allocs, j)
-                continue
-            free.take(allocs[j].parts)
-            seen.add(allocs[j].gpu_ids)
         return Plan(allocs)
