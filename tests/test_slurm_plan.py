@@ -117,6 +117,9 @@ def test_the_place_policy_chooses_among_the_gpus_direct_jobs_leave() -> None:
     assert _placed("packed-sticky", held) == {"x": (1, 3)}
     assert _placed("topo-pack", held) == {"x": (4, 5)}
     assert _placed("topo-spread", held) == {"x": (1, 3)}  # (spread: the SYS pair)
+    # cores: a's 4 left are the 4 x's two GPUs take there (counted once, not again per choice); with 5 held, b
+    assert _placed("packed-sticky", {"a": Held(frozenset(), 4, 500)}) == {"x": (0, 1)}
+    assert _placed("packed-sticky", {"a": Held(frozenset(), 5, 500)}) == {"x": (4, 5)}
     # one GPU left on each node: the job spans them (no PHB pair anywhere)
     assert _placed("topo-pack", {"a": Held(frozenset({0, 1, 2}), 1, 500), "b": Held(frozenset({0, 1, 2}), 1, 500)}) \
         == {"x": (3, 7)}
@@ -140,3 +143,10 @@ def test_holding_takes_what_is_free_of_the_held_parts_and_gives_it_back() -> Non
         assert (free.cpu_counts, free.mem_counts) == ([0, 7], [6500, 0])
         assert list(free.gpu_counts) == [2, 3]
     assert (free.free_on(0), free.free_on(1), free.cpu_counts, free.mem_counts, free.free_gpus) == before
+    # taken in for a round (place() does so), a choice's holding takes nothing twice
+    free.take_held(held)
+    taken = (free.free_on(0), free.free_on(1), free.cpu_counts[:], free.mem_counts[:], free.free_gpus)
+    assert taken == ([2, 3], [4, 5, 6], [0, 7], [6500, 0], 5)
+    with free.holding(held):
+        assert (free.free_on(0), free.free_on(1), free.cpu_counts, free.mem_counts, free.free_gpus) == taken
+    assert free.copy().outside is held

@@ -801,7 +801,10 @@ def _running_read(walk: Any, skip: int, running: int) -> list[Job]:
 def _free_gpus(plan: Plan, view: pb.View) -> int:
     free = plan.free_gpus
     if free is None:
-        free = view.cluster.num_gpus - len({g for a in plan.allocations.values() for g in a.gpu_ids})
+        used = {g for a in plan.allocations.values() for g in a.gpu_ids}
+        if view.blocked is not None and view.blocked.held:  # (and those work outside the plan holds)
+            used.update(g for p in view.blocked.held for g in p.gpus)
+        free = view.cluster.num_gpus - len(used)
     return free
 
 

@@ -564,7 +564,7 @@ class PlacePolicy(Stage):
         b = view.blocked
         if b is not None:
             with ExitStack() as held:
-                if b.held:
+                if b.held and free.outside is not b.held:  # (place() took them in for the round)
                     held.enter_context(free.holding(b.held))
                 if b.room:
                     held.enter_context(free.masked(*b.masks(free.cluster, req.jobs)))
@@ -705,6 +705,8 @@ class PlacePolicy(Stage):
             free = self._sticky_start(requests, order, selected, done, plan, view)
         else:
             free = FreeState(view.cluster)
+        if view.blocked is not None and view.blocked.held:
+            free.take_held(view.blocked.held)  # (work outside the plan: not free all round, so not walked for)
         # phase 2a: sticky keeps selected running requests whose size changed on their GPUs if they fit
         if self.sticky:
             for i in order:

@@ -38,7 +38,7 @@ class FreeState:
     each call: read them once per question, never write them.
     """
 
-    __slots__ = ("cluster", "free_gpus", "gpu_counts", "cpu_counts", "mem_counts", "_gf", "_off", "_view")
+    __slots__ = ("cluster", "free_gpus", "gpu_counts", "cpu_counts", "mem_counts", "_gf", "_off", "_view", "outside")
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -47,6 +47,8 @@ class FreeState:
                   [n.mem_mb for n in cluster.nodes], bytearray(sizes) if max(sizes, default=0) < 256 else array("q", sizes))
         self._off: list[int] = cluster.gpu_offset.tolist()
         self.free_gpus: int = cluster.num_gpus  #: free GPUs in all (``node_gpus.sum()``, kept as it changes)
+        #: the parts of work outside the plan taken in (:meth:`take_held`; () if none)
+        self.outside: Sequence[Part] = ()
 
     def _set(self, gf: bytearray, nc: list[int], nm: list[int], counts: bytearray | array) -> None:
         self._gf = gf
@@ -93,6 +95,7 @@ class FreeState:
         new._set(bytearray(self._gf), self.cpu_counts[:], self.mem_counts[:], self.gpu_counts[:])
         new._off = self._off
         new.free_gpus = self.free_gpus
+        new.outside = self.outside
         return new
 
     def reset(self, other: FreeState) -> None:
@@ -103,6 +106,7 @@ class FreeState:
         self.mem_counts[:] = other.mem_counts
         self.gpu_counts[:] = other.gpu_counts  # type: ignore[assignment]  # (both of one type: one cluster)
         self.free_gpus = other.free_gpus
+        self.outside = other.outside
 
     def masked(self, node_ok: np.ndarray, gpu_ok: np.ndarray) -> _Masked:
         """A context in which only the nodes ``node_ok`` marks (0/1 per node; ``gpu_ok`` the same per GPU)
@@ -110,11 +114,27 @@ class FreeState:
         the state inside it: leaving it restores the buffers as they were on entry."""
         return _Masked(self, node_ok, gpu_ok)
 
-    def holding(self, held: Iterable[Part]) -> _Holding:
+    def holding(self, held: Sequence[Part]) -> _Holding:
         """A context in which what ``held`` holds (work outside the plan: its GPUs where free, its cores
         and memory up to what is left) looks taken.  Only read the state inside it: leaving it restores
         the buffers as they were on entry."""
         return _Holding(self, held)
+
+    def take_held(self, held: Sequence[Part]) -> None:
+        """Take what is free of ``held`` (work outside the plan): its GPUs that are free, its cores and
+        memory up to what is left (never below zero).  Each once: ``outside`` remembers them."""
+        if held is self.outside:
+            return
+        gf = self._gf
+        for p in held:
+            ids = [g for g in p.gpus if gf[g]]
+            for g in ids:
+                gf[g] = 0
+            self.gpu_counts[p.node] -= len(ids)
+            self.free_gpus -= len(ids)
+            self.cpu_counts[p.node] -= min(max(p.cpus, 0), max(self.cpu_counts[p.node], 0))
+            self.mem_counts[p.node] -= min(max(p.mem_mb, 0), max(self.mem_counts[p.node], 0))
+        self.outside = held
 
     def free_on(self, node: int) -> list[int]:
         gf = self._gf
@@ -265,28 +285,20 @@ class _Holding:
 
     __slots__ = ("free", "held", "saved")
 
-    def __init__(self, free: FreeState, held: Iterable[Part]) -> None:
+    def __init__(self, free: FreeState, held: Sequence[Part]) -> None:
         self.free, self.held = free, held
-        self.saved: tuple[bytearray, bytearray | array, list[int], list[int], int] | None = None
+        self.saved: tuple[bytearray, bytearray | array, list[int], list[int], int, Sequence[Part]] | None = None
 
     def __enter__(self) -> FreeState:
         f = self.free
-        self.saved = (f._gf[:], f.gpu_counts[:], f.cpu_counts[:], f.mem_counts[:], f.free_gpus)
-        gf = f._gf
-        for p in self.held:
-            ids = [g for g in p.gpus if gf[g]]
-            for g in ids:
-                gf[g] = 0
-            f.gpu_counts[p.node] -= len(ids)
-            f.free_gpus -= len(ids)
-            f.cpu_counts[p.node] -= min(max(p.cpus, 0), max(f.cpu_counts[p.node], 0))
-            f.mem_counts[p.node] -= min(max(p.mem_mb, 0), max(f.mem_counts[p.node], 0))
+        self.saved = (f._gf[:], f.gpu_counts[:], f.cpu_counts[:], f.mem_counts[:], f.free_gpus, f.outside)
+        f.take_held(self.held)
         return f
 
     def __exit__(self, *exc: object) -> None:
         f = self.free
         assert self.saved is not None
-        gf, counts, cpus, mem, free = self.saved
+        gf, counts, cpus, mem, free, f.outside = self.saved
         f._gf[:] = gf
         f.gpu_counts[:] = counts  # type: ignore[assignment]  # (a copy of this very buffer)
         f.cpu_counts[:] = cpus
