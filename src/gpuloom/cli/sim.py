@@ -59,6 +59,8 @@ _R = TypeVar("_R")
 TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
 FormatOpt = Annotated[str | None, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-C", help="NODESxGPUS (e.g. 16x4) or a TOML/YAML cluster file.")]
+CpusPerNodeOpt = Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")]
+MemPerNodeOpt = Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")]
 TraceOptOpt = Annotated[
     list[str] | None, typer.Option("--trace-opt", "-T", help="Trace reader option name=value (e.g. pending=error).")
 ]
@@ -288,8 +290,8 @@ def simulate(
     fmt: FormatOpt = None,
     trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
-    cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")] = None,
-    mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")] = None,
+    cpus_per_node: CpusPerNodeOpt = None,
+    mem_gb_per_node: MemPerNodeOpt = None,
     order: Annotated[str, typer.Option(help="Order policy: fifo, sjf, srtf, las, 2d-las, srsf, ftf, ...")] = STAGE_DEFAULTS["order"],
     group: Annotated[str, typer.Option(help="Group policy: none, muri, ...")] = STAGE_DEFAULTS["group"],
     size: Annotated[str, typer.Option(help="Size policy: proportional, greedy, opt, tune, elastic, ...")] = STAGE_DEFAULTS["size"],
@@ -469,8 +471,8 @@ def compare(
     fmt: FormatOpt = None,
     trace_opt: TraceOptOpt = None,
     cluster: ClusterOpt = "16x4",
-    cpus_per_node: Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")] = None,
-    mem_gb_per_node: Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")] = None,
+    cpus_per_node: CpusPerNodeOpt = None,
+    mem_gb_per_node: MemPerNodeOpt = None,
     generate: GenerateOpt = None,
     rate: RateOpt = None,
     limit: LimitOpt = None,
