@@ -54,6 +54,25 @@ def test_a_write_after_another_server_took_the_epoch_is_refused_and_rolled_back(
         b.close()
 
 
+def test_a_submission_to_a_server_whose_database_another_took_is_refused_too(tmp_path: Path) -> None:
+    """Submissions stay fenced: the new server reads new jobs by id (``after_id``), so on PostgreSQL a
+    job the stale server committed after the new one read a higher id would never be scheduled."""
+    url = f"sqlite:///{tmp_path / 'gpuloom.db'}"
+    a, b = Store(url), Store(url)
+    try:
+        a.take_epoch()
+        a.add_job({"command": "true", "gpus": 1}, "alice", "queued")
+        b.take_epoch()
+        with pytest.raises(Fenced):  # its first write since: a submission, with or without a key
+            a.add_jobs_once([{"command": "true", "gpus": 1}], "alice", "queued", "k1")
+        with pytest.raises(Fenced):
+            a.add_jobs_row([{"command": "true", "gpus": 1}], "alice", "queued")
+        assert b.count_jobs() == 1 and b.job_for_key("alice", "k1") is None  # nothing of either stored
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_database_made_before_the_epoch_opens_and_a_store_without_a_fence_is_not_checked(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'gpuloom.db'}"
     old = Store(url)
