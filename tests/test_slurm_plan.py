@@ -5,12 +5,14 @@ tests/test_slurm.py (test_serve_slurm_plans_around_a_job_submitted_directly)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.job import Job, JobSpec
 from gpuloom.core.plan import Allocation, Part, Plan
 from gpuloom.perf.assembly import build_model
 from gpuloom.perf.model import ThroughputModel
+from gpuloom.perf.sensitivity import add_sensitivity
 from gpuloom.perf.topology import add_topology, parse_topology
 from gpuloom.policies.base import View
 from gpuloom.policies.free import FreeState
@@ -150,3 +152,19 @@ def test_holding_takes_what_is_free_of_the_held_parts_and_gives_it_back() -> Non
     with free.holding(held):
         assert (free.free_on(0), free.free_on(1), free.cpu_counts, free.mem_counts, free.free_gpus) == taken
     assert free.copy().outside is held
+
+
+@pytest.mark.parametrize("size", ["greedy", "tune", "opt"])
+def test_synergy_sizers_place_around_what_direct_jobs_hold(size: str) -> None:
+    # a holds GPUs 0-2: x (2 GPUs) goes to b, y (1) to a's last GPU; opt's LP reads the counts left too
+    model = add_sensitivity(build_model(CL))
+    v = small_view([Job(JobSpec("x", 0.0, 2, 100.0), 0), Job(JobSpec("y", 1.0, 1, 100.0), 1)], cluster=CL,
+                   model=model)
+    sched = Scheduler.from_names("fifo", "none", size, "packed-sticky")
+    sched.bind(model)
+    fj = hook({"a": Held(frozenset({0, 1, 2}), 1, 500)})
+    sched.hooks.append(fj)
+    sched.outside.append(fj.held_parts)
+    rnd = sched.schedule(v)
+    sched.check(rnd, v)
+    assert {j: a.gpu_ids for j, a in rnd.plan.allocations.items()} == {"x": (4, 5), "y": (3,)}

@@ -219,6 +219,8 @@ class _Round:
         self.place = place
         self.cluster = view.cluster
         self.free = FreeState(view.cluster)
+        if view.blocked is not None and view.blocked.held:  # (work outside the plan: opt's LP reads the counts)
+            self.free.take_held(view.blocked.held)
         self.plan = Plan()
         self.on_node: dict[int, list[str]] = {}
         self.rank: dict[str, int] = {}

@@ -5,9 +5,9 @@ Users who bypass gpuloom still ``sbatch`` their own jobs.  What those jobs hold
 ``scontrol show job -d`` at each poll) reaches the round's view through
 :class:`ForeignJobs`: the scheduler takes :meth:`ForeignJobs.held_parts` into
 ``View.blocked`` (``Blocked.held``), so the place policy chooses around it with
-its own topology and PM-score rules.  The same object, run as a plan hook after
-the stages, checks the plan against it for stages that place outside
-``choose_for`` (Synergy's ``opt`` LP):
+its own topology and PM-score rules (Synergy's sizers, ``opt``'s LP included,
+start from it too).  The same object, run as a plan hook after the stages,
+checks the plan against it, for a stage that places on its own:
 
 * a job that runs where it runs keeps its allocation (Slurm started it, so
   nothing directly submitted overlaps it);

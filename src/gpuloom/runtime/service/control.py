@@ -5,10 +5,11 @@ As Slurm's ``scontrol`` has them.  What is decided here is stored in the store's
 applies it in its observe phase (:meth:`Control.observe`).
 
 * **Nodes** stay in the cluster the driver plans over (running jobs keep their allocations and
-  the dashboard keeps showing them).  While any node is drained or has a maintenance window, a
+  the dashboard keeps showing them).  While any node is drained or has a maintenance window,
   the place policy keeps new work off it and moves running work off a node that evicts it (the view's
   ``blocked`` nodes, :meth:`Control.blocked`); a plan hook (:meth:`Control.hook`) re-places through the
-  policy whatever a stage placing outside it still puts there (Synergy's ``opt`` LP), or it waits.  ``wait`` drains let the
+  policy whatever a stage still puts there (Synergy's ``opt`` LP, elastic's hysteresis keeping the
+  running plan), or it waits.  ``wait`` drains let the
   node's running jobs finish; ``checkpoint`` drains, and a maintenance window once it has begun,
   take them off too (the driver stops them through the normal preempt path: SIGTERM, checkpoint,
   requeue) and they resume elsewhere.  Before a window starts at ``T`` the node takes only jobs
