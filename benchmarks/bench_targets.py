@@ -36,6 +36,8 @@ gives the simulation's seconds and the two ratios, and the CPU time of the comma
 draws its plots and writes ``series.csv`` and ``jobs.csv`` in children, while it writes the rest): ``cpu`` is
 the command's own process's, the one that waits for them, and the CPU ratio with its children's added is the
 command's whole cost (on a machine with no core to spare, its wall time).
+Each case's process runs with its checkout's bytecode compiled beforehand into a cache outside the checkouts
+(:data:`PYCACHE`), as an installed package has it, whatever ``PYTHONDONTWRITEBYTECODE`` says.
 
 Cases (data from ../shared/data or ``$GPULOOM_DATA``):
 
@@ -90,6 +92,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,7 +138,6 @@ def case_philly_command() -> dict:
     the ``atexit`` handlers, not Python's tear-down): the figures are taken in such a handler, printed there
     and the process ends; where it returns instead, they are taken then and returned."""
     import atexit
-    import tempfile
 
     import psutil
 
@@ -379,8 +381,26 @@ RELATIVE.update({f"muri-l-{t}": (f"2d-las-muri-{t}", 1.0) for t in ("trace1", "t
 
 
 # -- the parent ------------------------------------------------------------------------------------
+#: where the children's bytecode is cached, outside the checkouts (:func:`child_env`)
+PYCACHE = Path(tempfile.gettempdir()) / "gpuloom-bench-pycache"
+_COMPILED: set[Path] = set()
+
+
+def child_env(checkout: Path) -> dict[str, str]:
+    """The environment of a case's process: ``checkout``'s code, its bytecode compiled once into
+    :data:`PYCACHE` (as an installed package has it: a process that times its own start, ``philly-command``,
+    would otherwise time the compiling of every module it imports where ``PYTHONDONTWRITEBYTECODE`` is set)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout / "src"), PYTHONPYCACHEPREFIX=str(PYCACHE))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if checkout not in _COMPILED:
+        _COMPILED.add(checkout)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "src")], env=env,
+                       capture_output=True, timeout=600, check=False)
+    return env
+
+
 def run_child(checkout: Path, case: str, timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
+    env = child_env(checkout)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", case], env=env,
