@@ -13,8 +13,8 @@ KEPT = """
 import atexit, sys
 from gpuloom.cli.ending import exit_without_teardown, keep_until_exit
 class Noisy:
-    def __del__(self):
-        print("freed", flush=True)
+    def __del__(self, say=sys.stdout.write):
+        say("freed\\n")
 keep_until_exit(Noisy())
 atexit.register(lambda: print("atexit handler"))
 print("buffered", end="")  # (stdout is a pipe: block-buffered until flushed)
@@ -44,7 +44,7 @@ def test_a_thread_still_running_gets_the_normal_exit() -> None:
 SIMULATE = """
 import sys
 from gpuloom.sim.metrics import RunResult
-RunResult.__del__ = lambda self: print("result freed", file=sys.stderr, flush=True)
+RunResult.__del__ = lambda self, say=sys.stderr.write: say("result freed\\n")  # (no name to look up then)
 from gpuloom.cli import {fn}
 sys.argv = ["gpuloom", "simulate", "--generate", "30", "--cluster", "2x4", "--no-plots", "--out", {out!r}]
 {fn}()
