@@ -36,6 +36,8 @@ gives the simulation's seconds and the two ratios, and the CPU time of the comma
 draws its plots and writes ``series.csv`` and ``jobs.csv`` in children, while it writes the rest): ``cpu`` is
 the command's own process's, the one that waits for them, and the CPU ratio with its children's added is the
 command's whole cost (on a machine with no core to spare, its wall time).
+Each case's process runs with its checkout's bytecode compiled beforehand into a cache outside the checkouts
+(:data:`PYCACHE`), as an installed package has it, whatever ``PYTHONDONTWRITEBYTECODE`` says.
 
 Cases (data from ../shared/data or ``$GPULOOM_DATA``):
 
@@ -90,6 +92,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,12 +131,17 @@ def case_philly(check: bool) -> dict:
 
 
 def case_philly_command() -> dict:
-    """``gpuloom simulate`` on Philly as a user runs it, timed from the process's start to the command's end,
-    with ``Simulator.run`` timed inside it."""
-    import tempfile
+    """``gpuloom simulate`` on Philly as a user runs it (the ``gpuloom`` program's entry function), timed from the
+    process's start to the command's end, with ``Simulator.run`` timed inside it.
+
+    The program may end the process itself once its files are written and its output flushed (it then runs
+    the ``atexit`` handlers, not Python's tear-down): the figures are taken in such a handler, printed there
+    and the process ends; where it returns instead, they are taken then and returned."""
+    import atexit
 
     import psutil
 
+    import gpuloom.cli as cli
     from gpuloom.sim.engine import Simulator
 
     sim: dict[str, float] = {}
@@ -147,30 +155,44 @@ def case_philly_command() -> dict:
             sim.update(wall=time.perf_counter() - t, cpu=time.process_time() - c)
 
     Simulator.run = timed_run  # type: ignore[method-assign]
-    from gpuloom.cli import main
+    tmp = tempfile.TemporaryDirectory()
+    out = sys.stdout
+    taken: list[dict] = []
 
-    with tempfile.TemporaryDirectory() as tmp:
-        sys.argv = ["gpuloom", "simulate", "--trace", str(data_dir() / "sia" / "philly_jobs.csv"),
-                    "--cluster", "64x8", "--out", str(Path(tmp) / "run")]
-        out = sys.stdout
-        sys.stdout = open(os.devnull, "w")  # the command's table (printed, not shown)
-        try:
-            main()
-        except SystemExit as e:
-            if e.code:
-                raise RuntimeError(f"gpuloom simulate exited with {e.code}") from None
-        finally:
-            sys.stdout.close()
-            sys.stdout = out
+    def figures() -> dict:
+        if taken:
+            return taken[0]
         wall = time.time() - psutil.Process().create_time()
         cpu = time.process_time()
         used = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the command's children, all waited for)
         children = used.ru_utime + used.ru_stime
-        s = json.loads((Path(tmp) / "run" / "summary.json").read_text())["summary"]
-    return {"wall": wall, "cpu": cpu, "sim_wall": sim["wall"], "sim_cpu": sim["cpu"], "children_cpu": children,
+        s = json.loads((Path(tmp.name) / "run" / "summary.json").read_text())["summary"]
+        taken.append({
+            "wall": wall, "cpu": cpu, "sim_wall": sim["wall"], "sim_cpu": sim["cpu"], "children_cpu": children,
             "result": f"jct {s['mean_jct_s']:.6g} done {s['completed']}; simulation {sim['wall']:.3g} s "
                       f"(cpu {sim['cpu']:.3g}), command {wall / sim['wall']:.2f}x (cpu {cpu / sim['cpu']:.2f}x; "
-                      f"with its children's {children:.2g} s, {(cpu + children) / sim['cpu']:.2f}x)"}
+                      f"with its children's {children:.2g} s, {(cpu + children) / sim['cpu']:.2f}x)"})
+        return taken[0]
+
+    def at_exit() -> None:  # (the program ended the process: print what the caller would have)
+        if not taken:
+            sys.stdout = out
+            print(json.dumps(figures()), flush=True)
+        tmp.cleanup()
+
+    atexit.register(at_exit)
+    sys.argv = ["gpuloom", "simulate", "--trace", str(data_dir() / "sia" / "philly_jobs.csv"),
+                "--cluster", "64x8", "--out", str(Path(tmp.name) / "run")]
+    sys.stdout = open(os.devnull, "w")  # the command's table (printed, not shown)
+    try:
+        getattr(cli, "entry", cli.main)()
+    except SystemExit as e:
+        if e.code:
+            raise RuntimeError(f"gpuloom simulate exited with {e.code}") from None
+    finally:
+        sys.stdout.close()
+        sys.stdout = out
+    return figures()
 
 
 def case_muri_s() -> dict:
@@ -359,8 +381,26 @@ RELATIVE.update({f"muri-l-{t}": (f"2d-las-muri-{t}", 1.0) for t in ("trace1", "t
 
 
 # -- the parent ------------------------------------------------------------------------------------
+#: where the children's bytecode is cached, outside the checkouts (:func:`child_env`)
+PYCACHE = Path(tempfile.gettempdir()) / "gpuloom-bench-pycache"
+_COMPILED: set[Path] = set()
+
+
+def child_env(checkout: Path) -> dict[str, str]:
+    """The environment of a case's process: ``checkout``'s code, its bytecode compiled once into
+    :data:`PYCACHE` (as an installed package has it: a process that times its own start, ``philly-command``,
+    would otherwise time the compiling of every module it imports where ``PYTHONDONTWRITEBYTECODE`` is set)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout / "src"), PYTHONPYCACHEPREFIX=str(PYCACHE))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if checkout not in _COMPILED:
+        _COMPILED.add(checkout)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "src")], env=env,
+                       capture_output=True, timeout=600, check=False)
+    return env
+
+
 def run_child(checkout: Path, case: str, timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
+    env = child_env(checkout)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", case], env=env,

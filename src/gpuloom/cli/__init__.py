@@ -104,6 +104,19 @@ def main() -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
+def entry() -> None:
+    """The ``gpuloom`` program: :func:`main`; after a command that kept its objects for the process's end, the
+    process ends without freeing them (:mod:`.ending`)."""
+    from .ending import ends_without_teardown, exit_without_teardown
+
+    try:
+        main()
+    except SystemExit as e:
+        if ends_without_teardown() and (e.code is None or isinstance(e.code, int)):
+            exit_without_teardown(e.code or 0)
+        raise
+
+
 from . import elastic  # noqa: E402,F401,I001  (registers elastic)
 from . import sim  # noqa: E402,F401  (registers simulate, compare)
 from . import topo  # noqa: E402,F401  (registers topo)

@@ -47,6 +47,7 @@ from .common import (
     user_errors,
     warn,
 )
+from .ending import keep_until_exit
 from .output import OUT_HELP, Output, command_line, report_line
 from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queue_stage
 
@@ -378,7 +379,8 @@ def simulate(
         if tree is not None:
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
-        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree))
+        ran: list[Any] = []  # (the simulator)
+        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran))
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
@@ -410,6 +412,7 @@ def simulate(
     report.write_summary(result, folder)
     report.write_report(result, folder, drawn)
     output.finish()
+    keep_until_exit(result, specs, ran)  # (the program ends without freeing the run object by object)
     for failed in (jobs_failed, plots_failed):
         if failed is not None:  # (the files are all written, but for the plots a failed drawing did not draw)
             err_console.print(failed.child_traceback.rstrip(), markup=False, highlight=False)
