@@ -376,8 +376,8 @@ class SlurmExecutor(Executor):
                  env: Mapping[str, str] | None = None, hold_s: float = 600.0, start_wait_s: float = 60.0,
                  poll_every_s: float = 0.2, timeout_s: float = 30.0, out_dir: str | None = None,
                  launcher: str = "sbatch") -> None:
-        if launcher not in ("sbatch", "srun"):
-            raise ExecutorError(f"Slurm launcher {launcher!r}: sbatch or srun")
+        if launcher not in ("sbatch", "srun", "steps"):
+            raise ExecutorError(f"Slurm launcher {launcher!r}: sbatch, srun or steps (SlurmStepsExecutor)")
         if launcher != "sbatch" and out_dir is None:
             raise ExecutorError("the srun launcher needs an output directory (out_dir): srun writes there as the job's account")
         self.launcher = launcher
