@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.runtime.exec.executor import LaunchSpec
+from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
 from gpuloom.runtime.exec.identity import lookup
 from gpuloom.runtime.exec.slurm import LIVE, parse_records
 from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
@@ -60,6 +60,15 @@ def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
     assert b.pid == a.pid
     assert wait_until(lambda: steps.poll(), 30, "b's exit") == {"b": 3}
     assert (tmp_path / "b.log").read_text() == "cvd=1,3 cpus=1 mem=200 id=gpuloom step=1\n"
+    # two jobs of the account at once, each on some of its GPUs: two steps side by side in it
+    c = steps.launch(spec("c", CMD + "; sleep 1", tmp_path / "c.log", (3,), cpus=1, mem=150))
+    d = steps.launch(spec("d", CMD, tmp_path / "d.log", (1,), cpus=1, mem=100))
+    assert c.pid == d.pid == a.pid
+    got: dict[str, int | None] = {}
+    wait_until(lambda: got.update(steps.poll()) or len(got) == 2, 30, "c's and d's exits")
+    assert got == {"c": 0, "d": 0}
+    assert [(tmp_path / f"{x}.log").read_text() for x in "cd"] == [
+        "cvd=3 cpus=1 mem=150 id=gpuloom step=2\n", "cvd=1 cpus=1 mem=100 id=gpuloom step=3\n"]
     # idle for linger_s: cancelled
     wait_until(lambda: steps.poll() == {} and not steps.allocs, 10, "the idle allocation to be cancelled")
     wait_until(lambda: slurm.job(a.pid)["JobState"] == "CANCELLED", 10, "Slurm's end of the allocation")
@@ -72,16 +81,22 @@ def test_another_accounts_job_never_runs_in_an_accounts_allocation(steps: SlurmS
                                                                    tmp_path: Path) -> None:
     a = steps.launch(spec("a", "true", tmp_path / "a.log", (0, 1)))
     assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 0}
+    y = steps.launch(spec("y", "sleep 1", tmp_path / "y.log", (0,)))
+    assert y.pid == a.pid
     # Slurm itself refuses a step of another uid in it
-    r = slurm.run("srun", f"--jobid={a.pid}", "--uid=65534", "--gid=65534", "--exact", "--gres=gpu:g0:1",
+    r = slurm.run("srun", f"--jobid={a.pid}", "--uid=65534", "--gid=65534", "--exact", "--gres=gpu:g1:1",
                   "--mem=10", "/bin/true", check=False)
     assert r.returncode != 0 and "Access/permission denied" in r.stderr, r.stderr
-    # a job of the service's own account on those GPUs: the idle allocation is cancelled, not used
-    b = steps.launch(spec("b", CMD, tmp_path / "b.log", (0, 1), user=None))
+    # a job of the service's own account onto its free GPU waits while the allocation runs a step ...
+    with pytest.raises(NodeUnavailable, match=r"GPU\(s\) \[1\] of gpn0 are in an allocation of another"):
+        steps.launch(spec("b", CMD, tmp_path / "b.log", (1,), user=None))
+    assert wait_until(lambda: steps.poll(), 30, "y's exit") == {"y": 0}
+    # ... and once it is idle, the allocation is cancelled, not used
+    b = steps.launch(spec("b", CMD, tmp_path / "b.log", (1,), user=None))
     assert b.pid != a.pid and slurm.job(b.pid)["UserId"] == "root(0)"
     assert slurm.job(a.pid)["JobState"] in ("CANCELLED", "COMPLETING")
     assert wait_until(lambda: steps.poll(), 30, "b's exit") == {"b": 0}
-    assert (tmp_path / "b.log").read_text() == "cvd=0,1 cpus=2 mem=300 id=root step=0\n"
+    assert (tmp_path / "b.log").read_text() == "cvd=1 cpus=2 mem=300 id=root step=0\n"
     # a job of the account on other GPUs gets an allocation of its own beside the idle one
     c = steps.launch(spec("c", "true", tmp_path / "c.log", (2,)))
     assert c.pid not in (a.pid, b.pid) and b.pid in steps.allocs
@@ -115,7 +130,7 @@ def test_a_restarted_executor_adopts_its_step_and_allocation(steps: SlurmStepsEx
     again.read_nodes()
     assert again.orphans() == [] or [p.job_id for p in again.orphans()] == ["s"]
     assert again.adopt(info) and again.alive("s")
-    assert again.allocs[info.pid].job == "s"
+    assert list(again.allocs[info.pid].jobs) == ["s"]
     assert wait_until(lambda: again.poll(), 30, "the adopted step's exit") == {"s": 0}
     assert log.read_text() == "cvd=3 cpus=2 mem=300 id=gpuloom step=0\ndone\n"
     # the allocation it found is cancelled once idle; the first executor's srun is reaped there
@@ -125,8 +140,8 @@ def test_a_restarted_executor_adopts_its_step_and_allocation(steps: SlurmStepsEx
 
 def test_serve_slurm_steps_preempts_and_resumes_each_step_once(slurm: SlurmCluster, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--executor slurm-steps``: the preempted job resumes as a step, its account's, every step run
-    once; the short job that preempted it takes two of its GPUs, so its idle allocation makes way."""
+    """``--executor slurm-steps``: the short job that preempts the long one runs as a step in the
+    long one's allocation (its account's), and the long one resumes there, every step run once."""
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     (tmp_path / "state").mkdir(mode=0o700)
     s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(job_writable(tmp_path)),
@@ -149,9 +164,8 @@ def test_serve_slurm_steps_preempts_and_resumes_each_step_once(slurm: SlurmClust
         log[-300:] + (s.state_dir / "serve.out").read_text()[-3000:]
     assert [(r["resume"], r["cvd"]) for r in start_records(log)] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
     assert ledger(long["checkpoint_dir"]) == list(range(30))
-    assert len({*pids[long_id], *pids[short_id]}) == 3, pids  # the long job's allocation made way for the short's
-    for sid in {*pids[long_id], *pids[short_id]}:
-        rec = slurm.job(sid)
-        assert rec["JobName"].endswith(".alloc") and rec["UserId"].startswith("gpuloom("), rec
+    assert len({*pids[long_id], *pids[short_id]}) == 1, pids
+    rec = slurm.job(pids[long_id][0])
+    assert rec["JobName"].endswith(".alloc") and rec["UserId"].startswith("gpuloom("), rec
     wait_until(lambda: not live_jobs(slurm), 30, "the service's allocations to be cancelled at its stop")
 

@@ -4,13 +4,16 @@ A batch job or a new allocation starts when slurmctld places it; a step in an
 allocation that already holds its resources starts when ``srun`` reaches the
 node.  Here every job runs as a step (``srun --jobid=A --exact``) in an
 allocation of its own account on its node (``salloc --no-shell --uid``, named
-``<prefix>.alloc``), sized to that job: its GPUs, cores and memory.  When the
-job ends the allocation stays open, idle, for ``linger_s``: the next job of the
-same account given the same GPUs of that node (no more cores or memory) runs as
-a step in it, and one of the same job after a preemption resumes there.  An
-idle allocation whose resources a launch needs (its GPUs, or cores and memory
-the node lacks) is cancelled before that launch asks for its own; one idle for
-``linger_s`` is cancelled.
+``<prefix>.alloc``).  A job goes into one whose GPUs include its own, with
+those GPUs and enough cores and memory left beside its steps; else a new one
+is sized to the job (its GPUs, cores and memory).  When its last step ends an
+allocation stays open, idle, for ``linger_s``: the account's next job there, or
+a preempted job's resume, starts as a step in it.  An idle allocation whose
+resources a launch needs (its GPUs, or cores and memory the node lacks) is
+cancelled before that launch asks for its own, whoever owns it; one idle for
+``linger_s`` is cancelled.  An allocation cannot shrink: a launch of another
+account onto GPUs of one that runs steps is refused (the job stays queued)
+until those steps end.
 
 Slurm checks the step's account against the allocation's owner (a step of
 another uid is refused: ``Access/permission denied``), gives the step its own
@@ -31,7 +34,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .executor import ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
 from .logmirror import set_mirror_offset
@@ -74,8 +77,15 @@ class Alloc:
     cpus: int
     mem_mb: int
     submit: float  # SubmitTime, seconds since the epoch (adoption matches it)
-    job: str | None = None  # the executor id of the job whose step runs in it
+    #: executor id -> (GPUs, cores, MB) of each job whose step runs in it
+    jobs: dict[str, tuple[frozenset[int], int, int]] = field(default_factory=dict)
     idle_since: float = 0.0  # monotonic
+
+    def room(self, gpus: frozenset[int], cpus: int, mem_mb: int) -> bool:
+        """Whether a step of ``gpus``, ``cpus`` cores and ``mem_mb`` fits beside the steps in it."""
+        used = list(self.jobs.values())
+        return (gpus <= self.gpus and not any(g & gpus for g, _, _ in used)
+                and sum(c for _, c, _ in used) + cpus <= self.cpus and sum(m for _, _, m in used) + mem_mb <= self.mem_mb)
 
 
 @dataclass(slots=True)
@@ -120,11 +130,11 @@ class SlurmStepsExecutor(SlurmExecutor):
         node, gres, cpus = self._check_launch(spec)
         acct = run_as(spec.user)
         a = self._alloc_for(spec, node, gres, cpus, acct)
-        a.job = spec.job_id
+        a.jobs[spec.job_id] = (frozenset(spec.gpus), cpus, max(1, spec.mem_mb))
         try:
             st = self._start_step(spec, a, gres, cpus, acct)
         except BaseException:
-            a.job, a.idle_since = None, time.monotonic()
+            self._leave(a, spec.job_id)
             raise
         self.steps[spec.job_id] = st
         info = ProcInfo(spec.job_id, spec.node, a.sid, a.submit, spec.log_path, st.exit_file)
@@ -134,14 +144,18 @@ class SlurmStepsExecutor(SlurmExecutor):
 
     def _alloc_for(self, spec: LaunchSpec, node: SlurmNode, gres: str | None, cpus: int,
                    acct: tuple[int, int] | None) -> Alloc:
-        """An idle allocation of the job's account holding just its GPUs, or a new one; idle allocations in
-        its way are cancelled first."""
+        """An allocation of the job's account on its node with room for it (the smallest), or a new one sized
+        to it; idle allocations in its way are cancelled first, whoever owns them."""
         uid = acct[0] if acct is not None else os.geteuid()
         want = frozenset(spec.gpus)
-        for a in self.allocs.values():
-            if (a.job is None and a.uid == uid and a.node == spec.node and a.gpus == want and a.cpus >= cpus
-                    and a.mem_mb >= spec.mem_mb):
-                return a
+        mem = max(1, spec.mem_mb)
+        fits = [a for a in self.allocs.values() if a.uid == uid and a.node == spec.node and a.room(want, cpus, mem)]
+        if fits:
+            return min(fits, key=lambda a: (len(a.gpus), a.cpus, a.mem_mb))
+        busy = sorted(g for a in self.allocs.values() if a.jobs and a.node == spec.node for g in a.gpus & want)
+        if busy:  # an allocation cannot shrink: its GPUs come free when its steps end
+            raise NodeUnavailable(f"job {spec.job_id}: GPU(s) {busy} of {spec.node} are in an allocation of "
+                                  "another job's account (or too full for it) until its steps end")
         used_c = used_m = 0
         for rec in self.jobs.values():
             if rec.get("JobState") in LIVE and rec.get("NodeList") == spec.node:
@@ -149,7 +163,7 @@ class SlurmStepsExecutor(SlurmExecutor):
                 used_c, used_m = used_c + c, used_m + m
         gone = []
         for a in sorted(self.allocs.values(), key=lambda a: a.idle_since):
-            if a.job is None and a.node == spec.node and (
+            if not a.jobs and a.node == spec.node and (
                     a.gpus & want or used_c + cpus > node.cpus or used_m + spec.mem_mb > node.mem_mb):
                 self._drop_alloc(a.sid)
                 gone.append(a.sid)
@@ -239,10 +253,11 @@ class SlurmStepsExecutor(SlurmExecutor):
                 return {}
             for sid in [sid for sid in self.allocs if self.jobs.get(sid, {}).get("JobState") not in LIVE]:
                 a = self.allocs.pop(sid)
-                if a.job is not None and a.job not in self.exits and a.job not in self._stopping:
-                    self.exits[a.job] = None
-                    self.reasons[a.job] = (f"its Slurm allocation {sid} ended "
-                                           f"({self.jobs.get(sid, {}).get('JobState', 'gone')})")
+                for eid in a.jobs:
+                    if eid in self.steps and eid not in self.exits and eid not in self._stopping:
+                        self.exits[eid] = None
+                        self.reasons[eid] = (f"its Slurm allocation {sid} ended "
+                                             f"({self.jobs.get(sid, {}).get('JobState', 'gone')})")
             for eid, st in self.steps.items():  # adopted steps (no srun here) that ended with no record
                 if st.proc is None and eid not in self.exits and eid not in self._stopping and st.step not in steps:
                     self.exits[eid] = self._step_exit(st)[1]
@@ -259,13 +274,18 @@ class SlurmStepsExecutor(SlurmExecutor):
         st = self.steps.pop(eid, None)
         if st is not None:
             a = self.allocs.get(st.alloc)
-            if a is not None and a.job == eid:
-                a.job, a.idle_since = None, time.monotonic()
+            if a is not None:
+                self._leave(a, eid)
             if st.proc is not None:
                 self._ending.append((st.proc, st.err))
         remote = self.outputs.get(eid)
         self._forget(eid)
         _unlink(remote)
+
+    @staticmethod
+    def _leave(a: Alloc, eid: str) -> None:
+        if a.jobs.pop(eid, None) is not None and not a.jobs:
+            a.idle_since = time.monotonic()
 
     def _reap(self) -> None:
         for p, err in list(self._ending):
@@ -282,19 +302,18 @@ class SlurmStepsExecutor(SlurmExecutor):
             c, m = tres(rec.get("TRES", ""))
             uid = int(re.sub(r"\D", "", rec.get("UserId", "").partition("(")[2]) or -1)
             self.allocs[sid] = Alloc(sid, uid, rec.get("NodeList", ""), frozenset(gres_indices(rec.get("GRES", ""))),
-                                     c, m, _time(rec.get("SubmitTime")), None, time.monotonic())
-            busy = [r for r in self.read_steps().values()
-                    if r["StepId"].split(".")[0] == str(sid) and r.get("Name", "").startswith(self.prefix + ":")]
-            if busy:
-                self.allocs[sid].job = busy[0]["Name"][len(self.prefix) + 1:]
+                                     c, m, _time(rec.get("SubmitTime")), {}, time.monotonic())
+            for r in self.read_steps().values():  # (what each holds is not known here: all of it)
+                if r["StepId"].split(".")[0] == str(sid) and r.get("Name", "").startswith(self.prefix + ":"):
+                    self.allocs[sid].jobs[r["Name"][len(self.prefix) + 1:]] = (self.allocs[sid].gpus, c, m)
 
     def _expire_idle(self) -> None:
         now = time.monotonic()
         for a in list(self.allocs.values()):
-            if a.job is None and now - a.idle_since > self.linger_s:
+            for eid in [e for e in a.jobs if e not in self.steps and e not in self._stopping]:
+                self._leave(a, eid)  # found busy with a step no record adopted (see orphans)
+            if not a.jobs and now - a.idle_since > self.linger_s:
                 self._drop_alloc(a.sid)
-            elif a.job is not None and a.job not in self.steps and a.job not in self._stopping:
-                a.job, a.idle_since = None, now  # found busy with a step no record adopted (see orphans)
 
     def _drop_alloc(self, sid: int) -> None:
         self.allocs.pop(sid, None)
@@ -358,8 +377,8 @@ class SlurmStepsExecutor(SlurmExecutor):
         self.read_jobs()
         self._find_allocs()
         a = self.allocs.get(info.pid)
-        if a is not None:
-            a.job = info.job_id
+        if a is not None:  # (what the step holds is not known here: all of the allocation)
+            a.jobs[info.job_id] = (a.gpus, a.cpus, a.mem_mb)
         self.steps[info.job_id] = Step(info.pid, step or "", info.exit_path)
         self.procs[info.job_id] = info
         self._exit_files[info.job_id] = info.exit_path
@@ -424,5 +443,5 @@ class SlurmStepsExecutor(SlurmExecutor):
 
     def close(self) -> None:
         """Cancel the idle allocations (those with steps stay, for the next service to adopt)."""
-        for a in [a for a in self.allocs.values() if a.job is None]:
+        for a in [a for a in self.allocs.values() if not a.jobs]:
             self._drop_alloc(a.sid)
