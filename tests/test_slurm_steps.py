@@ -138,6 +138,36 @@ def test_a_restarted_executor_adopts_its_step_and_allocation(steps: SlurmStepsEx
     wait_until(lambda: steps.poll() == {"s": 0} or not steps.steps, 10, "the first srun")
 
 
+def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(slurm: SlurmCluster, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    (tmp_path / "state").mkdir(mode=0o700)
+    args = ("--slurm", "all", "--round", "0.2", "--job-dir", str(job_writable(tmp_path)), "--executor", "slurm-steps")
+    s = Server(tmp_path / "state", *args).start()
+    try:
+        with s.client() as c:
+            jid = submit(c, name="a", command=stepper_cmd(200, 0.05), gpus=2)
+            wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
+    finally:
+        s.kill()
+    (step,) = [r for r in parse_records(slurm.scontrol("show", "step")) if r["Name"].endswith(f":{jid}")]
+    assert step["State"] == "RUNNING"  # Slurm runs it on without the service
+    s2 = Server(tmp_path / "state", *args).start()
+    try:
+        with s2.client() as c:
+            row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the adopted job")
+            log = c.get(f"/jobs/{jid}/logs").text
+            events = [e["kind"] for e in c.get(f"/jobs/{jid}/events").json()]
+    finally:
+        s2.stop()
+    assert (row["state"], row["exit_code"], row["attempts"]) == ("finished", 0, 1), \
+        (s2.state_dir / "serve.out").read_text()[-3000:]
+    assert "adopt" in events and events.count("launch") == 1, events
+    assert ledger(row["checkpoint_dir"]) == list(range(200))  # ran once, through the restart
+    assert len(start_records(log)) == 1 and log.count("GPULOOM_PROGRESS iter=200") == 1  # its log copied once
+    wait_until(lambda: not live_jobs(slurm), 30, "the allocation to be cancelled")
+
+
 def test_serve_slurm_steps_preempts_and_resumes_each_step_once(slurm: SlurmCluster, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """``--executor slurm-steps``: the short job that preempts the long one runs as a step in the

@@ -149,10 +149,10 @@ class SlurmStepsExecutor(SlurmExecutor):
         uid = acct[0] if acct is not None else os.geteuid()
         want = frozenset(spec.gpus)
         mem = max(1, spec.mem_mb)
-        fits = [a for a in self.allocs.values() if a.uid == uid and a.node == spec.node and a.room(want, cpus, mem)]
+        fits = [a for a in list(self.allocs.values()) if a.uid == uid and a.node == spec.node and a.room(want, cpus, mem)]
         if fits:
             return min(fits, key=lambda a: (len(a.gpus), a.cpus, a.mem_mb))
-        busy = sorted(g for a in self.allocs.values() if a.jobs and a.node == spec.node for g in a.gpus & want)
+        busy = sorted(g for a in list(self.allocs.values()) if a.jobs and a.node == spec.node for g in a.gpus & want)
         if busy:  # an allocation cannot shrink: its GPUs come free when its steps end
             raise NodeUnavailable(f"job {spec.job_id}: GPU(s) {busy} of {spec.node} are in an allocation of "
                                   "another job's account (or too full for it) until its steps end")
@@ -162,7 +162,7 @@ class SlurmStepsExecutor(SlurmExecutor):
                 c, m = tres(rec.get("TRES", ""))
                 used_c, used_m = used_c + c, used_m + m
         gone = []
-        for a in sorted(self.allocs.values(), key=lambda a: a.idle_since):
+        for a in sorted(list(self.allocs.values()), key=lambda a: a.idle_since):
             if not a.jobs and a.node == spec.node and (
                     a.gpus & want or used_c + cpus > node.cpus or used_m + spec.mem_mb > node.mem_mb):
                 self._drop_alloc(a.sid)
@@ -239,7 +239,7 @@ class SlurmStepsExecutor(SlurmExecutor):
 
     def poll(self) -> dict[str, int | None]:
         self._reap()
-        for eid, st in self.steps.items():
+        for eid, st in list(self.steps.items()):
             if eid not in self.exits and eid not in self._stopping:
                 done, code = self._step_exit(st)
                 if done:
@@ -258,7 +258,7 @@ class SlurmStepsExecutor(SlurmExecutor):
                         self.exits[eid] = None
                         self.reasons[eid] = (f"its Slurm allocation {sid} ended "
                                              f"({self.jobs.get(sid, {}).get('JobState', 'gone')})")
-            for eid, st in self.steps.items():  # adopted steps (no srun here) that ended with no record
+            for eid, st in list(self.steps.items()):  # adopted steps (no srun here) that ended with no record
                 if st.proc is None and eid not in self.exits and eid not in self._stopping and st.step not in steps:
                     self.exits[eid] = self._step_exit(st)[1]
             self._find_allocs()
@@ -296,7 +296,7 @@ class SlurmStepsExecutor(SlurmExecutor):
     def _find_allocs(self) -> None:
         """Allocations of this service's it does not know (an earlier incarnation's): kept as idle ones,
         busy while a step of this service's runs in them."""
-        for sid, rec in self.jobs.items():
+        for sid, rec in list(self.jobs.items()):
             if sid in self.allocs or rec.get("JobName") != self.alloc_name or rec.get("JobState") not in LIVE:
                 continue
             c, m = tres(rec.get("TRES", ""))
@@ -310,7 +310,7 @@ class SlurmStepsExecutor(SlurmExecutor):
     def _expire_idle(self) -> None:
         now = time.monotonic()
         for a in list(self.allocs.values()):
-            for eid in [e for e in a.jobs if e not in self.steps and e not in self._stopping]:
+            for eid in [e for e in list(a.jobs) if e not in self.steps and e not in self._stopping]:
                 self._leave(a, eid)  # found busy with a step no record adopted (see orphans)
             if not a.jobs and now - a.idle_since > self.linger_s:
                 self._drop_alloc(a.sid)
@@ -433,15 +433,15 @@ class SlurmStepsExecutor(SlurmExecutor):
 
     def evict(self, node: str) -> list[str]:
         """Cancel this executor's allocations on ``node`` (lost: drained or down) with their steps."""
-        gone = [e for e, st in self.steps.items() if self.procs[e].node == node]
+        gone = [e for e, st in list(self.steps.items()) if self.procs[e].node == node]
         for e in gone:
             self.exits.pop(e, None)
             self._end(e)
-        for a in [a for a in self.allocs.values() if a.node == node]:
+        for a in [a for a in list(self.allocs.values()) if a.node == node]:
             self._drop_alloc(a.sid)
         return gone
 
     def close(self) -> None:
         """Cancel the idle allocations (those with steps stay, for the next service to adopt)."""
-        for a in [a for a in self.allocs.values() if not a.jobs]:
+        for a in [a for a in list(self.allocs.values()) if not a.jobs]:
             self._drop_alloc(a.sid)
