@@ -5,6 +5,7 @@ preemption and resume with every step run once, adoption after a restart, throug
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def steps(slurm: SlurmCluster, tmp_path: Path) -> Iterator[SlurmStepsExecutor]:
     yield e
     slurm.cancel_all()
     slurm.run("scancel", "--user=gpuloom", check=False)
-    wait_until(lambda: not live_jobs(slurm), 30, "the jobs to end")
+    # (an allocation whose step ended while slurmctld was down stays COMPLETING until slurmstepd's retry)
+    wait_until(lambda: not live_jobs(slurm), 120, "the jobs to end")
 
 
 def spec(eid: str, command: str, log: Path, gpus: tuple[int, ...], user: str | None = "gpuloom", cpus: int = 2,
@@ -146,6 +148,28 @@ def test_a_lost_node_cancels_its_allocations_and_their_steps(steps: SlurmStepsEx
     assert steps.evict("gpn0") == ["x"] and steps.allocs == {} and steps.steps == {}
     wait_until(lambda: slurm.job(info.pid)["JobState"] == "CANCELLED", 20, "the allocation's end")
     assert steps.poll() == {}  # evicted jobs are not reported ended: the service moves them
+
+
+def test_a_step_ends_while_slurmctld_is_down_and_its_allocation_goes_after(
+        steps: SlurmStepsExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    log = tmp_path / "r.log"
+    info = steps.launch(spec("r", "sleep 2; echo done", log, (2,)))
+    slurm.stop_daemon("slurmctld")
+    try:
+        # the step's own exit record reports its end without the controller
+        assert wait_until(lambda: steps.poll(), 30, "r's exit while slurmctld is down") == {"r": 0}
+        assert log.read_text() == "done\n"
+        time.sleep(1.5)  # past linger_s: the idle allocation cannot be cancelled yet
+        assert steps.poll() == {}
+    finally:
+        slurm.start_ctld()
+    # once the controller answers, the idle allocation is cancelled (Slurm keeps it COMPLETING until the
+    # step's own completion message, which slurmstepd retries, gets through) and not taken up again
+    wait_until(lambda: steps.poll() == {} and slurm.job(info.pid)["JobState"] in ("COMPLETING", "CANCELLED"), 30,
+               "the allocation to be cancelled", lambda: f"{slurm.job(info.pid)} {steps.allocs}")
+    for _ in range(5):
+        assert steps.poll() == {} and steps.allocs == {}
+        time.sleep(0.3)
 
 
 def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(slurm: SlurmCluster, tmp_path: Path,

@@ -244,30 +244,35 @@ class SlurmStepsExecutor(SlurmExecutor):
                 done, code = self._step_exit(st)
                 if done:
                     self.exits[eid] = code
-        if time.monotonic() - self._read_at >= self.poll_every_s:
+        # (exits the steps recorded go out first: Slurm is read at the next poll, and not waited for)
+        if time.monotonic() - self._read_at >= self.poll_every_s and not (set(self.exits) & set(self.procs)):
             try:
-                self.read_jobs()
-                steps = self.read_steps() if any(st.proc is None for st in self.steps.values()) else {}
-            except SlurmError as e:  # slurmctld restarting: nothing is known to have ended
+                self._follow_slurm()
+            except SlurmError as e:  # slurmctld restarting: only the steps' own exit records count
                 log.warning("cannot read Slurm's jobs: %s", e)
-                return {}
-            for sid in [sid for sid in self.allocs if self.jobs.get(sid, {}).get("JobState") not in LIVE]:
-                a = self.allocs.pop(sid)
-                for eid in a.jobs:
-                    if eid in self.steps and eid not in self.exits and eid not in self._stopping:
-                        self.exits[eid] = None
-                        self.reasons[eid] = (f"its Slurm allocation {sid} ended "
-                                             f"({self.jobs.get(sid, {}).get('JobState', 'gone')})")
-            for eid, st in list(self.steps.items()):  # adopted steps (no srun here) that ended with no record
-                if st.proc is None and eid not in self.exits and eid not in self._stopping and st.step not in steps:
-                    self.exits[eid] = self._step_exit(st)[1]
-            self._find_allocs()
-            self._expire_idle()
-            self.mirror([e for e in self.outputs if e not in self.exits])
         out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
         for x in out:
             self._end(x)
         return out
+
+    def _follow_slurm(self) -> None:
+        """Allocations and steps as Slurm has them: ended allocations end their steps' jobs; steps this
+        service did not start that are gone; allocations found, and idle ones expired."""
+        self.read_jobs()
+        steps = self.read_steps() if any(st.proc is None for st in self.steps.values()) else {}
+        for sid in [sid for sid in self.allocs if self.jobs.get(sid, {}).get("JobState") not in LIVE]:
+            a = self.allocs.pop(sid)
+            for eid in a.jobs:
+                if eid in self.steps and eid not in self.exits and eid not in self._stopping:
+                    self.exits[eid] = None
+                    self.reasons[eid] = (f"its Slurm allocation {sid} ended "
+                                         f"({self.jobs.get(sid, {}).get('JobState', 'gone')})")
+        for eid, st in list(self.steps.items()):  # adopted steps (no srun here) that ended with no record
+            if st.proc is None and eid not in self.exits and eid not in self._stopping and st.step not in steps:
+                self.exits[eid] = self._step_exit(st)[1]
+        self._find_allocs()
+        self._expire_idle()
+        self.mirror([e for e in self.outputs if e not in self.exits])
 
     def _end(self, eid: str) -> None:
         """The job's step is over: its allocation is idle from now, its files go."""
@@ -297,7 +302,8 @@ class SlurmStepsExecutor(SlurmExecutor):
         """Allocations of this service's it does not know (an earlier incarnation's): kept as idle ones,
         busy while a step of this service's runs in them."""
         for sid, rec in list(self.jobs.items()):
-            if sid in self.allocs or rec.get("JobName") != self.alloc_name or rec.get("JobState") not in LIVE:
+            if (sid in self.allocs or rec.get("JobName") != self.alloc_name or rec.get("JobState") not in LIVE
+                    or rec.get("JobState") == "COMPLETING"):  # (cancelled already: ending)
                 continue
             c, m = tres(rec.get("TRES", ""))
             uid = int(re.sub(r"\D", "", rec.get("UserId", "").partition("(")[2]) or -1)
