@@ -79,6 +79,24 @@ def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
     assert sorted(os.listdir(out / "gpuloom")) == [] and [n for n in os.listdir(out) if n != "gpuloom"] == []
 
 
+def test_a_step_that_writes_its_exit_and_runs_on_is_cancelled(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A job that reports its own end early cannot keep its GPUs: its step is cancelled after the
+    grace period, though its allocation lingers (long here)."""
+    e = SlurmStepsExecutor("glsteps", env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"), linger_s=120.0)
+    e.read_nodes()
+    try:
+        d = f"{e.out_dir}/gpuloom"
+        info = e.launch(spec("lie", f'echo 0 > {d}/lie.$SLURM_JOB_ID.exit; sleep 60', tmp_path / "l.log", (0,)))
+        assert wait_until(lambda: e.poll(), 30, "the reported exit") == {"lie": 0}
+        step = f"{info.pid}.0"
+        assert step in e.read_steps()
+        wait_until(lambda: e.poll() == {} and step not in e.read_steps(), 20, "the step to be cancelled")
+        assert slurm.job(info.pid)["JobState"] == "RUNNING" and info.pid in e.allocs  # the allocation lingers
+    finally:
+        e.close()
+        wait_until(lambda: not live_jobs(slurm), 30, "the allocation to end")
+
+
 def test_another_accounts_job_never_runs_in_an_accounts_allocation(steps: SlurmStepsExecutor, slurm: SlurmCluster,
                                                                    tmp_path: Path) -> None:
     a = steps.launch(spec("a", "true", tmp_path / "a.log", (0, 1)))

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from .executor import ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
 from .logmirror import set_mirror_offset
 from .slurm import (
+    ENDED_GRACE_S,
     LIVE,
     SlurmError,
     SlurmExecutor,
@@ -114,7 +115,8 @@ class SlurmStepsExecutor(SlurmExecutor):
         self.linger_s = float(linger_s)
         self.allocs: dict[int, Alloc] = {}
         self.steps: dict[str, Step] = {}
-        self._ending: list[tuple[subprocess.Popen[bytes], str | None]] = []  # sruns of ended steps, to reap
+        #: sruns of steps reported ended, to reap: (srun, its messages, the step, when it was reported ended)
+        self._ending: list[tuple[subprocess.Popen[bytes], str | None, str, float]] = []
 
     @property
     def alloc_name(self) -> str:
@@ -282,7 +284,7 @@ class SlurmStepsExecutor(SlurmExecutor):
             if a is not None:
                 self._leave(a, eid)
             if st.proc is not None:
-                self._ending.append((st.proc, st.err))
+                self._ending.append((st.proc, st.err, st.step, time.monotonic()))
         remote = self.outputs.get(eid)
         self._forget(eid)
         _unlink(remote)
@@ -293,9 +295,18 @@ class SlurmStepsExecutor(SlurmExecutor):
             a.idle_since = time.monotonic()
 
     def _reap(self) -> None:
-        for p, err in list(self._ending):
-            if p.poll() is not None:
-                self._ending.remove((p, err))
+        for e in list(self._ending):
+            p, err, step, t = e
+            if p.poll() is None and time.monotonic() - t > ENDED_GRACE_S:  # it wrote its exit but runs on
+                try:
+                    self.cmd("scancel", step, ok=("Invalid job", "completing or completed"))
+                except SlurmError as why:  # (slurmctld restarting: again at the next poll)
+                    log.warning("cannot cancel Slurm step %s: %s", step, why)
+                    continue
+                log.warning("Slurm step %s wrote its exit but runs on: cancelled", step)
+                self._ending[self._ending.index(e)] = (p, err, step, float("inf"))
+            elif p.poll() is not None:
+                self._ending.remove(e)
                 _unlink(err)
 
     def _find_allocs(self) -> None:
