@@ -90,6 +90,11 @@ def test_a_step_that_writes_its_exit_and_runs_on_is_cancelled(slurm: SlurmCluste
         assert wait_until(lambda: e.poll(), 30, "the reported exit") == {"lie": 0}
         step = f"{info.pid}.0"
         assert step in e.read_steps()
+        # meanwhile the account's next job on that GPU, in that allocation, waits a little, then is refused
+        t = time.monotonic()
+        with pytest.raises(NodeUnavailable, match=f"no step in Slurm allocation {info.pid}: not launched within 5 s"):
+            e.launch(spec("next", "true", tmp_path / "n.log", (0,)))
+        assert 5.0 < time.monotonic() - t < 10.0
         wait_until(lambda: e.poll() == {} and step not in e.read_steps(), 20, "the step to be cancelled")
         assert slurm.job(info.pid)["JobState"] == "RUNNING" and info.pid in e.allocs  # the allocation lingers
     finally:

@@ -63,6 +63,10 @@ LINGER_S = 2.0
 #: how long salloc may wait for its allocation (``--immediate``): resources a cancelled allocation
 #: frees reach slurmctld within tens of ms; a refusal leaves the job queued for a later round
 PLACE_WAIT_S = 2
+#: how long srun may take to launch a step (0.1-0.2 s here): one waiting longer waits for resources of
+#: its allocation that another step still holds, while the round waits; it is withdrawn and the job
+#: stays queued
+STEP_WAIT_S = 5.0
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _STEP = re.compile(r"launching StepId=(\d+\.\d+)")
 
@@ -206,20 +210,23 @@ class SlurmStepsExecutor(SlurmExecutor):
         with open(err, "wb") as ef:
             p = subprocess.Popen([self._which("srun"), *argv[1:], script], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=ef, env=self.env, cwd="/", start_new_session=True)
-        end = time.monotonic() + self.timeout_s
+        t0 = time.monotonic()
         while True:
             text = _read_text(err)
             m = _STEP.search(text)
             if m is not None:
                 self.outputs[spec.job_id] = out
                 return Step(a.sid, m.group(1), exit_file, p, err, script)
-            if p.poll() is not None or time.monotonic() > end:
+            waited = time.monotonic() - t0
+            if p.poll() is not None or waited > min(self.timeout_s, STEP_WAIT_S):
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
                 _unlink(err)
                 _unlink(script)
-                why = " ".join(ln for ln in text.splitlines() if "error" in ln)[:300] or f"srun exited {p.returncode}"
+                why = (" ".join(ln for ln in text.splitlines() if "error:" in ln)[:300]  # (not -v's option list)
+                       or (f"srun exited {p.returncode}" if p.returncode is not None and p.returncode >= 0 else
+                           f"not launched within {min(self.timeout_s, STEP_WAIT_S):g} s (its resources are busy)"))
                 raise NodeUnavailable(f"job {spec.job_id}: no step in Slurm allocation {a.sid}: {why}")
             time.sleep(0.01)
 
