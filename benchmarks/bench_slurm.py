@@ -12,14 +12,18 @@ The workload goes, one configuration after the other, through:
   ``srtf``, with the same time limits as ``slurm+time`` (whole minutes) and the run time as its work
   estimate (``iterations`` x ``iteration_time``);
 * ``gpuloom/slurm``: ``gpuloom serve --slurm all``, ``fifo`` then ``srtf``;
-* ``gpuloom/srun``: the same with ``--executor slurm-srun`` (each job an allocation with one step).
+* ``gpuloom/srun``: the same with ``--executor slurm-srun`` (each job an allocation with one step);
+* ``gpuloom/steps``: the same with ``--executor slurm-steps`` (each job a step in an allocation of its
+  account's that the service keeps open).
+
+Every job is the service's default job account's (one user), in every configuration.
 
 Each run of a job appends ``start``/``end`` records (wall clock, its ``CUDA_VISIBLE_DEVICES``) to
 a file, so every configuration is measured by the same clock in the job itself: JCT = last end -
 submit; makespan = last end - first submit; **hand-off** = a run's start minus the moment the last
 of its GPUs came free (the end of the previous run there), for runs that were waiting for them.
 
-Run: ``python benchmarks/run.py slurm`` (root, with ``slurm-wlm`` and ``munge``; about 10 minutes), or
+Run: ``python benchmarks/run.py slurm`` (root, with ``slurm-wlm`` and ``munge``; about 13 minutes), or
 ``python benchmarks/bench_slurm.py NAME...`` for some configurations (``"gpuloom/slurm fifo"``).
 """
 
@@ -207,6 +211,10 @@ def main() -> None:
             ("gpuloom/srun fifo", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--executor", "slurm-srun"])),
             ("gpuloom/srun srtf", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--executor", "slurm-srun",
                                                                               "--order", "srtf"])),
+            ("gpuloom/steps fifo", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--executor",
+                                                                               "slurm-steps"])),
+            ("gpuloom/steps srtf", lambda t: run_gpuloom(jobs, base, py, t, ["--slurm", "all", "--executor",
+                                                                               "slurm-steps", "--order", "srtf"])),
         ]
         only = sys.argv[1:]  # configuration names to run (default: all)
         for k, (name, fn) in enumerate(configs):
@@ -229,7 +237,8 @@ def main() -> None:
         return
     base_jct = by["slurm"]["mean"]
     for own, over in (("gpuloom fifo", "gpuloom/slurm fifo"), ("gpuloom srtf", "gpuloom/slurm srtf"),
-                      ("gpuloom fifo", "gpuloom/srun fifo"), ("gpuloom srtf", "gpuloom/srun srtf")):
+                      ("gpuloom fifo", "gpuloom/srun fifo"), ("gpuloom srtf", "gpuloom/srun srtf"),
+                      ("gpuloom fifo", "gpuloom/steps fifo"), ("gpuloom srtf", "gpuloom/steps srtf")):
         if own not in by or over not in by:
             continue
         gain, kept = base_jct - by[own]["mean"], base_jct - by[over]["mean"]

@@ -177,14 +177,14 @@ def test_executors_by_name_entry_point_or_module_function(tmp_path: Path) -> Non
     """)
     assert r.returncode == 0, r.stderr
     # each built-in registers itself in its own module: adding one is adding a file
-    assert r.stdout.splitlines() == ["['local', 'mine', 'ray', 'slurm', 'slurm-srun'] True",
+    assert r.stdout.splitlines() == ["['local', 'mine', 'ray', 'slurm', 'slurm-srun', 'slurm-steps'] True",
                                      "['gpuloom.cli.executor.local', 'gpuloom.cli.executor.ray', "
                                      "'gpuloom.cli.executor.slurm']", "broken broken"]
     env = {**os.environ, "GPULOOM_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(SRC)}
     r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--executor", "lcoal", "--port", "0"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stderr.strip()) == (
-        2, "error: unknown executor 'lcoal'; did you mean 'local'? (choose from: local, ray, slurm, slurm-srun; or module:function)")
+        2, "error: unknown executor 'lcoal'; did you mean 'local'? (choose from: local, ray, slurm, slurm-srun, slurm-steps; or module:function)")
 
 
 def test_the_extending_guide_shows_the_example_plugin_as_it_is() -> None:

@@ -26,6 +26,7 @@ from gpuloom.runtime.exec.slurm import (
     node_state_ok,
     parse_records,
     read_output,
+    slurm_argv,
     slurm_node,
 )
 from service_util import (
@@ -65,6 +66,25 @@ def test_gres_and_exit_codes() -> None:
     assert gres_indices("gpu:3(IDX:0,2-3)") == [0, 2, 3]
     assert gres_indices("gpu:g0:0(IDX:N/A),gpu:g2:1(IDX:2)") == [2]
     assert [exit_of(c) for c in ("0:0", "3:0", "0:15", "0:9", "x")] == [0, 3, 143, 137, None]
+
+
+def test_one_argv_builder_places_a_job_for_each_command() -> None:
+    """sbatch, srun, a step in an allocation and salloc get the same placement from one function."""
+    common = dict(name="gl:7", node="gpn0", cpus=4, mem_mb=300, gres="gpu:g1:1,gpu:g3:1", partition="gpu",
+                  workdir="/w", account=(999, 995))
+    place = ["--job-name=gl:7", "--nodes=1", "--ntasks=1", "--cpus-per-task=4", "--mem=300", "--nodelist=gpn0"]
+    run = ["--chdir=/w", "--export=NONE", "--output=/o/7.log", "--error=/o/7.log", "--open-mode=append"]
+    who = ["--uid=999", "--gid=995"]
+    assert slurm_argv("sbatch", out="/o/7.log", **common) == \
+        ["sbatch", "--parsable", *place, *run, "--requeue", "--gres=gpu:g1:1,gpu:g3:1", "--partition=gpu", *who]
+    assert slurm_argv("srun", out="/o/7.log", **common) == \
+        ["srun", "-v", *place, *run, "--input=none", "--gres=gpu:g1:1,gpu:g3:1", "--partition=gpu", *who]
+    assert slurm_argv("step", out="/o/7.log", jobid=41, **common) == \
+        ["srun", "-v", "--jobid=41", *place, *run, "--input=none", "--exact", "--gres=gpu:g1:1,gpu:g3:1", *who]
+    assert slurm_argv("salloc", **{**common, "gres": None, "partition": None, "account": None, "mem_mb": 0}) == \
+        ["salloc", "--no-shell", *place[:4], "--mem=1", "--nodelist=gpn0"]
+    with pytest.raises(ValueError, match="mode 'step' with jobid None"):
+        slurm_argv("step", **common)
 
 
 def test_node_states_and_gpu_declarations() -> None:

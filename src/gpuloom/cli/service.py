@@ -458,8 +458,13 @@ def _slurm_executor(slurm: str, service_id: str, grace: float, sd: Path, job_dir
     base = job_dir or (shared_dir / "checkpoints" if shared_dir is not None else default_job_dir(sd, service_id, switch))
     try:
         private_dir(base, 0o711 if switch else 0o700)  # as the service makes it: job accounts pass through
-        ex = SlurmExecutor(f"gpuloom-{service_id}", partition=None if slurm == "all" else slurm, grace_s=grace,
-                           out_dir=str(Path(base) / "slurm-out"), launcher=launcher)
+        part, out = None if slurm == "all" else slurm, str(Path(base) / "slurm-out")
+        if launcher == "steps":  # jobs as steps in allocations the service keeps (docs/slurm.md)
+            from ..runtime.exec.slurm_steps import SlurmStepsExecutor
+
+            ex: SlurmExecutor = SlurmStepsExecutor(f"gpuloom-{service_id}", part, grace_s=grace, out_dir=out)
+        else:
+            ex = SlurmExecutor(f"gpuloom-{service_id}", partition=part, grace_s=grace, out_dir=out, launcher=launcher)
         return ex, SlurmInventory(ex)
     except (ExecutorError, IdentityError, OSError) as e:
         raise ClusterError(f"--slurm: {e}") from None

@@ -30,3 +30,15 @@ def slurm_srun(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
         raise typer.BadParameter("the slurm-srun executor needs --slurm all or --slurm PARTITION")
     return _slurm_executor(ctx.slurm, ctx.service_id, ctx.grace_s, ctx.state_dir, ctx.job_dir, ctx.shared_dir,
                            ctx.switch_users, launcher="srun")
+
+
+@EXECUTORS.register("slurm-steps")
+def slurm_steps(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
+    """As ``slurm``, each job a step in an allocation of its account's that the service keeps open while
+    that account has work on the node, so a hand-off to its next job is a step start (docs/slurm.md)."""
+    from ..service import _slurm_executor
+
+    if ctx.slurm is None:
+        raise typer.BadParameter("the slurm-steps executor needs --slurm all or --slurm PARTITION")
+    return _slurm_executor(ctx.slurm, ctx.service_id, ctx.grace_s, ctx.state_dir, ctx.job_dir, ctx.shared_dir,
+                           ctx.switch_users, launcher="steps")

@@ -301,6 +301,48 @@ def _time(s: str | None) -> float:
         return 0.0
 
 
+#: what each placing command adds: before the common options, after them
+_MODES = {"sbatch": (["--parsable"], ["--requeue"]), "srun": (["-v"], ["--input=none"]),
+          "step": (["-v"], ["--input=none", "--exact"]), "salloc": (["--no-shell"], [])}
+
+
+def slurm_argv(mode: str, *, name: str, node: str, cpus: int, mem_mb: int, gres: str | None,
+               partition: str | None = None, workdir: str | None = None, out: str | None = None,
+               account: tuple[int, int] | None = None, jobid: int | None = None) -> list[str]:
+    """The argv (without the script) of the command that places one job on ``node``: ``sbatch`` (a batch
+    job), ``srun`` (a new allocation and its step), ``step`` (``srun`` of a step in allocation ``jobid``:
+    no partition, ``--exact`` so it holds only its own cores and memory) or ``salloc`` (an allocation
+    that runs nothing).  ``account``: (uid, gid) to run as (root only); ``out``: the output, appended."""
+    if mode not in _MODES or (mode == "step") != (jobid is not None):
+        raise ValueError(f"slurm_argv: mode {mode!r} with jobid {jobid!r}")
+    first, last = _MODES[mode]
+    argv = ["srun" if mode == "step" else mode, *first]
+    if jobid is not None:
+        argv.append(f"--jobid={jobid}")
+    argv += [f"--job-name={name}", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}", f"--mem={max(1, mem_mb)}",
+             f"--nodelist={node}"]
+    if mode != "salloc":
+        argv += [f"--chdir={workdir or '/'}", "--export=NONE"]
+    if out is not None:
+        argv += [f"--output={out}", f"--error={out}", "--open-mode=append"]
+    argv += last
+    if gres is not None:
+        argv.append(f"--gres={gres}")
+    if partition and mode != "step":
+        argv.append(f"--partition={partition}")
+    if account is not None:  # --uid alone leaves the job the submitter's group (root's): the account's group too
+        argv += [f"--uid={account[0]}", f"--gid={account[1]}"]
+    return argv
+
+
+def run_as(user: str | None) -> tuple[int, int] | None:
+    """(uid, gid) a job of ``user`` is submitted as, or None to submit as the service's own account."""
+    if user is None:
+        return None
+    acc = lookup(user)
+    return (acc.uid, acc.gid) if os.geteuid() != 0 or acc.uid != 0 else None
+
+
 @dataclass(slots=True)
 class _Held:
     """A job stopped by gpuloom and requeued held in Slurm, kept for a relaunch."""
@@ -334,9 +376,9 @@ class SlurmExecutor(Executor):
                  env: Mapping[str, str] | None = None, hold_s: float = 600.0, start_wait_s: float = 60.0,
                  poll_every_s: float = 0.2, timeout_s: float = 30.0, out_dir: str | None = None,
                  launcher: str = "sbatch") -> None:
-        if launcher not in ("sbatch", "srun"):
-            raise ExecutorError(f"Slurm launcher {launcher!r}: sbatch or srun")
-        if launcher == "srun" and out_dir is None:
+        if launcher not in ("sbatch", "srun", "steps"):
+            raise ExecutorError(f"Slurm launcher {launcher!r}: sbatch, srun or steps (SlurmStepsExecutor)")
+        if launcher != "sbatch" and out_dir is None:
             raise ExecutorError("the srun launcher needs an output directory (out_dir): srun writes there as the job's account")
         self.launcher = launcher
         #: Slurm job id -> its srun process, srun's stderr (service-private) and the job's script (reaped at poll)
@@ -437,9 +479,13 @@ class SlurmExecutor(Executor):
             return ",".join(f"gpu:{node.types[g]}:1" for g in sorted(gpus))
         return f"gpu:{len(gpus)}"
 
+    def _mine(self) -> set[int]:
+        """Slurm ids of this executor's jobs (running or held)."""
+        return {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+
     def _foreign_gpus(self, node: str) -> set[int]:
         """GPU indices of ``node`` held by jobs that are not this executor's (submitted to Slurm directly)."""
-        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        mine = self._mine()
         out: set[int] = set()
         for jid, rec in self.jobs.items():  # (one of ours reported ended by its exit file may still be completing)
             if jid in mine or jid in self._ended or rec.get("JobState") not in LIVE or rec.get("NodeList") != node:
@@ -450,7 +496,7 @@ class SlurmExecutor(Executor):
     def foreign_use(self) -> dict[str, Held]:
         """What running jobs that are not this executor's (submitted to Slurm directly) hold on each node,
         as of the last read of Slurm's jobs (the plan hook :class:`~.slurm_plan.ForeignJobs` subtracts it)."""
-        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        mine = self._mine()
         out: dict[str, Held] = {}
         for jid, rec in self.jobs.items():
             node = rec.get("NodeList", "")
@@ -465,7 +511,7 @@ class SlurmExecutor(Executor):
     def _held_on(self, node: str) -> tuple[tuple[int, int], tuple[int, int]]:
         """(cores, MB) that jobs on ``node`` hold: (submitted to Slurm directly, this executor's running ones).
         Ours reported ended by their exit file are left out: their teardown frees them."""
-        mine = {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
+        mine = self._mine()
         other, ours = [0, 0], [0, 0]
         for jid, rec in self.jobs.items():
             if rec.get("JobState") not in LIVE or rec.get("NodeList") != node or jid in self._ended:
@@ -476,10 +522,11 @@ class SlurmExecutor(Executor):
             side[1] += m
         return (other[0], other[1]), (ours[0], ours[1])
 
-    def script(self, spec: LaunchSpec, exit_dir: str | None = None) -> str:
+    def script(self, spec: LaunchSpec, exit_dir: str | None = None, mem_mb: int = 0) -> str:
         """The batch script: the job's environment, then its command, waited for through SIGTERM; then,
         with ``exit_dir``, its exit code written to ``<exit_dir>/<id>.<Slurm job id>.exit`` (seen by the
-        next poll, before Slurm has torn the job down)."""
+        next poll, before Slurm has torn the job down).  ``mem_mb``: the job's memory where Slurm sets
+        no ``SLURM_MEM_PER_NODE`` (a step)."""
         env = dict(spec.env)
         bad = [k for k in env if not _NAME_OK.match(k)]
         if bad:
@@ -496,7 +543,7 @@ class SlurmExecutor(Executor):
             f'export GPULOOM_ATTEMPT=$(({attempt} + r))',
             f'if [ "$r" -gt 0 ] || [ {int(resume)} = 1 ]; then export GPULOOM_RESUME=1; fi',
             'export GPULOOM_CPUS="${SLURM_CPUS_ON_NODE:-1}" OMP_NUM_THREADS="${SLURM_CPUS_ON_NODE:-1}"',
-            'export GPULOOM_MEM_MB="${SLURM_MEM_PER_NODE:-0}" CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"',
+            f'export GPULOOM_MEM_MB="${{SLURM_MEM_PER_NODE:-{int(mem_mb)}}}" CUDA_VISIBLE_DEVICES="${{CUDA_VISIBLE_DEVICES-}}"',
             'trap \'t=1\' TERM',
             f"/bin/sh -c {shlex.quote(spec.command)} &",
             'c=$!',
@@ -508,12 +555,8 @@ class SlurmExecutor(Executor):
         lines += ['exit "$rc"', ""]
         return "\n".join(lines)
 
-    def _key(self, spec: LaunchSpec) -> tuple[Any, ...]:
-        env = {k: v for k, v in spec.env.items() if k not in ("GPULOOM_RESUME", "GPULOOM_ATTEMPT")}
-        return (spec.node, tuple(sorted(spec.gpus)), spec.command, tuple(sorted(env.items())), spec.workdir,
-                spec.user, spec.log_path)
-
-    def launch(self, spec: LaunchSpec) -> ProcInfo:
+    def _check_launch(self, spec: LaunchSpec) -> tuple[SlurmNode, str | None, int]:
+        """The node (read now), gres and cores of a launch; NodeUnavailable where Slurm has no room for it."""
         try:  # read now: a node drained a moment ago refuses the launch (the job stays queued)
             node = self._read_node(spec.node)
         except SlurmError as e:
@@ -536,6 +579,15 @@ class SlurmExecutor(Executor):
             raise NodeUnavailable(f"job {spec.job_id}: {spec.node} has {node.cpus - oc - mc} core(s) and "
                                   f"{node.mem_mb - om - mm} MB free (jobs submitted to Slurm directly hold {oc} and "
                                   f"{om} MB), it needs {cpus} and {spec.mem_mb} MB")
+        return node, gres, cpus
+
+    def _key(self, spec: LaunchSpec) -> tuple[Any, ...]:
+        env = {k: v for k, v in spec.env.items() if k not in ("GPULOOM_RESUME", "GPULOOM_ATTEMPT")}
+        return (spec.node, tuple(sorted(spec.gpus)), spec.command, tuple(sorted(env.items())), spec.workdir,
+                spec.user, spec.log_path)
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        node, gres, cpus = self._check_launch(spec)
         held = self.held.pop(spec.job_id, None)
         sid = None
         if held is not None:
@@ -614,13 +666,8 @@ class SlurmExecutor(Executor):
                 append_to(p.log_path, data)
                 set_mirror_offset(p.log_path, "slurm", remote, off + len(data))
 
-    def _srun(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
-        """Start the job as an allocation with one step: ``srun`` (run by the service, in its own session,
-        as the job's account with ``--uid``/``--gid``) asks for the allocation, which slurmctld places in
-        the request itself when the node has room (a batch job waits for its scheduling loop, up to a
-        second), then runs the script as its step; the job ends with the step, with its exit code.  srun
-        writes the output (as the account, to ``out``) and stays until the job ends; its Slurm job id is
-        read from its ``-v`` line ``jobid N:`` (or ``job N queued``)."""
+    def _write_script(self, spec: LaunchSpec, out: str) -> tuple[str, str]:
+        """Write the job's script for srun next to its output ``out``; (a tag naming this launch, the path)."""
         d = os.path.dirname(out)
         tag = f"{spec.job_id}.{time.time_ns()}"
         script = f"{d}/{tag}.sh"
@@ -628,23 +675,26 @@ class SlurmExecutor(Executor):
         try:  # the script has the job's environment: its account's only (the directory is the account's)
             fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
             with os.fdopen(fd, "w") as f:
-                f.write(self.script(spec, d))
+                f.write(self.script(spec, d, spec.mem_mb))
                 if acc is not None:
                     os.fchown(f.fileno(), acc.uid, acc.gid)
         except OSError as e:
             raise ExecutorError(f"job {spec.job_id}: cannot write its script for srun: {e}") from None
+        return tag, script
+
+    def _srun(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
+        """Start the job as an allocation with one step: ``srun`` (run by the service, in its own session,
+        as the job's account with ``--uid``/``--gid``) asks for the allocation, which slurmctld places in
+        the request itself when the node has room (a batch job waits for its scheduling loop, up to a
+        second), then runs the script as its step; the job ends with the step, with its exit code.  srun
+        writes the output (as the account, to ``out``) and stays until the job ends; its Slurm job id is
+        read from its ``-v`` line ``jobid N:`` (or ``job N queued``)."""
+        tag, script = self._write_script(spec, out)
         err = f"{self.out_dir}/.srun-{tag}.err"  # the service's own (srun's messages, the job id)
-        argv = [self._which("srun"), "-v", f"--job-name={self.job_name(spec.job_id)}", "--nodes=1", "--ntasks=1",
-                f"--cpus-per-task={cpus}", f"--mem={max(1, spec.mem_mb)}", f"--nodelist={spec.node}",
-                f"--chdir={spec.workdir or '/'}", "--export=NONE", f"--output={out}", f"--error={out}",
-                "--open-mode=append", "--input=none"]
-        if gres is not None:
-            argv.append(f"--gres={gres}")
-        if self.partition:
-            argv.append(f"--partition={self.partition}")
-        if acc is not None and (os.geteuid() != 0 or acc.uid != 0):
-            argv += [f"--uid={acc.uid}", f"--gid={acc.gid}"]
-        argv.append(script)
+        argv = slurm_argv("srun", name=self.job_name(spec.job_id), node=spec.node, cpus=cpus, mem_mb=spec.mem_mb,
+                          gres=gres, partition=self.partition, workdir=spec.workdir, out=out,
+                          account=run_as(spec.user))
+        argv = [self._which("srun"), *argv[1:], script]
         with open(err, "wb") as ef:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=ef, env=self.env,
                                  cwd="/", start_new_session=True)
@@ -678,18 +728,9 @@ class SlurmExecutor(Executor):
 
     def _submit(self, spec: LaunchSpec, gres: str | None, cpus: int, out: str) -> int:
         exit_dir = os.path.dirname(out) if out != spec.log_path else None
-        argv = ["sbatch", "--parsable", f"--job-name={self.job_name(spec.job_id)}", "--open-mode=append",
-                f"--output={out}", f"--error={out}", "--nodes=1", "--ntasks=1",
-                f"--cpus-per-task={cpus}", f"--mem={max(1, spec.mem_mb)}", f"--nodelist={spec.node}",
-                f"--chdir={spec.workdir or '/'}", "--export=NONE", "--requeue"]
-        if gres is not None:
-            argv.append(f"--gres={gres}")
-        if self.partition:
-            argv.append(f"--partition={self.partition}")
-        if spec.user is not None and (os.geteuid() != 0 or spec.user != "root"):
-            # --uid alone leaves the job the submitter's group (root's): name the account's group too
-            acc = lookup(spec.user)
-            argv += [f"--uid={acc.uid}", f"--gid={acc.gid}"]
+        argv = slurm_argv("sbatch", name=self.job_name(spec.job_id), node=spec.node, cpus=cpus, mem_mb=spec.mem_mb,
+                          gres=gres, partition=self.partition, workdir=spec.workdir, out=out,
+                          account=run_as(spec.user))
         try:
             out = self.cmd(*argv, stdin=self.script(spec, exit_dir))
         except SlurmError as e:
@@ -771,7 +812,7 @@ class SlurmExecutor(Executor):
     def _forget(self, eid: str) -> None:
         self.mirror([eid], final=True)
         out = self.outputs.get(eid)
-        if self.launcher == "srun" and out is not None:  # srun's files of its launches, an earlier service's too
+        if self.launcher != "sbatch" and out is not None:  # srun's files of its launches, an earlier service's too
             live = {f for _, err, script in self._sruns.values() for f in (err, script)}
             for d, pat in ((os.path.dirname(out), rf"{re.escape(eid)}\.\d+\.sh"),
                            (str(self.out_dir), rf"\.srun-{re.escape(eid)}\.\d+\.err")):

@@ -1,0 +1,471 @@
+"""Jobs as steps in Slurm allocations the service keeps open (``--executor slurm-steps``).
+
+A batch job or a new allocation starts when slurmctld places it; a step in an
+allocation that already holds its resources starts when ``srun`` reaches the
+node.  Here every job runs as a step (``srun --jobid=A --exact``) in an
+allocation of its own account on its node (``salloc --no-shell --uid``, named
+``<prefix>.alloc``).  A job goes into one whose GPUs include its own, with
+those GPUs and enough cores and memory left beside its steps; else a new one
+is sized to the job (its GPUs, cores and memory).  When its last step ends an
+allocation stays open, idle, for ``linger_s``: the account's next job there, or
+a preempted job's resume, starts as a step in it.  An idle allocation whose
+resources a launch needs (its GPUs, or cores and memory the node lacks) is
+cancelled before that launch asks for its own, whoever owns it; one idle for
+``linger_s`` is cancelled.  An allocation cannot shrink: a launch of another
+account onto GPUs of one that runs steps is refused (the job stays queued)
+until those steps end.
+
+Slurm checks the step's account against the allocation's owner (a step of
+another uid is refused: ``Access/permission denied``), gives the step its own
+GPUs, cores and memory inside the allocation, and writes its output.  The
+step's script writes the command's exit code next to the output, where the
+service reads it; srun's own exit code stands in where the script wrote none.
+A stop sends SIGTERM to the step (``scancel --signal=TERM A.S``), waits up to
+the grace period, then cancels the step; the allocation stays for the resume.
+A restarted service finds its allocations by name and its jobs' steps by
+their names (``<prefix>:<id>``); srun runs in its own session and outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .executor import ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
+from .logmirror import set_mirror_offset
+from .slurm import (
+    ENDED_GRACE_S,
+    LIVE,
+    SlurmError,
+    SlurmExecutor,
+    SlurmNode,
+    _read_text,
+    _time,
+    _unlink,
+    gres_indices,
+    log,
+    parse_records,
+    read_output,
+    run_as,
+    slurm_argv,
+    tres,
+)
+
+#: how long an allocation stays open with no job in it: the service's round after an exit (a round a
+#: second by default) launches the account's next job, and a preempted job's relaunch comes in the
+#: same round as its stop; longer would keep its GPUs from jobs submitted to Slurm directly
+LINGER_S = 2.0
+#: how long salloc may wait for its allocation (``--immediate``): resources a cancelled allocation
+#: frees reach slurmctld within tens of ms; a refusal leaves the job queued for a later round
+PLACE_WAIT_S = 2
+#: how long srun may take to launch a step (0.1-0.2 s here): one waiting longer waits for resources of
+#: its allocation that another step still holds, while the round waits; it is withdrawn and the job
+#: stays queued
+STEP_WAIT_S = 5.0
+_GRANTED = re.compile(r"Granted job allocation (\d+)")
+_STEP = re.compile(r"launching StepId=(\d+\.\d+)")
+
+
+@dataclass(slots=True)
+class Alloc:
+    """An allocation of this service's: its owner, node and what it holds."""
+
+    sid: int
+    uid: int
+    node: str
+    gpus: frozenset[int]
+    cpus: int
+    mem_mb: int
+    submit: float  # SubmitTime, seconds since the epoch (adoption matches it)
+    #: executor id -> (GPUs, cores, MB) of each job whose step runs in it
+    jobs: dict[str, tuple[frozenset[int], int, int]] = field(default_factory=dict)
+    idle_since: float = 0.0  # monotonic
+
+    def room(self, gpus: frozenset[int], cpus: int, mem_mb: int) -> bool:
+        """Whether a step of ``gpus``, ``cpus`` cores and ``mem_mb`` fits beside the steps in it."""
+        used = list(self.jobs.values())
+        return (gpus <= self.gpus and not any(g & gpus for g, _, _ in used)
+                and sum(c for _, c, _ in used) + cpus <= self.cpus and sum(m for _, _, m in used) + mem_mb <= self.mem_mb)
+
+
+@dataclass(slots=True)
+class Step:
+    """A job's step: its allocation, Slurm's step id, and srun when this service started it."""
+
+    alloc: int
+    step: str  # "A.S"
+    exit_file: str
+    proc: subprocess.Popen[bytes] | None = None
+    err: str | None = None  # srun's messages (the service's file)
+    script: str | None = None
+
+
+class SlurmStepsExecutor(SlurmExecutor):
+    """Runs each job as a step in an allocation of its account's (see the module notes); ``out_dir`` as
+    for the srun launcher (srun writes each job's output there as its account)."""
+
+    def __init__(self, prefix: str, partition: str | None = None, grace_s: float = 10.0,
+                 env: Mapping[str, str] | None = None, poll_every_s: float = 0.2, timeout_s: float = 30.0,
+                 out_dir: str | None = None, linger_s: float = LINGER_S) -> None:
+        if out_dir is None:
+            raise ExecutorError("Slurm steps need an output directory (out_dir): srun writes there as the job's account")
+        super().__init__(prefix, partition, grace_s, env, poll_every_s=poll_every_s, timeout_s=timeout_s,
+                         out_dir=out_dir, launcher="steps")
+        self.linger_s = float(linger_s)
+        self.allocs: dict[int, Alloc] = {}
+        self.steps: dict[str, Step] = {}
+        #: sruns of steps reported ended, to reap: (srun, its messages, the step, when it was reported ended)
+        self._ending: list[tuple[subprocess.Popen[bytes], str | None, str, float]] = []
+
+    @property
+    def alloc_name(self) -> str:
+        return f"{self.prefix}.alloc"
+
+    def _mine(self) -> set[int]:
+        return super()._mine() | set(self.allocs)
+
+    # -- launch -------------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        if spec.job_id in self.steps:
+            raise ExecutorError(f"job {spec.job_id}: already running as Slurm step {self.steps[spec.job_id].step}")
+        node, gres, cpus = self._check_launch(spec)
+        acct = run_as(spec.user)
+        a = self._alloc_for(spec, node, gres, cpus, acct)
+        a.jobs[spec.job_id] = (frozenset(spec.gpus), cpus, max(1, spec.mem_mb))
+        try:
+            st = self._start_step(spec, a, gres, cpus, acct)
+        except BaseException:
+            self._leave(a, spec.job_id)
+            raise
+        self.steps[spec.job_id] = st
+        info = ProcInfo(spec.job_id, spec.node, a.sid, a.submit, spec.log_path, st.exit_file)
+        self.procs[spec.job_id] = info
+        self._exit_files[spec.job_id] = st.exit_file
+        return info
+
+    def _alloc_for(self, spec: LaunchSpec, node: SlurmNode, gres: str | None, cpus: int,
+                   acct: tuple[int, int] | None) -> Alloc:
+        """An allocation of the job's account on its node with room for it (the smallest), or a new one sized
+        to it; idle allocations in its way are cancelled first, whoever owns them."""
+        uid = acct[0] if acct is not None else os.geteuid()
+        want = frozenset(spec.gpus)
+        mem = max(1, spec.mem_mb)
+        fits = [a for a in list(self.allocs.values()) if a.uid == uid and a.node == spec.node and a.room(want, cpus, mem)]
+        if fits:
+            return min(fits, key=lambda a: (len(a.gpus), a.cpus, a.mem_mb))
+        busy = sorted(g for a in list(self.allocs.values()) if a.jobs and a.node == spec.node for g in a.gpus & want)
+        if busy:  # an allocation cannot shrink: its GPUs come free when its steps end
+            raise NodeUnavailable(f"job {spec.job_id}: GPU(s) {busy} of {spec.node} are in an allocation of "
+                                  "another job's account (or too full for it) until its steps end")
+        used_c = used_m = 0
+        for rec in self.jobs.values():
+            if rec.get("JobState") in LIVE and rec.get("NodeList") == spec.node:
+                c, m = tres(rec.get("TRES", ""))
+                used_c, used_m = used_c + c, used_m + m
+        gone = []
+        for a in sorted(list(self.allocs.values()), key=lambda a: a.idle_since):
+            if not a.jobs and a.node == spec.node and (
+                    a.gpus & want or used_c + cpus > node.cpus or used_m + spec.mem_mb > node.mem_mb):
+                self._drop_alloc(a.sid)
+                gone.append(a.sid)
+                used_c, used_m = used_c - a.cpus, used_m - a.mem_mb
+        end = time.monotonic() + self.timeout_s
+        while gone and time.monotonic() < end:  # until Slurm has freed what they held (tens of ms)
+            gone = [sid for sid in gone if (self._job(sid) or {}).get("JobState") in LIVE]
+            if gone:
+                time.sleep(0.02)
+        argv = slurm_argv("salloc", name=self.alloc_name, node=spec.node, cpus=cpus, mem_mb=spec.mem_mb, gres=gres,
+                          partition=self.partition, account=acct)
+        argv = [self._which("salloc"), *argv[1:], f"--immediate={PLACE_WAIT_S}"]
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=self.env,
+                               timeout=self.timeout_s, cwd="/")
+        except subprocess.TimeoutExpired:
+            raise NodeUnavailable(f"job {spec.job_id}: salloc gave no answer within {self.timeout_s:g} s") from None
+        granted = _GRANTED.search(r.stderr)
+        if granted is None:
+            raise NodeUnavailable(f"job {spec.job_id}: Slurm gave no allocation on {spec.node}: "
+                                  f"{r.stderr.strip()[:300] or f'salloc exited {r.returncode}'}")
+        sid = int(granted.group(1))
+        a = Alloc(sid, uid, spec.node, want, cpus, max(1, spec.mem_mb), _time((self._job(sid) or {}).get("SubmitTime")))
+        self.allocs[sid] = a
+        return a
+
+    def _start_step(self, spec: LaunchSpec, a: Alloc, gres: str | None, cpus: int,
+                    acct: tuple[int, int] | None) -> Step:
+        out = self._output(spec).replace("%j", str(a.sid))
+        exit_file = f"{os.path.dirname(out)}/{spec.job_id}.{a.sid}.exit"
+        _unlink(exit_file)  # a stopped run's, in the same allocation
+        if not os.path.exists(out):  # its output was copied whole and removed: this step's starts afresh
+            set_mirror_offset(spec.log_path, "slurm", out, 0)
+        tag, script = self._write_script(spec, out)
+        err = f"{self.out_dir}/.srun-{tag}.err"
+        argv = slurm_argv("step", name=self.job_name(spec.job_id), node=spec.node, cpus=cpus, mem_mb=spec.mem_mb,
+                          gres=gres, workdir=spec.workdir, out=out, account=acct, jobid=a.sid)
+        with open(err, "wb") as ef:
+            p = subprocess.Popen([self._which("srun"), *argv[1:], script], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=ef, env=self.env, cwd="/", start_new_session=True)
+        t0 = time.monotonic()
+        while True:
+            text = _read_text(err)
+            m = _STEP.search(text)
+            if m is not None:
+                self.outputs[spec.job_id] = out
+                return Step(a.sid, m.group(1), exit_file, p, err, script)
+            waited = time.monotonic() - t0
+            if p.poll() is not None or waited > min(self.timeout_s, STEP_WAIT_S):
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                _unlink(err)
+                _unlink(script)
+                why = (" ".join(ln for ln in text.splitlines() if "error:" in ln)[:300]  # (not -v's option list)
+                       or (f"srun exited {p.returncode}" if p.returncode is not None and p.returncode >= 0 else
+                           f"not launched within {min(self.timeout_s, STEP_WAIT_S):g} s (its resources are busy)"))
+                raise NodeUnavailable(f"job {spec.job_id}: no step in Slurm allocation {a.sid}: {why}")
+            time.sleep(0.01)
+
+    # -- observe ------------------------------------------------------------------------------
+    def _step_exit(self, st: Step) -> tuple[bool, int | None]:
+        """(whether the step has ended, its exit): its script's record, else srun's code once srun ended."""
+        data = read_output(st.exit_file, 0, 64, self._warned)
+        if data and data.endswith(b"\n") and data.strip().isdigit():
+            return True, int(data)
+        if st.proc is not None and st.proc.poll() is not None:
+            rc = st.proc.returncode
+            return True, rc if rc >= 0 else 128 - rc
+        return False, None
+
+    def read_steps(self) -> dict[str, dict[str, str]]:
+        """Every step slurmctld holds (``scontrol show step``), by step id."""
+        out = self.cmd("scontrol", "--oneliner", "show", "step", ok=("No job steps",))
+        return {r["StepId"]: r for r in parse_records(out) if "StepId" in r}
+
+    def poll(self) -> dict[str, int | None]:
+        self._reap()
+        for eid, st in list(self.steps.items()):
+            if eid not in self.exits and eid not in self._stopping:
+                done, code = self._step_exit(st)
+                if done:
+                    self.exits[eid] = code
+        # (exits the steps recorded go out first: Slurm is read at the next poll, and not waited for)
+        if time.monotonic() - self._read_at >= self.poll_every_s and not (set(self.exits) & set(self.procs)):
+            try:
+                self._follow_slurm()
+            except SlurmError as e:  # slurmctld restarting: only the steps' own exit records count
+                log.warning("cannot read Slurm's jobs: %s", e)
+        out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
+        for x in out:
+            self._end(x)
+        return out
+
+    def _follow_slurm(self) -> None:
+        """Allocations and steps as Slurm has them: ended allocations end their steps' jobs; steps this
+        service did not start that are gone; allocations found, and idle ones expired."""
+        self.read_jobs()
+        steps = self.read_steps() if any(st.proc is None for st in self.steps.values()) else {}
+        for sid in [sid for sid in self.allocs if self.jobs.get(sid, {}).get("JobState") not in LIVE]:
+            a = self.allocs.pop(sid)
+            for eid in a.jobs:
+                if eid in self.steps and eid not in self.exits and eid not in self._stopping:
+                    self.exits[eid] = None
+                    self.reasons[eid] = (f"its Slurm allocation {sid} ended "
+                                         f"({self.jobs.get(sid, {}).get('JobState', 'gone')})")
+        for eid, st in list(self.steps.items()):  # adopted steps (no srun here) that ended with no record
+            if st.proc is None and eid not in self.exits and eid not in self._stopping and st.step not in steps:
+                self.exits[eid] = self._step_exit(st)[1]
+        self._find_allocs()
+        self._expire_idle()
+        self.mirror([e for e in self.outputs if e not in self.exits])
+
+    def _end(self, eid: str) -> None:
+        """The job's step is over: its allocation is idle from now, its files go."""
+        st = self.steps.pop(eid, None)
+        if st is not None:
+            a = self.allocs.get(st.alloc)
+            if a is not None:
+                self._leave(a, eid)
+            if st.proc is not None:
+                self._ending.append((st.proc, st.err, st.step, time.monotonic()))
+        remote = self.outputs.get(eid)
+        self._forget(eid)
+        _unlink(remote)
+
+    @staticmethod
+    def _leave(a: Alloc, eid: str) -> None:
+        if a.jobs.pop(eid, None) is not None and not a.jobs:
+            a.idle_since = time.monotonic()
+
+    def _reap(self) -> None:
+        for e in list(self._ending):
+            p, err, step, t = e
+            if p.poll() is None and time.monotonic() - t > ENDED_GRACE_S:  # it wrote its exit but runs on
+                try:
+                    self.cmd("scancel", step, ok=("Invalid job", "completing or completed"))
+                except SlurmError as why:  # (slurmctld restarting: again at the next poll)
+                    log.warning("cannot cancel Slurm step %s: %s", step, why)
+                    continue
+                log.warning("Slurm step %s wrote its exit but runs on: cancelled", step)
+                self._ending[self._ending.index(e)] = (p, err, step, float("inf"))
+            elif p.poll() is not None:
+                self._ending.remove(e)
+                _unlink(err)
+
+    def _find_allocs(self) -> None:
+        """Allocations of this service's it does not know (an earlier incarnation's): kept as idle ones,
+        busy while a step of this service's runs in them."""
+        for sid, rec in list(self.jobs.items()):
+            if (sid in self.allocs or rec.get("JobName") != self.alloc_name or rec.get("JobState") not in LIVE
+                    or rec.get("JobState") == "COMPLETING"):  # (cancelled already: ending)
+                continue
+            c, m = tres(rec.get("TRES", ""))
+            uid = int(re.sub(r"\D", "", rec.get("UserId", "").partition("(")[2]) or -1)
+            self.allocs[sid] = Alloc(sid, uid, rec.get("NodeList", ""), frozenset(gres_indices(rec.get("GRES", ""))),
+                                     c, m, _time(rec.get("SubmitTime")), {}, time.monotonic())
+            for r in self.read_steps().values():  # (what each holds is not known here: all of it)
+                if r["StepId"].split(".")[0] == str(sid) and r.get("Name", "").startswith(self.prefix + ":"):
+                    self.allocs[sid].jobs[r["Name"][len(self.prefix) + 1:]] = (self.allocs[sid].gpus, c, m)
+
+    def _expire_idle(self) -> None:
+        now = time.monotonic()
+        for a in list(self.allocs.values()):
+            for eid in [e for e in list(a.jobs) if e not in self.steps and e not in self._stopping]:
+                self._leave(a, eid)  # found busy with a step no record adopted (see orphans)
+            if not a.jobs and now - a.idle_since > self.linger_s:
+                self._drop_alloc(a.sid)
+
+    def _drop_alloc(self, sid: int) -> None:
+        self.allocs.pop(sid, None)
+        self._cancel(sid)
+
+    # -- stop ---------------------------------------------------------------------------------
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        st = self.steps.get(job_id)
+        if st is None:
+            raise ExecutorError(f"job {job_id}: not running through this executor")
+        if job_id in self.exits:  # it ended on its own; not yet polled
+            code = self.exits.pop(job_id)
+            self._end(job_id)
+            return code
+        self._stopping.add(job_id)
+        try:
+            code = self._stop_step(st, grace_s)
+        finally:
+            self._stopping.discard(job_id)
+        self._end(job_id)
+        return code
+
+    def _stop_step(self, st: Step, grace_s: float) -> int | None:
+        end = time.monotonic() + grace_s
+        sent = -1e9
+        done, code = self._step_exit(st)
+        while not done and time.monotonic() < end:
+            if time.monotonic() - sent >= 1.0:  # again each second: a step still starting drops the signal
+                sent = time.monotonic()
+                self.cmd("scancel", "--signal=TERM", st.step, ok=("Invalid job", "completing or completed"))
+            time.sleep(0.05)
+            done, code = self._step_exit(st)
+        if not done:  # past the grace period: the step is killed
+            self.cmd("scancel", st.step, ok=("Invalid job", "completing or completed"))
+            code = 137
+        # until the step is gone from Slurm, so its GPUs are free for the next step in the allocation
+        gone_by = time.monotonic() + self.timeout_s
+        while time.monotonic() < gone_by and (
+                (st.proc is not None and st.proc.poll() is None) or st.step in self.read_steps()):
+            time.sleep(0.02)
+        return code
+
+    # -- after a restart ----------------------------------------------------------------------
+    def _step_named(self, eid: str, sid: int) -> str | None:
+        for step_id, rec in self.read_steps().items():
+            if step_id.split(".")[0] == str(sid) and rec.get("Name") == self.job_name(eid):
+                return step_id
+        return None
+
+    def adopt(self, info: ProcInfo) -> bool:
+        cur = self.steps.get(info.job_id)
+        if cur is not None and cur.alloc == info.pid:
+            return True
+        rec = self._job(info.pid)
+        if (rec is None or rec.get("JobName") != self.alloc_name or rec.get("JobState") not in LIVE
+                or abs(_time(rec.get("SubmitTime")) - info.start_time) > 1):
+            return False
+        step = self._step_named(info.job_id, info.pid)
+        if step is None and not os.path.exists(info.exit_path):
+            return False
+        self.read_jobs()
+        self._find_allocs()
+        a = self.allocs.get(info.pid)
+        if a is not None:  # (what the step holds is not known here: all of the allocation)
+            a.jobs[info.job_id] = (a.gpus, a.cpus, a.mem_mb)
+        self.steps[info.job_id] = Step(info.pid, step or "", info.exit_path)
+        self.procs[info.job_id] = info
+        self._exit_files[info.job_id] = info.exit_path
+        out = self._srun_output(info.job_id, info.pid, rec)
+        if out:
+            self.outputs[info.job_id] = out
+        return True
+
+    def exit_code(self, info: ProcInfo) -> int | None:
+        data = read_output(info.exit_path, 0, 64, self._warned) if info.exit_path else None
+        return int(data) if data and data.strip().isdigit() else None
+
+    def exit_time(self, info: ProcInfo) -> float | None:
+        try:
+            return os.stat(info.exit_path).st_mtime if info.exit_path else None
+        except OSError:
+            return None
+
+    def alive(self, job_id: str) -> bool:
+        st = self.steps.get(job_id)
+        if st is None:
+            return False
+        if st.proc is not None:
+            return st.proc.poll() is None
+        try:
+            return st.step in self.read_steps()
+        except SlurmError:
+            return True
+
+    def orphans(self) -> list[ProcInfo]:
+        """Steps with this service's job names in its allocations that no record holds (a launch not
+        recorded)."""
+        try:
+            self.read_jobs()
+            steps = self.read_steps()
+        except SlurmError as e:
+            log.warning("cannot look for unrecorded Slurm steps: %s", e)
+            return []
+        known = {st.step for st in self.steps.values()}
+        out = []
+        for step_id, rec in steps.items():
+            sid = int(step_id.split(".")[0])
+            alloc = self.jobs.get(sid, {})
+            name = rec.get("Name", "")
+            if step_id in known or alloc.get("JobName") != self.alloc_name or not name.startswith(self.prefix + ":"):
+                continue
+            eid = name[len(self.prefix) + 1:]
+            out_path = self._srun_output(eid, sid, alloc)
+            exit_path = f"{os.path.dirname(out_path)}/{eid}.{sid}.exit" if out_path else ""
+            out.append(ProcInfo(eid, alloc.get("NodeList", ""), sid, _time(alloc.get("SubmitTime")), "", exit_path))
+        return out
+
+    def evict(self, node: str) -> list[str]:
+        """Cancel this executor's allocations on ``node`` (lost: drained or down) with their steps."""
+        gone = [e for e, st in list(self.steps.items()) if self.procs[e].node == node]
+        for e in gone:
+            self.exits.pop(e, None)
+            self._end(e)
+        for a in [a for a in list(self.allocs.values()) if a.node == node]:
+            self._drop_alloc(a.sid)
+        return gone
+
+    def close(self) -> None:
+        """Cancel the idle allocations (those with steps stay, for the next service to adopt)."""
+        for a in [a for a in list(self.allocs.values()) if not a.jobs]:
+            self._drop_alloc(a.sid)

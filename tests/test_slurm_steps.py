@@ -1,0 +1,258 @@
+"""Jobs as steps in allocations the service keeps (``--executor slurm-steps``), against the test Slurm
+(tests/slurm_util.py): placement, reuse by the account's next job, other accounts kept out,
+preemption and resume with every step run once, adoption after a restart, through the service too."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
+from gpuloom.runtime.exec.identity import lookup
+from gpuloom.runtime.exec.slurm import LIVE, parse_records
+from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
+from service_util import JOB_PY, Server, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
+from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
+
+REPO = Path(__file__).resolve().parents[1]
+SLEEPY = REPO / "examples" / "sleepy_train.py"
+CMD = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS mem=$GPULOOM_MEM_MB id=$(id -un) step=$SLURM_STEP_ID"'
+
+
+def live_jobs(slurm: SlurmCluster) -> list[dict[str, str]]:
+    return [r for r in parse_records(slurm.scontrol("show", "job")) if r.get("JobState") in LIVE]
+
+
+@pytest.fixture
+def steps(slurm: SlurmCluster, tmp_path: Path) -> Iterator[SlurmStepsExecutor]:
+    """A steps executor whose output goes under a directory the job account reaches."""
+    e = SlurmStepsExecutor("glsteps", grace_s=5.0, env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"),
+                           linger_s=1.0)
+    e.read_nodes()
+    wait_until(lambda: not live_jobs(slurm), 30, "earlier tests' jobs to end")
+    yield e
+    slurm.cancel_all()
+    slurm.run("scancel", "--user=gpuloom", check=False)
+    # (an allocation whose step ended while slurmctld was down stays COMPLETING until slurmstepd's retry)
+    wait_until(lambda: not live_jobs(slurm), 120, "the jobs to end")
+
+
+def spec(eid: str, command: str, log: Path, gpus: tuple[int, ...], user: str | None = "gpuloom", cpus: int = 2,
+         mem: int = 300, **env: str) -> LaunchSpec:
+    return LaunchSpec(eid, command, "gpn0", gpus, tuple(range(cpus)), mem, str(log), env, None, user)
+
+
+def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
+        steps: SlurmStepsExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    a = steps.launch(spec("a", CMD + "; sleep 1", tmp_path / "a.log", (1, 3)))
+    rec = slurm.job(a.pid)
+    assert (rec["JobName"], rec["BatchFlag"], rec["UserId"], rec["GroupId"]) == (
+        "glsteps.alloc", "0", f"gpuloom({lookup('gpuloom').uid})", f"gpuloom({lookup('gpuloom').gid})")
+    assert slurm.scontrol("show", "job", "-d", str(a.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
+    step = parse_records(slurm.scontrol("show", "step", f"{a.pid}.0"))[0]
+    assert (step["Name"], step["UserId"]) == ("glsteps:a", str(lookup("gpuloom").uid))
+    assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 0}
+    assert (tmp_path / "a.log").read_text() == "cvd=1,3 cpus=2 mem=300 id=gpuloom step=0\n"
+    # the account's next job on the same GPUs is a step in the same allocation
+    b = steps.launch(spec("b", CMD + "; exit 3", tmp_path / "b.log", (1, 3), cpus=1, mem=200))
+    assert b.pid == a.pid
+    assert wait_until(lambda: steps.poll(), 30, "b's exit") == {"b": 3}
+    assert (tmp_path / "b.log").read_text() == "cvd=1,3 cpus=1 mem=200 id=gpuloom step=1\n"
+    # two jobs of the account at once, each on some of its GPUs: two steps side by side in it
+    c = steps.launch(spec("c", CMD + "; sleep 1", tmp_path / "c.log", (3,), cpus=1, mem=150))
+    d = steps.launch(spec("d", CMD, tmp_path / "d.log", (1,), cpus=1, mem=100))
+    assert c.pid == d.pid == a.pid
+    got: dict[str, int | None] = {}
+    wait_until(lambda: got.update(steps.poll()) or len(got) == 2, 30, "c's and d's exits")
+    assert got == {"c": 0, "d": 0}
+    assert [(tmp_path / f"{x}.log").read_text() for x in "cd"] == [
+        "cvd=3 cpus=1 mem=150 id=gpuloom step=2\n", "cvd=1 cpus=1 mem=100 id=gpuloom step=3\n"]
+    # idle for linger_s: cancelled
+    wait_until(lambda: steps.poll() == {} and not steps.allocs, 10, "the idle allocation to be cancelled")
+    wait_until(lambda: slurm.job(a.pid)["JobState"] == "CANCELLED", 10, "Slurm's end of the allocation")
+    out = Path(str(steps.out_dir))  # its scripts, exit records and srun's messages are gone with the jobs
+    wait_until(lambda: steps.poll() == {} and not steps._ending, 10, "the sruns to be reaped")
+    assert sorted(os.listdir(out / "gpuloom")) == [] and [n for n in os.listdir(out) if n != "gpuloom"] == []
+
+
+def test_a_step_that_writes_its_exit_and_runs_on_is_cancelled(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A job that reports its own end early cannot keep its GPUs: its step is cancelled after the
+    grace period, though its allocation lingers (long here)."""
+    e = SlurmStepsExecutor("glsteps", env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"), linger_s=120.0)
+    e.read_nodes()
+    try:
+        d = f"{e.out_dir}/gpuloom"
+        info = e.launch(spec("lie", f'echo 0 > {d}/lie.$SLURM_JOB_ID.exit; sleep 60', tmp_path / "l.log", (0,)))
+        assert wait_until(lambda: e.poll(), 30, "the reported exit") == {"lie": 0}
+        step = f"{info.pid}.0"
+        assert step in e.read_steps()
+        # meanwhile the account's next job on that GPU, in that allocation, waits a little, then is refused
+        t = time.monotonic()
+        with pytest.raises(NodeUnavailable, match=f"no step in Slurm allocation {info.pid}: not launched within 5 s"):
+            e.launch(spec("next", "true", tmp_path / "n.log", (0,)))
+        assert 5.0 < time.monotonic() - t < 10.0
+        wait_until(lambda: e.poll() == {} and step not in e.read_steps(), 20, "the step to be cancelled")
+        assert slurm.job(info.pid)["JobState"] == "RUNNING" and info.pid in e.allocs  # the allocation lingers
+    finally:
+        e.close()
+        wait_until(lambda: not live_jobs(slurm), 30, "the allocation to end")
+
+
+def test_another_accounts_job_never_runs_in_an_accounts_allocation(steps: SlurmStepsExecutor, slurm: SlurmCluster,
+                                                                   tmp_path: Path) -> None:
+    a = steps.launch(spec("a", "true", tmp_path / "a.log", (0, 1)))
+    assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 0}
+    y = steps.launch(spec("y", "sleep 1", tmp_path / "y.log", (0,)))
+    assert y.pid == a.pid
+    # Slurm itself refuses a step of another uid in it
+    r = slurm.run("srun", f"--jobid={a.pid}", "--uid=65534", "--gid=65534", "--exact", "--gres=gpu:g1:1",
+                  "--mem=10", "/bin/true", check=False)
+    assert r.returncode != 0 and "Access/permission denied" in r.stderr, r.stderr
+    # a job of the service's own account onto its free GPU waits while the allocation runs a step ...
+    with pytest.raises(NodeUnavailable, match=r"GPU\(s\) \[1\] of gpn0 are in an allocation of another"):
+        steps.launch(spec("b", CMD, tmp_path / "b.log", (1,), user=None))
+    assert wait_until(lambda: steps.poll(), 30, "y's exit") == {"y": 0}
+    # ... and once it is idle, the allocation is cancelled, not used
+    b = steps.launch(spec("b", CMD, tmp_path / "b.log", (1,), user=None))
+    assert b.pid != a.pid and slurm.job(b.pid)["UserId"] == "root(0)"
+    assert slurm.job(a.pid)["JobState"] in ("CANCELLED", "COMPLETING")
+    assert wait_until(lambda: steps.poll(), 30, "b's exit") == {"b": 0}
+    assert (tmp_path / "b.log").read_text() == "cvd=1 cpus=2 mem=300 id=root step=0\n"
+    # a job of the account on other GPUs gets an allocation of its own beside the idle one
+    c = steps.launch(spec("c", "true", tmp_path / "c.log", (2,)))
+    assert c.pid not in (a.pid, b.pid) and b.pid in steps.allocs
+    assert wait_until(lambda: steps.poll(), 30, "c's exit") == {"c": 0}
+
+
+def test_steps_preempt_and_resume_in_the_same_allocation_run_each_step_once(
+        steps: SlurmStepsExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    ckpt = job_writable(tmp_path) / "ckpt"
+    log = tmp_path / "p.log"
+    cmd = f"{JOB_PY} {SLEEPY} --steps 40 --step-s 0.05 --checkpoint-every 1 --checkpoint-dir {ckpt} --ledger {ckpt}/ledger"
+    s = spec("p", cmd, log, (2,), GPULOOM_CHECKPOINT_DIR=str(ckpt))
+    first = steps.launch(s)
+    wait_until(lambda: steps.poll() == {} and "iter=5" in log.read_text(), 30, "some progress")  # (poll copies it)
+    assert steps.stop("p", 10.0) == 143, log.read_text()[-800:]
+    assert slurm.job(first.pid)["JobState"] == "RUNNING"  # the allocation stays for the resume
+    again = steps.launch(spec("p", cmd, log, (2,), GPULOOM_CHECKPOINT_DIR=str(ckpt), GPULOOM_RESUME="1",
+                              GPULOOM_ATTEMPT="2"))
+    assert again.pid == first.pid
+    assert wait_until(lambda: steps.poll(), 60, "the resumed job's exit") == {"p": 0}, log.read_text()
+    assert [int(x) for x in (ckpt / "ledger").read_text().split()] == list(range(1, 41))
+    text = log.read_text()
+    assert text.count("resumed from ") == 1 and text.count("checkpointed at step") == 1 and "result=820" in text
+
+
+def test_a_restarted_executor_adopts_its_step_and_allocation(steps: SlurmStepsExecutor, slurm: SlurmCluster,
+                                                             tmp_path: Path) -> None:
+    log = tmp_path / "s.log"
+    info = steps.launch(spec("s", CMD + "; sleep 2; echo done", log, (3,)))
+    again = SlurmStepsExecutor("glsteps", grace_s=5.0, env=slurm.env, out_dir=steps.out_dir, linger_s=1.0)
+    again.read_nodes()
+    (orphan,) = again.orphans()  # a step no record holds, as a restarted service sees it before adopting
+    assert (orphan.job_id, orphan.pid, orphan.start_time, orphan.exit_path) == ("s", info.pid, info.start_time,
+                                                                               info.exit_path)
+    assert again.adopt(info) and again.alive("s") and again.orphans() == []
+    assert list(again.allocs[info.pid].jobs) == ["s"]
+    assert wait_until(lambda: again.poll(), 30, "the adopted step's exit") == {"s": 0}
+    assert log.read_text() == "cvd=3 cpus=2 mem=300 id=gpuloom step=0\ndone\n"
+    # the allocation it found is cancelled once idle; the first executor's srun is reaped there
+    wait_until(lambda: again.poll() == {} and not again.allocs, 10, "the idle allocation to be cancelled")
+    wait_until(lambda: steps.poll() == {"s": 0} or not steps.steps, 10, "the first srun")
+
+
+def test_a_lost_node_cancels_its_allocations_and_their_steps(steps: SlurmStepsExecutor, slurm: SlurmCluster,
+                                                             tmp_path: Path) -> None:
+    info = steps.launch(spec("x", "sleep 30", tmp_path / "x.log", (0,)))
+    assert steps.evict("gpn0") == ["x"] and steps.allocs == {} and steps.steps == {}
+    wait_until(lambda: slurm.job(info.pid)["JobState"] == "CANCELLED", 20, "the allocation's end")
+    assert steps.poll() == {}  # evicted jobs are not reported ended: the service moves them
+
+
+def test_a_step_ends_while_slurmctld_is_down_and_its_allocation_goes_after(
+        steps: SlurmStepsExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    log = tmp_path / "r.log"
+    info = steps.launch(spec("r", "sleep 2; echo done", log, (2,)))
+    slurm.stop_daemon("slurmctld")
+    try:
+        # the step's own exit record reports its end without the controller
+        assert wait_until(lambda: steps.poll(), 30, "r's exit while slurmctld is down") == {"r": 0}
+        assert log.read_text() == "done\n"
+        time.sleep(1.5)  # past linger_s: the idle allocation cannot be cancelled yet
+        assert steps.poll() == {}
+    finally:
+        slurm.start_ctld()
+    # once the controller answers, the idle allocation is cancelled (Slurm keeps it COMPLETING until the
+    # step's own completion message, which slurmstepd retries, gets through) and not taken up again
+    wait_until(lambda: steps.poll() == {} and slurm.job(info.pid)["JobState"] in ("COMPLETING", "CANCELLED"), 30,
+               "the allocation to be cancelled", lambda: f"{slurm.job(info.pid)} {steps.allocs}")
+    for _ in range(5):
+        assert steps.poll() == {} and steps.allocs == {}
+        time.sleep(0.3)
+
+
+def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(slurm: SlurmCluster, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    (tmp_path / "state").mkdir(mode=0o700)
+    args = ("--slurm", "all", "--round", "0.2", "--job-dir", str(job_writable(tmp_path)), "--executor", "slurm-steps")
+    s = Server(tmp_path / "state", *args).start()
+    try:
+        with s.client() as c:
+            jid = submit(c, name="a", command=stepper_cmd(200, 0.05), gpus=2)
+            wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
+    finally:
+        s.kill()
+    (step,) = [r for r in parse_records(slurm.scontrol("show", "step")) if r["Name"].endswith(f":{jid}")]
+    assert step["State"] == "RUNNING"  # Slurm runs it on without the service
+    s2 = Server(tmp_path / "state", *args).start()
+    try:
+        with s2.client() as c:
+            row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the adopted job")
+            log = c.get(f"/jobs/{jid}/logs").text
+            events = [e["kind"] for e in c.get(f"/jobs/{jid}/events").json()]
+    finally:
+        s2.stop()
+    assert (row["state"], row["exit_code"], row["attempts"]) == ("finished", 0, 1), \
+        (s2.state_dir / "serve.out").read_text()[-3000:]
+    assert "adopt" in events and events.count("launch") == 1, events
+    assert ledger(row["checkpoint_dir"]) == list(range(200))  # ran once, through the restart
+    assert len(start_records(log)) == 1 and log.count("GPULOOM_PROGRESS iter=200") == 1  # its log copied once
+    wait_until(lambda: not live_jobs(slurm), 30, "the allocation to be cancelled")
+
+
+def test_serve_slurm_steps_preempts_and_resumes_each_step_once(slurm: SlurmCluster, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--executor slurm-steps``: the short job that preempts the long one runs as a step in the
+    long one's allocation (its account's), and the long one resumes there, every step run once."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    (tmp_path / "state").mkdir(mode=0o700)
+    s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(job_writable(tmp_path)),
+               "--executor", "slurm-steps", "--order", "sjf", "--grace", "10").start()
+    try:
+        with s.client() as c:
+            long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
+            wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long progress")
+            short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
+            rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
+                    for j in (short_id, long_id)}
+            log = c.get(f"/jobs/{long_id}/logs").text
+            pids = {j: [e["detail"]["pids"][0] for e in c.get(f"/jobs/{j}/events").json()
+                        if e["kind"] in ("launch", "preempt") and "pids" in e["detail"]] for j in (short_id, long_id)}
+    finally:
+        s.stop()
+    assert rows[short_id]["exit_code"] == 0 and ledger(rows[short_id]["checkpoint_dir"]) == [0, 1, 2]
+    long = rows[long_id]
+    assert (long["exit_code"], long["progress"], long["preemptions"], long["resume_count"]) == (0, 30, 1, 1), \
+        log[-300:] + (s.state_dir / "serve.out").read_text()[-3000:]
+    assert [(r["resume"], r["cvd"]) for r in start_records(log)] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
+    assert ledger(long["checkpoint_dir"]) == list(range(30))
+    assert len({*pids[long_id], *pids[short_id]}) == 1, pids
+    rec = slurm.job(pids[long_id][0])
+    assert rec["JobName"].endswith(".alloc") and rec["UserId"].startswith("gpuloom("), rec
+    wait_until(lambda: not live_jobs(slurm), 30, "the service's allocations to be cancelled at its stop")
+
