@@ -181,6 +181,24 @@ def test_factor_speed_is_solo_over_group_time() -> None:
     assert model.speed(ja, Allocation("a", part, ("b",))) == pytest.approx(6 / (7 * 1.33 / 1.015))
 
 
+def test_factor_speed_kept_by_group_is_the_speed_computed_afresh() -> None:
+    # the factor keeps each group's time by its members' profiles (a job's first): asked again, in
+    # another member order, or with raw profiles, it answers what group_time gives
+    specs = {s.id: s for s in [_spec("a", A), _spec("b", B), _spec("c", C)]}
+    f = InterleaveFactor(specs, threshold=0.0, overhead={2: 1.25, 3: 1.5}, resources=3)
+    part = (Part(0, (0,), 1, 100),)
+    ja, jb = Job(specs["a"]), Job(specs["b"])
+    for _ in range(2):
+        assert f(ja, Allocation("a", part, ("b",))) == 6 / (7 * 1.25)
+        assert f(jb, Allocation("b", part, ("a",))) == 6 / (7 * 1.25)
+        for group in (("b", "c"), ("c", "b")):
+            assert f(ja, Allocation("a", part, group)) == min(1.0, 6 / f.group_time([A, B, C]))
+    assert len(f._times) == 4  # noqa: SLF001  (a+b, b+a, a+b+c, a+c+b)
+    raw = InterleaveFactor(specs, resources=3, profiles="raw")
+    for _ in range(2):
+        assert raw(ja, Allocation("a", part, ("b",))) == raw.solo_time(ja) / raw.group_time([A, B])
+
+
 # -- four resources (storage, CPU, GPU, network): Muri's layout -----------------------------
 def _brute_cycle(profiles: list[tuple[float, ...]], spans: tuple[int, ...] = (2, 1, 1)) -> float:
     """Least Σ d over integer phase lengths 0..8 and every ordering meeting every stage's need."""

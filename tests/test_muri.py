@@ -433,3 +433,27 @@ def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path
             assert max(sizes) > 8 and any(s < 8 for s in sizes)  # matchings both small and larger
     assert runs[0] == runs[1] == runs[2] == runs[3]
     assert solved[0] == solved[1] == solved[3] > solved[2]  # graphs met again were not solved again
+
+
+@pytest.mark.parametrize("variant", ["muri-s", "muri-l"])
+def test_group_speeds_kept_or_computed_afresh_give_the_same_run(data_dir: Path, variant: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # the interleave factor keeps each group's time across calls (the driver asks for it at every
+    # start, move and regroup): forgotten before every call, the run must be the same
+    specs = [s for s in load_muri(data_dir / "muri/sim_traces/trace3.csv", limit=150) if s.gpus <= 16]
+    cl = Cluster.homogeneous(4, 8, 92, 520_000)
+    kept = InterleaveFactor.__call__
+    runs = []
+    asked = []
+    for forget in (False, True):
+        if forget:
+            monkeypatch.setattr(InterleaveFactor, "__call__",
+                                lambda self, j, a: (self._times.clear(), kept(self, j, a))[1])  # noqa: SLF001
+        model = build_model(cl)
+        res = Simulator(cl, specs, Scheduler.from_names(*VARIANTS[variant]), model, SimConfig(round_len=600.0)).run()
+        runs.append([(r.id, r.first_start, r.finish, r.preemptions, r.migrations) for r in res.jobs])
+        f = model.get("interleave")
+        assert isinstance(f, InterleaveFactor)
+        asked.append(len(f._times))  # noqa: SLF001
+    assert runs[0] == runs[1]
+    assert asked[0] > 1 and asked[1] <= 1  # groups were kept, and forgotten

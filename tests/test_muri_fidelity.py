@@ -148,6 +148,46 @@ def test_las_gpu_events_reorders_only_when_jobs_arrive_or_end(data_dir: Path) ->
     assert fins[0] == fins[1]
 
 
+def test_las_gpu_events_order_is_the_key_order_and_reuses_it_between_events(make_view) -> None:  # noqa: ANN001
+    # attained GPU-time: a 300, b 100, c 100 (ties by arrival); a runs on 2 GPUs
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation, Part
+    from gpuloom.policies import make
+    from gpuloom.policies.order import KeyOrder
+
+    def made(jid: str, index: int, attained: float) -> Job:
+        j = Job(JobSpec(jid, 0.0, 2, 1e5), index)
+        j.arrive(0.0)
+        j.attained_gpu_time, j.last_update = attained, 0.0
+        return j
+
+    a, b, c = made("a", 0, 300.0), made("b", 1, 100.0), made("c", 2, 100.0)
+    a.alloc = Allocation("a", (Part(0, (0, 1), 2, 1000),))
+    pol = make("order", "las-gpu-events")
+
+    def order_at(jobs: list[Job], now: float, rnd: int) -> list[str]:
+        view = make_view(jobs=jobs, now=now)
+        view.round_index = rnd
+        out = list(pol.order(view.jobs, view))
+        assert out == list(KeyOrder.order(pol, view.jobs, view))  # the generic path, key by key
+        out_ids = [j.id for j in out]
+        pol.order(view.jobs, view).reverse()  # (the caller's copy: the kept order stays)
+        return out_ids
+
+    assert order_at([a, b, c], 0.0, 1) == ["b", "c", "a"]
+    # the same jobs later: a's attained time grew, b's jumped, but the keys stay those of the last event
+    b.attained_gpu_time = 1e6
+    assert order_at([a, b, c], 1000.0, 2) == ["b", "c", "a"]
+    # d arrives: every key is read again (a: 300 + 2 x 1000, b: 1e6, c: 100, d: 0)
+    d = made("d", 3, 0.0)
+    assert order_at([a, b, c, d], 1000.0, 3) == ["d", "c", "a", "b"]
+    # the same ids, another object for c: the order holds the object given, not the one kept
+    c2 = made("c", 2, 100.0)
+    view = make_view(jobs=[a, b, c2, d], now=1000.0)
+    view.round_index = 4
+    assert [id(j) for j in pol.order(view.jobs, view)] == [id(d), id(c2), id(a), id(b)]
+
+
 def test_artifact_preset_places_every_job_afresh_as_muri_does() -> None:
     # the SRTF drift: Muri re-places every job at every event in priority order, so a running job
     # moves to let a higher-priority gang start.  2 nodes x 2 GPUs: a (node 0) and c (node 1) leave

@@ -455,6 +455,9 @@ class InterleaveFactor:
         self.overhead = {int(m): float(f) for m, f in (overhead or {}).items()}
         self._lookup: Callable[[str], Any] | None = None
         self._profiles: dict[str, tuple[JobSpec, Profile | None]] = {}  # by id, checked by identity
+        # group_time by the members' profiles as __call__ lists them (a job, then its co-runners):
+        # a plan that regroups or moves many jobs asks for the same few groups again and again
+        self._times: dict[tuple[Profile, ...], float] = {}
         if jobs is not None:
             self.bind(jobs)
 
@@ -522,7 +525,14 @@ class InterleaveFactor:
             except KeyError:
                 raise ProfileError(f"job {job.id}: co-runner {oid!r} is unknown to the interleave factor") from None
             profs.append(self._require(other))
+        key = tuple(profs)
+        t = self._times.get(key)
+        if t is None:
+            t = self.group_time(profs)
+            if len(self._times) > 100_000:
+                self._times.clear()
+            self._times[key] = t
         if self.raw:  # (Muri's simulator: the cycle of the raw stages against the iteration time, uncapped)
-            return self.solo_time(job) / self.group_time(profs)
+            return self.solo_time(job) / t
         solo = float(sum(own))
-        return min(1.0, solo / self.group_time(profs))
+        return min(1.0, solo / t)

@@ -236,6 +236,9 @@ class LASGPUEvents(KeyOrder):
         super().__init__()
         self._keys: dict[str, float] = {}
         self._seen: tuple[float, int] | None = None  # (now, round) of the last check
+        # the last order and the keys it was sorted by: with the same keys and the same job objects
+        # (the rounds between two events) it is the order again
+        self._sorted: tuple[dict[str, float], list[Job]] | None = None
 
     def _refresh(self, view: View) -> None:
         stamp = (view.now, view.round_index)
@@ -251,6 +254,20 @@ class LASGPUEvents(KeyOrder):
     def key(self, job: Job, view: View) -> float:
         self._refresh(view)
         return self._keys[job.id]
+
+    def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
+        """:meth:`KeyOrder.order` (by key, then ``Job.index``), the keys read once; the last order
+        again while the keys are the same table and ``jobs`` the same objects."""
+        self._refresh(view)
+        keys = self._keys
+        last = self._sorted
+        if last is not None and last[0] is keys and len(last[1]) == len(jobs):
+            mine = {id(j) for j in last[1]}
+            if all(id(j) in mine for j in jobs):
+                return list(last[1])
+        ordered = sorted(jobs, key=lambda j: (keys[j.id], j.index))
+        self._sorted = (keys, ordered)
+        return list(ordered)
 
 
 @register("order", "2d-las", "tiresias")
