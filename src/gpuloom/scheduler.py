@@ -151,6 +151,7 @@ class Scheduler:
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
         self.append_queues = True  # False: a queue round never only backfills its new jobs (tests compare)
+        self.reclaim_changes = True  # False: reclaim's free state is built from every allocation (tests compare)
 
     @classmethod
     def from_names(
@@ -506,8 +507,7 @@ class Scheduler:
         placed: list[Job] = []
         given = {o.queue for o in owed}
         before = given if owed_before is None else set(owed_before)
-        cluster = view.cluster
-        free = FreeState.of(cluster, allocs)  # kept up to date below
+        free = _free_left(rnd.plan, view, self.reclaim_changes)  # kept up to date below
         theirs: list[Job] | None = None  # the lent work, and what is free without it: worked out when needed
         base = free
 
@@ -574,6 +574,8 @@ class Scheduler:
                     placed.append(j)
                     if r is None or len(r.jobs) > 1:
                         requests.append(req)
+                    if room < 1 - 1e-9:
+                        break  # (every job asks at least one GPU: none of the rest fits)
             if len(placed) == placed_before:
                 break
             # an eviction may have left a lender below its guarantee: the queues owed now
@@ -601,15 +603,16 @@ class Scheduler:
         lazy = lazy and walk is not None and walk.more is not None
         known: list[Job] | None = None  # (lazy: the running borrowed jobs, when the stage knows them unread)
         if lazy:
-            first = self._walked(adm.guaranteed, view, None).plan.allocations
+            first_plan = self._walked(adm.guaranteed, view, None).plan
             known = self.queue.running_borrowed(adm, view)
             over: Sequence[Job] = (_running_read(walk, len(adm.guaranteed), len(view.current)) if known is None
                                    else known)
         else:
             adm.finish()
-            first = self._plan(adm.guaranteed, view).plan.allocations
+            first_plan = self._plan(adm.guaranteed, view).plan
             over = adm.over
-        free = FreeState.of(view.cluster, first)
+        first = first_plan.allocations
+        free = _free_left(first_plan, view, self.reclaim_changes)
         current: dict[str, Allocation] = dict(first)
         for j in over:
             a = view.current.get(j.id)
@@ -787,6 +790,26 @@ def _free_gpus(plan: Plan, view: pb.View) -> int:
     if free is None:
         free = view.cluster.num_gpus - len({g for a in plan.allocations.values() for g in a.gpu_ids})
     return free
+
+
+def _free_left(plan: Plan, view: pb.View, from_changes: bool = True) -> FreeState:
+    """What ``plan`` leaves free: with ``from_changes``, when it extends the view's current allocations
+    (:meth:`~gpuloom.core.plan.Plan.extending`), whose free state the view keeps, that state with what the
+    plan takes out released and what it adds taken, in O(changes); else (or when an allocation it changes is
+    in a group, whose GPUs count once) built from every allocation."""
+    base, free, allocs = plan.base, view.free, plan.allocations
+    if (from_changes and free is not None and base is view.current and base is not None
+            and len(allocs) == len(base) - len(plan.removed) + len(plan.added)):
+        gone = [base[jid] for jid in plan.removed]
+        new = [allocs[jid] for jid in plan.added]
+        if not any(a.group for a in gone) and not any(a.group for a in new):
+            out = free.copy()
+            for a in gone:
+                out.release(a.parts)
+            for a in new:
+                out.take(a.parts)
+            return out
+    return FreeState.of(view.cluster, allocs)
 
 
 def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:

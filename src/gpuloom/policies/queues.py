@@ -79,6 +79,7 @@ guarantees or limits: DRF or fair share between users.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import tomllib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -656,9 +657,10 @@ class QuotaQueues(QueuePolicy):
             room = min(tree.guarantee[q][0] - u[q][0], *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
             if room < 1 - _EPS or (smallest is not None and smallest(q) > room + _EPS):
                 continue  # (the book knows when no job of the queue left out fits what it is owed)
-            jobs = [j for _, j in self._lists[q] if j.id not in allocs and j.spec.gpus <= room + _EPS]
-            if jobs:
-                out.append(Owed(q, room, jobs))
+            jobs = _fitting(self._lists[q], allocs, room + _EPS)
+            first = next(jobs, None)
+            if first is not None:
+                out.append(Owed(q, room, itertools.chain((first,), jobs)))
         return out
 
     def _smallest_left_out(self, plan: Plan, view: View) -> Callable[[int], float] | None:
@@ -813,6 +815,12 @@ class _Leaves(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self.where)
+
+
+def _fitting(jobs: Iterable[tuple[int, Job]], allocs: Collection[str], most: float) -> Iterator[Job]:
+    """The jobs of ``jobs`` (rank, job) not in ``allocs`` asking at most ``most`` GPUs, lazily: a reader
+    that stops early (reclaim once the room is used up) does not read a queue's whole backlog."""
+    return (j for _, j in jobs if j.id not in allocs and j.spec.gpus <= most)
 
 
 def _without(jobs: Iterable[tuple[int, Job]], ids: Collection[str]) -> Iterator[tuple[int, Job]]:
