@@ -686,9 +686,12 @@ class QuotaQueues(QueuePolicy):
             return []
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
         leaf = self.leaf_map([jid for jid in allocs if jid in by_id], view)
-        u = usage(tree, allocs, leaf)
+        held = [0.0] * len(tree)  # each leaf's GPUs, as usage() sums them (a leaf is on its own jobs' paths only)
+        for jid, q in leaf.items():
+            a = allocs[jid]
+            held[q] += a.num_gpus / (1 + len(a.group))
         g = tree.guarantee
-        lenders = {q for q in tree.leaves if u[q][0] > g[q][0] + _EPS}
+        lenders = {q for q in tree.leaves if held[q] > g[q][0] + _EPS}
         if not lenders:
             return []
         adm = self._last
