@@ -58,7 +58,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from .core.job import Job, Shape
-from .core.plan import Action, Allocation, Plan, PlanError, check_actions, check_plan, drop_job
+from .core.plan import Action, Allocation, Plan, PlanError, changes, check_actions, check_plan, drop_job
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.backfill import Backfill
@@ -793,15 +793,15 @@ def _free_gpus(plan: Plan, view: pb.View) -> int:
 
 
 def _free_left(plan: Plan, view: pb.View, from_changes: bool = True) -> FreeState:
-    """What ``plan`` leaves free: with ``from_changes``, when it extends the view's current allocations
-    (:meth:`~gpuloom.core.plan.Plan.extending`), whose free state the view keeps, that state with what the
-    plan takes out released and what it adds taken, in O(changes); else (or when an allocation it changes is
-    in a group, whose GPUs count once) built from every allocation."""
-    base, free, allocs = plan.base, view.free, plan.allocations
-    if (from_changes and free is not None and base is view.current and base is not None
-            and len(allocs) == len(base) - len(plan.removed) + len(plan.added)):
-        gone = [base[jid] for jid in plan.removed]
-        new = [allocs[jid] for jid in plan.added]
+    """What ``plan`` leaves free: with ``from_changes``, the free state the view keeps of its current
+    allocations with what the plan takes out of them released and what it puts in taken
+    (:func:`~gpuloom.core.plan.changes`: O(changes) for a plan extending them); else (or when an allocation
+    it changes is in a group, whose GPUs count once) built from every allocation."""
+    free, allocs, current = view.free, plan.allocations, view.current
+    if from_changes and free is not None:
+        removed, added = changes(current, plan)
+        gone = [current[jid] for jid in removed]
+        new = [allocs[jid] for jid in added]
         if not any(a.group for a in gone) and not any(a.group for a in new):
             out = free.copy()
             for a in gone:
