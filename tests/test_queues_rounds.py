@@ -331,8 +331,8 @@ def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: s
     # Philly's jobs 10,000 to 11,000 by arrival (a busy stretch) on 8 x 8 GPUs, its virtual clusters as queues by
     # demand, checks on.  With rounds skipped, usage kept from the driver's changes, the walk read as placement
     # needs and rounds that only backfill new jobs; against every round computed; and against rounds summed,
-    # walked whole and planned whole, reclaim's free state built from every allocation: the same jobs and
-    # series, bit for bit
+    # walked whole and planned whole, reclaim's free state built from every allocation and owed queues' jobs
+    # listed and read whole: the same jobs and series, bit for bit
     from gpuloom.sim.quotas import demand_quotas
     from gpuloom.sim.traces import load_trace
 

@@ -151,7 +151,9 @@ class Scheduler:
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
         self.append_queues = True  # False: a queue round never only backfills its new jobs (tests compare)
-        self.reclaim_changes = True  # False: reclaim's free state is built from every allocation (tests compare)
+        # False: reclaim's free state is built from every allocation, and an owed queue's jobs are all read
+        # (tests compare)
+        self.reclaim_changes = True
 
     @classmethod
     def from_names(
@@ -574,7 +576,7 @@ class Scheduler:
                     placed.append(j)
                     if r is None or len(r.jobs) > 1:
                         requests.append(req)
-                    if room < 1 - 1e-9:
+                    if room < 1 - 1e-9 and self.reclaim_changes:
                         break  # (every job asks at least one GPU: none of the rest fits)
             if len(placed) == placed_before:
                 break
