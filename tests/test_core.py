@@ -183,3 +183,21 @@ def test_diff_classifies_actions() -> None:
         "cpu": ActionKind.RESIZE, "regroup": ActionKind.REGROUP, "new": ActionKind.START,
     }
     assert diff(cur, plan)[0].kind is ActionKind.STOP  # stops first
+
+
+def test_changes_lists_what_a_plan_takes_out_and_puts_in() -> None:
+    from gpuloom.core.plan import changes
+
+    cur = {"stay": _alloc("stay", 0, (0,)), "gone": _alloc("gone", 0, (1,)), "moved": _alloc("moved", 1, (2,))}
+    # any plan: compared allocation by allocation (an equal copy counts as replaced: taking it out and putting
+    # it back in frees and takes the same resources)
+    plan = Plan({"stay": cur["stay"], "moved": _alloc("moved", 1, (3,)), "new": _alloc("new", 0, (1,))})
+    assert changes(cur, plan) == (["gone", "moved"], ["moved", "new"])
+    assert changes(cur, Plan({**cur, "moved": _alloc("moved", 1, (2,))})) == (["moved"], ["moved"])
+    # an extending plan: its own lists, the order it made its changes in
+    ext = Plan.extending(cur)
+    ext.add(_alloc("new", 0, (1,)))
+    ext.remove("gone")
+    ext.remove("moved")
+    ext.add(_alloc("moved", 1, (3,)))
+    assert changes(cur, ext) == (["gone", "moved"], ["new", "moved"])

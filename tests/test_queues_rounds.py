@@ -331,7 +331,8 @@ def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: s
     # Philly's jobs 10,000 to 11,000 by arrival (a busy stretch) on 8 x 8 GPUs, its virtual clusters as queues by
     # demand, checks on.  With rounds skipped, usage kept from the driver's changes, the walk read as placement
     # needs and rounds that only backfill new jobs; against every round computed; and against rounds summed,
-    # walked whole and planned whole: the same jobs and series, bit for bit
+    # walked whole and planned whole, reclaim's free state built from every allocation and owed queues' jobs
+    # listed and read whole: the same jobs and series, bit for bit
     from gpuloom.sim.quotas import demand_quotas
     from gpuloom.sim.traces import load_trace
 
@@ -343,7 +344,7 @@ def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: s
         sched = Scheduler.from_names(queue=policy, params={"queues": tree})
         stage = sched.queue
         assert isinstance(stage, QuotaQueues)
-        sched.walk_queues = sched.append_queues = stage.incremental = fast
+        sched.walk_queues = sched.append_queues = stage.incremental = sched.reclaim_changes = fast
         if fast and skip:
             _appended_counted(sched, hits)
         cfg = SimConfig(round_len=300.0, restart_overhead=10.0, check=True, skip_rounds=skip)
@@ -353,3 +354,41 @@ def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: s
     assert first.rounds_computed < runs[1].rounds_computed and sum(j.preemptions for j in first.jobs) > 20
     if policy == "quota":
         assert sum(hits) >= 20
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_reclaims_free_state_from_the_plans_changes_equals_the_state_of_every_allocation(policy: str) -> None:
+    # reclaim (evictions, two-pass rounds) starts from what the plan leaves free: from the driver's free state
+    # with what the plan changes of the current allocations (scheduler._free_left).  Each time
+    # it does, that state must be the one built from every allocation, buffer for buffer, and the run the same
+    # as building it every time
+    import gpuloom.scheduler as sm
+    from gpuloom.policies.free import FreeState
+
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    free_left = sm._free_left
+    changed: list[int] = []
+
+    def compared(plan: Plan, view: pb.View, from_changes: bool = True) -> FreeState:
+        out = free_left(plan, view, from_changes)
+        whole = FreeState.of(view.cluster, plan.allocations)
+        assert (bytes(out._gf), out.cpu_counts, out.mem_counts, list(out.gpu_counts), out.free_gpus) == (
+            bytes(whole._gf), whole.cpu_counts, whole.mem_counts, list(whole.gpu_counts), whole.free_gpus)
+        if from_changes and view.free is not None:
+            changed.append(len(plan.added) + len(plan.removed))
+        return out
+
+    runs = []
+    for from_changes in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        sched.reclaim_changes = from_changes
+        sm._free_left = compared  # type: ignore[assignment]
+        try:
+            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
+        finally:
+            sm._free_left = free_left  # type: ignore[assignment]
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert len(changed) >= 10 and sum(changed) > 0  # (the changes were used, on plans that changed something)

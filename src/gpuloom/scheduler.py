@@ -60,7 +60,7 @@ from typing import Any
 
 from .core.cluster import Cluster
 from .core.job import Job, Shape
-from .core.plan import Action, Allocation, Part, Plan, PlanError, check_actions, check_plan, drop_job
+from .core.plan import Action, Allocation, Part, Plan, PlanError, changes, check_actions, check_plan, drop_job
 from .perf.model import ThroughputModel
 from .policies import base as pb
 from .policies.backfill import Backfill
@@ -155,6 +155,9 @@ class Scheduler:
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
         self.append_queues = True  # False: a queue round never only backfills its new jobs (tests compare)
+        # False: reclaim's free state is built from every allocation, and an owed queue's jobs are all read
+        # (tests compare)
+        self.reclaim_changes = True
 
     @classmethod
     def from_names(
@@ -518,8 +521,7 @@ class Scheduler:
         placed: list[Job] = []
         given = {o.queue for o in owed}
         before = given if owed_before is None else set(owed_before)
-        cluster = view.cluster
-        free = FreeState.of(cluster, allocs)  # kept up to date below
+        free = _free_left(rnd.plan, view, self.reclaim_changes)  # kept up to date below
         theirs: list[Job] | None = None  # the lent work, and what is free without it: worked out when needed
         base = free
 
@@ -586,6 +588,8 @@ class Scheduler:
                     placed.append(j)
                     if r is None or len(r.jobs) > 1:
                         requests.append(req)
+                    if room < 1 - 1e-9 and self.reclaim_changes:
+                        break  # (every job asks at least one GPU: none of the rest fits)
             if len(placed) == placed_before:
                 break
             # an eviction may have left a lender below its guarantee: the queues owed now
@@ -613,15 +617,16 @@ class Scheduler:
         lazy = lazy and walk is not None and walk.more is not None
         known: list[Job] | None = None  # (lazy: the running borrowed jobs, when the stage knows them unread)
         if lazy:
-            first = self._walked(adm.guaranteed, view, None).plan.allocations
+            first_plan = self._walked(adm.guaranteed, view, None).plan
             known = self.queue.running_borrowed(adm, view)
             over: Sequence[Job] = (_running_read(walk, len(adm.guaranteed), len(view.current)) if known is None
                                    else known)
         else:
             adm.finish()
-            first = self._plan(adm.guaranteed, view).plan.allocations
+            first_plan = self._plan(adm.guaranteed, view).plan
             over = adm.over
-        free = FreeState.of(view.cluster, first)
+        first = first_plan.allocations
+        free = _free_left(first_plan, view, self.reclaim_changes)
         current: dict[str, Allocation] = dict(first)
         for j in over:
             a = view.current.get(j.id)
@@ -806,6 +811,26 @@ def _free_gpus(plan: Plan, view: pb.View) -> int:
             used.update(g for p in view.blocked.held for g in p.gpus)
         free = view.cluster.num_gpus - len(used)
     return free
+
+
+def _free_left(plan: Plan, view: pb.View, from_changes: bool = True) -> FreeState:
+    """What ``plan`` leaves free: with ``from_changes``, the free state the view keeps of its current
+    allocations with what the plan takes out of them released and what it puts in taken
+    (:func:`~gpuloom.core.plan.changes`: O(changes) for a plan extending them); else (or when an allocation
+    it changes is in a group, whose GPUs count once) built from every allocation."""
+    free, allocs, current = view.free, plan.allocations, view.current
+    if from_changes and free is not None:
+        removed, added = changes(current, plan)
+        gone = [current[jid] for jid in removed]
+        new = [allocs[jid] for jid in added]
+        if not any(a.group for a in gone) and not any(a.group for a in new):
+            out = free.copy()
+            for a in gone:
+                out.release(a.parts)
+            for a in new:
+                out.take(a.parts)
+            return out
+    return FreeState.of(view.cluster, allocs)
 
 
 def _kept_requests(requests: list[pb.Request], plan: Plan, view: pb.View) -> list[pb.Request]:

@@ -209,6 +209,17 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
     return stops + changes + starts
 
 
+def changes(current: Mapping[str, Allocation], plan: Plan) -> tuple[list[str], list[str]]:
+    """The jobs whose allocation of ``current`` ``plan`` takes out or replaces, and those whose allocation of
+    ``plan`` it adds or puts in place (a job may be in both): from an :meth:`Plan.extending` plan's own
+    lists, else by comparing the two (an allocation counts as kept only when it is the same object)."""
+    new = plan.allocations
+    if plan.base is current and len(new) == len(current) - len(plan.removed) + len(plan.added):
+        return plan.removed, plan.added
+    return ([jid for jid, a in current.items() if new.get(jid) is not a],
+            [jid for jid, a in new.items() if current.get(jid) is not a])
+
+
 def check_plan(
     plan: Plan | Mapping[str, Allocation],
     cluster: Cluster,

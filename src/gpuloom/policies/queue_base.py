@@ -12,7 +12,7 @@ runs the pipeline as if there were no queue stage.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -49,11 +49,12 @@ class Admission:
 @dataclass(slots=True)
 class Owed:
     """A queue below its guarantee: which (``queue``, a stage's own number), the GPUs it may still take
-    (within every limit), and its waiting jobs that fit them in its order."""
+    (within every limit), and its waiting jobs that fit them in its order (read once, possibly lazily: a
+    reader may stop once the room is used up)."""
 
     queue: int
     room: float
-    jobs: list[Job]
+    jobs: Iterable[Job]
 
 
 class QueuePolicy(Stage):

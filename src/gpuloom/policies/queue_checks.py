@@ -64,12 +64,16 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
         return set()
     G = tree.guarantee
     ua = [0.0] * len(tree)
-    for j in adm.guaranteed:
-        a = allocs.get(j.id)
-        if a is not None:
-            ua[leaf[j.id]] += min(job_share(a)[0], j.spec.gpus)
+    # a leaf's guaranteed jobs hold at most what the leaf holds: only a leaf holding more than its guarantee
+    # (with a margin far above the rounding of the sums) can have them over it
+    over = {q for q in tree.leaves if u[q][0] > G[q][0] + _EPS / 2}
+    if over:
+        for j in adm.guaranteed:
+            a = allocs.get(j.id)
+            if a is not None and (q := leaf[j.id]) in over:
+                ua[q] += min(job_share(a)[0], j.spec.gpus)
     for q in tree.leaves:
-        if ua[q] > G[q][0] + _EPS:
+        if q in over and ua[q] > G[q][0] + _EPS:
             raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q]:g} GPUs, more "
                             f"than its guarantee of {G[q][0]:g}")
     lent = {q: max(0.0, u[q][0] - G[q][0]) for q in tree.leaves}

@@ -29,11 +29,19 @@ from .queues import QuotaQueues
 class DRFQueues(QuotaQueues):
     """Guarantees first, then weighted DRF between queues (progressive filling down the tree)."""
 
+    #: the cluster, tree and tree version the per-queue factors below were worked out for, and the factors
+    _inv: tuple[Any, Any, int, list[tuple[float, ...]]] | None = None
+
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
         cl = view.cluster
-        caps = (float(cl.num_gpus) or 1.0, float(cl.total_cpus) or 1.0, float(cl.total_mem_mb) or 1.0)
-        # dominant share / relative weight = max over resources of use * (1 / (capacity * weight))
-        inv = [tuple(1.0 / (c * w) for c in caps) for w in tree.sibling_weight]
+        kept = self._inv
+        if kept is not None and kept[0] is cl and kept[1] is tree and kept[2] == self.version:
+            inv = kept[3]
+        else:
+            caps = (float(cl.num_gpus) or 1.0, float(cl.total_cpus) or 1.0, float(cl.total_mem_mb) or 1.0)
+            # dominant share / relative weight = max over resources of use * (1 / (capacity * weight))
+            inv = [tuple(1.0 / (c * w) for c in caps) for w in tree.sibling_weight]
+            self._inv = (cl, tree, self.version, inv)
         paths = tree.path
         if all(len(p) == 1 for p in paths):  # one level: the leaf's own share (ordered as the 1-tuples would be)
             def share(q: int) -> float:

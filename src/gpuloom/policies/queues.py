@@ -79,6 +79,7 @@ guarantees or limits: DRF or fair share between users.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import tomllib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -87,7 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.job import Job
-from ..core.plan import Allocation, Plan, drop_job
+from ..core.plan import Allocation, Plan, changes, drop_job
 from ..core.queues import INF, QueueError, QueueTree, parse_queues, usage
 from .base import PlacePolicy, View, parse_flag, register
 from .queue_base import Admission, Owed, QueuePolicy
@@ -165,6 +166,7 @@ class QuotaQueues(QueuePolicy):
             raise ValueError("with borrow=false and guarantees=false no job could ever run")
         self.version = 0  # bumped whenever the tree changes (job -> leaf caches are keyed by it)
         self._checked_for: Any = None  # the cluster the tree's capacity was checked against
+        self._per_gpu: tuple[Any, tuple[float, float]] = (None, (0.0, 0.0))  # a cluster, its cores and MB per GPU
         self._last = Admission()
         self._lists: list[Collection[tuple[int, Job]]] = []  # per leaf, its active jobs (rank, job) in order
         self._book: QueueBook | None = None  # the active jobs per leaf, when a driver feeds them (listener)
@@ -260,17 +262,17 @@ class QuotaQueues(QueuePolicy):
 
     def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
         book = self._book_ready(view)
-        base, allocs = plan.base, plan.allocations
-        if (book is None or not book.exact or base is not view.current
-                or len(allocs) != len(base) - len(plan.removed) + len(plan.added)):
+        if book is None or not book.exact:
             return None
+        current, allocs = view.current, plan.allocations
+        removed, added = changes(current, plan)
         tree = self.tree
         assert tree is not None
         where = book.where
         leaf = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
         for q, h in book.held.items():
             leaf[q] = list(h)
-        for ids, held, sign in ((plan.removed, base, -1.0), (plan.added, allocs, 1.0)):
+        for ids, held, sign in ((removed, current, -1.0), (added, allocs, 1.0)):
             for jid in ids:
                 a = held.get(jid)
                 w = where.get(jid)
@@ -318,6 +320,13 @@ class QuotaQueues(QueuePolicy):
             c = self._look_up(job)
         return c[2], bool(c[3])
 
+    def _per_gpu_of(self, cl: Any) -> tuple[float, float]:
+        """The cores and MB per GPU of the cluster ``cl`` (frozen: its totals are summed once)."""
+        if self._per_gpu[0] is not cl:
+            self._per_gpu = (cl, (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus
+                             else (0.0, 0.0))
+        return self._per_gpu[1]
+
     def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
               lazy: bool = False) -> Admission:
         book = self._book
@@ -330,7 +339,7 @@ class QuotaQueues(QueuePolicy):
         self._tree_ready(tree, view)
         nq = len(tree)
         cl = view.cluster
-        per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
+        per_gpu = self._per_gpu_of(cl)
         prioritised: set[int] = set()  # leaves with a job of non-zero priority
         lists: list[Collection[tuple[int, Job]]]
         if from_book:
@@ -557,7 +566,7 @@ class QuotaQueues(QueuePolicy):
         if self._tree(jobs, view) is not tree or self.version != version:
             return False  # (a new queue name: every job's queue is looked up again)
         cl = view.cluster
-        per_gpu = (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus else (0.0, 0.0)
+        per_gpu = self._per_gpu_of(cl)
         if self._tier_a_key != (version, tree, False, per_gpu):
             return False
         owed = tree.owed
@@ -656,9 +665,12 @@ class QuotaQueues(QueuePolicy):
             room = min(tree.guarantee[q][0] - u[q][0], *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
             if room < 1 - _EPS or (smallest is not None and smallest(q) > room + _EPS):
                 continue  # (the book knows when no job of the queue left out fits what it is owed)
-            jobs = [j for _, j in self._lists[q] if j.id not in allocs and j.spec.gpus <= room + _EPS]
-            if jobs:
-                out.append(Owed(q, room, jobs))
+            jobs = _fitting(self._lists[q], allocs, room + _EPS)
+            if not self.incremental:  # (listed whole now, as tests compare)
+                jobs = iter(list(jobs))
+            first = next(jobs, None)
+            if first is not None:
+                out.append(Owed(q, room, itertools.chain((first,), jobs)))
         return out
 
     def _smallest_left_out(self, plan: Plan, view: View) -> Callable[[int], float] | None:
@@ -684,9 +696,12 @@ class QuotaQueues(QueuePolicy):
             return []
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
         leaf = self.leaf_map([jid for jid in allocs if jid in by_id], view)
-        u = usage(tree, allocs, leaf)
+        held = [0.0] * len(tree)  # each leaf's GPUs, as usage() sums them (a leaf is on its own jobs' paths only)
+        for jid, q in leaf.items():
+            a = allocs[jid]
+            held[q] += a.num_gpus / (1 + len(a.group))
         g = tree.guarantee
-        lenders = {q for q in tree.leaves if u[q][0] > g[q][0] + _EPS}
+        lenders = {q for q in tree.leaves if held[q] > g[q][0] + _EPS}
         if not lenders:
             return []
         adm = self._last
@@ -813,6 +828,12 @@ class _Leaves(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self.where)
+
+
+def _fitting(jobs: Iterable[tuple[int, Job]], allocs: Collection[str], most: float) -> Iterator[Job]:
+    """The jobs of ``jobs`` (rank, job) not in ``allocs`` asking at most ``most`` GPUs, lazily: a reader
+    that stops early (reclaim once the room is used up) does not read a queue's whole backlog."""
+    return (j for _, j in jobs if j.id not in allocs and j.spec.gpus <= most)
 
 
 def _without(jobs: Iterable[tuple[int, Job]], ids: Collection[str]) -> Iterator[tuple[int, Job]]:
