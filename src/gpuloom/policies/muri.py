@@ -31,8 +31,9 @@ One round:
    counts: Blossom (``rustworkx.max_weight_matching``) on the nodes laid out
    class by class, classes in order of their profiles, which makes the
    choice among equally good matchings a function of the classes and counts
-   alone.  Each class pair then goes to members: jobs that run together now
-   first (partners are not reshuffled every round), then by rank.  As in Muri, matched
+   alone; a class's places go to its nodes in rank order, and jobs that run
+   together now are paired again wherever swapping partners of the same
+   classes allows (partners are not reshuffled every round).  As in Muri, matched
    pairs are merged only while the admitted units need more GPUs than the
    cluster has - most efficient pairs first, weighted by their GPU count
    (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
@@ -124,13 +125,14 @@ def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
     return sorted((a, b) if a < b else (b, a) for a, b in m)
 
 
-def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int]]:
+def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
     """Maximum-weight matching of nodes in classes: ``counts[c]`` interchangeable nodes of class ``c``,
     ``weights[c][d]`` the integer weight of pairing a node of ``c`` with one of ``d`` (0: no edge).
 
-    Returns ``(c, d, pairs, weight)`` with ``c <= d``, in that order.  Blossom runs on the nodes laid
-    out class by class (``c = 0`` first), so the result is a function of ``counts`` and ``weights``
-    alone: among equally good matchings the same one, whatever order the nodes came in.
+    Blossom runs on the nodes laid out class by class (``c = 0`` first), so the result is a function
+    of ``counts`` and ``weights`` alone: among equally good matchings the same one, whatever order
+    the nodes came in.  Returns ``(c, i, d, j, weight)``: the ``i``-th node of class ``c`` pairs with
+    the ``j``-th of class ``d`` (``c <= d``), sorted.
     """
     kid = [c for c, m in enumerate(counts) for _ in range(m)]
     n = len(kid)
@@ -145,60 +147,71 @@ def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> l
             row = weights[kid[a]]
             edges.extend([(a, c, w) for c in range(a + 1, n) if (w := row[kid[c]]) > 0])
         pairs = max_weight_pairs(n, edges)
+    start = [0] * (len(counts) + 1)
+    for c, m in enumerate(counts):
+        start[c + 1] = start[c] + m
+    # (a < c, so kid[a] <= kid[c])
+    return sorted((kid[a], a - start[kid[a]], kid[c], c - start[kid[c]], int(weights[kid[a]][kid[c]])) for a, c in pairs)
+
+
+def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int]]:
+    """:func:`class_slots` as counts: ``(c, d, pairs, weight)`` with ``c <= d``, sorted."""
     got: dict[tuple[int, int], int] = {}
-    for a, c in pairs:  # a < c, so kid[a] <= kid[c]
-        k = (kid[a], kid[c])
-        got[k] = got.get(k, 0) + 1
+    for c, _, d, _, _ in class_slots(counts, weights):
+        got[(c, d)] = got.get((c, d), 0) + 1
     return [(c, d, m, int(weights[c][d])) for (c, d), m in sorted(got.items())]
 
 
-def _assign(pairs: Sequence[tuple[int, int, int, int]], members: Sequence[list[int]],
+def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[list[int]],
             labels: Sequence[int] | None, first: Sequence[int] | None) -> list[tuple[int, int, int]]:
-    """Nodes for a class matching: ``members[c]`` are class ``c``'s nodes in rank order (``first``,
-    default: position).  Nodes that run together now (the same ``labels[x] >= 0``) fill their class
-    pairs first, groups in rank order; the rest in rank order.  Returns node pairs ``(a, b, weight)``,
-    ``a < b``, sorted."""
-    n = sum(len(m) for m in members)
-    used = [False] * n
-    out: list[tuple[int, int, int]] = []
-    need = {(c, d): m for c, d, m, _ in pairs}
-    if labels is not None:
-        cls = [0] * n
+    """Node pairs ``(a, b, weight)``, ``a < b``, sorted, for a class matching's ``slots``
+    (:func:`class_slots`); ``members[c]`` are class ``c``'s nodes in rank order (``first``, default:
+    position).  Nodes that run together now (the same ``labels[x] >= 0``; groups in rank order) are
+    then paired again wherever a swap keeps every pair's classes, so the weight stays the same."""
+    pairs = [[members[c][i], members[d][j], w] for c, i, d, j, w in slots]
+    if labels is not None and pairs:
+        cls: dict[int, int] = {}
         for c, m in enumerate(members):
             for x in m:
                 cls[x] = c
+        mate: dict[int, int] = {}
+        for k, (x, y, _) in enumerate(pairs):
+            mate[x] = mate[y] = k
         groups: dict[int, list[int]] = {}
+        n = len(cls)
         for x in (range(n) if first is None else sorted(range(n), key=first.__getitem__)):
             if labels[x] >= 0:
                 groups.setdefault(labels[x], []).append(x)
-        weight = {(c, d): w for c, d, _, w in pairs}
+        kept: set[int] = set()  # pairs already holding partners that run together
         for grp in groups.values():  # (in order of their first member)
             for i, x in enumerate(grp):
                 for y in grp[i + 1:]:
-                    if used[x]:
-                        break
-                    if used[y]:
+                    p, q = mate.get(x), mate.get(y)
+                    if p in kept or q in kept:
                         continue
-                    cx, cy = cls[x], cls[y]
-                    k = (cx, cy) if cx <= cy else (cy, cx)
-                    if need.get(k, 0) > 0:
-                        need[k] -= 1
-                        used[x] = used[y] = True
-                        out.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
-    ptr = [0] * len(members)
-
-    def take(c: int) -> int:  # the class's first node in rank order not yet used
-        lst, p = members[c], ptr[c]
-        while used[lst[p]]:
-            p += 1
-        ptr[c] = p + 1
-        used[lst[p]] = True
-        return lst[p]
-
-    for c, d, _, w in pairs:
-        for _ in range(need[(c, d)]):
-            x, y = take(c), take(d)
-            out.append((x, y, w) if x < y else (y, x, w))
+                    if p is not None and p == q:
+                        kept.add(p)
+                        continue
+                    x2 = None if p is None else pairs[p][1 if pairs[p][0] == x else 0]
+                    y2 = None if q is None else pairs[q][1 if pairs[q][0] == y else 0]
+                    if p is not None and q is not None and x2 is not None and y2 is not None:
+                        if cls[x2] == cls[y] and cls[y2] == cls[x]:  # (x, x2) (y2, y) -> (x, y) (y2, x2)
+                            pairs[p][0], pairs[p][1] = x, y
+                            pairs[q][0], pairs[q][1] = y2, x2
+                            mate[y] = p
+                            mate[x2] = q
+                            kept.add(p)
+                    elif p is not None and x2 is not None and cls[x2] == cls[y]:  # y free: takes x2's place
+                        pairs[p][0], pairs[p][1] = x, y
+                        mate[y] = p
+                        del mate[x2]
+                        kept.add(p)
+                    elif q is not None and y2 is not None and cls[y2] == cls[x]:  # x free: takes y2's place
+                        pairs[q][0], pairs[q][1] = x, y
+                        mate[x] = q
+                        del mate[y2]
+                        kept.add(q)
+    out = [(x, y, w) if x < y else (y, x, w) for x, y, w in pairs]
     out.sort()
     return out
 
@@ -276,8 +289,8 @@ class MuriGrouping(GroupPolicy):
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
         self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
-        # the last class matchings: (max_group, (class key id, count) in class order) -> (c, d, pairs, weight)
-        self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int, int], ...]] = OrderedDict()
+        # the last class matchings: (max_group, (class key id, count) in class order) -> their class_slots
+        self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int, int, int], ...]] = OrderedDict()
 
     # -- public ---------------------------------------------------------------
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
@@ -382,12 +395,13 @@ class MuriGrouping(GroupPolicy):
         """One maximum-weight matching over ``nodes`` (lists of indices into ``profiles``).
 
         Returns matched node pairs ``(a, b, weight)``, ``a < b``.  ``labels[i] >= 0``
-        names the group member ``i`` runs in now: among the nodes that may fill
-        a pair of classes, nodes that already run together come first - ties
-        are common, since many jobs share a profile - so running groups are
-        kept instead of shuffling partners (and paying restarts) every round;
-        then nodes by their lowest member.  The result does not depend on the
-        order of ``nodes``.
+        names the group member ``i`` runs in now: nodes that run together are
+        paired again wherever swapping partners of the same classes allows -
+        ties are common, since many jobs share a profile - so running groups
+        are kept instead of shuffling partners (and paying restarts) every
+        round.  A class's nodes take its places in Blossom's matching in order
+        of their lowest member, so the result does not depend on the order of
+        ``nodes``.
         """
         sizes = [len(nd) for nd in nodes]
         if len(nodes) < 2 or min(sizes) * 2 > max_group:
@@ -423,7 +437,8 @@ class MuriGrouping(GroupPolicy):
         if self.rule == "muri":
             nl = None  # (Muri matches from scratch: no preference for partners already together)
         # nodes with the same key are interchangeable: the matching is one of their classes (with
-        # multiplicities), solved once per distinct set of classes and counts, then given to members
+        # multiplicities), solved once per distinct set of classes and counts, its places then given
+        # to the classes' nodes in rank order
         by_key: dict[int, list[int]] = {}
         for x, g in enumerate(gid):
             by_key.setdefault(g, []).append(x)
@@ -436,7 +451,7 @@ class MuriGrouping(GroupPolicy):
         pairs = self._rounds.get(rk)
         if pairs is None:
             W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
-            pairs = tuple(class_matching([len(m) for m in members], W))
+            pairs = tuple(class_slots([len(m) for m in members], W))
             self._rounds[rk] = pairs
             if len(self._rounds) > _MATCHINGS_KEPT:
                 del self._rounds[next(iter(self._rounds))]
@@ -561,4 +576,5 @@ class MuriGrouping(GroupPolicy):
         return admitted
 
 
-__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs", "max_weight_pairs_dense"]
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "class_matching", "class_slots", "max_weight_pairs",
+           "max_weight_pairs_dense"]
