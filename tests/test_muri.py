@@ -171,10 +171,32 @@ def test_matching_rounds_are_independent_of_the_order_of_their_nodes(seed: int) 
         shuffled = [nodes[i] for i in perm]
         got = MuriGrouping().match_round(profiles, shuffled, 2, f)
         assert sorted(tuple(sorted((shuffled[a][0], shuffled[b][0]))) for a, b, _ in got) == by_ids
-    # two CPU and two GPU jobs: the same two pairs, listed forwards or backwards
-    for nodes in ([[0], [1], [2], [3]], [[3], [2], [1], [0]]):
-        two = MuriGrouping().match_round([GPU, CPU, CPU, GPU], nodes, 2, f)
-        assert sorted(tuple(sorted(nodes[a] + nodes[b])) for a, b, _ in two) == [(0, 2), (1, 3)]
+    # two CPU and two GPU jobs, listed forwards or backwards: the first of each pair up; in Muri's
+    # rule they take Blossom's places in rank order instead
+    for rule, want in (("gpuloom", [(0, 1), (2, 3)]), ("muri", [(0, 2), (1, 3)])):
+        for nodes in ([[0], [1], [2], [3]], [[3], [2], [1], [0]]):
+            two = MuriGrouping(rule=rule).match_round([GPU, CPU, CPU, GPU], nodes, 2, f)
+            assert sorted(tuple(sorted(nodes[a] + nodes[b])) for a, b, _ in two) == want
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keeping_running_partners_changes_no_weight(seed: int) -> None:
+    # partners that run together now are paired again only by swaps within the same classes: the
+    # matching weighs what it weighs without labels, and keeps at least as many running pairs
+    rng = np.random.default_rng(seed)
+    kinds = [CPU, GPU, NET, (3.0, 3.0, 0.0)]
+    f = InterleaveFactor(threshold=0.0)
+    for _ in range(20):
+        n = int(rng.integers(2, 40))
+        profiles = [kinds[int(k)] for k in rng.integers(0, len(kinds), n)]
+        labels = [int(x) for x in rng.integers(-1, n // 3 + 1, n)]
+        nodes = [[i] for i in range(n)]
+        plain = MuriGrouping().match_round(profiles, nodes, 2, f)
+        kept = MuriGrouping().match_round(profiles, nodes, 2, f, labels)
+        assert sum(w for *_, w in kept) == sum(w for *_, w in plain)
+        together = [sum(labels[a] >= 0 and labels[a] == labels[b] for a, b, _ in m) for m in (plain, kept)]
+        assert together[1] >= together[0]
+        assert len({x for a, b, _ in kept for x in (a, b)}) == 2 * len(kept)  # still a matching
 
 
 def test_grouping_weights_match_networkx_on_real_profiles(data_dir: Path) -> None:
@@ -308,7 +330,8 @@ def test_a_grouping_reused_under_another_interleaving_model_forgets_its_weights(
     pol = MuriGrouping()
     assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1)))) == [("g", "c1", "c2")]
     three = InterleaveFactor(threshold=0.0, resources=3)
-    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), three))) == [("g", "c2"), ("c1",)]
+    # (c1 and c2 tie: the higher-ranked c1 takes the place)
+    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), three))) == [("g", "c1"), ("c2",)]
     for f in (InterleaveFactor(threshold=0.0, resources=2), InterleaveFactor(threshold=0.0, overhead={2: 1.5, 3: 2.0})):
         fresh = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), f))
         assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), f))) == ids(fresh)

@@ -163,57 +163,63 @@ def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> l
 
 
 def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[list[int]],
-            labels: Sequence[int] | None, first: Sequence[int] | None) -> list[tuple[int, int, int]]:
+            labels: Sequence[int] | None, first: Sequence[int] | None, places: bool) -> list[tuple[int, int, int]]:
     """Node pairs ``(a, b, weight)``, ``a < b``, sorted, for a class matching's ``slots``
     (:func:`class_slots`); ``members[c]`` are class ``c``'s nodes in rank order (``first``, default:
-    position).  Nodes that run together now (the same ``labels[x] >= 0``; groups in rank order) are
-    then paired again wherever a swap keeps every pair's classes, so the weight stays the same."""
-    pairs = [[members[c][i], members[d][j], w] for c, i, d, j, w in slots]
-    if labels is not None and pairs:
-        cls: dict[int, int] = {}
+    position).  ``places``: the nodes take Blossom's places in rank order (Muri's rule).  Otherwise
+    each class pair goes first to nodes that run together now (the same ``labels[x] >= 0``; groups
+    in rank order), then to the highest-ranked nodes left: partners are kept across rounds."""
+    if places:
+        out = [(members[c][i], members[d][j], w) for c, i, d, j, w in slots]
+        out = [(x, y, w) if x < y else (y, x, w) for x, y, w in out]
+        out.sort()
+        return out
+    need: dict[tuple[int, int], int] = {}
+    weight: dict[tuple[int, int], int] = {}
+    for c, _, d, _, w in slots:
+        need[(c, d)] = need.get((c, d), 0) + 1
+        weight[(c, d)] = w
+    n = sum(len(m) for m in members)
+    used = [False] * n
+    res: list[tuple[int, int, int]] = []
+    if labels is not None:
+        cls = [0] * n
         for c, m in enumerate(members):
             for x in m:
                 cls[x] = c
-        mate: dict[int, int] = {}
-        for k, (x, y, _) in enumerate(pairs):
-            mate[x] = mate[y] = k
         groups: dict[int, list[int]] = {}
-        n = len(cls)
         for x in (range(n) if first is None else sorted(range(n), key=first.__getitem__)):
             if labels[x] >= 0:
                 groups.setdefault(labels[x], []).append(x)
-        kept: set[int] = set()  # pairs already holding partners that run together
         for grp in groups.values():  # (in order of their first member)
             for i, x in enumerate(grp):
                 for y in grp[i + 1:]:
-                    p, q = mate.get(x), mate.get(y)
-                    if p in kept or q in kept:
+                    if used[x]:
+                        break
+                    if used[y]:
                         continue
-                    if p is not None and p == q:
-                        kept.add(p)
-                        continue
-                    x2 = None if p is None else pairs[p][1 if pairs[p][0] == x else 0]
-                    y2 = None if q is None else pairs[q][1 if pairs[q][0] == y else 0]
-                    if p is not None and q is not None and x2 is not None and y2 is not None:
-                        if cls[x2] == cls[y] and cls[y2] == cls[x]:  # (x, x2) (y2, y) -> (x, y) (y2, x2)
-                            pairs[p][0], pairs[p][1] = x, y
-                            pairs[q][0], pairs[q][1] = y2, x2
-                            mate[y] = p
-                            mate[x2] = q
-                            kept.add(p)
-                    elif p is not None and x2 is not None and cls[x2] == cls[y]:  # y free: takes x2's place
-                        pairs[p][0], pairs[p][1] = x, y
-                        mate[y] = p
-                        del mate[x2]
-                        kept.add(p)
-                    elif q is not None and y2 is not None and cls[y2] == cls[x]:  # x free: takes y2's place
-                        pairs[q][0], pairs[q][1] = x, y
-                        mate[x] = q
-                        del mate[y2]
-                        kept.add(q)
-    out = [(x, y, w) if x < y else (y, x, w) for x, y, w in pairs]
-    out.sort()
-    return out
+                    cx, cy = cls[x], cls[y]
+                    k = (cx, cy) if cx <= cy else (cy, cx)
+                    if need.get(k, 0) > 0:
+                        need[k] -= 1
+                        used[x] = used[y] = True
+                        res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
+    ptr = [0] * len(members)
+
+    def take(c: int) -> int:  # the class's first node in rank order not yet used
+        lst, p = members[c], ptr[c]
+        while used[lst[p]]:
+            p += 1
+        ptr[c] = p + 1
+        used[lst[p]] = True
+        return lst[p]
+
+    for (c, d), cnt in sorted(need.items()):
+        for _ in range(cnt):
+            x, y = take(c), take(d)
+            res.append((x, y, weight[(c, d)]) if x < y else (y, x, weight[(c, d)]))
+    res.sort()
+    return res
 
 
 def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
@@ -457,7 +463,7 @@ class MuriGrouping(GroupPolicy):
                 del self._rounds[next(iter(self._rounds))]
         else:
             self._rounds.move_to_end(rk)
-        return _assign(pairs, members, nl, first)
+        return _assign(pairs, members, nl, first, self.rule == "muri")
 
     # -- helpers ------------------------------------------------------------------
     def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor,
