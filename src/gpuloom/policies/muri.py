@@ -31,9 +31,9 @@ One round:
    counts: Blossom (``rustworkx.max_weight_matching``) on the nodes laid out
    class by class, classes in order of their profiles, which makes the
    choice among equally good matchings a function of the classes and counts
-   alone; a class's places go to its nodes in rank order, and jobs that run
-   together now are paired again wherever swapping partners of the same
-   classes allows (partners are not reshuffled every round).  As in Muri, matched
+   alone.  Each pair of classes goes first to jobs that run together now
+   (partners are not reshuffled every round), then to the highest-ranked
+   (with ``rule="muri"`` the jobs take Blossom's places in rank order).  As in Muri, matched
    pairs are merged only while the admitted units need more GPUs than the
    cluster has - most efficient pairs first, weighted by their GPU count
    (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
@@ -401,12 +401,11 @@ class MuriGrouping(GroupPolicy):
         """One maximum-weight matching over ``nodes`` (lists of indices into ``profiles``).
 
         Returns matched node pairs ``(a, b, weight)``, ``a < b``.  ``labels[i] >= 0``
-        names the group member ``i`` runs in now: nodes that run together are
-        paired again wherever swapping partners of the same classes allows -
-        ties are common, since many jobs share a profile - so running groups
-        are kept instead of shuffling partners (and paying restarts) every
-        round.  A class's nodes take its places in Blossom's matching in order
-        of their lowest member, so the result does not depend on the order of
+        names the group member ``i`` runs in now: each pair of classes goes
+        first to nodes that run together - ties are common, since many jobs
+        share a profile - so running groups are kept instead of shuffling
+        partners (and paying restarts) every round; then to nodes in order of
+        their lowest member, so the result does not depend on the order of
         ``nodes``.
         """
         sizes = [len(nd) for nd in nodes]
@@ -443,8 +442,7 @@ class MuriGrouping(GroupPolicy):
         if self.rule == "muri":
             nl = None  # (Muri matches from scratch: no preference for partners already together)
         # nodes with the same key are interchangeable: the matching is one of their classes (with
-        # multiplicities), solved once per distinct set of classes and counts, its places then given
-        # to the classes' nodes in rank order
+        # multiplicities), solved once per distinct set of classes and counts, then given to nodes
         by_key: dict[int, list[int]] = {}
         for x, g in enumerate(gid):
             by_key.setdefault(g, []).append(x)
