@@ -17,7 +17,7 @@ from gpuloom.perf.assembly import build_model
 from gpuloom.perf.interleave import InterleaveFactor, group_cycle
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
 from gpuloom.policies.base import FreeState, PolicyError, View, make
-from gpuloom.policies.muri import VARIANTS, MuriGrouping, max_weight_pairs, max_weight_pairs_dense
+from gpuloom.policies.muri import VARIANTS, MuriGrouping, class_matching, max_weight_pairs, max_weight_pairs_dense
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
 from gpuloom.sim.traces import load_trace
@@ -120,6 +120,85 @@ def test_dense_matching_is_the_edge_list_matching_pair_for_pair(seed: int) -> No
     # the diagonal is no edge; no edge at all, no pairs
     assert max_weight_pairs_dense(np.array([[5, 0], [0, 5]])) == []
     assert max_weight_pairs_dense(np.array([[0, 3], [3, 0]])) == [(0, 1)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_class_matching_weighs_as_much_as_blossom_on_the_nodes(seed: int) -> None:
+    # the matching of classes with multiplicities must weigh exactly what rustworkx's Blossom finds
+    # on the nodes themselves, listed in any order; few distinct weights make ties common, and the
+    # node counts cross the size (_NUMPY_NODES) where the graph is built from a matrix
+    import rustworkx as rx
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        nk = int(rng.integers(1, 7))
+        counts = [int(x) for x in rng.integers(0, 13 if rng.random() < 0.7 else 30, nk)]
+        w = np.triu(rng.choice([0, 0, 400_000, 400_001, 600_000, 800_000], size=(nk, nk)))
+        weights = (w + np.triu(w, 1).T).tolist()
+        got = class_matching(counts, weights)
+        used = [0] * nk
+        for c, d, m, wt in got:
+            assert c <= d and m > 0 and wt == weights[c][d] > 0
+            used[c] += m
+            used[d] += m
+        assert all(u <= n for u, n in zip(used, counts, strict=True))  # no class gives more nodes than it has
+        kid = rng.permutation([c for c, m in enumerate(counts) for _ in range(m)])
+        g = rx.PyGraph()
+        g.add_nodes_from(range(len(kid)))
+        g.add_edges_from([(a, b, weights[kid[a]][kid[b]]) for a in range(len(kid)) for b in range(a + 1, len(kid))
+                          if weights[kid[a]][kid[b]] > 0])
+        ref = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
+        assert sum(m * wt for _, _, m, wt in got) == sum(weights[kid[a]][kid[b]] for a, b in ref)
+    # hand-checked: two A (self-weight 5), one B (A-B 4): AA beats AB; three A: AA and A-B
+    assert class_matching([2, 1], [[5, 4], [4, 0]]) == [(0, 0, 1, 5)]
+    assert class_matching([3, 1], [[5, 4], [4, 0]]) == [(0, 0, 1, 5), (0, 1, 1, 4)]
+    assert class_matching([1, 1], [[0, 0], [0, 0]]) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matching_rounds_are_independent_of_the_order_of_their_nodes(seed: int) -> None:
+    # jobs with equal profiles tie; whatever order the nodes come in, the same jobs pair up
+    rng = np.random.default_rng(seed)
+    kinds = [CPU, GPU, NET, (3.0, 3.0, 0.0)]
+    profiles = [kinds[int(k)] for k in rng.integers(0, len(kinds), 24)]
+    f = InterleaveFactor(threshold=0.0)
+    nodes = [[i] for i in range(len(profiles))]
+    want = MuriGrouping().match_round(profiles, nodes, 2, f)
+    assert want and sum(w for *_, w in want) > 0
+    by_ids = sorted((nodes[a][0], nodes[b][0]) for a, b, _ in want)
+    for _ in range(5):
+        perm = [int(x) for x in rng.permutation(len(nodes))]
+        shuffled = [nodes[i] for i in perm]
+        got = MuriGrouping().match_round(profiles, shuffled, 2, f)
+        assert sorted(tuple(sorted((shuffled[a][0], shuffled[b][0]))) for a, b, _ in got) == by_ids
+    # two CPU and two GPU jobs, listed forwards or backwards: the first of each pair up; in Muri's
+    # rule they take Blossom's places in rank order instead
+    for rule, want in (("gpuloom", [(0, 1), (2, 3)]), ("muri", [(0, 2), (1, 3)])):
+        for nodes in ([[0], [1], [2], [3]], [[3], [2], [1], [0]]):
+            two = MuriGrouping(rule=rule).match_round([GPU, CPU, CPU, GPU], nodes, 2, f)
+            assert sorted(tuple(sorted(nodes[a] + nodes[b])) for a, b, _ in two) == want
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keeping_running_partners_changes_no_weight(seed: int) -> None:
+    # partners that run together now only take class pairs the matching has anyway: it weighs what
+    # it weighs without labels, and (over these instances) keeps more running pairs
+    rng = np.random.default_rng(seed)
+    totals = [0, 0]
+    kinds = [CPU, GPU, NET, (3.0, 3.0, 0.0)]
+    f = InterleaveFactor(threshold=0.0)
+    for _ in range(20):
+        n = int(rng.integers(2, 40))
+        profiles = [kinds[int(k)] for k in rng.integers(0, len(kinds), n)]
+        labels = [int(x) for x in rng.integers(-1, n // 3 + 1, n)]
+        nodes = [[i] for i in range(n)]
+        plain = MuriGrouping().match_round(profiles, nodes, 2, f)
+        kept = MuriGrouping().match_round(profiles, nodes, 2, f, labels)
+        assert sum(w for *_, w in kept) == sum(w for *_, w in plain)
+        for t, m in enumerate((plain, kept)):
+            totals[t] += sum(labels[a] >= 0 and labels[a] == labels[b] for a, b, _ in m)
+        assert len({x for a, b, _ in kept for x in (a, b)}) == 2 * len(kept)  # still a matching
+    assert totals[1] > totals[0]
 
 
 def test_grouping_weights_match_networkx_on_real_profiles(data_dir: Path) -> None:
@@ -253,7 +332,8 @@ def test_a_grouping_reused_under_another_interleaving_model_forgets_its_weights(
     pol = MuriGrouping()
     assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1)))) == [("g", "c1", "c2")]
     three = InterleaveFactor(threshold=0.0, resources=3)
-    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), three))) == [("g", "c2"), ("c1",)]
+    # (c1 and c2 tie: the higher-ranked c1 takes the place)
+    assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), three))) == [("g", "c1"), ("c2",)]
     for f in (InterleaveFactor(threshold=0.0, resources=2), InterleaveFactor(threshold=0.0, overhead={2: 1.5, 3: 2.0})):
         fresh = MuriGrouping().group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), f))
         assert ids(pol.group(jobs, view_for(jobs, Cluster.homogeneous(1, 1), f))) == ids(fresh)

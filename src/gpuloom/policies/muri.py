@@ -26,7 +26,14 @@ One round:
    below the sum of the two nodes' own) - weighted by the merged group's
    interleaving efficiency (:func:`~gpuloom.perf.interleave.efficiency`,
    scaled to integers by ``WEIGHT_SCALE``), and takes a maximum-weight
-   matching (Blossom, ``rustworkx.max_weight_matching``).  As in Muri, matched
+   matching (:func:`class_matching`).  Nodes with the same profiles are
+   interchangeable, so the matching is one of *classes* of nodes with their
+   counts: Blossom (``rustworkx.max_weight_matching``) on the nodes laid out
+   class by class, classes in order of their profiles, which makes the
+   choice among equally good matchings a function of the classes and counts
+   alone.  Each pair of classes goes first to jobs that run together now
+   (partners are not reshuffled every round), then to the highest-ranked
+   (with ``rule="muri"`` the jobs take Blossom's places in rank order).  As in Muri, matched
    pairs are merged only while the admitted units need more GPUs than the
    cluster has - most efficient pairs first, weighted by their GPU count
    (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
@@ -49,10 +56,9 @@ has a few dozen model × GPU-count profiles), then gathered for every node pair:
 by plain loops in the usual bucket of about ten nodes (numpy's per-call cost
 would be most of a round), with numpy past ``_NUMPY_NODES`` (the graph then
 built from the weight matrix in one call, the same edges in the same order).
-Each bucket keeps its nodes' profile keys through its merges.  A matching
-depends on its nodes' profiles and current groups alone, so a round met in one
-of the last ``_MATCHINGS_KEPT`` (a bucket unchanged since an earlier round)
-gets its pairs again instead of new weights and a new Blossom run.  The
+Each bucket keeps its nodes' profile keys through its merges.  A class
+matching depends on the classes and their counts alone, so one met in the last
+``_MATCHINGS_KEPT`` gets its class pairs again instead of a new Blossom run.  The
 interleaving model (threshold, per-size overhead) is read from the throughput
 model's ``interleave`` factor, so grouping and simulation agree.
 """
@@ -75,18 +81,16 @@ from .base import GroupPolicy, PolicyError, View, register
 
 #: integer scale of efficiencies (in [0, 1]) for the Blossom weights
 WEIGHT_SCALE = 1_000_000
-#: extra weight for keeping jobs that already run together (tie-breaker; 1e-6 of efficiency)
-STICKY_BONUS = 1
 #: nodes in a matching round past which its edges are found with numpy rather than plain loops
 _NUMPY_NODES = 32
-#: matching rounds kept by their input (the last ones used)
-_MATCHINGS_KEPT = 64
+#: class matchings kept by their input (the last ones used)
+_MATCHINGS_KEPT = 20_000
 #: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
 #: a merge candidate's cost, then rank
 _first = itemgetter(0)
 _rank = itemgetter(0, 1)
 #: grouping rules: ``gpuloom`` (the module notes) or ``muri``, Muri's simulator's: an edge wherever the
-#: merged group's efficiency is positive, no tie-breaking bonus, pairs merged in bucket order (buckets by
+#: merged group's efficiency is positive, no preference for partners already together, pairs merged in bucket order (buckets by
 #: their best job, pairs by their later node) rather than most efficient first (Muri sorts them but
 #: drops the sorted copy), and *autopack*: a final group slower than its members taking turns is split
 RULES = ("gpuloom", "muri")
@@ -119,6 +123,103 @@ def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
         return []
     m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
     return sorted((a, b) if a < b else (b, a) for a, b in m)
+
+
+def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
+    """Maximum-weight matching of nodes in classes: ``counts[c]`` interchangeable nodes of class ``c``,
+    ``weights[c][d]`` the integer weight of pairing a node of ``c`` with one of ``d`` (0: no edge).
+
+    Blossom runs on the nodes laid out class by class (``c = 0`` first), so the result is a function
+    of ``counts`` and ``weights`` alone: among equally good matchings the same one, whatever order
+    the nodes came in.  Returns ``(c, i, d, j, weight)``: the ``i``-th node of class ``c`` pairs with
+    the ``j``-th of class ``d`` (``c <= d``), sorted.
+    """
+    kid = [c for c, m in enumerate(counts) for _ in range(m)]
+    n = len(kid)
+    if n < 2:
+        return []
+    if n > _NUMPY_NODES:
+        ka = np.array(kid, dtype=np.intp)
+        pairs = max_weight_pairs_dense(np.array(weights, dtype=np.int64)[ka[:, None], ka[None, :]])
+    else:
+        edges = []
+        for a in range(n - 1):
+            row = weights[kid[a]]
+            edges.extend([(a, c, w) for c in range(a + 1, n) if (w := row[kid[c]]) > 0])
+        pairs = max_weight_pairs(n, edges)
+    start = [0] * (len(counts) + 1)
+    for c, m in enumerate(counts):
+        start[c + 1] = start[c] + m
+    # (a < c, so kid[a] <= kid[c])
+    return sorted((kid[a], a - start[kid[a]], kid[c], c - start[kid[c]], int(weights[kid[a]][kid[c]])) for a, c in pairs)
+
+
+def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int]]:
+    """:func:`class_slots` as counts: ``(c, d, pairs, weight)`` with ``c <= d``, sorted."""
+    got: dict[tuple[int, int], int] = {}
+    for c, _, d, _, _ in class_slots(counts, weights):
+        got[(c, d)] = got.get((c, d), 0) + 1
+    return [(c, d, m, int(weights[c][d])) for (c, d), m in sorted(got.items())]
+
+
+def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[list[int]],
+            labels: Sequence[int] | None, first: Sequence[int] | None, places: bool) -> list[tuple[int, int, int]]:
+    """Node pairs ``(a, b, weight)``, ``a < b``, sorted, for a class matching's ``slots``
+    (:func:`class_slots`); ``members[c]`` are class ``c``'s nodes in rank order (``first``, default:
+    position).  ``places``: the nodes take Blossom's places in rank order (Muri's rule).  Otherwise
+    each class pair goes first to nodes that run together now (the same ``labels[x] >= 0``; groups
+    in rank order), then to the highest-ranked nodes left: partners are kept across rounds."""
+    if places:
+        out = [(members[c][i], members[d][j], w) for c, i, d, j, w in slots]
+        out = [(x, y, w) if x < y else (y, x, w) for x, y, w in out]
+        out.sort()
+        return out
+    need: dict[tuple[int, int], int] = {}
+    weight: dict[tuple[int, int], int] = {}
+    for c, _, d, _, w in slots:
+        need[(c, d)] = need.get((c, d), 0) + 1
+        weight[(c, d)] = w
+    n = sum(len(m) for m in members)
+    used = [False] * n
+    res: list[tuple[int, int, int]] = []
+    if labels is not None:
+        cls = [0] * n
+        for c, m in enumerate(members):
+            for x in m:
+                cls[x] = c
+        groups: dict[int, list[int]] = {}
+        for x in (range(n) if first is None else sorted(range(n), key=first.__getitem__)):
+            if labels[x] >= 0:
+                groups.setdefault(labels[x], []).append(x)
+        for grp in groups.values():  # (in order of their first member)
+            for i, x in enumerate(grp):
+                for y in grp[i + 1:]:
+                    if used[x]:
+                        break
+                    if used[y]:
+                        continue
+                    cx, cy = cls[x], cls[y]
+                    k = (cx, cy) if cx <= cy else (cy, cx)
+                    if need.get(k, 0) > 0:
+                        need[k] -= 1
+                        used[x] = used[y] = True
+                        res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
+    ptr = [0] * len(members)
+
+    def take(c: int) -> int:  # the class's first node in rank order not yet used
+        lst, p = members[c], ptr[c]
+        while used[lst[p]]:
+            p += 1
+        ptr[c] = p + 1
+        used[lst[p]] = True
+        return lst[p]
+
+    for (c, d), cnt in sorted(need.items()):
+        for _ in range(cnt):
+            x, y = take(c), take(d)
+            res.append((x, y, weight[(c, d)]) if x < y else (y, x, weight[(c, d)]))
+    res.sort()
+    return res
 
 
 def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
@@ -194,8 +295,8 @@ class MuriGrouping(GroupPolicy):
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
         self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
-        # the last matching rounds: (max_group, node key ids, node labels) -> matched (a, b, weight)
-        self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int], ...]] = OrderedDict()
+        # the last class matchings: (max_group, (class key id, count) in class order) -> their class_slots
+        self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int, int, int], ...]] = OrderedDict()
 
     # -- public ---------------------------------------------------------------
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
@@ -299,12 +400,13 @@ class MuriGrouping(GroupPolicy):
     ) -> list[tuple[int, int, int]]:
         """One maximum-weight matching over ``nodes`` (lists of indices into ``profiles``).
 
-        Returns matched node pairs ``(a, b, weight)``.  ``labels[i] >= 0`` names
-        the group member ``i`` runs in now; merging nodes that already run
-        together earns ``STICKY_BONUS`` extra weight: among equally good
-        matchings - common, since many jobs share a profile - the one that keeps
-        running groups wins instead of shuffling partners (and paying
-        restarts) every round.
+        Returns matched node pairs ``(a, b, weight)``, ``a < b``.  ``labels[i] >= 0``
+        names the group member ``i`` runs in now: each pair of classes goes
+        first to nodes that run together - ties are common, since many jobs
+        share a profile - so running groups are kept instead of shuffling
+        partners (and paying restarts) every round; then to nodes in order of
+        their lowest member, so the result does not depend on the order of
+        ``nodes``.
         """
         sizes = [len(nd) for nd in nodes]
         if len(nodes) < 2 or min(sizes) * 2 > max_group:
@@ -317,7 +419,7 @@ class MuriGrouping(GroupPolicy):
         nl = None
         if labels is not None and any(x >= 0 for x in labels):
             nl = [_common_label(labels, nd, -2 - x) for x, nd in enumerate(nodes)]
-        return self._match_keys(keys, gid, nl, max_group, factor)
+        return self._match_keys(keys, gid, nl, max_group, factor, [min(nd) for nd in nodes])
 
     def _match_bucket(self, bs: _BucketState, max_group: int, factor: InterleaveFactor) -> list[tuple[int, int, int]]:
         """:meth:`match_round` over a bucket's nodes, with the keys the bucket keeps."""
@@ -330,68 +432,36 @@ class MuriGrouping(GroupPolicy):
             bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
             bs.gen = self._gen
         # (as match_round labels them: the members' common label, else one of the node's own)
-        nl = [c if c >= 0 else -2 - x for x, c in enumerate(bs.common)] if bs.any_label else None
+        nl = bs.common if bs.any_label else None  # (-1: no common label)
         return self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
 
     def _match_keys(self, keys: list[tuple[Profile, ...]], gid: list[int], nl: list[int] | None, max_group: int,
-                    factor: InterleaveFactor) -> list[tuple[int, int, int]]:
-        """:meth:`match_round` once the nodes' keys, their ids and their labels are known."""
-        # the matching depends on these alone (and on the interleaving model, whose change clears
-        # the caches): a round met in one of the last few matchings (a bucket unchanged since an
-        # earlier round: two thirds of Muri-S's on trace3) gets its pairs again
+                    factor: InterleaveFactor, first: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
+        """:meth:`match_round` once the nodes' keys, their ids and their labels are known; ``first``: each
+        node's first member (its rank; default: its position)."""
         if self.rule == "muri":
-            nl = None  # (Muri matches from scratch: no bonus for partners already together)
-        rk = (max_group, tuple(gid), None if nl is None else tuple(nl))
-        known = self._rounds.get(rk)
-        if known is not None:
+            nl = None  # (Muri matches from scratch: no preference for partners already together)
+        # nodes with the same key are interchangeable: the matching is one of their classes (with
+        # multiplicities), solved once per distinct set of classes and counts, then given to nodes
+        by_key: dict[int, list[int]] = {}
+        for x, g in enumerate(gid):
+            by_key.setdefault(g, []).append(x)
+        cls = sorted(by_key, key=lambda g: keys[by_key[g][0]])  # canonical: by the profiles themselves
+        members = [by_key[g] for g in cls]
+        if first is not None:
+            for m in members:
+                m.sort(key=first.__getitem__)
+        rk = (max_group, tuple([(g, len(m)) for g, m in zip(cls, members, strict=True)]))
+        pairs = self._rounds.get(rk)
+        if pairs is None:
+            W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
+            pairs = tuple(class_slots([len(m) for m in members], W))
+            self._rounds[rk] = pairs
+            if len(self._rounds) > _MATCHINGS_KEPT:
+                del self._rounds[next(iter(self._rounds))]
+        else:
             self._rounds.move_to_end(rk)
-            return list(known)
-        out = self._match(keys, gid, nl, max_group, factor)
-        self._rounds[rk] = tuple(out)
-        if len(self._rounds) > _MATCHINGS_KEPT:
-            del self._rounds[next(iter(self._rounds))]
-        return out
-
-    def _match(self, keys: list[tuple[Profile, ...]], gid: list[int], nl: list[int] | None, max_group: int,
-               factor: InterleaveFactor) -> list[tuple[int, int, int]]:
-        """:meth:`match_round`'s graph and matching: ``keys`` of the nodes, their ids, their labels."""
-        local: dict[int, int] = {}
-        kid = [local.setdefault(g, len(local)) for g in gid]
-        ukeys: list[tuple[Profile, ...]] = [()] * len(local)
-        for kk, k in zip(keys, kid, strict=True):
-            ukeys[k] = kk
-        W = self._weight_rows(ukeys, max_group, factor, list(local))
-        n = len(keys)
-        # the edges of positive weight, in (a, c) order, a < c: plain loops over a few nodes (a
-        # bucket in a round holds about ten: numpy's per-call overhead would be most of the work),
-        # numpy past _NUMPY_NODES
-        if n > _NUMPY_NODES:
-            ka = np.array(kid, dtype=np.intp)
-            ww = np.array(W, dtype=np.int64)[ka[:, None], ka[None, :]]
-            if nl is not None:
-                na = np.array(nl, dtype=np.int64)
-                ww += STICKY_BONUS * ((na[:, None] == na[None, :]) & (ww > 0))
-            ww.flat[:: n + 1] = 0
-            if not ww.any():
-                return []
-            return [(a, c, int(ww[a, c])) for a, c in max_weight_pairs_dense(ww)]
-        edges: list[tuple[int, int, int]] = []
-        for a in range(n - 1):
-            row = W[kid[a]]
-            la = -1 if nl is None else nl[a]
-            for c in range(a + 1, n):
-                w = row[kid[c]]
-                if w > 0:
-                    if nl is not None and nl[c] == la:
-                        w += STICKY_BONUS
-                    edges.append((a, c, w))
-        if not edges:
-            return []
-        out = []
-        for a, c in max_weight_pairs(n, edges):
-            w = W[kid[a]][kid[c]]
-            out.append((a, c, w + STICKY_BONUS if nl is not None and nl[a] == nl[c] else w))
-        return out
+        return _assign(pairs, members, nl, first, self.rule == "muri")
 
     # -- helpers ------------------------------------------------------------------
     def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor,
@@ -510,4 +580,5 @@ class MuriGrouping(GroupPolicy):
         return admitted
 
 
-__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "max_weight_pairs", "max_weight_pairs_dense"]
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "class_matching", "class_slots", "max_weight_pairs",
+           "max_weight_pairs_dense"]
