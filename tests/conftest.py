@@ -5,6 +5,7 @@ skipped where it is absent."""
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,29 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
     yield _mount
     for d in reversed(mounted):
         subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+@pytest.fixture
+def cgroup_parent() -> Iterator[str]:
+    """A cgroup parent of the test's own for its jobs (a fresh name), removed after the test."""
+    from service_util import own_cgroup_parent
+
+    yield from own_cgroup_parent()
+
+
+@pytest.fixture
+def os_users() -> Iterator[list[str]]:
+    """Two fresh OS accounts (root only), deleted afterwards."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("creating OS accounts needs root")
+    names = [f"gl{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    for n in names:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
+    yield names
+    for n in names:
+        subprocess.run(["userdel", n], capture_output=True)
 
 
 # ---------------------------------------------------------------------------------------------
