@@ -346,6 +346,7 @@ while True:
 """
 
 
+@pytest.mark.serial  # a window of 0.5 s over lines 0.05 s apart
 @pytest.mark.parametrize("jump", JUMPS)
 def test_profiling_window_and_rate_survive_a_step_of_the_jobs_clock(tmp_path: Path, jump: float) -> None:
     """The profiled job's ``t=`` steps by 2 h at its 6th line: the window is measured after the step,

@@ -37,6 +37,7 @@ def test_the_gap_doubles_while_events_stream_and_falls_back_after_a_quiet_moment
         Gather(0.3, 0.2, 0.1)
 
 
+@pytest.mark.serial  # the gap adapts to how fast submissions arrive
 def test_a_stream_of_submissions_is_taken_a_few_times_a_second(tmp_path: Path, cgroup_parent: str) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 1)
