@@ -4,7 +4,11 @@ skipped where it is absent."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,67 @@ from gpuloom.perf.datadir import data_dir as find_data
 from gpuloom.perf.datadir import describe_search
 
 REPO = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------------------------
+# The suite runs on several pytest-xdist workers (``-n``/``--dist loadgroup`` in pyproject's addopts).  The tests
+# of each file below share one costly thing that a module- or session-scoped fixture starts once per worker, so
+# they all go to one worker, in file order (every other test goes to whichever worker is free).
+XDIST_GROUPS = {
+    "test_slurm.py": "slurm",  # one test Slurm for the session (slurm_util.slurm_fixture)
+    "test_ray.py": "ray",  # one fake 3-node Ray cluster for the module
+    "test_docs.py": "docs",  # doc_runs starts every selected block of the session's items at once
+    "test_service_postgres.py": "postgres",  # one PostgreSQL server for the module
+}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a test goes in: its file's group, else the test alone."""
+    group = XDIST_GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+    return nodeid if group is None else f"group:{group}"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups above (xdist's own reads ``xdist_group`` marks into node ids, which
+    pytest 9 no longer lets it change); the largest units are handed out first."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return Groups(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test marked ``serial`` (one that measures what this machine's cores do) runs while no other worker runs
+    a test: it waits for the tests running to end, and no test starts until it has ended."""
+    with _machine(item.config, exclusive=item.get_closest_marker("serial") is not None):
+        yield
+
+
+@contextlib.contextmanager
+def _machine(config: pytest.Config, exclusive: bool) -> Iterator[None]:
+    """A readers-writer lock over the session's workers, from two lock files in the directory they share: every
+    test holds ``tests.lock`` shared, a serial one exclusively; ``queue.lock``, taken before it, keeps the tests
+    that come after a waiting serial one from starting (else it might wait for ever)."""
+    if not hasattr(config, "workerinput"):  # not an xdist worker: nothing runs beside this test
+        yield
+        return
+    shared = config._tmp_path_factory.getbasetemp().parent  # (a worker's own is <basetemp>/popen-gwN)
+    queue = os.open(shared / "queue.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    tests = os.open(shared / "tests.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(queue, fcntl.LOCK_EX)
+        fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            fcntl.flock(queue, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(tests)  # (closing releases the locks)
+        os.close(queue)
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +143,29 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
     yield _mount
     for d in reversed(mounted):
         subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+@pytest.fixture
+def cgroup_parent() -> Iterator[str]:
+    """A cgroup parent of the test's own for its jobs (a fresh name), removed after the test."""
+    from service_util import own_cgroup_parent
+
+    yield from own_cgroup_parent()
+
+
+@pytest.fixture
+def os_users() -> Iterator[list[str]]:
+    """Two fresh OS accounts (root only), deleted afterwards."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("creating OS accounts needs root")
+    names = [f"gl{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    for n in names:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
+    yield names
+    for n in names:
+        subprocess.run(["userdel", n], capture_output=True)
 
 
 # ---------------------------------------------------------------------------------------------

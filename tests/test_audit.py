@@ -31,15 +31,10 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.audit import SCHEDULER, event_actor, record, trail
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import Server, kill_jobs, own_cgroup_parent
+from service_util import Server, kill_jobs
 
 TREE = {"default": "prod", "queue": [{"name": "research", "guarantee": 1, "users": ["alice"]},
                                      {"name": "prod", "guarantee": 1, "open": True}]}
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 class Api:

@@ -21,14 +21,8 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 class Env:

@@ -123,6 +123,7 @@ def two_core_gain(seconds: float = 0.4) -> float:
     return work[1] / work[0]
 
 
+@pytest.mark.serial  # a second core must be free for it to help
 def test_torch_example_is_faster_with_more_cores(tmp_path: Path) -> None:
     """One run, started on 2 cores (2 loader workers), alternately confined to 1 core and given 2 back.
 

@@ -21,9 +21,8 @@ from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
 from gpuloom.runtime.state.store import Fenced, Store, unavailable
 from service_util import Server, job_writable, kill_jobs, wait_for
 
-# the fault suite's throw-away PostgreSQL server (skipped without its binaries) and cgroup parent
+# the fault suite's throw-away PostgreSQL server (skipped without its binaries)
 pg = faults.pg
-cgroup_parent = faults.cgroup_parent
 
 
 def test_a_write_after_another_server_took_the_epoch_is_refused_and_rolled_back(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_control import Env, cgroup_parent  # noqa: F401  (the fixture)
+from test_control import Env
 
 
 @pytest.fixture

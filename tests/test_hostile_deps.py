@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,9 @@ from gpuloom.runtime.service.errors import SubmitError
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent
 
 T0 = 1_700_000_000.0
 WAIT = "waiting_for_initial_contact"
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture

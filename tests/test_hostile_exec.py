@@ -35,18 +35,13 @@ from gpuloom.runtime.exec import local
 from gpuloom.runtime.exec.cgroups import CgroupManager
 from gpuloom.runtime.exec.executor import ExecutorError, LaunchSpec, ProcInfo
 from gpuloom.runtime.exec.local import DEFAULT_ENV_ALLOW, NodeAgent
-from service_util import JOB_PY, job_writable, own_cgroup_parent, wait_for
+from service_util import JOB_PY, job_writable, wait_for
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="switching OS accounts needs root")
 ROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 JOB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SERVER_SIDE_TOOLS = ("mv", "printf", "mkdir", "cat", "sh", "setpriv", "env", "unshare", "mount")
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import JOB_PY, REPO, job_writable, own_cgroup_parent, wait_for
+from service_util import JOB_PY, REPO, job_writable, wait_for
 
 ROOT = os.geteuid() == 0
 PIDS_REASON = "hit its limit of {} processes: forks and new threads beyond it failed"
@@ -99,11 +99,6 @@ for f, text in ((allow, "c 195:0 rwm"), (root_procs, str(os.getpid()))):
         out.append(errno.errorcode[e.errno])
 print(*out, flush=True)
 """
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture

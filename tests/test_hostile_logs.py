@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from service_util import (
     job_writable,
     key_events,
     kill_jobs,
-    own_cgroup_parent,
     running,
     shared_copy,
     submit,
@@ -138,11 +137,6 @@ def test_cut_keeps_head_note_and_tail_and_offsets_survive_it(tmp_path: Path) -> 
         assert joblogs.span(log, None, 479_990, 1 << 20, whole_lines=True) == (479_990, 480_000)
     finally:
         os.close(fd)
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 def test_a_cut_does_not_promote_a_launching_job_on_old_lines(tmp_path: Path, cgroup_parent: str) -> None:

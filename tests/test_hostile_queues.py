@@ -30,7 +30,7 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import HOLDING, Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import REPO, Server, kill_jobs, own_cgroup_parent
+from service_util import REPO, Server, kill_jobs
 
 TEAMS = {
     "default": "shared",
@@ -60,11 +60,6 @@ STUDENTS = {
 }
 
 Api = tuple[TestClient, Callable[[str], dict[str, str]], Service]
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture

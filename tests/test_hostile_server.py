@@ -15,8 +15,6 @@ import stat
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpcore
@@ -41,19 +39,6 @@ runner = CliRunner()
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     r = runner.invoke(app, list(args), env=env)
     return r.exit_code, r.output
-
-
-@pytest.fixture
-def os_users() -> Iterator[list[str]]:
-    """Two fresh OS accounts (root only), deleted afterwards."""
-    if not ROOT:
-        pytest.skip("creating OS accounts needs root")
-    names = [f"gl{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    for n in names:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
-    yield names
-    for n in names:
-        subprocess.run(["userdel", n], capture_output=True)
 
 
 def free_port() -> int:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.codec import alloc_from_json, alloc_to_json
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent, wait_for
+from service_util import wait_for
 
 SLEEPY = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
 
@@ -98,11 +97,6 @@ class Source:
     def poll(self) -> InventoryChange | None:
         change, self.next = self.next, None
         return change
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fits(

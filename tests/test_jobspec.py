@@ -216,7 +216,9 @@ def test_cli_refuses_a_bad_spec_file_naming_file_and_field(tmp_path: Path) -> No
     f = tmp_path / "job.yaml"
     f.write_text("command: python train.py\ngpus: 2\ntime_limt: 60\n")
     # nothing listens on port 9: a request would fail differently; the field is refused before any is sent
-    r = CliRunner().invoke(cli_app, ["submit", str(f), "--url", "http://127.0.0.1:9", "--token", "t"])
+    # (a wide terminal: the path, as long as the test's temporary directory, is not wrapped in the error's box)
+    r = CliRunner().invoke(cli_app, ["submit", str(f), "--url", "http://127.0.0.1:9", "--token", "t"],
+                           env={"COLUMNS": "300"})
     assert r.exit_code == 2 and "time_limt: not a job field; did you mean 'time_limit'?" in r.output
     assert "job.yaml" in r.output
     r = CliRunner().invoke(cli_app, ["submit", "--gpus", "v100:x", "--url", "http://127.0.0.1:9", "--token", "t",

@@ -8,7 +8,6 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,8 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.history import format_duration, format_mem, history
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture

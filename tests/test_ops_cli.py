@@ -9,6 +9,7 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from gpuloom.cli import app
@@ -37,6 +38,7 @@ def test_version_and_completion() -> None:
     assert "complete -o default -F _gpuloom_completion gpuloom" in r.stdout
 
 
+@pytest.mark.serial  # waits for states a few rounds of 0.2 s long
 def test_array_of_ten_with_a_dependency_chain_finishes_in_order(tmp_path: Path) -> None:
     s = Server(tmp_path, "--cluster", "1x4", "--cpus-per-node", str(NCPU), "--round", "0.2").start()
     sd = ("--state-dir", str(tmp_path))

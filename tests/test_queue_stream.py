@@ -34,12 +34,6 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import ACTIVE_STATES, Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture

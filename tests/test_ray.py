@@ -270,6 +270,7 @@ def test_training_job_over_two_nodes_of_two_gpus_with_torch_distributed(fake: Fa
     assert max(float((a["model"][k] - b["model"][k]).abs().max()) for k in b["model"]) < 1e-4
 
 
+@pytest.mark.serial  # Ray declares a node dead after 3 missed 1 s health checks
 def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> None:
     svc, ex = make()
     jid = svc.submit({"name": "k", "command": sleepy(60), "gpus": 2}, "u")
@@ -287,6 +288,7 @@ def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> 
     assert key_events(svc.store.events(jid)) == ["submit", "launch", "finished"]
 
 
+@pytest.mark.serial  # as above
 def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_work(fake: Fake, tmp_path: Path) -> None:
     from gpuloom.runtime.exec.executor import LaunchSpec
 

@@ -466,7 +466,7 @@ def _forks(request: pytest.FixtureRequest) -> bool:
         return False
     if os.environ.get("GPULOOM_TEST_ALONE") == "1":
         pytest.fail("a thread runs in a fresh pytest process: simulate would never fork")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", request.node.nodeid],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", request.node.nodeid],
                        cwd=request.config.rootpath, env={**os.environ, "GPULOOM_TEST_ALONE": "1"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

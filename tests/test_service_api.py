@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import stat
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +18,6 @@ from gpuloom.runtime.service.service import Service, parse_duration, parse_mem
 from gpuloom.runtime.state.specs import parse_mem_bytes
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ def test_submit_queue_nodes_logs_cancel_token(tmp_path: Path) -> None:
         code, out = cli("submit", str(tmp_path / "bad.yaml"), *sd)
         assert code == 2 and "gpus" in out and "needs 3 GPUs" in out
         (tmp_path / "broken.yaml").write_text("command: [unclosed\n")
-        code, out = cli("submit", str(tmp_path / "broken.yaml"), *sd)
+        code, out = cli("submit", str(tmp_path / "broken.yaml"), *sd, env={"COLUMNS": "300"})  # (path not wrapped)
         assert code == 2 and "broken.yaml" in out
         # URL and token from the environment
         env = {"GPULOOM_URL": s.url, "GPULOOM_TOKEN": tok.strip()}

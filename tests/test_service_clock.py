@@ -29,17 +29,12 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.history import history
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import JOB_PY, job_writable, own_cgroup_parent, shared_copy
+from service_util import JOB_PY, job_writable, shared_copy
 
 S = JobState
 T0 = 1_700_000_000.0
 H2 = 7200.0
 JUMPS = [pytest.param(H2, id="forward-2h"), pytest.param(-H2, id="back-2h")]
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @pytest.fixture
@@ -351,6 +346,7 @@ while True:
 """
 
 
+@pytest.mark.serial  # a window of 0.5 s over lines 0.05 s apart
 @pytest.mark.parametrize("jump", JUMPS)
 def test_profiling_window_and_rate_survive_a_step_of_the_jobs_clock(tmp_path: Path, jump: float) -> None:
     """The profiled job's ``t=`` steps by 2 h at its 6th line: the window is measured after the step,

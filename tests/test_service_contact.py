@@ -5,7 +5,7 @@ back by it."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,14 +16,9 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store, StoreFull
 from gpuloom.scheduler import Scheduler
-from service_util import fill, own_cgroup_parent
+from service_util import fill
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 @needs_root

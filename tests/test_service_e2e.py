@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from service_util import Server, job, ledger, running, start_records, stepper_cmd, submit, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 
 
+@pytest.mark.serial  # all four jobs placed before the first ends (3 steps of 0.05 s)
 def test_jobs_get_the_planned_gpus_cores_and_memory(server) -> None:  # noqa: ANN001
     # 2 nodes x 4 fake GPUs; each node has as many cores as this machine, 4 GB
     s = server("--cluster", "2x4", "--cpus-per-node", str(NCPU), "--mem-gb-per-node", "4", "--round", "0.2")

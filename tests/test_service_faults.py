@@ -43,7 +43,7 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
 from gpuloom.runtime.state.store import JobRow, Store, unavailable
 from gpuloom.scheduler import Scheduler
-from service_util import REPO, Server, fill, job_writable, kill_jobs, own_cgroup_parent, running, wait_for
+from service_util import REPO, Server, fill, job_writable, kill_jobs, running, wait_for
 
 S = JobState
 ROOT = os.geteuid() == 0
@@ -104,11 +104,6 @@ def pg() -> Iterator[Postgres]:
         yield server
     finally:
         server.close()
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 # -- checks every scenario ends with ----------------------------------------------------------------------

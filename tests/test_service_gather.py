@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,9 @@ from gpuloom.runtime.service.gather import Gather
 from gpuloom.runtime.service.service import MAX_EVENT_GAP_S, MIN_EVENT_GAP_S, Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import own_cgroup_parent, wait_for
+from service_util import wait_for
 
 CONTACT = "waiting_for_initial_resource"  # the state a round gives the jobs it takes
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 def test_the_gap_doubles_while_events_stream_and_falls_back_after_a_quiet_moment() -> None:
@@ -43,6 +37,7 @@ def test_the_gap_doubles_while_events_stream_and_falls_back_after_a_quiet_moment
         Gather(0.3, 0.2, 0.1)
 
 
+@pytest.mark.serial  # the gap adapts to how fast submissions arrive
 def test_a_stream_of_submissions_is_taken_a_few_times_a_second(tmp_path: Path, cgroup_parent: str) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     cl = Cluster.homogeneous(1, 1)

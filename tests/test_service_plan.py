@@ -8,7 +8,6 @@ process executor) and what it runs afterwards is compared with the simulator.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,12 +23,7 @@ from gpuloom.runtime.service.service import HOLDING, Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
-from service_util import job_writable, own_cgroup_parent
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
+from service_util import job_writable
 
 # (gpus, duration): first wave at t=0, second wave at t=1
 WAVE1 = [(2, 500.0), (4, 100.0), (1, 300.0), (3, 50.0), (2, 200.0)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,12 +11,6 @@ from gpuloom.runtime.exec.cgroups import CgroupManager
 from gpuloom.runtime.exec.executor import LaunchSpec
 from gpuloom.runtime.exec.local import LocalExecutor
 from gpuloom.runtime.exec.router import NodeRouter, RoutingError
-from service_util import own_cgroup_parent
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 def test_router_routes_by_node_and_merges_polls(tmp_path: Path, cgroup_parent: str) -> None:

@@ -16,7 +16,6 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,12 +31,7 @@ from gpuloom.runtime.service.service import ACTIVE_STATES, Service
 from gpuloom.runtime.state.store import JobRow, Store
 from gpuloom.runtime.state.storelock import StoreLock
 from gpuloom.scheduler import Scheduler
-from service_util import Server, kill_jobs, own_cgroup_parent, wait_for
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
+from service_util import Server, kill_jobs, wait_for
 
 
 def _poll(cond, what: str, timeout: float = 10.0) -> None:  # noqa: ANN001

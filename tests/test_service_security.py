@@ -35,15 +35,10 @@ from gpuloom.runtime.service.isolation import Backoff
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
-from service_util import JOB_PY, job_writable, ledger, own_cgroup_parent, stepper_cmd, wait_for
+from service_util import JOB_PY, job_writable, ledger, stepper_cmd, wait_for
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="switching OS accounts needs root")
-
-
-@pytest.fixture
-def cgroup_parent() -> Iterator[str]:
-    yield from own_cgroup_parent()
 
 
 class Env:
@@ -107,19 +102,6 @@ def h(token: str) -> dict[str, str]:
 def locs(r) -> list[str]:  # noqa: ANN001
     assert r.status_code == 422, (r.status_code, r.text[:300])
     return [str(d["loc"][-1]) for d in r.json()["detail"]]
-
-
-@pytest.fixture
-def os_users() -> Iterator[list[str]]:
-    """Two fresh OS accounts (root only), deleted afterwards."""
-    if not ROOT:
-        pytest.skip("creating OS accounts needs root")
-    names = [f"gl{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    for n in names:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
-    yield names
-    for n in names:
-        subprocess.run(["userdel", n], capture_output=True)
 
 
 # -- 1. any user can become admin ----------------------------------------------------------------------

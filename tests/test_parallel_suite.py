@@ -1,0 +1,92 @@
+"""The suite's own parallel run (tests/conftest.py): the tests of a grouped file share one xdist worker, the
+others spread over the workers, and a test marked ``serial`` runs while no other test runs on any worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import xdist_scope
+
+REPO = Path(__file__).resolve().parents[1]
+
+# each test writes when it ran and on which worker
+RECORD = '''
+import json, os, time
+from pathlib import Path
+
+
+def record(name: str, seconds: float) -> None:
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    Path(os.environ["SPANS"], name).write_text(json.dumps([t0, time.monotonic(), os.environ["PYTEST_XDIST_WORKER"]]))
+'''
+# a file of the Slurm group (named as the suite's is): four tests of 0.2 s
+GROUPED = '''
+import pytest
+from record import record
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_grouped(i: int) -> None:
+    record(f"grouped{i}", 0.2)
+'''
+# four tests of 1.5 s, and a serial one of 0.5 s
+OTHERS = '''
+import pytest
+from record import record
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_ordinary(i: int) -> None:
+    record(f"ordinary{i}", 1.5)
+
+
+@pytest.mark.serial
+def test_alone() -> None:
+    record("serial", 0.5)
+'''
+# the suite's conftest.py, loaded as it is, for its scheduler and its serial marker
+CONFTEST = f'''
+import importlib.util
+
+_spec = importlib.util.spec_from_file_location("suite_conftest", {str(REPO / "tests" / "conftest.py")!r})
+_suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_suite)
+pytest_xdist_make_scheduler = _suite.pytest_xdist_make_scheduler
+pytest_runtest_protocol = _suite.pytest_runtest_protocol
+'''
+
+
+def test_xdist_scope_is_the_files_group_else_the_test() -> None:
+    assert xdist_scope("tests/test_slurm.py::test_a[x-1]") == "group:slurm"
+    assert xdist_scope("tests/test_docs.py::test_doc_block[README.md:12]") == "group:docs"
+    assert xdist_scope("tests/test_sim.py::test_a") == "tests/test_sim.py::test_a"
+
+
+def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n")
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "record.py").write_text(RECORD)
+    (tmp_path / "test_slurm.py").write_text(GROUPED)
+    (tmp_path / "test_others.py").write_text(OTHERS)
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    env = dict(os.environ, SPANS=str(spans),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO / "tests")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist",
+                        "loadgroup", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
+    assert len(got) == 9
+    assert len({got[f"grouped{i}"][2] for i in range(4)}) == 1  # the group: one worker
+    s0, s1, _ = got.pop("serial")
+    assert [k for k, (a, b, _) in got.items() if a < s1 and s0 < b] == []  # nothing ran beside the serial test
+    ordinary = sorted(got[f"ordinary{i}"] for i in range(4))
+    # and the others ran side by side, on more than one worker
+    assert len({w for _, _, w in ordinary}) > 1
+    assert any(ordinary[i + 1][0] < ordinary[i][1] for i in range(len(ordinary) - 1)), ordinary
