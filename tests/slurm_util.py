@@ -258,3 +258,56 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 def slurm_fixture() -> Iterator[SlurmCluster]:
     """One test Slurm for the whole session (tests that restart or drain something put it back)."""
     yield from slurm_cluster()
+
+
+# -- gpuloom serve --slurm ------------------------------------------------------------------------------
+@pytest.fixture(name="serve_slurm")
+def serve_slurm_fixture(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``serve_slurm(*args)`` -> a started ``gpuloom serve --slurm all`` (jobs as the default job account)."""
+    from service_util import Server, job_writable
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    servers: list[Any] = []
+    jobs = job_writable(tmp_path)
+
+    def make(*args: str) -> Any:
+        (tmp_path / "state").mkdir(mode=0o700, exist_ok=True)
+        s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(jobs),
+                   *args).start()
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+    slurm.cancel_all()
+
+
+def preempt_short_over_long(s: Any, slurm: SlurmCluster) -> tuple[dict[str, Any], dict[str, Any], str, str]:
+    """A long 4-GPU job (30 steps) runs; a short 2-GPU one (3 steps) is submitted and, under ``--order sjf``,
+    preempts it; both are waited for.  -> (short's row, long's row, long's log, short's log), after checking
+    that each ran each of its steps once, the long one preempted and resumed once on the same GPUs."""
+    from service_util import job, ledger, start_records, stepper_cmd, submit, wait_for
+
+    with s.client() as c:
+        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
+        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
+        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
+                for j in (short_id, long_id)}
+        log = c.get(f"/jobs/{long_id}/logs").text
+        short_log = c.get(f"/jobs/{short_id}/logs").text
+    short, long = rows[short_id], rows[long_id]
+    assert short["exit_code"] == 0 and ledger(short["checkpoint_dir"]) == [0, 1, 2]
+    assert (long["exit_code"], long["progress"], long["preemptions"], long["resume_count"]) == (0, 30, 1, 1), \
+        log[-300:] + slurm.scontrol("show", "job") + (s.state_dir / "serve.out").read_text()[-3000:]
+    assert [(r["resume"], r["cvd"]) for r in start_records(log)] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
+    assert ledger(long["checkpoint_dir"]) == list(range(30))  # no step lost or repeated
+    return short, long, log, short_log
+
+
+def slurm_ids(s: Any, jid: int) -> list[int]:
+    """The Slurm job id of each launch of gpuloom job ``jid`` (from its launch events)."""
+    with s.client() as c:
+        return [e["detail"]["pids"][0] for e in c.get(f"/jobs/{jid}/events").json()
+                if e["kind"] in ("launch", "preempt", "move", "resize") and "pids" in e["detail"]]

@@ -41,7 +41,15 @@ from service_util import (
     submit,
     wait_for,
 )
-from slurm_util import MEM_MB, SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
+from slurm_util import (  # noqa: F401 (slurm_fixture, serve_slurm_fixture: fixtures)
+    MEM_MB,
+    SlurmCluster,
+    preempt_short_over_long,
+    serve_slurm_fixture,
+    slurm_fixture,
+    slurm_ids,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PY = shlex.quote(sys.executable)
@@ -343,50 +351,13 @@ def test_relaunch_on_other_gpus_submits_a_new_job(ex: SlurmExecutor, slurm: Slur
 
 
 # -- gpuloom serve --slurm ------------------------------------------------------------------------------
-@pytest.fixture
-def serve_slurm(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``serve_slurm(*args)`` -> a started ``gpuloom serve --slurm all`` (jobs as the default job account)."""
-    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    servers: list[Server] = []
-    jobs = job_writable(tmp_path)
-
-    def make(*args: str) -> Server:
-        (tmp_path / "state").mkdir(mode=0o700, exist_ok=True)
-        s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(jobs),
-                   *args).start()
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.stop()
-    slurm.cancel_all()
-
-
-def slurm_ids(s: Server, jid: int) -> list[int]:
-    """The Slurm job id of each launch of gpuloom job ``jid`` (from its launch events)."""
-    with s.client() as c:
-        return [e["detail"]["pids"][0] for e in c.get(f"/jobs/{jid}/events").json()
-                if e["kind"] in ("launch", "preempt", "move", "resize") and "pids" in e["detail"]]
-
-
 def test_serve_slurm_places_preempts_and_resumes_each_step_once(serve_slurm: Any, slurm: SlurmCluster) -> None:
     s = serve_slurm("--order", "sjf", "--grace", "10")
     with s.client() as c:
         assert [(n["name"], n["gpus"]) for n in c.get("/nodes").json()] == [("gpn0", 4)]
-        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
-        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
-        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
-        short = wait_for(lambda: (j := job(c, short_id))["state"] == "finished" and j, 90, "short job")
-        long = wait_for(lambda: (j := job(c, long_id))["state"] == "finished" and j, 90, "long job")
-        log = c.get(f"/jobs/{long_id}/logs").text
-        short_log = c.get(f"/jobs/{short_id}/logs").text
-    assert short["exit_code"] == 0 and ledger(short["checkpoint_dir"]) == [0, 1, 2]
-    assert long["exit_code"] == 0 and long["progress"] == 30
-    assert long["preemptions"] == 1 and long["attempts"] == 2 and long["resume_count"] == 1
-    recs = start_records(log)
-    assert [(r["resume"], r["cvd"]) for r in recs] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
-    assert ledger(long["checkpoint_dir"]) == list(range(30))  # no step lost or repeated
+    _, long, _, short_log = preempt_short_over_long(s, slurm)
+    long_id = long["id"]
+    assert long["attempts"] == 2
     (short_rec,) = start_records(short_log)
     assert len(short_rec["cvd"].split(",")) == 2
     # the resumed launch is the same Slurm job, released again (Slurm counts the restart)
@@ -635,19 +606,8 @@ def test_serve_slurm_srun_preempts_and_resumes_each_step_once(serve_slurm: Any, 
     """``--executor slurm-srun``: the preempted job ends in Slurm and resumes as a new Slurm job, its
     account's, every step run once."""
     s = serve_slurm("--executor", "slurm-srun", "--order", "sjf", "--grace", "10")
-    with s.client() as c:
-        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
-        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
-        short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
-        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
-                for j in (short_id, long_id)}
-        log = c.get(f"/jobs/{long_id}/logs").text
-    assert rows[short_id]["exit_code"] == 0 and ledger(rows[short_id]["checkpoint_dir"]) == [0, 1, 2]
-    long = rows[long_id]
-    assert (long["exit_code"], long["progress"], long["preemptions"], long["resume_count"]) == (0, 30, 1, 1), \
-        log[-300:] + slurm.scontrol("show", "job") + (s.state_dir / "serve.out").read_text()[-3000:]
-    assert [(r["resume"], r["cvd"]) for r in start_records(log)] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
-    assert ledger(long["checkpoint_dir"]) == list(range(30))
+    _, long, _, _ = preempt_short_over_long(s, slurm)
+    long_id = long["id"]
     first, again = slurm_ids(s, long_id)
     assert first != again
     rec = slurm.job(again)

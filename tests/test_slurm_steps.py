@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,14 @@ from gpuloom.runtime.exec.identity import lookup
 from gpuloom.runtime.exec.slurm import LIVE, parse_records
 from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
 from service_util import JOB_PY, Server, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
-from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (the session's Slurm, as `slurm`)
+from slurm_util import (  # noqa: F401 (slurm_fixture, serve_slurm_fixture: fixtures)
+    SlurmCluster,
+    preempt_short_over_long,
+    serve_slurm_fixture,
+    slurm_fixture,
+    slurm_ids,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SLEEPY = REPO / "examples" / "sleepy_train.py"
@@ -225,32 +233,14 @@ def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(slurm: S
     wait_until(lambda: not live_jobs(slurm), 30, "the allocation to be cancelled")
 
 
-def test_serve_slurm_steps_preempts_and_resumes_each_step_once(slurm: SlurmCluster, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_slurm_steps_preempts_and_resumes_each_step_once(serve_slurm: Any, slurm: SlurmCluster) -> None:
     """``--executor slurm-steps``: the short job that preempts the long one runs as a step in the
     long one's allocation (its account's), and the long one resumes there, every step run once."""
-    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    (tmp_path / "state").mkdir(mode=0o700)
-    s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(job_writable(tmp_path)),
-               "--executor", "slurm-steps", "--order", "sjf", "--grace", "10").start()
-    try:
-        with s.client() as c:
-            long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
-            wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long progress")
-            short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
-            rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
-                    for j in (short_id, long_id)}
-            log = c.get(f"/jobs/{long_id}/logs").text
-            pids = {j: [e["detail"]["pids"][0] for e in c.get(f"/jobs/{j}/events").json()
-                        if e["kind"] in ("launch", "preempt") and "pids" in e["detail"]] for j in (short_id, long_id)}
-    finally:
-        s.stop()
-    assert rows[short_id]["exit_code"] == 0 and ledger(rows[short_id]["checkpoint_dir"]) == [0, 1, 2]
-    long = rows[long_id]
-    assert (long["exit_code"], long["progress"], long["preemptions"], long["resume_count"]) == (0, 30, 1, 1), \
-        log[-300:] + (s.state_dir / "serve.out").read_text()[-3000:]
-    assert [(r["resume"], r["cvd"]) for r in start_records(log)] == [(None, "0,1,2,3"), ("1", "0,1,2,3")]
-    assert ledger(long["checkpoint_dir"]) == list(range(30))
+    s = serve_slurm("--executor", "slurm-steps", "--order", "sjf", "--grace", "10")
+    short, long, _, _ = preempt_short_over_long(s, slurm)
+    pids = {j: slurm_ids(s, j) for j in (short["id"], long["id"])}
+    s.stop()
+    long_id, short_id = long["id"], short["id"]
     assert len({*pids[long_id], *pids[short_id]}) == 1, pids
     rec = slurm.job(pids[long_id][0])
     assert rec["JobName"].endswith(".alloc") and rec["UserId"].startswith("gpuloom("), rec
