@@ -28,9 +28,10 @@ T0 = 1_700_000_000.0
 class Env:
     def __init__(self, tmp: Path, cgroup_parent: str, clock: ManualClock | None = None, nodes: int = 2,
                  queue: str = "none", gpus: int = 2, place: str = "packed-sticky",
-                 model: Callable[[Cluster], ThroughputModel] | None = None) -> None:
+                 model: Callable[[Cluster], ThroughputModel] | None = None, size: str = "proportional") -> None:
         self.queue = queue
         self.place = place
+        self.size = size
         self.tmp = tmp
         self.parent = cgroup_parent
         self.clock = clock
@@ -46,7 +47,7 @@ class Env:
     def _service(self) -> Service:
         return Service(self.store, self.cluster,
                        local_executor(self.cluster, self.tmp / "run", True, self.parent),
-                       Scheduler.from_names("fifo", "none", "proportional", self.place, queue=self.queue),
+                       Scheduler.from_names("fifo", "none", self.size, self.place, queue=self.queue),
                        ServiceConfig(self.tmp, round_s=1000.0, grace_s=2.0, clock=self.clock, model=self.model))
 
     def call(self, who: str, method: str, path: str, **kw: Any) -> Any:
@@ -125,6 +126,25 @@ def test_drain_checkpoint_moves_running_jobs_elsewhere(env: Env) -> None:
     assert "failed" not in kinds and "cancel" not in kinds
     (drained,) = [e for e in events if e["kind"] == "node-drain"]
     assert drained["detail"] == {"nodes": [node], "reason": "GPU 1 Xid 79"}
+
+
+@pytest.mark.parametrize("size", ["opt", "elastic"])
+def test_drain_checkpoint_moves_running_jobs_under_sizers_that_place(tmp_path: Path, cgroup_parent: str,
+                                                                     size: str) -> None:
+    # Synergy's opt LPs and elastic's hysteresis plan where jobs go: no plan hook re-places after them
+    e = Env(tmp_path, cgroup_parent, nodes=3, size=size)
+    try:
+        a, b = e.submit("alice"), e.submit("alice")
+        e.svc.round()
+        before = {j: e.nodes_of(j) for j in (a, b)}
+        assert before[a] == before[b] == ["node-0"]
+        e.ok("admin", "POST", "/nodes/node-0/drain", json={"reason": "Xid 79", "mode": "checkpoint"})
+        e.svc.round()
+        for j in (a, b):
+            got = e.job(j)
+            assert got["st"] == "R" and got["attempts"] == 2 and "node-0" not in got["nodes"], got
+    finally:
+        e.close()
 
 
 def test_pending_reason_names_drained_nodes_when_only_they_fit(env: Env) -> None:

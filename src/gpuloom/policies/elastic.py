@@ -187,17 +187,32 @@ class ElasticSize(SizePolicy):
         fixed = np.zeros(n_units, dtype=bool)
         elastic_ok = np.array([len(u) == 1 for u in units], dtype=bool)  # groups stay rigid
         fu = np.ones(n_units)
-        # 1. protected running jobs keep what they hold
-        if self.respect_protection:
-            for i, u in enumerate(units):
-                j = u[0]
-                a = view.current.get(j.id)
-                if a is not None and any(is_protected(m, now) for m in u):
-                    gpus[i] = hi[i] = a.num_gpus
-                    fixed[i] = True
-                    for p in a.parts:
-                        node_free[p.node] -= len(p.gpus)
-                    node[i] = a.parts[0].node if len(a.parts) == 1 else -1
+        blocked = view.blocked
+        if blocked is not None:
+            for p in blocked.held:  # (what work outside the plan holds)
+                node_free[p.node] -= len(p.gpus)
+        # 1. protected running jobs keep what they hold (not on a node that evicts them); so do jobs
+        # staying on a node out of service that lets them finish
+        for i, u in enumerate(units):
+            j = u[0]
+            a = view.current.get(j.id)
+            if a is None:
+                continue
+            if blocked is not None and any(p.node in blocked.room for p in a.parts):
+                keep = blocked.keeps(u, a.parts, True)  # (a drain that waits, a window not begun)
+            else:
+                keep = self.respect_protection and any(is_protected(m, now) for m in u)
+            if keep:
+                gpus[i] = hi[i] = a.num_gpus
+                fixed[i] = True
+                for p in a.parts:
+                    node_free[p.node] -= len(p.gpus)
+                node[i] = a.parts[0].node if len(a.parts) == 1 else -1
+        if blocked is not None:  # (a node out of service now takes no new GPUs)
+            for n, room in blocked.room.items():
+                if room < 0:
+                    node_free[n] = 0
+            np.maximum(node_free, 0, out=node_free)
         free_total = int(node_free.sum())
         # 2. minimum in policy order
         for i, u in enumerate(units):
@@ -217,11 +232,14 @@ class ElasticSize(SizePolicy):
                 _take_anywhere(node_free, lo)
                 continue
             prev = view.current.get(j.id)
-            cand = np.flatnonzero(node_free >= lo)
+            may = node_free >= lo
+            if blocked is not None:  # (a window ahead: only jobs that end by its start)
+                may &= blocked.masks(cl, u)[0].astype(bool)
+            cand = np.flatnonzero(may)
             if cand.size == 0:
                 continue  # fragmented: skip, later jobs may still fit
             pick = -1
-            if prev is not None and len(prev.parts) == 1 and node_free[prev.parts[0].node] >= lo:
+            if prev is not None and len(prev.parts) == 1 and may[prev.parts[0].node]:
                 pick = prev.parts[0].node
             if pick < 0:
                 pick = int(cand[np.argmax(node_free[cand])])  # most room to grow
@@ -322,7 +340,8 @@ class Hysteresis:
     protected jobs keep their allocation, other jobs take their new one if it
     is still free, else keep their old one; a plan that cannot keep every
     running job is rejected.  Plans with GPU sharing (groups) are not repaired
-    but rejected whenever they touch a protected job.
+    but rejected whenever they touch a protected job.  Jobs on a node that evicts
+    them (``View.blocked``) are left out of the running plan it keeps or compares.
     """
 
     threshold: float = 1.0
@@ -336,12 +355,16 @@ class Hysteresis:
         if not self.threshold >= 0:
             raise ValueError(f"hysteresis threshold must be >= 0, got {self.threshold}")
 
-    def _keep(self, view: View) -> Plan:
+    def _keep(self, view: View, cur: Mapping[str, Allocation]) -> Plan:
         self.rejected += 1
-        return Plan(dict(view.current))
+        return Plan(dict(cur))
 
     def __call__(self, plan: Plan, view: View) -> Plan:
         cur = view.current
+        blocked = view.blocked
+        if blocked is not None and blocked.evicts:
+            # the running plan without the jobs a node evicts: those go where the new plan puts them
+            cur = {jid: a for jid, a in cur.items() if blocked.keeps((), a.parts, True)}
         new = plan.allocations
         if new == dict(cur):
             return plan
@@ -349,9 +372,9 @@ class Hysteresis:
         if self.protect:
             prot = [jid for jid in cur if jid in jobs and is_protected(jobs[jid], view.now)]
             if any(new.get(jid) != cur[jid] for jid in prot):
-                repaired = self._repair(plan, view, set(prot))
+                repaired = self._repair(plan, view, cur, set(prot))
                 if repaired is None:
-                    return self._keep(view)
+                    return self._keep(view, cur)
                 plan, new = repaired, repaired.allocations
                 if new == dict(cur):
                     return plan
@@ -361,10 +384,9 @@ class Hysteresis:
         if plan_throughput(new, view) >= plan_throughput(dict(cur), view) + self.threshold:
             self.applied += 1
             return plan
-        return self._keep(view)
+        return self._keep(view, cur)
 
-    def _repair(self, plan: Plan, view: View, prot: set[str]) -> Plan | None:
-        cur = view.current
+    def _repair(self, plan: Plan, view: View, cur: Mapping[str, Allocation], prot: set[str]) -> Plan | None:
         if any(a.group for a in cur.values()) or any(a.group for a in plan.allocations.values()):
             return None
         free = FreeState(view.cluster)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +59,32 @@ def _candidates(
     return [(c, m) for c, m, _ in keep], [s for _, _, s in keep]
 
 
+def _closed(rnd: _Round, reqs: Sequence[Request]) -> tuple[int, int, int]:
+    """The free GPUs, and the cores and memory, of nodes out of service now (``View.blocked``) that
+    ``reqs`` may not use: all but what their jobs running there hold and keep (a drain that waits)."""
+    blocked = rnd.view.blocked
+    if blocked is None:
+        return 0, 0, 0
+    closed = {n for n, room in blocked.room.items() if room < 0}
+    if not closed:
+        return 0, 0, 0
+    nodes = rnd.cluster.nodes
+    g = sum(int(rnd.free.gpu_counts[n]) for n in closed)
+    c = sum(nodes[n].cpus for n in closed)
+    m = sum(nodes[n].mem_mb for n in closed)
+    for p in rnd.free.outside:  # (counted with the held parts)
+        if p.node in closed:
+            c -= p.cpus
+            m -= p.mem_mb
+    for r in reqs:
+        prev = r.prev
+        if prev is not None and blocked.keeps(r.jobs, prev.parts, True):
+            for p in prev.parts:
+                if p.node in closed:
+                    g, c, m = g - len(p.gpus), c - p.cpus, m - p.mem_mb
+    return max(g, 0), max(c, 0), max(m, 0)
+
+
 @register("size", "opt", "synergy-opt")
 class Opt(_SynergySizer):
     """Synergy-OPT: allocation LP + placement LP with HiGHS (see the module notes)."""
@@ -94,7 +120,7 @@ class Opt(_SynergySizer):
         self.last_fallback = None
         self.last_objective = None
         # window: in order, while GPUs fit the cluster
-        cap = rnd.free.free_gpus
+        cap = rnd.free.free_gpus - _closed(rnd, order)[0]
         window: list[Request] = []
         rest: list[Request] = []
         strict = not rnd.place.backfill
@@ -111,6 +137,7 @@ class Opt(_SynergySizer):
         last = self._last_plan
         if (
             key == self._last_window
+            and rnd.view.blocked is None  # (a node out of service: the LPs see it, the last plan did not)
             and last is not None
             and set(last.allocations) == key
             and all(rnd.view.current.get(j) == a for j, a in last.allocations.items())
@@ -146,7 +173,10 @@ class Opt(_SynergySizer):
             if cd is None:
                 cd = self._cands[key] = _candidates(self, r.job, view, r)
             cands.append(cd)
-        tc, tm = rnd.cluster.total_cpus, rnd.cluster.total_mem_mb
+        _, out_c, out_m = _closed(rnd, window)
+        out_c += sum(p.cpus for p in rnd.free.outside)
+        out_m += sum(p.mem_mb for p in rnd.free.outside)
+        tc, tm = max(rnd.cluster.total_cpus - out_c, 0), max(rnd.cluster.total_mem_mb - out_m, 0)
         fastest = self._fastest_fit(cands, tc, tm)
         if fastest is not None:
             self.unbound_lps += 1
@@ -267,6 +297,14 @@ class Opt(_SynergySizer):
         mt = np.array([k[2] for k in keys], dtype=float)
         cnt = np.array([len(types[k]) for k in keys], dtype=float)
         ub = np.concatenate([np.minimum(cnt[tt], free.node_gpus[ss] // gt[tt]), cur[st, sn]])
+        blocked = rnd.view.blocked
+        if blocked is not None:
+            # a type starts only on nodes all its jobs may start on; jobs stay only where not evicted
+            ok = np.array([blocked.masks(rnd.cluster, [m for j in types[k] for m in window[j].jobs])[0]
+                           for k in keys],
+                          dtype=bool).reshape(nt, ns)
+            stay = np.array([n not in blocked.evicts for n in range(ns)], dtype=bool)
+            ub *= np.concatenate([ok[tt, ss], stay[sn]])
         rows = np.concatenate([var_s, ns + var_s, 2 * ns + var_s])
         cols = np.concatenate([np.arange(nv)] * 3)
         vals = np.concatenate([gt[var_t], ct[var_t], mt[var_t]])
@@ -313,6 +351,8 @@ class Opt(_SynergySizer):
                     parts = split_parts(rnd.cluster, req, {node: rnd._pick(node, g, prev_gpus)})
                     if len(parts[0].gpus) != g or not free.fits(parts):
                         continue  # left to TUNE's steps
+                if blocked is not None and not blocked.keeps(r.jobs, parts, prev is not None and parts == prev.parts):
+                    continue  # (a changed job on a node out of service: TUNE's steps, through choose_for)
                 rnd.commit(req, parts)
                 rnd.stats["best"] += 1
                 placed.add(r.job.id)

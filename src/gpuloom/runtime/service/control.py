@@ -7,9 +7,8 @@ applies it in its observe phase (:meth:`Control.observe`).
 * **Nodes** stay in the cluster the driver plans over (running jobs keep their allocations and
   the dashboard keeps showing them).  While any node is drained or has a maintenance window,
   the place policy keeps new work off it and moves running work off a node that evicts it (the view's
-  ``blocked`` nodes, :meth:`Control.blocked`); a plan hook (:meth:`Control.hook`) re-places through the
-  policy whatever a stage still puts there (Synergy's ``opt`` LP, elastic's hysteresis keeping the
-  running plan), or it waits.  ``wait`` drains let the
+  ``blocked`` nodes, :meth:`Control.blocked`); a plan hook (:meth:`Control.hook`) marks the jobs taken
+  off and leaves out whatever another stage still puts there (it waits).  ``wait`` drains let the
   node's running jobs finish; ``checkpoint`` drains, and a maintenance window once it has begun,
   take them off too (the driver stops them through the normal preempt path: SIGTERM, checkpoint,
   requeue) and they resume elsewhere.  Before a window starts at ``T`` the node takes only jobs
@@ -27,7 +26,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
@@ -35,9 +34,8 @@ from prometheus_client.registry import Collector
 
 from ...core.cluster import Cluster
 from ...core.lifecycle import JobState
-from ...core.plan import Allocation, Plan, drop_job
-from ...policies.base import Blocked, Request
-from ...policies.free import FreeState
+from ...core.plan import Plan, drop_job
+from ...policies.base import Blocked
 from .admission import refuse_reason
 from .errors import NotFound, PermissionDenied
 from .states import FINAL_STATES, QUEUED_STATES
@@ -289,24 +287,8 @@ class Control:
         if forgive is not None:  # (a queue owed GPUs that are on a drained node is not starved by the plan)
             forgive()
         allocs = dict(plan.allocations)
-        moved = {jid: allocs[jid] for jid in off}
-        for jid in off:
+        for jid in off:  # (the size and place policies keep off them: a guard for other stages' plans)
             drop_job(allocs, jid)
-        free = FreeState.of(view.cluster, allocs)
-        # re-placed by the place policy itself, held nodes masked: its topology or class scoring applies
-        place = self.svc.scheduler.place
-        pview = view if view.blocked is not None else replace(view, blocked=self.blocked(view))
-        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        for jid, a in moved.items():
-            job = by_id.get(jid)
-            if a.group or job is None:
-                continue  # co-runners sharing GPUs: wait for the next round's placement
-            # the cores and memory this round's sizing gave it, wherever it lands
-            req = Request((job,), a.num_gpus, sum(p.cpus for p in a.parts), sum(p.mem_mb for p in a.parts))
-            parts = place.choose_for(req, free, pview)
-            if parts is not None:
-                free.take(parts)
-                allocs[jid] = Allocation(jid, parts, (), a.key)
         return Plan(allocs)
 
     def _evicted(self, plan: Plan, view: View, holds: Mapping[int, NodeHold], t: float) -> None:
