@@ -60,6 +60,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
 
 
+def hold_machine(config: pytest.Config) -> Callable[[], None]:
+    """Hold the machine shared (as a running test does) for work that outlives its test, such as the docs
+    blocks a session fixture starts at once; -> the function that releases it (call it once the work ends)."""
+    cm = _machine(config, exclusive=False)
+    cm.__enter__()
+    return lambda: cm.__exit__(None, None, None) and None
+
+
 @contextlib.contextmanager
 def _machine(config: pytest.Config, exclusive: bool) -> Iterator[None]:
     """A readers-writer lock over the session's workers, from two lock files in the directory they share: every

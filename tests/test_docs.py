@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from conftest import hold_machine
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -292,6 +295,19 @@ def doc_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     todo.sort(key=lambda b: not b.slow)
     pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2))
     futures = {b.key: pool.submit(run_block, b, tmp_path_factory.mktemp("doc")) for b in todo}
+    # the blocks run beside the session's other tests: a serial test waits until they have all ended
+    release, left, lock = hold_machine(request.config), [len(futures)], threading.Lock()
+
+    def one_done(_: Future[Outcome]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0] == 0:
+                release()
+
+    for f in futures.values():
+        f.add_done_callback(one_done)
+    if not futures:
+        release()
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
 

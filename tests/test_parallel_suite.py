@@ -24,10 +24,19 @@ def record(name: str, seconds: float) -> None:
     time.sleep(seconds)
     Path(os.environ["SPANS"], name).write_text(json.dumps([t0, time.monotonic(), os.environ["PYTEST_XDIST_WORKER"]]))
 '''
-# a file of the Slurm group (named as the suite's is): four tests of 0.2 s
+# a file of the Slurm group (named as the suite's is): four tests of 0.2 s, the first starting 6 s of work
+# that outlives it (as the docs blocks do), holding the machine until it ends
 GROUPED = '''
+import threading
+
 import pytest
+from conftest import hold_machine
 from record import record
+
+
+def test_starts_work_that_outlives_it(request: pytest.FixtureRequest) -> None:
+    release = hold_machine(request.config)
+    threading.Thread(target=lambda: (record("held", 6.0), release())).start()
 
 
 @pytest.mark.parametrize("i", range(4))
@@ -58,6 +67,7 @@ _suite = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_suite)
 pytest_xdist_make_scheduler = _suite.pytest_xdist_make_scheduler
 pytest_runtest_protocol = _suite.pytest_runtest_protocol
+hold_machine = _suite.hold_machine
 '''
 
 
@@ -82,10 +92,11 @@ def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) ->
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
-    assert len(got) == 9
+    assert len(got) == 10
     assert len({got[f"grouped{i}"][2] for i in range(4)}) == 1  # the group: one worker
     s0, s1, _ = got.pop("serial")
     assert [k for k, (a, b, _) in got.items() if a < s1 and s0 < b] == []  # nothing ran beside the serial test
+    del got["held"]  # (work held while the tests start: the serial test waited for it, as the check above says)
     ordinary = sorted(got[f"ordinary{i}"] for i in range(4))
     # and the others ran side by side, on more than one worker
     assert len({w for _, _, w in ordinary}) > 1
