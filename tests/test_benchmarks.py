@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -117,6 +118,20 @@ def test_bench_targets_judges_the_command_against_its_own_simulation(
     mod.table(["philly-command"], Path("/b"), 10.0, reference=False)
     row = capsys.readouterr().out.splitlines()[-1].split()
     assert row[:3] == ["philly-command", "1.3x", "sim"] and row[10] == met
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the age is read from /proc")
+def test_bench_targets_times_a_process_from_its_start() -> None:
+    # philly-command's wall time is its process's age: a process that sleeps 0.3 s reads an age between
+    # that and the time its parent saw pass around it (to a clock tick, 10 ms), not the boot time's rounding
+    # more (psutil's create_time read up to a second long)
+    code = (f"import sys, time; sys.path.insert(0, {str(BENCH)!r}); time.sleep(0.3); "
+            "from bench_targets import process_age; print(process_age())")
+    t = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    elapsed = time.monotonic() - t
+    age = float(out.stdout)
+    assert 0.3 - 0.011 <= age <= elapsed + 0.011
 
 
 def test_bench_targets_knows_the_reference_checkout_by_its_commit(tmp_path: Path) -> None:
