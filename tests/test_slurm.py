@@ -321,6 +321,9 @@ def test_preempt_and_resume_keep_the_slurm_job_and_run_each_step_once(ex: SlurmE
     assert ex.stop("p", 10.0) == 143
     held = slurm.job(first.pid)
     assert (held["JobState"], held["Reason"]) == ("PENDING", "job_requeued_in_held_state")
+    # the relaunch comes before a poll re-reads Slurm: what the executor read last predates the requeue
+    ex.jobs[first.pid] = {**ex.jobs[first.pid], "JobState": "COMPLETING"}
+    ex._read_at = time.monotonic()
     t0 = time.monotonic()
     again = ex.launch(LaunchSpec(**{**{f: getattr(s, f) for f in s.__slots__}, "mem_mb": 250,  # type: ignore[attr-defined]
                                     "env": {**s.env, "GPULOOM_RESUME": "1", "GPULOOM_ATTEMPT": "2"}}))

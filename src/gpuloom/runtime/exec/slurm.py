@@ -591,7 +591,10 @@ class SlurmExecutor(Executor):
         held = self.held.pop(spec.job_id, None)
         sid = None
         if held is not None:
-            rec = self.jobs.get(held.slurm_id)
+            try:  # read now: what a poll or the stop read last may predate the requeue (not yet PENDING there)
+                rec = self._job(held.slurm_id)
+            except SlurmError:
+                rec = None
             if held.key == self._key(spec) and rec is not None and rec.get("JobState") == "PENDING":
                 try:
                     self.cmd("scontrol", "update", f"JobId={held.slurm_id}", f"NumCPUs={cpus}",
