@@ -261,26 +261,28 @@ def slurm_fixture() -> Iterator[SlurmCluster]:
 
 
 # -- gpuloom serve --slurm ------------------------------------------------------------------------------
+@pytest.fixture(name="slurm_jobs_cancelled")
+def slurm_jobs_cancelled_fixture(slurm: SlurmCluster) -> Iterator[None]:
+    """Cancel every job left in the test Slurm after the test (requested before ``server``, so this runs
+    once the test's servers have stopped and launch nothing more)."""
+    yield
+    slurm.cancel_all()
+
+
 @pytest.fixture(name="serve_slurm")
-def serve_slurm_fixture(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """``serve_slurm(*args)`` -> a started ``gpuloom serve --slurm all`` (jobs as the default job account)."""
-    from service_util import Server, job_writable
+def serve_slurm_fixture(slurm: SlurmCluster, slurm_jobs_cancelled: None, server: Any, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``serve_slurm(*args)`` -> a started ``gpuloom serve --slurm all`` (jobs as the default job account), made
+    by conftest's ``server`` (which stops it after the test); then the test Slurm's jobs are cancelled."""
+    from service_util import job_writable
 
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    servers: list[Any] = []
     jobs = job_writable(tmp_path)
 
     def make(*args: str) -> Any:
-        (tmp_path / "state").mkdir(mode=0o700, exist_ok=True)
-        s = Server(tmp_path / "state", "--slurm", "all", "--round", "0.2", "--job-dir", str(jobs),
-                   *args).start()
-        servers.append(s)
-        return s
+        return server("--slurm", "all", "--round", "0.2", "--job-dir", str(jobs), *args)
 
-    yield make
-    for s in servers:
-        s.stop()
-    slurm.cancel_all()
+    return make
 
 
 def preempt_short_over_long(s: Any, slurm: SlurmCluster) -> tuple[dict[str, Any], dict[str, Any], str, str]:

@@ -41,13 +41,14 @@ from service_util import (
     submit,
     wait_for,
 )
-from slurm_util import (  # noqa: F401 (slurm_fixture, serve_slurm_fixture: fixtures)
+from slurm_util import (  # noqa: F401 (*_fixture: fixtures)
     MEM_MB,
     SlurmCluster,
     preempt_short_over_long,
     serve_slurm_fixture,
     slurm_fixture,
     slurm_ids,
+    slurm_jobs_cancelled_fixture,
     wait_until,
 )
 

@@ -16,13 +16,14 @@ from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
 from gpuloom.runtime.exec.identity import lookup
 from gpuloom.runtime.exec.slurm import LIVE, parse_records
 from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
-from service_util import JOB_PY, Server, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
-from slurm_util import (  # noqa: F401 (slurm_fixture, serve_slurm_fixture: fixtures)
+from service_util import JOB_PY, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
+from slurm_util import (  # noqa: F401 (*_fixture: fixtures)
     SlurmCluster,
     preempt_short_over_long,
     serve_slurm_fixture,
     slurm_fixture,
     slurm_ids,
+    slurm_jobs_cancelled_fixture,
     wait_until,
 )
 
@@ -203,28 +204,20 @@ def test_a_step_ends_while_slurmctld_is_down_and_its_allocation_goes_after(
         time.sleep(0.3)
 
 
-def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(slurm: SlurmCluster, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    (tmp_path / "state").mkdir(mode=0o700)
-    args = ("--slurm", "all", "--round", "0.2", "--job-dir", str(job_writable(tmp_path)), "--executor", "slurm-steps")
-    s = Server(tmp_path / "state", *args).start()
-    try:
-        with s.client() as c:
-            jid = submit(c, name="a", command=stepper_cmd(200, 0.05), gpus=2)
-            wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
-    finally:
-        s.kill()
+def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(serve_slurm: Any, slurm: SlurmCluster) -> None:
+    s = serve_slurm("--executor", "slurm-steps")
+    with s.client() as c:
+        jid = submit(c, name="a", command=stepper_cmd(200, 0.05), gpus=2)
+        wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
+    s.kill()
     (step,) = [r for r in parse_records(slurm.scontrol("show", "step")) if r["Name"].endswith(f":{jid}")]
     assert step["State"] == "RUNNING"  # Slurm runs it on without the service
-    s2 = Server(tmp_path / "state", *args).start()
-    try:
-        with s2.client() as c:
-            row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the adopted job")
-            log = c.get(f"/jobs/{jid}/logs").text
-            events = [e["kind"] for e in c.get(f"/jobs/{jid}/events").json()]
-    finally:
-        s2.stop()
+    s2 = serve_slurm("--executor", "slurm-steps")
+    with s2.client() as c:
+        row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the adopted job")
+        log = c.get(f"/jobs/{jid}/logs").text
+        events = [e["kind"] for e in c.get(f"/jobs/{jid}/events").json()]
+    s2.stop()
     assert (row["state"], row["exit_code"], row["attempts"]) == ("finished", 0, 1), \
         (s2.state_dir / "serve.out").read_text()[-3000:]
     assert "adopt" in events and events.count("launch") == 1, events
