@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,10 @@ def _which(name: str) -> str:
 class SlurmCluster:
     """The daemons and files of one test Slurm; ``env`` makes its client commands find it."""
 
-    def __init__(self, root: Path, node: str = NODE, gpus: int = GPUS, cpus: int = CPUS, mem_mb: int = MEM_MB) -> None:
+    def __init__(self, root: Path, node: str = NODE, gpus: int = GPUS, cpus: int = CPUS, mem_mb: int = MEM_MB,
+                 conf: Sequence[str] = ()) -> None:
         self.root = root
+        self.extra_conf = tuple(conf)  # slurm.conf lines that replace the settings of the same names
         self.node = node
         self.gpus = gpus
         self.cpus = cpus
@@ -84,7 +86,7 @@ class SlurmCluster:
         for dev in self.devices:
             os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # a character device: /dev/null's numbers
         ctl_port, d_port = _free_port(), _free_port()
-        self.conf.write_text("\n".join([
+        settings = [
             "ClusterName=gpuloomtest",
             f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
             f"SlurmctldPort={ctl_port}",
@@ -120,6 +122,10 @@ class SlurmCluster:
             "SlurmdTimeout=30",
             "InactiveLimit=0",
             "GresTypes=gpu",
+        ]
+        names = {line.partition("=")[0] for line in self.extra_conf}
+        self.conf.write_text("\n".join([
+            *(line for line in settings if line.partition("=")[0] not in names), *self.extra_conf,
             f"NodeName={self.node} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 CPUs={self.cpus} "
             f"RealMemory={self.mem_mb} Gres={','.join(f'gpu:g{i}:1' for i in range(self.gpus))} State=UNKNOWN",
             f"PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
@@ -202,7 +208,9 @@ class SlurmCluster:
             except Exception:
                 pass
         for name in ("slurmd", "slurmctld", "munged"):
-            self.stop_daemon(name)
+            # killed after 2 s: nothing here needs their state, and slurmd waits on SIGTERM for its jobs'
+            # teardown (an allocation Slurm keeps COMPLETING after a slurmctld restart kept it 20 s)
+            self.stop_daemon(name, timeout=2.0)
         self._kill_leftovers()
         for dev in self.devices:
             try:
@@ -241,12 +249,13 @@ def wait_until(fn: Any, timeout: float, what: str, why: Any = None) -> Any:
         time.sleep(0.1)
 
 
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """Start a test Slurm in a fresh temporary directory (skip where it cannot run); stop it after."""
+def slurm_cluster(conf: Sequence[str] = ()) -> Generator[SlurmCluster, None, None]:
+    """Start a test Slurm in a fresh temporary directory (skip where it cannot run); stop it after.  ``conf``:
+    slurm.conf lines replacing the settings they name."""
     why = missing()
     if why is not None:
         pytest.skip(why)
-    c = SlurmCluster(Path(tempfile.mkdtemp(prefix="gpuloom-slurm-")))
+    c = SlurmCluster(Path(tempfile.mkdtemp(prefix="gpuloom-slurm-")), conf=conf)
     try:
         c.start()
         yield c
@@ -258,6 +267,24 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 def slurm_fixture() -> Iterator[SlurmCluster]:
     """One test Slurm for the whole session (tests that restart or drain something put it back)."""
     yield from slurm_cluster()
+
+
+@pytest.fixture(name="own_slurm")
+def own_slurm_fixture() -> Iterator[Callable[..., SlurmCluster]]:
+    """``own_slurm(*conf)`` -> a started test Slurm of the test's own (``conf``: slurm.conf lines replacing the
+    settings they name), stopped after the test: nothing waits for its jobs to end (such as an allocation Slurm
+    keeps COMPLETING until a retried message gets through)."""
+    started: list[Generator[SlurmCluster, None, None]] = []
+
+    def make(*conf: str) -> SlurmCluster:
+        it = slurm_cluster(conf)
+        c = next(it)
+        started.append(it)
+        return c
+
+    yield make
+    for it in started:
+        it.close()  # (runs slurm_cluster's finally: SlurmCluster.stop)
 
 
 # -- gpuloom serve --slurm ------------------------------------------------------------------------------
