@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # they all go to one worker, in file order (every other test goes to whichever worker is free).
 XDIST_GROUPS = {
     "test_slurm.py": "slurm",  # one test Slurm for the session (slurm_util.slurm_fixture)
+    "test_slurm_steps.py": "slurm",  # the same one (its executors' names are each test's own)
     "test_ray.py": "ray",  # one fake 3-node Ray cluster for the module
     "test_docs.py": "docs",  # doc_runs starts every selected block of the session's items at once
     "test_service_postgres.py": "postgres",  # one PostgreSQL server for the module

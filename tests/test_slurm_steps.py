@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,14 @@ def live_jobs(slurm: SlurmCluster) -> list[dict[str, str]]:
     return [r for r in parse_records(slurm.scontrol("show", "job")) if r.get("JobState") in LIVE]
 
 
+def fresh_prefix() -> str:
+    return f"glsteps{uuid.uuid4().hex[:6]}"
+
+
 def steps_executor(slurm: SlurmCluster, tmp_path: Path) -> SlurmStepsExecutor:
-    """A steps executor whose output goes under a directory the job account reaches."""
-    e = SlurmStepsExecutor("glsteps", grace_s=5.0, env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"),
+    """A steps executor whose output goes under a directory the job account reaches; its names are the test's
+    own (``glsteps<hex>``), so it never takes up another test's allocations on a shared test Slurm."""
+    e = SlurmStepsExecutor(fresh_prefix(), grace_s=5.0, env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"),
                            linger_s=1.0)
     e.read_nodes()
     return e
@@ -66,10 +72,10 @@ def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
     a = steps.launch(spec("a", CMD + "; sleep 1", tmp_path / "a.log", (1, 3)))
     rec = slurm.job(a.pid)
     assert (rec["JobName"], rec["BatchFlag"], rec["UserId"], rec["GroupId"]) == (
-        "glsteps.alloc", "0", f"gpuloom({lookup('gpuloom').uid})", f"gpuloom({lookup('gpuloom').gid})")
+        f"{steps.prefix}.alloc", "0", f"gpuloom({lookup('gpuloom').uid})", f"gpuloom({lookup('gpuloom').gid})")
     assert slurm.scontrol("show", "job", "-d", str(a.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
     step = parse_records(slurm.scontrol("show", "step", f"{a.pid}.0"))[0]
-    assert (step["Name"], step["UserId"]) == ("glsteps:a", str(lookup("gpuloom").uid))
+    assert (step["Name"], step["UserId"]) == (f"{steps.prefix}:a", str(lookup("gpuloom").uid))
     assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 0}
     assert (tmp_path / "a.log").read_text() == "cvd=1,3 cpus=2 mem=300 id=gpuloom step=0\n"
     # the account's next job on the same GPUs is a step in the same allocation
@@ -97,7 +103,7 @@ def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
 def test_a_step_that_writes_its_exit_and_runs_on_is_cancelled(slurm: SlurmCluster, tmp_path: Path) -> None:
     """A job that reports its own end early cannot keep its GPUs: its step is cancelled after the
     grace period, though its allocation lingers (long here)."""
-    e = SlurmStepsExecutor("glsteps", env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"), linger_s=120.0)
+    e = SlurmStepsExecutor(fresh_prefix(), env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"), linger_s=120.0)
     e.read_nodes()
     try:
         d = f"{e.out_dir}/gpuloom"
@@ -166,7 +172,7 @@ def test_a_restarted_executor_adopts_its_step_and_allocation(steps: SlurmStepsEx
                                                              tmp_path: Path) -> None:
     log = tmp_path / "s.log"
     info = steps.launch(spec("s", CMD + "; sleep 2; echo done", log, (3,)))
-    again = SlurmStepsExecutor("glsteps", grace_s=5.0, env=slurm.env, out_dir=steps.out_dir, linger_s=1.0)
+    again = SlurmStepsExecutor(steps.prefix, grace_s=5.0, env=slurm.env, out_dir=steps.out_dir, linger_s=1.0)
     again.read_nodes()
     (orphan,) = again.orphans()  # a step no record holds, as a restarted service sees it before adopting
     assert (orphan.job_id, orphan.pid, orphan.start_time, orphan.exit_path) == ("s", info.pid, info.start_time,
