@@ -15,8 +15,8 @@ import pytest
 
 from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
 from gpuloom.runtime.exec.identity import lookup
-from gpuloom.runtime.exec.slurm import LIVE, parse_records
-from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
+from gpuloom.runtime.exec.slurm import LIVE, REASONS, parse_records
+from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor, sacct_step_reason, stepd_reason
 from service_util import JOB_PY, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
 from slurm_util import (  # noqa: F401 (*_fixture: fixtures)
     SlurmCluster,
@@ -217,6 +217,52 @@ def test_a_step_ends_while_slurmctld_is_down_and_its_allocation_goes_after(own_s
     for _ in range(5):
         assert steps.poll() == {} and steps.allocs == {}
         time.sleep(0.3)
+
+
+def test_why_a_step_ended_is_read_from_sacct_and_slurmstepds_lines() -> None:
+    oom, timeout, cancel = REASONS["OUT_OF_MEMORY"], REASONS["TIMEOUT"], REASONS["CANCELLED"]
+    sacct = "12|RUNNING\n12.0|COMPLETED\n12.1|OUT_OF_MEMORY\n12.2|CANCELLED by 0\n12.3|TIMEOUT\n12.4|FAILED\n"
+    assert [sacct_step_reason(sacct, f"12.{i}") for i in range(6)] == [None, oom, cancel, timeout, None, None]
+    out = ("epoch 3\nslurmstepd-gpn0: error: StepId=7.2 exceeded memory limit (436641792 > 104857600), being killed\n"
+           "slurmstepd-gpn0: error: *** STEP 7.2 ON gpn0 CANCELLED AT 2026-11-29T08:16:07 ***\n")
+    assert (stepd_reason(out, "7.2"), stepd_reason(out, "7.1"), stepd_reason(out, "7.22")) == (oom, None, None)
+    cgroup = "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=7.3. Some of your processes may have been killed"
+    assert stepd_reason(cgroup, "7.3") == oom
+    line = "slurmstepd-gpn0: error: *** STEP 7.4 ON gpn0 CANCELLED AT 2026-11-29T08:18:18{} ***\n"
+    causes = ("", " DUE TO TIME LIMIT", " DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS", " DUE TO PREEMPTION",
+              " DUE TO JOB REQUEUE")
+    assert [stepd_reason(line.format(c), "7.4") for c in causes] == [
+        cancel, timeout, REASONS["NODE_FAIL"], REASONS["PREEMPTED"], None]
+    assert stepd_reason("echo " + line.format(""), "7.4") is None  # only slurmstepd's own line, from its start
+
+
+def test_a_failed_step_ends_with_slurms_reason_oom_time_limit_or_cancel(own_slurm: Any, tmp_path: Path) -> None:
+    """A test Slurm of its own that holds steps to their memory (``OverMemoryKill``, read each second):
+    an OOM kill, a step time limit (a minute, Slurm's least: the jobs run side by side) and an scancel
+    each end their job with Slurm's reason; an exit of the job's own, or a signal it sent itself, with none."""
+    slurm = own_slurm("JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherParams=OverMemoryKill",
+                      "JobAcctGatherFrequency=task=1")
+    e = steps_executor(slurm, tmp_path)
+    big = f"{JOB_PY} -c 'import time; x = b\"x\" * (400 << 20); time.sleep(60)'"
+    jobs = {"tl": ("sleep 300", (0,)), "oom": (big, (1,)), "cx": ("sleep 300", (2,)), "bad": ("exit 3", (3,)),
+            "sig": ("kill -KILL $$", ())}
+    for x, (cmd, gpus) in jobs.items():
+        e.launch(spec(x, cmd, tmp_path / f"{x}.log", gpus, cpus=1, mem=100))
+    slurm.run("scontrol", "update", f"StepId={e.steps['tl'].step}", "TimeLimit=1")
+    time.sleep(1.0)
+    slurm.run("scancel", e.steps["cx"].step)
+    got: dict[str, int | None] = {}
+    why: dict[str, str | None] = {}
+
+    def ended() -> bool:
+        for x, code in e.poll().items():
+            got[x], why[x] = code, e.end_reason(x)  # (asked at once, as the service does)
+        return len(got) == len(jobs)
+
+    wait_until(ended, 150, "every job's end", lambda: f"{got} {slurm.scontrol('show', 'step')}")
+    assert got == {"tl": 143, "oom": 137, "cx": 137, "bad": 3, "sig": 137}
+    assert why == {"tl": REASONS["TIMEOUT"], "oom": REASONS["OUT_OF_MEMORY"], "cx": REASONS["CANCELLED"],
+                   "bad": None, "sig": None}
 
 
 def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(serve_slurm: Any, slurm: SlurmCluster) -> None:

@@ -20,6 +20,8 @@ another uid is refused: ``Access/permission denied``), gives the step its own
 GPUs, cores and memory inside the allocation, and writes its output.  The
 step's script writes the command's exit code next to the output, where the
 service reads it; srun's own exit code stands in where the script wrote none.
+A failed step is reported once srun has ended, with Slurm's reason (an OOM
+kill, a time limit, a cancel: :meth:`SlurmStepsExecutor._step_reason`).
 A stop sends SIGTERM to the step (``scancel --signal=TERM A.S``), waits up to
 the grace period, then cancels the step; the allocation stays for the resume.
 A restarted service finds its allocations by name and its jobs' steps by
@@ -41,6 +43,7 @@ from .logmirror import set_mirror_offset
 from .slurm import (
     ENDED_GRACE_S,
     LIVE,
+    REASONS,
     SlurmError,
     SlurmExecutor,
     SlurmNode,
@@ -67,8 +70,39 @@ PLACE_WAIT_S = 2
 #: its allocation that another step still holds, while the round waits; it is withdrawn and the job
 #: stays queued
 STEP_WAIT_S = 5.0
+#: how much of the end of a step's output is searched for slurmstepd's line naming why it ended
+REASON_TAIL = 64 << 10
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
 _STEP = re.compile(r"launching StepId=(\d+\.\d+)")
+
+
+def sacct_step_reason(text: str, step: str) -> str | None:
+    """The reason (:data:`~.slurm.REASONS`) in ``sacct -n -P -o JobID,State`` output for step ``step`` ("A.S"):
+    ``12.3|OUT_OF_MEMORY``, ``12.3|CANCELLED by 0``; None where its state names none (or it is not there)."""
+    for line in text.splitlines():
+        jid, _, state = line.partition("|")
+        if jid.strip() == step:
+            words = state.split()
+            return REASONS.get(words[0]) if words else None
+    return None
+
+
+#: the causes slurmstepd names as it ends a step (``*** STEP A.S ON node CANCELLED AT t DUE TO ... ***``)
+_STEPD_CAUSES = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED", "": "CANCELLED"}
+
+
+def stepd_reason(text: str, step: str) -> str | None:
+    """The reason slurmstepd wrote into step ``step``'s output when it ended it: its memory limit
+    (``StepId=A.S exceeded memory limit``, over ``JobAcctGatherParams=OverMemoryKill``; a cgroup's
+    ``oom-kill event(s) in StepId=A.S``), else ``*** STEP A.S ON node CANCELLED AT t DUE TO TIME LIMIT ***``
+    (or ``NODE FAILURE, ...``, ``PREEMPTION``; a cancel: no cause); None otherwise."""
+    s = re.escape(step)
+    if re.search(rf"StepId={s} exceeded memory limit|oom[-_]kill event\(?s?\)? in StepId={s}\b", text):
+        return REASONS["OUT_OF_MEMORY"]
+    m = re.search(rf"^slurmstepd\S*: error: \*\*\* STEP {s} ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+))?(?:,[^*]*)? \*\*\*",
+                  text, re.M)
+    cause = _STEPD_CAUSES.get(m.group(1) or "") if m is not None else None
+    return REASONS[cause] if cause is not None else None
 
 
 @dataclass(slots=True)
@@ -119,6 +153,8 @@ class SlurmStepsExecutor(SlurmExecutor):
         self.linger_s = float(linger_s)
         self.allocs: dict[int, Alloc] = {}
         self.steps: dict[str, Step] = {}
+        #: failed steps whose srun runs on: when their exit record was first seen (see _settled)
+        self._failing: dict[str, float] = {}
         #: sruns of steps reported ended, to reap: (srun, its messages, the step, when it was reported ended)
         self._ending: list[tuple[subprocess.Popen[bytes], str | None, str, float]] = []
 
@@ -241,6 +277,38 @@ class SlurmStepsExecutor(SlurmExecutor):
             return True, rc if rc >= 0 else 128 - rc
         return False, None
 
+    def _settled(self, eid: str, st: Step) -> bool:
+        """Whether a failed step's end may be reported: once its srun has ended (Slurm has torn the step
+        down and written why), or ``ENDED_GRACE_S`` after its exit record came, or at once for an adopted step."""
+        if st.proc is None or st.proc.poll() is not None:
+            return True
+        first = self._failing.setdefault(eid, time.monotonic())
+        return time.monotonic() - first > ENDED_GRACE_S
+
+    def _step_reason(self, eid: str, st: Step, code: int | None) -> str | None:
+        """Why a failed step ended, as Slurm says: the step's state in accounting (``sacct``, where it is on),
+        srun's own report of an OOM kill, else slurmstepd's line in the step's output (:func:`stepd_reason`),
+        only for an end by a signal (the output is the job's own file)."""
+        if not st.step:
+            return None
+        try:
+            why = sacct_step_reason(self.cmd("sacct", "-n", "-P", "-j", st.step, "-o", "JobID,State"), st.step)
+        except SlurmError:  # accounting off
+            why = None
+        if why is not None:
+            return why
+        if st.err is not None and re.search(r"^srun: error: \S+: tasks? \S+: Out Of Memory$", _read_text(st.err), re.M):
+            return REASONS["OUT_OF_MEMORY"]
+        out = self.outputs.get(eid)
+        if out is None or (code is not None and code < 128):
+            return None
+        try:
+            size = os.lstat(out).st_size
+        except OSError:
+            return None
+        data = read_output(out, max(0, size - REASON_TAIL), REASON_TAIL, self._warned)
+        return stepd_reason(data.decode(errors="replace"), st.step) if data else None
+
     def read_steps(self) -> dict[str, dict[str, str]]:
         """Every step slurmctld holds (``scontrol show step``), by step id."""
         out = self.cmd("scontrol", "--oneliner", "show", "step", ok=("No job steps",))
@@ -251,8 +319,11 @@ class SlurmStepsExecutor(SlurmExecutor):
         for eid, st in list(self.steps.items()):
             if eid not in self.exits and eid not in self._stopping:
                 done, code = self._step_exit(st)
-                if done:
+                if done and (code == 0 or self._settled(eid, st)):
                     self.exits[eid] = code
+                    why = None if code == 0 else self._step_reason(eid, st, code)
+                    if why is not None:
+                        self.reasons[eid] = why
         # (exits the steps recorded go out first: Slurm is read at the next poll, and not waited for)
         if time.monotonic() - self._read_at >= self.poll_every_s and not (set(self.exits) & set(self.procs)):
             try:
@@ -286,6 +357,7 @@ class SlurmStepsExecutor(SlurmExecutor):
     def _end(self, eid: str) -> None:
         """The job's step is over: its allocation is idle from now, its files go."""
         st = self.steps.pop(eid, None)
+        self._failing.pop(eid, None)
         if st is not None:
             a = self.allocs.get(st.alloc)
             if a is not None:
