@@ -22,9 +22,13 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from gpuloom.runtime.exec.executor import LaunchSpec
+    from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
 
 NODE = "gpn0"
 GPUS = 4
@@ -310,6 +314,31 @@ def serve_slurm_fixture(slurm: SlurmCluster, slurm_jobs_cancelled: None, server:
         return server("--slurm", "all", "--round", "0.2", "--job-dir", str(jobs), *args)
 
     return make
+
+
+# -- the steps executor (--executor slurm-steps) ----------------------------------------------------
+def fresh_steps_prefix() -> str:
+    return f"glsteps{uuid.uuid4().hex[:6]}"
+
+
+def steps_executor(slurm: SlurmCluster, tmp_path: Path) -> SlurmStepsExecutor:
+    """A steps executor whose output goes under a directory the job account reaches; its names are the test's
+    own (``glsteps<hex>``), so it never takes up another test's allocations on a shared test Slurm."""
+    from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
+    from service_util import job_writable
+
+    e = SlurmStepsExecutor(fresh_steps_prefix(), grace_s=5.0, env=slurm.env,
+                           out_dir=str(job_writable(tmp_path) / "out"), linger_s=1.0)
+    e.read_nodes()
+    return e
+
+
+def step_spec(eid: str, command: str, log: Path, gpus: tuple[int, ...], user: str | None = "gpuloom", cpus: int = 2,
+              mem: int = 300, **env: str) -> LaunchSpec:
+    """A launch of ``command`` on the test node's ``gpus``, as ``user``, with ``cpus`` cores and ``mem`` MB."""
+    from gpuloom.runtime.exec.executor import LaunchSpec
+
+    return LaunchSpec(eid, command, NODE, gpus, tuple(range(cpus)), mem, str(log), env, None, user)
 
 
 def preempt_short_over_long(s: Any, slurm: SlurmCluster) -> tuple[dict[str, Any], dict[str, Any], str, str]:

@@ -1,33 +1,35 @@
 """Jobs as steps in allocations the service keeps (``--executor slurm-steps``), against the test Slurm
 (tests/slurm_util.py): placement, reuse by the account's next job, other accounts kept out,
-preemption and resume with every step run once, adoption after a restart, through the service too."""
+preemption and resume with every step run once, adoption after a restart, through the service too.
+Tests that need a test Slurm of their own are in test_slurm_steps_own.py."""
 
 from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
+from gpuloom.runtime.exec.executor import NodeUnavailable
 from gpuloom.runtime.exec.identity import lookup
-from gpuloom.runtime.exec.slurm import LIVE, REASONS, parse_records
-from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor, sacct_step_reason, stepd_reason
+from gpuloom.runtime.exec.slurm import LIVE, parse_records
+from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
 from service_util import JOB_PY, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
 from slurm_util import (  # noqa: F401 (*_fixture: fixtures)
     SlurmCluster,
-    own_slurm_fixture,
+    fresh_steps_prefix,
     preempt_short_over_long,
     serve_slurm_fixture,
     slurm_fixture,
     slurm_ids,
     slurm_jobs_cancelled_fixture,
+    steps_executor,
     wait_until,
 )
+from slurm_util import step_spec as spec
 
 REPO = Path(__file__).resolve().parents[1]
 SLEEPY = REPO / "examples" / "sleepy_train.py"
@@ -36,19 +38,6 @@ CMD = 'echo "cvd=$CUDA_VISIBLE_DEVICES cpus=$GPULOOM_CPUS mem=$GPULOOM_MEM_MB id
 
 def live_jobs(slurm: SlurmCluster) -> list[dict[str, str]]:
     return [r for r in parse_records(slurm.scontrol("show", "job")) if r.get("JobState") in LIVE]
-
-
-def fresh_prefix() -> str:
-    return f"glsteps{uuid.uuid4().hex[:6]}"
-
-
-def steps_executor(slurm: SlurmCluster, tmp_path: Path) -> SlurmStepsExecutor:
-    """A steps executor whose output goes under a directory the job account reaches; its names are the test's
-    own (``glsteps<hex>``), so it never takes up another test's allocations on a shared test Slurm."""
-    e = SlurmStepsExecutor(fresh_prefix(), grace_s=5.0, env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"),
-                           linger_s=1.0)
-    e.read_nodes()
-    return e
 
 
 @pytest.fixture
@@ -60,11 +49,6 @@ def steps(slurm: SlurmCluster, tmp_path: Path) -> Iterator[SlurmStepsExecutor]:
     slurm.cancel_all()
     slurm.run("scancel", "--user=gpuloom", check=False)
     wait_until(lambda: not live_jobs(slurm), 30, "the jobs to end")
-
-
-def spec(eid: str, command: str, log: Path, gpus: tuple[int, ...], user: str | None = "gpuloom", cpus: int = 2,
-         mem: int = 300, **env: str) -> LaunchSpec:
-    return LaunchSpec(eid, command, "gpn0", gpus, tuple(range(cpus)), mem, str(log), env, None, user)
 
 
 def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
@@ -103,7 +87,7 @@ def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
 def test_a_step_that_writes_its_exit_and_runs_on_is_cancelled(slurm: SlurmCluster, tmp_path: Path) -> None:
     """A job that reports its own end early cannot keep its GPUs: its step is cancelled after the
     grace period, though its allocation lingers (long here)."""
-    e = SlurmStepsExecutor(fresh_prefix(), env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"), linger_s=120.0)
+    e = SlurmStepsExecutor(fresh_steps_prefix(), env=slurm.env, out_dir=str(job_writable(tmp_path) / "out"), linger_s=120.0)
     e.read_nodes()
     try:
         d = f"{e.out_dir}/gpuloom"
@@ -192,77 +176,6 @@ def test_a_lost_node_cancels_its_allocations_and_their_steps(steps: SlurmStepsEx
     assert steps.evict("gpn0") == ["x"] and steps.allocs == {} and steps.steps == {}
     wait_until(lambda: slurm.job(info.pid)["JobState"] == "CANCELLED", 20, "the allocation's end")
     assert steps.poll() == {}  # evicted jobs are not reported ended: the service moves them
-
-
-def test_a_step_ends_while_slurmctld_is_down_and_its_allocation_goes_after(own_slurm: Any, tmp_path: Path) -> None:
-    """On a test Slurm of its own, stopped after the test: Slurm keeps the allocation COMPLETING until
-    slurmstepd's retried message gets through (about 45 s), and nothing waits for that."""
-    slurm = own_slurm()
-    steps = steps_executor(slurm, tmp_path)
-    log = tmp_path / "r.log"
-    info = steps.launch(spec("r", "sleep 2; echo done", log, (2,)))
-    slurm.stop_daemon("slurmctld")
-    try:
-        # the step's own exit record reports its end without the controller
-        assert wait_until(lambda: steps.poll(), 30, "r's exit while slurmctld is down") == {"r": 0}
-        assert log.read_text() == "done\n"
-        time.sleep(1.5)  # past linger_s: the idle allocation cannot be cancelled yet
-        assert steps.poll() == {}
-    finally:
-        slurm.start_ctld()
-    # once the controller answers, the idle allocation is cancelled (Slurm keeps it COMPLETING until the
-    # step's own completion message, which slurmstepd retries, gets through) and not taken up again
-    wait_until(lambda: steps.poll() == {} and slurm.job(info.pid)["JobState"] in ("COMPLETING", "CANCELLED"), 30,
-               "the allocation to be cancelled", lambda: f"{slurm.job(info.pid)} {steps.allocs}")
-    for _ in range(5):
-        assert steps.poll() == {} and steps.allocs == {}
-        time.sleep(0.3)
-
-
-def test_why_a_step_ended_is_read_from_sacct_and_slurmstepds_lines() -> None:
-    oom, timeout, cancel = REASONS["OUT_OF_MEMORY"], REASONS["TIMEOUT"], REASONS["CANCELLED"]
-    sacct = "12|RUNNING\n12.0|COMPLETED\n12.1|OUT_OF_MEMORY\n12.2|CANCELLED by 0\n12.3|TIMEOUT\n12.4|FAILED\n"
-    assert [sacct_step_reason(sacct, f"12.{i}") for i in range(6)] == [None, oom, cancel, timeout, None, None]
-    out = ("epoch 3\nslurmstepd-gpn0: error: StepId=7.2 exceeded memory limit (436641792 > 104857600), being killed\n"
-           "slurmstepd-gpn0: error: *** STEP 7.2 ON gpn0 CANCELLED AT 2026-11-29T08:16:07 ***\n")
-    assert (stepd_reason(out, "7.2"), stepd_reason(out, "7.1"), stepd_reason(out, "7.22")) == (oom, None, None)
-    cgroup = "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=7.3. Some of your processes may have been killed"
-    assert stepd_reason(cgroup, "7.3") == oom
-    line = "slurmstepd-gpn0: error: *** STEP 7.4 ON gpn0 CANCELLED AT 2026-11-29T08:18:18{} ***\n"
-    causes = ("", " DUE TO TIME LIMIT", " DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS", " DUE TO PREEMPTION",
-              " DUE TO JOB REQUEUE")
-    assert [stepd_reason(line.format(c), "7.4") for c in causes] == [
-        cancel, timeout, REASONS["NODE_FAIL"], REASONS["PREEMPTED"], None]
-    assert stepd_reason("echo " + line.format(""), "7.4") is None  # only slurmstepd's own line, from its start
-
-
-def test_a_failed_step_ends_with_slurms_reason_oom_time_limit_or_cancel(own_slurm: Any, tmp_path: Path) -> None:
-    """A test Slurm of its own that holds steps to their memory (``OverMemoryKill``, read each second):
-    an OOM kill, a step time limit (a minute, Slurm's least: the jobs run side by side) and an scancel
-    each end their job with Slurm's reason; an exit of the job's own, or a signal it sent itself, with none."""
-    slurm = own_slurm("JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherParams=OverMemoryKill",
-                      "JobAcctGatherFrequency=task=1")
-    e = steps_executor(slurm, tmp_path)
-    big = f"{JOB_PY} -c 'import time; x = b\"x\" * (400 << 20); time.sleep(60)'"
-    jobs = {"tl": ("sleep 300", (0,)), "oom": (big, (1,)), "cx": ("sleep 300", (2,)), "bad": ("exit 3", (3,)),
-            "sig": ("kill -KILL $$", ())}
-    for x, (cmd, gpus) in jobs.items():
-        e.launch(spec(x, cmd, tmp_path / f"{x}.log", gpus, cpus=1, mem=100))
-    slurm.run("scontrol", "update", f"StepId={e.steps['tl'].step}", "TimeLimit=1")
-    time.sleep(1.0)
-    slurm.run("scancel", e.steps["cx"].step)
-    got: dict[str, int | None] = {}
-    why: dict[str, str | None] = {}
-
-    def ended() -> bool:
-        for x, code in e.poll().items():
-            got[x], why[x] = code, e.end_reason(x)  # (asked at once, as the service does)
-        return len(got) == len(jobs)
-
-    wait_until(ended, 150, "every job's end", lambda: f"{got} {slurm.scontrol('show', 'step')}")
-    assert got == {"tl": 143, "oom": 137, "cx": 137, "bad": 3, "sig": 137}
-    assert why == {"tl": REASONS["TIMEOUT"], "oom": REASONS["OUT_OF_MEMORY"], "cx": REASONS["CANCELLED"],
-                   "bad": None, "sig": None}
 
 
 def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(serve_slurm: Any, slurm: SlurmCluster) -> None:
