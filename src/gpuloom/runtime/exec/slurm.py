@@ -423,13 +423,15 @@ class SlurmExecutor(Executor):
             self._bin[name] = found
         return self._bin[name]
 
-    def cmd(self, *argv: str, stdin: str | None = None, ok: Sequence[str] = ()) -> str:
-        """Run a Slurm command; its stdout.  SlurmError when it fails, unless its stderr has one of ``ok``."""
+    def cmd(self, *argv: str, stdin: str | None = None, ok: Sequence[str] = (), timeout_s: float | None = None) -> str:
+        """Run a Slurm command; its stdout.  SlurmError when it fails, unless its stderr has one of ``ok``, or
+        gives no answer within ``timeout_s`` (default: the executor's ``timeout_s``)."""
+        wait = self.timeout_s if timeout_s is None else timeout_s
         try:
             r = subprocess.run([self._which(argv[0]), *argv[1:]], input=stdin, capture_output=True, text=True,
-                               env=self.env, timeout=self.timeout_s, cwd="/")
+                               env=self.env, timeout=wait, cwd="/")
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{' '.join(argv[:3])}: no answer within {self.timeout_s:g} s") from None
+            raise SlurmError(f"{' '.join(argv[:3])}: no answer within {wait:g} s") from None
         if r.returncode != 0 and not any(s in r.stderr for s in ok):
             raise SlurmError(f"{' '.join(argv[:4])}: {r.stderr.strip() or f'exit {r.returncode}'}"[:500])
         return r.stdout

@@ -70,6 +70,9 @@ PLACE_WAIT_S = 2
 #: its allocation that another step still holds, while the round waits; it is withdrawn and the job
 #: stays queued
 STEP_WAIT_S = 5.0
+#: how long sacct may take to say why a step failed (a slurmdbd that does not answer: the reason is read
+#: from the step's output instead)
+SACCT_WAIT_S = 5.0
 #: how much of the end of a step's output is searched for slurmstepd's line naming why it ended
 REASON_TAIL = 64 << 10
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
@@ -291,9 +294,10 @@ class SlurmStepsExecutor(SlurmExecutor):
         only for an end by a signal (the output is the job's own file)."""
         if not st.step:
             return None
-        try:
-            why = sacct_step_reason(self.cmd("sacct", "-n", "-P", "-j", st.step, "-o", "JobID,State"), st.step)
-        except SlurmError:  # accounting off
+        try:  # (bounded: the service's loop waits for it)
+            acct = self.cmd("sacct", "-n", "-P", "-j", st.step, "-o", "JobID,State", timeout_s=SACCT_WAIT_S)
+            why = sacct_step_reason(acct, st.step)
+        except SlurmError:  # accounting off, or slurmdbd not answering
             why = None
         if why is not None:
             return why
