@@ -156,6 +156,34 @@ def test_a_busy_child_dies_with_its_caller() -> None:
         caller.wait(30)
 
 
+def test_parts_sent_ahead_go_to_take_in_the_child_as_they_come() -> None:
+    got: list[object] = []
+    bg: Background[str, tuple[int, list[object]]] = Background(
+        "collecting", lambda last: (os.getpid(), [*got, last]), take=got.append)
+    for part in ([1, 2], "x" * (3 << 20), None):  # (one part more than the pipe holds)
+        bg.send(part)
+    bg.submit("end")
+    pid, seen = bg.result()
+    assert pid != os.getpid() and seen == [[1, 2], "x" * (3 << 20), None, "end"]
+    assert got == []  # (taken in the child's memory)
+    with pytest.raises(TypeError, match="^adding: parts are sent only to a child given take$"):
+        Background("adding", lambda x: x).send(1)
+
+
+def test_a_child_whose_take_fails_raises_it_and_the_caller_sends_on_unblocked() -> None:
+    def take(part: bytes) -> None:
+        raise ValueError(f"bad part of {len(part)} bytes")
+
+    before = children()
+    bg: Background[None, None] = Background("collecting", lambda _: None, take=take)
+    for _ in range(8):  # 16 MB: far more than the pipe holds, most after the child stopped reading
+        bg.send(b"x" * (2 << 20))
+    bg.submit(None)
+    with pytest.raises(BackgroundError, match=r"^collecting failed: ValueError: bad part of 2097152 bytes$"):
+        bg.result()
+    assert children() == before
+
+
 def test_no_fork_runs_in_the_caller_and_raises_as_it_is() -> None:
     bg: Background[int, int] = Background("adding", lambda x: x + os.getpid(), fork=False)
     assert bg.pid is None
@@ -167,6 +195,12 @@ def test_no_fork_runs_in_the_caller_and_raises_as_it_is() -> None:
 
     with pytest.raises(ValueError, match="^as it is$"):
         Background("failing", fail, fork=False).submit(None)
+    got: list[int] = []
+    bg = Background("collecting", lambda x: [*got, x], fork=False, take=got.append)
+    bg.send(1)
+    assert got == [1]  # (taken at once)
+    bg.submit(2)
+    assert bg.result() == [1, 2]
 
 
 def test_no_fork_while_another_thread_runs() -> None:

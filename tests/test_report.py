@@ -363,6 +363,77 @@ def test_phase_columns_equal_to_others_in_value_only_keep_their_own_text(tmp_pat
                                                                           ["0.0", "5.0", "5.0", "-0.0"]]
 
 
+def _record_fields(res: RunResult, index: list[int]) -> list[list[Any]]:
+    """:data:`report.HEAD_FIELDS` of ``res``'s jobs at places ``index``, one list per field."""
+    return [[getattr(res.jobs[i], name) for i in index] for name in report.HEAD_FIELDS]
+
+
+@pytest.mark.parametrize("block", [1 << 16, 2])
+def test_rows_made_ahead_give_the_bytes_of_jobs_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    block: int) -> None:
+    # jobs.csv from rows sent in parts, in any order, the rest given at the end: write_jobs_csv's bytes, with
+    # phases, a measurement window, unfinished jobs (empty cells) and ids the csv module quotes
+    from gpuloom.sim.engine import LifecycleTimes
+
+    monkeypatch.setattr(report, "CSV_BLOCK", block)
+    specs = [JobSpec(f"j{k}" if k % 4 else f"j,{k}", k * 7.5, 1 + k % 2, 30 + 11 * k, model=("", "x")[k % 2])
+             for k in range(12)]
+    cases = {
+        "plain": simulate(Cluster.homogeneous(1, 2), specs, order="srtf", round_len=10, restart_overhead=3),
+        "phases": simulate(Cluster.homogeneous(1, 2), specs, round_len=10, lifecycle=LifecycleTimes(launch=4),
+                           max_time=150),
+    }
+    cases["window"] = simulate(Cluster.homogeneous(1, 2), specs, round_len=10, max_time=200)
+    cases["window"].measure((3, 9))
+    for name, res in cases.items():
+        want = report.write_jobs_csv(res, tmp_path / f"{name}-want.csv").read_bytes()
+        assert any(j.finish is None for j in res.jobs) == (name != "plain")
+        parts = [[7, 2], [0], [11, 5, 9]]  # (the rest: 1, 3, 4, 6, 8, 10)
+        rows = report.JobRows()
+        for index in parts:
+            rows.add((index, _record_fields(res, index)))
+        given = {i for p in parts for i in p}
+        rest = report.jobs_rest(res, tmp_path / f"{name}.csv", given)
+        assert rest.index == [1, 3, 4, 6, 8, 10]
+        assert rows.write(rest).read_bytes() == want, name
+        # every row in the rest, and every row ahead
+        assert report.JobRows().write(report.jobs_rest(res, tmp_path / "none.csv", set())).read_bytes() == want
+        every = report.JobRows()
+        every.add((list(range(12)), _record_fields(res, list(range(12)))))
+        assert every.write(report.jobs_rest(res, tmp_path / "all.csv", set(range(12)))).read_bytes() == want
+    assert b"phase_queued" in (tmp_path / "phases.csv").read_bytes()
+    assert b",measured\r\n" in (tmp_path / "window.csv").read_bytes()
+    assert b'\r\n"j,0",,1,0.0,30,0.0,30.0,' in (tmp_path / "plain.csv").read_bytes()
+
+
+def test_a_completed_job_holds_what_its_record_will(tmp_path: Path) -> None:
+    # the fields read from the simulator's jobs as they complete (preempted, migrated, restarted ones too) are
+    # those of their records at the end: rows made of them during the run are final
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim.engine import SimConfig, Simulator
+
+    specs = [JobSpec(f"j{k}", k * 20.0, (1, 2, 4)[k % 3], 50 + 37 * (k % 5)) for k in range(40)]
+    sim = Simulator(Cluster.homogeneous(2, 4), specs, Scheduler.from_names("srtf", "none", "proportional",
+                                                                           "packed-non-sticky"),
+                    config=SimConfig(round_len=30, restart_overhead=5, max_time=1500))
+    seen: dict[int, list[Any]] = {}
+
+    def tick(done: int, total: int) -> None:
+        new = [j for j in sim.completed if j.index not in seen]
+        for j, fields in zip(new, zip(*report.job_fields(new), strict=True), strict=True):
+            seen[j.index] = list(fields)
+
+    res = sim.run(tick)
+    tick(0, 0)
+    finished = [j.index for j in sim.jobs if j.finish is not None]
+    assert 0 < len(finished) < len(specs)  # (max_time: some jobs never finish)
+    assert sorted(seen) == sorted(j.index for j in sim.completed) == finished
+    assert [j.finish for j in sim.completed] == sorted(j.finish for j in sim.completed)
+    assert sum(r.preemptions + r.migrations for r in res.jobs) > 0
+    for i, fields in seen.items():
+        assert fields == [getattr(res.jobs[i], name) for name in report.HEAD_FIELDS], i
+
+
 def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # summary.json, report.md, report.txt, the plots and the printed table all read one summary
     calls = {"summary": 0, "themis": 0}
@@ -482,6 +553,8 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
                                                                      request: pytest.FixtureRequest) -> None:
     import os
 
+    from gpuloom.cli import ending
+    from gpuloom.cli import sim as cli_sim
     from gpuloom.sim import background, plots
 
     if _forks(request):
@@ -489,7 +562,7 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     before = _children()
     pids = tmp_path / "pids"
     pids.mkdir()
-    real_draw, real_jobs = plots.draw_run, report.write_jobs_csv
+    real_draw, real_jobs, real_add = plots.draw_run, report.JobRows.write, report.JobRows.add
 
     def draw(*a: Any) -> Any:
         (pids / f"plots {os.getpid()}").touch()
@@ -499,15 +572,28 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
         (pids / f"jobs.csv {os.getpid()}").touch()
         return real_jobs(*a)
 
+    def add(rows: report.JobRows, part: tuple[list[int], list[list[Any]]]) -> None:
+        with (pids / f"rows {os.getpid()}").open("a") as f:  # (the rest's rows come through here too)
+            f.write(f"{len(part[0])}\n")
+        real_add(rows, part)
+
     monkeypatch.setattr(plots, "draw_run", draw)
-    monkeypatch.setattr(report, "write_jobs_csv", jobs)
+    monkeypatch.setattr(report.JobRows, "write", jobs)
+    monkeypatch.setattr(report.JobRows, "add", add)
+    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)  # the finished jobs' rows sent at every progress tick
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     (tmp_path / "o").rename(tmp_path / "forked")  # (the command line, --out included, is in the files)
     made = sorted(p.name.split() for p in pids.iterdir())
-    assert [w for w, _ in made] == ["jobs.csv", "plots"]  # each once, each in a process of its own
-    assert len({int(pid) for _, pid in made} | {os.getpid()}) == 3
+    assert [w for w, _ in made] == ["jobs.csv", "plots", "rows"]  # each in a process of its own
+    assert made[0][1] == made[2][1] and len({int(pid) for _, pid in made} | {os.getpid()}) == 3
+    # progress ticks at the 32nd job finished and at the run's end (38 of the 60 finish by --max-time): their
+    # rows sent as the run goes, the 22 others' with the rest
+    assert (pids / f"rows {made[2][1]}").read_text().split() == ["32", "6", "22"]
     assert _children() == before  # both waited for
+    # the rows made during the run, and after: the bytes written all at once from the result
+    assert (tmp_path / "forked" / "jobs.csv").read_bytes() == report.write_jobs_csv(
+        ending._KEPT[0], tmp_path / "jobs.csv").read_bytes()
     monkeypatch.setattr(background, "can_fork", lambda: False)  # all in this process
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
@@ -520,7 +606,6 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
 
 def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_are_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    import os
 
     from gpuloom.sim import plots
 
@@ -542,14 +627,11 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     assert _children() == before
     # jobs.csv's child failing: the command writes it itself, and fails all the same
     monkeypatch.undo()
-    parent, real = os.getpid(), report.write_jobs_csv
 
     def jobs(*a: Any) -> Any:
-        if os.getpid() != parent:
-            raise OSError(28, "No space left on device")
-        return real(*a)
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "write_jobs_csv", jobs)
+    monkeypatch.setattr(report.JobRows, "write", jobs)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 1
     assert "error: writing jobs.csv failed: OSError: [Errno 28] No space left on device" in r.output

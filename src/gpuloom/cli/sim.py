@@ -243,11 +243,12 @@ def ends_children(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | None = None) -> Background[Any, Any]:
+def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | None = None,
+           take: Callable[[Any], object] | None = None) -> Background[Any, Any]:
     """A child process forked now (:class:`~gpuloom.sim.background.Background`), ended with the command."""
     from ..sim.background import Background
 
-    child: Background[Any, Any] = Background(what, fn, prepare)
+    child: Background[Any, Any] = Background(what, fn, prepare, take=take)
     _CHILDREN.append(child)
     return child
 
@@ -258,6 +259,41 @@ def _plotter() -> Background[tuple[RunFigures, Path], list[Path]]:
     from ..sim.plots import load_matplotlib
 
     return _child("drawing the plots", _draw, load_matplotlib)
+
+
+#: finished jobs per part sent to the child writing jobs.csv during the run
+ROWS_PART = 1024
+
+
+class _FinishedRows:
+    """Sends the child writing ``jobs.csv`` (a :class:`~gpuloom.sim.report.JobRows`) the jobs that finished, at
+    least :data:`ROWS_PART` at a time, as the run goes on (called at its progress ticks); ``ran`` will hold the
+    simulator."""
+
+    def __init__(self, child: Background[Any, Any], ran: list[Any]) -> None:
+        self.child, self.ran, self.sent = child, ran, 0
+
+    def __call__(self) -> None:
+        done = self.ran[0].completed if self.ran else ()
+        if len(done) - self.sent >= ROWS_PART:
+            from ..sim.report import job_fields
+
+            part = done[self.sent:]
+            self.sent = len(done)
+            self.child.send(([j.index for j in part], job_fields(part)))
+
+    def given(self) -> set[int]:
+        """The places in the run of the jobs sent."""
+        return {j.index for j in self.ran[0].completed[:self.sent]} if self.ran else set()
+
+
+def _jobs_writer() -> Background[Any, Any]:
+    """A child process, forked now, that formats the rows of jobs.csv it is sent during the run and writes the
+    file once sent the rest (:class:`~gpuloom.sim.report.JobRows`)."""
+    from ..sim.report import JobRows
+
+    rows = JobRows()
+    return _child("writing jobs.csv", rows.write, take=rows.add)
 
 
 def _draw(job: tuple[RunFigures, Path]) -> list[Path]:
@@ -346,6 +382,7 @@ def simulate(
         queue = queue_stage(queue_policy, queues)
         check_policies(order, group, size, place, list(params), queue)
         plotter = _plotter() if plots else None  # forked before the run, while this process is small
+        jobs = _jobs_writer()  # (likewise)
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         window = measure_window(measure_jobs, len(specs))
         if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
@@ -380,7 +417,9 @@ def simulate(
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
         ran: list[Any] = []  # (the simulator)
-        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran))
+        finished = _FinishedRows(jobs, ran)
+        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran),
+                                    finished)
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
@@ -388,12 +427,10 @@ def simulate(
                                                               (place, STAGE_DEFAULTS["place"])) if v != d)]))
     from ..sim import report
 
-    # the run's files are written by three processes at once: jobs.csv by a child forked now (it shares the
-    # run's records, and their Themis figures, computed first: the summary reads them too), the plots and
-    # series.csv by the child forked before the run (it is sent what they show), the summary and report here
-    result.themis()
-    jobs = _child("writing jobs.csv", lambda _: report.write_jobs_csv(result, folder / "jobs.csv"))
-    jobs.submit(None)
+    # the run's files are written by three processes at once, each forked before the run: jobs.csv by one
+    # that made the rows of finished jobs during the run (it is sent the rest), the plots and series.csv by
+    # another (it is sent what they show), the summary and report here
+    jobs.submit(report.jobs_rest(result, folder / "jobs.csv", finished.given()))
     summary = result.summary()
     if plotter is not None:
         from ..sim.plots import run_figures
@@ -434,12 +471,20 @@ def simulate(
     report_line(folder / "report.md")
 
 
-def _run_with_progress(run):  # noqa: ANN001, ANN202
-    """Run with progress: a bar on a terminal once the run takes over a second, else a line per interval."""
+def _run_with_progress(run, each=None):  # noqa: ANN001, ANN202
+    """Run with progress: a bar on a terminal once the run takes over a second, else a line per interval;
+    ``each()`` is also called at every tick."""
     from .progress import Progress
 
     with Progress("simulate") as prog:
-        return run(lambda done, n, now: prog.update(0, done, n, now))
+        if each is None:
+            return run(lambda done, n, now: prog.update(0, done, n, now))
+
+        def tick(done: int, n: int, now: float) -> None:
+            prog.update(0, done, n, now)
+            each()
+
+        return run(tick)
 
 
 def parse_seeds(text: str | None, seed: int) -> list[int]:
