@@ -434,6 +434,61 @@ def test_a_completed_job_holds_what_its_record_will(tmp_path: Path) -> None:
         assert fields == [getattr(res.jobs[i], name) for name in report.HEAD_FIELDS], i
 
 
+@pytest.mark.parametrize("block", [1 << 16, 2])
+def test_series_rows_made_ahead_give_the_bytes_of_series_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             block: int) -> None:
+    monkeypatch.setattr(report, "CSV_BLOCK", block)
+    s = TimeSeries([0, 2.5, 10.0, 1e-7, 12.25], [1, 2, 0, 3, 0], [3, 6, 0, 9, 0], [64000, 0, 1, 2, 3],
+                   [1, 2, 0, 3, 0], [0, 1, 5, 0, 0])
+    want = report.write_series_csv(s, tmp_path / "want.csv").read_bytes()
+    assert want.startswith(b"t,gpus,cpus,mem_mb,running,queued\r\n0,1,3,64000,1,0\r\n2.5,") and want.endswith(
+        b"\r\n1e-07,3,9,2,3,0\r\n12.25,0,0,3,0,0\r\n")
+    for cuts in ([0, 0, 5], [0, 1, 3, 5], [0, 4, 5], [0, 5, 5]):
+        rows = report.SeriesRows()
+        for a, b in zip(cuts[:-2], cuts[1:-1], strict=True):
+            rows.add(report.series_points(s, a, b))
+        assert rows.write(report.series_points(s, cuts[-2], 5), tmp_path / "got.csv").read_bytes() == want, cuts
+    empty = report.SeriesRows().write(report.series_points(TimeSeries(), 0, 0), tmp_path / "empty.csv")
+    assert empty.read_bytes() == report.write_series_csv(TimeSeries(), tmp_path / "empty-want.csv").read_bytes()
+
+
+def test_the_sender_sends_only_rows_the_run_will_not_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # simulate's child is sent finished jobs' rows and the series but for its last point, which the run may
+    # still replace (another event at the same instant: here 32 jobs end at t=100, the 32nd at a progress
+    # tick), and the files are the same bytes
+    from gpuloom.cli import sim as cli_sim
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim.background import Background
+    from gpuloom.sim.engine import SimConfig, Simulator
+
+    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)
+    specs = [JobSpec(f"s{k}", 0.0, 1, 100) for k in range(40)]
+    specs += [JobSpec(f"j{k}", 100 + k * 20.0, (1, 2, 4)[k % 3], 50 + 37 * (k % 5)) for k in range(30)]
+    sim = Simulator(Cluster.homogeneous(4, 8), specs, Scheduler.from_names("srtf", "none", "proportional",
+                                                                           "packed-non-sticky"),
+                    config=SimConfig(round_len=30, restart_overhead=5))
+    rows = cli_sim._Rows()
+    child: Background[Any, None] = Background("writing", rows.write, fork=False, take=rows.add)
+    sender = cli_sim._Sender(child, [sim])
+    lasts: list[tuple[int, list[Any]]] = []
+
+    def tick(done: int, total: int) -> None:
+        if sim.series.t:
+            lasts.append((len(sim.series) - 1, [c[0] for c in report.series_points(sim.series, -1, None)]))
+        sender()
+
+    res = sim.run(tick)
+    assert sender.jobs == 70 and len(rows.jobs.heads) == 70  # (the run's last tick sent them all)
+    assert 0 < sender.points < len(res.series)
+    final = {i: [c[0] for c in report.series_points(res.series, i, i + 1)] for i, _ in lasts}
+    assert any(final[i] != last for i, last in lasts)  # a last point sent too early would be stale
+    folder = tmp_path / "run"
+    folder.mkdir()
+    child.submit(sender.rest(res, folder))
+    assert (folder / "jobs.csv").read_bytes() == report.write_jobs_csv(res, tmp_path / "jobs.csv").read_bytes()
+    assert (folder / "series.csv").read_bytes() == report.write_series_csv(res, tmp_path / "series.csv").read_bytes()
+
+
 def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # summary.json, report.md, report.txt, the plots and the printed table all read one summary
     calls = {"summary": 0, "themis": 0}
@@ -594,6 +649,8 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     # the rows made during the run, and after: the bytes written all at once from the result
     assert (tmp_path / "forked" / "jobs.csv").read_bytes() == report.write_jobs_csv(
         ending._KEPT[0], tmp_path / "jobs.csv").read_bytes()
+    assert (tmp_path / "forked" / "series.csv").read_bytes() == report.write_series_csv(
+        ending._KEPT[0], tmp_path / "series.csv").read_bytes()
     monkeypatch.setattr(background, "can_fork", lambda: False)  # all in this process
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
@@ -625,7 +682,7 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
         "gpuloom-run.json", "jobs.csv", "report.md", "report.txt", "series.csv", "summary.json"]
     assert "![" not in (tmp_path / "o" / "report.md").read_text()
     assert _children() == before
-    # jobs.csv's child failing: the command writes it itself, and fails all the same
+    # the child writing jobs.csv and series.csv failing: the command writes them itself, and fails all the same
     monkeypatch.undo()
 
     def jobs(*a: Any) -> Any:
@@ -634,7 +691,7 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     monkeypatch.setattr(report.JobRows, "write", jobs)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 1
-    assert "error: writing jobs.csv failed: OSError: [Errno 28] No space left on device" in r.output
+    assert "error: writing jobs.csv and series.csv failed: OSError: [Errno 28] No space left on device" in r.output
     (tmp_path / "o").rename(tmp_path / "failed")
     monkeypatch.undo()
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])

@@ -54,6 +54,7 @@ from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queu
 if TYPE_CHECKING:
     from ..sim.background import Background, BackgroundError
     from ..sim.plots import RunFigures
+    from ..sim.report import JobsRest
 
 _R = TypeVar("_R")
 
@@ -255,54 +256,75 @@ def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | 
 
 def _plotter() -> Background[tuple[RunFigures, Path], list[Path]]:
     """A child process, forked now, that imports matplotlib, then draws the plots of the run it is sent
-    (:func:`~gpuloom.sim.plots.run_figures` and a folder) and writes its ``series.csv``."""
-    from ..sim.plots import load_matplotlib
+    (:func:`~gpuloom.sim.plots.run_figures` and a folder)."""
+    from ..sim.plots import draw_run, load_matplotlib
 
-    return _child("drawing the plots", _draw, load_matplotlib)
+    return _child("drawing the plots", lambda job: draw_run(*job), load_matplotlib)
 
 
-#: finished jobs per part sent to the child writing jobs.csv during the run
+#: finished jobs per part sent to the child writing jobs.csv and series.csv during the run
 ROWS_PART = 1024
 
 
-class _FinishedRows:
-    """Sends the child writing ``jobs.csv`` (a :class:`~gpuloom.sim.report.JobRows`) the jobs that finished, at
-    least :data:`ROWS_PART` at a time, as the run goes on (called at its progress ticks); ``ran`` will hold the
-    simulator."""
+class _Rows:
+    """The rows of ``jobs.csv`` and ``series.csv``, made by the child that writes them
+    (:class:`~gpuloom.sim.report.JobRows`, :class:`~gpuloom.sim.report.SeriesRows`)."""
 
-    def __init__(self, child: Background[Any, Any], ran: list[Any]) -> None:
-        self.child, self.ran, self.sent = child, ran, 0
+    def __init__(self) -> None:
+        from ..sim.report import JobRows, SeriesRows
+
+        self.jobs, self.series = JobRows(), SeriesRows()
+
+    def add(self, part: tuple[tuple[list[int], list[list[Any]]], list[list[Any]]]) -> None:
+        """Finished jobs' rows (their places, their fields) and the series' next points."""
+        jobs, points = part
+        self.jobs.add(jobs)
+        self.series.add(points)
+
+    def write(self, rest: tuple[JobsRest, list[list[Any]], Path]) -> None:
+        """Both files, from what the run's end left (``jobs.csv``'s rest, the last points, series.csv's path)."""
+        jobs, points, path = rest
+        self.jobs.write(jobs)
+        self.series.write(points, path)
+
+
+def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]], Path], None]:
+    """A child process, forked now, that formats the rows of jobs.csv and series.csv it is sent during the run
+    (:class:`_Sender`) and writes the files once sent the rest."""
+    rows = _Rows()
+    return _child("writing jobs.csv and series.csv", rows.write, take=rows.add)
+
+
+class _Sender:
+    """Sends the child of :func:`_rows_writer` the rows the run will not change: those of the jobs that finished
+    and the series' points but its last, whenever at least :data:`ROWS_PART` more jobs have finished (called at
+    the run's progress ticks); ``ran`` will hold the simulator."""
+
+    def __init__(self, child: Background[Any, None], ran: list[Any]) -> None:
+        self.child, self.ran = child, ran
+        self.jobs = self.points = 0  # how many were sent
 
     def __call__(self) -> None:
-        done = self.ran[0].completed if self.ran else ()
-        if len(done) - self.sent >= ROWS_PART:
-            from ..sim.report import job_fields
+        if not self.ran:
+            return
+        sim = self.ran[0]
+        done = sim.completed
+        if len(done) - self.jobs >= ROWS_PART:
+            from ..sim.report import job_fields, series_points
 
-            part = done[self.sent:]
-            self.sent = len(done)
-            self.child.send(([j.index for j in part], job_fields(part)))
+            part = done[self.jobs:]
+            points = max(self.points, len(sim.series) - 1)
+            self.child.send(([[j.index for j in part], job_fields(part)], series_points(sim.series, self.points,
+                                                                                         points)))
+            self.jobs, self.points = len(done), points
 
-    def given(self) -> set[int]:
-        """The places in the run of the jobs sent."""
-        return {j.index for j in self.ran[0].completed[:self.sent]} if self.ran else set()
+    def rest(self, result: Any, folder: Path) -> tuple[JobsRest, list[list[Any]], Path]:
+        """What the child needs to write the files of ``result`` (the run's) into ``folder``."""
+        from ..sim.report import jobs_rest, series_points
 
-
-def _jobs_writer() -> Background[Any, Any]:
-    """A child process, forked now, that formats the rows of jobs.csv it is sent during the run and writes the
-    file once sent the rest (:class:`~gpuloom.sim.report.JobRows`)."""
-    from ..sim.report import JobRows
-
-    rows = JobRows()
-    return _child("writing jobs.csv", rows.write, take=rows.add)
-
-
-def _draw(job: tuple[RunFigures, Path]) -> list[Path]:
-    from ..sim.plots import draw_run
-    from ..sim.report import write_series_csv
-
-    figures, folder = job
-    write_series_csv(figures.series, folder / "series.csv")
-    return draw_run(figures, folder)
+        given = {j.index for j in self.ran[0].completed[:self.jobs]} if self.ran else set()
+        s = result.series
+        return jobs_rest(result, folder / "jobs.csv", given), series_points(s, self.points, len(s)), folder / "series.csv"
 
 
 def _collect(child: Background[Any, _R] | None, default: _R) -> tuple[_R, BackgroundError | None]:
@@ -382,7 +404,7 @@ def simulate(
         queue = queue_stage(queue_policy, queues)
         check_policies(order, group, size, place, list(params), queue)
         plotter = _plotter() if plots else None  # forked before the run, while this process is small
-        jobs = _jobs_writer()  # (likewise)
+        rows = _rows_writer()  # (likewise)
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         window = measure_window(measure_jobs, len(specs))
         if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
@@ -417,9 +439,9 @@ def simulate(
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
         ran: list[Any] = []  # (the simulator)
-        finished = _FinishedRows(jobs, ran)
+        sender = _Sender(rows, ran)
         result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran),
-                                    finished)
+                                    sender)
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
@@ -427,34 +449,31 @@ def simulate(
                                                               (place, STAGE_DEFAULTS["place"])) if v != d)]))
     from ..sim import report
 
-    # the run's files are written by three processes at once, each forked before the run: jobs.csv by one
-    # that made the rows of finished jobs during the run (it is sent the rest), the plots and series.csv by
-    # another (it is sent what they show), the summary and report here
-    jobs.submit(report.jobs_rest(result, folder / "jobs.csv", finished.given()))
+    # the run's files are written by three processes at once, each forked before the run: the plots by one
+    # (sent what they show: it takes longest, so it goes first), jobs.csv and series.csv by another, which
+    # made the rows the run would not change during the run (it is sent the rest), the summary and report here
     summary = result.summary()
     if plotter is not None:
         from ..sim.plots import run_figures
 
         plotter.submit((run_figures(result), folder))
-    else:
-        report.write_series_csv(result, folder / "series.csv")
+    rows.submit(sender.rest(result, folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)
-    _, jobs_failed = _collect(jobs, None)
+    _, rows_failed = _collect(rows, None)
     drawn, plots_failed = _collect(plotter, [])
-    if jobs_failed is not None:  # (what a failed child may not have written)
+    if rows_failed is not None:  # (what a failed child may not have written)
         report.write_jobs_csv(result, folder / "jobs.csv")
-    if plots_failed is not None:
         report.write_series_csv(result, folder / "series.csv")
     result.meta["command_wall_time_s"] = output.wall_s()
     report.write_summary(result, folder)
     report.write_report(result, folder, drawn)
     output.finish()
     keep_until_exit(result, specs, ran)  # (the program ends without freeing the run object by object)
-    for failed in (jobs_failed, plots_failed):
+    for failed in (rows_failed, plots_failed):
         if failed is not None:  # (the files are all written, but for the plots a failed drawing did not draw)
             err_console.print(failed.child_traceback.rstrip(), markup=False, highlight=False)
             err_console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
-    if jobs_failed is not None or plots_failed is not None:
+    if rows_failed is not None or plots_failed is not None:
         raise typer.Exit(1)
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))

@@ -393,6 +393,35 @@ def write_series_csv(result: RunResult | TimeSeries, path: Path) -> Path:
     return path
 
 
+def series_points(s: TimeSeries, a: int, b: int) -> list[list[Any]]:
+    """Points ``a`` to ``b - 1`` of ``s``, one list per column of series.csv (:data:`SERIES_COLUMNS`)."""
+    return [s.t[a:b], *(getattr(s, name)[a:b] for name in s.FIELDS)]
+
+
+class SeriesRows:
+    """``series.csv`` from rows made ahead: :meth:`add` formats points the run will not change (all but its
+    last: :meth:`TimeSeries.record` may replace it) while the run goes on, :meth:`write` the rest once it has
+    ended.  The bytes are :func:`write_series_csv`'s."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+    def add(self, columns: list[list[Any]]) -> None:
+        """The rows of the next points, whose columns are ``columns`` (:func:`series_points`)."""
+        self.rows += map(",".join, zip(_cells(columns[0]), *map(_text, columns[1:]), strict=True))
+
+    def write(self, columns: list[list[Any]], path: Path) -> Path:
+        """Write the file: the rows added and those of the last points, whose columns are ``columns``."""
+        self.add(columns)
+        rows = self.rows
+        with open(path, "w", newline="") as f:
+            f.write(",".join(SERIES_COLUMNS) + "\r\n")
+            for a in range(0, len(rows), CSV_BLOCK):
+                f.write("\r\n".join(rows[a:a + CSV_BLOCK]))
+                f.write("\r\n")
+        return path
+
+
 def run_summary(result: RunResult) -> dict[str, Any]:
     """What ``summary.json`` holds (before NaN → null): provenance, summary, full config."""
     return {
