@@ -467,9 +467,9 @@ def test_the_sender_sends_only_rows_the_run_will_not_change(tmp_path: Path, monk
     sim = Simulator(Cluster.homogeneous(4, 8), specs, Scheduler.from_names("srtf", "none", "proportional",
                                                                            "packed-non-sticky"),
                     config=SimConfig(round_len=30, restart_overhead=5))
-    rows = cli_sim._Rows()
+    rows = cli_sim._Made()
     child: Background[Any, None] = Background("writing", rows.write, fork=False, take=rows.add)
-    sender = cli_sim._Sender(child, [sim])
+    sender = cli_sim._Sender(child, child, [sim])
     lasts: list[tuple[int, list[Any]]] = []
 
     def tick(done: int, total: int) -> None:
@@ -484,7 +484,7 @@ def test_the_sender_sends_only_rows_the_run_will_not_change(tmp_path: Path, monk
     assert any(final[i] != last for i, last in lasts)  # a last point sent too early would be stale
     folder = tmp_path / "run"
     folder.mkdir()
-    child.submit(sender.rest(res, folder))
+    child.submit((sender.jobs_rest(res, folder), sender.last_points(res), folder))
     assert (folder / "jobs.csv").read_bytes() == report.write_jobs_csv(res, tmp_path / "jobs.csv").read_bytes()
     assert (folder / "series.csv").read_bytes() == report.write_series_csv(res, tmp_path / "series.csv").read_bytes()
 
@@ -661,6 +661,24 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     assert b",,," in forked["jobs.csv"]  # (unfinished jobs: empty cells)
 
 
+def test_simulate_without_plots_writes_series_csv_from_rows_made_during_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    from gpuloom.cli import ending
+    from gpuloom.cli import sim as cli_sim
+
+    if _forks(request):
+        return
+    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o"), "--no-plots"])
+    assert r.exit_code == 0, r.output
+    result = ending._KEPT[0]
+    assert len(result.series) > 10  # (parts of it sent during the run)
+    assert (tmp_path / "o" / "series.csv").read_bytes() == report.write_series_csv(
+        result, tmp_path / "series.csv").read_bytes()
+    assert (tmp_path / "o" / "jobs.csv").read_bytes() == report.write_jobs_csv(result, tmp_path / "jobs.csv").read_bytes()
+    assert not list((tmp_path / "o").glob("*.png"))
+
+
 def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_are_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
 
@@ -682,7 +700,7 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
         "gpuloom-run.json", "jobs.csv", "report.md", "report.txt", "series.csv", "summary.json"]
     assert "![" not in (tmp_path / "o" / "report.md").read_text()
     assert _children() == before
-    # the child writing jobs.csv and series.csv failing: the command writes them itself, and fails all the same
+    # jobs.csv's child failing: the command writes it itself, and fails all the same
     monkeypatch.undo()
 
     def jobs(*a: Any) -> Any:
@@ -691,7 +709,7 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     monkeypatch.setattr(report.JobRows, "write", jobs)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 1
-    assert "error: writing jobs.csv and series.csv failed: OSError: [Errno 28] No space left on device" in r.output
+    assert "error: writing jobs.csv failed: OSError: [Errno 28] No space left on device" in r.output
     (tmp_path / "o").rename(tmp_path / "failed")
     monkeypatch.undo()
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])

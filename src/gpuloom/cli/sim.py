@@ -254,54 +254,78 @@ def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | 
     return child
 
 
-def _plotter() -> Background[tuple[RunFigures, Path], list[Path]]:
-    """A child process, forked now, that imports matplotlib, then draws the plots of the run it is sent
-    (:func:`~gpuloom.sim.plots.run_figures` and a folder)."""
-    from ..sim.plots import draw_run, load_matplotlib
-
-    return _child("drawing the plots", lambda job: draw_run(*job), load_matplotlib)
-
-
-#: finished jobs per part sent to the child writing jobs.csv and series.csv during the run
+#: finished jobs per part sent to the child writing jobs.csv during the run
 ROWS_PART = 1024
 
 
-class _Rows:
-    """The rows of ``jobs.csv`` and ``series.csv``, made by the child that writes them
-    (:class:`~gpuloom.sim.report.JobRows`, :class:`~gpuloom.sim.report.SeriesRows`)."""
+class _Made:
+    """What a child writing a run's files makes of the rows sent during the run (:class:`_Sender`): jobs.csv's
+    (:class:`~gpuloom.sim.report.JobRows`), series.csv's (:class:`~gpuloom.sim.report.SeriesRows`) and the
+    series' points themselves, for the plots."""
 
     def __init__(self) -> None:
-        from ..sim.report import JobRows, SeriesRows
+        from ..sim.report import SERIES_COLUMNS, JobRows, SeriesRows
 
         self.jobs, self.series = JobRows(), SeriesRows()
+        self.points: list[list[Any]] = [[] for _ in SERIES_COLUMNS]
 
-    def add(self, part: tuple[tuple[list[int], list[list[Any]]], list[list[Any]]]) -> None:
-        """Finished jobs' rows (their places, their fields) and the series' next points."""
-        jobs, points = part
-        self.jobs.add(jobs)
-        self.series.add(points)
+    def add(self, part: tuple[str, Any]) -> None:
+        """``("jobs", (places, fields))``: finished jobs' rows; ``("series", columns)``: the series' next points."""
+        kind, value = part
+        if kind == "jobs":
+            self.jobs.add(value)
+            return
+        self.series.add(value)
+        for have, new in zip(self.points, value, strict=True):
+            have += new
 
-    def write(self, rest: tuple[JobsRest, list[list[Any]], Path]) -> None:
-        """Both files, from what the run's end left (``jobs.csv``'s rest, the last points, series.csv's path)."""
-        jobs, points, path = rest
+    def write(self, rest: tuple[JobsRest, list[list[Any]] | None, Path]) -> None:
+        """jobs.csv (``rest[0]``: what the run's end left of it) and, given the series' last points
+        (``rest[1]``), series.csv in folder ``rest[2]``."""
+        jobs, points, folder = rest
         self.jobs.write(jobs)
-        self.series.write(points, path)
+        if points is not None:
+            self.series.write(points, folder / "series.csv")
+
+    def draw(self, job: tuple[RunFigures, list[list[Any]], Path]) -> list[Path]:
+        """series.csv and the plots in folder ``job[2]``: ``job[0]`` the figures but their series, ``job[1]``
+        the series' last points."""
+        from dataclasses import replace
+
+        from ..sim.metrics import TimeSeries
+        from ..sim.plots import draw_run
+
+        figures, points, folder = job
+        self.series.write(points, folder / "series.csv")
+        for have, new in zip(self.points, points, strict=True):
+            have += new
+        return draw_run(replace(figures, series=TimeSeries(*self.points)), folder)
 
 
-def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]], Path], None]:
-    """A child process, forked now, that formats the rows of jobs.csv and series.csv it is sent during the run
-    (:class:`_Sender`) and writes the files once sent the rest."""
-    rows = _Rows()
-    return _child("writing jobs.csv and series.csv", rows.write, take=rows.add)
+def _plotter() -> Background[tuple[RunFigures, list[list[Any]], Path], list[Path]]:
+    """A child process, forked now, that imports matplotlib and makes series.csv's rows it is sent during the
+    run (:class:`_Sender`), then writes series.csv and draws the plots of the run it is sent (:meth:`_Made.draw`)."""
+    from ..sim.plots import load_matplotlib
+
+    made = _Made()
+    return _child("drawing the plots", made.draw, load_matplotlib, take=made.add)
+
+
+def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]] | None, Path], None]:
+    """A child process, forked now, that makes jobs.csv's rows (and series.csv's, where no plots are drawn) it
+    is sent during the run (:class:`_Sender`), then writes the file(s) once sent the rest (:meth:`_Made.write`)."""
+    made = _Made()
+    return _child("writing jobs.csv", made.write, take=made.add)
 
 
 class _Sender:
-    """Sends the child of :func:`_rows_writer` the rows the run will not change: those of the jobs that finished
-    and the series' points but its last, whenever at least :data:`ROWS_PART` more jobs have finished (called at
-    the run's progress ticks); ``ran`` will hold the simulator."""
+    """Sends the children the rows the run will not change, whenever at least :data:`ROWS_PART` more jobs have
+    finished (called at the run's progress ticks): the finished jobs' to ``rows``, the series' points but its
+    last (:meth:`~gpuloom.sim.metrics.TimeSeries.record` may replace it) to ``series``; ``ran`` will hold the
+    simulator."""
 
-    def __init__(self, child: Background[Any, None], ran: list[Any]) -> None:
-        self.child, self.ran = child, ran
+    def __init__(self, rows: Background[Any, Any], series: Background[Any, Any], ran: list[Any]) -> None:
+        self.rows, self.series, self.ran = rows, series, ran
         self.jobs = self.points = 0  # how many were sent
 
     def __call__(self) -> None:
@@ -314,17 +338,22 @@ class _Sender:
 
             part = done[self.jobs:]
             points = max(self.points, len(sim.series) - 1)
-            self.child.send(([[j.index for j in part], job_fields(part)], series_points(sim.series, self.points,
-                                                                                         points)))
+            self.rows.send(("jobs", ([j.index for j in part], job_fields(part))))
+            self.series.send(("series", series_points(sim.series, self.points, points)))
             self.jobs, self.points = len(done), points
 
-    def rest(self, result: Any, folder: Path) -> tuple[JobsRest, list[list[Any]], Path]:
-        """What the child needs to write the files of ``result`` (the run's) into ``folder``."""
-        from ..sim.report import jobs_rest, series_points
+    def jobs_rest(self, result: Any, folder: Path) -> JobsRest:
+        """What the rows' child needs to write ``result``'s (the run's) jobs.csv into ``folder``."""
+        from ..sim.report import jobs_rest
 
-        given = {j.index for j in self.ran[0].completed[:self.jobs]} if self.ran else set()
-        s = result.series
-        return jobs_rest(result, folder / "jobs.csv", given), series_points(s, self.points, len(s)), folder / "series.csv"
+        return jobs_rest(result, folder / "jobs.csv",
+                         {j.index for j in self.ran[0].completed[:self.jobs]} if self.ran else set())
+
+    def last_points(self, result: Any) -> list[list[Any]]:
+        """The series' points not sent."""
+        from ..sim.report import series_points
+
+        return series_points(result.series, self.points, len(result.series))
 
 
 def _collect(child: Background[Any, _R] | None, default: _R) -> tuple[_R, BackgroundError | None]:
@@ -439,7 +468,7 @@ def simulate(
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
         ran: list[Any] = []  # (the simulator)
-        sender = _Sender(rows, ran)
+        sender = _Sender(rows, plotter or rows, ran)
         result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran),
                                     sender)
     result.measure(window)
@@ -449,20 +478,25 @@ def simulate(
                                                               (place, STAGE_DEFAULTS["place"])) if v != d)]))
     from ..sim import report
 
-    # the run's files are written by three processes at once, each forked before the run: the plots by one
-    # (sent what they show: it takes longest, so it goes first), jobs.csv and series.csv by another, which
-    # made the rows the run would not change during the run (it is sent the rest), the summary and report here
+    # the run's files are written by three processes at once, each forked before the run, each sent the rest
+    # of what it made during the run: the plots and series.csv by one (it takes longest, so it goes first),
+    # jobs.csv by another (and series.csv, without plots), the summary and report here
     summary = result.summary()
     if plotter is not None:
+        from dataclasses import replace
+
+        from ..sim.metrics import TimeSeries
         from ..sim.plots import run_figures
 
-        plotter.submit((run_figures(result), folder))
-    rows.submit(sender.rest(result, folder))
+        plotter.submit((replace(run_figures(result), series=TimeSeries()), sender.last_points(result), folder))
+    rows.submit((sender.jobs_rest(result, folder), None if plotter is not None else sender.last_points(result),
+                 folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)
     _, rows_failed = _collect(rows, None)
     drawn, plots_failed = _collect(plotter, [])
     if rows_failed is not None:  # (what a failed child may not have written)
         report.write_jobs_csv(result, folder / "jobs.csv")
+    if plots_failed is not None or (rows_failed is not None and plotter is None):
         report.write_series_csv(result, folder / "series.csv")
     result.meta["command_wall_time_s"] = output.wall_s()
     report.write_summary(result, folder)
