@@ -1,5 +1,5 @@
-"""One piece of work done in a forked child process while the caller goes on: ``gpuloom simulate`` draws
-its plots there while it writes the CSV files.
+"""One piece of work done in a forked child process while the caller goes on: ``gpuloom simulate`` formats
+its CSV files' rows and draws its plots there while it simulates and writes the summary.
 
 :class:`Background` forks at once, while the caller is still small (before a run: fork copies page
 tables, and every page both processes share is copied again on its first write); the child runs
@@ -7,8 +7,8 @@ tables, and every page both processes share is copied again on its first write);
 :meth:`~Background.submit` sends it (pickled through a pipe), runs ``fn`` on it and sends back what
 ``fn`` returned, which :meth:`~Background.result` gives, or raises :class:`BackgroundError` with the
 child's exception and traceback.  Parts sent ahead of the argument (:meth:`~Background.send`) go to ``take``
-in the child as they come: work done while the caller goes on (``gpuloom simulate`` formats the rows of
-finished jobs during the run).
+in the child as they come: work done while the caller goes on (``gpuloom simulate`` sends the rows its run
+will not change).
 
 The child never outlives its caller: :meth:`~Background.result` waits for it, :meth:`~Background.cancel`
 kills and reaps it (also on leaving a ``with`` block: an exception, an early exit), a child that reads
