@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -131,6 +132,29 @@ def test_a_child_sent_nothing_exits_when_its_caller_closes_the_pipe() -> None:
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert gone(int(out.stdout))
+
+
+def test_a_child_sent_parts_but_not_its_argument_exits_without_running_fn(tmp_path: Path) -> None:
+    # a caller that dies mid-run leaves its child the parts so far: the child ends without running fn (no file
+    # written from half the rows)
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        from gpuloom.sim.background import Background
+        out = Path({str(tmp_path)!r})
+        bg = Background("writing", lambda _: (out / "written").touch(),
+                        take=lambda part: (out / f"part {{part}}").touch())
+        bg.send(1)
+        bg.send(2)
+        deadline = time.monotonic() + 30
+        while not (out / "part 2").exists() and time.monotonic() < deadline:  # (taken before the caller dies)
+            time.sleep(0.01)
+        print(bg.pid, flush=True)
+        os._exit(0)  # no clean-up: only the kernel closes the pipe
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert gone(int(out.stdout))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part 1", "part 2"]
 
 
 def test_a_busy_child_dies_with_its_caller() -> None:
