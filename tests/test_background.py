@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -133,6 +134,29 @@ def test_a_child_sent_nothing_exits_when_its_caller_closes_the_pipe() -> None:
     assert gone(int(out.stdout))
 
 
+def test_a_child_sent_parts_but_not_its_argument_exits_without_running_fn(tmp_path: Path) -> None:
+    # a caller that dies mid-run leaves its child the parts so far: the child ends without running fn (no file
+    # written from half the rows)
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from pathlib import Path
+        from gpuloom.sim.background import Background
+        out = Path({str(tmp_path)!r})
+        bg = Background("writing", lambda _: (out / "written").touch(),
+                        take=lambda part: (out / f"part {{part}}").touch())
+        bg.send(1)
+        bg.send(2)
+        deadline = time.monotonic() + 30
+        while not (out / "part 2").exists() and time.monotonic() < deadline:  # (taken before the caller dies)
+            time.sleep(0.01)
+        print(bg.pid, flush=True)
+        os._exit(0)  # no clean-up: only the kernel closes the pipe
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert gone(int(out.stdout))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part 1", "part 2"]
+
+
 def test_a_busy_child_dies_with_its_caller() -> None:
     # a caller killed by a signal runs no clean-up; the kernel kills its child (PR_SET_PDEATHSIG)
     script = textwrap.dedent("""
@@ -156,6 +180,34 @@ def test_a_busy_child_dies_with_its_caller() -> None:
         caller.wait(30)
 
 
+def test_parts_sent_ahead_go_to_take_in_the_child_as_they_come() -> None:
+    got: list[object] = []
+    bg: Background[str, tuple[int, list[object]]] = Background(
+        "collecting", lambda last: (os.getpid(), [*got, last]), take=got.append)
+    for part in ([1, 2], "x" * (3 << 20), None):  # (one part more than the pipe holds)
+        bg.send(part)
+    bg.submit("end")
+    pid, seen = bg.result()
+    assert pid != os.getpid() and seen == [[1, 2], "x" * (3 << 20), None, "end"]
+    assert got == []  # (taken in the child's memory)
+    with pytest.raises(TypeError, match="^adding: parts are sent only to a child given take$"):
+        Background("adding", lambda x: x).send(1)
+
+
+def test_a_child_whose_take_fails_raises_it_and_the_caller_sends_on_unblocked() -> None:
+    def take(part: bytes) -> None:
+        raise ValueError(f"bad part of {len(part)} bytes")
+
+    before = children()
+    bg: Background[None, None] = Background("collecting", lambda _: None, take=take)
+    for _ in range(8):  # 16 MB: far more than the pipe holds, most after the child stopped reading
+        bg.send(b"x" * (2 << 20))
+    bg.submit(None)
+    with pytest.raises(BackgroundError, match=r"^collecting failed: ValueError: bad part of 2097152 bytes$"):
+        bg.result()
+    assert children() == before
+
+
 def test_no_fork_runs_in_the_caller_and_raises_as_it_is() -> None:
     bg: Background[int, int] = Background("adding", lambda x: x + os.getpid(), fork=False)
     assert bg.pid is None
@@ -167,6 +219,12 @@ def test_no_fork_runs_in_the_caller_and_raises_as_it_is() -> None:
 
     with pytest.raises(ValueError, match="^as it is$"):
         Background("failing", fail, fork=False).submit(None)
+    got: list[int] = []
+    bg = Background("collecting", lambda x: [*got, x], fork=False, take=got.append)
+    bg.send(1)
+    assert got == [1]  # (taken at once)
+    bg.submit(2)
+    assert bg.result() == [1, 2]
 
 
 def test_no_fork_while_another_thread_runs() -> None:

@@ -363,6 +363,132 @@ def test_phase_columns_equal_to_others_in_value_only_keep_their_own_text(tmp_pat
                                                                           ["0.0", "5.0", "5.0", "-0.0"]]
 
 
+def _record_fields(res: RunResult, index: list[int]) -> list[list[Any]]:
+    """:data:`report.HEAD_FIELDS` of ``res``'s jobs at places ``index``, one list per field."""
+    return [[getattr(res.jobs[i], name) for i in index] for name in report.HEAD_FIELDS]
+
+
+@pytest.mark.parametrize("block", [1 << 16, 2])
+def test_rows_made_ahead_give_the_bytes_of_jobs_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    block: int) -> None:
+    # jobs.csv from rows sent in parts, in any order, the rest given at the end: write_jobs_csv's bytes, with
+    # phases, a measurement window, unfinished jobs (empty cells) and ids the csv module quotes
+    from gpuloom.sim.engine import LifecycleTimes
+
+    monkeypatch.setattr(report, "CSV_BLOCK", block)
+    specs = [JobSpec(f"j{k}" if k % 4 else f"j,{k}", k * 7.5, 1 + k % 2, 30 + 11 * k, model=("", "x")[k % 2])
+             for k in range(12)]
+    cases = {
+        "plain": simulate(Cluster.homogeneous(1, 2), specs, order="srtf", round_len=10, restart_overhead=3),
+        "phases": simulate(Cluster.homogeneous(1, 2), specs, round_len=10, lifecycle=LifecycleTimes(launch=4),
+                           max_time=150),
+    }
+    cases["window"] = simulate(Cluster.homogeneous(1, 2), specs, round_len=10, max_time=200)
+    cases["window"].measure((3, 9))
+    for name, res in cases.items():
+        want = report.write_jobs_csv(res, tmp_path / f"{name}-want.csv").read_bytes()
+        assert any(j.finish is None for j in res.jobs) == (name != "plain")
+        parts = [[7, 2], [0], [11, 5, 9]]  # (the rest: 1, 3, 4, 6, 8, 10)
+        rows = report.JobRows()
+        for index in parts:
+            rows.add((index, _record_fields(res, index)))
+        given = {i for p in parts for i in p}
+        rest = report.jobs_rest(res, tmp_path / f"{name}.csv", given)
+        assert rest.index == [1, 3, 4, 6, 8, 10]
+        assert rows.write(rest).read_bytes() == want, name
+        # every row in the rest, and every row ahead
+        assert report.JobRows().write(report.jobs_rest(res, tmp_path / "none.csv", set())).read_bytes() == want
+        every = report.JobRows()
+        every.add((list(range(12)), _record_fields(res, list(range(12)))))
+        assert every.write(report.jobs_rest(res, tmp_path / "all.csv", set(range(12)))).read_bytes() == want
+    assert b"phase_queued" in (tmp_path / "phases.csv").read_bytes()
+    assert b",measured\r\n" in (tmp_path / "window.csv").read_bytes()
+    assert b'\r\n"j,0",,1,0.0,30,0.0,30.0,' in (tmp_path / "plain.csv").read_bytes()
+
+
+def test_a_completed_job_holds_what_its_record_will(tmp_path: Path) -> None:
+    # the fields read from the simulator's jobs as they complete (preempted, migrated, restarted ones too) are
+    # those of their records at the end: rows made of them during the run are final
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim.engine import SimConfig, Simulator
+
+    specs = [JobSpec(f"j{k}", k * 20.0, (1, 2, 4)[k % 3], 50 + 37 * (k % 5)) for k in range(40)]
+    sim = Simulator(Cluster.homogeneous(2, 4), specs, Scheduler.from_names("srtf", "none", "proportional",
+                                                                           "packed-non-sticky"),
+                    config=SimConfig(round_len=30, restart_overhead=5, max_time=1500))
+    seen: dict[int, list[Any]] = {}
+
+    def tick(done: int, total: int) -> None:
+        new = [j for j in sim.completed if j.index not in seen]
+        for j, fields in zip(new, zip(*report.job_fields(new), strict=True), strict=True):
+            seen[j.index] = list(fields)
+
+    res = sim.run(tick)
+    tick(0, 0)
+    finished = [j.index for j in sim.jobs if j.finish is not None]
+    assert 0 < len(finished) < len(specs)  # (max_time: some jobs never finish)
+    assert sorted(seen) == sorted(j.index for j in sim.completed) == finished
+    assert [j.finish for j in sim.completed] == sorted(j.finish for j in sim.completed)
+    assert sum(r.preemptions + r.migrations for r in res.jobs) > 0
+    for i, fields in seen.items():
+        assert fields == [getattr(res.jobs[i], name) for name in report.HEAD_FIELDS], i
+
+
+@pytest.mark.parametrize("block", [1 << 16, 2])
+def test_series_rows_made_ahead_give_the_bytes_of_series_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             block: int) -> None:
+    monkeypatch.setattr(report, "CSV_BLOCK", block)
+    s = TimeSeries([0, 2.5, 10.0, 1e-7, 12.25], [1, 2, 0, 3, 0], [3, 6, 0, 9, 0], [64000, 0, 1, 2, 3],
+                   [1, 2, 0, 3, 0], [0, 1, 5, 0, 0])
+    want = report.write_series_csv(s, tmp_path / "want.csv").read_bytes()
+    assert want.startswith(b"t,gpus,cpus,mem_mb,running,queued\r\n0,1,3,64000,1,0\r\n2.5,") and want.endswith(
+        b"\r\n1e-07,3,9,2,3,0\r\n12.25,0,0,3,0,0\r\n")
+    for cuts in ([0, 0, 5], [0, 1, 3, 5], [0, 4, 5], [0, 5, 5]):
+        rows = report.SeriesRows()
+        for a, b in zip(cuts[:-2], cuts[1:-1], strict=True):
+            rows.add(report.series_points(s, a, b))
+        assert rows.write(report.series_points(s, cuts[-2], 5), tmp_path / "got.csv").read_bytes() == want, cuts
+    empty = report.SeriesRows().write(report.series_points(TimeSeries(), 0, 0), tmp_path / "empty.csv")
+    assert empty.read_bytes() == report.write_series_csv(TimeSeries(), tmp_path / "empty-want.csv").read_bytes()
+
+
+def test_the_sender_sends_only_rows_the_run_will_not_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # simulate's child is sent finished jobs' rows and the series but for its last point, which the run may
+    # still replace (another event at the same instant: here 32 jobs end at t=100, the 32nd at a progress
+    # tick), and the files are the same bytes
+    from gpuloom.cli import sim as cli_sim
+    from gpuloom.scheduler import Scheduler
+    from gpuloom.sim.background import Background
+    from gpuloom.sim.engine import SimConfig, Simulator
+
+    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)
+    specs = [JobSpec(f"s{k}", 0.0, 1, 100) for k in range(40)]
+    specs += [JobSpec(f"j{k}", 100 + k * 20.0, (1, 2, 4)[k % 3], 50 + 37 * (k % 5)) for k in range(30)]
+    sim = Simulator(Cluster.homogeneous(4, 8), specs, Scheduler.from_names("srtf", "none", "proportional",
+                                                                           "packed-non-sticky"),
+                    config=SimConfig(round_len=30, restart_overhead=5))
+    rows = cli_sim._Made()
+    child: Background[Any, None] = Background("writing", rows.write, fork=False, take=rows.add)
+    sender = cli_sim._Sender(child, child, [sim])
+    lasts: list[tuple[int, list[Any]]] = []
+
+    def tick(done: int, total: int) -> None:
+        if sim.series.t:
+            lasts.append((len(sim.series) - 1, [c[0] for c in report.series_points(sim.series, -1, None)]))
+        sender()
+
+    res = sim.run(tick)
+    assert sender.jobs == 70 and len(rows.jobs.heads) == 70  # (the run's last tick sent them all)
+    assert 0 < sender.points < len(res.series)
+    final = {i: [c[0] for c in report.series_points(res.series, i, i + 1)] for i, _ in lasts}
+    assert any(final[i] != last for i, last in lasts)  # a last point sent too early would be stale
+    folder = tmp_path / "run"
+    folder.mkdir()
+    child.submit((sender.jobs_rest(res, folder), sender.last_points(res), folder))
+    assert (folder / "jobs.csv").read_bytes() == report.write_jobs_csv(res, tmp_path / "jobs.csv").read_bytes()
+    assert (folder / "series.csv").read_bytes() == report.write_series_csv(res, tmp_path / "series.csv").read_bytes()
+
+
 def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # summary.json, report.md, report.txt, the plots and the printed table all read one summary
     calls = {"summary": 0, "themis": 0}
@@ -482,6 +608,8 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
                                                                      request: pytest.FixtureRequest) -> None:
     import os
 
+    from gpuloom.cli import ending
+    from gpuloom.cli import sim as cli_sim
     from gpuloom.sim import background, plots
 
     if _forks(request):
@@ -489,7 +617,7 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     before = _children()
     pids = tmp_path / "pids"
     pids.mkdir()
-    real_draw, real_jobs = plots.draw_run, report.write_jobs_csv
+    real_draw, real_jobs, real_add = plots.draw_run, report.JobRows.write, report.JobRows.add
 
     def draw(*a: Any) -> Any:
         (pids / f"plots {os.getpid()}").touch()
@@ -499,15 +627,30 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
         (pids / f"jobs.csv {os.getpid()}").touch()
         return real_jobs(*a)
 
+    def add(rows: report.JobRows, part: tuple[list[int], list[list[Any]]]) -> None:
+        with (pids / f"rows {os.getpid()}").open("a") as f:  # (the rest's rows come through here too)
+            f.write(f"{len(part[0])}\n")
+        real_add(rows, part)
+
     monkeypatch.setattr(plots, "draw_run", draw)
-    monkeypatch.setattr(report, "write_jobs_csv", jobs)
+    monkeypatch.setattr(report.JobRows, "write", jobs)
+    monkeypatch.setattr(report.JobRows, "add", add)
+    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)  # the finished jobs' rows sent at every progress tick
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     (tmp_path / "o").rename(tmp_path / "forked")  # (the command line, --out included, is in the files)
     made = sorted(p.name.split() for p in pids.iterdir())
-    assert [w for w, _ in made] == ["jobs.csv", "plots"]  # each once, each in a process of its own
-    assert len({int(pid) for _, pid in made} | {os.getpid()}) == 3
+    assert [w for w, _ in made] == ["jobs.csv", "plots", "rows"]  # each in a process of its own
+    assert made[0][1] == made[2][1] and len({int(pid) for _, pid in made} | {os.getpid()}) == 3
+    # progress ticks at the 32nd job finished and at the run's end (38 of the 60 finish by --max-time): their
+    # rows sent as the run goes, the 22 others' with the rest
+    assert (pids / f"rows {made[2][1]}").read_text().split() == ["32", "6", "22"]
     assert _children() == before  # both waited for
+    # the rows made during the run, and after: the bytes written all at once from the result
+    assert (tmp_path / "forked" / "jobs.csv").read_bytes() == report.write_jobs_csv(
+        ending._KEPT[0], tmp_path / "jobs.csv").read_bytes()
+    assert (tmp_path / "forked" / "series.csv").read_bytes() == report.write_series_csv(
+        ending._KEPT[0], tmp_path / "series.csv").read_bytes()
     monkeypatch.setattr(background, "can_fork", lambda: False)  # all in this process
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
@@ -518,9 +661,26 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     assert b",,," in forked["jobs.csv"]  # (unfinished jobs: empty cells)
 
 
+def test_simulate_without_plots_writes_series_csv_from_rows_made_during_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    from gpuloom.cli import ending
+    from gpuloom.cli import sim as cli_sim
+
+    if _forks(request):
+        return
+    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o"), "--no-plots"])
+    assert r.exit_code == 0, r.output
+    result = ending._KEPT[0]
+    assert len(result.series) > 10  # (parts of it sent during the run)
+    assert (tmp_path / "o" / "series.csv").read_bytes() == report.write_series_csv(
+        result, tmp_path / "series.csv").read_bytes()
+    assert (tmp_path / "o" / "jobs.csv").read_bytes() == report.write_jobs_csv(result, tmp_path / "jobs.csv").read_bytes()
+    assert not list((tmp_path / "o").glob("*.png"))
+
+
 def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_are_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    import os
 
     from gpuloom.sim import plots
 
@@ -542,14 +702,11 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     assert _children() == before
     # jobs.csv's child failing: the command writes it itself, and fails all the same
     monkeypatch.undo()
-    parent, real = os.getpid(), report.write_jobs_csv
 
     def jobs(*a: Any) -> Any:
-        if os.getpid() != parent:
-            raise OSError(28, "No space left on device")
-        return real(*a)
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "write_jobs_csv", jobs)
+    monkeypatch.setattr(report.JobRows, "write", jobs)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 1
     assert "error: writing jobs.csv failed: OSError: [Errno 28] No space left on device" in r.output

@@ -54,6 +54,7 @@ from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queu
 if TYPE_CHECKING:
     from ..sim.background import Background, BackgroundError
     from ..sim.plots import RunFigures
+    from ..sim.report import JobsRest
 
 _R = TypeVar("_R")
 
@@ -243,30 +244,116 @@ def ends_children(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | None = None) -> Background[Any, Any]:
+def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | None = None,
+           take: Callable[[Any], object] | None = None) -> Background[Any, Any]:
     """A child process forked now (:class:`~gpuloom.sim.background.Background`), ended with the command."""
     from ..sim.background import Background
 
-    child: Background[Any, Any] = Background(what, fn, prepare)
+    child: Background[Any, Any] = Background(what, fn, prepare, take=take)
     _CHILDREN.append(child)
     return child
 
 
-def _plotter() -> Background[tuple[RunFigures, Path], list[Path]]:
-    """A child process, forked now, that imports matplotlib, then draws the plots of the run it is sent
-    (:func:`~gpuloom.sim.plots.run_figures` and a folder) and writes its ``series.csv``."""
+#: finished jobs per part sent to the child writing jobs.csv during the run
+ROWS_PART = 1024
+
+
+class _Made:
+    """What a child writing a run's files makes of the rows sent during the run (:class:`_Sender`): jobs.csv's
+    (:class:`~gpuloom.sim.report.JobRows`), series.csv's (:class:`~gpuloom.sim.report.SeriesRows`) and the
+    series' points themselves, for the plots."""
+
+    def __init__(self) -> None:
+        from ..sim.report import SERIES_COLUMNS, JobRows, SeriesRows
+
+        self.jobs, self.series = JobRows(), SeriesRows()
+        self.points: list[list[Any]] = [[] for _ in SERIES_COLUMNS]
+
+    def add(self, part: tuple[str, Any]) -> None:
+        """``("jobs", (places, fields))``: finished jobs' rows; ``("series", columns)``: the series' next points."""
+        kind, value = part
+        if kind == "jobs":
+            self.jobs.add(value)
+            return
+        self.series.add(value)
+        for have, new in zip(self.points, value, strict=True):
+            have += new
+
+    def write(self, rest: tuple[JobsRest, list[list[Any]] | None, Path]) -> None:
+        """jobs.csv (``rest[0]``: what the run's end left of it) and, given the series' last points
+        (``rest[1]``), series.csv in folder ``rest[2]``."""
+        jobs, points, folder = rest
+        self.jobs.write(jobs)
+        if points is not None:
+            self.series.write(points, folder / "series.csv")
+
+    def draw(self, job: tuple[RunFigures, list[list[Any]], Path]) -> list[Path]:
+        """series.csv and the plots in folder ``job[2]``: ``job[0]`` the figures but their series, ``job[1]``
+        the series' last points."""
+        from dataclasses import replace
+
+        from ..sim.metrics import TimeSeries
+        from ..sim.plots import draw_run
+
+        figures, points, folder = job
+        self.series.write(points, folder / "series.csv")
+        for have, new in zip(self.points, points, strict=True):
+            have += new
+        return draw_run(replace(figures, series=TimeSeries(*self.points)), folder)
+
+
+def _plotter() -> Background[tuple[RunFigures, list[list[Any]], Path], list[Path]]:
+    """A child process, forked now, that imports matplotlib and makes series.csv's rows it is sent during the
+    run (:class:`_Sender`), then writes series.csv and draws the plots of the run it is sent (:meth:`_Made.draw`)."""
     from ..sim.plots import load_matplotlib
 
-    return _child("drawing the plots", _draw, load_matplotlib)
+    made = _Made()
+    return _child("drawing the plots", made.draw, load_matplotlib, take=made.add)
 
 
-def _draw(job: tuple[RunFigures, Path]) -> list[Path]:
-    from ..sim.plots import draw_run
-    from ..sim.report import write_series_csv
+def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]] | None, Path], None]:
+    """A child process, forked now, that makes jobs.csv's rows (and series.csv's, where no plots are drawn) it
+    is sent during the run (:class:`_Sender`), then writes the file(s) once sent the rest (:meth:`_Made.write`)."""
+    made = _Made()
+    return _child("writing jobs.csv", made.write, take=made.add)
 
-    figures, folder = job
-    write_series_csv(figures.series, folder / "series.csv")
-    return draw_run(figures, folder)
+
+class _Sender:
+    """Sends the children the rows the run will not change, whenever at least :data:`ROWS_PART` more jobs have
+    finished (called at the run's progress ticks): the finished jobs' to ``rows``, the series' points but its
+    last (:meth:`~gpuloom.sim.metrics.TimeSeries.record` may replace it) to ``series``; ``ran`` will hold the
+    simulator."""
+
+    def __init__(self, rows: Background[Any, Any], series: Background[Any, Any], ran: list[Any]) -> None:
+        self.rows, self.series, self.ran = rows, series, ran
+        self.jobs = self.points = 0  # how many were sent
+
+    def __call__(self) -> None:
+        if not self.ran:
+            return
+        sim = self.ran[0]
+        done = sim.completed
+        if len(done) - self.jobs >= ROWS_PART:
+            from ..sim.report import job_fields, series_points
+
+            part = done[self.jobs:]
+            points = max(self.points, len(sim.series) - 1)
+            self.rows.send(("jobs", ([j.index for j in part], job_fields(part))))
+            self.series.send(("series", series_points(sim.series, self.points, points)))
+            self.jobs, self.points = len(done), points
+
+    def jobs_rest(self, result: Any, folder: Path) -> JobsRest:
+        """What the rows' child needs to write ``result``'s (the run's) jobs.csv into ``folder``."""
+        from ..sim.report import jobs_rest
+
+        return jobs_rest(result, folder / "jobs.csv",
+                         {j.index for j in self.ran[0].completed[:self.jobs]} if self.ran else set())
+
+    def last_points(self, result: Any) -> list[list[Any]]:
+        """The series' points not sent."""
+        from ..sim.report import series_points
+
+        return series_points(result.series, self.points, len(result.series))
 
 
 def _collect(child: Background[Any, _R] | None, default: _R) -> tuple[_R, BackgroundError | None]:
@@ -346,6 +433,7 @@ def simulate(
         queue = queue_stage(queue_policy, queues)
         check_policies(order, group, size, place, list(params), queue)
         plotter = _plotter() if plots else None  # forked before the run, while this process is small
+        rows = _rows_writer()  # (likewise)
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         window = measure_window(measure_jobs, len(specs))
         if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
@@ -380,7 +468,9 @@ def simulate(
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
         ran: list[Any] = []  # (the simulator)
-        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran))
+        sender = _Sender(rows, plotter or rows, ran)
+        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran),
+                                    sender)
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
@@ -388,36 +478,36 @@ def simulate(
                                                               (place, STAGE_DEFAULTS["place"])) if v != d)]))
     from ..sim import report
 
-    # the run's files are written by three processes at once: jobs.csv by a child forked now (it shares the
-    # run's records, and their Themis figures, computed first: the summary reads them too), the plots and
-    # series.csv by the child forked before the run (it is sent what they show), the summary and report here
-    result.themis()
-    jobs = _child("writing jobs.csv", lambda _: report.write_jobs_csv(result, folder / "jobs.csv"))
-    jobs.submit(None)
+    # the run's files are written by three processes at once, each forked before the run, each sent the rest
+    # of what it made during the run: the plots and series.csv by one (it takes longest, so it goes first),
+    # jobs.csv by another (and series.csv, without plots), the summary and report here
     summary = result.summary()
     if plotter is not None:
+        from dataclasses import replace
+
+        from ..sim.metrics import TimeSeries
         from ..sim.plots import run_figures
 
-        plotter.submit((run_figures(result), folder))
-    else:
-        report.write_series_csv(result, folder / "series.csv")
+        plotter.submit((replace(run_figures(result), series=TimeSeries()), sender.last_points(result), folder))
+    rows.submit((sender.jobs_rest(result, folder), None if plotter is not None else sender.last_points(result),
+                 folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)
-    _, jobs_failed = _collect(jobs, None)
+    _, rows_failed = _collect(rows, None)
     drawn, plots_failed = _collect(plotter, [])
-    if jobs_failed is not None:  # (what a failed child may not have written)
+    if rows_failed is not None:  # (what a failed child may not have written)
         report.write_jobs_csv(result, folder / "jobs.csv")
-    if plots_failed is not None:
+    if plots_failed is not None or (rows_failed is not None and plotter is None):
         report.write_series_csv(result, folder / "series.csv")
     result.meta["command_wall_time_s"] = output.wall_s()
     report.write_summary(result, folder)
     report.write_report(result, folder, drawn)
     output.finish()
     keep_until_exit(result, specs, ran)  # (the program ends without freeing the run object by object)
-    for failed in (jobs_failed, plots_failed):
+    for failed in (rows_failed, plots_failed):
         if failed is not None:  # (the files are all written, but for the plots a failed drawing did not draw)
             err_console.print(failed.child_traceback.rstrip(), markup=False, highlight=False)
             err_console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
-    if jobs_failed is not None or plots_failed is not None:
+    if rows_failed is not None or plots_failed is not None:
         raise typer.Exit(1)
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))
@@ -434,12 +524,20 @@ def simulate(
     report_line(folder / "report.md")
 
 
-def _run_with_progress(run):  # noqa: ANN001, ANN202
-    """Run with progress: a bar on a terminal once the run takes over a second, else a line per interval."""
+def _run_with_progress(run, each=None):  # noqa: ANN001, ANN202
+    """Run with progress: a bar on a terminal once the run takes over a second, else a line per interval;
+    ``each()`` is also called at every tick."""
     from .progress import Progress
 
     with Progress("simulate") as prog:
-        return run(lambda done, n, now: prog.update(0, done, n, now))
+        if each is None:
+            return run(lambda done, n, now: prog.update(0, done, n, now))
+
+        def tick(done: int, n: int, now: float) -> None:
+            prog.update(0, done, n, now)
+            each()
+
+        return run(tick)
 
 
 def parse_seeds(text: str | None, seed: int) -> list[int]:

@@ -1,12 +1,14 @@
-"""One piece of work done in a forked child process while the caller goes on: ``gpuloom simulate`` draws
-its plots there while it writes the CSV files.
+"""One piece of work done in a forked child process while the caller goes on: ``gpuloom simulate`` formats
+its CSV files' rows and draws its plots there while it simulates and writes the summary.
 
 :class:`Background` forks at once, while the caller is still small (before a run: fork copies page
 tables, and every page both processes share is copied again on its first write); the child runs
 ``prepare`` (``import matplotlib``, while the caller simulates), then waits for the argument that
 :meth:`~Background.submit` sends it (pickled through a pipe), runs ``fn`` on it and sends back what
 ``fn`` returned, which :meth:`~Background.result` gives, or raises :class:`BackgroundError` with the
-child's exception and traceback.
+child's exception and traceback.  Parts sent ahead of the argument (:meth:`~Background.send`) go to ``take``
+in the child as they come: work done while the caller goes on (``gpuloom simulate`` sends the rows its run
+will not change).
 
 The child never outlives its caller: :meth:`~Background.result` waits for it, :meth:`~Background.cancel`
 kills and reaps it (also on leaving a ``with`` block: an exception, an early exit), a child that reads
@@ -14,12 +16,13 @@ no argument (the caller closed the pipe, or died) exits, and on Linux the kernel
 caller dies (``PR_SET_PDEATHSIG``: a caller killed by a signal runs no clean-up).
 
 Forking is safe only where the process runs no other thread and the platform forks cleanly: elsewhere
-(not Linux, a thread running, ``fork`` refused) nothing is forked and :meth:`~Background.submit` runs
-``fn`` in the caller, its exception raised as it is.
+(not Linux, a thread running, ``fork`` refused) nothing is forked: :meth:`~Background.send` runs ``take``
+and :meth:`~Background.submit` runs ``fn`` in the caller, their exceptions raised as they are.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import signal
@@ -27,11 +30,12 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 _A = TypeVar("_A")
 _R = TypeVar("_R")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PARTS_PIPE = 1 << 20  # bytes the pipe of a child sent parts holds (Linux's default most for a user)
 #: the pipe ends this process holds to its children: a child forked later closes them at once, else it would
 #: hold a sibling's argument pipe open, and that sibling would wait for it to end before reading its argument
 _HELD: set[int] = set()
@@ -84,12 +88,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 class Background(Generic[_A, _R]):
     """``fn(arg)`` in a child forked now, ``arg`` sent later (see the module docstring); ``what`` names the
-    work in errors ("drawing the plots"); ``fork`` False: no child (``fn`` runs in :meth:`submit`)."""
+    work in errors ("drawing the plots"); ``take``: what the child does with each part sent ahead of ``arg``;
+    ``fork`` False: no child (``take`` runs in :meth:`send`, ``fn`` in :meth:`submit`)."""
 
     def __init__(self, what: str, fn: Callable[[_A], _R], prepare: Callable[[], object] | None = None,
-                 fork: bool | None = None) -> None:
+                 fork: bool | None = None, take: Callable[[Any], object] | None = None) -> None:
         self.what = what
         self.fn = fn
+        self.take = take
         self.pid: int | None = None
         self._to: int | None = None  # the pipe to the child (the argument)
         self._from: int | None = None  # the pipe from the child (the result)
@@ -115,6 +121,11 @@ class Background(Generic[_A, _R]):
             self._child(prepare, arg_r, res_w, parent, (arg_w, res_r, *_HELD))
         os.close(arg_r)
         os.close(res_w)
+        if take is not None:  # parts sent during a run: room for several, so that the caller seldom waits
+            try:
+                fcntl.fcntl(arg_w, fcntl.F_SETPIPE_SZ, _PARTS_PIPE)
+            except (OSError, AttributeError):
+                pass
         self.pid, self._to, self._from = pid, arg_w, res_r
         _HELD.update((arg_w, res_r))
 
@@ -132,10 +143,18 @@ class Background(Generic[_A, _R]):
             try:
                 if prepare is not None:
                     prepare()
-                data = _read_all(arg_r)
-                if not data:  # nothing was sent: the caller gave up
-                    os._exit(0)
-                payload = pickle.dumps((True, self.fn(pickle.loads(data))))
+                # (last, part or argument), pickled one after the other
+                reader = os.fdopen(arg_r, "rb", buffering=1 << 16)
+                while True:
+                    try:
+                        last, obj = pickle.load(reader)
+                    except EOFError:  # the argument was not sent: the caller gave up
+                        os._exit(0)
+                    if last:
+                        break
+                    assert self.take is not None
+                    self.take(obj)
+                payload = pickle.dumps((True, self.fn(obj)))
                 status = 0
             except BaseException as e:  # noqa: BLE001  (all goes back to the caller, KeyboardInterrupt too)
                 payload = pickle.dumps((False, (f"{type(e).__name__}: {e}", traceback.format_exc())))
@@ -143,15 +162,31 @@ class Background(Generic[_A, _R]):
         finally:
             os._exit(status)  # no atexit handlers, no flushing of the caller's buffers, no clean-up of its objects
 
+    def send(self, part: object) -> None:
+        """Send the child a part ahead of the argument, for ``take`` (without a child: ``take(part)`` now)."""
+        if self.take is None:
+            raise TypeError(f"{self.what}: parts are sent only to a child given take")
+        if self.pid is None:
+            self.take(part)
+            return
+        if self._to is None:  # the child stopped reading: result() says why
+            return
+        try:
+            _write_all(self._to, pickle.dumps((False, part), protocol=pickle.HIGHEST_PROTOCOL))
+        except BrokenPipeError:
+            _close(self._to)
+            self._to = None
+
     def submit(self, arg: _A) -> None:
         """Send ``arg`` to the child (without a child: compute ``fn(arg)`` now)."""
         if self.pid is None:
             self._value = self.fn(arg)
             return
         fd, self._to = self._to, None
-        assert fd is not None
+        if fd is None:  # (a part could not be sent)
+            return
         try:
-            _write_all(fd, pickle.dumps(arg, protocol=pickle.HIGHEST_PROTOCOL))
+            _write_all(fd, pickle.dumps((True, arg), protocol=pickle.HIGHEST_PROTOCOL))
         except BrokenPipeError:  # the child failed before reading it: result() says why
             pass
         finally:

@@ -230,6 +230,7 @@ class Simulator:
         if self.impossible and not self.config.drop_impossible:
             raise JobError(impossible_message(self.impossible))
         self.stalled: list[str] = []  # jobs left waiting when the stall guard stopped the run
+        self.completed: list[Job] = []  # in the order they completed (a completed job no longer changes)
         self.now = 0.0
         self.rng = np.random.default_rng(self.config.seed)
         times = self.config.times
@@ -308,6 +309,7 @@ class Simulator:
             raise SimulationError(f"job {job.id} completed with {job.remaining} work left")
         job.remaining = 0.0
         self.driver.finish(job, now)
+        self.completed.append(job)
         if self.observers:
             for obs in self.observers:
                 obs(self, "complete")

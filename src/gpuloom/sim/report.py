@@ -51,6 +51,7 @@ import os
 import re
 from array import array
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,11 +59,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.lifecycle import PHASES
-from .metrics import JobRecord, RunResult, TimeSeries
+from .metrics import RunResult, TimeSeries
 from .runconfig import RunConfig, run_many  # noqa: F401  (re-exported: the CLI calls report.run_many)
 
 if TYPE_CHECKING:
     from rich.table import Table
+
+    from ..core.job import Job
 
 #: (summary key, title, kind); kind: time (simulated seconds), ratio, pct (fraction), int, wall (seconds of
 #: real time the simulation took)
@@ -253,6 +256,29 @@ def _write_columns(f: Any, columns: Sequence[Sequence[str]]) -> None:
         f.write("\r\n")
 
 
+#: the fields of a job's record that jobs.csv's columns ``id`` to ``slowdown`` are made of, in order
+HEAD_FIELDS = ("id", "model", "gpus", "arrival", "duration", "first_start", "finish", "preemptions", "migrations",
+               "resizes", "run_time", "overhead_time", "queued_time")
+
+
+def _head_columns(values: Sequence[list[Any]]) -> list[list[str]]:
+    """The cells of jobs.csv's columns ``id`` to ``slowdown`` of the jobs whose :data:`HEAD_FIELDS` are ``values``
+    (one list per field): a job's cells are made of its own record alone."""
+    ids, models, gpus, arrival, dur, fs, fin, pre, mig, res, run, over, queued = values
+    jct = [None if x is None else x - t for x, t in zip(fin, arrival, strict=True)]
+    return [
+        _text(ids), _text(models), _text(gpus), _cells(arrival), _cells(dur), _cells(fs), _cells(fin), _cells(jct),
+        _cells([None if x is None else x - t for x, t in zip(fs, arrival, strict=True)]),
+        _text(pre), _text(mig), _text(res), _cells(run), _cells(over), _cells(queued),
+        _cells([None if x is None else x / d for x, d in zip(jct, dur, strict=True)]),
+    ]
+
+
+def _jobs_header(phase_names: Sequence[str], measured: bool) -> str:
+    extra = ("measured",) if measured else ()
+    return ",".join(_text(JOB_COLUMNS + tuple(f"phase_{k}" for k in phase_names) + extra)) + "\r\n"
+
+
 def write_jobs_csv(result: RunResult, path: Path) -> Path:
     """One row per job (:data:`JOB_COLUMNS`), plus ``phase_<name>`` seconds in lifecycle mode, plus ``measured``
     (1 for a job of the measurement window, else 0) when the run has one.
@@ -265,36 +291,94 @@ def write_jobs_csv(result: RunResult, path: Path) -> Path:
     phase_names = list(PHASES) if any(j.phase_s is not None for j in jobs) else []
     contention, rho = result.themis()
     measured = result.measured_mask().astype(int).tolist() if result.window is not None else None
-    extra = ("measured",) if measured is not None else ()
     with open(path, "w", newline="") as f:
-        f.write(",".join(_text(JOB_COLUMNS + tuple(f"phase_{k}" for k in phase_names) + extra)) + "\r\n")
+        f.write(_jobs_header(phase_names, measured is not None))
         for a in range(0, len(jobs), CSV_BLOCK):
             block = jobs[a:a + CSV_BLOCK]
-
-            def col(name: str, block: list[JobRecord] = block) -> list[Any]:
-                return list(map(attrgetter(name), block))
-
-            arrival, fin, fs, dur = col("arrival"), col("finish"), col("first_start"), col("duration")
-            jct = [None if x is None else x - t for x, t in zip(fin, arrival, strict=True)]
-            # the times each phase took, and the columns that are often the same values (queued, launching)
-            held = [(v, _cells(v)) for v in (col("queued_time"), col("overhead_time"), col("run_time"))]
-            columns = [
-                _text(col("id")), _text(col("model")), _text(col("gpus")), _cells(arrival), _cells(dur),
-                _cells(fs), _cells(fin), _cells(jct),
-                _cells([None if x is None else x - t for x, t in zip(fs, arrival, strict=True)]),
-                _text(col("preemptions")), _text(col("migrations")), _text(col("resizes")),
-                held[2][1], held[1][1], held[0][1],
-                _cells([None if x is None else x / d for x, d in zip(jct, dur, strict=True)]),
-                _cells(contention[a:a + CSV_BLOCK].tolist()), _cells(rho[a:a + CSV_BLOCK].tolist()),
-            ]
-            phases = col("phase_s")
-            for k in range(len(phase_names)):
-                values = [None if p is None else p[k] for p in phases]
-                columns.append(held[k][1] if _same_floats(values, held[k][0]) else _cells(values))
+            values = [list(map(attrgetter(name), block)) for name in HEAD_FIELDS]
+            columns = _head_columns(values)
+            columns += [_cells(contention[a:a + CSV_BLOCK].tolist()), _cells(rho[a:a + CSV_BLOCK].tolist())]
+            # the phases' times are often the queued, launching and running times again: their cells, if so
+            phases = list(map(attrgetter("phase_s"), block))
+            for k, same in enumerate((12, 11, 10)[:len(phase_names)]):
+                col = [None if p is None else p[k] for p in phases]
+                columns.append(columns[same + 2] if _same_floats(col, values[same]) else _cells(col))
             if measured is not None:
                 columns.append(_text(measured[a:a + CSV_BLOCK]))
             _write_columns(f, columns)
     return path
+
+
+def job_fields(jobs: Sequence[Job]) -> list[list[Any]]:
+    """:data:`HEAD_FIELDS` of the simulator's ``jobs``, one list per field: once a job has finished, what its
+    record (:class:`~gpuloom.sim.metrics.JobRecord`) will hold."""
+    return [[j.id for j in jobs], [j.spec.model for j in jobs], [j.spec.gpus for j in jobs],
+            [j.spec.arrival for j in jobs], [j.spec.duration for j in jobs], [j.first_start for j in jobs],
+            [j.finish for j in jobs], [j.preemptions for j in jobs], [j.migrations for j in jobs],
+            [j.resizes for j in jobs], [j.attained_time for j in jobs], [j.overhead_time for j in jobs],
+            [j.queued_time for j in jobs]]
+
+
+@dataclass
+class JobsRest:
+    """What :meth:`JobRows.write` needs of a run besides the rows it was given (:func:`jobs_rest`): the
+    :data:`HEAD_FIELDS` of the other jobs (``index``: their places), each job's Themis figures, phases and
+    measurement flag."""
+
+    path: Path
+    n: int
+    index: list[int]
+    values: list[list[Any]]
+    contention: np.ndarray
+    rho: np.ndarray
+    phases: list[tuple[float, float, float] | None] | None  # None: no phase columns
+    measured: list[int] | None  # None: no measured column
+
+
+def jobs_rest(result: RunResult, path: Path, given: set[int]) -> JobsRest:
+    """What :meth:`JobRows.write` needs to write ``result``'s jobs.csv at ``path`` once it holds the rows of the
+    jobs at the places ``given``."""
+    jobs = result.jobs
+    index = [i for i in range(len(jobs)) if i not in given]
+    block = [jobs[i] for i in index]
+    contention, rho = result.themis()
+    return JobsRest(path, len(jobs), index, [list(map(attrgetter(name), block)) for name in HEAD_FIELDS],
+                    contention, rho,
+                    [j.phase_s for j in jobs] if any(j.phase_s is not None for j in jobs) else None,
+                    result.measured_mask().astype(int).tolist() if result.window is not None else None)
+
+
+class JobRows:
+    """``jobs.csv`` from rows made ahead: :meth:`add` formats the columns ``id`` to ``slowdown`` of jobs that
+    finished (a finished job's record no longer changes) while the run goes on, :meth:`write` the rest once it
+    has ended.  The bytes are :func:`write_jobs_csv`'s."""
+
+    def __init__(self) -> None:
+        self.heads: dict[int, str] = {}  # a job's place in the run -> its row up to slowdown
+
+    def add(self, part: tuple[list[int], list[list[Any]]]) -> None:
+        """The rows of the jobs at places ``part[0]``, whose :data:`HEAD_FIELDS` are ``part[1]``."""
+        index, values = part
+        self.heads.update(zip(index, map(",".join, zip(*_head_columns(values), strict=True)), strict=True))
+
+    def write(self, rest: JobsRest) -> Path:
+        """Write the file: the rows added, those of ``rest``'s jobs, and every job's other columns."""
+        if rest.index:
+            self.add((rest.index, rest.values))
+        heads, n, phases, measured = self.heads, rest.n, rest.phases, rest.measured
+        with open(rest.path, "w", newline="") as f:
+            f.write(_jobs_header(list(PHASES) if phases is not None else [], measured is not None))
+            for a in range(0, n, CSV_BLOCK):
+                b = min(a + CSV_BLOCK, n)
+                columns = [list(map(heads.__getitem__, range(a, b))), _cells(rest.contention[a:b].tolist()),
+                           _cells(rest.rho[a:b].tolist())]
+                if phases is not None:
+                    block = phases[a:b]
+                    columns += [_cells([None if p is None else p[k] for p in block]) for k in range(len(PHASES))]
+                if measured is not None:
+                    columns.append(_text(measured[a:b]))
+                _write_columns(f, columns)
+        return rest.path
 
 
 def write_series_csv(result: RunResult | TimeSeries, path: Path) -> Path:
@@ -307,6 +391,35 @@ def write_series_csv(result: RunResult | TimeSeries, path: Path) -> Path:
             b = slice(a, a + CSV_BLOCK)
             _write_columns(f, [_cells(s.t[b]), *(_text(getattr(s, name)[b]) for name in s.FIELDS)])
     return path
+
+
+def series_points(s: TimeSeries, a: int, b: int) -> list[list[Any]]:
+    """Points ``a`` to ``b - 1`` of ``s``, one list per column of series.csv (:data:`SERIES_COLUMNS`)."""
+    return [s.t[a:b], *(getattr(s, name)[a:b] for name in s.FIELDS)]
+
+
+class SeriesRows:
+    """``series.csv`` from rows made ahead: :meth:`add` formats points the run will not change (all but its
+    last: :meth:`TimeSeries.record` may replace it) while the run goes on, :meth:`write` the rest once it has
+    ended.  The bytes are :func:`write_series_csv`'s."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+    def add(self, columns: list[list[Any]]) -> None:
+        """The rows of the next points, whose columns are ``columns`` (:func:`series_points`)."""
+        self.rows += map(",".join, zip(_cells(columns[0]), *map(_text, columns[1:]), strict=True))
+
+    def write(self, columns: list[list[Any]], path: Path) -> Path:
+        """Write the file: the rows added and those of the last points, whose columns are ``columns``."""
+        self.add(columns)
+        rows = self.rows
+        with open(path, "w", newline="") as f:
+            f.write(",".join(SERIES_COLUMNS) + "\r\n")
+            for a in range(0, len(rows), CSV_BLOCK):
+                f.write("\r\n".join(rows[a:a + CSV_BLOCK]))
+                f.write("\r\n")
+        return path
 
 
 def run_summary(result: RunResult) -> dict[str, Any]:
