@@ -522,6 +522,59 @@ def test_the_queue_report_keeps_what_a_recount_gives() -> None:
     assert r.summary()["completed"] == 80 and sum(grouped) > 10  # (groups formed and changed)
 
 
+def test_the_queue_report_points_are_those_a_recount_at_every_event_gives() -> None:
+    # the recorder writes a point only for the queues whose GPUs held or waiting changed; its series and limit
+    # counts must be those of recounting every queue at every event: Muri's groups (fractions), a queue whose
+    # limit global FIFO breaks (no queue stage: the report measures the run against the tree)
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.sim.generator import generate
+    from gpuloom.sim.queue_report import QueueRecorder
+
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": "qa" if k % 3 else "qb", "resource_times": [0.0, 0.1 + 0.1 * (k % 3), 0.2, 0.0]})
+             for k, s in enumerate(generate(num_jobs=80, jobs_per_hour=60.0, seed=4))]
+    tree = QueueTree([Queue("qa", guarantee=Quota(4), limit=Quota(5)), Queue("qb", guarantee=Quota(4))])
+    rec = QueueRecorder(tree)
+    t: list[float] = []
+    held_s: list[list[float]] = []
+    deficit_s: list[list[float]] = []
+    over: dict[str, int] = {}
+    waiting = [0.0, 0.0]
+
+    def recount(sim: Simulator, what: str) -> None:  # the report as it was: every queue, every event
+        names = ["qa", "qb"]
+        held = dict.fromkeys(names, 0.0)
+        asked = dict.fromkeys(names, 0.0)
+        for jid, a in sim.current.items():
+            q = tree.queues[tree.leaf_of(jid, sim.active[jid].spec.attrs, None)].name
+            held[q] += a.num_gpus / (1 + len(a.group))
+            asked[q] -= sim.active[jid].spec.gpus
+        if what == "round":
+            for j in sim.active.values():
+                asked[tree.queues[tree.leaf_of(j.id, j.spec.attrs, None)].name] += j.spec.gpus
+            waiting[:] = [max(0.0, asked[n]) for n in names]
+            for n in names:
+                if held[n] > tree.limit[tree.index[n]][0] + 1e-6:
+                    over[n] = over.get(n, 0) + 1
+        row = [round(held[n], 9) + 0.0 for n in names]
+        deficit = [max(0.0, min(4.0, h + w) - h) for h, w in zip(row, waiting, strict=True)]
+        if t and t[-1] == sim.now:
+            held_s[-1], deficit_s[-1] = row, deficit
+        elif not t or held_s[-1] != row or deficit_s[-1] != deficit:
+            t.append(sim.now)
+            held_s.append(row)
+            deficit_s.append(deficit)
+
+    cl = Cluster.homogeneous(2, 4)
+    sim = Simulator(cl, specs, Scheduler.from_names("srsf", "muri"), build_model(cl),
+                    SimConfig(check=True, round_len=120.0), observers=[rec, recount])
+    r = sim.run()
+    d = rec.finish(sim)
+    assert r.summary()["completed"] == 80
+    assert (d["t"], d["held"], d["deficit"], d["limit_violations"]) == (t, held_s, deficit_s, over)
+    assert len(t) > 100 and over["qa"] > 5 and any(h != int(h) for row in held_s for h in row)
+
+
 # -- real data ----------------------------------------------------------------------------------
 def test_philly_virtual_clusters_as_queues(data_dir: Path) -> None:
     from gpuloom.sim.quotas import config_quotas, demand_quotas, read_vc_config
