@@ -380,6 +380,23 @@ def test_reclaim_takes_only_from_queues_over_their_guarantee(make_view) -> None:
                                     "z2": (3,), "z3": (5,)}
 
 
+def test_a_reclaim_never_places_on_a_blocked_node_by_its_own_choice(make_view) -> None:  # noqa: ANN001
+    # 2 nodes x 4 GPUs, node 1 out of service (View.blocked), no plan hook to drop anything.  b (guarantee 2)
+    # holds node 0 with b0-b3 (b2, b3 borrowed); a0 (2 GPUs, a's guarantee 6) fits nowhere: the round is
+    # planned again in two passes.  The first puts a0 on GPUs 2-3 (b2's and b3's); the second places the
+    # borrowed b2 and b3 on what is left: only node 1's GPUs, which they may not take, so they wait.  Before,
+    # the second pass's view lost the blocked nodes and moved them to GPUs 4 and 5
+    cl = Cluster.homogeneous(2, 4, 12, 64_000)
+    tree = QueueTree([Queue("a", guarantee=Quota(6)), Queue("b", guarantee=Quota(2))])
+    jobs, current = _queued_jobs([("b0", 1, (0,)), ("b1", 1, (1,)), ("b2", 1, (2,)), ("b3", 1, (3,)),
+                                  ("a0", 2, None)], cl)
+    sched = Scheduler.from_names(queue="quota", params={"queues": tree})
+    sched.blocked = lambda view: pb.Blocked({1: -1.0}, lambda jid: None)
+    plans = _rounds(make_view, sched, jobs, current, cl, 2)
+    assert plans[0] == plans[1] == {"a0": (2, 3), "b0": (0,), "b1": (1,)}
+    assert sched.queue.counters["reclaim_passes"] == 1  # type: ignore[attr-defined]
+
+
 def test_a_lender_reclaim_leaves_below_its_guarantee_is_owed_in_the_same_round(make_view) -> None:  # noqa: ANN001
     # 3 nodes x 4 GPUs; L: guarantee 5, M: 4, y: 3.  Guaranteed work holds 2 GPUs of every node (L0, M0, M1), so
     # neither yA (3 GPUs) nor LA (3) fits anywhere.  L holds L0 and L1 (4 GPUs on nodes 0 and 1, borrowing: L0

@@ -642,8 +642,9 @@ class Scheduler:
                 swapped.append((j, j.alloc))
                 j.alloc = want
         try:
+            # (the nodes out of service too: the second pass keeps off them as the first did)
             pinned = pb.View(view.now, view.cluster, view.jobs, current, view.model, view.rng, view.round_index,
-                             view.extra, free)
+                             view.extra, free, blocked=view.blocked)
             if lazy:
                 # what looks waiting in the pinned view: what waits, and the running jobs not pinned (counting
                 # too many is safe: the tail walk only stops later)
