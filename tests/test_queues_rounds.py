@@ -392,3 +392,37 @@ def test_reclaims_free_state_from_the_plans_changes_equals_the_state_of_every_al
             sm._free_left = free_left  # type: ignore[assignment]
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
     assert len(changed) >= 10 and sum(changed) > 0  # (the changes were used, on plans that changed something)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_lent_work_from_the_evictions_changes_equals_lent_worked_out_again(policy: str) -> None:
+    # within one reclaim, the borrowed work that may be evicted is worked out again after each eviction: from
+    # the last sums with what was evicted and placed since (QuotaQueues.lent_since).  Each time it must be what
+    # lent() gives from every allocation, job for job in order, and the run the same as with lent() every time
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    since = QuotaQueues.lent_since
+    seen: list[tuple[int, int, int]] = []
+
+    def compared(self: QuotaQueues, before: list[Job], gone: list[Allocation], added: list[Allocation],
+                 allocs: dict[str, Allocation], view: pb.View, guaranteed: list[str]) -> list[Job]:
+        out = since(self, before, gone, added, allocs, view, guaranteed)
+        assert [j.id for j in out] == [j.id for j in QuotaQueues.lent(self, allocs, view, guaranteed)]
+        seen.append((len(gone), len(added), len(before) - len(out)))
+        return out
+
+    runs = []
+    for from_changes in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        sched.reclaim_changes = from_changes
+        QuotaQueues.lent_since = compared  # type: ignore[method-assign]
+        try:
+            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
+        finally:
+            QuotaQueues.lent_since = since  # type: ignore[method-assign]
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    # (used, after evictions and placements, and it left work out)
+    assert len(seen) >= 5 and sum(g for g, _, _ in seen) > 0 and sum(d for _, _, d in seen) > 0, seen
+
