@@ -249,7 +249,7 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
     specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
                      attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
              for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
-    runs, kept = [], []
+    runs, kept, asked, worked = [], [], [], []
     for incremental in (True, False):
         sched = Scheduler.from_names(queue=policy, params={"queues": tree})
         stage = sched.queue
@@ -260,6 +260,7 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
 
             def compared(plan: Plan, view: pb.View, stage: QuotaQueues = stage, changed=changed) -> list | None:  # noqa: ANN001
                 out = changed(plan, view)
+                asked.append(1)
                 if out is not None:
                     assert stage.tree is not None
                     allocs = plan.allocations
@@ -268,10 +269,18 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
                 return out
 
             stage._changed_usage = compared  # type: ignore[method-assign]
+            from_book = stage._usage_from_book
+
+            def counted(plan: Plan, view: pb.View, from_book=from_book, worked=worked) -> list | None:  # noqa: ANN001
+                worked.append(1)
+                return from_book(plan, view)
+
+            stage._usage_from_book = counted  # type: ignore[method-assign]
         runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
                               config=SimConfig(check=True, restart_overhead=30.0)).run())
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
     assert len(kept) > 100 and sum(kept) > 100  # (the kept sums were used, on plans that changed something)
+    assert len(worked) < 0.8 * len(asked)  # (owed and the check asked of the same plan: worked out once)
 
 
 def test_the_queue_book_holds_each_leafs_allocations_and_gives_up_on_a_groups_fractions() -> None:
@@ -426,3 +435,35 @@ def test_lent_work_from_the_evictions_changes_equals_lent_worked_out_again(polic
     # (used, after evictions and placements, and it left work out)
     assert len(seen) >= 5 and sum(g for g, _, _ in seen) > 0 and sum(d for _, _, d in seen) > 0, seen
 
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_the_fewest_gpus_a_queue_left_out_asks_for_from_the_plans_changes(policy: str) -> None:
+    # owed and the check skip a queue none of whose jobs left out fits what it is owed: per leaf, the fewest GPUs
+    # one of its jobs waiting now or stopped by the plan asks for (QuotaQueues._smallest_left_out), the running
+    # ones it stops read from the plan's own list when it extends the current allocations.  Each time: what
+    # every waiting job and every running job the plan leaves out gives
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+    stage = sched.queue
+    assert isinstance(stage, QuotaQueues)
+    smallest = stage._smallest_left_out
+    stopped: list[int] = []
+
+    def compared(plan: Plan, view: pb.View) -> object:
+        out = smallest(plan, view)
+        if out is not None:
+            allocs = plan.allocations
+            want: dict[int, float] = {}
+            for j in view.jobs:  # (waiting now, or running now and stopped by the plan)
+                if j.id not in view.current or j.id not in allocs:
+                    q = stage.leaf(j)
+                    want[q] = min(want.get(q, math.inf), j.spec.gpus)
+            assert [out(q) for q in range(len(FIVE))] == [want.get(q, math.inf) for q in range(len(FIVE))]
+            stopped.append(sum(1 for jid in view.current if jid not in allocs))
+        return out
+
+    stage._smallest_left_out = compared  # type: ignore[method-assign]
+    r = Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    assert r.summary()["completed"] == 300 and len(stopped) > 100 and sum(1 for n in stopped if n) > 5

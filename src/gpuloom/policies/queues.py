@@ -181,6 +181,9 @@ class QuotaQueues(QueuePolicy):
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
         self._lent_memo: tuple[Mapping[str, Allocation], list[float], set[int]] | None = None
+        # the last plan whose usage from the book was worked out (owed and the round's check read the same
+        # plan): (plan, view, their sizes, the usage)
+        self._usage_memo: tuple[Plan, View, tuple[int, ...], list[list[float]] | None] | None = None
         # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
         # prefix filled the cluster: a round on its plan would plan it again (see appended)
         self._settled = False
@@ -263,6 +266,17 @@ class QuotaQueues(QueuePolicy):
         return out
 
     def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
+        """:meth:`_usage_from_book`, kept for the plan last asked of (the same object, of the same size, in the
+        same view: owed and the round's check ask of the same plan)."""
+        sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
+        memo = self._usage_memo
+        if memo is not None and memo[0] is plan and memo[1] is view and memo[2] == sizes:
+            return memo[3]
+        out = self._usage_from_book(plan, view)
+        self._usage_memo = (plan, view, sizes, out)
+        return out
+
+    def _usage_from_book(self, plan: Plan, view: View) -> list[list[float]] | None:
         book = self._book_ready(view)
         if book is None or not book.exact:
             return None
@@ -681,9 +695,11 @@ class QuotaQueues(QueuePolicy):
         book = self._book
         if not self._from_book or book is None or not book.follows(view) or view.by_id is None:
             return None
-        allocs, by_id = plan.allocations, view.by_id
+        allocs, by_id, current = plan.allocations, view.by_id, view.current
         stopped: dict[int, float] = {}
-        for jid in view.current:
+        # (a plan that extends the current allocations stops only jobs it lists as taken out)
+        extends = plan.base is current and len(allocs) == len(current) - len(plan.removed) + len(plan.added)
+        for jid in plan.removed if extends else current:
             if jid not in allocs:
                 q, g = book.where[jid][0], by_id[jid].spec.gpus
                 if g < stopped.get(q, math.inf):
