@@ -467,3 +467,27 @@ def test_the_fewest_gpus_a_queue_left_out_asks_for_from_the_plans_changes(policy
     stage._smallest_left_out = compared  # type: ignore[method-assign]
     r = Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
     assert r.summary()["completed"] == 300 and len(stopped) > 100 and sum(1 for n in stopped if n) > 5
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_the_check_catches_guaranteed_jobs_over_a_guarantee_with_leaves_from_the_book(incremental: bool) -> None:
+    # the check sums what the jobs admission calls guaranteed hold, per queue over its guarantee, each job's queue
+    # read from the book the admission filled (or looked up job by job): an admission that calls every placed job
+    # guaranteed is caught the first round a queue borrows, either way
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[k % 5]})
+             for k, s in enumerate(generate(200, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    booked: list[bool] = []
+
+    class Faulty(QuotaQueues):
+        def check(self, plan: Plan, view: pb.View, place: pb.PlacePolicy) -> None:
+            booked.append(self._book_ready(view) is not None)
+            self._last = Admission([j for j in view.jobs if j.id in plan.allocations], [])
+            super().check(plan, view, place)
+
+    stage = Faulty(FIVE)
+    stage.incremental = incremental
+    sched = Scheduler(pb.make("order", "fifo"), pb.make("group", "none"), pb.make("size", "gpu-proportional"),
+                      pb.make("place", "packed-sticky"), queue=stage)
+    with pytest.raises(PlanError, match=r"queue 'q.': its guaranteed jobs hold \d+ GPUs, more than its guarantee"):
+        Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    assert booked[-1] is True  # (the admission had filled the book: the check read each job's queue there)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..core.job import Job
 from ..core.plan import Plan, PlanError
-from ..core.queues import INF, QueueTree, job_share, usage
+from ..core.queues import INF, QueueTree, usage
 from .base import PlacePolicy, Request, View
 from .free import FreeState
 from .queue_base import Admission
@@ -56,7 +56,7 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
         leaf = {jid: leaf_of(by_id[jid]) for jid in allocs}
     u = used if used is not None else usage(tree, allocs, leaf)
-    for n in range(len(tree)):
+    for n in range(len(tree)) if tree.limited else ():  # (no limit: every one is infinite)
         if above(u[n], tree.limit[n]):
             raise PlanError(f"queue {tree.queues[n].name!r} holds {_show(u[n])}, over its limit "
                             f"{_show(tree.limit[n])}")
@@ -68,10 +68,18 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
     # (with a margin far above the rounding of the sums) can have them over it
     over = {q for q in tree.leaves if u[q][0] > G[q][0] + _EPS / 2}
     if over:
+        # (each job's leaf from the book's own dict when ``leaves`` reads it: ``where``; a job's GPU share as
+        # job_share gives it, and the lesser of it and what the job asks, as min() picks it)
+        where: Mapping[str, tuple[int, bool]] | None = getattr(leaf, "where", None)
         for j in adm.guaranteed:
-            a = allocs.get(j.id)
-            if a is not None and (q := leaf[j.id]) in over:
-                ua[q] += min(job_share(a)[0], j.spec.gpus)
+            jid = j.id
+            a = allocs.get(jid)
+            if a is not None:
+                q = where[jid][0] if where is not None else leaf[jid]
+                if q in over:
+                    share = a.num_gpus / (1 + len(a.group))
+                    g = j.spec.gpus
+                    ua[q] += g if g < share else share
     for q in tree.leaves:
         if q in over and ua[q] > G[q][0] + _EPS:
             raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q]:g} GPUs, more "
