@@ -677,8 +677,11 @@ class QuotaQueues(QueuePolicy):
         u = self.usage_of(plan, view)
         out = []
         smallest = self._smallest_left_out(plan, view)
+        limited, guarantee = tree.limited, tree.guarantee
         for q in tree.leaves:
-            room = min(tree.guarantee[q][0] - u[q][0], *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
+            room = guarantee[q][0] - u[q][0]
+            if limited:  # (else every limit is infinite)
+                room = min(room, *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
             if room < 1 - _EPS or (smallest is not None and smallest(q) > room + _EPS):
                 continue  # (the book knows when no job of the queue left out fits what it is owed)
             jobs = _fitting(self._lists[q], allocs, room + _EPS)
