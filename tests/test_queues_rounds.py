@@ -491,3 +491,35 @@ def test_the_check_catches_guaranteed_jobs_over_a_guarantee_with_leaves_from_the
     with pytest.raises(PlanError, match=r"queue 'q.': its guaranteed jobs hold \d+ GPUs, more than its guarantee"):
         Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
     assert booked[-1] is True  # (the admission had filled the book: the check read each job's queue there)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_the_checks_free_state_without_lent_work_equals_the_state_of_every_kept_allocation(policy: str) -> None:
+    # the check asks the place policy whether a starved queue's job fits once the lenders give back their
+    # borrowed work: on the driver's free state with the plan's changes and that work released
+    # (queue_checks.kept_free).  Each time, that state must be the one built from every kept allocation, buffer
+    # for buffer
+    from gpuloom.policies import queue_checks
+    from gpuloom.policies.free import FreeState
+
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    kept_free = queue_checks.kept_free
+    seen: list[int] = []
+
+    def compared(view: pb.View, plan: Plan, given: list[Allocation]) -> FreeState:
+        out = kept_free(view, plan, given)
+        whole = FreeState.of(view.cluster, {jid: a for jid, a in plan.allocations.items() if a not in given})
+        assert (bytes(out._gf), out.cpu_counts, out.mem_counts, list(out.gpu_counts), out.free_gpus) == (
+            bytes(whole._gf), whole.cpu_counts, whole.mem_counts, list(whole.gpu_counts), whole.free_gpus)
+        assert view.free is not None  # (the driver keeps it: the state is worked out from the changes)
+        seen.append(len(given))
+        return out
+
+    queue_checks.kept_free = compared  # type: ignore[assignment]
+    try:
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        r = Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    finally:
+        queue_checks.kept_free = kept_free  # type: ignore[assignment]
+    assert r.summary()["completed"] == 300 and len(seen) >= 5 and sum(seen) > 0, seen
