@@ -380,6 +380,23 @@ def test_reclaim_takes_only_from_queues_over_their_guarantee(make_view) -> None:
                                     "z2": (3,), "z3": (5,)}
 
 
+def test_a_reclaim_never_places_on_a_blocked_node_by_its_own_choice(make_view) -> None:  # noqa: ANN001
+    # 2 nodes x 4 GPUs, node 1 out of service (View.blocked), no plan hook to drop anything.  b (guarantee 2)
+    # holds node 0 with b0-b3 (b2, b3 borrowed); a0 (2 GPUs, a's guarantee 6) fits nowhere: the round is
+    # planned again in two passes.  The first puts a0 on GPUs 2-3 (b2's and b3's); the second places the
+    # borrowed b2 and b3 on what is left: only node 1's GPUs, which they may not take, so they wait.  Before,
+    # the second pass's view lost the blocked nodes and moved them to GPUs 4 and 5
+    cl = Cluster.homogeneous(2, 4, 12, 64_000)
+    tree = QueueTree([Queue("a", guarantee=Quota(6)), Queue("b", guarantee=Quota(2))])
+    jobs, current = _queued_jobs([("b0", 1, (0,)), ("b1", 1, (1,)), ("b2", 1, (2,)), ("b3", 1, (3,)),
+                                  ("a0", 2, None)], cl)
+    sched = Scheduler.from_names(queue="quota", params={"queues": tree})
+    sched.blocked = lambda view: pb.Blocked({1: -1.0}, lambda jid: None)
+    plans = _rounds(make_view, sched, jobs, current, cl, 2)
+    assert plans[0] == plans[1] == {"a0": (2, 3), "b0": (0,), "b1": (1,)}
+    assert sched.queue.counters["reclaim_passes"] == 1  # type: ignore[attr-defined]
+
+
 def test_a_lender_reclaim_leaves_below_its_guarantee_is_owed_in_the_same_round(make_view) -> None:  # noqa: ANN001
     # 3 nodes x 4 GPUs; L: guarantee 5, M: 4, y: 3.  Guaranteed work holds 2 GPUs of every node (L0, M0, M1), so
     # neither yA (3 GPUs) nor LA (3) fits anywhere.  L holds L0 and L1 (4 GPUs on nodes 0 and 1, borrowing: L0
@@ -520,6 +537,59 @@ def test_the_queue_report_keeps_what_a_recount_gives() -> None:
     r = Simulator(cl, specs, sched, build_model(cl), SimConfig(check=True, round_len=120.0),
                   observers=[rec, recount]).run()
     assert r.summary()["completed"] == 80 and sum(grouped) > 10  # (groups formed and changed)
+
+
+def test_the_queue_report_points_are_those_a_recount_at_every_event_gives() -> None:
+    # the recorder writes a point only for the queues whose GPUs held or waiting changed; its series and limit
+    # counts must be those of recounting every queue at every event: Muri's groups (fractions), a queue whose
+    # limit global FIFO breaks (no queue stage: the report measures the run against the tree)
+    from gpuloom.perf.assembly import build_model
+    from gpuloom.sim.generator import generate
+    from gpuloom.sim.queue_report import QueueRecorder
+
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": "qa" if k % 3 else "qb", "resource_times": [0.0, 0.1 + 0.1 * (k % 3), 0.2, 0.0]})
+             for k, s in enumerate(generate(num_jobs=80, jobs_per_hour=60.0, seed=4))]
+    tree = QueueTree([Queue("qa", guarantee=Quota(4), limit=Quota(5)), Queue("qb", guarantee=Quota(4))])
+    rec = QueueRecorder(tree)
+    t: list[float] = []
+    held_s: list[list[float]] = []
+    deficit_s: list[list[float]] = []
+    over: dict[str, int] = {}
+    waiting = [0.0, 0.0]
+
+    def recount(sim: Simulator, what: str) -> None:  # the report as it was: every queue, every event
+        names = ["qa", "qb"]
+        held = dict.fromkeys(names, 0.0)
+        asked = dict.fromkeys(names, 0.0)
+        for jid, a in sim.current.items():
+            q = tree.queues[tree.leaf_of(jid, sim.active[jid].spec.attrs, None)].name
+            held[q] += a.num_gpus / (1 + len(a.group))
+            asked[q] -= sim.active[jid].spec.gpus
+        if what == "round":
+            for j in sim.active.values():
+                asked[tree.queues[tree.leaf_of(j.id, j.spec.attrs, None)].name] += j.spec.gpus
+            waiting[:] = [max(0.0, asked[n]) for n in names]
+            for n in names:
+                if held[n] > tree.limit[tree.index[n]][0] + 1e-6:
+                    over[n] = over.get(n, 0) + 1
+        row = [round(held[n], 9) + 0.0 for n in names]
+        deficit = [max(0.0, min(4.0, h + w) - h) for h, w in zip(row, waiting, strict=True)]
+        if t and t[-1] == sim.now:
+            held_s[-1], deficit_s[-1] = row, deficit
+        elif not t or held_s[-1] != row or deficit_s[-1] != deficit:
+            t.append(sim.now)
+            held_s.append(row)
+            deficit_s.append(deficit)
+
+    cl = Cluster.homogeneous(2, 4)
+    sim = Simulator(cl, specs, Scheduler.from_names("srsf", "muri"), build_model(cl),
+                    SimConfig(check=True, round_len=120.0), observers=[rec, recount])
+    r = sim.run()
+    d = rec.finish(sim)
+    assert r.summary()["completed"] == 80
+    assert (d["t"], d["held"], d["deficit"], d["limit_violations"]) == (t, held_s, deficit_s, over)
+    assert len(t) > 100 and over["qa"] > 5 and any(h != int(h) for row in held_s for h in row)
 
 
 # -- real data ----------------------------------------------------------------------------------

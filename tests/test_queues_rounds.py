@@ -249,7 +249,7 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
     specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
                      attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
              for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
-    runs, kept = [], []
+    runs, kept, asked, worked = [], [], [], []
     for incremental in (True, False):
         sched = Scheduler.from_names(queue=policy, params={"queues": tree})
         stage = sched.queue
@@ -260,6 +260,7 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
 
             def compared(plan: Plan, view: pb.View, stage: QuotaQueues = stage, changed=changed) -> list | None:  # noqa: ANN001
                 out = changed(plan, view)
+                asked.append(1)
                 if out is not None:
                     assert stage.tree is not None
                     allocs = plan.allocations
@@ -268,10 +269,18 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
                 return out
 
             stage._changed_usage = compared  # type: ignore[method-assign]
+            from_book = stage._usage_from_book
+
+            def counted(plan: Plan, view: pb.View, from_book=from_book, worked=worked) -> list | None:  # noqa: ANN001
+                worked.append(1)
+                return from_book(plan, view)
+
+            stage._usage_from_book = counted  # type: ignore[method-assign]
         runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
                               config=SimConfig(check=True, restart_overhead=30.0)).run())
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
     assert len(kept) > 100 and sum(kept) > 100  # (the kept sums were used, on plans that changed something)
+    assert len(worked) < 0.8 * len(asked)  # (owed and the check asked of the same plan: worked out once)
 
 
 def test_the_queue_book_holds_each_leafs_allocations_and_gives_up_on_a_groups_fractions() -> None:
@@ -392,3 +401,125 @@ def test_reclaims_free_state_from_the_plans_changes_equals_the_state_of_every_al
             sm._free_left = free_left  # type: ignore[assignment]
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
     assert len(changed) >= 10 and sum(changed) > 0  # (the changes were used, on plans that changed something)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_lent_work_from_the_evictions_changes_equals_lent_worked_out_again(policy: str) -> None:
+    # within one reclaim, the borrowed work that may be evicted is worked out again after each eviction: from
+    # the last sums with what was evicted and placed since (QuotaQueues.lent_since).  Each time it must be what
+    # lent() gives from every allocation, job for job in order, and the run the same as with lent() every time
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    since = QuotaQueues.lent_since
+    seen: list[tuple[int, int, int]] = []
+
+    def compared(self: QuotaQueues, before: list[Job], gone: list[Allocation], added: list[Allocation],
+                 allocs: dict[str, Allocation], view: pb.View, guaranteed: list[str]) -> list[Job]:
+        out = since(self, before, gone, added, allocs, view, guaranteed)
+        assert [j.id for j in out] == [j.id for j in QuotaQueues.lent(self, allocs, view, guaranteed)]
+        seen.append((len(gone), len(added), len(before) - len(out)))
+        return out
+
+    runs = []
+    for from_changes in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        sched.reclaim_changes = from_changes
+        QuotaQueues.lent_since = compared  # type: ignore[method-assign]
+        try:
+            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
+        finally:
+            QuotaQueues.lent_since = since  # type: ignore[method-assign]
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    # (used, after evictions and placements, and it left work out)
+    assert len(seen) >= 5 and sum(g for g, _, _ in seen) > 0 and sum(d for _, _, d in seen) > 0, seen
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_the_fewest_gpus_a_queue_left_out_asks_for_from_the_plans_changes(policy: str) -> None:
+    # owed and the check skip a queue none of whose jobs left out fits what it is owed: per leaf, the fewest GPUs
+    # one of its jobs waiting now or stopped by the plan asks for (QuotaQueues._smallest_left_out), the running
+    # ones it stops read from the plan's own list when it extends the current allocations.  Each time: what
+    # every waiting job and every running job the plan leaves out gives
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+    stage = sched.queue
+    assert isinstance(stage, QuotaQueues)
+    smallest = stage._smallest_left_out
+    stopped: list[int] = []
+
+    def compared(plan: Plan, view: pb.View) -> object:
+        out = smallest(plan, view)
+        if out is not None:
+            allocs = plan.allocations
+            want: dict[int, float] = {}
+            for j in view.jobs:  # (waiting now, or running now and stopped by the plan)
+                if j.id not in view.current or j.id not in allocs:
+                    q = stage.leaf(j)
+                    want[q] = min(want.get(q, math.inf), j.spec.gpus)
+            assert [out(q) for q in range(len(FIVE))] == [want.get(q, math.inf) for q in range(len(FIVE))]
+            stopped.append(sum(1 for jid in view.current if jid not in allocs))
+        return out
+
+    stage._smallest_left_out = compared  # type: ignore[method-assign]
+    r = Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    assert r.summary()["completed"] == 300 and len(stopped) > 100 and sum(1 for n in stopped if n) > 5
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_the_check_catches_guaranteed_jobs_over_a_guarantee_with_leaves_from_the_book(incremental: bool) -> None:
+    # the check sums what the jobs admission calls guaranteed hold, per queue over its guarantee, each job's queue
+    # read from the book the admission filled (or looked up job by job): an admission that calls every placed job
+    # guaranteed is caught the first round a queue borrows, either way
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[k % 5]})
+             for k, s in enumerate(generate(200, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    booked: list[bool] = []
+
+    class Faulty(QuotaQueues):
+        def check(self, plan: Plan, view: pb.View, place: pb.PlacePolicy) -> None:
+            booked.append(self._book_ready(view) is not None)
+            self._last = Admission([j for j in view.jobs if j.id in plan.allocations], [])
+            super().check(plan, view, place)
+
+    stage = Faulty(FIVE)
+    stage.incremental = incremental
+    sched = Scheduler(pb.make("order", "fifo"), pb.make("group", "none"), pb.make("size", "gpu-proportional"),
+                      pb.make("place", "packed-sticky"), queue=stage)
+    with pytest.raises(PlanError, match=r"queue 'q.': its guaranteed jobs hold \d+ GPUs, more than its guarantee"):
+        Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    assert booked[-1] is True  # (the admission had filled the book: the check read each job's queue there)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_the_checks_free_state_without_lent_work_equals_the_state_of_every_kept_allocation(policy: str) -> None:
+    # the check asks the place policy whether a starved queue's job fits once the lenders give back their
+    # borrowed work: on the driver's free state with the plan's changes and that work released
+    # (queue_checks.kept_free).  Each time, that state must be the one built from every kept allocation, buffer
+    # for buffer
+    from gpuloom.policies import queue_checks
+    from gpuloom.policies.free import FreeState
+
+    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
+             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    kept_free = queue_checks.kept_free
+    seen: list[int] = []
+
+    def compared(view: pb.View, plan: Plan, given: list[Allocation]) -> FreeState:
+        out = kept_free(view, plan, given)
+        whole = FreeState.of(view.cluster, {jid: a for jid, a in plan.allocations.items() if a not in given})
+        assert (bytes(out._gf), out.cpu_counts, out.mem_counts, list(out.gpu_counts), out.free_gpus) == (
+            bytes(whole._gf), whole.cpu_counts, whole.mem_counts, list(whole.gpu_counts), whole.free_gpus)
+        assert view.free is not None  # (the driver keeps it: the state is worked out from the changes)
+        seen.append(len(given))
+        return out
+
+    queue_checks.kept_free = compared  # type: ignore[assignment]
+    try:
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        r = Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    finally:
+        queue_checks.kept_free = kept_free  # type: ignore[assignment]
+    assert r.summary()["completed"] == 300 and len(seen) >= 5 and sum(seen) > 0, seen

@@ -524,10 +524,15 @@ class Scheduler:
         free = _free_left(rnd.plan, view, self.reclaim_changes)  # kept up to date below
         theirs: list[Job] | None = None  # the lent work, and what is free without it: worked out when needed
         base = free
+        # the lent work last worked out, and the allocations taken out of allocs and put in since (lent_since)
+        was: list[Job] | None = None
+        gone_a: list[Allocation] = []
+        new_a: list[Allocation] = []
 
         def drop(b: Job) -> None:  # evict b (its co-runners keep the GPUs)
             a = allocs[b.id]
             drop_job(allocs, b.id)
+            gone_a.append(a)
             free.release(a.parts, 1, gpus=not any(o in allocs for o in a.group))
 
         pending = list(owed)
@@ -548,7 +553,12 @@ class Scheduler:
                     parts = self.place.choose_for(req, free, view)
                     if parts is None:
                         if theirs is None:
-                            theirs = q.lent(allocs, view, [x.id for x in placed])
+                            kept = [x.id for x in placed]
+                            theirs = (q.lent_since(was, gone_a, new_a, allocs, view, kept)
+                                      if was is not None and self.reclaim_changes else q.lent(allocs, view, kept))
+                            was = theirs
+                            gone_a.clear()
+                            new_a.clear()
                             base = free
                             if theirs:
                                 base = free.copy()
@@ -584,7 +594,8 @@ class Scheduler:
                     if base is not free:
                         base.take(parts)
                     room -= req.gpus
-                    allocs[j.id] = Allocation(j.id, parts, (), req.key)
+                    allocs[j.id] = a_j = Allocation(j.id, parts, (), req.key)
+                    new_a.append(a_j)
                     placed.append(j)
                     if r is None or len(r.jobs) > 1:
                         requests.append(req)
@@ -642,8 +653,9 @@ class Scheduler:
                 swapped.append((j, j.alloc))
                 j.alloc = want
         try:
+            # (the nodes out of service too: the second pass keeps off them as the first did)
             pinned = pb.View(view.now, view.cluster, view.jobs, current, view.model, view.rng, view.round_index,
-                             view.extra, free)
+                             view.extra, free, blocked=view.blocked)
             if lazy:
                 # what looks waiting in the pinned view: what waits, and the running jobs not pinned (counting
                 # too many is safe: the tail walk only stops later)

@@ -93,6 +93,13 @@ class QueuePolicy(Stage):
         (nor in ``guaranteed``) of every queue holding more than its guarantee, the last to evict first."""
         return []
 
+    def lent_since(self, before: Sequence[Job], gone: Sequence[Allocation], added: Sequence[Allocation],
+                   allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
+        """:meth:`lent` of ``allocs``, where ``before`` is what the last call gave for the same mapping, since
+        changed by taking out the allocations ``gone`` and putting in ``added`` (a stage may work it out from
+        those changes)."""
+        return self.lent(allocs, view, guaranteed)
+
     def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
         """Of ``owed`` (after the plan hooks), what was owed after the last round's hooks too; remembers
         ``owed`` for the next round.  The scheduler reclaims these over the hooks' objection."""

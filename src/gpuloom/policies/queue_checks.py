@@ -20,8 +20,8 @@ import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..core.job import Job
-from ..core.plan import Plan, PlanError
-from ..core.queues import INF, QueueTree, job_share, usage
+from ..core.plan import Allocation, Plan, PlanError, changes
+from ..core.queues import INF, QueueTree, usage
 from .base import PlacePolicy, Request, View
 from .free import FreeState
 from .queue_base import Admission
@@ -56,7 +56,7 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
         leaf = {jid: leaf_of(by_id[jid]) for jid in allocs}
     u = used if used is not None else usage(tree, allocs, leaf)
-    for n in range(len(tree)):
+    for n in range(len(tree)) if tree.limited else ():  # (no limit: every one is infinite)
         if above(u[n], tree.limit[n]):
             raise PlanError(f"queue {tree.queues[n].name!r} holds {_show(u[n])}, over its limit "
                             f"{_show(tree.limit[n])}")
@@ -68,10 +68,18 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
     # (with a margin far above the rounding of the sums) can have them over it
     over = {q for q in tree.leaves if u[q][0] > G[q][0] + _EPS / 2}
     if over:
+        # (each job's leaf from the book's own dict when ``leaves`` reads it: ``where``; a job's GPU share as
+        # job_share gives it, and the lesser of it and what the job asks, as min() picks it)
+        where: Mapping[str, tuple[int, bool]] | None = getattr(leaf, "where", None)
         for j in adm.guaranteed:
-            a = allocs.get(j.id)
-            if a is not None and (q := leaf[j.id]) in over:
-                ua[q] += min(job_share(a)[0], j.spec.gpus)
+            jid = j.id
+            a = allocs.get(jid)
+            if a is not None:
+                q = where[jid][0] if where is not None else leaf[jid]
+                if q in over:
+                    share = a.num_gpus / (1 + len(a.group))
+                    g = j.spec.gpus
+                    ua[q] += g if g < share else share
     for q in tree.leaves:
         if q in over and ua[q] > G[q][0] + _EPS:
             raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q]:g} GPUs, more "
@@ -121,11 +129,39 @@ def _placeable(job: Job, q: int, tree: QueueTree, adm: Admission, plan: Plan, vi
     reads, so a run gives the same results with checks on or off.)"""
     lenders = {o for o in tree.leaves if o != q and u[o][0] > tree.guarantee[o][0] + _EPS}
     tier_a = {j.id for j in adm.guaranteed}
-    kept = {jid: a for jid, a in plan.allocations.items() if jid in tier_a or leaf.get(jid) not in lenders}
-    free = FreeState.of(view.cluster, kept)
+    where: Mapping[str, tuple[int, bool]] | None = getattr(leaf, "where", None)
+    if where is not None:
+        given = [a for jid, a in plan.allocations.items()
+                 if jid not in tier_a and (w := where.get(jid)) is not None and w[0] in lenders]
+    else:
+        given = [a for jid, a in plan.allocations.items() if jid not in tier_a and leaf.get(jid) in lenders]
+    free = kept_free(view, plan, given)
     state = view.rng.bit_generator.state
     try:
         return copy.copy(place).choose_for(Request((job,), job.spec.gpus, job.spec.cpus, job.spec.mem_mb), free,
                                        view) is not None
     finally:
         view.rng.bit_generator.state = state
+
+
+def kept_free(view: View, plan: Plan, given: Sequence[Allocation]) -> FreeState:
+    """What ``plan`` leaves free once the allocations ``given`` (of the plan) are given back: the free state
+    the view keeps of its current allocations, with what the plan takes out of them released, what it puts in
+    taken and ``given`` released, in O(changes + given); built from every kept allocation when the view keeps
+    none, or an allocation among those is in a group (its GPUs count once)."""
+    free, current, allocs = view.free, view.current, plan.allocations
+    if free is not None and not free.outside:
+        removed, added = changes(current, plan)
+        gone = [current[jid] for jid in removed]
+        new = [allocs[jid] for jid in added]
+        if not any(a.group for a in gone) and not any(a.group for a in new) and not any(a.group for a in given):
+            out = free.copy()
+            for a in gone:
+                out.release(a.parts)
+            for a in new:
+                out.take(a.parts)
+            for a in given:
+                out.release(a.parts)
+            return out
+    back = {id(a) for a in given}
+    return FreeState.of(view.cluster, {jid: a for jid, a in allocs.items() if id(a) not in back})

@@ -179,6 +179,11 @@ class QuotaQueues(QueuePolicy):
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
+        # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
+        self._lent_memo: tuple[Mapping[str, Allocation], list[float], set[int]] | None = None
+        # the last plan whose usage from the book was worked out (owed and the round's check read the same
+        # plan): (plan, view, their sizes, the usage)
+        self._usage_memo: tuple[Plan, View, tuple[int, ...], list[list[float]] | None] | None = None
         # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
         # prefix filled the cluster: a round on its plan would plan it again (see appended)
         self._settled = False
@@ -261,6 +266,17 @@ class QuotaQueues(QueuePolicy):
         return out
 
     def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
+        """:meth:`_usage_from_book`, kept for the plan last asked of (the same object, of the same size, in the
+        same view: owed and the round's check ask of the same plan)."""
+        sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
+        memo = self._usage_memo
+        if memo is not None and memo[0] is plan and memo[1] is view and memo[2] == sizes:
+            return memo[3]
+        out = self._usage_from_book(plan, view)
+        self._usage_memo = (plan, view, sizes, out)
+        return out
+
+    def _usage_from_book(self, plan: Plan, view: View) -> list[list[float]] | None:
         book = self._book_ready(view)
         if book is None or not book.exact:
             return None
@@ -661,8 +677,11 @@ class QuotaQueues(QueuePolicy):
         u = self.usage_of(plan, view)
         out = []
         smallest = self._smallest_left_out(plan, view)
+        limited, guarantee = tree.limited, tree.guarantee
         for q in tree.leaves:
-            room = min(tree.guarantee[q][0] - u[q][0], *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
+            room = guarantee[q][0] - u[q][0]
+            if limited:  # (else every limit is infinite)
+                room = min(room, *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
             if room < 1 - _EPS or (smallest is not None and smallest(q) > room + _EPS):
                 continue  # (the book knows when no job of the queue left out fits what it is owed)
             jobs = _fitting(self._lists[q], allocs, room + _EPS)
@@ -679,9 +698,11 @@ class QuotaQueues(QueuePolicy):
         book = self._book
         if not self._from_book or book is None or not book.follows(view) or view.by_id is None:
             return None
-        allocs, by_id = plan.allocations, view.by_id
+        allocs, by_id, current = plan.allocations, view.by_id, view.current
         stopped: dict[int, float] = {}
-        for jid in view.current:
+        # (a plan that extends the current allocations stops only jobs it lists as taken out)
+        extends = plan.base is current and len(allocs) == len(current) - len(plan.removed) + len(plan.added)
+        for jid in plan.removed if extends else current:
             if jid not in allocs:
                 q, g = book.where[jid][0], by_id[jid].spec.gpus
                 if g < stopped.get(q, math.inf):
@@ -697,11 +718,16 @@ class QuotaQueues(QueuePolicy):
         by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
         leaf = self.leaf_map([jid for jid in allocs if jid in by_id], view)
         held = [0.0] * len(tree)  # each leaf's GPUs, as usage() sums them (a leaf is on its own jobs' paths only)
+        grouped = False
         for jid, q in leaf.items():
             a = allocs[jid]
+            if a.group:
+                grouped = True
             held[q] += a.num_gpus / (1 + len(a.group))
         g = tree.guarantee
         lenders = {q for q in tree.leaves if held[q] > g[q][0] + _EPS}
+        # (for lent_since: with whole GPUs per job the sums are exact in any order)
+        self._lent_memo = None if grouped else (allocs, held, lenders)
         if not lenders:
             return []
         adm = self._last
@@ -711,6 +737,32 @@ class QuotaQueues(QueuePolicy):
         # placed without admission (a plan hook kept them): evicted first
         kept.update(j.id for j in adm.over)
         return over + [by_id[jid] for jid, q in leaf.items() if q in lenders and jid not in kept]
+
+    def lent_since(self, before: Sequence[Job], gone: Sequence[Allocation], added: Sequence[Allocation],
+                   allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
+        """:meth:`lent` from the last call's sums, in O(changes + queues): ``allocs`` is the mapping that call
+        read, ``before`` what it gave, with ``gone`` taken out and ``added`` put in since.  Each leaf's GPUs are
+        those sums with the changes; while no queue becomes a lender, the work lent is ``before`` without what
+        left ``allocs``, what is now ``guaranteed`` and the queues no longer lenders (in its order, as
+        :meth:`lent` gives it).  Otherwise (a group's share: fractions; a new lender) :meth:`lent`."""
+        memo, tree = self._lent_memo, self.tree
+        if (memo is None or memo[0] is not allocs or tree is None or any(a.group for a in gone)
+                or any(a.group for a in added)):
+            return self.lent(allocs, view, guaranteed)
+        _, held, lenders = memo
+        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
+        for sign, allocations in ((-1, gone), (1, added)):
+            for a in allocations:
+                j = by_id.get(a.job_id)
+                if j is not None:
+                    held[self.leaf(j)] += sign * a.num_gpus
+        g = tree.guarantee
+        if any(held[q] > g[q][0] + _EPS for q in tree.leaves if q not in lenders):
+            return self.lent(allocs, view, guaranteed)
+        now = {q for q in lenders if held[q] > g[q][0] + _EPS}
+        self._lent_memo = (allocs, held, now)
+        kept = set(guaranteed)
+        return [j for j in before if j.id in allocs and j.id not in kept and self.leaf(j) in now]
 
     def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
         again = [o for o in owed if o.queue in self._owed_before]

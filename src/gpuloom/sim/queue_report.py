@@ -53,7 +53,8 @@ class QueueRecorder:
 
     It reads no pending reasons (``reads_reasons``), and keeps its totals from the driver's changes
     (:class:`~gpuloom.driver.Listener`, attached when the simulator is built): an event costs
-    O(changes since the last one + queues), not a pass over the running and waiting jobs."""
+    O(changes since the last one), not a pass over the running and waiting jobs; only the queues they touch
+    are worked out again, and an event that touches none records nothing."""
 
     reads_reasons = False
 
@@ -75,7 +76,14 @@ class QueueRecorder:
         self._held: list[float] = []  # per column: GPUs held now
         self._demand: list[float] = []  # per column: GPUs the active jobs ask for
         self._asked: list[float] = []  # per column: GPUs the running jobs ask for
-        self._waiting_now: list[float] = []
+        self._waiting_now: list[float] = []  # per column: GPUs its waiting jobs asked for at the last round
+        # per column, the last point's GPUs held and deficit; the columns changed since (their point, over-limit
+        # state), those whose waiting GPUs to read again at the next round, and those over their limit
+        self._row: list[float] = []
+        self._deficit: list[float] = []
+        self._dirty: set[int] = set()
+        self._waited: set[int] = set()
+        self._over: set[int] = set()
         # the driver's changes not counted yet: allocations (counted at every event), admissions and ends
         # (counted at rounds, when the queue stage's own tree knows every active job's queue)
         self._changes: list[tuple[Job, Any, Any]] = []
@@ -125,10 +133,15 @@ class QueueRecorder:
             self._held += [0.0] * grow
             self._demand += [0.0] * grow
             self._asked += [0.0] * grow
-        col, held, asked = self._col, self._held, self._asked
+            self._waiting_now += [0.0] * grow
+            self._row += [0.0] * grow
+            self._deficit += [0.0] * grow
+            self._dirty.update(range(len(self.names)))  # (guarantees and limits read again)
+        col, held, asked, dirty = self._col, self._held, self._asked, self._dirty
         # what runs: the allocations that changed since the last event (starts, ends, moves, regroups)
         for job, old, new in self._changes:
             k = col[self.queue_of(job)]
+            dirty.add(k)
             if old is not None:
                 held[k] -= old.num_gpus / (1 + len(old.group))
                 if new is None:
@@ -138,30 +151,51 @@ class QueueRecorder:
                 if old is None:
                     asked[k] += job.spec.gpus
         self._changes.clear()
+        waiting, row, deficit, g = self._waiting_now, self._row, self._deficit, self._guarantee
         if event == "round":
             # what is asked for: the GPUs of every active job, kept from arrivals and ends
-            comings, demand = self._comings, self._demand
+            comings, demand, waited = self._comings, self._demand, self._waited
             gone = {job.id for job, sign in comings if sign < 0}
             came = {job.id for job, sign in comings if sign > 0}
             for job, sign in comings:
                 if job.id in gone and job.id in came:
                     continue  # (came and went between two rounds: never counted)
-                demand[col[self.queue_of(job)]] += sign * job.spec.gpus
+                k = col[self.queue_of(job)]
+                demand[k] += sign * job.spec.gpus
+                waited.add(k)
             comings.clear()
-            self._waiting_now = [max(0.0, d - r) for d, r in zip(demand, asked, strict=True)]
-            for k, n in enumerate(self.names):
-                if held[k] > self._limit[k] + 1e-6:
-                    self.limit_violations[n] = self.limit_violations.get(n, 0) + 1
-        waiting = self._waiting_now + [0.0] * (len(held) - len(self._waiting_now))
-        row = [round(h, 9) + 0.0 for h in held]  # (sums of fractions: no -0.0 or 1e-16 left over)
-        deficit = [max(0.0, min(g, h + w) - h) for g, h, w in zip(self._guarantee, row, waiting, strict=True)]
+            # what waits, read at rounds only: where what is asked for or what runs changed since the last one
+            waited |= dirty
+            for k in waited:
+                waiting[k] = max(0.0, demand[k] - asked[k])
+            dirty |= waited
+            waited.clear()
+        # the columns whose GPUs held or waiting changed: their point, and whether they are over their limit
+        if dirty:
+            limit, over = self._limit, self._over
+            for k in dirty:
+                h = row[k] = round(held[k], 9) + 0.0  # (sums of fractions: no -0.0 or 1e-16 left over)
+                deficit[k] = max(0.0, min(g[k], h + waiting[k]) - h)
+                if held[k] > limit[k] + 1e-6:
+                    over.add(k)
+                else:
+                    over.discard(k)
+            if event != "round":
+                self._waited |= dirty  # (what runs changed: what waits is read again at the next round)
+        if event == "round" and self._over:
+            for k in sorted(self._over):
+                n = self.names[k]
+                self.limit_violations[n] = self.limit_violations.get(n, 0) + 1
+        if not dirty and self.t:
+            return  # (nothing changed since the last point)
+        dirty.clear()
         t = sim.now
         if self.t and self.t[-1] == t:
-            self.held[-1], self.deficit[-1] = row, deficit
+            self.held[-1], self.deficit[-1] = list(row), list(deficit)
         elif not self.t or self.held[-1] != row or self.deficit[-1] != deficit:
             self.t.append(t)
-            self.held.append(row)
-            self.deficit.append(deficit)
+            self.held.append(list(row))
+            self.deficit.append(list(deficit))
 
     def finish(self, sim: Simulator) -> dict[str, Any]:
         """The recorded data (plain values: they travel back from worker processes)."""
