@@ -490,8 +490,8 @@ class InterleaveFactor:
         return p
 
     def profiles(self, jobs: Sequence[Job]) -> list[Profile | None]:
-        """:meth:`profile` of each of ``jobs`` (a round's jobs: the cache is read inline)."""
-        cache, profile = self._profiles, self.profile
+        """:meth:`profile` of each of ``jobs``, in order."""
+        cache, profile = self._profiles, self.profile  # (a hit read here, as profile() reads it)
         out: list[Profile | None] = []
         for j in jobs:
             spec = j.spec

@@ -75,7 +75,7 @@ class KeyOrder(OrderPolicy):
         return None
 
     def keys(self, jobs: Sequence[Job], view: View) -> list[float]:
-        """:meth:`key` of each of ``jobs`` (an order whose key is one expression writes it out here)."""
+        """:meth:`key` of each of ``jobs``, in order (an order may compute them all in one expression)."""
         return [self.key(j, view) for j in jobs]
 
     def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
