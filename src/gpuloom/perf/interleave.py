@@ -489,6 +489,16 @@ class InterleaveFactor:
         self._profiles[spec.id] = (spec, p)
         return p
 
+    def profiles(self, jobs: Sequence[Job]) -> list[Profile | None]:
+        """:meth:`profile` of each of ``jobs``, in order."""
+        cache, profile = self._profiles, self.profile  # (a hit read here, as profile() reads it)
+        out: list[Profile | None] = []
+        for j in jobs:
+            spec = j.spec
+            hit = cache.get(spec.id)
+            out.append(hit[1] if hit is not None and hit[0] is spec else profile(j))
+        return out
+
     def solo_time(self, job: Job | JobSpec) -> float:
         """A job's iteration time alone: its profile's sum, or with raw profiles its iteration time
         (``attrs["iteration_time"]``, else ``iter_time``, else the sum of its stages)."""

@@ -691,6 +691,8 @@ class PlacePolicy(Stage):
         order = list(range(n))
         cap = view.cluster.num_gpus
         selected = [False] * n
+        # the requests past the last one selected are never selected: phases 2a and 2b walk up to it
+        reach = 0
         for i in order:
             if cap <= 0:
                 break
@@ -698,18 +700,20 @@ class PlacePolicy(Stage):
             if g <= cap:
                 selected[i] = True
                 cap -= g
+                reach = i + 1
             elif not self.backfill:
                 break
+        chosen = order[:reach]
         done = [False] * n
         if self.sticky:
-            free = self._sticky_start(requests, order, selected, done, plan, view)
+            free = self._sticky_start(requests, chosen, selected, done, plan, view)
         else:
             free = FreeState(view.cluster)
         if view.blocked is not None and view.blocked.held:
             free.take_held(view.blocked.held)  # (work outside the plan: not free all round, so not walked for)
         # phase 2a: sticky keeps selected running requests whose size changed on their GPUs if they fit
         if self.sticky:
-            for i in order:
+            for i in chosen:
                 if done[i] or not selected[i] or not requests[i].running:
                     continue
                 parts = self.keep_parts(requests[i], free, view)
@@ -718,7 +722,7 @@ class PlacePolicy(Stage):
                     done[i] = True
         # phase 2b: place the rest of the selection in order (from here on resources are only taken)
         refused: set[tuple] = set()  # shapes of new requests refused (policies/incremental.py: try_new)
-        for i in order:
+        for i in chosen:
             if selected[i] and not done[i]:
                 done[i] = try_new(self, plan, requests[i], free, view, refused)
                 if not done[i] and not self.backfill:

@@ -254,19 +254,22 @@ class _BucketState:
         self.any_label = any(x >= 0 for x in self.labels)
 
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
-        used = [False] * len(self.nodes)
-        nodes, keys, common = self.nodes, self.keys, self.common
-        merged: list[tuple[list[int], tuple[Profile, ...], int]] = []
+        # nodes are disjoint and kept in order of their first member, so a merged pair's node takes
+        # the place of its earlier node and the later one leaves: the order holds without a sort
+        nodes, keys, common = self.nodes, list(self.keys), list(self.common)
+        new = list(nodes)
+        gone = [False] * len(nodes)
         for a, c in pairs:
+            if c < a:
+                a, c = c, a
             la = common[a]
-            merged.append((sorted(nodes[a] + nodes[c]), tuple(sorted(keys[a] + keys[c])),
-                           la if la == common[c] else -1))
-            used[a] = used[c] = True
-        merged.extend((nd, keys[i], common[i]) for i, nd in enumerate(nodes) if not used[i])
-        merged.sort()  # by first member: nodes are disjoint, so nothing else is compared
-        self.nodes = [m[0] for m in merged]
-        self.keys = [m[1] for m in merged]
-        self.common = [m[2] for m in merged]
+            new[a] = sorted(nodes[a] + nodes[c])
+            keys[a] = tuple(sorted(keys[a] + keys[c]))
+            common[a] = la if la == common[c] else -1
+            gone[c] = True
+        self.nodes = [nd for nd, g in zip(new, gone, strict=True) if not g]
+        self.keys = [k for k, g in zip(keys, gone, strict=True) if not g]
+        self.common = [x for x, g in zip(common, gone, strict=True) if not g]
         self.gids = []
 
 
@@ -303,7 +306,7 @@ class MuriGrouping(GroupPolicy):
         factor = view.model.get("interleave")
         if not isinstance(factor, InterleaveFactor):
             raise PolicyError("group policy 'muri' needs an 'interleave' factor in the throughput model")
-        profiles: list[Profile | None] = [factor.profile(j) for j in ordered]
+        profiles = factor.profiles(ordered)
         ks = {len(p) for p in profiles if p is not None}
         if len(ks) > 1:
             raise PolicyError(f"group policy 'muri': jobs have stage profiles of different lengths {sorted(ks)}")

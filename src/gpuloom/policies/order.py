@@ -74,8 +74,12 @@ class KeyOrder(OrderPolicy):
         the rate until time ``b`` and the rate after it; None if it stays put."""
         return None
 
+    def keys(self, jobs: Sequence[Job], view: View) -> list[float]:
+        """:meth:`key` of each of ``jobs``, in order (an order may compute them all in one expression)."""
+        return [self.key(j, view) for j in jobs]
+
     def order(self, jobs: Sequence[Job], view: View) -> Sequence[Job]:
-        keys = [self.key(j, view) for j in jobs]
+        keys = self.keys(jobs, view)
         dec = sorted(zip(keys, [j.index for j in jobs], jobs, strict=True), key=itemgetter(0, 1))
         ordered = [d[2] for d in dec]
         if self.dynamic:
@@ -179,6 +183,12 @@ class SRTF(KeyOrder):
     def key(self, job: Job, view: View) -> float:
         return job.remaining_at(view.now)
 
+    def keys(self, jobs: Sequence[Job], view: View) -> list[float]:
+        if type(self).key is not SRTF.key:
+            return super().keys(jobs, view)
+        now = view.now
+        return [j.remaining_at(now) for j in jobs]
+
     def slopes(self, job: Job, now: float) -> Slopes | None:
         # remaining work falls at the job's speed once its launch is over
         return None if job.alloc is None or job.speed <= 0 else (0.0, -job.speed, job.busy_until)
@@ -197,6 +207,12 @@ class LAS(KeyOrder):
 class SRSF(KeyOrder):
     def key(self, job: Job, view: View) -> float:
         return job.remaining_at(view.now) * job.spec.gpus
+
+    def keys(self, jobs: Sequence[Job], view: View) -> list[float]:
+        if type(self).key is not SRSF.key:
+            return super().keys(jobs, view)
+        now = view.now
+        return [j.remaining_at(now) * j.spec.gpus for j in jobs]
 
     def slopes(self, job: Job, now: float) -> Slopes | None:
         if job.alloc is None or job.speed <= 0:

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from ..core.job import Job
 from .base import Request, SizePolicy, View, register
 
+#: group requests kept (cleared when full: a run's groups come and go)
+_GROUPS_KEPT = 100_000
+
 
 @register("size", "proportional", "gpu-proportional")
 class Proportional(SizePolicy):
@@ -26,8 +29,12 @@ class Proportional(SizePolicy):
             req = job.extra["proportional_request"] = Request((job,), sp.gpus, sp.cpus, sp.mem_mb)
         return req
 
+    def __init__(self) -> None:
+        self._groups: dict[tuple[Job, ...], Request] = {}
+
     def size(self, units: Sequence[tuple[Job, ...]], view: View) -> list[Request]:
         out = []
+        groups = self._groups
         for unit in units:
             if len(unit) == 1:
                 # a lone job's request never changes: build it once (hot path)
@@ -37,6 +44,14 @@ class Proportional(SizePolicy):
                     req = j.extra["proportional_request"] = Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb)
                 out.append(req)
             else:
-                j = unit[0]
-                out.append(Request(tuple(unit), max(m.spec.gpus for m in unit), j.spec.cpus, j.spec.mem_mb))
+                # a group's request is a function of its jobs (in order) alone: built once while the
+                # group lasts, so its key is computed once too (groups last many rounds)
+                unit = tuple(unit)
+                req = groups.get(unit)
+                if req is None:
+                    if len(groups) >= _GROUPS_KEPT:
+                        groups.clear()
+                    j = unit[0]
+                    req = groups[unit] = Request(unit, max(m.spec.gpus for m in unit), j.spec.cpus, j.spec.mem_mb)
+                out.append(req)
         return out
