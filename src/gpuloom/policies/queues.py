@@ -514,6 +514,7 @@ class QuotaQueues(QueuePolicy):
         self._by_rank = (adm if full and from_book and share_key is None and not tree.limited and not tree.surplus
                          and not self._prioritised else None)
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
+        adm.heads = heads
         steps: list[tuple[int, Triple | None]] | None = None
         if self.logs_walk:  # (what the walk chose, step by step, from what use: next_change reads it)
             steps = []
@@ -589,11 +590,20 @@ class QuotaQueues(QueuePolicy):
         be placed, as the whole round's reclaim would).  So: the cross-queue order by rank (``quota``),
         borrowing, no limit, no surplus tier, no priority, the tree and the walk's tiers as the last round
         left them (the book's leaves, cached tiers), and no job of ``jobs`` that fits its queue's guarantee
-        beside the jobs it already admits there (it would join the guaranteed tier)."""
+        beside the jobs it already admits there (it would join the guaranteed tier).
+
+        An order by shares (``drf``; not fair share, whose keys decay with time) puts a new job after every
+        job of its queue admitted before, so past every job the last walk read when that queue still had
+        jobs left then (``Admission.heads``): the walk is the same as far as that round read it.  When that
+        round's plan left no GPU free, placement stops at the same point (each new job only adds to the
+        waiting jobs it counts ahead), so the round plans what the last one did and places none of them."""
         book, tree = self._book, self.tree
+        keyed = type(self).share_key is not QuotaQueues.share_key
+        heads = self._last.heads
         if (not self._settled or self._starved or self._owed_before or self._prioritised or not self.borrow
-                or type(self).share_key is not QuotaQueues.share_key or tree is None or tree.limited or tree.surplus
-                or book is None or not book.follows(view) or book.version != (self.version, tree)):
+                or tree is None or tree.limited or tree.surplus
+                or book is None or not book.follows(view) or book.version != (self.version, tree)
+                or (keyed and (self.dynamic or heads is None or view.free is None or view.free.free_gpus != 0))):
             return False
         version = self.version
         if self._tree(jobs, view) is not tree or self.version != version:
@@ -605,7 +615,7 @@ class QuotaQueues(QueuePolicy):
         owed = tree.owed
         for j in jobs:
             q, prio = self._leaf_and_priority(j)
-            if prio:
+            if prio or (keyed and heads[q] is None):
                 return False
             o = owed[q]
             if not self.guarantees or o[0] < 1 - _EPS:
@@ -628,7 +638,8 @@ class QuotaQueues(QueuePolicy):
         """The round admitted its new jobs last (:meth:`appended`) and placed ``placed`` of them: they are
         borrowing."""
         last = self._last
-        self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated)
+        self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated,
+                               heads=last.heads)
 
     def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
         """The running jobs ``adm``'s borrowing walk yields, in its order, without reading it: when the walk
