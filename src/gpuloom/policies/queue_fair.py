@@ -76,6 +76,7 @@ class FairShareQueues(QuotaQueues):
         self.decayed: DecayedUsage | None = None
         self._names: list[str] = []
         self._held: list[float] = []
+        self._kept_until = -math.inf  # until when the last settled round's walk chooses the same (walk_kept)
 
     def _tree_ready(self, tree: QueueTree, view: View) -> None:
         if self.decayed is None or self._names != tree.names:
@@ -128,7 +129,21 @@ class FairShareQueues(QuotaQueues):
         at which it comes within rounding of zero is the pair's change.  Guaranteed tiers do not depend on
         time; placement and reclaim read only the walk.  A queue tree of more than one level, a near tie, or
         a starved or owed queue: the next round."""
-        now = view.now
+        return self._change_after(view.now)
+
+    def settled(self, done: bool) -> None:
+        super().settled(done)
+        d = self.decayed
+        self._kept_until = (self._change_after(d.last) if self._settled and d is not None and d.last is not None
+                            else -math.inf)
+
+    def walk_kept(self, now: float) -> bool:
+        """Up to the last settled round's next change (:meth:`next_change`, worked out then) its walk
+        chooses the same as usage decays, and its GPUs are still held (only jobs arrived since)."""
+        return now < self._kept_until
+
+    def _change_after(self, now: float) -> float:
+        """:meth:`next_change` for a round at ``now`` (the time usage last decayed to)."""
         tree, decayed, log = self.tree, self.decayed, self._last.log
         if self._starved or self._owed_before or tree is None or decayed is None or decayed.last != now:
             return now

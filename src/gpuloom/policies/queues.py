@@ -592,18 +592,20 @@ class QuotaQueues(QueuePolicy):
         left them (the book's leaves, cached tiers), and no job of ``jobs`` that fits its queue's guarantee
         beside the jobs it already admits there (it would join the guaranteed tier).
 
-        An order by shares (``drf``; not fair share, whose keys decay with time) puts a new job after every
-        job of its queue admitted before, so past every job the last walk read when that queue still had
-        jobs left then (``Admission.heads``): the walk is the same as far as that round read it.  When that
-        round's plan left no GPU free, placement stops at the same point (each new job only adds to the
-        waiting jobs it counts ahead), so the round plans what the last one did and places none of them."""
+        An order by shares (``drf``, ``fairshare``) puts a new job after every job of its queue admitted
+        before, so past every job the last walk read when that queue still had jobs left then
+        (``Admission.heads``): the walk is the same as far as that round read it, while the keys choose
+        as they did then (:meth:`walk_kept`).  When that round's plan left no GPU free, placement stops at
+        the same point (each new job only adds to the waiting jobs it counts ahead), so the round plans
+        what the last one did and places none of them."""
         book, tree = self._book, self.tree
         keyed = type(self).share_key is not QuotaQueues.share_key
         heads = self._last.heads
         if (not self._settled or self._starved or self._owed_before or self._prioritised or not self.borrow
                 or tree is None or tree.limited or tree.surplus
                 or book is None or not book.follows(view) or book.version != (self.version, tree)
-                or (keyed and (self.dynamic or heads is None or view.free is None or view.free.free_gpus != 0))):
+                or (keyed and (heads is None or view.free is None or view.free.free_gpus != 0
+                               or not self.walk_kept(view.now)))):
             return False
         version = self.version
         if self._tree(jobs, view) is not tree or self.version != version:
@@ -628,7 +630,13 @@ class QuotaQueues(QueuePolicy):
                 return False
         book.fill((version, tree), self._leaf_and_priority)
         book.changed.difference_update(self._tier_a)  # (their guaranteed tiers did not change)
+        self._tree_ready(tree, view)  # (as admission would: fair share's usage decays to now)
         return True
+
+    def walk_kept(self, now: float) -> bool:
+        """Whether the borrowing walk's keys at ``now`` choose as they did in the last settled round, for
+        the jobs it read then (time alone changes no key here; fair share's decay does)."""
+        return not self.dynamic
 
     def all_guaranteed_placed(self, plan: Plan) -> bool:
         allocs = plan.allocations
@@ -639,7 +647,7 @@ class QuotaQueues(QueuePolicy):
         borrowing."""
         last = self._last
         self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated,
-                               heads=last.heads)
+                               log=last.log, heads=last.heads)
 
     def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
         """The running jobs ``adm``'s borrowing walk yields, in its order, without reading it: when the walk
