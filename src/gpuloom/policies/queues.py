@@ -395,6 +395,8 @@ class QuotaQueues(QueuePolicy):
         # (no node but the leaf sums them) its use is set to what they summed to
         cache: dict[int, TierA] | None = None
         flat = False
+        # no limit anywhere: every job fits them (each is INF); one level: a leaf's use is its own
+        limited, flat_tree = tree.limited, all(len(p) == 1 for p in path)
         if from_book and not tree.limited:
             assert book is not None
             key = (self.version, tree, strict, per_gpu)
@@ -436,11 +438,13 @@ class QuotaQueues(QueuePolicy):
                 # (from the book: its jobs not walked yet, by GPUs, to stop where none of them would fit)
                 ahead = dict(book.sizes.get(q, ())) if from_book and book is not None else None
                 for x in lists[q]:
-                    i, j = x
-                    d = demand(j)
+                    j = x[1]
+                    d = _demand(j, per_gpu)
                     if ahead is not None:
                         ahead[j.spec.gpus] -= 1
-                    if fits(d, owed, (q,)) and fits(d, limit, path[q]):
+                    u = use[q]
+                    if (u[0] + d[0] <= o[0] + _EPS and u[1] + d[1] <= o[1] + _EPS and u[2] + d[2] <= o[2] + _EPS
+                            and (not limited or fits(d, limit, path[q]))):  # (fits(d, owed, (q,)), inline)
                         take(q, d)
                         mine.append(x)
                         ds.append(d)
@@ -520,8 +524,6 @@ class QuotaQueues(QueuePolicy):
             steps = []
             adm.log = (steps, [u[0] for u in use], heads)
 
-        # no limit anywhere: every job fits them (each is INF); one level: a leaf's use is its own
-        limited, flat_tree = tree.limited, all(len(p) == 1 for p in path)
         over_append = adm.over.append
 
         def borrowing() -> Iterator[Job]:
@@ -534,7 +536,7 @@ class QuotaQueues(QueuePolicy):
                     if steps is not None:
                         steps.append((q, None))
                     continue
-                d = demand(j)
+                d = _demand(j, per_gpu)
                 if limited and not fits(d, limit, path[q]):
                     adm.held[j.id] = QUEUE_AT_QUOTA
                     if strict:
