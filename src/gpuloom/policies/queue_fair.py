@@ -76,7 +76,8 @@ class FairShareQueues(QuotaQueues):
         self.decayed: DecayedUsage | None = None
         self._names: list[str] = []
         self._held: list[float] = []
-        self._kept_until = -math.inf  # until when the last settled round's walk chooses the same (walk_kept)
+        #: (the time usage last decayed to, until when the last settled round's walk chooses the same then)
+        self._kept: tuple[float, float] | None = None
 
     def _tree_ready(self, tree: QueueTree, view: View) -> None:
         if self.decayed is None or self._names != tree.names:
@@ -133,14 +134,20 @@ class FairShareQueues(QuotaQueues):
 
     def settled(self, done: bool) -> None:
         super().settled(done)
-        d = self.decayed
-        self._kept_until = (self._change_after(d.last) if self._settled and d is not None and d.last is not None
-                            else -math.inf)
+        self._kept = None
 
     def walk_kept(self, now: float) -> bool:
-        """Up to the last settled round's next change (:meth:`next_change`, worked out then) its walk
-        chooses the same as usage decays, and its GPUs are still held (only jobs arrived since)."""
-        return now < self._kept_until
+        """Up to the last settled round's next change (:meth:`next_change`'s analysis of its walk, from
+        the usage of the last round, settled or keeping its plan) that walk chooses the same as usage
+        decays, and its GPUs are still held (only jobs arrived since).  Worked out when asked, once per
+        time usage decayed to."""
+        d = self.decayed
+        if not self._settled or d is None or d.last is None:
+            return False
+        kept = self._kept
+        if kept is None or kept[0] != d.last:
+            kept = self._kept = (d.last, self._change_after(d.last))
+        return now < kept[1]
 
     def _change_after(self, now: float) -> float:
         """:meth:`next_change` for a round at ``now`` (the time usage last decayed to)."""
