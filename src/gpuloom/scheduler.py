@@ -686,11 +686,11 @@ class Scheduler:
         def walk_of(start: int) -> TailWalk:
             return TailWalk(ordered, start, request, None, counts, view.current)
 
-        out = prefix_plan(ordered, request, walk_of, self.place, view)
+        out = prefix_plan(ordered, request, walk_of, self.place, view, whole=True)
         if out is None:
             return self._plan(list(ordered), view)
         plan, end, tail = out
-        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + tail.requests(), full=True)
+        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + tail.requests(), full=tail.filled)
 
     def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job], every_asked: bool = False) -> dict[str, str]:
         """Why each active job the plan leaves out waits (see the module notes); ``every_asked``: the

@@ -214,10 +214,11 @@ def appended_plan(appended: Sequence[Job], request: Callable[[Job], Request], pl
 
 
 def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_of: Callable[[int], TailWalk],
-                place: PlacePolicy, view: View) -> tuple[Plan, int, TailWalk] | None:
+                place: PlacePolicy, view: View, whole: bool = False) -> tuple[Plan, int, TailWalk] | None:
     """``place.place`` (preemptive) over the prefix of ``ordered`` that fills the cluster, then the
     tail walk, visiting only the jobs whose place can change (see the module notes); None when the
-    prefix is the whole queue.  Returns the plan, the prefix's length and the walk.
+    prefix is the whole queue, unless ``whole`` (then the tail is empty, and the walk's ``filled`` is
+    False).  Returns the plan, the prefix's length and the walk.
 
     Phase 1 selects by GPU count as the scheduler's prefix does (the same loop, so the prefix
     ends where the count reaches the cluster's GPUs).  With static requests and no allocation
@@ -230,6 +231,7 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
     the tail.
     """
     cap = view.cluster.num_gpus
+    filled = True  # phase 1's count reached the cluster's GPUs before the end of ordered
     chosen: list[Job] = []  # the selected waiting jobs, in order
     rest: list[Job] = []  # the jobs not selected, in order
     kept: list[str] = []  # selected running jobs
@@ -254,7 +256,9 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
             if j.alloc is None:
                 idle.append(j)
     else:
-        return None
+        if not whole:
+            return None
+        filled = False
     end = len(chosen) + len(rest) + len(kept)
     assert view.free is not None
     current = view.current
@@ -324,6 +328,7 @@ def prefix_plan(ordered: Sequence[Job], request: Callable[[Job], Request], walk_
                 if s not in dead and not try_new(place, plan, request(j), free, view, refused, try_):
                     dead.add(s)
     walk = walk_of(end)
+    walk.filled = filled
     walk.keep = keep
     walk.try_ = try_
     walk.backfill(place, plan, free, view, refused, idle=idle, tail=jobs)
@@ -365,6 +370,7 @@ class TailWalk:
         self.waiting = waiting
         self.current = current
         self.visited: list[Job] = []
+        self.filled = True  # (prefix_plan: False when its prefix was all of ordered, the walk then empty)
 
     def requests(self) -> list[Request]:
         """The requests of the jobs the walk met (:attr:`visited`)."""

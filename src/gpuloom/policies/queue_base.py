@@ -35,6 +35,8 @@ class Admission:
     #: when the stage keeps it: (the borrowing walk's steps as (leaf, what its job took, or None: held
     #: back), each leaf's GPUs in use when the walk began, each leaf's next job when it last stopped)
     log: Any = None
+    #: each leaf's next job in the borrowing walk (None: none left) as far as the walk was read
+    heads: Any = None
 
     def finish(self) -> None:
         """Read a lazy walk to its end (``over``, ``held`` and ``truncated`` are then complete)."""

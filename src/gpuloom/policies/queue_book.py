@@ -189,9 +189,18 @@ class Walk(Sequence[Job]):
                 i = n
                 continue
             more = self.more
-            if more is None or next(more, None) is None:  # (the generator appends the job it yields to over)
-                self.more = None
+            if more is None:
                 return
+            # the walk's jobs one by one, as yielded (the generator appends each to over, at index i)
+            for j in more:
+                i += 1
+                yield j
+                if len(over) != i:  # (another reader pulled meanwhile, or over changed: read it again)
+                    break
+            else:
+                self.more = None
+                if len(over) <= i:
+                    return
 
     def __len__(self) -> int:
         self.finish()

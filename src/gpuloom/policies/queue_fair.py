@@ -76,6 +76,8 @@ class FairShareQueues(QuotaQueues):
         self.decayed: DecayedUsage | None = None
         self._names: list[str] = []
         self._held: list[float] = []
+        #: (the time usage last decayed to, until when the last settled round's walk chooses the same then)
+        self._kept: tuple[float, float] | None = None
 
     def _tree_ready(self, tree: QueueTree, view: View) -> None:
         if self.decayed is None or self._names != tree.names:
@@ -128,7 +130,27 @@ class FairShareQueues(QuotaQueues):
         at which it comes within rounding of zero is the pair's change.  Guaranteed tiers do not depend on
         time; placement and reclaim read only the walk.  A queue tree of more than one level, a near tie, or
         a starved or owed queue: the next round."""
-        now = view.now
+        return self._change_after(view.now)
+
+    def settled(self, done: bool) -> None:
+        super().settled(done)
+        self._kept = None
+
+    def walk_kept(self, now: float) -> bool:
+        """Up to the last settled round's next change (:meth:`next_change`'s analysis of its walk, from
+        the usage of the last round, settled or keeping its plan) that walk chooses the same as usage
+        decays, and its GPUs are still held (only jobs arrived since).  Worked out when asked, once per
+        time usage decayed to."""
+        d = self.decayed
+        if not self._settled or d is None or d.last is None:
+            return False
+        kept = self._kept
+        if kept is None or kept[0] != d.last:
+            kept = self._kept = (d.last, self._change_after(d.last))
+        return now < kept[1]
+
+    def _change_after(self, now: float) -> float:
+        """:meth:`next_change` for a round at ``now`` (the time usage last decayed to)."""
         tree, decayed, log = self.tree, self.decayed, self._last.log
         if self._starved or self._owed_before or tree is None or decayed is None or decayed.last != now:
             return now

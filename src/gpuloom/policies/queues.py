@@ -101,8 +101,9 @@ PRIORITY = "Priority"
 
 _EPS = 1e-6
 Triple = tuple[float, float, float]
-#: a leaf's guaranteed tier: its (rank, job)s, what each asks, their ids, what they sum to
-TierA = tuple[list[tuple[int, Job]], list[Triple], set[str], Triple]
+#: a leaf's guaranteed tier: its (rank, job)s, what each asks, their ids, what they sum to; and the rest of
+#: the leaf's list: the jobs it passed before its last one, and how many of the list's jobs that spans
+TierA = tuple[list[tuple[int, Job]], list[Triple], set[str], Triple, list[tuple[int, Job]], int]
 _rank = itemgetter(0)
 
 
@@ -175,6 +176,7 @@ class QuotaQueues(QueuePolicy):
         # book's leaves, no limits): for the tree, strictness and cluster of _tier_a_key
         self._tier_a: dict[int, TierA] = {}
         self._tier_a_key: Any = None
+        self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
         self._prioritised = False  # the last admission saw a job of non-zero priority
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
         self._starved: set[int] = set()
@@ -409,11 +411,13 @@ class QuotaQueues(QueuePolicy):
         # (no node but the leaf sums them) its use is set to what they summed to
         cache: dict[int, TierA] | None = None
         flat = False
+        # no limit anywhere: every job fits them (each is INF); one level: a leaf's use is its own
+        limited, flat_tree = tree.limited, all(len(p) == 1 for p in path)
         if from_book and not tree.limited:
             assert book is not None
             key = (self.version, tree, strict, per_gpu)
             if self._tier_a_key != key:
-                self._tier_a, self._tier_a_key = {}, key
+                self._tier_a, self._tier_a_key, self._tier_a_merged = {}, key, None
             else:
                 for q in book.changed:
                     self._tier_a.pop(q, None)
@@ -421,15 +425,19 @@ class QuotaQueues(QueuePolicy):
             cache = self._tier_a
             flat = all(len(p) == 1 for p in path)
         taken_by: list[Collection[str]] = [()] * nq  # per leaf, its guaranteed jobs' ids
+        # per leaf, its jobs past its tier A, when the cache knows where tier A ends in its list
+        after: list[Iterator[tuple[int, Job]] | None] = [None] * nq
         if self.guarantees:
             tier_a: list[tuple[int, Job]] = []
+            all_hit = cache is not None
             for q in tree.leaves:
                 o = owed[q]
                 if o[0] < 1 - _EPS:
                     continue  # every job asks for at least one GPU
                 hit = cache.get(q) if cache is not None else None
                 if hit is not None:
-                    mine, ds, ids, total = hit
+                    mine, ds, ids, total = hit[:4]
+                    after[q] = itertools.chain(hit[4], itertools.islice(lists[q], hit[5], None))
                     if flat:
                         use[q] = list(total)
                     else:
@@ -438,20 +446,33 @@ class QuotaQueues(QueuePolicy):
                     tier_a += mine
                     taken_by[q] = ids
                     continue
+                all_hit = False
                 mine, ds = [], []
+                gaps: list[tuple[int, Job]] = []  # (the jobs passed, up to the last one taken)
+                passed: list[tuple[int, Job]] = []
+                span = 0
                 # (from the book: its jobs not walked yet, by GPUs, to stop where none of them would fit)
                 ahead = dict(book.sizes.get(q, ())) if from_book and book is not None else None
-                for i, j in lists[q]:
-                    d = demand(j)
+                for x in lists[q]:
+                    j = x[1]
+                    d = _demand(j, per_gpu)
                     if ahead is not None:
                         ahead[j.spec.gpus] -= 1
-                    if fits(d, owed, (q,)) and fits(d, limit, path[q]):
+                    u = use[q]
+                    if (u[0] + d[0] <= o[0] + _EPS and u[1] + d[1] <= o[1] + _EPS and u[2] + d[2] <= o[2] + _EPS
+                            and (not limited or fits(d, limit, path[q]))):  # (fits(d, owed, (q,)), inline)
                         take(q, d)
-                        mine.append((i, j))
+                        mine.append(x)
                         ds.append(d)
+                        if passed:
+                            gaps += passed
+                            passed = []
+                        span = len(mine) + len(gaps)
                         if use[q][0] > o[0] - 1 + _EPS:
                             break  # no room left for even one GPU
-                    elif strict:
+                        continue
+                    passed.append(x)
+                    if strict:
                         break
                     elif ahead is not None:
                         room = o[0] - use[q][0] + _EPS
@@ -462,12 +483,18 @@ class QuotaQueues(QueuePolicy):
                 taken_by[q] = ids
                 if cache is not None:
                     u = use[q]
-                    cache[q] = (mine, ds, ids, (u[0], u[1], u[2]))
+                    cache[q] = (mine, ds, ids, (u[0], u[1], u[2]), gaps, span)
             # in the order policy's order across queues (running jobs first under FIFO), each queue's kept (ranks
-            # are distinct: sorting by them merges the queues' lists)
-            tier_a.sort(key=_rank)
-            adm.guaranteed = [j for _, j in tier_a]
-        rest: list[Iterator[tuple[int, Job]]] = [_without(lists[q], taken_by[q]) for q in range(nq)]
+            # are distinct: sorting by them merges the queues' lists); the same as the last round's when every
+            # leaf's was (a copy: note_guaranteed extends it)
+            merged = self._tier_a_merged if all_hit else None
+            if merged is None:
+                tier_a.sort(key=_rank)
+                merged = [j for _, j in tier_a]
+                self._tier_a_merged = merged if cache is not None else None
+            adm.guaranteed = list(merged)
+        rest: list[Iterator[tuple[int, Job]]] = [
+            _without(lists[q], taken_by[q]) if (a := after[q]) is None else a for q in range(nq)]
         asked = sum(use[n][0] for n in range(nq) if tree.parent[n] < 0)
         # without ``full`` the walk hands on jobs asking for up to twice the cluster (placement rarely needs
         # more to fill it; the scheduler walks again with ``full`` when it does)
@@ -507,23 +534,26 @@ class QuotaQueues(QueuePolicy):
         self._by_rank = (adm if full and from_book and share_key is None and not tree.limited and not tree.surplus
                          and not self._prioritised else None)
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
+        adm.heads = heads
         steps: list[tuple[int, Triple | None]] | None = None
         if self.logs_walk:  # (what the walk chose, step by step, from what use: next_change reads it)
             steps = []
             adm.log = (steps, [u[0] for u in use], heads)
 
+        over_append = adm.over.append
+
         def borrowing() -> Iterator[Job]:
             nonlocal asked
             blocked: set[int] = set()  # strict: a leaf stops at its first job a limit keeps out
             stopped = None  # the leaf whose job ended the walk (its head was taken)
-            for q, (_, j) in _cross(heads, rest, share_key, tree):
+            for q, (_, j) in _cross(heads, rest, share_key, tree, flat_tree):
                 if q in blocked:
                     adm.held[j.id] = QUEUE_AT_QUOTA
                     if steps is not None:
                         steps.append((q, None))
                     continue
-                d = demand(j)
-                if not fits(d, limit, path[q]):
+                d = _demand(j, per_gpu)
+                if limited and not fits(d, limit, path[q]):
                     adm.held[j.id] = QUEUE_AT_QUOTA
                     if strict:
                         blocked.add(q)
@@ -532,8 +562,14 @@ class QuotaQueues(QueuePolicy):
                     continue
                 if steps is not None:
                     steps.append((q, d))
-                take(q, d)
-                adm.over.append(j)
+                if flat_tree:  # (the leaf alone sums it: take's loop over its path, inline)
+                    u = use[q]
+                    u[0] += d[0]
+                    u[1] += d[1]
+                    u[2] += d[2]
+                else:
+                    take(q, d)
+                over_append(j)
                 yield j
                 asked += d[0]
                 if asked >= enough:
@@ -572,11 +608,22 @@ class QuotaQueues(QueuePolicy):
         be placed, as the whole round's reclaim would).  So: the cross-queue order by rank (``quota``),
         borrowing, no limit, no surplus tier, no priority, the tree and the walk's tiers as the last round
         left them (the book's leaves, cached tiers), and no job of ``jobs`` that fits its queue's guarantee
-        beside the jobs it already admits there (it would join the guaranteed tier)."""
+        beside the jobs it already admits there (it would join the guaranteed tier).
+
+        An order by shares (``drf``, ``fairshare``) puts a new job after every job of its queue admitted
+        before, so past every job the last walk read when that queue still had jobs left then
+        (``Admission.heads``): the walk is the same as far as that round read it, while the keys choose
+        as they did then (:meth:`walk_kept`).  When that round's plan left no GPU free, placement stops at
+        the same point (each new job only adds to the waiting jobs it counts ahead), so the round plans
+        what the last one did and places none of them."""
         book, tree = self._book, self.tree
+        keyed = type(self).share_key is not QuotaQueues.share_key
+        heads = self._last.heads
         if (not self._settled or self._starved or self._owed_before or self._prioritised or not self.borrow
-                or type(self).share_key is not QuotaQueues.share_key or tree is None or tree.limited or tree.surplus
-                or book is None or not book.follows(view) or book.version != (self.version, tree)):
+                or tree is None or tree.limited or tree.surplus
+                or book is None or not book.follows(view) or book.version != (self.version, tree)
+                or (keyed and (heads is None or view.free is None or view.free.free_gpus != 0
+                               or not self.walk_kept(view.now)))):
             return False
         version = self.version
         if self._tree(jobs, view) is not tree or self.version != version:
@@ -588,7 +635,7 @@ class QuotaQueues(QueuePolicy):
         owed = tree.owed
         for j in jobs:
             q, prio = self._leaf_and_priority(j)
-            if prio:
+            if prio or (keyed and heads[q] is None):
                 return False
             o = owed[q]
             if not self.guarantees or o[0] < 1 - _EPS:
@@ -601,7 +648,13 @@ class QuotaQueues(QueuePolicy):
                 return False
         book.fill((version, tree), self._leaf_and_priority)
         book.changed.difference_update(self._tier_a)  # (their guaranteed tiers did not change)
+        self._tree_ready(tree, view)  # (as admission would: fair share's usage decays to now)
         return True
+
+    def walk_kept(self, now: float) -> bool:
+        """Whether the borrowing walk's keys at ``now`` choose as they did in the last settled round, for
+        the jobs it read then (time alone changes no key here; fair share's decay does)."""
+        return not self.dynamic
 
     def all_guaranteed_placed(self, plan: Plan) -> bool:
         allocs = plan.allocations
@@ -611,7 +664,8 @@ class QuotaQueues(QueuePolicy):
         """The round admitted its new jobs last (:meth:`appended`) and placed ``placed`` of them: they are
         borrowing."""
         last = self._last
-        self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated)
+        self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated,
+                               log=last.log, heads=last.heads)
 
     def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
         """The running jobs ``adm``'s borrowing walk yields, in its order, without reading it: when the walk
@@ -911,10 +965,13 @@ def _merge_by_rank(lists: Sequence[Iterator[tuple[int, Job]]]) -> Iterator[tuple
 
 
 def _cross(heads: list[tuple[int, Job] | None], rest: Sequence[Iterator[tuple[int, Job]]],
-           key: Callable[[int], Any] | None, tree: QueueTree) -> Iterator[tuple[int, tuple[int, Job]]]:
+           key: Callable[[int], Any] | None, tree: QueueTree,
+           flat: bool = False) -> Iterator[tuple[int, tuple[int, Job]]]:
     """(leaf, (rank, job)) over the remaining jobs (``heads[q]`` is leaf q's next, ``rest[q]`` the ones after
     it; both kept up to date, so a consumer that stops early leaves them as the jobs not yet read): by rank,
-    or by lowest ``key`` (lazy heap: keys only grow as jobs are taken), each leaf's jobs in its own order."""
+    or by lowest ``key`` (lazy heap: keys only grow as jobs are taken), each leaf's jobs in its own order.
+    ``flat``: a leaf's key changes only when its own job is taken (no inner queue's use is in another
+    leaf's key), and its entry is pushed with the new key then: a popped entry is never stale."""
     heap: list[tuple[Any, int, int]]
     if key is None:
         heap = [(h[0], q, q) for q, h in enumerate(heads) if h is not None]
@@ -923,7 +980,7 @@ def _cross(heads: list[tuple[int, Job] | None], rest: Sequence[Iterator[tuple[in
     heapq.heapify(heap)
     while heap:
         k, rank, q = heapq.heappop(heap)
-        if key is not None:
+        if key is not None and not flat:
             now_k = key(q)
             if now_k > k:
                 heapq.heappush(heap, (now_k, rank, q))
