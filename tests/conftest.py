@@ -90,6 +90,17 @@ def _machine(config: pytest.Config, exclusive: bool) -> Iterator[None]:
         os.close(queue)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package's modules once, in the session's first process: every server, command and agent the
+    tests start imports them, and where ``$PYTHONDONTWRITEBYTECODE`` is set nothing else writes them (each
+    process would compile them anew)."""
+    if hasattr(config, "workerinput"):  # (an xdist worker: its controller did)
+        return
+    import compileall
+
+    compileall.compile_dir(REPO / "src" / "gpuloom", quiet=1)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     p = find_data()
