@@ -159,8 +159,8 @@ class Outcome:
 def _copy_checkout(dst: Path) -> Path:
     repo = dst / "repo"
     shutil.copytree(REPO, repo, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "venv", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache", "gpuloom-out",
-        "results", "*.db", "*.db-wal", "*.db-shm"))
+        ".git", ".venv", "venv", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache", ".mypy_cache",
+        ".hypothesis", "gpuloom-out", "results", "*.db", "*.db-wal", "*.db-shm"))
     (dst / "shared").mkdir()
     if data_dir().is_dir():
         (dst / "shared" / "data").symlink_to(data_dir().resolve())
