@@ -56,14 +56,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A test marked ``serial`` (one that measures what this machine's cores do) runs while no other worker runs
-    a test: it waits for the tests running to end, and no test starts until it has ended."""
+    a test: it waits for the tests running to end, and no test starts until it has ended.  A test marked
+    ``waits`` holds nothing: it only waits for work that holds the machine itself (:func:`hold_machine`)."""
+    if item.get_closest_marker("waits") is not None:
+        yield
+        return
     with _machine(item.config, exclusive=item.get_closest_marker("serial") is not None):
         yield
 
 
 def hold_machine(config: pytest.Config) -> Callable[[], None]:
-    """Hold the machine shared (as a running test does) for work that outlives its test, such as the docs
-    blocks a session fixture starts at once; -> the function that releases it (call it once the work ends)."""
+    """Hold the machine shared (as a running test does) for work that outlives its test, such as each docs
+    block a fixture starts; -> the function that releases it (call it once the work ends).  Called from a
+    test that holds the machine, it can wait for ever on a serial test that waits for that test: call it
+    from a thread of the work, with only ``waits`` tests waiting for it."""
     cm = _machine(config, exclusive=False)
     cm.__enter__()
     return lambda: cm.__exit__(None, None, None) and None
@@ -89,6 +95,18 @@ def _machine(config: pytest.Config, exclusive: bool) -> Iterator[None]:
     finally:
         os.close(tests)  # (closing releases the locks)
         os.close(queue)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package's modules once, in the session's first process: every server, command and agent the
+    tests start imports them, and where ``$PYTHONDONTWRITEBYTECODE`` is set nothing else writes them (each
+    process would compile them anew)."""
+    config.addinivalue_line("markers", "waits: holds nothing while it runs (tests/conftest.py)")
+    if hasattr(config, "workerinput"):  # (an xdist worker: its controller did)
+        return
+    import compileall
+
+    compileall.compile_dir(REPO / "src" / "gpuloom", quiet=1)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,8 @@ Blocks that read ``../shared/data`` are skipped where the data is absent.
 
 The blocks run concurrently (one thread per core, slow ones first) from the
 moment the first of them is asked for; each test waits for its own block.
+Each block holds the machine while it runs, as a test does: a ``serial`` test
+waits for the blocks running, not for every block (``tests/conftest.py``).
 
 ``python tests/test_docs.py`` lists the commands the tests run.
 """
@@ -39,7 +41,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -158,8 +159,8 @@ class Outcome:
 def _copy_checkout(dst: Path) -> Path:
     repo = dst / "repo"
     shutil.copytree(REPO, repo, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "venv", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache", "gpuloom-out",
-        "results", "*.db", "*.db-wal", "*.db-shm"))
+        ".git", ".venv", "venv", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache", ".mypy_cache",
+        ".hypothesis", "gpuloom-out", "results", "*.db", "*.db-wal", "*.db-shm"))
     (dst / "shared").mkdir()
     if data_dir().is_dir():
         (dst / "shared" / "data").symlink_to(data_dir().resolve())
@@ -294,24 +295,22 @@ def doc_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     todo = [b for b in RUNNABLE if b.key in selected and not (b.needs_data and not data_dir().is_dir())]
     todo.sort(key=lambda b: not b.slow)
     pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2))
-    futures = {b.key: pool.submit(run_block, b, tmp_path_factory.mktemp("doc")) for b in todo}
-    # the blocks run beside the session's other tests: a serial test waits until they have all ended
-    release, left, lock = hold_machine(request.config), [len(futures)], threading.Lock()
 
-    def one_done(_: Future[Outcome]) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0] == 0:
-                release()
+    def held(block: Block, root: Path) -> Outcome:
+        """A block runs beside the session's other tests, holding the machine as a test does: a serial test
+        waits for the blocks running, and the next ones wait for it."""
+        release = hold_machine(request.config)
+        try:
+            return run_block(block, root)
+        finally:
+            release()
 
-    for f in futures.values():
-        f.add_done_callback(one_done)
-    if not futures:
-        release()
+    futures = {b.key: pool.submit(held, b, tmp_path_factory.mktemp("doc")) for b in todo}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+@pytest.mark.waits  # (its block holds the machine while it runs)
 @pytest.mark.parametrize(
     "block", [pytest.param(b, id=b.key, marks=[pytest.mark.slow] if b.slow else []) for b in RUNNABLE])
 def test_doc_block(block: Block, doc_runs: dict[str, Future[Outcome]]) -> None:

@@ -43,6 +43,38 @@ def test_starts_work_that_outlives_it(request: pytest.FixtureRequest) -> None:
 def test_grouped(i: int) -> None:
     record(f"grouped{i}", 0.2)
 '''
+# a file of the docs group (named as the suite's is): a fixture starts four blocks of 3 s, one after another, each
+# holding the machine while it runs (as tests/test_docs.py's do); its tests only wait for them, the first for the
+# last block (as a docs test waits for its block behind the slow ones): were they to hold the machine meanwhile,
+# a serial test would wait for the first test, which waits for a block that waits for the serial test
+BLOCKS = '''
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import hold_machine
+from record import record
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest):
+    pool = ThreadPoolExecutor(1)
+
+    def held(i: int) -> None:
+        release = hold_machine(request.config)
+        try:
+            record(f"block{i}", 3.0)
+        finally:
+            release()
+
+    yield [pool.submit(held, i) for i in range(4)]
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("i", range(4))
+def test_block(i: int, runs) -> None:
+    runs[3 - i].result()
+'''
 # four tests of 1.5 s, and a serial one of 0.5 s
 OTHERS = '''
 import pytest
@@ -78,11 +110,12 @@ def test_xdist_scope_is_the_files_group_else_the_test() -> None:
 
 
 def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) -> None:
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    waits: holds nothing\n")
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "record.py").write_text(RECORD)
     (tmp_path / "test_slurm.py").write_text(GROUPED)
     (tmp_path / "test_others.py").write_text(OTHERS)
+    (tmp_path / "test_docs.py").write_text(BLOCKS)
     spans = tmp_path / "spans"
     spans.mkdir()
     env = dict(os.environ, SPANS=str(spans),
@@ -92,10 +125,15 @@ def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) ->
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
-    assert len(got) == 10
+    assert len(got) == 14
     assert len({got[f"grouped{i}"][2] for i in range(4)}) == 1  # the group: one worker
     s0, s1, _ = got.pop("serial")
     assert [k for k, (a, b, _) in got.items() if a < s1 and s0 < b] == []  # nothing ran beside the serial test
+    # the blocks started at once held the machine one at a time: the serial test waited for the one running,
+    # not for all four (which take 12 s)
+    assert any(got[f"block{i}"][0] >= s1 for i in range(4)), (s0, s1, {f"block{i}": got[f"block{i}"] for i in range(4)})
+    for i in range(4):
+        del got[f"block{i}"]
     del got["held"]  # (work held while the tests start: the serial test waited for it, as the check above says)
     ordinary = sorted(got[f"ordinary{i}"] for i in range(4))
     # and the others ran side by side, on more than one worker
