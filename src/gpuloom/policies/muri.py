@@ -28,12 +28,13 @@ One round:
    scaled to integers by ``WEIGHT_SCALE``), and takes a maximum-weight
    matching (:func:`class_matching`).  Nodes with the same profiles are
    interchangeable, so the matching is one of *classes* of nodes with their
-   counts: Blossom (``rustworkx.max_weight_matching``) on the nodes laid out
-   class by class, classes in order of their profiles, which makes the
-   choice among equally good matchings a function of the classes and counts
-   alone.  Each pair of classes goes first to jobs that run together now
-   (partners are not reshuffled every round), then to the highest-ranked
-   (with ``rule="muri"`` the jobs take Blossom's places in rank order).  As in Muri, matched
+   counts, solved on the classes (:mod:`gpuloom.policies.bmatch`: the LP on
+   the bipartite double cover, rounded down, then Blossom on a small residual),
+   classes in order of their profiles, which makes the choice among equally
+   good matchings a function of the classes and counts alone.  Each pair of
+   classes goes first to jobs that run together now (partners are not
+   reshuffled every round), then to the highest-ranked (with ``rule="muri"``
+   class pairs in order take their classes' jobs in rank order).  As in Muri, matched
    pairs are merged only while the admitted units need more GPUs than the
    cluster has - most efficient pairs first, weighted by their GPU count
    (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
@@ -52,13 +53,11 @@ One round:
 
 Speed: edge weights come from :func:`~gpuloom.perf.interleave.cycle_times`,
 batched in numpy over the *distinct* profile combinations of a bucket (a trace
-has a few dozen model × GPU-count profiles), then gathered for every node pair:
-by plain loops in the usual bucket of about ten nodes (numpy's per-call cost
-would be most of a round), with numpy past ``_NUMPY_NODES`` (the graph then
-built from the weight matrix in one call, the same edges in the same order).
-Each bucket keeps its nodes' profile keys through its merges.  A class
-matching depends on the classes and their counts alone, so one met in the last
-``_MATCHINGS_KEPT`` gets its class pairs again instead of a new Blossom run.  The
+has a few dozen model × GPU-count profiles), and are needed per pair of
+classes only.  Each bucket keeps its nodes' profile keys through its merges.
+A class matching depends on the classes and their counts alone, so one met in
+the last ``_MATCHINGS_KEPT`` gets its class pairs again instead of being solved
+anew.  The
 interleaving model (threshold, per-size overhead) is read from the throughput
 model's ``interleave`` factor, so grouping and simulation agree.
 """
@@ -78,11 +77,10 @@ from ..core.job import Job
 from ..perf.interleave import InterleaveFactor, Profile, cycle_times
 from ..perf.model import Factor
 from .base import GroupPolicy, PolicyError, View, register
+from .bmatch import class_pairs
 
-#: integer scale of efficiencies (in [0, 1]) for the Blossom weights
+#: integer scale of efficiencies (in [0, 1]) for the matching weights
 WEIGHT_SCALE = 1_000_000
-#: nodes in a matching round past which its edges are found with numpy rather than plain loops
-_NUMPY_NODES = 32
 #: class matchings kept by their input (the last ones used)
 _MATCHINGS_KEPT = 20_000
 #: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
@@ -109,49 +107,27 @@ def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tupl
     return sorted((a, b) if a < b else (b, a) for a, b in m)
 
 
-def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
-    """:func:`max_weight_pairs` for a symmetric ``n x n`` matrix of integral weights (0: no edge,
-    diagonal ignored): the same graph, edges in the same (row-major, ``a < b``) order, so the same
-    matching, built in one call instead of from a list of Python tuples."""
-    n = len(weights)
-    if n < 2:
-        return []
-    w = np.array(weights, dtype=np.float64)
-    w.flat[:: n + 1] = 0.0
-    g = rx.PyGraph.from_adjacency_matrix(w, 0.0)
-    if g.num_edges() == 0:
-        return []
-    m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
-    return sorted((a, b) if a < b else (b, a) for a, b in m)
-
-
 def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
     """Maximum-weight matching of nodes in classes: ``counts[c]`` interchangeable nodes of class ``c``,
     ``weights[c][d]`` the integer weight of pairing a node of ``c`` with one of ``d`` (0: no edge).
 
-    Blossom runs on the nodes laid out class by class (``c = 0`` first), so the result is a function
-    of ``counts`` and ``weights`` alone: among equally good matchings the same one, whatever order
-    the nodes came in.  Returns ``(c, i, d, j, weight)``: the ``i``-th node of class ``c`` pairs with
-    the ``j``-th of class ``d`` (``c <= d``), sorted.
+    Solved on the classes (:func:`~gpuloom.policies.bmatch.class_pairs`), so the result is a function
+    of ``counts`` and ``weights`` alone: among equally good matchings the same one, whatever order the
+    nodes came in.  Returns ``(c, i, d, j, weight)``: the ``i``-th node of class ``c`` pairs with the
+    ``j``-th of class ``d`` (``c <= d``), sorted; class pairs in order take their classes' nodes in order.
     """
-    kid = [c for c, m in enumerate(counts) for _ in range(m)]
-    n = len(kid)
-    if n < 2:
-        return []
-    if n > _NUMPY_NODES:
-        ka = np.array(kid, dtype=np.intp)
-        pairs = max_weight_pairs_dense(np.array(weights, dtype=np.int64)[ka[:, None], ka[None, :]])
-    else:
-        edges = []
-        for a in range(n - 1):
-            row = weights[kid[a]]
-            edges.extend([(a, c, w) for c in range(a + 1, n) if (w := row[kid[c]]) > 0])
-        pairs = max_weight_pairs(n, edges)
-    start = [0] * (len(counts) + 1)
-    for c, m in enumerate(counts):
-        start[c + 1] = start[c] + m
-    # (a < c, so kid[a] <= kid[c])
-    return sorted((kid[a], a - start[kid[a]], kid[c], c - start[kid[c]], int(weights[kid[a]][kid[c]])) for a, c in pairs)
+    nxt = [0] * len(counts)
+    out: list[tuple[int, int, int, int, int]] = []
+    for (c, d), m in sorted(class_pairs(counts, weights).items()):
+        w = int(weights[c][d])
+        for _ in range(m):
+            i = nxt[c]
+            nxt[c] += 1
+            j = nxt[d]
+            nxt[d] += 1
+            out.append((c, i, d, j, w))
+    out.sort()
+    return out
 
 
 def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int]]:
@@ -166,7 +142,7 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
             labels: Sequence[int] | None, first: Sequence[int] | None, places: bool) -> list[tuple[int, int, int]]:
     """Node pairs ``(a, b, weight)``, ``a < b``, sorted, for a class matching's ``slots``
     (:func:`class_slots`); ``members[c]`` are class ``c``'s nodes in rank order (``first``, default:
-    position).  ``places``: the nodes take Blossom's places in rank order (Muri's rule).  Otherwise
+    position).  ``places``: the nodes take the slots in rank order (Muri's rule).  Otherwise
     each class pair goes first to nodes that run together now (the same ``labels[x] >= 0``; groups
     in rank order), then to the highest-ranked nodes left: partners are kept across rounds."""
     if places:
@@ -272,7 +248,7 @@ class _BucketState:
 
 @register("group", "muri")
 class MuriGrouping(GroupPolicy):
-    """Blossom matching rounds over GPU-count buckets (see the module docstring)."""
+    """Maximum-weight matching rounds over GPU-count buckets (see the module docstring)."""
 
     name: ClassVar[str] = "muri"
     #: the interleave factor gives the stage profiles it groups by (the model always has one; the
@@ -580,5 +556,4 @@ class MuriGrouping(GroupPolicy):
         return admitted
 
 
-__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "class_matching", "class_slots", "max_weight_pairs",
-           "max_weight_pairs_dense"]
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "class_matching", "class_slots", "max_weight_pairs"]
