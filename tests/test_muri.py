@@ -17,8 +17,8 @@ from gpuloom.perf.assembly import build_model
 from gpuloom.perf.interleave import InterleaveFactor, group_cycle
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
 from gpuloom.policies.base import FreeState, PolicyError, View, make
-from gpuloom.policies.bmatch import class_pairs
-from gpuloom.policies.muri import VARIANTS, MuriGrouping, class_matching, max_weight_pairs
+from gpuloom.policies.bmatch import BLOSSOM_NODES, class_pairs, lp_class_pairs
+from gpuloom.policies.muri import VARIANTS, MuriGrouping, class_matching, max_weight_pairs, max_weight_pairs_dense
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
 from gpuloom.sim.traces import load_trace
@@ -102,6 +102,27 @@ def test_matching_equals_networkx_on_larger_graphs(n: int, seed: int) -> None:
     assert total(pairs, edges) == sum(edges[(min(a, b), max(a, b))] for a, b in ref)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_matching_is_the_edge_list_matching_pair_for_pair(seed: int) -> None:
+    # node-level rounds (Muri's rule) past _NUMPY_NODES build the graph from a weight matrix: the same
+    # edges in the same order, so Blossom must pick the very same pairs, ties included (few distinct weights, as
+    # when many jobs share a profile; some edges carry the +1 of partners already together)
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        n, nk = int(rng.integers(2, 90)), int(rng.integers(1, 8))
+        classes = rng.choice([0, 500_000, 500_001, 730_000], size=(nk, nk))
+        classes = np.triu(classes) + np.triu(classes, 1).T
+        kid = rng.integers(0, nk, n)
+        label = rng.integers(-1, 3, n)
+        w = classes[kid[:, None], kid[None, :]]
+        w = w + ((label[:, None] == label[None, :]) & (label[:, None] >= 0) & (w > 0))
+        edges = [(a, c, int(w[a, c])) for a in range(n) for c in range(a + 1, n) if w[a, c] > 0]
+        assert max_weight_pairs_dense(w) == max_weight_pairs(n, edges)
+    # the diagonal is no edge; no edge at all, no pairs
+    assert max_weight_pairs_dense(np.array([[5, 0], [0, 5]])) == []
+    assert max_weight_pairs_dense(np.array([[0, 3], [3, 0]])) == [(0, 1)]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_class_matching_weighs_as_much_as_blossom_on_the_nodes(seed: int) -> None:
     # the matching of classes with multiplicities must weigh exactly what rustworkx's Blossom finds
@@ -111,6 +132,7 @@ def test_class_matching_weighs_as_much_as_blossom_on_the_nodes(seed: int) -> Non
 
     rng = np.random.default_rng(seed)
     tie_sets = [[0, 0, 400_000, 400_001, 600_000, 800_000], [0, 1, 2, 3], [0, 5, 5, 5, 9]]
+    sizes = []
     for _ in range(40):
         nk = int(rng.integers(1, 9))
         counts = [int(x) for x in rng.integers(0, int(rng.choice([4, 13, 30, 80])), nk)]
@@ -129,7 +151,14 @@ def test_class_matching_weighs_as_much_as_blossom_on_the_nodes(seed: int) -> Non
         g.add_edges_from([(a, b, weights[kid[a]][kid[b]]) for a in range(len(kid)) for b in range(a + 1, len(kid))
                           if weights[kid[a]][kid[b]] > 0])
         ref = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
-        assert sum(m * wt for _, _, m, wt in got) == sum(weights[kid[a]][kid[b]] for a, b in ref)
+        best = sum(weights[kid[a]][kid[b]] for a, b in ref)
+        assert sum(m * wt for _, _, m, wt in got) == best
+        # the LP on the classes, whatever the size (class_pairs takes Blossom up to BLOSSOM_NODES)
+        lp = lp_class_pairs(counts, weights)
+        assert sum(m * weights[c][d] for (c, d), m in lp.items()) == best
+        assert all(sum(m * ((c == v) + (d == v)) for (c, d), m in lp.items()) <= n for v, n in enumerate(counts))
+        sizes.append(sum(counts))
+    assert min(sizes) <= BLOSSOM_NODES < max(sizes)
     # hand-checked: two A (self-weight 5), one B (A-B 4): AA beats AB; three A: AA and A-B
     assert class_matching([2, 1], [[5, 4], [4, 0]]) == [(0, 0, 1, 5)]
     assert class_matching([3, 1], [[5, 4], [4, 0]]) == [(0, 0, 1, 5), (0, 1, 1, 4)]
@@ -147,11 +176,11 @@ def test_class_matching_leaves_the_rounded_lp_where_it_must() -> None:
                      (a1, a1, 10), (a2, a2, 10), (b1, b1, 10), (b2, b2, 10)):
         w[x][y] = w[y][x] = wt
     counts = [2, 2, 3, 3, 3, 3]
-    assert class_pairs(counts, w) == {(0, 2): 1, (0, 3): 1, (1, 4): 1, (1, 5): 1,
+    assert lp_class_pairs(counts, w) == class_pairs(counts, w) == {(0, 2): 1, (0, 3): 1, (1, 4): 1, (1, 5): 1,
                                       (2, 2): 1, (3, 3): 1, (4, 4): 1, (5, 5): 1}
     # with u-v at 13, u-v twice wins (26 + 4 x 10 = 66 > 64)
     w[u][v] = w[v][u] = 13
-    assert class_pairs(counts, w) == {(0, 1): 2, (2, 2): 1, (3, 3): 1, (4, 4): 1, (5, 5): 1}
+    assert lp_class_pairs(counts, w) == {(0, 1): 2, (2, 2): 1, (3, 3): 1, (4, 4): 1, (5, 5): 1}
     with pytest.raises(ValueError, match="2 x 2"):
         class_pairs([1, 1], [[0, 1]])
     with pytest.raises(ValueError, match="counts must be >= 0"):
@@ -174,13 +203,11 @@ def test_matching_rounds_are_independent_of_the_order_of_their_nodes(seed: int) 
         shuffled = [nodes[i] for i in perm]
         got = MuriGrouping().match_round(profiles, shuffled, 2, f)
         assert sorted(tuple(sorted((shuffled[a][0], shuffled[b][0]))) for a, b, _ in got) == by_ids
-    # two CPU and two GPU jobs, listed forwards or backwards: the first of each pair up; with jobs 0
-    # and 2 running together, they stay together, except in Muri's rule (no preference)
-    for rule, labels, want in (("gpuloom", None, [(0, 1), (2, 3)]), ("muri", None, [(0, 1), (2, 3)]),
-                               ("gpuloom", [0, -1, 0, -1], [(0, 2), (1, 3)]),
-                               ("muri", [0, -1, 0, -1], [(0, 1), (2, 3)])):
+    # two CPU and two GPU jobs, listed forwards or backwards: the first of each pair up; in Muri's
+    # rule they take Blossom's places in rank order instead
+    for rule, want in (("gpuloom", [(0, 1), (2, 3)]), ("muri", [(0, 2), (1, 3)])):
         for nodes in ([[0], [1], [2], [3]], [[3], [2], [1], [0]]):
-            two = MuriGrouping(rule=rule).match_round([GPU, CPU, CPU, GPU], nodes, 2, f, labels)
+            two = MuriGrouping(rule=rule).match_round([GPU, CPU, CPU, GPU], nodes, 2, f)
             assert sorted(tuple(sorted(nodes[a] + nodes[b])) for a, b, _ in two) == want
 
 

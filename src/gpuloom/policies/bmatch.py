@@ -35,6 +35,10 @@ from collections.abc import Sequence
 import numpy as np
 import rustworkx as rx
 
+#: nodes up to which Blossom on the nodes is faster than the LP on the classes (0.2 ms against 0.35 ms
+#: at 16-32 nodes in about 8 classes, equal at 32-64)
+BLOSSOM_NODES = 32
+
 
 def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[list[int]]:
     """Integral maximum-weight transport ``y[c][d] >= 0`` (``w > 0`` only) with row and column sums at most
@@ -130,13 +134,27 @@ def _blossom(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tu
 
 
 def class_pairs(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
-    """Maximum-weight matching of ``counts[c]`` interchangeable nodes per class ``c`` (see the module notes):
-    pairs per class pair ``(c, d)``, ``c <= d``, weights[c][d] > 0."""
+    """Maximum-weight matching of ``counts[c]`` interchangeable nodes per class ``c``: pairs per class pair
+    ``(c, d)``, ``c <= d``, ``weights[c][d] > 0``.  Up to ``BLOSSOM_NODES`` nodes Blossom on the nodes laid
+    out class by class (the faster there), past it :func:`lp_class_pairs`."""
+    _check(counts, weights)
+    if sum(counts) <= BLOSSOM_NODES:
+        return _blossom(counts, weights)
+    return lp_class_pairs(counts, weights)
+
+
+def _check(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> None:
     k = len(counts)
     if len(weights) != k or any(len(row) != k for row in weights):
         raise ValueError(f"class matching: weights must be {k} x {k} for {k} classes")
     if any(m < 0 for m in counts):
         raise ValueError(f"class matching: counts must be >= 0, got {list(counts)}")
+
+
+def lp_class_pairs(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
+    """:func:`class_pairs` by the LP on the classes, rounded, and Blossom on a residual (module notes)."""
+    _check(counts, weights)
+    k = len(counts)
     y = _transport(counts, weights)
     # r = floor of x = (y + y^T) / 2, and 2 x's degree per class
     r: dict[tuple[int, int], int] = {}
@@ -179,4 +197,4 @@ def class_pairs(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict
     return got
 
 
-__all__ = ["class_pairs"]
+__all__ = ["BLOSSOM_NODES", "class_pairs", "lp_class_pairs"]

@@ -33,8 +33,10 @@ One round:
    classes in order of their profiles, which makes the choice among equally
    good matchings a function of the classes and counts alone.  Each pair of
    classes goes first to jobs that run together now (partners are not
-   reshuffled every round), then to the highest-ranked (with ``rule="muri"``
-   class pairs in order take their classes' jobs in rank order).  As in Muri, matched
+   reshuffled every round), then to the highest-ranked.  With ``rule="muri"``
+   Blossom runs on the nodes laid out class by class and the jobs take its
+   places in rank order: which jobs of a class pair up is left to Blossom, as
+   in Muri's simulator.  As in Muri, matched
    pairs are merged only while the admitted units need more GPUs than the
    cluster has - most efficient pairs first, weighted by their GPU count
    (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
@@ -81,6 +83,8 @@ from .bmatch import class_pairs
 
 #: integer scale of efficiencies (in [0, 1]) for the matching weights
 WEIGHT_SCALE = 1_000_000
+#: nodes in a node-level matching (Muri's rule) past which its edges are found with numpy rather than loops
+_NUMPY_NODES = 32
 #: class matchings kept by their input (the last ones used)
 _MATCHINGS_KEPT = 20_000
 #: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
@@ -107,7 +111,47 @@ def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tupl
     return sorted((a, b) if a < b else (b, a) for a, b in m)
 
 
-def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
+def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
+    """:func:`max_weight_pairs` for a symmetric ``n x n`` matrix of integral weights (0: no edge,
+    diagonal ignored): the same graph, edges in the same (row-major, ``a < b``) order, so the same
+    matching, built in one call instead of from a list of Python tuples."""
+    n = len(weights)
+    if n < 2:
+        return []
+    w = np.array(weights, dtype=np.float64)
+    w.flat[:: n + 1] = 0.0
+    g = rx.PyGraph.from_adjacency_matrix(w, 0.0)
+    if g.num_edges() == 0:
+        return []
+    m = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
+    return sorted((a, b) if a < b else (b, a) for a, b in m)
+
+
+def _node_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
+    """:func:`class_slots` by Blossom on the nodes laid out class by class (``c = 0`` first): which
+    nodes of a class pair up is Blossom's choice (Muri's rule gives them to jobs by these places)."""
+    kid = [c for c, m in enumerate(counts) for _ in range(m)]
+    n = len(kid)
+    if n < 2:
+        return []
+    if n > _NUMPY_NODES:
+        ka = np.array(kid, dtype=np.intp)
+        pairs = max_weight_pairs_dense(np.array(weights, dtype=np.int64)[ka[:, None], ka[None, :]])
+    else:
+        edges = []
+        for a in range(n - 1):
+            row = weights[kid[a]]
+            edges.extend([(a, c, w) for c in range(a + 1, n) if (w := row[kid[c]]) > 0])
+        pairs = max_weight_pairs(n, edges)
+    start = [0] * (len(counts) + 1)
+    for c, m in enumerate(counts):
+        start[c + 1] = start[c] + m
+    # (a < c, so kid[a] <= kid[c])
+    return sorted((kid[a], a - start[kid[a]], kid[c], c - start[kid[c]], int(weights[kid[a]][kid[c]])) for a, c in pairs)
+
+
+def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]],
+                places: bool = False) -> list[tuple[int, int, int, int, int]]:
     """Maximum-weight matching of nodes in classes: ``counts[c]`` interchangeable nodes of class ``c``,
     ``weights[c][d]`` the integer weight of pairing a node of ``c`` with one of ``d`` (0: no edge).
 
@@ -115,7 +159,11 @@ def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list
     of ``counts`` and ``weights`` alone: among equally good matchings the same one, whatever order the
     nodes came in.  Returns ``(c, i, d, j, weight)``: the ``i``-th node of class ``c`` pairs with the
     ``j``-th of class ``d`` (``c <= d``), sorted; class pairs in order take their classes' nodes in order.
+    ``places``: Blossom on the nodes instead (:func:`_node_slots`), for Muri's rule, where the places
+    matter.
     """
+    if places:
+        return _node_slots(counts, weights)
     nxt = [0] * len(counts)
     out: list[tuple[int, int, int, int, int]] = []
     for (c, d), m in sorted(class_pairs(counts, weights).items()):
@@ -142,7 +190,7 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
             labels: Sequence[int] | None, first: Sequence[int] | None, places: bool) -> list[tuple[int, int, int]]:
     """Node pairs ``(a, b, weight)``, ``a < b``, sorted, for a class matching's ``slots``
     (:func:`class_slots`); ``members[c]`` are class ``c``'s nodes in rank order (``first``, default:
-    position).  ``places``: the nodes take the slots in rank order (Muri's rule).  Otherwise
+    position).  ``places``: the nodes take the slots (Blossom's places) in rank order (Muri's rule).  Otherwise
     each class pair goes first to nodes that run together now (the same ``labels[x] >= 0``; groups
     in rank order), then to the highest-ranked nodes left: partners are kept across rounds."""
     if places:
@@ -431,7 +479,7 @@ class MuriGrouping(GroupPolicy):
         pairs = self._rounds.get(rk)
         if pairs is None:
             W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
-            pairs = tuple(class_slots([len(m) for m in members], W))
+            pairs = tuple(class_slots([len(m) for m in members], W, self.rule == "muri"))
             self._rounds[rk] = pairs
             if len(self._rounds) > _MATCHINGS_KEPT:
                 del self._rounds[next(iter(self._rounds))]
@@ -556,4 +604,5 @@ class MuriGrouping(GroupPolicy):
         return admitted
 
 
-__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "class_matching", "class_slots", "max_weight_pairs"]
+__all__ = ["MuriGrouping", "VARIANTS", "WEIGHT_SCALE", "class_matching", "class_slots", "max_weight_pairs",
+           "max_weight_pairs_dense"]
