@@ -3,7 +3,8 @@
 ``counts[c]`` nodes of class ``c``; pairing a node of ``c`` with one of ``d`` weighs ``weights[c][d]``
 (an integer, 0: no edge; ``c == d`` pairs two nodes of one class).  A matching of the nodes is a
 b-matching of the classes: ``x[c][d]`` pairs, each class using at most ``counts[c]`` nodes (a pair
-inside a class uses two).  :func:`class_pairs` solves it exactly without laying out every node:
+inside a class uses two).  :func:`lp_class_pairs` solves it exactly without laying out every node
+(:func:`class_pairs` takes it past ``BLOSSOM_NODES`` nodes, Blossom on the nodes up to there):
 
 1. The LP relaxation, on the bipartite double cover (each class a row and a column, a pair
    ``c``-``d`` a transport from row ``c`` to column ``d`` and back), is a transportation problem,
@@ -35,8 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 import rustworkx as rx
 
-#: nodes up to which Blossom on the nodes is faster than the LP on the classes (0.2 ms against 0.35 ms
-#: at 16-32 nodes in about 8 classes, equal at 32-64)
+#: nodes up to which Blossom on the nodes is the faster (docs/muri.md, "Matching the classes")
 BLOSSOM_NODES = 32
 
 
@@ -136,7 +136,7 @@ def _blossom(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tu
 def class_pairs(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
     """Maximum-weight matching of ``counts[c]`` interchangeable nodes per class ``c``: pairs per class pair
     ``(c, d)``, ``c <= d``, ``weights[c][d] > 0``.  Up to ``BLOSSOM_NODES`` nodes Blossom on the nodes laid
-    out class by class (the faster there), past it :func:`lp_class_pairs`."""
+    out class by class, past it :func:`lp_class_pairs`."""
     _check(counts, weights)
     if sum(counts) <= BLOSSOM_NODES:
         return _blossom(counts, weights)

@@ -28,8 +28,9 @@ One round:
    scaled to integers by ``WEIGHT_SCALE``), and takes a maximum-weight
    matching (:func:`class_matching`).  Nodes with the same profiles are
    interchangeable, so the matching is one of *classes* of nodes with their
-   counts, solved on the classes (:mod:`gpuloom.policies.bmatch`: the LP on
-   the bipartite double cover, rounded down, then Blossom on a small residual),
+   counts (:mod:`gpuloom.policies.bmatch`: up to 32 nodes Blossom on them,
+   past that on the classes: the LP on the bipartite double cover, rounded
+   down, then Blossom on a small residual),
    classes in order of their profiles, which makes the choice among equally
    good matchings a function of the classes and counts alone.  Each pair of
    classes goes first to jobs that run together now (partners are not
