@@ -17,6 +17,7 @@ from gpuloom.perf.assembly import build_model
 from gpuloom.perf.interleave import InterleaveFactor, group_cycle
 from gpuloom.perf.model import LocalityFactor, ThroughputModel
 from gpuloom.policies.base import FreeState, PolicyError, View, make
+from gpuloom.policies.bmatch import BLOSSOM_NODES, class_pairs, lp_class_pairs
 from gpuloom.policies.muri import VARIANTS, MuriGrouping, class_matching, max_weight_pairs, max_weight_pairs_dense
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
@@ -103,8 +104,8 @@ def test_matching_equals_networkx_on_larger_graphs(n: int, seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_dense_matching_is_the_edge_list_matching_pair_for_pair(seed: int) -> None:
-    # rounds past _NUMPY_NODES build the graph from a weight matrix: the same edges in the same
-    # order, so Blossom must pick the very same pairs, ties included (few distinct weights, as
+    # node-level rounds (Muri's rule) past _NUMPY_NODES build the graph from a weight matrix: the same
+    # edges in the same order, so Blossom must pick the very same pairs, ties included (few distinct weights, as
     # when many jobs share a profile; some edges carry the +1 of partners already together)
     rng = np.random.default_rng(seed)
     for _ in range(25):
@@ -122,18 +123,20 @@ def test_dense_matching_is_the_edge_list_matching_pair_for_pair(seed: int) -> No
     assert max_weight_pairs_dense(np.array([[0, 3], [3, 0]])) == [(0, 1)]
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_class_matching_weighs_as_much_as_blossom_on_the_nodes(seed: int) -> None:
     # the matching of classes with multiplicities must weigh exactly what rustworkx's Blossom finds
     # on the nodes themselves, listed in any order; few distinct weights make ties common, and the
-    # node counts cross the size (_NUMPY_NODES) where the graph is built from a matrix
+    # counts reach the buckets' sizes (up to 80 nodes a class)
     import rustworkx as rx
 
     rng = np.random.default_rng(seed)
+    tie_sets = [[0, 0, 400_000, 400_001, 600_000, 800_000], [0, 1, 2, 3], [0, 5, 5, 5, 9]]
+    sizes = []
     for _ in range(40):
-        nk = int(rng.integers(1, 7))
-        counts = [int(x) for x in rng.integers(0, 13 if rng.random() < 0.7 else 30, nk)]
-        w = np.triu(rng.choice([0, 0, 400_000, 400_001, 600_000, 800_000], size=(nk, nk)))
+        nk = int(rng.integers(1, 9))
+        counts = [int(x) for x in rng.integers(0, int(rng.choice([4, 13, 30, 80])), nk)]
+        w = np.triu(rng.choice(tie_sets[int(rng.integers(0, len(tie_sets)))], size=(nk, nk)))
         weights = (w + np.triu(w, 1).T).tolist()
         got = class_matching(counts, weights)
         used = [0] * nk
@@ -148,11 +151,40 @@ def test_class_matching_weighs_as_much_as_blossom_on_the_nodes(seed: int) -> Non
         g.add_edges_from([(a, b, weights[kid[a]][kid[b]]) for a in range(len(kid)) for b in range(a + 1, len(kid))
                           if weights[kid[a]][kid[b]] > 0])
         ref = rx.max_weight_matching(g, max_cardinality=False, weight_fn=int)
-        assert sum(m * wt for _, _, m, wt in got) == sum(weights[kid[a]][kid[b]] for a, b in ref)
+        best = sum(weights[kid[a]][kid[b]] for a, b in ref)
+        assert sum(m * wt for _, _, m, wt in got) == best
+        # the LP on the classes, whatever the size (class_pairs takes Blossom up to BLOSSOM_NODES)
+        lp = lp_class_pairs(counts, weights)
+        assert sum(m * weights[c][d] for (c, d), m in lp.items()) == best
+        assert all(sum(m * ((c == v) + (d == v)) for (c, d), m in lp.items()) <= n for v, n in enumerate(counts))
+        sizes.append(sum(counts))
+    assert min(sizes) <= BLOSSOM_NODES < max(sizes)
     # hand-checked: two A (self-weight 5), one B (A-B 4): AA beats AB; three A: AA and A-B
     assert class_matching([2, 1], [[5, 4], [4, 0]]) == [(0, 0, 1, 5)]
     assert class_matching([3, 1], [[5, 4], [4, 0]]) == [(0, 0, 1, 5), (0, 1, 1, 4)]
     assert class_matching([1, 1], [[0, 0], [0, 0]]) == []
+
+
+def test_class_matching_leaves_the_rounded_lp_where_it_must() -> None:
+    # classes u, v (2 nodes each), a1, a2 next to u and b1, b2 next to v (3 nodes each, pairs inside
+    # weigh 10); u-v weighs 10, a-u and v-b 6.  The LP takes u-v twice and 1.5 pairs inside each a and
+    # b (80); whole pairs, u-v twice gives 20 + 4 x 10 = 60, but a-u, v-b and one pair inside each of
+    # a and b give 4 x 6 + 4 x 10 = 64: the best matching has no u-v pair, two below the LP's
+    u, v, a1, a2, b1, b2 = range(6)
+    w = [[0] * 6 for _ in range(6)]
+    for x, y, wt in ((u, v, 10), (a1, u, 6), (a2, u, 6), (v, b1, 6), (v, b2, 6),
+                     (a1, a1, 10), (a2, a2, 10), (b1, b1, 10), (b2, b2, 10)):
+        w[x][y] = w[y][x] = wt
+    counts = [2, 2, 3, 3, 3, 3]
+    assert lp_class_pairs(counts, w) == class_pairs(counts, w) == {(0, 2): 1, (0, 3): 1, (1, 4): 1, (1, 5): 1,
+                                      (2, 2): 1, (3, 3): 1, (4, 4): 1, (5, 5): 1}
+    # with u-v at 13, u-v twice wins (26 + 4 x 10 = 66 > 64)
+    w[u][v] = w[v][u] = 13
+    assert lp_class_pairs(counts, w) == {(0, 1): 2, (2, 2): 1, (3, 3): 1, (4, 4): 1, (5, 5): 1}
+    with pytest.raises(ValueError, match="2 x 2"):
+        class_pairs([1, 1], [[0, 1]])
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        class_pairs([1, -1], [[0, 1], [1, 0]])
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -480,12 +512,11 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("variant", ["muri-s", "muri-l"])
-def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path, variant: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    # a round's edges come from plain loops over a few nodes and from numpy past _NUMPY_NODES, and
-    # a graph met lately gets its matching again, and buckets keep their nodes' keys through merges
-    # (or rebuild them every round): each way must give the same edges, weights and order, so the
-    # same groups and the same run
+def test_matchings_kept_or_solved_afresh_give_the_same_run(data_dir: Path, variant: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # a class matching met lately gets its pairs again, and buckets keep their nodes' keys through
+    # merges (or rebuild them every round): each way must give the same classes, counts and
+    # weights, so the same groups and the same run
     import gpuloom.policies.muri as muri
 
     specs = load_muri(data_dir / "muri/sim_traces/trace3.csv", limit=150)
@@ -493,13 +524,11 @@ def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path
     specs = [s for s in specs if s.gpus <= 16]
     runs = []
     sizes: list[int] = []
-    real, real_dense = muri.max_weight_pairs, muri.max_weight_pairs_dense
-    monkeypatch.setattr(muri, "max_weight_pairs", lambda n, e: (sizes.append(n), real(n, e))[1])
-    monkeypatch.setattr(muri, "max_weight_pairs_dense", lambda w: (sizes.append(len(w)), real_dense(w))[1])
+    real = muri.class_pairs
+    monkeypatch.setattr(muri, "class_pairs", lambda c, w: (sizes.append(sum(c)), real(c, w))[1])
     solved = []
     kept_keys = muri.MuriGrouping._match_bucket  # noqa: SLF001
-    for loops_up_to, kept, from_scratch in ((0, 0, False), (10**9, 0, False), (10**9, 64, False), (0, 0, True)):
-        monkeypatch.setattr(muri, "_NUMPY_NODES", loops_up_to)
+    for kept, from_scratch in ((0, False), (64, False), (0, True)):
         monkeypatch.setattr(muri, "_MATCHINGS_KEPT", kept)
         # the node keys each bucket keeps through its merges, or rebuilt from the nodes every round
         monkeypatch.setattr(muri.MuriGrouping, "_match_bucket", kept_keys if not from_scratch else (
@@ -511,8 +540,8 @@ def test_matching_edges_found_by_loops_or_numpy_give_the_same_run(data_dir: Path
         solved.append(len(sizes))
         if kept == 0:
             assert max(sizes) > 8 and any(s < 8 for s in sizes)  # matchings both small and larger
-    assert runs[0] == runs[1] == runs[2] == runs[3]
-    assert solved[0] == solved[1] == solved[3] > solved[2]  # graphs met again were not solved again
+    assert runs[0] == runs[1] == runs[2]
+    assert solved[0] == solved[2] > solved[1]  # matchings met again were not solved again
 
 
 @pytest.mark.parametrize("variant", ["muri-s", "muri-l"])

@@ -28,12 +28,16 @@ One round:
    scaled to integers by ``WEIGHT_SCALE``), and takes a maximum-weight
    matching (:func:`class_matching`).  Nodes with the same profiles are
    interchangeable, so the matching is one of *classes* of nodes with their
-   counts: Blossom (``rustworkx.max_weight_matching``) on the nodes laid out
-   class by class, classes in order of their profiles, which makes the
-   choice among equally good matchings a function of the classes and counts
-   alone.  Each pair of classes goes first to jobs that run together now
-   (partners are not reshuffled every round), then to the highest-ranked
-   (with ``rule="muri"`` the jobs take Blossom's places in rank order).  As in Muri, matched
+   counts (:mod:`gpuloom.policies.bmatch`: up to 32 nodes Blossom on them,
+   past that on the classes: the LP on the bipartite double cover, rounded
+   down, then Blossom on a small residual),
+   classes in order of their profiles, which makes the choice among equally
+   good matchings a function of the classes and counts alone.  Each pair of
+   classes goes first to jobs that run together now (partners are not
+   reshuffled every round), then to the highest-ranked.  With ``rule="muri"``
+   Blossom runs on the nodes laid out class by class and the jobs take its
+   places in rank order: which jobs of a class pair up is left to Blossom, as
+   in Muri's simulator.  As in Muri, matched
    pairs are merged only while the admitted units need more GPUs than the
    cluster has - most efficient pairs first, weighted by their GPU count
    (``(1 - efficiency) x GPUs``, then rank) - since sharing slows every
@@ -52,13 +56,11 @@ One round:
 
 Speed: edge weights come from :func:`~gpuloom.perf.interleave.cycle_times`,
 batched in numpy over the *distinct* profile combinations of a bucket (a trace
-has a few dozen model × GPU-count profiles), then gathered for every node pair:
-by plain loops in the usual bucket of about ten nodes (numpy's per-call cost
-would be most of a round), with numpy past ``_NUMPY_NODES`` (the graph then
-built from the weight matrix in one call, the same edges in the same order).
-Each bucket keeps its nodes' profile keys through its merges.  A class
-matching depends on the classes and their counts alone, so one met in the last
-``_MATCHINGS_KEPT`` gets its class pairs again instead of a new Blossom run.  The
+has a few dozen model × GPU-count profiles), and are needed per pair of
+classes only.  Each bucket keeps its nodes' profile keys through its merges.
+A class matching depends on the classes and their counts alone, so one met in
+the last ``_MATCHINGS_KEPT`` gets its class pairs again instead of being solved
+anew.  The
 interleaving model (threshold, per-size overhead) is read from the throughput
 model's ``interleave`` factor, so grouping and simulation agree.
 """
@@ -78,10 +80,11 @@ from ..core.job import Job
 from ..perf.interleave import InterleaveFactor, Profile, cycle_times
 from ..perf.model import Factor
 from .base import GroupPolicy, PolicyError, View, register
+from .bmatch import class_pairs
 
-#: integer scale of efficiencies (in [0, 1]) for the Blossom weights
+#: integer scale of efficiencies (in [0, 1]) for the matching weights
 WEIGHT_SCALE = 1_000_000
-#: nodes in a matching round past which its edges are found with numpy rather than plain loops
+#: nodes in a node-level matching (Muri's rule) past which its edges are found with numpy rather than loops
 _NUMPY_NODES = 32
 #: class matchings kept by their input (the last ones used)
 _MATCHINGS_KEPT = 20_000
@@ -125,15 +128,9 @@ def max_weight_pairs_dense(weights: np.ndarray) -> list[tuple[int, int]]:
     return sorted((a, b) if a < b else (b, a) for a, b in m)
 
 
-def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
-    """Maximum-weight matching of nodes in classes: ``counts[c]`` interchangeable nodes of class ``c``,
-    ``weights[c][d]`` the integer weight of pairing a node of ``c`` with one of ``d`` (0: no edge).
-
-    Blossom runs on the nodes laid out class by class (``c = 0`` first), so the result is a function
-    of ``counts`` and ``weights`` alone: among equally good matchings the same one, whatever order
-    the nodes came in.  Returns ``(c, i, d, j, weight)``: the ``i``-th node of class ``c`` pairs with
-    the ``j``-th of class ``d`` (``c <= d``), sorted.
-    """
+def _node_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
+    """:func:`class_slots` by Blossom on the nodes laid out class by class (``c = 0`` first): which
+    nodes of a class pair up is Blossom's choice (Muri's rule gives them to jobs by these places)."""
     kid = [c for c, m in enumerate(counts) for _ in range(m)]
     n = len(kid)
     if n < 2:
@@ -154,6 +151,34 @@ def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list
     return sorted((kid[a], a - start[kid[a]], kid[c], c - start[kid[c]], int(weights[kid[a]][kid[c]])) for a, c in pairs)
 
 
+def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]],
+                places: bool = False) -> list[tuple[int, int, int, int, int]]:
+    """Maximum-weight matching of nodes in classes: ``counts[c]`` interchangeable nodes of class ``c``,
+    ``weights[c][d]`` the integer weight of pairing a node of ``c`` with one of ``d`` (0: no edge).
+
+    Solved on the classes (:func:`~gpuloom.policies.bmatch.class_pairs`), so the result is a function
+    of ``counts`` and ``weights`` alone: among equally good matchings the same one, whatever order the
+    nodes came in.  Returns ``(c, i, d, j, weight)``: the ``i``-th node of class ``c`` pairs with the
+    ``j``-th of class ``d`` (``c <= d``), sorted; class pairs in order take their classes' nodes in order.
+    ``places``: Blossom on the nodes instead (:func:`_node_slots`), for Muri's rule, where the places
+    matter.
+    """
+    if places:
+        return _node_slots(counts, weights)
+    nxt = [0] * len(counts)
+    out: list[tuple[int, int, int, int, int]] = []
+    for (c, d), m in sorted(class_pairs(counts, weights).items()):
+        w = int(weights[c][d])
+        for _ in range(m):
+            i = nxt[c]
+            nxt[c] += 1
+            j = nxt[d]
+            nxt[d] += 1
+            out.append((c, i, d, j, w))
+    out.sort()
+    return out
+
+
 def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int]]:
     """:func:`class_slots` as counts: ``(c, d, pairs, weight)`` with ``c <= d``, sorted."""
     got: dict[tuple[int, int], int] = {}
@@ -166,7 +191,7 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
             labels: Sequence[int] | None, first: Sequence[int] | None, places: bool) -> list[tuple[int, int, int]]:
     """Node pairs ``(a, b, weight)``, ``a < b``, sorted, for a class matching's ``slots``
     (:func:`class_slots`); ``members[c]`` are class ``c``'s nodes in rank order (``first``, default:
-    position).  ``places``: the nodes take Blossom's places in rank order (Muri's rule).  Otherwise
+    position).  ``places``: the nodes take the slots (Blossom's places) in rank order (Muri's rule).  Otherwise
     each class pair goes first to nodes that run together now (the same ``labels[x] >= 0``; groups
     in rank order), then to the highest-ranked nodes left: partners are kept across rounds."""
     if places:
@@ -275,7 +300,7 @@ class _BucketState:
 
 @register("group", "muri")
 class MuriGrouping(GroupPolicy):
-    """Blossom matching rounds over GPU-count buckets (see the module docstring)."""
+    """Maximum-weight matching rounds over GPU-count buckets (see the module docstring)."""
 
     name: ClassVar[str] = "muri"
     #: the interleave factor gives the stage profiles it groups by (the model always has one; the
@@ -458,7 +483,7 @@ class MuriGrouping(GroupPolicy):
         pairs = self._rounds.get(rk)
         if pairs is None:
             W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
-            pairs = tuple(class_slots([len(m) for m in members], W))
+            pairs = tuple(class_slots([len(m) for m in members], W, self.rule == "muri"))
             self._rounds[rk] = pairs
             if len(self._rounds) > _MATCHINGS_KEPT:
                 del self._rounds[next(iter(self._rounds))]
