@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import subprocess
 import uuid
@@ -39,18 +40,72 @@ def xdist_scope(nodeid: str) -> str:
     return nodeid if group is None else f"group:{group}"
 
 
+SERIAL_UNIT = "serial"
+SERIAL_IDS = "serial-tests.json"  # in the directory the workers share: the serial tests' node ids
+
+
+def work_units(collection: list[str], serial: set[str]) -> list[tuple[str, list[str]]]:
+    """The units of work in the order they are handed out: the largest first, and every serial test outside a
+    group in one last unit (a group's keep their file's order: its tests share state).  A serial test waits for
+    every test running and no worker starts one meanwhile: handed out last, it waits only for the suite's tail."""
+    units: dict[str, list[str]] = {}
+    for nodeid in collection:
+        scope = xdist_scope(nodeid)
+        units.setdefault(SERIAL_UNIT if nodeid in serial and not scope.startswith("group:") else scope,
+                         []).append(nodeid)
+    last = units.pop(SERIAL_UNIT, [])
+    ordered = sorted(units.items(), key=lambda u: -len(u[1]))  # (stable: ties keep the collection's order)
+    return ordered + ([(SERIAL_UNIT, last)] if last else [])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker: write the serial tests' node ids where the controller's scheduler reads them (it sees only
+    node ids, not marks)."""
+    if not hasattr(config, "workerinput"):
+        return
+    shared = config._tmp_path_factory.getbasetemp().parent
+    tmp = shared / f"{SERIAL_IDS}.{config.workerinput['workerid']}"
+    tmp.write_text(json.dumps([i.nodeid for i in items if i.get_closest_marker("serial") is not None]))
+    os.replace(tmp, shared / SERIAL_IDS)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` with the groups above (xdist's own reads ``xdist_group`` marks into node ids, which
-    pytest 9 no longer lets it change); the largest units are handed out first."""
+    pytest 9 no longer lets it change), its units in :func:`work_units`' order."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class Groups(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_scope(nodeid)
+        scopes: dict[str, str]
 
-    return Groups(config, log)
+        def _split_scope(self, nodeid: str) -> str:
+            return self.scopes.get(nodeid) or xdist_scope(nodeid)
+
+        def schedule(self) -> None:
+            if self.collection is not None or not self._check_nodes_have_same_collection():
+                super().schedule()  # (later calls; or a differing collection, which it reports)
+                return
+            # xdist's first schedule() with the units in our order, the rest as it does
+            ids = config._tmp_path_factory.getbasetemp() / SERIAL_IDS
+            serial = set(json.loads(ids.read_text())) if ids.exists() else set()
+            self.collection = list(next(iter(self.registered_collections.values())))
+            for scope, unit in work_units(self.collection, serial):
+                self.scopes.update(dict.fromkeys(unit, scope))
+                self.workqueue[scope] = dict.fromkeys(unit, False)
+            for _ in range(max(0, len(self.nodes) - len(self.workqueue))):
+                self.assigned_work.popitem()[0].shutdown()
+            for node in self.nodes:
+                self._assign_work_unit(node)
+            for node in self.nodes:
+                self._reschedule(node)
+            if not self.workqueue:
+                for node in self.nodes:
+                    node.shutdown()
+
+    g = Groups(config, log)
+    g.scopes = {}
+    return g
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import xdist_scope
+from conftest import work_units, xdist_scope
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,6 +99,7 @@ _suite = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_suite)
 pytest_xdist_make_scheduler = _suite.pytest_xdist_make_scheduler
 pytest_runtest_protocol = _suite.pytest_runtest_protocol
+pytest_collection_modifyitems = _suite.pytest_collection_modifyitems
 hold_machine = _suite.hold_machine
 '''
 
@@ -107,6 +108,19 @@ def test_xdist_scope_is_the_files_group_else_the_test() -> None:
     assert xdist_scope("tests/test_slurm.py::test_a[x-1]") == "group:slurm"
     assert xdist_scope("tests/test_docs.py::test_doc_block[README.md:12]") == "group:docs"
     assert xdist_scope("tests/test_sim.py::test_a") == "tests/test_sim.py::test_a"
+
+
+def test_serial_tests_outside_a_group_go_last_in_one_unit() -> None:
+    collection = ["t/test_a.py::s1", "t/test_ray.py::r1", "t/test_ray.py::rs", "t/test_ray.py::r2", "t/test_a.py::x",
+                  "t/test_b.py::s2", "t/test_b.py::y"]
+    serial = {"t/test_a.py::s1", "t/test_ray.py::rs", "t/test_b.py::s2"}
+    assert work_units(collection, serial) == [
+        ("group:ray", ["t/test_ray.py::r1", "t/test_ray.py::rs", "t/test_ray.py::r2"]),
+        ("t/test_a.py::x", ["t/test_a.py::x"]),
+        ("t/test_b.py::y", ["t/test_b.py::y"]),
+        ("serial", ["t/test_a.py::s1", "t/test_b.py::s2"]),
+    ]
+    assert work_units(collection[4:5], set()) == [("t/test_a.py::x", ["t/test_a.py::x"])]
 
 
 def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) -> None:
@@ -139,3 +153,47 @@ def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) ->
     # and the others ran side by side, on more than one worker
     assert len({w for _, _, w in ordinary}) > 1
     assert any(ordinary[i + 1][0] < ordinary[i][1] for i in range(len(ordinary) - 1)), ordinary
+
+
+# one test of 4 s, a serial test collected right after it, and six of 0.3 s
+LONG = '''
+import pytest
+from record import record
+
+
+def test_long() -> None:
+    record("long", 4.0)
+
+
+@pytest.mark.serial
+def test_serial() -> None:
+    record("serial", 0.2)
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_short(i: int) -> None:
+    record(f"short{i}", 0.3)
+'''
+
+
+def test_a_serial_test_does_not_hold_back_the_other_workers_while_a_long_test_runs(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    waits: holds nothing\n")
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "record.py").write_text(RECORD)
+    (tmp_path / "test_long.py").write_text(LONG)
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    env = dict(os.environ, SPANS=str(spans),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO / "tests")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                        "loadgroup", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
+    assert len(got) == 8
+    s0, s1, _ = got.pop("serial")
+    assert [k for k, (a, b, _) in got.items() if a < s1 and s0 < b] == []  # it still ran alone
+    # the other worker ran short tests beside the long one (the serial test, handed out second, held every worker
+    # back until the long test ended; the long test's worker has one short test queued behind it)
+    long0, long1, w = got.pop("long")
+    assert len([k for k, (a, _, v) in got.items() if v != w and a < long1]) >= 4, (long0, long1, w, got)
