@@ -273,7 +273,10 @@ def test_training_job_over_two_nodes_of_two_gpus_with_torch_distributed(fake: Fa
 @pytest.mark.serial  # Ray declares a node dead after 3 missed 1 s health checks
 def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> None:
     svc, ex = make()
-    jid = svc.submit({"name": "k", "command": sleepy(60), "gpus": 2}, "u")
+    # the job ends only once the test has seen the new agent (its 3 s of steps can end first under load)
+    go = "$GPULOOM_CHECKPOINT_DIR/go"
+    jid = svc.submit({"name": "k", "command": f"{sleepy(60)} && until [ -e {go} ]; do sleep 0.05; done", "gpus": 2},
+                     "u")
     until_state(svc, jid, RUNNING)
     node = nodes_of(svc, jid)[0]
     old = ex.agents[node]
@@ -281,6 +284,8 @@ def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> 
     ray.kill(old, no_restart=True)
     wait_for(lambda: node in ex.agents and ex.agents[node] is not old, 60, "a new agent")
     assert psutil.pid_exists(pid)  # the job ran on meanwhile
+    assert state(svc, jid) in RUNNING
+    (Path(svc.store.get_job(jid).checkpoint_dir) / "go").touch()
     until_state(svc, jid, "finished", 90)
     row = svc.store.get_job(jid)
     assert row is not None and row.attempts == 1 and row.exit_code == 0
