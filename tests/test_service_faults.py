@@ -513,16 +513,24 @@ def test_postgres_stopped_for_20_s_and_restarted_mid_run(pg: Postgres, tmp_path:
         with s.client() as c:
             wait_for(lambda: len(arrivals.acked) >= 8, what="jobs to arrive")
             wait_for(lambda: len(ledger_counts(ledger)) >= 2, what="jobs to end")
+            # a job that runs until the test lets it end, once the database is down: the others, of 0.3-2 s, can
+            # all end while pg_ctl stops it under load, and none starts before it is back
+            started, go = job_writable(tmp_path) / "started", job_writable(tmp_path) / "go"
+            r = c.post("/jobs", json={"command": f"touch {started}; until [ -e {go} ]; do sleep 0.05; done; "
+                                                 f"echo $GPULOOM_JOB_ID >> {ledger}", "gpus": 1})
+            assert r.status_code == 201, r.text
+            held = int(r.json()["id"])
+            wait_for(started.exists, timeout=60, what="the held job to start")
             pg.stop()
             t_stop = time.monotonic()
-            ended = len(ledger_counts(ledger))
             wait_for(lambda: ready(c)[0] == 503, what="/ready to say so")
             code, body = ready(c)
             assert body["checks"]["store"].startswith("unreachable: ")
             h = c.get("/health")
             assert h.status_code == 200 and h.json()["status"] == "ok"  # alive, if not ready
             assert c.get("/jobs").status_code == 503 and c.get("/metrics").status_code == 503
-            wait_for(lambda: len(ledger_counts(ledger)) > ended, what="a job to end while the database is down")
+            go.touch()
+            wait_for(lambda: held in ledger_counts(ledger), what="a job to end while the database is down")
             wait_for(lambda: c.get("/health").json()["unrecorded"] > 0, what="an end waiting to be recorded")
             time.sleep(max(0.0, 20.0 - (time.monotonic() - t_stop)))
             t_start = pg.start()
