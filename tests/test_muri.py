@@ -187,6 +187,21 @@ def test_class_matching_leaves_the_rounded_lp_where_it_must() -> None:
         class_pairs([1, -1], [[0, 1], [1, 0]])
 
 
+def test_class_pairs_ignore_empty_classes_and_repeat() -> None:
+    # classes without nodes take no part, however heavy their edges: two A (self-weight 5) and one B
+    # (A-B 4) pair AA, wherever the empty classes sit; the same input again gives the same pairs,
+    # even after the caller changed the dict it got
+    heavy = 9
+    w = [[heavy, heavy, heavy, heavy], [heavy, 5, heavy, 4], [heavy, heavy, heavy, heavy], [heavy, 4, heavy, 0]]
+    first = class_pairs([0, 2, 0, 1], w)
+    assert first == {(1, 1): 1}
+    first[(1, 1)] = 7
+    first[(0, 0)] = 1
+    assert class_pairs([0, 2, 0, 1], w) == {(1, 1): 1}
+    assert class_pairs([2, 1], [[5, 4], [4, 0]]) == {(0, 0): 1}
+    assert class_pairs([0, 3, 0, 1], w) == {(1, 1): 1, (1, 3): 1}
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_matching_rounds_are_independent_of_the_order_of_their_nodes(seed: int) -> None:
     # jobs with equal profiles tie; whatever order the nodes come in, the same jobs pair up

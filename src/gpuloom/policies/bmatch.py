@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import rustworkx as rx
@@ -116,6 +117,21 @@ def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[
 
 def _blossom(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
     """Blossom on the nodes laid out class by class: pairs per class pair ``(c, d)``, ``c <= d``."""
+    # classes without nodes add nothing to the graph: it is that of the present classes alone, whose
+    # matchings recur (residuals of different buckets) and are kept
+    idx = [c for c, m in enumerate(counts) if m > 0]
+    sub = _present_blossom(tuple([counts[c] for c in idx]),
+                           tuple([tuple([weights[c][d] for d in idx]) for c in idx]))
+    return {(idx[i], idx[j]): m for (i, j), m in sub}
+
+
+@lru_cache(maxsize=4096)
+def _present_blossom(counts: tuple[int, ...], weights: tuple[tuple[int, ...], ...]) -> tuple[tuple[tuple[int, int], int], ...]:
+    got = _layout_blossom(counts, weights)
+    return tuple(got.items())
+
+
+def _layout_blossom(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
     kid = [c for c, m in enumerate(counts) for _ in range(m)]
     got: dict[tuple[int, int], int] = {}
     if len(kid) < 2:
