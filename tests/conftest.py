@@ -141,6 +141,7 @@ def _machine(config: pytest.Config, exclusive: bool) -> Iterator[None]:
     shared = config._tmp_path_factory.getbasetemp().parent  # (a worker's own is <basetemp>/popen-gwN)
     queue = os.open(shared / "queue.lock", os.O_RDWR | os.O_CREAT, 0o600)
     tests = os.open(shared / "tests.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    _LOCK_FDS.update((queue, tests))
     try:
         fcntl.flock(queue, fcntl.LOCK_EX)
         fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
@@ -148,8 +149,26 @@ def _machine(config: pytest.Config, exclusive: bool) -> Iterator[None]:
             fcntl.flock(queue, fcntl.LOCK_UN)
         yield
     finally:
+        _LOCK_FDS.difference_update((queue, tests))
         os.close(tests)  # (closing releases the locks)
         os.close(queue)
+
+
+# A lock taken with flock belongs to the open file, which a forked child shares: a child that outlives its
+# test (a test's own fork, a daemon) would hold the machine for ever. Forked children close their copies.
+_LOCK_FDS: set[int] = set()
+
+
+def _close_lock_fds_in_child() -> None:
+    for fd in _LOCK_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_lock_fds_in_child)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -191,7 +191,7 @@ def test_parts_sent_ahead_go_to_take_in_the_child_as_they_come() -> None:
     assert pid != os.getpid() and seen == [[1, 2], "x" * (3 << 20), None, "end"]
     assert got == []  # (taken in the child's memory)
     with pytest.raises(TypeError, match="^adding: parts are sent only to a child given take$"):
-        Background("adding", lambda x: x).send(1)
+        Background("adding", lambda x: x, fork=False).send(1)  # (a forked child would wait for ever)
 
 
 def test_a_child_whose_take_fails_raises_it_and_the_caller_sends_on_unblocked() -> None:

@@ -197,3 +197,45 @@ def test_a_serial_test_does_not_hold_back_the_other_workers_while_a_long_test_ru
     # back until the long test ended; the long test's worker has one short test queued behind it)
     long0, long1, w = got.pop("long")
     assert len([k for k, (a, _, v) in got.items() if v != w and a < long1]) >= 4, (long0, long1, w, got)
+
+
+# a test whose forked child outlives it by 12 s (as an abandoned child of the code under test may), then a serial
+# test, in that order on one worker (a file of the Slurm group): a lock the child shared with its test's worker
+# would hold the serial test back until the child ended
+FORKS = '''
+import os, time
+
+import pytest
+from record import record
+
+
+def test_forks_a_child_that_outlives_it() -> None:
+    record("fork", 0.0)
+    if os.fork() == 0:
+        for fd in (0, 1, 2):
+            os.close(fd)
+        time.sleep(12)
+        os._exit(0)
+
+
+@pytest.mark.serial
+def test_serial() -> None:
+    record("serial", 0.1)
+'''
+
+
+def test_a_forked_child_that_outlives_its_test_does_not_hold_the_machine(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    waits: holds nothing\n")
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "record.py").write_text(RECORD)
+    (tmp_path / "test_slurm.py").write_text(FORKS)
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    env = dict(os.environ, SPANS=str(spans),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO / "tests")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                        "loadgroup", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
+    assert got["serial"][0] - got["fork"][1] < 6, got  # (held back, it would start 12 s after the fork)
