@@ -427,6 +427,13 @@ def test_admission_takes_k_fold_the_cluster_in_priority_order() -> None:
     # a job too big for what is left is skipped; a later smaller one still enters
     jobs2 = [Job(spec("a", CPU, gpus=2)), Job(spec("b", GPU, gpus=4)), Job(spec("c", GPU, gpus=1))]
     assert MuriGrouping._admit(jobs2, [(1.0,)] * 3, capacity=3, max_group=2) == [0, 2]  # noqa: SLF001
+    # candidates of a job's GPU count come from anywhere in the queue, unprofiled jobs (c) never as
+    # candidates; a later job of the same count takes its candidates after the ones already brought
+    g = {"a": 1, "b": 2, "c": 1, "d": 1, "e": 2, "f": 1, "g": 2}
+    jobs3 = [Job(spec(n, CPU, gpus=k)) for n, k in g.items()]
+    profs: list[tuple[float] | None] = [(1.0,), (1.0,), None, (1.0,), (1.0,), (1.0,), (1.0,)]
+    assert MuriGrouping._admit(jobs3, profs, capacity=5, max_group=2) == [0, 3, 1, 4, 2, 5]  # noqa: SLF001
+    assert MuriGrouping._admit(jobs3, profs, capacity=3, max_group=2) == [0, 3, 1, 4]  # noqa: SLF001
 
 
 def test_jobs_without_profiles_stay_alone_and_config_errors() -> None:
@@ -529,7 +536,7 @@ def test_muri_on_real_trace_keeps_invariants(data_dir: Path) -> None:
 @pytest.mark.parametrize("variant", ["muri-s", "muri-l"])
 def test_matchings_kept_or_solved_afresh_give_the_same_run(data_dir: Path, variant: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    # a class matching met lately gets its pairs again, and buckets keep their nodes' keys through
+    # a class matching (and a bucket's nodes) met lately gets its pairs again, and buckets keep their nodes' keys through
     # merges (or rebuild them every round): each way must give the same classes, counts and
     # weights, so the same groups and the same run
     import gpuloom.policies.muri as muri
@@ -545,6 +552,7 @@ def test_matchings_kept_or_solved_afresh_give_the_same_run(data_dir: Path, varia
     kept_keys = muri.MuriGrouping._match_bucket  # noqa: SLF001
     for kept, from_scratch in ((0, False), (64, False), (0, True)):
         monkeypatch.setattr(muri, "_MATCHINGS_KEPT", kept)
+        monkeypatch.setattr(muri, "_BUCKETS_KEPT", kept)  # (a bucket's node pairs, kept or not)
         # the node keys each bucket keeps through its merges, or rebuilt from the nodes every round
         monkeypatch.setattr(muri.MuriGrouping, "_match_bucket", kept_keys if not from_scratch else (
             lambda self, bs, m, f: self.match_round(bs.profiles, bs.nodes, m, f, bs.labels)))

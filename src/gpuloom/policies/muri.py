@@ -88,6 +88,7 @@ WEIGHT_SCALE = 1_000_000
 _NUMPY_NODES = 32
 #: class matchings kept by their input (the last ones used)
 _MATCHINGS_KEPT = 20_000
+_BUCKETS_KEPT = 256
 #: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
 #: a merge candidate's cost, then rank
 _first = itemgetter(0)
@@ -260,7 +261,8 @@ def _common_label(lab: Sequence[int], node: list[int], otherwise: int) -> int:
 class _BucketState:
     """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
 
-    __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen", "common", "any_label")
+    __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen", "common", "any_label",
+                 "matched")
 
     def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
         self.gpus = gpus
@@ -277,11 +279,13 @@ class _BucketState:
         # each node's members' common label (-1: none), and whether any member has a label
         self.common: list[int] = list(self.labels)
         self.any_label = any(x >= 0 for x in self.labels)
+        # the last matching of these nodes (None: not computed since the last merge)
+        self.matched: list[tuple[int, int, int]] | None = None
 
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         # nodes are disjoint and kept in order of their first member, so a merged pair's node takes
         # the place of its earlier node and the later one leaves: the order holds without a sort
-        nodes, keys, common = self.nodes, list(self.keys), list(self.common)
+        nodes, keys, common, gids = self.nodes, list(self.keys), list(self.common), list(self.gids)
         new = list(nodes)
         gone = [False] * len(nodes)
         for a, c in pairs:
@@ -291,11 +295,14 @@ class _BucketState:
             new[a] = sorted(nodes[a] + nodes[c])
             keys[a] = tuple(sorted(keys[a] + keys[c]))
             common[a] = la if la == common[c] else -1
+            if gids:
+                gids[a] = -1  # (a new key: its id is looked up at the next matching)
             gone[c] = True
         self.nodes = [nd for nd, g in zip(new, gone, strict=True) if not g]
         self.keys = [k for k, g in zip(keys, gone, strict=True) if not g]
         self.common = [x for x, g in zip(common, gone, strict=True) if not g]
-        self.gids = []
+        self.gids = [x for x, g in zip(gids, gone, strict=True) if not g] if gids else []
+        self.matched = None
 
 
 @register("group", "muri")
@@ -325,6 +332,8 @@ class MuriGrouping(GroupPolicy):
         self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
         # the last class matchings: (max_group, (class key id, count) in class order) -> their class_slots
         self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int, int, int], ...]] = OrderedDict()
+        # the last buckets' node pairs: (max_group, the nodes' key ids, their labels) -> _match_keys's pairs
+        self._buckets: OrderedDict[tuple, list[tuple[int, int, int]]] = OrderedDict()
 
     # -- public ---------------------------------------------------------------
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
@@ -367,7 +376,9 @@ class MuriGrouping(GroupPolicy):
         while self.pack_all or required > capacity:
             cands: list[tuple[int, int, int, _BucketState, int, int]] = []
             for bs in states:
-                for a, c, w in self._match_bucket(bs, cap_group, factor):
+                if bs.matched is None:  # (a bucket no merge changed keeps its matching)
+                    bs.matched = self._match_bucket(bs, cap_group, factor)
+                for a, c, w in bs.matched:
                     x, y = bs.nodes[a][0], bs.nodes[c][0]
                     best = x if x < y else y
                     # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
@@ -452,16 +463,33 @@ class MuriGrouping(GroupPolicy):
     def _match_bucket(self, bs: _BucketState, max_group: int, factor: InterleaveFactor) -> list[tuple[int, int, int]]:
         """:meth:`match_round` over a bucket's nodes, with the keys the bucket keeps."""
         nodes = bs.nodes
-        if len(nodes) < 2 or min(len(nd) for nd in nodes) * 2 > max_group:
+        if len(nodes) < 2 or min(map(len, nodes)) * 2 > max_group:
             return []
         self._check_cache(factor)
+        ids = self._key_ids
         if bs.gen != self._gen or not bs.gids:
-            ids = self._key_ids
             bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
             bs.gen = self._gen
+        elif -1 in bs.gids:  # merged nodes' keys (the others kept their ids)
+            gids = bs.gids
+            for x, g in enumerate(gids):
+                if g < 0:
+                    kk = bs.keys[x]
+                    gids[x] = ids.setdefault(kk, len(ids))
         # (as match_round labels them: the members' common label, else one of the node's own)
         nl = bs.common if bs.any_label else None  # (-1: no common label)
-        return self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
+        # the pairs depend on the nodes' keys and labels alone: a bucket met again (a round that
+        # changed nothing in it) gets them again
+        bk = (max_group, tuple(bs.gids), None if nl is None else tuple(nl))
+        got = self._buckets.get(bk)
+        if got is None:
+            got = self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
+            self._buckets[bk] = got
+            if len(self._buckets) > _BUCKETS_KEPT:
+                del self._buckets[next(iter(self._buckets))]
+        else:
+            self._buckets.move_to_end(bk)
+        return got
 
     def _match_keys(self, keys: list[tuple[Profile, ...]], gid: list[int], nl: list[int] | None, max_group: int,
                     factor: InterleaveFactor, first: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
@@ -511,6 +539,7 @@ class MuriGrouping(GroupPolicy):
             self._tcache.clear()
             self._key_ids.clear()
             self._rounds.clear()
+            self._buckets.clear()
             self._gen += 1
 
     def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
@@ -574,12 +603,11 @@ class MuriGrouping(GroupPolicy):
     def _admit(ordered: Sequence[Job], profiles: Sequence[Profile | None], capacity: int, max_group: int) -> list[int]:
         """Indices of the jobs that enter the grouping (Muri's k-fold admission)."""
         admitted: list[int] = []
-        taken = [False] * len(ordered)
-        by_gpus: dict[int, list[int]] = {}
-        for i, j in enumerate(ordered):
-            if profiles[i] is not None:
-                by_gpus.setdefault(j.spec.gpus, []).append(i)
-        ptr = dict.fromkeys(by_gpus, 0)
+        n = len(ordered)
+        taken = [False] * n
+        # per GPU count, the position in ``ordered`` up to which candidates were looked for (the walk
+        # stops where the cluster is full, so most of a long queue is never read)
+        ptr: dict[int, int] = {}
         cap = capacity
         for i, j in enumerate(ordered):
             if cap <= 0:
@@ -594,13 +622,12 @@ class MuriGrouping(GroupPolicy):
             admitted.append(i)
             if profiles[i] is None:
                 continue
-            lst = by_gpus[g]
             extra = max_group - 1
-            p = ptr[g]
-            while extra > 0 and p < len(lst):
-                x = lst[p]
+            p = ptr.get(g, 0)
+            while extra > 0 and p < n:
+                x = p
                 p += 1
-                if not taken[x]:
+                if not taken[x] and profiles[x] is not None and ordered[x].spec.gpus == g:
                     taken[x] = True
                     admitted.append(x)
                     extra -= 1
