@@ -575,7 +575,8 @@ class QuotaQueues(QueuePolicy):
                     if steps is not None:
                         steps.append((q, None))
                 else:
-                    d = _demand(j, per_gpu)
+                    c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
+                    d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
                     if limited and not fits(d, limit, path[q]):
                         adm.held[j.id] = QUEUE_AT_QUOTA
                         if strict:
