@@ -523,3 +523,30 @@ def test_the_checks_free_state_without_lent_work_equals_the_state_of_every_kept_
     finally:
         queue_checks.kept_free = kept_free  # type: ignore[assignment]
     assert r.summary()["completed"] == 300 and len(seen) >= 5 and sum(seen) > 0, seen
+
+
+def test_a_walk_read_by_interleaved_readers_hands_each_the_guaranteed_jobs_then_the_walk_in_order() -> None:
+    from collections.abc import Iterator
+
+    from gpuloom.policies.queue_book import Walk
+
+    jobs = [Job(JobSpec(f"j{i}", 0.0, 1, 10.0)) for i in range(6)]
+    over: list[Job] = []
+    pulled: list[str] = []
+
+    def more() -> Iterator[Job]:  # (the admission's generator: appends each job to over as it yields it)
+        for j in jobs[2:]:
+            pulled.append(j.id)
+            over.append(j)
+            yield j
+
+    walk = Walk(jobs[:2], over, more())
+    a, b = iter(walk), iter(walk)
+    assert [next(a).id for _ in range(3)] == ["j0", "j1", "j2"]
+    assert pulled == ["j2"]  # (the walk is read only as far as asked)
+    assert [j.id for j in b] == ["j0", "j1", "j2", "j3", "j4", "j5"]  # b reads on past what a pulled
+    assert [j.id for j in a] == ["j3", "j4", "j5"]  # a goes on from over, no job twice or left out
+    assert pulled == ["j2", "j3", "j4", "j5"] and walk.more is None
+    walk.guaranteed.append(jobs[0])  # a finished walk: the lists as they are when read
+    assert [j.id for j in walk] == ["j0", "j1", "j0", "j2", "j3", "j4", "j5"] and len(walk) == 7
+    assert walk[:3] == [jobs[0], jobs[1], jobs[0]]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any, overload
 
 from ..core.job import Job
@@ -179,7 +179,13 @@ class Walk(Sequence[Job]):
             pass
 
     def __iter__(self) -> Iterator[Job]:
-        yield from self.guaranteed
+        # the lists' own iterators where they suffice (they see what is appended meanwhile): no generator
+        # frame resumed per job for the guaranteed jobs, nor for a walk read to its end
+        if self.more is None:
+            return chain(self.guaranteed, self.over)
+        return chain(self.guaranteed, self._walked())
+
+    def _walked(self) -> Iterator[Job]:
         over = self.over
         i = 0
         while True:

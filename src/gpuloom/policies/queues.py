@@ -546,35 +546,62 @@ class QuotaQueues(QueuePolicy):
             nonlocal asked
             blocked: set[int] = set()  # strict: a leaf stops at its first job a limit keeps out
             stopped = None  # the leaf whose job ended the walk (its head was taken)
-            for q, (_, j) in _cross(heads, rest, share_key, tree, flat_tree):
+            # the cross-queue walk over the remaining jobs (heads[q] is leaf q's next, rest[q] the ones after
+            # it; both kept up to date, so a walk that stops early leaves them as the jobs not read, heads[stopped]
+            # as it was): by rank, or by lowest key (lazy heap: keys only grow as jobs are taken), each leaf's
+            # jobs in its own order.  In a flat tree a leaf's key changes only when its own job is taken, and its
+            # entry is pushed with the new key then: a popped entry is never stale
+            key, stale = share_key, share_key is not None and not flat_tree
+            heap: list[tuple[Any, int, int]]
+            if key is None:
+                heap = [(h[0], q, q) for q, h in enumerate(heads) if h is not None]
+            else:
+                heap = [(key(q), h[0], q) for q in tree.leaves if (h := heads[q]) is not None]
+            heapq.heapify(heap)
+            pop, push = heapq.heappop, heapq.heappush
+            while heap:
+                k, rank, q = pop(heap)
+                if stale:
+                    assert key is not None
+                    now_k = key(q)
+                    if now_k > k:
+                        push(heap, (now_k, rank, q))
+                        continue
+                x = heads[q]
+                assert x is not None
+                j = x[1]
                 if q in blocked:
                     adm.held[j.id] = QUEUE_AT_QUOTA
                     if steps is not None:
                         steps.append((q, None))
-                    continue
-                d = _demand(j, per_gpu)
-                if limited and not fits(d, limit, path[q]):
-                    adm.held[j.id] = QUEUE_AT_QUOTA
-                    if strict:
-                        blocked.add(q)
-                    if steps is not None:
-                        steps.append((q, None))
-                    continue
-                if steps is not None:
-                    steps.append((q, d))
-                if flat_tree:  # (the leaf alone sums it: take's loop over its path, inline)
-                    u = use[q]
-                    u[0] += d[0]
-                    u[1] += d[1]
-                    u[2] += d[2]
                 else:
-                    take(q, d)
-                over_append(j)
-                yield j
-                asked += d[0]
-                if asked >= enough:
-                    stopped = q
-                    break
+                    c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
+                    d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
+                    if limited and not fits(d, limit, path[q]):
+                        adm.held[j.id] = QUEUE_AT_QUOTA
+                        if strict:
+                            blocked.add(q)
+                        if steps is not None:
+                            steps.append((q, None))
+                    else:
+                        if steps is not None:
+                            steps.append((q, d))
+                        if flat_tree:  # (the leaf alone sums it: take's loop over its path, inline)
+                            u = use[q]
+                            u[0] += d[0]
+                            u[1] += d[1]
+                            u[2] += d[2]
+                        else:
+                            take(q, d)
+                        over_append(j)
+                        yield j
+                        asked += d[0]
+                        if asked >= enough:
+                            stopped = q
+                            break
+                heads[q] = nxt = next(rest[q], None)
+                if nxt is not None:
+                    push(heap, (nxt[0], q, q) if key is None else (key(q), nxt[0], q))
             # beyond that: not handed on; those a limit keeps out still say so (only those leaves are read on)
             for q in tree.leaves:
                 head = None if q == stopped else heads[q]
@@ -962,32 +989,3 @@ def _merge_by_rank(lists: Sequence[Iterator[tuple[int, Job]]]) -> Iterator[tuple
         nxt = next(lists[k], None)
         if nxt is not None:
             heapq.heappush(heap, (nxt[0], k, nxt))
-
-
-def _cross(heads: list[tuple[int, Job] | None], rest: Sequence[Iterator[tuple[int, Job]]],
-           key: Callable[[int], Any] | None, tree: QueueTree,
-           flat: bool = False) -> Iterator[tuple[int, tuple[int, Job]]]:
-    """(leaf, (rank, job)) over the remaining jobs (``heads[q]`` is leaf q's next, ``rest[q]`` the ones after
-    it; both kept up to date, so a consumer that stops early leaves them as the jobs not yet read): by rank,
-    or by lowest ``key`` (lazy heap: keys only grow as jobs are taken), each leaf's jobs in its own order.
-    ``flat``: a leaf's key changes only when its own job is taken (no inner queue's use is in another
-    leaf's key), and its entry is pushed with the new key then: a popped entry is never stale."""
-    heap: list[tuple[Any, int, int]]
-    if key is None:
-        heap = [(h[0], q, q) for q, h in enumerate(heads) if h is not None]
-    else:
-        heap = [(key(q), h[0], q) for q in tree.leaves if (h := heads[q]) is not None]
-    heapq.heapify(heap)
-    while heap:
-        k, rank, q = heapq.heappop(heap)
-        if key is not None and not flat:
-            now_k = key(q)
-            if now_k > k:
-                heapq.heappush(heap, (now_k, rank, q))
-                continue
-        x = heads[q]
-        assert x is not None
-        yield q, x
-        heads[q] = nxt = next(rest[q], None)
-        if nxt is not None:
-            heapq.heappush(heap, (nxt[0], q, q) if key is None else (key(q), nxt[0], q))
