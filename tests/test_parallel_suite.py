@@ -123,22 +123,27 @@ def test_serial_tests_outside_a_group_go_last_in_one_unit() -> None:
     assert work_units(collection[4:5], set()) == [("t/test_a.py::x", ["t/test_a.py::x"])]
 
 
-def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) -> None:
+def inner_run(tmp_path: Path, workers: int, files: dict[str, str]) -> dict[str, list]:
+    """Run ``files`` (test files by name) in an inner session of ``workers`` workers with the suite's conftest;
+    -> the spans each test recorded, by name."""
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    waits: holds nothing\n")
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "record.py").write_text(RECORD)
-    (tmp_path / "test_slurm.py").write_text(GROUPED)
-    (tmp_path / "test_others.py").write_text(OTHERS)
-    (tmp_path / "test_docs.py").write_text(BLOCKS)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
     spans = tmp_path / "spans"
     spans.mkdir()
     env = dict(os.environ, SPANS=str(spans),
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO / "tests")]))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers), "--dist",
                         "loadgroup", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
+    return {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
+
+
+def test_a_group_shares_a_worker_and_a_serial_test_runs_alone(tmp_path: Path) -> None:
+    got = inner_run(tmp_path, 3, {"test_slurm.py": GROUPED, "test_others.py": OTHERS, "test_docs.py": BLOCKS})
     assert len(got) == 14
     assert len({got[f"grouped{i}"][2] for i in range(4)}) == 1  # the group: one worker
     s0, s1, _ = got.pop("serial")
@@ -177,19 +182,7 @@ def test_short(i: int) -> None:
 
 
 def test_a_serial_test_does_not_hold_back_the_other_workers_while_a_long_test_runs(tmp_path: Path) -> None:
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    waits: holds nothing\n")
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "record.py").write_text(RECORD)
-    (tmp_path / "test_long.py").write_text(LONG)
-    spans = tmp_path / "spans"
-    spans.mkdir()
-    env = dict(os.environ, SPANS=str(spans),
-               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO / "tests")]))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
-                        "loadgroup", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
+    got = inner_run(tmp_path, 2, {"test_long.py": LONG})
     assert len(got) == 8
     s0, s1, _ = got.pop("serial")
     assert [k for k, (a, b, _) in got.items() if a < s1 and s0 < b] == []  # it still ran alone
@@ -225,17 +218,5 @@ def test_serial() -> None:
 
 
 def test_a_forked_child_that_outlives_its_test_does_not_hold_the_machine(tmp_path: Path) -> None:
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    waits: holds nothing\n")
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "record.py").write_text(RECORD)
-    (tmp_path / "test_slurm.py").write_text(FORKS)
-    spans = tmp_path / "spans"
-    spans.mkdir()
-    env = dict(os.environ, SPANS=str(spans),
-               PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO / "src"), str(REPO / "tests")]))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
-                        "loadgroup", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    got = {p.name: json.loads(p.read_text()) for p in spans.iterdir()}
+    got = inner_run(tmp_path, 2, {"test_slurm.py": FORKS})
     assert got["serial"][0] - got["fork"][1] < 6, got  # (held back, it would start 12 s after the fork)
