@@ -115,6 +115,9 @@ def test_a_child_reads_its_argument_while_a_child_forked_after_it_still_runs() -
         first.submit(1)
         assert first.result() == 2
         assert psutil.Process(later.pid).status() != psutil.STATUS_ZOMBIE  # (it still sleeps)
+        deadline = time.monotonic() + 30  # (the later child closes them as it starts: on a loaded machine, later)
+        while held & pipes(later.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert not held & pipes(later.pid)  # (it closed the first child's pipes as it started)
     finally:
         later.cancel()
