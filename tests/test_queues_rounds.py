@@ -184,6 +184,14 @@ ORGS = QueueTree([Queue("org1", guarantee=Quota(16), limit=Quota(24)), Queue("qa
                   Queue("qd", "org2", Quota(4)), Queue("qe", "org2", Quota(2))])
 
 
+def five_queue_specs(n: int, rate: float, seed: int, priority: bool = False) -> list[JobSpec]:
+    """``n`` generated jobs (Philly's durations) spread over FIVE's queues; with ``priority``, every tenth with
+    priority 1."""
+    return [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
+                    attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if priority and k % 10 == 0 else {})})
+            for k, s in enumerate(generate(n, rate, seed, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+
+
 @pytest.mark.parametrize("seed", [1, 3])
 @pytest.mark.parametrize("tree", [FIVE, FIVE_LIMITED, ORGS], ids=["flat", "a-limit", "orgs"])
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
@@ -194,9 +202,7 @@ def test_admission_read_as_placement_needs_gives_the_whole_walks_plans(policy: s
     # the three phases must give the same jobs, bit for bit.  300 jobs on 4 x 8 GPUs in five queues, a tenth of
     # them with a priority: reclaim, two-pass rounds and evictions every few rounds (the seeds were picked
     # where counting only waiting jobs as owed, not the running ones a plan stops, made a difference)
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
-                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
-             for k, s in enumerate(generate(300, 40.0, seed, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(300, 40.0, seed, priority=True)
     runs = []
     for lazy in (True, False):
         sched = Scheduler.from_names(queue=policy, params={"queues": tree})
@@ -213,8 +219,7 @@ def test_running_borrowed_jobs_known_without_the_walk_give_the_walks_plans(seed:
     # priority) after a whole walk the stage lists them from its book instead of reading the backlog before
     # them (QuotaQueues.running_borrowed).  The same run reading the walk, and with every admission read whole,
     # must give the same jobs, bit for bit
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
-             for k, s in enumerate(generate(300, 40.0, seed, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(300, 40.0, seed)
     runs, known = [], []
     for mode in ("known", "read", "whole"):
         sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
@@ -246,9 +251,7 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
     # summing the plan's allocations gives, to the bit, and the run must be the same as summing every time
     from gpuloom.core.queues import usage
 
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
-                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
-             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(300, 40.0, 1, priority=True)
     runs, kept, asked, worked = [], [], [], []
     for incremental in (True, False):
         sched = Scheduler.from_names(queue=policy, params={"queues": tree})
@@ -320,8 +323,7 @@ def test_a_queue_round_that_only_backfills_its_new_jobs_gives_the_whole_rounds_p
     # arrived backfills them on what is free (Scheduler._queued_appended), unless one of them joins its queue's
     # guaranteed tier, is owed GPUs, or borrows while a guaranteed job waits.  The same run planning every such
     # round whole must give the same jobs, bit for bit
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
-             for k, s in enumerate(generate(400, 60.0, seed, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(400, 60.0, seed)
     runs, hits = [], []
     for fast in (True, False):
         sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
@@ -374,9 +376,7 @@ def test_reclaims_free_state_from_the_plans_changes_equals_the_state_of_every_al
     import gpuloom.scheduler as sm
     from gpuloom.policies.free import FreeState
 
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
-                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
-             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(300, 40.0, 1, priority=True)
     free_left = sm._free_left
     changed: list[int] = []
 
@@ -408,9 +408,7 @@ def test_lent_work_from_the_evictions_changes_equals_lent_worked_out_again(polic
     # within one reclaim, the borrowed work that may be evicted is worked out again after each eviction: from
     # the last sums with what was evicted and placed since (QuotaQueues.lent_since).  Each time it must be what
     # lent() gives from every allocation, job for job in order, and the run the same as with lent() every time
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
-                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5], **({"priority": 1} if k % 10 == 0 else {})})
-             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(300, 40.0, 1, priority=True)
     since = QuotaQueues.lent_since
     seen: list[tuple[int, int, int]] = []
 
@@ -442,9 +440,7 @@ def test_the_fewest_gpus_a_queue_left_out_asks_for_from_the_plans_changes(policy
     # one of its jobs waiting now or stopped by the plan asks for (QuotaQueues._smallest_left_out), the running
     # ones it stops read from the plan's own list when it extends the current allocations.  Each time: what
     # every waiting job and every running job the plan leaves out gives
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model,
-                     attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
-             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(300, 40.0, 1)
     sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
     stage = sched.queue
     assert isinstance(stage, QuotaQueues)
@@ -502,8 +498,7 @@ def test_the_checks_free_state_without_lent_work_equals_the_state_of_every_kept_
     from gpuloom.policies import queue_checks
     from gpuloom.policies.free import FreeState
 
-    specs = [JobSpec(s.id, s.arrival, s.gpus, s.duration, s.model, attrs={"queue": NAMES[(k * 7 + k // 3) % 5]})
-             for k, s in enumerate(generate(300, 40.0, 1, duration_dist=PHILLY_DURATIONS.clipped(60.0, 12 * 3600.0)))]
+    specs = five_queue_specs(300, 40.0, 1)
     kept_free = queue_checks.kept_free
     seen: list[int] = []
 
