@@ -186,6 +186,11 @@ def test_las_gpu_events_order_is_the_key_order_and_reuses_it_between_events(make
     view = make_view(jobs=[a, b, c2, d], now=1000.0)
     view.round_index = 4
     assert [id(j) for j in pol.order(view.jobs, view)] == [id(d), id(c2), id(a), id(b)]
+    # e arrives (100 GPU-s, c's key): ties go by index whether the jobs come in arrival order or not
+    e = made("e", 4, 100.0)
+    assert order_at([a, b, c2, d, e], 1000.0, 5) == ["d", "c", "e", "a", "b"]
+    f = made("f", 5, 100.0)
+    assert order_at([f, e, d, c2, b, a], 1000.0, 6) == ["d", "c", "e", "f", "a", "b"]
 
 
 def test_artifact_preset_places_every_job_afresh_as_muri_does() -> None:
