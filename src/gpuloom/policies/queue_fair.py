@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.plan import Plan
-from ..core.queues import DecayedUsage, QueueTree, usage
+from ..core.queues import DecayedUsage, QueueTree
 from .base import View, register
 from .queues import QuotaQueues
 
@@ -96,9 +96,8 @@ class FairShareQueues(QuotaQueues):
         plan = super().enforce(plan, view)
         tree = self.tree
         if tree is not None and self._names == tree.names:
-            allocs = plan.allocations
-            held = usage(tree, allocs, self.leaf_map(allocs, view))
-            self._held = [h[0] for h in held]
+            # (from the book's sums and the plan's changes when it can: the round's check then reads the same)
+            self._held = [h[0] for h in self.usage_of(plan, view)]
         return plan
 
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
