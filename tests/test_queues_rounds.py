@@ -612,3 +612,26 @@ def test_fair_shares_next_change_from_kept_terms_equals_the_pairwise_analysis() 
         kinds["now" if got == 100.0 else "inf" if got == math.inf else "later"] += 1
     assert min(kinds.values()) > 20, kinds
 
+
+def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined() -> None:
+    # per leaf, the GPUs the guaranteed jobs ask for, from the last round's sums: a (2 GPUs, leaf 0), b (4, leaf 1)
+    # and c (1, leaf 0) give [3, 4, 0]; then b leaves and d (8, leaf 2) joins: [3, 0, 8], each job's leaf looked up
+    # once, as it joined.  A job listed twice: None (the check sums what they hold); another tree: anew
+    from gpuloom.policies.queue_checks import GuaranteedAsks
+
+    leaf = {"a": 0, "b": 1, "c": 0, "d": 2}
+    jobs = {k: Job(JobSpec(k, 0.0, g, 100.0), i) for i, (k, g) in enumerate([("a", 2), ("b", 4), ("c", 1), ("d", 8)])}
+    looked: list[str] = []
+
+    def leaf_of(j: Job) -> int:
+        looked.append(j.id)
+        return leaf[j.id]
+
+    tree = QueueTree.flat(["x", "y", "z"])
+    asks = GuaranteedAsks()
+    assert asks.update(tree, [jobs["a"], jobs["b"], jobs["c"]], leaf_of) == [3, 4, 0]
+    assert asks.update(tree, [jobs["a"], jobs["c"], jobs["d"]], leaf_of) == [3, 0, 8]
+    assert looked == ["a", "b", "c", "d"]
+    assert asks.update(tree, [jobs["a"], jobs["a"]], leaf_of) is None
+    assert asks.update(tree, [jobs["c"]], leaf_of) == [1, 0, 0]
+    assert asks.update(QueueTree.flat(["x", "y", "z"]), [jobs["d"], jobs["a"]], leaf_of) == [2, 0, 8]
