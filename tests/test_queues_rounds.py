@@ -545,3 +545,93 @@ def test_a_walk_read_by_interleaved_readers_hands_each_the_guaranteed_jobs_then_
     walk.guaranteed.append(jobs[0])  # a finished walk: the lists as they are when read
     assert [j.id for j in walk] == ["j0", "j1", "j0", "j2", "j3", "j4", "j5"] and len(walk) == 7
     assert walk[:3] == [jobs[0], jobs[1], jobs[0]]
+
+
+def _change_after_pairwise(stage: object, now: float) -> float:
+    """Fair share's next change worked out pair by pair and step by step, each key's terms from the queue's
+    usage then (the way FairShareQueues._change_after was first written): what the kept per-queue terms
+    must give, to the bit."""
+    tree, decayed, (steps, start, heads) = stage.tree, stage.decayed, stage._last.log  # type: ignore[attr-defined]
+    tau = stage.half_life / math.log(2)  # type: ignore[attr-defined]
+    past, held, rel = decayed.values, stage._held, tree.sibling_weight  # type: ignore[attr-defined]
+    last = {q: s for s, (q, _) in enumerate(steps)}
+    alive = [q for q in tree.leaves if heads[q] is not None]
+    use = list(start)
+    best = 0.0
+    for s, (c, d) in enumerate(steps):
+        ac, bc = tau * (held[c] + use[c]) / rel[c], (past[c] - held[c] * tau) / rel[c]
+        for o in (*alive, *(q for q, at in last.items() if at > s)):
+            if o == c or (past[o] == past[c] and held[o] == held[c] and use[o] == use[c] and rel[o] == rel[c]):
+                continue
+            ao, bo = tau * (held[o] + use[o]) / rel[o], (past[o] - held[o] * tau) / rel[o]
+            a, b = ao - ac, bo - bc
+            noise = 1e-9 * (abs(ao) + abs(ac) + abs(bo) + abs(bc) + 1.0)
+            if a + b <= noise:
+                return now
+            if a < noise:
+                best = max(best, (noise - a) / b)
+        if d is not None:
+            use[c] += d[0]
+    return math.inf if best <= 0.0 else now - stage.half_life * math.log2(best) * (1.0 - 1e-9)  # type: ignore[attr-defined]
+
+
+def test_fair_shares_next_change_from_kept_terms_equals_the_pairwise_analysis() -> None:
+    # _change_after keeps each queue's two terms (the one that moves with its use, the one fixed by its past usage
+    # and GPUs held) and drops a queue from the comparisons after its last step: on random walks of 2-6 queues
+    # (equal keys, near ties and steps that take nothing among them) it gives the pairwise analysis' time, to the
+    # bit, and both kinds of answer occur
+    import random
+
+    from gpuloom.core.queues import DecayedUsage
+
+    rnd = random.Random(7)
+    kinds: dict[str, int] = {"now": 0, "inf": 0, "later": 0}
+    for _ in range(400):
+        n = rnd.randint(2, 6)
+        tree = QueueTree([Queue(f"q{k}", weight=rnd.choice([1.0, 1.0, 2.0, 3.0])) for k in range(n)])
+        stage = pb.make("queue", "fairshare", {"queues": tree, "half_life": 3600.0})
+        stage.decayed = DecayedUsage(n, 3600.0)  # type: ignore[attr-defined]
+        stage.decayed.values = [rnd.choice([0.0, 5e4, 1e5, rnd.uniform(0.0, 2e5)]) for _ in range(n)]  # type: ignore[attr-defined]
+        stage.decayed.last = 100.0  # type: ignore[attr-defined]
+        stage._held = [float(rnd.choice([0, 0, 1, 2, 4])) for _ in range(n)]  # type: ignore[attr-defined]
+        start = [float(rnd.choice([0, 1, 2])) for _ in range(n)]
+        steps: list[tuple[int, tuple[float, float, float] | None]] = []
+        use, pool = list(start), [q for q in range(n) if rnd.random() < 0.7] or [0]
+        tau, past, rel = 3600.0 / math.log(2), stage.decayed.values, tree.sibling_weight  # type: ignore[attr-defined]
+        for _ in range(rnd.randint(1, 12)):
+            # half the walks as the walk goes (the lowest key now among the queues with jobs), half at random
+            c = (rnd.randrange(n) if len(steps) % 2 and rnd.random() < 0.5 else
+                 min(pool, key=lambda q: ((past[q] + use[q] * tau) / rel[q], q)))
+            d = None if rnd.random() < 0.1 else (float(rnd.choice([1, 2, 4])), 0.0, 0.0)
+            steps.append((c, d))
+            use[c] += d[0] if d is not None else 0.0
+        heads: list[object] = [(0, None) if q in pool and rnd.random() < 0.5 else None for q in range(n)]
+        stage._last.log = (steps, start, heads)  # type: ignore[attr-defined]
+        got, want = stage._change_after(100.0), _change_after_pairwise(stage, 100.0)  # type: ignore[attr-defined]
+        assert got == want
+        kinds["now" if got == 100.0 else "inf" if got == math.inf else "later"] += 1
+    assert min(kinds.values()) > 20, kinds
+
+
+def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined() -> None:
+    # per leaf, the GPUs the guaranteed jobs ask for, from the last round's sums: a (2 GPUs, leaf 0), b (4, leaf 1)
+    # and c (1, leaf 0) give [3, 4, 0]; then b leaves and d (8, leaf 2) joins: [3, 0, 8], each job's leaf looked up
+    # once, as it joined.  A job listed twice: None (the check sums what they hold); another tree: anew
+    from gpuloom.policies.queue_checks import GuaranteedAsks
+
+    leaf = {"a": 0, "b": 1, "c": 0, "d": 2}
+    jobs = {k: Job(JobSpec(k, 0.0, g, 100.0), i) for i, (k, g) in enumerate([("a", 2), ("b", 4), ("c", 1), ("d", 8)])}
+    looked: list[str] = []
+
+    def leaf_of(j: Job) -> int:
+        looked.append(j.id)
+        return leaf[j.id]
+
+    tree = QueueTree.flat(["x", "y", "z"])
+    asks = GuaranteedAsks()
+    assert asks.update(tree, [jobs["a"], jobs["b"], jobs["c"]], leaf_of) == [3, 4, 0]
+    assert asks.update(tree, [jobs["a"], jobs["c"], jobs["d"]], leaf_of) == [3, 0, 8]
+    assert looked == ["a", "b", "c", "d"]
+    assert asks.update(tree, [jobs["a"], jobs["a"]], leaf_of) is None
+    assert asks.update(tree, [jobs["c"]], leaf_of) == [1, 0, 0]
+    assert asks.update(QueueTree.flat(["x", "y", "z"]), [jobs["d"], jobs["a"]], leaf_of) == [2, 0, 8]

@@ -524,6 +524,8 @@ class Scheduler:
         free = _free_left(rnd.plan, view, self.reclaim_changes)  # kept up to date below
         theirs: list[Job] | None = None  # the lent work, and what is free without it: worked out when needed
         base = free
+        base_lent: set[str] = set()  # the lent work base was made with (given back in it while planned)
+        base_whole = False  # no allocation of it is in a group
         # the lent work last worked out, and the allocations taken out of allocs and put in since (lent_since)
         was: list[Job] | None = None
         gone_a: list[Allocation] = []
@@ -554,24 +556,43 @@ class Scheduler:
                     if parts is None:
                         if theirs is None:
                             kept = [x.id for x in placed]
+                            before_l = was
                             theirs = (q.lent_since(was, gone_a, new_a, allocs, view, kept)
                                       if was is not None and self.reclaim_changes else q.lent(allocs, view, kept))
                             was = theirs
                             gone_a.clear()
                             new_a.clear()
-                            base = free
-                            if theirs:
+                            ids = {x.id for x in theirs}
+                            if (theirs and base is not free and base_whole and before_l is not None
+                                    and self.reclaim_changes and all(x in base_lent for x in ids)):
+                                # base is what is free with the lent work of the last base still planned given
+                                # back (placements were taken from both, evictions were of that work): take back
+                                # what is no longer lent (the same state as built anew: counts and flags)
+                                for b in before_l:
+                                    if b.id not in ids:
+                                        lent_a = allocs.get(b.id)
+                                        if lent_a is not None:
+                                            base.take(lent_a.parts)
+                                base_lent = ids
+                            else:
+                                base = free
+                            if theirs and base is free:
                                 base = free.copy()
-                                ids = {x.id for x in theirs}
+                                base_lent = ids
+                                base_whole = True  # (no group among them: each allocation given back whole)
                                 gone: set[tuple[int, ...]] = set()  # (a group's GPUs are given back once)
                                 for b in theirs:
                                     lent_a = allocs[b.id]
-                                    g_ids = lent_a.gpu_ids
-                                    back = g_ids not in gone and not any(x in allocs and x not in ids
-                                                                         for x in lent_a.group)
-                                    base.release(lent_a.parts, 1, gpus=back)
-                                    if back:
-                                        gone.add(g_ids)
+                                    if lent_a.group:
+                                        base_whole = False
+                                        g_ids = lent_a.gpu_ids
+                                        back = g_ids not in gone and not any(x in allocs and x not in ids
+                                                                             for x in lent_a.group)
+                                        base.release(lent_a.parts, 1, gpus=back)
+                                        if back:
+                                            gone.add(g_ids)
+                                    else:  # (its GPUs are its own: given back once)
+                                        base.release(lent_a.parts)
                         if theirs:
                             parts = self.place.choose_for(req, base, view)
                         if parts is None:

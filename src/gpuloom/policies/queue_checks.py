@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..core.job import Job
@@ -38,17 +39,60 @@ def _show(t: Sequence[float]) -> str:
     return ", ".join(parts) or "nothing"
 
 
+_ID = operator.attrgetter("id")
+
+
+class GuaranteedAsks:
+    """Per leaf, the GPUs its guaranteed jobs ask for, kept between rounds: the last round's sums with the
+    jobs that left the guaranteed tier taken out and those that joined it added (whole numbers: exact in
+    any order).  A leaf's guaranteed jobs hold at most what they ask for (each counted as asked for, or
+    as held if less), so a leaf whose guaranteed jobs ask for no more than its guarantee cannot have them
+    hold more: :func:`check_queues` sums what they hold only for the other leaves."""
+
+    __slots__ = ("tree", "jobs", "asked")
+
+    def __init__(self) -> None:
+        self.tree: QueueTree | None = None
+        self.jobs: dict[str, tuple[int, int]] = {}  # job id -> (its leaf, GPUs asked)
+        self.asked: list[int] = []
+
+    def update(self, tree: QueueTree, guaranteed: Sequence[Job], leaf_of: Callable[[Job], int]) -> list[int] | None:
+        """The sums for ``guaranteed`` (None when a job is listed twice or asks for a fraction of a GPU)."""
+        ids = set(map(_ID, guaranteed))
+        if len(ids) != len(guaranteed):
+            return None
+        jobs, asked = self.jobs, self.asked
+        if self.tree is not tree:  # (a job's leaf is its leaf in this tree)
+            self.tree, jobs, asked = tree, {}, [0] * len(tree)
+            self.jobs, self.asked = jobs, asked
+        for jid in jobs.keys() - ids:
+            q, g = jobs.pop(jid)
+            asked[q] -= g
+        if len(jobs) < len(ids):
+            for j in guaranteed:
+                if j.id not in jobs:
+                    g = j.spec.gpus
+                    if type(g) is not int:
+                        self.tree = None
+                        return None
+                    q = leaf_of(j)
+                    jobs[j.id] = (q, g)
+                    asked[q] += g
+        return asked
+
+
 def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan: Plan, view: View,
                  place: PlacePolicy, leaf_of: Callable[[Job], int], guarantees: bool = True,
                  jobs_of: Callable[[int], Iterable[Job]] | None = None,
                  smallest: Callable[[int], float] | None = None,
                  leaves: Mapping[str, int] | None = None, used: list[list[float]] | None = None,
-                 free: float | None = None) -> set[int]:
+                 free: float | None = None, asks: GuaranteedAsks | None = None) -> set[int]:
     """Check ``plan`` (module notes); returns the queues starved this round (to pass in next round).
     ``jobs_of(q)``: leaf ``q``'s active jobs, and ``smallest(q)``: the fewest GPUs one of its waiting jobs
     asks for, when the caller keeps them (else ``view.jobs`` is read); ``leaves``: each planned job's leaf,
     when the caller knows them (else ``leaf_of`` is asked); ``used``: what each queue holds in ``plan``
-    (:func:`~gpuloom.core.queues.usage`), and ``free``: the GPUs it leaves free, when the caller knows them."""
+    (:func:`~gpuloom.core.queues.usage`), and ``free``: the GPUs it leaves free, when the caller knows them;
+    ``asks``: what the guaranteed jobs asked for per leaf at the last round, when the caller keeps it."""
     allocs = plan.allocations
     if leaves is not None:
         leaf = leaves
@@ -67,6 +111,10 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
     # a leaf's guaranteed jobs hold at most what the leaf holds: only a leaf holding more than its guarantee
     # (with a margin far above the rounding of the sums) can have them over it
     over = {q for q in tree.leaves if u[q][0] > G[q][0] + _EPS / 2}
+    if over and asks is not None:
+        asked = asks.update(tree, adm.guaranteed, leaf_of)
+        if asked is not None:  # (what they hold is at most what they ask for)
+            over = {q for q in over if asked[q] > G[q][0]}
     if over:
         # (each job's leaf from the book's own dict when ``leaves`` reads it: ``where``; a job's GPU share as
         # job_share gives it, and the lesser of it and what the job asks, as min() picks it)
@@ -84,7 +132,9 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
         if q in over and ua[q] > G[q][0] + _EPS:
             raise PlanError(f"queue {tree.queues[q].name!r}: its guaranteed jobs hold {ua[q]:g} GPUs, more "
                             f"than its guarantee of {G[q][0]:g}")
-    lent = {q: max(0.0, u[q][0] - G[q][0]) for q in tree.leaves}
+    # (max(0.0, x) and min(a, b) written out below, with the same results: builtin min and max cost about a
+    # thousand instructions a call in Python 3.11)
+    lent = {q: x if (x := u[q][0] - G[q][0]) > 0.0 else 0.0 for q in tree.leaves}
     total_lent = sum(lent.values())
     starved: set[int] = set()
     if total_lent > 0:
@@ -104,7 +154,8 @@ def check_queues(tree: QueueTree, adm: Admission, starved_before: set[int], plan
             room = G[q][0] - u[q][0]
             if room < 1 - _EPS:
                 continue
-            most = min(room, free_gpus + total_lent - lent[q]) + _EPS
+            most = free_gpus + total_lent - lent[q]
+            most = (most if most < room else room) + _EPS
             if smallest is not None and smallest(q) > most:
                 continue
             best: Job | None = None  # the smallest waiting job that fits (the earliest of equals)

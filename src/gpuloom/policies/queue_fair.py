@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.plan import Plan
-from ..core.queues import DecayedUsage, QueueTree, usage
+from ..core.queues import DecayedUsage, QueueTree
 from .base import View, register
 from .queues import QuotaQueues
 
@@ -96,9 +96,8 @@ class FairShareQueues(QuotaQueues):
         plan = super().enforce(plan, view)
         tree = self.tree
         if tree is not None and self._names == tree.names:
-            allocs = plan.allocations
-            held = usage(tree, allocs, self.leaf_map(allocs, view))
-            self._held = [h[0] for h in held]
+            # (from the book's sums and the plan's changes when it can: the round's check then reads the same)
+            self._held = [h[0] for h in self.usage_of(plan, view)]
         return plan
 
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
@@ -166,27 +165,39 @@ class FairShareQueues(QuotaQueues):
         last: dict[int, int] = {}
         for s, (q, _) in enumerate(steps):
             last[q] = s
-        alive = [q for q in tree.leaves if heads[q] is not None]  # (had jobs left when the walk last stopped)
         use = list(start)
+        # each queue's key at use u is (A + B·k) with A = τ(h + u)/w (it moves only when the queue's own job is
+        # taken) and B = (U(now) - h·τ)/w (fixed), worked out once per queue, not once per pair and step
+        A = [tau * (held[q] + use[q]) / rel[q] for q in range(len(use))]
+        B = [(past[q] - held[q] * tau) / rel[q] for q in range(len(use))]
+        absA, absB = [abs(x) for x in A], [abs(x) for x in B]
+        # the queues a step's choice is compared with: those that had jobs left when the walk last stopped, and
+        # those chosen at a later step (a set: the pairs' verdicts do not depend on their order)
+        alive = {q for q in tree.leaves if heads[q] is not None}
+        others = alive | last.keys()
         best = 0.0  # the largest k (the earliest time) at which a step could go otherwise
         for s, (c, d) in enumerate(steps):
-            ac = tau * (held[c] + use[c]) / rel[c]
-            bc = (past[c] - held[c] * tau) / rel[c]
-            for o in (*alive, *(q for q, at in last.items() if at > s)):
+            ac, bc, aac, abc = A[c], B[c], absA[c], absB[c]
+            for o in others:
                 if o == c:
                     continue
-                if past[o] == past[c] and held[o] == held[c] and use[o] == use[c] and rel[o] == rel[c]:
-                    continue  # equal keys at every time: the tie is broken by rank, the same way
-                ao = tau * (held[o] + use[o]) / rel[o]
-                bo = (past[o] - held[o] * tau) / rel[o]
+                ao, bo = A[o], B[o]
                 a, b = ao - ac, bo - bc
-                noise = 1e-9 * (abs(ao) + abs(ac) + abs(bo) + abs(bc) + 1.0)
+                noise = 1e-9 * (absA[o] + aac + absB[o] + abc + 1.0)
                 if a + b <= noise:
+                    if past[o] == past[c] and held[o] == held[c] and use[o] == use[c] and rel[o] == rel[c]:
+                        continue  # equal keys at every time: the tie is broken by rank, the same way
                     return now  # (a near tie: rounding could decide it either way)
                 if a < noise:
-                    best = max(best, (noise - a) / b)
+                    x = (noise - a) / b
+                    if x > best:
+                        best = x
             if d is not None:
                 use[c] += d[0]
+                A[c] = x = tau * (held[c] + use[c]) / rel[c]
+                absA[c] = abs(x)
+            if last[c] == s and c not in alive:
+                others.discard(c)  # (chosen at no later step)
         if best <= 0.0:
             return math.inf
         return now - self.half_life * math.log2(best) * (1.0 - 1e-9)

@@ -93,7 +93,7 @@ from ..core.queues import INF, QueueError, QueueTree, parse_queues, usage
 from .base import PlacePolicy, View, parse_flag, register
 from .queue_base import Admission, Owed, QueuePolicy
 from .queue_book import QueueBook, Walk
-from .queue_checks import above, check_queues
+from .queue_checks import GuaranteedAsks, above, check_queues
 
 QUEUE_AT_QUOTA = "QueueAtQuota"
 WAITING_FOR_RECLAIM = "WaitingForReclaim"
@@ -909,6 +909,9 @@ class QuotaQueues(QueuePolicy):
         self._starved = set()
 
     # -- invariants ------------------------------------------------------------------------------
+    #: what the guaranteed jobs asked for per leaf at the last check (made at the first)
+    _asks: GuaranteedAsks | None = None
+
     def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
         """Raise :class:`~gpuloom.core.plan.PlanError` if a queue is over its limit, or a queue below its
         guarantee has waited two rounds in a row while GPUs it could use are lent (:mod:`.queue_checks`)."""
@@ -926,10 +929,12 @@ class QuotaQueues(QueuePolicy):
                 free = view.cluster.num_gpus - sum(u[q][0] for q in self.tree.leaves)
             else:
                 leaves = self.leaf_map(plan.allocations, view)
+            if self._asks is None:
+                self._asks = GuaranteedAsks()
             self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
                                          self.guarantees,
                                          None if smallest is None else (lambda q: (j for _, j in lists[q])),
-                                         smallest, leaves, u, free)
+                                         smallest, leaves, u, free, self._asks)
 
 
 # ---------------------------------------------------------------------------------------------------

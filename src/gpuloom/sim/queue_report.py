@@ -69,6 +69,7 @@ class QueueRecorder:
         self.deficit: list[list[float]] = []
         self.limit_violations: dict[str, int] = {}
         self._leaf: dict[str, str] = {}
+        self._job_col: dict[str, int] = {}  # each job's column (queue_of's name in _col: names are only appended)
         self._tree_seen: QueueTree | None = None
         self._col: dict[str, int] = {}
         self._guarantee: list[float] = []
@@ -117,7 +118,7 @@ class QueueRecorder:
         return q
 
     def __call__(self, sim: Simulator, event: str) -> None:
-        tree = self._current_tree()
+        tree = self.tree if self.tree is not None else self.policy.tree  # (_current_tree, inline: every event)
         if tree is None:
             return
         if tree is not self._tree_seen:  # (a queue stage's own tree grows as queue names appear)
@@ -137,10 +138,12 @@ class QueueRecorder:
             self._row += [0.0] * grow
             self._deficit += [0.0] * grow
             self._dirty.update(range(len(self.names)))  # (guarantees and limits read again)
-        col, held, asked, dirty = self._col, self._held, self._asked, self._dirty
+        col, job_col, held, asked, dirty = self._col, self._job_col, self._held, self._asked, self._dirty
         # what runs: the allocations that changed since the last event (starts, ends, moves, regroups)
         for job, old, new in self._changes:
-            k = col[self.queue_of(job)]
+            k = job_col.get(job.id)
+            if k is None:
+                k = job_col[job.id] = col[self.queue_of(job)]
             dirty.add(k)
             if old is not None:
                 held[k] -= old.num_gpus / (1 + len(old.group))
@@ -160,22 +163,32 @@ class QueueRecorder:
             for job, sign in comings:
                 if job.id in gone and job.id in came:
                     continue  # (came and went between two rounds: never counted)
-                k = col[self.queue_of(job)]
+                k = job_col.get(job.id)
+                if k is None:
+                    k = job_col[job.id] = col[self.queue_of(job)]
                 demand[k] += sign * job.spec.gpus
                 waited.add(k)
             comings.clear()
             # what waits, read at rounds only: where what is asked for or what runs changed since the last one
             waited |= dirty
+            # (max(0.0, x) and min(a, b) written out, with the same results: builtin min and max cost about a
+            # thousand instructions a call in Python 3.11; a whole number needs no rounding)
             for k in waited:
-                waiting[k] = max(0.0, demand[k] - asked[k])
+                x = demand[k] - asked[k]
+                waiting[k] = x if x > 0.0 else 0.0
             dirty |= waited
             waited.clear()
         # the columns whose GPUs held or waiting changed: their point, and whether they are over their limit
         if dirty:
             limit, over = self._limit, self._over
             for k in dirty:
-                h = row[k] = round(held[k], 9) + 0.0  # (sums of fractions: no -0.0 or 1e-16 left over)
-                deficit[k] = max(0.0, min(g[k], h + waiting[k]) - h)
+                x = held[k]
+                # (sums of fractions: no -0.0 or 1e-16 left over)
+                h = row[k] = (x if x.is_integer() else round(x, 9)) + 0.0
+                m = h + waiting[k]
+                gk = g[k]
+                x = (m if m < gk else gk) - h
+                deficit[k] = x if x > 0.0 else 0.0
                 if held[k] > limit[k] + 1e-6:
                     over.add(k)
                 else:
