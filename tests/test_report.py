@@ -617,11 +617,16 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     before = _children()
     pids = tmp_path / "pids"
     pids.mkdir()
-    real_draw, real_jobs, real_add = plots.draw_run, report.JobRows.write, report.JobRows.add
+    real_draw, real_cdf = plots.draw_series, plots.draw_jct_cdf
+    real_jobs, real_add = report.JobRows.write, report.JobRows.add
 
     def draw(*a: Any) -> Any:
         (pids / f"plots {os.getpid()}").touch()
         return real_draw(*a)
+
+    def cdf(*a: Any) -> Any:
+        (pids / f"cdf {os.getpid()}").touch()
+        return real_cdf(*a)
 
     def jobs(*a: Any) -> Any:
         (pids / f"jobs.csv {os.getpid()}").touch()
@@ -632,7 +637,12 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
             f.write(f"{len(part[0])}\n")
         real_add(rows, part)
 
-    monkeypatch.setattr(plots, "draw_run", draw)
+    def started(part: object) -> None:  # (the JCT CDF's child, sent a part as the run starts)
+        (pids / f"started {os.getpid()}").touch()
+
+    monkeypatch.setattr(plots, "draw_series", draw)
+    monkeypatch.setattr(plots, "draw_jct_cdf", cdf)
+    monkeypatch.setattr(cli_sim, "_load_matplotlib", started)
     monkeypatch.setattr(report.JobRows, "write", jobs)
     monkeypatch.setattr(report.JobRows, "add", add)
     monkeypatch.setattr(cli_sim, "ROWS_PART", 1)  # the finished jobs' rows sent at every progress tick
@@ -640,11 +650,12 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     assert r.exit_code == 0, r.output
     (tmp_path / "o").rename(tmp_path / "forked")  # (the command line, --out included, is in the files)
     made = sorted(p.name.split() for p in pids.iterdir())
-    assert [w for w, _ in made] == ["jobs.csv", "plots", "rows"]  # each in a process of its own
-    assert made[0][1] == made[2][1] and len({int(pid) for _, pid in made} | {os.getpid()}) == 3
+    assert [w for w, _ in made] == ["cdf", "jobs.csv", "plots", "rows", "started"]  # each in a process of its own
+    assert made[1][1] == made[3][1] and made[0][1] == made[4][1]
+    assert len({int(pid) for _, pid in made} | {os.getpid()}) == 4
     # progress ticks at the 32nd job finished and at the run's end (38 of the 60 finish by --max-time): their
     # rows sent as the run goes, the 22 others' with the rest
-    assert (pids / f"rows {made[2][1]}").read_text().split() == ["32", "6", "22"]
+    assert (pids / f"rows {made[3][1]}").read_text().split() == ["32", "6", "22"]
     assert _children() == before  # both waited for
     # the rows made during the run, and after: the bytes written all at once from the result
     assert (tmp_path / "forked" / "jobs.csv").read_bytes() == report.write_jobs_csv(
@@ -691,11 +702,16 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     def draw(*a: Any) -> Any:
         raise ValueError("no room for the legend")
 
-    monkeypatch.setattr(plots, "draw_run", draw)
+    def cdf(*a: Any) -> Any:
+        raise ValueError("no room for the axis")
+
+    monkeypatch.setattr(plots, "draw_series", draw)
+    monkeypatch.setattr(plots, "draw_jct_cdf", cdf)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 1
     assert "error: drawing the plots failed: ValueError: no room for the legend" in r.output
-    assert ", in draw\n" in r.output  # the child's traceback
+    assert "error: drawing the JCT CDF failed: ValueError: no room for the axis" in r.output
+    assert ", in draw\n" in r.output and ", in cdf\n" in r.output  # the children's tracebacks
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
         "gpuloom-run.json", "jobs.csv", "report.md", "report.txt", "series.csv", "summary.json"]
     assert "![" not in (tmp_path / "o" / "report.md").read_text()
