@@ -637,12 +637,8 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
             f.write(f"{len(part[0])}\n")
         real_add(rows, part)
 
-    def started(part: object) -> None:  # (the JCT CDF's child, sent a part as the run starts)
-        (pids / f"started {os.getpid()}").touch()
-
     monkeypatch.setattr(plots, "draw_series", draw)
     monkeypatch.setattr(plots, "draw_jct_cdf", cdf)
-    monkeypatch.setattr(cli_sim, "_load_matplotlib", started)
     monkeypatch.setattr(report.JobRows, "write", jobs)
     monkeypatch.setattr(report.JobRows, "add", add)
     monkeypatch.setattr(cli_sim, "ROWS_PART", 1)  # the finished jobs' rows sent at every progress tick
@@ -650,9 +646,9 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     assert r.exit_code == 0, r.output
     (tmp_path / "o").rename(tmp_path / "forked")  # (the command line, --out included, is in the files)
     made = sorted(p.name.split() for p in pids.iterdir())
-    assert [w for w, _ in made] == ["cdf", "jobs.csv", "plots", "rows", "started"]  # each in a process of its own
-    assert made[1][1] == made[3][1] and made[0][1] == made[4][1]
-    assert len({int(pid) for _, pid in made} | {os.getpid()}) == 4
+    # each in a process of its own (the JCT CDF's a child of the plots'), jobs.csv's rows made where it is written
+    assert [w for w, _ in made] == ["cdf", "jobs.csv", "plots", "rows"]
+    assert made[1][1] == made[3][1] and len({int(pid) for _, pid in made} | {os.getpid()}) == 4
     # progress ticks at the 32nd job finished and at the run's end (38 of the 60 finish by --max-time): their
     # rows sent as the run goes, the 22 others' with the rest
     assert (pids / f"rows {made[3][1]}").read_text().split() == ["32", "6", "22"]
@@ -705,16 +701,26 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     def cdf(*a: Any) -> Any:
         raise ValueError("no room for the axis")
 
+    real_cdf = plots.draw_jct_cdf
+
     monkeypatch.setattr(plots, "draw_series", draw)
     monkeypatch.setattr(plots, "draw_jct_cdf", cdf)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 1
-    assert "error: drawing the plots failed: ValueError: no room for the legend" in r.output
-    assert "error: drawing the JCT CDF failed: ValueError: no room for the axis" in r.output
-    assert ", in draw\n" in r.output and ", in cdf\n" in r.output  # the children's tracebacks
+    # (the plots' child draws the JCT CDF in a child of its own: its failure, and the traceback of both)
+    assert ("error: drawing the plots failed: BackgroundError: drawing the JCT CDF failed: ValueError: no room "
+            "for the axis") in r.output
+    assert ", in draw\n" in r.output and ", in cdf\n" in r.output
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
         "gpuloom-run.json", "jobs.csv", "report.md", "report.txt", "series.csv", "summary.json"]
     assert "![" not in (tmp_path / "o" / "report.md").read_text()
+    assert _children() == before
+    # the series' plots failing alone: their error, the JCT CDF drawn all the same
+    monkeypatch.setattr(plots, "draw_jct_cdf", real_cdf)
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o2")])
+    assert r.exit_code == 1
+    assert "error: drawing the plots failed: ValueError: no room for the legend" in r.output
+    assert "JCT CDF" not in r.output and (tmp_path / "o2" / "jct_cdf.png").exists()
     assert _children() == before
     # jobs.csv's child failing: the command writes it itself, and fails all the same
     monkeypatch.undo()

@@ -288,48 +288,35 @@ class _Made:
             self.series.write(points, folder / "series.csv")
 
     def draw(self, job: tuple[RunFigures, list[list[Any]], Path]) -> list[Path]:
-        """series.csv and the plots of the series in folder ``job[2]``: ``job[0]`` the figures but their series,
-        ``job[1]`` the series' last points."""
+        """series.csv and the plots in folder ``job[2]``: ``job[0]`` the figures but their series, ``job[1]``
+        the series' last points.  The JCT CDF (the plot that takes longest to draw) is drawn by a child of this
+        process forked now, with matplotlib imported, beside series.csv and the series' plots drawn here."""
         from dataclasses import replace
 
+        from ..sim.background import Background
         from ..sim.metrics import TimeSeries
-        from ..sim.plots import draw_series
+        from ..sim.plots import draw_jct_cdf, draw_series
 
         figures, points, folder = job
-        self.series.write(points, folder / "series.csv")
-        for have, new in zip(self.points, points, strict=True):
-            have += new
-        return draw_series(replace(figures, series=TimeSeries(*self.points)), folder)
+        cdf: Background[None, Path] = Background("drawing the JCT CDF", lambda _: draw_jct_cdf(figures, folder))
+        cdf.submit(None)
+        try:
+            self.series.write(points, folder / "series.csv")
+            for have, new in zip(self.points, points, strict=True):
+                have += new
+            drawn = draw_series(replace(figures, series=TimeSeries(*self.points)), folder)
+        finally:
+            first = cdf.result()  # (waited for, or its failure raised, however the others went)
+        return [first, *drawn]
 
 
 def _plotter() -> Background[tuple[RunFigures, list[list[Any]], Path], list[Path]]:
     """A child process, forked now, that imports matplotlib and makes series.csv's rows it is sent during the
-    run (:class:`_Sender`), then writes series.csv and draws the plots of the series of the run it is sent
-    (:meth:`_Made.draw`)."""
+    run (:class:`_Sender`), then writes series.csv and draws the plots of the run it is sent (:meth:`_Made.draw`)."""
     from ..sim.plots import load_matplotlib
 
     made = _Made()
-    return _child("drawing the plots", made.draw, load_matplotlib, take=made.add)
-
-
-def _draw_jct_cdf(job: tuple[RunFigures, Path]) -> list[Path]:
-    from ..sim.plots import draw_jct_cdf
-
-    return [draw_jct_cdf(*job)]
-
-
-def _load_matplotlib(part: object) -> None:
-    from ..sim.plots import load_matplotlib
-
-    load_matplotlib(math=True)
-
-
-def _cdf_plotter() -> Background[tuple[RunFigures, Path], list[Path]]:
-    """A child process, forked now, that imports matplotlib once sent a part (:class:`_Sender` sends it one as the
-    run starts: before, the command's process and the other plots' child, importing matplotlib, keep two cores
-    busy), then draws the JCT CDF of the figures it is sent (the plot that takes longest to draw: beside the
-    others, not after them)."""
-    return _child("drawing the JCT CDF", _draw_jct_cdf, take=_load_matplotlib)
+    return _child("drawing the plots", made.draw, functools.partial(load_matplotlib, math=True), take=made.add)
 
 
 def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]] | None, Path], None]:
@@ -343,18 +330,13 @@ class _Sender:
     """Sends the children the rows the run will not change, whenever at least :data:`ROWS_PART` more jobs have
     finished (called at the run's progress ticks): the finished jobs' to ``rows``, the series' points but its
     last (:meth:`~gpuloom.sim.metrics.TimeSeries.record` may replace it) to ``series``; ``ran`` will hold the
-    simulator; ``start``, a child sent one part (None) at the first tick, as the run starts."""
+    simulator."""
 
-    def __init__(self, rows: Background[Any, Any], series: Background[Any, Any], ran: list[Any],
-                 start: Background[Any, Any] | None = None) -> None:
+    def __init__(self, rows: Background[Any, Any], series: Background[Any, Any], ran: list[Any]) -> None:
         self.rows, self.series, self.ran = rows, series, ran
         self.jobs = self.points = 0  # how many were sent
-        self.start = start  # a child sent a part at the first tick: the run has started
 
     def __call__(self) -> None:
-        if self.start is not None:
-            self.start.send(None)
-            self.start = None
         if not self.ran:
             return
         sim = self.ran[0]
@@ -459,7 +441,6 @@ def simulate(
         queue = queue_stage(queue_policy, queues)
         check_policies(order, group, size, place, list(params), queue)
         plotter = _plotter() if plots else None  # forked before the run, while this process is small
-        cdf = _cdf_plotter() if plots else None  # (likewise)
         rows = _rows_writer()  # (likewise)
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
         window = measure_window(measure_jobs, len(specs))
@@ -495,7 +476,7 @@ def simulate(
             tree.check_capacity(cl)  # what the run would find first: before --out is looked at
         output = Output("simulate", out)  # a refused --out costs no run time
         ran: list[Any] = []  # (the simulator)
-        sender = _Sender(rows, plotter or rows, ran, cdf)
+        sender = _Sender(rows, plotter or rows, ran)
         result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran),
                                     sender)
     result.measure(window)
@@ -505,29 +486,23 @@ def simulate(
                                                               (place, STAGE_DEFAULTS["place"])) if v != d)]))
     from ..sim import report
 
-    # the run's files are written by four processes at once, each forked before the run, each sent the rest
-    # of what it made during the run: the JCT CDF by one, the series' plots and series.csv by another (the
-    # plots take longest, so they go first), jobs.csv by a third (and series.csv, without plots), the summary
+    # the run's files are written by three processes at once, each forked before the run, each sent the rest
+    # of what it made during the run: the plots and series.csv by one (they take longest, so they go first; it
+    # draws the JCT CDF in a child of its own), jobs.csv by another (and series.csv, without plots), the summary
     # and report here
     summary = result.summary()
-    if plotter is not None and cdf is not None:
+    if plotter is not None:
         from dataclasses import replace
-
-        import numpy as np
 
         from ..sim.metrics import TimeSeries
         from ..sim.plots import run_figures
 
-        figures = replace(run_figures(result), series=TimeSeries())
-        cdf.submit((figures, folder))
-        plotter.submit((replace(figures, jcts=np.zeros(0)), sender.last_points(result), folder))
+        plotter.submit((replace(run_figures(result), series=TimeSeries()), sender.last_points(result), folder))
     rows.submit((sender.jobs_rest(result, folder), None if plotter is not None else sender.last_points(result),
                  folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)
     _, rows_failed = _collect(rows, None)
-    drawn, cdf_failed = _collect(cdf, [])
-    drawn_series, plots_failed = _collect(plotter, [])
-    drawn += drawn_series
+    drawn, plots_failed = _collect(plotter, [])
     if rows_failed is not None:  # (what a failed child may not have written)
         report.write_jobs_csv(result, folder / "jobs.csv")
     if plots_failed is not None or (rows_failed is not None and plotter is None):
@@ -537,7 +512,7 @@ def simulate(
     report.write_report(result, folder, drawn)
     output.finish()
     keep_until_exit(result, specs, ran)  # (the program ends without freeing the run object by object)
-    failures = [failed for failed in (rows_failed, cdf_failed, plots_failed) if failed is not None]
+    failures = [failed for failed in (rows_failed, plots_failed) if failed is not None]
     for failed in failures:  # (the files are all written, but for the plots a failed drawing did not draw)
         err_console.print(failed.child_traceback.rstrip(), markup=False, highlight=False)
         err_console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
