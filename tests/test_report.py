@@ -491,7 +491,7 @@ def test_the_sender_sends_only_rows_the_run_will_not_change(tmp_path: Path, monk
 
 def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # summary.json, report.md, report.txt, the plots and the printed table all read one summary
-    calls = {"summary": 0, "themis": 0}
+    calls = {"summary": 0, "summary_times": 0, "themis": 0}
     for name in calls:
         real = getattr(RunResult, f"_compute_{name}")
 
@@ -502,9 +502,23 @@ def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setattr(RunResult, f"_compute_{name}", counted)
     r = CliRunner().invoke(app, ["simulate", "--generate", "30", "--cluster", "2x4", "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
-    assert calls == {"summary": 1, "themis": 1}
+    assert calls == {"summary": 1, "summary_times": 1, "themis": 1}
     assert {"summary.json", "report.md", "report.txt", "jct_cdf.png", "jobs.csv"} <= {p.name for p in
                                                                                       (tmp_path / "o").iterdir()}
+
+
+def test_summary_times_are_the_summary_but_themis_figures_and_give_the_reports_unit() -> None:
+    # what the plots are drawn from, sent before Themis' figures are computed: the same figures, the same unit
+    for res in (run(), run(max_time=5), run().measure((1, 3)), run(max_time=1)):
+        s, times = res.summary(), res.summary_times()
+        assert list(times) == list(s)  # (the keys in the same places)
+        assert times["mean_ftf_rho"] is None and times["max_ftf_rho"] is None
+        assert repr({**times, "mean_ftf_rho": 0, "max_ftf_rho": 0}) == repr(
+            {**s, "mean_ftf_rho": 0, "max_ftf_rho": 0})  # (exactly: NaN where NaN)
+        assert report.run_time_unit(res) == report.time_unit({res.label: res})
+    assert run(max_time=1).summary()["completed"] == 0 and math.isnan(run(max_time=1).summary()["max_ftf_rho"])
+    slow = replace(run(), jobs=[replace(j, arrival=j.arrival - 5000.0) for j in run().jobs])
+    assert report.run_time_unit(slow) == report.time_unit({slow.label: slow}) == (60.0, "min")
 
 
 def test_summary_follows_a_changed_result() -> None:

@@ -490,14 +490,16 @@ def simulate(
     # of what it made during the run: the plots and series.csv by one (they take longest, so they go first; it
     # draws the JCT CDF in a child of its own), jobs.csv by another (and series.csv, without plots), the summary
     # and report here
-    summary = result.summary()
+    # (the plots need the summary's times, not Themis' figures: sent before those are computed)
     if plotter is not None:
         from dataclasses import replace
 
         from ..sim.metrics import TimeSeries
         from ..sim.plots import run_figures
 
-        plotter.submit((replace(run_figures(result), series=TimeSeries()), sender.last_points(result), folder))
+        plotter.submit((replace(run_figures(result, report.run_time_unit(result)), series=TimeSeries()),
+                        sender.last_points(result), folder))
+    summary = result.summary()
     rows.submit((sender.jobs_rest(result, folder), None if plotter is not None else sender.last_points(result),
                  folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)

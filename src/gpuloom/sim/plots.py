@@ -192,7 +192,7 @@ def run_figures(result: RunResult, unit: Unit | None = None) -> RunFigures:
     """What :func:`plot_run` draws of ``result`` (times in ``unit``; default: the run's report unit)."""
     return RunFigures(result.label, _subtitle(result), unit or time_unit({result.label: result}), result.jcts(),
                       result.series, result.span_end, (result.cluster_gpus, result.cluster_cpus, result.cluster_mem_mb),
-                      result.summary()["gpu_util"])
+                      result.summary_times()["gpu_util"])
 
 
 def load_matplotlib(math: bool = False) -> None:
