@@ -122,6 +122,20 @@ def test_bench_targets_judges_the_command_against_a_plain_run(
     assert row[:3] == ["philly-command", "1.3x", "sim"] and row[10] == met
 
 
+def test_bench_targets_takes_the_fastest_plain_run_of_the_repeats() -> None:
+    # each run's plain run is disturbed apart from its command: the command's fastest run, against the fastest
+    # plain run of all (not the one that ran after that command)
+    mod = load("bench_targets")
+    runs = [{"wall": 13.0, "cpu": 8.0, "plain_wall": 10.0, "plain_cpu": 6.5, "result": "a"},
+            {"wall": 12.0, "cpu": 7.9, "plain_wall": 14.0, "plain_cpu": 6.2, "result": "b"},
+            {"wall": 30.0, "cpu": 9.0, "timeout": True, "plain_wall": 1.0, "plain_cpu": 1.0, "result": "t"}]
+    best = mod.fastest(runs)
+    assert (best["wall"], best["cpu"], best["plain_wall"], best["plain_cpu"]) == (12.0, 7.9, 10.0, 6.2)
+    assert best["result"].startswith("b; fastest plain run of 2 10 s (cpu 6.2): command 1.20x (cpu 1.27x)")
+    assert runs[1]["plain_wall"] == 14.0  # (the runs themselves unchanged)
+    assert mod.fastest(runs[:1]) == runs[0]
+
+
 def test_bench_targets_plain_run_runs_the_pickled_configuration(tmp_path: Path) -> None:
     # the plain run philly-command is judged against: the configuration the command ran, pickled, run again in
     # this process with nothing but Simulator.run timed; the same figures as the run itself
