@@ -65,6 +65,26 @@ def test_a_failing_child_raises_its_message_and_traceback() -> None:
     assert bg.pid is None and children() == before  # reaped
 
 
+def test_a_child_whose_own_child_failed_raises_with_both_tracebacks() -> None:
+    def fail(_: object) -> None:
+        raise ValueError("no room for the axis")
+
+    def draw(_: object) -> None:
+        inner: Background[None, None] = Background("drawing the JCT CDF", fail)
+        inner.submit(None)
+        inner.result()
+
+    before = children()
+    bg: Background[None, None] = Background("drawing the plots", draw)
+    bg.submit(None)
+    with pytest.raises(BackgroundError, match=r"^drawing the plots failed: BackgroundError: drawing the JCT CDF "
+                                              r"failed: ValueError: no room for the axis$") as e:
+        bg.result()
+    tb = e.value.child_traceback
+    assert tb.index("in fail\n") < tb.index("ValueError: no room for the axis") < tb.index("in draw\n")
+    assert children() == before
+
+
 def test_a_child_that_fails_while_preparing_says_so_without_being_sent_anything() -> None:
     def broken() -> None:
         raise ImportError("No module named 'matplotlib'")

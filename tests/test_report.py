@@ -491,7 +491,7 @@ def test_the_sender_sends_only_rows_the_run_will_not_change(tmp_path: Path, monk
 
 def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # summary.json, report.md, report.txt, the plots and the printed table all read one summary
-    calls = {"summary": 0, "themis": 0}
+    calls = {"summary": 0, "summary_times": 0, "themis": 0}
     for name in calls:
         real = getattr(RunResult, f"_compute_{name}")
 
@@ -502,9 +502,23 @@ def test_summary_is_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setattr(RunResult, f"_compute_{name}", counted)
     r = CliRunner().invoke(app, ["simulate", "--generate", "30", "--cluster", "2x4", "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
-    assert calls == {"summary": 1, "themis": 1}
+    assert calls == {"summary": 1, "summary_times": 1, "themis": 1}
     assert {"summary.json", "report.md", "report.txt", "jct_cdf.png", "jobs.csv"} <= {p.name for p in
                                                                                       (tmp_path / "o").iterdir()}
+
+
+def test_summary_times_are_the_summary_but_themis_figures_and_give_the_reports_unit() -> None:
+    # what the plots are drawn from, sent before Themis' figures are computed: the same figures, the same unit
+    for res in (run(), run(max_time=5), run().measure((1, 3)), run(max_time=1)):
+        s, times = res.summary(), res.summary_times()
+        assert list(times) == list(s)  # (the keys in the same places)
+        assert times["mean_ftf_rho"] is None and times["max_ftf_rho"] is None
+        assert repr({**times, "mean_ftf_rho": 0, "max_ftf_rho": 0}) == repr(
+            {**s, "mean_ftf_rho": 0, "max_ftf_rho": 0})  # (exactly: NaN where NaN)
+        assert report.run_time_unit(res) == report.time_unit({res.label: res})
+    assert run(max_time=1).summary()["completed"] == 0 and math.isnan(run(max_time=1).summary()["max_ftf_rho"])
+    slow = replace(run(), jobs=[replace(j, arrival=j.arrival - 5000.0) for j in run().jobs])
+    assert report.run_time_unit(slow) == report.time_unit({slow.label: slow}) == (60.0, "min")
 
 
 def test_summary_follows_a_changed_result() -> None:
@@ -617,11 +631,16 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     before = _children()
     pids = tmp_path / "pids"
     pids.mkdir()
-    real_draw, real_jobs, real_add = plots.draw_run, report.JobRows.write, report.JobRows.add
+    real_draw, real_cdf = plots.draw_series, plots.draw_jct_cdf
+    real_jobs, real_add = report.JobRows.write, report.JobRows.add
 
     def draw(*a: Any) -> Any:
         (pids / f"plots {os.getpid()}").touch()
         return real_draw(*a)
+
+    def cdf(*a: Any) -> Any:
+        (pids / f"cdf {os.getpid()}").touch()
+        return real_cdf(*a)
 
     def jobs(*a: Any) -> Any:
         (pids / f"jobs.csv {os.getpid()}").touch()
@@ -632,7 +651,8 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
             f.write(f"{len(part[0])}\n")
         real_add(rows, part)
 
-    monkeypatch.setattr(plots, "draw_run", draw)
+    monkeypatch.setattr(plots, "draw_series", draw)
+    monkeypatch.setattr(plots, "draw_jct_cdf", cdf)
     monkeypatch.setattr(report.JobRows, "write", jobs)
     monkeypatch.setattr(report.JobRows, "add", add)
     monkeypatch.setattr(cli_sim, "ROWS_PART", 1)  # the finished jobs' rows sent at every progress tick
@@ -640,11 +660,12 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     assert r.exit_code == 0, r.output
     (tmp_path / "o").rename(tmp_path / "forked")  # (the command line, --out included, is in the files)
     made = sorted(p.name.split() for p in pids.iterdir())
-    assert [w for w, _ in made] == ["jobs.csv", "plots", "rows"]  # each in a process of its own
-    assert made[0][1] == made[2][1] and len({int(pid) for _, pid in made} | {os.getpid()}) == 3
+    # each in a process of its own (the JCT CDF's a child of the plots'), jobs.csv's rows made where it is written
+    assert [w for w, _ in made] == ["cdf", "jobs.csv", "plots", "rows"]
+    assert made[1][1] == made[3][1] and len({int(pid) for _, pid in made} | {os.getpid()}) == 4
     # progress ticks at the 32nd job finished and at the run's end (38 of the 60 finish by --max-time): their
     # rows sent as the run goes, the 22 others' with the rest
-    assert (pids / f"rows {made[2][1]}").read_text().split() == ["32", "6", "22"]
+    assert (pids / f"rows {made[3][1]}").read_text().split() == ["32", "6", "22"]
     assert _children() == before  # both waited for
     # the rows made during the run, and after: the bytes written all at once from the result
     assert (tmp_path / "forked" / "jobs.csv").read_bytes() == report.write_jobs_csv(
@@ -691,14 +712,29 @@ def test_a_failing_child_fails_simulate_with_its_message_once_the_other_files_ar
     def draw(*a: Any) -> Any:
         raise ValueError("no room for the legend")
 
-    monkeypatch.setattr(plots, "draw_run", draw)
+    def cdf(*a: Any) -> Any:
+        raise ValueError("no room for the axis")
+
+    real_cdf = plots.draw_jct_cdf
+
+    monkeypatch.setattr(plots, "draw_series", draw)
+    monkeypatch.setattr(plots, "draw_jct_cdf", cdf)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 1
-    assert "error: drawing the plots failed: ValueError: no room for the legend" in r.output
-    assert ", in draw\n" in r.output  # the child's traceback
+    # (the plots' child draws the JCT CDF in a child of its own: its failure, and the traceback of both)
+    assert ("error: drawing the plots failed: BackgroundError: drawing the JCT CDF failed: ValueError: no room "
+            "for the axis") in r.output
+    assert ", in draw\n" in r.output and ", in cdf\n" in r.output
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
         "gpuloom-run.json", "jobs.csv", "report.md", "report.txt", "series.csv", "summary.json"]
     assert "![" not in (tmp_path / "o" / "report.md").read_text()
+    assert _children() == before
+    # the series' plots failing alone: their error, the JCT CDF drawn all the same
+    monkeypatch.setattr(plots, "draw_jct_cdf", real_cdf)
+    r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o2")])
+    assert r.exit_code == 1
+    assert "error: drawing the plots failed: ValueError: no room for the legend" in r.output
+    assert "JCT CDF" not in r.output and (tmp_path / "o2" / "jct_cdf.png").exists()
     assert _children() == before
     # jobs.csv's child failing: the command writes it itself, and fails all the same
     monkeypatch.undo()

@@ -289,17 +289,25 @@ class _Made:
 
     def draw(self, job: tuple[RunFigures, list[list[Any]], Path]) -> list[Path]:
         """series.csv and the plots in folder ``job[2]``: ``job[0]`` the figures but their series, ``job[1]``
-        the series' last points."""
+        the series' last points.  The JCT CDF (the plot that takes longest to draw) is drawn by a child of this
+        process forked now, with matplotlib imported, beside series.csv and the series' plots drawn here."""
         from dataclasses import replace
 
+        from ..sim.background import Background
         from ..sim.metrics import TimeSeries
-        from ..sim.plots import draw_run
+        from ..sim.plots import draw_jct_cdf, draw_series
 
         figures, points, folder = job
-        self.series.write(points, folder / "series.csv")
-        for have, new in zip(self.points, points, strict=True):
-            have += new
-        return draw_run(replace(figures, series=TimeSeries(*self.points)), folder)
+        cdf: Background[None, Path] = Background("drawing the JCT CDF", lambda _: draw_jct_cdf(figures, folder))
+        cdf.submit(None)
+        try:
+            self.series.write(points, folder / "series.csv")
+            for have, new in zip(self.points, points, strict=True):
+                have += new
+            drawn = draw_series(replace(figures, series=TimeSeries(*self.points)), folder)
+        finally:
+            first = cdf.result()  # (waited for, or its failure raised, however the others went)
+        return [first, *drawn]
 
 
 def _plotter() -> Background[tuple[RunFigures, list[list[Any]], Path], list[Path]]:
@@ -308,7 +316,7 @@ def _plotter() -> Background[tuple[RunFigures, list[list[Any]], Path], list[Path
     from ..sim.plots import load_matplotlib
 
     made = _Made()
-    return _child("drawing the plots", made.draw, load_matplotlib, take=made.add)
+    return _child("drawing the plots", made.draw, functools.partial(load_matplotlib, math=True), take=made.add)
 
 
 def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]] | None, Path], None]:
@@ -479,16 +487,19 @@ def simulate(
     from ..sim import report
 
     # the run's files are written by three processes at once, each forked before the run, each sent the rest
-    # of what it made during the run: the plots and series.csv by one (it takes longest, so it goes first),
-    # jobs.csv by another (and series.csv, without plots), the summary and report here
-    summary = result.summary()
+    # of what it made during the run: the plots and series.csv by one (they take longest, so they go first; it
+    # draws the JCT CDF in a child of its own), jobs.csv by another (and series.csv, without plots), the summary
+    # and report here
+    # (the plots need the summary's times, not Themis' figures: sent before those are computed)
     if plotter is not None:
         from dataclasses import replace
 
         from ..sim.metrics import TimeSeries
         from ..sim.plots import run_figures
 
-        plotter.submit((replace(run_figures(result), series=TimeSeries()), sender.last_points(result), folder))
+        plotter.submit((replace(run_figures(result, report.run_time_unit(result)), series=TimeSeries()),
+                        sender.last_points(result), folder))
+    summary = result.summary()
     rows.submit((sender.jobs_rest(result, folder), None if plotter is not None else sender.last_points(result),
                  folder))
     per_queue = queue_outputs({result.label: result}, folder, plots)
@@ -503,11 +514,11 @@ def simulate(
     report.write_report(result, folder, drawn)
     output.finish()
     keep_until_exit(result, specs, ran)  # (the program ends without freeing the run object by object)
-    for failed in (rows_failed, plots_failed):
-        if failed is not None:  # (the files are all written, but for the plots a failed drawing did not draw)
-            err_console.print(failed.child_traceback.rstrip(), markup=False, highlight=False)
-            err_console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
-    if rows_failed is not None or plots_failed is not None:
+    failures = [failed for failed in (rows_failed, plots_failed) if failed is not None]
+    for failed in failures:  # (the files are all written, but for the plots a failed drawing did not draw)
+        err_console.print(failed.child_traceback.rstrip(), markup=False, highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(failed))}", highlight=False, soft_wrap=True)
+    if failures:
         raise typer.Exit(1)
     if as_json:
         console.print_json(json.dumps(report.jsonable(summary)))

@@ -157,7 +157,10 @@ class Background(Generic[_A, _R]):
                 payload = pickle.dumps((True, self.fn(obj)))
                 status = 0
             except BaseException as e:  # noqa: BLE001  (all goes back to the caller, KeyboardInterrupt too)
-                payload = pickle.dumps((False, (f"{type(e).__name__}: {e}", traceback.format_exc())))
+                tb = traceback.format_exc()
+                if isinstance(e, BackgroundError):  # (a child of this child failed: its traceback first)
+                    tb = e.child_traceback + tb
+                payload = pickle.dumps((False, (f"{type(e).__name__}: {e}", tb)))
             _write_all(res_w, payload)
         finally:
             os._exit(status)  # no atexit handlers, no flushing of the caller's buffers, no clean-up of its objects

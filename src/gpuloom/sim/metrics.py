@@ -275,7 +275,34 @@ class RunResult:
         table and plot (a new dict each call)."""
         return dict(self._memoised("summary", self._compute_summary))
 
+    def summary_times(self) -> dict[str, Any]:
+        """:meth:`summary` but Themis' figures (``mean_ftf_rho`` and ``max_ftf_rho`` None, in their places): what
+        the time unit of a report and the plots read, known before :meth:`themis` is computed (a new dict each
+        call; computed once per result, and :meth:`summary` adds Themis' figures to it)."""
+        return dict(self._memoised("summary_times", self._compute_summary_times))
+
     def _compute_summary(self) -> dict[str, Any]:
+        s = self.summary_times()
+        s["mean_ftf_rho"], s["max_ftf_rho"] = self._ftf_figures()
+        return s
+
+    def _ftf_figures(self) -> tuple[float, float]:
+        """The summary's ``mean_ftf_rho`` and ``max_ftf_rho``: Themis' ρ over the finished jobs (the window's, if
+        one is set); NaN if none finished."""
+        c = self._columns()
+        if self.window is None:
+            if not c["done"].any():
+                return math.nan, math.nan
+            rho = self.themis()[1]
+            rho = rho[~np.isnan(rho)]
+            return float(np.mean(rho)), float(np.max(rho))
+        done = c["done"] & self.measured_mask()
+        rho = self.themis()[1][done]
+        if not done.any() or np.isnan(rho).all():
+            return math.nan, math.nan
+        return float(np.nanmean(rho)), float(np.nanmax(rho))
+
+    def _compute_summary_times(self) -> dict[str, Any]:
         if self.window is not None:
             return self._compute_window_summary(self.window)
         jobs = self.jobs
@@ -288,8 +315,6 @@ class RunResult:
         end = max(self.end_time, last)
         geo = float(math.exp(np.mean(np.log(np.maximum(jct, 1e-9))))) if jcts else math.nan
         slow = jct / c["duration"][done]
-        rho = self.themis()[1]
-        rho = rho[~np.isnan(rho)]
         util = self.series.means(("gpus", "cpus", "mem_mb"), end)
         s = {
             "jobs": len(jobs),
@@ -304,8 +329,8 @@ class RunResult:
             "mean_queueing_delay_s": float(np.mean(c["first_start"][done] - c["arrival"][done])) if jcts else math.nan,
             "mean_slowdown": float(np.mean(slow)) if jcts else math.nan,
             "max_slowdown": float(np.max(slow)) if jcts else math.nan,
-            "mean_ftf_rho": float(np.mean(rho)) if jcts else math.nan,
-            "max_ftf_rho": float(np.max(rho)) if jcts else math.nan,
+            "mean_ftf_rho": None,  # (Themis' figures: _compute_summary)
+            "max_ftf_rho": None,
             "preemptions": sum(map(attrgetter("preemptions"), jobs)),
             "migrations": sum(map(attrgetter("migrations"), jobs)),
             "gpu_util": util["gpus"] / self.cluster_gpus if self.cluster_gpus else 0.0,
@@ -320,7 +345,7 @@ class RunResult:
         return s
 
     def _compute_window_summary(self, window: tuple[int, int]) -> dict[str, Any]:
-        """:meth:`_compute_summary` over the window's jobs: the same keys, plus ``measure_jobs`` (``"A:B"``).
+        """:meth:`_compute_summary_times` over the window's jobs: the same keys, plus ``measure_jobs`` (``"A:B"``).
         Makespan is the window's last finish minus its first arrival; utilisation is averaged over the window's
         span (its first arrival to its last finish, or to the end of the run if one of its jobs is unfinished);
         ``rounds`` and ``wall_time_s`` are the whole run's."""
@@ -337,7 +362,6 @@ class RunResult:
         end = max(self.end_time, last)
         span_end = last if done.sum() == inw.sum() else end
         slow = jct / c["duration"][done]
-        rho = self.themis()[1][done]
         util = self.series.means_between(("gpus", "cpus", "mem_mb"), first, span_end)
         ids = {self.jobs[i].id for i in np.flatnonzero(inw)}
         s = {
@@ -353,8 +377,8 @@ class RunResult:
             "mean_queueing_delay_s": float(np.mean(c["first_start"][done] - c["arrival"][done])) if jcts else math.nan,
             "mean_slowdown": float(np.mean(slow)) if jcts else math.nan,
             "max_slowdown": float(np.max(slow)) if jcts else math.nan,
-            "mean_ftf_rho": float(np.nanmean(rho)) if jcts and not np.isnan(rho).all() else math.nan,
-            "max_ftf_rho": float(np.nanmax(rho)) if jcts and not np.isnan(rho).all() else math.nan,
+            "mean_ftf_rho": None,  # (Themis' figures: _compute_summary)
+            "max_ftf_rho": None,
             "preemptions": sum(self.jobs[i].preemptions for i in np.flatnonzero(inw)),
             "migrations": sum(self.jobs[i].migrations for i in np.flatnonzero(inw)),
             "gpu_util": util["gpus"] / self.cluster_gpus if self.cluster_gpus else 0.0,

@@ -192,13 +192,20 @@ def run_figures(result: RunResult, unit: Unit | None = None) -> RunFigures:
     """What :func:`plot_run` draws of ``result`` (times in ``unit``; default: the run's report unit)."""
     return RunFigures(result.label, _subtitle(result), unit or time_unit({result.label: result}), result.jcts(),
                       result.series, result.span_end, (result.cluster_gpus, result.cluster_cpus, result.cluster_mem_mb),
-                      result.summary()["gpu_util"])
+                      result.summary_times()["gpu_util"])
 
 
-def load_matplotlib() -> None:
-    """Import what :func:`draw_run` draws with (a process that will draw can do it ahead)."""
+def load_matplotlib(math: bool = False) -> None:
+    """Import what :func:`draw_run` draws with (a process that will draw can do it ahead); ``math``: also have
+    matplotlib build its mathtext parser, which it builds once per process on the first label it typesets (a log
+    axis's ticks, ``10^k``: the JCT CDF's)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
     from matplotlib.figure import Figure  # noqa: F401
+
+    if math:
+        from matplotlib.mathtext import MathTextParser
+
+        MathTextParser("path").parse(r"$\mathdefault{10^{0}}$")
 
 
 def plot_run(result: RunResult, out_dir: str | Path, unit: Unit | None = None) -> list[Path]:
@@ -209,17 +216,27 @@ def plot_run(result: RunResult, out_dir: str | Path, unit: Unit | None = None) -
 
 def draw_run(f: RunFigures, out_dir: str | Path) -> list[Path]:
     """:func:`plot_run`'s files, from what :func:`run_figures` took of the run."""
+    return [draw_jct_cdf(f, out_dir), *draw_series(f, out_dir)]
+
+
+def draw_jct_cdf(f: RunFigures, out_dir: str | Path) -> Path:
+    """``jct_cdf.png`` of :func:`draw_run` (of ``f`` it reads all but the series)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (ax,) = _figure(title_lines=2)
+    _cdf_axes(ax, {f.label: f.jcts}, unit=f.unit)
+    _title(ax, f"JCT CDF: {f.label}", f.subtitle)
+    path = out / "jct_cdf.png"
+    fig.savefig(path)
+    return path
+
+
+def draw_series(f: RunFigures, out_dir: str | Path) -> list[Path]:
+    """``utilisation.png`` and ``queue.png`` of :func:`draw_run` (of ``f`` it reads all but the JCTs)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     label, sub = f.label, f.subtitle
-
-    fig, (ax,) = _figure(title_lines=2)
-    _cdf_axes(ax, {label: f.jcts}, unit=f.unit)
-    _title(ax, f"JCT CDF: {label}", sub)
-    paths.append(out / "jct_cdf.png")
-    fig.savefig(paths[-1])
-
     s = f.series.arrays()
     end = f.end
     scale, uname = f.unit

@@ -532,6 +532,13 @@ def time_unit(results: Results) -> tuple[float, str]:
                              for k, _, kind in METRICS if kind == "time"])
 
 
+def run_time_unit(result: RunResult) -> tuple[float, str]:
+    """:func:`time_unit` of one run (``{result.label: result}``), from the summary's times
+    (:meth:`~.metrics.RunResult.summary_times`): known before Themis' figures are computed."""
+    s = result.summary_times()
+    return _table_time_unit([s[k] for k, _, kind in METRICS if kind == "time"])
+
+
 def _fmt(kind: str, v: float | None, scale: float = 1.0, unit: str = "s") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
