@@ -598,9 +598,10 @@ class PlacePolicy(Stage):
     def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
         if len(req.jobs) == 1:
             return [Allocation(req.jobs[0].id, parts, (), req.key)]
-        ids = tuple(j.id for j in req.jobs)
+        ids = tuple([j.id for j in req.jobs])
         key = req_key(req)
-        return [Allocation(jid, parts, tuple(x for x in ids if x != jid), key) for jid in ids]
+        # (each member's co-runners: the others in order, by slicing rather than a filtering generator)
+        return [Allocation(jid, parts, ids[:i] + ids[i + 1:], key) for i, jid in enumerate(ids)]
 
     def _sticky_start(
         self, requests: Sequence[Request], order: Sequence[int], selected: list[bool], done: list[bool],

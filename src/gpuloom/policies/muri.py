@@ -366,8 +366,13 @@ class MuriGrouping(GroupPolicy):
         for g, members in buckets.items():
             labels: list[str | None] = []
             for i in members:
-                alloc = cur.get(ordered[i].id)
-                labels.append(min((ordered[i].id, *alloc.group)) if alloc is not None and alloc.group else None)
+                jid = ordered[i].id
+                alloc = cur.get(jid)
+                if alloc is not None and (grp := alloc.group):
+                    m = min(grp)  # (min over the job and its co-runners, without building the tuple)
+                    labels.append(jid if jid < m else m)
+                else:
+                    labels.append(None)
             # every member has a profile (profiled jobs alone join buckets)
             states.append(_BucketState(g, members, [p for i in members if (p := profiles[i]) is not None], labels))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
@@ -486,7 +491,7 @@ class MuriGrouping(GroupPolicy):
             got = self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
             self._buckets[bk] = got
             if len(self._buckets) > _BUCKETS_KEPT:
-                del self._buckets[next(iter(self._buckets))]
+                self._buckets.popitem(last=False)  # (the oldest; its stored hash: the long key is not hashed again)
         else:
             self._buckets.move_to_end(bk)
         return got
@@ -514,7 +519,7 @@ class MuriGrouping(GroupPolicy):
             pairs = tuple(class_slots([len(m) for m in members], W, self.rule == "muri"))
             self._rounds[rk] = pairs
             if len(self._rounds) > _MATCHINGS_KEPT:
-                del self._rounds[next(iter(self._rounds))]
+                self._rounds.popitem(last=False)
         else:
             self._rounds.move_to_end(rk)
         return _assign(pairs, members, nl, first, self.rule == "muri")
@@ -609,6 +614,7 @@ class MuriGrouping(GroupPolicy):
         # stops where the cluster is full, so most of a long queue is never read)
         ptr: dict[int, int] = {}
         cap = capacity
+        gl: list[int] | None = None  # each job's GPU count, read once the first candidates are looked for
         for i, j in enumerate(ordered):
             if cap <= 0:
                 break
@@ -624,10 +630,17 @@ class MuriGrouping(GroupPolicy):
                 continue
             extra = max_group - 1
             p = ptr.get(g, 0)
-            while extra > 0 and p < n:
-                x = p
-                p += 1
-                if not taken[x] and profiles[x] is not None and ordered[x].spec.gpus == g:
+            if extra > 0 and p < n and gl is None:
+                gl = [o.spec.gpus for o in ordered]
+            while extra > 0 and p < n and gl is not None:
+                # the next job of this GPU count (a scan in C: a rare count's candidates lie far apart)
+                try:
+                    x = gl.index(g, p)
+                except ValueError:
+                    p = n
+                    break
+                p = x + 1
+                if not taken[x] and profiles[x] is not None:
                     taken[x] = True
                     admitted.append(x)
                     extra -= 1
