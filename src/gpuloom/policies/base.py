@@ -621,11 +621,15 @@ class PlacePolicy(Stage):
             req = requests[i]
             jobs = req.jobs
             prev = jobs[0].alloc
-            if prev is None or prev.key != req.key:
+            if prev is None:
+                continue
+            # (keys compared by identity first: a kept request's allocations hold its own key object)
+            pk, rk = prev.key, req.key
+            if pk is not rk and pk != rk:
                 continue
             if blocked is not None and not blocked.keeps(jobs, prev.parts, True):
                 continue  # on a node that evicts: placed again, off it
-            if len(jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
+            if len(jobs) > 1 and not _all_keyed(jobs, pk):
                 continue
             for j in jobs:
                 allocations[j.id] = j.alloc
@@ -738,6 +742,15 @@ class PlacePolicy(Stage):
             tail.backfill(self, plan, free, view, refused)
         plan.free_gpus = free.free_gpus
         return plan
+
+
+def _all_keyed(jobs: Sequence[Job], key: tuple) -> bool:
+    """Every one of ``jobs`` holds an allocation made for ``key`` (identity first, then equality)."""
+    for j in jobs:
+        a = j.alloc
+        if a is None or (a.key is not key and a.key != key):
+            return False
+    return True
 
 
 def place_request(policy: PlacePolicy, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:

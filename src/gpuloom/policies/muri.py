@@ -318,8 +318,11 @@ class _BucketState:
             if c < a:
                 a, c = c, a
             la = common[a]
-            nodes[a] = sorted(nodes[a] + nodes[c])
-            keys[a] = tuple(sorted(keys[a] + keys[c]))
+            na, nc, ka, kc = nodes[a], nodes[c], keys[a], keys[c]
+            # (sorted unions; already sorted when one side comes wholly before the other, as two single
+            # nodes in rank order do, and equal profiles are equal, so the concatenation is the same)
+            nodes[a] = na + nc if na[-1] < nc[0] else sorted(na + nc)
+            keys[a] = ka + kc if ka[-1] <= kc[0] else (kc + ka if kc[-1] <= ka[0] else tuple(sorted(ka + kc)))
             common[a] = la if la == common[c] else -1
             if gids:
                 gids[a] = -1  # (a new key: its id is looked up at the next matching)
@@ -397,8 +400,8 @@ class MuriGrouping(GroupPolicy):
             for i in members:
                 jid = ordered[i].id
                 alloc = cur.get(jid)
-                if alloc is not None and (grp := alloc.group):
-                    m = min(grp)  # (min over the job and its co-runners, without building the tuple)
+                if alloc is not None and (co := alloc.group):
+                    m = min(co)  # (min over the job and its co-runners, without building the tuple)
                     labels.append(jid if jid < m else m)
                 else:
                     labels.append(None)
