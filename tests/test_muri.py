@@ -589,3 +589,31 @@ def test_group_speeds_kept_or_computed_afresh_give_the_same_run(data_dir: Path, 
         asked.append(len(f._times))  # noqa: SLF001
     assert runs[0] == runs[1]
     assert asked[0] > 1 and asked[1] <= 1  # groups were kept, and forgotten
+
+
+def test_pair_counts_and_assign_with_them() -> None:
+    from gpuloom.policies.muri import _assign, _pair_counts  # noqa: PLC0415
+
+    # class 0 pairs with itself once (weight 5) and twice with class 1 (weight 7)
+    slots = [(0, 0, 0, 1, 5), (0, 2, 1, 0, 7), (0, 3, 1, 1, 7)]
+    counts = _pair_counts(slots)
+    assert counts == ((0, 0, 1, 5), (0, 1, 2, 7))
+    # nodes 0-3 of class 0, 4-5 of class 1; nodes 3 and 5 run together now: that class pair is theirs,
+    # the rest goes to the highest-ranked nodes left, class pairs in order: (0, 0) takes 0 and 1, (0, 1) 2 and 4
+    members = [[0, 1, 2, 3], [4, 5]]
+    labels = [-1, -1, -1, 0, -1, 0]
+    want = [(0, 1, 5), (2, 4, 7), (3, 5, 7)]
+    assert _assign(slots, members, labels, None, False) == want
+    assert _assign(slots, members, labels, None, False, counts) == want
+
+
+def test_merged_nodes_keep_members_and_profiles_sorted() -> None:
+    from gpuloom.policies.muri import _BucketState  # noqa: PLC0415
+
+    a, b, c, d = (1.0, 0.0), (2.0, 0.0), (3.0, 0.0), (4.0, 0.0)
+    bs = _BucketState(1, [10, 11, 12, 13], [c, a, d, b], [None, None, None, None])
+    bs.merge([(0, 1), (2, 3)])  # profiles c + a (out of order), d + b
+    assert bs.nodes == [[0, 1], [2, 3]]
+    assert bs.keys == [(a, c), (b, d)]
+    bs.merge([(0, 1)])  # interleaved: (a, c) + (b, d)
+    assert bs.nodes == [[0, 1, 2, 3]] and bs.keys == [(a, b, c, d)]

@@ -598,9 +598,10 @@ class PlacePolicy(Stage):
     def _allocs(self, req: Request, parts: tuple[Part, ...]) -> list[Allocation]:
         if len(req.jobs) == 1:
             return [Allocation(req.jobs[0].id, parts, (), req.key)]
-        ids = tuple(j.id for j in req.jobs)
+        ids = tuple([j.id for j in req.jobs])
         key = req_key(req)
-        return [Allocation(jid, parts, tuple(x for x in ids if x != jid), key) for jid in ids]
+        # (each member's co-runners: the others in order, by slicing rather than a filtering generator)
+        return [Allocation(jid, parts, ids[:i] + ids[i + 1:], key) for i, jid in enumerate(ids)]
 
     def _sticky_start(
         self, requests: Sequence[Request], order: Sequence[int], selected: list[bool], done: list[bool],
@@ -620,11 +621,15 @@ class PlacePolicy(Stage):
             req = requests[i]
             jobs = req.jobs
             prev = jobs[0].alloc
-            if prev is None or prev.key != req.key:
+            if prev is None:
+                continue
+            # (keys compared by identity first: a kept request's allocations hold its own key object)
+            pk, rk = prev.key, req.key
+            if pk is not rk and pk != rk:
                 continue
             if blocked is not None and not blocked.keeps(jobs, prev.parts, True):
                 continue  # on a node that evicts: placed again, off it
-            if len(jobs) > 1 and any(j.alloc is None or j.alloc.key != prev.key for j in jobs):
+            if len(jobs) > 1 and not _all_keyed(jobs, pk):
                 continue
             for j in jobs:
                 allocations[j.id] = j.alloc
@@ -737,6 +742,15 @@ class PlacePolicy(Stage):
             tail.backfill(self, plan, free, view, refused)
         plan.free_gpus = free.free_gpus
         return plan
+
+
+def _all_keyed(jobs: Sequence[Job], key: tuple) -> bool:
+    """Every one of ``jobs`` holds an allocation made for ``key`` (identity first, then equality)."""
+    for j in jobs:
+        a = j.alloc
+        if a is None or (a.key is not key and a.key != key):
+            return False
+    return True
 
 
 def place_request(policy: PlacePolicy, req: Request, free: FreeState, view: View) -> tuple[Part, ...] | None:

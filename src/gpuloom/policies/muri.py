@@ -69,6 +69,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from itertools import compress
 from operator import itemgetter
 from typing import ClassVar
 
@@ -188,48 +189,70 @@ def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> l
     return [(c, d, m, int(weights[c][d])) for (c, d), m in sorted(got.items())]
 
 
+def _pair_counts(slots: Sequence[tuple[int, int, int, int, int]]) -> tuple[tuple[int, int, int, int], ...]:
+    """A class matching's ``slots`` as ``(c, d, pairs, weight)``, sorted (kept with the slots: :func:`_assign`)."""
+    got: dict[tuple[int, int], list[int]] = {}
+    for c, _, d, _, w in slots:
+        e = got.get((c, d))
+        if e is None:
+            got[(c, d)] = [1, w]
+        else:
+            e[0] += 1
+    return tuple([(c, d, m, w) for (c, d), (m, w) in sorted(got.items())])
+
+
 def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[list[int]],
-            labels: Sequence[int] | None, first: Sequence[int] | None, places: bool) -> list[tuple[int, int, int]]:
+            labels: Sequence[int] | None, first: Sequence[int] | None, places: bool,
+            counts: Sequence[tuple[int, int, int, int]] | None = None) -> list[tuple[int, int, int]]:
     """Node pairs ``(a, b, weight)``, ``a < b``, sorted, for a class matching's ``slots``
     (:func:`class_slots`); ``members[c]`` are class ``c``'s nodes in rank order (``first``, default:
     position).  ``places``: the nodes take the slots (Blossom's places) in rank order (Muri's rule).  Otherwise
     each class pair goes first to nodes that run together now (the same ``labels[x] >= 0``; groups
-    in rank order), then to the highest-ranked nodes left: partners are kept across rounds."""
+    in rank order), then to the highest-ranked nodes left: partners are kept across rounds.
+    ``counts``: :func:`_pair_counts` of ``slots``, when the caller keeps it."""
     if places:
         out = [(members[c][i], members[d][j], w) for c, i, d, j, w in slots]
         out = [(x, y, w) if x < y else (y, x, w) for x, y, w in out]
         out.sort()
         return out
-    need: dict[tuple[int, int], int] = {}
-    weight: dict[tuple[int, int], int] = {}
-    for c, _, d, _, w in slots:
-        need[(c, d)] = need.get((c, d), 0) + 1
-        weight[(c, d)] = w
-    n = sum(len(m) for m in members)
+    if counts is None:
+        counts = _pair_counts(slots)
+    # (class pairs in sorted order, as the pairs left are handed out below)
+    need = {(c, d): m for c, d, m, _ in counts}
+    weight = {(c, d): w for c, d, _, w in counts}
+    n = sum(map(len, members))
     used = [False] * n
     res: list[tuple[int, int, int]] = []
     if labels is not None:
-        cls = [0] * n
-        for c, m in enumerate(members):
-            for x in m:
-                cls[x] = c
         groups: dict[int, list[int]] = {}
-        for x in (range(n) if first is None else sorted(range(n), key=first.__getitem__)):
-            if labels[x] >= 0:
-                groups.setdefault(labels[x], []).append(x)
-        for grp in groups.values():  # (in order of their first member)
-            for i, x in enumerate(grp):
-                for y in grp[i + 1:]:
-                    if used[x]:
-                        break
-                    if used[y]:
-                        continue
-                    cx, cy = cls[x], cls[y]
-                    k = (cx, cy) if cx <= cy else (cy, cx)
-                    if need.get(k, 0) > 0:
-                        need[k] -= 1
-                        used[x] = used[y] = True
-                        res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
+        if first is None:
+            for x, lab in enumerate(labels):
+                if lab >= 0:
+                    groups.setdefault(lab, []).append(x)
+        else:
+            for x in sorted(range(n), key=first.__getitem__):
+                if labels[x] >= 0:
+                    groups.setdefault(labels[x], []).append(x)
+        # (in order of their first member; a node alone in its group has no partner to keep)
+        multi = [grp for grp in groups.values() if len(grp) > 1]
+        if multi:
+            cls = [0] * n
+            for c, m in enumerate(members):
+                for x in m:
+                    cls[x] = c
+            for grp in multi:
+                for i, x in enumerate(grp):
+                    for y in grp[i + 1:]:
+                        if used[x]:
+                            break
+                        if used[y]:
+                            continue
+                        cx, cy = cls[x], cls[y]
+                        k = (cx, cy) if cx <= cy else (cy, cx)
+                        if need.get(k, 0) > 0:
+                            need[k] -= 1
+                            used[x] = used[y] = True
+                            res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
     ptr = [0] * len(members)
 
     def take(c: int) -> int:  # the class's first node in rank order not yet used
@@ -240,10 +263,11 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
         used[lst[p]] = True
         return lst[p]
 
-    for (c, d), cnt in sorted(need.items()):
+    for (c, d), cnt in need.items():
+        w = weight[(c, d)]
         for _ in range(cnt):
             x, y = take(c), take(d)
-            res.append((x, y, weight[(c, d)]) if x < y else (y, x, weight[(c, d)]))
+            res.append((x, y, w) if x < y else (y, x, w))
     res.sort()
     return res
 
@@ -262,7 +286,7 @@ class _BucketState:
     """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
 
     __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen", "common", "any_label",
-                 "matched")
+                 "matched", "cands")
 
     def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
         self.gpus = gpus
@@ -281,28 +305,34 @@ class _BucketState:
         self.any_label = any(x >= 0 for x in self.labels)
         # the last matching of these nodes (None: not computed since the last merge)
         self.matched: list[tuple[int, int, int]] | None = None
+        # its merge candidates for the policy's round (built with ``matched``)
+        self.cands: list[tuple[int, int, int, _BucketState, int, int]] | None = None
 
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         # nodes are disjoint and kept in order of their first member, so a merged pair's node takes
         # the place of its earlier node and the later one leaves: the order holds without a sort
-        nodes, keys, common, gids = self.nodes, list(self.keys), list(self.common), list(self.gids)
-        new = list(nodes)
-        gone = [False] * len(nodes)
+        # (the lists are this state's own: changed in place, then the nodes left are kept with compress)
+        nodes, keys, common, gids = self.nodes, self.keys, self.common, self.gids
+        keep = [True] * len(nodes)
         for a, c in pairs:
             if c < a:
                 a, c = c, a
             la = common[a]
-            new[a] = sorted(nodes[a] + nodes[c])
-            keys[a] = tuple(sorted(keys[a] + keys[c]))
+            na, nc, ka, kc = nodes[a], nodes[c], keys[a], keys[c]
+            # (sorted unions; already sorted when one side comes wholly before the other, as two single
+            # nodes in rank order do, and equal profiles are equal, so the concatenation is the same)
+            nodes[a] = na + nc if na[-1] < nc[0] else sorted(na + nc)
+            keys[a] = ka + kc if ka[-1] <= kc[0] else (kc + ka if kc[-1] <= ka[0] else tuple(sorted(ka + kc)))
             common[a] = la if la == common[c] else -1
             if gids:
                 gids[a] = -1  # (a new key: its id is looked up at the next matching)
-            gone[c] = True
-        self.nodes = [nd for nd, g in zip(new, gone, strict=True) if not g]
-        self.keys = [k for k, g in zip(keys, gone, strict=True) if not g]
-        self.common = [x for x, g in zip(common, gone, strict=True) if not g]
-        self.gids = [x for x, g in zip(gids, gone, strict=True) if not g] if gids else []
+            keep[c] = False
+        self.nodes = list(compress(nodes, keep))
+        self.keys = list(compress(keys, keep))
+        self.common = list(compress(common, keep))
+        self.gids = list(compress(gids, keep)) if gids else []
         self.matched = None
+        self.cands = None
 
 
 @register("group", "muri")
@@ -331,7 +361,9 @@ class MuriGrouping(GroupPolicy):
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
         self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
         # the last class matchings: (max_group, (class key id, count) in class order) -> their class_slots
-        self._rounds: OrderedDict[tuple, tuple[tuple[int, int, int, int, int], ...]] = OrderedDict()
+        # and its _pair_counts
+        self._rounds: OrderedDict[tuple, tuple[tuple[tuple[int, int, int, int, int], ...],
+                                               tuple[tuple[int, int, int, int], ...]]] = OrderedDict()
         # the last buckets' node pairs: (max_group, the nodes' key ids, their labels) -> _match_keys's pairs
         self._buckets: OrderedDict[tuple, list[tuple[int, int, int]]] = OrderedDict()
 
@@ -366,8 +398,13 @@ class MuriGrouping(GroupPolicy):
         for g, members in buckets.items():
             labels: list[str | None] = []
             for i in members:
-                alloc = cur.get(ordered[i].id)
-                labels.append(min((ordered[i].id, *alloc.group)) if alloc is not None and alloc.group else None)
+                jid = ordered[i].id
+                alloc = cur.get(jid)
+                if alloc is not None and (co := alloc.group):
+                    m = min(co)  # (min over the job and its co-runners, without building the tuple)
+                    labels.append(jid if jid < m else m)
+                else:
+                    labels.append(None)
             # every member has a profile (profiled jobs alone join buckets)
             states.append(_BucketState(g, members, [p for i in members if (p := profiles[i]) is not None], labels))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
@@ -376,13 +413,18 @@ class MuriGrouping(GroupPolicy):
         while self.pack_all or required > capacity:
             cands: list[tuple[int, int, int, _BucketState, int, int]] = []
             for bs in states:
-                if bs.matched is None:  # (a bucket no merge changed keeps its matching)
-                    bs.matched = self._match_bucket(bs, cap_group, factor)
-                for a, c, w in bs.matched:
-                    x, y = bs.nodes[a][0], bs.nodes[c][0]
-                    best = x if x < y else y
-                    # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
-                    cands.append(((WEIGHT_SCALE - w) * bs.gpus, bs.members[best], w, bs, a, c))
+                got = bs.cands
+                if got is None:  # (a bucket no merge changed keeps its matching and candidates)
+                    if bs.matched is None:
+                        bs.matched = self._match_bucket(bs, cap_group, factor)
+                    got = bs.cands = []
+                    nodes, bm, gpus = bs.nodes, bs.members, bs.gpus
+                    for a, c, w in bs.matched:
+                        x, y = nodes[a][0], nodes[c][0]
+                        best = x if x < y else y
+                        # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
+                        got.append(((WEIGHT_SCALE - w) * gpus, bm[best], w, bs, a, c))
+                cands.extend(got)
             if not cands:
                 break
             self.last_rounds += 1
@@ -486,7 +528,7 @@ class MuriGrouping(GroupPolicy):
             got = self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
             self._buckets[bk] = got
             if len(self._buckets) > _BUCKETS_KEPT:
-                del self._buckets[next(iter(self._buckets))]
+                self._buckets.popitem(last=False)  # (the oldest; its stored hash: the long key is not hashed again)
         else:
             self._buckets.move_to_end(bk)
         return got
@@ -508,16 +550,16 @@ class MuriGrouping(GroupPolicy):
             for m in members:
                 m.sort(key=first.__getitem__)
         rk = (max_group, tuple([(g, len(m)) for g, m in zip(cls, members, strict=True)]))
-        pairs = self._rounds.get(rk)
-        if pairs is None:
+        got = self._rounds.get(rk)
+        if got is None:
             W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
             pairs = tuple(class_slots([len(m) for m in members], W, self.rule == "muri"))
-            self._rounds[rk] = pairs
+            got = self._rounds[rk] = (pairs, _pair_counts(pairs))
             if len(self._rounds) > _MATCHINGS_KEPT:
-                del self._rounds[next(iter(self._rounds))]
+                self._rounds.popitem(last=False)
         else:
             self._rounds.move_to_end(rk)
-        return _assign(pairs, members, nl, first, self.rule == "muri")
+        return _assign(got[0], members, nl, first, self.rule == "muri", got[1])
 
     # -- helpers ------------------------------------------------------------------
     def _slower_than_turns(self, bs: _BucketState, grp: list[int], factor: InterleaveFactor,
@@ -609,6 +651,7 @@ class MuriGrouping(GroupPolicy):
         # stops where the cluster is full, so most of a long queue is never read)
         ptr: dict[int, int] = {}
         cap = capacity
+        gl: list[int] | None = None  # each job's GPU count, read once the first candidates are looked for
         for i, j in enumerate(ordered):
             if cap <= 0:
                 break
@@ -624,10 +667,17 @@ class MuriGrouping(GroupPolicy):
                 continue
             extra = max_group - 1
             p = ptr.get(g, 0)
-            while extra > 0 and p < n:
-                x = p
-                p += 1
-                if not taken[x] and profiles[x] is not None and ordered[x].spec.gpus == g:
+            if extra > 0 and p < n and gl is None:
+                gl = [o.spec.gpus for o in ordered]
+            while extra > 0 and p < n and gl is not None:
+                # the next job of this GPU count (a scan in C: a rare count's candidates lie far apart)
+                try:
+                    x = gl.index(g, p)
+                except ValueError:
+                    p = n
+                    break
+                p = x + 1
+                if not taken[x] and profiles[x] is not None:
                     taken[x] = True
                     admitted.append(x)
                     extra -= 1
