@@ -545,3 +545,90 @@ def test_a_walk_read_by_interleaved_readers_hands_each_the_guaranteed_jobs_then_
     walk.guaranteed.append(jobs[0])  # a finished walk: the lists as they are when read
     assert [j.id for j in walk] == ["j0", "j1", "j0", "j2", "j3", "j4", "j5"] and len(walk) == 7
     assert walk[:3] == [jobs[0], jobs[1], jobs[0]]
+
+
+def test_book_notes_which_jobs_ended_and_arrived_per_leaf() -> None:
+    # the book tells admission, per leaf, the ranks of the jobs that ended and the jobs put last in it since it
+    # last read them; a leaf whose ended job had a priority (its list is sorted by priority) is marked changed
+    from gpuloom.policies.queue_book import QueueBook
+
+    book = QueueBook()
+    a, b, c, d, e = (Job(JobSpec(n, 0.0, 1, 100.0)) for n in "abcde")
+    for j in (a, b, c):
+        book.on_admit(j)
+    leaf = {"a": (0, False), "b": (0, True), "c": (1, False), "d": (1, False), "e": (0, False)}
+    book.fill(1, lambda j: leaf[j.id])
+    assert book.changed == {0, 1} and book.arrived == {} and book.ended == {}  # (a new tree: every leaf changed)
+    book.changed.clear()
+    for j in (d, e):
+        book.on_admit(j)
+    book.fill(1, lambda j: leaf[j.id])
+    assert book.arrived == {1: [d], 0: [e]} and book.changed == set()
+    book.on_end(c)
+    book.on_end(a)
+    book.on_end(d)
+    assert book.ended == {1: [3, 4], 0: [1]} and book.changed == set()
+    book.on_end(b)  # (a priority)
+    assert book.changed == {0} and book.ended == {1: [3, 4], 0: [1]}
+
+
+def test_a_guaranteed_tier_kept_past_ends_and_non_fitting_arrivals() -> None:
+    # a leaf's cached guaranteed tier (its jobs taken in order while they fit its guarantee) holds when only jobs
+    # after its last taken job ended (unless strict quotas stop at the first job passed), and when no job that
+    # arrived fits in what the tier leaves of the guarantee
+    from gpuloom.policies.queues import _keeps_tier, _takes_none
+
+    jobs = [Job(JobSpec(n, 0.0, g, 100.0)) for n, g in (("a", 2), ("b", 3), ("c", 1), ("d", 2))]
+    # guarantee 4 GPUs: a (2) taken, b (3) passed, c (1) taken; 1 GPU left
+    hit = ([(1, jobs[0]), (3, jobs[2])], [(2.0, 0.0, 0.0), (1.0, 0.0, 0.0)], {"a", "c"}, (3.0, 0.0, 0.0),
+           [(2, jobs[1])], 3)
+    assert _keeps_tier(hit, [4, 7], strict=False)
+    assert not _keeps_tier(hit, [2], strict=False)  # (b was passed before c: positions move)
+    assert not _keeps_tier(hit, [4], strict=True)
+    assert _keeps_tier(([], [], set(), (0.0, 0.0, 0.0), [], 0), [1], strict=False)  # (took nothing)
+    owed = (4.0, math.inf, math.inf)
+    per_gpu = (0.0, 0.0)
+    assert _takes_none(hit, [jobs[3]], owed, per_gpu)  # (2 GPUs, 1 left)
+    assert not _takes_none(hit, [jobs[3], Job(JobSpec("e", 0.0, 1, 100.0))], owed, per_gpu)
+
+
+@pytest.mark.parametrize("priority", [False, True], ids=["plain", "priority"])
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(policy: str, priority: bool,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # admission keeps each leaf's guaranteed tier while its jobs do not change; a leaf whose jobs only ended after
+    # its tier's last job, or arrived and fit no room the tier leaves, keeps it too (QuotaQueues.tiers_past_ends).
+    # Every admission's guaranteed tier, and the run, must be those of walking such a leaf's tier again
+    import gpuloom.policies.queues as qm
+
+    specs = five_queue_specs(400, 60.0, 2, priority=priority)
+    tiers: list[list[list[str]]] = []
+    runs, kept = [], []
+    for keep in (False, True):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.tiers_past_ends = keep
+        seen: list[list[str]] = []
+        tiers.append(seen)
+        admit = stage.admit
+
+        def recorded(*a, admit=admit, seen=seen, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            seen.append([j.id for j in out.guaranteed])
+            return out
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        if keep:
+            for name in ("_keeps_tier", "_takes_none"):
+                def counted(*a, f=getattr(qm, name)):  # noqa: ANN001, ANN002, ANN202
+                    out = f(*a)
+                    kept.append(out)
+                    return out
+
+                monkeypatch.setattr(qm, name, counted)
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+    assert tiers[0] == tiers[1] and len(tiers[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert sum(kept) >= 50 and not all(kept)  # (tiers kept that often, and walked again at times)

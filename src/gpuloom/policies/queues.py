@@ -155,6 +155,8 @@ class QuotaQueues(QueuePolicy):
     logs_walk = False
     #: False: every queue's usage is summed from a plan's allocations (tests compare the two ways)
     incremental = True
+    #: False: a leaf's cached guaranteed tier is walked again whenever one of its jobs ends (tests compare)
+    tiers_past_ends = True
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -419,9 +421,25 @@ class QuotaQueues(QueuePolicy):
             if self._tier_a_key != key:
                 self._tier_a, self._tier_a_key, self._tier_a_merged = {}, key, None
             else:
+                tiers = self._tier_a
                 for q in book.changed:
-                    self._tier_a.pop(q, None)
+                    tiers.pop(q, None)
+                # a leaf whose jobs only ended or arrived keeps its tier when each ended after the tier's last
+                # job in its list and none that arrived fits beside the tier (see _keeps_tier)
+                keep = self.tiers_past_ends
+                for q, ranks in book.ended.items():
+                    hit = tiers.get(q)
+                    if hit is not None and not (keep and not (self.priority and q in prioritised)
+                                                and _keeps_tier(hit, ranks, strict)):
+                        del tiers[q]
+                for q, new in book.arrived.items():
+                    hit = tiers.get(q)
+                    if hit is not None and not (keep and not (self.priority and q in prioritised)
+                                                and _takes_none(hit, new, owed[q], per_gpu)):
+                        del tiers[q]
             book.changed.clear()
+            book.ended.clear()
+            book.arrived.clear()
             cache = self._tier_a
             flat = all(len(p) == 1 for p in path)
         taken_by: list[Collection[str]] = [()] * nq  # per leaf, its guaranteed jobs' ids
@@ -675,6 +693,7 @@ class QuotaQueues(QueuePolicy):
                 return False
         book.fill((version, tree), self._leaf_and_priority)
         book.changed.difference_update(self._tier_a)  # (their guaranteed tiers did not change)
+        book.arrived.clear()  # (every leaf given a job has its tier cached, and none of them joins it)
         self._tree_ready(tree, view)  # (as admission would: fair share's usage decays to now)
         return True
 
@@ -961,6 +980,34 @@ class _Leaves(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self.where)
+
+
+def _keeps_tier(hit: TierA, ended: Sequence[int], strict: bool) -> bool:
+    """Whether a leaf's guaranteed tier ``hit`` holds after jobs of the ranks ``ended`` left its list (in rank
+    order: no priority sorts it), nothing else having changed.  Without ``strict`` the tier's walk takes each
+    job that fits what the jobs taken before it leave, passing the others (its early stops only skip jobs
+    that could not fit): the list up to the tier's last job is the same, so the same jobs are taken there
+    with the same sums in the same order, and past it the list is the old one less some jobs, none of
+    which fitted before any more than now (nothing taken since).  The jobs past the tier (``after``) are read
+    by position from the tier's end, which does not move.  Strict quotas stop at the first job passed, which
+    may have ended."""
+    if strict:
+        return False
+    mine = hit[0]
+    return not mine or min(ended) > mine[-1][0]
+
+
+def _takes_none(hit: TierA, new: Sequence[Job], owed: Triple, per_gpu: tuple[float, float]) -> bool:
+    """Whether a leaf's guaranteed tier ``hit`` holds after ``new`` jobs joined the end of its list (in rank
+    order), nothing else having changed: none of them fits in what the tier leaves of the guarantee ``owed``
+    (no limits: the cache is kept only then).  The walk is the same up to the end of the old list, and then
+    passes each new job (nothing is taken meanwhile); strict quotas stop before them or at the first."""
+    u = hit[3]
+    for j in new:
+        d = _demand(j, per_gpu)
+        if u[0] + d[0] <= owed[0] + _EPS and u[1] + d[1] <= owed[1] + _EPS and u[2] + d[2] <= owed[2] + _EPS:
+            return False
+    return True
 
 
 def _fitting(jobs: Iterable[tuple[int, Job]], allocs: Collection[str], most: float) -> Iterator[Job]:
