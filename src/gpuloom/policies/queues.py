@@ -446,7 +446,7 @@ class QuotaQueues(QueuePolicy):
         # per leaf, its jobs past its tier A, when the cache knows where tier A ends in its list
         after: list[Iterator[tuple[int, Job]] | None] = [None] * nq
         if self.guarantees:
-            tier_a: list[tuple[int, Job]] = []
+            mines: list[list[tuple[int, Job]]] = []  # each leaf's tier (joined only when not every one was cached)
             all_hit = cache is not None
             for q in tree.leaves:
                 o = owed[q]
@@ -461,7 +461,7 @@ class QuotaQueues(QueuePolicy):
                     else:
                         for d in ds:
                             take(q, d)
-                    tier_a += mine
+                    mines.append(mine)
                     taken_by[q] = ids
                     continue
                 all_hit = False
@@ -496,7 +496,7 @@ class QuotaQueues(QueuePolicy):
                         room = o[0] - use[q][0] + _EPS
                         if not any(n and g <= room for g, n in ahead.items()):
                             break
-                tier_a += mine
+                mines.append(mine)
                 ids = {j.id for _, j in mine}
                 taken_by[q] = ids
                 if cache is not None:
@@ -507,6 +507,7 @@ class QuotaQueues(QueuePolicy):
             # leaf's was (a copy: note_guaranteed extends it)
             merged = self._tier_a_merged if all_hit else None
             if merged is None:
+                tier_a = [x for mine in mines for x in mine]
                 tier_a.sort(key=_rank)
                 merged = [j for _, j in tier_a]
                 self._tier_a_merged = merged if cache is not None else None
@@ -570,6 +571,8 @@ class QuotaQueues(QueuePolicy):
             # jobs in its own order.  In a flat tree a leaf's key changes only when its own job is taken, and its
             # entry is pushed with the new key then: a popped entry is never stale
             key, stale = share_key, share_key is not None and not flat_tree
+            # a flat tree's key as (use · factors).max, worked out inline (DRF's: drf_factors)
+            factors = self.drf_factors() if key is not None and flat_tree else None
             heap: list[tuple[Any, int, int]]
             if key is None:
                 heap = [(h[0], q, q) for q, h in enumerate(heads) if h is not None]
@@ -619,7 +622,20 @@ class QuotaQueues(QueuePolicy):
                             break
                 heads[q] = nxt = next(rest[q], None)
                 if nxt is not None:
-                    push(heap, (nxt[0], q, q) if key is None else (key(q), nxt[0], q))
+                    if key is None:
+                        push(heap, (nxt[0], q, q))
+                    elif factors is not None:  # (max(a, b, c) as max works it out: the first of the largest)
+                        u, f = use[q], factors[q]
+                        k = u[0] * f[0]
+                        b = u[1] * f[1]
+                        if b > k:
+                            k = b
+                        b = u[2] * f[2]
+                        if b > k:
+                            k = b
+                        push(heap, (k, nxt[0], q))
+                    else:
+                        push(heap, (key(q), nxt[0], q))
             # beyond that: not handed on; those a limit keeps out still say so (only those leaves are read on)
             for q in tree.leaves:
                 head = None if q == stopped else heads[q]
@@ -736,6 +752,12 @@ class QuotaQueues(QueuePolicy):
     # the cross-queue order -------------------------------------------------------------------------
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any] | None:
         """Key of a leaf in the progressive filling (lower first), or None: merge by the order policy's rank."""
+        return None
+
+    def drf_factors(self) -> Sequence[tuple[float, ...]] | None:
+        """After :meth:`share_key` of a one-level tree: per leaf, the factors whose products with its use
+        (GPUs, cores, MB) have the key as their largest, when the key is just that (the walk then works it
+        out inline); else None."""
         return None
 
     # -- after placement -------------------------------------------------------------------------
