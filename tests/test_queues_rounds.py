@@ -632,3 +632,69 @@ def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(poli
     assert tiers[0] == tiers[1] and len(tiers[0]) > 100
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
     assert sum(kept) >= 50 and not all(kept)  # (tiers kept that often, and walked again at times)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_a_walk_placement_stopped_reading_goes_on_as_the_whole_walk(policy: str, seed: int) -> None:
+    # a round whose lazy walk left GPUs free was admitted again whole (the walk could have been cut short at twice
+    # the cluster's GPUs); when placement stopped reading before the walk stopped itself, the walk instead goes on
+    # from where it is as the whole walk would (QuotaQueues.read_whole).  The same run admitting every such round
+    # again must give the same jobs, bit for bit.  Jobs of 3, 5 and 6 GPUs on 8-GPU nodes leave GPUs no waiting
+    # job fits, so placement often stops reading early with GPUs free
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6)[k % 3], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
+    runs, whole = [], []
+    for keep in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        sched.walk_whole = keep
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        if keep:
+            read_whole = stage.read_whole
+
+            def counted(adm: Admission, read_whole=read_whole) -> bool:  # noqa: ANN001
+                out = read_whole(adm)
+                whole.append(out)
+                return out
+
+            stage.read_whole = counted  # type: ignore[method-assign]
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert sum(whole) >= 30 and not all(whole)  # (walks went on whole that often; cut short at times)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_a_walk_gone_on_whole_is_the_whole_walk(policy: str) -> None:
+    # each walk read_whole lets go on is, read to its end, the walk of admitting the round again whole: the same
+    # jobs in the same order, the same jobs held and cut short the same way
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6)[k % 3], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, 2))]
+    sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+    stage = sched.queue
+    assert isinstance(stage, QuotaQueues)
+    admit, read_whole = stage.admit, stage.read_whole
+    last: list[tuple] = []
+    compared: list[int] = []
+
+    def remembered(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        last[:] = [(a, k)]
+        return admit(*a, **k)
+
+    def checked(adm: Admission) -> bool:
+        if not read_whole(adm):
+            return False
+        a, k = last[0]
+        again = admit(*a, **{**k, "full": True})
+        adm.finish()
+        again.finish()
+        assert [j.id for j in adm.ordered] == [j.id for j in again.ordered]
+        assert adm.held == again.held and adm.truncated == again.truncated and adm.heads == again.heads
+        compared.append(len(adm.over))
+        return False  # (the round goes on with the admission again whole)
+
+    stage.admit = remembered  # type: ignore[method-assign]
+    stage.read_whole = checked  # type: ignore[method-assign]
+    Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    assert len(compared) >= 30 and max(compared) > 0

@@ -181,6 +181,7 @@ class QuotaQueues(QueuePolicy):
         self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
         self._prioritised = False  # the last admission saw a job of non-zero priority
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
+        self._whole: tuple[Admission, Callable[[], None]] | None = None  # the last lazy one, and its read_whole
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
@@ -550,8 +551,16 @@ class QuotaQueues(QueuePolicy):
         share_key = self.share_key(tree, use, view)
         # a whole walk of the book merged by rank, each job taken (no limit, no surplus tier, no priority):
         # its jobs are the book's untaken ones in rank order (running_borrowed reads them without walking)
-        self._by_rank = (adm if full and from_book and share_key is None and not tree.limited and not tree.surplus
-                         and not self._prioritised else None)
+        by_rank = from_book and share_key is None and not tree.limited and not tree.surplus and not self._prioritised
+        self._by_rank = adm if full and by_rank else None
+
+        def read_whole() -> None:  # (read_whole: from here on the walk is admit(full=True)'s)
+            nonlocal enough
+            enough = INF
+            if by_rank:
+                self._by_rank = adm
+
+        self._whole = None if full else (adm, read_whole)
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
         adm.heads = heads
         steps: list[tuple[int, Triple | None]] | None = None
@@ -655,6 +664,20 @@ class QuotaQueues(QueuePolicy):
             adm.walk.finish()
         self._remember(adm, view)
         return adm
+
+    def read_whole(self, adm: Admission) -> bool:
+        """The walk stops handing on jobs once they ask for twice the cluster's GPUs (``admit`` without ``full``);
+        until it does, it has yielded what the whole walk (``full``) yields, in the same order, with the same
+        state (heads, use, log) behind it.  So while ``adm``'s walk (the last admission's) has not stopped, it
+        becomes the whole walk by lifting that bound, and placement, which stopped reading it of its own
+        accord, planned what it would plan on the whole walk."""
+        whole = self._whole
+        walk = adm.walk
+        if whole is None or whole[0] is not adm or adm.truncated or walk is None or walk.more is None:
+            return False
+        whole[1]()
+        self._whole = None
+        return True
 
     def settled(self, done: bool) -> None:
         """The scheduler's word on the round just planned: ``done`` when it was planned in one pass over a
