@@ -635,3 +635,156 @@ def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined(
     assert asks.update(tree, [jobs["a"], jobs["a"]], leaf_of) is None
     assert asks.update(tree, [jobs["c"]], leaf_of) == [1, 0, 0]
     assert asks.update(QueueTree.flat(["x", "y", "z"]), [jobs["d"], jobs["a"]], leaf_of) == [2, 0, 8]
+
+
+def test_book_notes_which_jobs_ended_and_arrived_per_leaf() -> None:
+    # the book tells admission, per leaf, the ranks of the jobs that ended and the jobs put last in it since it
+    # last read them; a leaf whose ended job had a priority (its list is sorted by priority) is marked changed
+    from gpuloom.policies.queue_book import QueueBook
+
+    book = QueueBook()
+    a, b, c, d, e = (Job(JobSpec(n, 0.0, 1, 100.0)) for n in "abcde")
+    for j in (a, b, c):
+        book.on_admit(j)
+    leaf = {"a": (0, False), "b": (0, True), "c": (1, False), "d": (1, False), "e": (0, False)}
+    book.fill(1, lambda j: leaf[j.id])
+    assert book.changed == {0, 1} and book.arrived == {} and book.ended == {}  # (a new tree: every leaf changed)
+    book.changed.clear()
+    for j in (d, e):
+        book.on_admit(j)
+    book.fill(1, lambda j: leaf[j.id])
+    assert book.arrived == {1: [d], 0: [e]} and book.changed == set()
+    book.on_end(c)
+    book.on_end(a)
+    book.on_end(d)
+    assert book.ended == {1: [3, 4], 0: [1]} and book.changed == set()
+    book.on_end(b)  # (a priority)
+    assert book.changed == {0} and book.ended == {1: [3, 4], 0: [1]}
+
+
+def test_a_guaranteed_tier_kept_past_ends_and_non_fitting_arrivals() -> None:
+    # a leaf's cached guaranteed tier (its jobs taken in order while they fit its guarantee) holds when only jobs
+    # after its last taken job ended (unless strict quotas stop at the first job passed), and when no job that
+    # arrived fits in what the tier leaves of the guarantee
+    from gpuloom.policies.queues import _keeps_tier, _takes_none
+
+    jobs = [Job(JobSpec(n, 0.0, g, 100.0)) for n, g in (("a", 2), ("b", 3), ("c", 1), ("d", 2))]
+    # guarantee 4 GPUs: a (2) taken, b (3) passed, c (1) taken; 1 GPU left
+    hit = ([(1, jobs[0]), (3, jobs[2])], [(2.0, 0.0, 0.0), (1.0, 0.0, 0.0)], {"a", "c"}, (3.0, 0.0, 0.0),
+           [(2, jobs[1])], 3)
+    assert _keeps_tier(hit, [4, 7], strict=False)
+    assert not _keeps_tier(hit, [2], strict=False)  # (b was passed before c: positions move)
+    assert not _keeps_tier(hit, [4], strict=True)
+    assert _keeps_tier(([], [], set(), (0.0, 0.0, 0.0), [], 0), [1], strict=False)  # (took nothing)
+    owed = (4.0, math.inf, math.inf)
+    per_gpu = (0.0, 0.0)
+    assert _takes_none(hit, [jobs[3]], owed, per_gpu)  # (2 GPUs, 1 left)
+    assert not _takes_none(hit, [jobs[3], Job(JobSpec("e", 0.0, 1, 100.0))], owed, per_gpu)
+
+
+@pytest.mark.parametrize("priority", [False, True], ids=["plain", "priority"])
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(policy: str, priority: bool,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # admission keeps each leaf's guaranteed tier while its jobs do not change; a leaf whose jobs only ended after
+    # its tier's last job, or arrived and fit no room the tier leaves, keeps it too (QuotaQueues.tiers_past_ends).
+    # Every admission's guaranteed tier, and the run, must be those of walking such a leaf's tier again
+    import gpuloom.policies.queues as qm
+
+    specs = five_queue_specs(400, 60.0, 2, priority=priority)
+    tiers: list[list[list[str]]] = []
+    runs, kept = [], []
+    for keep in (False, True):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.tiers_past_ends = keep
+        seen: list[list[str]] = []
+        tiers.append(seen)
+        admit = stage.admit
+
+        def recorded(*a, admit=admit, seen=seen, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            seen.append([j.id for j in out.guaranteed])
+            return out
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        if keep:
+            for name in ("_keeps_tier", "_takes_none"):
+                def counted(*a, f=getattr(qm, name)):  # noqa: ANN001, ANN002, ANN202
+                    out = f(*a)
+                    kept.append(out)
+                    return out
+
+                monkeypatch.setattr(qm, name, counted)
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+    assert tiers[0] == tiers[1] and len(tiers[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert sum(kept) >= 50 and not all(kept)  # (tiers kept that often, and walked again at times)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_a_walk_placement_stopped_reading_goes_on_as_the_whole_walk(policy: str, seed: int) -> None:
+    # a round whose lazy walk left GPUs free was admitted again whole (the walk could have been cut short at twice
+    # the cluster's GPUs); when placement stopped reading before the walk stopped itself, the walk instead goes on
+    # from where it is as the whole walk would (QuotaQueues.read_whole).  The same run admitting every such round
+    # again must give the same jobs, bit for bit.  Jobs of 3, 5 and 6 GPUs on 8-GPU nodes leave GPUs no waiting
+    # job fits, so placement often stops reading early with GPUs free
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6)[k % 3], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
+    runs, whole = [], []
+    for keep in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        sched.walk_whole = keep
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        if keep:
+            read_whole = stage.read_whole
+
+            def counted(adm: Admission, read_whole=read_whole) -> bool:  # noqa: ANN001
+                out = read_whole(adm)
+                whole.append(out)
+                return out
+
+            stage.read_whole = counted  # type: ignore[method-assign]
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert sum(whole) >= 30 and not all(whole)  # (walks went on whole that often; cut short at times)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_a_walk_gone_on_whole_is_the_whole_walk(policy: str) -> None:
+    # each walk read_whole lets go on is, read to its end, the walk of admitting the round again whole: the same
+    # jobs in the same order, the same jobs held and cut short the same way
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6)[k % 3], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, 2))]
+    sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+    stage = sched.queue
+    assert isinstance(stage, QuotaQueues)
+    admit, read_whole = stage.admit, stage.read_whole
+    last: list[tuple] = []
+    compared: list[int] = []
+
+    def remembered(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        last[:] = [(a, k)]
+        return admit(*a, **k)
+
+    def checked(adm: Admission) -> bool:
+        if not read_whole(adm):
+            return False
+        a, k = last[0]
+        again = admit(*a, **{**k, "full": True})
+        adm.finish()
+        again.finish()
+        assert [j.id for j in adm.ordered] == [j.id for j in again.ordered]
+        assert adm.held == again.held and adm.truncated == again.truncated and adm.heads == again.heads
+        compared.append(len(adm.over))
+        return False  # (the round goes on with the admission again whole)
+
+    stage.admit = remembered  # type: ignore[method-assign]
+    stage.read_whole = checked  # type: ignore[method-assign]
+    Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
+    assert len(compared) >= 30 and max(compared) > 0

@@ -155,6 +155,7 @@ class Scheduler:
         self.guess_whole = True  # False: always plan the prefix first (tests compare the two ways)
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
         self.append_queues = True  # False: a queue round never only backfills its new jobs (tests compare)
+        self.walk_whole = True  # False: a lazy walk that left GPUs free is always admitted again whole (tests compare)
         # False: reclaim's free state is built from every allocation, and an owed queue's jobs are all read
         # (tests compare)
         self.reclaim_changes = True
@@ -427,10 +428,11 @@ class Scheduler:
         adm = q.admit(ordered, view, strict, lazy=lazy)
         rnd = self._admitted_round(adm, view, lazy)
         one_pass = rnd
-        # GPUs left free while the walk was cut short: plan again on everything.  (A lazy walk not read to its
-        # end does not know whether it was: walking again costs no more than reading on, and when it was not,
-        # gives the same plan)
-        if _free_gpus(rnd.plan, view) > 0 and (adm.truncated or (adm.walk is not None and adm.walk.more is not None)):
+        # GPUs left free while the walk was cut short: plan again on everything.  (A lazy walk that placement
+        # stopped reading before it stopped itself becomes the whole walk where it is: the plan is the whole
+        # walk's, QueuePolicy.read_whole)
+        if (_free_gpus(rnd.plan, view) > 0 and (adm.truncated or (adm.walk is not None and adm.walk.more is not None))
+                and not (self.walk_whole and q.read_whole(adm))):
             adm = q.admit(ordered, view, strict, full=True, lazy=lazy)
             rnd = one_pass = self._admitted_round(adm, view, lazy)
         # (the borrowing jobs placed are among those the walk read)

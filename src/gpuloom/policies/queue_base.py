@@ -81,6 +81,11 @@ class QueuePolicy(Stage):
         (:class:`~gpuloom.driver.Listener`), or None."""
         return None
 
+    def read_whole(self, adm: Admission) -> bool:
+        """Make ``adm``'s lazy walk, not read to a stop of its own yet, go on as ``admit(full=True)``'s would
+        (True), so the round need not admit again to learn whether it was cut short; else False."""
+        return False
+
     def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
         """The running jobs of ``adm``'s lazy borrowing walk in its order when the stage knows them without
         reading the walk, else None."""

@@ -34,8 +34,8 @@ class QueueBook:
     """Per leaf, its active jobs as ``id -> (rank, job)`` in the driver's admission order (see the module
     notes), and how many of them have a priority (``prioritised``)."""
 
-    __slots__ = ("tally", "size", "seq", "pending", "leaves", "where", "prioritised", "version", "changed", "idle",
-                 "sizes", "held", "exact")
+    __slots__ = ("tally", "size", "seq", "pending", "leaves", "where", "prioritised", "version", "changed", "ended",
+                 "arrived", "idle", "sizes", "held", "exact")
 
     def __init__(self, tally: Tally | None = None) -> None:
         self.tally = tally  # the driver followed (its tally identifies its views)
@@ -47,6 +47,12 @@ class QueueBook:
         self.prioritised: dict[int, int] = {}  # leaf -> its jobs with a priority
         self.version: Any = None  # the tree the leaves were filled for
         self.changed: set[int] = set()  # leaves whose jobs changed since the reader last cleared this
+        #: leaf -> the ranks of its jobs that ended since the reader last cleared this, when that is all that
+        #: changed of them (else the leaf is in ``changed``; an ended job with a priority puts it there)
+        self.ended: dict[int, list[int]] = {}
+        #: leaf -> the jobs :meth:`fill` put last in it since the reader last cleared this (the leaf is in
+        #: ``changed`` too when the tree changed)
+        self.arrived: dict[int, list[Job]] = {}
         self.idle: dict[int, dict[int, int]] = {}  # leaf -> {GPUs asked: its waiting jobs asking that many}
         self.sizes: dict[int, dict[int, int]] = {}  # leaf -> {GPUs asked: its jobs asking that many}
         #: leaf -> [GPUs, cores, MB] its filled jobs hold now (each job's share, as usage() counts it)
@@ -97,8 +103,15 @@ class QueueBook:
         if self.pending.pop(jid, None) is None:
             w = self.where.pop(jid, None)
             if w is not None:
-                del self.leaves[w[0]][jid]
-                self.changed.add(w[0])
+                rank = self.leaves[w[0]].pop(jid)[0]
+                if w[1]:
+                    self.changed.add(w[0])
+                else:
+                    ended = self.ended.get(w[0])
+                    if ended is None:
+                        self.ended[w[0]] = [rank]
+                    else:
+                        ended.append(rank)
                 self._count(w[0], job.spec.gpus, -1, self.sizes)
                 if job.alloc is None:
                     self._count(w[0], job.spec.gpus, -1)
@@ -124,8 +137,12 @@ class QueueBook:
                            key=lambda x: x[0])
             self.leaves, self.where, self.prioritised, self.version = {}, {}, {}, version
             self.idle, self.sizes, self.held, self.exact = {}, {}, {}, True
+            self.ended, self.arrived = {}, {}
+            changed = self.changed
         else:
             every = list(self.pending.values())
+            changed = None
+        arrived = self.arrived
         self.pending = {}
         leaves, where, prioritised = self.leaves, self.where, self.prioritised
         for x in every:
@@ -136,7 +153,14 @@ class QueueBook:
             if d is None:
                 d = leaves[q] = {}
             d[j.id] = x
-            self.changed.add(q)
+            if changed is not None:
+                changed.add(q)
+            else:
+                new = arrived.get(q)
+                if new is None:
+                    arrived[q] = [j]
+                else:
+                    new.append(j)
             self._count(q, j.spec.gpus, 1, self.sizes)
             if j.alloc is None:
                 self._count(q, j.spec.gpus, 1)

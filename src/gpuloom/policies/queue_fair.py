@@ -31,6 +31,10 @@ class DRFQueues(QuotaQueues):
 
     #: the cluster, tree and tree version the per-queue factors below were worked out for, and the factors
     _inv: tuple[Any, Any, int, list[tuple[float, ...]]] | None = None
+    _factors: list[tuple[float, ...]] | None = None  # the last share_key's, when the tree has one level
+
+    def drf_factors(self) -> list[tuple[float, ...]] | None:
+        return self._factors
 
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:
         cl = view.cluster
@@ -48,7 +52,9 @@ class DRFQueues(QuotaQueues):
                 u, f = use[q], inv[q]
                 return max(u[0] * f[0], u[1] * f[1], u[2] * f[2])
 
+            self._factors = inv
             return share
+        self._factors = None
 
         def key(q: int) -> tuple[float, ...]:
             out = []

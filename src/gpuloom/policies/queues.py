@@ -155,6 +155,8 @@ class QuotaQueues(QueuePolicy):
     logs_walk = False
     #: False: every queue's usage is summed from a plan's allocations (tests compare the two ways)
     incremental = True
+    #: False: a leaf's cached guaranteed tier is walked again whenever one of its jobs ends (tests compare)
+    tiers_past_ends = True
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -179,6 +181,7 @@ class QuotaQueues(QueuePolicy):
         self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
         self._prioritised = False  # the last admission saw a job of non-zero priority
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
+        self._whole: tuple[Admission, Callable[[], None]] | None = None  # the last lazy one, and its read_whole
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
@@ -419,16 +422,32 @@ class QuotaQueues(QueuePolicy):
             if self._tier_a_key != key:
                 self._tier_a, self._tier_a_key, self._tier_a_merged = {}, key, None
             else:
+                tiers = self._tier_a
                 for q in book.changed:
-                    self._tier_a.pop(q, None)
+                    tiers.pop(q, None)
+                # a leaf whose jobs only ended or arrived keeps its tier when each ended after the tier's last
+                # job in its list and none that arrived fits beside the tier (see _keeps_tier)
+                keep = self.tiers_past_ends
+                for q, ranks in book.ended.items():
+                    hit = tiers.get(q)
+                    if hit is not None and not (keep and not (self.priority and q in prioritised)
+                                                and _keeps_tier(hit, ranks, strict)):
+                        del tiers[q]
+                for q, new in book.arrived.items():
+                    hit = tiers.get(q)
+                    if hit is not None and not (keep and not (self.priority and q in prioritised)
+                                                and _takes_none(hit, new, owed[q], per_gpu)):
+                        del tiers[q]
             book.changed.clear()
+            book.ended.clear()
+            book.arrived.clear()
             cache = self._tier_a
             flat = all(len(p) == 1 for p in path)
         taken_by: list[Collection[str]] = [()] * nq  # per leaf, its guaranteed jobs' ids
         # per leaf, its jobs past its tier A, when the cache knows where tier A ends in its list
         after: list[Iterator[tuple[int, Job]] | None] = [None] * nq
         if self.guarantees:
-            tier_a: list[tuple[int, Job]] = []
+            mines: list[list[tuple[int, Job]]] = []  # each leaf's tier (joined only when not every one was cached)
             all_hit = cache is not None
             for q in tree.leaves:
                 o = owed[q]
@@ -443,7 +462,7 @@ class QuotaQueues(QueuePolicy):
                     else:
                         for d in ds:
                             take(q, d)
-                    tier_a += mine
+                    mines.append(mine)
                     taken_by[q] = ids
                     continue
                 all_hit = False
@@ -478,7 +497,7 @@ class QuotaQueues(QueuePolicy):
                         room = o[0] - use[q][0] + _EPS
                         if not any(n and g <= room for g, n in ahead.items()):
                             break
-                tier_a += mine
+                mines.append(mine)
                 ids = {j.id for _, j in mine}
                 taken_by[q] = ids
                 if cache is not None:
@@ -489,6 +508,7 @@ class QuotaQueues(QueuePolicy):
             # leaf's was (a copy: note_guaranteed extends it)
             merged = self._tier_a_merged if all_hit else None
             if merged is None:
+                tier_a = [x for mine in mines for x in mine]
                 tier_a.sort(key=_rank)
                 merged = [j for _, j in tier_a]
                 self._tier_a_merged = merged if cache is not None else None
@@ -531,8 +551,16 @@ class QuotaQueues(QueuePolicy):
         share_key = self.share_key(tree, use, view)
         # a whole walk of the book merged by rank, each job taken (no limit, no surplus tier, no priority):
         # its jobs are the book's untaken ones in rank order (running_borrowed reads them without walking)
-        self._by_rank = (adm if full and from_book and share_key is None and not tree.limited and not tree.surplus
-                         and not self._prioritised else None)
+        by_rank = from_book and share_key is None and not tree.limited and not tree.surplus and not self._prioritised
+        self._by_rank = adm if full and by_rank else None
+
+        def read_whole() -> None:  # (read_whole: from here on the walk is admit(full=True)'s)
+            nonlocal enough
+            enough = INF
+            if by_rank:
+                self._by_rank = adm
+
+        self._whole = None if full else (adm, read_whole)
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
         adm.heads = heads
         steps: list[tuple[int, Triple | None]] | None = None
@@ -552,6 +580,8 @@ class QuotaQueues(QueuePolicy):
             # jobs in its own order.  In a flat tree a leaf's key changes only when its own job is taken, and its
             # entry is pushed with the new key then: a popped entry is never stale
             key, stale = share_key, share_key is not None and not flat_tree
+            # a flat tree's key as (use · factors).max, worked out inline (DRF's: drf_factors)
+            factors = self.drf_factors() if key is not None and flat_tree else None
             heap: list[tuple[Any, int, int]]
             if key is None:
                 heap = [(h[0], q, q) for q, h in enumerate(heads) if h is not None]
@@ -601,7 +631,20 @@ class QuotaQueues(QueuePolicy):
                             break
                 heads[q] = nxt = next(rest[q], None)
                 if nxt is not None:
-                    push(heap, (nxt[0], q, q) if key is None else (key(q), nxt[0], q))
+                    if key is None:
+                        push(heap, (nxt[0], q, q))
+                    elif factors is not None:  # (max(a, b, c) as max works it out: the first of the largest)
+                        u, f = use[q], factors[q]
+                        k = u[0] * f[0]
+                        b = u[1] * f[1]
+                        if b > k:
+                            k = b
+                        b = u[2] * f[2]
+                        if b > k:
+                            k = b
+                        push(heap, (k, nxt[0], q))
+                    else:
+                        push(heap, (key(q), nxt[0], q))
             # beyond that: not handed on; those a limit keeps out still say so (only those leaves are read on)
             for q in tree.leaves:
                 head = None if q == stopped else heads[q]
@@ -621,6 +664,20 @@ class QuotaQueues(QueuePolicy):
             adm.walk.finish()
         self._remember(adm, view)
         return adm
+
+    def read_whole(self, adm: Admission) -> bool:
+        """The walk stops handing on jobs once they ask for twice the cluster's GPUs (``admit`` without ``full``);
+        until it does, it has yielded what the whole walk (``full``) yields, in the same order, with the same
+        state (heads, use, log) behind it.  So while ``adm``'s walk (the last admission's) has not stopped, it
+        becomes the whole walk by lifting that bound, and placement, which stopped reading it of its own
+        accord, planned what it would plan on the whole walk."""
+        whole = self._whole
+        walk = adm.walk
+        if whole is None or whole[0] is not adm or adm.truncated or walk is None or walk.more is None:
+            return False
+        whole[1]()
+        self._whole = None
+        return True
 
     def settled(self, done: bool) -> None:
         """The scheduler's word on the round just planned: ``done`` when it was planned in one pass over a
@@ -675,6 +732,7 @@ class QuotaQueues(QueuePolicy):
                 return False
         book.fill((version, tree), self._leaf_and_priority)
         book.changed.difference_update(self._tier_a)  # (their guaranteed tiers did not change)
+        book.arrived.clear()  # (every leaf given a job has its tier cached, and none of them joins it)
         self._tree_ready(tree, view)  # (as admission would: fair share's usage decays to now)
         return True
 
@@ -717,6 +775,12 @@ class QuotaQueues(QueuePolicy):
     # the cross-queue order -------------------------------------------------------------------------
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any] | None:
         """Key of a leaf in the progressive filling (lower first), or None: merge by the order policy's rank."""
+        return None
+
+    def drf_factors(self) -> Sequence[tuple[float, ...]] | None:
+        """After :meth:`share_key` of a one-level tree: per leaf, the factors whose products with its use
+        (GPUs, cores, MB) have the key as their largest, when the key is just that (the walk then works it
+        out inline); else None."""
         return None
 
     # -- after placement -------------------------------------------------------------------------
@@ -966,6 +1030,34 @@ class _Leaves(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self.where)
+
+
+def _keeps_tier(hit: TierA, ended: Sequence[int], strict: bool) -> bool:
+    """Whether a leaf's guaranteed tier ``hit`` holds after jobs of the ranks ``ended`` left its list (in rank
+    order: no priority sorts it), nothing else having changed.  Without ``strict`` the tier's walk takes each
+    job that fits what the jobs taken before it leave, passing the others (its early stops only skip jobs
+    that could not fit): the list up to the tier's last job is the same, so the same jobs are taken there
+    with the same sums in the same order, and past it the list is the old one less some jobs, none of
+    which fitted before any more than now (nothing taken since).  The jobs past the tier (``after``) are read
+    by position from the tier's end, which does not move.  Strict quotas stop at the first job passed, which
+    may have ended."""
+    if strict:
+        return False
+    mine = hit[0]
+    return not mine or min(ended) > mine[-1][0]
+
+
+def _takes_none(hit: TierA, new: Sequence[Job], owed: Triple, per_gpu: tuple[float, float]) -> bool:
+    """Whether a leaf's guaranteed tier ``hit`` holds after ``new`` jobs joined the end of its list (in rank
+    order), nothing else having changed: none of them fits in what the tier leaves of the guarantee ``owed``
+    (no limits: the cache is kept only then).  The walk is the same up to the end of the old list, and then
+    passes each new job (nothing is taken meanwhile); strict quotas stop before them or at the first."""
+    u = hit[3]
+    for j in new:
+        d = _demand(j, per_gpu)
+        if u[0] + d[0] <= owed[0] + _EPS and u[1] + d[1] <= owed[1] + _EPS and u[2] + d[2] <= owed[2] + _EPS:
+            return False
+    return True
 
 
 def _fitting(jobs: Iterable[tuple[int, Job]], allocs: Collection[str], most: float) -> Iterator[Job]:
