@@ -181,6 +181,28 @@ def pytest_configure(config: pytest.Config) -> None:
     import compileall
 
     compileall.compile_dir(REPO / "src" / "gpuloom", quiet=1)
+    if getattr(config.option, "numprocesses", None):
+        _rewrite_test_modules_once(config)
+
+
+def _rewrite_test_modules_once(config: pytest.Config) -> None:
+    """Every xdist worker imports every test module, rewriting its asserts first (pytest's assertion rewriting:
+    about half of a worker's collection), all at once on a fresh clone, and each anew where
+    ``$PYTHONDONTWRITEBYTECODE`` keeps them from caching it.  The controller writes pytest's cache of each
+    rewritten module once instead; the workers read it (pytest checks it against the source).  These are pytest's
+    private functions: where they change, nothing is written and the workers rewrite as before."""
+    try:
+        from _pytest.assertion import rewrite
+
+        state = config.stash[rewrite.assertstate_key]
+        for fn in sorted([*Path(__file__).parent.glob("test_*.py"), Path(__file__)]):
+            pyc = rewrite.get_cache_dir(fn) / (fn.name[:-3] + rewrite.PYC_TAIL)
+            if rewrite._read_pyc(fn, pyc, state.trace) is None:
+                pyc.parent.mkdir(parents=True, exist_ok=True)
+                source_hash, co = rewrite._rewrite_test(fn, config)
+                rewrite._write_pyc(state, co, source_hash, pyc)
+    except Exception:  # (an optimisation only)
+        pass
 
 
 @pytest.fixture(scope="session")
