@@ -17,7 +17,15 @@ import pytest
 
 from gpuloom.sim.background import Background, BackgroundError, can_fork
 
-pytestmark = pytest.mark.skipif(not can_fork(), reason="forks only on Linux with no other thread running")
+
+@pytest.fixture(autouse=True)
+def _forks() -> None:
+    """Checked as each test starts, not once at collection: a thread an earlier test on this worker left running
+    means no fork, and ``fn`` then runs in the worker itself (the killed-by-a-signal test would kill it: the
+    whole run waited for ever on its lost tests)."""
+    if not can_fork():
+        names = ", ".join(t.name for t in threading.enumerate() if t is not threading.current_thread())
+        pytest.skip(f"forks only on Linux with no other thread running (running here: {names})")
 
 
 def children() -> set[int]:
