@@ -3,7 +3,8 @@
 Login; the job list updates after a submit; the queue pages (a count of all,
 Next and Previous); a job page shows progress; the cancel button works for the
 owner and is refused to others; /docs renders with an Authorize button;
-nothing is fetched from outside the service.
+nothing is fetched from outside the service; a page left while it loads is
+not drawn over the next.
 
 Screenshots go to the test's temporary directory, or to ``$GPULOOM_SCREENSHOTS``
 (``GPULOOM_SCREENSHOTS=docs/img`` refreshes the ones in the docs).  Where
