@@ -461,7 +461,10 @@ def test_a_nodes_fence_stops_processes_recorded_before_a_wall_step(tmp_path: Pat
         gone = subprocess.Popen(["true"])
         gone.wait()  # the raylet: dead
         assert fence_main(gone.pid, str(run)) == 0
-        assert not agent.alive("j") and agent.poll() == {"j": 143}
+        # stopped, and gone once the fence ends: 143 on the SIGTERM, or 137 on the SIGKILL after the grace
+        # (on a loaded machine the SIGTERM did not always end it within 2 s); a record the fence could not
+        # match would have left it running
+        assert not agent.alive("j") and agent.poll()["j"] in (143, 137)
     finally:
         if agent.alive("j"):
             os.killpg(info.pid, 9)
