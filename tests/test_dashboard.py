@@ -3,7 +3,8 @@
 Login; the job list updates after a submit; the queue pages (a count of all,
 Next and Previous); a job page shows progress; the cancel button works for the
 owner and is refused to others; /docs renders with an Authorize button;
-nothing is fetched from outside the service.
+nothing is fetched from outside the service; a page left while it loads is
+not drawn over the next.
 
 Screenshots go to the test's temporary directory, or to ``$GPULOOM_SCREENSHOTS``
 (``GPULOOM_SCREENSHOTS=docs/img`` refreshes the ones in the docs).  Where
@@ -102,3 +103,38 @@ def test_dashboard_in_a_browser(server: Any, browser: Any, shots: Path) -> None:
     page.click("button.authorize")
     page.wait_for_selector("text=HTTPBearer")
     assert outside == []  # no CDN, nothing from outside
+
+
+# Set when the answer to /cluster (the job list's first request) has been read and every step the
+# page takes with it is done: those steps are promise callbacks, run before the next task (setTimeout).
+CLUSTER_READ = """
+const json = Response.prototype.json;
+Response.prototype.json = function () {
+  const p = json.call(this);
+  if (new URL(this.url).pathname === "/cluster") p.then(() => setTimeout(() => { window.clusterRead = true; }, 0));
+  return p;
+};
+"""
+
+
+def test_a_page_left_while_loading_is_not_drawn_over_the_next(server: Any, browser: Any) -> None:
+    """The job list still waiting for /cluster when the user opens the history: the list's late answer
+    must not replace the history, the page the address names (a user would see the list come back)."""
+    s = server("--cluster", "1x2", "--cpus-per-node", "4", "--round", "0.3")
+    held: list[Any] = []
+    page = browser.new_page()
+    page.add_init_script(CLUSTER_READ)
+    page.route("**/cluster", lambda route: route.continue_() if held else held.append(route))
+    page.goto(s.url + "/?refresh=600000#/")  # no refresh while the test runs: only the renders it causes
+    page.fill("#token", s.client().headers["Authorization"].split()[1])
+    page.click("#login-form button")
+    for _ in range(600):  # the job list's render has asked for /cluster: its answer is held
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the job list never asked for /cluster"
+    page.evaluate("location.hash = '#/history'")
+    page.wait_for_selector("#history")
+    held[0].continue_()
+    page.wait_for_function("window.clusterRead === true")
+    assert page.locator("#history").count() == 1 and page.locator("#cluster").count() == 0

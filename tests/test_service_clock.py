@@ -372,7 +372,9 @@ def test_profiling_window_and_rate_survive_a_step_of_the_jobs_clock(tmp_path: Pa
         prof.executor.stop(prof.run_id(1, 0), 1.0)
         th.join(10)
     assert not hung
-    assert out == [pytest.approx(20.0, rel=1e-9)]
+    # the job's t= near 1.7e9 s is a double 2.4e-7 s apart from the next: a rate over lines 0.05 s apart is
+    # exact to 1e-5 of itself, not better (20.0000017 was seen); 20 lines over 2 h would read 0.0028
+    assert out == [pytest.approx(20.0, rel=1e-5)]
     (run,) = prof.runs
     assert run.points >= 10 and math.isfinite(run.wall_s)
 
@@ -461,7 +463,10 @@ def test_a_nodes_fence_stops_processes_recorded_before_a_wall_step(tmp_path: Pat
         gone = subprocess.Popen(["true"])
         gone.wait()  # the raylet: dead
         assert fence_main(gone.pid, str(run)) == 0
-        assert not agent.alive("j") and agent.poll() == {"j": 143}
+        # stopped, and gone once the fence ends: 143 on the SIGTERM, or 137 on the SIGKILL after the grace
+        # (on a loaded machine the SIGTERM did not always end it within 2 s); a record the fence could not
+        # match would have left it running
+        assert not agent.alive("j") and agent.poll()["j"] in (143, 137)
     finally:
         if agent.alive("j"):
             os.killpg(info.pid, 9)

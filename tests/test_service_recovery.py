@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
+from gpuloom.runtime.exec.local import read_exit_record
 from service_util import (
+    STEPPER,
     Server,
     job,
     key_events,
@@ -25,13 +26,18 @@ NCPU = len(os.sched_getaffinity(0))
 
 def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path) -> None:
     args = ("--cluster", "1x8", "--cpus-per-node", str(NCPU), "--round", "0.2", "--grace", "10")
+    # the jobs end when the test says so, not after a time a loaded machine may outlast: a, b and the
+    # resumed b once `up` exists (a must still run when the server comes back), f and e once `down`
+    # exists (they must end while it is down); the files are where the jobs' accounts can see them
+    up, down = (STEPPER.parent / f"{tmp_path.name}-{w}" for w in ("up", "down"))
     s = Server(tmp_path, *args).start()
     try:
         with s.client() as c:
-            a = submit(c, **{"name": "a", "command": stepper_cmd(100, 0.1), "gpus": 2})
-            b = submit(c, **{"name": "b", "command": stepper_cmd(50, 0.05), "gpus": 2})
-            f = submit(c, **{"name": "f", "command": stepper_cmd(20, 0.1), "gpus": 2})
-            e = submit(c, **{"name": "e", "command": "sleep 1.5; exit 3", "gpus": 2})
+            a = submit(c, **{"name": "a", "command": f"STEPPER_HOLD={up} {stepper_cmd(100, 0.1)}", "gpus": 2})
+            b = submit(c, **{"name": "b", "command": f"STEPPER_HOLD={up} {stepper_cmd(50, 0.05)}", "gpus": 2})
+            f = submit(c, **{"name": "f", "command": f"STEPPER_HOLD={down} {stepper_cmd(20, 0.1)}", "gpus": 2})
+            e = submit(c, **{"name": "e", "command": f"while [ ! -e {down} ]; do sleep 0.05; done; exit 3",
+                             "gpus": 2})
             q1 = submit(c, **{"name": "q1", "command": stepper_cmd(4, 0.05), "gpus": 6})
             q2 = submit(c, **{"name": "q2", "command": stepper_cmd(4, 0.05), "gpus": 2})
             for jid in (a, b, f):
@@ -51,14 +57,18 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
         os.kill(os.getpgid(pid_b), signal.SIGKILL)
         os.kill(pid_b, signal.SIGTERM)
         wait_for(lambda: not running(pid_b), what="job b to exit")
-        # job f finishes on its own, and job e fails (exit 3)
+        # job f finishes, and job e fails (exit 3): their wrappers write their exit records
+        down.touch()
         wait_for(lambda: not running(pid_f), what="job f to finish")
-        time.sleep(0.3)
+        wait_for(lambda: sorted(rc for p in tmp_path.rglob("*.exit") if (rc := read_exit_record(str(p))) is not None)
+                 == [0, 3], what="the exit records of f and e")
 
         s = Server(tmp_path, *args).start()
         with s.client() as c:
             # every accepted job is still there
             assert [j["id"] for j in c.get("/jobs").json()] == [a, b, f, e, q1, q2]
+            wait_for(lambda: "adopt" in key_events(c.get(f"/jobs/{a}/events").json()), what="job a to be adopted")
+            up.touch()
             failed = wait_for(lambda: (j := job(c, e))["state"] == "failed" and j, what="job e to fail")
             ev_e = key_events(c.get(f"/jobs/{e}/events").json())
             done = {

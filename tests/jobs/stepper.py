@@ -4,7 +4,9 @@
 appended to ``$GPULOOM_CHECKPOINT_DIR/ledger`` and the checkpoint (next step)
 (``STEPPER_DT_<GPU TYPE>`` in its environment sets DT on that type of GPU: ``STEPPER_DT_K80=0.2``)
 is replaced atomically; on SIGTERM it finishes the current step, checkpoints
-and exits 143 (exit 0 means all steps are done); with ``GPULOOM_RESUME=1`` it restarts from the checkpoint.  So the
+and exits 143 (exit 0 means all steps are done); with ``GPULOOM_RESUME=1`` it restarts from the checkpoint.
+``STEPPER_HOLD=PATH`` in its environment: after its last step it waits for PATH to exist before it ends
+(so a test decides when the job ends; SIGTERM still stops it, exit 143).  So the
 ledger lists every step exactly once if no work is lost or repeated.  The
 first line of output is a JSON record of what the process was given.
 """
@@ -84,4 +86,10 @@ for i in range(start, steps):
     if stop:
         print(f"checkpointed at step {i + 1}", flush=True)
         sys.exit(143)  # 128 + SIGTERM: stopped, not done
+hold = os.environ.get("STEPPER_HOLD")
+while hold and not os.path.exists(hold):
+    if stop:
+        print(f"checkpointed at step {steps}", flush=True)
+        sys.exit(143)
+    time.sleep(0.05)
 print("done", flush=True)

@@ -62,6 +62,8 @@ from .local import DEFAULT_ENV_ALLOW, NodeAgent, identity, same_process
 #: how often the fence checks its raylet, and the long poll re-checks exits (seconds)
 FENCE_PERIOD_S = 0.2
 EXIT_POLL_S = 0.02
+#: how long the fence waits for the processes it SIGKILLed to be gone (a SIGKILL acts when they next run)
+FENCE_KILL_WAIT_S = 10.0
 
 
 class NodeLost(RuntimeError):
@@ -300,6 +302,12 @@ def fence_main(raylet_pid: int, run_dir: str) -> int:
         live = [p for p in live if same_process(p)]
     for p in live:
         _killpg(p.pid, signal.SIGKILL)
+    # gone before the fence removes their cgroups (a cgroup with a process left in it is not removed)
+    # and ends: its end means its processes have ended
+    end = time.monotonic() + FENCE_KILL_WAIT_S
+    while live and time.monotonic() < end:
+        time.sleep(0.02)
+        live = [p for p in live if same_process(p)]
     parent = rec.get("cgroup_parent")
     cg = CgroupManager(parent=parent) if parent else CgroupManager()
     if cg.mode != "none":

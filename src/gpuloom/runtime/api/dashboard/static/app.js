@@ -8,6 +8,9 @@ const ACTIVE = ["waiting_for_initial_contact", "waiting_for_initial_resource", "
 const ENDED = ["finished", "failed", "cancelled"];
 let me = null;
 let timer = null;
+// renders are numbered: one overtaken while it awaits its answers (the user opened another page, changed a
+// filter, logged out) draws nothing and schedules no refresh, so a page left never replaces the one shown
+let renders = 0;
 let jobMsg = { id: null, text: "", error: false };  // the answer to the last cancel, kept across refreshes
 // the queue is shown a page at a time (QUEUE_PAGE jobs, by id): starts[i] is the id page i comes after
 // (null: the first); kept across refreshes, and back to the first page when the one shown empties
@@ -176,7 +179,7 @@ function pager(page) {
     el("span", { id: "queue-range" }, `jobs ${first}–${last} of ${page.total ?? last}, by id`), prev, next);
 }
 
-async function overview(main) {
+async function overview(draw) {
   const [cluster, page, series] = await Promise.all([api("/cluster"), queuePageOf(), api(seriesUrl())]);
   const jobs = page.body;
   const nodes = el("div", { class: "cards", id: "cluster" }, cluster.nodes.map(n => el("div", { class: `card node${n.reason ? " drained" : ""}`, "data-node": n.name, "data-state": n.state },
@@ -206,7 +209,7 @@ async function overview(main) {
     { name: "running", color: "#2b6cb0", points: pts.map(([t, p]) => [t, p.running]) }], { xLabel: clock, id: "queue-length" });
   const shown = jobs.filter(matches);
   const rows = collapse(shown).map(g => g.length === 1 ? jobRow(g[0]) : arrayRows(g)).flat();
-  main.replaceChildren(
+  draw(
     el("h2", {}, `Cluster: ${cluster.gpus_allocated}/${cluster.gpus} GPUs allocated, ${cluster.gpus_busy} busy; `
       + `${cluster.jobs_running} running, ${cluster.jobs_pending} pending`),
     el("div", { class: "legend" }, el("span", { style: "background:#2f855a" }), "busy",
@@ -278,7 +281,7 @@ function arrayRows(tasks) {
   return [head, ...(open ? tasks.map(t => jobRow(t, "task")) : [])];
 }
 
-async function jobPage(main, id) {
+async function jobPage(draw, id) {
   const job = await api(`/jobs/${id}`);
   const [events, allocs, gpus] = await Promise.all([api(`/jobs/${id}/events`), api(`/jobs/${id}/allocations`),
     api(`/jobs/${id}/gpus`)]);
@@ -319,7 +322,7 @@ async function jobPage(main, id) {
     : lineChart("Progress (iterations, by line)", [{ name: "iter", color: "#2b6cb0",
       points: progress.map((p, i) => [i, p.iter]) }], { id: "progress" });
   const pre = el("pre", { class: "log", id: "log" }, mine ? log || "(empty)" : "(only the owner or an admin may read the log)");
-  main.replaceChildren(
+  draw(
     el("h2", {}, `Job ${job.id}: ${job.name} `, cancel, msg),
     el("div", { class: "row" },
       el("div", {}, el("dl", { class: "spec", id: "spec" }, spec.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]))),
@@ -364,10 +367,10 @@ function gpuSection(g) {
 }
 
 // each queue: its place in the tree, usage vs guarantee vs limit (now and over time), running and pending
-async function queuesPage(main) {
+async function queuesPage(draw) {
   const [q, series] = await Promise.all([api("/queues"), api(seriesUrl())]);
   if (!q.queues.length) {
-    main.replaceChildren(el("h2", {}, "Queues"), el("p", { id: "no-queues" }, "This service runs without queues."));
+    draw(el("h2", {}, "Queues"), el("p", { id: "no-queues" }, "This service runs without queues."));
     return;
   }
   const pts = series.map(p => [Date.parse(p.time) / 1000, p]);
@@ -386,16 +389,16 @@ async function queuesPage(main) {
     return lineChart(`${r.name} (GPUs)`, lines, { xLabel: clock, id: `queue-${r.name}`, width: 360, height: 150,
       yMax: Math.max(1, r.limit.gpus ?? 0, r.guarantee.gpus, ...pts.map(([, p]) => (p.queues || {})[r.name] || 0)) });
   });
-  main.replaceChildren(
+  draw(
     el("h2", {}, `Queues (${q.policy})`),
     el("table", { id: "queues" }, el("thead", {}, el("tr", {}, ["QUEUE", "PARENT", "GPUS USED", "GUARANTEE", "LIMIT",
       "BORROWED", "RUNNING", "PENDING", "PENDING REASONS"].map(h => el("th", {}, h)))), el("tbody", {}, rows)),
     el("h2", {}, "Usage over time"), rangeBar(), el("div", { class: "charts", id: "queue-charts" }, charts));
 }
 
-async function historyPage(main) {
+async function historyPage(draw) {
   const recs = await apiPages("/history?since=7d");
-  main.replaceChildren(el("h2", {}, `History (last 7 days, ${recs.length} jobs)`),
+  draw(el("h2", {}, `History (last 7 days, ${recs.length} jobs)`),
     el("table", { id: "history" }, el("thead", {}, el("tr", {}, ["JOBID", "NAME", "USER", "QUEUE", "ST", "SUBMIT", "START",
       "END", "ELAPSED", "GPUS", "GPU-HOURS", "EXIT", "REASON"].map(h => el("th", {}, h)))),
     el("tbody", {}, recs.reverse().map(r => el("tr", { "data-job": r.id }, el("td", {}, jobLink(r.id, r.array || r.id)),
@@ -408,16 +411,19 @@ async function historyPage(main) {
 // -- routing, login, refresh -----------------------------------------------------------------------
 async function render() {
   clearTimeout(timer);
+  const n = ++renders;
   const main = document.getElementById("main");
+  const draw = (...kids) => { if (n === renders) main.replaceChildren(...kids); };
   const m = location.hash.match(/^#\/job\/(\d+)/);
   try {
-    if (m) await jobPage(main, m[1]);
-    else if (location.hash.startsWith("#/history")) await historyPage(main);
-    else if (location.hash.startsWith("#/queues")) await queuesPage(main);
-    else await overview(main);
+    if (m) await jobPage(draw, m[1]);
+    else if (location.hash.startsWith("#/history")) await historyPage(draw);
+    else if (location.hash.startsWith("#/queues")) await queuesPage(draw);
+    else await overview(draw);
+    if (n !== renders) return;
     main.dataset.rendered = String(Date.now());
   } catch (e) {
-    if (e.status === 401) return;
+    if (e.status === 401 || n !== renders) return;
     main.replaceChildren(el("p", { class: "error" }, e.message));
   }
   timer = setTimeout(render, REFRESH_MS);
@@ -425,6 +431,7 @@ async function render() {
 
 function showLogin(err) {
   clearTimeout(timer);
+  renders += 1;
   sessionStorage.removeItem(KEY);
   me = null;
   document.getElementById("main").replaceChildren();
