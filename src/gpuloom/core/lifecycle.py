@@ -483,10 +483,17 @@ class LifecycleTimes:
             if cut is not None and lc.state in (S.CHECKPOINTING, S.STOPPING):
                 del pend[cut + 1:]  # already on its way down: keep that schedule
             else:
+                # the steps due now walked at once, as for a start below (what appending them and
+                # syncing would record: the same transitions in the same order)
                 pend.clear()
                 t = now
+                direct = True
                 for st in stop:
-                    pend.append((t, st))
+                    if direct and t <= now:
+                        lc.to(st, t)
+                    else:
+                        direct = False
+                        pend.append((t, st))
                     t += _step_s(st, launch, ckpt, stop_s)
         ready = now
         if start:

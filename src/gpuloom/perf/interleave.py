@@ -523,18 +523,30 @@ class InterleaveFactor:
         return group_cycle(profiles, self.layout(len(profiles[0]))) * self.overhead_for(len(profiles))
 
     def __call__(self, job: Job, alloc: Allocation) -> float:
-        if not alloc.group:
+        group = alloc.group
+        if not group:
             return 1.0
-        if self._lookup is None:
+        lookup = self._lookup
+        if lookup is None:
             raise ProfileError(f"job {job.id}: interleave factor has no job lookup bound (call bind())")
-        own = self._require(job)
+        # each member's profile read from the cache here, as profile() reads it (the driver rates
+        # every member of every group it starts, moves or regroups: the calls were half the cost)
+        cache = self._profiles
+        spec = job.spec
+        hit = cache.get(spec.id)
+        own = hit[1] if hit is not None and hit[0] is spec else None
+        if own is None:
+            own = self._require(job)
         profs = [own]
-        for oid in alloc.group:
+        for oid in group:
             try:
-                other = self._lookup(oid)
+                other = lookup(oid)
             except KeyError:
                 raise ProfileError(f"job {job.id}: co-runner {oid!r} is unknown to the interleave factor") from None
-            profs.append(self._require(other))
+            spec = other.spec if isinstance(other, Job) else other
+            hit = cache.get(spec.id)
+            p = hit[1] if hit is not None and hit[0] is spec else None
+            profs.append(self._require(other) if p is None else p)
         key = tuple(profs)
         t = self._times.get(key)
         if t is None:

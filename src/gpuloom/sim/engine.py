@@ -88,6 +88,9 @@ from .metrics import JobRecord, RunResult, TimeSeries
 __all__ = ["LifecycleTimes", "SimConfig", "SimulationError", "Simulator", "simulate"]
 
 
+_STOP, _STANDBY = ActionKind.STOP, JobState.STANDBY  # (read once per action: plain globals, not Enum attributes)
+
+
 class SimulationError(RuntimeError):
     pass
 
@@ -151,14 +154,20 @@ class SimBackend:
             raise JobError(str(e)) from None
 
     def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
+        # (once per stopped job: the action kind and state compared with module constants, the
+        # latest STANDBY found without building lists, a job without attrs given the common times)
         done = now
+        schedule, plain = self.times.schedule, self._plain[False]
         for st in steps:
             job = st.job
-            assert job.lifecycle is not None  # a job being stopped has arrived
-            self.times.schedule(job.lifecycle, st.stop, (), now, self._times(job, False))
-            if st.kind is ActionKind.STOP:
+            lc = job.lifecycle
+            assert lc is not None  # a job being stopped has arrived
+            schedule(lc, st.stop, (), now, self._times(job, False) if job.spec.attrs else plain)
+            if st.action.kind is _STOP:
                 job.busy_until = now
-            done = max([done] + [t for t, s in job.lifecycle.planned if s is JobState.STANDBY])
+            for t, s in lc.planned:  # done = the latest of done and every planned STANDBY
+                if s is _STANDBY and t > done:
+                    done = t
         self.stops_done = (now, done)
 
     def launch(self, driver: Driver, step: Step, now: float) -> bool:
@@ -171,7 +180,9 @@ class SimBackend:
             done = self.stops_done
             if done[0] == now:
                 barrier = done[1]
-        job.busy_until = self.times.schedule(lc, None, step.start, now, self._times(job, not lc.launched), barrier)
+        first = not lc.launched
+        times = self._times(job, first) if job.spec.attrs else self._plain[first]
+        job.busy_until = self.times.schedule(lc, None, step.start, now, times, barrier)
         return True
 
     def regrouped(self, driver: Driver, job: Job, now: float) -> None:
