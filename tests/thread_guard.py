@@ -1,10 +1,10 @@
 """The guard against threads a test leaves running (tests/conftest.py's ``_no_leaked_threads``).
 
-A thread the project names (``gpuloom-*``: a service's stop pool, its loop, a GPU sampler) that is still
-running once a test and its fixtures have ended was left by something the test built and never closed (a
-Service, an Actuator, ...).  It outlives the test on its worker: tests/test_background.py forks only where no
-other thread runs, so every later test there would be skipped.  Only non-daemon threads are counted: a
-stopped service must leave none (its stop pool's close joins them), and library threads are not ours to judge."""
+A non-daemon thread the project names (``gpuloom-*``, such as an Actuator's stop pool, ``gpuloom-stop_N``) that
+is still running once a test and its fixtures have ended was left by something the test built and never closed
+(a Service, an Actuator, ...).  It outlives the test on its worker: tests/test_background.py forks only where no
+other thread runs, so every later test there would be skipped.  A stopped service leaves none (its actuator's
+close joins them).  Daemon threads (the loop, the GPU sampler) and library threads are not judged."""
 
 from __future__ import annotations
 
