@@ -250,6 +250,16 @@ def _remove_job_dirs():  # noqa: ANN202
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    """A test whose fixtures have all ended must leave none of the project's non-daemon threads running (see
+    tests/thread_guard.py): torn down after every other function-scoped fixture, so theirs count too."""
+    from thread_guard import no_leaked_threads
+
+    with no_leaked_threads():
+        yield
+
+
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
     """``tmpfs(name, size)``: a fresh tmpfs of ``size`` mounted at ``tmp_path/name``, unmounted afterwards

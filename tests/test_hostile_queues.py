@@ -90,6 +90,7 @@ def serve(tmp_path: Path, cgroup_parent: str) -> Iterator[Callable[..., Api]]:
     for client, svc in made:
         client.__exit__(None, None, None)
         svc.terminate_all()
+        svc.shutdown()
         svc.store.close()
 
 

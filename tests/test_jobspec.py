@@ -39,6 +39,8 @@ def api(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
                   ServiceConfig(tmp_path))
     with TestClient(create_app(svc)) as client:
         yield client, {"Authorization": f"Bearer {create_token(store, 'alice')}"}
+    svc.terminate_all()
+    svc.shutdown()
     store.close()
     next(parent, None)
 
@@ -262,6 +264,7 @@ def test_typed_jobs_are_placed_on_their_type_on_a_mixed_declared_cluster(tmp_pat
                 for name, i in ids.items() if str(i) in svc.current}
     finally:
         svc.terminate_all()
+        svc.shutdown()
         store.close()
         next(parent, None)
     # FIFO, packed: the V100 pair fills v100-0; three K80 GPUs take k80-0 and one of k80-1; the job taking

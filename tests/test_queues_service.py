@@ -55,6 +55,7 @@ def api(tmp_path: Path, cgroup_parent: str) -> Iterator[tuple[TestClient, dict[s
     with TestClient(create_app(svc)) as client:
         yield client, tokens, svc
     svc.terminate_all()
+    svc.shutdown()
     svc.store.close()
 
 
@@ -189,4 +190,5 @@ def test_a_stored_tree_is_stamped_by_the_services_clock(tmp_path: Path, cgroup_p
             assert c.execute(select(queue_config_t.c.updated)).scalar() == 1_005.0
     finally:
         svc.terminate_all()
+        svc.shutdown()
         store.close()

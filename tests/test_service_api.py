@@ -30,6 +30,8 @@ def api(tmp_path: Path, cgroup_parent: str):  # noqa: ANN201
     tokens = {"admin": admin, "alice": create_token(store, "alice"), "bob": create_token(store, "bob")}
     with TestClient(create_app(svc)) as client:
         yield client, tokens, tmp_path
+    svc.terminate_all()
+    svc.shutdown()
     store.close()
 
 
@@ -194,12 +196,16 @@ def test_recovery_fails_jobs_the_cluster_can_no_longer_hold(tmp_path: Path, cgro
     jid = big.submit({"name": "wide", "command": "true", "gpus": 8}, "alice")
     small = Service(store, cl1, local_executor(cl1, tmp_path / "run", True, cgroup_parent), Scheduler.from_names(),
                     ServiceConfig(tmp_path))
-    small.recover()
-    row = store.get_job(jid)
-    assert row is not None and row.state == "failed"
-    assert row.reason == "can never run on this cluster: needs 8 GPUs, the cluster has 4"
-    assert small.jobs == {} and small.round() == []
-    store.close()
+    try:
+        small.recover()
+        row = store.get_job(jid)
+        assert row is not None and row.state == "failed"
+        assert row.reason == "can never run on this cluster: needs 8 GPUs, the cluster has 4"
+        assert small.jobs == {} and small.round() == []
+    finally:
+        small.shutdown()
+        big.shutdown()
+        store.close()
 
 
 @pytest.mark.parametrize("kw,msg", [({"round_s": 0.0}, "round length must be > 0, got 0.0"),

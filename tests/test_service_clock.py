@@ -57,6 +57,8 @@ def make(tmp_path: Path, cgroup_parent: str) -> Iterator[Callable[..., Service]]
     if made:
         made[-1].terminate_all()
         made[-1].shutdown()
+    for svc in made[:-1]:  # the abandoned ones' stop threads (a killed server's die with it)
+        svc.actuator.close()
     store.close()
 
 

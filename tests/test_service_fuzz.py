@@ -57,6 +57,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
     tokens = {"admin": ensure_admin_token(store, tmp), "alice": create_token(store, "alice")}
     with TestClient(create_app(svc), raise_server_exceptions=False) as c:
         yield c, tokens
+    svc.terminate_all()
+    svc.shutdown()
     store.close()
     next(parent, None)
 

@@ -90,6 +90,7 @@ def test_simulator_and_service_make_the_same_plan(
         assert any(len(p) for p in expected)
     finally:
         svc.terminate_all()
+        svc.shutdown()
         store.close()
 
 
@@ -146,7 +147,7 @@ def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart
                        Scheduler.from_names("fifo", "muri", "proportional", "packed-sticky"), ServiceConfig(tmp_path,
                        round_s=1000.0, grace_s=0.0, launch_timeout_s=0.0, protect_factor=0.0, clock=clock))
 
-    svc = service()
+    svc = killed = service()
     try:
         for g, d, rt in PAIRS:  # each job runs until its flag file appears
             svc.submit({"name": "j", "command": f"while [ ! -e {flags}/$GPULOOM_JOB_ID ]; do sleep 0.02; done",
@@ -186,6 +187,9 @@ def test_service_matches_simulator_at_a_co_runner_completion_and_after_a_restart
         for jid in list(svc.jobs):
             (flags / jid).touch()
         svc.terminate_all()
+        svc.shutdown()
+        if killed is not svc:  # the killed one's stop threads (a killed server's die with it)
+            killed.actuator.close()
         store.close()
 
 
@@ -229,4 +233,5 @@ def test_a_launch_ends_when_the_job_printed_its_first_progress_line_not_when_a_r
             assert j.remaining == pytest.approx(100.0 - (3.0 - ready) * j.speed, abs=1e-6)
     finally:
         svc.terminate_all()
+        svc.shutdown()
         store.close()
