@@ -228,14 +228,21 @@ class SlurmCluster:
         import psutil
 
         spool = str(self.root)
-        for p in psutil.process_iter(["name", "cmdline", "environ"]):
-            try:
-                if spool in " ".join(p.info["cmdline"] or []) or \
-                        (p.info["environ"] or {}).get("SLURM_CONF") == str(self.conf):
-                    if p.pid != os.getpid():
+        # twice: a slurmstepd slurmd was forking as it died shows only after; and a slurmstepd that has set its
+        # title ("slurmstepd: [1.0]") may show neither the spool nor SLURM_CONF, but holds slurmd's log open
+        for n in range(2):
+            if n:
+                time.sleep(0.5)
+            for p in psutil.process_iter(["name", "cmdline", "environ"]):
+                try:
+                    ours = spool in " ".join(p.info["cmdline"] or []) or \
+                        (p.info["environ"] or {}).get("SLURM_CONF") == str(self.conf)
+                    if not ours and (p.info["name"] or "").startswith("slurmstepd"):
+                        ours = any(f.path.startswith(spool) for f in p.open_files())
+                    if ours and p.pid != os.getpid():
                         p.kill()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    pass
 
 
 def wait_until(fn: Any, timeout: float, what: str, why: Any = None) -> Any:
