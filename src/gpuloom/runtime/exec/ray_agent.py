@@ -280,6 +280,15 @@ def stop_orphan(p: ProcInfo, grace_s: float, run_dir: str, cgroup_parent: str | 
     return agent.stop(p.job_id, grace_s)
 
 
+def _still_running(procs: list[ProcInfo], timeout: float, period: float) -> list[ProcInfo]:
+    """Those of ``procs`` still running after waiting up to ``timeout`` seconds for them all to end."""
+    end = time.monotonic() + timeout
+    while procs and time.monotonic() < end:
+        time.sleep(period)
+        procs = [p for p in procs if same_process(p)]
+    return procs
+
+
 def fence_main(raylet_pid: int, run_dir: str) -> int:
     """Wait for the raylet to die; then stop the processes in ``run_dir/fence.json`` (TERM, grace, KILL)."""
     try:
@@ -296,18 +305,12 @@ def fence_main(raylet_pid: int, run_dir: str) -> int:
     live = [p for p in procs if same_process(p)]
     for p in live:
         _killpg(p.pid, signal.SIGTERM)
-    end = time.monotonic() + float(rec.get("grace_s", 10.0))
-    while live and time.monotonic() < end:
-        time.sleep(0.05)
-        live = [p for p in live if same_process(p)]
+    live = _still_running(live, float(rec.get("grace_s", 10.0)), 0.05)
     for p in live:
         _killpg(p.pid, signal.SIGKILL)
     # gone before the fence removes their cgroups (a cgroup with a process left in it is not removed)
     # and ends: its end means its processes have ended
-    end = time.monotonic() + FENCE_KILL_WAIT_S
-    while live and time.monotonic() < end:
-        time.sleep(0.02)
-        live = [p for p in live if same_process(p)]
+    _still_running(live, FENCE_KILL_WAIT_S, 0.02)
     parent = rec.get("cgroup_parent")
     cg = CgroupManager(parent=parent) if parent else CgroupManager()
     if cg.mode != "none":
