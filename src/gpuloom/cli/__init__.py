@@ -92,6 +92,7 @@ def command_for(argv: list[str]) -> Any:
 def main() -> None:
     from .output import mark_process_start
 
+    sim.read_ahead(sys.argv)  # (simulate's trace read in a child while the options are parsed)
     try:
         with mark_process_start():  # a command's wall time counts from the process's start
             rv = tidy_help(command_for(sys.argv))(standalone_mode=False, prog_name="gpuloom")
@@ -101,6 +102,8 @@ def main() -> None:
     except typer.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(1)
+    finally:
+        sim.drop_read_ahead()
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -25,9 +25,20 @@ from .formats import FORMATS
 @FORMATS.register("philly")
 def read_philly(path: str | Path) -> Trace:
     """Sia's processed Philly job list (``timestamp,duration,num_gpus,gpu_time,cluster``)."""
+    return philly_trace(path, philly_columns(path))
+
+
+#: what :func:`philly_columns` reads of a file, in file order: each job's arrival (seconds since ``origin``),
+#: duration, GPUs and virtual cluster, and ``origin`` (the earliest submission, ``None`` with no rows);
+#: plain lists and a string, cheap to send to another process
+Read = tuple[list[float], list[float], list[int], list[str], str | None]
+
+
+def philly_columns(path: str | Path) -> Read:
+    """The columns of a Philly list (:data:`Read`), every field checked: a malformed file raises the
+    :class:`TraceError` :func:`read_philly` raises.  (:func:`philly_trace` makes the jobs of them.)"""
     p = Path(path)
     w = Where(p)
-    b = Builder(p, "philly")
     rows = read_rows(p, w)
     h = Header(first_row(rows, p), ("timestamp", "duration", "num_gpus", "cluster"), w)
     # the biggest trace: each column converted at once; a file the bulk conversion cannot take is read
@@ -37,15 +48,23 @@ def read_philly(path: str | Path) -> Trace:
     except TraceError:  # (malformed further on: row by row, an earlier bad field is named first)
         columns = None
     stamps, durs, gpus, clusters = columns or _checked(read_rows(p, w), h, w)
-    b.rows = len(stamps)
     if not stamps:
-        return b.done()
+        return [], durs, gpus, clusters, None
     origin = min(stamps)
-    # ids are unique by construction and every field was checked above
-    b.jobs = JobSpec.from_columns([f"philly-{k}" for k in range(len(stamps))],
-                                  [(t - origin).total_seconds() for t in stamps], gpus, durs,
+    return [(t - origin).total_seconds() for t in stamps], durs, gpus, clusters, origin.isoformat(sep=" ")
+
+
+def philly_trace(path: str | Path, read: Read) -> Trace:
+    """The :class:`Trace` of a Philly list from its columns (:func:`philly_columns`)."""
+    arrivals, durs, gpus, clusters, origin = read
+    b = Builder(Path(path), "philly")
+    b.rows = len(arrivals)
+    if origin is None:
+        return b.done()
+    # ids are unique by construction and every field was checked
+    b.jobs = JobSpec.from_columns([f"philly-{k}" for k in range(len(arrivals))], arrivals, gpus, durs,
                                   [{"cluster": c, "queue": c} for c in clusters])
-    return b.done(origin=origin.isoformat(sep=" "))
+    return b.done(origin=origin)
 
 
 Columns = tuple[list[datetime], list[float], list[int], list[str]]
