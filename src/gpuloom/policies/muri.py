@@ -105,8 +105,9 @@ _rank = itemgetter(0, 1)
 #: their best job, pairs by their later node) rather than most efficient first (Muri sorts them but
 #: drops the sorted copy), and *autopack*: a final group slower than its members taking turns is split
 RULES = ("gpuloom", "muri")
-#: how a bucket's matching is found: ``exact`` (a maximum one, solved or met again) or ``repair``
-#: (past ``BLOSSOM_NODES`` single nodes, the bucket's last one carried over while few jobs changed)
+#: how a bucket's matching is found: ``exact`` (a maximum one, solved or met again), ``repair`` (past
+#: ``repair_nodes`` nodes, the bucket's last one carried over while few jobs changed; not with Muri's
+#: rule) or ``auto`` (``repair`` under the orders in ``REPAIR_ORDERS``, else ``exact``)
 MATCHES = ("auto", "exact", "repair")
 #: orders under which ``match=auto`` repairs: Muri-L's (its order changes at every event)
 REPAIR_ORDERS = ("las-gpu-events",)
