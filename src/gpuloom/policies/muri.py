@@ -47,6 +47,11 @@ One round:
    for Muri's storage/CPU/GPU/network; a larger value is an error) jobs, or
    nothing can merge.  With two resource types one round is the optimal pairing.
    ``pack_all=True`` merges every matched pair regardless of demand.
+   ``match="repair"`` (the default, ``"auto"``, under Muri-L's ``las-gpu-events``
+   order, whose buckets change at every event): a bucket past ``repair_nodes``
+   nodes whose classes changed by at most ``repair_changed`` jobs since its
+   last matching (same GPU count, same merge round) carries that matching over
+   (:func:`~gpuloom.policies.repair.repair_pairs`) instead of solving a new one.
 4. **Units**: every group and every job left alone becomes a unit, ranked by
    its highest-priority member; the size and place stages then treat a unit as
    one request holding one GPU set (``Request.jobs``; see
@@ -80,8 +85,9 @@ from ..core.cluster import Cluster
 from ..core.job import Job
 from ..perf.interleave import InterleaveFactor, Profile, cycle_times
 from ..perf.model import Factor
-from .base import GroupPolicy, PolicyError, View, register
-from .bmatch import class_pairs
+from .base import GroupPolicy, PolicyError, Stage, View, register
+from .bmatch import BLOSSOM_NODES, class_pairs
+from .repair import repair_pairs
 
 #: integer scale of efficiencies (in [0, 1]) for the matching weights
 WEIGHT_SCALE = 1_000_000
@@ -99,6 +105,12 @@ _rank = itemgetter(0, 1)
 #: their best job, pairs by their later node) rather than most efficient first (Muri sorts them but
 #: drops the sorted copy), and *autopack*: a final group slower than its members taking turns is split
 RULES = ("gpuloom", "muri")
+#: how a bucket's matching is found: ``exact`` (a maximum one, solved or met again), ``repair`` (past
+#: ``repair_nodes`` nodes, the bucket's last one carried over while few jobs changed; not with Muri's
+#: rule) or ``auto`` (``repair`` under the orders in ``REPAIR_ORDERS``, else ``exact``)
+MATCHES = ("auto", "exact", "repair")
+#: orders under which ``match=auto`` repairs: Muri-L's (its order changes at every event)
+REPAIR_ORDERS = ("las-gpu-events",)
 #: (order, group) registry names of Muri's two variants
 VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("las-gpu-events", "muri")}
 
@@ -176,6 +188,23 @@ def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]],
             nxt[c] += 1
             j = nxt[d]
             nxt[d] += 1
+            out.append((c, i, d, j, w))
+    out.sort()
+    return out
+
+
+def _slots_of(pairs: Mapping[tuple[int, int], int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
+    """:func:`class_slots`'s layout of class pairs ``{(c, d): pairs}``: class pairs in order take their
+    classes' nodes in order."""
+    nxt: dict[int, int] = {}
+    out: list[tuple[int, int, int, int, int]] = []
+    for (c, d), m in sorted(pairs.items()):
+        w = int(weights[c][d])
+        for _ in range(m):
+            i = nxt.get(c, 0)
+            nxt[c] = i + 1
+            j = nxt.get(d, 0)
+            nxt[d] = j + 1
             out.append((c, i, d, j, w))
     out.sort()
     return out
@@ -286,7 +315,7 @@ class _BucketState:
     """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
 
     __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen", "common", "any_label",
-                 "matched", "cands")
+                 "matched", "cands", "merges")
 
     def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
         self.gpus = gpus
@@ -307,6 +336,7 @@ class _BucketState:
         self.matched: list[tuple[int, int, int]] | None = None
         # its merge candidates for the policy's round (built with ``matched``)
         self.cands: list[tuple[int, int, int, _BucketState, int, int]] | None = None
+        self.merges = 0  # merge rounds so far
 
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         # nodes are disjoint and kept in order of their first member, so a merged pair's node takes
@@ -333,6 +363,7 @@ class _BucketState:
         self.gids = list(compress(gids, keep)) if gids else []
         self.matched = None
         self.cands = None
+        self.merges += 1
 
 
 @register("group", "muri")
@@ -345,12 +376,24 @@ class MuriGrouping(GroupPolicy):
     requires_factors: ClassVar[Mapping[str, Callable[[Cluster], Factor] | None]] = {
         "interleave": lambda cluster: InterleaveFactor()}
 
-    def __init__(self, max_group: int | None = None, pack_all: bool = False, rule: str = "gpuloom") -> None:
+    def __init__(self, max_group: int | None = None, pack_all: bool = False, rule: str = "gpuloom",
+                 match: str = "auto", repair_changed: int = 4,
+                 repair_nodes: int = BLOSSOM_NODES) -> None:
         if max_group is not None and int(max_group) < 1:
             raise ValueError(f"max_group must be >= 1, got {max_group}")
         if rule not in RULES:
             raise ValueError(f"group 'muri': rule must be one of {', '.join(RULES)}, got {rule!r}")
         self.rule = rule  # "muri": Muri's own edges, merge order and autopack (see RULES)
+        if match not in MATCHES:
+            raise ValueError(f"group 'muri': match must be one of {', '.join(MATCHES)}, got {match!r}")
+        # "repair": a large bucket's matching carried over from its last one (:mod:`.repair`); "auto":
+        # repair under Muri-L's order (``las-gpu-events``, known once the stack is built: refuse()), else exact
+        self.match = match
+        self._repair = match == "repair"
+        self.repair_changed = int(repair_changed)
+        self.repair_nodes = int(repair_nodes)
+        # per (GPU count, merge round), the last class matching: (nodes by class id, pairs by class ids)
+        self._last: dict[tuple[int, int], tuple[dict[int, int], dict[tuple[int, int], int], tuple]] = {}
         self.max_group = None if max_group is None else int(max_group)
         self.pack_all = bool(pack_all)  # merge every matched pair, even when the cluster has room
         self.last_rounds = 0  # matching rounds in the last call (for tests/benchmarks)
@@ -368,6 +411,13 @@ class MuriGrouping(GroupPolicy):
         self._buckets: OrderedDict[tuple, list[tuple[int, int, int]]] = OrderedDict()
 
     # -- public ---------------------------------------------------------------
+    def refuse(self, stages: Mapping[str, Stage]) -> str | None:
+        # (nothing is refused: this is where the stage learns the order it groups under, for match=auto)
+        if self.match == "auto":
+            order = stages.get("order")
+            self._repair = order is not None and order.name in REPAIR_ORDERS and self.rule != "muri"
+        return None
+
     def group(self, ordered: Sequence[Job], view: View) -> list[tuple[Job, ...]]:
         factor = view.model.get("interleave")
         if not isinstance(factor, InterleaveFactor):
@@ -525,7 +575,8 @@ class MuriGrouping(GroupPolicy):
         bk = (max_group, tuple(bs.gids), None if nl is None else tuple(nl))
         got = self._buckets.get(bk)
         if got is None:
-            got = self._match_keys(bs.keys, bs.gids, nl, max_group, factor)
+            slot = (bs.gpus, bs.merges) if self._repair and self.rule != "muri" else None
+            got = self._match_keys(bs.keys, bs.gids, nl, max_group, factor, slot=slot)
             self._buckets[bk] = got
             if len(self._buckets) > _BUCKETS_KEPT:
                 self._buckets.popitem(last=False)  # (the oldest; its stored hash: the long key is not hashed again)
@@ -534,9 +585,11 @@ class MuriGrouping(GroupPolicy):
         return got
 
     def _match_keys(self, keys: list[tuple[Profile, ...]], gid: list[int], nl: list[int] | None, max_group: int,
-                    factor: InterleaveFactor, first: Sequence[int] | None = None) -> list[tuple[int, int, int]]:
+                    factor: InterleaveFactor, first: Sequence[int] | None = None,
+                    slot: tuple[int, int] | None = None) -> list[tuple[int, int, int]]:
         """:meth:`match_round` once the nodes' keys, their ids and their labels are known; ``first``: each
-        node's first member (its rank; default: its position)."""
+        node's first member (its rank; default: its position); ``slot``: the GPU count and merge round
+        of a bucket whose matching may be carried over from its last one there (``match=repair``)."""
         if self.rule == "muri":
             nl = None  # (Muri matches from scratch: no preference for partners already together)
         # nodes with the same key are interchangeable: the matching is one of their classes (with
@@ -550,15 +603,34 @@ class MuriGrouping(GroupPolicy):
             for m in members:
                 m.sort(key=first.__getitem__)
         rk = (max_group, tuple([(g, len(m)) for g, m in zip(cls, members, strict=True)]))
-        got = self._rounds.get(rk)
+        got = None
+        W: list[list[int]] | None = None
+        now = None
+        if slot is not None:  # (match=repair: carried over from the bucket's last matching where few jobs changed)
+            now = {g: len(m) for g, m in zip(cls, members, strict=True)}
+            last = self._last.get(slot)
+            if last is not None and len(gid) > self.repair_nodes:
+                if last[0] == now:  # the same classes and counts: the same pairs (carried over or not)
+                    got = last[2]
+                else:
+                    W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
+                    fixed = repair_pairs(last[0], last[1], cls, [len(m) for m in members], W, self.repair_changed)
+                    if fixed is not None:
+                        pairs = tuple(_slots_of(fixed, W))
+                        got = (pairs, _pair_counts(pairs))  # (not kept with the exact ones)
         if got is None:
-            W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
-            pairs = tuple(class_slots([len(m) for m in members], W, self.rule == "muri"))
-            got = self._rounds[rk] = (pairs, _pair_counts(pairs))
-            if len(self._rounds) > _MATCHINGS_KEPT:
-                self._rounds.popitem(last=False)
-        else:
-            self._rounds.move_to_end(rk)
+            got = self._rounds.get(rk)
+            if got is None:
+                if W is None:
+                    W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
+                pairs = tuple(class_slots([len(m) for m in members], W, self.rule == "muri"))
+                got = self._rounds[rk] = (pairs, _pair_counts(pairs))
+                if len(self._rounds) > _MATCHINGS_KEPT:
+                    self._rounds.popitem(last=False)
+            else:
+                self._rounds.move_to_end(rk)
+        if slot is not None and now is not None:
+            self._last[slot] = (now, {(cls[c], cls[d]): n for c, d, n, _ in got[1]}, got)
         return _assign(got[0], members, nl, first, self.rule == "muri", got[1])
 
     # -- helpers ------------------------------------------------------------------
@@ -582,6 +654,7 @@ class MuriGrouping(GroupPolicy):
             self._key_ids.clear()
             self._rounds.clear()
             self._buckets.clear()
+            self._last.clear()
             self._gen += 1
 
     def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
