@@ -637,6 +637,33 @@ def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined(
     assert asks.update(QueueTree.flat(["x", "y", "z"]), [jobs["d"], jobs["a"]], leaf_of) == [2, 0, 8]
 
 
+def test_the_checks_guaranteed_asks_of_the_same_jobs_again_are_the_last_sums() -> None:
+    # the same jobs in the same order as the last call: the last sums, no leaf looked up; the list the caller
+    # passed changed in place since (a job appended, as admission appends the jobs reclaim placed): summed again
+    from gpuloom.policies.queue_checks import GuaranteedAsks
+
+    leaf = {"a": 0, "b": 1, "c": 2}
+    jobs = {k: Job(JobSpec(k, 0.0, g, 100.0), i) for i, (k, g) in enumerate([("a", 2), ("b", 4), ("c", 8)])}
+    looked: list[str] = []
+
+    def leaf_of(j: Job) -> int:
+        looked.append(j.id)
+        return leaf[j.id]
+
+    tree = QueueTree.flat(["x", "y", "z"])
+    asks = GuaranteedAsks()
+    tier = [jobs["a"], jobs["b"]]
+    assert asks.update(tree, tier, leaf_of) == [2, 4, 0]
+    assert asks.update(tree, [jobs["a"], jobs["b"]], leaf_of) == [2, 4, 0]
+    assert looked == ["a", "b"]
+    tier.append(jobs["c"])
+    assert asks.update(tree, tier, leaf_of) == [2, 4, 8]
+    assert looked == ["a", "b", "c"]
+    assert asks.update(tree, [jobs["b"], jobs["a"], jobs["c"]], leaf_of) == [2, 4, 8]  # (another order: the same)
+    assert asks.update(QueueTree.flat(["x", "y", "z"]), tier, leaf_of) == [2, 4, 8]  # (another tree: anew)
+    assert looked == ["a", "b", "c", "a", "b", "c"]
+
+
 def test_book_notes_which_jobs_ended_and_arrived_per_leaf() -> None:
     # the book tells admission, per leaf, the ranks of the jobs that ended and the jobs put last in it since it
     # last read them; a leaf whose ended job had a priority (its list is sorted by priority) is marked changed

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import filterfalse
 
 from ..core.job import Job
 from ..core.plan import Allocation, Plan, PlanError, changes
@@ -49,35 +50,41 @@ class GuaranteedAsks:
     as held if less), so a leaf whose guaranteed jobs ask for no more than its guarantee cannot have them
     hold more: :func:`check_queues` sums what they hold only for the other leaves."""
 
-    __slots__ = ("tree", "jobs", "asked")
+    __slots__ = ("tree", "jobs", "asked", "last")
 
     def __init__(self) -> None:
         self.tree: QueueTree | None = None
         self.jobs: dict[str, tuple[int, int]] = {}  # job id -> (its leaf, GPUs asked)
         self.asked: list[int] = []
+        self.last: list[Job] = []  # the jobs of the last sums (a copy of the list)
 
     def update(self, tree: QueueTree, guaranteed: Sequence[Job], leaf_of: Callable[[Job], int]) -> list[int] | None:
         """The sums for ``guaranteed`` (None when a job is listed twice or asks for a fraction of a GPU)."""
-        ids = set(map(_ID, guaranteed))
+        last = self.last
+        if self.tree is tree and len(last) == len(guaranteed) and all(map(operator.is_, last, guaranteed)):
+            return self.asked  # (the same jobs as the last sums': often, admission keeps its tier)
+        self.last = []
+        ids = dict(zip(map(_ID, guaranteed), guaranteed, strict=True))  # (built in C: no Python step per job)
         if len(ids) != len(guaranteed):
             return None
         jobs, asked = self.jobs, self.asked
         if self.tree is not tree:  # (a job's leaf is its leaf in this tree)
             self.tree, jobs, asked = tree, {}, [0] * len(tree)
             self.jobs, self.asked = jobs, asked
-        for jid in jobs.keys() - ids:
+        for jid in jobs.keys() - ids.keys():
             q, g = jobs.pop(jid)
             asked[q] -= g
         if len(jobs) < len(ids):
-            for j in guaranteed:
-                if j.id not in jobs:
-                    g = j.spec.gpus
-                    if type(g) is not int:
-                        self.tree = None
-                        return None
-                    q = leaf_of(j)
-                    jobs[j.id] = (q, g)
-                    asked[q] += g
+            for jid in filterfalse(jobs.__contains__, ids):  # (the jobs that joined, in the list's order)
+                j = ids[jid]
+                g = j.spec.gpus
+                if type(g) is not int:
+                    self.tree = None
+                    return None
+                q = leaf_of(j)
+                jobs[jid] = (q, g)
+                asked[q] += g
+        self.last = list(guaranteed)
         return asked
 
 
