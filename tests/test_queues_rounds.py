@@ -435,6 +435,43 @@ def test_lent_work_from_the_evictions_changes_equals_lent_worked_out_again(polic
 
 
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_an_eviction_rounds_requests_read_later_are_those_it_had_with_the_jobs_it_placed(policy: str) -> None:
+    # with requests that are their jobs' specs, reclaim by eviction (Scheduler._evict_for) leaves the round's
+    # requests unread and gives the round it returns its requests as a function: read after reclaim moved the
+    # jobs it placed into the admission's guaranteed tier, they must be the requests the round had when reclaim
+    # began (read then, here, without keeping them), then those of the jobs it placed that had none, in order
+    import gpuloom.scheduler as sm
+
+    specs = five_queue_specs(300, 40.0, 1, priority=True)
+    evict = sm.Scheduler._evict_for
+    seen: list[tuple[int, int]] = []
+
+    def shape(reqs: list[pb.Request]) -> list[tuple[tuple[str, ...], int, int | None, int | None]]:
+        return [(tuple(j.id for j in r.jobs), r.gpus, r.cpus, r.mem_mb) for r in reqs]
+
+    def compared(self: Scheduler, owed: list[Owed], rnd: sm.Round, view: pb.View, before: object = None) -> sm.Round:
+        had = shape(rnd._lazy() if rnd._requests is None and rnd._lazy is not None else rnd.requests)
+        out = evict(self, owed, rnd, view, before)  # type: ignore[arg-type]
+        if out is not rnd:
+            asked = {ids[0] for ids, *_ in had}
+            placed = [jid for jid in out.plan.allocations if jid not in rnd.plan.allocations and jid not in asked]
+            by_id = {j.id: j for j in view.jobs}
+            want = had + [((jid,), by_id[jid].spec.gpus, by_id[jid].spec.cpus, by_id[jid].spec.mem_mb)
+                          for jid in placed]
+            assert out._requests is None and shape(out.requests) == want
+            seen.append((len(had), len(placed)))
+        return out
+
+    sm.Scheduler._evict_for = compared  # type: ignore[method-assign]
+    try:
+        Simulator(Cluster.homogeneous(4, 8), specs, Scheduler.from_names(queue=policy, params={"queues": FIVE}),
+                  config=SimConfig(check=True, restart_overhead=30.0)).run()
+    finally:
+        sm.Scheduler._evict_for = evict  # type: ignore[method-assign]
+    assert len(seen) >= 5 and sum(p for _, p in seen) > 0, seen
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_the_fewest_gpus_a_queue_left_out_asks_for_from_the_plans_changes(policy: str) -> None:
     # owed and the check skip a queue none of whose jobs left out fits what it is owed: per leaf, the fewest GPUs
     # one of its jobs waiting now or stopped by the plan asks for (QuotaQueues._smallest_left_out), the running

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import filterfalse
 
@@ -40,9 +39,6 @@ def _show(t: Sequence[float]) -> str:
     return ", ".join(parts) or "nothing"
 
 
-_ID = operator.attrgetter("id")
-
-
 class GuaranteedAsks:
     """Per leaf, the GPUs its guaranteed jobs ask for, kept between rounds: the last round's sums with the
     jobs that left the guaranteed tier taken out and those that joined it added (whole numbers: exact in
@@ -56,15 +52,17 @@ class GuaranteedAsks:
         self.tree: QueueTree | None = None
         self.jobs: dict[str, tuple[int, int]] = {}  # job id -> (its leaf, GPUs asked)
         self.asked: list[int] = []
-        self.last: list[Job] = []  # the jobs of the last sums (a copy of the list)
+        self.last: list[Job] | None = None  # the jobs of the last sums (a copy of the list)
 
     def update(self, tree: QueueTree, guaranteed: Sequence[Job], leaf_of: Callable[[Job], int]) -> list[int] | None:
         """The sums for ``guaranteed`` (None when a job is listed twice or asks for a fraction of a GPU)."""
+        # the same jobs as the last sums' (often: admission keeps its tier): those sums.  (A job has no __eq__:
+        # lists compare element by element by identity, in C)
         last = self.last
-        if self.tree is tree and len(last) == len(guaranteed) and all(map(operator.is_, last, guaranteed)):
-            return self.asked  # (the same jobs as the last sums': often, admission keeps its tier)
-        self.last = []
-        ids = dict(zip(map(_ID, guaranteed), guaranteed, strict=True))  # (built in C: no Python step per job)
+        if last is not None and self.tree is tree and last == guaranteed:
+            return self.asked
+        self.last = None
+        ids = {j.id: j for j in guaranteed}
         if len(ids) != len(guaranteed):
             return None
         jobs, asked = self.jobs, self.asked
