@@ -435,6 +435,43 @@ def test_lent_work_from_the_evictions_changes_equals_lent_worked_out_again(polic
 
 
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_an_eviction_rounds_requests_read_later_are_those_it_had_with_the_jobs_it_placed(policy: str) -> None:
+    # with requests that are their jobs' specs, reclaim by eviction (Scheduler._evict_for) leaves the round's
+    # requests unread and gives the round it returns its requests as a function: read after reclaim moved the
+    # jobs it placed into the admission's guaranteed tier, they must be the requests the round had when reclaim
+    # began (read then, here, without keeping them), then those of the jobs it placed that had none, in order
+    import gpuloom.scheduler as sm
+
+    specs = five_queue_specs(300, 40.0, 1, priority=True)
+    evict = sm.Scheduler._evict_for
+    seen: list[tuple[int, int]] = []
+
+    def shape(reqs: list[pb.Request]) -> list[tuple[tuple[str, ...], int, int | None, int | None]]:
+        return [(tuple(j.id for j in r.jobs), r.gpus, r.cpus, r.mem_mb) for r in reqs]
+
+    def compared(self: Scheduler, owed: list[Owed], rnd: sm.Round, view: pb.View, before: object = None) -> sm.Round:
+        had = shape(rnd._lazy() if rnd._requests is None and rnd._lazy is not None else rnd.requests)
+        out = evict(self, owed, rnd, view, before)  # type: ignore[arg-type]
+        if out is not rnd:
+            asked = {ids[0] for ids, *_ in had}
+            placed = [jid for jid in out.plan.allocations if jid not in rnd.plan.allocations and jid not in asked]
+            by_id = {j.id: j for j in view.jobs}
+            want = had + [((jid,), by_id[jid].spec.gpus, by_id[jid].spec.cpus, by_id[jid].spec.mem_mb)
+                          for jid in placed]
+            assert out._requests is None and shape(out.requests) == want
+            seen.append((len(had), len(placed)))
+        return out
+
+    sm.Scheduler._evict_for = compared  # type: ignore[method-assign]
+    try:
+        Simulator(Cluster.homogeneous(4, 8), specs, Scheduler.from_names(queue=policy, params={"queues": FIVE}),
+                  config=SimConfig(check=True, restart_overhead=30.0)).run()
+    finally:
+        sm.Scheduler._evict_for = evict  # type: ignore[method-assign]
+    assert len(seen) >= 5 and sum(p for _, p in seen) > 0, seen
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_the_fewest_gpus_a_queue_left_out_asks_for_from_the_plans_changes(policy: str) -> None:
     # owed and the check skip a queue none of whose jobs left out fits what it is owed: per leaf, the fewest GPUs
     # one of its jobs waiting now or stopped by the plan asks for (QuotaQueues._smallest_left_out), the running
@@ -635,6 +672,33 @@ def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined(
     assert asks.update(tree, [jobs["a"], jobs["a"]], leaf_of) is None
     assert asks.update(tree, [jobs["c"]], leaf_of) == [1, 0, 0]
     assert asks.update(QueueTree.flat(["x", "y", "z"]), [jobs["d"], jobs["a"]], leaf_of) == [2, 0, 8]
+
+
+def test_the_checks_guaranteed_asks_of_the_same_jobs_again_are_the_last_sums() -> None:
+    # the same jobs in the same order as the last call: the last sums, no leaf looked up; the list the caller
+    # passed changed in place since (a job appended, as admission appends the jobs reclaim placed): summed again
+    from gpuloom.policies.queue_checks import GuaranteedAsks
+
+    leaf = {"a": 0, "b": 1, "c": 2}
+    jobs = {k: Job(JobSpec(k, 0.0, g, 100.0), i) for i, (k, g) in enumerate([("a", 2), ("b", 4), ("c", 8)])}
+    looked: list[str] = []
+
+    def leaf_of(j: Job) -> int:
+        looked.append(j.id)
+        return leaf[j.id]
+
+    tree = QueueTree.flat(["x", "y", "z"])
+    asks = GuaranteedAsks()
+    tier = [jobs["a"], jobs["b"]]
+    assert asks.update(tree, tier, leaf_of) == [2, 4, 0]
+    assert asks.update(tree, [jobs["a"], jobs["b"]], leaf_of) == [2, 4, 0]
+    assert looked == ["a", "b"]
+    tier.append(jobs["c"])
+    assert asks.update(tree, tier, leaf_of) == [2, 4, 8]
+    assert looked == ["a", "b", "c"]
+    assert asks.update(tree, [jobs["b"], jobs["a"], jobs["c"]], leaf_of) == [2, 4, 8]  # (another order: the same)
+    assert asks.update(QueueTree.flat(["x", "y", "z"]), tier, leaf_of) == [2, 4, 8]  # (another tree: anew)
+    assert looked == ["a", "b", "c", "a", "b", "c"]
 
 
 def test_book_notes_which_jobs_ended_and_arrived_per_leaf() -> None:

@@ -69,6 +69,7 @@ from .policies.fastpath import FastPaths
 from .policies.free import FreeState
 from .policies.incremental import TailWalk, appended_plan, prefix_plan
 from .policies.queue_base import Admission, Owed, QueuePolicy
+from .policies.queue_book import Walk
 
 PlanHook = pb.PlanHook
 
@@ -518,8 +519,15 @@ class Scheduler:
         pass, a job whose request has the shape of one that found no placement is not tried."""
         q = self.queue
         allocs = dict(rnd.plan.allocations)
-        asked = {j.id: r for r in rnd.requests for j in r.jobs}
-        requests = list(rnd.requests)
+        # a lone job's request is its spec's (static requests, no groups, no hook that changes one): the round's
+        # requests are read only if asked for later (Round.requests; often never), each owed job asks its spec
+        static = self.size.static_requests and not self.group.merges and not self.hooks
+        asked: dict[str, pb.Request] | None = None
+        requests: list[pb.Request] = []
+        if not static:
+            asked = {j.id: r for r in rnd.requests for j in r.jobs}
+            requests = list(rnd.requests)
+        added: list[pb.Request] = []  # (static: the requests of the jobs placed)
         placed: list[Job] = []
         given = {o.queue for o in owed}
         before = given if owed_before is None else set(owed_before)
@@ -548,7 +556,7 @@ class Scheduler:
                 for j in o.jobs:
                     if j.id in allocs or j.spec.gpus > room + 1e-9:
                         continue
-                    r = asked.get(j.id)
+                    r = asked.get(j.id) if asked is not None else None
                     req = (pb.Request((j,), j.spec.gpus, j.spec.cpus, j.spec.mem_mb) if r is None else
                            pb.Request((j,), r.gpus, r.cpus, r.mem_mb))
                     shape = (req.gpus, req.cpus, req.mem_mb)
@@ -620,7 +628,9 @@ class Scheduler:
                     allocs[j.id] = a_j = Allocation(j.id, parts, (), req.key)
                     new_a.append(a_j)
                     placed.append(j)
-                    if r is None or len(r.jobs) > 1:
+                    if static:
+                        added.append(req)
+                    elif r is None or len(r.jobs) > 1:
                         requests.append(req)
                     if room < 1 - 1e-9 and self.reclaim_changes:
                         break  # (every job asks at least one GPU: none of the rest fits)
@@ -631,6 +641,8 @@ class Scheduler:
         if not placed:
             return rnd
         q.note_guaranteed(placed)
+        if static:
+            return Round(Plan(allocs), lazy=lambda: _with_requests(rnd.requests, added))
         return Round(Plan(allocs), requests)
 
     def _two_pass(self, adm: Admission, view: pb.View, lazy: bool = False) -> Round:
@@ -713,7 +725,10 @@ class Scheduler:
         if out is None:
             return self._plan(list(ordered), view)
         plan, end, tail = out
-        return Round(plan, lazy=lambda: [request(j) for j in ordered[:end]] + tail.requests(), full=tail.filled)
+        # the prefix's jobs as they are now (reclaim may move jobs of the walk's lists before the requests are read)
+        head = _head(ordered, end)
+        return Round(plan, lazy=lambda: [request(j) for j in (ordered[:end] if head is None else head)]
+                     + tail.requests(), full=tail.filled)
 
     def reasons(self, rnd: Round, view: pb.View, ordered: Sequence[Job], every_asked: bool = False) -> dict[str, str]:
         """Why each active job the plan leaves out waits (see the module notes); ``every_asked``: the
@@ -821,6 +836,26 @@ def _left_out_while_lent(adm: Admission, plan: Plan) -> bool:
     allocs = plan.allocations
     return any(j.id not in allocs for j in adm.guaranteed) and any(j.id in allocs for j in adm.over)
 
+
+
+def _head(ordered: Sequence[Job], end: int) -> list[Job] | None:
+    """``ordered[:end]`` as it is now, when that reads no further (a list, or an admission's walk that has
+    read those jobs: only they are copied, where its own slice joins every job it read first); else None."""
+    if isinstance(ordered, Walk):
+        g, over = ordered.guaranteed, ordered.over
+        if end <= len(g):
+            return g[:end]
+        if end - len(g) <= len(over):
+            return g + over[:end - len(g)]
+        return None
+    return ordered[:end] if isinstance(ordered, list) else None
+
+
+def _with_requests(requests: list[pb.Request], more: list[pb.Request]) -> list[pb.Request]:
+    """``requests``, then those of ``more`` (lone jobs' requests) whose job has none in ``requests``: the
+    requests of a round :meth:`Scheduler._evict_for` added jobs to, as it would have listed them."""
+    had = {j.id for r in requests for j in r.jobs}
+    return requests + [r for r in more if r.jobs[0].id not in had]
 
 
 def _running_read(walk: Any, skip: int, running: int) -> list[Job]:

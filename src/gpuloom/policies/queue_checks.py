@@ -17,8 +17,8 @@
 from __future__ import annotations
 
 import copy
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import filterfalse
 
 from ..core.job import Job
 from ..core.plan import Allocation, Plan, PlanError, changes
@@ -39,9 +39,6 @@ def _show(t: Sequence[float]) -> str:
     return ", ".join(parts) or "nothing"
 
 
-_ID = operator.attrgetter("id")
-
-
 class GuaranteedAsks:
     """Per leaf, the GPUs its guaranteed jobs ask for, kept between rounds: the last round's sums with the
     jobs that left the guaranteed tier taken out and those that joined it added (whole numbers: exact in
@@ -49,35 +46,43 @@ class GuaranteedAsks:
     as held if less), so a leaf whose guaranteed jobs ask for no more than its guarantee cannot have them
     hold more: :func:`check_queues` sums what they hold only for the other leaves."""
 
-    __slots__ = ("tree", "jobs", "asked")
+    __slots__ = ("tree", "jobs", "asked", "last")
 
     def __init__(self) -> None:
         self.tree: QueueTree | None = None
         self.jobs: dict[str, tuple[int, int]] = {}  # job id -> (its leaf, GPUs asked)
         self.asked: list[int] = []
+        self.last: list[Job] | None = None  # the jobs of the last sums (a copy of the list)
 
     def update(self, tree: QueueTree, guaranteed: Sequence[Job], leaf_of: Callable[[Job], int]) -> list[int] | None:
         """The sums for ``guaranteed`` (None when a job is listed twice or asks for a fraction of a GPU)."""
-        ids = set(map(_ID, guaranteed))
+        # the same jobs as the last sums' (often: admission keeps its tier): those sums.  (A job has no __eq__:
+        # lists compare element by element by identity, in C)
+        last = self.last
+        if last is not None and self.tree is tree and last == guaranteed:
+            return self.asked
+        self.last = None
+        ids = {j.id: j for j in guaranteed}
         if len(ids) != len(guaranteed):
             return None
         jobs, asked = self.jobs, self.asked
         if self.tree is not tree:  # (a job's leaf is its leaf in this tree)
             self.tree, jobs, asked = tree, {}, [0] * len(tree)
             self.jobs, self.asked = jobs, asked
-        for jid in jobs.keys() - ids:
+        for jid in jobs.keys() - ids.keys():
             q, g = jobs.pop(jid)
             asked[q] -= g
         if len(jobs) < len(ids):
-            for j in guaranteed:
-                if j.id not in jobs:
-                    g = j.spec.gpus
-                    if type(g) is not int:
-                        self.tree = None
-                        return None
-                    q = leaf_of(j)
-                    jobs[j.id] = (q, g)
-                    asked[q] += g
+            for jid in filterfalse(jobs.__contains__, ids):  # (the jobs that joined, in the list's order)
+                j = ids[jid]
+                g = j.spec.gpus
+                if type(g) is not int:
+                    self.tree = None
+                    return None
+                q = leaf_of(j)
+                jobs[jid] = (q, g)
+                asked[q] += g
+        self.last = list(guaranteed)
         return asked
 
 

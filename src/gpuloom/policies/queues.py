@@ -189,6 +189,8 @@ class QuotaQueues(QueuePolicy):
         # the last plan whose usage from the book was worked out (owed and the round's check read the same
         # plan): (plan, view, their sizes, the usage)
         self._usage_memo: tuple[Plan, View, tuple[int, ...], list[list[float]] | None] | None = None
+        self._flat: tuple[QueueTree | None, bool] = (None, False)  # a tree, and whether it has one level
+        self._smallest_memo: tuple[Plan, View, tuple[int, ...], Callable[[int], float] | None] | None = None
         # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
         # prefix filled the cluster: a round on its plan would plan it again (see appended)
         self._settled = False
@@ -292,7 +294,7 @@ class QuotaQueues(QueuePolicy):
         where = book.where
         leaf = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
         for q, h in book.held.items():
-            leaf[q] = list(h)
+            leaf[q] = h.copy()
         for ids, held, sign in ((removed, current, -1.0), (added, allocs, 1.0)):
             for jid in ids:
                 a = held.get(jid)
@@ -303,7 +305,9 @@ class QuotaQueues(QueuePolicy):
                 u[0] += sign * a.num_gpus
                 u[1] += sign * a.cpus
                 u[2] += sign * a.mem_mb
-        if all(len(p) == 1 for p in tree.path):
+        if self._flat[0] is not tree:  # (whether every leaf is its own path: asked once per tree)
+            self._flat = (tree, all(len(p) == 1 for p in tree.path))
+        if self._flat[1]:
             return leaf
         out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
         for q in tree.leaves:
@@ -839,7 +843,18 @@ class QuotaQueues(QueuePolicy):
 
     def _smallest_left_out(self, plan: Plan, view: View) -> Callable[[int], float] | None:
         """When this round read the book: per leaf, the fewest GPUs one of its jobs ``plan`` leaves out asks for
-        (those waiting, from the book, and those running now that the plan stops), else None."""
+        (those waiting, from the book, and those running now that the plan stops), else None.  Kept for the plan
+        last asked of, as :meth:`_changed_usage` keeps its usage (owed and the round's check ask of the same
+        plan; the book does not change in between)."""
+        sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
+        memo = self._smallest_memo
+        if memo is not None and memo[0] is plan and memo[1] is view and memo[2] == sizes:
+            return memo[3]
+        out = self._smallest_of(plan, view)
+        self._smallest_memo = (plan, view, sizes, out)
+        return out
+
+    def _smallest_of(self, plan: Plan, view: View) -> Callable[[int], float] | None:
         book = self._book
         if not self._from_book or book is None or not book.follows(view) or view.by_id is None:
             return None
@@ -868,7 +883,9 @@ class QuotaQueues(QueuePolicy):
             a = allocs[jid]
             if a.group:
                 grouped = True
-            held[q] += a.num_gpus / (1 + len(a.group))
+                held[q] += a.num_gpus / (1 + len(a.group))
+            else:  # (x / 1 is x, as a float: the same sums)
+                held[q] += a.num_gpus
         g = tree.guarantee
         lenders = {q for q in tree.leaves if held[q] > g[q][0] + _EPS}
         # (for lent_since: with whole GPUs per job the sums are exact in any order)
