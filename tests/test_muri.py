@@ -460,7 +460,7 @@ def test_jobs_without_profiles_stay_alone_and_config_errors() -> None:
         MuriGrouping().group(jobs, bare)
     with pytest.raises(PolicyError, match="max_group"):
         make("group", "muri", {"max_group": 0})
-    assert VARIANTS["muri-s"] == ("srsf", "muri") and VARIANTS["muri-l"] == ("las-gpu-events", "muri")
+    assert VARIANTS["muri-s"] == ("srsf-events", "muri") and VARIANTS["muri-l"] == ("las-gpu-events", "muri")
 
 
 # -- simulation by hand ------------------------------------------------------------------
