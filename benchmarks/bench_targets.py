@@ -57,7 +57,7 @@ philly-command     ``gpuloom simulate`` on the Philly list, 64 x 8 (``philly``'s
                    plain ``Simulator.run`` of the same configuration, timed in a
                    process of its own after the command
 muri-s             Muri-S on Muri's trace3, the flags of docs/muri.md                 3 s
-                   (8 x 8, 92 cores, 520 GB; srsf + muri, rescheduling on both)
+                   (8 x 8, 92 cores, 520 GB; srsf-events + muri, rescheduling on both)
 muri-s-trace1      the same on Muri's trace1 (1,494 jobs), trace4 (2,638 jobs)        -
 muri-s-trace4
 2d-las-muri-trace1 Tiresias' 2D-LAS + muri on trace1, trace4 (the same flags)         -
@@ -271,6 +271,13 @@ def plain_run(config: Path) -> dict:
     return {"wall": sim["wall"], "cpu": sim["cpu"], "result": f"jct {s['mean_jct_s']:.6g} done {s['completed']}"}
 
 
+def _muri_s_order() -> str:
+    """Muri-S's order as the checkout under test defines it (``gpuloom.policies.muri.VARIANTS``)."""
+    from gpuloom.policies.muri import VARIANTS
+
+    return VARIANTS["muri-s"][0]
+
+
 def case_muri_s() -> dict:
     from gpuloom.core.cluster import parse_cluster
     from gpuloom.perf.model import DEFAULT_LOCALITY_PENALTY
@@ -279,11 +286,11 @@ def case_muri_s() -> dict:
     from gpuloom.sim.traces import load_trace
 
     # gpuloom simulate --trace trace3.csv --format muri --cluster 8x8 --cpus-per-node 92
-    #   --mem-gb-per-node 520 --order srsf --group muri --reschedule-on both   (the rest: defaults)
+    #   --mem-gb-per-node 520 --order srsf-events --group muri --reschedule-on both   (the rest: defaults)
     cl = parse_cluster("8x8", 92, 520)
     specs = load_trace(data_dir() / "muri" / "sim_traces" / "trace3.csv", "muri")
     cfg = SimConfig(round_len=300.0, reschedule_on_arrival=True, reschedule_on_completion=True)
-    rc = RunConfig("", "srsf", "muri", "proportional", "packed-sticky", True, {}, DEFAULT_LOCALITY_PENALTY, cfg)
+    rc = RunConfig("", _muri_s_order(), "muri", "proportional", "packed-sticky", True, {}, DEFAULT_LOCALITY_PENALTY, cfg)
     rc.validate()  # (imports the policies: not the simulation's time)
     res, wall, cpu = _timed(lambda: run_config(rc, cl, specs))
     return {"wall": wall, "cpu": cpu, "result": _summary_fp(res) + f" rounds {res.rounds_computed}/{res.rounds}"}
@@ -432,8 +439,8 @@ CASES = {
     "philly-nocheck": (None, None, lambda: case_philly(False)),
     "philly-command": (None, None, case_philly_command),
     "muri-s": (3.0, None, case_muri_s),
-    "muri-s-trace1": (None, None, lambda: case_muri_trace("trace1", "srsf")),
-    "muri-s-trace4": (None, None, lambda: case_muri_trace("trace4", "srsf")),
+    "muri-s-trace1": (None, None, lambda: case_muri_trace("trace1", _muri_s_order())),
+    "muri-s-trace4": (None, None, lambda: case_muri_trace("trace4", _muri_s_order())),
     "2d-las-muri-trace1": (None, None, lambda: case_muri_trace("trace1", "2d-las")),
     "muri-l-trace1": (None, None, lambda: case_muri_trace("trace1", "las-gpu-events")),
     "2d-las-muri-trace4": (None, None, lambda: case_muri_trace("trace4", "2d-las")),

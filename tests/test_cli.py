@@ -89,7 +89,7 @@ def test_version(monkeypatch, capsys) -> None:
     (["simulate", "--ordr", "fifo"],
      "error: no such option: --ordr; did you mean --order or --round? (see 'gpuloom simulate --help')\n"),
     (["simulate", "--order", "srtff"], "error: unknown order policy 'srtff'; did you mean 'srtf' or 'srsf'? "
-                                       "(choose from: 2d-las, fifo, ftf, las, las-gpu, las-gpu-events, sjf, srsf, srtf, themis, tiresias; "
+                                       "(choose from: 2d-las, fifo, ftf, las, las-gpu, las-gpu-events, sjf, srsf, srsf-events, srtf, themis, tiresias; "
                                        "or module:Class)\n"),
     (["simulate", "--reschedule-on", "arival"],
      "error: --reschedule-on must be one of none, arrival, completion, both, got 'arival'; did you mean 'arrival'?\n"),
@@ -97,7 +97,7 @@ def test_version(monkeypatch, capsys) -> None:
     (["compare", "--seeds", "0"], "error: --seeds must be a count >= 1, got 0\n"),
     (["compare", "-c", "order=fifo", "-c", "order=lass"],
      "error: config 'order=lass': unknown order policy 'lass'; did you mean 'las' or '2d-las'? (choose from: 2d-las, fifo, "
-     "ftf, las, las-gpu, las-gpu-events, sjf, srsf, srtf, themis, tiresias; or module:Class)\n"),
+     "ftf, las, las-gpu, las-gpu-events, sjf, srsf, srsf-events, srtf, themis, tiresias; or module:Class)\n"),
 ])
 def test_bad_options_are_one_line(monkeypatch, capsys, args: list[str], expect: str) -> None:
     code, out, err = main_output(monkeypatch, capsys, *args)

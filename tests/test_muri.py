@@ -187,6 +187,20 @@ def test_class_matching_leaves_the_rounded_lp_where_it_must() -> None:
         class_pairs([1, -1], [[0, 1], [1, 0]])
 
 
+def test_transport_takes_the_first_of_equally_good_paths_in_class_order() -> None:
+    from gpuloom.policies.bmatch import _transport  # noqa: PLC0415
+
+    # one node each of classes 0, 1, 2; 0-1 and 0-2 weigh 4 (nothing else).  On the double cover row 0
+    # can go to column 1 or 2 and column 0 take row 1 or 2 (8 either way): the paths are searched class
+    # by class, so column 1 and row 1 win; the transport is symmetric, one pair 0-1
+    w = [[0, 4, 4], [4, 0, 0], [4, 0, 0]]
+    assert _transport([1, 1, 1], w) == [[0, 1, 0], [1, 0, 0], [0, 0, 0]]
+    # a class without nodes adds no arc and changes no choice; two nodes of class 0 take both
+    w0 = [[0, 0, 0, 0]] + [[0, *row] for row in w]
+    assert _transport([0, 1, 1, 1], w0) == [[0, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]]
+    assert _transport([2, 1, 1], w) == [[0, 1, 1], [1, 0, 0], [1, 0, 0]]
+
+
 def test_class_pairs_ignore_empty_classes_and_repeat() -> None:
     # classes without nodes take no part, however heavy their edges: two A (self-weight 5) and one B
     # (A-B 4) pair AA, wherever the empty classes sit; the same input again gives the same pairs,
@@ -446,7 +460,7 @@ def test_jobs_without_profiles_stay_alone_and_config_errors() -> None:
         MuriGrouping().group(jobs, bare)
     with pytest.raises(PolicyError, match="max_group"):
         make("group", "muri", {"max_group": 0})
-    assert VARIANTS["muri-s"] == ("srsf", "muri") and VARIANTS["muri-l"] == ("las-gpu-events", "muri")
+    assert VARIANTS["muri-s"] == ("srsf-events", "muri") and VARIANTS["muri-l"] == ("las-gpu-events", "muri")
 
 
 # -- simulation by hand ------------------------------------------------------------------

@@ -193,6 +193,45 @@ def test_las_gpu_events_order_is_the_key_order_and_reuses_it_between_events(make
     assert order_at([f, e, d, c2, b, a], 1000.0, 6) == ["d", "c", "e", "f", "a", "b"]
 
 
+def test_srsf_events_keeps_the_keys_of_the_last_event(make_view, data_dir: Path) -> None:  # noqa: ANN001
+    # remaining work x GPUs: a runs on 2 GPUs at speed 1 with 1000 s left (2000), b and c wait with 1500
+    # and 1800 s on 1 GPU each
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation, Part
+    from gpuloom.policies import make
+
+    def made(jid: str, index: int, gpus: int, remaining: float) -> Job:
+        j = Job(JobSpec(jid, 0.0, gpus, 2000.0), index)
+        j.arrive(0.0)
+        j.remaining, j.last_update = remaining, 0.0
+        return j
+
+    a, b, c = made("a", 0, 2, 1000.0), made("b", 1, 1, 1500.0), made("c", 2, 1, 1800.0)
+    a.alloc, a.speed = Allocation("a", (Part(0, (0, 1), 2, 1000),)), 1.0
+    ev, plain = make("order", "srsf-events"), make("order", "srsf")
+
+    def order_at(pol, jobs: list[Job], now: float, rnd: int) -> list[str]:  # noqa: ANN001
+        view = make_view(jobs=jobs, now=now)
+        view.round_index = rnd
+        return [j.id for j in pol.order(view.jobs, view)]
+
+    assert order_at(ev, [a, b, c], 0.0, 1) == order_at(plain, [a, b, c], 0.0, 1) == ["b", "c", "a"]
+    # at 300 s a's key is 2 x 700 = 1400: srsf puts it first, Muri-S keeps the order of the last event
+    assert order_at(plain, [a, b, c], 300.0, 2) == ["a", "b", "c"]
+    assert order_at(ev, [a, b, c], 300.0, 2) == ["b", "c", "a"]
+    assert ev.next_change(make_view(jobs=[a, b, c], now=300.0)) == math.inf
+    # d arrives (600 s on 1 GPU): every key is read again (a: 1400, b 1500, c 1800, d 600)
+    d = made("d", 3, 1, 600.0)
+    assert order_at(ev, [a, b, c, d], 300.0, 3) == ["d", "a", "b", "c"]
+    # a whole run: with rounds on arrivals and completions only it is srsf (Muri's simulator's rounds)
+    specs = load_trace(data_dir / "muri/sim_traces/trace3.csv", "muri")[:150]
+    cl = Cluster.homogeneous(4, 8, 92, 520_000)
+    cfg = SimConfig(round_len=math.inf, reschedule_on_arrival=True, reschedule_on_completion=True)
+    fins = [{j.id: j.finish for j in Simulator(cl, specs, Scheduler.from_names(o, "muri"), None, cfg).run().jobs}
+            for o in ("srsf", "srsf-events")]
+    assert fins[0] == fins[1]
+
+
 def test_artifact_preset_places_every_job_afresh_as_muri_does() -> None:
     # the SRTF drift: Muri re-places every job at every event in priority order, so a running job
     # moves to let a higher-priority gang start.  2 nodes x 2 GPUs: a (node 0) and c (node 1) leave

@@ -46,7 +46,7 @@ def assert_same_run(skipped, every) -> None:  # noqa: ANN001
 
 
 STACKS = [
-    {"order": o} for o in ("fifo", "sjf", "srtf", "srsf", "las", "las-gpu", "las-gpu-events", "2d-las", "ftf")
+    {"order": o} for o in ("fifo", "sjf", "srtf", "srsf", "las", "las-gpu", "las-gpu-events", "srsf-events", "2d-las", "ftf")
 ] + [
     {"order": "srtf", "place": "packed-non-sticky"},
     {"order": "srsf", "place": "random-sticky"},

@@ -53,27 +53,35 @@ def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[
     cost: list[int] = []
     adj: list[list[int]] = [[] for _ in range(n)]
 
-    def arc(u: int, v: int, c: int, w: int) -> int:
+    # (arcs added in place, in this order: source and sink arcs class by class, then the middle arcs
+    # row by row; the order of each node's arcs decides which of equally short paths is found)
+    adj_s, adj_t = adj[s], adj[t]
+    present = [c for c in range(k) if counts[c] > 0]
+    for c in present:
+        m = counts[c]
         a = len(head)
-        head.extend((v, u))
-        cap.extend((c, 0))
-        cost.extend((w, -w))
-        adj[u].append(a)
-        adj[v].append(a + 1)
-        return a
-
-    for c in range(k):
-        if counts[c] > 0:
-            arc(s, c, counts[c], 0)
-            arc(k + c, t, counts[c], 0)
+        head += (c, s, t, k + c)
+        cap += (m, 0, m, 0)
+        cost += (0, 0, 0, 0)
+        adj_s.append(a)
+        adj[c].append(a + 1)
+        adj[k + c].append(a + 2)
+        adj_t.append(a + 3)
     mid: list[tuple[int, int, int]] = []
-    for c in range(k):
-        if counts[c] <= 0:
-            continue
-        row = weights[c]
-        for d in range(k):
-            if counts[d] > 0 and row[d] > 0:
-                mid.append((c, d, arc(c, k + d, min(counts[c], counts[d]), -int(row[d]))))
+    for c in present:
+        row, mc, adj_c = weights[c], counts[c], adj[c]
+        for d in present:
+            w = row[d]
+            if w > 0:
+                a = len(head)
+                md = counts[d]
+                w = int(w)
+                head += (k + d, c)
+                cap += (mc if mc < md else md, 0)
+                cost += (-w, w)
+                adj_c.append(a)
+                adj[k + d].append(a + 1)
+                mid.append((c, d, a))
     inf = 1 << 62
     while True:
         dist = [inf] * n

@@ -1,7 +1,7 @@
 """Muri's grouping (SIGCOMM'22): jobs with different bottlenecks share one set of GPUs.
 
-Registered as group policy ``muri``.  Muri-S is ``--order srsf --group muri``
-(durations known: remaining time × GPUs), Muri-L is ``--order las-gpu-events
+Registered as group policy ``muri``.  Muri-S is ``--order srsf-events --group muri``
+(durations known: remaining time × GPUs, re-sorted on arrivals and completions only), Muri-L is ``--order las-gpu-events
 --group muri`` (durations unknown: attained GPU-time, no queues, re-sorted on
 arrivals and completions only, as Muri's simulator ranks it; ``2d-las`` is
 Tiresias'); both names are also in :data:`VARIANTS` for scripts.  The order decides *which* jobs enter the
@@ -112,7 +112,7 @@ MATCHES = ("auto", "exact", "repair")
 #: orders under which ``match=auto`` repairs: Muri-L's (its order changes at every event)
 REPAIR_ORDERS = ("las-gpu-events",)
 #: (order, group) registry names of Muri's two variants
-VARIANTS = {"muri-s": ("srsf", "muri"), "muri-l": ("las-gpu-events", "muri")}
+VARIANTS = {"muri-s": ("srsf-events", "muri"), "muri-l": ("las-gpu-events", "muri")}
 
 
 def max_weight_pairs(n: int, edges: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:

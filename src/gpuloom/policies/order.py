@@ -18,6 +18,9 @@ las-gpu-events
           attained GPU-time as of the last round at which a job arrived or
           ended (Muri-L's order: Muri's simulator re-sorts at those events only)
 srsf      remaining work × GPUs
+srsf-events
+          remaining work × GPUs as of the last round at which a job arrived or
+          ended (Muri-S's order: Muri's simulator re-sorts at those events only)
 ftf       Themis finish-time fairness ρ = (elapsed + remaining) / duration,
           largest ρ first
 ========  =====================================================================
@@ -284,6 +287,30 @@ class LASGPUEvents(KeyOrder):
         ordered = sorted(jobs, key=lambda j: (keys[j.id], j.index))
         self._sorted = (keys, ordered)
         return list(ordered)
+
+
+@register("order", "srsf-events")
+class SRSFEvents(LASGPUEvents):
+    """``srsf`` (remaining work x GPUs), the keys taken at the last round at which the set of active
+    jobs changed (an arrival or an end) and kept until the next such round.
+
+    Muri-S's order as Muri's simulator runs it: it re-sorts at arrivals and completions only.  With
+    rounds on events only it is ``srsf``; with periodic rounds as well, ``srsf`` re-sorts whenever a
+    running job's remaining GPU-time falls to a neighbour's (two jobs sharing GPUs at different
+    speeds, or running apart), and this order does not, so periodic rounds between events that change
+    nothing are skipped.
+    """
+
+    def _refresh(self, view: View) -> None:
+        stamp = (view.now, view.round_index)
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        keys, jobs = self._keys, view.jobs
+        if len(jobs) == len(keys) and all(j.id in keys for j in jobs):
+            return  # the same jobs (as many, all known): the order stays
+        now = view.now
+        self._keys = {j.id: j.remaining_at(now) * j.spec.gpus for j in jobs}
 
 
 @register("order", "2d-las", "tiresias")

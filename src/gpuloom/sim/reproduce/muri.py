@@ -45,7 +45,7 @@ from ..traces import load_trace
 from .common import Result, Row, need
 
 #: (setting, order, group), in the figures' order
-POLICIES = (("SRTF", "srtf", "none"), ("SRSF", "srsf", "none"), ("Muri-S", "srsf", "muri"),
+POLICIES = (("SRTF", "srtf", "none"), ("SRSF", "srsf", "none"), ("Muri-S", "srsf-events", "muri"),
             ("Tiresias", "2d-las", "none"), ("Muri-L", "las-gpu-events", "muri"))
 #: draw_fig9-10.py, seconds: (mean JCT, makespan, p99 JCT) by trace file and policy
 PUBLISHED: dict[str, dict[str, tuple[float, float, float]]] = {
