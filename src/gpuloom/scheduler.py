@@ -428,10 +428,21 @@ class Scheduler:
         adm = q.admit(ordered, view, strict, lazy=lazy)
         rnd = self._admitted_round(adm, view, lazy)
         one_pass = rnd
+        whole = False  # planned again on the walk gone on whole
+        if adm.paused is not None:
+            # the lazy walk waits at its bound (Admission.paused), where it would be cut short: with GPUs left
+            # free and jobs past it, it goes on as the whole walk (the same jobs up to here, then the rest) and
+            # the round is planned again on it, as admitting again whole would; else it stops there
+            if adm.paused and self.walk_whole and _free_gpus(rnd.plan, view) > 0 and q.read_whole(adm):
+                rnd = one_pass = self._admitted_round(adm, view, lazy)
+                whole = True
+            else:
+                adm.finish()
         # GPUs left free while the walk was cut short: plan again on everything.  (A lazy walk that placement
         # stopped reading before it stopped itself becomes the whole walk where it is: the plan is the whole
         # walk's, QueuePolicy.read_whole)
-        if (_free_gpus(rnd.plan, view) > 0 and (adm.truncated or (adm.walk is not None and adm.walk.more is not None))
+        if (not whole and _free_gpus(rnd.plan, view) > 0
+                and (adm.truncated or (adm.walk is not None and adm.walk.more is not None))
                 and not (self.walk_whole and q.read_whole(adm))):
             adm = q.admit(ordered, view, strict, full=True, lazy=lazy)
             rnd = one_pass = self._admitted_round(adm, view, lazy)

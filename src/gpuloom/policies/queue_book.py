@@ -183,7 +183,7 @@ class Walk(Sequence[Job]):
 
     __slots__ = ("guaranteed", "over", "more")
 
-    def __init__(self, guaranteed: list[Job], over: list[Job], more: Iterator[Job] | None) -> None:
+    def __init__(self, guaranteed: list[Job], over: list[Job], more: Iterator[Job | None] | None) -> None:
         self.guaranteed = guaranteed
         self.over = over
         self.more = more
@@ -192,7 +192,7 @@ class Walk(Sequence[Job]):
         more = self.more
         if more is None:
             return False
-        for _ in more:  # (one job: the generator appends it to over)
+        for _ in more:  # (one job: the generator appends it to over; or None, a wait at the walk's bound)
             return True
         self.more = None
         return False
@@ -223,6 +223,8 @@ class Walk(Sequence[Job]):
                 return
             # the walk's jobs one by one, as yielded (the generator appends each to over, at index i)
             for j in more:
+                if j is None:  # (the walk waits at its bound, Admission.paused: this reading ends there)
+                    return
                 i += 1
                 yield j
                 if len(over) != i:  # (another reader pulled meanwhile, or over changed: read it again)

@@ -569,8 +569,9 @@ class QuotaQueues(QueuePolicy):
             adm.log = (steps, [u[0] for u in use], heads)
 
         over_append = adm.over.append
+        pauses = lazy and not full  # (a lazy walk waits at its bound for the scheduler's word: Admission.paused)
 
-        def borrowing() -> Iterator[Job]:
+        def borrowing() -> Iterator[Job | None]:
             nonlocal asked
             blocked: set[int] = set()  # strict: a leaf stops at its first job a limit keeps out
             stopped = None  # the leaf whose job ended the walk (its head was taken)
@@ -627,8 +628,20 @@ class QuotaQueues(QueuePolicy):
                         yield j
                         asked += d[0]
                         if asked >= enough:
-                            stopped = q
-                            break
+                            if pauses:
+                                # the reader sees the walk end here (None); read on, it goes on if read_whole
+                                # lifted the bound meanwhile, else it stops as it would have.  Whether jobs are
+                                # left past it (it would be cut short) is known now: its leaf's next is peeked
+                                nxt = next(rest[q], None)
+                                if nxt is not None:
+                                    rest[q] = itertools.chain((nxt,), rest[q])
+                                adm.paused = nxt is not None or any(h is not None for k, h in enumerate(heads)
+                                                                    if k != q)
+                                yield None
+                                adm.paused = None
+                            if asked >= enough:
+                                stopped = q
+                                break
                 heads[q] = nxt = next(rest[q], None)
                 if nxt is not None:
                     if key is None:
