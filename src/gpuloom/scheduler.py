@@ -501,7 +501,25 @@ class Scheduler:
         ``lazy``, else by :meth:`_plan`."""
         walk = adm.walk
         if lazy and walk is not None and walk.more is not None:  # (a lazy walk not read yet)
-            return self._walked(walk, view, None)
+            if not self.walk_whole:
+                return self._walked(walk, view, None)
+            tails: list[TailWalk] = []
+            q = self.queue
+
+            def go_on() -> bool:
+                # the walk waits at its bound (Admission.paused) while placement backfills past its prefix:
+                # what is free then is what the plan leaves free if the walk stops there (the backfill ends, the
+                # jobs not kept were released before).  With GPUs free and jobs left past the bound the round
+                # would admit again whole and plan again; the walk goes on whole instead and placement reads on:
+                # up to here it read what it reads of the whole walk, in the same state
+                free = tails[0].free if tails else None
+                return bool(adm.paused) and free is not None and free.free_gpus > 0 and q.read_whole(adm)
+
+            walk.go_on = go_on
+            try:
+                return self._walked(walk, view, None, tails)
+            finally:
+                walk.go_on = None
         return self._plan(adm.ordered, view)
 
     def _queue_walk_ok(self, view: pb.View) -> bool:
@@ -705,11 +723,12 @@ class Scheduler:
             for j, a in swapped:
                 j.alloc = a
 
-    def _walked(self, ordered: Sequence[Job], view: pb.View, waiting: Mapping[Shape, int] | None) -> Round:
+    def _walked(self, ordered: Sequence[Job], view: pb.View, waiting: Mapping[Shape, int] | None,
+                tails: list[TailWalk] | None = None) -> Round:
         """:func:`~gpuloom.policies.incremental.prefix_plan` over ``ordered`` (a list or a lazy walk: read only
         as far as placement needs) with the running jobs of its tail read from it in its order (``waiting``:
         counts of the jobs that may look waiting in it, by shape; the driver's by default); :meth:`_plan` when
-        the prefix is all of it."""
+        the prefix is all of it.  ``tails`` gets the tail walk placement made, if any."""
         size = self.size
         counts = waiting if waiting is not None else view.tally.waiting if view.tally is not None else None
         assert counts is not None
@@ -718,7 +737,10 @@ class Scheduler:
             return size.request(j, view)
 
         def walk_of(start: int) -> TailWalk:
-            return TailWalk(ordered, start, request, None, counts, view.current)
+            tail = TailWalk(ordered, start, request, None, counts, view.current)
+            if tails is not None:
+                tails.append(tail)
+            return tail
 
         out = prefix_plan(ordered, request, walk_of, self.place, view, whole=True)
         if out is None:

@@ -181,7 +181,8 @@ class QuotaQueues(QueuePolicy):
         self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
         self._prioritised = False  # the last admission saw a job of non-zero priority
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
-        self._whole: tuple[Admission, Callable[[], None]] | None = None  # the last lazy one, and its read_whole
+        # the last lazy one, and its read_whole (None: done)
+        self._whole: tuple[Admission, Callable[[], None] | None] | None = None
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
@@ -683,13 +684,16 @@ class QuotaQueues(QueuePolicy):
         until it does, it has yielded what the whole walk (``full``) yields, in the same order, with the same
         state (heads, use, log) behind it.  So while ``adm``'s walk (the last admission's) has not stopped, it
         becomes the whole walk by lifting that bound, and placement, which stopped reading it of its own
-        accord, planned what it would plan on the whole walk."""
+        accord, planned what it would plan on the whole walk.  Asked again of a walk it lifted, the same answer
+        (placement may lift the bound as it reads: ``Walk.go_on``)."""
         whole = self._whole
         walk = adm.walk
         if whole is None or whole[0] is not adm or adm.truncated or walk is None or walk.more is None:
             return False
-        whole[1]()
-        self._whole = None
+        lift = whole[1]
+        if lift is not None:
+            lift()
+            self._whole = (adm, None)
         return True
 
     def settled(self, done: bool) -> None:
