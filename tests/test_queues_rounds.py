@@ -794,3 +794,45 @@ def test_a_walk_gone_on_whole_is_the_whole_walk(policy: str) -> None:
     stage.read_whole = checked  # type: ignore[method-assign]
     Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
     assert len(compared) >= 30 and max(compared) > 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int) -> None:
+    # under quota with no limit, no surplus and no priority the borrowing walk takes every job in rank order: it is
+    # read from the order handed to admission past the guaranteed tier (QuotaQueues.rank_walk) instead of merging
+    # the leaves' lists.  Every admission (its jobs in order, read to the end, held and cut short the same way)
+    # and the run must be those of the merge, bit for bit; jobs of 3, 5 and 6 GPUs make walks that wait at their
+    # bound and go on whole
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6, 1)[k % 4], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
+    walks: list[list[tuple]] = []
+    runs, by_rank = [], []
+    for fast in (False, True):
+        sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.rank_walk = fast
+        seen: list[tuple] = []
+        walks.append(seen)
+        admit, walk_of = stage.admit, stage._by_rank_walk
+
+        def recorded(*a, admit=admit, seen=seen, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            seen.append((out, [j.id for j in out.guaranteed]))
+            return out
+
+        def counted(*a, walk_of=walk_of):  # noqa: ANN001, ANN002, ANN202
+            by_rank.append(a[-1])
+            return walk_of(*a)
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        stage._by_rank_walk = counted  # type: ignore[method-assign]
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+        # (each walk as the round left it: what it handed on, held, and whether it was cut short)
+        seen[:] = [(g, [j.id for j in a.over], a.truncated, dict(a.held)) for a, g in seen]
+    assert walks[0] == walks[1] and len(walks[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    gpus = {s.id: s.gpus for s in specs}
+    past = sum(1 for g, over, _, _ in walks[1] if sum(gpus[j] for j in (*g, *over)) >= 2 * 32)
+    assert len(by_rank) > 100 and past >= 10  # (walks read past their bound: gone on whole)

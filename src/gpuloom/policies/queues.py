@@ -157,6 +157,8 @@ class QuotaQueues(QueuePolicy):
     incremental = True
     #: False: a leaf's cached guaranteed tier is walked again whenever one of its jobs ends (tests compare)
     tiers_past_ends = True
+    #: False: a walk by rank with every job taken merges the leaves' lists too (tests compare)
+    rank_walk = True
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -562,6 +564,18 @@ class QuotaQueues(QueuePolicy):
                 self._by_rank = adm
 
         self._whole = None if full else (adm, read_whole)
+        over_append = adm.over.append
+        pauses = lazy and not full  # (a lazy walk waits at its bound for the scheduler's word: Admission.paused)
+        if by_rank and self.rank_walk and not self.logs_walk:
+            # the walk by rank with every job taken is the jobs of ``ordered`` (the order of admission, the
+            # book's ranks) outside the guaranteed tier, in its order: read so, without the leaves' heap (each
+            # leaf's use is read by no key, so none is summed; heads are kept by no reader: None)
+            taken = set().union(*taken_by)
+            adm.walk = Walk(adm.guaranteed, adm.over,
+                            self._by_rank_walk(adm, iter(ordered), taken, per_gpu, asked,
+                                               lambda: enough, pauses))
+            self._remember(adm, view)
+            return adm
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
         adm.heads = heads
         steps: list[tuple[int, Triple | None]] | None = None
@@ -569,8 +583,6 @@ class QuotaQueues(QueuePolicy):
             steps = []
             adm.log = (steps, [u[0] for u in use], heads)
 
-        over_append = adm.over.append
-        pauses = lazy and not full  # (a lazy walk waits at its bound for the scheduler's word: Admission.paused)
 
         def borrowing() -> Iterator[Job | None]:
             nonlocal asked
@@ -678,6 +690,37 @@ class QuotaQueues(QueuePolicy):
             adm.walk.finish()
         self._remember(adm, view)
         return adm
+
+    @staticmethod
+    def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], per_gpu: tuple[float, float],
+                      asked: float, enough: Callable[[], float], pauses: bool) -> Iterator[Job | None]:
+        """The borrowing walk by rank, every job taken (see :meth:`admit`): the jobs of ``jobs`` not in ``taken``,
+        each appended to ``adm.over`` as it is handed on, until they ask for ``enough()`` GPUs (then it waits
+        there when it ``pauses``, as the walk over the leaves does, and stops unless the bound was lifted;
+        ``truncated`` when jobs are left)."""
+        over_append = adm.over.append
+        for j in jobs:
+            if j.id in taken:
+                continue
+            c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
+            d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
+            over_append(j)
+            yield j
+            asked += d[0]
+            if asked >= enough():
+                nxt = next((x for x in jobs if x.id not in taken), None)
+                if pauses:
+                    adm.paused = nxt is not None
+                    yield None
+                    adm.paused = None
+                if asked >= enough():
+                    adm.truncated = nxt is not None
+                    return
+                if nxt is not None:
+                    jobs = itertools.chain((nxt,), jobs)
+                    # (the loop reads on from the old iterator: hand on the peeked job first, as the loop would)
+                    yield from QuotaQueues._by_rank_walk(adm, jobs, taken, per_gpu, asked, enough, False)
+                    return
 
     def read_whole(self, adm: Admission) -> bool:
         """The walk stops handing on jobs once they ask for twice the cluster's GPUs (``admit`` without ``full``);
