@@ -477,20 +477,26 @@ class QuotaQueues(QueuePolicy):
                 ahead = dict(book.sizes.get(q, ())) if from_book and book is not None else None
                 for x in lists[q]:
                     j = x[1]
-                    d = _demand(j, per_gpu)
+                    c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
+                    d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
                     if ahead is not None:
                         ahead[j.spec.gpus] -= 1
                     u = use[q]
                     if (u[0] + d[0] <= o[0] + _EPS and u[1] + d[1] <= o[1] + _EPS and u[2] + d[2] <= o[2] + _EPS
                             and (not limited or fits(d, limit, path[q]))):  # (fits(d, owed, (q,)), inline)
-                        take(q, d)
+                        if flat_tree:  # (the leaf alone sums it: take's loop over its path, inline)
+                            u[0] += d[0]
+                            u[1] += d[1]
+                            u[2] += d[2]
+                        else:
+                            take(q, d)
                         mine.append(x)
                         ds.append(d)
                         if passed:
                             gaps += passed
                             passed = []
                         span = len(mine) + len(gaps)
-                        if use[q][0] > o[0] - 1 + _EPS:
+                        if u[0] > o[0] - 1 + _EPS:
                             break  # no room left for even one GPU
                         continue
                     passed.append(x)
