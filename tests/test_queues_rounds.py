@@ -793,9 +793,11 @@ def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(poli
 def test_a_walk_placement_stopped_reading_goes_on_as_the_whole_walk(policy: str, seed: int) -> None:
     # a round whose lazy walk left GPUs free was admitted again whole (the walk could have been cut short at twice
     # the cluster's GPUs); when placement stopped reading before the walk stopped itself, the walk instead goes on
-    # from where it is as the whole walk would (QuotaQueues.read_whole).  The same run admitting every such round
-    # again must give the same jobs, bit for bit.  Jobs of 3, 5 and 6 GPUs on 8-GPU nodes leave GPUs no waiting
-    # job fits, so placement often stops reading early with GPUs free
+    # from where it is as the whole walk would (QuotaQueues.read_whole), and when the walk reached its bound it
+    # waits there (Admission.paused) and goes on whole: as placement reads it when placement is past its prefix
+    # (Walk.go_on), else the round is planned again on it.  The same run admitting every such round again must
+    # give the same jobs, bit for bit.  Jobs of 3, 5 and 6 GPUs on 8-GPU nodes leave
+    # GPUs no waiting job fits, so placement often stops reading early with GPUs free
     specs = [JobSpec(s.id, s.arrival, (3, 5, 6)[k % 3], s.duration, s.model, attrs=s.attrs)
              for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
     runs, whole = [], []
@@ -808,15 +810,19 @@ def test_a_walk_placement_stopped_reading_goes_on_as_the_whole_walk(policy: str,
             read_whole = stage.read_whole
 
             def counted(adm: Admission, read_whole=read_whole) -> bool:  # noqa: ANN001
+                # (None: not paused; True: paused, as placement reads it; False: paused, placement done)
+                paused = None if adm.paused is None else adm.walk.go_on is not None
                 out = read_whole(adm)
-                whole.append(out)
+                whole.append((paused, out))
                 return out
 
             stage.read_whole = counted  # type: ignore[method-assign]
         runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
                               config=SimConfig(check=True, restart_overhead=30.0)).run())
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
-    assert sum(whole) >= 30 and not all(whole)  # (walks went on whole that often; cut short at times)
+    # (walks went on whole that often: placement stopped reading first, or they waited at their bound)
+    assert all(sum(1 for p, o in whole if o and p is k) >= 10 for k in (None, True, False))
+    assert all(o for _, o in whole)  # (a walk reaches its bound only in a round that goes on whole)
 
 
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
@@ -852,3 +858,45 @@ def test_a_walk_gone_on_whole_is_the_whole_walk(policy: str) -> None:
     stage.read_whole = checked  # type: ignore[method-assign]
     Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
     assert len(compared) >= 30 and max(compared) > 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int) -> None:
+    # under quota with no limit, no surplus and no priority the borrowing walk takes every job in rank order: it is
+    # read from the order handed to admission past the guaranteed tier (QuotaQueues.rank_walk) instead of merging
+    # the leaves' lists.  Every admission (its jobs in order, read to the end, held and cut short the same way)
+    # and the run must be those of the merge, bit for bit; jobs of 3, 5 and 6 GPUs make walks that wait at their
+    # bound and go on whole
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6, 1)[k % 4], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
+    walks: list[list[tuple]] = []
+    runs, by_rank = [], []
+    for fast in (False, True):
+        sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.rank_walk = fast
+        seen: list[tuple] = []
+        walks.append(seen)
+        admit, walk_of = stage.admit, stage._by_rank_walk
+
+        def recorded(*a, admit=admit, seen=seen, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            seen.append((out, [j.id for j in out.guaranteed]))
+            return out
+
+        def counted(*a, walk_of=walk_of):  # noqa: ANN001, ANN002, ANN202
+            by_rank.append(a[-1])
+            return walk_of(*a)
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        stage._by_rank_walk = counted  # type: ignore[method-assign]
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+        # (each walk as the round left it: what it handed on, held, and whether it was cut short)
+        seen[:] = [(g, [j.id for j in a.over], a.truncated, dict(a.held)) for a, g in seen]
+    assert walks[0] == walks[1] and len(walks[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    gpus = {s.id: s.gpus for s in specs}
+    past = sum(1 for g, over, _, _ in walks[1] if sum(gpus[j] for j in (*g, *over)) >= 2 * 32)
+    assert len(by_rank) > 100 and past >= 10  # (walks read past their bound: gone on whole)

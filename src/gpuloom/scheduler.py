@@ -429,10 +429,21 @@ class Scheduler:
         adm = q.admit(ordered, view, strict, lazy=lazy)
         rnd = self._admitted_round(adm, view, lazy)
         one_pass = rnd
+        whole = False  # planned again on the walk gone on whole
+        if adm.paused is not None:
+            # the lazy walk waits at its bound (Admission.paused), where it would be cut short: with GPUs left
+            # free and jobs past it, it goes on as the whole walk (the same jobs up to here, then the rest) and
+            # the round is planned again on it, as admitting again whole would; else it stops there
+            if adm.paused and self.walk_whole and _free_gpus(rnd.plan, view) > 0 and q.read_whole(adm):
+                rnd = one_pass = self._admitted_round(adm, view, lazy)
+                whole = True
+            else:
+                adm.finish()
         # GPUs left free while the walk was cut short: plan again on everything.  (A lazy walk that placement
         # stopped reading before it stopped itself becomes the whole walk where it is: the plan is the whole
         # walk's, QueuePolicy.read_whole)
-        if (_free_gpus(rnd.plan, view) > 0 and (adm.truncated or (adm.walk is not None and adm.walk.more is not None))
+        if (not whole and _free_gpus(rnd.plan, view) > 0
+                and (adm.truncated or (adm.walk is not None and adm.walk.more is not None))
                 and not (self.walk_whole and q.read_whole(adm))):
             adm = q.admit(ordered, view, strict, full=True, lazy=lazy)
             rnd = one_pass = self._admitted_round(adm, view, lazy)
@@ -491,7 +502,25 @@ class Scheduler:
         ``lazy``, else by :meth:`_plan`."""
         walk = adm.walk
         if lazy and walk is not None and walk.more is not None:  # (a lazy walk not read yet)
-            return self._walked(walk, view, None)
+            if not self.walk_whole:
+                return self._walked(walk, view, None)
+            tails: list[TailWalk] = []
+            q = self.queue
+
+            def go_on() -> bool:
+                # the walk waits at its bound (Admission.paused) while placement backfills past its prefix:
+                # what is free then is what the plan leaves free if the walk stops there (the backfill ends, the
+                # jobs not kept were released before).  With GPUs free and jobs left past the bound the round
+                # would admit again whole and plan again; the walk goes on whole instead and placement reads on:
+                # up to here it read what it reads of the whole walk, in the same state
+                free = tails[0].free if tails else None
+                return bool(adm.paused) and free is not None and free.free_gpus > 0 and q.read_whole(adm)
+
+            walk.go_on = go_on
+            try:
+                return self._walked(walk, view, None, tails)
+            finally:
+                walk.go_on = None
         return self._plan(adm.ordered, view)
 
     def _queue_walk_ok(self, view: pb.View) -> bool:
@@ -706,11 +735,12 @@ class Scheduler:
             for j, a in swapped:
                 j.alloc = a
 
-    def _walked(self, ordered: Sequence[Job], view: pb.View, waiting: Mapping[Shape, int] | None) -> Round:
+    def _walked(self, ordered: Sequence[Job], view: pb.View, waiting: Mapping[Shape, int] | None,
+                tails: list[TailWalk] | None = None) -> Round:
         """:func:`~gpuloom.policies.incremental.prefix_plan` over ``ordered`` (a list or a lazy walk: read only
         as far as placement needs) with the running jobs of its tail read from it in its order (``waiting``:
         counts of the jobs that may look waiting in it, by shape; the driver's by default); :meth:`_plan` when
-        the prefix is all of it."""
+        the prefix is all of it.  ``tails`` gets the tail walk placement made, if any."""
         size = self.size
         counts = waiting if waiting is not None else view.tally.waiting if view.tally is not None else None
         assert counts is not None
@@ -719,7 +749,10 @@ class Scheduler:
             return size.request(j, view)
 
         def walk_of(start: int) -> TailWalk:
-            return TailWalk(ordered, start, request, None, counts, view.current)
+            tail = TailWalk(ordered, start, request, None, counts, view.current)
+            if tails is not None:
+                tails.append(tail)
+            return tail
 
         out = prefix_plan(ordered, request, walk_of, self.place, view, whole=True)
         if out is None:

@@ -371,6 +371,7 @@ class TailWalk:
         self.current = current
         self.visited: list[Job] = []
         self.filled = True  # (prefix_plan: False when its prefix was all of ordered, the walk then empty)
+        self.free: FreeState | None = None  # the free state it backfills, from when :meth:`backfill` starts
 
     def requests(self) -> list[Request]:
         """The requests of the jobs the walk met (:attr:`visited`)."""
@@ -386,6 +387,7 @@ class TailWalk:
         knows them.  ``tail``: an iterator over ``ordered`` already at ``start``, when the caller
         has one (ordered is iterated, not indexed: getting there again costs a pass over the prefix)."""
         ordered, start = self.ordered, self.start
+        self.free = free
         # waiting jobs of each shape not yet passed (kept up to date only while the shape may be placed:
         # a dead shape's count is read no more)
         left = dict(self.waiting)

@@ -37,6 +37,11 @@ class Admission:
     log: Any = None
     #: each leaf's next job in the borrowing walk (None: none left) as far as the walk was read
     heads: Any = None
+    #: a lazy walk (``admit(lazy=True)`` without ``full``) whose jobs read so far ask for twice the cluster's
+    #: GPUs waits there: its reading ends, and the next one goes on as ``admit(full=True)``'s walk would if
+    #: :meth:`QueuePolicy.read_whole` lifted the bound meanwhile, else the walk stops there (``truncated``
+    #: when jobs are left).  While it waits: whether jobs are left past it (True) or not (False); else None
+    paused: bool | None = None
 
     def finish(self) -> None:
         """Read a lazy walk to its end (``over``, ``held`` and ``truncated`` are then complete)."""

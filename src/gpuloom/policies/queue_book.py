@@ -181,18 +181,21 @@ class Walk(Sequence[Job]):
     """The guaranteed jobs, then the borrowing ones ``more`` yields, read as one sequence; each job read is
     kept in ``over`` (the admission's list), so reading again from the start costs no new walk."""
 
-    __slots__ = ("guaranteed", "over", "more")
+    __slots__ = ("guaranteed", "over", "more", "go_on")
 
-    def __init__(self, guaranteed: list[Job], over: list[Job], more: Iterator[Job] | None) -> None:
+    def __init__(self, guaranteed: list[Job], over: list[Job], more: Iterator[Job | None] | None) -> None:
         self.guaranteed = guaranteed
         self.over = over
         self.more = more
+        #: asked when the walk waits at its bound (``Admission.paused``) as a reader reads on: True when it lifted
+        #: the bound (the reading goes on), else the reading ends there
+        self.go_on: Callable[[], bool] | None = None
 
     def _pull(self) -> bool:
         more = self.more
         if more is None:
             return False
-        for _ in more:  # (one job: the generator appends it to over)
+        for _ in more:  # (one job: the generator appends it to over; or None, a wait at the walk's bound)
             return True
         self.more = None
         return False
@@ -223,6 +226,12 @@ class Walk(Sequence[Job]):
                 return
             # the walk's jobs one by one, as yielded (the generator appends each to over, at index i)
             for j in more:
+                if j is None:  # (the walk waits at its bound, Admission.paused: this reading ends there, unless
+                    # the bound is lifted now)
+                    go_on = self.go_on
+                    if go_on is not None and go_on():
+                        continue
+                    return
                 i += 1
                 yield j
                 if len(over) != i:  # (another reader pulled meanwhile, or over changed: read it again)

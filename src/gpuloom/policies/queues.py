@@ -157,6 +157,8 @@ class QuotaQueues(QueuePolicy):
     incremental = True
     #: False: a leaf's cached guaranteed tier is walked again whenever one of its jobs ends (tests compare)
     tiers_past_ends = True
+    #: False: a walk by rank with every job taken merges the leaves' lists too (tests compare)
+    rank_walk = True
 
     def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
                  guarantees: bool | str = True) -> None:
@@ -181,7 +183,8 @@ class QuotaQueues(QueuePolicy):
         self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
         self._prioritised = False  # the last admission saw a job of non-zero priority
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
-        self._whole: tuple[Admission, Callable[[], None]] | None = None  # the last lazy one, and its read_whole
+        # the last lazy one, and its read_whole (None: done)
+        self._whole: tuple[Admission, Callable[[], None] | None] | None = None
         self._starved: set[int] = set()
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
@@ -478,20 +481,26 @@ class QuotaQueues(QueuePolicy):
                 ahead = dict(book.sizes.get(q, ())) if from_book and book is not None else None
                 for x in lists[q]:
                     j = x[1]
-                    d = _demand(j, per_gpu)
+                    c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
+                    d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
                     if ahead is not None:
                         ahead[j.spec.gpus] -= 1
                     u = use[q]
                     if (u[0] + d[0] <= o[0] + _EPS and u[1] + d[1] <= o[1] + _EPS and u[2] + d[2] <= o[2] + _EPS
                             and (not limited or fits(d, limit, path[q]))):  # (fits(d, owed, (q,)), inline)
-                        take(q, d)
+                        if flat_tree:  # (the leaf alone sums it: take's loop over its path, inline)
+                            u[0] += d[0]
+                            u[1] += d[1]
+                            u[2] += d[2]
+                        else:
+                            take(q, d)
                         mine.append(x)
                         ds.append(d)
                         if passed:
                             gaps += passed
                             passed = []
                         span = len(mine) + len(gaps)
-                        if use[q][0] > o[0] - 1 + _EPS:
+                        if u[0] > o[0] - 1 + _EPS:
                             break  # no room left for even one GPU
                         continue
                     passed.append(x)
@@ -565,6 +574,18 @@ class QuotaQueues(QueuePolicy):
                 self._by_rank = adm
 
         self._whole = None if full else (adm, read_whole)
+        over_append = adm.over.append
+        pauses = lazy and not full  # (a lazy walk waits at its bound for the scheduler's word: Admission.paused)
+        if by_rank and self.rank_walk and not self.logs_walk:
+            # the walk by rank with every job taken is the jobs of ``ordered`` (the order of admission, the
+            # book's ranks) outside the guaranteed tier, in its order: read so, without the leaves' heap (each
+            # leaf's use is read by no key, so none is summed; heads are kept by no reader: None)
+            taken = set().union(*taken_by)
+            adm.walk = Walk(adm.guaranteed, adm.over,
+                            self._by_rank_walk(adm, iter(ordered), taken, per_gpu, asked,
+                                               lambda: enough, pauses))
+            self._remember(adm, view)
+            return adm
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
         adm.heads = heads
         steps: list[tuple[int, Triple | None]] | None = None
@@ -572,9 +593,8 @@ class QuotaQueues(QueuePolicy):
             steps = []
             adm.log = (steps, [u[0] for u in use], heads)
 
-        over_append = adm.over.append
 
-        def borrowing() -> Iterator[Job]:
+        def borrowing() -> Iterator[Job | None]:
             nonlocal asked
             blocked: set[int] = set()  # strict: a leaf stops at its first job a limit keeps out
             stopped = None  # the leaf whose job ended the walk (its head was taken)
@@ -631,8 +651,20 @@ class QuotaQueues(QueuePolicy):
                         yield j
                         asked += d[0]
                         if asked >= enough:
-                            stopped = q
-                            break
+                            if pauses:
+                                # the reader sees the walk end here (None); read on, it goes on if read_whole
+                                # lifted the bound meanwhile, else it stops as it would have.  Whether jobs are
+                                # left past it (it would be cut short) is known now: its leaf's next is peeked
+                                nxt = next(rest[q], None)
+                                if nxt is not None:
+                                    rest[q] = itertools.chain((nxt,), rest[q])
+                                adm.paused = nxt is not None or any(h is not None for k, h in enumerate(heads)
+                                                                    if k != q)
+                                yield None
+                                adm.paused = None
+                            if asked >= enough:
+                                stopped = q
+                                break
                 heads[q] = nxt = next(rest[q], None)
                 if nxt is not None:
                     if key is None:
@@ -669,18 +701,52 @@ class QuotaQueues(QueuePolicy):
         self._remember(adm, view)
         return adm
 
+    @staticmethod
+    def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], per_gpu: tuple[float, float],
+                      asked: float, enough: Callable[[], float], pauses: bool) -> Iterator[Job | None]:
+        """The borrowing walk by rank, every job taken (see :meth:`admit`): the jobs of ``jobs`` not in ``taken``,
+        each appended to ``adm.over`` as it is handed on, until they ask for ``enough()`` GPUs (then it waits
+        there when it ``pauses``, as the walk over the leaves does, and stops unless the bound was lifted;
+        ``truncated`` when jobs are left)."""
+        over_append = adm.over.append
+        for j in jobs:
+            if j.id in taken:
+                continue
+            c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
+            d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
+            over_append(j)
+            yield j
+            asked += d[0]
+            if asked >= enough():
+                nxt = next((x for x in jobs if x.id not in taken), None)
+                if pauses:
+                    adm.paused = nxt is not None
+                    yield None
+                    adm.paused = None
+                if asked >= enough():
+                    adm.truncated = nxt is not None
+                    return
+                if nxt is not None:
+                    jobs = itertools.chain((nxt,), jobs)
+                    # (the loop reads on from the old iterator: hand on the peeked job first, as the loop would)
+                    yield from QuotaQueues._by_rank_walk(adm, jobs, taken, per_gpu, asked, enough, False)
+                    return
+
     def read_whole(self, adm: Admission) -> bool:
         """The walk stops handing on jobs once they ask for twice the cluster's GPUs (``admit`` without ``full``);
         until it does, it has yielded what the whole walk (``full``) yields, in the same order, with the same
         state (heads, use, log) behind it.  So while ``adm``'s walk (the last admission's) has not stopped, it
         becomes the whole walk by lifting that bound, and placement, which stopped reading it of its own
-        accord, planned what it would plan on the whole walk."""
+        accord, planned what it would plan on the whole walk.  Asked again of a walk it lifted, the same answer
+        (placement may lift the bound as it reads: ``Walk.go_on``)."""
         whole = self._whole
         walk = adm.walk
         if whole is None or whole[0] is not adm or adm.truncated or walk is None or walk.more is None:
             return False
-        whole[1]()
-        self._whole = None
+        lift = whole[1]
+        if lift is not None:
+            lift()
+            self._whole = (adm, None)
         return True
 
     def settled(self, done: bool) -> None:
