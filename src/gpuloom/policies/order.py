@@ -267,8 +267,13 @@ class LASGPUEvents(KeyOrder):
         keys, jobs = self._keys, view.jobs
         if len(jobs) == len(keys) and all(j.id in keys for j in jobs):
             return  # the same jobs (as many, all known): the order stays
-        now = view.now
-        self._keys = {j.id: j.attained_gpu_at(now) for j in jobs}
+        now, key_at = view.now, self.key_at
+        self._keys = {j.id: key_at(j, now) for j in jobs}
+
+    @staticmethod
+    def key_at(job: Job, now: float) -> float:
+        """The key of ``job`` taken at ``now`` (an event): its attained GPU-seconds."""
+        return job.attained_gpu_at(now)
 
     def key(self, job: Job, view: View) -> float:
         self._refresh(view)
@@ -301,16 +306,10 @@ class SRSFEvents(LASGPUEvents):
     nothing are skipped.
     """
 
-    def _refresh(self, view: View) -> None:
-        stamp = (view.now, view.round_index)
-        if stamp == self._seen:
-            return
-        self._seen = stamp
-        keys, jobs = self._keys, view.jobs
-        if len(jobs) == len(keys) and all(j.id in keys for j in jobs):
-            return  # the same jobs (as many, all known): the order stays
-        now = view.now
-        self._keys = {j.id: j.remaining_at(now) * j.spec.gpus for j in jobs}
+    @staticmethod
+    def key_at(job: Job, now: float) -> float:
+        """The key of ``job`` taken at ``now`` (an event): its remaining work x GPUs."""
+        return job.remaining_at(now) * job.spec.gpus
 
 
 @register("order", "2d-las", "tiresias")
