@@ -85,7 +85,7 @@ import tomllib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..core.job import Job
 from ..core.plan import Allocation, Plan, changes, drop_job
@@ -140,6 +140,29 @@ def job_priority(job: Job) -> float:
         raise QueueError(f"job {job.id}: priority must be a number, got {p!r}") from None
 
 
+_T = TypeVar("_T")
+
+
+class _PlanMemo(Generic[_T]):
+    """What was worked out for the last plan asked of, kept while it is the same plan object, of the same
+    size, in the same view (``owed`` and the round's check ask of the same plan)."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self) -> None:
+        self.key: tuple[Plan, View, tuple[int, ...]] | None = None
+        self.value: Any = None
+
+    def __call__(self, plan: Plan, view: View, work: Callable[[Plan, View], _T]) -> _T:
+        sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
+        key = self.key
+        if key is not None and key[0] is plan and key[1] is view and key[2] == sizes:
+            return self.value
+        out = work(plan, view)
+        self.key, self.value = (plan, view, sizes), out
+        return out
+
+
 @register("queue", "none")
 class NoQueues(QueuePolicy):
     """No queues: the order policy's order over the whole cluster."""
@@ -189,11 +212,10 @@ class QuotaQueues(QueuePolicy):
         self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
         # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
         self._lent_memo: tuple[Mapping[str, Allocation], list[float], set[int]] | None = None
-        # the last plan whose usage from the book was worked out (owed and the round's check read the same
-        # plan): (plan, view, their sizes, the usage)
-        self._usage_memo: tuple[Plan, View, tuple[int, ...], list[list[float]] | None] | None = None
+        # the usage from the book, and each leaf's smallest job left out, of the last plan asked of
+        self._usage_memo: _PlanMemo[list[list[float]] | None] = _PlanMemo()
         self._flat: tuple[QueueTree | None, bool] = (None, False)  # a tree, and whether it has one level
-        self._smallest_memo: tuple[Plan, View, tuple[int, ...], Callable[[int], float] | None] | None = None
+        self._smallest_memo: _PlanMemo[Callable[[int], float] | None] = _PlanMemo()
         # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
         # prefix filled the cluster: a round on its plan would plan it again (see appended)
         self._settled = False
@@ -278,13 +300,7 @@ class QuotaQueues(QueuePolicy):
     def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
         """:meth:`_usage_from_book`, kept for the plan last asked of (the same object, of the same size, in the
         same view: owed and the round's check ask of the same plan)."""
-        sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
-        memo = self._usage_memo
-        if memo is not None and memo[0] is plan and memo[1] is view and memo[2] == sizes:
-            return memo[3]
-        out = self._usage_from_book(plan, view)
-        self._usage_memo = (plan, view, sizes, out)
-        return out
+        return self._usage_memo(plan, view, self._usage_from_book)
 
     def _usage_from_book(self, plan: Plan, view: View) -> list[list[float]] | None:
         book = self._book_ready(view)
@@ -912,13 +928,7 @@ class QuotaQueues(QueuePolicy):
         (those waiting, from the book, and those running now that the plan stops), else None.  Kept for the plan
         last asked of, as :meth:`_changed_usage` keeps its usage (owed and the round's check ask of the same
         plan; the book does not change in between)."""
-        sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
-        memo = self._smallest_memo
-        if memo is not None and memo[0] is plan and memo[1] is view and memo[2] == sizes:
-            return memo[3]
-        out = self._smallest_of(plan, view)
-        self._smallest_memo = (plan, view, sizes, out)
-        return out
+        return self._smallest_memo(plan, view, self._smallest_of)
 
     def _smallest_of(self, plan: Plan, view: View) -> Callable[[int], float] | None:
         book = self._book
