@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import networkx as nx
@@ -619,6 +620,26 @@ def test_pair_counts_and_assign_with_them() -> None:
     want = [(0, 1, 5), (2, 4, 7), (3, 5, 7)]
     assert _assign(slots, members, labels, None, False) == want
     assert _assign(slots, members, labels, None, False, counts) == want
+    # the same handed out without slots: the counts alone (as the policy does outside Muri's rule)
+    assert _assign((), members, labels, None, False, counts) == want
+
+
+def test_class_counts_are_the_pair_counts_of_the_slots_class_pairs_lay_out() -> None:
+    from gpuloom.policies.bmatch import class_pairs  # noqa: PLC0415
+    from gpuloom.policies.muri import _class_counts, _pair_counts, class_slots  # noqa: PLC0415
+
+    # by hand: 2 pairs of classes 0-1 (weight 7) and one of 2 with itself (weight 3); (1, 2) has none
+    W = [[0, 7, 0], [7, 0, 2], [0, 2, 3]]
+    assert _class_counts({(0, 1): 2, (2, 2): 1, (1, 2): 0}, W) == ((0, 1, 2, 7), (2, 2, 1, 3))
+    rng = random.Random(3)
+    for _ in range(200):
+        k = rng.randint(1, 6)
+        W = [[0] * k for _ in range(k)]
+        for c in range(k):
+            for d in range(c, k):
+                W[c][d] = W[d][c] = rng.choice([0, rng.randint(1, 9)])
+        counts = [rng.randint(0, 12) for _ in range(k)]
+        assert _class_counts(class_pairs(counts, W), W) == _pair_counts(class_slots(counts, W))
 
 
 def test_merged_nodes_keep_members_and_profiles_sorted() -> None:

@@ -193,23 +193,6 @@ def class_slots(counts: Sequence[int], weights: Sequence[Sequence[int]],
     return out
 
 
-def _slots_of(pairs: Mapping[tuple[int, int], int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int, int]]:
-    """:func:`class_slots`'s layout of class pairs ``{(c, d): pairs}``: class pairs in order take their
-    classes' nodes in order."""
-    nxt: dict[int, int] = {}
-    out: list[tuple[int, int, int, int, int]] = []
-    for (c, d), m in sorted(pairs.items()):
-        w = int(weights[c][d])
-        for _ in range(m):
-            i = nxt.get(c, 0)
-            nxt[c] = i + 1
-            j = nxt.get(d, 0)
-            nxt[d] = j + 1
-            out.append((c, i, d, j, w))
-    out.sort()
-    return out
-
-
 def class_matching(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[tuple[int, int, int, int]]:
     """:func:`class_slots` as counts: ``(c, d, pairs, weight)`` with ``c <= d``, sorted."""
     got: dict[tuple[int, int], int] = {}
@@ -228,6 +211,13 @@ def _pair_counts(slots: Sequence[tuple[int, int, int, int, int]]) -> tuple[tuple
         else:
             e[0] += 1
     return tuple([(c, d, m, w) for (c, d), (m, w) in sorted(got.items())])
+
+
+def _class_counts(pairs: Mapping[tuple[int, int], int], weights: Sequence[Sequence[int]]) -> tuple[tuple[int, int, int, int], ...]:
+    """:func:`_pair_counts` of the slots that class pairs ``{(c, d): pairs}`` lay out (class pairs in order
+    taking their classes' nodes in order, as :func:`class_slots` does), without laying them out:
+    ``(c, d, pairs, weight)``, sorted, class pairs without pairs left out."""
+    return tuple([(c, d, m, int(weights[c][d])) for (c, d), m in sorted(pairs.items()) if m > 0])
 
 
 def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[list[int]],
@@ -616,15 +606,19 @@ class MuriGrouping(GroupPolicy):
                     W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
                     fixed = repair_pairs(last[0], last[1], cls, [len(m) for m in members], W, self.repair_changed)
                     if fixed is not None:
-                        pairs = tuple(_slots_of(fixed, W))
-                        got = (pairs, _pair_counts(pairs))  # (not kept with the exact ones)
+                        got = ((), _class_counts(fixed, W))  # (not kept with the exact ones)
         if got is None:
             got = self._rounds.get(rk)
             if got is None:
                 if W is None:
                     W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
-                pairs = tuple(class_slots([len(m) for m in members], W, self.rule == "muri"))
-                got = self._rounds[rk] = (pairs, _pair_counts(pairs))
+                cnt = [len(m) for m in members]
+                if self.rule == "muri":  # (Blossom's places matter: the slots are kept)
+                    pairs = tuple(class_slots(cnt, W, True))
+                    got = (pairs, _pair_counts(pairs))
+                else:  # (only the counts per class pair are read: no slots laid out)
+                    got = ((), _class_counts(class_pairs(cnt, W), W))
+                self._rounds[rk] = got
                 if len(self._rounds) > _MATCHINGS_KEPT:
                     self._rounds.popitem(last=False)
             else:
