@@ -65,10 +65,18 @@ def test_a_stream_of_submissions_is_taken_a_few_times_a_second(tmp_path: Path, c
         # one round per 0.02 s (plus its own time) before; now the gap doubles to 0.2 s within four rounds
         assert len(taken) <= 2.0 / MAX_EVENT_GAP_S + 6, (len(ids), taken)
         assert sum(g >= MAX_EVENT_GAP_S - 0.01 for g in gaps) >= len(gaps) / 2, gaps
-        time.sleep(0.5)  # quiet: the loop waits for events
-        late = svc.submit({"name": "late", "command": "true", "gpus": 1}, "alice")
-        wait_for(lambda: store.get_job(late).state == CONTACT, what="the late job to be taken")  # type: ignore[union-attr]
-        assert svc.gather.gap == MIN_EVENT_GAP_S  # taken with the least gap, not the stream's
+        # quiet: the loop waits for events, and a lone job is taken with the least gap, not the stream's.  (A
+        # round of the loop's own, e.g. a periodic one, may end just before a submission, which then counts as
+        # part of a stream: on a loaded machine that can happen once, not three times running)
+        gaps_after = []
+        for _ in range(3):
+            time.sleep(0.5)
+            late = svc.submit({"name": "late", "command": "true", "gpus": 1}, "alice")
+            wait_for(lambda: store.get_job(late).state == CONTACT, what="the late job to be taken")  # type: ignore[union-attr]  # noqa: B023
+            gaps_after.append(svc.gather.gap)
+            if gaps_after[-1] == MIN_EVENT_GAP_S:
+                break
+        assert gaps_after[-1] == MIN_EVENT_GAP_S, gaps_after
     finally:
         svc.terminate_all()
         svc.shutdown()

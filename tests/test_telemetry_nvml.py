@@ -124,7 +124,10 @@ def test_readings_reach_metrics_the_job_and_its_history(make: Any, fake: Path, t
     admin = ensure_admin_token(svc.store, tmp_path)
     h = {"Authorization": f"Bearer {admin}"}
     jid = svc.submit({"name": "train", "command": "sleep 60", "gpus": 2}, "alice")
+    gpus = json.loads(fake.read_text())["gpus"]
+    write_gpus(fake)  # no GPU to read until the job runs: its first round cannot sample it, however threads interleave
     svc.round()  # launched, and the sampler started: no reading yet
+    write_gpus(fake, *gpus)
     sampled(svc, 80.0)
     clock.advance(2)
     svc.round()  # the job's first sample: no interval yet, so no energy
