@@ -345,10 +345,16 @@ class _Made:
         self.points: list[list[Any]] = [[] for _ in SERIES_COLUMNS]
 
     def add(self, part: tuple[str, Any]) -> None:
-        """``("jobs", (places, fields))``: finished jobs' rows; ``("series", columns)``: the series' next points."""
+        """``("jobs", (places, fields))``: finished jobs' rows; ``("series", columns)``: the series' next points;
+        ``("load", None)``: import matplotlib now (:func:`~gpuloom.sim.plots.load_matplotlib`)."""
         kind, value = part
         if kind == "jobs":
             self.jobs.add(value)
+            return
+        if kind == "load":
+            from ..sim.plots import load_matplotlib
+
+            load_matplotlib(math=True)
             return
         self.series.add(value)
         for have, new in zip(self.points, value, strict=True):
@@ -386,12 +392,11 @@ class _Made:
 
 
 def _plotter() -> Background[tuple[RunFigures, list[list[Any]], Path], list[Path]]:
-    """A child process, forked now, that imports matplotlib and makes series.csv's rows it is sent during the
-    run (:class:`_Sender`), then writes series.csv and draws the plots of the run it is sent (:meth:`_Made.draw`)."""
-    from ..sim.plots import load_matplotlib
-
+    """A child process, forked now, that imports matplotlib once sent ``("load", None)`` (:meth:`_Made.add`), makes
+    series.csv's rows it is sent during the run (:class:`_Sender`), then writes series.csv and draws the plots of
+    the run it is sent (:meth:`_Made.draw`)."""
     made = _Made()
-    return _child("drawing the plots", made.draw, functools.partial(load_matplotlib, math=True), take=made.add)
+    return _child("drawing the plots", made.draw, take=made.add)
 
 
 def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]] | None, Path], None]:
@@ -517,7 +522,14 @@ def simulate(
         check_policies(order, group, size, place, list(params), queue)
         plotter = _plotter() if plots else None  # forked before the run, while this process is small
         rows = _rows_writer()  # (likewise)
+        # the plots' child imports matplotlib (0.3 s of CPU) beside this process's work before the run, but not
+        # beside a child still reading the trace (:func:`read_ahead`): three processes on two cores slow this one
+        load_after = bool(_AHEAD)
+        if plotter is not None and not load_after:
+            plotter.send(("load", None))
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        if plotter is not None and load_after:
+            plotter.send(("load", None))
         window = measure_window(measure_jobs, len(specs))
         if model_opts.get("variability_seed") is not None and model_opts.get("variability") is None:
             from ..perf.assembly import trace_options
