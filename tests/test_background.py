@@ -3,6 +3,7 @@ child never outlives it, whether it finishes, fails, is cancelled or its caller 
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import subprocess
@@ -272,3 +273,30 @@ def test_no_fork_while_another_thread_runs() -> None:
         stop.set()
         t.join()
     assert can_fork()
+
+
+def test_a_library_thread_forks_nothing_while_it_runs_and_nothing_stops_forking_once_it_ended() -> None:
+    # a thread Python did not start (a library's: started here through _thread) that calls into threading gets
+    # a dummy entry, which Python 3.11 keeps in threading.enumerate() after the thread ended
+    called, go = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def foreign() -> None:
+        tid.append(threading.current_thread().native_id or 0)
+        called.set()
+        go.wait(10)
+
+    _thread.start_new_thread(foreign, ())
+    assert called.wait(10)
+    assert not can_fork()  # it runs
+    go.set()
+    end = time.monotonic() + 10
+    while str(tid[0]) in os.listdir("/proc/self/task") and time.monotonic() < end:
+        time.sleep(0.01)
+    assert any(t.native_id == tid[0] for t in threading.enumerate())  # (its entry stays)
+    assert can_fork()
+    bg: Background[int, int] = Background("adding", lambda x: x + os.getpid())
+    pid = bg.pid
+    assert pid is not None  # (forked)
+    bg.submit(1)
+    assert bg.result() == 1 + pid

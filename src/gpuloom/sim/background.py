@@ -51,7 +51,21 @@ class BackgroundError(RuntimeError):
 
 def can_fork() -> bool:
     """Whether :class:`Background` forks here: Linux, and no thread but this one."""
-    return sys.platform.startswith("linux") and hasattr(os, "fork") and threading.active_count() == 1
+    return sys.platform.startswith("linux") and hasattr(os, "fork") and _threads() == 1
+
+
+def _threads() -> int:
+    """The Python threads running.  A thread Python did not start (a library's) that called into Python has a
+    dummy entry in :func:`threading.enumerate` that stays after the thread ended: one whose thread is gone from
+    ``/proc/self/task`` does not count."""
+    live = threading.enumerate()
+    if all(not isinstance(t, threading._DummyThread) for t in live):  # (the usual case)
+        return len(live)
+    try:
+        tasks = set(os.listdir("/proc/self/task"))
+    except OSError:
+        return len(live)
+    return sum(1 for t in live if not isinstance(t, threading._DummyThread) or str(t.native_id) in tasks)
 
 
 def _die_with_parent(parent: int) -> None:
