@@ -529,24 +529,22 @@ class InterleaveFactor:
         lookup = self._lookup
         if lookup is None:
             raise ProfileError(f"job {job.id}: interleave factor has no job lookup bound (call bind())")
+        members: list[Job | JobSpec] = [job]
+        for oid in group:
+            try:
+                members.append(lookup(oid))
+            except KeyError:
+                raise ProfileError(f"job {job.id}: co-runner {oid!r} is unknown to the interleave factor") from None
         # each member's profile read from the cache here, as profile() reads it (the driver rates
         # every member of every group it starts, moves or regroups: the calls were half the cost)
         cache = self._profiles
-        spec = job.spec
-        hit = cache.get(spec.id)
-        own = hit[1] if hit is not None and hit[0] is spec else None
-        if own is None:
-            own = self._require(job)
-        profs = [own]
-        for oid in group:
-            try:
-                other = lookup(oid)
-            except KeyError:
-                raise ProfileError(f"job {job.id}: co-runner {oid!r} is unknown to the interleave factor") from None
-            spec = other.spec if isinstance(other, Job) else other
+        profs: list[Profile] = []
+        for m in members:
+            spec = m.spec if isinstance(m, Job) else m
             hit = cache.get(spec.id)
             p = hit[1] if hit is not None and hit[0] is spec else None
-            profs.append(self._require(other) if p is None else p)
+            profs.append(self._require(m) if p is None else p)
+        own = profs[0]
         key = tuple(profs)
         t = self._times.get(key)
         if t is None:
