@@ -155,14 +155,14 @@ class SimBackend:
 
     def stop(self, driver: Driver, steps: Sequence[Step], now: float) -> None:
         # (once per stopped job: the action kind and state compared with module constants, the
-        # latest STANDBY found without building lists, a job without attrs given the common times)
+        # latest STANDBY found without building lists)
         done = now
-        schedule, plain = self.times.schedule, self._plain[False]
+        schedule = self.times.schedule
         for st in steps:
             job = st.job
             lc = job.lifecycle
             assert lc is not None  # a job being stopped has arrived
-            schedule(lc, st.stop, (), now, self._times(job, False) if job.spec.attrs else plain)
+            schedule(lc, st.stop, (), now, self._times(job, False))
             if st.action.kind is _STOP:
                 job.busy_until = now
             for t, s in lc.planned:  # done = the latest of done and every planned STANDBY
@@ -180,9 +180,7 @@ class SimBackend:
             done = self.stops_done
             if done[0] == now:
                 barrier = done[1]
-        first = not lc.launched
-        times = self._times(job, first) if job.spec.attrs else self._plain[first]
-        job.busy_until = self.times.schedule(lc, None, step.start, now, times, barrier)
+        job.busy_until = self.times.schedule(lc, None, step.start, now, self._times(job, not lc.launched), barrier)
         return True
 
     def regrouped(self, driver: Driver, job: Job, now: float) -> None:
