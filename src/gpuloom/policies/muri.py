@@ -379,7 +379,7 @@ class MuriGrouping(GroupPolicy):
         # "repair": a large bucket's matching carried over from its last one (:mod:`.repair`); "auto":
         # repair under Muri-L's order (``las-gpu-events``, known once the stack is built: refuse()), else exact
         self.match = match
-        self._repair = match == "repair"
+        self._repair = match == "repair" and rule != "muri"  # (Muri's rule matches from scratch)
         self.repair_changed = int(repair_changed)
         self.repair_nodes = int(repair_nodes)
         # per (GPU count, merge round), the last class matching: (nodes by class id, pairs by class ids)
@@ -565,7 +565,7 @@ class MuriGrouping(GroupPolicy):
         bk = (max_group, tuple(bs.gids), None if nl is None else tuple(nl))
         got = self._buckets.get(bk)
         if got is None:
-            slot = (bs.gpus, bs.merges) if self._repair and self.rule != "muri" else None
+            slot = (bs.gpus, bs.merges) if self._repair else None
             got = self._match_keys(bs.keys, bs.gids, nl, max_group, factor, slot=slot)
             self._buckets[bk] = got
             if len(self._buckets) > _BUCKETS_KEPT:
