@@ -725,28 +725,25 @@ class QuotaQueues(QueuePolicy):
         there when it ``pauses``, as the walk over the leaves does, and stops unless the bound was lifted;
         ``truncated`` when jobs are left)."""
         over_append = adm.over.append
-        for j in jobs:
-            if j.id in taken:
-                continue
+        left = (j for j in jobs if j.id not in taken)
+        j = next(left, None)
+        while j is not None:
             c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
             d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
             over_append(j)
             yield j
             asked += d[0]
+            nxt = next(left, None)
             if asked >= enough():
-                nxt = next((x for x in jobs if x.id not in taken), None)
-                if pauses:
+                if pauses:  # (once: a bound lifted stays lifted)
+                    pauses = False
                     adm.paused = nxt is not None
                     yield None
                     adm.paused = None
                 if asked >= enough():
                     adm.truncated = nxt is not None
                     return
-                if nxt is not None:
-                    jobs = itertools.chain((nxt,), jobs)
-                    # (the loop reads on from the old iterator: hand on the peeked job first, as the loop would)
-                    yield from QuotaQueues._by_rank_walk(adm, jobs, taken, per_gpu, asked, enough, False)
-                    return
+            j = nxt
 
     def read_whole(self, adm: Admission) -> bool:
         """The walk stops handing on jobs once they ask for twice the cluster's GPUs (``admit`` without ``full``);
