@@ -12,6 +12,7 @@ the walk of its borrowing tier.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -21,6 +22,7 @@ from gpuloom.core.plan import Allocation, Part, Plan, PlanError
 from gpuloom.core.queues import Queue, QueueTree, Quota
 from gpuloom.policies import base as pb
 from gpuloom.policies.queue_base import Admission, Owed
+from gpuloom.policies.queue_checks import GuaranteedAsks
 from gpuloom.policies.queues import QuotaQueues
 from gpuloom.scheduler import Scheduler
 from gpuloom.sim.engine import SimConfig, Simulator
@@ -650,20 +652,24 @@ def test_fair_shares_next_change_from_kept_terms_equals_the_pairwise_analysis() 
     assert min(kinds.values()) > 20, kinds
 
 
-def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined() -> None:
-    # per leaf, the GPUs the guaranteed jobs ask for, from the last round's sums: a (2 GPUs, leaf 0), b (4, leaf 1)
-    # and c (1, leaf 0) give [3, 4, 0]; then b leaves and d (8, leaf 2) joins: [3, 0, 8], each job's leaf looked up
-    # once, as it joined.  A job listed twice: None (the check sums what they hold); another tree: anew
-    from gpuloom.policies.queue_checks import GuaranteedAsks
-
-    leaf = {"a": 0, "b": 1, "c": 0, "d": 2}
-    jobs = {k: Job(JobSpec(k, 0.0, g, 100.0), i) for i, (k, g) in enumerate([("a", 2), ("b", 4), ("c", 1), ("d", 8)])}
+def _asks_jobs(spec: list[tuple[str, int, int]]) -> tuple[dict[str, Job], Callable[[Job], int], list[str]]:
+    # jobs named by (id, GPUs, leaf), a leaf lookup that records which jobs it was asked for, and that record
+    jobs = {k: Job(JobSpec(k, 0.0, g, 100.0), i) for i, (k, g, _) in enumerate(spec)}
+    leaf = {k: q for k, _, q in spec}
     looked: list[str] = []
 
     def leaf_of(j: Job) -> int:
         looked.append(j.id)
         return leaf[j.id]
 
+    return jobs, leaf_of, looked
+
+
+def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined() -> None:
+    # per leaf, the GPUs the guaranteed jobs ask for, from the last round's sums: a (2 GPUs, leaf 0), b (4, leaf 1)
+    # and c (1, leaf 0) give [3, 4, 0]; then b leaves and d (8, leaf 2) joins: [3, 0, 8], each job's leaf looked up
+    # once, as it joined.  A job listed twice: None (the check sums what they hold); another tree: anew
+    jobs, leaf_of, looked = _asks_jobs([("a", 2, 0), ("b", 4, 1), ("c", 1, 0), ("d", 8, 2)])
     tree = QueueTree.flat(["x", "y", "z"])
     asks = GuaranteedAsks()
     assert asks.update(tree, [jobs["a"], jobs["b"], jobs["c"]], leaf_of) == [3, 4, 0]
@@ -677,16 +683,7 @@ def test_the_checks_guaranteed_asks_are_kept_from_the_jobs_that_left_and_joined(
 def test_the_checks_guaranteed_asks_of_the_same_jobs_again_are_the_last_sums() -> None:
     # the same jobs in the same order as the last call: the last sums, no leaf looked up; the list the caller
     # passed changed in place since (a job appended, as admission appends the jobs reclaim placed): summed again
-    from gpuloom.policies.queue_checks import GuaranteedAsks
-
-    leaf = {"a": 0, "b": 1, "c": 2}
-    jobs = {k: Job(JobSpec(k, 0.0, g, 100.0), i) for i, (k, g) in enumerate([("a", 2), ("b", 4), ("c", 8)])}
-    looked: list[str] = []
-
-    def leaf_of(j: Job) -> int:
-        looked.append(j.id)
-        return leaf[j.id]
-
+    jobs, leaf_of, looked = _asks_jobs([("a", 2, 0), ("b", 4, 1), ("c", 8, 2)])
     tree = QueueTree.flat(["x", "y", "z"])
     asks = GuaranteedAsks()
     tier = [jobs["a"], jobs["b"]]
