@@ -635,7 +635,10 @@ def test_a_restart_with_an_end_unrecorded_and_the_disk_still_full_runs_no_job_ag
         r = c.post("/jobs", json={"command": f"echo started; while [ ! -e {go}/a ]; do sleep 0.05; done", "gpus": 1})
         assert r.status_code == 201
         a = int(r.json()["id"])
-        wait_for(lambda: "started" in c.get(f"/jobs/{a}/logs").text, what="the job to start")
+        # started, and its launch recorded (pids stored): the process runs before its launch is recorded, and a
+        # launch whose record the full disk refuses is undone
+        wait_for(lambda: "started" in c.get(f"/jobs/{a}/logs").text and launched(c.get(f"/jobs/{a}").json()),
+                 what="the job to start and its launch to be recorded")
         pid = c.get(f"/jobs/{a}").json()["procs"][0]["pid"]
         filler = fill(state)
         (go / "a").touch()
