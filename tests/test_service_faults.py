@@ -43,7 +43,7 @@ from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.locks import AlreadyServed, ServerLocks
 from gpuloom.runtime.state.store import JobRow, Store, unavailable
 from gpuloom.scheduler import Scheduler
-from service_util import REPO, Server, fill, job_writable, kill_jobs, running, wait_for
+from service_util import REPO, Server, fill, job, job_writable, kill_jobs, running, wait_for
 
 S = JobState
 ROOT = os.geteuid() == 0
@@ -520,7 +520,10 @@ def test_postgres_stopped_for_20_s_and_restarted_mid_run(pg: Postgres, tmp_path:
                                                  f"echo $GPULOOM_JOB_ID >> {ledger}", "gpus": 1})
             assert r.status_code == 201, r.text
             held = int(r.json()["id"])
-            wait_for(started.exists, timeout=60, what="the held job to start")
+            # started, and its launch recorded (pids stored): a launch whose record the stopping database refuses
+            # is undone (its process stopped, the job queued) and, with nothing started meanwhile, waits for it
+            wait_for(lambda: started.exists() and launched(job(c, held)), timeout=60,
+                     what="the held job to start and its launch to be recorded")
             pg.stop()
             t_stop = time.monotonic()
             wait_for(lambda: ready(c)[0] == 503, what="/ready to say so")
@@ -540,6 +543,8 @@ def test_postgres_stopped_for_20_s_and_restarted_mid_run(pg: Postgres, tmp_path:
             settle(c, store, arrivals, ledger)
         assert arrivals.errors == []
         out = final_check(store, arrivals.acked, ledger)
+        row = store.get_job(held)  # launched once, ran through the outage to its end, once
+        assert row is not None and (row.state, row.attempts, ledger_counts(ledger)[held]) == ("finished", 1, 1)
         print(f"\nPostgreSQL down {t_start - t_stop:.1f} s: {out['jobs']} jobs, {out['launches']} launches, "
               f"{arrivals.refused} submissions refused meanwhile (503, retried); ready again {recovered:.2f} s "
               "after it restarted; 0 lost, 0 stuck, 0 overlaps")
@@ -630,7 +635,10 @@ def test_a_restart_with_an_end_unrecorded_and_the_disk_still_full_runs_no_job_ag
         r = c.post("/jobs", json={"command": f"echo started; while [ ! -e {go}/a ]; do sleep 0.05; done", "gpus": 1})
         assert r.status_code == 201
         a = int(r.json()["id"])
-        wait_for(lambda: "started" in c.get(f"/jobs/{a}/logs").text, what="the job to start")
+        # started, and its launch recorded (pids stored): the process runs before its launch is recorded, and a
+        # launch whose record the full disk refuses is undone
+        wait_for(lambda: "started" in c.get(f"/jobs/{a}/logs").text and launched(c.get(f"/jobs/{a}").json()),
+                 what="the job to start and its launch to be recorded")
         pid = c.get(f"/jobs/{a}").json()["procs"][0]["pid"]
         filler = fill(state)
         (go / "a").touch()
