@@ -762,26 +762,6 @@ def test_a_guaranteed_tier_walk_resumed_where_its_first_ended_job_was() -> None:
     assert _resume_tier(hit, 1) == ([], [], [], [], 0)  # (a ended: from the start)
 
 
-def test_guaranteed_tiers_merged_from_what_changed_in_each_leaf() -> None:
-    # every leaf's guaranteed tier merged by rank is the last merge with the jobs that left a leaf's tier taken out
-    # and those that joined put in at their rank; a leaf's tier that is the same list object is unchanged; too many
-    # changes: None (sorted again whole)
-    from gpuloom.policies.queues import _merge_changes
-
-    a, b, c, d, e, f = (Job(JobSpec(n, 0.0, 1, 100.0)) for n in "abcdef")
-    x0 = [(1, a), (4, d)]
-    y0 = [(2, b), (3, c)]
-    last = ({0: x0, 1: y0}, [1, 2, 3, 4], [a, b, c, d])
-    assert _merge_changes(last, {0: x0, 1: y0}) == ([1, 2, 3, 4], [a, b, c, d])
-    # leaf 1: c left, f (rank 6) and e (rank 5) joined; leaf 0 the same list object
-    assert _merge_changes(last, {0: x0, 1: [(2, b), (5, e), (6, f)]}) == ([1, 2, 4, 5, 6], [a, b, d, e, f])
-    # leaf 0: a left; a leaf of the last merge gone: its jobs out
-    assert _merge_changes(last, {0: [(4, d)]}) == ([4], [d])
-    assert _merge_changes(last, {0: [(4, d)], 1: [(2, b), (3, c)]}) == ([2, 3, 4], [b, c, d])  # (a new equal list)
-    assert _merge_changes(last, {0: [], 1: []}, most=3) is None
-    assert last == ({0: x0, 1: y0}, [1, 2, 3, 4], [a, b, c, d])  # (the last merge is left as it was)
-
-
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # a leaf whose job ended within its guaranteed tier walks its tier again from that job on, not from the start

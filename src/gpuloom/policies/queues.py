@@ -207,9 +207,7 @@ class QuotaQueues(QueuePolicy):
         # book's leaves, no limits): for the tree, strictness and cluster of _tier_a_key
         self._tier_a: dict[int, TierA] = {}
         self._tier_a_key: Any = None
-        # the last admission's tier per leaf (from the cache), and every leaf's together: their ranks and jobs in rank
-        # order
-        self._tier_a_merged: tuple[dict[int, list[tuple[int, Job]]], list[int], list[Job]] | None = None
+        self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
         # the leaves' guaranteed ids of the last walk by rank, and their union (_taken_union)
         self._taken_memo: tuple[list[Collection[str]], set[str]] | None = None
         self._prioritised = False  # the last admission saw a job of non-zero priority
@@ -484,7 +482,7 @@ class QuotaQueues(QueuePolicy):
         # read from there (made into iterators only when the walk reads the leaves: the walk by rank does not)
         after: list[TierA | None] = [None] * nq
         if self.guarantees:
-            mine_of: dict[int, list[tuple[int, Job]]] = {}  # each leaf's tier
+            mines: list[list[tuple[int, Job]]] = []  # each leaf's tier (joined only when not every one was cached)
             all_hit = cache is not None
             for q in tree.leaves:
                 o = owed[q]
@@ -499,7 +497,7 @@ class QuotaQueues(QueuePolicy):
                     else:
                         for d in ds:
                             take(q, d)
-                    mine_of[q] = mine
+                    mines.append(mine)
                     taken_by[q] = ids
                     continue
                 all_hit = False
@@ -559,7 +557,7 @@ class QuotaQueues(QueuePolicy):
                         room = o[0] - use[q][0] + _EPS
                         if not any(n and g <= room for g, n in ahead.items()):
                             break
-                mine_of[q] = mine
+                mines.append(mine)
                 ids = {j.id for _, j in mine}
                 taken_by[q] = ids
                 if cache is not None:
@@ -567,18 +565,14 @@ class QuotaQueues(QueuePolicy):
                     cache[q] = (mine, ds, ids, (u[0], u[1], u[2]), gaps, span)
             # in the order policy's order across queues (running jobs first under FIFO), each queue's kept (ranks
             # are distinct: sorting by them merges the queues' lists); the same as the last round's when every
-            # leaf's was, else the last round's with what changed in each leaf's tier (_merge_changes) (a copy:
-            # note_guaranteed extends it)
-            last = self._tier_a_merged if cache is not None else None
-            merged: tuple[list[int], list[Job]] | None = (
-                None if last is None else (last[1], last[2]) if all_hit else _merge_changes(last, mine_of))
+            # leaf's was (a copy: note_guaranteed extends it)
+            merged = self._tier_a_merged if all_hit else None
             if merged is None:
-                tier_a = [x for mine in mine_of.values() for x in mine]
+                tier_a = [x for mine in mines for x in mine]
                 tier_a.sort(key=_rank)
-                merged = ([x[0] for x in tier_a], [j for _, j in tier_a])
-            tier_ranks, tier_jobs = merged
-            self._tier_a_merged = (mine_of, tier_ranks, tier_jobs) if cache is not None else None
-            adm.guaranteed = list(tier_jobs)
+                merged = [j for _, j in tier_a]
+                self._tier_a_merged = merged if cache is not None else None
+            adm.guaranteed = list(merged)
 
         def rests() -> list[Iterator[tuple[int, Job]]]:  # per leaf, its jobs past its guaranteed tier, lazily
             return [_without(lists[q], taken_by[q]) if (a := after[q]) is None
@@ -1230,45 +1224,6 @@ def _resume_tier(hit: TierA, first: int) -> tuple[list[tuple[int, Job]], list[Tr
     g = bisect.bisect_left(gaps, last, key=_rank) if k else 0
     p = bisect.bisect_left(gaps, first, key=_rank)
     return mine[:k], ds[:k], gaps[:g], gaps[g:p], (k + g if k else 0)
-
-
-def _merge_changes(last: tuple[dict[int, list[tuple[int, Job]]], list[int], list[Job]],
-                   mine_of: dict[int, list[tuple[int, Job]]], most: int = 64) -> tuple[list[int], list[Job]] | None:
-    """Every leaf's guaranteed tier of ``mine_of`` ((rank, job)s, each leaf's in rank order) merged by rank, from
-    ``last`` (the tiers of the last admission of the same cache, and their merge: ranks, jobs): a leaf's tier that
-    is the same list object as there is unchanged (the cache keeps it); of the others, the jobs that left are taken
-    out and those that joined put in at their rank (ranks are distinct, each one job's).  None when more than
-    ``most`` jobs left or joined (sorting them all again is then as cheap)."""
-    last_of, ranks, jobs = last
-    moves: list[tuple[list[tuple[int, Job]], list[tuple[int, Job]]]] = []
-    for q, mine in mine_of.items():
-        old = last_of.get(q)
-        if old is not mine:
-            moves.append((old or [], mine))
-    if len(last_of) != len(mine_of):
-        moves += [(old, []) for q, old in last_of.items() if q not in mine_of]
-    if not moves:
-        return ranks, jobs
-    gone: list[int] = []
-    came: list[tuple[int, Job]] = []
-    for old, new in moves:
-        was = {x[0] for x in old}
-        now = {x[0] for x in new}
-        gone += [r for r in was if r not in now]
-        came += [x for x in new if x[0] not in was]
-        if len(gone) + len(came) > most:
-            return None
-    ranks, jobs = list(ranks), list(jobs)
-    bisect_left = bisect.bisect_left
-    for r in gone:
-        i = bisect_left(ranks, r)
-        del ranks[i]
-        del jobs[i]
-    for r, j in came:
-        i = bisect_left(ranks, r)
-        ranks.insert(i, r)
-        jobs.insert(i, j)
-    return ranks, jobs
 
 
 def _takes_none(hit: TierA, new: Sequence[Job], owed: Triple, per_gpu: tuple[float, float]) -> bool:
