@@ -505,8 +505,11 @@ class QuotaQueues(QueuePolicy):
                 gaps: list[tuple[int, Job]] = []  # (the jobs passed, up to the last one taken)
                 passed: list[tuple[int, Job]] = []
                 span = 0
-                # (from the book: its jobs not walked yet, by GPUs, to stop where none of them would fit)
-                ahead = dict(book.sizes.get(q, ())) if from_book and book is not None else None
+                # (from the book: its jobs not walked yet, by GPUs, to stop where none of them would fit; counted
+                # from the first job passed on, which about one walk in nine meets: the jobs read before it are those
+                # taken and passed)
+                sizes = book.sizes.get(q, {}) if from_book and book is not None else None
+                ahead: dict[int, int] | None = None
                 jobs: Iterable[tuple[int, Job]] = lists[q]
                 res = resume.get(q)
                 if res is not None:
@@ -522,9 +525,6 @@ class QuotaQueues(QueuePolicy):
                             u[2] += d[2]
                         else:
                             take(q, d)
-                    if ahead is not None:
-                        for x in itertools.chain(mine, gaps, passed):
-                            ahead[x[1].spec.gpus] -= 1
                     jobs = itertools.islice(jobs, len(mine) + len(gaps) + len(passed), None)
                 for x in jobs:
                     j = x[1]
@@ -553,7 +553,11 @@ class QuotaQueues(QueuePolicy):
                     passed.append(x)
                     if strict:
                         break
-                    elif ahead is not None:
+                    elif sizes is not None:
+                        if ahead is None:
+                            ahead = dict(sizes)
+                            for y in itertools.chain(mine, gaps, passed):  # (every job read, this one too)
+                                ahead[y[1].spec.gpus] -= 1
                         room = o[0] - use[q][0] + _EPS
                         if not any(n and g <= room for g, n in ahead.items()):
                             break
