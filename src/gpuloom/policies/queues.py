@@ -478,8 +478,9 @@ class QuotaQueues(QueuePolicy):
             cache = self._tier_a
             flat = all(len(p) == 1 for p in path)
         taken_by: list[Collection[str]] = [()] * nq  # per leaf, its guaranteed jobs' ids
-        # per leaf, its cached tier when the cache knows where tier A ends in its list: its jobs past the tier are
-        # read from there (made into iterators only when the walk reads the leaves: the walk by rank does not)
+        # per leaf, its tier when the cache knows where tier A ends in its list (cached, or walked now): its jobs past
+        # the tier are read from there (made into iterators only when the walk reads the leaves: the walk by rank
+        # does not), not by testing each of the leaf's jobs against the tier's ids
         after: list[TierA | None] = [None] * nq
         if self.guarantees:
             mines: list[list[tuple[int, Job]]] = []  # each leaf's tier (joined only when not every one was cached)
@@ -566,7 +567,7 @@ class QuotaQueues(QueuePolicy):
                 taken_by[q] = ids
                 if cache is not None:
                     u = use[q]
-                    cache[q] = (mine, ds, ids, (u[0], u[1], u[2]), gaps, span)
+                    cache[q] = after[q] = (mine, ds, ids, (u[0], u[1], u[2]), gaps, span)
             # in the order policy's order across queues (running jobs first under FIFO), each queue's kept (ranks
             # are distinct: sorting by them merges the queues' lists); the same as the last round's when every
             # leaf's was (a copy: note_guaranteed extends it)
@@ -642,7 +643,7 @@ class QuotaQueues(QueuePolicy):
             # leaf's use is read by no key, so none is summed; heads are kept by no reader: None)
             taken = self._taken_union(taken_by)
             adm.walk = Walk(adm.guaranteed, adm.over,
-                            self._by_rank_walk(adm, iter(ordered), taken, per_gpu, asked, bound, pauses))
+                            self._by_rank_walk(adm, iter(ordered), taken, asked, bound, pauses))
             self._remember(adm, view)
             return adm
         if rest is None:
@@ -781,8 +782,8 @@ class QuotaQueues(QueuePolicy):
         return union
 
     @staticmethod
-    def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], per_gpu: tuple[float, float],
-                      asked: float, enough: list[float], pauses: bool) -> Iterator[Job | None]:
+    def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], asked: float, enough: list[float],
+                      pauses: bool) -> Iterator[Job | None]:
         """The borrowing walk by rank, every job taken (see :meth:`admit`): the jobs of ``jobs`` not in ``taken``,
         each appended to ``adm.over`` as it is handed on, until they ask for ``enough[0]`` GPUs (then it waits
         there when it ``pauses``, as the walk over the leaves does, and stops unless the bound was lifted;
@@ -797,11 +798,9 @@ class QuotaQueues(QueuePolicy):
         else:
             j = None
         while j is not None:
-            c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
-            d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
             over_append(j)
             yield j
-            asked += d[0]
+            asked += j.spec.gpus  # (_demand's GPUs are float(spec.gpus): the same sum)
             nxt: Job | None = None
             for x in jobs:
                 if x.id not in taken:
