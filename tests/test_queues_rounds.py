@@ -762,6 +762,19 @@ def test_a_guaranteed_tier_walk_resumed_where_its_first_ended_job_was() -> None:
     assert _resume_tier(hit, 1) == ([], [], [], [], 0)  # (a ended: from the start)
 
 
+def test_the_union_of_the_guaranteed_ids_is_kept_and_changed_where_a_leaf_s_set_changed() -> None:
+    # the walk by rank skips the jobs of every leaf's guaranteed tier: their ids' union is kept between admissions
+    # (the same object while every leaf's set is), and a leaf whose set is another object is taken out and put in
+    stage = QuotaQueues(FIVE)
+    a, b, c = {"a1", "a2"}, {"b1"}, {"c1", "c2"}
+    first = stage._taken_union([a, (), b])
+    assert first == {"a1", "a2", "b1"}
+    assert stage._taken_union([a, (), b]) is first
+    assert stage._taken_union([a, c, b]) == {"a1", "a2", "b1", "c1", "c2"}
+    assert stage._taken_union([{"a2", "a3"}, c, b]) == {"a2", "a3", "b1", "c1", "c2"}  # (a1 left, a3 joined)
+    assert stage._taken_union([(), ()]) == set()  # (another number of leaves: anew)
+
+
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # a leaf whose job ended within its guaranteed tier walks its tier again from that job on, not from the start
