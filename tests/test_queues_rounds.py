@@ -743,6 +743,74 @@ def test_a_guaranteed_tier_kept_past_ends_and_non_fitting_arrivals() -> None:
     assert not _takes_none(hit, [jobs[3], Job(JobSpec("e", 0.0, 1, 100.0))], owed, per_gpu)
 
 
+def test_a_guaranteed_tier_walk_resumed_where_its_first_ended_job_was() -> None:
+    # a leaf's tier walk (guarantee 6 GPUs, no strict quotas) took a (2), passed b (5), took c (1), passed d (4),
+    # took f (2): when a job at or before f ends, the walk goes on from the state it had reached that job in: the
+    # jobs taken before it, the jobs passed before the last of those (gaps), those passed after it, and the span
+    from gpuloom.policies.queues import _resume_tier
+
+    a, b, c, d, f = (Job(JobSpec(n, 0.0, g, 100.0)) for n, g in (("a", 2), ("b", 5), ("c", 1), ("d", 4), ("f", 2)))
+    da, dc, df = (2.0, 0.0, 0.0), (1.0, 0.0, 0.0), (2.0, 0.0, 0.0)
+    hit = ([(1, a), (3, c), (5, f)], [da, dc, df], {"a", "c", "f"}, (5.0, 0.0, 0.0), [(2, b), (4, d)], 5)
+    assert _resume_tier(hit, 3) == ([(1, a)], [da], [], [(2, b)], 1)  # (c ended: b passed after a)
+    assert _resume_tier(hit, 5) == ([(1, a), (3, c)], [da, dc], [(2, b)], [(4, d)], 3)  # (f ended)
+    assert _resume_tier(hit, 4) == ([(1, a), (3, c)], [da, dc], [(2, b)], [], 3)  # (d, a passed job, ended)
+    assert _resume_tier(hit, 2) == ([(1, a)], [da], [], [], 1)
+    assert _resume_tier(hit, 1) == ([], [], [], [], 0)  # (a ended: from the start)
+
+
+def test_the_union_of_the_guaranteed_ids_is_kept_and_changed_where_a_leaf_s_set_changed() -> None:
+    # the walk by rank skips the jobs of every leaf's guaranteed tier: their ids' union is kept between admissions
+    # (the same object while every leaf's set is), and a leaf whose set is another object is taken out and put in
+    stage = QuotaQueues(FIVE)
+    a, b, c = {"a1", "a2"}, {"b1"}, {"c1", "c2"}
+    first = stage._taken_union([a, (), b])
+    assert first == {"a1", "a2", "b1"}
+    assert stage._taken_union([a, (), b]) is first
+    assert stage._taken_union([a, c, b]) == {"a1", "a2", "b1", "c1", "c2"}
+    assert stage._taken_union([{"a2", "a3"}, c, b]) == {"a2", "a3", "b1", "c1", "c2"}  # (a1 left, a3 joined)
+    assert stage._taken_union([(), ()]) == set()  # (another number of leaves: anew)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a leaf whose job ended within its guaranteed tier walks its tier again from that job on, not from the start
+    # (QuotaQueues.tiers_resumed): every admission's guaranteed tier, and the run, must be those of walking it again
+    # whole, and the walk must go on that way often
+    import gpuloom.policies.queues as qm
+
+    specs = five_queue_specs(400, 60.0, 2)
+    tiers: list[list[list[str]]] = []
+    runs = []
+    resumed: list[int] = []
+    for on in (False, True):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.tiers_resumed = on
+        seen: list[list[str]] = []
+        tiers.append(seen)
+        admit = stage.admit
+
+        def recorded(*a, admit=admit, seen=seen, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            seen.append([j.id for j in out.guaranteed])
+            return out
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        if on:
+            def counted(*a, f=qm._resume_tier):  # noqa: ANN001, ANN002, ANN202
+                resumed.append(a[1])
+                return f(*a)
+
+            monkeypatch.setattr(qm, "_resume_tier", counted)
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+    assert tiers[0] == tiers[1] and len(tiers[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert len(resumed) >= 50
+
+
 @pytest.mark.parametrize("priority", [False, True], ids=["plain", "priority"])
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(policy: str, priority: bool,

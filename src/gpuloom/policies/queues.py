@@ -78,6 +78,7 @@ guarantees or limits: DRF or fair share between users.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -180,6 +181,9 @@ class QuotaQueues(QueuePolicy):
     incremental = True
     #: False: a leaf's cached guaranteed tier is walked again whenever one of its jobs ends (tests compare)
     tiers_past_ends = True
+    #: False: a leaf's guaranteed tier one of whose jobs ended within it is walked again from the start, not from
+    #: that job on (tests compare)
+    tiers_resumed = True
     #: False: a walk by rank with every job taken merges the leaves' lists too (tests compare)
     rank_walk = True
 
@@ -204,6 +208,8 @@ class QuotaQueues(QueuePolicy):
         self._tier_a: dict[int, TierA] = {}
         self._tier_a_key: Any = None
         self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
+        # the leaves' guaranteed ids of the last walk by rank, and their union (_taken_union)
+        self._taken_memo: tuple[list[Collection[str]], set[str]] | None = None
         self._prioritised = False  # the last admission saw a job of non-zero priority
         self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
         # the last lazy one, and its read_whole (None: done)
@@ -436,6 +442,8 @@ class QuotaQueues(QueuePolicy):
         # otherwise its takes are made again in the same order (the same sums, to the bit), or in a flat tree
         # (no node but the leaf sums them) its use is set to what they summed to
         cache: dict[int, TierA] | None = None
+        # per leaf, its last tier and the rank of the first of its jobs that ended, when its walk goes on from there
+        resume: dict[int, tuple[TierA, int]] = {}
         flat = False
         # no limit anywhere: every job fits them (each is INF); one level: a leaf's use is its own
         limited, flat_tree = tree.limited, all(len(p) == 1 for p in path)
@@ -453,9 +461,12 @@ class QuotaQueues(QueuePolicy):
                 keep = self.tiers_past_ends
                 for q, ranks in book.ended.items():
                     hit = tiers.get(q)
-                    if hit is not None and not (keep and not (self.priority and q in prioritised)
-                                                and _keeps_tier(hit, ranks, strict)):
-                        del tiers[q]
+                    if hit is not None:
+                        ranked = keep and not (self.priority and q in prioritised)
+                        if not (ranked and _keeps_tier(hit, ranks, strict)):
+                            del tiers[q]
+                            if ranked and not strict and self.tiers_resumed:
+                                resume[q] = (hit, min(ranks))
                 for q, new in book.arrived.items():
                     hit = tiers.get(q)
                     if hit is not None and not (keep and not (self.priority and q in prioritised)
@@ -467,8 +478,10 @@ class QuotaQueues(QueuePolicy):
             cache = self._tier_a
             flat = all(len(p) == 1 for p in path)
         taken_by: list[Collection[str]] = [()] * nq  # per leaf, its guaranteed jobs' ids
-        # per leaf, its jobs past its tier A, when the cache knows where tier A ends in its list
-        after: list[Iterator[tuple[int, Job]] | None] = [None] * nq
+        # per leaf, its tier when the cache knows where tier A ends in its list (cached, or walked now): its jobs past
+        # the tier are read from there (made into iterators only when the walk reads the leaves: the walk by rank
+        # does not), not by testing each of the leaf's jobs against the tier's ids
+        after: list[TierA | None] = [None] * nq
         if self.guarantees:
             mines: list[list[tuple[int, Job]]] = []  # each leaf's tier (joined only when not every one was cached)
             all_hit = cache is not None
@@ -479,7 +492,7 @@ class QuotaQueues(QueuePolicy):
                 hit = cache.get(q) if cache is not None else None
                 if hit is not None:
                     mine, ds, ids, total = hit[:4]
-                    after[q] = itertools.chain(hit[4], itertools.islice(lists[q], hit[5], None))
+                    after[q] = hit
                     if flat:
                         use[q] = list(total)
                     else:
@@ -493,9 +506,28 @@ class QuotaQueues(QueuePolicy):
                 gaps: list[tuple[int, Job]] = []  # (the jobs passed, up to the last one taken)
                 passed: list[tuple[int, Job]] = []
                 span = 0
-                # (from the book: its jobs not walked yet, by GPUs, to stop where none of them would fit)
-                ahead = dict(book.sizes.get(q, ())) if from_book and book is not None else None
-                for x in lists[q]:
+                # (from the book: its jobs not walked yet, by GPUs, to stop where none of them would fit; counted
+                # from the first job passed on, which about one walk in nine meets: the jobs read before it are those
+                # taken and passed)
+                sizes = book.sizes.get(q, {}) if from_book and book is not None else None
+                ahead: dict[int, int] | None = None
+                jobs: Iterable[tuple[int, Job]] = lists[q]
+                res = resume.get(q)
+                if res is not None:
+                    # its jobs only ended (or arrived) since its tier was walked, the first that ended within the
+                    # tier: up to that job the list is the same, so the walk made the same steps there (the same
+                    # takes, the same sums; it stopped nowhere before it); it goes on from there (_resume_tier)
+                    mine, ds, gaps, passed, span = _resume_tier(res[0], res[1])
+                    u = use[q]
+                    for d in ds:
+                        if flat_tree:
+                            u[0] += d[0]
+                            u[1] += d[1]
+                            u[2] += d[2]
+                        else:
+                            take(q, d)
+                    jobs = itertools.islice(jobs, len(mine) + len(gaps) + len(passed), None)
+                for x in jobs:
                     j = x[1]
                     c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
                     d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
@@ -522,7 +554,11 @@ class QuotaQueues(QueuePolicy):
                     passed.append(x)
                     if strict:
                         break
-                    elif ahead is not None:
+                    elif sizes is not None:
+                        if ahead is None:
+                            ahead = dict(sizes)
+                            for y in itertools.chain(mine, gaps, passed):  # (every job read, this one too)
+                                ahead[y[1].spec.gpus] -= 1
                         room = o[0] - use[q][0] + _EPS
                         if not any(n and g <= room for g, n in ahead.items()):
                             break
@@ -531,7 +567,7 @@ class QuotaQueues(QueuePolicy):
                 taken_by[q] = ids
                 if cache is not None:
                     u = use[q]
-                    cache[q] = (mine, ds, ids, (u[0], u[1], u[2]), gaps, span)
+                    cache[q] = after[q] = (mine, ds, ids, (u[0], u[1], u[2]), gaps, span)
             # in the order policy's order across queues (running jobs first under FIFO), each queue's kept (ranks
             # are distinct: sorting by them merges the queues' lists); the same as the last round's when every
             # leaf's was (a copy: note_guaranteed extends it)
@@ -542,8 +578,11 @@ class QuotaQueues(QueuePolicy):
                 merged = [j for _, j in tier_a]
                 self._tier_a_merged = merged if cache is not None else None
             adm.guaranteed = list(merged)
-        rest: list[Iterator[tuple[int, Job]]] = [
-            _without(lists[q], taken_by[q]) if (a := after[q]) is None else a for q in range(nq)]
+
+        def rests() -> list[Iterator[tuple[int, Job]]]:  # per leaf, its jobs past its guaranteed tier, lazily
+            return [_without(lists[q], taken_by[q]) if (a := after[q]) is None
+                    else itertools.chain(a[4], itertools.islice(lists[q], a[5], None)) for q in range(nq)]
+
         asked = sum(use[n][0] for n in range(nq) if tree.parent[n] < 0)
         # without ``full`` the walk hands on jobs asking for up to twice the cluster (placement rarely needs
         # more to fill it; the scheduler walks again with ``full`` when it does)
@@ -569,7 +608,11 @@ class QuotaQueues(QueuePolicy):
                             break
             taken_by = [{*taken_by[q], *extra[q]} if extra[q] else taken_by[q] for q in range(nq)]
             rest = [_without(lists[q], taken_by[q]) for q in range(nq)]
+        else:
+            rest = None
         if not self.borrow:
+            if rest is None:
+                rest = rests()
             for q in tree.leaves:
                 for _, j in rest[q]:
                     adm.held[j.id] = QUEUE_AT_QUOTA
@@ -583,9 +626,11 @@ class QuotaQueues(QueuePolicy):
         by_rank = from_book and share_key is None and not tree.limited and not tree.surplus and not self._prioritised
         self._by_rank = adm if full and by_rank else None
 
+        bound = [enough]  # (the walk by rank's: read_whole lifts both)
+
         def read_whole() -> None:  # (read_whole: from here on the walk is admit(full=True)'s)
             nonlocal enough
-            enough = INF
+            enough = bound[0] = INF
             if by_rank:
                 self._by_rank = adm
 
@@ -596,12 +641,13 @@ class QuotaQueues(QueuePolicy):
             # the walk by rank with every job taken is the jobs of ``ordered`` (the order of admission, the
             # book's ranks) outside the guaranteed tier, in its order: read so, without the leaves' heap (each
             # leaf's use is read by no key, so none is summed; heads are kept by no reader: None)
-            taken = set().union(*taken_by)
+            taken = self._taken_union(taken_by)
             adm.walk = Walk(adm.guaranteed, adm.over,
-                            self._by_rank_walk(adm, iter(ordered), taken, per_gpu, asked,
-                                               lambda: enough, pauses))
+                            self._by_rank_walk(adm, iter(ordered), taken, asked, bound, pauses))
             self._remember(adm, view)
             return adm
+        if rest is None:
+            rest = rests()
         heads: list[tuple[int, Job] | None] = [next(r, None) for r in rest]
         adm.heads = heads
         steps: list[tuple[int, Triple | None]] | None = None
@@ -717,30 +763,56 @@ class QuotaQueues(QueuePolicy):
         self._remember(adm, view)
         return adm
 
+    def _taken_union(self, taken_by: list[Collection[str]]) -> Collection[str]:
+        """Every leaf's guaranteed jobs' ids (``taken_by``) as one set, for the walk by rank's membership tests.  The
+        sets of cached tiers are the same objects round after round (:data:`TierA`): the last union is kept, and
+        only the leaves whose set is another object are taken out (their last set) and put in (their new one): the
+        leaves' sets are disjoint.  It changes in place only when a leaf's tier did, that is after the book's
+        leaves changed, which the last walk also reads: a walk is not read past the next admission's changes."""
+        last = self._taken_memo
+        if last is None or len(last[0]) != len(taken_by):
+            union: set[str] = set().union(*taken_by)
+        else:
+            old, union = last
+            for a, b in zip(old, taken_by, strict=True):
+                if a is not b:
+                    union.difference_update(a)
+                    union.update(b)
+        self._taken_memo = (list(taken_by), union)
+        return union
+
     @staticmethod
-    def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], per_gpu: tuple[float, float],
-                      asked: float, enough: Callable[[], float], pauses: bool) -> Iterator[Job | None]:
+    def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], asked: float, enough: list[float],
+                      pauses: bool) -> Iterator[Job | None]:
         """The borrowing walk by rank, every job taken (see :meth:`admit`): the jobs of ``jobs`` not in ``taken``,
-        each appended to ``adm.over`` as it is handed on, until they ask for ``enough()`` GPUs (then it waits
+        each appended to ``adm.over`` as it is handed on, until they ask for ``enough[0]`` GPUs (then it waits
         there when it ``pauses``, as the walk over the leaves does, and stops unless the bound was lifted;
         ``truncated`` when jobs are left)."""
         over_append = adm.over.append
-        left = (j for j in jobs if j.id not in taken)
-        j = next(left, None)
+        # (the jobs not in taken read from jobs by loops here, not through a generator of their own: one frame
+        # resumed per job handed on, not two)
+        j: Job | None = None
+        for j in jobs:
+            if j.id not in taken:
+                break
+        else:
+            j = None
         while j is not None:
-            c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
-            d = c[1] if c is not None and c[0] == per_gpu else _demand(j, per_gpu)
             over_append(j)
             yield j
-            asked += d[0]
-            nxt = next(left, None)
-            if asked >= enough():
+            asked += j.spec.gpus  # (_demand's GPUs are float(spec.gpus): the same sum)
+            nxt: Job | None = None
+            for x in jobs:
+                if x.id not in taken:
+                    nxt = x
+                    break
+            if asked >= enough[0]:
                 if pauses:  # (once: a bound lifted stays lifted)
                     pauses = False
                     adm.paused = nxt is not None
                     yield None
                     adm.paused = None
-                if asked >= enough():
+                if asked >= enough[0]:
                     adm.truncated = nxt is not None
                     return
             j = nxt
@@ -1135,6 +1207,26 @@ def _keeps_tier(hit: TierA, ended: Sequence[int], strict: bool) -> bool:
         return False
     mine = hit[0]
     return not mine or min(ended) > mine[-1][0]
+
+
+def _resume_tier(hit: TierA, first: int) -> tuple[list[tuple[int, Job]], list[Triple], list[tuple[int, Job]],
+                                                   list[tuple[int, Job]], int]:
+    """The state of a leaf's guaranteed tier walk (without ``strict``, no priority) as it reached the job of rank
+    ``first``, the first of its jobs to end since it made the tier ``hit``, that job being at or before the tier's
+    last (else the tier holds: :func:`_keeps_tier`): the jobs it took before it and what each asks, the jobs it
+    passed before its last take there (``gaps``) and after it (``passed``), and ``span``.  The walk read every job
+    of the list up to there, in rank order (ended jobs leave it, arrived ones join its end): each was taken or
+    passed, and each passed one lies before a later take (the tier's last job is past ``first``), so in the
+    tier's gaps.  Going on from there over the list without the ended jobs walks what the whole walk walks: up to
+    there the same jobs with the same sums in the same order, so the same steps, except that the whole walk may
+    stop at a job passed once no job left would fit (fewer are left now) and this one reads on, taking none of
+    them (what is left only shrinks) nor passing one before a take: the same tier, gaps and span."""
+    mine, ds, _, _, gaps, _ = hit
+    k = bisect.bisect_left(mine, first, key=_rank)
+    last = mine[k - 1][0] if k else -1
+    g = bisect.bisect_left(gaps, last, key=_rank) if k else 0
+    p = bisect.bisect_left(gaps, first, key=_rank)
+    return mine[:k], ds[:k], gaps[:g], gaps[g:p], (k + g if k else 0)
 
 
 def _takes_none(hit: TierA, new: Sequence[Job], owed: Triple, per_gpu: tuple[float, float]) -> bool:
