@@ -551,6 +551,8 @@ class Scheduler:
         # a lone job's request is its spec's (static requests, no groups, no hook that changes one): the round's
         # requests are read only if asked for later (Round.requests; often never), each owed job asks its spec
         static = self.size.static_requests and not self.group.merges and not self.hooks
+        # a pure choice gets nothing for more GPUs than are free (what the tail walk rests on too): not asked
+        pure = self.place.pure_choose and self.reclaim_changes
         asked: dict[str, pb.Request] | None = None
         requests: list[pb.Request] = []
         if not static:
@@ -610,7 +612,8 @@ class Scheduler:
                     shape = (req.gpus, req.cpus, req.mem_mb)
                     if shape in refused:
                         continue
-                    parts = self.place.choose_for(req, free, view)
+                    parts = (None if pure and req.gpus > free.free_gpus else
+                             self.place.choose_for(req, free, view))
                     if parts is None:
                         if theirs is None:
                             kept = [x.id for x in placed]
@@ -652,7 +655,8 @@ class Scheduler:
                                     else:  # (its GPUs are its own: given back once)
                                         base.release(lent_a.parts)
                         if theirs:
-                            parts = self.place.choose_for(req, base, view)
+                            parts = (None if pure and req.gpus > base.free_gpus else
+                                     self.place.choose_for(req, base, view))
                         if parts is None:
                             refused.add(shape)
                             continue
