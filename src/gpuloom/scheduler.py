@@ -157,8 +157,9 @@ class Scheduler:
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
         self.append_queues = True  # False: a queue round never only backfills its new jobs (tests compare)
         self.walk_whole = True  # False: a lazy walk that left GPUs free is always admitted again whole (tests compare)
-        # False: reclaim's free state is built from every allocation, and an owed queue's jobs are all read
-        # (tests compare)
+        # False: reclaim's free state is built from every allocation, an owed queue's jobs are all read, reclaim's
+        # plans are compared with the current allocations allocation by allocation, and an eviction asks placement
+        # even for more GPUs than are free (tests compare)
         self.reclaim_changes = True
 
     @classmethod
