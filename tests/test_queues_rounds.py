@@ -965,3 +965,43 @@ def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int
     gpus = {s.id: s.gpus for s in specs}
     past = sum(1 for g, over, _, _ in walks[1] if sum(gpus[j] for j in (*g, *over)) >= 2 * 32)
     assert len(by_rank) > 100 and past >= 10  # (walks read past their bound: gone on whole)
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_reclaims_plans_say_what_they_change_of_the_current_allocations(policy: str) -> None:
+    # a two-pass round's plan extends its pinned allocations, and an eviction's is a plain dict: both are made
+    # plans that extend the driver's allocations (scheduler._rebased), from the first pass's, the second's and
+    # the evictions' own lists.  Each time, those lists must be what comparing every allocation gives (the jobs
+    # added in the plan's order), diff the same actions in the same order, and the run the same as without
+    import gpuloom.scheduler as sm
+    from gpuloom.core.plan import changes, diff
+
+    specs = five_queue_specs(300, 40.0, 1, priority=True)
+    rebased = sm._rebased
+    seen: list[tuple[int, int]] = []
+
+    def compared(allocs: dict[str, Allocation], current: dict[str, Allocation], removed: list[str],
+                 added: list[str], free_gpus: int | None = None) -> Plan:
+        out = rebased(allocs, current, list(removed), list(added), free_gpus)
+        assert out.base is current  # (the lists added up)
+        plain = Plan(dict(allocs), free_gpus)
+        gone, new = changes(current, plain)
+        assert sorted(out.removed) == sorted(gone) and out.added == new
+        assert [(a.kind, a.job_id, a.old, a.new) for a in diff(current, out)] == [
+            (a.kind, a.job_id, a.old, a.new) for a in diff(current, plain)]
+        seen.append((len(out.removed), len(out.added)))
+        return out
+
+    runs = []
+    for from_changes in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        sched.reclaim_changes = from_changes
+        sm._rebased = compared  # type: ignore[assignment]
+        try:
+            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
+        finally:
+            sm._rebased = rebased  # type: ignore[assignment]
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    # (used, on plans that took jobs out and put jobs in)
+    assert len(seen) >= 10 and sum(r for r, _ in seen) > 0 and sum(a for _, a in seen) > 0, seen

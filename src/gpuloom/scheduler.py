@@ -54,7 +54,7 @@ is updated to match, so the gang check still holds against the final plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -157,8 +157,9 @@ class Scheduler:
         self.walk_queues = True  # False: a queue stage's admission is always read whole (tests compare the two ways)
         self.append_queues = True  # False: a queue round never only backfills its new jobs (tests compare)
         self.walk_whole = True  # False: a lazy walk that left GPUs free is always admitted again whole (tests compare)
-        # False: reclaim's free state is built from every allocation, and an owed queue's jobs are all read
-        # (tests compare)
+        # False: reclaim's free state is built from every allocation, an owed queue's jobs are all read, reclaim's
+        # plans are compared with the current allocations allocation by allocation, and an eviction asks placement
+        # even for more GPUs than are free (tests compare)
         self.reclaim_changes = True
 
     @classmethod
@@ -551,6 +552,8 @@ class Scheduler:
         # a lone job's request is its spec's (static requests, no groups, no hook that changes one): the round's
         # requests are read only if asked for later (Round.requests; often never), each owed job asks its spec
         static = self.size.static_requests and not self.group.merges and not self.hooks
+        # a pure choice gets nothing for more GPUs than are free (what the tail walk rests on too): not asked
+        pure = self.place.pure_choose and self.reclaim_changes
         asked: dict[str, pb.Request] | None = None
         requests: list[pb.Request] = []
         if not static:
@@ -570,11 +573,30 @@ class Scheduler:
         gone_a: list[Allocation] = []
         new_a: list[Allocation] = []
 
+        # the plans made here extend the driver's allocations when the round's does and no group is touched
+        # (drop_job regroups co-runners): its lists with the jobs evicted and placed here (_rebased)
+        current = view.current
+        rebase = self.reclaim_changes and _extends(rnd.plan, current)
+        evicted: list[str] = []
+
         def drop(b: Job) -> None:  # evict b (its co-runners keep the GPUs)
+            nonlocal rebase
             a = allocs[b.id]
             drop_job(allocs, b.id)
             gone_a.append(a)
+            evicted.append(b.id)
+            if a.group:
+                rebase = False
             free.release(a.parts, 1, gpus=not any(o in allocs for o in a.group))
+
+        def plan_of() -> Plan:  # the plan of allocs as they are now
+            if not rebase:
+                return Plan(allocs)
+            # (allocs is the round's plan in its order, less the jobs evicted, then the jobs placed: a job evicted
+            # and placed again, its queue owed in turn, is among the latter)
+            out, was = set(evicted), rnd.plan
+            return _rebased(allocs, current, [*was.removed, *evicted],
+                            [*(jid for jid in was.added if jid not in out), *(j.id for j in placed)])
 
         pending = list(owed)
         while pending:
@@ -591,7 +613,8 @@ class Scheduler:
                     shape = (req.gpus, req.cpus, req.mem_mb)
                     if shape in refused:
                         continue
-                    parts = self.place.choose_for(req, free, view)
+                    parts = (None if pure and req.gpus > free.free_gpus else
+                             self.place.choose_for(req, free, view))
                     if parts is None:
                         if theirs is None:
                             kept = [x.id for x in placed]
@@ -633,7 +656,8 @@ class Scheduler:
                                     else:  # (its GPUs are its own: given back once)
                                         base.release(lent_a.parts)
                         if theirs:
-                            parts = self.place.choose_for(req, base, view)
+                            parts = (None if pure and req.gpus > base.free_gpus else
+                                     self.place.choose_for(req, base, view))
                         if parts is None:
                             refused.add(shape)
                             continue
@@ -666,13 +690,13 @@ class Scheduler:
             if len(placed) == placed_before:
                 break
             # an eviction may have left a lender below its guarantee: the queues owed now
-            pending = [o for o in q.owed(Plan(allocs), view) if o.queue in given or o.queue not in before]
+            pending = [o for o in q.owed(plan_of(), view) if o.queue in given or o.queue not in before]
         if not placed:
             return rnd
         q.note_guaranteed(placed)
         if static:
-            return Round(Plan(allocs), lazy=lambda: _with_requests(rnd.requests, added))
-        return Round(Plan(allocs), requests)
+            return Round(plan_of(), lazy=lambda: _with_requests(rnd.requests, added))
+        return Round(plan_of(), requests)
 
     def _two_pass(self, adm: Admission, view: pb.View, lazy: bool = False) -> Round:
         """Plan tier A alone on the whole cluster, then everything with tier A pinned where it landed.
@@ -728,7 +752,16 @@ class Scheduler:
                     for jid in view.current.keys() - current.keys():
                         shape = view.by_id[jid].shape
                         waiting[shape] = waiting.get(shape, 0) + 1
-                    return self._walked(walk, pinned, waiting)
+                    rnd = self._walked(walk, pinned, waiting)
+                    second = rnd.plan
+                    if self.reclaim_changes and _extends(second, current) and _extends(first_plan, view.current):
+                        # the plan as one extending the driver's allocations: the jobs the first pass took out or
+                        # placed, and those the second took out or placed (pinned jobs hold what they held)
+                        again = set(second.removed)
+                        rnd.plan = _rebased(second.allocations, view.current, [*first_plan.removed, *second.removed],
+                                            [*(jid for jid in first_plan.added if jid not in again), *second.added],
+                                            second.free_gpus)
+                    return rnd
                 adm.finish()
             return self._plan(adm.ordered, pinned)
         finally:
@@ -869,6 +902,25 @@ def _left_out_while_lent(adm: Admission, plan: Plan) -> bool:
     allocs = plan.allocations
     return any(j.id not in allocs for j in adm.guaranteed) and any(j.id in allocs for j in adm.over)
 
+
+
+def _extends(plan: Plan, base: Mapping[str, Allocation]) -> bool:
+    """``plan`` is an :meth:`~gpuloom.core.plan.Plan.extending` plan of ``base`` whose lists still add up."""
+    return plan.base is base and len(plan.allocations) == len(base) - len(plan.removed) + len(plan.added)
+
+
+def _rebased(allocs: dict[str, Allocation], current: Mapping[str, Allocation], removed: Iterable[str],
+             added: Iterable[str], free_gpus: int | None = None) -> Plan:
+    """A plan of ``allocs`` that extends ``current`` (the driver's allocations), so that what reads its changes
+    (:func:`~gpuloom.core.plan.changes`, :func:`~gpuloom.core.plan.diff`, the queue usage) reads its lists, not
+    every allocation.  ``removed``: every job of ``current`` whose allocation ``allocs`` may not keep (the same
+    object); ``added``: every job whose allocation in ``allocs`` may not be ``current``'s, in the order of
+    ``allocs`` (diff's order), each once.  A plain plan of ``allocs`` when the lists do not add up."""
+    out_r = [jid for jid in dict.fromkeys(removed) if jid in current and allocs.get(jid) is not current[jid]]
+    out_a = [jid for jid in added if jid in allocs and current.get(jid) is not allocs[jid]]
+    if len(allocs) != len(current) - len(out_r) + len(out_a):
+        return Plan(allocs, free_gpus)
+    return Plan(allocs, free_gpus, base=current, added=out_a, removed=out_r)
 
 
 def _head(ordered: Sequence[Job], end: int) -> list[Job] | None:
