@@ -90,12 +90,13 @@ def command_for(argv: list[str]) -> Any:
 
 
 def main() -> None:
+    from .coercion import fast_coercion
     from .output import mark_process_start
 
     sim.read_ahead(sys.argv)  # (simulate's trace read in a child while the options are parsed)
     try:
         with mark_process_start():  # a command's wall time counts from the process's start
-            rv = tidy_help(command_for(sys.argv))(standalone_mode=False, prog_name="gpuloom")
+            rv = fast_coercion(tidy_help(command_for(sys.argv)))(standalone_mode=False, prog_name="gpuloom")
     except _cx.ClickException as e:
         print(usage_error_line(e), file=sys.stderr)
         sys.exit(e.exit_code)
