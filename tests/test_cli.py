@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -247,3 +249,14 @@ def test_the_command_named_alone_answers_as_the_whole_app(monkeypatch, capsys, a
         answers.append(main_output(monkeypatch, capsys, *args))
     assert answers[0] == answers[1]
     assert answers[0][0] in (0, 2) and (answers[0][1] or answers[0][2])
+
+
+def test_process_age_counts_from_the_process_start() -> None:
+    code = ("import time; time.sleep(0.3)\n"
+            "import psutil; from gpuloom.cli.output import process_age\n"
+            "print(process_age(), time.time() - psutil.Process().create_time())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    age, by_psutil = map(float, out.stdout.split())
+    assert 0.3 <= age < 30
+    # psutil's boot time is whole seconds: its age reads up to a second long, never short
+    assert age - 0.02 <= by_psutil <= age + 1.02
