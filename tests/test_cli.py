@@ -170,6 +170,29 @@ def test_impossible_jobs_error_or_drop(tmp_path, monkeypatch, capsys) -> None:
     assert (doc["summary"]["completed"], doc["summary"]["unfinished"], doc["summary"]["impossible"]) == (1, 1, 1)
 
 
+def test_impossible_jobs_asked_once(tmp_path, monkeypatch, capsys) -> None:
+    # the command's check hands its answer to the simulator, which does not ask again
+    import gpuloom.core.fit as fit
+    import gpuloom.sim.engine as engine
+
+    asked: list[int] = []
+    real = fit.impossible_jobs
+
+    def counted(specs, cluster):  # noqa: ANN001, ANN202
+        asked.append(len(specs))
+        return real(specs, cluster)
+
+    monkeypatch.setattr(fit, "impossible_jobs", counted)
+    monkeypatch.setattr(engine, "impossible_jobs", counted)
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,arrival,gpus,duration,cpus\nbig,0,1,100,100\nok,0,1,100,2\n")
+    code, _, _ = main_output(monkeypatch, capsys, "simulate", "--trace", str(trace), "--cluster", "1x8", "--no-plots",
+                             "-o", str(tmp_path / "o"), "--drop-impossible", "--json")
+    assert code == 0 and asked == [2]
+    doc = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert doc["impossible"] == {"big": "needs 100 CPU cores, the cluster has 24"}
+
+
 def test_results_say_what_they_were_made_from(tmp_path) -> None:
     from gpuloom import __version__
 

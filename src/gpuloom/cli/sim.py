@@ -536,7 +536,7 @@ def simulate(
 
             if "variability" not in trace_options(specs):
                 warn("--variability-seed is ignored without --variability")
-        check_impossible(specs, cl, drop_impossible)
+        impossible = check_impossible(specs, cl, drop_impossible)
         cfg = SimConfig(
             round_len=round_len,
             reschedule_on_arrival=reschedule_on in ("arrival", "both"),
@@ -564,8 +564,8 @@ def simulate(
         output = Output("simulate", out)  # a refused --out costs no run time
         ran: list[Any] = []  # (the simulator)
         sender = _Sender(rows, plotter or rows, ran)
-        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran),
-                                    sender)
+        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran,
+                                                            impossible=impossible), sender)
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)
