@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any, overload
 
 from .lifecycle import TERMINAL, JobState, Lifecycle
@@ -105,6 +108,29 @@ class JobSpec:
             set_attrs(s, x)
             specs.append(s)
         return specs
+
+
+#: within :func:`attr_keys_known`: its specs and the keys their ``attrs`` hold
+_KNOWN_KEYS: ContextVar[tuple[Sequence[JobSpec], frozenset[Any]] | None] = ContextVar("_KNOWN_KEYS", default=None)
+
+
+@contextmanager
+def attr_keys_known(specs: Sequence[JobSpec]) -> Iterator[None]:
+    """Within: :func:`may_hold` answers for ``specs`` from the keys their ``attrs`` hold, gathered here in one pass
+    (readers that each look for a key of their own, such as a trace's files, then skip theirs where none holds it)."""
+    keys = frozenset().union(*filter(None, map(attrgetter("attrs"), specs)))
+    token = _KNOWN_KEYS.set((specs, keys))
+    try:
+        yield
+    finally:
+        _KNOWN_KEYS.reset(token)
+
+
+def may_hold(specs: Sequence[JobSpec], key: Any) -> bool:
+    """False where the ``attrs`` of none of ``specs`` holds ``key``, as :func:`attr_keys_known` gathered them for
+    this very sequence; True otherwise (where a reader must look)."""
+    known = _KNOWN_KEYS.get()
+    return known is None or known[0] is not specs or key in known[1]
 
 
 #: :class:`JobSpec`'s fields, in order (:meth:`JobSpec.from_columns` sets each)
