@@ -50,3 +50,22 @@ def test_the_model_has_the_jobs_own_speeds() -> None:
     assert "gpu_type" not in [f.name for f in build_model(cl, specs=specs()).factors]
     model = build_model(cl, specs=specs(type_speeds={"v100": 1.0}))
     assert "gpu_type" in [f.name for f in model.factors]
+
+
+def test_jobs_that_never_fit_by_shape_within() -> None:
+    from gpuloom.core.fit import impossible_jobs
+
+    cl = Cluster.homogeneous(2, 4, 24, 100_000)
+    s = [JobSpec("a", 0.0, 8, 10.0), JobSpec("b", 0.0, 1, 10.0, cpus=100, attrs={"queue": "q"}),
+         JobSpec("c", 1.0, 16, 10.0), JobSpec("d", 2.0, 2, 10.0), JobSpec("e", 3.0, 16, 10.0, attrs={"x": 1}),
+         JobSpec("f", 3.0, 1, 10.0, cpus=100)]
+    looked = impossible_jobs(s, cl)
+    assert list(looked) == ["b", "c", "e", "f"]
+    with attr_keys_known(s):
+        assert not may_hold(s, "gpu_type")
+        known = impossible_jobs(s, cl)
+    assert list(known.items()) == list(looked.items())
+    typed = [*s, JobSpec("g", 4.0, 1, 10.0, attrs={"gpu_type": "h100"})]
+    with attr_keys_known(typed):
+        assert list(impossible_jobs(typed, cl).items()) == [*looked.items(), ("g", impossible_jobs(typed[-1:], cl)["g"])]
+    assert impossible_jobs(s[3:4], cl) == {}

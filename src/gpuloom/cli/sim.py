@@ -25,6 +25,7 @@ import gc
 import json
 import math
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -499,11 +500,12 @@ def simulate(
 ) -> None:
     """Simulate one scheduler configuration on a trace (or the built-in workload)."""
     from ..core.cluster import parse_cluster
+    from ..core.job import attr_keys_known
     from ..perf.model import DEFAULT_LOCALITY_PENALTY
     from ..sim.engine import SimConfig
     from ..sim.runconfig import RunConfig, run_config
 
-    with user_errors():
+    with user_errors(), ExitStack() as scope:
         penalty = model_opts.pop("locality_penalty", None)
         locality_penalty = DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty)
         positive("--round", round_len)
@@ -528,6 +530,8 @@ def simulate(
         if plotter is not None and not load_after:
             plotter.send(("load", None))
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        # the keys of the jobs' attrs gathered once for the checks and the model's factors that look for theirs
+        scope.enter_context(attr_keys_known(specs))
         if plotter is not None and load_after:
             plotter.send(("load", None))
         window = measure_window(measure_jobs, len(specs))

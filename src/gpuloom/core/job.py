@@ -117,7 +117,12 @@ _KNOWN_KEYS: ContextVar[tuple[Sequence[JobSpec], frozenset[Any]] | None] = Conte
 @contextmanager
 def attr_keys_known(specs: Sequence[JobSpec]) -> Iterator[None]:
     """Within: :func:`may_hold` answers for ``specs`` from the keys their ``attrs`` hold, gathered here in one pass
-    (readers that each look for a key of their own, such as a trace's files, then skip theirs where none holds it)."""
+    (readers that each look for a key of their own, such as a trace's files, then skip theirs where none holds it).
+    Within one for the same sequence, nothing more is gathered."""
+    known = _KNOWN_KEYS.get()
+    if known is not None and known[0] is specs:
+        yield
+        return
     keys = frozenset().union(*filter(None, map(attrgetter("attrs"), specs)))
     token = _KNOWN_KEYS.set((specs, keys))
     try:
