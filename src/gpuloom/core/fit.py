@@ -156,9 +156,9 @@ def impossible_jobs(specs: Sequence[JobSpec], cluster: Cluster) -> dict[str, str
     check = FitChecker(cluster)
     if not may_hold(specs, GPU_TYPE_KEY):  # none asks a GPU type: one answer a shape, asked of its first spec
         shape_of = attrgetter("gpus", "cpus", "mem_mb")
-        first = dict(zip(map(shape_of, reversed(specs)), reversed(specs)))
+        first = dict(zip(map(shape_of, reversed(specs)), reversed(specs), strict=True))
         bad = {sh: why for sh, s in first.items() if (why := check.never_fits(s)) is not None}
-        return {s.id: bad[sh] for s, sh in zip(specs, map(shape_of, specs)) if sh in bad} if bad else {}
+        return {s.id: bad[sh] for s, sh in zip(specs, map(shape_of, specs), strict=True) if sh in bad} if bad else {}
     out = {}
     untyped: dict[tuple[int, int | None, int | None], str | None] = {}  # (no GPU type asked: one answer a shape)
     for s in specs:

@@ -222,19 +222,19 @@ class Simulator:
         self.model = model if model is not None else build_model(cluster)
         self.config = config or SimConfig()
         self.observers = list(observers)
-        if len({s.id for s in specs}) != len(specs):
+        # by arrival, ties in input order (a stable sort; none at all where they come in order, as from a trace)
+        arrivals = list(map(operator.attrgetter("arrival"), specs))
+        if all(map(operator.le, arrivals, arrivals[1:])):
+            self.jobs: list[Job] = list(map(Job, specs, range(len(specs))))
+        else:
+            self.jobs = [Job(specs[i], k) for k, i in enumerate(sorted(range(len(specs)), key=arrivals.__getitem__))]
+        self.by_id = dict(zip(map(operator.attrgetter("id"), self.jobs), self.jobs, strict=True))
+        if len(self.by_id) != len(specs):  # (an id twice: the first repeated, in input order)
             ids = set()
             for s in specs:
                 if s.id in ids:
                     raise JobError(f"duplicate job id {s.id!r}")
                 ids.add(s.id)
-        # by arrival, ties in input order (a stable sort; none at all where they come in order, as from a trace)
-        arrivals = [s.arrival for s in specs]
-        if all(map(operator.le, arrivals, arrivals[1:])):
-            self.jobs: list[Job] = list(map(Job, specs, range(len(specs))))
-        else:
-            self.jobs = [Job(specs[i], k) for k, i in enumerate(sorted(range(len(specs)), key=arrivals.__getitem__))]
-        self.by_id = {j.id: j for j in self.jobs}
         # jobs no placement can ever hold (GPUs, cores, memory, GPU type): an error, or never active
         # (given by a caller that has already asked impossible_jobs of these specs and this cluster)
         self.impossible: dict[str, str] = dict(impossible) if impossible is not None else impossible_jobs(specs, cluster)
