@@ -147,17 +147,10 @@ RECORD_KEYS: tuple[str, ...] = ("failure",)
 
 
 Shape = tuple[int, int | None, int | None]  #: a spec's (gpus, cpus, mem_mb): Job.shape
+#: one tuple per distinct shape, shared by its jobs (8 bytes a job, not a tuple a job; :meth:`Job.__init__`)
 _SHAPES: dict[Shape, Shape] = {}
 # read once per job (an Enum's class attribute is read through EnumType.__getattr__)
 _WAITING_CONTACT, _WAITING_RESOURCE = JobState.WAITING_FOR_INITIAL_CONTACT, JobState.WAITING_FOR_INITIAL_RESOURCE
-
-
-def _shape(gpus: int, cpus: int | None, mem_mb: int | None) -> Shape:
-    """One tuple per distinct shape, shared by its jobs (8 bytes a job, not a tuple a job)."""
-    s = (gpus, cpus, mem_mb)
-    if len(_SHAPES) >= 4096:  # (sharing only saves memory: a long-lived service's many shapes start over)
-        _SHAPES.clear()
-    return _SHAPES.setdefault(s, s)
 
 
 class JobStatus(StrEnum):
@@ -196,7 +189,10 @@ class Job:
         self.id = spec.id  # a plain attribute: read in every hot loop
         # (gpus, cpus, mem_mb): what the incremental rounds group waiting jobs by; one tuple per
         # distinct shape (a spec replaced later keeps these three: only its profile changes)
-        self.shape: Shape = _shape(spec.gpus, spec.cpus, spec.mem_mb)
+        shape = (spec.gpus, spec.cpus, spec.mem_mb)
+        if len(_SHAPES) >= 4096:  # (sharing only saves memory: a long-lived service's many shapes start over)
+            _SHAPES.clear()
+        self.shape: Shape = _SHAPES.setdefault(shape, shape)
         self.index = index  # position in arrival order: the tie-breaker of every order policy
         self.lifecycle: Lifecycle | None = None
         self.remaining = float(spec.duration)
