@@ -184,11 +184,21 @@ def _read_ahead(trace: Path, fmt: str | None) -> list | None:
     child = _AHEAD.pop((str(trace), fmt), None)
     if child is None:
         return None
+    _import_ahead()
     try:
         read = child.result()
     except BackgroundError:
         return None
     return None if read is None else philly_trace(trace, read).jobs
+
+
+def _import_ahead() -> None:
+    """Import what the run imports later anyway (numpy's random generators, the progress display, the plots'
+    figures): done while the child reading the trace may still be at work, where this process would wait."""
+    import numpy.random  # noqa: F401
+
+    from ..sim import plots  # noqa: F401
+    from . import progress  # noqa: F401
 
 
 def drop_read_ahead() -> None:
