@@ -13,7 +13,12 @@ import os
 import sys
 from typing import Annotated, Any
 
-import typer
+from .ahead import read_ahead_of_program
+
+# the gpuloom program: simulate's trace read by a child while typer, rich and the commands' modules load
+read_ahead_of_program()
+
+import typer  # noqa: E402
 
 try:  # recent typer vendors click; older ones use the click package
     from typer._click import exceptions as _cx
