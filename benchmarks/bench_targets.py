@@ -170,6 +170,10 @@ def case_philly_command() -> dict:
     import atexit
     import pickle
 
+    # the command line first, as the program has it when gpuloom.cli loads (it may start reading the trace then)
+    tmp = tempfile.TemporaryDirectory()
+    sys.argv = ["gpuloom", "simulate", "--trace", str(data_dir() / "sia" / "philly_jobs.csv"),
+                "--cluster", "64x8", "--out", str(Path(tmp.name) / "run")]
     import gpuloom.cli as cli
     import gpuloom.sim.runconfig as runconfig
     from gpuloom.sim.engine import Simulator
@@ -192,7 +196,6 @@ def case_philly_command() -> dict:
 
     Simulator.run = timed_run  # type: ignore[method-assign]
     runconfig.run_config = taken_config
-    tmp = tempfile.TemporaryDirectory()
     out = sys.stdout
     taken: list[dict] = []
 
@@ -231,8 +234,6 @@ def case_philly_command() -> dict:
         tmp.cleanup()
 
     atexit.register(at_exit)
-    sys.argv = ["gpuloom", "simulate", "--trace", str(data_dir() / "sia" / "philly_jobs.csv"),
-                "--cluster", "64x8", "--out", str(Path(tmp.name) / "run")]
     sys.stdout = open(os.devnull, "w")  # the command's table (printed, not shown)
     try:
         getattr(cli, "entry", cli.main)()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,6 +170,29 @@ def test_impossible_jobs_error_or_drop(tmp_path, monkeypatch, capsys) -> None:
     assert (doc["summary"]["completed"], doc["summary"]["unfinished"], doc["summary"]["impossible"]) == (1, 1, 1)
 
 
+def test_impossible_jobs_asked_once(tmp_path, monkeypatch, capsys) -> None:
+    # the command's check hands its answer to the simulator, which does not ask again
+    import gpuloom.core.fit as fit
+    import gpuloom.sim.engine as engine
+
+    asked: list[int] = []
+    real = fit.impossible_jobs
+
+    def counted(specs, cluster):  # noqa: ANN001, ANN202
+        asked.append(len(specs))
+        return real(specs, cluster)
+
+    monkeypatch.setattr(fit, "impossible_jobs", counted)
+    monkeypatch.setattr(engine, "impossible_jobs", counted)
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,arrival,gpus,duration,cpus\nbig,0,1,100,100\nok,0,1,100,2\n")
+    code, _, _ = main_output(monkeypatch, capsys, "simulate", "--trace", str(trace), "--cluster", "1x8", "--no-plots",
+                             "-o", str(tmp_path / "o"), "--drop-impossible", "--json")
+    assert code == 0 and asked == [2]
+    doc = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert doc["impossible"] == {"big": "needs 100 CPU cores, the cluster has 24"}
+
+
 def test_results_say_what_they_were_made_from(tmp_path) -> None:
     from gpuloom import __version__
 
@@ -247,3 +272,14 @@ def test_the_command_named_alone_answers_as_the_whole_app(monkeypatch, capsys, a
         answers.append(main_output(monkeypatch, capsys, *args))
     assert answers[0] == answers[1]
     assert answers[0][0] in (0, 2) and (answers[0][1] or answers[0][2])
+
+
+def test_process_age_counts_from_the_process_start() -> None:
+    code = ("import time; time.sleep(0.3)\n"
+            "import psutil; from gpuloom.cli.output import process_age\n"
+            "print(process_age(), time.time() - psutil.Process().create_time())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    age, by_psutil = map(float, out.stdout.split())
+    assert 0.3 <= age < 30
+    # psutil's boot time is whole seconds: its age reads up to a second long, never short
+    assert age - 0.02 <= by_psutil <= age + 1.02

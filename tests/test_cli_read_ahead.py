@@ -5,6 +5,7 @@ file, every other case read as before."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,3 +113,36 @@ def test_a_malformed_list_fails_as_the_reader_says(tmp_path: Path, monkeypatch: 
     assert code != 0
     assert err == "error: philly.csv:7: field 'num_gpus': expected a positive integer, got 'eight'\n"
     assert sim._AHEAD == {}
+
+
+def test_what_the_run_imports_is_imported_while_the_child_reads(tmp_path: Path) -> None:
+    p = str(write_philly(tmp_path / "philly.csv", 5))
+    code = ("import sys\nfrom pathlib import Path\nfrom gpuloom.cli import sim\n"
+            "later = ('numpy.random', 'gpuloom.sim.plots', 'gpuloom.cli.progress')\n"
+            "before = [m in sys.modules for m in later]\n"
+            f"sim.read_ahead(['gpuloom', 'simulate', '--trace', {p!r}])\n"
+            f"jobs = sim._read_ahead(Path({p!r}), None)\n"
+            "print(before, [m in sys.modules for m in later], len(jobs))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "[False, False, False] [True, True, True] 5"
+
+
+@pytest.mark.parametrize("program", ["gpuloom", "/usr/local/bin/gpuloom", "python"])
+def test_the_program_starts_reading_as_its_modules_load(tmp_path: Path, program: str) -> None:
+    p = str(write_philly(tmp_path / "philly.csv", 5))
+    code = ("import sys\n"
+            f"sys.argv = [{program!r}, 'simulate', '--trace', {p!r}]\n"
+            "import gpuloom.cli\n"
+            "from gpuloom.cli import ahead, sim\n"
+            "started = list(ahead._AHEAD)\n"
+            "children = dict(ahead._AHEAD)\n"
+            "ahead.read_ahead(sys.argv)  # (as main() does: not again)\n"
+            "same = ahead._AHEAD == children\n"
+            "jobs = sim._read_ahead(sys.modules['pathlib'].Path(sys.argv[3]), None)\n"
+            "print(started, same, len(jobs))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    first = out.stdout.split("\n")[0]
+    if program.endswith("gpuloom"):  # (the program: started as gpuloom.cli loaded, not again)
+        assert first == f"[('{p}', None)] True 5"
+    else:  # (another program importing gpuloom.cli: started by main(), as before)
+        assert first == "[] False 5"

@@ -13,7 +13,12 @@ import os
 import sys
 from typing import Annotated, Any
 
-import typer
+from .ahead import read_ahead_of_program
+
+# the gpuloom program: simulate's trace read by a child while typer, rich and the commands' modules load
+read_ahead_of_program()
+
+import typer  # noqa: E402
 
 try:  # recent typer vendors click; older ones use the click package
     from typer._click import exceptions as _cx
@@ -90,12 +95,13 @@ def command_for(argv: list[str]) -> Any:
 
 
 def main() -> None:
+    from .coercion import fast_coercion
     from .output import mark_process_start
 
     sim.read_ahead(sys.argv)  # (simulate's trace read in a child while the options are parsed)
     try:
         with mark_process_start():  # a command's wall time counts from the process's start
-            rv = tidy_help(command_for(sys.argv))(standalone_mode=False, prog_name="gpuloom")
+            rv = fast_coercion(tidy_help(command_for(sys.argv)))(standalone_mode=False, prog_name="gpuloom")
     except _cx.ClickException as e:
         print(usage_error_line(e), file=sys.stderr)
         sys.exit(e.exit_code)

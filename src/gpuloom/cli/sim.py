@@ -25,6 +25,7 @@ import gc
 import json
 import math
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -33,6 +34,7 @@ from rich.markup import escape
 
 from ..core.registry import STAGE_DEFAULTS
 from . import app
+from .ahead import _AHEAD, drop_read_ahead, read_ahead  # noqa: F401  (drop_read_ahead, read_ahead: as before)
 from .common import (
     OptionError,
     check_policies,
@@ -123,57 +125,6 @@ def workload(trace: Path | None, fmt: str | None, generate: int | None, rate: fl
     return specs, what
 
 
-#: ``gpuloom simulate``'s trace being read by a child (:func:`read_ahead`), by the path and format the command
-#: line gave
-_AHEAD: dict[tuple[str, str | None], Background[tuple[str, str | None], Any]] = {}
-
-
-def read_ahead(argv: Sequence[str]) -> None:
-    """Start reading the trace of ``argv`` (``gpuloom simulate ... --trace FILE``) in a child process, before the
-    options are parsed: the parse and the read, about 0.1 s and 0.2 s of CPU on Philly, go on side by side.
-    Only a Philly list is read ahead (its columns come back as plain lists, cheap to send: the jobs are made
-    here, :func:`_read_ahead`); nothing is started where the command line gives trace options, is not
-    ``simulate``'s, or a child cannot be forked.  What the options turn out to ask is what :func:`workload`
-    reads: a child whose path or format they do not ask is ended unused (:func:`drop_read_ahead`)."""
-    from ..sim.background import Background, can_fork
-
-    if len(argv) < 3 or argv[1] != "simulate" or not can_fork():
-        return
-    got: dict[str, str | None] = {}
-    args = list(argv[2:])
-    for k, arg in enumerate(args):
-        if arg == "--":
-            break
-        if arg in ("-T", "--trace-opt", "--help") or arg.startswith(("-T", "--trace-opt=")):
-            return
-        for long, short in (("--trace", "-t"), ("--format", "-f")):
-            if arg in (long, short):
-                got[long] = args[k + 1] if k + 1 < len(args) else None
-            elif arg.startswith(long + "="):
-                got[long] = arg[len(long) + 1:]
-    trace, fmt = got.get("--trace"), got.get("--format")
-    if trace is None or fmt not in (None, "auto", "philly") or not Path(trace).is_file():
-        return
-    from ..sim.traces import philly  # noqa: F401  (imported here, where the command reads it, not in the child)
-
-    child: Background[tuple[str, str | None], Any] = Background("reading the trace", _philly_columns, fork=True)
-    key = (str(Path(trace)), fmt)
-    child.submit(key)
-    _AHEAD[key] = child
-
-
-def _philly_columns(key: tuple[str, str | None]) -> Any:
-    """The columns of the Philly list ``key[0]`` (``key[1]``: its format, None or ``auto`` to detect it), or
-    None where it is not one."""
-    from ..sim.traces.detect import detect_format
-    from ..sim.traces.philly import philly_columns
-
-    path, fmt = Path(key[0]), key[1]
-    if fmt in (None, "auto") and detect_format(path) != "philly":
-        return None
-    return philly_columns(path)
-
-
 def _read_ahead(trace: Path, fmt: str | None) -> list | None:
     """The jobs of ``trace`` as the child :func:`read_ahead` started read it; None where none read it (or it
     failed: reading it again here raises the reader's own error)."""
@@ -183,6 +134,7 @@ def _read_ahead(trace: Path, fmt: str | None) -> list | None:
     child = _AHEAD.pop((str(trace), fmt), None)
     if child is None:
         return None
+    _import_ahead()
     try:
         read = child.result()
     except BackgroundError:
@@ -190,10 +142,13 @@ def _read_ahead(trace: Path, fmt: str | None) -> list | None:
     return None if read is None else philly_trace(trace, read).jobs
 
 
-def drop_read_ahead() -> None:
-    """End the children :func:`read_ahead` started that no command took."""
-    while _AHEAD:
-        _AHEAD.popitem()[1].cancel()
+def _import_ahead() -> None:
+    """Import what the run imports later anyway (numpy's random generators, the progress display, the plots'
+    figures): done while the child reading the trace may still be at work, where this process would wait."""
+    import numpy.random  # noqa: F401
+
+    from ..sim import plots  # noqa: F401
+    from . import progress  # noqa: F401
 
 
 _NOTED: set[str] = set()
@@ -499,11 +454,12 @@ def simulate(
 ) -> None:
     """Simulate one scheduler configuration on a trace (or the built-in workload)."""
     from ..core.cluster import parse_cluster
+    from ..core.job import attr_keys_known
     from ..perf.model import DEFAULT_LOCALITY_PENALTY
     from ..sim.engine import SimConfig
     from ..sim.runconfig import RunConfig, run_config
 
-    with user_errors():
+    with user_errors(), ExitStack() as scope:
         penalty = model_opts.pop("locality_penalty", None)
         locality_penalty = DEFAULT_LOCALITY_PENALTY if penalty is None else float(penalty)
         positive("--round", round_len)
@@ -528,6 +484,8 @@ def simulate(
         if plotter is not None and not load_after:
             plotter.send(("load", None))
         specs, what = workload(trace, fmt, generate, rate, seed, limit, trace_opt)
+        # the keys of the jobs' attrs gathered once for the checks and the model's factors that look for theirs
+        scope.enter_context(attr_keys_known(specs))
         if plotter is not None and load_after:
             plotter.send(("load", None))
         window = measure_window(measure_jobs, len(specs))
@@ -536,7 +494,7 @@ def simulate(
 
             if "variability" not in trace_options(specs):
                 warn("--variability-seed is ignored without --variability")
-        check_impossible(specs, cl, drop_impossible)
+        impossible = check_impossible(specs, cl, drop_impossible)
         cfg = SimConfig(
             round_len=round_len,
             reschedule_on_arrival=reschedule_on in ("arrival", "both"),
@@ -564,8 +522,8 @@ def simulate(
         output = Output("simulate", out)  # a refused --out costs no run time
         ran: list[Any] = []  # (the simulator)
         sender = _Sender(rows, plotter or rows, ran)
-        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran),
-                                    sender)
+        result = _run_with_progress(lambda tick: run_config(rc, cl, specs, tick=tick, queues=tree, keep=ran,
+                                                            impossible=impossible), sender)
     result.measure(window)
     result.meta.update(_meta(trace, what, cluster))
     _stall_warning(result)

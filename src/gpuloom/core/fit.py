@@ -39,9 +39,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
+from operator import attrgetter
 
 from .cluster import Cluster
-from .job import JobSpec
+from .job import JobSpec, may_hold
 from .parse import normalise_gpu_type
 
 #: ``JobSpec.attrs`` key naming the GPU type(s) a job can run on.
@@ -153,6 +154,11 @@ def never_fits(spec: JobSpec, cluster: Cluster) -> str | None:
 def impossible_jobs(specs: Sequence[JobSpec], cluster: Cluster) -> dict[str, str]:
     """``{job id: reason}`` for every spec that can never run on ``cluster``, in input order."""
     check = FitChecker(cluster)
+    if not may_hold(specs, GPU_TYPE_KEY):  # none asks a GPU type: one answer a shape, asked of its first spec
+        shape_of = attrgetter("gpus", "cpus", "mem_mb")
+        first = dict(zip(map(shape_of, reversed(specs)), reversed(specs), strict=True))
+        bad = {sh: why for sh, s in first.items() if (why := check.never_fits(s)) is not None}
+        return {s.id: bad[sh] for s, sh in zip(specs, map(shape_of, specs), strict=True) if sh in bad} if bad else {}
     out = {}
     untyped: dict[tuple[int, int | None, int | None], str | None] = {}  # (no GPU type asked: one answer a shape)
     for s in specs:

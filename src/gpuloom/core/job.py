@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any, overload
 
 from .lifecycle import TERMINAL, JobState, Lifecycle
@@ -107,6 +110,34 @@ class JobSpec:
         return specs
 
 
+#: within :func:`attr_keys_known`: its specs and the keys their ``attrs`` hold
+_KNOWN_KEYS: ContextVar[tuple[Sequence[JobSpec], frozenset[Any]] | None] = ContextVar("_KNOWN_KEYS", default=None)
+
+
+@contextmanager
+def attr_keys_known(specs: Sequence[JobSpec]) -> Iterator[None]:
+    """Within: :func:`may_hold` answers for ``specs`` from the keys their ``attrs`` hold, gathered here in one pass
+    (readers that each look for a key of their own, such as a trace's files, then skip theirs where none holds it).
+    Within one for the same sequence, nothing more is gathered."""
+    known = _KNOWN_KEYS.get()
+    if known is not None and known[0] is specs:
+        yield
+        return
+    keys = frozenset().union(*filter(None, map(attrgetter("attrs"), specs)))
+    token = _KNOWN_KEYS.set((specs, keys))
+    try:
+        yield
+    finally:
+        _KNOWN_KEYS.reset(token)
+
+
+def may_hold(specs: Sequence[JobSpec], key: Any) -> bool:
+    """False where the ``attrs`` of none of ``specs`` holds ``key``, as :func:`attr_keys_known` gathered them for
+    this very sequence; True otherwise (where a reader must look)."""
+    known = _KNOWN_KEYS.get()
+    return known is None or known[0] is not specs or key in known[1]
+
+
 #: :class:`JobSpec`'s fields, in order (:meth:`JobSpec.from_columns` sets each)
 _FIELDS = ("id", "arrival", "gpus", "duration", "model", "iterations", "iter_time", "user", "cpus", "mem_mb", "profile",
            "attrs")
@@ -116,17 +147,10 @@ RECORD_KEYS: tuple[str, ...] = ("failure",)
 
 
 Shape = tuple[int, int | None, int | None]  #: a spec's (gpus, cpus, mem_mb): Job.shape
+#: one tuple per distinct shape, shared by its jobs (8 bytes a job, not a tuple a job; :meth:`Job.__init__`)
 _SHAPES: dict[Shape, Shape] = {}
 # read once per job (an Enum's class attribute is read through EnumType.__getattr__)
 _WAITING_CONTACT, _WAITING_RESOURCE = JobState.WAITING_FOR_INITIAL_CONTACT, JobState.WAITING_FOR_INITIAL_RESOURCE
-
-
-def _shape(gpus: int, cpus: int | None, mem_mb: int | None) -> Shape:
-    """One tuple per distinct shape, shared by its jobs (8 bytes a job, not a tuple a job)."""
-    s = (gpus, cpus, mem_mb)
-    if len(_SHAPES) >= 4096:  # (sharing only saves memory: a long-lived service's many shapes start over)
-        _SHAPES.clear()
-    return _SHAPES.setdefault(s, s)
 
 
 class JobStatus(StrEnum):
@@ -165,7 +189,10 @@ class Job:
         self.id = spec.id  # a plain attribute: read in every hot loop
         # (gpus, cpus, mem_mb): what the incremental rounds group waiting jobs by; one tuple per
         # distinct shape (a spec replaced later keeps these three: only its profile changes)
-        self.shape: Shape = _shape(spec.gpus, spec.cpus, spec.mem_mb)
+        shape = (spec.gpus, spec.cpus, spec.mem_mb)
+        if len(_SHAPES) >= 4096:  # (sharing only saves memory: a long-lived service's many shapes start over)
+            _SHAPES.clear()
+        self.shape: Shape = _SHAPES.setdefault(shape, shape)
         self.index = index  # position in arrival order: the tie-breaker of every order policy
         self.lifecycle: Lifecycle | None = None
         self.remaining = float(spec.duration)

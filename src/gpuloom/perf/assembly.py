@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cluster import Cluster
-from ..core.job import JobSpec
+from ..core.job import JobSpec, attr_keys_known, may_hold
 from ..core.registry import Registry, RegistryError
 from .model import DEFAULT_LOCALITY_PENALTY, LOCALITY_RULES, Factor, LocalityFactor, ThroughputModel
 
@@ -115,6 +115,8 @@ def _positive(v: Any) -> float:
 
 def trace_profiles(specs: Sequence[JobSpec]) -> str | None:
     """The profile file a trace reader loaded for these jobs (Synergy traces), if exactly one."""
+    if not may_hold(specs, "profiles_file"):
+        return None
     files = {s.attrs.get("profiles_file") for s in specs if s.attrs and s.attrs.get("profiles_file")}
     return str(files.pop()) if len(files) == 1 else None
 
@@ -393,12 +395,13 @@ def build_model(cluster: Cluster, options: Mapping[str, Any] | None = None,
     """The throughput model for ``options`` and the run's jobs (see the module notes); the same for every face."""
     opts = normalise_options(_with_trace_options(options, specs))
     model = ThroughputModel(cluster)
-    for decl in FACTORS.values():
-        if not decl.always and opts.get(decl.options[0].name) is None:
-            continue
-        f = decl.build(cluster, opts, specs)
-        if f is not None:
-            model.add(f)
+    with attr_keys_known(specs):  # (several factors look for a key of their own in every job's attrs)
+        for decl in FACTORS.values():
+            if not decl.always and opts.get(decl.options[0].name) is None:
+                continue
+            f = decl.build(cluster, opts, specs)
+            if f is not None:
+                model.add(f)
     for f in model.factors:  # factors that read the others (the shared interleaving model)
         attach = getattr(f, "attach", None)
         if callable(attach):

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.cluster import Cluster
-from ..core.job import Job, JobSpec
+from ..core.job import Job, JobSpec, may_hold
 from ..core.parse import FieldError, normalise_gpu_type, normalise_model
 from ..core.plan import Allocation
 
@@ -403,6 +403,8 @@ def _copy(ts: TypeSpeeds) -> TypeSpeeds:
 
 def from_jobs(specs: Iterable[JobSpec]) -> TypeSpeeds | None:
     """A matrix of the jobs' own ``attrs["type_speeds"]`` (relative speeds, per job), or None."""
+    if isinstance(specs, Sequence) and not may_hold(specs, INLINE_KEY):
+        return None
     ts = TypeSpeeds(source="the jobs' type_speeds")
     for s in specs:
         row = s.attrs.get(INLINE_KEY) if s.attrs else None
@@ -426,6 +428,8 @@ def from_jobs(specs: Iterable[JobSpec]) -> TypeSpeeds | None:
 
 def trace_speeds_file(specs: Sequence[JobSpec]) -> str | None:
     """The throughput file a trace reader loaded for these jobs (Gavel's traces), if exactly one."""
+    if not may_hold(specs, SPEEDS_FILE_KEY):
+        return None
     files = {s.attrs.get(SPEEDS_FILE_KEY) for s in specs if s.attrs and s.attrs.get(SPEEDS_FILE_KEY)}
     return str(files.pop()) if len(files) == 1 else None
 

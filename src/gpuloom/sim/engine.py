@@ -67,7 +67,7 @@ import heapq
 import math
 import operator
 import time as _time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -214,6 +214,7 @@ class Simulator:
         model: ThroughputModel | None = None,
         config: SimConfig | None = None,
         observers: Sequence[Callable[[Simulator, str], None]] = (),
+        impossible: Mapping[str, str] | None = None,
     ) -> None:
         self.cluster = cluster
         self.scheduler = scheduler
@@ -221,21 +222,22 @@ class Simulator:
         self.model = model if model is not None else build_model(cluster)
         self.config = config or SimConfig()
         self.observers = list(observers)
-        if len({s.id for s in specs}) != len(specs):
+        # by arrival, ties in input order (a stable sort; none at all where they come in order, as from a trace)
+        arrivals = list(map(operator.attrgetter("arrival"), specs))
+        if all(map(operator.le, arrivals, arrivals[1:])):
+            self.jobs: list[Job] = list(map(Job, specs, range(len(specs))))
+        else:
+            self.jobs = [Job(specs[i], k) for k, i in enumerate(sorted(range(len(specs)), key=arrivals.__getitem__))]
+        self.by_id = dict(zip(map(operator.attrgetter("id"), self.jobs), self.jobs, strict=True))
+        if len(self.by_id) != len(specs):  # (an id twice: the first repeated, in input order)
             ids = set()
             for s in specs:
                 if s.id in ids:
                     raise JobError(f"duplicate job id {s.id!r}")
                 ids.add(s.id)
-        # by arrival, ties in input order (a stable sort; none at all where they come in order, as from a trace)
-        arrivals = [s.arrival for s in specs]
-        if all(map(operator.le, arrivals, arrivals[1:])):
-            self.jobs: list[Job] = list(map(Job, specs, range(len(specs))))
-        else:
-            self.jobs = [Job(specs[i], k) for k, i in enumerate(sorted(range(len(specs)), key=arrivals.__getitem__))]
-        self.by_id = {j.id: j for j in self.jobs}
         # jobs no placement can ever hold (GPUs, cores, memory, GPU type): an error, or never active
-        self.impossible: dict[str, str] = impossible_jobs(specs, cluster)
+        # (given by a caller that has already asked impossible_jobs of these specs and this cluster)
+        self.impossible: dict[str, str] = dict(impossible) if impossible is not None else impossible_jobs(specs, cluster)
         if self.impossible and not self.config.drop_impossible:
             raise JobError(impossible_message(self.impossible))
         self.stalled: list[str] = []  # jobs left waiting when the stall guard stopped the run

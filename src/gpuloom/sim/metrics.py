@@ -226,12 +226,11 @@ class RunResult:
         return max(self.end_time, last, self.series.t[-1] if self.series.t else 0.0)
 
     def jcts(self) -> np.ndarray:
-        """JCTs of the finished jobs (of the window, if one is set), in job order."""
-        if self.window is not None:
-            c = self._columns()
-            keep = c["done"] & self.measured_mask()
-            return c["finish"][keep] - c["arrival"][keep]
-        return np.fromiter((j.finish - j.arrival for j in self.jobs if j.finish is not None), dtype=float)
+        """JCTs of the finished jobs (of the window, if one is set), in job order (from the columns the summary
+        reads: each ``j.finish - j.arrival``, the same float subtracted by numpy)."""
+        c = self._columns()
+        keep = c["done"] if self.window is None else c["done"] & self.measured_mask()
+        return c["finish"][keep] - c["arrival"][keep]
 
     def measure(self, window: tuple[int, int] | None) -> RunResult:
         """Set the measurement window (jobs A..B-1 by arrival order; None: every job) and return self; a

@@ -381,13 +381,16 @@ def run_config(
     tick: Callable[[int, int, float], None] | None = None,
     queues: QueueTree | None = None,
     keep: list[Any] | None = None,
+    impossible: Mapping[str, str] | None = None,
 ) -> RunResult:
     """Run one configuration; the result's ``config`` carries the label and parameters.
 
     ``progress(done, total)`` and ``tick(done, total, simulated time)`` are called as jobs finish.
     Per-queue data (:mod:`.queue_report`) are recorded into ``result.extra["queues"]``
     when the configuration has a queue stage, or against ``queues`` when given.  ``keep``, a list, is given
-    the simulator (a process about to end can hold it rather than free it).
+    the simulator (a process about to end can hold it rather than free it).  ``impossible``: what
+    :func:`~gpuloom.core.fit.impossible_jobs` answered for ``specs`` on ``cluster``, where the caller asked it
+    (the simulator asks it otherwise).
     """
     sched = rc.scheduler(specs=specs)  # with the trace's own policy parameters (a PAL trace: a strict queue)
     model = model_builder(cluster) if model_builder is not None else rc.model(cluster, specs)
@@ -396,7 +399,8 @@ def run_config(
     except PolicyError as e:
         raise ConfigError(f"config {rc.name!r}: {e}") from None
     recorder = queue_report.attach(sched, queues)
-    sim = Simulator(cluster, specs, sched, model, rc.sim, observers=[recorder] if recorder is not None else ())
+    sim = Simulator(cluster, specs, sched, model, rc.sim, observers=[recorder] if recorder is not None else (),
+                    impossible=impossible)
     if keep is not None:
         keep.append(sim)
     cb = None

@@ -61,9 +61,11 @@ def philly_trace(path: str | Path, read: Read) -> Trace:
     b.rows = len(arrivals)
     if origin is None:
         return b.done()
-    # ids are unique by construction and every field was checked
+    # ids are unique by construction and every field was checked; one attrs mapping per virtual cluster, shared
+    # by its jobs (a job's attrs are read, never written)
+    attrs = {c: {"cluster": c, "queue": c} for c in set(clusters)}
     b.jobs = JobSpec.from_columns([f"philly-{k}" for k in range(len(arrivals))], arrivals, gpus, durs,
-                                  [{"cluster": c, "queue": c} for c in clusters])
+                                  list(map(attrs.__getitem__, clusters)))
     return b.done(origin=origin)
 
 
