@@ -269,8 +269,9 @@ class LASGPUEvents(KeyOrder):
         if len(jobs) == len(keys) and all(map(keys.__contains__, [j.id for j in jobs])):
             return  # the same jobs (as many, all known): the order stays
         now, key_at = view.now, self.key_at
-        if key_at is LASGPUEvents.key_at:  # (its body written out: read for every job at each event)
-            self._keys = {j.id: j.attained_gpu_at(now) for j in jobs}
+        if key_at is LASGPUEvents.key_at:  # (Job.attained_gpu_at written out: read for every job at each event)
+            self._keys = {j.id: j.attained_gpu_time if (a := j.alloc) is None or not (dt := now - j.last_update) > 0
+                          else j.attained_gpu_time + dt * a.num_gpus for j in jobs}
         else:
             self._keys = {j.id: key_at(j, now) for j in jobs}
 
