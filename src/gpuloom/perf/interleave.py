@@ -458,6 +458,7 @@ class InterleaveFactor:
         # group_time by the members' profiles as __call__ lists them (a job, then its co-runners):
         # a plan that regroups or moves many jobs asks for the same few groups again and again
         self._times: dict[tuple[Profile, ...], float] = {}
+        self._speeds: dict[tuple[Profile, ...], float] = {}  # __call__'s answer by the same key (not raw)
         if jobs is not None:
             self.bind(jobs)
 
@@ -529,30 +530,39 @@ class InterleaveFactor:
         lookup = self._lookup
         if lookup is None:
             raise ProfileError(f"job {job.id}: interleave factor has no job lookup bound (call bind())")
-        members: list[Job | JobSpec] = [job]
+        # each member's profile read from the cache here, as profile() reads it (the driver rates
+        # every member of every group it starts, moves or regroups: the calls were half the cost),
+        # the job's own first, then each co-runner's as it is looked up
+        cache = self._profiles
+        spec = job.spec
+        hit = cache.get(spec.id)
+        p = hit[1] if hit is not None and hit[0] is spec else None
+        profs: list[Profile] = [self._require(job) if p is None else p]
         for oid in group:
             try:
-                members.append(lookup(oid))
+                m = lookup(oid)
             except KeyError:
                 raise ProfileError(f"job {job.id}: co-runner {oid!r} is unknown to the interleave factor") from None
-        # each member's profile read from the cache here, as profile() reads it (the driver rates
-        # every member of every group it starts, moves or regroups: the calls were half the cost)
-        cache = self._profiles
-        profs: list[Profile] = []
-        for m in members:
             spec = m.spec if isinstance(m, Job) else m
             hit = cache.get(spec.id)
             p = hit[1] if hit is not None and hit[0] is spec else None
             profs.append(self._require(m) if p is None else p)
-        own = profs[0]
         key = tuple(profs)
+        if not self.raw:  # (the speed is a function of the key, the job's own profile first: kept whole)
+            v = self._speeds.get(key)
+            if v is None:
+                v = self._speeds[key] = min(1.0, float(sum(profs[0])) / self._time(key))
+            return v
+        # (Muri's simulator: the cycle of the raw stages against the iteration time, uncapped)
+        return self.solo_time(job) / self._time(key)
+
+    def _time(self, key: tuple[Profile, ...]) -> float:
+        """:meth:`group_time` of ``key``, kept."""
         t = self._times.get(key)
         if t is None:
-            t = self.group_time(profs)
+            t = self.group_time(key)
             if len(self._times) > 100_000:
                 self._times.clear()
+                self._speeds.clear()
             self._times[key] = t
-        if self.raw:  # (Muri's simulator: the cycle of the raw stages against the iteration time, uncapped)
-            return self.solo_time(job) / t
-        solo = float(sum(own))
-        return min(1.0, solo / t)
+        return t

@@ -318,6 +318,7 @@ class ScalingFactor:
                 raise ScalingError(f"unknown curve catalogue {s!r}; choose from {', '.join(CATALOGUES)}")
         self.sources = tuple(sources)
         self.fallback = fallback
+        self._ratios: dict[tuple[ScalingCurve, int, int, int], float] = {}  # (see __call__)
 
     def curve(self, job: Job) -> ScalingCurve | None:
         return curve_for(job, self.sources)
@@ -367,7 +368,20 @@ class ScalingFactor:
         return c(gpus, nodes) / self.reference(job)
 
     def __call__(self, job: Job, alloc: Allocation) -> float:
-        return self.speed_at(job, alloc.num_gpus, len(alloc.parts))
+        # speed_at, its ratio kept by curve, GPUs, nodes and requested GPUs (the driver rates every job
+        # it starts, moves or regroups: few distinct answers, read again and again)
+        gpus = alloc.num_gpus
+        c = self.curve(job)
+        if c is None:
+            return self._fallback_speed(job, gpus)
+        key = (c, gpus, len(alloc.parts), job.spec.gpus)
+        v = self._ratios.get(key)
+        if v is None:
+            v = c(gpus, key[2]) / self.reference(job)
+            if len(self._ratios) > 100_000:
+                self._ratios.clear()
+            self._ratios[key] = v
+        return v
 
 
 # ---------------------------------------------------------------------------

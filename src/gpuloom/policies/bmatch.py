@@ -140,12 +140,14 @@ def _present_blossom(counts: tuple[int, ...], weights: tuple[tuple[int, ...], ..
 
 
 def _layout_blossom(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> dict[tuple[int, int], int]:
-    kid = [c for c, m in enumerate(counts) for _ in range(m)]
     got: dict[tuple[int, int], int] = {}
-    if len(kid) < 2:
+    if sum(counts) < 2:
         return got
-    ka = np.array(kid, dtype=np.intp)
-    w = np.array(weights, dtype=np.float64)[ka[:, None], ka[None, :]]
+    # each node's class, nodes laid out class by class; the weights between the nodes taken row by
+    # row, then column by column (two takes cost less than one index of both axes)
+    ka = np.repeat(np.arange(len(counts)), counts)
+    kid = ka.tolist()
+    w = np.array(weights, dtype=np.float64).take(ka, 0).take(ka, 1)
     w.flat[:: len(kid) + 1] = 0.0
     g = rx.PyGraph.from_adjacency_matrix(w, 0.0)
     if g.num_edges() == 0:

@@ -96,10 +96,8 @@ _NUMPY_NODES = 32
 #: class matchings kept by their input (the last ones used)
 _MATCHINGS_KEPT = 20_000
 _BUCKETS_KEPT = 256
-#: sort keys (C getters, not lambdas: the sorts run every round): a node's or unit's first member;
-#: a merge candidate's cost, then rank
+#: sort key (a C getter, not a lambda: the sorts run every round): a node's or unit's first member
 _first = itemgetter(0)
-_rank = itemgetter(0, 1)
 #: grouping rules: ``gpuloom`` (the module notes) or ``muri``, Muri's simulator's: an edge wherever the
 #: merged group's efficiency is positive, no preference for partners already together, pairs merged in bucket order (buckets by
 #: their best job, pairs by their later node) rather than most efficient first (Muri sorts them but
@@ -471,8 +469,8 @@ class MuriGrouping(GroupPolicy):
             if self.rule == "muri":  # bucket order (states are in order of their best job), then later node
                 pos = {id(bs): n for n, bs in enumerate(states)}
                 cands.sort(key=lambda c: (pos[id(c[3])], c[5]))
-            else:
-                cands.sort(key=_rank)
+            else:  # (by cost, then rank: ranks differ, so the tuples never compare past them)
+                cands.sort()
             merged_pairs: dict[int, list[tuple[int, int]]] = {}
             for _, _, _, bs, a, c in cands:
                 if required <= capacity and not self.pack_all:

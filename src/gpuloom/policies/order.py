@@ -257,7 +257,8 @@ class LASGPUEvents(KeyOrder):
         self._seen: tuple[float, int] | None = None  # (now, round) of the last check
         # the last order and the keys it was sorted by: with the same keys and the same job objects
         # (the rounds between two events) it is the order again
-        self._sorted: tuple[dict[str, float], list[Job]] | None = None
+        # (with the ids of its jobs' objects, built once per sort and read at each round between events)
+        self._sorted: tuple[dict[str, float], list[Job], set[int]] | None = None
 
     def _refresh(self, view: View) -> None:
         stamp = (view.now, view.round_index)
@@ -265,10 +266,14 @@ class LASGPUEvents(KeyOrder):
             return
         self._seen = stamp
         keys, jobs = self._keys, view.jobs
-        if len(jobs) == len(keys) and all(j.id in keys for j in jobs):
+        if len(jobs) == len(keys) and all(map(keys.__contains__, [j.id for j in jobs])):
             return  # the same jobs (as many, all known): the order stays
         now, key_at = view.now, self.key_at
-        self._keys = {j.id: key_at(j, now) for j in jobs}
+        if key_at is LASGPUEvents.key_at:  # (Job.attained_gpu_at written out: read for every job at each event)
+            self._keys = {j.id: j.attained_gpu_time if (a := j.alloc) is None or not (dt := now - j.last_update) > 0
+                          else j.attained_gpu_time + dt * a.num_gpus for j in jobs}
+        else:
+            self._keys = {j.id: key_at(j, now) for j in jobs}
 
     @staticmethod
     def key_at(job: Job, now: float) -> float:
@@ -285,12 +290,17 @@ class LASGPUEvents(KeyOrder):
         self._refresh(view)
         keys = self._keys
         last = self._sorted
-        if last is not None and last[0] is keys and len(last[1]) == len(jobs):
-            mine = {id(j) for j in last[1]}
-            if all(id(j) in mine for j in jobs):
-                return list(last[1])
-        ordered = sorted(jobs, key=lambda j: (keys[j.id], j.index))
-        self._sorted = (keys, ordered)
+        if last is not None and last[0] is keys and len(last[1]) == len(jobs) and last[2].issuperset(map(id, jobs)):
+            return list(last[1])
+        tally = view.tally
+        if jobs is view.jobs and tally is not None and tally.index_order:
+            # the view's jobs are in Job.index order: a stable sort by key alone breaks ties by it
+            seq = list(jobs)
+            ks = [keys[j.id] for j in seq]
+            ordered = [seq[i] for i in sorted(range(len(ks)), key=ks.__getitem__)]
+        else:
+            ordered = sorted(jobs, key=lambda j: (keys[j.id], j.index))
+        self._sorted = (keys, ordered, set(map(id, ordered)))
         return list(ordered)
 
 
