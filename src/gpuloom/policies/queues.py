@@ -61,9 +61,11 @@ for two rounds in a row while other queues hold GPUs beyond their guarantees
 that, with the free ones, could place that job (the place policy is asked).
 One round of grace covers a reclaim in progress.
 
-Modules: the contract in :mod:`.queue_base`, ``none`` and ``quota`` here,
-``drf`` and ``fairshare`` in :mod:`.queue_fair`, the invariants in
-:mod:`.queue_checks`, the tree in :mod:`gpuloom.core.queues`.
+Modules: the contract in :mod:`.queue_base`, ``none`` and ``quota``'s
+admission here, its state and accounting in :mod:`.queue_state`, what it says
+after placement in :mod:`.queue_reclaim`, its cached guaranteed tiers in
+:mod:`.queue_tiers`, ``drf`` and ``fairshare`` in :mod:`.queue_fair`, the
+invariants in :mod:`.queue_checks`, the tree in :mod:`gpuloom.core.queues`.
 
 Accounting: a job counts its allocation's GPUs divided among its group's
 members (Muri), its own cores and memory; admission counts what a job asks
@@ -78,90 +80,25 @@ guarantees or limits: DRF or fair share between users.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
-import math
-import tomllib
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from operator import itemgetter
-from pathlib import Path
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any
 
 from ..core.job import Job
-from ..core.plan import Allocation, Plan, changes, drop_job
-from ..core.queues import INF, QueueError, QueueTree, parse_queues, usage
-from .base import PlacePolicy, View, parse_flag, register
-from .queue_base import Admission, Owed, QueuePolicy
-from .queue_book import QueueBook, Walk
-from .queue_checks import GuaranteedAsks, above, check_queues
+from ..core.plan import Plan
+from ..core.queues import INF, QueueTree
+from .base import View, register
+from .queue_base import Admission, QueuePolicy
+from .queue_book import Walk
+from .queue_reclaim import PRIORITY, WAITING_FOR_RECLAIM, QuotaReclaim
+from .queue_state import _EPS, TierA, Triple, _demand, as_tree, job_priority, load_queue_file
+from .queue_tiers import _keeps_tier, _rank, _resume_tier, _takes_none
+
+__all__ = ["PRIORITY", "QUEUE_AT_QUOTA", "WAITING_FOR_RECLAIM", "NoQueues", "QuotaQueues", "as_tree", "job_priority",
+           "load_queue_file"]
 
 QUEUE_AT_QUOTA = "QueueAtQuota"
-WAITING_FOR_RECLAIM = "WaitingForReclaim"
-PRIORITY = "Priority"
-
-_EPS = 1e-6
-Triple = tuple[float, float, float]
-#: a leaf's guaranteed tier: its (rank, job)s, what each asks, their ids, what they sum to; and the rest of
-#: the leaf's list: the jobs it passed before its last one, and how many of the list's jobs that spans
-TierA = tuple[list[tuple[int, Job]], list[Triple], set[str], Triple, list[tuple[int, Job]], int]
-_rank = itemgetter(0)
-
-
-def load_queue_file(path: str | Path) -> QueueTree:
-    """A queue tree from a TOML file (see :mod:`gpuloom.core.queues`); errors name the file."""
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except OSError as e:
-        raise QueueError(f"{p}: cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise QueueError(f"{p}: {e}") from None
-    return parse_queues(data, str(p))
-
-
-def as_tree(queues: Any) -> QueueTree | None:
-    """``queues`` as given to the stage: a tree, a mapping, a TOML path, or None (one queue per name)."""
-    if queues is None or isinstance(queues, QueueTree):
-        return queues
-    if isinstance(queues, Mapping):
-        return parse_queues(queues)
-    if isinstance(queues, str | Path):
-        return load_queue_file(queues)
-    raise QueueError(f"queues must be a queue file, a table of queues or a QueueTree, got {queues!r}")
-
-
-def job_priority(job: Job) -> float:
-    p = (job.spec.attrs or {}).get("priority")
-    if p is None:
-        return 0.0
-    try:
-        return float(p)
-    except (TypeError, ValueError):
-        raise QueueError(f"job {job.id}: priority must be a number, got {p!r}") from None
-
-
-_T = TypeVar("_T")
-
-
-class _PlanMemo(Generic[_T]):
-    """What was worked out for the last plan asked of, kept while it is the same plan object, of the same
-    size, in the same view (``owed`` and the round's check ask of the same plan)."""
-
-    __slots__ = ("key", "value")
-
-    def __init__(self) -> None:
-        self.key: tuple[Plan, View, tuple[int, ...]] | None = None
-        self.value: Any = None
-
-    def __call__(self, plan: Plan, view: View, work: Callable[[Plan, View], _T]) -> _T:
-        sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
-        key = self.key
-        if key is not None and key[0] is plan and key[1] is view and key[2] == sizes:
-            return self.value
-        out = work(plan, view)
-        self.key, self.value = (plan, view, sizes), out
-        return out
 
 
 @register("queue", "none")
@@ -170,15 +107,13 @@ class NoQueues(QueuePolicy):
 
 
 @register("queue", "quota")
-class QuotaQueues(QueuePolicy):
+class QuotaQueues(QuotaReclaim):
     """Guarantees first, then borrowing in the order policy's order across queues (see the module notes)."""
 
     enabled = True
     dynamic = False
     #: the admission keeps the borrowing walk's choices (Admission.log) for next_change
     logs_walk = False
-    #: False: every queue's usage is summed from a plan's allocations (tests compare the two ways)
-    incremental = True
     #: False: a leaf's cached guaranteed tier is walked again whenever one of its jobs ends (tests compare)
     tiers_past_ends = True
     #: False: a leaf's guaranteed tier one of whose jobs ended within it is walked again from the start, not from
@@ -186,196 +121,6 @@ class QuotaQueues(QueuePolicy):
     tiers_resumed = True
     #: False: a walk by rank with every job taken merges the leaves' lists too (tests compare)
     rank_walk = True
-
-    def __init__(self, queues: Any = None, borrow: bool | str = True, priority: bool | str = True,
-                 guarantees: bool | str = True) -> None:
-        self.tree = as_tree(queues)
-        self.auto = self.tree is None
-        self.borrow = parse_flag(borrow, "borrow")
-        self.priority = parse_flag(priority, "priority")
-        self.guarantees = parse_flag(guarantees, "guarantees")
-        if not self.borrow and not self.guarantees:
-            raise ValueError("with borrow=false and guarantees=false no job could ever run")
-        self.version = 0  # bumped whenever the tree changes (job -> leaf caches are keyed by it)
-        self._checked_for: Any = None  # the cluster the tree's capacity was checked against
-        self._per_gpu: tuple[Any, tuple[float, float]] = (None, (0.0, 0.0))  # a cluster, its cores and MB per GPU
-        self._last = Admission()
-        self._lists: list[Collection[tuple[int, Job]]] = []  # per leaf, its active jobs (rank, job) in order
-        self._book: QueueBook | None = None  # the active jobs per leaf, when a driver feeds them (listener)
-        self._from_book = False  # the last admission read the book
-        # per leaf, its guaranteed tier and what each of its jobs asks, while its jobs do not change (the
-        # book's leaves, no limits): for the tree, strictness and cluster of _tier_a_key
-        self._tier_a: dict[int, TierA] = {}
-        self._tier_a_key: Any = None
-        self._tier_a_merged: list[Job] | None = None  # every leaf's cached tier A in rank order (all hit)
-        # the leaves' guaranteed ids of the last walk by rank, and their union (_taken_union)
-        self._taken_memo: tuple[list[Collection[str]], set[str]] | None = None
-        self._prioritised = False  # the last admission saw a job of non-zero priority
-        self._by_rank: Admission | None = None  # the last admission, when its borrowing walk is by rank (below)
-        # the last lazy one, and its read_whole (None: done)
-        self._whole: tuple[Admission, Callable[[], None] | None] | None = None
-        self._starved: set[int] = set()
-        self._owed_before: set[int] = set()  # queues still owed after the last round's hooks
-        # what the last lent() read and summed: the allocations, each leaf's GPUs, the lenders (lent_since)
-        self._lent_memo: tuple[Mapping[str, Allocation], list[float], set[int]] | None = None
-        # the usage from the book, and each leaf's smallest job left out, of the last plan asked of
-        self._usage_memo: _PlanMemo[list[list[float]] | None] = _PlanMemo()
-        self._flat: tuple[QueueTree | None, bool] = (None, False)  # a tree, and whether it has one level
-        self._smallest_memo: _PlanMemo[Callable[[int], float] | None] = _PlanMemo()
-        # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
-        # prefix filled the cluster: a round on its plan would plan it again (see appended)
-        self._settled = False
-        self.counters = {"reclaim_passes": 0, "dropped": 0}  # (stats() adds the last admission's tiers)
-
-    # -- the tree --------------------------------------------------------------------------------
-    def set_tree(self, tree: QueueTree | None) -> None:
-        """Replace the queue tree (the service's admin API); every job's queue is looked up again."""
-        self.tree = tree
-        self.auto = tree is None
-        self.version += 1
-        self._checked_for = None
-        self._starved = set()
-
-    def _tree(self, jobs: Sequence[Job], view: View) -> QueueTree:
-        if self.auto:
-            names = {self._auto_name(j) for j in jobs}
-            have = set(self.tree.names) if self.tree is not None else set()
-            if self.tree is None or not names <= have:
-                keep = self.tree.names if self.tree is not None else []
-                self.tree = QueueTree.flat(keep + sorted(names - have))
-                self.version += 1
-        tree = self.tree
-        assert tree is not None
-        if self._checked_for is not view.cluster:
-            tree.check_capacity(view.cluster)
-            self._checked_for = view.cluster
-        return tree
-
-    @staticmethod
-    def _auto_name(job: Job) -> str:
-        return str((job.spec.attrs or {}).get("queue") or job.spec.user or "default")
-
-    def leaf(self, job: Job) -> int:
-        """The leaf index of ``job``'s queue (cached on the job for this tree)."""
-        c = job.extra.get("queue_leaf")
-        if c is not None and c[0] == self.version and c[1] is self.tree:
-            return c[2]
-        return self._look_up(job)[2]
-
-    def _look_up(self, job: Job) -> tuple[int, QueueTree, int, float]:
-        """(tree version, tree, leaf, priority): what ``job.extra["queue_leaf"]`` caches."""
-        tree = self.tree
-        assert tree is not None
-        if self.auto:
-            q = tree.index[self._auto_name(job)]
-        else:
-            q = tree.leaf_of(job.id, job.spec.attrs, job.spec.user)
-        c = job.extra["queue_leaf"] = (self.version, tree, q, job_priority(job))
-        return c
-
-    def queue_of(self, job: Job) -> str:
-        assert self.tree is not None
-        return self.tree.queues[self.leaf(job)].name
-
-    def leaves(self, jobs: Sequence[Job]) -> dict[str, int]:
-        return {j.id: self.leaf(j) for j in jobs}
-
-    def _book_ready(self, view: View) -> QueueBook | None:
-        """The book, when this round's admission filled it for this tree and it holds every active job of
-        ``view`` (each one's leaf, what each leaf holds now), else None."""
-        book = self._book
-        if (self._from_book and book is not None and not book.pending and book.follows(view)
-                and book.version is not None and book.version[0] == self.version and book.version[1] is self.tree):
-            return book
-        return None
-
-    def usage_of(self, plan: Plan, view: View) -> list[list[float]]:
-        """:func:`~gpuloom.core.queues.usage` of ``plan``: what the book's leaves hold now, with what ``plan``
-        changes of the current allocations (:meth:`~gpuloom.core.plan.Plan.extending`) taken out and added, in
-        O(changes + queues); when the book is not ready, a group's share (a fraction: sums in another order
-        could round otherwise) is or was held, or the plan does not extend the current allocations, the
-        allocations are summed."""
-        tree = self.tree
-        assert tree is not None
-        out = self._changed_usage(plan, view) if self.incremental else None
-        if out is None:
-            allocs = plan.allocations
-            out = usage(tree, allocs, self.leaf_map(allocs, view))
-        return out
-
-    def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
-        """:meth:`_usage_from_book`, kept for the plan last asked of (the same object, of the same size, in the
-        same view: owed and the round's check ask of the same plan)."""
-        return self._usage_memo(plan, view, self._usage_from_book)
-
-    def _usage_from_book(self, plan: Plan, view: View) -> list[list[float]] | None:
-        book = self._book_ready(view)
-        if book is None or not book.exact:
-            return None
-        current, allocs = view.current, plan.allocations
-        removed, added = changes(current, plan)
-        tree = self.tree
-        assert tree is not None
-        where = book.where
-        leaf = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
-        for q, h in book.held.items():
-            leaf[q] = h.copy()
-        for ids, held, sign in ((removed, current, -1.0), (added, allocs, 1.0)):
-            for jid in ids:
-                a = held.get(jid)
-                w = where.get(jid)
-                if a is None or w is None or a.group:
-                    return None
-                u = leaf[w[0]]
-                u[0] += sign * a.num_gpus
-                u[1] += sign * a.cpus
-                u[2] += sign * a.mem_mb
-        if self._flat[0] is not tree:  # (whether every leaf is its own path: asked once per tree)
-            self._flat = (tree, all(len(p) == 1 for p in tree.path))
-        if self._flat[1]:
-            return leaf
-        out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
-        for q in tree.leaves:
-            g, c, m = leaf[q]
-            for n in tree.path[q]:
-                u = out[n]
-                u[0] += g
-                u[1] += c
-                u[2] += m
-        return out
-
-    def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
-        """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
-        admission filled it for this tree (it has every active job's leaf), else looked up job by job."""
-        book = self._book_ready(view)
-        if book is not None:
-            where = book.where
-            try:
-                return {jid: where[jid][0] for jid in ids}
-            except KeyError:  # (not one of the jobs the book holds: look each up)
-                pass
-        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        return {jid: self.leaf(by_id[jid]) for jid in ids}
-
-    # -- admission -------------------------------------------------------------------------------
-    def listener(self, tally: Any) -> QueueBook:
-        """The book of active jobs per leaf, following the driver whose tally is ``tally`` (see
-        :mod:`.queue_book`)."""
-        self._book = QueueBook(tally)
-        return self._book
-
-    def _leaf_and_priority(self, job: Job) -> tuple[int, bool]:
-        c = job.extra.get("queue_leaf")
-        if c is None or c[0] != self.version or c[1] is not self.tree:
-            c = self._look_up(job)
-        return c[2], bool(c[3])
-
-    def _per_gpu_of(self, cl: Any) -> tuple[float, float]:
-        """The cores and MB per GPU of the cluster ``cl`` (frozen: its totals are summed once)."""
-        if self._per_gpu[0] is not cl:
-            self._per_gpu = (cl, (cl.total_cpus / cl.num_gpus, cl.total_mem_mb / cl.num_gpus) if cl.num_gpus
-                             else (0.0, 0.0))
-        return self._per_gpu[1]
 
     def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
               lazy: bool = False) -> Admission:
@@ -938,316 +683,8 @@ class QuotaQueues(QueuePolicy):
         out inline); else None."""
         return None
 
-    # -- after placement -------------------------------------------------------------------------
-    def enforce(self, plan: Plan, view: View) -> Plan:
-        """Drop placed jobs of any queue over its limit (a sizer grew them, a hook kept them): first those a
-        hook kept without admission, then the latest admitted."""
-        tree = self.tree
-        if tree is None or not tree.limited:
-            return plan
-        self._last.finish()
-        allocs = plan.allocations
-        placed = [j for j in view.jobs if j.id in allocs]
-        leaf = {j.id: self.leaf(j) for j in placed}
-        u = usage(tree, allocs, leaf)
-        over = {n for n in range(len(tree)) if above(u[n], tree.limit[n])}
-        if not over:
-            return plan
-        new = dict(allocs)
-        admitted = {j.id for j in self._last.ordered}
-        # first what a hook kept without admission, then the latest admitted
-        for j in [j for j in placed if j.id not in admitted] + self._last.ordered[::-1]:
-            if not over:
-                break
-            a = new.get(j.id)
-            q = leaf.get(j.id)
-            if a is None or q is None or not over.intersection(tree.path[q]):
-                continue
-            drop_job(new, j.id)
-            self.counters["dropped"] += 1
-            u = usage(tree, new, leaf)
-            over = {n for n in over if above(u[n], tree.limit[n])}
-        return Plan(new)
-
-    def owed(self, plan: Plan, view: View) -> list[Owed]:
-        if not self.guarantees or self.tree is None:
-            return []
-        tree = self.tree
-        allocs = plan.allocations
-        u = self.usage_of(plan, view)
-        out = []
-        smallest = self._smallest_left_out(plan, view)
-        limited, guarantee = tree.limited, tree.guarantee
-        for q in tree.leaves:
-            room = guarantee[q][0] - u[q][0]
-            if limited:  # (else every limit is infinite)
-                room = min(room, *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
-            if room < 1 - _EPS or (smallest is not None and smallest(q) > room + _EPS):
-                continue  # (the book knows when no job of the queue left out fits what it is owed)
-            jobs = _fitting(self._lists[q], allocs, room + _EPS)
-            if not self.incremental:  # (listed whole now, as tests compare)
-                jobs = iter(list(jobs))
-            first = next(jobs, None)
-            if first is not None:
-                out.append(Owed(q, room, itertools.chain((first,), jobs)))
-        return out
-
-    def _smallest_left_out(self, plan: Plan, view: View) -> Callable[[int], float] | None:
-        """When this round read the book: per leaf, the fewest GPUs one of its jobs ``plan`` leaves out asks for
-        (those waiting, from the book, and those running now that the plan stops), else None.  Kept for the plan
-        last asked of, as :meth:`_changed_usage` keeps its usage (owed and the round's check ask of the same
-        plan; the book does not change in between)."""
-        return self._smallest_memo(plan, view, self._smallest_of)
-
-    def _smallest_of(self, plan: Plan, view: View) -> Callable[[int], float] | None:
-        book = self._book
-        if not self._from_book or book is None or not book.follows(view) or view.by_id is None:
-            return None
-        allocs, by_id, current = plan.allocations, view.by_id, view.current
-        stopped: dict[int, float] = {}
-        # (a plan that extends the current allocations stops only jobs it lists as taken out)
-        extends = plan.base is current and len(allocs) == len(current) - len(plan.removed) + len(plan.added)
-        for jid in plan.removed if extends else current:
-            if jid not in allocs:
-                q, g = book.where[jid][0], by_id[jid].spec.gpus
-                if g < stopped.get(q, math.inf):
-                    stopped[q] = g
-        if not stopped:
-            return book.smallest_waiting
-        return lambda q: min(book.smallest_waiting(q), stopped.get(q, math.inf))
-
-    def lent(self, allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
-        tree = self.tree
-        if not self.guarantees or tree is None:
-            return []
-        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        leaf = self.leaf_map([jid for jid in allocs if jid in by_id], view)
-        held = [0.0] * len(tree)  # each leaf's GPUs, as usage() sums them (a leaf is on its own jobs' paths only)
-        grouped = False
-        for jid, q in leaf.items():
-            a = allocs[jid]
-            if a.group:
-                grouped = True
-                held[q] += a.num_gpus / (1 + len(a.group))
-            else:  # (x / 1 is x, as a float: the same sums)
-                held[q] += a.num_gpus
-        g = tree.guarantee
-        lenders = {q for q in tree.leaves if held[q] > g[q][0] + _EPS}
-        # (for lent_since: with whole GPUs per job the sums are exact in any order)
-        self._lent_memo = None if grouped else (allocs, held, lenders)
-        if not lenders:
-            return []
-        adm = self._last
-        kept = {j.id for j in adm.guaranteed}
-        kept.update(guaranteed)
-        over = [j for j in adm.over if j.id in allocs and leaf[j.id] in lenders and j.id not in kept]
-        # placed without admission (a plan hook kept them): evicted first
-        kept.update(j.id for j in adm.over)
-        return over + [by_id[jid] for jid, q in leaf.items() if q in lenders and jid not in kept]
-
-    def lent_since(self, before: Sequence[Job], gone: Sequence[Allocation], added: Sequence[Allocation],
-                   allocs: Mapping[str, Allocation], view: View, guaranteed: Collection[str] = ()) -> list[Job]:
-        """:meth:`lent` from the last call's sums, in O(changes + queues): ``allocs`` is the mapping that call
-        read, ``before`` what it gave, with ``gone`` taken out and ``added`` put in since.  Each leaf's GPUs are
-        those sums with the changes; while no queue becomes a lender, the work lent is ``before`` without what
-        left ``allocs``, what is now ``guaranteed`` and the queues no longer lenders (in its order, as
-        :meth:`lent` gives it).  Otherwise (a group's share: fractions; a new lender) :meth:`lent`."""
-        memo, tree = self._lent_memo, self.tree
-        if (memo is None or memo[0] is not allocs or tree is None or any(a.group for a in gone)
-                or any(a.group for a in added)):
-            return self.lent(allocs, view, guaranteed)
-        _, held, lenders = memo
-        by_id = view.by_id if view.by_id is not None else {j.id: j for j in view.jobs}
-        for sign, allocations in ((-1, gone), (1, added)):
-            for a in allocations:
-                j = by_id.get(a.job_id)
-                if j is not None:
-                    held[self.leaf(j)] += sign * a.num_gpus
-        g = tree.guarantee
-        if any(held[q] > g[q][0] + _EPS for q in tree.leaves if q not in lenders):
-            return self.lent(allocs, view, guaranteed)
-        now = {q for q in lenders if held[q] > g[q][0] + _EPS}
-        self._lent_memo = (allocs, held, now)
-        kept = set(guaranteed)
-        return [j for j in before if j.id in allocs and j.id not in kept and self.leaf(j) in now]
-
-    def owed_again(self, owed: Sequence[Owed]) -> list[Owed]:
-        again = [o for o in owed if o.queue in self._owed_before]
-        self._owed_before = {o.queue for o in owed}
-        return again
-
-    def note_guaranteed(self, jobs: Sequence[Job]) -> None:
-        adm = self._last
-        ids = {j.id for j in jobs}
-        adm.over[:] = [j for j in adm.over if j.id not in ids]  # (in place: a lazy walk appends to these lists)
-        had = {x.id for x in adm.guaranteed}
-        adm.guaranteed += [j for j in jobs if j.id not in had]
-        for j in jobs:
-            adm.held.pop(j.id, None)
-
-    def pending_reasons(self, plan: Plan, view: View) -> Mapping[str, str]:
-        adm = self._last
-        adm.finish()
-        allocs = plan.allocations
-        out = dict(adm.held)
-        if any(j.id in allocs for j in adm.over):
-            for j in adm.guaranteed:
-                if j.id not in allocs:
-                    out[j.id] = WAITING_FOR_RECLAIM
-        if self._prioritised:
-            # a job that would fit in what higher-priority jobs of its queue hold waits for priority
-            held_by: dict[int, list[tuple[float, float]]] = {}
-            for j in adm.ordered:
-                a = allocs.get(j.id)
-                if a is not None:
-                    held_by.setdefault(self.leaf(j), []).append((job_priority(j), a.num_gpus))
-            if held_by:
-                free = plan.free_gpus
-                if free is None:
-                    free = view.cluster.num_gpus - len({g for a in allocs.values() for g in a.gpu_ids})
-                for j in view.jobs:
-                    if j.id in allocs or j.id in out:
-                        continue
-                    p = job_priority(j)
-                    higher = sum(g for pr, g in held_by.get(self.leaf(j), ()) if pr > p)
-                    if higher and j.spec.gpus <= free + higher:
-                        out[j.id] = PRIORITY
-        return out
-
-    def stats(self) -> dict[str, Any]:
-        adm = self._last
-        return {**self.counters, "guaranteed": len(adm.guaranteed), "borrowed": len(adm.over), "held": len(adm.held)}
-
-    def next_change(self, view: View) -> float:
-        """Admission reads only the jobs and the plan, so time alone changes nothing; except after a round
-        that left a queue starved (:mod:`.queue_checks`) or still owed after the hooks: the next round must
-        be computed, to reclaim over the hook and to check that the starvation did not last two rounds."""
-        if self.dynamic or self._starved or self._owed_before:
-            return view.now
-        return math.inf
-
-    def note_reclaim(self) -> None:
-        self.counters["reclaim_passes"] += 1
-
-    def forgive(self) -> None:
-        """A plan hook kept this round's plan off nodes out of service (drained): GPUs the starvation check
-        counts as lent may be there, where no queue can use them, so the round starts no two-round count."""
-        self._starved = set()
-
-    # -- invariants ------------------------------------------------------------------------------
-    #: what the guaranteed jobs asked for per leaf at the last check (made at the first)
-    _asks: GuaranteedAsks | None = None
-
-    def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
-        """Raise :class:`~gpuloom.core.plan.PlanError` if a queue is over its limit, or a queue below its
-        guarantee has waited two rounds in a row while GPUs it could use are lent (:mod:`.queue_checks`)."""
-        if self.tree is not None:
-            smallest = self._smallest_left_out(plan, view)
-            lists = self._lists
-            # with the usage from the book (no group: each job's GPUs are its own), the GPUs free are those
-            # no queue holds
-            u = self._changed_usage(plan, view) if self.incremental else None
-            leaves: Mapping[str, int]
-            free: float | None = None
-            if u is not None:
-                assert self._book is not None
-                leaves = _Leaves(self._book.where)
-                free = view.cluster.num_gpus - sum(u[q][0] for q in self.tree.leaves)
-            else:
-                leaves = self.leaf_map(plan.allocations, view)
-            if self._asks is None:
-                self._asks = GuaranteedAsks()
-            self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
-                                         self.guarantees,
-                                         None if smallest is None else (lambda q: (j for _, j in lists[q])),
-                                         smallest, leaves, u, free, self._asks)
-
 
 # ---------------------------------------------------------------------------------------------------
-def _demand(j: Job, per_gpu: tuple[float, float]) -> Triple:
-    """What ``j`` asks of its queue: its GPUs, its cores and memory (else its GPUs' share of the cluster's)."""
-    c = j.extra.get("queue_demand")
-    if c is None or c[0] != per_gpu:
-        s = j.spec
-        g = s.gpus
-        c = j.extra["queue_demand"] = (per_gpu, (
-            float(g), float(s.cpus) if s.cpus is not None else g * per_gpu[0],
-            float(s.mem_mb) if s.mem_mb is not None else g * per_gpu[1]))
-    return c[1]
-
-
-class _Leaves(Mapping[str, int]):
-    """``{job id: its leaf}`` read from the book's ``where`` as asked (not built for every planned job)."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, where: Mapping[str, tuple[int, bool]]) -> None:
-        self.where = where
-
-    def __getitem__(self, jid: str) -> int:
-        return self.where[jid][0]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.where)
-
-    def __len__(self) -> int:
-        return len(self.where)
-
-
-def _keeps_tier(hit: TierA, ended: Sequence[int], strict: bool) -> bool:
-    """Whether a leaf's guaranteed tier ``hit`` holds after jobs of the ranks ``ended`` left its list (in rank
-    order: no priority sorts it), nothing else having changed.  Without ``strict`` the tier's walk takes each
-    job that fits what the jobs taken before it leave, passing the others (its early stops only skip jobs
-    that could not fit): the list up to the tier's last job is the same, so the same jobs are taken there
-    with the same sums in the same order, and past it the list is the old one less some jobs, none of
-    which fitted before any more than now (nothing taken since).  The jobs past the tier (``after``) are read
-    by position from the tier's end, which does not move.  Strict quotas stop at the first job passed, which
-    may have ended."""
-    if strict:
-        return False
-    mine = hit[0]
-    return not mine or min(ended) > mine[-1][0]
-
-
-def _resume_tier(hit: TierA, first: int) -> tuple[list[tuple[int, Job]], list[Triple], list[tuple[int, Job]],
-                                                   list[tuple[int, Job]], int]:
-    """The state of a leaf's guaranteed tier walk (without ``strict``, no priority) as it reached the job of rank
-    ``first``, the first of its jobs to end since it made the tier ``hit``, that job being at or before the tier's
-    last (else the tier holds: :func:`_keeps_tier`): the jobs it took before it and what each asks, the jobs it
-    passed before its last take there (``gaps``) and after it (``passed``), and ``span``.  The walk read every job
-    of the list up to there, in rank order (ended jobs leave it, arrived ones join its end): each was taken or
-    passed, and each passed one lies before a later take (the tier's last job is past ``first``), so in the
-    tier's gaps.  Going on from there over the list without the ended jobs walks what the whole walk walks: up to
-    there the same jobs with the same sums in the same order, so the same steps, except that the whole walk may
-    stop at a job passed once no job left would fit (fewer are left now) and this one reads on, taking none of
-    them (what is left only shrinks) nor passing one before a take: the same tier, gaps and span."""
-    mine, ds, _, _, gaps, _ = hit
-    k = bisect.bisect_left(mine, first, key=_rank)
-    last = mine[k - 1][0] if k else -1
-    g = bisect.bisect_left(gaps, last, key=_rank) if k else 0
-    p = bisect.bisect_left(gaps, first, key=_rank)
-    return mine[:k], ds[:k], gaps[:g], gaps[g:p], (k + g if k else 0)
-
-
-def _takes_none(hit: TierA, new: Sequence[Job], owed: Triple, per_gpu: tuple[float, float]) -> bool:
-    """Whether a leaf's guaranteed tier ``hit`` holds after ``new`` jobs joined the end of its list (in rank
-    order), nothing else having changed: none of them fits in what the tier leaves of the guarantee ``owed``
-    (no limits: the cache is kept only then).  The walk is the same up to the end of the old list, and then
-    passes each new job (nothing is taken meanwhile); strict quotas stop before them or at the first."""
-    u = hit[3]
-    for j in new:
-        d = _demand(j, per_gpu)
-        if u[0] + d[0] <= owed[0] + _EPS and u[1] + d[1] <= owed[1] + _EPS and u[2] + d[2] <= owed[2] + _EPS:
-            return False
-    return True
-
-
-def _fitting(jobs: Iterable[tuple[int, Job]], allocs: Collection[str], most: float) -> Iterator[Job]:
-    """The jobs of ``jobs`` (rank, job) not in ``allocs`` asking at most ``most`` GPUs, lazily: a reader
-    that stops early (reclaim once the room is used up) does not read a queue's whole backlog."""
-    return (j for _, j in jobs if j.id not in allocs and j.spec.gpus <= most)
-
-
 def _without(jobs: Iterable[tuple[int, Job]], ids: Collection[str]) -> Iterator[tuple[int, Job]]:
     """The (rank, job)s of ``jobs`` whose job is not in ``ids``, lazily."""
     return (x for x in jobs if x[1].id not in ids) if ids else iter(jobs)
@@ -1268,3 +705,4 @@ def _merge_by_rank(lists: Sequence[Iterator[tuple[int, Job]]]) -> Iterator[tuple
         nxt = next(lists[k], None)
         if nxt is not None:
             heapq.heappush(heap, (nxt[0], k, nxt))
+
