@@ -372,10 +372,10 @@ def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: s
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_reclaims_free_state_from_the_plans_changes_equals_the_state_of_every_allocation(policy: str) -> None:
     # reclaim (evictions, two-pass rounds) starts from what the plan leaves free: from the driver's free state
-    # with what the plan changes of the current allocations (scheduler._free_left).  Each time
+    # with what the plan changes of the current allocations (scheduler/reclaim.py's _free_left).  Each time
     # it does, that state must be the one built from every allocation, buffer for buffer, and the run the same
     # as building it every time
-    import gpuloom.scheduler as sm
+    import gpuloom.scheduler.reclaim as sm
     from gpuloom.policies.free import FreeState
 
     specs = five_queue_specs(300, 40.0, 1, priority=True)
@@ -970,10 +970,11 @@ def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_reclaims_plans_say_what_they_change_of_the_current_allocations(policy: str) -> None:
     # a two-pass round's plan extends its pinned allocations, and an eviction's is a plain dict: both are made
-    # plans that extend the driver's allocations (scheduler._rebased), from the first pass's, the second's and
-    # the evictions' own lists.  Each time, those lists must be what comparing every allocation gives (the jobs
-    # added in the plan's order), diff the same actions in the same order, and the run the same as without
-    import gpuloom.scheduler as sm
+    # plans that extend the driver's allocations (scheduler/reclaim.py's _rebased), from the first pass's, the
+    # second's and the evictions' own lists.  Each time, those lists must be what comparing every allocation
+    # gives (the jobs added in the plan's order), diff the same actions in the same order, and the run the same
+    # as without
+    import gpuloom.scheduler.reclaim as sm
     from gpuloom.core.plan import changes, diff
 
     specs = five_queue_specs(300, 40.0, 1, priority=True)
