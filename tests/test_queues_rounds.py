@@ -772,22 +772,19 @@ def test_the_union_of_the_guaranteed_ids_is_kept_and_changed_where_a_leaf_s_set_
     assert stage._taken_union([(), ()]) == set()  # (another number of leaves: anew)
 
 
-@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
-def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a leaf whose job ended within its guaranteed tier walks its tier again from that job on, not from the start
-    # (QuotaQueues.tiers_resumed): every admission's guaranteed tier, and the run, must be those of walking it again
-    # whole, and the walk must go on that way often
+def _tiers_off_and_on(policy: str, specs: list[JobSpec], flag: str, counted: list[object], names: tuple[str, ...],
+                      monkeypatch: pytest.MonkeyPatch, arg: int | None = None) -> None:
+    # the run with QuotaQueues' ``flag`` off, then on (the module's functions ``names`` counted into ``counted``:
+    # their result, or their argument ``arg``): every admission's guaranteed tier and the run must be the same
     import gpuloom.policies.queues as qm
 
-    specs = five_queue_specs(400, 60.0, 2)
     tiers: list[list[list[str]]] = []
     runs = []
-    resumed: list[int] = []
     for on in (False, True):
         sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
         stage = sched.queue
         assert isinstance(stage, QuotaQueues)
-        stage.tiers_resumed = on
+        setattr(stage, flag, on)
         seen: list[list[str]] = []
         tiers.append(seen)
         admit = stage.admit
@@ -799,15 +796,27 @@ def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, 
 
         stage.admit = recorded  # type: ignore[method-assign]
         if on:
-            def counted(*a, f=qm._resume_tier):  # noqa: ANN001, ANN002, ANN202
-                resumed.append(a[1])
-                return f(*a)
+            for name in names:
+                def count(*a, f=getattr(qm, name)):  # noqa: ANN001, ANN002, ANN202
+                    out = f(*a)
+                    counted.append(out if arg is None else a[arg])
+                    return out
 
-            monkeypatch.setattr(qm, "_resume_tier", counted)
+                monkeypatch.setattr(qm, name, count)
         runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
                               config=SimConfig(check=True, restart_overhead=30.0)).run())
     assert tiers[0] == tiers[1] and len(tiers[0]) > 100
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a leaf whose job ended within its guaranteed tier walks its tier again from that job on, not from the start
+    # (QuotaQueues.tiers_resumed): every admission's guaranteed tier, and the run, must be those of walking it again
+    # whole, and the walk must go on that way often
+    resumed: list[object] = []
+    _tiers_off_and_on(policy, five_queue_specs(400, 60.0, 2), "tiers_resumed", resumed, ("_resume_tier",),
+                      monkeypatch, arg=1)
     assert len(resumed) >= 50
 
 
@@ -818,39 +827,10 @@ def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(poli
     # admission keeps each leaf's guaranteed tier while its jobs do not change; a leaf whose jobs only ended after
     # its tier's last job, or arrived and fit no room the tier leaves, keeps it too (QuotaQueues.tiers_past_ends).
     # Every admission's guaranteed tier, and the run, must be those of walking such a leaf's tier again
-    import gpuloom.policies.queues as qm
-
-    specs = five_queue_specs(400, 60.0, 2, priority=priority)
-    tiers: list[list[list[str]]] = []
-    runs, kept = [], []
-    for keep in (False, True):
-        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
-        stage = sched.queue
-        assert isinstance(stage, QuotaQueues)
-        stage.tiers_past_ends = keep
-        seen: list[list[str]] = []
-        tiers.append(seen)
-        admit = stage.admit
-
-        def recorded(*a, admit=admit, seen=seen, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
-            out = admit(*a, **k)
-            seen.append([j.id for j in out.guaranteed])
-            return out
-
-        stage.admit = recorded  # type: ignore[method-assign]
-        if keep:
-            for name in ("_keeps_tier", "_takes_none"):
-                def counted(*a, f=getattr(qm, name)):  # noqa: ANN001, ANN002, ANN202
-                    out = f(*a)
-                    kept.append(out)
-                    return out
-
-                monkeypatch.setattr(qm, name, counted)
-        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
-                              config=SimConfig(check=True, restart_overhead=30.0)).run())
-    assert tiers[0] == tiers[1] and len(tiers[0]) > 100
-    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
-    assert sum(kept) >= 50 and not all(kept)  # (tiers kept that often, and walked again at times)
+    kept: list[object] = []
+    _tiers_off_and_on(policy, five_queue_specs(400, 60.0, 2, priority=priority), "tiers_past_ends", kept,
+                      ("_keeps_tier", "_takes_none"), monkeypatch)
+    assert sum(map(bool, kept)) >= 50 and not all(kept)  # (tiers kept that often, and walked again at times)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
