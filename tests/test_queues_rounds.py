@@ -369,6 +369,25 @@ def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: s
     assert sum(hits) >= 20
 
 
+def _same_runs_with_and_without_changes(policy: str, specs: list[JobSpec], name: str, compared: object) -> None:
+    # runs with Scheduler.reclaim_changes on, then off, each with gpuloom.scheduler.reclaim's ``name`` replaced by
+    # ``compared`` (a check around it): both runs the same
+    import gpuloom.scheduler.reclaim as sm
+
+    real = getattr(sm, name)
+    runs = []
+    for from_changes in (True, False):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        sched.reclaim_changes = from_changes
+        setattr(sm, name, compared)
+        try:
+            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
+        finally:
+            setattr(sm, name, real)
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+
+
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_reclaims_free_state_from_the_plans_changes_equals_the_state_of_every_allocation(policy: str) -> None:
     # reclaim (evictions, two-pass rounds) starts from what the plan leaves free: from the driver's free state
@@ -391,17 +410,7 @@ def test_reclaims_free_state_from_the_plans_changes_equals_the_state_of_every_al
             changed.append(len(plan.added) + len(plan.removed))
         return out
 
-    runs = []
-    for from_changes in (True, False):
-        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
-        sched.reclaim_changes = from_changes
-        sm._free_left = compared  # type: ignore[assignment]
-        try:
-            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
-                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
-        finally:
-            sm._free_left = free_left  # type: ignore[assignment]
-    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    _same_runs_with_and_without_changes(policy, specs, "_free_left", compared)
     assert len(changed) >= 10 and sum(changed) > 0  # (the changes were used, on plans that changed something)
 
 
@@ -973,16 +982,6 @@ def test_reclaims_plans_say_what_they_change_of_the_current_allocations(policy: 
         seen.append((len(out.removed), len(out.added)))
         return out
 
-    runs = []
-    for from_changes in (True, False):
-        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
-        sched.reclaim_changes = from_changes
-        sm._rebased = compared  # type: ignore[assignment]
-        try:
-            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
-                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
-        finally:
-            sm._rebased = rebased  # type: ignore[assignment]
-    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    _same_runs_with_and_without_changes(policy, specs, "_rebased", compared)
     # (used, on plans that took jobs out and put jobs in)
     assert len(seen) >= 10 and sum(r for r, _ in seen) > 0 and sum(a for _, a in seen) > 0, seen
