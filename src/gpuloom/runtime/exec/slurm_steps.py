@@ -40,24 +40,11 @@ from dataclasses import dataclass, field
 
 from .executor import ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
 from .logmirror import set_mirror_offset
-from .slurm import (
-    ENDED_GRACE_S,
-    LIVE,
-    REASONS,
-    SlurmError,
-    SlurmExecutor,
-    SlurmNode,
-    _read_text,
-    _time,
-    _unlink,
-    gres_indices,
-    log,
-    parse_records,
-    read_output,
-    run_as,
-    slurm_argv,
-    tres,
-)
+from .slurm import ENDED_GRACE_S, SlurmExecutor
+from .slurm_client import SlurmError, log
+from .slurm_files import _read_text, _unlink, read_output
+from .slurm_launch import run_as, slurm_argv
+from .slurm_parse import LIVE, REASONS, SlurmNode, _time, gres_indices, parse_records, tres
 
 #: how long an allocation stays open with no job in it: the service's round after an exit (a round a
 #: second by default) launches the account's next job, and a preempted job's relaunch comes in the
