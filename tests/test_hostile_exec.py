@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuloom.runtime.exec import local
+from gpuloom.runtime.exec import local, local_launch
 from gpuloom.runtime.exec.cgroups import CgroupManager
 from gpuloom.runtime.exec.executor import ExecutorError, LaunchSpec, ProcInfo
 from gpuloom.runtime.exec.local import DEFAULT_ENV_ALLOW, NodeAgent
@@ -402,7 +402,7 @@ def test_dev_shm_is_sized_and_charged_to_the_jobs_memory_limit(agent: NodeAgent,
 def test_without_mount_namespaces_jobs_share_tmp_and_it_is_said_once(tmp_path: Path, account: str, cgroup_parent: str,
                                                                      caplog: pytest.LogCaptureFixture,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(local, "_warned_shared_tmp", False)
+    monkeypatch.setattr(local_launch, "_warned_shared_tmp", False)  # the flag _namespaces sets
     agent = NodeAgent(CgroupManager(parent=cgroup_parent), tmp_path / "run")
     agent.tools["unshare"] = None  # as on a machine without it
     shared = NodeAgent(CgroupManager(parent=cgroup_parent), tmp_path / "run2", private_tmp=False)  # --shared-tmp
