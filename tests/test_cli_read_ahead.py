@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuloom.cli import sim
+from gpuloom.cli import sim, simload
 from gpuloom.sim.traces import load_trace
 from test_simulate_bytes import EXPECTED, STACKS, digests, write_philly
 
@@ -88,14 +88,14 @@ def test_the_program_writes_the_bytes_it_wrote_before(stack: str, tmp_path: Path
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_philly(tmp_path / "philly.csv")
     taken: list[bool] = []
-    take = sim._read_ahead
+    take = simload._read_ahead
 
     def spied(path: Path, fmt: str | None) -> list | None:
         jobs = take(path, fmt)
         taken.append(jobs is not None)
         return jobs
 
-    monkeypatch.setattr(sim, "_read_ahead", spied)
+    monkeypatch.setattr(simload, "_read_ahead", spied)  # where workload() calls it
     code, err = main_run(monkeypatch, capsys, "simulate", "--trace", str(trace), *STACKS[stack], "--no-plots",
                          "--out", str(tmp_path / "o"))
     assert code == 0, err

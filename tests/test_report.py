@@ -456,20 +456,20 @@ def test_the_sender_sends_only_rows_the_run_will_not_change(tmp_path: Path, monk
     # simulate's child is sent finished jobs' rows and the series but for its last point, which the run may
     # still replace (another event at the same instant: here 32 jobs end at t=100, the 32nd at a progress
     # tick), and the files are the same bytes
-    from gpuloom.cli import sim as cli_sim
+    from gpuloom.cli import simfiles
     from gpuloom.scheduler import Scheduler
     from gpuloom.sim.background import Background
     from gpuloom.sim.engine import SimConfig, Simulator
 
-    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)
+    monkeypatch.setattr(simfiles, "ROWS_PART", 1)
     specs = [JobSpec(f"s{k}", 0.0, 1, 100) for k in range(40)]
     specs += [JobSpec(f"j{k}", 100 + k * 20.0, (1, 2, 4)[k % 3], 50 + 37 * (k % 5)) for k in range(30)]
     sim = Simulator(Cluster.homogeneous(4, 8), specs, Scheduler.from_names("srtf", "none", "proportional",
                                                                            "packed-non-sticky"),
                     config=SimConfig(round_len=30, restart_overhead=5))
-    rows = cli_sim._Made()
+    rows = simfiles._Made()
     child: Background[Any, None] = Background("writing", rows.write, fork=False, take=rows.add)
-    sender = cli_sim._Sender(child, child, [sim])
+    sender = simfiles._Sender(child, child, [sim])
     lasts: list[tuple[int, list[Any]]] = []
 
     def tick(done: int, total: int) -> None:
@@ -622,8 +622,7 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
                                                                      request: pytest.FixtureRequest) -> None:
     import os
 
-    from gpuloom.cli import ending
-    from gpuloom.cli import sim as cli_sim
+    from gpuloom.cli import ending, simfiles
     from gpuloom.sim import background, plots
 
     if _forks(request):
@@ -655,7 +654,7 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
     monkeypatch.setattr(plots, "draw_jct_cdf", cdf)
     monkeypatch.setattr(report.JobRows, "write", jobs)
     monkeypatch.setattr(report.JobRows, "add", add)
-    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)  # the finished jobs' rows sent at every progress tick
+    monkeypatch.setattr(simfiles, "ROWS_PART", 1)  # the finished jobs' rows sent at every progress tick
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     (tmp_path / "o").rename(tmp_path / "forked")  # (the command line, --out included, is in the files)
@@ -684,12 +683,11 @@ def test_simulate_writes_from_its_children_the_bytes_it_writes_alone(tmp_path: P
 
 def test_simulate_without_plots_writes_series_csv_from_rows_made_during_the_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    from gpuloom.cli import ending
-    from gpuloom.cli import sim as cli_sim
+    from gpuloom.cli import ending, simfiles
 
     if _forks(request):
         return
-    monkeypatch.setattr(cli_sim, "ROWS_PART", 1)
+    monkeypatch.setattr(simfiles, "ROWS_PART", 1)
     r = CliRunner().invoke(app, [*SMALL, str(tmp_path / "o"), "--no-plots"])
     assert r.exit_code == 0, r.output
     result = ending._KEPT[0]

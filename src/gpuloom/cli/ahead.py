@@ -22,9 +22,9 @@ def read_ahead(argv: Sequence[str]) -> None:
     """Start reading the trace of ``argv`` (``gpuloom simulate ... --trace FILE``) in a child process, before the
     options are parsed: the parse and the read, about 0.1 s and 0.2 s of CPU on Philly, go on side by side.
     Only a Philly list is read ahead (its columns come back as plain lists, cheap to send: the command makes the
-    jobs, :func:`~gpuloom.cli.sim._read_ahead`); nothing is started where the command line gives trace options, is
+    jobs, :func:`~gpuloom.cli.simload._read_ahead`); nothing is started where the command line gives trace options, is
     not ``simulate``'s, or a child cannot be forked, nor again for a trace already being read.  What the options
-    turn out to ask is what :func:`~gpuloom.cli.sim.workload` reads: a child whose path or format they do not ask
+    turn out to ask is what :func:`~gpuloom.cli.simload.workload` reads: a child whose path or format they do not ask
     is ended unused (:func:`drop_read_ahead`)."""
     from ..sim.background import Background, can_fork
 

@@ -16,18 +16,19 @@ one line: bad values (``--round 0``), unknown policy names and ``-P`` names
 cluster (unless ``--drop-impossible``).  Options that are ignored or that
 conflict get a one-line warning.  Results record where they came from (trace,
 workload, seed, gpuloom version, command line): see :mod:`gpuloom.sim.report`.
+
+The parts: :mod:`.simload` reads and checks the workload, :mod:`.simproc` runs the command's process (the
+garbage collector, the children it starts), :mod:`.simfiles` writes a run's files in children during the run;
+here are the two commands.
 """
 
 from __future__ import annotations
 
-import functools
-import gc
 import json
 import math
-from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -42,7 +43,6 @@ from .common import (
     console,
     err_console,
     model_options,
-    parse_params,
     positive,
     ray_connect,
     stack_params,
@@ -52,162 +52,28 @@ from .common import (
 from .ending import keep_until_exit
 from .output import OUT_HELP, Output, command_line, report_line
 from .queues import QueuePolicyOpt, QueuesOpt, apply_queues, queue_outputs, queue_stage
-
-if TYPE_CHECKING:
-    from ..sim.background import Background, BackgroundError
-    from ..sim.plots import RunFigures
-    from ..sim.report import JobsRest
-
-_R = TypeVar("_R")
-
-TraceOpt = Annotated[Path | None, typer.Option("--trace", "-t", help="Trace file; omit for the built-in workload.")]
-FormatOpt = Annotated[str | None, typer.Option("--format", "-f", help="Trace format (auto-detected by default).")]
-ClusterOpt = Annotated[str, typer.Option("--cluster", "-C", help="NODESxGPUS (e.g. 16x4) or a TOML/YAML cluster file.")]
-CpusPerNodeOpt = Annotated[int | None, typer.Option(help="Cores per node for NxG clusters (default 3 per GPU).")]
-MemPerNodeOpt = Annotated[float | None, typer.Option(help="Memory per node in GB for NxG clusters.")]
-TraceOptOpt = Annotated[
-    list[str] | None, typer.Option("--trace-opt", "-T", help="Trace reader option name=value (e.g. pending=error).")
-]
-GenerateOpt = Annotated[int | None, typer.Option(
-    help="Generate this many jobs (Poisson arrivals at --rate); with --trace, each drawn from the trace's jobs.")]
-RateOpt = Annotated[float | None, typer.Option(help="Arrival rate of generated jobs, jobs/hour (default 20).")]
-LimitOpt = Annotated[int | None, typer.Option(help="Use only the first N jobs by arrival.")]
-DropOpt = Annotated[bool, typer.Option(help="Count jobs that can never fit the cluster as unfinished instead of failing.")]
-
-MeasureOpt = Annotated[str | None, typer.Option(
-    "--measure-jobs", metavar="A:B",
-    help="Compute the summary over jobs A..B-1 by arrival order (every job still runs); jobs.csv marks them.")]
-
-DEFAULT_RATE = 20.0
-
-
-def measure_window(text: str | None, jobs: int | None = None) -> tuple[int, int] | None:
-    """``--measure-jobs A:B`` as a window (None without it), checked against ``jobs`` when given; bad input is
-    an :class:`OptionError` naming the option."""
-    from ..sim.window import WindowError, check_window, parse_window
-
-    if text is None:
-        return None
-    try:
-        window = parse_window(text)
-        return window if jobs is None else check_window(window, jobs)
-    except WindowError as e:
-        raise OptionError(str(e)) from None
-
-
-def workload(trace: Path | None, fmt: str | None, generate: int | None, rate: float | None, seed: int,
-             limit: int | None, trace_opts: list[str] | None = None) -> tuple[list, str]:
-    """``(specs, description)``; the description says what the workload is, for reports."""
-    from ..sim.generator import builtin_workload
-    from ..sim.generator import generate as gen
-
-    r = DEFAULT_RATE if rate is None else rate
-    if trace is not None:
-        from ..sim.traces import load_trace
-
-        specs = _read_ahead(trace, fmt) if not trace_opts else None
-        if specs is None:
-            specs = load_trace(trace, fmt or "auto", **parse_params(trace_opts, "--trace-opt"))
-        what = f"trace {trace}"
-        _note_trace_options(trace, specs)
-        if generate:
-            specs = gen(num_jobs=generate, jobs_per_hour=r, seed=seed, sample_from=specs)
-            what = f"{generate} jobs at {r:g}/h drawn from {trace} (seed {seed})"
-    elif generate:
-        specs = gen(num_jobs=generate, jobs_per_hour=r, seed=seed)
-        what = f"{generate} generated jobs at {r:g}/h (seed {seed})"
-    else:
-        specs = builtin_workload(seed)
-        what = f"built-in workload, 200 jobs at 20/h (seed {seed})"
-    if limit is not None:
-        specs = sorted(specs, key=lambda s: s.arrival)[:limit]
-        what += f", first {limit} by arrival"
-    return specs, what
-
-
-def _read_ahead(trace: Path, fmt: str | None) -> list | None:
-    """The jobs of ``trace`` as the child :func:`read_ahead` started read it; None where none read it (or it
-    failed: reading it again here raises the reader's own error)."""
-    from ..sim.background import BackgroundError
-    from ..sim.traces.philly import philly_trace
-
-    child = _AHEAD.pop((str(trace), fmt), None)
-    if child is None:
-        return None
-    _import_ahead()
-    try:
-        read = child.result()
-    except BackgroundError:
-        return None
-    return None if read is None else philly_trace(trace, read).jobs
-
-
-def _import_ahead() -> None:
-    """Import what the run imports later anyway (numpy's random generators, the progress display, the plots'
-    figures): done while the child reading the trace may still be at work, where this process would wait."""
-    import numpy.random  # noqa: F401
-
-    from ..sim import plots  # noqa: F401
-    from . import progress  # noqa: F401
-
-
-_NOTED: set[str] = set()
-
-
-def _note_trace_options(trace: Path, specs: Sequence[Any]) -> None:
-    """Say once per trace which model options its jobs bring (options given on the command line win)."""
-    from ..perf.assembly import trace_options
-
-    opts = trace_options(specs)
-    if opts and str(trace) not in _NOTED:
-        _NOTED.add(str(trace))
-        shown = ", ".join(f"{k}={v}" for k, v in opts.items())
-        err_console.print(f"note: {trace.name} was simulated by its source with {shown}; these apply unless "
-                          "given (e.g. --variability none, -P locality_rule=excess, -P backfill=true)", highlight=False,
-                          markup=False, soft_wrap=True)
-
-
-def check_workload_options(trace: Path | None, fmt: str | None, trace_opt: list[str] | None, generate: int | None,
-                           rate: float | None, limit: int | None) -> None:
-    """One-line errors for bad values, warnings for options that are ignored."""
-    if generate is not None and generate < 1:
-        raise OptionError(f"--generate must be a number of jobs >= 1, got {generate}")
-    positive("--rate", rate)
-    if limit is not None and limit < 1:
-        raise OptionError(f"--limit must be >= 1, got {limit}")
-    if trace is None:
-        if fmt is not None:
-            warn("--format is ignored without --trace")
-        if trace_opt:
-            warn("--trace-opt is ignored without --trace")
-    if rate is not None and not generate:
-        warn("--rate is ignored without --generate (it sets the arrival rate of generated jobs)")
-
-
-def check_cluster_options(cluster: str, cpus_per_node: int | None, mem_gb_per_node: float | None) -> None:
-    from ..core.cluster import _SPEC
-
-    if cpus_per_node is not None and cpus_per_node < 0:
-        raise OptionError(f"--cpus-per-node must be >= 0, got {cpus_per_node}")
-    positive("--mem-gb-per-node", mem_gb_per_node, zero=True)
-    if not _SPEC.match(cluster):
-        for opt, v in (("--cpus-per-node", cpus_per_node), ("--mem-gb-per-node", mem_gb_per_node)):
-            if v is not None:
-                warn(f"{opt} is ignored with a cluster file ({cluster} gives each node's cores and memory)")
-
-
-def check_impossible(specs: Sequence[Any], cl: Any, drop: bool) -> dict[str, str]:
-    """Jobs that can never fit ``cl``: an error, or with ``drop`` a warning; ``{id: reason}``."""
-    from ..core.fit import impossible_jobs, impossible_message
-
-    bad = impossible_jobs(specs, cl)
-    if bad and not drop:
-        raise OptionError(impossible_message(bad, "--drop-impossible"))
-    if bad:
-        (first, why), = list(bad.items())[:1]
-        warn(f"{len(bad)} of {len(specs)} jobs can never run on this cluster and count as unfinished "
-             f"(first: {first}: {why})")
-    return bad
+from .simfiles import _collect, _plotter, _rows_writer, _Sender
+from .simload import (  # noqa: F401  (_read_ahead, DEFAULT_RATE: as before)
+    DEFAULT_RATE,
+    ClusterOpt,
+    CpusPerNodeOpt,
+    DropOpt,
+    FormatOpt,
+    GenerateOpt,
+    LimitOpt,
+    MeasureOpt,
+    MemPerNodeOpt,
+    RateOpt,
+    TraceOpt,
+    TraceOptOpt,
+    _read_ahead,
+    check_cluster_options,
+    check_impossible,
+    check_workload_options,
+    measure_window,
+    workload,
+)
+from .simproc import ends_children, no_cycle_collection
 
 
 def _plural(n: int, word: str) -> str:
@@ -226,189 +92,6 @@ def _stall_warning(result: Any) -> None:
         ids = ", ".join(result.stalled[:10]) + (", ..." if len(result.stalled) > 10 else "")
         warn(f"{result.label}: the run stalled at t={result.end_time:,.0f} s: {len(result.stalled)} job(s) waited "
              f"with no job able to finish and none left to arrive, and count as unfinished: {ids}")
-
-
-def no_cycle_collection(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run the command with Python's cyclic garbage collector off, as the simulation itself runs
-    (:meth:`~gpuloom.sim.engine.Simulator.run`): loading a trace and writing a run's results build hundreds
-    of thousands of plain objects and no reference cycles but a plot's figures, and the collector would
-    rescan them all every few thousand allocations.  Reference counting frees the rest.  Turned on again
-    with what the command left in the oldest generation (``freeze``, ``unfreeze``): turned on as it is,
-    its first allocation would start with a scan of every object the command made.  (A host process that
-    froze objects of its own keeps them frozen: the collector is then just turned on.)"""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kw: Any) -> Any:
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            return fn(*args, **kw)
-        finally:
-            if collecting and gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.enable()
-                gc.unfreeze()
-            elif collecting:
-                gc.enable()
-
-    return wrapper
-
-
-#: child processes the running command started (:func:`ends_children` ends those it did not collect)
-_CHILDREN: list[Background[Any, Any]] = []
-
-
-def ends_children(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """End (kill and reap) the child processes the command started and did not collect, however it ends:
-    an error, an early exit, an interrupt."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kw: Any) -> Any:
-        mark = len(_CHILDREN)
-        try:
-            return fn(*args, **kw)
-        finally:
-            while len(_CHILDREN) > mark:
-                _CHILDREN.pop().cancel()
-
-    return wrapper
-
-
-def _child(what: str, fn: Callable[[Any], Any], prepare: Callable[[], object] | None = None,
-           take: Callable[[Any], object] | None = None) -> Background[Any, Any]:
-    """A child process forked now (:class:`~gpuloom.sim.background.Background`), ended with the command."""
-    from ..sim.background import Background
-
-    child: Background[Any, Any] = Background(what, fn, prepare, take=take)
-    _CHILDREN.append(child)
-    return child
-
-
-#: finished jobs per part sent to the child writing jobs.csv during the run
-ROWS_PART = 1024
-
-
-class _Made:
-    """What a child writing a run's files makes of the rows sent during the run (:class:`_Sender`): jobs.csv's
-    (:class:`~gpuloom.sim.report.JobRows`), series.csv's (:class:`~gpuloom.sim.report.SeriesRows`) and the
-    series' points themselves, for the plots."""
-
-    def __init__(self) -> None:
-        from ..sim.report import SERIES_COLUMNS, JobRows, SeriesRows
-
-        self.jobs, self.series = JobRows(), SeriesRows()
-        self.points: list[list[Any]] = [[] for _ in SERIES_COLUMNS]
-
-    def add(self, part: tuple[str, Any]) -> None:
-        """``("jobs", (places, fields))``: finished jobs' rows; ``("series", columns)``: the series' next points;
-        ``("load", None)``: import matplotlib now (:func:`~gpuloom.sim.plots.load_matplotlib`)."""
-        kind, value = part
-        if kind == "jobs":
-            self.jobs.add(value)
-            return
-        if kind == "load":
-            from ..sim.plots import load_matplotlib
-
-            load_matplotlib(math=True)
-            return
-        self.series.add(value)
-        for have, new in zip(self.points, value, strict=True):
-            have += new
-
-    def write(self, rest: tuple[JobsRest, list[list[Any]] | None, Path]) -> None:
-        """jobs.csv (``rest[0]``: what the run's end left of it) and, given the series' last points
-        (``rest[1]``), series.csv in folder ``rest[2]``."""
-        jobs, points, folder = rest
-        self.jobs.write(jobs)
-        if points is not None:
-            self.series.write(points, folder / "series.csv")
-
-    def draw(self, job: tuple[RunFigures, list[list[Any]], Path]) -> list[Path]:
-        """series.csv and the plots in folder ``job[2]``: ``job[0]`` the figures but their series, ``job[1]``
-        the series' last points.  The JCT CDF (the plot that takes longest to draw) is drawn by a child of this
-        process forked now, with matplotlib imported, beside series.csv and the series' plots drawn here."""
-        from dataclasses import replace
-
-        from ..sim.background import Background
-        from ..sim.metrics import TimeSeries
-        from ..sim.plots import draw_jct_cdf, draw_series
-
-        figures, points, folder = job
-        cdf: Background[None, Path] = Background("drawing the JCT CDF", lambda _: draw_jct_cdf(figures, folder))
-        cdf.submit(None)
-        try:
-            self.series.write(points, folder / "series.csv")
-            for have, new in zip(self.points, points, strict=True):
-                have += new
-            drawn = draw_series(replace(figures, series=TimeSeries(*self.points)), folder)
-        finally:
-            first = cdf.result()  # (waited for, or its failure raised, however the others went)
-        return [first, *drawn]
-
-
-def _plotter() -> Background[tuple[RunFigures, list[list[Any]], Path], list[Path]]:
-    """A child process, forked now, that imports matplotlib once sent ``("load", None)`` (:meth:`_Made.add`), makes
-    series.csv's rows it is sent during the run (:class:`_Sender`), then writes series.csv and draws the plots of
-    the run it is sent (:meth:`_Made.draw`)."""
-    made = _Made()
-    return _child("drawing the plots", made.draw, take=made.add)
-
-
-def _rows_writer() -> Background[tuple[JobsRest, list[list[Any]] | None, Path], None]:
-    """A child process, forked now, that makes jobs.csv's rows (and series.csv's, where no plots are drawn) it
-    is sent during the run (:class:`_Sender`), then writes the file(s) once sent the rest (:meth:`_Made.write`)."""
-    made = _Made()
-    return _child("writing jobs.csv", made.write, take=made.add)
-
-
-class _Sender:
-    """Sends the children the rows the run will not change, whenever at least :data:`ROWS_PART` more jobs have
-    finished (called at the run's progress ticks): the finished jobs' to ``rows``, the series' points but its
-    last (:meth:`~gpuloom.sim.metrics.TimeSeries.record` may replace it) to ``series``; ``ran`` will hold the
-    simulator."""
-
-    def __init__(self, rows: Background[Any, Any], series: Background[Any, Any], ran: list[Any]) -> None:
-        self.rows, self.series, self.ran = rows, series, ran
-        self.jobs = self.points = 0  # how many were sent
-
-    def __call__(self) -> None:
-        if not self.ran:
-            return
-        sim = self.ran[0]
-        done = sim.completed
-        if len(done) - self.jobs >= ROWS_PART:
-            from ..sim.report import job_fields, series_points
-
-            part = done[self.jobs:]
-            points = max(self.points, len(sim.series) - 1)
-            self.rows.send(("jobs", ([j.index for j in part], job_fields(part))))
-            self.series.send(("series", series_points(sim.series, self.points, points)))
-            self.jobs, self.points = len(done), points
-
-    def jobs_rest(self, result: Any, folder: Path) -> JobsRest:
-        """What the rows' child needs to write ``result``'s (the run's) jobs.csv into ``folder``."""
-        from ..sim.report import jobs_rest
-
-        return jobs_rest(result, folder / "jobs.csv",
-                         {j.index for j in self.ran[0].completed[:self.jobs]} if self.ran else set())
-
-    def last_points(self, result: Any) -> list[list[Any]]:
-        """The series' points not sent."""
-        from ..sim.report import series_points
-
-        return series_points(result.series, self.points, len(result.series))
-
-
-def _collect(child: Background[Any, _R] | None, default: _R) -> tuple[_R, BackgroundError | None]:
-    """``(what the child returned, None)``, or ``(default, error)`` when it failed (or ``default`` without one)."""
-    from ..sim.background import BackgroundError
-
-    if child is None:
-        return default, None
-    try:
-        return child.result(), None
-    except BackgroundError as e:
-        return default, e
 
 
 @app.command()
