@@ -829,6 +829,70 @@ def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, 
     assert len(resumed) >= 50
 
 
+def test_a_tier_without_gaps_takes_its_jobs_past_the_ended_one_again() -> None:
+    # a leaf's tier walk that passed no job took a (2), c (1), f (2), g (3) (ranks 1, 3, 5, 6): when c ends, the walk
+    # goes on from c with f and g taken again as they were; when c and g end, f alone; jobs that ended past the
+    # tier (rank 9) change nothing
+    from gpuloom.policies.queues import _retaken
+
+    a, c, f, g = (Job(JobSpec(n, 0.0, k, 100.0)) for n, k in (("a", 2), ("c", 1), ("f", 2), ("g", 3)))
+    da, dc, df, dg = (2.0, 0.0, 0.0), (1.0, 0.0, 0.0), (2.0, 0.0, 0.0), (3.0, 0.0, 0.0)
+    hit = ([(1, a), (3, c), (5, f), (6, g)], [da, dc, df, dg], {"a", "c", "f", "g"}, (8.0, 0.0, 0.0), [], 4)
+    assert _retaken(hit, 1, 3, [3]) == ([(5, f), (6, g)], [df, dg])
+    assert _retaken(hit, 1, 3, [6, 3]) == ([(5, f)], [df])
+    assert _retaken(hit, 1, 3, [3, 9]) == ([(5, f), (6, g)], [df, dg])
+    assert _retaken(hit, 3, 6, [6]) == ([], [])
+    assert _retaken(hit, 0, 1, [1, 3, 5, 6]) == ([], [])
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_guaranteed_tiers_forwarded_past_the_ended_job_are_the_walked_tiers(policy: str) -> None:
+    # a tier walked on from a job that ended, when the tier passed no job, takes the jobs past it again without
+    # testing each (QuotaQueues.tiers_forwarded): every tier the admissions cache (the jobs, what each asks, their
+    # sums to the bit, the gaps and the span), every admission's guaranteed jobs and the run must be those of the
+    # walk that reads each of them again; and jobs must be taken so often (jobs of 1 and 2 GPUs: tiers of several)
+    import gpuloom.policies.queues as qm
+
+    specs = [JobSpec(s.id, s.arrival, (1, 1, 2)[k % 3], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(400, 60.0, 2))]
+    tiers: list[list[object]] = []
+    runs = []
+    forwarded: list[int] = []
+    retaken = qm._retaken
+    for on in (False, True):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.tiers_forwarded = on
+        seen: list[object] = []
+        tiers.append(seen)
+        admit = stage.admit
+
+        def recorded(*a, admit=admit, seen=seen, stage=stage, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            seen.append(([j.id for j in out.guaranteed],
+                         {q: ([x[1].id for x in t[0]], t[1], sorted(t[2]), t[3], [x[1].id for x in t[4]], t[5])
+                          for q, t in stage._tier_a.items()}))
+            return out
+
+        def counted(*a, on=on):  # noqa: ANN001, ANN002, ANN202
+            out = retaken(*a)
+            if on:
+                forwarded.append(len(out[0]))
+            return out
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        qm._retaken = counted
+        try:
+            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
+        finally:
+            qm._retaken = retaken
+    assert tiers[0] == tiers[1] and len(tiers[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert len(forwarded) >= 100 and sum(forwarded) >= 100
+
+
 @pytest.mark.parametrize("priority", [False, True], ids=["plain", "priority"])
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(policy: str, priority: bool,

@@ -93,7 +93,7 @@ from .queue_base import Admission, QueuePolicy
 from .queue_book import Walk
 from .queue_reclaim import PRIORITY, WAITING_FOR_RECLAIM, QuotaReclaim
 from .queue_state import _EPS, TierA, Triple, _demand, as_tree, job_priority, load_queue_file
-from .queue_tiers import _keeps_tier, _rank, _resume_tier, _takes_none
+from .queue_tiers import _keeps_tier, _rank, _resume_tier, _retaken, _takes_none
 
 __all__ = ["PRIORITY", "QUEUE_AT_QUOTA", "WAITING_FOR_RECLAIM", "NoQueues", "QuotaQueues", "as_tree", "job_priority",
            "load_queue_file"]
@@ -121,6 +121,9 @@ class QuotaQueues(QuotaReclaim):
     tiers_resumed = True
     #: False: a walk by rank with every job taken merges the leaves' lists too (tests compare)
     rank_walk = True
+    #: False: a tier walked on from a job that ended reads its jobs past that job again one by one, even when the
+    #: tier passed none (tests compare)
+    tiers_forwarded = True
 
     def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
               lazy: bool = False) -> Admission:
@@ -187,8 +190,9 @@ class QuotaQueues(QuotaReclaim):
         # otherwise its takes are made again in the same order (the same sums, to the bit), or in a flat tree
         # (no node but the leaf sums them) its use is set to what they summed to
         cache: dict[int, TierA] | None = None
-        # per leaf, its last tier and the rank of the first of its jobs that ended, when its walk goes on from there
-        resume: dict[int, tuple[TierA, int]] = {}
+        # per leaf, its last tier, the rank of the first of its jobs that ended and the ranks of all those that ended,
+        # when its walk goes on from there
+        resume: dict[int, tuple[TierA, int, Sequence[int]]] = {}
         flat = False
         # no limit anywhere: every job fits them (each is INF); one level: a leaf's use is its own
         limited, flat_tree = tree.limited, all(len(p) == 1 for p in path)
@@ -211,7 +215,7 @@ class QuotaQueues(QuotaReclaim):
                         if not (ranked and _keeps_tier(hit, ranks, strict)):
                             del tiers[q]
                             if ranked and not strict and self.tiers_resumed:
-                                resume[q] = (hit, min(ranks))
+                                resume[q] = (hit, min(ranks), ranks)
                 for q, new in book.arrived.items():
                     hit = tiers.get(q)
                     if hit is not None and not (keep and not (self.priority and q in prioritised)
@@ -262,8 +266,17 @@ class QuotaQueues(QuotaReclaim):
                     # its jobs only ended (or arrived) since its tier was walked, the first that ended within the
                     # tier: up to that job the list is the same, so the walk made the same steps there (the same
                     # takes, the same sums; it stopped nowhere before it); it goes on from there (_resume_tier)
-                    mine, ds, gaps, passed, span = _resume_tier(res[0], res[1])
+                    hit, first, ended = res
+                    mine, ds, gaps, passed, span = _resume_tier(hit, first)
                     u = use[q]
+                    k = len(mine)
+                    if not hit[4] and self.tiers_forwarded:
+                        # no job passed before the tier's last: its jobs past the one that ended are taken again,
+                        # each where it was (_retaken), and the walk reads on past them
+                        more, more_ds = _retaken(hit, k, first, ended)
+                        mine += more
+                        ds += more_ds
+                        span = len(mine)
                     for d in ds:
                         if flat_tree:
                             u[0] += d[0]
@@ -271,7 +284,10 @@ class QuotaQueues(QuotaReclaim):
                             u[2] += d[2]
                         else:
                             take(q, d)
-                    jobs = itertools.islice(jobs, len(mine) + len(gaps) + len(passed), None)
+                    if len(ds) > k and u[0] > o[0] - 1 + _EPS:
+                        jobs = ()  # (full after the last of them: the walk stops there, as it would have)
+                    else:
+                        jobs = itertools.islice(jobs, len(mine) + len(gaps) + len(passed), None)
                 for x in jobs:
                     j = x[1]
                     c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
