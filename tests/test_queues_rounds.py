@@ -1020,6 +1020,43 @@ def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int
     assert len(by_rank) > 100 and past >= 10  # (walks read past their bound: gone on whole)
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_walk_by_rank_read_ahead_as_far_as_placement_surely_reads_is_the_walk_read_by_placement(seed: int) -> None:
+    # admission hands on the walk by rank's jobs up to where they ask for the cluster's GPUs before placement reads it
+    # (QuotaQueues.read_ahead): placement's first phase reads that far whatever it decides.  Every admission (its jobs
+    # in order as the round left it, held and cut short the same way) and the run must be those of the walk read as
+    # placement reads it, bit for bit, and jobs must be read ahead in most admissions; jobs of 3, 5 and 6 GPUs make
+    # walks that wait at their bound and go on whole
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6, 1)[k % 4], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
+    walks: list[list[tuple]] = []
+    runs = []
+    ahead: list[int] = []
+    for on in (False, True):
+        sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.read_ahead = on
+        seen: list[tuple] = []
+        walks.append(seen)
+        admit = stage.admit
+
+        def recorded(*a, admit=admit, seen=seen, on=on, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            if on:
+                ahead.append(len(out.over))
+            seen.append((out, [j.id for j in out.guaranteed]))
+            return out
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+        seen[:] = [(g, [j.id for j in a.over], a.truncated, dict(a.held), a.paused) for a, g in seen]
+    assert walks[0] == walks[1] and len(walks[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert sum(1 for n in ahead if n) > len(ahead) // 2
+
+
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_reclaims_plans_say_what_they_change_of_the_current_allocations(policy: str) -> None:
     # a two-pass round's plan extends its pinned allocations, and an eviction's is a plain dict: both are made

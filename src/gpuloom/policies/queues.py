@@ -124,6 +124,8 @@ class QuotaQueues(QuotaReclaim):
     #: False: a tier walked on from a job that ended reads its jobs past that job again one by one, even when the
     #: tier passed none (tests compare)
     tiers_forwarded = True
+    #: False: a lazy walk by rank hands on no job before placement reads it (tests compare)
+    read_ahead = True
 
     def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
               lazy: bool = False) -> Admission:
@@ -403,8 +405,24 @@ class QuotaQueues(QuotaReclaim):
             # book's ranks) outside the guaranteed tier, in its order: read so, without the leaves' heap (each
             # leaf's use is read by no key, so none is summed; heads are kept by no reader: None)
             taken = self._taken_union(taken_by)
+            in_order = iter(ordered)
+            started = False
+            cap = cl.num_gpus
+            if lazy and asked < cap and self.read_ahead:
+                # the jobs placement reads whatever it decides: its first phase reads the walk until the GPUs of
+                # the jobs it selected reach the cluster's, so it reads every job before which the walk's jobs ask
+                # for fewer.  Those are handed on now, in this loop (one frame resumed per job fewer as they are
+                # read); the walk goes on after them (its bound, twice the cluster, lies past them)
+                over = adm.over
+                for oj in in_order:
+                    if oj.id not in taken:
+                        over.append(oj)
+                        asked += oj.spec.gpus
+                        if asked >= cap:
+                            break
+                started = bool(over)
             adm.walk = Walk(adm.guaranteed, adm.over,
-                            self._by_rank_walk(adm, iter(ordered), taken, asked, bound, pauses))
+                            self._by_rank_walk(adm, in_order, taken, asked, bound, started, pauses))
             self._remember(adm, view)
             return adm
         if rest is None:
@@ -544,24 +562,25 @@ class QuotaQueues(QuotaReclaim):
 
     @staticmethod
     def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], asked: float, enough: list[float],
-                      pauses: bool) -> Iterator[Job | None]:
+                      started: bool, pauses: bool) -> Iterator[Job | None]:
         """The borrowing walk by rank, every job taken (see :meth:`admit`): the jobs of ``jobs`` not in ``taken``,
         each appended to ``adm.over`` as it is handed on, until they ask for ``enough[0]`` GPUs (then it waits
         there when it ``pauses``, as the walk over the leaves does, and stops unless the bound was lifted;
-        ``truncated`` when jobs are left)."""
+        ``truncated`` when jobs are left).  ``started``: ``adm.over`` holds the jobs it handed on first (read
+        ahead by admission, ``asked`` counting them); it goes on from the last of them."""
         over_append = adm.over.append
         # (the jobs not in taken read from jobs by loops here, not through a generator of their own: one frame
         # resumed per job handed on, not two)
-        j: Job | None = None
-        for j in jobs:
-            if j.id not in taken:
-                break
-        else:
-            j = None
-        while j is not None:
+        if not started:
+            for j in jobs:
+                if j.id not in taken:
+                    break
+            else:
+                return
             over_append(j)
             yield j
             asked += j.spec.gpus  # (_demand's GPUs are float(spec.gpus): the same sum)
+        while True:
             nxt: Job | None = None
             for x in jobs:
                 if x.id not in taken:
@@ -576,7 +595,11 @@ class QuotaQueues(QuotaReclaim):
                 if asked >= enough[0]:
                     adm.truncated = nxt is not None
                     return
-            j = nxt
+            if nxt is None:
+                return
+            over_append(nxt)
+            yield nxt
+            asked += nxt.spec.gpus
 
     def read_whole(self, adm: Admission) -> bool:
         """The walk stops handing on jobs once they ask for twice the cluster's GPUs (``admit`` without ``full``);
