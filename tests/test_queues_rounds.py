@@ -829,6 +829,70 @@ def test_guaranteed_tiers_resumed_after_ends_give_the_walked_tiers(policy: str, 
     assert len(resumed) >= 50
 
 
+def test_a_tier_without_gaps_takes_its_jobs_past_the_ended_one_again() -> None:
+    # a leaf's tier walk that passed no job took a (2), c (1), f (2), g (3) (ranks 1, 3, 5, 6): when c ends, the walk
+    # goes on from c with f and g taken again as they were; when c and g end, f alone; jobs that ended past the
+    # tier (rank 9) change nothing
+    from gpuloom.policies.queues import _retaken
+
+    a, c, f, g = (Job(JobSpec(n, 0.0, k, 100.0)) for n, k in (("a", 2), ("c", 1), ("f", 2), ("g", 3)))
+    da, dc, df, dg = (2.0, 0.0, 0.0), (1.0, 0.0, 0.0), (2.0, 0.0, 0.0), (3.0, 0.0, 0.0)
+    hit = ([(1, a), (3, c), (5, f), (6, g)], [da, dc, df, dg], {"a", "c", "f", "g"}, (8.0, 0.0, 0.0), [], 4)
+    assert _retaken(hit, 1, 3, [3]) == ([(5, f), (6, g)], [df, dg])
+    assert _retaken(hit, 1, 3, [6, 3]) == ([(5, f)], [df])
+    assert _retaken(hit, 1, 3, [3, 9]) == ([(5, f), (6, g)], [df, dg])
+    assert _retaken(hit, 3, 6, [6]) == ([], [])
+    assert _retaken(hit, 0, 1, [1, 3, 5, 6]) == ([], [])
+
+
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_guaranteed_tiers_forwarded_past_the_ended_job_are_the_walked_tiers(policy: str) -> None:
+    # a tier walked on from a job that ended, when the tier passed no job, takes the jobs past it again without
+    # testing each (QuotaQueues.tiers_forwarded): every tier the admissions cache (the jobs, what each asks, their
+    # sums to the bit, the gaps and the span), every admission's guaranteed jobs and the run must be those of the
+    # walk that reads each of them again; and jobs must be taken so often (jobs of 1 and 2 GPUs: tiers of several)
+    import gpuloom.policies.queues as qm
+
+    specs = [JobSpec(s.id, s.arrival, (1, 1, 2)[k % 3], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(400, 60.0, 2))]
+    tiers: list[list[object]] = []
+    runs = []
+    forwarded: list[int] = []
+    retaken = qm._retaken
+    for on in (False, True):
+        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.tiers_forwarded = on
+        seen: list[object] = []
+        tiers.append(seen)
+        admit = stage.admit
+
+        def recorded(*a, admit=admit, seen=seen, stage=stage, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            seen.append(([j.id for j in out.guaranteed],
+                         {q: ([x[1].id for x in t[0]], t[1], sorted(t[2]), t[3], [x[1].id for x in t[4]], t[5])
+                          for q, t in stage._tier_a.items()}))
+            return out
+
+        def counted(*a, on=on):  # noqa: ANN001, ANN002, ANN202
+            out = retaken(*a)
+            if on:
+                forwarded.append(len(out[0]))
+            return out
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        qm._retaken = counted
+        try:
+            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
+        finally:
+            qm._retaken = retaken
+    assert tiers[0] == tiers[1] and len(tiers[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert len(forwarded) >= 100 and sum(forwarded) >= 100
+
+
 @pytest.mark.parametrize("priority", [False, True], ids=["plain", "priority"])
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
 def test_guaranteed_tiers_kept_past_ends_and_arrivals_give_the_walked_tiers(policy: str, priority: bool,
@@ -954,6 +1018,43 @@ def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int
     gpus = {s.id: s.gpus for s in specs}
     past = sum(1 for g, over, _, _ in walks[1] if sum(gpus[j] for j in (*g, *over)) >= 2 * 32)
     assert len(by_rank) > 100 and past >= 10  # (walks read past their bound: gone on whole)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_walk_by_rank_read_ahead_as_far_as_placement_surely_reads_is_the_walk_read_by_placement(seed: int) -> None:
+    # admission hands on the walk by rank's jobs up to where they ask for the cluster's GPUs before placement reads it
+    # (QuotaQueues.read_ahead): placement's first phase reads that far whatever it decides.  Every admission (its jobs
+    # in order as the round left it, held and cut short the same way) and the run must be those of the walk read as
+    # placement reads it, bit for bit, and jobs must be read ahead in most admissions; jobs of 3, 5 and 6 GPUs make
+    # walks that wait at their bound and go on whole
+    specs = [JobSpec(s.id, s.arrival, (3, 5, 6, 1)[k % 4], s.duration, s.model, attrs=s.attrs)
+             for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
+    walks: list[list[tuple]] = []
+    runs = []
+    ahead: list[int] = []
+    for on in (False, True):
+        sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
+        stage = sched.queue
+        assert isinstance(stage, QuotaQueues)
+        stage.read_ahead = on
+        seen: list[tuple] = []
+        walks.append(seen)
+        admit = stage.admit
+
+        def recorded(*a, admit=admit, seen=seen, on=on, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            out = admit(*a, **k)
+            if on:
+                ahead.append(len(out.over))
+            seen.append((out, [j.id for j in out.guaranteed]))
+            return out
+
+        stage.admit = recorded  # type: ignore[method-assign]
+        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
+                              config=SimConfig(check=True, restart_overhead=30.0)).run())
+        seen[:] = [(g, [j.id for j in a.over], a.truncated, dict(a.held), a.paused) for a, g in seen]
+    assert walks[0] == walks[1] and len(walks[0]) > 100
+    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    assert sum(1 for n in ahead if n) > len(ahead) // 2
 
 
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])

@@ -49,6 +49,27 @@ def _resume_tier(hit: TierA, first: int) -> tuple[list[tuple[int, Job]], list[Tr
     return mine[:k], ds[:k], gaps[:g], gaps[g:p], (k + g if k else 0)
 
 
+def _retaken(hit: TierA, k: int, first: int, ended: Sequence[int]) -> tuple[list[tuple[int, Job]], list[Triple]]:
+    """The jobs a leaf's tier walk, gone on from the job of rank ``first`` (the ``k``-th it took: :func:`_resume_tier`),
+    takes next, when the tier ``hit`` passed no job before its last (no gaps): its jobs past that one less those that
+    ended (the ranks ``ended``), and what each asks.  The list there is the tier's jobs in order less the ended ones
+    (jobs that arrive join its end), and each of them fits again: what the walk has summed before one is the old
+    sum less the jobs that ended, and adding a job's non-negative demand to a float sum never lowers it, so the
+    sums are at most those the tier met and (IEEE addition being monotone) each test that passed passes again; the
+    walk did not stop before its last take, and stops no sooner with less summed.  No job is passed among them, so
+    the tier is still without gaps."""
+    mine, ds = hit[0], hit[1]
+    if len(ended) == 1:  # (the one that ended is mine[k]: every job past it is taken again)
+        return mine[k + 1:], ds[k + 1:]
+    gone = set(ended)
+    more, more_ds = [], []
+    for x, d in zip(mine[k + 1:], ds[k + 1:], strict=True):
+        if x[0] not in gone:
+            more.append(x)
+            more_ds.append(d)
+    return more, more_ds
+
+
 def _takes_none(hit: TierA, new: Sequence[Job], owed: Triple, per_gpu: tuple[float, float]) -> bool:
     """Whether a leaf's guaranteed tier ``hit`` holds after ``new`` jobs joined the end of its list (in rank
     order), nothing else having changed: none of them fits in what the tier leaves of the guarantee ``owed``

@@ -93,7 +93,7 @@ from .queue_base import Admission, QueuePolicy
 from .queue_book import Walk
 from .queue_reclaim import PRIORITY, WAITING_FOR_RECLAIM, QuotaReclaim
 from .queue_state import _EPS, TierA, Triple, _demand, as_tree, job_priority, load_queue_file
-from .queue_tiers import _keeps_tier, _rank, _resume_tier, _takes_none
+from .queue_tiers import _keeps_tier, _rank, _resume_tier, _retaken, _takes_none
 
 __all__ = ["PRIORITY", "QUEUE_AT_QUOTA", "WAITING_FOR_RECLAIM", "NoQueues", "QuotaQueues", "as_tree", "job_priority",
            "load_queue_file"]
@@ -121,6 +121,11 @@ class QuotaQueues(QuotaReclaim):
     tiers_resumed = True
     #: False: a walk by rank with every job taken merges the leaves' lists too (tests compare)
     rank_walk = True
+    #: False: a tier walked on from a job that ended reads its jobs past that job again one by one, even when the
+    #: tier passed none (tests compare)
+    tiers_forwarded = True
+    #: False: a lazy walk by rank hands on no job before placement reads it (tests compare)
+    read_ahead = True
 
     def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
               lazy: bool = False) -> Admission:
@@ -187,8 +192,9 @@ class QuotaQueues(QuotaReclaim):
         # otherwise its takes are made again in the same order (the same sums, to the bit), or in a flat tree
         # (no node but the leaf sums them) its use is set to what they summed to
         cache: dict[int, TierA] | None = None
-        # per leaf, its last tier and the rank of the first of its jobs that ended, when its walk goes on from there
-        resume: dict[int, tuple[TierA, int]] = {}
+        # per leaf, its last tier, the rank of the first of its jobs that ended and the ranks of all those that ended,
+        # when its walk goes on from there
+        resume: dict[int, tuple[TierA, int, Sequence[int]]] = {}
         flat = False
         # no limit anywhere: every job fits them (each is INF); one level: a leaf's use is its own
         limited, flat_tree = tree.limited, all(len(p) == 1 for p in path)
@@ -211,7 +217,7 @@ class QuotaQueues(QuotaReclaim):
                         if not (ranked and _keeps_tier(hit, ranks, strict)):
                             del tiers[q]
                             if ranked and not strict and self.tiers_resumed:
-                                resume[q] = (hit, min(ranks))
+                                resume[q] = (hit, min(ranks), ranks)
                 for q, new in book.arrived.items():
                     hit = tiers.get(q)
                     if hit is not None and not (keep and not (self.priority and q in prioritised)
@@ -262,8 +268,17 @@ class QuotaQueues(QuotaReclaim):
                     # its jobs only ended (or arrived) since its tier was walked, the first that ended within the
                     # tier: up to that job the list is the same, so the walk made the same steps there (the same
                     # takes, the same sums; it stopped nowhere before it); it goes on from there (_resume_tier)
-                    mine, ds, gaps, passed, span = _resume_tier(res[0], res[1])
+                    hit, first, ended = res
+                    mine, ds, gaps, passed, span = _resume_tier(hit, first)
                     u = use[q]
+                    k = len(mine)
+                    if not hit[4] and self.tiers_forwarded:
+                        # no job passed before the tier's last: its jobs past the one that ended are taken again,
+                        # each where it was (_retaken), and the walk reads on past them
+                        more, more_ds = _retaken(hit, k, first, ended)
+                        mine += more
+                        ds += more_ds
+                        span = len(mine)
                     for d in ds:
                         if flat_tree:
                             u[0] += d[0]
@@ -271,7 +286,10 @@ class QuotaQueues(QuotaReclaim):
                             u[2] += d[2]
                         else:
                             take(q, d)
-                    jobs = itertools.islice(jobs, len(mine) + len(gaps) + len(passed), None)
+                    if len(ds) > k and u[0] > o[0] - 1 + _EPS:
+                        jobs = ()  # (full after the last of them: the walk stops there, as it would have)
+                    else:
+                        jobs = itertools.islice(jobs, len(mine) + len(gaps) + len(passed), None)
                 for x in jobs:
                     j = x[1]
                     c = j.extra.get("queue_demand")  # (_demand's cache, read inline; worked out on a miss)
@@ -387,8 +405,24 @@ class QuotaQueues(QuotaReclaim):
             # book's ranks) outside the guaranteed tier, in its order: read so, without the leaves' heap (each
             # leaf's use is read by no key, so none is summed; heads are kept by no reader: None)
             taken = self._taken_union(taken_by)
+            in_order = iter(ordered)
+            started = False
+            cap = cl.num_gpus
+            if lazy and asked < cap and self.read_ahead:
+                # the jobs placement reads whatever it decides: its first phase reads the walk until the GPUs of
+                # the jobs it selected reach the cluster's, so it reads every job before which the walk's jobs ask
+                # for fewer.  Those are handed on now, in this loop (one frame resumed per job fewer as they are
+                # read); the walk goes on after them (its bound, twice the cluster, lies past them)
+                over = adm.over
+                for oj in in_order:
+                    if oj.id not in taken:
+                        over.append(oj)
+                        asked += oj.spec.gpus
+                        if asked >= cap:
+                            break
+                started = bool(over)
             adm.walk = Walk(adm.guaranteed, adm.over,
-                            self._by_rank_walk(adm, iter(ordered), taken, asked, bound, pauses))
+                            self._by_rank_walk(adm, in_order, taken, asked, bound, started, pauses))
             self._remember(adm, view)
             return adm
         if rest is None:
@@ -528,24 +562,25 @@ class QuotaQueues(QuotaReclaim):
 
     @staticmethod
     def _by_rank_walk(adm: Admission, jobs: Iterator[Job], taken: Collection[str], asked: float, enough: list[float],
-                      pauses: bool) -> Iterator[Job | None]:
+                      started: bool, pauses: bool) -> Iterator[Job | None]:
         """The borrowing walk by rank, every job taken (see :meth:`admit`): the jobs of ``jobs`` not in ``taken``,
         each appended to ``adm.over`` as it is handed on, until they ask for ``enough[0]`` GPUs (then it waits
         there when it ``pauses``, as the walk over the leaves does, and stops unless the bound was lifted;
-        ``truncated`` when jobs are left)."""
+        ``truncated`` when jobs are left).  ``started``: ``adm.over`` holds the jobs it handed on first (read
+        ahead by admission, ``asked`` counting them); it goes on from the last of them."""
         over_append = adm.over.append
         # (the jobs not in taken read from jobs by loops here, not through a generator of their own: one frame
         # resumed per job handed on, not two)
-        j: Job | None = None
-        for j in jobs:
-            if j.id not in taken:
-                break
-        else:
-            j = None
-        while j is not None:
+        if not started:
+            for j in jobs:
+                if j.id not in taken:
+                    break
+            else:
+                return
             over_append(j)
             yield j
             asked += j.spec.gpus  # (_demand's GPUs are float(spec.gpus): the same sum)
+        while True:
             nxt: Job | None = None
             for x in jobs:
                 if x.id not in taken:
@@ -560,7 +595,11 @@ class QuotaQueues(QuotaReclaim):
                 if asked >= enough[0]:
                     adm.truncated = nxt is not None
                     return
-            j = nxt
+            if nxt is None:
+                return
+            over_append(nxt)
+            yield nxt
+            asked += nxt.spec.gpus
 
     def read_whole(self, adm: Admission) -> bool:
         """The walk stops handing on jobs once they ask for twice the cluster's GPUs (``admit`` without ``full``);
