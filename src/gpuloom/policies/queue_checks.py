@@ -50,38 +50,51 @@ class GuaranteedAsks:
 
     def __init__(self) -> None:
         self.tree: QueueTree | None = None
-        self.jobs: dict[str, tuple[int, int]] = {}  # job id -> (its leaf, GPUs asked)
+        self.jobs: dict[Job, tuple[int, int]] = {}  # job -> (its leaf, GPUs asked): the jobs of ``last``
         self.asked: list[int] = []
         self.last: list[Job] | None = None  # the jobs of the last sums (a copy of the list)
 
     def update(self, tree: QueueTree, guaranteed: Sequence[Job], leaf_of: Callable[[Job], int]) -> list[int] | None:
         """The sums for ``guaranteed`` (None when a job is listed twice or asks for a fraction of a GPU)."""
-        # the same jobs as the last sums' (often: admission keeps its tier): those sums.  (A job has no __eq__:
-        # lists compare element by element by identity, in C)
         last = self.last
-        if last is not None and self.tree is tree and last == guaranteed:
-            return self.asked
         self.last = None
-        ids = {j.id: j for j in guaranteed}
-        if len(ids) != len(guaranteed):
-            return None
         jobs, asked = self.jobs, self.asked
-        if self.tree is not tree:  # (a job's leaf is its leaf in this tree)
+        if last is None or self.tree is not tree:  # (a job's leaf is its leaf in this tree)
             self.tree, jobs, asked = tree, {}, [0] * len(tree)
             self.jobs, self.asked = jobs, asked
-        for jid in jobs.keys() - ids.keys():
-            q, g = jobs.pop(jid)
-            asked[q] -= g
-        if len(jobs) < len(ids):
-            for jid in filterfalse(jobs.__contains__, ids):  # (the jobs that joined, in the list's order)
-                j = ids[jid]
-                g = j.spec.gpus
-                if type(g) is not int:
-                    self.tree = None
-                    return None
-                q = leaf_of(j)
-                jobs[jid] = (q, g)
-                asked[q] += g
+            last, lo = [], 0
+        else:
+            # the two lists agree up to their first difference (admission keeps its tier from round to round,
+            # jobs end within it and join it near its end): found by halving, each slice compared in C (a job
+            # has no __eq__: lists compare by identity); what changed is in the two lists past it
+            n = len(last) if len(last) < len(guaranteed) else len(guaranteed)
+            lo = n if last[:n] == guaranteed[:n] else 0
+            hi = lo if lo == n else n - 1
+            while lo < hi:  # (last[:lo] is guaranteed[:lo]; they differ within [:hi + 1])
+                mid = (lo + hi + 1) // 2
+                if last[lo:mid] == guaranteed[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo == len(last) == len(guaranteed):
+                self.last = last
+                return asked
+        gone, new = last[lo:], guaranteed[lo:]
+        if gone:
+            for j in filterfalse(set(new).__contains__, gone):  # (left the tier)
+                q, g = jobs.pop(j)
+                asked[q] -= g
+        for j in filterfalse(jobs.__contains__, new):  # (joined the tier, in the list's order)
+            g = j.spec.gpus
+            if type(g) is not int:
+                self.tree = None
+                return None
+            q = leaf_of(j)
+            jobs[j] = (q, g)
+            asked[q] += g
+        if len(jobs) != len(guaranteed):  # (a job listed twice: the sums start again next time)
+            self.tree = None
+            return None
         self.last = list(guaranteed)
         return asked
 

@@ -690,6 +690,7 @@ class QuotaQueues(QuotaReclaim):
         last = self._last
         self._last = Admission(last.guaranteed, [*last.over, *placed], dict(last.held), last.truncated,
                                log=last.log, heads=last.heads)
+        self._retire(last, None)
 
     def running_borrowed(self, adm: Admission, view: View) -> list[Job] | None:
         """The running jobs ``adm``'s borrowing walk yields, in its order, without reading it: when the walk
@@ -709,7 +710,27 @@ class QuotaQueues(QuotaReclaim):
         """Called by :meth:`admit` once the round's tree is known (fair share advances its usage)."""
 
     def _remember(self, adm: Admission, view: View) -> None:
+        if self._last is not adm:
+            self._retire(self._last, view)
         self._last = adm
+
+    #: the admissions superseded since the last admission in another view (another round), and that view
+    _retired: tuple[View | None, list[Admission]] | None = None
+
+    def _retire(self, adm: Admission, view: View | None) -> None:
+        """``adm`` was superseded, by an admission in ``view`` (None: by a copy, :meth:`note_appended`).  A lazy
+        walk's generator holds the admission it fills, which holds the walk: a reference cycle that only the
+        cyclic collector frees, and the simulator runs without it.  An admission superseded in a round may
+        still be read in it; once another round admits, none is: those retired before let go of their walks
+        (their generators are then freed with them)."""
+        r = self._retired
+        if r is not None and view is not None and r[0] is not view:
+            for a in r[1]:
+                a.walk = None
+            r = None
+        if r is None:
+            r = self._retired = (view, [])
+        r[1].append(adm)
 
     # the cross-queue order -------------------------------------------------------------------------
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any] | None:
