@@ -200,6 +200,8 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
             continue
         elif old.num_gpus != a.num_gpus:
             changes.append(Action(_RESIZE, jid, old, a))
+        elif a.parts == old.parts:  # (the same GPUs, cores, memory and nodes: what the tests below find)
+            changes.append(Action(_REGROUP, jid, old, a))
         elif not a.same_place(old):
             changes.append(Action(_MOVE, jid, old, a))
         elif (old.cpus, old.mem_mb) != (a.cpus, a.mem_mb) or old.nodes != a.nodes:
