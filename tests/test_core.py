@@ -182,6 +182,16 @@ def test_diff_classifies_actions() -> None:
         "gone": ActionKind.STOP, "moved": ActionKind.MOVE, "grown": ActionKind.RESIZE,
         "cpu": ActionKind.RESIZE, "regroup": ActionKind.REGROUP, "new": ActionKind.START,
     }
+    # equal parts in new objects, other co-runners: a regroup; the same GPUs and totals with the cores
+    # split otherwise between the nodes: a regroup too; the same parts in another order: a resize
+    two = (Part(0, (0,), 1, 10), Part(1, (2,), 3, 10))
+    cur2 = {"same": Allocation("same", two, ("x",)), "split": Allocation("split", two),
+            "swapped": Allocation("swapped", two)}
+    plan2 = Plan({"same": Allocation("same", tuple(Part(p.node, p.gpus, p.cpus, p.mem_mb) for p in two)),
+                  "split": Allocation("split", (Part(0, (0,), 3, 10), Part(1, (2,), 1, 10))),
+                  "swapped": Allocation("swapped", two[::-1])})
+    assert [(a.job_id, a.kind) for a in diff(cur2, plan2)] == [
+        ("same", ActionKind.REGROUP), ("split", ActionKind.REGROUP), ("swapped", ActionKind.RESIZE)]
     assert diff(cur, plan)[0].kind is ActionKind.STOP  # stops first
 
 

@@ -16,7 +16,7 @@ import pytest
 from gpuloom.core.cluster import Cluster
 from gpuloom.core.job import Job, JobSpec, JobStatus
 from gpuloom.core.lifecycle import IllegalTransition, JobState
-from gpuloom.core.plan import ActionKind, Allocation, Part, PlanError
+from gpuloom.core.plan import Action, ActionKind, Allocation, Part, PlanError
 from gpuloom.driver import Driver, LaunchFailed, Stack, Step, lifecycle_steps
 from gpuloom.perf.assembly import FLAG_OPTIONS, build_model
 from gpuloom.policies.base import PolicyError
@@ -140,6 +140,66 @@ def test_the_active_jobs_and_allocations_are_compacted_between_rounds() -> None:
     assert any(hasattr(f, "_lookup") for f in drv.model.factors)
     assert list(held) == jobs
     drv.check_state()
+
+
+class _Holds:
+    """A listener that records every allocation change it is told of."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple | None, tuple | None]] = []
+
+    def on_admit(self, job: Job) -> None:
+        pass
+
+    def on_hold(self, job: Job, old: Allocation | None, new: Allocation | None) -> None:
+        self.calls.append((job.id, None if old is None else old.group, None if new is None else new.group))
+
+    def on_end(self, job: Job) -> None:
+        pass
+
+
+@pytest.mark.parametrize("regroup_first", [False, True])
+def test_a_regroup_on_the_same_gpus_keeps_them_held(regroup_first: bool) -> None:
+    # a and b share GPU 0, c runs alone on GPU 1; then b stops, c moves in with a (a regroups on the
+    # same parts) and d starts on GPU 1.  a's GPU, cores and memory stay held through the round, in
+    # either order of the two changes: the state is what the allocations give, a's entry moves to the
+    # end of current where it takes its new group, and a listener hears a let go and take again
+    cl = Cluster.homogeneous(1, 2, 8, 8000)
+    rec = Recorder()
+    drv = _driver(cl, rec, group="muri")
+    holds = _Holds()
+    drv.listeners.append(holds)
+    prof = {"resource_times": [0, 0.1, 0.3, 0]}
+    a, b, c, d = (drv.admit(Job(JobSpec(x, 0, 1, 100.0, attrs=prof)), 0.0) for x in "abcd")
+
+    def on(jid: str, gpu: int, group: tuple[str, ...]) -> Allocation:
+        return Allocation(jid, (Part(0, (gpu,), 2, 1000),), group)
+
+    start = ActionKind.START
+    drv.apply([Action(start, "a", None, on("a", 0, ("b",))), Action(start, "b", None, on("b", 0, ("a",))),
+               Action(start, "c", None, on("c", 1, ()))], 0.0)
+    assert list(drv.current) == ["a", "b", "c"] and drv.used == [2, 6, 3000]
+    old_a, old_c = a.alloc, c.alloc
+    assert old_a is not None and old_c is not None and b.alloc is not None
+    holds.calls.clear()
+    changes = [Action(ActionKind.MOVE, "c", old_c, on("c", 0, ("a",))),
+               Action(ActionKind.REGROUP, "a", old_a, Allocation("a", old_a.parts, ("c",)))]
+    if regroup_first:
+        changes.reverse()
+    actions = [Action(ActionKind.STOP, "b", b.alloc, None), *changes, Action(start, "d", None, on("d", 1, ()))]
+    assert drv.apply(actions, 10.0) == []
+    drv.check_state()  # free GPUs, cores, memory, holders and GPUs used: what current gives
+    assert drv.used == [2, 6, 3000] and drv.free.free_gpus == 0 and drv.holders == {0: {"a", "c"}, 1: {"d"}}
+    assert list(drv.current) == ["a", "c", "d"] if regroup_first else ["c", "a", "d"]
+    assert a.alloc is drv.current["a"] and a.alloc.group == ("c",) and a.speed == c.speed < 1.0
+    assert ("regroup", "a") in rec.calls and a.preemptions == 0 and a.migrations == 0 and c.migrations == 1
+    assert set(drv.tally.idle) == {"b"} and drv.tally.waiting == {b.shape: 1}
+    let_go = [x for x in holds.calls if x[2] is None]
+    take = [x for x in holds.calls if x[1] is None]
+    assert let_go == ([("b", ("a",), None), ("a", ("b",), None), ("c", (), None)] if regroup_first
+                      else [("b", ("a",), None), ("c", (), None), ("a", ("b",), None)])
+    assert take == ([("a", None, ("c",)), ("c", None, ("a",))] if regroup_first
+                    else [("c", None, ("a",)), ("a", None, ("c",))]) + [("d", None, ())]
 
 
 def test_an_illegal_end_changes_nothing() -> None:

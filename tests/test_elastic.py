@@ -435,6 +435,9 @@ def test_lifecycle_durations_per_job_and_bad_values() -> None:
     spec = JobSpec("a", 0, 1, 10.0, attrs={"launch_time": 2.5})
     res = simulate(cl, [spec], round_len=10, lifecycle=LifecycleTimes(launch=100))
     assert res.job("a").finish == pytest.approx(12.5)
+    # attrs that name none of the times: the common ones (launch 100)
+    other = JobSpec("b", 0, 1, 10.0, attrs={"note": "x"})
+    assert simulate(cl, [other], round_len=10, lifecycle=LifecycleTimes(launch=100)).job("b").finish == 110.0
     with pytest.raises(JobError, match="launch_time"):
         simulate(cl, [JobSpec("a", 0, 1, 10.0, attrs={"launch_time": -1})], lifecycle=LifecycleTimes())
     with pytest.raises(ValueError, match="checkpoint"):

@@ -91,6 +91,9 @@ BROKEN = {
     "joining a group unlisted": {"y": A("y", 2, (8,), group=("e", "f"))},
     "joining with other GPUs": {"x": A("x", 2, (8, 9), group=("e", "f")),
                                 "e": A("e", 2, (8,), group=("f", "x")), "f": A("f", 2, (8,), group=("e", "x"))},
+    # regroups: the same parts as before, other co-runners
+    "a regroup leaving its partner unlisted": {"e": A("e", 2, (8,))},
+    "a regroup mislabelled": {"e": A("f", 2, (8,), group=("f",))},
 }
 
 SOUND = {

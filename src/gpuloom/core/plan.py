@@ -200,6 +200,8 @@ def diff(current: Mapping[str, Allocation], plan: Plan) -> list[Action]:
             continue
         elif old.num_gpus != a.num_gpus:
             changes.append(Action(_RESIZE, jid, old, a))
+        elif a.parts == old.parts:  # (the same GPUs, cores, memory and nodes: what the tests below find)
+            changes.append(Action(_REGROUP, jid, old, a))
         elif not a.same_place(old):
             changes.append(Action(_MOVE, jid, old, a))
         elif (old.cpus, old.mem_mb) != (a.cpus, a.mem_mb) or old.nodes != a.nodes:
@@ -333,12 +335,26 @@ def check_actions(
     claims: dict[int, list[str]] = {}
     for act in actions:
         old = act.old
+        a = act.new
+        if act.kind is _REGROUP and old is not None and a is not None and a.parts == old.parts:
+            # the same parts as a sound allocation, so sound on their own, and the same cores and
+            # memory; only the GPUs' sharing is left to check (Muri-L: a fifth of its actions)
+            jid = act.job_id
+            if a.job_id != jid:
+                raise PlanError(f"allocation for {jid} is labelled {a.job_id}")
+            for p in a.parts:
+                for g in p.gpus:
+                    c = claims.get(g)
+                    if c is None:
+                        claims[g] = [jid]
+                    else:
+                        c.append(jid)
+            continue
         if old is not None:
             for p in old.parts:
                 node = p.node
                 dcpu[node] = dcpu.get(node, 0) + p.cpus
                 dmem[node] = dmem.get(node, 0) + p.mem_mb
-        a = act.new
         if a is None:
             continue
         jid = act.job_id

@@ -14,7 +14,8 @@ moments; a :class:`Backend` says what the decisions mean for that face.
 Applying a round's actions, in three passes:
 
 1. every job whose allocation changes is advanced to ``now`` and releases its
-   old allocation (so a round's stops free what its starts take);
+   old allocation (so a round's stops free what its starts take), except that
+   a job regrouped on the same parts keeps holding them (:meth:`Driver._keep`);
 2. the stop half of every stop, move and resize goes to :meth:`Backend.stop`
    together, with the lifecycle steps it walks (:func:`~gpuloom.core.lifecycle.stop_steps`);
    the driver then counts preemptions, migrations and resizes and takes the
@@ -322,6 +323,34 @@ class Driver:
         for listener in self.listeners:
             listener.on_hold(job, old, alloc)
 
+    def _keep(self, job: Job, old: Allocation | None, new: Allocation | None) -> None:
+        """:meth:`hold` of a job regrouped on the same parts, in :meth:`apply`'s two halves: letting go
+        of ``old`` (``new`` None), then taking ``new``.  Its GPUs, cores and memory are held throughout
+        (``free``, ``used`` and ``holders`` untouched), and it stays in ``current`` until it takes
+        ``new``, so that every co-runner it had or gets, each listing it in its group, sees these GPUs
+        held; its entry then moves to the end of ``current``, where :meth:`hold` puts it.  The rest
+        (the job's ``alloc``, the tally, the listeners) is what :meth:`hold` does, in the same order."""
+        self._stamp += 1
+        jid = job.id
+        tally = self.tally
+        if new is None:
+            assert old is not None
+            if not old.key:
+                tally.unkeyed -= 1
+            job.alloc = None
+        else:
+            current = self.current
+            del current[jid]
+            self._deleted[1] += 1
+            if not new.key:
+                tally.unkeyed += 1
+            job.alloc = new
+            current[jid] = new
+        if jid in self.jobs:
+            tally.count_waiting(job, 1 if new is None else -1)
+        for listener in self.listeners:
+            listener.on_hold(job, old, new)
+
     # -- one round ---------------------------------------------------------------------------
     def view(self, now: float, appended: Sequence[Job] | None = None) -> View:
         """What the scheduler sees at ``now``.  Its jobs are read from :attr:`jobs` without a copy
@@ -445,10 +474,16 @@ class Driver:
         jobs = self.jobs
         hold = self.hold
         acting = [jobs[act.job_id] for act in actions]
+        kept = False  # a regroup on the same parts (see _keep)
         for job, act in zip(acting, actions, strict=True):
             job.advance(now)
-            if act.old is not None:
-                hold(job, None)
+            old = act.old
+            if old is not None:
+                if act.kind is _REGROUP and old.parts == act.new.parts:  # type: ignore[union-attr]
+                    self._keep(job, old, None)
+                    kept = True
+                else:
+                    hold(job, None)
         steps: list[Step] = []
         stopping: list[Step] = []  # the steps with a stop half, in order
         for job, act in zip(acting, actions, strict=True):
@@ -478,6 +513,9 @@ class Driver:
                 job.migrations += 1
             elif k is _RESIZE:
                 job.resizes += 1
+            elif kept and k is _REGROUP and job.id in self.current:
+                self._keep(job, None, act.new)
+                continue
             if act.new is not None:
                 hold(job, act.new)
         failed: list[Job] = []
