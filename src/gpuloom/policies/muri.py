@@ -326,6 +326,27 @@ class _BucketState:
         self.cands: list[tuple[int, int, int, _BucketState, int, int]] | None = None
         self.merges = 0  # merge rounds so far
 
+    @classmethod
+    def built(cls, gpus: int, members: list[int], profiles: list[Profile], labels: list[int],
+              keys: list[tuple[Profile, ...]], gids: list[int], gen: int) -> _BucketState:
+        """A state whose labels (ids by first appearance, -1: none), single-node keys and their ids
+        (of generation ``gen``) the caller read in its own pass over the members."""
+        bs = cls.__new__(cls)
+        bs.gpus = gpus
+        bs.members = members
+        bs.profiles = profiles
+        bs.labels = labels
+        bs.nodes = [[i] for i in range(len(members))]
+        bs.keys = keys
+        bs.gids = gids
+        bs.gen = gen
+        bs.common = labels[:]
+        bs.any_label = max(labels, default=-1) >= 0
+        bs.matched = None
+        bs.cands = None
+        bs.merges = 0
+        return bs
+
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         # nodes are disjoint and kept in order of their first member, so a merged pair's node takes
         # the place of its earlier node and the later one leaves: the order holds without a sort
@@ -391,6 +412,8 @@ class MuriGrouping(GroupPolicy):
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
         self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
+        # by id() of a profile: (the profile, its single-node key, the key's id in _key_ids)
+        self._single: dict[int, tuple[Profile, tuple[Profile, ...], int]] = {}
         # the last class matchings: (max_group, (class key id, count) in class order) -> their class_slots
         # and its _pair_counts
         self._rounds: OrderedDict[tuple, tuple[tuple[tuple[int, int, int, int, int], ...],
@@ -430,21 +453,38 @@ class MuriGrouping(GroupPolicy):
             else:
                 buckets.setdefault(ordered[i].spec.gpus, []).append(i)
         self.last_rounds = 0
-        # current group of each job (the smallest id among it and its co-runners), to keep groups stable
+        # current group of each job (the smallest id among it and its co-runners), to keep groups stable,
+        # numbered by first appearance in its bucket; each member's profile, its single-node key and
+        # the key's id, kept by the profile object while the key table lasts (one pass per bucket)
         cur = view.current
         states: list[_BucketState] = []
+        if buckets:
+            self._check_cache(factor)
+        gen, single, key_ids = self._gen, self._single, self._key_ids
         for g, members in buckets.items():
-            labels: list[str | None] = []
+            labels: list[int] = []
+            names: dict[str, int] = {}
+            profs: list[Profile] = []
+            keys: list[tuple[Profile, ...]] = []
+            gids: list[int] = []
             for i in members:
+                # (every member has a profile: profiled jobs alone join buckets)
+                p: Profile = profiles[i]  # type: ignore[assignment]
+                hit = single.get(id(p))
+                if hit is None or hit[0] is not p:
+                    kk = (p,)
+                    hit = single[id(p)] = (p, kk, key_ids.setdefault(kk, len(key_ids)))
+                profs.append(p)
+                keys.append(hit[1])
+                gids.append(hit[2])
                 jid = ordered[i].id
                 alloc = cur.get(jid)
                 if alloc is not None and (co := alloc.group):
                     m = min(co)  # (min over the job and its co-runners, without building the tuple)
-                    labels.append(jid if jid < m else m)
+                    labels.append(names.setdefault(jid if jid < m else m, len(names)))
                 else:
-                    labels.append(None)
-            # every member has a profile (profiled jobs alone join buckets)
-            states.append(_BucketState(g, members, [p for i in members if (p := profiles[i]) is not None], labels))
+                    labels.append(-1)
+            states.append(_BucketState.built(g, members, profs, labels, keys, gids, gen))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
         required = sum(ordered[i].spec.gpus for i in admitted)
         capacity = view.cluster.num_gpus
@@ -550,12 +590,24 @@ class MuriGrouping(GroupPolicy):
         if bs.gen != self._gen or not bs.gids:
             bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
             bs.gen = self._gen
-        elif -1 in bs.gids:  # merged nodes' keys (the others kept their ids)
+        else:  # merged nodes' keys (-1; the others kept their ids), found by a scan in C
             gids = bs.gids
-            for x, g in enumerate(gids):
-                if g < 0:
-                    kk = bs.keys[x]
-                    gids[x] = ids.setdefault(kk, len(ids))
+            try:
+                x = gids.index(-1)
+            except ValueError:
+                x = -1
+            if x >= 0:
+                keys = bs.keys
+                n = len(gids)
+                while True:
+                    gids[x] = ids.setdefault(keys[x], len(ids))
+                    x += 1
+                    if x == n:
+                        break
+                    try:
+                        x = gids.index(-1, x)
+                    except ValueError:
+                        break
         # (as match_round labels them: the members' common label, else one of the node's own)
         nl = bs.common if bs.any_label else None  # (-1: no common label)
         # the pairs depend on the nodes' keys and labels alone: a bucket met again (a round that
@@ -644,6 +696,7 @@ class MuriGrouping(GroupPolicy):
             self._wcache.clear()
             self._tcache.clear()
             self._key_ids.clear()
+            self._single.clear()
             self._rounds.clear()
             self._buckets.clear()
             self._last.clear()
