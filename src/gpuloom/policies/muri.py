@@ -258,6 +258,15 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
                 for x in m:
                     cls[x] = c
             for grp in multi:
+                if len(grp) == 2:  # (the loop below for two nodes, neither used yet: groups are disjoint)
+                    x, y = grp
+                    cx, cy = cls[x], cls[y]
+                    k = (cx, cy) if cx <= cy else (cy, cx)
+                    if need.get(k, 0) > 0:
+                        need[k] -= 1
+                        used[x] = used[y] = True
+                        res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
+                    continue
                 for i, x in enumerate(grp):
                     for y in grp[i + 1:]:
                         if used[x]:
@@ -495,13 +504,11 @@ class MuriGrouping(GroupPolicy):
                 if got is None:  # (a bucket no merge changed keeps its matching and candidates)
                     if bs.matched is None:
                         bs.matched = self._match_bucket(bs, cap_group, factor)
-                    got = bs.cands = []
                     nodes, bm, gpus = bs.nodes, bs.members, bs.gpus
-                    for a, c, w in bs.matched:
-                        x, y = nodes[a][0], nodes[c][0]
-                        best = x if x < y else y
-                        # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
-                        got.append(((WEIGHT_SCALE - w) * gpus, bm[best], w, bs, a, c))
+                    # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
+                    # (the pair's best member: node a's first, as a < c and nodes are in order of their first)
+                    got = bs.cands = [((WEIGHT_SCALE - w) * gpus, bm[nodes[a][0]], w, bs, a, c)
+                                      for a, c, w in bs.matched]
                 cands.extend(got)
             if not cands:
                 break
