@@ -453,14 +453,19 @@ class MuriGrouping(GroupPolicy):
             raise PolicyError(f"group policy 'muri': max_group={self.max_group}, but jobs with {k}-stage profiles "
                               f"interleave on {K} resources, so a group holds at most {K} jobs")
         cap_group = min(self.max_group or K, K)
-        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group)
+        # each job's GPU count, read once for admission, buckets and demand (where candidates are looked for)
+        gl = [j.spec.gpus for j in ordered] if has_profiles and cap_group >= 2 else None
+        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group, gl)
         units: list[list[int]] = []
         buckets: dict[int, list[int]] = {}
-        for i in admitted:
-            if profiles[i] is None or cap_group < 2:
-                units.append([i])
-            else:
-                buckets.setdefault(ordered[i].spec.gpus, []).append(i)
+        if gl is None:
+            units.extend([[i] for i in admitted])
+        else:
+            for i in admitted:
+                if profiles[i] is None:
+                    units.append([i])
+                else:
+                    buckets.setdefault(gl[i], []).append(i)
         self.last_rounds = 0
         # current group of each job (the smallest id among it and its co-runners), to keep groups stable,
         # numbered by first appearance in its bucket; each member's profile, its single-node key and
@@ -495,7 +500,7 @@ class MuriGrouping(GroupPolicy):
                     labels.append(-1)
             states.append(_BucketState.built(g, members, profs, labels, keys, gids, gen))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
-        required = sum(ordered[i].spec.gpus for i in admitted)
+        required = sum(ordered[i].spec.gpus for i in admitted) if gl is None else sum([gl[i] for i in admitted])
         capacity = view.cluster.num_gpus
         while self.pack_all or required > capacity:
             cands: list[tuple[int, int, int, _BucketState, int, int]] = []
@@ -767,8 +772,10 @@ class MuriGrouping(GroupPolicy):
         return W
 
     @staticmethod
-    def _admit(ordered: Sequence[Job], profiles: Sequence[Profile | None], capacity: int, max_group: int) -> list[int]:
-        """Indices of the jobs that enter the grouping (Muri's k-fold admission)."""
+    def _admit(ordered: Sequence[Job], profiles: Sequence[Profile | None], capacity: int, max_group: int,
+               gl: list[int] | None = None) -> list[int]:
+        """Indices of the jobs that enter the grouping (Muri's k-fold admission); ``gl``: each job's GPU
+        count, when the caller read them."""
         admitted: list[int] = []
         n = len(ordered)
         taken = [False] * n
@@ -776,13 +783,13 @@ class MuriGrouping(GroupPolicy):
         # stops where the cluster is full, so most of a long queue is never read)
         ptr: dict[int, int] = {}
         cap = capacity
-        gl: list[int] | None = None  # each job's GPU count, read once the first candidates are looked for
+        # (without gl, each job's GPU count is read once the first candidates are looked for)
         for i, j in enumerate(ordered):
             if cap <= 0:
                 break
             if taken[i]:
                 continue
-            g = j.spec.gpus
+            g = j.spec.gpus if gl is None else gl[i]
             if g > cap:
                 continue
             cap -= g
