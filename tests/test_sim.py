@@ -49,6 +49,31 @@ def test_three_jobs_one_gpu(order: str, expected: dict[str, float]) -> None:
     assert s["gpu_util"] == pytest.approx(1.0)
 
 
+def test_a_run_leaves_the_cycle_collector_on_with_its_objects_in_the_oldest_generation() -> None:
+    import gc
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    r = simulate(ONE_GPU, THREE, order="srtf", round_len=10, restart_overhead=0)
+    assert jcts(r) == pytest.approx({"a": 170, "b": 70, "c": 20})
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # on again, nothing left frozen
+    # the run's objects were moved to the oldest generation, not left to the first young collection
+    assert any(o is r.jobs[0] for o in gc.get_objects(generation=2))
+    # a host that froze objects of its own finds them frozen still
+    gc.freeze()
+    try:
+        simulate(ONE_GPU, THREE, order="srtf", round_len=10)
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    # and a run with the collector off leaves it off
+    gc.disable()
+    try:
+        simulate(ONE_GPU, THREE, order="srtf", round_len=10)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_ftf_by_hand() -> None:
     # t=0: rho(a)=100/100=1, rho(b)=50/50=1: tie -> a (arrival, index).  a 0-10.
     # t=10: rho(a)=(10+90)/100=1, rho(b)=(10+50)/50=1.2, rho(c)=20/20=1 -> b 10-20.

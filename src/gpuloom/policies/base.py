@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -612,8 +612,10 @@ class PlacePolicy(Stage):
         Starts from the current free state and releases only allocations that
         are not kept, so the cost is proportional to what changes.
         """
-        kept: set[str] = set()
         allocations = plan.allocations
+        # (a plan that starts empty holds the kept jobs alone: its allocations are the set of them)
+        own = not allocations
+        kept: set[str] = set()
         blocked = view.blocked
         for i in order:
             if not selected[i]:
@@ -631,18 +633,23 @@ class PlacePolicy(Stage):
                 continue  # on a node that evicts: placed again, off it
             if len(jobs) > 1 and not _all_keyed(jobs, pk):
                 continue
-            for j in jobs:
-                allocations[j.id] = j.alloc
-                kept.add(j.id)
+            if own:
+                for j in jobs:
+                    allocations[j.id] = j.alloc
+            else:
+                for j in jobs:
+                    allocations[j.id] = j.alloc
+                    kept.add(j.id)
             done[i] = True
         free = view.free.copy() if view.free is not None else FreeState.of(view.cluster, view.current)
         current = view.current
+        kept_ids: Collection[str] = allocations if own else kept
         # the order of releases does not matter (they add up): only the jobs not kept are visited
         released: set[tuple[int, ...]] = set()
-        for jid in current.keys() - kept:
+        for jid in current.keys() - kept_ids:
             a = current[jid]
             g = a.gpu_ids
-            share = g in released or any(o in kept for o in a.group)
+            share = g in released or any(o in kept_ids for o in a.group)
             free.release(a.parts, 1, gpus=not share)
             released.add(g)
         return free

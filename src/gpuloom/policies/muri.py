@@ -258,6 +258,15 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
                 for x in m:
                     cls[x] = c
             for grp in multi:
+                if len(grp) == 2:  # (the loop below for two nodes, neither used yet: groups are disjoint)
+                    x, y = grp
+                    cx, cy = cls[x], cls[y]
+                    k = (cx, cy) if cx <= cy else (cy, cx)
+                    if need.get(k, 0) > 0:
+                        need[k] -= 1
+                        used[x] = used[y] = True
+                        res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
+                    continue
                 for i, x in enumerate(grp):
                     for y in grp[i + 1:]:
                         if used[x]:
@@ -326,6 +335,27 @@ class _BucketState:
         self.cands: list[tuple[int, int, int, _BucketState, int, int]] | None = None
         self.merges = 0  # merge rounds so far
 
+    @classmethod
+    def built(cls, gpus: int, members: list[int], profiles: list[Profile], labels: list[int],
+              keys: list[tuple[Profile, ...]], gids: list[int], gen: int) -> _BucketState:
+        """A state whose labels (ids by first appearance, -1: none), single-node keys and their ids
+        (of generation ``gen``) the caller read in its own pass over the members."""
+        bs = cls.__new__(cls)
+        bs.gpus = gpus
+        bs.members = members
+        bs.profiles = profiles
+        bs.labels = labels
+        bs.nodes = [[i] for i in range(len(members))]
+        bs.keys = keys
+        bs.gids = gids
+        bs.gen = gen
+        bs.common = labels[:]
+        bs.any_label = max(labels, default=-1) >= 0
+        bs.matched = None
+        bs.cands = None
+        bs.merges = 0
+        return bs
+
     def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
         # nodes are disjoint and kept in order of their first member, so a merged pair's node takes
         # the place of its earlier node and the later one leaves: the order holds without a sort
@@ -391,6 +421,8 @@ class MuriGrouping(GroupPolicy):
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
         self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
+        # by id() of a profile: (the profile, its single-node key, the key's id in _key_ids)
+        self._single: dict[int, tuple[Profile, tuple[Profile, ...], int]] = {}
         # the last class matchings: (max_group, (class key id, count) in class order) -> their class_slots
         # and its _pair_counts
         self._rounds: OrderedDict[tuple, tuple[tuple[tuple[int, int, int, int, int], ...],
@@ -421,32 +453,54 @@ class MuriGrouping(GroupPolicy):
             raise PolicyError(f"group policy 'muri': max_group={self.max_group}, but jobs with {k}-stage profiles "
                               f"interleave on {K} resources, so a group holds at most {K} jobs")
         cap_group = min(self.max_group or K, K)
-        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group)
+        # each job's GPU count, read once for admission, buckets and demand (where candidates are looked for)
+        gl = [j.spec.gpus for j in ordered] if has_profiles and cap_group >= 2 else None
+        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group, gl)
         units: list[list[int]] = []
         buckets: dict[int, list[int]] = {}
-        for i in admitted:
-            if profiles[i] is None or cap_group < 2:
-                units.append([i])
-            else:
-                buckets.setdefault(ordered[i].spec.gpus, []).append(i)
+        if gl is None:
+            units.extend([[i] for i in admitted])
+        else:
+            for i in admitted:
+                if profiles[i] is None:
+                    units.append([i])
+                else:
+                    buckets.setdefault(gl[i], []).append(i)
         self.last_rounds = 0
-        # current group of each job (the smallest id among it and its co-runners), to keep groups stable
+        # current group of each job (the smallest id among it and its co-runners), to keep groups stable,
+        # numbered by first appearance in its bucket; each member's profile, its single-node key and
+        # the key's id, kept by the profile object while the key table lasts (one pass per bucket)
         cur = view.current
         states: list[_BucketState] = []
+        if buckets:
+            self._check_cache(factor)
+        gen, single, key_ids = self._gen, self._single, self._key_ids
         for g, members in buckets.items():
-            labels: list[str | None] = []
+            labels: list[int] = []
+            names: dict[str, int] = {}
+            profs: list[Profile] = []
+            keys: list[tuple[Profile, ...]] = []
+            gids: list[int] = []
             for i in members:
+                # (every member has a profile: profiled jobs alone join buckets)
+                p: Profile = profiles[i]  # type: ignore[assignment]
+                hit = single.get(id(p))
+                if hit is None or hit[0] is not p:
+                    kk = (p,)
+                    hit = single[id(p)] = (p, kk, key_ids.setdefault(kk, len(key_ids)))
+                profs.append(p)
+                keys.append(hit[1])
+                gids.append(hit[2])
                 jid = ordered[i].id
                 alloc = cur.get(jid)
                 if alloc is not None and (co := alloc.group):
                     m = min(co)  # (min over the job and its co-runners, without building the tuple)
-                    labels.append(jid if jid < m else m)
+                    labels.append(names.setdefault(jid if jid < m else m, len(names)))
                 else:
-                    labels.append(None)
-            # every member has a profile (profiled jobs alone join buckets)
-            states.append(_BucketState(g, members, [p for i in members if (p := profiles[i]) is not None], labels))
+                    labels.append(-1)
+            states.append(_BucketState.built(g, members, profs, labels, keys, gids, gen))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
-        required = sum(ordered[i].spec.gpus for i in admitted)
+        required = sum(ordered[i].spec.gpus for i in admitted) if gl is None else sum([gl[i] for i in admitted])
         capacity = view.cluster.num_gpus
         while self.pack_all or required > capacity:
             cands: list[tuple[int, int, int, _BucketState, int, int]] = []
@@ -455,13 +509,11 @@ class MuriGrouping(GroupPolicy):
                 if got is None:  # (a bucket no merge changed keeps its matching and candidates)
                     if bs.matched is None:
                         bs.matched = self._match_bucket(bs, cap_group, factor)
-                    got = bs.cands = []
                     nodes, bm, gpus = bs.nodes, bs.members, bs.gpus
-                    for a, c, w in bs.matched:
-                        x, y = nodes[a][0], nodes[c][0]
-                        best = x if x < y else y
-                        # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
-                        got.append(((WEIGHT_SCALE - w) * gpus, bm[best], w, bs, a, c))
+                    # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
+                    # (the pair's best member: node a's first, as a < c and nodes are in order of their first)
+                    got = bs.cands = [((WEIGHT_SCALE - w) * gpus, bm[nodes[a][0]], w, bs, a, c)
+                                      for a, c, w in bs.matched]
                 cands.extend(got)
             if not cands:
                 break
@@ -550,12 +602,24 @@ class MuriGrouping(GroupPolicy):
         if bs.gen != self._gen or not bs.gids:
             bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
             bs.gen = self._gen
-        elif -1 in bs.gids:  # merged nodes' keys (the others kept their ids)
+        else:  # merged nodes' keys (-1; the others kept their ids), found by a scan in C
             gids = bs.gids
-            for x, g in enumerate(gids):
-                if g < 0:
-                    kk = bs.keys[x]
-                    gids[x] = ids.setdefault(kk, len(ids))
+            try:
+                x = gids.index(-1)
+            except ValueError:
+                x = -1
+            if x >= 0:
+                keys = bs.keys
+                n = len(gids)
+                while True:
+                    gids[x] = ids.setdefault(keys[x], len(ids))
+                    x += 1
+                    if x == n:
+                        break
+                    try:
+                        x = gids.index(-1, x)
+                    except ValueError:
+                        break
         # (as match_round labels them: the members' common label, else one of the node's own)
         nl = bs.common if bs.any_label else None  # (-1: no common label)
         # the pairs depend on the nodes' keys and labels alone: a bucket met again (a round that
@@ -644,6 +708,7 @@ class MuriGrouping(GroupPolicy):
             self._wcache.clear()
             self._tcache.clear()
             self._key_ids.clear()
+            self._single.clear()
             self._rounds.clear()
             self._buckets.clear()
             self._last.clear()
@@ -707,8 +772,10 @@ class MuriGrouping(GroupPolicy):
         return W
 
     @staticmethod
-    def _admit(ordered: Sequence[Job], profiles: Sequence[Profile | None], capacity: int, max_group: int) -> list[int]:
-        """Indices of the jobs that enter the grouping (Muri's k-fold admission)."""
+    def _admit(ordered: Sequence[Job], profiles: Sequence[Profile | None], capacity: int, max_group: int,
+               gl: list[int] | None = None) -> list[int]:
+        """Indices of the jobs that enter the grouping (Muri's k-fold admission); ``gl``: each job's GPU
+        count, when the caller read them."""
         admitted: list[int] = []
         n = len(ordered)
         taken = [False] * n
@@ -716,13 +783,13 @@ class MuriGrouping(GroupPolicy):
         # stops where the cluster is full, so most of a long queue is never read)
         ptr: dict[int, int] = {}
         cap = capacity
-        gl: list[int] | None = None  # each job's GPU count, read once the first candidates are looked for
+        # (without gl, each job's GPU count is read once the first candidates are looked for)
         for i, j in enumerate(ordered):
             if cap <= 0:
                 break
             if taken[i]:
                 continue
-            g = j.spec.gpus
+            g = j.spec.gpus if gl is None else gl[i]
             if g > cap:
                 continue
             cap -= g

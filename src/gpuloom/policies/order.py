@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import ClassVar
 
@@ -273,12 +273,17 @@ class LASGPUEvents(KeyOrder):
             self._keys = {j.id: j.attained_gpu_time if (a := j.alloc) is None or not (dt := now - j.last_update) > 0
                           else j.attained_gpu_time + dt * a.num_gpus for j in jobs}
         else:
-            self._keys = {j.id: key_at(j, now) for j in jobs}
+            self._keys = self.keys_at(jobs, now)
 
     @staticmethod
     def key_at(job: Job, now: float) -> float:
         """The key of ``job`` taken at ``now`` (an event): its attained GPU-seconds."""
         return job.attained_gpu_at(now)
+
+    def keys_at(self, jobs: Iterable[Job], now: float) -> dict[str, float]:
+        """:meth:`key_at` of every one of ``jobs``, by job id."""
+        key_at = self.key_at
+        return {j.id: key_at(j, now) for j in jobs}
 
     def key(self, job: Job, view: View) -> float:
         self._refresh(view)
@@ -320,6 +325,23 @@ class SRSFEvents(LASGPUEvents):
     def key_at(job: Job, now: float) -> float:
         """The key of ``job`` taken at ``now`` (an event): its remaining work x GPUs."""
         return job.remaining_at(now) * job.spec.gpus
+
+    def keys_at(self, jobs: Iterable[Job], now: float) -> dict[str, float]:
+        if type(self).key_at is not SRSFEvents.key_at:
+            return super().keys_at(jobs, now)
+        # (Job.remaining_at written out: read for every job at each event)
+        out: dict[str, float] = {}
+        for j in jobs:
+            r = j.remaining
+            if j.alloc is not None and now > (lu := j.last_update):
+                b = j.busy_until
+                start = lu if lu >= b else b
+                if now > start:
+                    r -= (now - start) * j.speed
+                    if not r > 0.0:
+                        r = 0.0
+            out[j.id] = r * j.spec.gpus
+        return out
 
 
 @register("order", "2d-las", "tiresias")

@@ -395,13 +395,20 @@ class Simulator:
     # -- main loop ----------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:
         # the run allocates millions of small objects and makes no reference cycles: the cyclic
-        # garbage collector would only rescan every live job again and again (a quarter of the time)
+        # garbage collector would only rescan every live job again and again (a quarter of the time).
+        # Turned on again with what the run left in the oldest generation, as the CLI does
+        # (gpuloom.cli.sim.no_cycle_collection): turned on as it is, its first allocation would scan
+        # every object the run made (unless a host process froze objects of its own)
         collecting = gc.isenabled()
         gc.disable()
         try:
             return self._run(progress)
         finally:
-            if collecting:
+            if collecting and gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.enable()
+                gc.unfreeze()
+            elif collecting:
                 gc.enable()
 
     def _run(self, progress: Callable[[int, int], None] | None) -> RunResult:
