@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from gpuloom.cli import app
 from gpuloom.core.cluster import Cluster, Node
 from gpuloom.core.job import JobSpec
-from gpuloom.sim import RunResult, report, simulate
+from gpuloom.sim import RunResult, report, runcsv, simulate
 from gpuloom.sim.metrics import DEPRECATED_KEYS, JobRecord, TimeSeries
 from gpuloom.sim.plots import binned_series, cdf_points, modelled_panels, plot_compare, plot_run
 from gpuloom.sim.report import (
@@ -305,7 +305,7 @@ def test_jobs_and_series_csv_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     paths = write_run(run(), tmp_path / "one")
     assert paths["jobs"].read_bytes() == jobs.encode() and paths["series"].read_bytes() == series.encode()
     # in blocks of two rows: the same text
-    monkeypatch.setattr(report, "CSV_BLOCK", 2)
+    monkeypatch.setattr(runcsv, "CSV_BLOCK", 2)  # where the writers read it
     paths = write_run(run(), tmp_path / "two")
     assert paths["jobs"].read_bytes() == jobs.encode() and paths["series"].read_bytes() == series.encode()
     # unfinished at t=60 (a runs 0-60; b and c wait): empty cells where there is no value
@@ -375,7 +375,7 @@ def test_rows_made_ahead_give_the_bytes_of_jobs_csv(tmp_path: Path, monkeypatch:
     # phases, a measurement window, unfinished jobs (empty cells) and ids the csv module quotes
     from gpuloom.sim.engine import LifecycleTimes
 
-    monkeypatch.setattr(report, "CSV_BLOCK", block)
+    monkeypatch.setattr(runcsv, "CSV_BLOCK", block)
     specs = [JobSpec(f"j{k}" if k % 4 else f"j,{k}", k * 7.5, 1 + k % 2, 30 + 11 * k, model=("", "x")[k % 2])
              for k in range(12)]
     cases = {
@@ -437,7 +437,7 @@ def test_a_completed_job_holds_what_its_record_will(tmp_path: Path) -> None:
 @pytest.mark.parametrize("block", [1 << 16, 2])
 def test_series_rows_made_ahead_give_the_bytes_of_series_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              block: int) -> None:
-    monkeypatch.setattr(report, "CSV_BLOCK", block)
+    monkeypatch.setattr(runcsv, "CSV_BLOCK", block)
     s = TimeSeries([0, 2.5, 10.0, 1e-7, 12.25], [1, 2, 0, 3, 0], [3, 6, 0, 9, 0], [64000, 0, 1, 2, 3],
                    [1, 2, 0, 3, 0], [0, 1, 5, 0, 0])
     want = report.write_series_csv(s, tmp_path / "want.csv").read_bytes()

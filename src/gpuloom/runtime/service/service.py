@@ -7,6 +7,9 @@ the names ``simulate`` takes) for each round.  What the service adds lives in
 its own modules:
 
 ==========================  ================================================
+:mod:`.apiside`             the API's calls: submit, cancel, per-node use
+:mod:`.rounds`              one round: observe, then act; jobs' ends; whether
+                            this server may act
 :mod:`.config`              the settings (:class:`~.config.ServiceConfig`)
 :mod:`.mirror`              stored rows ↔ the driver's jobs (one id type), the
                             remaining-work record
@@ -81,7 +84,6 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +92,6 @@ import numpy as np
 from ...core.cluster import Cluster
 from ...core.job import Job
 from ...core.lifecycle import JobState
-from ...core.plan import Action
-from ...core.request import JobRequest
 from ...driver import Driver
 from ...perf.assembly import build_model
 from ...perf.model import ThroughputModel
@@ -99,25 +99,25 @@ from ...perf.sensitivity import SensitivityFactor, add_sensitivity
 from ...scheduler import Scheduler
 from ..exec.clock import Clock, ServiceTime, SystemClock, resume
 from ..exec.executor import Executor
-from ..state.disk import PRESSURE_CAP, DiskGuard
-from ..state.locks import AlreadyServed, ServerLocks
+from ..state.disk import DiskGuard
+from ..state.locks import ServerLocks
 from ..state.specs import DEFAULT_DURATION, SPEC_ATTRS, parse_duration, parse_mem
-from ..state.store import JobRow, Store, unavailable
-from .actuator import PROGRESS_MARK, Actuator, Running, gpu_type_env
-from .admission import check_submittable, refuse_reason
+from ..state.store import Store, unavailable
+from .actuator import PROGRESS_MARK, Actuator, Running
+from .apiside import ApiSide
 from .config import ServiceConfig
 from .control import Control
-from .deps import Gate, parse_array, resolve_dependency
+from .deps import Gate
 from .errors import NotFound, PermissionDenied, SubmitError
 from .gather import Gather
 from .health import LOCK_CHECK_S, STORE_RETRY_S, Health, Watchdog
 from .inventory import follow as follow_inventory
-from .inventory import unpark
-from .isolation import Backoff, culprits
+from .isolation import Backoff
 from .mirror import Mirror
 from .outbox import Outbox
 from .profile_manager import ProfilingConfig, ProfilingManager
 from .queues import QueueAdmin
+from .rounds import Rounds
 from .security import Guard
 from .states import ACTIVE_STATES, FINAL_STATES, HOLDING, QUEUED_STATES
 from .typespeeds import TypeMeter
@@ -138,7 +138,7 @@ MARK_S = 10.0  # service time is marked in the store at most this often (:meth:`
 S = JobState
 
 
-class Service:
+class Service(Rounds, ApiSide):
     """Runs scheduling rounds over the store's jobs and drives the executor."""
 
     actuator: Actuator  # (made by assemble)
@@ -277,125 +277,6 @@ class Service:
     def wake(self) -> None:
         self._wake.set()
 
-    # -- API side (any thread) -------------------------------------------------------
-    def validate(self, spec: Mapping[str, Any], user: str | None = None) -> None:
-        check_submittable(self.cluster, dict(spec))
-        self.guard.check_spec(self.cluster, dict(spec), user)
-
-    def submit(self, spec: JobRequest | Mapping[str, Any], user: str, actor: str | None = None) -> int:
-        """Store a validated spec (committed) and wake the loop; return the job id (an array's first task's)."""
-        return self.submit_row(spec, user, actor).id
-
-    def submit_row(self, spec: JobRequest | Mapping[str, Any], user: str, actor: str | None = None) -> JobRow:
-        """:meth:`submit`, returning the (first) job's row as stored (:meth:`..state.store.Store.add_jobs_row`)."""
-        spec = spec.stored() if isinstance(spec, JobRequest) else spec
-        self.disk.check_submit()
-        self.validate(spec, user)
-        spec, tasks = self._expand(spec)
-        _, row = self.store.add_jobs_row([spec] * (len(tasks) if tasks else 1), user,
-                                         S.WAITING_FOR_INITIAL_CONTACT.value, now=self.clock.time(), array_tasks=tasks,
-                                         actor=actor)
-        self._wake.set()
-        return row
-
-    def _expand(self, spec: Mapping[str, Any]) -> tuple[dict[str, Any], list[int] | None]:
-        """The spec as stored (array limit, resolved dependencies) and its array's task indices."""
-        spec = dict(spec)
-        tasks = None
-        if spec.get("array") is not None:
-            try:
-                tasks, limit = parse_array(spec["array"])
-            except ValueError as e:
-                raise SubmitError(str(e), "array", "bad_array") from None
-            if limit is not None:
-                spec["array_limit"] = limit
-        if spec.get("dependency"):
-            spec["depends_on"] = resolve_dependency(self.store, spec["dependency"])
-        return spec, tasks
-
-    def submit_once(self, spec: JobRequest | Mapping[str, Any], user: str, key: str,
-                    actor: str | None = None) -> tuple[int, bool]:
-        """:meth:`submit` under an idempotency key: (job id, True) the first time, (the same id, False)
-        when ``user`` retries with the same key."""
-        spec = spec.stored() if isinstance(spec, JobRequest) else spec
-        old = self.store.job_for_key(user, key)
-        if old is not None:
-            return old, False
-        self.disk.check_submit()
-        self.validate(spec, user)
-        spec, tasks = self._expand(spec)
-        ids, new = self.store.add_jobs_once([spec] * (len(tasks) if tasks else 1), user,
-                                            S.WAITING_FOR_INITIAL_CONTACT.value, key, now=self.clock.time(),
-                                            array_tasks=tasks, actor=actor)
-        if new:
-            self._wake.set()
-        return ids[0], new
-
-    def cancel(self, job_id: int, user: str, admin: bool) -> JobRow:
-        row = self.store.get_job(job_id)
-        if row is None:
-            raise NotFound(job_id)
-        if not admin and row.user != user:
-            raise PermissionDenied(f"job {job_id} belongs to {row.user}; only its owner or an admin may cancel it")
-        if row.state in FINAL_STATES:
-            return row
-        # queued: cancelled at once (compare-and-set against a concurrent launch)
-        done = self.store.update_job(
-            job_id,
-            {"state": S.CANCELLED.value, "cancel_requested": True, "end_time": self.clock.time(),
-             "reason": f"cancelled by {user}"},
-            "cancel",
-            {"by": user},
-            expect_state=QUEUED_STATES,
-            now=self.clock.time(),
-        )
-        if not done:
-            self.store.update_job(job_id, {"cancel_requested": True}, "cancel-request", {"by": user},
-                                  now=self.clock.time())
-        self.request_cancel(str(job_id))
-        self._wake.set()
-        row = self.store.get_job(job_id)
-        assert row is not None  # it was there above, and jobs are never deleted
-        return row
-
-    def request_cancel(self, jid: str) -> None:
-        with self._cancel_lock:
-            self._cancels.add(jid)
-
-    def nodes(self) -> list[dict[str, Any]]:
-        """Per-node use.  Reads a snapshot of the allocations without the loop's lock, so it
-        answers at once even while a round waits for jobs to checkpoint."""
-        current = dict(self.driver.current)  # a C-level copy: atomic under the GIL
-        out = []
-        t = self.clock.time()
-        for i, n in enumerate(self.cluster.nodes):
-            used_g: set[int] = set()
-            cpus = mem = 0
-            jobs = []
-            for jid, a in current.items():
-                for p in a.parts:
-                    if p.node == i:
-                        used_g.update(p.gpus)
-                        cpus += p.cpus
-                        mem += p.mem_mb
-                        jobs.append(jid)
-            out.append(
-                {
-                    "name": n.name,
-                    "gpus": n.gpus,
-                    "gpus_used": len(used_g),
-                    "cpus": n.cpus,
-                    "cpus_used": cpus,
-                    "mem_mb": n.mem_mb,
-                    "mem_mb_used": mem,
-                    "gpu_type": n.gpu_type,
-                    "gres": f"gpu:{gpu_type_env(n.gpu_type) or 'none'}:{n.gpus}",  # Slurm's form
-                    "jobs": sorted(jobs, key=int),
-                    **self.control.node_json(n.name, len(used_g), n.gpus, t),
-                }
-            )
-        return out
-
     # -- the loop ----------------------------------------------------------------------
     def start(self) -> None:
         """Recover from the store, then run rounds in a background thread."""
@@ -472,253 +353,6 @@ class Service:
         recover(self)
         with self.lock:
             self._cap_logs()  # adopted jobs' logs that grew while no server watched them
-
-    # -- mirror ------------------------------------------------------------------------
-    def admit_row(self, row: JobRow, state: JobState, arrival: float | None = None) -> Job:
-        """Mirror a stored job and hand it to the driver, its lifecycle in ``state`` (``arrival``: see
-        :meth:`.Mirror.load`)."""
-        profile = self.profiler.stored_profile(row.spec) if self.profiler is not None else None
-        job = self.driver.admit(self.mirror.load(row, state, profile, arrival), self.now())
-        if state is S.WAITING_FOR_INITIAL_CONTACT:
-            self._contact.append(job)
-        return job
-
-    def fits_or_fail(self, row: JobRow) -> bool:
-        """False (and the job FAILED) if it can never run on the cluster, e.g. after the cluster shrank.
-
-        With an inventory that follows a changing cluster, such a job is parked (kept out of the
-        plan until the inventory changes) instead; a parked job is not admitted (:mod:`.inventory`)."""
-        if row.id in self.parked or self.control.keeps_out(row):
-            return False
-        s = row.spec
-        reason = refuse_reason(self.cluster, int(s["gpus"]), s.get("cpus"), s.get("mem_mb"))
-        if reason is None:
-            return True
-        if self.inventory is not None:
-            self.parked[row.id] = float("inf")
-            self.mirror.record(str(row.id), {"pending_reason": f"Nodes: {reason[1]} while nodes are missing"})
-            return False
-        self.mirror.record(str(row.id), {"state": S.FAILED.value, "end_time": self.clock.time(), "alloc": None,
-                                         "procs": None, "reason": f"can never run on this cluster: {reason[1]}"},
-                           "failed", {"reason": reason[1]})
-        return False
-
-    # -- one round: observe, then act ------------------------------------------------------
-    def round(self) -> list[Action]:
-        """Observe (reap, cancels, time limits, new jobs, progress), then act (plan → actions)."""
-        t0 = self.clock.monotonic()
-        with self.lock:
-            self.observe()
-            actions = self.act() if self.may_act() else []
-            if self.store.fenced is not None:  # a write of the round was refused: another server took over
-                self.give_up(self.store.fenced)
-                return []
-            self.mark_time(force=False)
-        t1 = self.clock.monotonic()
-        self.last_round_s = t1 - t0
-        self.health.round_done(t1)
-        self.telemetry.round_done(actions, self.last_round_s)
-        return actions
-
-    def may_act(self) -> bool:
-        """Whether this round may start and preempt jobs: the state disk has room for their records
-        (:mod:`..state.disk`), every record of what happened is stored (so the store releases a GPU before it
-        records another job taking it, :mod:`.outbox`), and this server still holds its database."""
-        if self.disk.db_low():
-            return False
-        return self.outbox.flush() and self.check_lock()
-
-    def check_lock(self) -> bool:
-        """Confirm that this server still holds its locks (:meth:`..state.locks.ServerLocks.check`: a PostgreSQL
-        session lost with a restart of the database is taken again).  False while that cannot be told (the
-        database is unreachable), and for good once another server holds the database: this one gives up."""
-        self.health.lock_checked = self.clock.monotonic()
-        if self.store.fenced is not None:
-            self.give_up(self.store.fenced)
-        if self.gave_up is not None:
-            return False
-        if self.server_locks is None:
-            return True
-        try:
-            self.server_locks.check()
-        except AlreadyServed as e:
-            self.give_up(str(e))
-            return False
-        except Exception as e:
-            if not unavailable(e):
-                raise
-            self.health.lock = f"unknown: the database cannot be reached ({str(e).splitlines()[0]})"
-            return False
-        self.health.lock = "held"
-        return True
-
-    def give_up(self, why: str) -> None:
-        """Stop scheduling for good: another server holds the database now.  Nothing more is written (that
-        server recovers from the store and the jobs' exit records); the jobs run on, for it to adopt."""
-        if self.gave_up is not None:
-            return
-        self.gave_up = why
-        self.health.lock = f"lost: {why}"
-        self.outbox.closed = True
-        self._stop.set()
-        log.critical("this server stops scheduling: %s", why)
-
-    def observe(self) -> bool:
-        """Bring the mirror up to date with the world; True if anything changed."""
-        changed = self.reap()
-        self._handle_cancels()
-        self.control.observe()
-        self._enforce_time_limits()
-        unpark(self)
-        changed = self._load_new() or changed
-        self.actuator.promote(self.driver.jobs, self.now())
-        self.meter.observe(self.driver.jobs, self.actuator.running, self.driver.speed, self.now())
-        return changed
-
-    def act(self) -> list[Action]:
-        now = self.now()
-        jobs = self.driver.jobs
-        for jid in self.driver.current:  # (a waiting job's work does not change: advanced when it starts)
-            jobs[jid].advance(now)
-        try:
-            _, actions = self.driver.plan(now)
-        except Exception:
-            bad = culprits(self.driver, now)
-            if not bad:
-                raise  # not one job's fault: the loop backs off
-            for job, why in bad:  # each fails alone, with the error as its reason
-                log.warning("job %s cannot be scheduled, failed: %s", job.id, why)
-                self.fail(job.id, f"cannot be scheduled: {why}")
-            _, actions = self.driver.plan(now)
-        self.mirror.record_reasons(self.control.amend_reasons(self.driver))
-        self.mirror.record_reasons(self.driver.reasoned)
-        self.actuator.profiled = self.actuator.refused = False
-        self.actuator.prepare_stops(self.driver, actions, now)  # a store that refuses it: nothing is applied
-        failed = self.driver.apply(actions, now)
-        for job in failed:
-            held = 0.0
-            if job.id in self.actuator.running:  # failed while holding (its new speed could not be rated)
-                self.actuator.terminate([job.id])
-                held = self.actuator.end(job.id)[1]
-            self._record_end(job, S.FAILED, None, job.extra.get("failure"), None, held)
-        return actions
-
-    def fail(self, jid: str, reason: str) -> None:
-        """End an active job as FAILED with ``reason``, stopping its processes if it has any."""
-        if jid in self.actuator.running:
-            self.actuator.terminate([jid])
-            self.end(jid, S.FAILED, None, reason)
-            return
-        job = self.driver.jobs[jid]
-        self.driver.finish(job, self.now(), S.FAILED)
-        self._record_end(job, S.FAILED, None, reason, None, 0.0)
-
-    def reap(self) -> bool:
-        """Record the exits the executor reports (after what the outbox holds); True if any."""
-        self.outbox.flush()
-        ended = self.actuator.reap()
-        for jid, state, code, reason in ended:
-            self.end(jid, state, code, reason)
-        return bool(ended)
-
-    def end(self, jid: str, state: JobState, code: int | None, reason: str | None) -> None:
-        """End a job: FINISHED (from a launching or running state), FAILED or CANCELLED (from any)."""
-        self.actuator.cap_logs(self.log_cap, jids=[jid])  # what it wrote since the last tick's check
-        _, held_now = self.actuator.end(jid)
-        job = self.driver.jobs[jid]
-        alloc = self.driver.finish(job, self.now(), state)  # co-runners are regrouped (and recorded)
-        self._record_end(job, state, code, reason, alloc.num_gpus if alloc is not None else None, held_now)
-
-    def _record_end(self, job: Job, state: JobState, code: int | None, reason: str | None, gpus: int | None,
-                    held_now: float) -> None:
-        jid = job.id
-        row = self.mirror.drop(jid)
-        if row is None:
-            return
-        held = row.held_time + held_now
-        self.mirror.record(
-            jid,
-            {"state": state.value, "end_time": self.clock.time(), "alloc": None, "procs": None, "exit_code": code,
-             "reason": reason, "held_time": held, "progress": self.last_progress(jid),
-             "held_gpu_time": row.held_gpu_time + held_now * (gpus or 0),
-             **self.mirror.work(job)},
-            state.value,
-            {"exit_code": code, "reason": reason},
-        )
-
-    def _cap_logs(self) -> None:
-        """Cut running jobs' logs over the cap; while the logs' disk is nearly full, the largest ones
-        over :data:`..state.disk.PRESSURE_CAP`, one at a time, until it is not."""
-        self.actuator.cap_logs(self.log_cap)
-        while self.disk.logs_low() and self.actuator.cap_logs(PRESSURE_CAP, " (its disk is nearly full)", most=1):
-            pass
-
-    def _handle_cancels(self) -> None:
-        with self._cancel_lock:
-            ids, self._cancels = self._cancels, set()
-        to_stop = []
-        for jid in sorted(ids, key=int):
-            if jid in self.actuator.running:
-                to_stop.append(jid)
-            elif jid in self.driver.jobs:  # queued (the API marked it cancelled, unless it was running then)
-                self.driver.finish(self.driver.jobs[jid], self.now(), S.CANCELLED)
-                self.mirror.drop(jid)
-                self.mirror.record(jid, {"state": S.CANCELLED.value, "end_time": self.clock.time(),
-                                         "reason": "cancelled"}, "cancel", {}, expect_state=QUEUED_STATES)
-            else:  # not mirrored yet: held back by the gate or parked, or skipped by _load_new
-                self.gate.drop(int(jid))
-                self.parked.pop(int(jid), None)
-        if to_stop:
-            self.actuator.terminate(to_stop)
-            for jid in to_stop:
-                self.end(jid, S.CANCELLED, None, "cancelled")
-
-    def _enforce_time_limits(self) -> None:
-        now = self.now()
-        over = []
-        for jid, run in self.actuator.running.items():
-            limit = self.mirror.rows[jid].spec.get("time_limit")
-            if limit and self.mirror.rows[jid].held_time + max(0.0, now - run.start) > float(limit):
-                over.append(jid)
-        if over:
-            self.actuator.terminate(over)
-            for jid in over:
-                limit = self.mirror.rows[jid].spec["time_limit"]
-                self.end(jid, S.FAILED, None, f"time limit of {limit} s reached")
-
-    def _load_new(self) -> bool:
-        """Mirror jobs submitted since the last round; they make contact (-> WAITING_FOR_INITIAL_RESOURCE).
-
-        The service has no agent protocol: a job is in contact once the loop
-        has it.  One UPDATE for the whole batch."""
-        floor, self._read_at = self._read_at, self.now()
-        rows = self.store.list_jobs([S.WAITING_FOR_INITIAL_CONTACT.value], after_id=self.last_id)
-        # submitted since the last read: their arrivals lie between it and now, whatever the wall clock did
-        fresh = {row.id: self.mirror.since(row.submit_time, floor) for row in rows}
-        for row in rows:
-            self.gate.add(row)
-        if rows:
-            self.last_id = rows[-1].id
-        for row in self.gate.ready():  # those whose dependencies and array limits let them run
-            if self.fits_or_fail(row):
-                self.admit_row(row, S.WAITING_FOR_INITIAL_CONTACT, fresh.get(row.id))
-        # those admitted since the last call, not every active job (a round costs O(new jobs) here)
-        jobs = self.driver.jobs
-        new = [j.id for j in self._contact if jobs.get(j.id) is j and j.lifecycle is not None
-               and j.lifecycle.state is S.WAITING_FOR_INITIAL_CONTACT]
-        if new:  # (a store that refuses it: they stay in _contact, and the next round tries again)
-            self.store.set_states([int(j) for j in new], S.WAITING_FOR_INITIAL_RESOURCE.value,
-                                  [S.WAITING_FOR_INITIAL_CONTACT.value], now=self.clock.time())
-        self._contact = []
-        if new:
-            now = self.now()
-            for jid in new:
-                lc = self.driver.jobs[jid].lifecycle
-                assert lc is not None
-                lc.walk([S.WAITING_FOR_INITIAL_RESOURCE], now)
-                self.mirror.rows[jid].state = S.WAITING_FOR_INITIAL_RESOURCE.value
-        return bool(rows)
-
     # -- tests and shutdown scripts ------------------------------------------------------
     def terminate_all(self) -> None:
         """Stop every running job's processes and end the jobs as cancelled (test clean-up)."""
