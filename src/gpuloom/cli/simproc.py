@@ -4,9 +4,10 @@ it starts, ended with it."""
 from __future__ import annotations
 
 import functools
-import gc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from ..core.gcpause import cycle_collection_paused
 
 if TYPE_CHECKING:
     from ..sim.background import Background
@@ -16,24 +17,13 @@ def no_cycle_collection(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run the command with Python's cyclic garbage collector off, as the simulation itself runs
     (:meth:`~gpuloom.sim.engine.Simulator.run`): loading a trace and writing a run's results build hundreds
     of thousands of plain objects and no reference cycles but a plot's figures, and the collector would
-    rescan them all every few thousand allocations.  Reference counting frees the rest.  Turned on again
-    with what the command left in the oldest generation (``freeze``, ``unfreeze``): turned on as it is,
-    its first allocation would start with a scan of every object the command made.  (A host process that
-    froze objects of its own keeps them frozen: the collector is then just turned on.)"""
+    rescan them all every few thousand allocations.  Reference counting frees the rest; the collector is
+    turned on again after as :func:`~gpuloom.core.gcpause.cycle_collection_paused` says."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kw: Any) -> Any:
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with cycle_collection_paused():
             return fn(*args, **kw)
-        finally:
-            if collecting and gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.enable()
-                gc.unfreeze()
-            elif collecting:
-                gc.enable()
 
     return wrapper
 

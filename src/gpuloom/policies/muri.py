@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from itertools import compress
+from itertools import combinations, compress
 from operator import itemgetter
 from typing import ClassVar
 
@@ -258,27 +258,16 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
                 for x in m:
                     cls[x] = c
             for grp in multi:
-                if len(grp) == 2:  # (the loop below for two nodes, neither used yet: groups are disjoint)
-                    x, y = grp
+                # (a group of two: its one pair, neither node used yet, as groups are disjoint)
+                for x, y in ((grp,) if len(grp) == 2 else combinations(grp, 2)):
+                    if used[x] or used[y]:
+                        continue
                     cx, cy = cls[x], cls[y]
                     k = (cx, cy) if cx <= cy else (cy, cx)
                     if need.get(k, 0) > 0:
                         need[k] -= 1
                         used[x] = used[y] = True
                         res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
-                    continue
-                for i, x in enumerate(grp):
-                    for y in grp[i + 1:]:
-                        if used[x]:
-                            break
-                        if used[y]:
-                            continue
-                        cx, cy = cls[x], cls[y]
-                        k = (cx, cy) if cx <= cy else (cy, cx)
-                        if need.get(k, 0) > 0:
-                            need[k] -= 1
-                            used[x] = used[y] = True
-                            res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
     ptr = [0] * len(members)
 
     def take(c: int) -> int:  # the class's first node in rank order not yet used

@@ -62,7 +62,6 @@ Deterministic for a given seed.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
 import operator
@@ -74,6 +73,7 @@ import numpy as np
 
 from ..core.cluster import Cluster
 from ..core.fit import impossible_jobs, impossible_message
+from ..core.gcpause import cycle_collection_paused
 from ..core.job import Job, JobError, JobSpec
 from ..core.lifecycle import JobState, LifecycleTimes, phase_times_of
 from ..core.plan import ActionKind, Allocation
@@ -394,22 +394,10 @@ class Simulator:
 
     # -- main loop ----------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:
-        # the run allocates millions of small objects and makes no reference cycles: the cyclic
-        # garbage collector would only rescan every live job again and again (a quarter of the time).
-        # Turned on again with what the run left in the oldest generation, as the CLI does
-        # (gpuloom.cli.sim.no_cycle_collection): turned on as it is, its first allocation would scan
-        # every object the run made (unless a host process froze objects of its own)
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        # the cyclic garbage collector paused: it would only rescan every live job again and again (a
+        # quarter of the time), and turned on as it was after, with the run's objects in its oldest generation
+        with cycle_collection_paused():
             return self._run(progress)
-        finally:
-            if collecting and gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.enable()
-                gc.unfreeze()
-            elif collecting:
-                gc.enable()
 
     def _run(self, progress: Callable[[int, int], None] | None) -> RunResult:
         t0 = _time.perf_counter()
