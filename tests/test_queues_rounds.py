@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -828,25 +829,28 @@ def test_the_union_of_the_guaranteed_ids_is_kept_and_changed_where_a_leaf_s_set_
 
 
 def _tiers_off_and_on(policy: str, specs: list[JobSpec], flag: str, counted: list[object], names: tuple[str, ...],
-                      monkeypatch: pytest.MonkeyPatch, arg: int | None = None) -> None:
+                      monkeypatch: pytest.MonkeyPatch, arg: int | None = None,
+                      record: Callable[[QuotaQueues, Admission, bool], object] | None = None,
+                      settle: Callable[[Any], object] | None = None) -> None:
     # the run with QuotaQueues' ``flag`` off, then on (the module's functions ``names`` counted into ``counted``:
-    # their result, or their argument ``arg``): every admission's guaranteed tier and the run must be the same
+    # their result, or their argument ``arg``): what every admission records (``record(stage, admission, on)``;
+    # by default its guaranteed tier), read after the run by ``settle`` if given, and the run must be the same
     import gpuloom.policies.queues as qm
 
-    tiers: list[list[list[str]]] = []
+    tiers: list[list[object]] = []
     runs = []
     for on in (False, True):
         sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
         stage = sched.queue
         assert isinstance(stage, QuotaQueues)
         setattr(stage, flag, on)
-        seen: list[list[str]] = []
+        seen: list[object] = []
         tiers.append(seen)
         admit = stage.admit
 
-        def recorded(*a, admit=admit, seen=seen, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def recorded(*a, admit=admit, seen=seen, stage=stage, on=on, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
             out = admit(*a, **k)
-            seen.append([j.id for j in out.guaranteed])
+            seen.append([j.id for j in out.guaranteed] if record is None else record(stage, out, on))
             return out
 
         stage.admit = recorded  # type: ignore[method-assign]
@@ -860,6 +864,8 @@ def _tiers_off_and_on(policy: str, specs: list[JobSpec], flag: str, counted: lis
                 monkeypatch.setattr(qm, name, count)
         runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
                               config=SimConfig(check=True, restart_overhead=30.0)).run())
+        if settle is not None:
+            seen[:] = [settle(x) for x in seen]
     assert tiers[0] == tiers[1] and len(tiers[0]) > 100
     assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
 
@@ -892,50 +898,23 @@ def test_a_tier_without_gaps_takes_its_jobs_past_the_ended_one_again() -> None:
 
 
 @pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
-def test_guaranteed_tiers_forwarded_past_the_ended_job_are_the_walked_tiers(policy: str) -> None:
+def test_guaranteed_tiers_forwarded_past_the_ended_job_are_the_walked_tiers(policy: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # a tier walked on from a job that ended, when the tier passed no job, takes the jobs past it again without
     # testing each (QuotaQueues.tiers_forwarded): every tier the admissions cache (the jobs, what each asks, their
     # sums to the bit, the gaps and the span), every admission's guaranteed jobs and the run must be those of the
     # walk that reads each of them again; and jobs must be taken so often (jobs of 1 and 2 GPUs: tiers of several)
-    import gpuloom.policies.queues as qm
-
     specs = [JobSpec(s.id, s.arrival, (1, 1, 2)[k % 3], s.duration, s.model, attrs=s.attrs)
              for k, s in enumerate(five_queue_specs(400, 60.0, 2))]
-    tiers: list[list[object]] = []
-    runs = []
-    forwarded: list[int] = []
-    retaken = qm._retaken
-    for on in (False, True):
-        sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
-        stage = sched.queue
-        assert isinstance(stage, QuotaQueues)
-        stage.tiers_forwarded = on
-        seen: list[object] = []
-        tiers.append(seen)
-        admit = stage.admit
 
-        def recorded(*a, admit=admit, seen=seen, stage=stage, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
-            out = admit(*a, **k)
-            seen.append(([j.id for j in out.guaranteed],
-                         {q: ([x[1].id for x in t[0]], t[1], sorted(t[2]), t[3], [x[1].id for x in t[4]], t[5])
-                          for q, t in stage._tier_a.items()}))
-            return out
+    def record(stage: QuotaQueues, out: Admission, on: bool) -> object:
+        return ([j.id for j in out.guaranteed],
+                {q: ([x[1].id for x in t[0]], t[1], sorted(t[2]), t[3], [x[1].id for x in t[4]], t[5])
+                 for q, t in stage._tier_a.items()})
 
-        def counted(*a, on=on):  # noqa: ANN001, ANN002, ANN202
-            out = retaken(*a)
-            if on:
-                forwarded.append(len(out[0]))
-            return out
-
-        stage.admit = recorded  # type: ignore[method-assign]
-        qm._retaken = counted
-        try:
-            runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
-                                  config=SimConfig(check=True, restart_overhead=30.0)).run())
-        finally:
-            qm._retaken = retaken
-    assert tiers[0] == tiers[1] and len(tiers[0]) > 100
-    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    taken: list[Any] = []
+    _tiers_off_and_on(policy, specs, "tiers_forwarded", taken, ("_retaken",), monkeypatch, record=record)
+    forwarded = [len(out[0]) for out in taken]
     assert len(forwarded) >= 100 and sum(forwarded) >= 100
 
 
@@ -1067,7 +1046,7 @@ def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_a_walk_by_rank_read_ahead_as_far_as_placement_surely_reads_is_the_walk_read_by_placement(seed: int) -> None:
+def test_a_walk_by_rank_read_ahead_as_far_as_placement_surely_reads_is_the_walk_read_by_placement(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # admission hands on the walk by rank's jobs up to where they ask for the cluster's GPUs before placement reads it
     # (QuotaQueues.read_ahead): placement's first phase reads that far whatever it decides.  Every admission (its jobs
     # in order as the round left it, held and cut short the same way) and the run must be those of the walk read as
@@ -1075,31 +1054,18 @@ def test_a_walk_by_rank_read_ahead_as_far_as_placement_surely_reads_is_the_walk_
     # walks that wait at their bound and go on whole
     specs = [JobSpec(s.id, s.arrival, (3, 5, 6, 1)[k % 4], s.duration, s.model, attrs=s.attrs)
              for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
-    walks: list[list[tuple]] = []
-    runs = []
     ahead: list[int] = []
-    for on in (False, True):
-        sched = Scheduler.from_names(queue="quota", params={"queues": FIVE})
-        stage = sched.queue
-        assert isinstance(stage, QuotaQueues)
-        stage.read_ahead = on
-        seen: list[tuple] = []
-        walks.append(seen)
-        admit = stage.admit
 
-        def recorded(*a, admit=admit, seen=seen, on=on, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
-            out = admit(*a, **k)
-            if on:
-                ahead.append(len(out.over))
-            seen.append((out, [j.id for j in out.guaranteed]))
-            return out
+    def record(stage: QuotaQueues, out: Admission, on: bool) -> object:
+        if on:
+            ahead.append(len(out.over))
+        return out, [j.id for j in out.guaranteed]
 
-        stage.admit = recorded  # type: ignore[method-assign]
-        runs.append(Simulator(Cluster.homogeneous(4, 8), specs, sched,
-                              config=SimConfig(check=True, restart_overhead=30.0)).run())
-        seen[:] = [(g, [j.id for j in a.over], a.truncated, dict(a.held), a.paused) for a, g in seen]
-    assert walks[0] == walks[1] and len(walks[0]) > 100
-    assert runs[0].jobs == runs[1].jobs and runs[0].series == runs[1].series
+    def settle(x: tuple[Admission, list[str]]) -> object:
+        a, g = x
+        return g, [j.id for j in a.over], a.truncated, dict(a.held), a.paused
+
+    _tiers_off_and_on("quota", specs, "read_ahead", [], (), monkeypatch, record=record, settle=settle)
     assert sum(1 for n in ahead if n) > len(ahead) // 2
 
 
