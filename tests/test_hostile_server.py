@@ -106,6 +106,8 @@ def test_5_a_job_holding_the_port_stops_the_restart_and_is_sent_no_token(tmp_pat
         code, text = cli("queue", "--token", alice, "--state-dir", str(state),
                          env={"GPULOOM_PORT": str(port), "GPULOOM_URL": None})  # type: ignore[dict-item]
         assert code == 1 and "refusing to send a token" in text, text
+        # (the job appends a connection's line once it has read to its end: after the client has gone on)
+        wait_for(lambda: received(out).count(b"\n") >= 2, 10, "the job to record both connections")
         got = received(out)
         assert got.count(b"\n") >= 2  # it was connected to, twice ...
         assert b"authorization" not in got.lower() and alice.encode() not in got  # ... and sent nothing
