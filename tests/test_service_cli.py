@@ -92,3 +92,32 @@ def test_a_job_runs_where_it_was_submitted_from(tmp_path: Path, monkeypatch) -> 
     finally:
         s.stop()
         kill_jobs(tmp_path)
+
+
+def test_export_copies_the_named_variables_of_the_submitting_shell(tmp_path: Path, monkeypatch) -> None:
+    """As sbatch --export=NAMES: the job gets those variables of the submitting shell (a job's PATH is
+    otherwise the default one, so a `python3` of the user's own environment would not be found);
+    --env wins over it; a name the shell lacks, ALL or NAME=VALUE is refused before anything is sent."""
+    s = Server(tmp_path, "--cluster", "1x2", "--cpus-per-node", str(NCPU), "--round", "0.2").start()
+    sd = ("--state-dir", str(tmp_path))
+    monkeypatch.chdir(job_writable(tmp_path))
+    shell = {"PATH": f"/opt/venv-x/bin:{os.environ['PATH']}", "DEMO_A": "from the shell", "DEMO_B": "b"}
+    show = ("--", "sh", "-c", 'echo "$PATH|$DEMO_A|$DEMO_B"')
+    try:
+        assert cli("submit", "--mem", "1G", *sd, *show, env=shell) == (0, "Submitted job 1\n")
+        assert cli("submit", "--mem", "1G", "--export", "PATH,DEMO_A", "--env", "DEMO_A=from --env", *sd, *show,
+                   env=shell) == (0, "Submitted job 2\n")
+        assert cli("submit", "--mem", "1G", "--export", " DEMO_B ,", *sd, *show, env=shell) == (0, "Submitted job 3\n")
+        for bad, why in (("NO_SUCH_VAR", "--export NO_SUCH_VAR: not set in this shell"),
+                         ("ALL", "name the variables to copy"), ("DEMO_A=x", "set a value with --env")):
+            code, out = cli("submit", "--export", bad, *sd, *show, env={**shell, "COLUMNS": "300"})
+            assert code == 2 and why in out, out
+        wait_for(lambda: cli("queue", "--all", "--json", *sd)[1].count('"finished"') == 3, what="three jobs")
+        default = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        assert cli("logs", "1", *sd)[1] == f"{default}||\n"
+        assert cli("logs", "2", *sd)[1] == f"{shell['PATH']}|from --env|\n"
+        assert cli("logs", "3", *sd)[1] == f"{default}||b\n"
+        assert len(json.loads(cli("queue", "--all", "--json", *sd)[1])) == 3  # the refused ones were never sent
+    finally:
+        s.stop()
+        kill_jobs(tmp_path)

@@ -80,6 +80,22 @@ _print_table = print_table  # a terminal's width for a few rows; plain lines for
 
 
 # ---------------------------------------------------------------------------------------------
+def _exported(names: str | None) -> dict[str, str]:
+    """The named variables of the submitting shell (``--export``): a job's environment is otherwise the
+    server's allow-list and its spec's ``env``, so e.g. ``python3`` is the default PATH's, not this shell's."""
+    out: dict[str, str] = {}
+    for name in (n.strip() for n in (names or "").split(",")):
+        if not name:
+            continue
+        if name.upper() in ("ALL", "NONE") or "=" in name:
+            raise typer.BadParameter(f"--export {name!r}: name the variables to copy (PATH,VIRTUAL_ENV); "
+                                     "set a value with --env NAME=VALUE")
+        if name not in os.environ:
+            raise typer.BadParameter(f"--export {name}: not set in this shell")
+        out[name] = os.environ[name]
+    return out
+
+
 @app.command()
 def submit(
     args: Annotated[list[str] | None, typer.Argument(
@@ -97,6 +113,8 @@ def submit(
     reservation: Annotated[str | None, typer.Option("--reservation", help="Run only inside this reservation.")] = None,
     workdir: Annotated[str | None, typer.Option("--chdir", "-D", help="Working directory (default: the current one, as sbatch).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="Extra environment NAME=VALUE (repeatable).")] = None,
+    export: Annotated[str | None, typer.Option("--export", help="Variables of this shell the job gets, comma-separated "
+                                               "(as sbatch --export=PATH,VIRTUAL_ENV; --env wins).")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     state_dir: StateDirOpt = None,
@@ -127,9 +145,10 @@ def submit(
              "mem": mem, "time_limit": time_limit, "array": array,
              "dependency": dependency, "queue": queue, "workdir": workdir, "reservation": reservation}
     body.update({k: v for k, v in flags.items() if v is not None})
-    if env:
+    if env or export:
         extra = dict(body.get("env") or {})
-        for item in env:
+        extra.update(_exported(export))
+        for item in env or ():
             k, eq, v = item.partition("=")
             if not eq or not k:
                 raise typer.BadParameter(f"--env {item!r}: expected NAME=VALUE")
