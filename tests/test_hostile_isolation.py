@@ -8,6 +8,7 @@ open the devices cgroup allows fails with ENXIO, one it denies with EPERM.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -274,6 +275,67 @@ def test_a_job_opens_only_its_own_gpus_even_without_cuda_visible_devices(
         # the control device and everything else stay allowed; the job cannot widen its rules nor leave
         assert log.read_text() == f"unset {opens} ENXIO open EACCES EACCES\n", gpus
         assert not (Path(mgr.root) / "devices" / cgroup_parent / job).exists()  # removed with the job
+
+
+# opens each path given, then tries to take a hidden one back (unmount it, bind the real file over it)
+HIDDEN_OPENER = """\
+import errno, os, subprocess, sys
+out = [os.environ.get("CUDA_VISIBLE_DEVICES", "unset")]
+for p in sys.argv[1:]:
+    try:
+        os.close(os.open(p, os.O_RDWR))
+        out.append("open")
+    except OSError as e:
+        out.append(errno.errorcode[e.errno])
+for cmd in (["umount", sys.argv[2]], ["mount", "--bind", sys.argv[1], sys.argv[2]]):
+    out.append("undone" if subprocess.run(cmd, capture_output=True).returncode == 0 else "refused")
+print(*out, flush=True)
+"""
+
+
+@pytest.mark.parametrize("private_tmp", [True, False])
+def test_without_a_devices_cgroup_other_gpus_are_hidden_in_the_jobs_mount_namespace(
+        tmp_path: Path, shared: Path, fake_gpus: list[str], account: str, private_tmp: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """cgroup v2 (no eBPF) or no cgroups: a job of another account finds the other GPUs' device files covered
+    by a root-owned file of mode 0 in its own mount namespace (EACCES, even with CUDA_VISIBLE_DEVICES unset),
+    and cannot uncover them; its own GPUs' files, the control device and the machine's files are untouched.
+    The same with --shared-tmp (a namespace for the masks alone)."""
+    from gpuloom.runtime.exec.local_launch import MASK_NAME, mount_namespaces, root_tool
+
+    if mount_namespaces(root_tool("unshare"), root_tool("mount")) is not None:
+        pytest.skip("no mount namespaces here")
+    cgroups._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.exec.cgroups"):
+        ex = LocalExecutor("local", cgroups=CgroupManager(enabled=False), gpu_devices=fake_gpus[:4],
+                           run_dir=tmp_path / "run", private_tmp=private_tmp)
+    assert [r.getMessage() for r in caplog.records if "GPU" in r.getMessage()] == [
+        "GPU device files are not denied by a cgroup (no writable devices cgroup (cgroups disabled by "
+        "configuration)): each job of another account gets the other GPUs' device files hidden in its own mount "
+        "namespace; jobs of the server's own account are kept to their GPUs by CUDA_VISIBLE_DEVICES alone"]
+    (shared / "hidden.py").write_text(HIDDEN_OPENER)
+    targets = " ".join([*fake_gpus, "/dev/null"])
+    # each job: its GPUs -> what opening nvidia0..3 gives (no driver behind the files: ENXIO when reached)
+    for gpus, opens in (((1,), "EACCES ENXIO EACCES EACCES"), ((0, 3), "ENXIO EACCES EACCES ENXIO"),
+                        ((), "EACCES EACCES EACCES EACCES")):
+        job = f"h-{uuid.uuid4().hex[:6]}"
+        log = tmp_path / f"{job}.log"
+        ex.launch(LaunchSpec(job, f"unset CUDA_VISIBLE_DEVICES; {JOB_PY} {shared / 'hidden.py'} {targets}",
+                             "local", gpus, (), 0, str(log), user=account))
+        assert wait_poll(ex, job) == 0, log.read_text()
+        assert log.read_text() == f"unset {opens} ENXIO open refused refused\n", gpus
+    mask = tmp_path / "run" / MASK_NAME
+    assert (mask.stat().st_uid, mask.stat().st_size, mask.stat().st_mode & 0o7777) == (0, 0, 0)
+    for f in fake_gpus:  # the machine's device files are as they were
+        with pytest.raises(OSError) as e:
+            os.open(f, os.O_RDWR)
+        assert e.value.errno == errno.ENXIO and os.stat(f).st_mode & 0o777 == 0o666
+    # a job of the server's own account gets no namespace (it could undo one): CUDA_VISIBLE_DEVICES only
+    log = tmp_path / "own.log"
+    ex.launch(LaunchSpec("own", f"{JOB_PY} {shared / 'hidden.py'} {fake_gpus[0]} {fake_gpus[1]}", "local", (1,), (), 0,
+                         str(log)))
+    assert wait_poll(ex, "own") == 0, log.read_text()
+    assert log.read_text().split()[:3] == ["1", "ENXIO", "ENXIO"]
 
 
 def test_a_reused_cgroup_follows_the_new_gpus(cgroup_parent: str, fake_gpus: list[str]) -> None:

@@ -24,7 +24,8 @@ def inventory(
     """Show this machine as the service sees it: discovered or declared GPUs, cores, memory, cgroup support."""
     from ..perf.topology import TopologyError
     from ..runtime.exec.cgroups import CgroupManager
-    from ..runtime.exec.discovery import DiscoveryError, discover_inventory
+    from ..runtime.exec.discovery import DiscoveryError, discover_inventory, gpu_device_files
+    from ..runtime.exec.local_launch import mount_namespaces, root_tool
 
     try:
         inv = discover_inventory(gpus, cpus, int(mem_gb * 1000) if mem_gb is not None else None, name,
@@ -34,6 +35,9 @@ def inventory(
         err_console.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None
     cg = CgroupManager().support
+    # how a job is kept off other jobs' GPU device files here (runtime/exec/local_launch.py)
+    isolation = "cgroup" if cg.devices else (
+        "namespace" if mount_namespaces(root_tool("unshare"), root_tool("mount")) is None else "none")
     data = {
         "node": inv.name,
         "source": inv.source,
@@ -44,6 +48,7 @@ def inventory(
         "mem_mb": inv.mem_mb,
         "cgroups": {"mode": cg.mode, "version": cg.version, "memory": cg.memory, "cpuset": cg.cpuset,
                     "pids": cg.pids, "devices": cg.devices, "reason": cg.reason},
+        "gpu_device_isolation": isolation,
         "topology_gpus": topo.num_gpus if topo is not None else None,
     }
     if as_json:
@@ -56,4 +61,10 @@ def inventory(
     limits = (f"memory limits {'on' if cg.memory else 'off'}, cpusets {'on' if cg.cpuset else 'off'}, "
               f"pids limits {'on' if cg.pids else 'off'}, device isolation {'on' if cg.devices else 'off'}")
     console.print(f"cgroups: {cg.mode} ({limits})" + (f" - {cg.reason}" if cg.reason else ""), highlight=False)
+    files = gpu_device_files(inv.gpus) if inv.source != "declared" else ()
+    console.print("GPU device files: " + ("none known (declared GPUs: serve --gpu-devices lists them)" if not files
+                                          else f"{', '.join(files)}; " + {
+        "cgroup": "other jobs' denied by the devices cgroup",
+        "namespace": "other jobs' hidden in each job's mount namespace (jobs of other accounts than the server's)",
+        "none": "not isolated (CUDA_VISIBLE_DEVICES only)"}[isolation]), highlight=False)
     console.print(f"topology: {topo.num_gpus} GPUs" if topo is not None else "topology: none captured")

@@ -364,14 +364,20 @@ class CgroupManager:
                 cg.dirs[c] = self._dir(c, name)
         return cg
 
-    def gpu_devices(self, paths: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    def gpu_devices(self, paths: Sequence[str], hidden: bool = False) -> tuple[tuple[int, int], ...]:
         """The device numbers of a node's GPU device files (index ``i``: GPU ``i``), checked once when
-        an executor starts; a warning where they cannot be enforced."""
+        an executor starts; a warning where they cannot be enforced.  ``hidden``: the executor hides the
+        other GPUs' device files in each job's mount namespace where this manager cannot deny them."""
         numbers = tuple(device_number(p) for p in paths)
         if numbers and not self.support.devices:
             why = V2_DEVICES if self.support.version == 2 else f"no writable devices cgroup ({self.support.reason})"
-            warn_once(f"GPU device files are not isolated ({why}): jobs are kept to their GPUs by "
-                      "CUDA_VISIBLE_DEVICES alone, which a job can unset")
+            if hidden:
+                warn_once(f"GPU device files are not denied by a cgroup ({why}): each job of another account gets "
+                          "the other GPUs' device files hidden in its own mount namespace; jobs of the server's "
+                          "own account are kept to their GPUs by CUDA_VISIBLE_DEVICES alone")
+            else:
+                warn_once(f"GPU device files are not isolated ({why}): jobs are kept to their GPUs by "
+                          "CUDA_VISIBLE_DEVICES alone, which a job can unset")
         return numbers
 
     def create(self, job_id: str, cpus: tuple[int, ...], mem_mb: int, gpus: Sequence[int] = (),

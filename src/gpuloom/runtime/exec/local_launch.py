@@ -12,7 +12,7 @@ environment, working directory and command reach only its own account's shell,
 through a descriptor, never through argv or a root process's environment::
 
     /bin/sh -c WRAPPER gpuloom-job PID-RECORD EXIT-RECORD                # root: records the end
-      [unshare --mount -- /bin/sh -c MOUNTS gpuloom-job mount TMP OPTS]   # root: private /tmp, /dev/shm
+      [unshare --mount -- /bin/sh -c MOUNTS gpuloom-job mount TMP OPTS MASK N DEV...]  # root: /tmp, /dev/shm, GPUs
       [setpriv --reuid=... --regid=... --groups=... --inh-caps=-all --]   # the drop
       env -i /bin/sh -c JOB_SIDE gpuloom-job /usr/bin/cat                # the job's account
 
@@ -44,7 +44,9 @@ through a descriptor, never through argv or a root process's environment::
   tmpfs on ``/dev/shm`` sized to its memory limit (its pages count against the
   job's memory cgroup); both go with the job.  A job running as root could undo
   it, so it gets none; where mount namespaces are not available jobs share the
-  machine's, with a warning logged once;
+  machine's, with a warning logged once.  Where no devices cgroup denies other
+  GPUs' device files (cgroup v2, or none), the namespace also covers each of them
+  with :data:`MASK_NAME` (root's, mode 0: ``EACCES``), under ``--shared-tmp`` too;
 * the environment gets ``CUDA_VISIBLE_DEVICES`` (node-local GPU indices, comma
   separated; ``""`` for a job with no GPUs, which hides every GPU),
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so indices mean what NVML and ``nvidia-smi``
@@ -94,9 +96,15 @@ _WRAPPER = (
     'printf "%d\\n" "$rc" 1<>"$ex"; '  # over the placeholder, in place
     'exit "$rc"'
 )
-# root, in the job's new mount namespace; $1 mount, $2 the job's /tmp, $3 tmpfs options for /dev/shm
-_MOUNTS = ('"$1" --bind -- "$2" /tmp && "$1" -t tmpfs -o "$3" -- gpuloom-shm /dev/shm || exit 125; '
-           'shift 3; exec "$@"')
+# root, in the job's new mount namespace; $1 mount, $2 the job's /tmp ("": the machine's), $3 tmpfs options for
+# /dev/shm, $4 the mask (an empty root-owned file, mode 0), $5 how many device files it covers, then those files
+# (the masks first: the mask, like the job's /tmp directory, may lie under the machine's /tmp)
+_MOUNTS = ('m=$1; t=$2; o=$3; k=$4; n=$5; shift 5; '
+           'while [ "$n" -gt 0 ]; do "$m" --bind -- "$k" "$1" || exit 125; shift; n=$((n - 1)); done; '
+           '[ -z "$t" ] || { "$m" --bind -- "$t" /tmp && "$m" -t tmpfs -o "$o" -- gpuloom-shm /dev/shm; } || exit 125; '
+           'unset m t o k n; exec "$@"')
+#: the file bound over other GPUs' device files in a job's mount namespace (beside the run records, root's)
+MASK_NAME = "gpuloom-hidden-device"
 # the job's account, empty environment; $1 cat; stdin the payload (see the module notes)
 _JOB_SIDE = (
     'eval "$("$1")" && [ "$#" = 6 ] || { echo "gpuloom: cannot read the job\'s launch payload" >&2; exit 126; }; '
@@ -145,6 +153,23 @@ def mount_namespaces(unshare: str | None, mount: str | None) -> str | None:
     return None if r.returncode == 0 else (r.stderr.decode(errors="replace").strip() or f"exit {r.returncode}")
 
 
+def _make_mask(path: str) -> None:
+    """The empty file of mode 0 bound over hidden device files: made once, in a directory only root writes
+    (the run records'), never through a link; anything else found there is an error."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0)
+    except OSError as e:
+        raise OSError(f"cannot make {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_size:
+            raise OSError(f"{path} is not an empty file of root's")
+        if stat.S_IMODE(st.st_mode):
+            os.fchmod(fd, 0)
+    finally:
+        os.close(fd)
+
+
 class LaunchAgent:
     """The state of a :class:`~.local.NodeAgent` (its arguments are described there) and its launches."""
 
@@ -154,9 +179,14 @@ class LaunchAgent:
                  tmp_dir: str | Path | None = None) -> None:
         self.cgroups = cgroups if cgroups is not None else CgroupManager()
         self.env_allow = tuple(env_allow)
-        # GPU i's device file is gpu_devices[i]: a job may open only its own GPUs' (devices cgroup)
+        self.tools = {name: root_tool(name) for name in ("env", "cat", "mkdir", "setpriv", "unshare", "mount")}
+        # GPU i's device file is gpu_devices[i]: a job may open only its own GPUs' (devices cgroup); where no
+        # devices cgroup is writable (v2 needs eBPF), a job of another account gets the others' files hidden
+        # in its own mount namespace (a root-owned file of mode 0 bound over each: EACCES), which it cannot undo
         self.gpu_devices = tuple(gpu_devices)
-        self._gpu_numbers = self.cgroups.gpu_devices(self.gpu_devices)
+        self.hide_devices = bool(self.gpu_devices) and not self.cgroups.support.devices and (
+            mount_namespaces(self.tools["unshare"], self.tools["mount"]) is None)
+        self._gpu_numbers = self.cgroups.gpu_devices(self.gpu_devices, hidden=self.hide_devices)
         self._oom: set[str] = set()  # jobs whose cgroup saw the OOM killer, until end_reason() is asked
         self._pids_hit: dict[str, int] = {}  # jobs refused a fork at their pids limit -> the limit
         self._procs: dict[str, _Proc] = {}
@@ -172,7 +202,6 @@ class LaunchAgent:
         self.tmp_dir = Path(os.path.abspath(tmp_dir)) if tmp_dir is not None else None
         self.private_tmp = private_tmp
         self.fold_cores = fold_cores
-        self.tools = {name: root_tool(name) for name in ("env", "cat", "mkdir", "setpriv", "unshare", "mount")}
         missing = [n for n in ("env", "cat", "mkdir") if self.tools[n] is None]
         if missing:
             raise ExecutorError(f"{', '.join(missing)} not found on {ROOT_PATH}: jobs cannot be launched here")
@@ -347,14 +376,20 @@ class LaunchAgent:
             workdir = spec.workdir if spec.workdir is not None else (
                 home if spec.user is not None and home is not None else here)
             chain = [*drop, self.tools["env"] or "", "-i", SH, "-c", _JOB_SIDE, "gpuloom-job", self.tools["cat"] or ""]
-            tmp = ""
+            tmp = shm = mask = ""
             if drop and pw is not None and self._namespaces():
                 tmp = self.tmp_path(spec.job_id, exit_path)
                 shm = f"nosuid,nodev,mode=0700,uid={pw.pw_uid},gid={pw.pw_gid}"
                 if spec.mem_mb:
                     shm += f",size={spec.mem_mb * 10**6}"
+            hide = [f for i, f in enumerate(self.gpu_devices) if i not in spec.gpus] if (
+                drop and self.hide_devices) else []
+            if hide:
+                mask = str(Path(exit_path).parent / MASK_NAME)
+            if tmp or hide:
                 chain = [self.tools["unshare"] or "", "--mount", "--propagation", "private", "--",
-                         SH, "-c", _MOUNTS, "gpuloom-job", self.tools["mount"] or "", tmp, shm, *chain]
+                         SH, "-c", _MOUNTS, "gpuloom-job", self.tools["mount"] or "", tmp, shm, mask,
+                         str(len(hide)), *hide, *chain]
 
             cores = self.machine_cores(spec.cpus)
             cg: JobCgroup | None = None
@@ -384,6 +419,8 @@ class LaunchAgent:
                 if tmp:
                     assert pw is not None
                     self._job_tmp(tmp, pw)
+                if mask:
+                    _make_mask(mask)
                 payload = os.memfd_create("gpuloom-payload")
                 os.write(payload, data)
                 os.lseek(payload, 0, os.SEEK_SET)
