@@ -150,6 +150,35 @@ def test_fair_share_knows_when_decay_reorders_its_queues(make_view) -> None:  # 
     assert plan_at(3601.0) == {"b1"}
 
 
+def test_fair_shares_usage_follows_its_queues_by_name_when_the_tree_is_replaced() -> None:
+    # half-life 3600 s (tau = 3600/ln 2).  Tree a, b: b holds 2 GPUs from 0 to 3600 s, so its usage is 2 tau (1 - 1/2)
+    # = tau and a's 0.  At 7200 s the tree is replaced by c, b (another object, other names): b keeps its usage,
+    # which decays for an hour with nothing held (tau / 2), and c starts at 0.  Asked again with that tree, or
+    # with a new object of the same names, at the same time, nothing changes
+    tau = 3600 / math.log(2)
+    stage = pb.make("queue", "fairshare", {"queues": QueueTree.flat(["a", "b"]), "half_life": 3600})
+
+    class At:
+        def __init__(self, now: float) -> None:
+            self.now = now
+
+    first = QueueTree.flat(["a", "b"])
+    stage._tree_ready(first, At(0.0))  # type: ignore[attr-defined]
+    stage._held = [0.0, 2.0]  # type: ignore[attr-defined]
+    stage._tree_ready(first, At(3600.0))  # type: ignore[attr-defined]
+    assert stage.decayed.values == [0.0, tau]  # type: ignore[attr-defined]
+    second = QueueTree.flat(["c", "b"])
+    stage._tree_ready(second, At(7200.0))  # type: ignore[attr-defined]
+    assert stage.decayed.values == [0.0, tau / 2]  # type: ignore[attr-defined]
+    assert stage._held == [0.0, 0.0]  # type: ignore[attr-defined]
+    for tree in (second, QueueTree.flat(["c", "b"])):
+        stage._tree_ready(tree, At(7200.0))  # type: ignore[attr-defined]
+        assert stage.decayed.values == [0.0, tau / 2]  # type: ignore[attr-defined]
+    stage._tree_ready(first, At(7200.0))  # type: ignore[attr-defined]
+    assert stage.decayed.values == [0.0, tau / 2]  # type: ignore[attr-defined]
+    assert stage._names == ["a", "b"]  # type: ignore[attr-defined]
+
+
 def test_the_incremental_round_check_runs_the_queue_invariants() -> None:
     # the driver checks most rounds incrementally (check_changes) and the whole plan every 100th: both must
     # run the queue invariants, so a queue over its limit is caught in any round

@@ -82,11 +82,13 @@ class FairShareQueues(QuotaQueues):
         self.decayed: DecayedUsage | None = None
         self._names: list[str] = []
         self._held: list[float] = []
+        self._names_of: QueueTree | None = None  # the tree whose names are _names
         #: (the time usage last decayed to, until when the last settled round's walk chooses the same then)
         self._kept: tuple[float, float] | None = None
 
     def _tree_ready(self, tree: QueueTree, view: View) -> None:
-        if self.decayed is None or self._names != tree.names:
+        # (a tree's queues are a tuple of frozen queues: its names are those seen when it was last checked)
+        if self._names_of is not tree and (self.decayed is None or self._names != tree.names):
             old = dict(zip(self._names, self.decayed.values, strict=True)) if self.decayed is not None else {}
             last = self.decayed.last if self.decayed is not None else None
             self.decayed = DecayedUsage(len(tree), self.half_life)
@@ -94,14 +96,16 @@ class FairShareQueues(QuotaQueues):
             self.decayed.last = last
             self._held = [0.0] * len(tree)
             self._names = tree.names
+        self._names_of = tree
         # what the last round's plan gave each queue, held until now (a job that finished since counts
         # until now: exact when rounds follow completions)
+        assert self.decayed is not None
         self.decayed.advance(view.now, self._held)
 
     def enforce(self, plan: Plan, view: View) -> Plan:
         plan = super().enforce(plan, view)
         tree = self.tree
-        if tree is not None and self._names == tree.names:
+        if tree is not None and (tree is self._names_of or self._names == tree.names):
             # (from the book's sums and the plan's changes when it can: the round's check then reads the same)
             self._held = [h[0] for h in self.usage_of(plan, view)]
         return plan

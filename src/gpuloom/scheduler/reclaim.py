@@ -156,8 +156,11 @@ class Reclaim(Pipeline):
                         nodes = {p.node for p in parts}
                         for b in reversed(theirs):
                             a = allocs.get(b.id)
-                            if a is not None and gpus.intersection(a.gpu_ids):
-                                drop(b)
+                            if a is not None:
+                                for p in a.parts:  # (shares a GPU: no tuple of its GPUs and no set made)
+                                    if not gpus.isdisjoint(p.gpus):
+                                        drop(b)
+                                        break
                         for b in reversed(theirs):  # cores or memory still short: more borrowers leave those nodes
                             if free.fits(parts):
                                 break
