@@ -30,6 +30,26 @@ def test_merge_keeps_nodes_in_order_of_their_first_member() -> None:
     assert bs.common == [-1, -1]
 
 
+def test_merge_with_the_key_table_gives_merged_nodes_the_ids_of_their_keys() -> None:
+    key_ids: dict[tuple, int] = {(A,): 0, (B,): 1, (C,): 2}
+    unions: dict[tuple[int, int], int] = {}
+    bs = _BucketState.built(1, [10, 11, 12, 13], [A, B, A, B], [-1] * 4,
+                            [(A,), (B,), (A,), (B,)], [0, 1, 0, 1], 0)
+    bs.merge([(0, 1), (2, 3)], (key_ids, unions))
+    # (both nodes are A + B, sorted B first: one new key, its id given once and read from the unions the
+    # second time)
+    assert bs.keys == [(B, A), (B, A)]
+    assert bs.gids == [3, 3]
+    assert key_ids[(B, A)] == 3 and unions == {(0, 1): 3}
+    bs.merge([(0, 1)], (key_ids, unions))
+    assert bs.keys == [(B, B, A, A)] and bs.gids == [4] and unions == {(0, 1): 3, (3, 3): 4}
+    assert key_ids[(B, B, A, A)] == 4
+    # without the table a merged node's id is left to be looked up (-1)
+    bs = _BucketState.built(1, [10, 11], [A, C], [-1, -1], [(A,), (C,)], [0, 2], 0)
+    bs.merge([(0, 1)])
+    assert bs.gids == [-1]
+
+
 def _merged_by_sort(nodes: list[list[int]], pairs: list[tuple[int, int]]) -> list[list[int]]:
     """The merge as a sort of the merged and the untouched nodes (by first member)."""
     used = {x for p in pairs for x in p}

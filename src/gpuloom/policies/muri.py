@@ -345,12 +345,17 @@ class _BucketState:
         bs.merges = 0
         return bs
 
-    def merge(self, pairs: Sequence[tuple[int, int]]) -> None:
+    def merge(self, pairs: Sequence[tuple[int, int]],
+              ids: tuple[dict[tuple[Profile, ...], int], dict[tuple[int, int], int]] | None = None) -> None:
+        """Merge node pairs; ``ids``: the key table the nodes' ids (``gids``, all known) are of and its
+        unions (two nodes' ids, smaller first, to their union's id), so merged nodes get their ids here
+        rather than by hashing their longer keys at the next matching."""
         # nodes are disjoint and kept in order of their first member, so a merged pair's node takes
         # the place of its earlier node and the later one leaves: the order holds without a sort
         # (the lists are this state's own: changed in place, then the nodes left are kept with compress)
         nodes, keys, common, gids = self.nodes, self.keys, self.common, self.gids
         keep = [True] * len(nodes)
+        key_ids, unions = ids if ids is not None and gids else ({}, None)
         for a, c in pairs:
             if c < a:
                 a, c = c, a
@@ -359,9 +364,16 @@ class _BucketState:
             # (sorted unions; already sorted when one side comes wholly before the other, as two single
             # nodes in rank order do, and equal profiles are equal, so the concatenation is the same)
             nodes[a] = na + nc if na[-1] < nc[0] else sorted(na + nc)
-            keys[a] = ka + kc if ka[-1] <= kc[0] else (kc + ka if kc[-1] <= ka[0] else tuple(sorted(ka + kc)))
+            keys[a] = kk = ka + kc if ka[-1] <= kc[0] else (kc + ka if kc[-1] <= ka[0] else tuple(sorted(ka + kc)))
             common[a] = la if la == common[c] else -1
-            if gids:
+            if unions is not None:  # (the union of two keys is a function of the two: its id by theirs)
+                ga, gc = gids[a], gids[c]
+                u = (ga, gc) if ga <= gc else (gc, ga)
+                g = unions.get(u)
+                if g is None:
+                    g = unions[u] = key_ids.setdefault(kk, len(key_ids))
+                gids[a] = g
+            elif gids:
                 gids[a] = -1  # (a new key: its id is looked up at the next matching)
             keep[c] = False
         self.nodes = list(compress(nodes, keep))
@@ -407,6 +419,8 @@ class MuriGrouping(GroupPolicy):
         # weight of merging two nodes, keyed by the ids (in _key_ids) of their (sorted) profile tuples
         self._wcache: dict[tuple[int, int], int] = {}
         self._key_ids: dict[tuple[Profile, ...], int] = {}
+        # two keys' ids (smaller first) -> their union's id in _key_ids (merged nodes' ids without their keys hashed)
+        self._unions: dict[tuple[int, int], int] = {}
         self._tcache: dict[tuple[Profile, ...], float] = {}
         self._cache_sig: tuple[float, dict[int, float], int] | None = None
         self._gen = 0  # generation of _key_ids (bumped when the caches are cleared)
@@ -463,23 +477,20 @@ class MuriGrouping(GroupPolicy):
         states: list[_BucketState] = []
         if buckets:
             self._check_cache(factor)
-        gen, single, key_ids = self._gen, self._single, self._key_ids
+        gen, single = self._gen, self._single
         for g, members in buckets.items():
+            # (every member has a profile: profiled jobs alone join buckets)
+            profs: list[Profile] = [profiles[i] for i in members]  # type: ignore[misc]
+            # (an entry holds its profile, so while it lasts no other object has the profile's id)
+            try:
+                hits = [single[id(p)] for p in profs]
+            except KeyError:
+                hits = [single.get(id(p)) or self._single_key(p) for p in profs]
+            keys = [h[1] for h in hits]
+            gids = [h[2] for h in hits]
             labels: list[int] = []
             names: dict[str, int] = {}
-            profs: list[Profile] = []
-            keys: list[tuple[Profile, ...]] = []
-            gids: list[int] = []
             for i in members:
-                # (every member has a profile: profiled jobs alone join buckets)
-                p: Profile = profiles[i]  # type: ignore[assignment]
-                hit = single.get(id(p))
-                if hit is None or hit[0] is not p:
-                    kk = (p,)
-                    hit = single[id(p)] = (p, kk, key_ids.setdefault(kk, len(key_ids)))
-                profs.append(p)
-                keys.append(hit[1])
-                gids.append(hit[2])
                 jid = ordered[i].id
                 alloc = cur.get(jid)
                 if alloc is not None and (co := alloc.group):
@@ -518,19 +529,23 @@ class MuriGrouping(GroupPolicy):
                     break
                 merged_pairs.setdefault(id(bs), []).append((a, c))
                 required -= bs.gpus
+            ids = (self._key_ids, self._unions)
             for bs in states:
                 pairs = merged_pairs.get(id(bs))
                 if pairs:
-                    bs.merge(pairs)
+                    # (the ids of the key table in use now: those of an older one are looked up again)
+                    bs.merge(pairs, ids if bs.gen == self._gen else None)
+        # (each unit's members sorted: a bucket's members are in order of admission, not of rank)
         for bs in states:
+            bm = bs.members
+            if self.rule != "muri":
+                units.extend([sorted([bm[x] for x in grp]) if len(grp) > 1 else [bm[grp[0]]] for grp in bs.nodes])
+                continue
             for grp in bs.nodes:
-                if self.rule == "muri" and len(grp) > 1 and self._slower_than_turns(bs, grp, factor, ordered):
-                    units.extend([bs.members[x]] for x in grp)  # autopack: unpacked
+                if len(grp) > 1 and self._slower_than_turns(bs, grp, factor, ordered):
+                    units.extend([bm[x]] for x in grp)  # autopack: unpacked
                 else:
-                    units.append([bs.members[x] for x in grp])
-        for u in units:
-            if len(u) > 1:
-                u.sort()
+                    units.append(sorted([bm[x] for x in grp]))
         units.sort(key=_first)
         # the units hold the admitted jobs; every other job runs alone: all in order of first member,
         # the jobs past the last admitted one taken as they come
@@ -591,24 +606,19 @@ class MuriGrouping(GroupPolicy):
         if bs.gen != self._gen or not bs.gids:
             bs.gids = [ids.setdefault(kk, len(ids)) for kk in bs.keys]
             bs.gen = self._gen
-        else:  # merged nodes' keys (-1; the others kept their ids), found by a scan in C
-            gids = bs.gids
-            try:
-                x = gids.index(-1)
-            except ValueError:
-                x = -1
-            if x >= 0:
-                keys = bs.keys
-                n = len(gids)
-                while True:
-                    gids[x] = ids.setdefault(keys[x], len(ids))
-                    x += 1
-                    if x == n:
-                        break
-                    try:
-                        x = gids.index(-1, x)
-                    except ValueError:
-                        break
+        elif -1 in bs.gids:  # merged without the table's ids (-1; the others kept theirs), found by a scan in C
+            gids, keys = bs.gids, bs.keys
+            n = len(gids)
+            x = gids.index(-1)
+            while True:
+                gids[x] = ids.setdefault(keys[x], len(ids))
+                x += 1
+                if x == n:
+                    break
+                try:
+                    x = gids.index(-1, x)
+                except ValueError:
+                    break
         # (as match_round labels them: the members' common label, else one of the node's own)
         nl = bs.common if bs.any_label else None  # (-1: no common label)
         # the pairs depend on the nodes' keys and labels alone: a bucket met again (a round that
@@ -688,6 +698,12 @@ class MuriGrouping(GroupPolicy):
             return self._own_time(key, factor) > sum(factor.solo_time(ordered[bs.members[x]]) for x in grp)
         return self._own_time(key, factor) > sum(self._own_time((bs.profiles[x],), factor) for x in grp)
 
+    def _single_key(self, p: Profile) -> tuple[Profile, tuple[Profile, ...], int]:
+        """``_single``'s entry for profile ``p``, made: (``p``, its single-node key, the key's id)."""
+        kk = (p,)
+        hit = self._single[id(p)] = (p, kk, self._key_ids.setdefault(kk, len(self._key_ids)))
+        return hit
+
     def _check_cache(self, factor: InterleaveFactor) -> None:
         # (compared field by field, the overheads as dicts: this runs at every matching round)
         sig = self._cache_sig
@@ -697,6 +713,7 @@ class MuriGrouping(GroupPolicy):
             self._wcache.clear()
             self._tcache.clear()
             self._key_ids.clear()
+            self._unions.clear()
             self._single.clear()
             self._rounds.clear()
             self._buckets.clear()
