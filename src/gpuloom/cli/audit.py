@@ -16,9 +16,9 @@ import typer
 
 from ..core.units import parse_wall_time
 from . import app
+from .client import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
 from .common import PlainTable as Table
 from .common import print_json, print_table
-from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
 
 PAGE = 10_000  # records per request (the server's most)
 

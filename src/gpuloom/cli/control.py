@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from . import app
+from .client import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
 from .common import cell, console
-from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
 from .service import nodes as list_nodes
 
 nodes_app = typer.Typer(help="Nodes and their use (like sinfo); drain, resume, maintenance (admin).",

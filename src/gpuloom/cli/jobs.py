@@ -29,9 +29,9 @@ from ..core.lifecycle import TERMINAL, JobState
 from ..core.units import parse_wall_time
 from ..runtime.state.history import format_duration, format_mem
 from . import app
+from .client import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt, load_job_file
 from .common import PlainTable as Table
 from .common import console, err_console, plain, print_json, print_table
-from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt, load_job_file
 from .timefmt import local_time
 
 ACTIVE_CODES = ("PD", "R", "CG")

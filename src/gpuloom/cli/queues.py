@@ -139,7 +139,7 @@ app.add_typer(queues_app, name="queues")
 
 
 def _client(url: str | None, token: str | None, state_dir: Path | None) -> Any:
-    from .service import Client
+    from .client import Client
 
     return Client(url, token, state_dir)
 

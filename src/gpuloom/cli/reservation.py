@@ -7,9 +7,9 @@ from typing import Annotated, Any
 import typer
 
 from . import app
+from .client import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
 from .common import PlainTable as Table
 from .common import print_json, print_table
-from .service import Client, JsonOpt, StateDirOpt, TokenOpt, UrlOpt
 from .timefmt import local_time
 
 reservation_app = typer.Typer(help="Advance reservations: resources kept for some users over a window (admin).",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .client import Client
 from .common import PlainTable as Table
 from .common import print_json, print_table
-from .service import Client
 from .timefmt import local_time
 
 

@@ -15,7 +15,7 @@ def local(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
     """Processes on this machine, in cgroups where they are writable."""
     from ...runtime.exec.router import local_executor
     from ...runtime.service.security import default_job_dir
-    from ..service import _gpu_devices
+    from ..serving import _gpu_devices
 
     if ctx.inventory is None:
         raise typer.BadParameter("the local executor needs an inventory: give no --ray")

@@ -11,7 +11,7 @@ from ..executors import EXECUTORS, ExecutorContext, Following
 @EXECUTORS.register("ray")
 def ray(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
     """Node agents on a Ray cluster (``--ray ADDRESS``); the inventory follows Ray's nodes."""
-    from ..service import _ray_executor
+    from ..serving import _ray_executor
 
     if ctx.ray_address is None:
         raise typer.BadParameter("the ray executor needs --ray ADDRESS")

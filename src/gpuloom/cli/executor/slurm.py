@@ -12,7 +12,7 @@ from ..executors import EXECUTORS, ExecutorContext, Following
 def slurm(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
     """Slurm batch jobs on the Slurm cluster of this machine's slurm.conf (``--slurm all|PARTITION``); the
     inventory follows Slurm's nodes."""
-    from ..service import _slurm_executor
+    from ..serving import _slurm_executor
 
     if ctx.slurm is None:
         raise typer.BadParameter("the slurm executor needs --slurm all or --slurm PARTITION")
@@ -24,7 +24,7 @@ def slurm(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
 def slurm_srun(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
     """As ``slurm``, each job an allocation with one step (``srun``), which slurmctld places as it is asked
     rather than at its scheduling loop's next pass (docs/slurm.md)."""
-    from ..service import _slurm_executor
+    from ..serving import _slurm_executor
 
     if ctx.slurm is None:
         raise typer.BadParameter("the slurm-srun executor needs --slurm all or --slurm PARTITION")
@@ -36,7 +36,7 @@ def slurm_srun(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
 def slurm_steps(ctx: ExecutorContext) -> tuple[Executor, Following | None]:
     """As ``slurm``, each job a step in an allocation of its account's that the service keeps open while
     that account has work on the node, so a hand-off to its next job is a step start (docs/slurm.md)."""
-    from ..service import _slurm_executor
+    from ..serving import _slurm_executor
 
     if ctx.slurm is None:
         raise typer.BadParameter("the slurm-steps executor needs --slurm all or --slurm PARTITION")

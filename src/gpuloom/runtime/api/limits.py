@@ -3,7 +3,7 @@
 * **Bodies**: at most :data:`MAX_BODY_BYTES`; a larger one gets 413 before it
   is read whole (:class:`BodyLimit`, a plain ASGI middleware: it checks
   ``Content-Length`` and counts the bytes of a streamed body as they arrive).
-* **Fields**: the job model (:mod:`..api.app`) bounds every string, list and map
+* **Fields**: the job model (:mod:`.bodies`) bounds every string, list and map
   with the constants below, so one job can neither grow the store by
   megabytes nor slow every listing.
 * **Validation errors** (:func:`validation_error`): a 422 lists each offending

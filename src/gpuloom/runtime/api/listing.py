@@ -1,7 +1,7 @@
 """``GET /jobs/stream``: every job a filter matches, in one response of JSON lines.
 
 ``gpuloom queue`` lists thousands of jobs at once; a page of ``GET /jobs`` builds each job's whole JSON
-(:func:`.api.job_json`) and has FastAPI validate and encode it, and the client asks page after page.
+(:func:`.jobjson.job_json`) and has FastAPI validate and encode it, and the client asks page after page.
 Here one response carries the whole listing, read from the store a block at a time with only the
 columns the asked fields need, each job a list of values (no dict per job):
 
