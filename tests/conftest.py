@@ -41,11 +41,13 @@ def xdist_scope(nodeid: str) -> str:
 
 
 SERIAL_UNIT = "serial"
-SERIAL_IDS = "serial-tests.json"  # in the directory the workers share: the serial tests' node ids
+SERIAL_IDS = "serial-tests.json"  # in the directory the workers share: the serial and slow tests' node ids
 
 
-def work_units(collection: list[str], serial: set[str]) -> list[tuple[str, list[str]]]:
-    """The units of work in the order they are handed out: the largest first, and every serial test outside a
+def work_units(collection: list[str], serial: set[str], slow: frozenset[str] | set[str] = frozenset()
+               ) -> list[tuple[str, list[str]]]:
+    """The units of work in the order they are handed out: the largest first, then the tests marked ``slow``
+    (minutes each: started late, one would end the suite alone on its worker), and every serial test outside a
     group in one last unit (a group's keep their file's order: its tests share state).  A serial test waits for
     every test running and no worker starts one meanwhile: handed out last, it waits only for the suite's tail."""
     units: dict[str, list[str]] = {}
@@ -54,18 +56,20 @@ def work_units(collection: list[str], serial: set[str]) -> list[tuple[str, list[
         units.setdefault(SERIAL_UNIT if nodeid in serial and not scope.startswith("group:") else scope,
                          []).append(nodeid)
     last = units.pop(SERIAL_UNIT, [])
-    ordered = sorted(units.items(), key=lambda u: -len(u[1]))  # (stable: ties keep the collection's order)
+    # (stable: ties keep the collection's order)
+    ordered = sorted(units.items(), key=lambda u: (-len(u[1]), not (len(u[1]) == 1 and u[1][0] in slow)))
     return ordered + ([(SERIAL_UNIT, last)] if last else [])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a worker: write the serial tests' node ids where the controller's scheduler reads them (it sees only
-    node ids, not marks)."""
+    """On a worker: write the serial and slow tests' node ids where the controller's scheduler reads them (it
+    sees only node ids, not marks)."""
     if not hasattr(config, "workerinput"):
         return
     shared = config._tmp_path_factory.getbasetemp().parent
     tmp = shared / f"{SERIAL_IDS}.{config.workerinput['workerid']}"
-    tmp.write_text(json.dumps([i.nodeid for i in items if i.get_closest_marker("serial") is not None]))
+    tmp.write_text(json.dumps({mark: [i.nodeid for i in items if i.get_closest_marker(mark) is not None]
+                               for mark in ("serial", "slow")}))
     os.replace(tmp, shared / SERIAL_IDS)
 
 
@@ -88,9 +92,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 return
             # xdist's first schedule() with the units in our order, the rest as it does
             ids = config._tmp_path_factory.getbasetemp() / SERIAL_IDS
-            serial = set(json.loads(ids.read_text())) if ids.exists() else set()
+            marked = json.loads(ids.read_text()) if ids.exists() else {}
             self.collection = list(next(iter(self.registered_collections.values())))
-            for scope, unit in work_units(self.collection, serial):
+            for scope, unit in work_units(self.collection, set(marked.get("serial", ())), set(marked.get("slow", ()))):
                 self.scopes.update(dict.fromkeys(unit, scope))
                 self.workqueue[scope] = dict.fromkeys(unit, False)
             for _ in range(max(0, len(self.nodes) - len(self.workqueue))):

@@ -157,12 +157,17 @@ def running(pid: int) -> bool:
 
 
 def wait_for(fn: Any, timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``fn`` until it returns something true (-> that), or fail after ``timeout`` s.  The pause between
+    polls grows from 0.05 s to 0.25 s: most polls are a request to a server, which costs CPU on both sides, and
+    a wait of seconds at a fixed 0.05 s took that CPU from the other workers' tests (docs/performance.md)."""
     end = time.monotonic() + timeout
+    pause = 0.05
     while time.monotonic() < end:
         v = fn()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 1.25, 0.25)
     raise AssertionError(f"timed out waiting for {what}")
 
 

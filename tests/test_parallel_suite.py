@@ -123,6 +123,21 @@ def test_serial_tests_outside_a_group_go_last_in_one_unit() -> None:
     assert work_units(collection[4:5], set()) == [("t/test_a.py::x", ["t/test_a.py::x"])]
 
 
+def test_slow_tests_outside_a_group_go_right_after_the_groups() -> None:
+    # a slow test collected last starts before the other lone tests, not as the suite's tail; a slow test of a
+    # group stays in its group, and a slow serial test still waits for the end
+    collection = ["t/test_a.py::x", "t/test_ray.py::r1", "t/test_ray.py::r2", "t/test_b.py::y", "t/test_c.py::long",
+                  "t/test_c.py::alone"]
+    slow = {"t/test_c.py::long", "t/test_ray.py::r2", "t/test_c.py::alone"}
+    assert work_units(collection, {"t/test_c.py::alone"}, slow) == [
+        ("group:ray", ["t/test_ray.py::r1", "t/test_ray.py::r2"]),
+        ("t/test_c.py::long", ["t/test_c.py::long"]),
+        ("t/test_a.py::x", ["t/test_a.py::x"]),
+        ("t/test_b.py::y", ["t/test_b.py::y"]),
+        ("serial", ["t/test_c.py::alone"]),
+    ]
+
+
 def inner_run(tmp_path: Path, workers: int, files: dict[str, str]) -> dict[str, list]:
     """Run ``files`` (test files by name) in an inner session of ``workers`` workers with the suite's conftest;
     -> the spans each test recorded, by name."""

@@ -130,7 +130,7 @@ _RATES = st.sampled_from([0.0, 1.0, -1.0, -2.5, 0.25, -0.125])
 _SLOPES = st.none() | st.tuples(_RATES, _RATES, st.sampled_from([0.0, 50.0, 100.0, 103.0, 140.0]))
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1000, deadline=None)  # (1,000 find each of 8 hand-made faults in 5 seeds of 5; 300 not)
 @given(st.sampled_from([0.0, 100.0]), st.floats(0.0, 100.0), st.sampled_from([0.0, 1e-9, 3.0, 40.0]), _SLOPES, _SLOPES)
 def test_first_meeting_is_its_definition_to_the_last_bit(now: float, ka: float, dk: float, sa: tuple | None,
                                                          sb: tuple | None) -> None:
