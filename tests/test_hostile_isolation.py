@@ -301,10 +301,14 @@ def test_without_a_devices_cgroup_other_gpus_are_hidden_in_the_jobs_mount_namesp
     by a root-owned file of mode 0 in its own mount namespace (EACCES, even with CUDA_VISIBLE_DEVICES unset),
     and cannot uncover them; its own GPUs' files, the control device and the machine's files are untouched.
     The same with --shared-tmp (a namespace for the masks alone)."""
-    from gpuloom.runtime.exec.local_launch import MASK_NAME, mount_namespaces, root_tool
+    from gpuloom.runtime.exec.local_launch import MASK_NAME, gpu_isolation, mount_namespaces, root_tool
 
-    if mount_namespaces(root_tool("unshare"), root_tool("mount")) is not None:
+    tools = root_tool("unshare"), root_tool("mount")
+    if mount_namespaces(*tools) is not None:
         pytest.skip("no mount namespaces here")
+    # what `gpuloom inventory` says and the executor goes by
+    assert [gpu_isolation(True, *tools), gpu_isolation(False, *tools), gpu_isolation(False, None, None)] == [
+        "cgroup", "namespace", "none"]
     cgroups._warned.clear()
     with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.exec.cgroups"):
         ex = LocalExecutor("local", cgroups=CgroupManager(enabled=False), gpu_devices=fake_gpus[:4],

@@ -25,7 +25,7 @@ def inventory(
     from ..perf.topology import TopologyError
     from ..runtime.exec.cgroups import CgroupManager
     from ..runtime.exec.discovery import DiscoveryError, discover_inventory, gpu_device_files
-    from ..runtime.exec.local_launch import mount_namespaces, root_tool
+    from ..runtime.exec.local_launch import gpu_isolation, root_tool
 
     try:
         inv = discover_inventory(gpus, cpus, int(mem_gb * 1000) if mem_gb is not None else None, name,
@@ -35,9 +35,7 @@ def inventory(
         err_console.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None
     cg = CgroupManager().support
-    # how a job is kept off other jobs' GPU device files here (runtime/exec/local_launch.py)
-    isolation = "cgroup" if cg.devices else (
-        "namespace" if mount_namespaces(root_tool("unshare"), root_tool("mount")) is None else "none")
+    isolation = gpu_isolation(cg.devices, root_tool("unshare"), root_tool("mount"))
     data = {
         "node": inv.name,
         "source": inv.source,

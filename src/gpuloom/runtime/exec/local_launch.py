@@ -153,6 +153,15 @@ def mount_namespaces(unshare: str | None, mount: str | None) -> str | None:
     return None if r.returncode == 0 else (r.stderr.decode(errors="replace").strip() or f"exit {r.returncode}")
 
 
+def gpu_isolation(devices_cgroup: bool, unshare: str | None, mount: str | None) -> str:
+    """How a job of another account is kept off other jobs' GPU device files here: ``cgroup`` (a writable
+    devices cgroup denies them), ``namespace`` (hidden in its own mount namespace) or ``none``
+    (``CUDA_VISIBLE_DEVICES`` alone)."""
+    if devices_cgroup:
+        return "cgroup"
+    return "namespace" if mount_namespaces(unshare, mount) is None else "none"
+
+
 def _make_mask(path: str) -> None:
     """The empty file of mode 0 bound over hidden device files: made once, in a directory only root writes
     (the run records'), never through a link; anything else found there is an error."""
@@ -184,8 +193,8 @@ class LaunchAgent:
         # devices cgroup is writable (v2 needs eBPF), a job of another account gets the others' files hidden
         # in its own mount namespace (a root-owned file of mode 0 bound over each: EACCES), which it cannot undo
         self.gpu_devices = tuple(gpu_devices)
-        self.hide_devices = bool(self.gpu_devices) and not self.cgroups.support.devices and (
-            mount_namespaces(self.tools["unshare"], self.tools["mount"]) is None)
+        self.hide_devices = bool(self.gpu_devices) and gpu_isolation(
+            self.cgroups.support.devices, self.tools["unshare"], self.tools["mount"]) == "namespace"
         self._gpu_numbers = self.cgroups.gpu_devices(self.gpu_devices, hidden=self.hide_devices)
         self._oom: set[str] = set()  # jobs whose cgroup saw the OOM killer, until end_reason() is asked
         self._pids_hit: dict[str, int] = {}  # jobs refused a fork at their pids limit -> the limit
