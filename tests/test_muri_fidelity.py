@@ -351,3 +351,29 @@ def test_artifact_preset_interleaves_raw_stage_times() -> None:
     # 1.015); paper: the normalised cycle 10 s x 1.33 / 1.015, capped at 1
     assert speeds["artifact"] == pytest.approx(10.0 / (5.0 * 1.33 / 1.015 ** 2))
     assert speeds["paper"] == pytest.approx(10.0 / (10.0 * 1.33 / 1.015))
+
+
+def test_srsf_events_keys_read_in_one_loop_equal_remaining_at() -> None:
+    """``SRSFEvents.keys_at`` writes ``Job.remaining_at`` out for speed: to the bit the same as ``key_at`` for a
+    job not running, one running, one whose start-up runs past now, one before its last update and one whose
+    work ran out (0, not below)."""
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation, Part
+    from gpuloom.policies.order import SRSFEvents
+
+    def made(jid: str, gpus: int, remaining: float, speed: float, last: float, busy: float, run: bool) -> Job:
+        j = Job(JobSpec(jid, 0.0, gpus, 2000.0), 0)
+        j.arrive(0.0)
+        j.remaining, j.last_update, j.busy_until, j.speed = remaining, last, busy, speed
+        if run:
+            j.alloc = Allocation(jid, (Part(0, tuple(range(gpus)), gpus, 1000),))
+        return j
+
+    jobs = [made("idle", 2, 900.0, 1.0, 0.0, 0.0, False), made("run", 2, 1000.0, 0.7, 10.0, 0.0, True),
+            made("startup", 1, 500.0, 1.3, 10.0, 400.0, True), made("before", 4, 300.0, 1.0, 500.0, 0.0, True),
+            made("spent", 1, 0.1, 3.0, 0.0, 20.0, True), made("fraction", 1, 123.456, 0.1, 1.5, 2.25, True)]
+    for now in (0.0, 10.0, 250.0, 333.3, 1e6):
+        want = {j.id: SRSFEvents.key_at(j, now) for j in jobs}
+        assert SRSFEvents().keys_at(jobs, now) == want, now
+    assert SRSFEvents().keys_at(jobs, 250.0) == {"idle": 1800.0, "run": 2 * (1000.0 - 240.0 * 0.7), "startup": 500.0,
+                                                "before": 1200.0, "spent": 0.0, "fraction": 123.456 - 247.75 * 0.1}
