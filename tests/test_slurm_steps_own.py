@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuloom.runtime.exec.slurm import REASONS
-from gpuloom.runtime.exec.slurm_steps import sacct_step_reason, stepd_reason
+from gpuloom.runtime.exec.slurm_steps import ABORTED_AT_LAUNCH, sacct_step_reason, srun_aborted, stepd_reason
 from service_util import JOB_PY
 from slurm_util import own_slurm_fixture, steps_executor, wait_until  # noqa: F401 (own_slurm_fixture: a fixture)
 from slurm_util import step_spec as spec
@@ -55,6 +55,11 @@ def test_why_a_step_ended_is_read_from_sacct_and_slurmstepds_lines() -> None:
     assert [stepd_reason(line.format(c), "7.4") for c in causes] == [
         cancel, timeout, REASONS["NODE_FAIL"], REASONS["PREEMPTED"], None]
     assert stepd_reason("echo " + line.format(""), "7.4") is None  # only slurmstepd's own line, from its start
+    # srun -v's account of a step Slurm ended while it launched it (no slurmstepd line: its output was not set up)
+    srun = ("srun: launching StepId=3.3 on host gpn0, 1 tasks: 0\nsrun: Complete StepId=3.0+0 received\n"
+            "srun: launch/slurm: launch_p_step_launch: StepId=3.3 aborted before step completely launched.\n"
+            "srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n")
+    assert (srun_aborted(srun, "3.3"), srun_aborted(srun, "3.0"), srun_aborted(srun, "3.33")) == (True, False, False)
 
 
 def test_a_failed_step_ends_with_slurms_reason_oom_time_limit_or_cancel(own_slurm: Any, tmp_path: Path) -> None:
@@ -66,11 +71,16 @@ def test_a_failed_step_ends_with_slurms_reason_oom_time_limit_or_cancel(own_slur
     e = steps_executor(slurm, tmp_path)
     big = f"{JOB_PY} -c 'import time; x = b\"x\" * (400 << 20); time.sleep(60)'"
     jobs = {"tl": ("sleep 300", (0,)), "oom": (big, (1,)), "cx": ("sleep 300", (2,)), "bad": ("exit 3", (3,)),
-            "sig": ("kill -KILL $$", ())}
+            "sig": ("kill -KILL $$", ()), "early": ("sleep 300", ())}
     for x, (cmd, gpus) in jobs.items():
         e.launch(spec(x, cmd, tmp_path / f"{x}.log", gpus, cpus=1, mem=100))
+    # cancelled while srun may still be launching it: slurmstepd's line, or srun's word if it had none yet
+    slurm.run("scancel", e.steps["early"].step)
     slurm.run("scontrol", "update", f"StepId={e.steps['tl'].step}", "TimeLimit=1")
-    time.sleep(1.0)
+    # cancelled once running (srun -v says its task started): a busy machine may take seconds to get there
+    err = e.steps["cx"].err
+    assert err is not None
+    wait_until(lambda: "tasks started" in Path(err).read_text(), 60, "cx's task to start")
     slurm.run("scancel", e.steps["cx"].step)
     got: dict[str, int | None] = {}
     why: dict[str, str | None] = {}
@@ -81,6 +91,7 @@ def test_a_failed_step_ends_with_slurms_reason_oom_time_limit_or_cancel(own_slur
         return len(got) == len(jobs)
 
     wait_until(ended, 150, "every job's end", lambda: f"{got} {slurm.scontrol('show', 'step')}")
-    assert got == {"tl": 143, "oom": 137, "cx": 137, "bad": 3, "sig": 137}
+    assert got == {"tl": 143, "oom": 137, "cx": 137, "bad": 3, "sig": 137, "early": 137}
+    assert why.pop("early") in (REASONS["CANCELLED"], ABORTED_AT_LAUNCH)
     assert why == {"tl": REASONS["TIMEOUT"], "oom": REASONS["OUT_OF_MEMORY"], "cx": REASONS["CANCELLED"],
                    "bad": None, "sig": None}

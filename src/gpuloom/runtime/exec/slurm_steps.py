@@ -95,6 +95,16 @@ def stepd_reason(text: str, step: str) -> str | None:
     return REASONS[cause] if cause is not None else None
 
 
+#: why a step ended that Slurm cancelled while srun was still launching it (scancel, an allocation's end, a
+#: node lost): slurmstepd had not set up its output, so no line of its says which
+ABORTED_AT_LAUNCH = "ended by Slurm while its step was being launched (srun: step aborted), cause not recorded"
+
+
+def srun_aborted(text: str, step: str) -> bool:
+    """Whether srun's ``-v`` output says Slurm ended step ``step`` ("A.S") before it had fully launched."""
+    return re.search(rf"StepId={re.escape(step)} aborted before step completely launched", text) is not None
+
+
 @dataclass(slots=True)
 class Alloc:
     """An allocation of this service's: its owner, node and what it holds."""
@@ -278,7 +288,8 @@ class SlurmStepsExecutor(SlurmExecutor):
     def _step_reason(self, eid: str, st: Step, code: int | None) -> str | None:
         """Why a failed step ended, as Slurm says: the step's state in accounting (``sacct``, where it is on),
         srun's own report of an OOM kill, else slurmstepd's line in the step's output (:func:`stepd_reason`),
-        only for an end by a signal (the output is the job's own file)."""
+        only for an end by a signal (the output is the job's own file), else srun's report that Slurm ended
+        the step while launching it (:func:`srun_aborted`)."""
         if not st.step:
             return None
         try:  # (bounded: the service's loop waits for it)
@@ -288,17 +299,20 @@ class SlurmStepsExecutor(SlurmExecutor):
             why = None
         if why is not None:
             return why
-        if st.err is not None and re.search(r"^srun: error: \S+: tasks? \S+: Out Of Memory$", _read_text(st.err), re.M):
+        said = _read_text(st.err) if st.err is not None else ""
+        if re.search(r"^srun: error: \S+: tasks? \S+: Out Of Memory$", said, re.M):
             return REASONS["OUT_OF_MEMORY"]
         out = self.outputs.get(eid)
         if out is None or (code is not None and code < 128):
             return None
+        # slurmstepd's line, else srun's word that the step was ended while it launched (no output set up yet)
+        aborted = ABORTED_AT_LAUNCH if srun_aborted(said, st.step) else None
         try:
             size = os.lstat(out).st_size
         except OSError:
-            return None
+            return aborted
         data = read_output(out, max(0, size - REASON_TAIL), REASON_TAIL, self._warned)
-        return stepd_reason(data.decode(errors="replace"), st.step) if data else None
+        return (stepd_reason(data.decode(errors="replace"), st.step) if data else None) or aborted
 
     def read_steps(self) -> dict[str, dict[str, str]]:
         """Every step slurmctld holds (``scontrol show step``), by step id."""
