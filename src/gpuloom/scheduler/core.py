@@ -79,6 +79,9 @@ class Scheduler(QueueRounds):
         # plans are compared with the current allocations allocation by allocation, and an eviction asks placement
         # even for more GPUs than are free (tests compare)
         self.reclaim_changes = True
+        # False: a two-pass round always plans its second pass, even when its view would be the round's own
+        # (tests compare)
+        self.reclaim_again = True
 
     @classmethod
     def from_names(

@@ -68,7 +68,7 @@ class QueueRounds(Reclaim):
         # (the borrowing jobs placed are among those the walk read)
         if adm.over and any(j.id in rnd.plan.allocations for j in adm.over):
             if _left_out_while_lent(adm, rnd.plan):
-                rnd = self._two_pass(adm, view, lazy)
+                rnd = self._two_pass(adm, view, lazy, rnd)
                 q.note_reclaim()
             owed = q.owed(rnd.plan, view)
             if owed:

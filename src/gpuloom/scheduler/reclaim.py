@@ -24,6 +24,7 @@ class Reclaim(Pipeline):
 
     queue: QueuePolicy
     reclaim_changes: bool
+    reclaim_again: bool
 
     def _evict_for(self, owed: Sequence[Owed], rnd: Round, view: pb.View,
                    owed_before: Collection[int] | None = None) -> Round:
@@ -192,7 +193,7 @@ class Reclaim(Pipeline):
             return Round(plan_of(), lazy=lambda: _with_requests(rnd.requests, added))
         return Round(plan_of(), requests)
 
-    def _two_pass(self, adm: Admission, view: pb.View, lazy: bool = False) -> Round:
+    def _two_pass(self, adm: Admission, view: pb.View, lazy: bool = False, one: Round | None = None) -> Round:
         """Plan tier A alone on the whole cluster, then everything with tier A pinned where it landed.
 
         The second pass sees tier A's jobs as running on their first-pass
@@ -201,6 +202,11 @@ class Reclaim(Pipeline):
         sticky placement keeps what the owners took and lent GPUs are reclaimed.
         Placement that is not sticky re-places everything, tier A first, as the
         first pass did.
+
+        ``one``: the round's one-pass plan.  When tier A alone keeps every guaranteed job where it runs and
+        places none that waits, and the running borrowed work is all pinned where it runs, the pinned view is
+        the view itself (:func:`_pins_nothing`): the second pass would place as the one pass did, step by step
+        over the same walk, so its plan is ``one``'s, taken as the second pass would give it (:func:`_again`).
 
         With ``lazy`` (a lazy walk: :meth:`_admitted_round`) both passes go through
         :func:`~gpuloom.policies.incremental.prefix_plan`, and the walk is read only until every
@@ -226,6 +232,9 @@ class Reclaim(Pipeline):
             if a is not None and not a.group and free.fits(a.parts):
                 free.take(a.parts)
                 current[j.id] = a
+        if (lazy and one is not None and self.reclaim_again and self.reclaim_changes
+                and _pins_nothing(first_plan, current, one.plan, view)):
+            return _again(one, first_plan, current, view)
         swapped: list[tuple[Job, Any]] = []
         # (lazy: those read so far and, when the walk was not read to its last running job, the running ones
         # it holds further on; the others all wait, and still look so)
@@ -261,6 +270,33 @@ class Reclaim(Pipeline):
         finally:
             for j, a in swapped:
                 j.alloc = a
+
+def _pins_nothing(first: Plan, pinned: Mapping[str, Allocation], one: Plan, view: pb.View) -> bool:
+    """The second pass's view would be ``view`` itself: the first pass (``first``, tier A alone) extends the current
+    allocations and adds none (each guaranteed job it placed runs there: the same object), and ``pinned`` (those
+    and the running borrowed work pinned beside them, each the current allocation) holds every running job, so
+    it is the current allocations; the free state made from them then has the view's counts and flags, no job
+    looks waiting that does not, and no job's ``alloc`` is swapped.  The one-pass plan ``one`` and the first pass
+    both extend the current allocations, as the second pass's plan is rebased only then."""
+    current = view.current
+    return (not first.added and len(pinned) == len(current) and _extends(first, current) and _extends(one, current)
+            and view.tally is not None and view.by_id is not None)
+
+
+def _again(one: Round, first: Plan, pinned: Mapping[str, Allocation], view: pb.View) -> Round:
+    """The two-pass round when the second pass's view is the view (:func:`_pins_nothing`): its placement is the
+    one-pass's (the same walk read in the same state, the same steps: a pure choice draws nothing), so its plan has
+    ``one``'s allocations; in the second pass's dict order (the pinned allocations it started from, less those it
+    took out, then those it added: ``Plan.add`` refuses a job twice, so an added job is new or was taken out first),
+    rebased on the current allocations with the first pass's and its lists, as :meth:`Reclaim._two_pass` does."""
+    plan = one.plan
+    allocs, removed = plan.allocations, set(plan.removed)
+    out = {jid: allocs[jid] for jid in pinned if jid not in removed}
+    for jid in plan.added:
+        out[jid] = allocs[jid]
+    return Round(_rebased(out, view.current, [*first.removed, *plan.removed], plan.added, plan.free_gpus),
+                 lazy=lambda: one.requests)
+
 
 def _extends(plan: Plan, base: Mapping[str, Allocation]) -> bool:
     """``plan`` is an :meth:`~gpuloom.core.plan.Plan.extending` plan of ``base`` whose lists still add up."""
