@@ -202,6 +202,81 @@ def test_transport_takes_the_first_of_equally_good_paths_in_class_order() -> Non
     assert _transport([2, 1, 1], w) == [[0, 1, 1], [1, 0, 0], [1, 0, 0]]
 
 
+def _transport_scanning_all_arcs(counts: list[int], weights: list[list[int]]) -> list[list[int]]:
+    """The transport as successive shortest paths over every arc, full ones skipped as they are met (the
+    reference: bmatch's keeps each node's arcs with room in a list of its own)."""
+    from collections import deque  # noqa: PLC0415
+
+    k = len(counts)
+    s, t, n = 2 * k, 2 * k + 1, 2 * k + 2
+    head: list[int] = []
+    cap: list[int] = []
+    cost: list[int] = []
+    adj: list[list[int]] = [[] for _ in range(n)]
+    present = [c for c in range(k) if counts[c] > 0]
+    for c in present:
+        a = len(head)
+        head += (c, s, t, k + c)
+        cap += (counts[c], 0, counts[c], 0)
+        cost += (0, 0, 0, 0)
+        adj[s].append(a)
+        adj[c].append(a + 1)
+        adj[k + c].append(a + 2)
+        adj[t].append(a + 3)
+    mid = []
+    for c in present:
+        for d in present:
+            if weights[c][d] > 0:
+                a = len(head)
+                head += (k + d, c)
+                cap += (min(counts[c], counts[d]), 0)
+                cost += (-weights[c][d], weights[c][d])
+                adj[c].append(a)
+                adj[k + d].append(a + 1)
+                mid.append((c, d, a))
+    while True:
+        dist, via, inq = [1 << 62] * n, [-1] * n, [False] * n
+        dist[s] = 0
+        dq = deque([s])
+        while dq:
+            u = dq.popleft()
+            inq[u] = False
+            for a in adj[u]:
+                if cap[a] > 0 and dist[u] + cost[a] < dist[head[a]]:
+                    dist[head[a]] = dist[u] + cost[a]
+                    via[head[a]] = a
+                    if not inq[head[a]]:
+                        inq[head[a]] = True
+                        dq.append(head[a])
+        if dist[t] >= 0:
+            break
+        path = []
+        v = t
+        while v != s:
+            path.append(via[v])
+            v = head[via[v] ^ 1]
+        push = min(cap[a] for a in path)
+        for a in path:
+            cap[a] -= push
+            cap[a ^ 1] += push
+    y = [[0] * k for _ in range(k)]
+    for c, d, a in mid:
+        y[c][d] = cap[a ^ 1]
+    return y
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9).flatmap(lambda k: st.tuples(
+    st.lists(st.integers(0, 12), min_size=k, max_size=k),
+    st.lists(st.lists(st.sampled_from([0, 0, 3, 5, 5, 8, 13]), min_size=k, max_size=k), min_size=k, max_size=k))))
+def test_transport_is_the_scan_of_every_arc(case: tuple[list[int], list[list[int]]]) -> None:
+    from gpuloom.policies.bmatch import _transport  # noqa: PLC0415
+
+    counts, w = case
+    weights = [[max(w[c][d], w[d][c]) for d in range(len(counts))] for c in range(len(counts))]  # symmetric
+    assert _transport(counts, weights) == _transport_scanning_all_arcs(counts, weights)
+
+
 def test_class_pairs_ignore_empty_classes_and_repeat() -> None:
     # classes without nodes take no part, however heavy their edges: two A (self-weight 5) and one B
     # (A-B 4) pair AA, wherever the empty classes sit; the same input again gives the same pairs,

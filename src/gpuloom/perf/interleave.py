@@ -500,6 +500,18 @@ class InterleaveFactor:
             out.append(hit[1] if hit is not None and hit[0] is spec else profile(j))
         return out
 
+    def profiles_gpus(self, jobs: Sequence[Job]) -> tuple[list[Profile | None], list[int]]:
+        """:meth:`profiles` of ``jobs`` and each one's GPU count, read in the same pass."""
+        cache, profile = self._profiles, self.profile
+        out: list[Profile | None] = []
+        gpus: list[int] = []
+        for j in jobs:
+            spec = j.spec
+            hit = cache.get(spec.id)
+            out.append(hit[1] if hit is not None and hit[0] is spec else profile(j))
+            gpus.append(spec.gpus)
+        return out, gpus
+
     def solo_time(self, job: Job | JobSpec) -> float:
         """A job's iteration time alone: its profile's sum, or with raw profiles its iteration time
         (``attrs["iteration_time"]``, else ``iter_time``, else the sum of its stages)."""

@@ -30,6 +30,7 @@ order the nodes came in.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from collections.abc import Sequence
 from functools import lru_cache
@@ -51,11 +52,13 @@ def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[
     head: list[int] = []
     cap: list[int] = []
     cost: list[int] = []
+    # each node's arcs with room (cap > 0), in the order they were added (by arc number): the paths
+    # scan only these, the same arcs in the same order as a scan of all that skips the full ones
     adj: list[list[int]] = [[] for _ in range(n)]
 
     # (arcs added in place, in this order: source and sink arcs class by class, then the middle arcs
     # row by row; the order of each node's arcs decides which of equally short paths is found)
-    adj_s, adj_t = adj[s], adj[t]
+    adj_s = adj[s]
     present = [c for c in range(k) if counts[c] > 0]
     for c in present:
         m = counts[c]
@@ -63,10 +66,11 @@ def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[
         head += (c, s, t, k + c)
         cap += (m, 0, m, 0)
         cost += (0, 0, 0, 0)
+        # (a + 3, t -> k + c, gets room with the first flow on a + 2; the source's reverse arc a + 1 is never
+        # listed: it never shortens a path, as dist[c] < 0 with flow on s -> c would close a negative
+        # cycle, which successive shortest paths never leave)
         adj_s.append(a)
-        adj[c].append(a + 1)
         adj[k + c].append(a + 2)
-        adj_t.append(a + 3)
     mid: list[tuple[int, int, int]] = []
     for c in present:
         row, mc, adj_c = weights[c], counts[c], adj[c]
@@ -79,8 +83,7 @@ def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[
                 head += (k + d, c)
                 cap += (mc if mc < md else md, 0)
                 cost += (-w, w)
-                adj_c.append(a)
-                adj[k + d].append(a + 1)
+                adj_c.append(a)  # (a + 1 gets room with the first flow on a)
                 mid.append((c, d, a))
     inf = 1 << 62
     while True:
@@ -94,15 +97,14 @@ def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[
             inq[u] = False
             du = dist[u]
             for a in adj[u]:
-                if cap[a] > 0:
-                    v = head[a]
-                    nd = du + cost[a]
-                    if nd < dist[v]:
-                        dist[v] = nd
-                        via[v] = a
-                        if not inq[v]:
-                            inq[v] = True
-                            dq.append(v)
+                v = head[a]
+                nd = du + cost[a]
+                if nd < dist[v]:
+                    dist[v] = nd
+                    via[v] = a
+                    if not inq[v]:
+                        inq[v] = True
+                        dq.append(v)
         if dist[t] >= 0:
             break
         push = inf
@@ -114,9 +116,15 @@ def _transport(counts: Sequence[int], weights: Sequence[Sequence[int]]) -> list[
         v = t
         while v != s:
             a = via[v]
+            r = a ^ 1
+            u = head[r]
             cap[a] -= push
-            cap[a ^ 1] += push
-            v = head[a ^ 1]
+            if not cap[a]:  # (full: off its tail's list)
+                adj[u].remove(a)
+            if not cap[r] and u != s:  # (room again: into its tail's list, in order; never s's reverse arcs)
+                insort(adj[v], r)
+            cap[r] += push
+            v = u
     y = [[0] * k for _ in range(k)]
     for c, d, a in mid:
         y[c][d] = cap[a ^ 1]

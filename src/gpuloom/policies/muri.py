@@ -73,10 +73,11 @@ model's ``interleave`` factor, so grouping and simulation agree.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from itertools import combinations, compress
-from operator import itemgetter
-from typing import ClassVar
+from operator import is_not, itemgetter
+from typing import ClassVar, cast
 
 import numpy as np
 import rustworkx as rx
@@ -98,6 +99,8 @@ _MATCHINGS_KEPT = 20_000
 _BUCKETS_KEPT = 256
 #: sort key (a C getter, not a lambda: the sorts run every round): a node's or unit's first member
 _first = itemgetter(0)
+#: whether a job's profile is known (a C call: a filter over every ordered job at every round)
+_is_profile = partial(is_not, None)
 #: grouping rules: ``gpuloom`` (the module notes) or ``muri``, Muri's simulator's: an edge wherever the
 #: merged group's efficiency is positive, no preference for partners already together, pairs merged in bucket order (buckets by
 #: their best job, pairs by their later node) rather than most efficient first (Muri sorts them but
@@ -301,7 +304,7 @@ class _BucketState:
     """Matching state of one GPU-count bucket: ``nodes`` are lists of indices into ``members``."""
 
     __slots__ = ("gpus", "members", "profiles", "labels", "nodes", "keys", "gids", "gen", "common", "any_label",
-                 "matched", "cands", "merges")
+                 "matched", "cands", "merges", "pending")
 
     def __init__(self, gpus: int, members: list[int], profiles: list[Profile], current: Sequence[str | None]) -> None:
         self.gpus = gpus
@@ -321,8 +324,9 @@ class _BucketState:
         # the last matching of these nodes (None: not computed since the last merge)
         self.matched: list[tuple[int, int, int]] | None = None
         # its merge candidates for the policy's round (built with ``matched``)
-        self.cands: list[tuple[int, int, int, _BucketState, int, int]] | None = None
+        self.cands: list[tuple[int, int, _BucketState, int, int]] | None = None
         self.merges = 0  # merge rounds so far
+        self.pending: list[tuple[int, int]] = []  # pairs the policy's round merges
 
     @classmethod
     def built(cls, gpus: int, members: list[int], profiles: list[Profile], labels: list[int],
@@ -343,6 +347,7 @@ class _BucketState:
         bs.matched = None
         bs.cands = None
         bs.merges = 0
+        bs.pending = []
         return bs
 
     def merge(self, pairs: Sequence[tuple[int, int]],
@@ -445,8 +450,9 @@ class MuriGrouping(GroupPolicy):
         factor = view.model.get("interleave")
         if not isinstance(factor, InterleaveFactor):
             raise PolicyError("group policy 'muri' needs an 'interleave' factor in the throughput model")
-        profiles = factor.profiles(ordered)
-        ks = {len(p) for p in profiles if p is not None}
+        # (each job's profile and GPU count, read once for admission, buckets and demand)
+        profiles, job_gpus = factor.profiles_gpus(ordered)
+        ks = set(map(len, cast("Iterable[Profile]", filter(_is_profile, profiles))))
         if len(ks) > 1:
             raise PolicyError(f"group policy 'muri': jobs have stage profiles of different lengths {sorted(ks)}")
         has_profiles = bool(ks)
@@ -456,9 +462,8 @@ class MuriGrouping(GroupPolicy):
             raise PolicyError(f"group policy 'muri': max_group={self.max_group}, but jobs with {k}-stage profiles "
                               f"interleave on {K} resources, so a group holds at most {K} jobs")
         cap_group = min(self.max_group or K, K)
-        # each job's GPU count, read once for admission, buckets and demand (where candidates are looked for)
-        gl = [j.spec.gpus for j in ordered] if has_profiles and cap_group >= 2 else None
-        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group, gl)
+        gl = job_gpus if has_profiles and cap_group >= 2 else None
+        admitted = self._admit(ordered, profiles, view.cluster.num_gpus, cap_group, job_gpus)
         units: list[list[int]] = []
         buckets: dict[int, list[int]] = {}
         if gl is None:
@@ -500,10 +505,10 @@ class MuriGrouping(GroupPolicy):
                     labels.append(-1)
             states.append(_BucketState.built(g, members, profs, labels, keys, gids, gen))
         # demand of the admitted units; sharing only as much as needed to fit the cluster
-        required = sum(ordered[i].spec.gpus for i in admitted) if gl is None else sum([gl[i] for i in admitted])
+        required = sum([job_gpus[i] for i in admitted])
         capacity = view.cluster.num_gpus
         while self.pack_all or required > capacity:
-            cands: list[tuple[int, int, int, _BucketState, int, int]] = []
+            cands: list[tuple[int, int, _BucketState, int, int]] = []
             for bs in states:
                 got = bs.cands
                 if got is None:  # (a bucket no merge changed keeps its matching and candidates)
@@ -512,7 +517,7 @@ class MuriGrouping(GroupPolicy):
                     nodes, bm, gpus = bs.nodes, bs.members, bs.gpus
                     # Muri's order: efficient pairs and small GPU counts first (1 - eff) x GPUs, then rank
                     # (the pair's best member: node a's first, as a < c and nodes are in order of their first)
-                    got = bs.cands = [((WEIGHT_SCALE - w) * gpus, bm[nodes[a][0]], w, bs, a, c)
+                    got = bs.cands = [((WEIGHT_SCALE - w) * gpus, bm[nodes[a][0]], bs, a, c)
                                       for a, c, w in bs.matched]
                 cands.extend(got)
             if not cands:
@@ -520,21 +525,22 @@ class MuriGrouping(GroupPolicy):
             self.last_rounds += 1
             if self.rule == "muri":  # bucket order (states are in order of their best job), then later node
                 pos = {id(bs): n for n, bs in enumerate(states)}
-                cands.sort(key=lambda c: (pos[id(c[3])], c[5]))
+                cands.sort(key=lambda c: (pos[id(c[2])], c[4]))
             else:  # (by cost, then rank: ranks differ, so the tuples never compare past them)
                 cands.sort()
-            merged_pairs: dict[int, list[tuple[int, int]]] = {}
-            for _, _, _, bs, a, c in cands:
-                if required <= capacity and not self.pack_all:
+            pack = self.pack_all
+            for _, _, bs, a, c in cands:
+                if required <= capacity and not pack:
                     break
-                merged_pairs.setdefault(id(bs), []).append((a, c))
+                bs.pending.append((a, c))
                 required -= bs.gpus
             ids = (self._key_ids, self._unions)
             for bs in states:
-                pairs = merged_pairs.get(id(bs))
+                pairs = bs.pending
                 if pairs:
                     # (the ids of the key table in use now: those of an older one are looked up again)
                     bs.merge(pairs, ids if bs.gen == self._gen else None)
+                    bs.pending = []
         # (each unit's members sorted: a bucket's members are in order of admission, not of rank)
         for bs in states:
             bm = bs.members
@@ -599,7 +605,8 @@ class MuriGrouping(GroupPolicy):
     def _match_bucket(self, bs: _BucketState, max_group: int, factor: InterleaveFactor) -> list[tuple[int, int, int]]:
         """:meth:`match_round` over a bucket's nodes, with the keys the bucket keeps."""
         nodes = bs.nodes
-        if len(nodes) < 2 or min(map(len, nodes)) * 2 > max_group:
+        # (before the bucket's first merge every node is one job, so the smallest holds one)
+        if len(nodes) < 2 or (min(map(len, nodes)) if bs.merges else 1) * 2 > max_group:
             return []
         self._check_cache(factor)
         ids = self._key_ids
