@@ -643,11 +643,13 @@ def interleave(cases: list[str], base: Path | None, timeout: float, rounds: int)
     seq = [(name, side, path) for name in cases for side, path in sides]
     print(f"after: {REPO}" + (f"\nbefore: {base}" if base is not None else "")
           + f"\ninterleaved: {rounds} rounds of {len(seq)} runs, each in a process of its own, the order of every "
-          f"other round reversed")
+          f"other round reversed", flush=True)
     runs: dict[tuple[str, str], list[dict]] = {(name, side): [] for name, side, _ in seq}
     for i in range(rounds):
         for name, side, path in (seq if i % 2 == 0 else seq[::-1]):
-            runs[name, side].append(run_child(path, name, timeout))
+            r = run_child(path, name, timeout)
+            runs[name, side].append(r)
+            print(f"  round {i + 1}: {name} {side} {_cpu(r)} cpu s", flush=True)  # (what a stopped run leaves)
 
     def cpu(r: dict) -> float | None:
         return r["cpu"] if "cpu" in r and not r.get("timeout") else None
