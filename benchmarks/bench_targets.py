@@ -17,6 +17,16 @@ alternating before and after, and the table gives each side's fastest run: other
 shared machine only ever adds time, so the fastest run is the one it disturbed least (the
 convention of ``timeit``), and alternating spreads a slow spell over both sides.
 
+**Interleaved runs** (``--interleave N``, :func:`interleave`) compare cases whose difference is smaller than a
+shared machine's drift between two runs (Muri-L against 2D-LAS + muri).  N rounds, each running every case on
+each side once, one fresh process per run, the order of the round reversed every other round (A, B, then B,
+A, ...), so that each run of a case has its comparison next to it and no case is always first.  The table gives
+each case and side's median and least CPU seconds over the rounds (and median wall time), and the ratios that are
+taken round by round, CPU by CPU: after / before for each case (with ``--base``), and for a case with a relative
+target (:data:`RELATIVE`) the case / its reference on each side; each ratio's median over the rounds, its least
+and greatest, and in how many rounds it was under 1.  A slow spell then moves both runs of a round, not the
+ratio; the spread says how far the load moved it.  ``result`` must be the same in every round (else ``differs``).
+
 **Targets as ratios.**  The targets were set as ratios against the figures of the code of the
 time, measured in the same run.  When they were set, the code of commit ``f0ff3f3``
 (:data:`REFERENCE`) took 23.5 s on Philly with checks on (12.3 s off) and 11-12 s on Muri-S,
@@ -613,17 +623,84 @@ def table(cases: list[str], base: Path | None, timeout: float, repeat: int = 1,
         print(f"{cols}{met:>11}  {res}{extra}", flush=True)
 
 
+def ratio_stats(ratios: list[float]) -> str:
+    """A round-by-round ratio: its median, least and greatest, and in how many rounds it was under 1."""
+    if not ratios:
+        return "-"
+    import statistics
+
+    under = sum(1 for r in ratios if r < 1.0)
+    return (f"{statistics.median(ratios):.3f}x  ({min(ratios):.3f}-{max(ratios):.3f}x, "
+            f"under 1 in {under}/{len(ratios)})")
+
+
+def interleave(cases: list[str], base: Path | None, timeout: float, rounds: int) -> dict[tuple[str, str], list[dict]]:
+    """Run ``cases`` interleaved (see the module notes: ``--interleave``), print the table; returns the runs
+    by (case, side), side ``before`` or ``after``, in round order."""
+    import statistics
+
+    sides: list[tuple[str, Path]] = [("before", base), ("after", REPO)] if base is not None else [("after", REPO)]
+    seq = [(name, side, path) for name in cases for side, path in sides]
+    print(f"after: {REPO}" + (f"\nbefore: {base}" if base is not None else "")
+          + f"\ninterleaved: {rounds} rounds of {len(seq)} runs, each in a process of its own, the order of every "
+          f"other round reversed", flush=True)
+    runs: dict[tuple[str, str], list[dict]] = {(name, side): [] for name, side, _ in seq}
+    for i in range(rounds):
+        for name, side, path in (seq if i % 2 == 0 else seq[::-1]):
+            r = run_child(path, name, timeout)
+            runs[name, side].append(r)
+            print(f"  round {i + 1}: {name} {side} {_cpu(r)} cpu s", flush=True)  # (what a stopped run leaves)
+
+    def cpu(r: dict) -> float | None:
+        return r["cpu"] if "cpu" in r and not r.get("timeout") else None
+
+    print(f"{'case':18} {'side':6} {'runs':>4} {'cpu med':>8} {'cpu min':>8} {'wall med':>8}  result")
+    for (name, side), rs in runs.items():
+        cpus = [c for r in rs if (c := cpu(r)) is not None]
+        walls = [r["wall"] for r in rs if "wall" in r and not r.get("timeout")]
+        results = list(dict.fromkeys(r["result"] for r in rs))
+        res = results[0] if len(results) == 1 else "differs: " + " / ".join(results)
+        med = f"{statistics.median(cpus):.3g}" if cpus else "-"
+        least = f"{min(cpus):.3g}" if cpus else "-"
+        wall = f"{statistics.median(walls):.3g}" if walls else "-"
+        print(f"{name:18} {side:6} {len(cpus):>4} {med:>8} {least:>8} {wall:>8}  {res}")
+
+    def ratios(a: list[dict], b: list[dict]) -> list[float]:
+        return [x / y for ra, rb in zip(a, b, strict=True)
+                if (x := cpu(ra)) is not None and (y := cpu(rb)) is not None and y > 0]
+
+    print("CPU ratios taken round by round: median (least-greatest, rounds under 1)")
+    for name in cases:
+        if base is not None:
+            print(f"  {name} after / before: {ratio_stats(ratios(runs[name, 'after'], runs[name, 'before']))}")
+    for name in cases:
+        ref = RELATIVE.get(name)
+        if ref is None or ref[0] not in cases:
+            continue
+        for side, _ in sides:
+            got = ratios(runs[name, side], runs[ref[0], side])
+            verdict = ""
+            if got:
+                verdict = f"; target {ref[1]:g}x: median {'met' if statistics.median(got) <= ref[1] else 'not met'}"
+            print(f"  {name} / {ref[0]} ({side}): {ratio_stats(got)}{verdict}")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", type=Path, help="a checkout to compare with (before)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from: {', '.join(CASES)}")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per case and checkout")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case and checkout (the fastest is shown)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="N",
+                    help="N rounds of every case on each side, interleaved: medians and round-by-round ratios")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--plain", type=Path, help=argparse.SUPPRESS)  # (philly-command's plain run)
     a = ap.parse_args(argv if argv is not None else [])
     if a.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if a.interleave < 0:
+        ap.error("--interleave must not be negative")
     if a.child:
         print(json.dumps(CASES[a.child][2]()))
         return
@@ -637,6 +714,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         ap.error(f"unknown cases {unknown}; choose from {list(CASES)}")
+    if a.interleave:
+        interleave(cases, a.base.resolve() if a.base else None, a.timeout, a.interleave)
+        return
     table(cases, a.base.resolve() if a.base else None, a.timeout, a.repeat)
 
 

@@ -79,6 +79,51 @@ def test_bench_targets_repeats_alternate_and_show_each_sides_fastest(monkeypatch
         mod.main(["--repeat", "0"])
 
 
+def test_bench_targets_interleaves_the_cases_and_takes_ratios_round_by_round(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # every case on each side once a round, the order reversed every other round; the ratios are taken between
+    # the runs of one round (Muri-L against its reference 2D-LAS + muri, and after against before)
+    mod = load("bench_targets")
+    cpus = {("2d-las-muri-trace1", "before"): iter([10.0, 12.0, 11.0]),
+            ("2d-las-muri-trace1", "after"): iter([10.0, 12.0, 11.0]),
+            ("muri-l-trace1", "before"): iter([11.0, 13.0, 12.0]),
+            ("muri-l-trace1", "after"): iter([9.0, 11.0, 10.0])}
+    results = iter(["a", "a", "b"])
+    calls: list[tuple[str, str]] = []
+
+    def child(checkout: Path, case: str, timeout: float) -> dict:
+        side = "before" if checkout == Path("/b") else "after"
+        calls.append((case, side))
+        c = next(cpus[case, side])
+        return {"wall": c + 1.0, "cpu": c,
+                "result": next(results) if (case, side) == ("2d-las-muri-trace1", "before") else "r"}
+
+    monkeypatch.setattr(mod, "run_child", child)
+    runs = mod.interleave(["2d-las-muri-trace1", "muri-l-trace1"], Path("/b"), 10.0, 3)
+    one = [("2d-las-muri-trace1", "before"), ("2d-las-muri-trace1", "after"), ("muri-l-trace1", "before"),
+           ("muri-l-trace1", "after")]
+    assert calls == one + one[::-1] + one
+    assert [r["cpu"] for r in runs["muri-l-trace1", "after"]] == [9.0, 11.0, 10.0]
+    out = capsys.readouterr().out.splitlines()
+    table = out[out.index(next(ln for ln in out if ln.startswith("case"))) + 1:out.index(
+        next(ln for ln in out if ln.startswith("CPU ratios")))]
+    rows = {(ln.split()[0], ln.split()[1]): ln.split() for ln in table}
+    assert len(rows) == 4
+    assert rows["2d-las-muri-trace1", "before"][2:6] == ["3", "11", "10", "12"]
+    assert " ".join(rows["2d-las-muri-trace1", "before"][6:]) == "differs: a / b"
+    assert rows["muri-l-trace1", "after"][2:7] == ["3", "10", "9", "11", "r"]
+    text = "\n".join(out)
+    # after / before: 9/11, 11/13, 10/12; Muri-L / 2D-LAS + muri after: 9/10, 11/12, 10/11; before: 11/10, ...
+    assert "muri-l-trace1 after / before: 0.833x  (0.818-0.846x, under 1 in 3/3)" in text
+    assert "2d-las-muri-trace1 after / before: 1.000x  (1.000-1.000x, under 1 in 0/3)" in text
+    assert ("muri-l-trace1 / 2d-las-muri-trace1 (after): 0.909x  (0.900-0.917x, under 1 in 3/3); "
+            "target 1x: median met") in text
+    assert ("muri-l-trace1 / 2d-las-muri-trace1 (before): 1.091x  (1.083-1.100x, under 1 in 0/3); "
+            "target 1x: median not met") in text
+    with pytest.raises(SystemExit):
+        mod.main(["--interleave", "-1"])
+
+
 @pytest.mark.parametrize("before,after,met", [(23.5, 4.9, "yes/yes/yes"), (23.5, 5.2, "no/no/no"),
                                               (30.0, 5.5, "no/no/yes"), (20.0, 4.5, "yes/yes/no")])
 def test_bench_targets_meets_a_target_also_by_its_ratio_against_the_reference(

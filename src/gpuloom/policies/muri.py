@@ -416,8 +416,8 @@ class MuriGrouping(GroupPolicy):
         self._repair = match == "repair" and rule != "muri"  # (Muri's rule matches from scratch)
         self.repair_changed = int(repair_changed)
         self.repair_nodes = int(repair_nodes)
-        # per (GPU count, merge round), the last class matching: (nodes by class id, pairs by class ids)
-        self._last: dict[tuple[int, int], tuple[dict[int, int], dict[tuple[int, int], int], tuple]] = {}
+        # per (GPU count, merge round), the last class matching: ((class id, nodes) in class order, its matching)
+        self._last: dict[tuple[int, int], tuple[tuple[tuple[int, int], ...], tuple]] = {}
         self.max_group = None if max_group is None else int(max_group)
         self.pack_all = bool(pack_all)  # merge every matched pair, even when the cluster has room
         self.last_rounds = 0  # matching rounds in the last call (for tests/benchmarks)
@@ -663,16 +663,18 @@ class MuriGrouping(GroupPolicy):
         rk = (max_group, tuple([(g, len(m)) for g, m in zip(cls, members, strict=True)]))
         got = None
         W: list[list[int]] | None = None
-        now = None
         if slot is not None:  # (match=repair: carried over from the bucket's last matching where few jobs changed)
-            now = {g: len(m) for g, m in zip(cls, members, strict=True)}
             last = self._last.get(slot)
             if last is not None and len(gid) > self.repair_nodes:
-                if last[0] == now:  # the same classes and counts: the same pairs (carried over or not)
-                    got = last[2]
+                # (its counts and pairs by class id made here, not at every matching: few are read)
+                prev = dict(last[0])
+                if prev == dict(rk[1]):  # the same classes and counts: the same pairs (carried over or not)
+                    got = last[1]
                 else:
+                    was = [g for g, _ in last[0]]
                     W = self._weight_rows([keys[m[0]] for m in members], max_group, factor, cls)
-                    fixed = repair_pairs(last[0], last[1], cls, [len(m) for m in members], W, self.repair_changed)
+                    fixed = repair_pairs(prev, {(was[c], was[d]): n for c, d, n, _ in last[1][1]}, cls,
+                                         [len(m) for m in members], W, self.repair_changed)
                     if fixed is not None:
                         got = ((), _class_counts(fixed, W))  # (not kept with the exact ones)
         if got is None:
@@ -691,8 +693,8 @@ class MuriGrouping(GroupPolicy):
                     self._rounds.popitem(last=False)
             else:
                 self._rounds.move_to_end(rk)
-        if slot is not None and now is not None:
-            self._last[slot] = (now, {(cls[c], cls[d]): n for c, d, n, _ in got[1]}, got)
+        if slot is not None:
+            self._last[slot] = (rk[1], got)
         return _assign(got[0], members, nl, first, self.rule == "muri", got[1])
 
     # -- helpers ------------------------------------------------------------------
