@@ -613,7 +613,7 @@ def serve_on(state: Path, port: int, out: Path, *args: str) -> subprocess.Popen[
         except httpx.HTTPError:
             return False
 
-    wait_for(up, timeout=60, what="the server to answer")
+    wait_for(up, timeout=120, what="the server to answer")  # (its start takes many seconds under load)
     return proc
 
 
