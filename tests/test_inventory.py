@@ -114,7 +114,11 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
             return (f"{sys.executable} {SLEEPY} --steps {steps} --step-s 0.05 --checkpoint-every 1 "
                     f"--ledger $GPULOOM_CHECKPOINT_DIR/ledger")
 
-        a = svc.submit({"name": "a", "command": cmd(60), "gpus": 2}, "u")  # n0
+        # a's 3 s of steps could end before the nodes it runs on leave on a loaded machine: after them it runs on
+        # until the test has taken both of its nodes away
+        go = tmp_path / "go"
+        a = svc.submit({"name": "a", "command": f"{cmd(60)} && until [ -e {go} ]; do sleep 0.05; done", "gpus": 2},
+                       "u")  # n0
         b = svc.submit({"name": "b", "command": cmd(8), "gpus": 4}, "u")  # n1 + n2
         svc.round()
         assert {str(a), str(b)} <= set(svc.running)
@@ -147,6 +151,7 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
         assert row.pending_reason is not None and row.pending_reason.startswith("Nodes:")
         assert c in svc.parked
         # every node is back: both finish, a having run each step exactly once
+        go.touch()
         src.next = InventoryChange(full, frozenset(), 0.0)
         assert follow(svc)
         for jid in (a, c):
