@@ -83,7 +83,8 @@ class Server:
         )
         up = wait_for_serve(self.state_dir, self.proc, timeout, self.verify, poll_s=0.05)
         if up is None:
-            raise RuntimeError("server did not come up")
+            self.kill()  # (no test stops a server whose start failed: it would outlive the test)
+            raise RuntimeError(f"server did not come up in {timeout:.0f} s")
         self.url, self.token = up
         self.socket = json.loads((self.state_dir / "server.json").read_text()).get("socket")
         return self
