@@ -59,6 +59,15 @@ def wait_done(e: LocalExecutor, job: str, timeout: float = 10.0) -> dict[str, in
     raise AssertionError(f"{job} did not end within {timeout}s")
 
 
+@pytest.fixture()
+def go(tmp_path: Path) -> Iterator[Path]:
+    """A file a test's job waits for before it ends (so that it runs until the test has adopted it), made after
+    the test whatever happened: no job outlives its test."""
+    p = tmp_path / "go"
+    yield p
+    p.touch()
+
+
 def wait_gone(info: ProcInfo, timeout: float = 30.0) -> None:
     """Wait until ``info``'s process has ended (a zombie counts) and its exit record is written."""
     import psutil
@@ -206,10 +215,9 @@ def test_bad_launches_are_refused(ex: LocalExecutor, tmp_path: Path) -> None:
         ex.launch(spec(job, "sleep 30", tmp_path))
 
 
-def test_adopt_after_restart(tmp_path: Path) -> None:
+def test_adopt_after_restart(tmp_path: Path, go: Path) -> None:
     first = LocalExecutor("local")
     job, done = jid(), jid()
-    go = tmp_path / "go"  # (the job runs until the test has adopted it, however loaded the machine)
     info = first.launch(spec(job, f"until [ -e {go} ]; do sleep 0.02; done; exit 7", tmp_path, cpus=CORES[:1],
                              mem_mb=100))
     finished = first.launch(spec(done, "exit 0", tmp_path))
@@ -240,11 +248,10 @@ def test_stop_an_adopted_process(tmp_path: Path) -> None:
     assert first.poll() == {job: 0}
 
 
-def test_run_dir_exit_records_found_from_the_job_id_alone(tmp_path: Path) -> None:
+def test_run_dir_exit_records_found_from_the_job_id_alone(tmp_path: Path, go: Path) -> None:
     run = tmp_path / "run"
     first = LocalExecutor("local", run_dir=run)
     live, gone = jid(), jid()
-    go = tmp_path / "go"
     info = first.launch(spec(live, f"until [ -e {go} ]; do sleep 0.02; done; exit 4", tmp_path))
     ended = first.launch(spec(gone, "exit 9", tmp_path))
     assert info.exit_path == str(run / f"{live}.exit")
@@ -326,7 +333,7 @@ def test_several_node_names_on_one_machine(tmp_path: Path) -> None:
         LocalExecutor([])
 
 
-def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path) -> None:
+def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path, go: Path) -> None:
     import dataclasses
     import signal
     import subprocess
@@ -335,7 +342,7 @@ def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path) -> None:
     job = jid()
     log = tmp_path / "job.log"
     sleepy = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
-    go = tmp_path / "go"  # (after its 40 steps the job waits for the test to have adopted it)
+    # (after its 40 steps the job waits for the test to have adopted it)
     command = f"{sys.executable} {sleepy} --steps 40 --step-s 0.02 && until [ -e {go} ]; do sleep 0.02; done"
     service = (
         "import dataclasses, json, sys, time\n"
