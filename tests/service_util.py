@@ -69,7 +69,10 @@ class Server:
         self.socket: str | None = None  # its Unix socket, from server.json
         self.popen_kw: dict[str, Any] = {}  # more for subprocess.Popen (say, a preexec_fn setting limits)
 
-    def start(self, timeout: float = 30.0) -> Server:
+    def start(self, timeout: float = 120.0) -> Server:
+        """Start it and wait until it answers ``/health`` (RuntimeError at once if it exits first).  On a loaded
+        machine its start (it imports the whole service) takes many seconds of wall time: the deadline is for a
+        server that hangs, not for a slow one (docs/performance.md)."""
         (self.state_dir / "server.json").unlink(missing_ok=True)
         env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
         self.out = open(self.state_dir / "serve.out", "ab")
@@ -80,7 +83,8 @@ class Server:
         )
         up = wait_for_serve(self.state_dir, self.proc, timeout, self.verify, poll_s=0.05)
         if up is None:
-            raise RuntimeError("server did not come up")
+            self.kill()  # (no test stops a server whose start failed: it would outlive the test)
+            raise RuntimeError(f"server did not come up in {timeout:.0f} s")
         self.url, self.token = up
         self.socket = json.loads((self.state_dir / "server.json").read_text()).get("socket")
         return self

@@ -351,15 +351,23 @@ def step_spec(eid: str, command: str, log: Path, gpus: tuple[int, ...], user: st
 def preempt_short_over_long(s: Any, slurm: SlurmCluster) -> tuple[dict[str, Any], dict[str, Any], str, str]:
     """A long 4-GPU job (30 steps) runs; a short 2-GPU one (3 steps) is submitted and, under ``--order sjf``,
     preempts it; both are waited for.  -> (short's row, long's row, long's log, short's log), after checking
-    that each ran each of its steps once, the long one preempted and resumed once on the same GPUs."""
-    from service_util import job, ledger, start_records, stepper_cmd, submit, wait_for
+    that each ran each of its steps once, the long one preempted and resumed once on the same GPUs.  The long
+    job ends only once the short one has (``STEPPER_HOLD``): on a loaded machine its 1.5 s of steps could end
+    before the service may preempt it (a job just launched is protected for a few times its launch time)."""
+    from service_util import STEPPER, job, ledger, start_records, stepper_cmd, submit, wait_for
 
+    go = STEPPER.parent / f"{uuid.uuid4().hex[:8]}-short-done"  # (where the job's account sees it)
     with s.client() as c:
-        long_id = submit(c, name="long", command=stepper_cmd(30, 0.05), gpus=4, time_limit="600s")
+        long_id = submit(c, name="long", command=f"STEPPER_HOLD={go} {stepper_cmd(30, 0.05)}", gpus=4,
+                         time_limit="600s")
         wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{long_id}/logs").text, 60, "long job progress")
         short_id = submit(c, name="short", command=stepper_cmd(3, 0.05), gpus=2, time_limit="60s")
-        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] in ("finished", "failed") and x, 90, f"job {j}")
-                for j in (short_id, long_id)}
+        # (the short job needs 2 of the 4 GPUs the long one holds: it ends only after the long one was stopped)
+        rows = {short_id: wait_for(lambda: (x := job(c, short_id))["state"] in ("finished", "failed") and x, 90,
+                                   "the short job")}
+        go.touch()
+        rows[long_id] = wait_for(lambda: (x := job(c, long_id))["state"] in ("finished", "failed") and x, 90,
+                                 "the long job")
         log = c.get(f"/jobs/{long_id}/logs").text
         short_log = c.get(f"/jobs/{short_id}/logs").text
     short, long = rows[short_id], rows[long_id]

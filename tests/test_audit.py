@@ -303,7 +303,7 @@ def test_serve_access_log_is_written_once_not_by_uvicorn_too(tmp_path: Path) -> 
     # (a process of its own: serve configures the root logger)
     bad = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--state-dir", str(tmp_path / "s2"), "--cluster",
                           "1x2", "--access-log", str(tmp_path / "no" / "such" / "dir" / "a.log")],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--access-log" in bad.stderr and "No such file or directory" in bad.stderr
     assert not (tmp_path / "s2").exists()  # refused before anything started
 

@@ -255,7 +255,7 @@ def run_block(block: Block, root: Path) -> Outcome:
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 start_new_session=True)
                     background.append(proc)
-                    err = _wait_for_server(root, proc, time.monotonic() + 60)
+                    err = _wait_for_server(root, proc, time.monotonic() + 120)
                     if err:
                         log.append(err + ":\n" + out_path.read_text())
                         ok = False

@@ -467,5 +467,5 @@ def test_serve_refuses_gpu_device_files_that_do_not_fit(tmp_path: Path) -> None:
                          (str(tmp_path), "is not a character device")):
         r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--gpus", "1",
                             "--state-dir", str(tmp_path / "st"), "--gpu-devices", devices],
-                           env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+                           env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
         assert r.returncode == 2 and msg in " ".join(r.stderr.split()), (devices, r.stderr)

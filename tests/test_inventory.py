@@ -114,8 +114,13 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
             return (f"{sys.executable} {SLEEPY} --steps {steps} --step-s 0.05 --checkpoint-every 1 "
                     f"--ledger $GPULOOM_CHECKPOINT_DIR/ledger")
 
-        a = svc.submit({"name": "a", "command": cmd(60), "gpus": 2}, "u")  # n0
-        b = svc.submit({"name": "b", "command": cmd(8), "gpus": 4}, "u")  # n1 + n2
+        # on a loaded machine a's 3 s of steps could end before the nodes it runs on leave, and b's 0.4 s before
+        # n0 does: after their steps they run on until the test makes their file
+        go, go_b = tmp_path / "go", tmp_path / "go-b"
+        a = svc.submit({"name": "a", "command": f"{cmd(60)} && until [ -e {go} ]; do sleep 0.05; done", "gpus": 2},
+                       "u")  # n0
+        b = svc.submit({"name": "b", "command": f"{cmd(8)} && until [ -e {go_b} ]; do sleep 0.05; done", "gpus": 4},
+                       "u")  # n1 + n2
         svc.round()
         assert {str(a), str(b)} <= set(svc.running)
         assert [p.node for p in svc.running[str(a)].procs.values()] == ["n0"]
@@ -129,6 +134,7 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
         assert row is not None and row.state == "standby" and row.procs is None
         assert a in svc.parked and str(a) not in svc.jobs  # waits for the fence
         assert str(b) in svc.running  # b's processes, on n1 and n2, were adopted
+        go_b.touch()
         assert [n.name for n in svc.cluster.nodes] == ["n1", "n2"]
         svc.round()
         assert str(a) not in svc.running
@@ -147,6 +153,7 @@ def test_node_loss_requeues_its_jobs_after_the_fence_and_parks_what_no_longer_fi
         assert row.pending_reason is not None and row.pending_reason.startswith("Nodes:")
         assert c in svc.parked
         # every node is back: both finish, a having run each step exactly once
+        go.touch()
         src.next = InventoryChange(full, frozenset(), 0.0)
         assert follow(svc)
         for jid in (a, c):

@@ -59,6 +59,31 @@ def wait_done(e: LocalExecutor, job: str, timeout: float = 10.0) -> dict[str, in
     raise AssertionError(f"{job} did not end within {timeout}s")
 
 
+@pytest.fixture()
+def go(tmp_path: Path) -> Iterator[Path]:
+    """A file a test's job waits for before it ends (so that it runs until the test has adopted it), made after
+    the test whatever happened: no job outlives its test."""
+    p = tmp_path / "go"
+    yield p
+    p.touch()
+
+
+def wait_gone(info: ProcInfo, timeout: float = 30.0) -> None:
+    """Wait until ``info``'s process has ended (a zombie counts) and its exit record is written."""
+    import psutil
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(info.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + timeout
+    while not (gone() and read_exit_record(info.exit_path) is not None):
+        assert time.monotonic() < deadline, f"{info.job_id} did not end within {timeout}s"
+        time.sleep(0.02)
+
+
 def probe(tmp: Path, job: str) -> dict:
     for line in (tmp / f"{job}.log").read_text().splitlines():
         if line.startswith("PROBE "):
@@ -190,12 +215,13 @@ def test_bad_launches_are_refused(ex: LocalExecutor, tmp_path: Path) -> None:
         ex.launch(spec(job, "sleep 30", tmp_path))
 
 
-def test_adopt_after_restart(tmp_path: Path) -> None:
+def test_adopt_after_restart(tmp_path: Path, go: Path) -> None:
     first = LocalExecutor("local")
     job, done = jid(), jid()
-    info = first.launch(spec(job, "sleep 0.8; exit 7", tmp_path, cpus=CORES[:1], mem_mb=100))
+    info = first.launch(spec(job, f"until [ -e {go} ]; do sleep 0.02; done; exit 7", tmp_path, cpus=CORES[:1],
+                             mem_mb=100))
     finished = first.launch(spec(done, "exit 0", tmp_path))
-    time.sleep(0.2)
+    wait_gone(finished)
     # "restart": a new executor knows only the stored ProcInfo records
     second = LocalExecutor("local")
     assert second.adopt(info)
@@ -204,6 +230,7 @@ def test_adopt_after_restart(tmp_path: Path) -> None:
     assert not second.adopt(forged)  # same pid, different creation time: not our process
     assert not second.adopt(finished)  # already gone: requeue or mark done from its exit record
     assert second.exit_code(finished) == 0
+    go.touch()
     assert wait_done(second, job) == {job: 7}  # not our child: end seen by liveness, code from the record
     assert not second.alive(job)
     first.poll()
@@ -221,19 +248,20 @@ def test_stop_an_adopted_process(tmp_path: Path) -> None:
     assert first.poll() == {job: 0}
 
 
-def test_run_dir_exit_records_found_from_the_job_id_alone(tmp_path: Path) -> None:
+def test_run_dir_exit_records_found_from_the_job_id_alone(tmp_path: Path, go: Path) -> None:
     run = tmp_path / "run"
     first = LocalExecutor("local", run_dir=run)
     live, gone = jid(), jid()
-    info = first.launch(spec(live, "sleep 0.6; exit 4", tmp_path))
+    info = first.launch(spec(live, f"until [ -e {go} ]; do sleep 0.02; done; exit 4", tmp_path))
     ended = first.launch(spec(gone, "exit 9", tmp_path))
     assert info.exit_path == str(run / f"{live}.exit")
-    time.sleep(0.2)
+    wait_gone(ended)
     second = LocalExecutor("local", run_dir=run)
     bare = ProcInfo(live, "local", info.pid, info.start_time)  # what a store that keeps only pid + start time has
     assert second.adopt(bare)
     assert not second.adopt(ProcInfo(gone, "local", ended.pid, ended.start_time))
     assert second.exit_code(ProcInfo(gone, "local", ended.pid, ended.start_time)) == 9
+    go.touch()
     assert wait_done(second, live) == {live: 4}
     first.poll()
 
@@ -305,7 +333,7 @@ def test_several_node_names_on_one_machine(tmp_path: Path) -> None:
         LocalExecutor([])
 
 
-def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path) -> None:
+def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path, go: Path) -> None:
     import dataclasses
     import signal
     import subprocess
@@ -314,12 +342,14 @@ def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path) -> None:
     job = jid()
     log = tmp_path / "job.log"
     sleepy = Path(__file__).resolve().parents[1] / "examples" / "sleepy_train.py"
+    # (after its 40 steps the job waits for the test to have adopted it)
+    command = f"{sys.executable} {sleepy} --steps 40 --step-s 0.02 && until [ -e {go} ]; do sleep 0.02; done"
     service = (
         "import dataclasses, json, sys, time\n"
         "from gpuloom.runtime.exec.executor import LaunchSpec\n"
         "from gpuloom.runtime.exec.local import LocalExecutor\n"
         f"ex = LocalExecutor('local', run_dir={str(run)!r})\n"
-        f"info = ex.launch(LaunchSpec({job!r}, {f'{sys.executable} {sleepy} --steps 40 --step-s 0.02'!r}, 'local',"
+        f"info = ex.launch(LaunchSpec({job!r}, {command!r}, 'local',"
         f" (0,), (), 100, {str(log)!r}))\n"
         "print(json.dumps(dataclasses.asdict(info)), flush=True)\n"
         "time.sleep(60)\n"
@@ -335,5 +365,6 @@ def test_jobs_survive_a_killed_service_and_are_adopted(tmp_path: Path) -> None:
         svc.wait()
     ex = LocalExecutor("local", run_dir=run)
     assert ex.adopt(dataclasses.replace(info, exit_path="", log_path=""))  # found from pid, start time, job id
+    go.touch()
     assert wait_done(ex, job, 20.0) == {job: 0}
     assert "done steps=40" in log.read_text()

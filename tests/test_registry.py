@@ -221,7 +221,7 @@ def test_serve_runs_jobs_through_a_plugin_executor(tmp_path: Path) -> None:
                                  "--cluster", "1x2", "--round", "0.2", "--log-level", "warning",
                                  "--executor", "lab_exec:make"], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        up = wait_for_serve(sd, proc, 60.0, poll_s=0.05)
+        up = wait_for_serve(sd, proc, 120.0, poll_s=0.05)
         assert up is not None, (tmp_path / "serve.out").read_text()
         url, token = up
         assert (sd / "made-by-plugin").read_text() == "2"

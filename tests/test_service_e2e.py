@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
-from service_util import Server, job, ledger, running, start_records, stepper_cmd, submit, wait_for
+from service_util import STEPPER, Server, job, ledger, running, start_records, stepper_cmd, submit, wait_for
 
 NCPU = len(os.sched_getaffinity(0))
 
@@ -142,12 +143,17 @@ def test_elastic_sizing_resizes_a_running_job_for_real(server) -> None:  # noqa:
     # the service carries the resize out as stop (checkpoint) + relaunch on 2 GPUs with resume
     s = server("--cluster", "1x4", "--cpus-per-node", str(NCPU), "--size", "elastic", "--round", "0.2")
     curve = [1.0, 2.0, 3.0, 4.0]
+    # a's 3 s of steps may end before b comes on a loaded machine (its protection lasts a few times its launch
+    # time): after them it runs on until b has ended (in a file its account sees)
+    done_b = STEPPER.parent / f"{uuid.uuid4().hex[:8]}-b-done"
     with s.client() as c:
-        a = submit(c, **{"name": "a", "command": stepper_cmd(60, 0.05), "gpus": 1, "throughput": curve})
+        a = submit(c, **{"name": "a", "command": f"STEPPER_HOLD={done_b} {stepper_cmd(60, 0.05)}", "gpus": 1,
+                         "throughput": curve})
         wait_for(lambda: job(c, a)["state"] == "running", what="a out of its protection")
         b = submit(c, **{"name": "b", "command": stepper_cmd(10, 0.05), "gpus": 1, "throughput": curve})
-        rows = {j: wait_for(lambda j=j: (x := job(c, j))["state"] == "finished" and x, timeout=60, what=f"job {j}")
-                for j in (a, b)}
+        rows = {b: wait_for(lambda: (x := job(c, b))["state"] == "finished" and x, timeout=60, what=f"job {b}")}
+        done_b.touch()
+        rows[a] = wait_for(lambda: (x := job(c, a))["state"] == "finished" and x, timeout=60, what=f"job {a}")
         log_a = c.get(f"/jobs/{a}/logs").text
         ev_a = c.get(f"/jobs/{a}/events").json()
     launches = [e for e in ev_a if e["kind"] in ("launch", "resize")]

@@ -613,7 +613,7 @@ def serve_on(state: Path, port: int, out: Path, *args: str) -> subprocess.Popen[
         except httpx.HTTPError:
             return False
 
-    wait_for(up, timeout=60, what="the server to answer")
+    wait_for(up, timeout=120, what="the server to answer")  # (its start takes many seconds under load)
     return proc
 
 
@@ -726,7 +726,7 @@ def test_a_second_server_after_a_database_restart_is_refused_or_the_first_gives_
             wait_for(lambda: ready(c)[0] == 200, what="the first server's lock taken again")
         r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--cluster", "2x2",
                             "--state-dir", str(tmp_path / "b"), "--db", pg.url], capture_output=True, text=True,
-                           timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+                           timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
         assert r.returncode == 2 and "another gpuloom server is using the database" in r.stderr, r.stderr
         # the first server is stopped while the database restarts: the second takes the lock first
         assert a.proc is not None

@@ -141,7 +141,7 @@ def test_second_serve_on_the_same_postgres_exits_and_nul_bytes_get_422(pg_url: s
     try:
         r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--cluster", "1x1",
                             "--state-dir", str(tmp_path / "b"), "--db", pg_url], capture_output=True, text=True,
-                           timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src")))
+                           timeout=120, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src")))
         assert r.returncode == 2 and "another gpuloom server is using the database" in r.stderr, r.stderr
         h = {"Authorization": f"Bearer {s.token}"}
         for body in ({"command": "a\x00b", "gpus": 1}, {"command": "true", "gpus": 1, "name": "\x00"},

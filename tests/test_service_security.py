@@ -286,7 +286,7 @@ def test_4_a_second_server_on_the_same_state_or_database_exits(tmp_path: Path) -
         for args in (("--state-dir", str(tmp_path / "a")),
                      ("--state-dir", str(tmp_path / "b"), "--db", f"sqlite:///{tmp_path / 'a' / 'gpuloom.db'}")):
             r = subprocess.run([sys.executable, "-m", "gpuloom", "serve", "--port", "0", "--cluster", "1x1", *args],
-                               capture_output=True, text=True, timeout=60,
+                               capture_output=True, text=True, timeout=120,
                                env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src")))
             assert r.returncode == 2, r.stderr
             assert "another gpuloom server" in r.stderr and f"pid {s.proc.pid}" in r.stderr  # type: ignore[union-attr]

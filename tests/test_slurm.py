@@ -430,25 +430,29 @@ def test_service_sigkill_then_the_new_service_adopts_its_slurm_job(serve_slurm: 
     assert (slurm.job(sid)["Restarts"], slurm.job(sid)["JobState"]) == ("0", "COMPLETED")
 
 
-def test_slurmctld_restart_loses_no_job(serve_slurm: Any, slurm: SlurmCluster) -> None:
+def test_slurmctld_restart_loses_no_job(serve_slurm: Any, slurm: SlurmCluster, tmp_path: Path) -> None:
     s = serve_slurm()
+    go = job_writable(tmp_path) / "go"  # (the job ends once the controller is back, however long its stop took)
     with s.client() as c:
-        jid = submit(c, name="a", command=stepper_cmd(60, 0.1), gpus=1)
+        jid = submit(c, name="a", command=f"STEPPER_HOLD={go} {stepper_cmd(60, 0.1)}", gpus=1)
         wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
         slurm.stop_daemon("slurmctld")
         time.sleep(1.0)  # the service's loop meets a controller that does not answer
         assert job(c, jid)["state"] in ("running", "running_protected")
         slurm.start_ctld()
+        go.touch()
         row = wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed") and j, 90, "the job")
     assert (row["state"], row["exit_code"], row["attempts"]) == ("finished", 0, 1)
     assert ledger(row["checkpoint_dir"]) == list(range(60))
 
 
-def test_drained_node_gets_no_new_job_and_keeps_its_running_one(serve_slurm: Any, slurm: SlurmCluster) -> None:
+def test_drained_node_gets_no_new_job_and_keeps_its_running_one(serve_slurm: Any, slurm: SlurmCluster,
+                                                                 tmp_path: Path) -> None:
     s = serve_slurm()
+    go = job_writable(tmp_path) / "go"  # (a ends once the node is back: it must still run when it is checked)
     try:
         with s.client() as c:
-            a = submit(c, name="a", command=stepper_cmd(40, 0.1), gpus=1)
+            a = submit(c, name="a", command=f"STEPPER_HOLD={go} {stepper_cmd(40, 0.1)}", gpus=1)
             wait_for(lambda: "GPULOOM_PROGRESS iter=2" in c.get(f"/jobs/{a}/logs").text, 60, "progress")
             slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=gpuloom-test")
             b = submit(c, name="b", command=stepper_cmd(2, 0.05), gpus=1)
@@ -457,6 +461,7 @@ def test_drained_node_gets_no_new_job_and_keeps_its_running_one(serve_slurm: Any
             assert job(c, a)["state"] in ("running", "running_protected")
             resumed = time.time()
             slurm.run("scontrol", "update", f"NodeName={slurm.node}", "State=RESUME")
+            go.touch()
             rows = [wait_for(lambda i=i: (j := job(c, i))["state"] in ("finished", "failed") and j, 90, f"job {i}")
                     for i in (a, b)]
     finally:

@@ -62,9 +62,11 @@ def workload() -> list[TestbedJob]:
     return [TestbedJob(i, a, g, n, st, 12 * g, 24 * g if cpu else 12 * g) for i, a, g, n, st, cpu in JOBS]
 
 
-def test_simulator_predicts_the_service(tmp_path: Path) -> None:
+def test_simulator_predicts_the_service(tmp_path: Path, monkeypatch) -> None:
     jobs = workload()
     stack = STACKS["fifo/proportional/packed"]
+    start = Testbed.start  # its server's start, not the workload: 60 s (the command's) is too few under load
+    monkeypatch.setattr(Testbed, "start", lambda self: start(self, timeout=120))
     t0 = time.monotonic()
     run = Testbed(tmp_path, CL, stack, round_s=2.0, script=SLEEPY).run(jobs, timeout=240)
     assert run.states == {j.id: "finished" for j in jobs}
