@@ -15,7 +15,8 @@
 
 What each queue holds the check sums itself (:class:`HeldSums`: from the allocations the driver starts and
 stops, and the plan's changes), never from the queue stage's own sums: a fault there would otherwise pass
-the check that is meant to catch it.
+the check that is meant to catch it.  (The waiting jobs a starved queue could place are read from the
+stage's lists of each leaf's active jobs, and skipped by their fewest GPUs, when it keeps them.)
 """
 
 from __future__ import annotations
@@ -55,13 +56,14 @@ class HeldSums:
     #: True: every :meth:`plan_usage` also sums the plan's allocations whole and raises where they differ
     verify = False
 
-    __slots__ = ("tally", "stage", "tree", "version", "gpus", "cpus", "mem", "count", "grouped")
+    __slots__ = ("tally", "stage", "tree", "version", "flat", "gpus", "cpus", "mem", "count", "grouped")
 
     def __init__(self, tally: Any, stage: Any) -> None:
         self.tally = tally  # the driver followed (its tally identifies its views)
         self.stage = stage  # its ``tree``, ``version`` and ``leaf``: which leaf a job is in
         self.tree: QueueTree | None = None  # the tree, and its version, the sums are for
         self.version: Any = None
+        self.flat = True  # every leaf of the tree is its own path (one level)
         # per leaf, the GPUs, cores and MB held now; None: not kept (off, or the jobs' leaves changed)
         self.gpus: list[float] | None = None
         self.cpus: list[float] | None = None  # (None: not kept, the tree has no limit)
@@ -79,15 +81,21 @@ class HeldSums:
         gpus = self.gpus
         if gpus is None:
             return
-        stage, tree = self.stage, self.tree
-        if stage.tree is not tree or stage.version != self.version:
-            self.gpus = None  # (the jobs' leaves changed: summed again at the next check)
-            return
         if (old is not None and old.group) or (new is not None and new.group):
             self.gpus, self.grouped = None, True
             return
+        # the job's leaf in the sums' tree, as the stage caches it on the job; else the stage's word, while the
+        # stage still has that tree (the sums are for it: else they are summed again at the next check)
         c = job.extra.get("queue_leaf")
-        q = c[2] if c is not None and c[0] == self.version and c[1] is tree else stage.leaf(job)
+        tree = self.tree
+        if c is not None and c[1] is tree and c[0] == self.version:
+            q = c[2]
+        else:
+            stage = self.stage
+            if stage.tree is not tree or stage.version != self.version:
+                self.gpus = None
+                return
+            q = stage.leaf(job)
         cpus = self.cpus  # (cores and MB only under limits: the guarantees are in GPUs)
         if old is not None:
             gpus[q] -= old.num_gpus
@@ -132,24 +140,32 @@ class HeldSums:
                     mem[q] += a.mem_mb
             self.gpus, self.cpus, self.mem = gpus, cpus, mem
             self.tree, self.version, self.count = tree, stage.version, len(current)
+            self.flat = all(len(p) == 1 for p in tree.path)
         removed, added = changes(current, plan)
         g = gpus.copy()
         c, m = (cpus.copy(), self.mem.copy()) if whole and cpus is not None else ([], [])
-        for ids, of, sign in ((removed, current, -1), (added, allocs, 1)):
-            for jid in ids:
-                a = of[jid]
-                if a.group:
-                    return None
-                q = leaf_of(by_id[jid])
-                g[q] += sign * a.num_gpus
-                if whole:
-                    c[q] += sign * a.cpus
-                    m[q] += sign * a.mem_mb
-        flat = all(len(p) == 1 for p in tree.path)
+        for jid in removed:
+            a = current[jid]
+            if a.group:
+                return None
+            q = leaf_of(by_id[jid])
+            g[q] -= a.num_gpus
+            if whole:
+                c[q] -= a.cpus
+                m[q] -= a.mem_mb
+        for jid in added:
+            a = allocs[jid]
+            if a.group:
+                return None
+            q = leaf_of(by_id[jid])
+            g[q] += a.num_gpus
+            if whole:
+                c[q] += a.cpus
+                m[q] += a.mem_mb
         u: list[list[float]] | None = None
         if whole:
             u = [[g[n], c[n], m[n]] for n in range(len(tree))]
-        if not flat:  # (up the tree: each node sums its leaves, in the leaves' order)
+        if not self.flat:  # (up the tree: each node sums its leaves, in the leaves' order)
             out = [0.0] * len(tree)
             for q in tree.leaves:
                 for n in tree.path[q]:

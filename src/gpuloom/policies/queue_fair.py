@@ -106,7 +106,7 @@ class FairShareQueues(QuotaQueues):
         plan = super().enforce(plan, view)
         tree = self.tree
         if tree is not None and (tree is self._names_of or self._names == tree.names):
-            # (from the book's sums and the plan's changes when it can: the round's check then reads the same)
+            # (from the book's sums and the plan's changes when it can)
             self._held = [h[0] for h in self.usage_of(plan, view)]
         return plan
 

@@ -292,10 +292,10 @@ class QuotaReclaim(QuotaState):
             gpus: list[float] | None = None
             free: float | None = None
             if kept is not None:
-                assert view.by_id is not None
+                assert view.by_id is not None and sums is not None
                 u, gpus = kept
                 leaves = _Leaves(view.by_id, self.leaf)
-                free = view.cluster.num_gpus - sum([gpus[q] for q in tree.leaves])
+                free = view.cluster.num_gpus - (sum(gpus) if sums.flat else sum([gpus[q] for q in tree.leaves]))
             else:
                 leaves = self.leaf_map(plan.allocations, view)
             if self._asks is None:
