@@ -217,9 +217,10 @@ class Driver:
         #: those admitted since a round whose reasons still hold (``Round.reasons_of``)
         self.reasoned: Collection[Job] = ()
         self.listeners: list[Listener] = []  # told of admissions, allocation changes and ends
-        book = scheduler.queue.listener(self.tally)  # a queue stage's jobs per queue (policies/queue_book.py)
-        if book is not None:
-            self.listeners.append(book)
+        # a queue stage's jobs per queue (policies/queue_book.py), and its round check's own sums
+        for listener in (scheduler.queue.listener(self.tally), scheduler.queue.check_listener(self.tally)):
+            if listener is not None:
+                self.listeners.append(listener)
         model.bind(self.jobs)  # factors that look up co-runners (interleaving)
 
     # -- jobs -------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ class QueuePolicy(Stage):
         (:class:`~gpuloom.driver.Listener`), or None."""
         return None
 
+    def check_listener(self, tally: Any) -> Any:
+        """Another such object for the stage's round check (:meth:`check`), which keeps sums of its own, or None."""
+        return None
+
     def read_whole(self, adm: Admission) -> bool:
         """Make ``adm``'s lazy walk, not read to a stop of its own yet, go on as ``admit(full=True)``'s would
         (True), so the round need not admit again to learn whether it was cut short; else False."""

@@ -106,8 +106,9 @@ class FairShareQueues(QuotaQueues):
         plan = super().enforce(plan, view)
         tree = self.tree
         if tree is not None and (tree is self._names_of or self._names == tree.names):
-            # (from the book's sums and the plan's changes when it can: the round's check then reads the same)
-            self._held = [h[0] for h in self.usage_of(plan, view)]
+            # (from the book's sums and the plan's changes when it can, the GPUs alone: the same sums as usage_of's)
+            held = self._gpus_from_book(plan, view) if self.incremental else None
+            self._held = held if held is not None else [h[0] for h in self.usage_of(plan, view)]
         return plan
 
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any]:

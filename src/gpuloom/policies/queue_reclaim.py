@@ -13,11 +13,11 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import Any
 
 from ..core.job import Job
-from ..core.plan import Allocation, Plan, drop_job
+from ..core.plan import Allocation, Plan, changes, drop_job
 from ..core.queues import usage
 from .base import PlacePolicy, View
 from .queue_base import Owed
-from .queue_checks import GuaranteedAsks, above, check_queues
+from .queue_checks import GuaranteedAsks, HeldSums, above, check_queues
 from .queue_state import _EPS, QuotaState, job_priority
 
 WAITING_FOR_RECLAIM = "WaitingForReclaim"
@@ -63,14 +63,16 @@ class QuotaReclaim(QuotaState):
             return []
         tree = self.tree
         allocs = plan.allocations
-        u = self.usage_of(plan, view)
+        g = self._gpus_from_book(plan, view) if self.incremental else None
+        if g is None:
+            g = [u[0] for u in self.usage_of(plan, view)]
         out = []
         smallest = self._smallest_left_out(plan, view)
         limited, guarantee = tree.limited, tree.guarantee
         for q in tree.leaves:
-            room = guarantee[q][0] - u[q][0]
+            room = guarantee[q][0] - g[q]
             if limited:  # (else every limit is infinite)
-                room = min(room, *(tree.limit[n][0] - u[n][0] for n in tree.path[q]))
+                room = min(room, *(tree.limit[n][0] - g[n] for n in tree.path[q]))
             if room < 1 - _EPS or (smallest is not None and smallest(q) > room + _EPS):
                 continue  # (the book knows when no job of the queue left out fits what it is owed)
             jobs = _fitting(self._lists[q], allocs, room + _EPS)
@@ -79,6 +81,44 @@ class QuotaReclaim(QuotaState):
             first = next(jobs, None)
             if first is not None:
                 out.append(Owed(q, room, itertools.chain((first,), jobs)))
+        return out
+
+    def _gpus_from_book(self, plan: Plan, view: View) -> list[float] | None:
+        """Per queue, the GPUs ``plan`` gives it, as :meth:`usage_of` sums them (the same additions in the same
+        order: the same floats), without the cores and MB: what the book's leaves hold now with what ``plan``
+        takes out and puts in, in O(changes + queues); None where :meth:`usage_of` would sum the allocations."""
+        book = self._book_ready(view)
+        if book is None or not book.exact:
+            return None
+        tree = self.tree
+        assert tree is not None
+        current, allocs = view.current, plan.allocations
+        removed, added = changes(current, plan)
+        where = book.where
+        g = [0.0] * len(tree)
+        for q, h in book.held.items():
+            g[q] = h[0]
+        for jid in removed:
+            a = current.get(jid)
+            w = where.get(jid)
+            if a is None or w is None or a.group:
+                return None
+            g[w[0]] += -1.0 * a.num_gpus
+        for jid in added:
+            a = allocs.get(jid)
+            w = where.get(jid)
+            if a is None or w is None or a.group:
+                return None
+            g[w[0]] += 1.0 * a.num_gpus
+        if self._flat[0] is not tree:  # (whether every leaf is its own path: asked once per tree)
+            self._flat = (tree, all(len(p) == 1 for p in tree.path))
+        if self._flat[1]:
+            return g
+        out = [0.0] * len(tree)
+        for q in tree.leaves:
+            x = g[q]
+            for n in tree.path[q]:
+                out[n] += x
         return out
 
     def _smallest_left_out(self, plan: Plan, view: View) -> Callable[[int], float] | None:
@@ -226,48 +266,63 @@ class QuotaReclaim(QuotaState):
     # -- invariants ------------------------------------------------------------------------------
     #: what the guaranteed jobs asked for per leaf at the last check (made at the first)
     _asks: GuaranteedAsks | None = None
+    #: the check's own sums of what each leaf holds (check_listener), when a driver feeds them
+    _sums: HeldSums | None = None
+
+    def check_listener(self, tally: Any) -> HeldSums:
+        """The round check's own sums of what each leaf holds, following the driver whose tally is ``tally``
+        (:class:`~.queue_checks.HeldSums`: not the book's)."""
+        self._sums = HeldSums(tally, self)
+        return self._sums
 
     def check(self, plan: Plan, view: View, place: PlacePolicy) -> None:
         """Raise :class:`~gpuloom.core.plan.PlanError` if a queue is over its limit, or a queue below its
         guarantee has waited two rounds in a row while GPUs it could use are lent (:mod:`.queue_checks`)."""
-        if self.tree is not None:
+        tree = self.tree
+        if tree is not None:
             smallest = self._smallest_left_out(plan, view)
             lists = self._lists
-            # with the usage from the book (no group: each job's GPUs are its own), the GPUs free are those
-            # no queue holds
-            u = self._changed_usage(plan, view) if self.incremental else None
+            # what each queue holds: the check's own sums with the plan's changes (no group: each job's GPUs are
+            # its own, and the GPUs free are those no queue holds); else every allocation summed
+            sums = self._sums
+            kept = (sums.plan_usage(tree, plan, view, self.leaf, tree.limited)
+                    if sums is not None and self.incremental else None)
             leaves: Mapping[str, int]
+            u: list[list[float]] | None = None
+            gpus: list[float] | None = None
             free: float | None = None
-            if u is not None:
-                assert self._book is not None
-                leaves = _Leaves(self._book.where)
-                free = view.cluster.num_gpus - sum(u[q][0] for q in self.tree.leaves)
+            if kept is not None:
+                assert view.by_id is not None and sums is not None
+                u, gpus = kept
+                leaves = _Leaves(view.by_id, self.leaf)
+                free = view.cluster.num_gpus - (sum(gpus) if sums.flat else sum([gpus[q] for q in tree.leaves]))
             else:
                 leaves = self.leaf_map(plan.allocations, view)
             if self._asks is None:
                 self._asks = GuaranteedAsks()
-            self._starved = check_queues(self.tree, self._last, self._starved, plan, view, place, self.leaf,
+            self._starved = check_queues(tree, self._last, self._starved, plan, view, place, self.leaf,
                                          self.guarantees,
                                          None if smallest is None else (lambda q: (j for _, j in lists[q])),
-                                         smallest, leaves, u, free, self._asks)
+                                         smallest, leaves, u, free, self._asks, gpus)
 
 
 class _Leaves(Mapping[str, int]):
-    """``{job id: its leaf}`` read from the book's ``where`` as asked (not built for every planned job)."""
+    """``{job id: its leaf}`` for the active jobs ``by_id``, looked up as asked (not built for every planned job)."""
 
-    __slots__ = ("where",)
+    __slots__ = ("by_id", "leaf")
 
-    def __init__(self, where: Mapping[str, tuple[int, bool]]) -> None:
-        self.where = where
+    def __init__(self, by_id: Mapping[str, Job], leaf: Callable[[Job], int]) -> None:
+        self.by_id = by_id
+        self.leaf = leaf
 
     def __getitem__(self, jid: str) -> int:
-        return self.where[jid][0]
+        return self.leaf(self.by_id[jid])
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.where)
+        return iter(self.by_id)
 
     def __len__(self) -> int:
-        return len(self.where)
+        return len(self.by_id)
 
 
 def _fitting(jobs: Iterable[tuple[int, Job]], allocs: Collection[str], most: float) -> Iterator[Job]:

@@ -80,7 +80,7 @@ _T = TypeVar("_T")
 
 class _PlanMemo(Generic[_T]):
     """What was worked out for the last plan asked of, kept while it is the same plan object, of the same
-    size, in the same view (``owed`` and the round's check ask of the same plan)."""
+    size, in the same view (``owed`` and the round's check ask of the same plan for its smallest jobs left out)."""
 
     __slots__ = ("key", "value")
 
@@ -222,7 +222,8 @@ class QuotaState(QueuePolicy):
 
     def _changed_usage(self, plan: Plan, view: View) -> list[list[float]] | None:
         """:meth:`_usage_from_book`, kept for the plan last asked of (the same object, of the same size, in the
-        same view: owed and the round's check ask of the same plan)."""
+        same view: fair share's ``enforce`` and ``owed``, when it cannot work out the GPUs alone, may ask of the same
+        plan)."""
         return self._usage_memo(plan, view, self._usage_from_book)
 
     def _usage_from_book(self, plan: Plan, view: View) -> list[list[float]] | None:
