@@ -615,6 +615,32 @@ def usage(tree: QueueTree, allocations: Mapping[str, Any], leaf: Mapping[str, in
     return out
 
 
+def summed_up(tree: QueueTree, leaf: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Per queue [gpus, cpus, mem_mb] summed up the tree from each leaf's own ``leaf[q]`` (the leaves in order,
+    each added to every node of its path: the same additions, so the same floats, wherever this is asked)."""
+    out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
+    path = tree.path
+    for q in tree.leaves:
+        g, c, m = leaf[q]
+        for n in path[q]:
+            u = out[n]
+            u[0] += g
+            u[1] += c
+            u[2] += m
+    return out
+
+
+def summed_up_gpus(tree: QueueTree, leaf: Sequence[float]) -> list[float]:
+    """:func:`summed_up` for one quantity (the GPUs)."""
+    out = [0.0] * len(tree)
+    path = tree.path
+    for q in tree.leaves:
+        x = leaf[q]
+        for n in path[q]:
+            out[n] += x
+    return out
+
+
 class DecayedUsage:
     """Slurm's decayed usage per queue: GPU-seconds, halved every ``half_life`` seconds.
 

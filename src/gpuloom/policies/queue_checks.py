@@ -28,7 +28,7 @@ from typing import Any
 
 from ..core.job import Job
 from ..core.plan import Allocation, Plan, PlanError, changes
-from ..core.queues import INF, QueueTree, usage
+from ..core.queues import INF, QueueTree, summed_up, summed_up_gpus, usage
 from .base import PlacePolicy, Request, View
 from .free import FreeState
 from .queue_base import Admission
@@ -166,21 +166,9 @@ class HeldSums:
         if whole:
             u = [[g[n], c[n], m[n]] for n in range(len(tree))]
         if not self.flat:  # (up the tree: each node sums its leaves, in the leaves' order)
-            out = [0.0] * len(tree)
-            for q in tree.leaves:
-                for n in tree.path[q]:
-                    out[n] += g[q]
+            g = summed_up_gpus(tree, g)
             if u is not None:
-                leaves = u
-                u = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
-                for q in tree.leaves:
-                    x, y, z = leaves[q]
-                    for n in tree.path[q]:
-                        s = u[n]
-                        s[0] += x
-                        s[1] += y
-                        s[2] += z
-            g = out
+                u = summed_up(tree, u)
         if self.verify:
             sums = usage(tree, allocs, {jid: leaf_of(by_id[jid]) for jid in allocs})
             if [s[0] for s in sums] != g or (u is not None and u != sums):

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core.job import Job
 from ..core.plan import Allocation, Plan, changes, drop_job
-from ..core.queues import usage
+from ..core.queues import summed_up_gpus, usage
 from .base import PlacePolicy, View
 from .queue_base import Owed
 from .queue_checks import GuaranteedAsks, HeldSums, above, check_queues
@@ -114,12 +114,7 @@ class QuotaReclaim(QuotaState):
             self._flat = (tree, all(len(p) == 1 for p in tree.path))
         if self._flat[1]:
             return g
-        out = [0.0] * len(tree)
-        for q in tree.leaves:
-            x = g[q]
-            for n in tree.path[q]:
-                out[n] += x
-        return out
+        return summed_up_gpus(tree, g)
 
     def _smallest_left_out(self, plan: Plan, view: View) -> Callable[[int], float] | None:
         """When this round read the book: per leaf, the fewest GPUs one of its jobs ``plan`` leaves out asks for

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from ..core.job import Job
 from ..core.plan import Allocation, Plan, changes
-from ..core.queues import QueueError, QueueTree, parse_queues, usage
+from ..core.queues import QueueError, QueueTree, parse_queues, summed_up, usage
 from .base import View, parse_flag
 from .queue_base import Admission, QueuePolicy
 from .queue_book import QueueBook
@@ -252,15 +252,7 @@ class QuotaState(QueuePolicy):
             self._flat = (tree, all(len(p) == 1 for p in tree.path))
         if self._flat[1]:
             return leaf
-        out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
-        for q in tree.leaves:
-            g, c, m = leaf[q]
-            for n in tree.path[q]:
-                u = out[n]
-                u[0] += g
-                u[1] += c
-                u[2] += m
-        return out
+        return summed_up(tree, leaf)
 
     def leaf_map(self, ids: Iterable[str], view: View) -> dict[str, int]:
         """``{job id: its leaf}`` for the active jobs ``ids`` of ``view``: from the book when this round's
