@@ -323,13 +323,9 @@ def test_queue_usage_kept_from_the_driver_changes_equals_the_sum_of_the_plan(pol
     assert not kept
 
 
-@pytest.mark.parametrize("tree", [FIVE, FIVE_LIMITED, ORGS], ids=["flat", "limited", "orgs"])
-@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
-def test_the_checks_own_sums_equal_the_sum_of_the_plan(policy: str, tree: QueueTree,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # the round check keeps its own sums of what each leaf holds (HeldSums: from the allocations the driver starts
-    # and stops, not the stage's book) and reads a plan's usage from them and the plan's changes; with verify on,
-    # every such reading is compared with the plan's allocations summed whole (and raises where they differ)
+def _held_sums_verified(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The round check's own sums (HeldSums) compared with the plan's allocations summed whole at every reading
+    (verify); -> a list that gets, per reading, whether the kept sums answered it (not None)."""
     from gpuloom.policies.queue_checks import HeldSums
 
     monkeypatch.setattr(HeldSums, "verify", True)
@@ -342,6 +338,17 @@ def test_the_checks_own_sums_equal_the_sum_of_the_plan(policy: str, tree: QueueT
         return out
 
     monkeypatch.setattr(HeldSums, "plan_usage", counted)
+    return read
+
+
+@pytest.mark.parametrize("tree", [FIVE, FIVE_LIMITED, ORGS], ids=["flat", "limited", "orgs"])
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_the_checks_own_sums_equal_the_sum_of_the_plan(policy: str, tree: QueueTree,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # the round check keeps its own sums of what each leaf holds (HeldSums: from the allocations the driver starts
+    # and stops, not the stage's book) and reads a plan's usage from them and the plan's changes; with verify on,
+    # every such reading is compared with the plan's allocations summed whole (and raises where they differ)
+    read = _held_sums_verified(monkeypatch)
     specs = five_queue_specs(300, 40.0, 1, priority=True)
     sched = Scheduler.from_names(queue=policy, params={"queues": tree})
     Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(check=True, restart_overhead=30.0)).run()
@@ -472,20 +479,10 @@ def test_philly_slice_is_the_same_with_and_without_each_queue_shortcut(policy: s
     # from every allocation and owed queues' jobs listed and read whole: the same jobs and series, bit for bit.  The
     # round check's own sums (HeldSums), read with each plan's changes, are compared with the plan's allocations
     # summed whole at every check (verify)
-    from gpuloom.policies.queue_checks import HeldSums
     from gpuloom.sim.quotas import demand_quotas
     from gpuloom.sim.traces import load_trace
 
-    monkeypatch.setattr(HeldSums, "verify", True)
-    read: list[bool] = []
-    real = HeldSums.plan_usage
-
-    def counted(self: HeldSums, *args: Any) -> Any:
-        out = real(self, *args)
-        read.append(out is not None)
-        return out
-
-    monkeypatch.setattr(HeldSums, "plan_usage", counted)
+    read = _held_sums_verified(monkeypatch)
 
     specs = sorted(load_trace(data_dir / "sia" / "philly_jobs.csv", "philly"), key=lambda s: s.arrival)[10_000:11_000]
     cl = Cluster.homogeneous(8, 8)
