@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuloom.runtime.exec.slurm import REASONS
-from gpuloom.runtime.exec.slurm_steps import ABORTED_AT_LAUNCH, sacct_step_reason, srun_aborted, stepd_reason
+from gpuloom.runtime.exec.slurm_steps import (
+    ABORTED_AT_LAUNCH,
+    NO_EXIT_RECORD,
+    sacct_step_reason,
+    srun_aborted,
+    stepd_reason,
+)
 from service_util import JOB_PY
 from slurm_util import own_slurm_fixture, steps_executor, wait_until  # noqa: F401 (own_slurm_fixture: a fixture)
 from slurm_util import step_spec as spec
@@ -91,7 +97,30 @@ def test_a_failed_step_ends_with_slurms_reason_oom_time_limit_or_cancel(own_slur
         return len(got) == len(jobs)
 
     wait_until(ended, 150, "every job's end", lambda: f"{got} {slurm.scontrol('show', 'step')}")
-    assert got == {"tl": 143, "oom": 137, "cx": 137, "bad": 3, "sig": 137, "early": 137}
-    assert why.pop("early") in (REASONS["CANCELLED"], ABORTED_AT_LAUNCH)
+    # (srun says 0 for a step it had not launched yet: no exit of the job's, so unknown, never a success)
+    assert (got.pop("early"), why.pop("early")) in {(137, REASONS["CANCELLED"]), (137, ABORTED_AT_LAUNCH),
+                                                     (None, ABORTED_AT_LAUNCH), (None, NO_EXIT_RECORD)}
+    assert got == {"tl": 143, "oom": 137, "cx": 137, "bad": 3, "sig": 137}
     assert why == {"tl": REASONS["TIMEOUT"], "oom": REASONS["OUT_OF_MEMORY"], "cx": REASONS["CANCELLED"],
                    "bad": None, "sig": None}
+
+
+def test_srun_ending_0_without_the_scripts_exit_record_is_no_success(tmp_path: Path, monkeypatch: Any) -> None:
+    """srun says 0 for a step Slurm ended before its task ran: with no exit record of the script's, its end
+    is reported (after ``ENDED_GRACE_S``, for a record written just before srun's end) unknown, not 0."""
+    import subprocess
+
+    from gpuloom.runtime.exec import slurm_steps
+    from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor, Step
+
+    monkeypatch.setattr(slurm_steps, "ENDED_GRACE_S", 0.3)
+    e = SlurmStepsExecutor("t", out_dir=str(tmp_path))
+    rec = tmp_path / "j.4.exit"
+    st = Step(4, "4.1", str(rec), subprocess.Popen(["true"]))
+    assert st.proc is not None and st.proc.wait() == 0
+    assert e._step_exit(st, "j") == (False, None)  # a record may still show
+    time.sleep(0.4)
+    assert e._step_exit(st, "j") == (True, None)
+    assert e._step_exit(st) == (True, None)  # (a stop does not wait)
+    rec.write_text("0\n")
+    assert e._step_exit(st, "j") == (True, 0)

@@ -100,6 +100,10 @@ def stepd_reason(text: str, step: str) -> str | None:
 ABORTED_AT_LAUNCH = "ended by Slurm while its step was being launched (srun: step aborted), cause not recorded"
 
 
+#: why a step ended whose srun said 0 but whose script left no exit record (it never reached its end)
+NO_EXIT_RECORD = "its step ended (srun exit 0) without its script's exit record: the job did not run to its end"
+
+
 def srun_aborted(text: str, step: str) -> bool:
     """Whether srun's ``-v`` output says Slurm ended step ``step`` ("A.S") before it had fully launched."""
     return re.search(rf"StepId={re.escape(step)} aborted before step completely launched", text) is not None
@@ -267,14 +271,20 @@ class SlurmStepsExecutor(SlurmExecutor):
             time.sleep(0.01)
 
     # -- observe ------------------------------------------------------------------------------
-    def _step_exit(self, st: Step) -> tuple[bool, int | None]:
-        """(whether the step has ended, its exit): its script's record, else srun's code once srun ended."""
+    def _step_exit(self, st: Step, eid: str | None = None) -> tuple[bool, int | None]:
+        """(whether the step has ended, its exit): its script's record, else srun's code once srun ended.
+        srun's 0 with no record is no success: the script never reached its end (srun says 0 for a step
+        Slurm cancelled while launching it, no task having run); unknown, once ``ENDED_GRACE_S`` has
+        given a record written just before srun's end the time to show (at once without ``eid``: a stop)."""
         data = read_output(st.exit_file, 0, 64, self._warned)
         if data and data.endswith(b"\n") and data.strip().isdigit():
             return True, int(data)
         if st.proc is not None and st.proc.poll() is not None:
             rc = st.proc.returncode
-            return True, rc if rc >= 0 else 128 - rc
+            if rc == 0 and eid is not None:
+                first = self._failing.setdefault(eid, time.monotonic())
+                return time.monotonic() - first > ENDED_GRACE_S, None
+            return True, None if rc == 0 else rc if rc > 0 else 128 - rc
         return False, None
 
     def _settled(self, eid: str, st: Step) -> bool:
@@ -306,7 +316,8 @@ class SlurmStepsExecutor(SlurmExecutor):
         if out is None or (code is not None and code < 128):
             return None
         # slurmstepd's line, else srun's word that the step was ended while it launched (no output set up yet)
-        aborted = ABORTED_AT_LAUNCH if srun_aborted(said, st.step) else None
+        aborted = (ABORTED_AT_LAUNCH if srun_aborted(said, st.step) else
+                   NO_EXIT_RECORD if code is None and st.proc is not None and st.proc.returncode == 0 else None)
         try:
             size = os.lstat(out).st_size
         except OSError:
@@ -323,7 +334,7 @@ class SlurmStepsExecutor(SlurmExecutor):
         self._reap()
         for eid, st in list(self.steps.items()):
             if eid not in self.exits and eid not in self._stopping:
-                done, code = self._step_exit(st)
+                done, code = self._step_exit(st, eid)
                 if done and (code == 0 or self._settled(eid, st)):
                     self.exits[eid] = code
                     why = None if code == 0 else self._step_reason(eid, st, code)
