@@ -62,7 +62,9 @@ cancelled.
 step, started by an ``srun`` the service runs (in its own session, as the
 job's account) for the job's whole run.  slurmctld places an allocation in the
 request itself, where a batch job waits for its scheduling loop's next pass
-(up to a second); the job ends with its step and its exit code, and is read
+(up to a second), or refuses it (``--immediate``: a root ``srun --uid`` loses
+the message granting a queued one): a launch onto resources Slurm still holds
+is refused and the job stays queued; the job ends with its step and its exit code, and is read
 back as a batch job is.  It cannot be requeued: a stop ends it, a resume is a
 new job.
 
