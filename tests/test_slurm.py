@@ -87,7 +87,8 @@ def test_one_argv_builder_places_a_job_for_each_command() -> None:
     assert slurm_argv("sbatch", out="/o/7.log", **common) == \
         ["sbatch", "--parsable", *place, *run, "--requeue", "--gres=gpu:g1:1,gpu:g3:1", "--partition=gpu", *who]
     assert slurm_argv("srun", out="/o/7.log", **common) == \
-        ["srun", "-v", *place, *run, "--input=none", "--gres=gpu:g1:1,gpu:g3:1", "--partition=gpu", *who]
+        ["srun", "-v", *place, *run, "--input=none", "--immediate", "--gres=gpu:g1:1,gpu:g3:1", "--partition=gpu",
+         *who]
     assert slurm_argv("step", out="/o/7.log", jobid=41, **common) == \
         ["srun", "-v", "--jobid=41", *place, *run, "--input=none", "--exact", "--gres=gpu:g1:1,gpu:g3:1", *who]
     assert slurm_argv("salloc", **{**common, "gres": None, "partition": None, "account": None, "mem_mb": 0}) == \
@@ -609,6 +610,68 @@ def test_srun_preempt_and_resume_run_each_step_once(ex_srun: SlurmExecutor, slur
     assert [int(x) for x in (ckpt / "ledger").read_text().split()] == list(range(1, 41))
     text = log.read_text()
     assert text.count("resumed from ") == 1 and text.count("checkpointed at step") == 1 and "result=820" in text
+
+
+def test_srun_launch_onto_gpus_slurm_still_holds_is_refused_and_the_job_runs_once_they_are_free(
+        ex_srun: SlurmExecutor, slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The service may relaunch onto GPUs that Slurm still holds (a job reported ended by its exit record
+    is still being torn down): srun does not queue there (root's srun --uid loses the message that grants a
+    queued allocation, and slurmctld kills the job), the launch is refused and the job stays queued."""
+    first = ex_srun.launch(LaunchSpec("a", "echo a; sleep 60", "gpn0", (0, 1), (0, 1), 100, str(tmp_path / "a.log"),
+                                      {}, None, "gpuloom"))
+    wait_until(lambda: ex_srun.poll() == {} and "a" in (tmp_path / "a.log").read_text(), 30, "a to run")
+    b = LaunchSpec("wide", "echo b", "gpn0", (0, 1, 2, 3), (0, 1), 100, str(tmp_path / "b.log"), {}, None, "gpuloom")
+    with pytest.raises(NodeUnavailable, match="gpn0 has no room now: .*Requested nodes are busy"):
+        ex_srun.launch(b)
+    assert "wide" not in ex_srun.procs and not ex_srun._sruns.keys() - {first.pid}
+    # nothing waits in Slurm: slurmctld keeps the refused request's record, failed
+    assert [r["JobState"] for r in parse_records(slurm.scontrol("show", "job")) if r.get("JobName") == "gltest:wide"] \
+        == ["FAILED"]
+    assert ex_srun.stop("a", 5.0) == 143
+    wait_until(lambda: slurm.job(first.pid)["JobState"] in ("CANCELLED", "FAILED"), 30, "a's end in Slurm")
+    again = ex_srun.launch(b)
+    assert wait_until(lambda: ex_srun.poll(), 30, "b's exit") == {"wide": 0}
+    assert (tmp_path / "b.log").read_text() == "b\n" and slurm.job(again.pid)["JobState"] == "COMPLETED"
+
+
+def test_srun_that_ends_before_its_step_leaves_the_job_queued(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """An allocation whose srun ends before it launches the step ran nothing of the job: the launch is
+    refused (the job stays queued) and the allocation is cancelled, never reported as the job's failure."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\n"  # what srun says where its step cannot be created in its allocation
+                               "echo 'srun: jobid 999999: nodes(1):gpn0, cpu counts: 1(x1)' >&2\n"
+                               "echo 'srun: error: Unable to create step for job 999999: Job/step already "
+                               "completing or completed' >&2\nexit 1\n")
+    (fake / "srun").chmod(0o755)
+    e = SlurmExecutor("gltest", grace_s=5.0, env={**slurm.env, "PATH": f"{fake}:{slurm.env.get('PATH', '')}"},
+                      out_dir=str(job_writable(tmp_path) / "out"), launcher="srun")
+    e.read_nodes()
+    with pytest.raises(NodeUnavailable, match="Slurm job 999999 ran no step: srun: error: Unable to create step"):
+        e.launch(LaunchSpec("c", "echo c", "gpn0", (0,), (0,), 100, str(tmp_path / "c.log"), {}, None, "gpuloom"))
+    assert e.procs == {} and e._sruns == {} and os.listdir(str(e.out_dir)) == ["gpuloom"]  # its files gone too
+    assert os.listdir(Path(str(e.out_dir)) / "gpuloom") == []
+
+
+def test_srun_job_is_reported_ended_with_all_of_its_output(ex_srun: SlurmExecutor, tmp_path: Path) -> None:
+    """srun writes the job's output as slurmstepd forwards it: the script's exit record comes before its last
+    lines do, and the end is reported once srun has exited, so the job's log has every line.  (10,000 lines:
+    Slurm itself loses the end of some bursts of 100,000 as a step ends, 3 of 20 here.)"""
+    log = tmp_path / "o.log"
+    ex_srun.launch(LaunchSpec("o", "seq 1 10000", "gpn0", (0,), (0,), 100, str(log), {}, None, "gpuloom"))
+    record, end = ex_srun._exit_files["o"], time.monotonic() + 30
+    while not os.path.exists(record) and time.monotonic() < end:  # a poll as soon as the exit record shows
+        time.sleep(0.002)
+    assert wait_until(lambda: ex_srun.poll(), 30, "o's exit") == {"o": 0}
+    assert log.read_text() == "".join(f"{i}\n" for i in range(1, 10001))
+    # and a stopped one with what it printed as it stopped
+    cmd = "trap 'trap \"\" TERM; seq 1 10000; exit 143' TERM; echo up; while :; do sleep 0.05; done"
+    log = tmp_path / "t.log"
+    ex_srun.launch(LaunchSpec("t", cmd, "gpn0", (1,), (0,), 100, str(log), {}, None, "gpuloom"))
+    wait_until(lambda: ex_srun.poll() == {} and "up" in log.read_text(), 30, "t to run")
+    assert ex_srun.stop("t", 10.0) == 143
+    # (slurmstepd's line for each TERM, "*** STEP N.0 ON gpn0 CANCELLED AT ...", may come among them)
+    assert [ln for ln in log.read_text().splitlines() if ln.isdigit()] == [str(i) for i in range(1, 10001)]
 
 
 def test_serve_slurm_srun_preempts_and_resumes_each_step_once(serve_slurm: Any, slurm: SlurmCluster) -> None:

@@ -62,7 +62,9 @@ cancelled.
 step, started by an ``srun`` the service runs (in its own session, as the
 job's account) for the job's whole run.  slurmctld places an allocation in the
 request itself, where a batch job waits for its scheduling loop's next pass
-(up to a second); the job ends with its step and its exit code, and is read
+(up to a second), or refuses it (``--immediate``: a root ``srun --uid`` loses
+the message granting a queued one): a launch onto resources Slurm still holds
+is refused and the job stays queued; the job ends with its step and its exit code, and is read
 back as a batch job is.  It cannot be requeued: a stop ends it, a resume is a
 new job.
 
@@ -87,6 +89,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
@@ -146,6 +149,7 @@ class SlurmExecutor(SlurmLauncher):
         if p is None:
             raise ExecutorError(f"job {job_id}: not running through this executor")
         if job_id in self.exits:  # it ended on its own; not yet polled
+            self._wait_srun(p.pid)
             self._forget(job_id)
             return self.exits.pop(job_id)
         self._stopping.add(job_id)
@@ -173,6 +177,8 @@ class SlurmExecutor(SlurmLauncher):
             else:
                 time.sleep(0.1)
             rec = self._job(sid)
+        if rec is None or rec.get("JobState") not in LIVE - {"COMPLETING"}:
+            self._wait_srun(sid)  # (the last lines it printed as it stopped: its checkpoint's)
         code = None
         if rec is not None and (rec.get("JobState") in ENDED or rec.get("JobState") == "COMPLETING"):
             code = exit_of(rec.get("ExitCode", ""))
@@ -191,6 +197,17 @@ class SlurmExecutor(SlurmLauncher):
             self._cancel(sid)
         self._forget(job_id)
         return code
+
+    def _wait_srun(self, sid: int) -> None:
+        """Wait (up to ``ENDED_GRACE_S``) for the srun of a job whose script has ended: srun writes the job's
+        output as slurmstepd forwards it, and its last lines come after the script's exit record, even after
+        Slurm has ended the job (tens of ms here); it has written them all once it exits."""
+        srun = self._sruns.get(sid)
+        if srun is not None:
+            try:
+                srun[0].wait(ENDED_GRACE_S)
+            except subprocess.TimeoutExpired:
+                log.warning("Slurm job %d has ended but its srun runs on: its output may lack its last lines", sid)
 
     def _forget(self, eid: str) -> None:
         self.mirror([eid], final=True)
@@ -272,6 +289,7 @@ class SlurmExecutor(SlurmLauncher):
             self.mirror([e for e in self.outputs if e not in self.exits])
         out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
         for x in out:
+            self._wait_srun(self.procs[x].pid)
             remote = self.outputs.get(x)
             self._forget(x)
             self._keys.pop(x, None)

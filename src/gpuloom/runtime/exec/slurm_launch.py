@@ -21,11 +21,17 @@ from .slurm_parse import SlurmNode, _time
 #: how long after a requeue a held job may be released again (see :meth:`SlurmExecutor.launch`)
 REVOKE_S = 1.1
 _NAME_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_SRUN_JOB = re.compile(r"srun: (?:jobid (\d+):|job (\d+) queued)")
+_SRUN_JOB = re.compile(r"srun: jobid (\d+):")
+_SRUN_STEP = re.compile(r"srun: launching StepId=(\d+)\.")
+#: what srun says when slurmctld refuses an ``--immediate`` allocation the node has no room for now
+_SRUN_BUSY = ("Requested nodes are busy", "Immediate execution impossible")
 
 
-#: what each placing command adds: before the common options, after them
-_MODES = {"sbatch": (["--parsable"], ["--requeue"]), "srun": (["-v"], ["--input=none"]),
+#: what each placing command adds: before the common options, after them.  srun's allocation is
+#: ``--immediate`` (placed in the request or refused): srun run by root with ``--uid`` cannot read the
+#: message that grants a queued allocation later (munge's credential is the job account's), and
+#: slurmctld kills the job ("Killing interactive JobId=N: Communication connection failure")
+_MODES = {"sbatch": (["--parsable"], ["--requeue"]), "srun": (["-v"], ["--input=none", "--immediate"]),
           "step": (["-v"], ["--input=none", "--exact"]), "salloc": (["--no-shell"], [])}
 
 
@@ -233,7 +239,9 @@ class SlurmLauncher(SlurmClient):
         the request itself when the node has room (a batch job waits for its scheduling loop, up to a
         second), then runs the script as its step; the job ends with the step, with its exit code.  srun
         writes the output (as the account, to ``out``) and stays until the job ends; its Slurm job id is
-        read from its ``-v`` line ``jobid N:`` (or ``job N queued``)."""
+        read from its ``-v`` line ``jobid N:``, and the launch returns once srun says ``launching StepId=N.0``.
+        Where srun ends before that (no room now: ``--immediate`` refused it; or its step was not created),
+        nothing of the job ran: :class:`NodeUnavailable`, the job stays queued."""
         tag, script = self._write_script(spec, out)
         err = f"{self.out_dir}/.srun-{tag}.err"  # the service's own (srun's messages, the job id)
         argv = slurm_argv("srun", name=self.job_name(spec.job_id), node=spec.node, cpus=cpus, mem_mb=spec.mem_mb,
@@ -244,11 +252,12 @@ class SlurmLauncher(SlurmClient):
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=ef, env=self.env,
                                  cwd="/", start_new_session=True)
         end = time.monotonic() + self.timeout_s
+        sid = None
         while True:
             text = _read_text(err)
-            m = _SRUN_JOB.search(text)
-            if m is not None:
-                sid = int(m.group(1) or m.group(2))
+            if sid is None and (m := _SRUN_JOB.search(text)) is not None:
+                sid = int(m.group(1))
+            if sid is not None and _SRUN_STEP.search(text):
                 self._sruns[sid] = (p, err, script)
                 return sid
             if p.poll() is not None or time.monotonic() > end:
@@ -257,7 +266,16 @@ class SlurmLauncher(SlurmClient):
                     p.wait()
                 _unlink(err)
                 _unlink(script)
-                why = " ".join(ln for ln in text.splitlines() if "error" in ln)[:300] or f"srun exited {p.returncode}"
+                # srun's own "Unable to ..." first: a root srun --uid also logs messages of slurmctld's to the
+                # job's account it cannot read ("Munge decode failed"); "error:", not -v's "error : FILE"
+                errs = [ln for ln in text.splitlines() if "error:" in ln]
+                why = " ".join([ln for ln in errs if "Unable to" in ln] or errs)[:300] or (
+                    f"srun exited {p.returncode}" if p.returncode >= 0 else f"srun killed after {self.timeout_s:g} s")
+                if sid is not None:  # an allocation whose step never ran the script
+                    self._cancel(sid)
+                    raise NodeUnavailable(f"job {spec.job_id}: Slurm job {sid} ran no step: {why}")
+                if any(s in text for s in _SRUN_BUSY):
+                    raise NodeUnavailable(f"job {spec.job_id}: {spec.node} has no room now: {why}")
                 if "Unable to contact slurm controller" in text or "Socket timed out" in text:
                     raise NodeUnavailable(f"job {spec.job_id}: {why}")
                 raise SlurmError(f"job {spec.job_id}: srun gave no job id: {why}")
