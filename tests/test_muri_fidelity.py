@@ -193,6 +193,48 @@ def test_las_gpu_events_order_is_the_key_order_and_reuses_it_between_events(make
     assert order_at([f, e, d, c2, b, a], 1000.0, 6) == ["d", "c", "e", "f", "a", "b"]
 
 
+def test_las_gpu_events_sorts_the_keys_it_just_took_as_key_by_key(make_view) -> None:  # noqa: ANN001
+    # a driver's view (its tally: jobs in index order): the keys taken at an event are sorted as the
+    # values of the table, in the jobs' order; a keys_at of another order falls back to key by key
+    from gpuloom.core.job import Job
+    from gpuloom.core.plan import Allocation, Part
+    from gpuloom.policies import make
+    from gpuloom.policies.incremental import Tally
+    from gpuloom.policies.order import KeyOrder, LASGPUEvents
+
+    def made(jid: str, index: int, attained: float) -> Job:
+        j = Job(JobSpec(jid, 0.0, 1, 1e5), index)
+        j.arrive(0.0)
+        j.attained_gpu_time, j.last_update = attained, 0.0
+        return j
+
+    class Reversed(LASGPUEvents):  # its table built in reverse
+        def keys_at(self, jobs, now):  # noqa: ANN001, ANN202
+            return dict(reversed(list(super().keys_at(jobs, now).items())))
+
+        @staticmethod
+        def key_at(job: Job, now: float) -> float:
+            return job.attained_gpu_at(now)
+
+    # attained GPU-s: a 50, b 0, c 50 (a tie with a: by index), d 20 on 2 GPUs from 0 (20 + 2 x now)
+    a, b, c, d = made("a", 0, 50.0), made("b", 1, 0.0), made("c", 2, 50.0), made("d", 3, 20.0)
+    d.alloc = Allocation("d", (Part(0, (0, 1), 2, 1000),))
+    for pol, expect in ((make("order", "las-gpu-events"), (["b", "d", "a", "c"], ["b", "a", "c", "e", "d"])),
+                        (Reversed(), (["b", "d", "a", "c"], ["b", "a", "c", "e", "d"]))):
+        got = []
+        for rnd, (jobs, now) in enumerate((([a, b, c, d], 10.0), ([a, b, c, d, made("e", 4, 50.0)], 20.0)), 1):
+            tally = Tally()
+            for j in jobs:
+                tally.admitted(j)
+            assert tally.index_order
+            view = make_view(jobs=jobs, now=now)
+            view.round_index, view.tally = rnd, tally
+            out = [j.id for j in pol.order(view.jobs, view)]
+            assert out == [j.id for j in KeyOrder.order(pol, view.jobs, view)]
+            got.append(out)
+        assert tuple(got) == expect
+
+
 def test_srsf_events_keeps_the_keys_of_the_last_event(make_view, data_dir: Path) -> None:  # noqa: ANN001
     # remaining work x GPUs: a runs on 2 GPUs at speed 1 with 1000 s left (2000), b and c wait with 1500
     # and 1800 s on 1 GPU each

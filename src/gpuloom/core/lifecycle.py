@@ -494,7 +494,9 @@ class LifecycleTimes:
                     else:
                         direct = False
                         pend.append((t, st))
-                    t += _step_s(st, launch, ckpt, stop_s)
+                    # (_step_s, written out: a few calls per stop and start)
+                    t += (launch if st is _LAUNCHING else ckpt if st is _CHECKPOINTING else stop_s if st is _STOPPING
+                          else 0.0)
         ready = now
         if start:
             # with nothing planned before them, the start steps due now are walked at once: the same
@@ -511,6 +513,10 @@ class LifecycleTimes:
                     direct = False
                     pend.append((t, st))
                 ready = t
-                t += _step_s(st, launch, ckpt, stop_s)
-        lc.sync(now)  # zero-length steps happen now
+                t += (launch if st is _LAUNCHING else ckpt if st is _CHECKPOINTING else stop_s if st is _STOPPING
+                      else 0.0)
+        # zero-length steps happen now: sync, unless it would do nothing (no planned step due, and not
+        # protected, the only state refresh() may end)
+        if (pend and not pend[0][0] > now) or lc._state is _PROTECTED:
+            lc.sync(now)
         return ready

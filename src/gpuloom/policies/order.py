@@ -43,6 +43,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Sequence
+from functools import partial
 from operator import itemgetter
 from typing import ClassVar
 
@@ -257,8 +258,12 @@ class LASGPUEvents(KeyOrder):
         self._seen: tuple[float, int] | None = None  # (now, round) of the last check
         # the last order and the keys it was sorted by: with the same keys and the same job objects
         # (the rounds between two events) it is the order again
-        # (with the ids of its jobs' objects, built once per sort and read at each round between events)
-        self._sorted: tuple[dict[str, float], list[Job], set[int]] | None = None
+        # (with the ids of its jobs' objects, made at the first round that could reuse the order, not at
+        # every sort: most sorts, one per event, are followed by another event's)
+        self._sorted: tuple[dict[str, float], list[Job], set[int] | None] | None = None
+        # the keys just taken, in the order of the view's jobs they were taken from, with that view's
+        # stamp and jobs' count: order() sorts these values instead of reading each job's key again
+        self._fresh: tuple[dict[str, float], tuple[float, int], int] | None = None
 
     def _refresh(self, view: View) -> None:
         stamp = (view.now, view.round_index)
@@ -274,6 +279,10 @@ class LASGPUEvents(KeyOrder):
                           else j.attained_gpu_time + dt * a.num_gpus for j in jobs}
         else:
             self._keys = self.keys_at(jobs, now)
+            if type(self).keys_at not in (LASGPUEvents.keys_at, SRSFEvents.keys_at):
+                self._fresh = None  # (another keys_at may build its table in another order)
+                return
+        self._fresh = (self._keys, stamp, len(self._keys))
 
     @staticmethod
     def key_at(job: Job, now: float) -> float:
@@ -295,17 +304,30 @@ class LASGPUEvents(KeyOrder):
         self._refresh(view)
         keys = self._keys
         last = self._sorted
-        if last is not None and last[0] is keys and len(last[1]) == len(jobs) and last[2].issuperset(map(id, jobs)):
-            return list(last[1])
+        if last is not None and last[0] is keys and len(last[1]) == len(jobs):
+            ids = last[2]
+            if ids is None:
+                ids = set(map(id, last[1]))
+                self._sorted = (keys, last[1], ids)
+            if ids.issuperset(map(id, jobs)):
+                return list(last[1])
         tally = view.tally
         if jobs is view.jobs and tally is not None and tally.index_order:
             # the view's jobs are in Job.index order: a stable sort by key alone breaks ties by it
             seq = list(jobs)
-            ks = [keys[j.id] for j in seq]
-            ordered = [seq[i] for i in sorted(range(len(ks)), key=ks.__getitem__)]
+            fresh = self._fresh
+            if fresh is not None and fresh[0] is keys and fresh[1] == (view.now, view.round_index) \
+                    and fresh[2] == len(seq):
+                # the keys were taken from these jobs, in this order, at this round: sorted reads each
+                # job's key once, in list order, so the key function hands out the next value
+                # (next(it, job): the job is only a default, never reached with as many keys as jobs)
+                ordered = sorted(seq, key=partial(next, iter(keys.values())))
+            else:
+                ks = [keys[j.id] for j in seq]
+                ordered = [seq[i] for i in sorted(range(len(ks)), key=ks.__getitem__)]
         else:
             ordered = sorted(jobs, key=lambda j: (keys[j.id], j.index))
-        self._sorted = (keys, ordered, set(map(id, ordered)))
+        self._sorted = (keys, ordered, None)
         return list(ordered)
 
 
