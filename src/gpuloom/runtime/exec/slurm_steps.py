@@ -379,6 +379,13 @@ class SlurmStepsExecutor(SlurmExecutor):
             if a is not None:
                 self._leave(a, eid)
             if st.proc is not None:
+                # srun writes the step's output as slurmstepd forwards it, its last lines after the script's
+                # exit record: all of it once srun exits (the output is copied whole into the log just below)
+                try:
+                    st.proc.wait(ENDED_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    log.warning("job %s: its step has ended but its srun runs on: its log may lack its last lines",
+                                eid)
                 self._ending.append((st.proc, st.err, st.step, time.monotonic()))
         remote = self.outputs.get(eid)
         self._forget(eid)
