@@ -148,6 +148,16 @@ def test_las_gpu_events_reorders_only_when_jobs_arrive_or_end(data_dir: Path) ->
     assert fins[0] == fins[1]
 
 
+def _arrived(jid: str, index: int, attained: float, gpus: int):  # noqa: ANN202
+    """A job of ``gpus`` GPUs arrived at 0 with ``attained`` GPU-seconds."""
+    from gpuloom.core.job import Job
+
+    j = Job(JobSpec(jid, 0.0, gpus, 1e5), index)
+    j.arrive(0.0)
+    j.attained_gpu_time, j.last_update = attained, 0.0
+    return j
+
+
 def test_las_gpu_events_order_is_the_key_order_and_reuses_it_between_events(make_view) -> None:  # noqa: ANN001
     # attained GPU-time: a 300, b 100, c 100 (ties by arrival); a runs on 2 GPUs
     from gpuloom.core.job import Job
@@ -156,10 +166,7 @@ def test_las_gpu_events_order_is_the_key_order_and_reuses_it_between_events(make
     from gpuloom.policies.order import KeyOrder
 
     def made(jid: str, index: int, attained: float) -> Job:
-        j = Job(JobSpec(jid, 0.0, 2, 1e5), index)
-        j.arrive(0.0)
-        j.attained_gpu_time, j.last_update = attained, 0.0
-        return j
+        return _arrived(jid, index, attained, 2)
 
     a, b, c = made("a", 0, 300.0), made("b", 1, 100.0), made("c", 2, 100.0)
     a.alloc = Allocation("a", (Part(0, (0, 1), 2, 1000),))
@@ -203,10 +210,7 @@ def test_las_gpu_events_sorts_the_keys_it_just_took_as_key_by_key(make_view) -> 
     from gpuloom.policies.order import KeyOrder, LASGPUEvents
 
     def made(jid: str, index: int, attained: float) -> Job:
-        j = Job(JobSpec(jid, 0.0, 1, 1e5), index)
-        j.arrive(0.0)
-        j.attained_gpu_time, j.last_update = attained, 0.0
-        return j
+        return _arrived(jid, index, attained, 1)
 
     class Reversed(LASGPUEvents):  # its table built in reverse
         def keys_at(self, jobs, now):  # noqa: ANN001, ANN202
