@@ -273,8 +273,8 @@ class SlurmStepsExecutor(SlurmExecutor):
     # -- observe ------------------------------------------------------------------------------
     def _step_exit(self, st: Step, eid: str | None = None) -> tuple[bool, int | None]:
         """(whether the step has ended, its exit): its script's record, else srun's code once srun ended.
-        srun's 0 with no record is no success: the script never reached its end (srun says 0 for a step
-        Slurm cancelled while launching it, no task having run); unknown, once ``ENDED_GRACE_S`` has
+        srun's 0 with no record is no success: the script never reached its end (srun can say 0 for a
+        step Slurm ended before its task ran); unknown, once ``ENDED_GRACE_S`` has
         given a record written just before srun's end the time to show (at once without ``eid``: a stop)."""
         data = read_output(st.exit_file, 0, 64, self._warned)
         if data and data.endswith(b"\n") and data.strip().isdigit():
