@@ -214,6 +214,8 @@ class QueueTree:
                 chain.append(p)
                 p = self.parent[p]
             self.path.append(tuple(reversed(chain)))
+        #: one level: every queue is a top-level leaf, its path the queue alone (a leaf's use is its own)
+        self.one_level = all(len(p) == 1 for p in self.path)
         self.leaves: tuple[int, ...] = tuple(i for i in range(n) if not self.children[i])
         self.is_leaf = [not c for c in self.children]
         self.weight = [q.weight for q in self.queues]
@@ -593,7 +595,7 @@ def usage(tree: QueueTree, allocations: Mapping[str, Any], leaf: Mapping[str, in
     """
     out = [[0.0, 0.0, 0.0] for _ in range(len(tree))]
     path = tree.path
-    if all(len(p) == 1 for p in path):  # a flat tree: each job's share is added to its leaf alone
+    if tree.one_level:  # each job's share is added to its leaf alone
         for jid, a in allocations.items():
             q = leaf.get(jid)
             if q is not None:

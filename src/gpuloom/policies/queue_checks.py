@@ -140,7 +140,7 @@ class HeldSums:
                     mem[q] += a.mem_mb
             self.gpus, self.cpus, self.mem = gpus, cpus, mem
             self.tree, self.version, self.count = tree, stage.version, len(current)
-            self.flat = all(len(p) == 1 for p in tree.path)
+            self.flat = tree.one_level
         removed, added = changes(current, plan)
         g = gpus.copy()
         c, m = (cpus.copy(), self.mem.copy()) if whole and cpus is not None else ([], [])

@@ -47,7 +47,7 @@ class DRFQueues(QuotaQueues):
             inv = [tuple(1.0 / (c * w) for c in caps) for w in tree.sibling_weight]
             self._inv = (cl, tree, self.version, inv)
         paths = tree.path
-        if all(len(p) == 1 for p in paths):  # one level: the leaf's own share (ordered as the 1-tuples would be)
+        if tree.one_level:  # one level: the leaf's own share (ordered as the 1-tuples would be)
             def share(q: int) -> float:
                 u, f = use[q], inv[q]
                 return max(u[0] * f[0], u[1] * f[1], u[2] * f[2])
@@ -118,7 +118,7 @@ class FairShareQueues(QuotaQueues):
         rel = tree.sibling_weight
         paths = tree.path
 
-        if all(len(p) == 1 for p in paths):  # one level: the leaf's own (ordered as the 1-tuples would be)
+        if tree.one_level:  # one level: the leaf's own (ordered as the 1-tuples would be)
             def share(q: int) -> float:
                 return (past[q] + use[q][0] * tau) / rel[q]
 

@@ -110,9 +110,7 @@ class QuotaReclaim(QuotaState):
             if a is None or w is None or a.group:
                 return None
             g[w[0]] += 1.0 * a.num_gpus
-        if self._flat[0] is not tree:  # (whether every leaf is its own path: asked once per tree)
-            self._flat = (tree, all(len(p) == 1 for p in tree.path))
-        if self._flat[1]:
+        if tree.one_level:
             return g
         return summed_up_gpus(tree, g)
 

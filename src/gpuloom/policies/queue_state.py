@@ -137,7 +137,6 @@ class QuotaState(QueuePolicy):
         self._lent_memo: tuple[Mapping[str, Allocation], list[float], set[int]] | None = None
         # the usage from the book, and each leaf's smallest job left out, of the last plan asked of
         self._usage_memo: _PlanMemo[list[list[float]] | None] = _PlanMemo()
-        self._flat: tuple[QueueTree | None, bool] = (None, False)  # a tree, and whether it has one level
         self._smallest_memo: _PlanMemo[Callable[[int], float] | None] = _PlanMemo()
         # the last round planned in one pass over the walk read from the book (no reclaim, no eviction) and its
         # prefix filled the cluster: a round on its plan would plan it again (see appended)
@@ -248,9 +247,7 @@ class QuotaState(QueuePolicy):
                 u[0] += sign * a.num_gpus
                 u[1] += sign * a.cpus
                 u[2] += sign * a.mem_mb
-        if self._flat[0] is not tree:  # (whether every leaf is its own path: asked once per tree)
-            self._flat = (tree, all(len(p) == 1 for p in tree.path))
-        if self._flat[1]:
+        if tree.one_level:
             return leaf
         return summed_up(tree, leaf)
 

@@ -197,7 +197,7 @@ class QuotaQueues(QuotaReclaim):
         resume: dict[int, tuple[TierA, int, Sequence[int]]] = {}
         flat = False
         # no limit anywhere: every job fits them (each is INF); one level: a leaf's use is its own
-        limited, flat_tree = tree.limited, all(len(p) == 1 for p in path)
+        limited, flat_tree = tree.limited, tree.one_level
         if from_book and not tree.limited:
             assert book is not None
             key = (self.version, tree, strict, per_gpu)
@@ -227,7 +227,7 @@ class QuotaQueues(QuotaReclaim):
             book.ended.clear()
             book.arrived.clear()
             cache = self._tier_a
-            flat = all(len(p) == 1 for p in path)
+            flat = tree.one_level
         taken_by: list[Collection[str]] = [()] * nq  # per leaf, its guaranteed jobs' ids
         # per leaf, its tier when the cache knows where tier A ends in its list (cached, or walked now): its jobs past
         # the tier are read from there (made into iterators only when the walk reads the leaves: the walk by rank
