@@ -490,19 +490,9 @@ class InterleaveFactor:
         self._profiles[spec.id] = (spec, p)
         return p
 
-    def profiles(self, jobs: Sequence[Job]) -> list[Profile | None]:
-        """:meth:`profile` of each of ``jobs``, in order."""
-        cache, profile = self._profiles, self.profile  # (a hit read here, as profile() reads it)
-        out: list[Profile | None] = []
-        for j in jobs:
-            spec = j.spec
-            hit = cache.get(spec.id)
-            out.append(hit[1] if hit is not None and hit[0] is spec else profile(j))
-        return out
-
     def profiles_gpus(self, jobs: Sequence[Job]) -> tuple[list[Profile | None], list[int]]:
-        """:meth:`profiles` of ``jobs`` and each one's GPU count, read in the same pass."""
-        cache, profile = self._profiles, self.profile
+        """:meth:`profile` of each of ``jobs``, in order, and each one's GPU count, read in the same pass."""
+        cache, profile = self._profiles, self.profile  # (a hit read here, as profile() reads it)
         out: list[Profile | None] = []
         gpus: list[int] = []
         for j in jobs:
