@@ -346,28 +346,35 @@ class Actuator:
         resumes = row.resume_count + (1 if resume else 0)
         first = row.first_start if row.first_start is not None else wall
         alloc_json = alloc_to_json(alloc, self.cluster, cores)
+        fields = {"state": S.LAUNCHING.value, "alloc": alloc_json,
+                  "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
+                  "attempts": attempts, "resume_count": resumes, "first_start": first,
+                  "last_start": wall, "last_start_at": started, "checkpoint_dir": ckpt, "reason": None,
+                  **self.mirror.work(job)}
+        event = "launch" if kind is ActionKind.START else kind.value
+        detail = {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json}
         try:
-            self.mirror.write(
-                jid,
-                {"state": S.LAUNCHING.value, "alloc": alloc_json,
-                 "procs": [proc_to_json(p, cores[p.node]) for p in procs.values()],
-                 "attempts": attempts, "resume_count": resumes, "first_start": first,
-                 "last_start": wall, "last_start_at": started, "checkpoint_dir": ckpt, "reason": None,
-                 **self.mirror.work(job)},
-                "launch" if kind is ActionKind.START else kind.value,
-                {"resume": resume, "pids": [p.pid for p in procs.values()], "alloc": alloc_json},
-            )
+            self.mirror.write(jid, fields, event, detail)
         except Exception as e:
             # not confirmed: undone (its processes stopped), never left running unknown to the store.  (Kept
             # running with its confirmation waiting, a crash would leave recovery an intent and perhaps an
-            # exit record it could not date: a finished job might run again.)
-            log.warning("job %s: not launched this round: %s", jid, e)
-            self._abandon(jid, len(alloc.parts), procs)
-            row.attempts = attempts  # (the stored intent counts it, as for a node that refused it)
-            if not unavailable(e):
-                raise LaunchFailed(f"its launch could not be recorded: {e}") from None
-            self.refused = True
-            return False
+            # exit record it could not date: a finished job might run again.)  But a process that has
+            # already ended on its own while the store refused ran the job (to its end, perhaps): undone and
+            # queued, it would run again.  Such a launch stands, its confirmation recorded when the store
+            # takes it, its exits reported like any other's.
+            later = unavailable(e)
+            self.refused = self.refused or later
+            ran = later and self._ended_any(procs)
+            log.warning("job %s: %s: %s", jid, "ran meanwhile, its launch recorded later" if ran
+                        else "not launched this round", e)
+            if ran:
+                self.mirror.record(jid, fields, event, detail)
+            else:
+                self._abandon(jid, len(alloc.parts), procs)
+                row.attempts = attempts  # (the stored intent counts it, as for a node that refused it)
+                if not later:
+                    raise LaunchFailed(f"its launch could not be recorded: {e}") from None
+                return False
         self.running[jid] = Running(procs, {}, cores, started, log_offset)
         lc = job.lifecycle
         assert lc is not None
@@ -375,6 +382,16 @@ class Actuator:
         job.busy_until = math.inf
         row.attempts, row.resume_count, row.first_start = attempts, resumes, first
         return True
+
+    def _ended_any(self, procs: Mapping[str, ProcInfo]) -> bool:
+        """Whether one of a launch's processes has already ended (unknown counts as running)."""
+        for eid in procs:
+            try:
+                if not self.executor.alive(eid):
+                    return True
+            except Exception as e:
+                log.warning("cannot tell whether %s still runs: %s", eid, e)
+        return False
 
     def _abandon(self, jid: str, parts: int, procs: Mapping[str, ProcInfo]) -> None:
         """Undo a launch: stop what it started, give back its cores."""
