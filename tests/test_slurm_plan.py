@@ -168,3 +168,22 @@ def test_synergy_sizers_place_around_what_direct_jobs_hold(size: str) -> None:
     rnd = sched.schedule(v)
     sched.check(rnd, v)
     assert {j: a.gpu_ids for j, a in rnd.plan.allocations.items()} == {"x": (4, 5), "y": (3,)}
+
+
+def test_a_refused_launch_names_who_holds_its_gpus_a_job_of_ours_still_ending_or_a_direct_one(tmp_path) -> None:
+    """GPUs that a job of this executor's, stopped or ended here, still holds while Slurm tears it down are
+    not free, like a direct job's; the refusal names it rather than calling it a job submitted directly."""
+    from gpuloom.runtime.exec.executor import ProcInfo
+    from gpuloom.runtime.exec.slurm import SlurmExecutor
+
+    ex = SlurmExecutor("t", out_dir=str(tmp_path / "out"), launcher="srun")
+    ex.procs["5"] = ProcInfo("5", "gpn0", 12, 0.0, str(tmp_path / "5.log"))
+    ex.jobs = {11: {"JobState": "RUNNING", "NodeList": "gpn0", "GRES": "gpu:g0:1(IDX:0)"},
+               12: {"JobState": "COMPLETING", "NodeList": "gpn0", "GRES": "gpu:g0:1(IDX:1)"}}
+    assert ex._foreign_gpus("gpn0") == {0}  # 12 is this executor's running job
+    ex._forget("5")  # stopped (cancelled): let go while Slurm still tears it down
+    assert ex._foreign_gpus("gpn0") == {0, 1}  # not free: a launch onto GPU 1 is refused
+    assert ex.holders("gpn0", {1}) == "Slurm job 12 (gpuloom's 5, ended or stopped, still ending in Slurm)"
+    assert ex.holders("gpn0", {0}) == "jobs submitted to Slurm directly"
+    assert ex.holders("gpn0", {0, 1}) == ("Slurm job 12 (gpuloom's 5, ended or stopped, still ending in Slurm) and "
+                                          "jobs submitted to Slurm directly")

@@ -224,7 +224,9 @@ class SlurmExecutor(SlurmLauncher):
                     if f not in live:
                         _unlink(f)
         self._warned.difference_update([self.outputs.get(eid, ""), self._exit_files.get(eid, "")])
-        self.procs.pop(eid, None)
+        p = self.procs.pop(eid, None)
+        if p is not None and eid not in self.held:  # (a held one is still this executor's)
+            self._leaving[p.pid] = eid
         self.outputs.pop(eid, None)
         self._starting.pop(eid, None)
         self._release_at.pop(eid, None)

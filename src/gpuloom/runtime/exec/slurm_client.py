@@ -77,6 +77,9 @@ class SlurmClient(Executor):
         self._release_at: dict[str, float] = {}  # executor id -> when (time.time()) its held job may be released
         self._exit_files: dict[str, str] = {}  # executor id -> where its batch script writes its exit (out_dir)
         self._ended: dict[int, float] = {}  # Slurm ids reported ended by their exit file -> when (monotonic)
+        #: Slurm ids of this executor's jobs it has let go (ended, stopped) -> executor id, while Slurm may still
+        #: hold them (tearing down): like direct jobs, their GPUs are not free, but a refusal names them
+        self._leaving: dict[int, str] = {}
         self._warned: set[str] = set()  # jobs' files refused (read_output), logged once each
         #: plan hooks the service adds to its scheduler: the plan leaves what direct jobs hold alone
         self.plan_hooks = (ForeignJobs(self.foreign_use),)
@@ -109,6 +112,7 @@ class SlurmClient(Executor):
         out = self.cmd("scontrol", "--oneliner", "show", "job", "-d")
         self.jobs = {int(r["JobId"]): r for r in parse_records(out) if r.get("JobId", "").isdigit()}
         self._read_at = time.monotonic()
+        self._leaving = {s: e for s, e in self._leaving.items() if self.jobs.get(s, {}).get("JobState") in LIVE}
         return self.jobs
 
     def read_nodes(self) -> dict[str, SlurmNode]:
@@ -151,6 +155,20 @@ class SlurmClient(Executor):
                 continue
             out.update(gres_indices(rec.get("GRES", "")))
         return out
+
+    def holders(self, node: str, gpus: set[int]) -> str:
+        """Who holds ``gpus`` of ``node`` that are not free for this executor's launch (for its refusal)."""
+        mine = self._mine()
+        ours, direct = [], False
+        for jid, rec in sorted(self.jobs.items()):
+            if (rec.get("JobState") not in LIVE or rec.get("NodeList") != node or jid in mine or jid in self._ended
+                    or not gpus & set(gres_indices(rec.get("GRES", "")))):
+                continue
+            if jid in self._leaving:
+                ours.append(f"Slurm job {jid} (gpuloom's {self._leaving[jid]}, ended or stopped, still ending in Slurm)")
+            else:
+                direct = True
+        return " and ".join(ours + (["jobs submitted to Slurm directly"] if direct or not ours else []))
 
     def foreign_use(self) -> dict[str, Held]:
         """What running jobs that are not this executor's (submitted to Slurm directly) hold on each node,

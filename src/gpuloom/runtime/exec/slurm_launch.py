@@ -134,8 +134,8 @@ class SlurmLauncher(SlurmClient):
             raise NodeUnavailable(f"job {spec.job_id}: {e}") from None
         taken = self._foreign_gpus(spec.node) & set(spec.gpus)
         if taken:
-            raise NodeUnavailable(f"job {spec.job_id}: GPU(s) {sorted(taken)} of {spec.node} are held by jobs "
-                                  "submitted to Slurm directly")
+            raise NodeUnavailable(f"job {spec.job_id}: GPU(s) {sorted(taken)} of {spec.node} are held by "
+                                  f"{self.holders(spec.node, taken)}")
         gres = self._gres(node, spec.gpus)
         cpus = max(1, len(spec.cpus))
         (oc, om), (mc, mm) = self._held_on(spec.node)
