@@ -888,6 +888,29 @@ def test_admissions_of_past_rounds_are_freed_without_the_cyclic_collector(policy
     assert alive <= 3, (alive, r.rounds_computed)
 
 
+@pytest.mark.parametrize("policy", ["quota", "drf", "fairshare"])
+def test_queue_stage_keeps_no_view_past_its_round(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the driver copies the active jobs of its last view into a list before a job arrives or ends, but only
+    # while that view's jobs are still referenced; the queue stage's memos compare views by identity and must
+    # not keep one alive (each round would otherwise copy every active job: a long backlog's whole list)
+    from gpuloom.core.job import ActiveJobs
+
+    copied: list[int] = []
+    freeze = ActiveJobs.freeze
+
+    def counted(self: ActiveJobs) -> list[Job]:
+        if self._list is None:
+            copied.append(len(self))
+        return freeze(self)
+
+    monkeypatch.setattr(ActiveJobs, "freeze", counted)
+    specs = five_queue_specs(300, 40.0, 1)
+    sched = Scheduler.from_names(queue=policy, params={"queues": FIVE})
+    r = Simulator(Cluster.homogeneous(4, 8), specs, sched, config=SimConfig(restart_overhead=30.0)).run()
+    assert r.summary()["completed"] == 300 and r.rounds_computed > 100
+    assert copied == []
+
+
 def test_book_notes_which_jobs_ended_and_arrived_per_leaf() -> None:
     # the book tells admission, per leaf, the ranks of the jobs that ended and the jobs put last in it since it
     # last read them; a leaf whose ended job had a priority (its list is sorted by priority) is marked changed

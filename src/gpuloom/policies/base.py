@@ -232,7 +232,7 @@ class Blocked:
         return not on or all((t := self.limit(j.id)) is not None and t <= min(on) for j in jobs)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class View:
     """What a policy sees in one round.  Policies must not mutate it."""
 

@@ -10,6 +10,7 @@ between rounds, and answers which leaf a job is in and what each queue holds (fr
 from __future__ import annotations
 
 import tomllib
+import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -85,16 +86,17 @@ class _PlanMemo(Generic[_T]):
     __slots__ = ("key", "value")
 
     def __init__(self) -> None:
-        self.key: tuple[Plan, View, tuple[int, ...]] | None = None
+        # the view held weakly: a view kept past its round makes the driver copy its jobs at the next change
+        self.key: tuple[Plan, weakref.ref[View], tuple[int, ...]] | None = None
         self.value: Any = None
 
     def __call__(self, plan: Plan, view: View, work: Callable[[Plan, View], _T]) -> _T:
         sizes = (len(plan.allocations), len(plan.added), len(plan.removed), len(view.current))
         key = self.key
-        if key is not None and key[0] is plan and key[1] is view and key[2] == sizes:
+        if key is not None and key[0] is plan and key[1]() is view and key[2] == sizes:
             return self.value
         out = work(plan, view)
-        self.key, self.value = (plan, view, sizes), out
+        self.key, self.value = (plan, weakref.ref(view), sizes), out
         return out
 
 

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -715,7 +716,8 @@ class QuotaQueues(QuotaReclaim):
         self._last = adm
 
     #: the admissions superseded since the last admission in another view (another round), and that view
-    _retired: tuple[View | None, list[Admission]] | None = None
+    #: (held weakly: a view kept past its round makes the driver copy its jobs at the next change)
+    _retired: tuple[weakref.ref[View] | None, list[Admission]] | None = None
 
     def _retire(self, adm: Admission, view: View | None) -> None:
         """``adm`` was superseded, by an admission in ``view`` (None: by a copy, :meth:`note_appended`).  A lazy
@@ -724,12 +726,12 @@ class QuotaQueues(QuotaReclaim):
         still be read in it; once another round admits, none is: those retired before let go of their walks
         (their generators are then freed with them)."""
         r = self._retired
-        if r is not None and view is not None and r[0] is not view:
+        if r is not None and view is not None and (r[0] is None or r[0]() is not view):
             for a in r[1]:
                 a.walk = None
             r = None
         if r is None:
-            r = self._retired = (view, [])
+            r = self._retired = (None if view is None else weakref.ref(view), [])
         r[1].append(adm)
 
     # the cross-queue order -------------------------------------------------------------------------
