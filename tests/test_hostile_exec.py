@@ -450,7 +450,8 @@ def test_placeholders_read_as_no_record_yet(tmp_path: Path) -> None:
         later = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")  # a restarted service
         assert [(o.job_id, o.pid) for o in later.orphans()] == [("r", info.pid)]
         assert agent.stop("r", 2.0) == 143
-        assert Path(info.exit_path).read_text().split() == ["143"] and agent.exit_time(info) is not None
+        # (its exit record marked as a stop's)
+        assert Path(info.exit_path).read_text().split() == ["143", "!"] and agent.exit_time(info) is not None
     finally:
         if agent.alive("r"):
             agent.stop("r", 0.5)
