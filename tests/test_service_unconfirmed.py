@@ -144,6 +144,10 @@ def test_a_job_that_ran_to_its_end_after_its_server_died_finishes_once(world: Wo
     row = world.store.get_job(jid)
     assert row is not None and row.state == "finished" and row.exit_code == 0 and row.attempts == 1
     assert row.procs is None and row.reason == "finished while the service was down, its launch unconfirmed"
+    # it ran from when its wrapper wrote its pid to when it wrote its exit status (wall times of the records)
+    began, ended = ((tmp_path / "run" / f"{jid}.{r}").stat().st_mtime for r in ("pid", "exit"))
+    assert row.first_start == row.last_start == began
+    assert row.held_time == row.held_gpu_time == ended - began
     (found,) = world.unconfirmed(jid)
     assert found["found"] == "ended on its own" and found["exit_codes"] == {str(jid): 0}
     for _ in range(3):

@@ -241,7 +241,12 @@ def _recover_intent(svc: Recoverable, row: JobRow) -> bool:
     took = max(0.0, min(max(ends), svc.clock.time()) - min(starts)) if ends and starts else 0.0
     log.warning("job %s: its unconfirmed launch ran while the service was down and ended (exit codes %s)", jid,
                 codes)
-    svc.mirror.record(jid, {"procs": None}, "launch-unconfirmed",
+    fields: dict[str, Any] = {"procs": None}
+    if starts:  # (for people, as a confirmed launch records them)
+        fields["last_start"] = row.last_start = min(starts)
+        if row.first_start is None:
+            fields["first_start"] = row.first_start = min(starts)
+    svc.mirror.record(jid, fields, "launch-unconfirmed",
                       {"found": "ended on its own", "pids": pids, "exit_codes": codes})
     row.procs = None
     row.held_time += took
