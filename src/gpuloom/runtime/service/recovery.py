@@ -27,8 +27,9 @@ Otherwise its intent is cleared and it is queued again; a process of it still
 running, and any other process the previous service launched and never
 recorded (profiling runs), is found from the pid file its wrapper writes first
 and stopped gracefully (here, or :func:`_sweep`), so no job runs twice.
-Executors without such records (Slurm, Ray) leave every unconfirmed launch
-queued again, its live processes stopped.
+The local and Ray executors keep such records (their node agents'); Slurm's
+are not dated by the attempt, so there every unconfirmed launch is queued
+again, its live processes stopped.
 Lifecycles restart from the stored state (the history before the restart is
 in the events table).
 
