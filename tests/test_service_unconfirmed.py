@@ -15,8 +15,9 @@ import pytest
 
 from gpuloom.core.cluster import Cluster
 from gpuloom.runtime.exec.cgroups import CgroupManager
-from gpuloom.runtime.exec.executor import LaunchSpec, ProcInfo
+from gpuloom.runtime.exec.executor import Executor, LaunchSpec, ProcInfo
 from gpuloom.runtime.exec.local import RECORD_ROOM, LocalExecutor, NodeAgent, read_exit_record
+from gpuloom.runtime.exec.router import NodeRouter
 from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store, StoreUnavailable
@@ -89,10 +90,17 @@ class World:
         self.store.update_job = update_job  # type: ignore[method-assign]
         self.servers: list[Service] = []
 
-    def server(self, cls: type[LocalExecutor] = LocalExecutor) -> Service:
-        ex = cls("node-0", cgroups=CgroupManager(parent=self.cgroup_parent), run_dir=self.tmp_path / "run",
-                 fold_cores=True)
-        svc = Service(self.store, Cluster.homogeneous(1, 1), ex, Scheduler.from_names(),
+    def server(self, cls: type[LocalExecutor] = LocalExecutor, nodes: int = 1) -> Service:
+        """A server of ``nodes`` one-GPU nodes on this machine (node-0's records in run/, node-N's in run-N/)."""
+        cl = Cluster.homogeneous(nodes, 1)
+        ex: Executor = cls("node-0", cgroups=CgroupManager(parent=self.cgroup_parent),
+                           run_dir=self.tmp_path / "run", fold_cores=True)
+        if nodes > 1:
+            ex = NodeRouter({"node-0": ex, **{
+                n.name: cls(n.name, cgroups=CgroupManager(parent=self.cgroup_parent),
+                            run_dir=self.tmp_path / f"run-{i}", fold_cores=True)
+                for i, n in enumerate(cl.nodes) if i}})
+        svc = Service(self.store, cl, ex, Scheduler.from_names(),
                       ServiceConfig(self.tmp_path, round_s=1000.0, grace_s=5.0))
         self.servers.append(svc)
         return svc
@@ -284,3 +292,25 @@ def test_an_earlier_launchs_records_are_not_taken_for_an_unconfirmed_launchs(wor
     row = world.until_final(svc3, jid)
     assert row.state == "finished" and row.attempts == 3
     assert ledger.read_text() == "started\nstarted\nran\n"
+
+
+def test_a_job_over_two_nodes_whose_second_part_never_started_fails_once(world: World, tmp_path: Path) -> None:
+    # the server dies right after launching the first part; that part runs to its end, the second never starts
+    ledger = job_writable(tmp_path) / "ledger"
+    svc = world.server(CrashAfterLaunch, nodes=2)
+    jid = svc.submit({"name": "a", "command": f"echo ran-$GPULOOM_NODE_RANK >> {ledger}", "gpus": 2}, "alice")
+    with pytest.raises(Crash):
+        svc.round()
+    row = world.store.get_job(jid)
+    assert row is not None and [p["job_id"] for p in row.procs or []] == [f"{jid}.0", f"{jid}.1"]
+    wait_for(lambda: read_exit_record(str(tmp_path / "run" / f"{jid}.0.exit")) == 0, what="part 0's exit record")
+    svc2 = world.server(nodes=2)
+    svc2.recover()
+    row = world.store.get_job(jid)
+    assert row is not None and row.state == "failed" and row.exit_code is None and row.attempts == 1
+    assert row.reason == f"process {jid}.1 never started and the others ended while the service was down, " \
+                         "its launch unconfirmed"
+    assert world.unconfirmed(jid)[-1]["exit_codes"] == {f"{jid}.0": 0, f"{jid}.1": None}
+    for _ in range(3):
+        svc2.round()
+    assert ledger.read_text() == "ran-0\n"

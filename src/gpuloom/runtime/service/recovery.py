@@ -234,7 +234,7 @@ def _recover_intent(svc: Recoverable, row: JobRow) -> bool:
         row.procs = None
         return False
     # every process of it that started has ended on its own: the job ran.  (A part that never started
-    # counts as an unknown end: the others ran, and it cannot be run alone.)
+    # fails it too: the others ran, and it cannot be run alone.)
     codes = {eid: act.exit_code(p) if p is not None else None for eid, p in found.items()}
     ends = [t for t in (act.exit_time(p) for p in ran.values()) if t is not None]
     starts = [p.start_time for p in ran.values() if p.start_time > 0]
@@ -254,13 +254,16 @@ def _recover_intent(svc: Recoverable, row: JobRow) -> bool:
     row.held_gpu_time += took * int(row.spec["gpus"])
     svc.admit_row(row, S.LAUNCHING)  # (launched: it ends from there)
     failed = {e: c for e, c in codes.items() if c not in (0, None)}
-    unknown = sorted(e for e, c in codes.items() if c is None)
+    unknown = sorted(e for e, c in codes.items() if c is None and e in ran)
+    never = sorted(e for e in codes if e not in ran)
     why = "while the service was down, its launch unconfirmed"
     if failed:
         eid, code = min(failed.items())
         svc.end(jid, S.FAILED, code, f"process {eid} ended with code {code} {why}")
     elif unknown:
         svc.end(jid, S.FAILED, None, f"process {unknown[0]} ended with an unknown exit code {why}")
+    elif never:
+        svc.end(jid, S.FAILED, None, f"process {never[0]} never started and the others ended {why}")
     else:
         svc.end(jid, S.FINISHED, 0, f"finished {why}")
     return True
