@@ -298,7 +298,7 @@ def test_a_relative_state_dir_never_writes_records_where_the_job_planted_links(
         row = store.get_job(jid)
         assert row is not None and (row.state, row.exit_code) == ("finished", 0)
         assert victim.read_text() == "precious\n"
-        assert (here / "st" / "run" / "node-0" / f"{jid}.exit").read_text().split() == ["0"]
+        assert (here / "st" / "run" / "node-0" / f"{jid}.exit").read_text().split() == ["0", "@1"]  # (launch 1)
         assert all((planted / n).is_symlink() for n in ("1.pid", "1.exit", "1.exit.tmp"))
         assert svc.state_dir == here / "st" and svc.guard.job_dir.is_absolute()
     finally:
@@ -450,7 +450,8 @@ def test_placeholders_read_as_no_record_yet(tmp_path: Path) -> None:
         later = NodeAgent(CgroupManager(enabled=False), tmp_path / "run")  # a restarted service
         assert [(o.job_id, o.pid) for o in later.orphans()] == [("r", info.pid)]
         assert agent.stop("r", 2.0) == 143
-        assert Path(info.exit_path).read_text().split() == ["143"] and agent.exit_time(info) is not None
+        # (its exit record marked as a stop's)
+        assert Path(info.exit_path).read_text().split() == ["143", "!"] and agent.exit_time(info) is not None
     finally:
         if agent.alive("r"):
             agent.stop("r", 0.5)

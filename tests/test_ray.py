@@ -332,6 +332,32 @@ def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_wo
             remove_cgroups(f"{ns}-{n}")
 
 
+def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(fake: Fake, tmp_path: Path) -> None:
+    from gpuloom.runtime.exec.executor import LaunchSpec
+
+    ns = f"gpuloom-test-{uuid.uuid4().hex[:6]}"
+    ex = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0)
+    try:
+        ex.refresh(wait_s=60)
+        # launch 2 of d ends on its own (exit 4), launch 1 of e runs on: the service that launched them dies
+        d = ex.launch(LaunchSpec("d", "exit 4", "n2", (0,), (0,), 100, str(tmp_path / "d.log"), attempt=2))
+        e = ex.launch(LaunchSpec("e", "sleep 60", "n1", (0,), (0,), 100, str(tmp_path / "e.log"), attempt=1))
+        again = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0)
+        again.refresh(wait_s=60)
+        wait_for(lambda: (p := again.launched("d", "n2", 2)) is not None and again.exit_code(p) == 4, 30,
+                 "d's exit record")
+        found = again.launched("d", "n2", 2)
+        assert found is not None and found.node == "n2" and found.pid in (d.pid, 0) and not again.adopt(found)
+        assert again.launched("d", "n2", 1) is None and again.launched("e", "n1", 2) is None
+        live = again.launched("e", "n1", 1)
+        assert live is not None and live.pid == e.pid and again.adopt(live) and again.stop("e", 2.0) == 143
+        assert again.launched("e", "n1", 1) is None  # stopped: not an end of its own
+    finally:
+        ex.kill_agents()
+        for n in fake.nodes:
+            remove_cgroups(f"{ns}-{n}")
+
+
 # -- sweeps --------------------------------------------------------------------------------------
 def compare_files(tmp_path: Path, out: str, args: list[str]) -> dict[str, Any]:
     """Run ``gpuloom compare ARGS --out OUT``; every file it wrote, without what may differ: seconds of

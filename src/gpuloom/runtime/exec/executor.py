@@ -60,6 +60,9 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     user: str | None = None  # the OS account the command runs as (None: the executor's own)
+    #: which launch of the job this is (its attempt, from 1; 0: none given): an executor that keeps run
+    #: records marks them with it, so a restart tells this launch's from an earlier one's (:meth:`Executor.launched`)
+    attempt: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,15 @@ class Executor(ABC):
 
     def exit_code(self, info: ProcInfo) -> int | None:
         """For a process that is gone (``adopt`` returned False): its recorded exit code, if any."""
+        return None
+
+    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+        """The process that launch ``attempt`` of ``job_id`` started on ``node`` and that was not stopped
+        by the service, as the executor's own records of that very launch name it: for a launch whose
+        confirmation the service never stored (a restart finds only its intent).  None where they name
+        none (none was started, it was stopped, the records are an earlier launch's) or where the executor
+        keeps no such records (this default).  Whether it still runs: :meth:`adopt`; how it ended:
+        :meth:`exit_code`, :meth:`exit_time`."""
         return None
 
     def rendezvous(self, node: str) -> tuple[str, int]:

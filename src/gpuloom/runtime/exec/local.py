@@ -48,7 +48,17 @@ from .executor import Executor, ExecutorError, LaunchSpec, ProcInfo
 from .gpustats import GpuReading, GpuSampler
 from .local_launch import DEFAULT_ENV_ALLOW, LaunchAgent
 from .local_procs import _Proc, identity, same_process
-from .local_records import RECORD_ROOM, _read_record, exit_path_for, read_exit_record
+from .local_records import (
+    RECORD_ROOM,
+    STOPPED,
+    _read_record,
+    exit_path_for,
+    launch_mark,
+    mark_stopped,
+    read_exit_record,
+    record_fields,
+    record_mark,
+)
 
 __all__ = ["DEFAULT_ENV_ALLOW", "RECORD_ROOM", "ExecutorError", "LaunchAgent", "LocalExecutor", "NodeAgent",
            "exit_path_for", "identity", "read_exit_record", "same_process"]
@@ -160,6 +170,8 @@ class NodeAgent(LaunchAgent):
             p.stopping = True
         try:
             if not p.ended():
+                if p.info.exit_path:  # what its wrapper records now is a stop's end, not the job's own
+                    mark_stopped(p.info.exit_path)
                 self._signal(p, signal.SIGTERM)
                 if not self._wait(p, grace_s):
                     p.killed = True
@@ -221,6 +233,43 @@ class NodeAgent(LaunchAgent):
                 return (f"hit its limit of {self._pids_hit.pop(job_id)} processes: "
                         "forks and new threads beyond it failed")
         return None
+
+    def launched(self, job_id: str, attempt: int) -> ProcInfo | None:
+        """The wrapper that launch ``attempt`` of ``job_id`` started here, from its run records (marked
+        with ``attempt``, :mod:`.local_records`), unless the server stopped it (its exit record says so):
+        live, with its identity (a session leader running our wrapper for that pid record, as in
+        :meth:`orphans`), so that :meth:`adopt` takes it; or gone (an identity no process has: never
+        adopted), its end in its exit record, its start time when its pid record was written (0 where the
+        server consumed its end and removed that record; pid 0 then).  None where neither record of that
+        launch says a process started, or without a run directory."""
+        if self.run_dir is None or attempt <= 0:
+            return None
+        mark = launch_mark(attempt)
+        exit_path = self.exit_path(job_id, "")
+        pid_path = self.pid_path(exit_path)
+        fields = record_fields(exit_path)
+        if not fields or fields[-1] != mark or STOPPED.decode() in fields:
+            return None  # none of this launch (not made yet, or an earlier one's), or stopped by the server
+        pid = _read_record(pid_path) if record_mark(pid_path) == mark else None
+        if pid is None:  # its wrapper never wrote its pid, or its end was consumed (the exit code tells)
+            return None if read_exit_record(exit_path) is None else ProcInfo(job_id, "", 0, 0.0, "", exit_path,
+                                                                              -1.0, "")
+        try:
+            began = os.stat(pid_path).st_mtime  # (wall) when its wrapper wrote its pid: its start
+        except OSError:
+            began = 0.0
+        gone = ProcInfo(job_id, "", pid, began, "", exit_path, -1.0, "")  # an identity no process has
+        try:
+            p = psutil.Process(pid)
+            if p.status() == psutil.STATUS_ZOMBIE or os.getpgid(pid) != pid:
+                return gone
+            cmd = p.cmdline()
+            if "gpuloom-job" not in cmd or pid_path not in cmd:
+                return gone  # the pid is another process's now
+            since, boot = identity(pid)
+            return ProcInfo(job_id, "", pid, p.create_time(), "", exit_path, since, boot)
+        except (OSError, psutil.Error):
+            return gone
 
     def orphans(self) -> list[ProcInfo]:
         """Live wrappers launched here that nobody tracks, from the pid files they write first thing.
@@ -313,6 +362,11 @@ class LocalExecutor(Executor):
 
     def end_reason(self, job_id: str) -> str | None:
         return self.agent.end_reason(job_id)
+
+    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+        self._own(node, job_id)
+        info = self.agent.launched(job_id, attempt)
+        return None if info is None else replace(info, node=node or self.node)
 
     def orphans(self) -> list[ProcInfo]:
         return [replace(p, node=self.node) for p in self.agent.orphans()]

@@ -78,7 +78,7 @@ from .cgroups import CgroupError, CgroupManager, JobCgroup, cgroup_name, format_
 from .executor import ExecutorError, LaunchSpec, ProcInfo
 from .identity import IdentityError, private_dir
 from .local_procs import _Proc, identity, process_start_time
-from .local_records import exit_path_for, exposed, make_record, open_log, remove_tree
+from .local_records import exit_path_for, exposed, launch_mark, make_record, open_log, remove_tree
 
 log = logging.getLogger("gpuloom.service")
 
@@ -222,7 +222,7 @@ class LaunchAgent:
 
     @staticmethod
     def pid_path(exit_path: str) -> str:
-        """Where a launch's wrapper writes its pid, first thing (see :meth:`find`)."""
+        """Where a launch's wrapper writes its pid, first thing (see :meth:`.local.NodeAgent.orphans`)."""
         return exit_path.removesuffix(".exit") + ".pid" if exit_path else os.devnull
 
     def tmp_path(self, job_id: str, exit_path: str) -> str:
@@ -423,8 +423,9 @@ class LaunchAgent:
             payload = -1
             try:
                 data = self._payload(spec, self.environment(spec, home), workdir, home or "/")
-                make_record(exit_path)
-                make_record(pid_path)
+                mark = launch_mark(spec.attempt)  # (dates the records: an earlier launch's are told apart)
+                make_record(exit_path, mark)
+                make_record(pid_path, mark)
                 if tmp:
                     assert pw is not None
                     self._job_tmp(tmp, pw)

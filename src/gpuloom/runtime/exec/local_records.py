@@ -1,6 +1,12 @@
 """The run records of a launch and the server's files beside them: the pid and exit records (blank
 placeholders made at launch, written over in place by the wrapper), the job's log, and the checks that
-no other account can swap a file the server keeps (see :mod:`.local`'s notes)."""
+no other account can swap a file the server keeps (see :mod:`.local`'s notes).
+
+A record made for a launch with a number (the job's attempt) carries it after the room for the
+wrapper's number (``@N`` at its end, which the wrapper's in-place write does not reach), so a record
+found after a restart is told from one an earlier launch of the same job left.  The server marks the
+exit record of a launch it stops (``!``, in place, before its SIGTERM): the exit status then written is
+that of a stop, not of an end of the job's own (:meth:`.local.NodeAgent.launched`)."""
 
 from __future__ import annotations
 
@@ -9,8 +15,10 @@ import shutil
 import stat
 from pathlib import Path
 
-#: bytes of a blank run record: room for a pid or an exit status, written over in place
-RECORD_ROOM = 16
+#: bytes of a blank run record: room for a pid or an exit status, written over in place, then the launch's mark
+RECORD_ROOM = 32
+#: bytes at a record's start the wrapper may write (a pid of 7 digits and its newline; an exit status is shorter)
+_WRITTEN_ROOM = 12
 
 
 def exit_path_for(log_path: str) -> str:
@@ -31,15 +39,59 @@ def read_exit_record(path: str) -> int | None:
     return _read_record(path) if path else None
 
 
-def make_record(path: str) -> None:
-    """(Re)create the run record ``path`` as a blank placeholder owned by us (0600), never through a link."""
+def launch_mark(launch: int) -> str:
+    """What the records of launch number ``launch`` carry (none for 0: a launch without a number)."""
+    return f"@{launch}" if launch > 0 else ""
+
+
+def record_mark(path: str) -> str | None:
+    """The launch mark a run record carries (``""``: none), None if it is missing or unreadable."""
+    fields = record_fields(path)
+    if fields is None:
+        return None
+    return fields[-1] if fields and fields[-1].startswith("@") else ""
+
+
+#: the mark of a stopped launch's exit record, and where it goes (after the wrapper's room)
+STOPPED = b"!"
+
+
+def record_fields(path: str) -> list[str] | None:
+    """A run record's fields (the wrapper's number first, if written), None if missing or unreadable."""
+    try:
+        return Path(path).read_text().split()
+    except (OSError, ValueError):
+        return None
+
+
+def mark_stopped(path: str) -> None:
+    """Mark the exit record ``path`` as a stopped launch's, in place (no new block: a full disk takes it),
+    never through a link; a missing or unwritable record is left as it is."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_size >= RECORD_ROOM:
+            os.pwrite(fd, STOPPED, _WRITTEN_ROOM)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def make_record(path: str, mark: str = "") -> None:
+    """(Re)create the run record ``path`` as a blank placeholder owned by us (0600), never through a link,
+    carrying the launch's ``mark`` at its end (after the room the wrapper writes)."""
+    if len(mark) > RECORD_ROOM - 3 - _WRITTEN_ROOM:  # (room for the stop mark and a space before it)
+        raise ValueError(f"launch mark {mark[:40]!r} is too long for a run record")
     try:
         os.unlink(path)  # a link is removed, not followed
     except FileNotFoundError:
         pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, b" " * (RECORD_ROOM - 1) + b"\n")
+        os.write(fd, (" " * (RECORD_ROOM - 1 - len(mark)) + mark + "\n").encode())
     finally:
         os.close(fd)
 

@@ -153,6 +153,10 @@ class AgentActor:
         self._node()
         return self.agent.exit_code(info)
 
+    def launched(self, job_id: str, attempt: int) -> ProcInfo | None:
+        self._node()
+        return self.agent.launched(job_id, attempt)
+
     def running(self) -> dict[str, ProcInfo]:
         return self.agent.running()
 

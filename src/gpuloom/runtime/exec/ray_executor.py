@@ -426,6 +426,13 @@ class RayExecutor(Executor):
             self._mirror([job_id])
         return bool(self._call(p.node, self.agents[p.node].alive.remote(job_id), job_id))
 
+    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+        """From the run records of the node's agent (its :class:`~.local.NodeAgent`'s, marked alike);
+        raises where the node's agent does not answer (its launch is then treated as never started)."""
+        agent = self._agent(node, job_id)
+        info = self._call(node, agent.launched.remote(job_id, attempt), job_id)
+        return None if info is None else replace(info, node=node)
+
     def exit_code(self, info: ProcInfo) -> int | None:
         return self._exit_record(info, "exit_code")
 

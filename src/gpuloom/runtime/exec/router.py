@@ -74,6 +74,9 @@ class NodeRouter(Executor):
         fn = getattr(ex, "exit_code", None)
         return None if fn is None else fn(info)
 
+    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+        return self._for_node(node, job_id).launched(job_id, node, attempt)
+
     def exit_time(self, info: ProcInfo) -> float | None:
         ex = self.executors.get(info.node)
         return None if ex is None else ex.exit_time(info)

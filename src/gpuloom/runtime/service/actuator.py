@@ -318,9 +318,11 @@ class Actuator:
                     env.update(gang_env(rank, [len(q.gpus) for q in alloc.parts], addr, port))
                 launches.append(LaunchSpec(eid, str(spec["command"]), node,
                                            tuple(self.cluster.local_index(g) for g in p.gpus), c, int(p.mem_mb),
-                                           str(self.log_path(jid)), env, spec.get("workdir"), user))
+                                           str(self.log_path(jid)), env, spec.get("workdir"), user,
+                                           row.attempts + 1))
             # intent: recorded before any process exists, so a restart finds what it may have left
-            # (the attempt counts: a relaunch resumes from whatever the lost process checkpointed)
+            # (the attempt counts: a relaunch resumes from whatever the lost process checkpointed; the
+            # executor marks its records with it, so a restart tells this launch's from an earlier one's)
             self.mirror.write(jid, {"procs": [{"job_id": ls.job_id, "node": ls.node, "pending": True}
                                               for ls in launches], "attempts": row.attempts + 1,
                                     "checkpoint_dir": ckpt}, "launch-intent", {})
@@ -356,12 +358,13 @@ class Actuator:
         try:
             self.mirror.write(jid, fields, event, detail)
         except Exception as e:
-            # not confirmed: undone (its processes stopped), never left running unknown to the store.  (Kept
-            # running with its confirmation waiting, a crash would leave recovery an intent and perhaps an
-            # exit record it could not date: a finished job might run again.)  But a process that has
-            # already ended on its own while the store refused ran the job (to its end, perhaps): undone and
-            # queued, it would run again.  Such a launch stands, its confirmation recorded when the store
-            # takes it, its exits reported like any other's.
+            # not confirmed: undone (its processes stopped), never left running unknown to the store.  But
+            # a process that has already ended on its own while the store refused ran the job (to its end,
+            # perhaps): undone and queued, it would run again.  Such a launch stands, its confirmation
+            # recorded when the store takes it, its exits reported like any other's.  A crash before the
+            # store takes them leaves the intent alone: the local executor's run records, marked with the
+            # attempt, say that this launch ran and how it ended (a stop removes its pid record), and
+            # recovery ends the job as they say (:func:`.recovery.recover`).
             later = unavailable(e)
             self.refused = self.refused or later
             ran = later and self._ended_any(procs)
@@ -519,6 +522,13 @@ class Actuator:
         try:
             return self.executor.exit_code(p)
         except Exception:
+            return None
+
+    def launched(self, eid: str, node: str, attempt: int) -> ProcInfo | None:
+        try:
+            return self.executor.launched(eid, node, attempt)
+        except Exception as e:
+            log.warning("cannot look for the process of launch %d of %s: %s", attempt, eid, e)
             return None
 
     def exit_time(self, p: ProcInfo) -> float | None:

@@ -17,10 +17,19 @@ wall-clock step while the service was down adds nothing to it; an exit record's
 wall time is trusted only within ``[launch, now]`` in service time.
 
 Launches are recorded before their processes exist (an *intent*: the
-processes to be, without pids); a process whose launch the previous service
-did not live to confirm, and any other process it launched and never
-recorded (profiling runs), is found from the pid file its wrapper writes
-first and stopped gracefully (:func:`_sweep`), so no job runs twice.
+processes to be, without pids, and the attempt); a launch the previous service
+did not confirm (killed before the confirmation, or before the store took it)
+is looked up in the executor's records of that very attempt
+(:meth:`..exec.executor.Executor.launched`, :func:`_recover_intent`).  If a
+process of it started and none still runs, the job ran (to its end, perhaps):
+it ends as their exit records say, once, and is never launched again.
+Otherwise its intent is cleared and it is queued again; a process of it still
+running, and any other process the previous service launched and never
+recorded (profiling runs), is found from the pid file its wrapper writes first
+and stopped gracefully (here, or :func:`_sweep`), so no job runs twice.
+The local and Ray executors keep such records (their node agents'); Slurm's
+are not dated by the attempt, so there every unconfirmed launch is queued
+again, its live processes stopped.
 Lifecycles restart from the stored state (the history before the restart is
 in the events table).
 
@@ -108,9 +117,8 @@ def recover(svc: Recoverable) -> None:
                     svc.gate.add(row)  # dependencies and array limits first, like a new submission
                 continue
             if row.state in QUEUED_STATES:
-                if row.procs:  # a launch was intended and not confirmed: its process, if any, is swept
-                    svc.mirror.record(str(row.id), {"procs": None}, "launch-unconfirmed", {})
-                    row.procs = None
+                if row.procs and _recover_intent(svc, row):  # a launch intended and not confirmed
+                    continue
                 if svc.fits_or_fail(row):
                     svc.admit_row(row, JobState(row.state))
                 continue
@@ -202,6 +210,63 @@ def _recover_holding(svc: Recoverable, row: JobRow) -> None:
     row.state = S.STANDBY.value
     if svc.fits_or_fail(row):  # a smaller cluster may no longer hold it; a parked job waits
         svc.admit_row(row, S.STANDBY)
+
+
+def _recover_intent(svc: Recoverable, row: JobRow) -> bool:
+    """A launch stored as an intent alone: True if its processes ran and ended (the job is ended as their
+    exit records say), else False (none started, or one still runs and is stopped now: the intent is
+    cleared and the caller queues the job again, to resume from its checkpoint)."""
+    act = svc.actuator
+    jid = str(row.id)
+    parts = [(str(d["job_id"]), str(d.get("node", ""))) for d in row.procs or []]
+    # (the intent stored the attempt it counts, and its launch marked its records with it)
+    found = {eid: act.launched(eid, node, row.attempts) for eid, node in parts}
+    ran = {eid: p for eid, p in found.items() if p is not None}
+    live = [p for p in ran.values() if act.adopt(p)]
+    for f in [act.pool.submit(act.stop_quietly, p.job_id) for p in live]:
+        f.result()
+    pids = {eid: p.pid for eid, p in ran.items() if p.pid}  # (0: its end consumed, its pid record gone)
+    if live or not ran:
+        if live:
+            log.warning("job %s: its unconfirmed launch still ran (pids %s): stopped", jid, [p.pid for p in live])
+        svc.mirror.record(jid, {"procs": None}, "launch-unconfirmed",
+                          {"found": "still running: stopped" if live else "no process started", "pids": pids})
+        row.procs = None
+        return False
+    # every process of it that started has ended on its own: the job ran.  (A part that never started
+    # fails it too: the others ran, and it cannot be run alone.)
+    codes = {eid: act.exit_code(p) if p is not None else None for eid, p in found.items()}
+    ends = [t for t in (act.exit_time(p) for p in ran.values()) if t is not None]
+    starts = [p.start_time for p in ran.values() if p.start_time > 0]
+    # (wall times of its records: from the first pid written to the last exit, at most until now)
+    took = max(0.0, min(max(ends), svc.clock.time()) - min(starts)) if ends and starts else 0.0
+    log.warning("job %s: its unconfirmed launch ran while the service was down and ended (exit codes %s)", jid,
+                codes)
+    fields: dict[str, Any] = {"procs": None}
+    if starts:  # (for people, as a confirmed launch records them)
+        fields["last_start"] = row.last_start = min(starts)
+        if row.first_start is None:
+            fields["first_start"] = row.first_start = min(starts)
+    svc.mirror.record(jid, fields, "launch-unconfirmed",
+                      {"found": "ended on its own", "pids": pids, "exit_codes": codes})
+    row.procs = None
+    row.held_time += took
+    row.held_gpu_time += took * int(row.spec["gpus"])
+    svc.admit_row(row, S.LAUNCHING)  # (launched: it ends from there)
+    failed = {e: c for e, c in codes.items() if c not in (0, None)}
+    unknown = sorted(e for e, c in codes.items() if c is None and e in ran)
+    never = sorted(e for e in codes if e not in ran)
+    why = "while the service was down, its launch unconfirmed"
+    if failed:
+        eid, code = min(failed.items())
+        svc.end(jid, S.FAILED, code, f"process {eid} ended with code {code} {why}")
+    elif unknown:
+        svc.end(jid, S.FAILED, None, f"process {unknown[0]} ended with an unknown exit code {why}")
+    elif never:
+        svc.end(jid, S.FAILED, None, f"process {never[0]} never started and the others ended {why}")
+    else:
+        svc.end(jid, S.FINISHED, 0, f"finished {why}")
+    return True
 
 
 def _started(svc: Recoverable, row: JobRow) -> float:
