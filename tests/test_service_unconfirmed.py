@@ -42,13 +42,14 @@ def test_the_run_records_name_their_launch_and_a_stop(tmp_path: Path) -> None:
     assert found is not None and found.pid == r.pid and later.adopt(found)
     assert later.stop("r", 5.0) == 143
     assert (run / "r.exit").read_text().split() == ["143", "!", "@2"]  # a stop's end
+    assert later.stopped(found) and not later.stopped(ProcInfo("x", "", 0, 0.0, "", str(run / "x.exit"), -1.0, ""))
     assert NodeAgent(CgroupManager(enabled=False), run).launched("r", 2) is None
     q = launch("q", "exit 5", 1)
     wait_for(lambda: read_exit_record(q.exit_path) == 5, what="q to end")
     again = NodeAgent(CgroupManager(enabled=False), run)
     found = again.launched("q", 1)  # ended on its own, its end not consumed
     assert found is not None and found.pid == q.pid and found.start_time > 0 and not again.adopt(found)
-    assert again.exit_code(found) == 5 and again.exit_time(found) is not None
+    assert again.exit_code(found) == 5 and again.exit_time(found) is not None and not again.stopped(found)
     assert agent.poll()["q"] == 5 and not (run / "q.pid").exists()  # consumed: its pid record goes
     found = again.launched("q", 1)
     assert found is not None and found.pid == 0 and not again.adopt(found) and again.exit_code(found) == 5

@@ -109,6 +109,12 @@ class Executor(ABC):
         """For a process that is gone (``adopt`` returned False): its recorded exit code, if any."""
         return None
 
+    def stopped(self, info: ProcInfo) -> bool:
+        """For a process that is gone: whether its exit record says the service stopped it (a cancel, a
+        time limit, a part stopped after another failed), so its exit status is a stop's, not an end of
+        its own.  False where the record says not, or the executor keeps no such mark (this default)."""
+        return False
+
     def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
         """The process that launch ``attempt`` of ``job_id`` started on ``node`` and that was not stopped
         by the service, as the executor's own records of that very launch name it: for a launch whose

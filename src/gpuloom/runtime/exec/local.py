@@ -215,6 +215,10 @@ class NodeAgent(LaunchAgent):
     def exit_code(self, info: ProcInfo) -> int | None:
         return read_exit_record(info.exit_path or self.exit_path(info.job_id, info.log_path))
 
+    def stopped(self, info: ProcInfo) -> bool:
+        fields = record_fields(info.exit_path or self.exit_path(info.job_id, info.log_path))
+        return fields is not None and STOPPED.decode() in fields
+
     def exit_time(self, info: ProcInfo) -> float | None:
         path = info.exit_path or self.exit_path(info.job_id, info.log_path)
         if read_exit_record(path) is None:  # none, or the placeholder made at launch
@@ -359,6 +363,9 @@ class LocalExecutor(Executor):
 
     def exit_time(self, info: ProcInfo) -> float | None:
         return self.agent.exit_time(info)
+
+    def stopped(self, info: ProcInfo) -> bool:
+        return self.agent.stopped(info)
 
     def end_reason(self, job_id: str) -> str | None:
         return self.agent.end_reason(job_id)

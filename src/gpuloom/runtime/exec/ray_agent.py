@@ -164,6 +164,10 @@ class AgentActor:
         self._node()
         return self.agent.exit_time(info)
 
+    def stopped(self, info: ProcInfo) -> bool:
+        self._node()
+        return self.agent.stopped(info)
+
     def end_reason(self, job_id: str) -> str | None:
         return self.agent.end_reason(job_id)
 

@@ -439,6 +439,9 @@ class RayExecutor(Executor):
     def exit_time(self, info: ProcInfo) -> float | None:
         return self._exit_record(info, "exit_time")
 
+    def stopped(self, info: ProcInfo) -> bool:
+        return bool(self._exit_record(info, "stopped"))
+
     def _exit_record(self, info: ProcInfo, what: str) -> Any:
         """``what`` (an agent method reading the process's exit record) for ``info``; None when its
         node's agent is gone or does not answer."""

@@ -81,6 +81,10 @@ class NodeRouter(Executor):
         ex = self.executors.get(info.node)
         return None if ex is None else ex.exit_time(info)
 
+    def stopped(self, info: ProcInfo) -> bool:
+        ex = self.executors.get(info.node)
+        return ex is not None and ex.stopped(info)
+
     def end_reason(self, job_id: str) -> str | None:
         for ex in self.executors.values():
             r = ex.end_reason(job_id)

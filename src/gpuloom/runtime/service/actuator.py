@@ -524,6 +524,12 @@ class Actuator:
         except Exception:
             return None
 
+    def stopped(self, p: ProcInfo) -> bool:
+        try:
+            return bool(self.executor.stopped(p))
+        except Exception:
+            return False
+
     def launched(self, eid: str, node: str, attempt: int) -> ProcInfo | None:
         try:
             return self.executor.launched(eid, node, attempt)
