@@ -7,6 +7,12 @@ the preemption it was).  A job whose processes are gone and that was not
 being stopped ends as its exit records say: FINISHED if they are all 0,
 FAILED if one is not (an exit record is final: a job that failed while the
 service was down is not run again), with the time it ran up to its exit.
+An exit record the service marked as its stop's (``Executor.stopped``) is no
+end of the job's own: a part that failed on its own fails the job with its
+code (others still alive are stopped); a job all of whose other parts ended 0
+was ended by that stop, as the live service would have recorded it: cancelled
+(a cancel request was stored), failed at its time limit, or failed saying the
+reason was not recorded.  Unmarked records are read as before.
 Without exit records (the wrapper itself was killed) it is requeued (STANDBY)
 to resume from its checkpoint.  Adopted jobs that were protected lose their
 protection at once (its start is unknown).
@@ -74,6 +80,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuloom.service")
 S = JobState
+#: how far short of its time limit a stopped job's held time, measured from its records' wall times, may
+#: fall and the stop still be the limit's: a file's time is the kernel's coarse clock (a tick behind the
+#: real one), and the launch's wall time is taken just before its service time
+_LIMIT_SLACK_S = 0.1
 
 
 class Recoverable(Protocol):
@@ -122,8 +132,7 @@ def recover(svc: Recoverable) -> None:
                 if svc.fits_or_fail(row):
                     svc.admit_row(row, JobState(row.state))
                 continue
-            _recover_holding(svc, row)
-            if row.cancel_requested:
+            if not _recover_holding(svc, row) and row.cancel_requested:
                 svc.request_cancel(str(row.id))
         _settle(svc)
         _sweep(svc)
@@ -133,7 +142,8 @@ def recover(svc: Recoverable) -> None:
     svc.wake()
 
 
-def _recover_holding(svc: Recoverable, row: JobRow) -> None:
+def _recover_holding(svc: Recoverable, row: JobRow) -> bool:
+    """Adopt, end or requeue a job that held processes; True if it was ended here."""
     act = svc.actuator
     state = JobState(row.state)
     procs = [proc_from_json(d) for d in row.procs or [] if "pid" in d]
@@ -170,16 +180,20 @@ def _recover_holding(svc: Recoverable, row: JobRow) -> None:
             job.busy_until = math.inf
         svc.mirror.event(jid, "adopt", {"pids": [p.pid for p in procs]})
         log.info("job %s: adopted running process(es) %s", row.id, [p.pid for p in procs])
-        return
+        return False
     for p in adopted:  # partly alive, or a stop to finish: stop what is left
         act.stop_quietly(p.job_id)
     gone = [p for p in procs if p not in adopted]
-    codes = {p.job_id: act.exit_code(p) for p in gone}
+    # a part the service stopped (its exit record's stop mark: a cancel, a time limit, the others of a job
+    # one part of which failed) did not end on its own: its exit status is the stop's, not the job's
+    stopped = {p.job_id for p in gone if act.stopped(p)}
+    codes = {p.job_id: act.exit_code(p) for p in gone if p.job_id not in stopped}
     ngpu = int(row.spec["gpus"])
-    if not stopping and procs and not adopted and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING):
+    if not stopping and procs and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING):
         failed = {e: c for e, c in codes.items() if c not in (0, None)}
-        if failed or all(c == 0 for c in codes.values()):
-            # an exit record is final: the job finished, or failed, while the service was down
+        ended_all = not adopted and all(c == 0 for c in codes.values())
+        if failed or ended_all:
+            # an exit record is final: the job finished, failed or was stopped to end while the service was down
             ended = [t for t in (act.exit_time(p) for p in gone) if t is not None]
             end = max(ended) if ended else wall
             # (wall times of the launch and of the exit record: at most the service time since the launch)
@@ -187,12 +201,19 @@ def _recover_holding(svc: Recoverable, row: JobRow) -> None:
             row.held_time += ran
             row.held_gpu_time += ran * ngpu
             svc.admit_row(row, state)
-            if failed:
+            limit = row.spec.get("time_limit")
+            if failed:  # (the others were stopped for it, or are now)
                 eid, code = min(failed.items())
                 svc.end(jid, S.FAILED, code, f"process {eid} ended with code {code} while the service was down")
-            else:
+            elif not stopped:
                 svc.end(jid, S.FINISHED, 0, "finished while the service was down")
-            return
+            elif row.cancel_requested:  # its cancel's stop, the end not stored
+                svc.end(jid, S.CANCELLED, None, "cancelled")
+            elif limit and row.held_time + _LIMIT_SLACK_S >= float(limit):  # its time limit's stop
+                svc.end(jid, S.FAILED, None, f"time limit of {limit} s reached")
+            else:  # stopped to be failed (it could not be scheduled), the reason not stored
+                svc.end(jid, S.FAILED, None, "stopped by the service, which went down before recording why")
+            return True
     held = row.held_time + (now - started)
     row.held_gpu_time += (held - row.held_time) * ngpu
     row.held_time = held
@@ -210,6 +231,7 @@ def _recover_holding(svc: Recoverable, row: JobRow) -> None:
     row.state = S.STANDBY.value
     if svc.fits_or_fail(row):  # a smaller cluster may no longer hold it; a parked job waits
         svc.admit_row(row, S.STANDBY)
+    return False
 
 
 def _recover_intent(svc: Recoverable, row: JobRow) -> bool:
