@@ -352,6 +352,7 @@ def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(fake: F
         live = again.launched("e", "n1", 1)
         assert live is not None and live.pid == e.pid and again.adopt(live) and again.stop("e", 2.0) == 143
         assert again.launched("e", "n1", 1) is None  # stopped: not an end of its own
+        assert again.stopped(live) and not again.stopped(found)  # (its exit record's stop mark, or none)
     finally:
         ex.kill_agents()
         for n in fake.nodes:
