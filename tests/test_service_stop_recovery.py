@@ -157,3 +157,21 @@ def test_a_part_that_failed_while_the_server_was_down_fails_the_job_though_the_o
     for _ in range(3):
         svc2.round()
     assert world.events(jid).count("failed") == 1 and ledger.read_text() == "ran\n"
+
+
+def test_an_exit_record_without_the_stop_mark_is_read_as_before(world: DyingWorld, tmp_path: Path) -> None:
+    # an older version's record (no stop mark): its 143 is taken for the job's own end, as it was
+    up = job_writable(tmp_path) / "up"
+    svc = world.server()
+    jid = svc.submit({"name": "a", "command": f"touch {up}; sleep 60", "gpus": 1}, "alice")
+    started(world, svc, jid, up)
+    svc.cancel(jid, "alice", admin=False)
+    world.die_storing(svc, "cancelled")
+    exit_record = tmp_path / "run" / f"{jid}.exit"
+    assert exit_record.read_text().split() == ["143", "!", "@1"]
+    exit_record.write_text(exit_record.read_text().replace("!", " "))
+    svc2 = world.server()
+    svc2.recover()
+    row = world.store.get_job(jid)
+    assert row is not None and (row.state, row.exit_code) == ("failed", 143)
+    assert row.reason == f"process {jid} ended with code 143 while the service was down"
