@@ -195,7 +195,7 @@ def _recover_holding(svc: Recoverable, row: JobRow) -> bool:
         if failed or ended_all:
             # an exit record is final: the job finished, failed or was stopped to end while the service was down
             ended = [t for t in (act.exit_time(p) for p in gone) if t is not None]
-            end = max(ended) if ended else wall
+            end = max(ended) if ended and not adopted else wall  # (parts alive until now: held until now)
             # (wall times of the launch and of the exit record: at most the service time since the launch)
             ran = min(max(0.0, end - (row.last_start or end)), now - started)
             row.held_time += ran
