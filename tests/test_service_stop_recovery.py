@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuloom.runtime.exec.local import read_exit_record
+from gpuloom.runtime.exec.local import LocalExecutor, read_exit_record
 from gpuloom.runtime.service.service import Service
 from service_util import job_writable, wait_for
 from test_service_unconfirmed import Crash, World
@@ -175,3 +175,47 @@ def test_an_exit_record_without_the_stop_mark_is_read_as_before(world: DyingWorl
     row = world.store.get_job(jid)
     assert row is not None and (row.state, row.exit_code) == ("failed", 143)
     assert row.reason == f"process {jid} ended with code 143 while the service was down"
+
+
+class DiesStoppingPart1(LocalExecutor):
+    """The server dies as it is about to stop part 1 of a job (part 0's stop may be done)."""
+
+    armed = True
+
+    def stop(self, job_id: str, grace_s: float) -> int | None:
+        if job_id.endswith(".1") and DiesStoppingPart1.armed:
+            DiesStoppingPart1.armed = False
+            raise Crash
+        return super().stop(job_id, grace_s)
+
+
+def test_a_time_limits_stop_cut_short_by_a_crash_is_finished_and_ends_the_job(
+        world: DyingWorld, tmp_path: Path) -> None:
+    # over its time limit, the job's parts are being stopped when the server dies: part 0 stopped, part 1
+    # still running.  A new server stops part 1 and ends the job at its limit, not queue it to run again
+    d = job_writable(tmp_path)
+    up, ledger = d / "up", d / "ledger"
+    svc = world.server(DiesStoppingPart1, nodes=2)
+    jid = svc.submit({"name": "a", "command": f"echo ran-$GPULOOM_NODE_RANK >> {ledger}; touch {up}-$GPULOOM_NODE_RANK; "
+                                              "sleep 60", "gpus": 2, "time_limit": 1.0}, "alice")
+    svc.round()
+    wait_for(lambda: all(Path(f"{up}-{r}").exists() for r in (0, 1)), what="both parts to start")
+
+    def died() -> bool:
+        try:
+            svc.round()
+        except Crash:
+            return True
+        return False
+    wait_for(died, what="the server to die stopping part 1")
+    assert read_exit_record(str(tmp_path / "run-1" / f"{jid}.1.exit")) is None  # still running
+    svc2 = world.server(nodes=2)
+    svc2.recover()
+    row = world.store.get_job(jid)
+    assert row is not None and (row.state, row.exit_code) == ("failed", None) and row.attempts == 1
+    assert row.reason == "time limit of 1.0 s reached"
+    assert read_exit_record(str(tmp_path / "run-1" / f"{jid}.1.exit")) == 143  # stopped now
+    for _ in range(3):
+        svc2.round()
+    assert world.events(jid).count("failed") == 1
+    assert sorted(ledger.read_text().split()) == ["ran-0", "ran-1"]

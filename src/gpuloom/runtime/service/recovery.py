@@ -10,7 +10,8 @@ service was down is not run again), with the time it ran up to its exit.
 An exit record the service marked as its stop's (``Executor.stopped``) is no
 end of the job's own: a part that failed on its own fails the job with its
 code (others still alive are stopped); a job all of whose other parts ended 0
-was ended by that stop, as the live service would have recorded it: cancelled
+(or still run: a stop the server died in the middle of, finished now) was
+ended by that stop, as the live service would have recorded it: cancelled
 (a cancel request was stored), failed at its time limit, or failed saying the
 reason was not recorded.  Unmarked records are read as before.
 Without exit records (the wrapper itself was killed) it is requeued (STANDBY)
@@ -191,7 +192,8 @@ def _recover_holding(svc: Recoverable, row: JobRow) -> bool:
     ngpu = int(row.spec["gpus"])
     if not stopping and procs and state in (S.LAUNCHING, S.RUNNING_PROTECTED, S.RUNNING):
         failed = {e: c for e, c in codes.items() if c not in (0, None)}
-        ended_all = not adopted and all(c == 0 for c in codes.values())
+        # (parts still alive beside stopped ones: the server died in the middle of that stop, finished now)
+        ended_all = (not adopted or bool(stopped)) and all(c == 0 for c in codes.values())
         if failed or ended_all:
             # an exit record is final: the job finished, failed or was stopped to end while the service was down
             ended = [t for t in (act.exit_time(p) for p in gone) if t is not None]
