@@ -249,7 +249,11 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
         if first is None:
             for x, lab in enumerate(labels):
                 if lab >= 0:
-                    groups.setdefault(lab, []).append(x)
+                    grp = groups.get(lab)  # (not setdefault: no new list per node of a known group)
+                    if grp is None:
+                        groups[lab] = [x]
+                    else:
+                        grp.append(x)
         else:
             for x in sorted(range(n), key=first.__getitem__):
                 if labels[x] >= 0:
@@ -261,9 +265,21 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
             for c, m in enumerate(members):
                 for x in m:
                     cls[x] = c
+            get = need.get
             for grp in multi:
-                # (a group of two: its one pair, neither node used yet, as groups are disjoint)
-                for x, y in ((grp,) if len(grp) == 2 else combinations(grp, 2)):
+                if len(grp) == 2:
+                    # (a group of two, most of them: its one pair, neither node used yet, as groups are
+                    # disjoint; written out, without a loop over one pair)
+                    x, y = grp
+                    cx, cy = cls[x], cls[y]
+                    k = (cx, cy) if cx <= cy else (cy, cx)
+                    left = get(k, 0)
+                    if left > 0:
+                        need[k] = left - 1
+                        used[x] = used[y] = True
+                        res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
+                    continue
+                for x, y in combinations(grp, 2):
                     if used[x] or used[y]:
                         continue
                     cx, cy = cls[x], cls[y]
@@ -273,19 +289,26 @@ def _assign(slots: Sequence[tuple[int, int, int, int, int]], members: Sequence[l
                         used[x] = used[y] = True
                         res.append((x, y, weight[k]) if x < y else (y, x, weight[k]))
     ptr = [0] * len(members)
-
-    def take(c: int) -> int:  # the class's first node in rank order not yet used
-        lst, p = members[c], ptr[c]
-        while used[lst[p]]:
-            p += 1
-        ptr[c] = p + 1
-        used[lst[p]] = True
-        return lst[p]
-
     for (c, d), cnt in need.items():
+        if not cnt:
+            continue
         w = weight[(c, d)]
+        lc, ld = members[c], members[d]
         for _ in range(cnt):
-            x, y = take(c), take(d)
+            # each class's first node in rank order not yet used (c's, then d's: the same class twice
+            # takes two nodes)
+            p = ptr[c]
+            while used[lc[p]]:
+                p += 1
+            ptr[c] = p + 1
+            x = lc[p]
+            used[x] = True
+            p = ptr[d]
+            while used[ld[p]]:
+                p += 1
+            ptr[d] = p + 1
+            y = ld[p]
+            used[y] = True
             res.append((x, y, w) if x < y else (y, x, w))
     res.sort()
     return res
