@@ -145,14 +145,18 @@ def test_the_active_jobs_and_allocations_are_compacted_between_rounds() -> None:
 class _Holds:
     """A listener that records every allocation change it is told of."""
 
-    def __init__(self) -> None:
+    def __init__(self, driver: Driver | None = None) -> None:
         self.calls: list[tuple[str, tuple | None, tuple | None]] = []
+        self.driver = driver
+        self.idle: set[str] = set()  # every job the driver's tally counted as waiting when told of a change
 
     def on_admit(self, job: Job) -> None:
         pass
 
     def on_hold(self, job: Job, old: Allocation | None, new: Allocation | None) -> None:
         self.calls.append((job.id, None if old is None else old.group, None if new is None else new.group))
+        if self.driver is not None:
+            self.idle.update(self.driver.tally.idle)
 
     def on_end(self, job: Job) -> None:
         pass
@@ -167,7 +171,7 @@ def test_a_regroup_on_the_same_gpus_keeps_them_held(regroup_first: bool) -> None
     cl = Cluster.homogeneous(1, 2, 8, 8000)
     rec = Recorder()
     drv = _driver(cl, rec, group="muri")
-    holds = _Holds()
+    holds = _Holds(drv)
     drv.listeners.append(holds)
     prof = {"resource_times": [0, 0.1, 0.3, 0]}
     a, b, c, d = (drv.admit(Job(JobSpec(x, 0, 1, 100.0, attrs=prof)), 0.0) for x in "abcd")
@@ -182,6 +186,7 @@ def test_a_regroup_on_the_same_gpus_keeps_them_held(regroup_first: bool) -> None
     old_a, old_c = a.alloc, c.alloc
     assert old_a is not None and old_c is not None and b.alloc is not None
     holds.calls.clear()
+    holds.idle.clear()
     changes = [Action(ActionKind.MOVE, "c", old_c, on("c", 0, ("a",))),
                Action(ActionKind.REGROUP, "a", old_a, Allocation("a", old_a.parts, ("c",)))]
     if regroup_first:
@@ -194,6 +199,8 @@ def test_a_regroup_on_the_same_gpus_keeps_them_held(regroup_first: bool) -> None
     assert a.alloc is drv.current["a"] and a.alloc.group == ("c",) and a.speed == c.speed < 1.0
     assert ("regroup", "a") in rec.calls and a.preemptions == 0 and a.migrations == 0 and c.migrations == 1
     assert set(drv.tally.idle) == {"b"} and drv.tally.waiting == {b.shape: 1}
+    # a and c held something before and after: never counted as waiting in between; d until it started
+    assert holds.idle == {"b", "d"}
     let_go = [x for x in holds.calls if x[2] is None]
     take = [x for x in holds.calls if x[1] is None]
     assert let_go == ([("b", ("a",), None), ("a", ("b",), None), ("c", (), None)] if regroup_first

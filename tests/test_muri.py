@@ -643,6 +643,7 @@ def test_matchings_kept_or_solved_afresh_give_the_same_run(data_dir: Path, varia
     for kept, from_scratch in ((0, False), (64, False), (0, True)):
         monkeypatch.setattr(muri, "_MATCHINGS_KEPT", kept)
         monkeypatch.setattr(muri, "_BUCKETS_KEPT", kept)  # (a bucket's node pairs, kept or not)
+        monkeypatch.setattr(muri, "_ROWS_KEPT", kept)  # (the weight rows of a list of classes, kept or not)
         # the node keys each bucket keeps through its merges, or rebuilt from the nodes every round
         monkeypatch.setattr(muri.MuriGrouping, "_match_bucket", kept_keys if not from_scratch else (
             lambda self, bs, m, f: self.match_round(bs.profiles, bs.nodes, m, f, bs.labels)))
@@ -679,6 +680,25 @@ def test_group_speeds_kept_or_computed_afresh_give_the_same_run(data_dir: Path, 
         asked.append(len(f._times))  # noqa: SLF001
     assert runs[0] == runs[1]
     assert asked[0] > 1 and asked[1] <= 1  # groups were kept, and forgotten
+
+
+def test_weight_rows_of_classes_met_again_are_the_rows_made_afresh() -> None:
+    # the rows of the same classes in the same order are kept and handed out again; other classes, or
+    # the same in another order, get rows of their own, equal to those a new policy makes
+    f = InterleaveFactor(threshold=0.0)
+    profs = [(4.0, 1.0, 1.0), (1.0, 4.0, 1.0), (1.0, 1.0, 4.0), (2.0, 2.0, 2.0)]
+    keys = [(p,) for p in profs]
+    pol = MuriGrouping(max_group=4)
+    ids = [pol._key_ids.setdefault(k, len(pol._key_ids)) for k in keys]  # noqa: SLF001
+    W = pol._weight_rows(keys, 4, f, ids)  # noqa: SLF001
+    assert pol._weight_rows(keys, 4, f, list(ids)) is W  # noqa: SLF001
+    assert W == MuriGrouping(max_group=4)._weight_rows(keys, 4, f)  # noqa: SLF001
+    assert W[0][1] > 0 and W[0][0] > 0 and W == [list(r) for r in zip(*W, strict=True)]
+    back = pol._weight_rows(keys[::-1], 4, f, ids[::-1])  # noqa: SLF001
+    assert back is not W and back == [row[::-1] for row in W[::-1]]
+    # pairs only: no class pairs with a pair of jobs, which the rows of groups up to four allow
+    two = pol._weight_rows([keys[0], keys[1] + keys[2]], 2, f, [ids[0], 99])  # noqa: SLF001
+    assert two[0][1] == 0 and pol._weight_rows([keys[0], keys[1] + keys[2]], 4, f, [ids[0], 99])[0][1] > 0  # noqa: SLF001
 
 
 def test_pair_counts_and_assign_with_them() -> None:

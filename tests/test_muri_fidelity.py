@@ -200,6 +200,34 @@ def test_las_gpu_events_order_is_the_key_order_and_reuses_it_between_events(make
     assert order_at([f, e, d, c2, b, a], 1000.0, 6) == ["d", "c", "e", "f", "a", "b"]
 
 
+def test_las_gpu_events_finds_the_same_jobs_by_the_ids_of_a_drivers_view(make_view) -> None:  # noqa: ANN001
+    # a driver's view (ActiveJobs over its jobs by id): the same ids keep the keys of the last event;
+    # as many jobs with one id another (one ended, one arrived) take them again, whether the ids are
+    # read from the dict's keys or, once the view's jobs are frozen into a list, from its jobs
+    from gpuloom.core.job import ActiveJobs
+    from gpuloom.policies import make
+
+    a, b, c = (_arrived(x, i, k, 1) for i, (x, k) in enumerate((("a", 300.0), ("b", 100.0), ("c", 200.0))))
+    pol = make("order", "las-gpu-events")
+
+    def order_at(by_id: dict, now: float, rnd: int, frozen: bool = False) -> list[str]:
+        view = make_view(jobs=list(by_id.values()), now=now)
+        view.jobs = ActiveJobs(by_id)
+        if frozen:
+            view.jobs.freeze()
+        view.round_index = rnd
+        return [j.id for j in pol.order(view.jobs, view)]
+
+    assert order_at({"a": a, "b": b, "c": c}, 0.0, 1) == ["b", "c", "a"]
+    b.attained_gpu_time = 1e6  # (between events: the keys stay those of the last one)
+    assert order_at({"a": a, "b": b, "c": c}, 10.0, 2) == ["b", "c", "a"]
+    assert order_at({"a": a, "b": b, "c": c}, 10.0, 3, frozen=True) == ["b", "c", "a"]
+    d = _arrived("d", 3, 250.0, 1)  # c ended, d arrived: every key read again (b's too)
+    assert order_at({"a": a, "b": b, "d": d}, 20.0, 4) == ["d", "a", "b"]
+    e = _arrived("e", 4, 0.0, 1)
+    assert order_at({"a": a, "b": b, "e": e}, 30.0, 5, frozen=True) == ["e", "a", "b"]
+
+
 def test_las_gpu_events_sorts_the_keys_it_just_took_as_key_by_key(make_view) -> None:  # noqa: ANN001
     # a driver's view (its tally: jobs in index order): the keys taken at an event are sorted as the
     # values of the table, in the jobs' order; a keys_at of another order falls back to key by key

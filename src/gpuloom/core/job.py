@@ -15,7 +15,7 @@ the runtime update (plain attributes, ``__slots__``, no I/O).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -364,6 +364,12 @@ class ActiveJobs(Sequence[Job]):
     def __len__(self) -> int:
         lst = self._list
         return len(self._by_id) if lst is None else len(lst)
+
+    def ids(self) -> Collection[str]:
+        """The jobs' ids, in order: the mapping's keys (its jobs' ids) while it is read, without
+        reading the jobs (a view, compared with another dict's keys in C)."""
+        lst = self._list
+        return self._by_id.keys() if lst is None else [j.id for j in lst]
 
     def __iter__(self) -> Iterator[Job]:
         lst = self._list

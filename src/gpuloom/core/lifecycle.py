@@ -311,7 +311,13 @@ class Lifecycle:
                 k += 1
             if k:
                 del pend[:k]
-        return self.refresh(now)
+        # (refresh, written out: every job's lifecycle is synced before each of its actions and at
+        # every round while it has steps planned)
+        pu = self.protected_until
+        if self._state is _PROTECTED and pu is not None and now >= pu:
+            t = self._times[-1]
+            self.to(_RUNNING, t if t > pu else pu)
+        return self._state
 
     def __repr__(self) -> str:
         return f"Lifecycle({self.job_id}, {self.state.name} since {self.since:g})"

@@ -440,11 +440,16 @@ def _check_allocation(jid: str, a: Allocation, cluster: Cluster) -> None:
 def _check_sharing(gid: int, jobs: Sequence[str], allocs: Mapping[str, Allocation]) -> None:
     """Jobs on one GPU must form a group: the same GPU set, each listing every other as a co-runner."""
     first = jobs[0]
-    mine = sorted(allocs[first].gpu_ids)
+    parts = allocs[first].parts
+    mine: list[int] | None = None
     for other in jobs[1:]:
         a = allocs.get(other)
         if a is None:  # an unchanged holder the plan drops without a stop: not a sound current
             raise PlanError(f"GPU {gid} held by {other}, which the plan does not hold")
+        if a.parts is parts:  # (a group placed together shares one parts tuple: the same GPUs)
+            continue
+        if mine is None:
+            mine = sorted(allocs[first].gpu_ids)
         if sorted(a.gpu_ids) != mine:
             raise PlanError(f"GPU {gid} held by {first} and {other} with different GPU sets")
     for i, j1 in enumerate(jobs):

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, KeysView, Sequence
 from functools import partial
 from operator import itemgetter
 from typing import ClassVar
@@ -271,8 +271,16 @@ class LASGPUEvents(KeyOrder):
             return
         self._seen = stamp
         keys, jobs = self._keys, view.jobs
-        if len(jobs) == len(keys) and all(map(keys.__contains__, [j.id for j in jobs])):
-            return  # the same jobs (as many, all known): the order stays
+        if len(jobs) == len(keys):
+            # the same jobs (as many, all known): the order stays (a driver's view compares its ids, the
+            # keys of its jobs' dict, with the table's in C)
+            if type(jobs) is ActiveJobs:
+                ids = jobs.ids()
+                same = keys.keys() == ids if isinstance(ids, KeysView) else all(map(keys.__contains__, ids))
+            else:
+                same = all(map(keys.__contains__, [j.id for j in jobs]))
+            if same:
+                return
         now, key_at = view.now, self.key_at
         if key_at is LASGPUEvents.key_at:  # (Job.attained_gpu_at written out: read for every job at each event)
             self._keys = {j.id: j.attained_gpu_time if (a := j.alloc) is None or not (dt := now - j.last_update) > 0

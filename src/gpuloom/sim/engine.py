@@ -192,7 +192,13 @@ class SimBackend:
         pass
 
     def progressed(self, driver: Driver, job: Job, now: float) -> None:
-        t = job.predicted_finish(now)
+        # (Job.predicted_finish, written out: called for every action; a job that holds nothing or
+        # makes no progress has no completion to schedule)
+        sp = job.speed
+        if job.alloc is None or not sp > 0:
+            return
+        b = job.busy_until
+        t = (b if b > now else now) + job.remaining / sp
         if math.isfinite(t):
             self.seq += 1
             heapq.heappush(self.heap, (t, self.seq, job.id, job.version))
