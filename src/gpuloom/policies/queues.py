@@ -125,7 +125,7 @@ class QuotaQueues(QuotaReclaim):
     #: False: a tier walked on from a job that ended reads its jobs past that job again one by one, even when the
     #: tier passed none (tests compare)
     tiers_forwarded = True
-    #: False: a lazy walk by rank hands on no job before placement reads it (tests compare)
+    #: False: a lazy walk (by rank or by shares) hands on no job before placement reads it (tests compare)
     read_ahead = True
 
     def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
@@ -455,6 +455,9 @@ class QuotaQueues(QuotaReclaim):
                 heap = [(key(q), h[0], q) for q in tree.leaves if (h := heads[q]) is not None]
             heapq.heapify(heap)
             pop, push = heapq.heappop, heapq.heappush
+            # read ahead (see ``ahead`` below): jobs taken without a yield while the walk's GPUs are below the
+            # cluster's; then one yield (None, to admit) and the walk goes on as read
+            ahead = reads_ahead
             while heap:
                 k, rank, q = pop(heap)
                 if stale:
@@ -489,24 +492,35 @@ class QuotaQueues(QuotaReclaim):
                             u[2] += d[2]
                         else:
                             take(q, d)
-                        over_append(j)
-                        yield j
-                        asked += d[0]
-                        if asked >= enough:
-                            if pauses:
-                                # the reader sees the walk end here (None); read on, it goes on if read_whole
-                                # lifted the bound meanwhile, else it stops as it would have.  Whether jobs are
-                                # left past it (it would be cut short) is known now: its leaf's next is peeked
-                                nxt = next(rest[q], None)
-                                if nxt is not None:
-                                    rest[q] = itertools.chain((nxt,), rest[q])
-                                adm.paused = nxt is not None or any(h is not None for k, h in enumerate(heads)
-                                                                    if k != q)
+                        if ahead and asked + d[0] < enough:  # (read ahead: never to its bound, no pause)
+                            over_append(j)
+                            asked += d[0]
+                            if asked >= cap:
+                                ahead = False
+                                yield None  # (to admit: read ahead so far)
+                        else:
+                            if ahead:
+                                ahead = False
                                 yield None
-                                adm.paused = None
+                            over_append(j)
+                            yield j
+                            asked += d[0]
                             if asked >= enough:
-                                stopped = q
-                                break
+                                if pauses:
+                                    # the reader sees the walk end here (None); read on, it goes on if read_whole
+                                    # lifted the bound meanwhile, else it stops as it would have.  Whether jobs
+                                    # are left past it (it would be cut short) is known now: its leaf's next is
+                                    # peeked
+                                    nxt = next(rest[q], None)
+                                    if nxt is not None:
+                                        rest[q] = itertools.chain((nxt,), rest[q])
+                                    adm.paused = nxt is not None or any(h is not None for k, h in enumerate(heads)
+                                                                        if k != q)
+                                    yield None
+                                    adm.paused = None
+                                if asked >= enough:
+                                    stopped = q
+                                    break
                 heads[q] = nxt = next(rest[q], None)
                 if nxt is not None:
                     if key is None:
@@ -523,6 +537,8 @@ class QuotaQueues(QuotaReclaim):
                         push(heap, (k, nxt[0], q))
                     else:
                         push(heap, (key(q), nxt[0], q))
+            if ahead:
+                yield None  # (to admit: every job read ahead)
             # beyond that: not handed on; those a limit keeps out still say so (only those leaves are read on)
             for q in tree.leaves:
                 head = None if q == stopped else heads[q]
@@ -537,7 +553,16 @@ class QuotaQueues(QuotaReclaim):
                     adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in (head, *rest[q])
                                     if not fits(demand(j), limit, path[q]))
 
-        adm.walk = Walk(adm.guaranteed, adm.over, borrowing())
+        # placement reads the walk until the GPUs of the jobs it selected reach the cluster's (prefix_plan's first
+        # phase), so whatever it decides it reads every job before which the walk's jobs ask for fewer: the walk
+        # hands those on at once, in its own loop (no frame resumed per job, here or in the walk's reader), and
+        # waits after them (a yield admit takes) for placement to read on
+        cap = cl.num_gpus
+        reads_ahead = lazy and asked < cap and self.read_ahead
+        walked = borrowing()
+        if reads_ahead:
+            next(walked)
+        adm.walk = Walk(adm.guaranteed, adm.over, walked)
         if not lazy:
             adm.walk.finish()
         self._remember(adm, view)
