@@ -454,17 +454,25 @@ class QuotaQueues(QuotaReclaim):
             else:
                 heap = [(key(q), h[0], q) for q in tree.leaves if (h := heads[q]) is not None]
             heapq.heapify(heap)
-            pop, push = heapq.heappop, heapq.heappush
+            # (a leaf's next entry is pushed and the next step's popped in one call, heappushpop: the same entry
+            # as a push then a pop, the entries being distinct, one per leaf; it is the next step's ``top``)
+            pop, pushpop = heapq.heappop, heapq.heappushpop
             # read ahead (see ``ahead`` below): jobs taken without a yield while the walk's GPUs are below the
             # cluster's; then one yield (None, to admit) and the walk goes on as read
             ahead = reads_ahead
-            while heap:
-                k, rank, q = pop(heap)
+            top: tuple[Any, int, int] | None = None
+            while True:
+                if top is None:
+                    if not heap:
+                        break
+                    top = pop(heap)
+                k, rank, q = top
+                top = None
                 if stale:
                     assert key is not None
                     now_k = key(q)
                     if now_k > k:
-                        push(heap, (now_k, rank, q))
+                        top = pushpop(heap, (now_k, rank, q))
                         continue
                 x = heads[q]
                 assert x is not None
@@ -524,7 +532,7 @@ class QuotaQueues(QuotaReclaim):
                 heads[q] = nxt = next(rest[q], None)
                 if nxt is not None:
                     if key is None:
-                        push(heap, (nxt[0], q, q))
+                        top = pushpop(heap, (nxt[0], q, q))
                     elif factors is not None:  # (max(a, b, c) as max works it out: the first of the largest)
                         u, f = use[q], factors[q]
                         k = u[0] * f[0]
@@ -534,9 +542,9 @@ class QuotaQueues(QuotaReclaim):
                         b = u[2] * f[2]
                         if b > k:
                             k = b
-                        push(heap, (k, nxt[0], q))
+                        top = pushpop(heap, (k, nxt[0], q))
                     else:
-                        push(heap, (key(q), nxt[0], q))
+                        top = pushpop(heap, (key(q), nxt[0], q))
             if ahead:
                 yield None  # (to admit: every job read ahead)
             # beyond that: not handed on; those a limit keeps out still say so (only those leaves are read on)
