@@ -1202,13 +1202,15 @@ def test_a_walk_by_rank_read_from_the_order_is_the_merge_of_the_leaves(seed: int
     assert len(by_rank) > 100 and past >= 10  # (walks read past their bound: gone on whole)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_walk_by_rank_read_ahead_as_far_as_placement_surely_reads_is_the_walk_read_by_placement(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # admission hands on the walk by rank's jobs up to where they ask for the cluster's GPUs before placement reads it
-    # (QuotaQueues.read_ahead): placement's first phase reads that far whatever it decides.  Every admission (its jobs
-    # in order as the round left it, held and cut short the same way) and the run must be those of the walk read as
-    # placement reads it, bit for bit, and jobs must be read ahead in most admissions; jobs of 3, 5 and 6 GPUs make
-    # walks that wait at their bound and go on whole
+@pytest.mark.parametrize(("policy", "seed"), [("quota", 1), ("quota", 2), ("drf", 1), ("drf", 2), ("fairshare", 1),
+                                            ("fairshare", 2)])
+def test_a_walk_read_ahead_as_far_as_placement_surely_reads_is_the_walk_read_by_placement(policy: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # admission hands on the walk's jobs (by rank under quota, by shares under drf and fair share) up to where they
+    # ask for the cluster's GPUs before placement reads it (QuotaQueues.read_ahead): placement's first phase reads
+    # that far whatever it decides.  Every admission (its jobs in order as the round left it, held and cut short the
+    # same way) and the run must be those of the walk read as placement reads it, bit for bit, and jobs must be read
+    # ahead in most admissions; jobs of 3, 5 and 6 GPUs make walks that wait at their bound and go on whole.  Fair
+    # share's log of the walk (what next_change reads) must be the same too
     specs = [JobSpec(s.id, s.arrival, (3, 5, 6, 1)[k % 4], s.duration, s.model, attrs=s.attrs)
              for k, s in enumerate(five_queue_specs(300, 40.0, seed))]
     ahead: list[int] = []
@@ -1220,9 +1222,11 @@ def test_a_walk_by_rank_read_ahead_as_far_as_placement_surely_reads_is_the_walk_
 
     def settle(x: tuple[Admission, list[str]]) -> object:
         a, g = x
-        return g, [j.id for j in a.over], a.truncated, dict(a.held), a.paused
+        log = None if a.log is None else (list(a.log[0]), a.log[1],
+                                          [h if h is None else (h[0], h[1].id) for h in a.log[2]])
+        return g, [j.id for j in a.over], a.truncated, dict(a.held), a.paused, log
 
-    _tiers_off_and_on("quota", specs, "read_ahead", [], (), monkeypatch, record=record, settle=settle)
+    _tiers_off_and_on(policy, specs, "read_ahead", [], (), monkeypatch, record=record, settle=settle)
     assert sum(1 for n in ahead if n) > len(ahead) // 2
 
 

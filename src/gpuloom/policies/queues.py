@@ -125,7 +125,7 @@ class QuotaQueues(QuotaReclaim):
     #: False: a tier walked on from a job that ended reads its jobs past that job again one by one, even when the
     #: tier passed none (tests compare)
     tiers_forwarded = True
-    #: False: a lazy walk by rank hands on no job before placement reads it (tests compare)
+    #: False: a lazy walk (by rank or by shares) hands on no job before placement reads it (tests compare)
     read_ahead = True
 
     def admit(self, ordered: Sequence[Job], view: View, strict: bool = False, full: bool = False,
@@ -454,14 +454,25 @@ class QuotaQueues(QuotaReclaim):
             else:
                 heap = [(key(q), h[0], q) for q in tree.leaves if (h := heads[q]) is not None]
             heapq.heapify(heap)
-            pop, push = heapq.heappop, heapq.heappush
-            while heap:
-                k, rank, q = pop(heap)
+            # (a leaf's next entry is pushed and the next step's popped in one call, heappushpop: the same entry
+            # as a push then a pop, the entries being distinct, one per leaf; it is the next step's ``top``)
+            pop, pushpop = heapq.heappop, heapq.heappushpop
+            # read ahead (see ``ahead`` below): jobs taken without a yield while the walk's GPUs are below the
+            # cluster's; then one yield (None, to admit) and the walk goes on as read
+            ahead = reads_ahead
+            top: tuple[Any, int, int] | None = None
+            while True:
+                if top is None:
+                    if not heap:
+                        break
+                    top = pop(heap)
+                k, rank, q = top
+                top = None
                 if stale:
                     assert key is not None
                     now_k = key(q)
                     if now_k > k:
-                        push(heap, (now_k, rank, q))
+                        top = pushpop(heap, (now_k, rank, q))
                         continue
                 x = heads[q]
                 assert x is not None
@@ -489,28 +500,39 @@ class QuotaQueues(QuotaReclaim):
                             u[2] += d[2]
                         else:
                             take(q, d)
-                        over_append(j)
-                        yield j
-                        asked += d[0]
-                        if asked >= enough:
-                            if pauses:
-                                # the reader sees the walk end here (None); read on, it goes on if read_whole
-                                # lifted the bound meanwhile, else it stops as it would have.  Whether jobs are
-                                # left past it (it would be cut short) is known now: its leaf's next is peeked
-                                nxt = next(rest[q], None)
-                                if nxt is not None:
-                                    rest[q] = itertools.chain((nxt,), rest[q])
-                                adm.paused = nxt is not None or any(h is not None for k, h in enumerate(heads)
-                                                                    if k != q)
+                        if ahead and asked + d[0] < enough:  # (read ahead: never to its bound, no pause)
+                            over_append(j)
+                            asked += d[0]
+                            if asked >= cap:
+                                ahead = False
+                                yield None  # (to admit: read ahead so far)
+                        else:
+                            if ahead:
+                                ahead = False
                                 yield None
-                                adm.paused = None
+                            over_append(j)
+                            yield j
+                            asked += d[0]
                             if asked >= enough:
-                                stopped = q
-                                break
+                                if pauses:
+                                    # the reader sees the walk end here (None); read on, it goes on if read_whole
+                                    # lifted the bound meanwhile, else it stops as it would have.  Whether jobs
+                                    # are left past it (it would be cut short) is known now: its leaf's next is
+                                    # peeked
+                                    nxt = next(rest[q], None)
+                                    if nxt is not None:
+                                        rest[q] = itertools.chain((nxt,), rest[q])
+                                    adm.paused = nxt is not None or any(h is not None for k, h in enumerate(heads)
+                                                                        if k != q)
+                                    yield None
+                                    adm.paused = None
+                                if asked >= enough:
+                                    stopped = q
+                                    break
                 heads[q] = nxt = next(rest[q], None)
                 if nxt is not None:
                     if key is None:
-                        push(heap, (nxt[0], q, q))
+                        top = pushpop(heap, (nxt[0], q, q))
                     elif factors is not None:  # (max(a, b, c) as max works it out: the first of the largest)
                         u, f = use[q], factors[q]
                         k = u[0] * f[0]
@@ -520,9 +542,11 @@ class QuotaQueues(QuotaReclaim):
                         b = u[2] * f[2]
                         if b > k:
                             k = b
-                        push(heap, (k, nxt[0], q))
+                        top = pushpop(heap, (k, nxt[0], q))
                     else:
-                        push(heap, (key(q), nxt[0], q))
+                        top = pushpop(heap, (key(q), nxt[0], q))
+            if ahead:
+                yield None  # (to admit: every job read ahead)
             # beyond that: not handed on; those a limit keeps out still say so (only those leaves are read on)
             for q in tree.leaves:
                 head = None if q == stopped else heads[q]
@@ -537,7 +561,16 @@ class QuotaQueues(QuotaReclaim):
                     adm.held.update((j.id, QUEUE_AT_QUOTA) for _, j in (head, *rest[q])
                                     if not fits(demand(j), limit, path[q]))
 
-        adm.walk = Walk(adm.guaranteed, adm.over, borrowing())
+        # placement reads the walk until the GPUs of the jobs it selected reach the cluster's (prefix_plan's first
+        # phase), so whatever it decides it reads every job before which the walk's jobs ask for fewer: the walk
+        # hands those on at once, in its own loop (no frame resumed per job, here or in the walk's reader), and
+        # waits after them (a yield admit takes) for placement to read on
+        cap = cl.num_gpus
+        reads_ahead = lazy and asked < cap and self.read_ahead
+        walked = borrowing()
+        if reads_ahead:
+            next(walked)
+        adm.walk = Walk(adm.guaranteed, adm.over, walked)
         if not lazy:
             adm.walk.finish()
         self._remember(adm, view)
