@@ -16,6 +16,17 @@ from service_util import job_writable, wait_for
 from test_service_unconfirmed import Crash, World
 
 
+def until_crash(svc: Service, what: str) -> None:
+    """Run rounds until the server dies (a :class:`Crash` out of one)."""
+    def died() -> bool:
+        try:
+            svc.round()
+        except Crash:
+            return True
+        return False
+    wait_for(died, what=what)
+
+
 class DyingWorld(World):
     """The server dies when it is about to store a given event (the store never takes it)."""
 
@@ -35,14 +46,11 @@ class DyingWorld(World):
     def die_storing(self, svc: Service, event: str) -> None:
         """Run rounds until the server dies storing ``event``."""
         self.die_at = event
+        until_crash(svc, f"the server to die storing {event!r}")
 
-        def died() -> bool:
-            try:
-                svc.round()
-            except Crash:
-                return True
-            return False
-        wait_for(died, what=f"the server to die storing {event!r}")
+    def close(self) -> None:
+        self.die_at = None
+        super().close()
 
     def events(self, jid: int) -> list[str]:
         return [e["kind"] for e in self.store.events(jid)]
@@ -54,13 +62,7 @@ def world(tmp_path: Path, cgroup_parent: str) -> Iterator[DyingWorld]:
     try:
         yield w
     finally:
-        w.die_at = None
-        for svc in reversed(w.servers):
-            svc.terminate_all()
-        for svc in w.servers[:-1]:
-            svc.actuator.close()
-        w.servers[-1].shutdown()
-        w.store.close()
+        w.close()
 
 
 def started(w: DyingWorld, svc: Service, jid: int, up: Path) -> None:
@@ -200,14 +202,7 @@ def test_a_time_limits_stop_cut_short_by_a_crash_is_finished_and_ends_the_job(
                                               "sleep 60", "gpus": 2, "time_limit": 1.0}, "alice")
     svc.round()
     wait_for(lambda: all(Path(f"{up}-{r}").exists() for r in (0, 1)), what="both parts to start")
-
-    def died() -> bool:
-        try:
-            svc.round()
-        except Crash:
-            return True
-        return False
-    wait_for(died, what="the server to die stopping part 1")
+    until_crash(svc, "the server to die stopping part 1")
     assert read_exit_record(str(tmp_path / "run-1" / f"{jid}.1.exit")) is None  # still running
     svc2 = world.server(nodes=2)
     svc2.recover()

@@ -113,6 +113,16 @@ class World:
             return row if row is not None and row.state in ("finished", "failed", "cancelled") else None
         return wait_for(final, what="the job to end")
 
+    def close(self) -> None:
+        """The store up again, every server's jobs stopped, the servers and the store closed."""
+        self.down = False
+        for svc in reversed(self.servers):
+            svc.terminate_all()
+        for svc in self.servers[:-1]:  # (the servers that died: their threads alone)
+            svc.actuator.close()
+        self.servers[-1].shutdown()
+        self.store.close()
+
     def unconfirmed(self, jid: int) -> list[dict[str, Any]]:
         return [e["detail"] for e in self.store.events(jid) if e["kind"] == "launch-unconfirmed"]
 
@@ -123,13 +133,7 @@ def world(tmp_path: Path, cgroup_parent: str) -> Iterator[World]:
     try:
         yield w
     finally:
-        w.down = False
-        for svc in reversed(w.servers):
-            svc.terminate_all()
-        for svc in w.servers[:-1]:  # (the servers that died: their threads alone)
-            svc.actuator.close()
-        w.servers[-1].shutdown()
-        w.store.close()
+        w.close()
 
 
 def crashed_launch(w: World, command: str) -> int:

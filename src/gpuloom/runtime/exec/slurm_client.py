@@ -146,23 +146,24 @@ class SlurmClient(Executor):
         """Slurm ids of this executor's jobs (running or held)."""
         return {p.pid for p in self.procs.values()} | {h.slurm_id for h in self.held.values()}
 
+    def _others_on(self, node: str) -> list[tuple[int, set[int]]]:
+        """(Slurm id, GPU indices) of the live jobs on ``node`` that are not this executor's running or held
+        ones: submitted to Slurm directly, or ours let go and still ending (``_leaving``).  One of ours reported
+        ended by its exit file may still be completing: its teardown frees it, so it is left out."""
+        mine = self._mine()
+        return [(jid, set(gres_indices(rec.get("GRES", "")))) for jid, rec in sorted(self.jobs.items())
+                if jid not in mine and jid not in self._ended and rec.get("JobState") in LIVE
+                and rec.get("NodeList") == node]
+
     def _foreign_gpus(self, node: str) -> set[int]:
         """GPU indices of ``node`` held by jobs that are not this executor's (submitted to Slurm directly)."""
-        mine = self._mine()
-        out: set[int] = set()
-        for jid, rec in self.jobs.items():  # (one of ours reported ended by its exit file may still be completing)
-            if jid in mine or jid in self._ended or rec.get("JobState") not in LIVE or rec.get("NodeList") != node:
-                continue
-            out.update(gres_indices(rec.get("GRES", "")))
-        return out
+        return set().union(*(gpus for _, gpus in self._others_on(node)))
 
     def holders(self, node: str, gpus: set[int]) -> str:
         """Who holds ``gpus`` of ``node`` that are not free for this executor's launch (for its refusal)."""
-        mine = self._mine()
         ours, direct = [], False
-        for jid, rec in sorted(self.jobs.items()):
-            if (rec.get("JobState") not in LIVE or rec.get("NodeList") != node or jid in mine or jid in self._ended
-                    or not gpus & set(gres_indices(rec.get("GRES", "")))):
+        for jid, held in self._others_on(node):
+            if not gpus & held:
                 continue
             if jid in self._leaving:
                 ours.append(f"Slurm job {jid} (gpuloom's {self._leaving[jid]}, ended or stopped, still ending in Slurm)")
