@@ -3,6 +3,7 @@ exactly once; the PyTorch example really runs faster with more cores (skipped wi
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -90,7 +91,10 @@ def test_resume_without_checkpoint_starts_over(tmp_path: Path) -> None:
 
 # -- PyTorch ------------------------------------------------------------------------------------
 
-torch = pytest.importorskip("torch", reason="the PyTorch example needs the optional extra: pip install '.[torch]'")
+# (found, not imported: the examples import torch in their own processes; an xdist worker that imported it at
+# collection would pay its import, ~1.5 CPU s, whether or not it runs these tests)
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("the PyTorch example needs the optional extra: pip install '.[torch]'", allow_module_level=True)
 
 
 def _spin(core: int, seconds: float, out) -> None:
@@ -199,6 +203,8 @@ def test_torch_example_preempted_ends_with_the_same_weights(tmp_path: Path) -> N
     # the loader sized itself by the cores it was given; the data, hence the weights, do not depend on it
     assert f"cores={min(2, len(CORES))} workers={min(2, len(CORES))}" in (runs["straight"] / "job.log").read_text()
     assert "cores=1 workers=1" in (pre / "job.log").read_text()
+    import torch
+
     a = torch.load(runs["straight"] / "ckpt" / "train.pt")
     b = torch.load(pre / "ckpt" / "train.pt")
     assert a["step"] == b["step"] == 16
