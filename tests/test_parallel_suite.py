@@ -235,3 +235,13 @@ def test_serial() -> None:
 def test_a_forked_child_that_outlives_its_test_does_not_hold_the_machine(tmp_path: Path) -> None:
     got = inner_run(tmp_path, 2, {"test_slurm.py": FORKS})
     assert got["serial"][0] - got["fork"][1] < 6, got  # (held back, it would start 12 s after the fork)
+
+
+def test_no_test_of_a_grouped_file_is_serial() -> None:
+    """A serial test in a group runs when its group's worker reaches it, mid-run: it waits for every test then
+    running on the other workers (a whole-Philly test, the minute of a Slurm step limit), and none of them starts
+    one meanwhile, so the machine drains for it.  Outside a group it goes to the suite's end (work_units)."""
+    from conftest import XDIST_GROUPS
+
+    marked = [f for f in XDIST_GROUPS if "pytest.mark.serial" in (REPO / "tests" / f).read_text()]
+    assert marked == [], f"serial tests in grouped files: {marked}"
