@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpuloom.runtime.exec.slurm import REASONS
 from gpuloom.runtime.exec.slurm_steps import (
     ABORTED_AT_LAUNCH,
@@ -21,6 +23,7 @@ from slurm_util import own_slurm_fixture, steps_executor, wait_until  # noqa: F4
 from slurm_util import step_spec as spec
 
 
+@pytest.mark.slow  # 20-30 s: handed out early, not at the suite's end (tests/conftest.py)
 def test_a_step_ends_while_slurmctld_is_down_and_its_allocation_goes_after(own_slurm: Any, tmp_path: Path) -> None:
     """On a test Slurm of its own, stopped after the test: Slurm keeps the allocation COMPLETING until
     slurmstepd's retried message gets through (about 45 s), and nothing waits for that."""
@@ -68,6 +71,7 @@ def test_why_a_step_ended_is_read_from_sacct_and_slurmstepds_lines() -> None:
     assert (srun_aborted(srun, "3.3"), srun_aborted(srun, "3.0"), srun_aborted(srun, "3.33")) == (True, False, False)
 
 
+@pytest.mark.slow  # a minute at least (Slurm's least step time limit): handed out early (tests/conftest.py)
 def test_a_failed_step_ends_with_slurms_reason_oom_time_limit_or_cancel(own_slurm: Any, tmp_path: Path) -> None:
     """A test Slurm of its own that holds steps to their memory (``OverMemoryKill``, read each second):
     an OOM kill, a step time limit (a minute, Slurm's least: the jobs run side by side) and an scancel

@@ -178,6 +178,7 @@ def test_a_sleep_job_is_busy_at_launch_without_nvml(make: Any, monkeypatch: pyte
     assert svc.telemetry.sample()["busy"] == 1.0
 
 
+@pytest.mark.slow  # 10-25 s of sampling: handed out early (tests/conftest.py)
 def test_show_and_history_print_the_jobs_gpu_use(tmp_path: Path, fake: Path) -> None:
     from typer.testing import CliRunner
 

@@ -62,6 +62,7 @@ def workload() -> list[TestbedJob]:
     return [TestbedJob(i, a, g, n, st, 12 * g, 24 * g if cpu else 12 * g) for i, a, g, n, st, cpu in JOBS]
 
 
+@pytest.mark.slow  # 30 s of jobs: handed out early, not at the suite's end (tests/conftest.py)
 def test_simulator_predicts_the_service(tmp_path: Path, monkeypatch) -> None:
     jobs = workload()
     stack = STACKS["fifo/proportional/packed"]
@@ -92,6 +93,7 @@ def test_simulator_predicts_the_service(tmp_path: Path, monkeypatch) -> None:
           file=sys.stderr)
 
 
+@pytest.mark.slow  # 10-25 s of a service's jobs: handed out early (tests/conftest.py)
 def test_history_as_trace_from_the_cli(tmp_path: Path) -> None:
     runner = CliRunner()
     s = Server(tmp_path, "--cluster", "1x4", "--cpus-per-node", "8", "--round", "0.5").start()
