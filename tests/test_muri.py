@@ -317,6 +317,28 @@ def test_matching_rounds_are_independent_of_the_order_of_their_nodes(seed: int) 
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_classes_kept_in_key_order_across_matchings(seed: int) -> None:
+    # one policy over many matchings (its classes' order kept by their sets of key ids) pairs the
+    # nodes as a new policy does each time, in whatever order the classes first appear; every order
+    # it kept is the classes' keys in sorted order
+    rng = np.random.default_rng(seed)
+    kinds = [CPU, GPU, NET, (3.0, 3.0, 0.0), (1.0, 2.0, 3.0)]
+    f = InterleaveFactor(threshold=0.0)
+    kept = MuriGrouping()
+    for _ in range(30):
+        n = int(rng.integers(2, 30))
+        profiles = [kinds[int(k)] for k in rng.integers(0, len(kinds), n)]
+        labels = [int(x) for x in rng.integers(-1, n // 3 + 1, n)]
+        nodes = [[int(i)] for i in rng.permutation(n)]
+        assert kept.match_round(profiles, nodes, 2, f, labels) == MuriGrouping().match_round(profiles, nodes, 2, f,
+                                                                                           labels)
+    keys = {g: k for k, g in kept._key_ids.items()}
+    assert len(kept._class_order) > 1
+    for ids, order in kept._class_order.items():
+        assert sorted(order) == list(ids) and order == sorted(ids, key=keys.__getitem__)
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_keeping_running_partners_changes_no_weight(seed: int) -> None:
     # partners that run together now only take class pairs the matching has anyway: it weighs what
     # it weighs without labels, and (over these instances) keeps more running pairs

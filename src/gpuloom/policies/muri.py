@@ -98,6 +98,7 @@ _NUMPY_NODES = 32
 _MATCHINGS_KEPT = 20_000
 _BUCKETS_KEPT = 256
 _ROWS_KEPT = 4096
+_CLASS_ORDERS_KEPT = 100_000
 #: sort key (a C getter, not a lambda: the sorts run every round): a node's or unit's first member
 _first = itemgetter(0)
 #: whether a job's profile is known (a C call: a filter over every ordered job at every round)
@@ -463,6 +464,8 @@ class MuriGrouping(GroupPolicy):
         self._buckets: OrderedDict[tuple, list[tuple[int, int, int]]] = OrderedDict()
         # the last weight rows: (max_group, the classes' key ids in order) -> _weight_rows's rows
         self._rows: OrderedDict[tuple[int, tuple[int, ...]], list[list[int]]] = OrderedDict()
+        # the classes of a matching in their canonical order (by key), by their sorted key ids
+        self._class_order: dict[tuple[int, ...], list[int]] = {}
 
     # -- public ---------------------------------------------------------------
     def refuse(self, stages: Mapping[str, Stage]) -> str | None:
@@ -680,8 +683,20 @@ class MuriGrouping(GroupPolicy):
         # multiplicities), solved once per distinct set of classes and counts, then given to nodes
         by_key: dict[int, list[int]] = {}
         for x, g in enumerate(gid):
-            by_key.setdefault(g, []).append(x)
-        cls = sorted(by_key, key=lambda g: keys[by_key[g][0]])  # canonical: by the profiles themselves
+            m = by_key.get(g)  # (not setdefault: no new list per node of a known class)
+            if m is None:
+                by_key[g] = [x]
+            else:
+                m.append(x)
+        # canonical: by the profiles themselves.  Distinct ids are distinct keys of one table, never equal,
+        # so the order is a function of the set of ids: kept by their sorted ids (sorting ints rather
+        # than comparing tuples of profiles)
+        known = tuple(sorted(by_key))
+        cls = self._class_order.get(known)
+        if cls is None:
+            if len(self._class_order) >= _CLASS_ORDERS_KEPT:
+                self._class_order.clear()
+            cls = self._class_order[known] = sorted(by_key, key=lambda g: keys[by_key[g][0]])
         members = [by_key[g] for g in cls]
         if first is not None:
             for m in members:
@@ -754,6 +769,7 @@ class MuriGrouping(GroupPolicy):
             self._buckets.clear()
             self._last.clear()
             self._rows.clear()
+            self._class_order.clear()
             self._gen += 1
 
     def _own_time(self, key: tuple[Profile, ...], factor: InterleaveFactor) -> float:
