@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import operator
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
@@ -101,8 +100,6 @@ __all__ = ["PRIORITY", "QUEUE_AT_QUOTA", "WAITING_FOR_RECLAIM", "NoQueues", "Quo
            "load_queue_file"]
 
 QUEUE_AT_QUOTA = "QueueAtQuota"
-_job = operator.itemgetter(1)  # (a (rank, job)'s job)
-_job_id = operator.attrgetter("id")
 
 
 @register("queue", "none")
@@ -330,7 +327,7 @@ class QuotaQueues(QuotaReclaim):
                         if not any(n and g <= room for g, n in ahead.items()):
                             break
                 mines.append(mine)
-                ids = set(map(_job_id, map(_job, mine)))  # (in C: no frame, no unpacking per job)
+                ids = {j.id for _, j in mine}
                 taken_by[q] = ids
                 if cache is not None:
                     u = use[q]
@@ -340,9 +337,9 @@ class QuotaQueues(QuotaReclaim):
             # leaf's was (a copy: note_guaranteed extends it)
             merged = self._tier_a_merged if all_hit else None
             if merged is None:
-                tier_a = list(itertools.chain.from_iterable(mines))  # (the lists joined, then the jobs read, in C)
+                tier_a = [x for mine in mines for x in mine]
                 tier_a.sort(key=_rank)
-                merged = list(map(_job, tier_a))
+                merged = [j for _, j in tier_a]
                 self._tier_a_merged = merged if cache is not None else None
             adm.guaranteed = list(merged)
 
