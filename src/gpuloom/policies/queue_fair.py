@@ -16,7 +16,7 @@ level down the tree) with the lowest key next, by progressive filling.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.plan import Plan
@@ -85,6 +85,8 @@ class FairShareQueues(QuotaQueues):
         self._names_of: QueueTree | None = None  # the tree whose names are _names
         #: (the time usage last decayed to, until when the last settled round's walk chooses the same then)
         self._kept: tuple[float, float] | None = None
+        #: the last share_key's terms, when the tree has one level (share_terms)
+        self._terms: tuple[Sequence[float], float, Sequence[float]] | None = None
 
     def _tree_ready(self, tree: QueueTree, view: View) -> None:
         # (a tree's queues are a tuple of frozen queues: its names are those seen when it was last checked)
@@ -122,12 +124,17 @@ class FairShareQueues(QuotaQueues):
             def share(q: int) -> float:
                 return (past[q] + use[q][0] * tau) / rel[q]
 
+            self._terms = (past, tau, rel)  # (share's, for the walk to work it out inline: share_terms)
             return share
+        self._terms = None
 
         def key(q: int) -> tuple[float, ...]:
             return tuple([(past[n] + use[n][0] * tau) / rel[n] for n in paths[q]])
 
         return key
+
+    def share_terms(self) -> tuple[Sequence[float], float, Sequence[float]] | None:
+        return self._terms
 
     def next_change(self, view: View) -> float:
         """When the borrowing walk of the last round could first choose another queue, as usage decays.

@@ -385,6 +385,8 @@ class QuotaQueues(QuotaReclaim):
         # tier B, part 2: everything else in the cross-queue order, within every limit, as placement reads it
         # (lazy) or at once
         share_key = self.share_key(tree, use, view)
+        # (fair share's key in a one-level tree, as its terms read with the key: the walk works it out inline)
+        terms = self.share_terms() if share_key is not None and flat_tree else None
         # a whole walk of the book merged by rank, each job taken (no limit, no surplus tier, no priority):
         # its jobs are the book's untaken ones in rank order (running_borrowed reads them without walking)
         by_rank = from_book and share_key is None and not tree.limited and not tree.surplus and not self._prioritised
@@ -448,6 +450,8 @@ class QuotaQueues(QuotaReclaim):
             key, stale = share_key, share_key is not None and not flat_tree
             # a flat tree's key as (use · factors).max, worked out inline (DRF's: drf_factors)
             factors = self.drf_factors() if key is not None and flat_tree else None
+            if terms is not None:
+                past, tau, rel = terms
             heap: list[tuple[Any, int, int]]
             if key is None:
                 heap = [(h[0], q, q) for q, h in enumerate(heads) if h is not None]
@@ -543,6 +547,8 @@ class QuotaQueues(QuotaReclaim):
                         if b > k:
                             k = b
                         top = pushpop(heap, (k, nxt[0], q))
+                    elif terms is not None:  # (fair share's key, the same operations on the same values)
+                        top = pushpop(heap, ((past[q] + use[q][0] * tau) / rel[q], nxt[0], q))
                     else:
                         top = pushpop(heap, (key(q), nxt[0], q))
             if ahead:
@@ -770,6 +776,11 @@ class QuotaQueues(QuotaReclaim):
     # the cross-queue order -------------------------------------------------------------------------
     def share_key(self, tree: QueueTree, use: list[list[float]], view: View) -> Callable[[int], Any] | None:
         """Key of a leaf in the progressive filling (lower first), or None: merge by the order policy's rank."""
+        return None
+
+    def share_terms(self) -> tuple[Sequence[float], float, Sequence[float]] | None:
+        """After :meth:`share_key` of a one-level tree: ``(past, tau, weights)`` when the key of leaf ``q`` is
+        ``(past[q] + use[q][0] * tau) / weights[q]`` (the walk then works it out inline); else None."""
         return None
 
     def drf_factors(self) -> Sequence[tuple[float, ...]] | None:
