@@ -42,6 +42,9 @@ def test_sigkill_recovery_adopts_live_jobs_and_resumes_dead_ones(tmp_path: Path)
             q2 = submit(c, **{"name": "q2", "command": stepper_cmd(4, 0.05), "gpus": 2})
             for jid in (a, b, f):
                 wait_for(lambda jid=jid: "iter=3" in c.get(f"/jobs/{jid}/logs").text, what=f"job {jid} progress")
+                # (a job's first progress line promotes it at the next round, which a loaded machine may delay)
+                wait_for(lambda jid=jid: job(c, jid)["state"] in ("running_protected", "running"),
+                         what=f"job {jid} promoted")
             before = {jid: job(c, jid) for jid in (a, b, f, q1, q2)}
             log_a = c.get(f"/jobs/{a}/logs").text
             log_b = c.get(f"/jobs/{b}/logs").text
