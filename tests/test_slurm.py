@@ -667,7 +667,19 @@ def test_srun_job_is_reported_ended_with_all_of_its_output(ex_srun: SlurmExecuto
     # and a stopped one with what it printed as it stopped
     cmd = "trap 'trap \"\" TERM; seq 1 10000; exit 143' TERM; echo up; while :; do sleep 0.05; done"
     log = tmp_path / "t.log"
-    ex_srun.launch(LaunchSpec("t", cmd, "gpn0", (1,), (0,), 100, str(log), {}, None, "gpuloom"))
+    t = LaunchSpec("t", cmd, "gpn0", (1,), (0,), 100, str(log), {}, None, "gpuloom")
+
+    # o's allocation may still be ending in Slurm, holding core 0: the launch is refused then, and tried again,
+    # as the service's next round would
+    def launched() -> bool:
+        try:
+            ex_srun.launch(t)
+        except NodeUnavailable as e:
+            assert "no room now" in str(e), e
+            return False
+        return True
+
+    wait_until(launched, 30, "t's launch")
     wait_until(lambda: ex_srun.poll() == {} and "up" in log.read_text(), 30, "t to run")
     assert ex_srun.stop("t", 10.0) == 143
     # (slurmstepd's line for each TERM, "*** STEP N.0 ON gpn0 CANCELLED AT ...", may come among them)
