@@ -68,40 +68,14 @@ class QueueBook:
         self.size += 1
 
     def on_hold(self, job: Job, old: Any, new: Any) -> None:
-        # (what _hold does, written out, and the waiting jobs by GPUs: one call per hold, not two or three; the
-        # same sums in the same order, x - y being x + -1 * y to the bit)
         w = self.where.get(job.id)
-        if w is None:
-            return
-        q = w[0]
-        if (old is None) != (new is None):  # (started or stopped: one waiting job fewer or more)
-            sizes = self.idle.get(q)
-            if sizes is None:
-                sizes = self.idle[q] = {}
-            g = job.spec.gpus
-            n = sizes.get(g, 0) + (1 if new is None else -1)
-            if n:
-                sizes[g] = n
-            else:
-                del sizes[g]
-        if old is not None:
-            if old.group:
-                self.exact = False
-            u = self.held.get(q)
-            if u is None:
-                u = self.held[q] = [0.0, 0.0, 0.0]
-            u[0] -= old.num_gpus / (1 + len(old.group))
-            u[1] -= float(old.cpus)
-            u[2] -= float(old.mem_mb)
-        if new is not None:
-            if new.group:
-                self.exact = False
-            u = self.held.get(q)
-            if u is None:
-                u = self.held[q] = [0.0, 0.0, 0.0]
-            u[0] += new.num_gpus / (1 + len(new.group))
-            u[1] += float(new.cpus)
-            u[2] += float(new.mem_mb)
+        if (old is None) != (new is None) and w is not None:
+            self._count(w[0], job.spec.gpus, 1 if new is None else -1)
+        if w is not None:
+            if old is not None:
+                self._hold(w[0], old, -1)
+            if new is not None:
+                self._hold(w[0], new, 1)
 
     def _hold(self, q: int, a: Any, sign: int) -> None:
         if a.group:
@@ -112,6 +86,17 @@ class QueueBook:
         u[0] += sign * (a.num_gpus / (1 + len(a.group)))
         u[1] += sign * float(a.cpus)
         u[2] += sign * float(a.mem_mb)
+
+    def _count(self, q: int, gpus: int, sign: int, into: dict[int, dict[int, int]] | None = None) -> None:
+        into = self.idle if into is None else into
+        sizes = into.get(q)
+        if sizes is None:
+            sizes = into[q] = {}
+        n = sizes.get(gpus, 0) + sign
+        if n:
+            sizes[gpus] = n
+        else:
+            del sizes[gpus]
 
     def on_end(self, job: Job) -> None:
         jid = job.id
@@ -127,17 +112,9 @@ class QueueBook:
                         self.ended[w[0]] = [rank]
                     else:
                         ended.append(rank)
-                # (one job fewer asking its GPUs in the leaf, and among its waiting ones)
-                q, g = w[0], job.spec.gpus
-                for into in (self.sizes, self.idle) if job.alloc is None else (self.sizes,):
-                    sizes = into.get(q)
-                    if sizes is None:
-                        sizes = into[q] = {}
-                    n = sizes.get(g, 0) - 1
-                    if n:
-                        sizes[g] = n
-                    else:
-                        del sizes[g]
+                self._count(w[0], job.spec.gpus, -1, self.sizes)
+                if job.alloc is None:
+                    self._count(w[0], job.spec.gpus, -1)
                 if w[1]:
                     self.prioritised[w[0]] -= 1
         self.size -= 1
@@ -168,7 +145,6 @@ class QueueBook:
         arrived = self.arrived
         self.pending = {}
         leaves, where, prioritised = self.leaves, self.where, self.prioritised
-        sizes_of, idle = self.sizes, self.idle
         for x in every:
             j = x[1]
             q, prio = leaf_of(j)
@@ -185,18 +161,10 @@ class QueueBook:
                     arrived[q] = [j]
                 else:
                     new.append(j)
-            # (one job more asking its GPUs in the leaf, and among its waiting ones)
-            g = j.spec.gpus
-            for into in (sizes_of, idle) if j.alloc is None else (sizes_of,):
-                sizes = into.get(q)
-                if sizes is None:
-                    sizes = into[q] = {}
-                n = sizes.get(g, 0) + 1
-                if n:
-                    sizes[g] = n
-                else:
-                    del sizes[g]
-            if j.alloc is not None:
+            self._count(q, j.spec.gpus, 1, self.sizes)
+            if j.alloc is None:
+                self._count(q, j.spec.gpus, 1)
+            else:
                 self._hold(q, j.alloc, 1)
             if prio:
                 prioritised[q] = prioritised.get(q, 0) + 1
