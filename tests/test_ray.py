@@ -296,7 +296,7 @@ def test_killed_agent_is_replaced_and_its_job_adopted(fake: Fake, make: Any) -> 
 
 
 def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_work(fake: Fake, tmp_path: Path) -> None:
-    from gpuloom.runtime.exec.executor import LaunchSpec
+    from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable, ProcInfo
 
     ns = f"gpuloom-test-{uuid.uuid4().hex[:6]}"
     ex = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0)
@@ -315,8 +315,19 @@ def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_wo
         assert not running(info.pid)
         steps = ledger(ck / "ledger")
         assert steps == list(range(1, len(steps) + 1))
-        # a launch on n1 replaces its agent first
-        b = ex.launch(LaunchSpec("b", "exit 7", "n1", (1,), (1,), 100, str(tmp_path / "b.log")))
+        # a launch on n1 replaces its agent first; while the new agent is still starting (a loaded machine: more than
+        # the launch's 10 s wait) it is refused as NodeUnavailable and, as the service does, tried again later
+        launched: list[ProcInfo] = []
+
+        def launch_b() -> bool:
+            try:
+                launched.append(ex.launch(LaunchSpec("b", "exit 7", "n1", (1,), (1,), 100, str(tmp_path / "b.log"))))
+            except NodeUnavailable:
+                return False
+            return True
+
+        wait_for(launch_b, 90, "a new agent on n1 to take b")
+        b = launched[0]
         assert "n1" in ex.agents and b.node == "n1"
         got: dict[str, int | None] = {}
         wait_for(lambda: got.update(ex.poll()) or "b" in got, 30, "b to end")
