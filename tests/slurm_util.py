@@ -266,6 +266,11 @@ def slurm_cluster(conf: Sequence[str] = ()) -> Generator[SlurmCluster, None, Non
     why = missing()
     if why is not None:
         pytest.skip(why)
+    # the tests' jobs run as the service's default job account: made here, not left to whichever test's server
+    # happens to start first (on a fresh machine a test launching as it before any server did found no account)
+    from gpuloom.runtime.exec.identity import ensure_account
+
+    ensure_account("gpuloom")
     c = SlurmCluster(Path(tempfile.mkdtemp(prefix="gpuloom-slurm-")), conf=conf)
     try:
         c.start()
