@@ -61,7 +61,9 @@ def test_serve_queues_submit_and_usage(tmp_path: Path) -> None:
     env = {"GPULOOM_STATE_DIR": str(sd), "GPULOOM_URL": srv.url}
     try:
         spec = tmp_path / "job.yaml"
-        spec.write_text("command: sleep 30\ngpus: 2\nuser: alice\n")
+        # (jobs that outlive the test: its last check needs job 2 still active, and a loaded machine took more
+        # than 30 s to get there once)
+        spec.write_text("command: sleep 600\ngpus: 2\nuser: alice\n")
         assert "Submitted job 1" in run("submit", str(spec), env=env)
         assert "Submitted job 2" in run("submit", str(spec), "--queue", "shared", env=env)
         bad = runner.invoke(app, ["submit", str(spec), "--queue", "research"], env=env)
