@@ -8,6 +8,7 @@ import re
 import shlex
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable
+from gpuloom.runtime.exec.executor import LaunchSpec, NodeUnavailable, ProcInfo
 from gpuloom.runtime.exec.identity import lookup
 from gpuloom.runtime.exec.slurm import (
     SlurmExecutor,
@@ -29,6 +30,11 @@ from gpuloom.runtime.exec.slurm import (
     slurm_argv,
     slurm_node,
 )
+from gpuloom.runtime.exec.slurm_parse import attempt_comment, attempt_mark, stop_marked
+from gpuloom.runtime.service.config import ServiceConfig
+from gpuloom.runtime.service.service import Service
+from gpuloom.runtime.state.store import Store
+from gpuloom.scheduler import Scheduler
 from service_util import (
     JOB_PY,
     Server,
@@ -95,6 +101,40 @@ def test_one_argv_builder_places_a_job_for_each_command() -> None:
         ["salloc", "--no-shell", *place[:4], "--mem=1", "--nodelist=gpn0"]
     with pytest.raises(ValueError, match="mode 'step' with jobid None"):
         slurm_argv("step", **common)
+
+
+def test_attempt_comments_name_the_launch_and_its_stop() -> None:
+    assert attempt_mark(attempt_comment(3)) == (3, False) and attempt_mark(attempt_comment(3, True)) == (3, True)
+    assert attempt_mark("") is None and attempt_mark("gpuloom:attempt=x") is None
+    assert attempt_mark("mine gpuloom:attempt=2") is None  # (a comment someone else gave the job)
+    assert stop_marked("gpuloom:attempt=2:stopped") and not stop_marked("gpuloom:attempt=2")
+    assert not stop_marked("x:stopped")
+
+
+def test_a_launch_ended_longer_ago_than_min_job_age_is_found_in_accounting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmctld no longer holds the jobs: sacct's records (with their comments) name each launch."""
+    acct = {"41": "41|COMPLETED|0:0|gpuloom:attempt=1|2026-11-30T10:00:00|2026-11-30T10:05:00|gpn0",
+            "42": "42|FAILED|3:0|gpuloom:attempt=2|2026-11-30T11:00:00|2026-11-30T11:05:00|gpn0",
+            "43": "43|CANCELLED by 0|0:0|gpuloom:attempt=3|2026-11-30T12:00:00|2026-11-30T12:00:01|None assigned",
+            "44": "44|FAILED|0:15|gpuloom:attempt=4:stopped|2026-11-30T13:00:00|2026-11-30T13:05:00|gpn0"}
+
+    def cmd(*argv: str, **_: Any) -> str:
+        if argv[0] == "scontrol":
+            return ""  # (none: forgotten after MinJobAge)
+        if "--name=gltest:x" in argv:
+            return "\n".join(acct.values()) + "\n"
+        return acct.get(argv[argv.index("-j") + 1], "") + "\n" if "-j" in argv else ""
+
+    ex = SlurmExecutor("gltest", env={})
+    monkeypatch.setattr(ex, "cmd", cmd)
+    found = ex.launched("x", "gpn0", 2)
+    assert found is not None and (found.pid, found.node) == (42, "gpn0") and not ex.adopt(found)
+    assert ex.exit_code(found) == 3 and ex.exit_time(found) == datetime(2026, 11, 30, 11, 5).timestamp()
+    assert found.start_time == datetime(2026, 11, 30, 11, 0).timestamp()
+    assert (p := ex.launched("x", "gpn0", 1)) is not None and p.pid == 41 and ex.exit_code(p) == 0
+    # never given a node; stopped by the service; no such launch
+    assert ex.launched("x", "gpn0", 3) is None and ex.launched("x", "gpn0", 4) is None
+    assert ex.launched("x", "gpn0", 5) is None and ex.launched("y", "gpn0", 2) is None
 
 
 def test_node_states_and_gpu_declarations() -> None:
@@ -166,8 +206,8 @@ def sleepy(steps: int, ckpt: Path, step_s: float = 0.05) -> str:
 
 
 def spec(eid: str, command: str, log: Path, gpus: tuple[int, ...] = (), cpus: int = 1, mem: int = 200,
-         **env: str) -> LaunchSpec:
-    return LaunchSpec(eid, command, "gpn0", gpus, tuple(range(cpus)), mem, str(log), env)
+         attempt: int = 0, **env: str) -> LaunchSpec:
+    return LaunchSpec(eid, command, "gpn0", gpus, tuple(range(cpus)), mem, str(log), env, attempt=attempt)
 
 
 def test_launch_places_the_job_on_the_chosen_gpus_cores_and_memory(ex: SlurmExecutor, slurm: SlurmCluster,
@@ -524,6 +564,139 @@ def test_a_job_done_before_its_stop_is_not_kept_held(ex: SlurmExecutor, slurm: S
     wait_until(lambda: slurm.job(info.pid).get("JobState") == "COMPLETED", 30, "the job to complete")
     assert ex.stop("d", 2.0) == 0
     assert slurm.job(info.pid)["JobState"] == "COMPLETED" and ex.held == {} and ex.poll() == {}
+
+
+def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(ex: SlurmExecutor, slurm: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    """Each launch marks its Slurm job with its attempt (its Comment), and a stop marks it too: a restarted
+    service's executor finds the job of that very launch, ended (with its code) or running, and no other."""
+    d = ex.launch(spec("ud", "exit 4", tmp_path / "ud.log", attempt=2))
+    e = ex.launch(spec("ue", "sleep 60", tmp_path / "ue.log", attempt=1))
+    again = SlurmExecutor("gltest", grace_s=5.0, env=slurm.env)  # the service that launched them died
+    again.read_nodes()
+    wait_until(lambda: slurm.job(d.pid)["JobState"] == "FAILED", 30, "ud's end")
+    found = again.launched("ud", "gpn0", 2)
+    assert found is not None and (found.pid, found.node) == (d.pid, "gpn0") and not again.adopt(found)
+    assert again.exit_code(found) == 4 and again.exit_time(found) is not None and not again.stopped(found)
+    assert again.launched("ud", "gpn0", 1) is None and again.launched("ue", "gpn0", 2) is None
+    live = again.launched("ue", "gpn0", 1)
+    assert live is not None and live.pid == e.pid and again.adopt(live) and not again.stopped(live)
+    wait_until(lambda: slurm.job(e.pid)["JobState"] == "RUNNING", 30, "ue's start")
+    assert ex.stop("ue", 5.0) == 143
+    assert again.launched("ue", "gpn0", 1) is None and again.stopped(live)  # stopped: not an end of its own
+    # its relaunch (the held Slurm job released) is launch 2, found by that attempt alone
+    ex.launch(spec("ue", "sleep 60", tmp_path / "ue.log", attempt=2))
+    resumed = wait_until(lambda: ex.poll() == {} and again.launched("ue", "gpn0", 2), 30, "the release")
+    assert resumed.pid == e.pid and again.launched("ue", "gpn0", 1) is None and not again.stopped(resumed)
+
+
+class Crash(BaseException):
+    """The server dies (no except clause of the service catches it)."""
+
+
+class CrashAfterLaunch(SlurmExecutor):
+    """The server dies right after Slurm took its first launch, before the launch was confirmed."""
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        super().launch(spec)
+        raise Crash
+
+
+class Servers:
+    """One store and job directory, and the servers started on them one after the other (``launcher``'s)."""
+
+    def __init__(self, slurm: SlurmCluster, tmp_path: Path, launcher: str) -> None:
+        self.slurm, self.tmp_path, self.launcher = slurm, tmp_path, launcher
+        self.dir = job_writable(tmp_path)
+        self.store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+        self.prefix = f"glunc{uuid.uuid4().hex[:6]}"
+        self.servers: list[Service] = []
+
+    def server(self, cls: type[SlurmExecutor] = SlurmExecutor) -> Service:
+        # (as serve --slurm makes it: Slurm writes the jobs' output under the job directory)
+        ex = cls(self.prefix, grace_s=5.0, env=self.slurm.env, out_dir=str(self.dir / "jobs" / "slurm-out"),
+                 launcher=self.launcher)
+        ex.read_nodes()
+        svc = Service(self.store, ex.cluster(), ex, Scheduler.from_names(),
+                      ServiceConfig(self.tmp_path / "state", job_dir=self.dir / "jobs", round_s=1000.0, grace_s=5.0))
+        self.servers.append(svc)
+        return svc
+
+    def crashed_launch(self, command: str) -> int:
+        """Submit a job whose first launch the server does not live to confirm: only its intent is stored."""
+        svc = self.server(CrashAfterLaunch)
+        jid = svc.submit({"name": "a", "command": command, "gpus": 1}, "alice")
+        with pytest.raises(Crash):
+            svc.round()
+        row = self.store.get_job(jid)
+        assert row is not None and row.procs == [{"job_id": str(jid), "node": "gpn0", "pending": True}]
+        return jid
+
+    def slurm_state(self, jid: int) -> str | None:
+        """The state of the Slurm job of gpuloom job ``jid`` (its latest)."""
+        recs = [r for r in parse_records(self.slurm.scontrol("show", "job")) if r.get("JobName") == f"{self.prefix}:{jid}"]
+        return recs[-1].get("JobState") if recs else None
+
+    def close(self) -> None:
+        for svc in reversed(self.servers):
+            svc.terminate_all()
+        for svc in self.servers[:-1]:  # (the servers that died: their threads alone)
+            svc.actuator.close()
+        if self.servers:
+            self.servers[-1].shutdown()
+        self.store.close()
+        self.slurm.cancel_all()
+
+
+@pytest.fixture
+def servers(slurm: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Servers]:
+    w = Servers(slurm, tmp_path, getattr(request, "param", "sbatch"))
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("servers", ["sbatch", "srun"], indirect=True)
+def test_a_slurm_job_that_ended_after_its_server_died_unconfirmed_ends_once(servers: Servers) -> None:
+    """The server dies between a launch's intent and its confirmation; the Slurm job ends on its own before the
+    next server starts: that server finds it by its attempt, ends the job with its code, and never runs it again."""
+    ledger = servers.dir / "ledger"
+    jid = servers.crashed_launch(f"echo ran >> {ledger}; exit 3")
+    wait_until(lambda: servers.slurm_state(jid) == "FAILED", 60, "the Slurm job's end")
+    svc = servers.server()
+    svc.recover()
+    row = servers.store.get_job(jid)
+    assert row is not None and (row.state, row.exit_code, row.attempts) == ("failed", 3, 1), row.reason
+    assert row.reason == f"process {jid} ended with code 3 while the service was down, its launch unconfirmed"
+    for _ in range(3):
+        svc.round()
+    assert ledger.read_text() == "ran\n"
+    kinds = [e["kind"] for e in servers.store.events(jid)]
+    assert "launch" not in kinds and kinds.index("launch-unconfirmed") < kinds.index("failed"), kinds
+
+
+def test_a_slurm_job_still_running_after_its_server_died_unconfirmed_is_stopped_and_runs_again(
+        servers: Servers) -> None:
+    ledger, go = servers.dir / "ledger", servers.dir / "go"
+    jid = servers.crashed_launch(f"echo started >> {ledger}; until [ -e {go} ]; do sleep 0.05; done; "
+                                 f"echo ran >> {ledger}")
+    wait_until(ledger.exists, 60, "the job to start")
+    svc = servers.server()
+    svc.recover()  # its Slurm job is stopped (SIGTERM: the shell ends with 143), the gpuloom job queued again
+    row = servers.store.get_job(jid)
+    assert row is not None and row.state == "waiting_for_initial_resource" and row.procs is None
+    found = [e["detail"] for e in servers.store.events(jid) if e["kind"] == "launch-unconfirmed"]
+    assert [f["found"] for f in found] == ["still running: stopped"]
+    go.touch()
+
+    def final() -> Any:
+        svc.round()
+        r = servers.store.get_job(jid)
+        return r if r is not None and r.state in ("finished", "failed", "cancelled") else None
+
+    row = wait_until(final, 90, "the job to end")
+    assert (row.state, row.attempts) == ("finished", 2) and ledger.read_text() == "started\nstarted\nran\n"
 
 
 def test_serve_slurm_plans_around_a_job_submitted_directly(serve_slurm: Any, slurm: SlurmCluster,

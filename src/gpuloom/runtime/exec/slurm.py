@@ -43,7 +43,12 @@ in argv); the script waits for the command on SIGTERM so its checkpoint handler
 runs.  A launch returns once Slurm has the job (the round never waits for its
 start); :meth:`~SlurmExecutor.poll` follows the start.  A :class:`~.executor.ProcInfo` records the Slurm job id as ``pid`` and
 its submit time as ``start_time`` (a restarted service adopts the job only if
-both match: ids restart when Slurm's state is lost).
+both match: ids restart when Slurm's state is lost).  Its ``Comment`` names the
+launch (``gpuloom:attempt=N``, set again at a held job's release), and a stop
+adds ``:stopped`` before its first signal: a restarted service finds the job of
+a launch it did not confirm by its name and attempt
+(:meth:`~SlurmExecutor.launched`) and tells a stop's end from the job's own
+(:meth:`~SlurmExecutor.stopped`).
 
 **Stop**: ``scancel --signal=TERM --full``, up to the grace period for the job
 to checkpoint and exit, then ``scontrol requeuehold`` (which kills what is
@@ -107,12 +112,15 @@ from .slurm_parse import (
     UP,
     SlurmNode,
     _time,
+    attempt_comment,
+    attempt_mark,
     exit_of,
     gres_gpus,
     gres_indices,
     node_state_ok,
     parse_records,
     slurm_node,
+    stop_marked,
     tres,
 )
 
@@ -120,6 +128,8 @@ __all__ = ["ENDED", "ENDED_GRACE_S", "LIVE", "NOT_UP_FLAGS", "REASONS", "REVOKE_
            "SlurmExecutor", "SlurmInventory", "SlurmLauncher", "SlurmNode", "exit_of", "gres_gpus", "gres_indices",
            "node_state_ok", "parse_records", "read_output", "run_as", "slurm_argv", "slurm_node", "tres"]
 
+#: the fields :meth:`SlurmExecutor._acct` reads from accounting
+_ACCT = ("JobID", "State", "ExitCode", "Comment", "Submit", "End", "NodeList")
 #: how long a job whose batch script wrote its exit may stay running in Slurm before it is cancelled
 ENDED_GRACE_S = 5.0
 
@@ -154,6 +164,7 @@ class SlurmExecutor(SlurmLauncher):
             return self.exits.pop(job_id)
         self._stopping.add(job_id)
         try:
+            self._mark_stopped(p.pid)
             return self._stop(job_id, p.pid, grace_s)
         finally:
             self._stopping.discard(job_id)
@@ -198,6 +209,17 @@ class SlurmExecutor(SlurmLauncher):
         self._forget(job_id)
         return code
 
+    def _mark_stopped(self, sid: int) -> None:
+        """Mark the job's attempt Comment as the service's stop's before the stop begins: a restart then
+        takes its end for the stop's (:meth:`stopped`), never for the job's own (:meth:`launched`)."""
+        mark = attempt_mark((self.jobs.get(sid) or {}).get("Comment", ""))
+        if mark is None or mark[1]:
+            return
+        try:
+            self.cmd("scontrol", "update", f"JobId={sid}", f"Comment={attempt_comment(mark[0], True)}")
+        except SlurmError as e:
+            log.warning("cannot mark Slurm job %d as stopped by the service: %s", sid, e)
+
     def _wait_srun(self, sid: int) -> None:
         """Wait (up to ``ENDED_GRACE_S``) for the srun of a job whose script has ended: srun writes the job's
         output as slurmstepd forwards it, and its last lines come after the script's exit record, even after
@@ -236,7 +258,7 @@ class SlurmExecutor(SlurmLauncher):
         """Append what is new in Slurm's output of ``eids`` to their logs (whole lines unless ``final``)."""
         for eid in eids:
             remote, p = self.outputs.get(eid), self.procs.get(eid)
-            if remote is None or p is None:
+            if remote is None or p is None or not p.log_path:  # (no log: found by launched, to be stopped)
                 continue
             off = mirror_offset(p.log_path, "slurm", remote)
             data = read_output(remote, off, warned=self._warned)
@@ -360,16 +382,56 @@ class SlurmExecutor(SlurmLauncher):
                 del self.held[eid]
                 self._cancel(h.slurm_id)
 
+    def _acct(self, *select: str) -> list[dict[str, str]]:
+        """Accounting's records (``sacct``) of the jobs ``select`` names, each with its ``_ACCT`` fields; none
+        where accounting is off."""
+        try:
+            out = self.cmd("sacct", "-n", "-P", "-X", *select, "-o", ",".join(_ACCT))
+        except SlurmError:
+            return []
+        return [dict(zip(_ACCT, line.split("|"), strict=False)) for line in out.splitlines() if "|" in line]
+
     def _sacct(self, sid: int) -> int | None:
         """The exit of a job slurmctld no longer holds, from accounting (None where it is off)."""
-        try:
-            out = self.cmd("sacct", "-n", "-P", "-X", "-j", str(sid), "-o", "State,ExitCode")
-        except SlurmError:
-            return None
-        for line in out.splitlines():
-            _, _, code = line.partition("|")
-            return exit_of(code)
+        for rec in self._acct("-j", str(sid)):
+            return exit_of(rec.get("ExitCode", ""))
         return None
+
+    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+        """The Slurm job named for ``job_id`` whose Comment marks launch ``attempt``, unless it marks its stop
+        too: from slurmctld's records (which keep an ended job for ``MinJobAge``), else from accounting's
+        (``sacct``, where it stores comments: ``AccountingStoreFlags=job_comment``).  A job that never ran
+        (held, or ended before Slurm gave it a node) is none; a pending one is found (:meth:`adopt` takes it:
+        it may start any moment).  Raises SlurmError where slurmctld does not answer."""
+        if attempt <= 0:
+            return None
+
+        def of_attempt(rec: Mapping[str, str]) -> bool:
+            mark = attempt_mark(rec.get("Comment", ""))
+            return mark is not None and mark[0] == attempt
+
+        self.read_jobs()
+        ours = [(sid, rec) for sid, rec in self.jobs.items() if self._eid_of(rec) == job_id and of_attempt(rec)]
+        if not ours:  # (ended longer ago than MinJobAge)
+            found = self._acct("-a", f"--name={self.job_name(job_id)}", "-S", "now-7days")
+            ours = [(int(r["JobID"]), r) for r in found if r.get("JobID", "").isdigit() and of_attempt(r)]
+        if not ours:
+            return None
+        sid, rec = max(ours)
+        state = (rec.get("JobState") or rec.get("State", "")).split(" ")[0]  # (sacct's: "CANCELLED by 0")
+        if stop_marked(rec.get("Comment", "")):
+            return None  # stopped by the service: its end is the stop's
+        if state == "PENDING" and "held" in rec.get("Reason", "").lower():
+            return None  # never started (held)
+        if state not in LIVE | {"PENDING"} and rec.get("NodeList", "") in ("", "(null)", "None assigned"):
+            return None  # ended before Slurm gave it a node: nothing ran
+        out = rec.get("StdOut", "") if self.out_dir is None else ""  # (with out_dir: no log to copy its output to)
+        return ProcInfo(job_id, node, sid, _time(rec.get("SubmitTime") or rec.get("Submit")), out, "")
+
+    def stopped(self, info: ProcInfo) -> bool:
+        """Whether the job's attempt Comment says the service stopped it (:meth:`stop` marks it first)."""
+        rec = self._job(info.pid)
+        return rec is not None and self._eid_of(rec) == info.job_id and stop_marked(rec.get("Comment", ""))
 
     def adopt(self, info: ProcInfo) -> bool:
         cur = self.procs.get(info.job_id)
@@ -411,7 +473,9 @@ class SlurmExecutor(SlurmLauncher):
 
     def exit_time(self, info: ProcInfo) -> float | None:
         rec = self._job(info.pid)
-        if rec is None or rec.get("JobState") not in ENDED:
+        if rec is None:  # (from accounting, where it is on)
+            return next((_time(r.get("End")) or None for r in self._acct("-j", str(info.pid))), None)
+        if rec.get("JobState") not in ENDED:
             return None
         t = _time(rec.get("EndTime"))
         return t or None

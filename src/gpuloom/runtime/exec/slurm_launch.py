@@ -16,7 +16,7 @@ from .executor import ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
 from .identity import lookup, owned_dir
 from .slurm_client import SlurmClient, SlurmError, log
 from .slurm_files import _read_text, _unlink
-from .slurm_parse import SlurmNode, _time
+from .slurm_parse import SlurmNode, _time, attempt_comment
 
 #: how long after a requeue a held job may be released again (see :meth:`SlurmExecutor.launch`)
 REVOKE_S = 1.1
@@ -37,11 +37,13 @@ _MODES = {"sbatch": (["--parsable"], ["--requeue"]), "srun": (["-v"], ["--input=
 
 def slurm_argv(mode: str, *, name: str, node: str, cpus: int, mem_mb: int, gres: str | None,
                partition: str | None = None, workdir: str | None = None, out: str | None = None,
-               account: tuple[int, int] | None = None, jobid: int | None = None) -> list[str]:
+               account: tuple[int, int] | None = None, jobid: int | None = None, comment: str | None = None
+               ) -> list[str]:
     """The argv (without the script) of the command that places one job on ``node``: ``sbatch`` (a batch
     job), ``srun`` (a new allocation and its step), ``step`` (``srun`` of a step in allocation ``jobid``:
     no partition, ``--exact`` so it holds only its own cores and memory) or ``salloc`` (an allocation
-    that runs nothing).  ``account``: (uid, gid) to run as (root only); ``out``: the output, appended."""
+    that runs nothing).  ``account``: (uid, gid) to run as (root only); ``out``: the output, appended;
+    ``comment``: the job's Comment (its attempt mark)."""
     if mode not in _MODES or (mode == "step") != (jobid is not None):
         raise ValueError(f"slurm_argv: mode {mode!r} with jobid {jobid!r}")
     first, last = _MODES[mode]
@@ -59,9 +61,16 @@ def slurm_argv(mode: str, *, name: str, node: str, cpus: int, mem_mb: int, gres:
         argv.append(f"--gres={gres}")
     if partition and mode != "step":
         argv.append(f"--partition={partition}")
+    if comment is not None:
+        argv.append(f"--comment={comment}")
     if account is not None:  # --uid alone leaves the job the submitter's group (root's): the account's group too
         argv += [f"--uid={account[0]}", f"--gid={account[1]}"]
     return argv
+
+
+def _comment(spec: LaunchSpec) -> str | None:
+    """The Comment marking a launch's Slurm job with its attempt (none without one)."""
+    return attempt_comment(spec.attempt) if spec.attempt > 0 else None
 
 
 def run_as(user: str | None) -> tuple[int, int] | None:
@@ -161,8 +170,9 @@ class SlurmLauncher(SlurmClient):
                 rec = None
             if held.key == self._key(spec) and rec is not None and rec.get("JobState") == "PENDING":
                 try:
+                    mark = [f"Comment={c}"] if (c := _comment(spec)) is not None else []  # this launch's attempt
                     self.cmd("scontrol", "update", f"JobId={held.slurm_id}", f"NumCPUs={cpus}",
-                             f"CPUsPerTask={cpus}", f"MinMemoryNode={max(1, spec.mem_mb)}", "StartTime=now")
+                             f"CPUsPerTask={cpus}", f"MinMemoryNode={max(1, spec.mem_mb)}", "StartTime=now", *mark)
                     sid = held.slurm_id
                 except SlurmError as e:
                     log.warning("job %s: cannot resume Slurm job %d (%s): submitting a new one", spec.job_id,
@@ -246,7 +256,7 @@ class SlurmLauncher(SlurmClient):
         err = f"{self.out_dir}/.srun-{tag}.err"  # the service's own (srun's messages, the job id)
         argv = slurm_argv("srun", name=self.job_name(spec.job_id), node=spec.node, cpus=cpus, mem_mb=spec.mem_mb,
                           gres=gres, partition=self.partition, workdir=spec.workdir, out=out,
-                          account=run_as(spec.user))
+                          account=run_as(spec.user), comment=_comment(spec))
         argv = [self._which("srun"), *argv[1:], script]
         with open(err, "wb") as ef:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=ef, env=self.env,
@@ -293,7 +303,7 @@ class SlurmLauncher(SlurmClient):
         exit_dir = os.path.dirname(out) if out != spec.log_path else None
         argv = slurm_argv("sbatch", name=self.job_name(spec.job_id), node=spec.node, cpus=cpus, mem_mb=spec.mem_mb,
                           gres=gres, partition=self.partition, workdir=spec.workdir, out=out,
-                          account=run_as(spec.user))
+                          account=run_as(spec.user), comment=_comment(spec))
         try:
             out = self.cmd(*argv, stdin=self.script(spec, exit_dir))
         except SlurmError as e:

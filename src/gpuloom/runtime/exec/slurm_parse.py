@@ -103,6 +103,28 @@ def tres(s: str) -> tuple[int, int]:
     return cpus, mem
 
 
+#: the Comment a launch gives its Slurm job: which launch of the gpuloom job it is (its attempt), and
+#: ``:stopped`` once the service stops it, so a restart tells that launch's job from an earlier one's and
+#: its own end from a stop's (:meth:`~.slurm.SlurmExecutor.launched`)
+_ATTEMPT = re.compile(r"gpuloom:attempt=(\d+)(:stopped)?")
+
+
+def attempt_comment(attempt: int, stopped: bool = False) -> str:
+    return f"gpuloom:attempt={attempt}" + (":stopped" if stopped else "")
+
+
+def attempt_mark(comment: str) -> tuple[int, bool] | None:
+    """(attempt, stopped) of a job's ``Comment`` made by :func:`attempt_comment`; None for another one."""
+    m = _ATTEMPT.fullmatch(comment.strip())
+    return (int(m.group(1)), m.group(2) is not None) if m is not None else None
+
+
+def stop_marked(comment: str) -> bool:
+    """Whether a job's ``Comment`` is :func:`attempt_comment`'s of a job the service stopped."""
+    mark = attempt_mark(comment)
+    return mark is not None and mark[1]
+
+
 def exit_of(code: str) -> int | None:
     """Shell-style exit of a Slurm ``ExitCode=code:signal`` (``128 + signal`` when a signal ended it)."""
     try:

@@ -516,6 +516,14 @@ class SlurmStepsExecutor(SlurmExecutor):
         except OSError:
             return None
 
+    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+        """None: a step is not marked with its launch's attempt (Slurm keeps no comment per step), so an
+        unconfirmed launch is queued again, a step of it still running stopped (:meth:`orphans`)."""
+        return None
+
+    def stopped(self, info: ProcInfo) -> bool:
+        return False  # (a stop of a step is not marked)
+
     def alive(self, job_id: str) -> bool:
         st = self.steps.get(job_id)
         if st is None:
