@@ -113,10 +113,13 @@ def test_attempt_comments_name_the_launch_and_its_stop() -> None:
 
 def test_a_launch_ended_longer_ago_than_min_job_age_is_found_in_accounting(monkeypatch: pytest.MonkeyPatch) -> None:
     """slurmctld no longer holds the jobs: sacct's records (with their comments) name each launch."""
-    acct = {"41": "41|COMPLETED|0:0|gpuloom:attempt=1|2026-11-30T10:00:00|2026-11-30T10:05:00|gpn0",
-            "42": "42|FAILED|3:0|gpuloom:attempt=2|2026-11-30T11:00:00|2026-11-30T11:05:00|gpn0",
-            "43": "43|CANCELLED by 0|0:0|gpuloom:attempt=3|2026-11-30T12:00:00|2026-11-30T12:00:01|None assigned",
-            "44": "44|FAILED|0:15|gpuloom:attempt=4:stopped|2026-11-30T13:00:00|2026-11-30T13:05:00|gpn0"}
+    me = os.geteuid()  # (the service's own account: launches without a user ran as it)
+    acct = {"41": f"41|COMPLETED|0:0|gpuloom:attempt=1|2026-11-30T10:00:00|2026-11-30T10:05:00|gpn0|{me}",
+            "42": f"42|FAILED|3:0|gpuloom:attempt=2|2026-11-30T11:00:00|2026-11-30T11:05:00|gpn0|{me}",
+            "43": f"43|CANCELLED by 0|0:0|gpuloom:attempt=3|2026-11-30T12:00:00|2026-11-30T12:00:01|None assigned|{me}",
+            "44": f"44|FAILED|0:15|gpuloom:attempt=4:stopped|2026-11-30T13:00:00|2026-11-30T13:05:00|gpn0|{me}",
+            # another account's job named and commented like launch 2: any Slurm user can make one
+            "45": f"45|COMPLETED|0:0|gpuloom:attempt=2|2026-11-30T11:01:00|2026-11-30T11:02:00|gpn0|{me + 4242}"}
 
     def cmd(*argv: str, **_: Any) -> str:
         if argv[0] == "scontrol":

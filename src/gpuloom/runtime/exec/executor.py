@@ -115,13 +115,14 @@ class Executor(ABC):
         its own.  False where the record says not, or the executor keeps no such mark (this default)."""
         return False
 
-    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+    def launched(self, job_id: str, node: str, attempt: int, user: str | None = None) -> ProcInfo | None:
         """The process that launch ``attempt`` of ``job_id`` started on ``node`` and that was not stopped
         by the service, as the executor's own records of that very launch name it: for a launch whose
         confirmation the service never stored (a restart finds only its intent).  None where they name
         none (none was started, it was stopped, the records are an earlier launch's) or where the executor
-        keeps no such records (this default).  Whether it still runs: :meth:`adopt`; how it ended:
-        :meth:`exit_code`, :meth:`exit_time`."""
+        keeps no such records (this default).  ``user``: the OS account the launch ran as (None: the
+        service's own); an executor whose records users can write takes only that account's.  Whether it
+        still runs: :meth:`adopt`; how it ended: :meth:`exit_code`, :meth:`exit_time`."""
         return None
 
     def rendezvous(self, node: str) -> tuple[str, int]:

@@ -370,7 +370,7 @@ class LocalExecutor(Executor):
     def end_reason(self, job_id: str) -> str | None:
         return self.agent.end_reason(job_id)
 
-    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+    def launched(self, job_id: str, node: str, attempt: int, user: str | None = None) -> ProcInfo | None:
         self._own(node, job_id)
         info = self.agent.launched(job_id, attempt)
         return None if info is None else replace(info, node=node or self.node)

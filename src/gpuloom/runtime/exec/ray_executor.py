@@ -426,7 +426,7 @@ class RayExecutor(Executor):
             self._mirror([job_id])
         return bool(self._call(p.node, self.agents[p.node].alive.remote(job_id), job_id))
 
-    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+    def launched(self, job_id: str, node: str, attempt: int, user: str | None = None) -> ProcInfo | None:
         """From the run records of the node's agent (its :class:`~.local.NodeAgent`'s, marked alike);
         raises where the node's agent does not answer (its launch is then treated as never started)."""
         agent = self._agent(node, job_id)

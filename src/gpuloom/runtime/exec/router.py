@@ -74,8 +74,8 @@ class NodeRouter(Executor):
         fn = getattr(ex, "exit_code", None)
         return None if fn is None else fn(info)
 
-    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
-        return self._for_node(node, job_id).launched(job_id, node, attempt)
+    def launched(self, job_id: str, node: str, attempt: int, user: str | None = None) -> ProcInfo | None:
+        return self._for_node(node, job_id).launched(job_id, node, attempt, user)
 
     def exit_time(self, info: ProcInfo) -> float | None:
         ex = self.executors.get(info.node)

@@ -100,6 +100,7 @@ from collections.abc import Mapping, Sequence
 
 from ...core.cluster import ClusterError
 from .executor import ExecutorError, InventoryChange, ProcInfo
+from .identity import lookup
 from .logmirror import append_to, mirror_offset, set_mirror_offset
 from .slurm_client import SlurmClient, SlurmError, _Held, log
 from .slurm_files import _unlink, read_output
@@ -129,7 +130,7 @@ __all__ = ["ENDED", "ENDED_GRACE_S", "LIVE", "NOT_UP_FLAGS", "REASONS", "REVOKE_
            "node_state_ok", "parse_records", "read_output", "run_as", "slurm_argv", "slurm_node", "tres"]
 
 #: the fields :meth:`SlurmExecutor._acct` reads from accounting
-_ACCT = ("JobID", "State", "ExitCode", "Comment", "Submit", "End", "NodeList")
+_ACCT = ("JobID", "State", "ExitCode", "Comment", "Submit", "End", "NodeList", "UID")
 #: how long a job whose batch script wrote its exit may stay running in Slurm before it is cancelled
 ENDED_GRACE_S = 5.0
 
@@ -397,18 +398,23 @@ class SlurmExecutor(SlurmLauncher):
             return exit_of(rec.get("ExitCode", ""))
         return None
 
-    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+    def launched(self, job_id: str, node: str, attempt: int, user: str | None = None) -> ProcInfo | None:
         """The Slurm job named for ``job_id`` whose Comment marks launch ``attempt``, unless it marks its stop
         too: from slurmctld's records (which keep an ended job for ``MinJobAge``), else from accounting's
         (``sacct``, where it stores comments: ``AccountingStoreFlags=job_comment``).  A job that never ran
         (held, or ended before Slurm gave it a node) is none; a pending one is found (:meth:`adopt` takes it:
-        it may start any moment).  Raises SlurmError where slurmctld does not answer."""
+        it may start any moment).  Only a job of ``user``'s account counts (the service's own for None): any
+        Slurm user may name a job of theirs like the service's and set its Comment, and such a job must not
+        end another user's.  Raises SlurmError where slurmctld does not answer."""
         if attempt <= 0:
             return None
+        uid = str(lookup(user).uid if user is not None else os.geteuid())
 
         def of_attempt(rec: Mapping[str, str]) -> bool:
             mark = attempt_mark(rec.get("Comment", ""))
-            return mark is not None and mark[0] == attempt
+            # (scontrol's UserId is "name(uid)"; sacct's UID the number)
+            owner = rec.get("UID") or rec.get("UserId", "").rpartition("(")[2].rstrip(")")
+            return mark is not None and mark[0] == attempt and owner == uid
 
         self.read_jobs()
         ours = [(sid, rec) for sid, rec in self.jobs.items() if self._eid_of(rec) == job_id and of_attempt(rec)]

@@ -516,7 +516,7 @@ class SlurmStepsExecutor(SlurmExecutor):
         except OSError:
             return None
 
-    def launched(self, job_id: str, node: str, attempt: int) -> ProcInfo | None:
+    def launched(self, job_id: str, node: str, attempt: int, user: str | None = None) -> ProcInfo | None:
         """None: a step is not marked with its launch's attempt (Slurm keeps no comment per step), so an
         unconfirmed launch is queued again, a step of it still running stopped (:meth:`orphans`)."""
         return None

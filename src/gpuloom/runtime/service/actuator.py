@@ -530,9 +530,9 @@ class Actuator:
         except Exception:
             return False
 
-    def launched(self, eid: str, node: str, attempt: int) -> ProcInfo | None:
-        try:
-            return self.executor.launched(eid, node, attempt)
+    def launched(self, eid: str, node: str, attempt: int, row_user: str) -> ProcInfo | None:
+        try:  # (as the launch ran: the job's user's OS account, or the service's own)
+            return self.executor.launched(eid, node, attempt, self.identities.os_user(row_user))
         except Exception as e:
             log.warning("cannot look for the process of launch %d of %s: %s", attempt, eid, e)
             return None

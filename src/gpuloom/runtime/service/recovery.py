@@ -245,7 +245,7 @@ def _recover_intent(svc: Recoverable, row: JobRow) -> bool:
     jid = str(row.id)
     parts = [(str(d["job_id"]), str(d.get("node", ""))) for d in row.procs or []]
     # (the intent stored the attempt it counts, and its launch marked its records with it)
-    found = {eid: act.launched(eid, node, row.attempts) for eid, node in parts}
+    found = {eid: act.launched(eid, node, row.attempts, row.user) for eid, node in parts}
     ran = {eid: p for eid, p in found.items() if p is not None}
     live = [p for p in ran.values() if act.adopt(p)]
     for f in [act.pool.submit(act.stop_quietly, p.job_id) for p in live]:
