@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
 from gpuloom.cli.testbed import wait_for_serve
 from gpuloom.runtime.service.security import JOB_DIR_BASE, JOB_DIR_BASE_ENV
@@ -264,3 +265,19 @@ def shot(page: Any, path: Path) -> None:
     """A screenshot of what ``page`` shows, small enough for the docs."""
     page.screenshot(path=str(path), full_page=False)
     assert path.stat().st_size < MAX_PNG, f"{path} is {path.stat().st_size} bytes"
+
+
+class Crash(BaseException):
+    """The server dies (no except clause of the service catches it)."""
+
+
+def crashed_launch(svc: Any, command: str, node: str) -> int:
+    """Submit a job to ``svc`` (whose executor raises :class:`Crash` once its first launch is made) and run a
+    round: the server does not live to confirm that launch, only its intent (on ``node``) is stored."""
+    jid = svc.submit({"name": "a", "command": command, "gpus": 1}, "alice")
+    with pytest.raises(Crash):
+        svc.round()
+    row = svc.store.get_job(jid)
+    assert row is not None and row.procs == [{"job_id": str(jid), "node": node, "pending": True}]
+    assert row.state == "waiting_for_initial_resource" and row.attempts == 1
+    return int(jid)

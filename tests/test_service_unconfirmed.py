@@ -22,7 +22,8 @@ from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store, StoreUnavailable
 from gpuloom.scheduler import Scheduler
-from service_util import job_writable, wait_for
+from service_util import Crash, job_writable, wait_for
+from service_util import crashed_launch as service_crashed_launch
 
 
 def test_the_run_records_name_their_launch_and_a_stop(tmp_path: Path) -> None:
@@ -53,10 +54,6 @@ def test_the_run_records_name_their_launch_and_a_stop(tmp_path: Path) -> None:
     assert agent.poll()["q"] == 5 and not (run / "q.pid").exists()  # consumed: its pid record goes
     found = again.launched("q", 1)
     assert found is not None and found.pid == 0 and not again.adopt(found) and again.exit_code(found) == 5
-
-
-class Crash(BaseException):
-    """The server dies (no except clause of the service catches it)."""
 
 
 class CrashAfterLaunch(LocalExecutor):
@@ -138,14 +135,7 @@ def world(tmp_path: Path, cgroup_parent: str) -> Iterator[World]:
 
 def crashed_launch(w: World, command: str) -> int:
     """Submit a job whose first launch the server does not live to confirm: only its intent is stored."""
-    svc = w.server(CrashAfterLaunch)
-    jid = svc.submit({"name": "a", "command": command, "gpus": 1}, "alice")
-    with pytest.raises(Crash):
-        svc.round()
-    row = w.store.get_job(jid)
-    assert row is not None and row.procs == [{"job_id": str(jid), "node": "node-0", "pending": True}]
-    assert row.state == "waiting_for_initial_resource" and row.attempts == 1
-    return jid
+    return service_crashed_launch(w.server(CrashAfterLaunch), command, "node-0")
 
 
 def test_a_job_that_ran_to_its_end_after_its_server_died_finishes_once(world: World, tmp_path: Path) -> None:

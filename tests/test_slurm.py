@@ -37,7 +37,9 @@ from gpuloom.runtime.state.store import Store
 from gpuloom.scheduler import Scheduler
 from service_util import (
     JOB_PY,
+    Crash,
     Server,
+    crashed_launch,
     job,
     job_writable,
     key_events,
@@ -593,10 +595,6 @@ def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(ex: Slu
     assert resumed.pid == e.pid and again.launched("ue", "gpn0", 1) is None and not again.stopped(resumed)
 
 
-class Crash(BaseException):
-    """The server dies (no except clause of the service catches it)."""
-
-
 class CrashAfterLaunch(SlurmExecutor):
     """The server dies right after Slurm took its first launch, before the launch was confirmed."""
 
@@ -627,13 +625,7 @@ class Servers:
 
     def crashed_launch(self, command: str) -> int:
         """Submit a job whose first launch the server does not live to confirm: only its intent is stored."""
-        svc = self.server(CrashAfterLaunch)
-        jid = svc.submit({"name": "a", "command": command, "gpus": 1}, "alice")
-        with pytest.raises(Crash):
-            svc.round()
-        row = self.store.get_job(jid)
-        assert row is not None and row.procs == [{"job_id": str(jid), "node": "gpn0", "pending": True}]
-        return jid
+        return crashed_launch(self.server(CrashAfterLaunch), command, "gpn0")
 
     def slurm_state(self, jid: int) -> str | None:
         """The state of the Slurm job of gpuloom job ``jid`` (its latest)."""
