@@ -311,7 +311,7 @@ def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_wo
         ray.kill(ex.agents["n1"], no_restart=True)
         wait_for(lambda: ex.poll() == {} and "n1" in ex._dead_agents, 30, "the agent's death to be seen")
         # stopped from a one-off task on n1: SIGTERM, checkpoint, exit 143; nothing runs on unseen
-        assert ex.stop("a", 5.0) == 143
+        assert ex.stop("a", 30.0) == 143
         assert not running(info.pid)
         steps = ledger(ck / "ledger")
         assert steps == list(range(1, len(steps) + 1))
@@ -337,7 +337,7 @@ def test_between_an_agents_death_and_its_replacement_stops_and_launches_still_wo
         again = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0)
         again.refresh(wait_s=60)
         assert [(p.job_id, p.node, p.pid) for p in again.orphans()] == [("c", "n2", c.pid)]
-        assert again.adopt(again.orphans()[0]) and again.stop("c", 2.0) == 143
+        assert again.adopt(again.orphans()[0]) and again.stop("c", 30.0) == 143
         assert again.orphans() == []
     finally:
         ex.kill_agents()
@@ -363,7 +363,7 @@ def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(fake: F
         assert found is not None and found.node == "n2" and found.pid in (d.pid, 0) and not again.adopt(found)
         assert again.launched("d", "n2", 1) is None and again.launched("e", "n1", 2) is None
         live = again.launched("e", "n1", 1)
-        assert live is not None and live.pid == e.pid and again.adopt(live) and again.stop("e", 2.0) == 143
+        assert live is not None and live.pid == e.pid and again.adopt(live) and again.stop("e", 30.0) == 143
         assert again.launched("e", "n1", 1) is None  # stopped: not an end of its own
         assert again.stopped(live) and not again.stopped(found)  # (its exit record's stop mark, or none)
     finally:

@@ -41,7 +41,7 @@ def test_the_run_records_name_their_launch_and_a_stop(tmp_path: Path) -> None:
     assert later.launched("r", 1) is None and later.launched("x", 2) is None
     found = later.launched("r", 2)
     assert found is not None and found.pid == r.pid and later.adopt(found)
-    assert later.stop("r", 5.0) == 143
+    assert later.stop("r", 30.0) == 143
     assert (run / "r.exit").read_text().split() == ["143", "!", "@2"]  # a stop's end
     assert later.stopped(found) and not later.stopped(ProcInfo("x", "", 0, 0.0, "", str(run / "x.exit"), -1.0, ""))
     assert NodeAgent(CgroupManager(enabled=False), run).launched("r", 2) is None
