@@ -346,11 +346,12 @@ def steps_executor(slurm: SlurmCluster, tmp_path: Path) -> SlurmStepsExecutor:
 
 
 def step_spec(eid: str, command: str, log: Path, gpus: tuple[int, ...], user: str | None = "gpuloom", cpus: int = 2,
-              mem: int = 300, **env: str) -> LaunchSpec:
-    """A launch of ``command`` on the test node's ``gpus``, as ``user``, with ``cpus`` cores and ``mem`` MB."""
+              mem: int = 300, attempt: int = 0, **env: str) -> LaunchSpec:
+    """Launch ``attempt`` of ``command`` on the test node's ``gpus``, as ``user``, with ``cpus`` cores and
+    ``mem`` MB."""
     from gpuloom.runtime.exec.executor import LaunchSpec
 
-    return LaunchSpec(eid, command, NODE, gpus, tuple(range(cpus)), mem, str(log), env, None, user)
+    return LaunchSpec(eid, command, NODE, gpus, tuple(range(cpus)), mem, str(log), env, None, user, attempt)
 
 
 def preempt_short_over_long(s: Any, slurm: SlurmCluster) -> tuple[dict[str, Any], dict[str, Any], str, str]:

@@ -31,6 +31,7 @@ from gpuloom.runtime.exec.slurm import (
     slurm_node,
 )
 from gpuloom.runtime.exec.slurm_parse import attempt_comment, attempt_mark, stop_marked
+from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
 from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
 from gpuloom.runtime.state.store import Store
@@ -193,7 +194,8 @@ SLEEPY = REPO / "examples" / "sleepy_train.py"
 def jobs_ended(slurm: SlurmCluster) -> None:
     wait_until(lambda: not slurm.scontrol("show", "job").strip().startswith("JobId") or
                all(r.get("JobState") not in ("RUNNING", "COMPLETING", "CONFIGURING")
-                   for r in parse_records(slurm.scontrol("show", "job"))), 30, "jobs to end")
+                   for r in parse_records(slurm.scontrol("show", "job"))), 30, "jobs to end",
+               lambda: slurm.scontrol("show", "job"))
 
 
 @pytest.fixture
@@ -603,8 +605,17 @@ class CrashAfterLaunch(SlurmExecutor):
         raise Crash
 
 
+class CrashAfterStep(SlurmStepsExecutor):
+    """The server dies right after Slurm started its first launch's step, before the launch was confirmed."""
+
+    def launch(self, spec: LaunchSpec) -> ProcInfo:
+        super().launch(spec)
+        raise Crash
+
+
 class Servers:
-    """One store and job directory, and the servers started on them one after the other (``launcher``'s)."""
+    """One store and job directory, and the servers started on them one after the other (``launcher``'s:
+    ``sbatch``, ``srun``, or ``steps`` for the steps executor)."""
 
     def __init__(self, slurm: SlurmCluster, tmp_path: Path, launcher: str) -> None:
         self.slurm, self.tmp_path, self.launcher = slurm, tmp_path, launcher
@@ -613,10 +624,17 @@ class Servers:
         self.prefix = f"glunc{uuid.uuid4().hex[:6]}"
         self.servers: list[Service] = []
 
-    def server(self, cls: type[SlurmExecutor] = SlurmExecutor) -> Service:
+    def server(self, crash: bool = False) -> Service:
+        """The next server; ``crash``: it dies right after its first launch (:class:`CrashAfterLaunch`)."""
         # (as serve --slurm makes it: Slurm writes the jobs' output under the job directory)
-        ex = cls(self.prefix, grace_s=5.0, env=self.slurm.env, out_dir=str(self.dir / "jobs" / "slurm-out"),
-                 launcher=self.launcher)
+        out = str(self.dir / "jobs" / "slurm-out")
+        ex: SlurmExecutor
+        if self.launcher == "steps":
+            ex = (CrashAfterStep if crash else SlurmStepsExecutor)(self.prefix, grace_s=5.0, env=self.slurm.env,
+                                                                   out_dir=out)
+        else:
+            ex = (CrashAfterLaunch if crash else SlurmExecutor)(self.prefix, grace_s=5.0, env=self.slurm.env,
+                                                                out_dir=out, launcher=self.launcher)
         ex.read_nodes()
         svc = Service(self.store, ex.cluster(), ex, Scheduler.from_names(),
                       ServiceConfig(self.tmp_path / "state", job_dir=self.dir / "jobs", round_s=1000.0, grace_s=5.0))
@@ -625,10 +643,15 @@ class Servers:
 
     def crashed_launch(self, command: str) -> int:
         """Submit a job whose first launch the server does not live to confirm: only its intent is stored."""
-        return crashed_launch(self.server(CrashAfterLaunch), command, "gpn0")
+        return crashed_launch(self.server(crash=True), command, "gpn0")
 
     def slurm_state(self, jid: int) -> str | None:
-        """The state of the Slurm job of gpuloom job ``jid`` (its latest)."""
+        """The state of the Slurm job of gpuloom job ``jid`` (its latest); for steps, of its step (of its first
+        launch), "ENDED" once it is gone."""
+        if self.launcher == "steps":
+            name = f"{self.prefix}:{jid}:a1"
+            recs = [r for r in parse_records(self.slurm.scontrol("show", "step")) if r.get("Name") == name]
+            return recs[-1].get("State") if recs else "ENDED"
         recs = [r for r in parse_records(self.slurm.scontrol("show", "job")) if r.get("JobName") == f"{self.prefix}:{jid}"]
         return recs[-1].get("JobState") if recs else None
 
@@ -641,6 +664,8 @@ class Servers:
             self.servers[-1].shutdown()
         self.store.close()
         self.slurm.cancel_all()
+        self.slurm.run("scancel", "--user=gpuloom", check=False)  # (a crashed server's allocation of the job's account)
+        jobs_ended(self.slurm)  # (the next test's GPUs are free once they have ended)
 
 
 @pytest.fixture
@@ -652,13 +677,15 @@ def servers(slurm: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest)
         w.close()
 
 
-@pytest.mark.parametrize("servers", ["sbatch", "srun"], indirect=True)
+@pytest.mark.parametrize("servers", ["sbatch", "srun", "steps"], indirect=True)
 def test_a_slurm_job_that_ended_after_its_server_died_unconfirmed_ends_once(servers: Servers) -> None:
-    """The server dies between a launch's intent and its confirmation; the Slurm job ends on its own before the
-    next server starts: that server finds it by its attempt, ends the job with its code, and never runs it again."""
+    """The server dies between a launch's intent and its confirmation; the Slurm job (or step) ends on its own
+    before the next server starts: that server finds it by its attempt, ends the job with its code, and never
+    runs it again."""
     ledger = servers.dir / "ledger"
     jid = servers.crashed_launch(f"echo ran >> {ledger}; exit 3")
-    wait_until(lambda: servers.slurm_state(jid) == "FAILED", 60, "the Slurm job's end")
+    ended = "ENDED" if servers.launcher == "steps" else "FAILED"
+    wait_until(lambda: servers.slurm_state(jid) == ended, 60, "the Slurm job's end")
     svc = servers.server()
     svc.recover()
     row = servers.store.get_job(jid)
@@ -671,6 +698,7 @@ def test_a_slurm_job_that_ended_after_its_server_died_unconfirmed_ends_once(serv
     assert "launch" not in kinds and kinds.index("launch-unconfirmed") < kinds.index("failed"), kinds
 
 
+@pytest.mark.parametrize("servers", ["sbatch", "steps"], indirect=True)
 def test_a_slurm_job_still_running_after_its_server_died_unconfirmed_is_stopped_and_runs_again(
         servers: Servers) -> None:
     ledger, go = servers.dir / "ledger", servers.dir / "go"

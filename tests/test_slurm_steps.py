@@ -6,6 +6,8 @@ Tests that need a test Slurm of their own are in test_slurm_steps_own.py."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,6 +172,65 @@ def test_a_restarted_executor_adopts_its_step_and_allocation(steps: SlurmStepsEx
     wait_until(lambda: steps.poll() == {"s": 0} or not steps.steps, 10, "the first srun")
 
 
+def steps_named(e: SlurmStepsExecutor, name: str) -> list[str]:
+    """The ids of the live steps named ``name``."""
+    return [sid for sid, r in e.read_steps().items() if r.get("Name") == name]
+
+
+def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(
+        steps: SlurmStepsExecutor, slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launch marks its step's name and its exit record's with its attempt: a restarted service's executor
+    finds the step of that very launch, ended (with its code) or running, of the job's account, and no other."""
+    d = steps.launch(spec("ud", "exit 4", tmp_path / "ud.log", (0,), attempt=2))
+    e = steps.launch(spec("ue", "sleep 60", tmp_path / "ue.log", (1,), attempt=1))
+    assert d.exit_path.endswith(f"/ud.{d.pid}.a2.exit") and steps_named(steps, f"{steps.prefix}:ue:a1")
+    again = SlurmStepsExecutor(steps.prefix, grace_s=5.0, env=slurm.env, out_dir=steps.out_dir)  # the first died
+    again.read_nodes()
+    wait_until(lambda: not steps_named(again, f"{steps.prefix}:ud:a2"), 30, "ud's step to end")
+    found = again.launched("ud", "gpn0", 2, "gpuloom")
+    assert found is not None and (found.job_id, found.node, found.pid) == ("ud", "gpn0", d.pid)
+    assert not again.adopt(found) and again.exit_code(found) == 4 and again.exit_time(found) is not None
+    assert not again.stopped(found)
+    assert again.launched("ud", "gpn0", 1, "gpuloom") is None and again.launched("ud", "gpn0", 3, "gpuloom") is None
+    assert again.launched("ud", "gpn0", 2, None) is None  # (launches of the service's own account: none)
+    assert again.launched("ue", "gpn0", 2, "gpuloom") is None
+    live = again.launched("ue", "gpn0", 1, "gpuloom")
+    assert live is not None and (live.pid, live.start_time) == (e.pid, e.start_time) and live.exit_path == e.exit_path
+    assert again.adopt(live) and again.alive("ue") and not again.stopped(live)
+    # the service dies as its stop ends (the step ended by the stop's SIGTERM, the stop not recorded): the next
+    # one takes that end for the stop's, not for the job's own
+    monkeypatch.setattr(again, "_end", lambda eid: None)
+    assert again.stop("ue", 5.0) == 143
+    third = SlurmStepsExecutor(steps.prefix, grace_s=5.0, env=slurm.env, out_dir=steps.out_dir)
+    assert third.stopped(live) and third.exit_code(live) == 143 and third.launched("ue", "gpn0", 1, "gpuloom") is None
+
+
+def test_a_step_of_another_account_named_like_the_services_is_not_taken(steps: SlurmStepsExecutor, slurm: SlurmCluster,
+                                                                        tmp_path: Path) -> None:
+    """Any Slurm user can name an allocation and a step of theirs like the service's: such a step is no launch of
+    a job of another account's, running or ended."""
+    r = slurm.run("salloc", "--no-shell", "--immediate=5", "--uid=65534", "--gid=65534",
+                  f"--job-name={steps.alloc_name}", "--nodelist=gpn0", "--mem=50", "--gres=gpu:g2:1")
+    sid = int(r.stderr.split("Granted job allocation ")[1].split()[0])
+    try:
+        srun = subprocess.Popen(
+            [shutil.which("srun") or "srun", f"--jobid={sid}", "--uid=65534", "--gid=65534", "--exact", "--mem=10",
+             f"--job-name={steps.prefix}:x:a2", "--chdir=/", "--output=/dev/null", "sleep", "60"],
+            env=slurm.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: steps_named(steps, f"{steps.prefix}:x:a2"), 30, "the other account's step")
+            assert steps.launched("x", "gpn0", 2, "gpuloom") is None and steps.launched("x", "gpn0", 2, None) is None
+            # the same launch of the job's own account is found
+            steps.launch(spec("x", "sleep 60", tmp_path / "x.log", (0,), attempt=2))
+            mine = steps.launched("x", "gpn0", 2, "gpuloom")
+            assert mine is not None and mine.pid != sid and mine.pid in steps.allocs
+        finally:
+            srun.kill()
+            srun.wait()
+    finally:
+        slurm.run("scancel", str(sid), check=False)
+
+
 def test_a_lost_node_cancels_its_allocations_and_their_steps(steps: SlurmStepsExecutor, slurm: SlurmCluster,
                                                              tmp_path: Path) -> None:
     info = steps.launch(spec("x", "sleep 30", tmp_path / "x.log", (0,)))
@@ -184,7 +245,7 @@ def test_serve_slurm_steps_sigkill_then_the_new_service_adopts_the_step(serve_sl
         jid = submit(c, name="a", command=stepper_cmd(200, 0.05), gpus=2)
         wait_for(lambda: "GPULOOM_PROGRESS iter=3" in c.get(f"/jobs/{jid}/logs").text, 60, "progress")
     s.kill()
-    (step,) = [r for r in parse_records(slurm.scontrol("show", "step")) if r["Name"].endswith(f":{jid}")]
+    (step,) = [r for r in parse_records(slurm.scontrol("show", "step")) if r["Name"].endswith(f":{jid}:a1")]
     assert step["State"] == "RUNNING"  # Slurm runs it on without the service
     s2 = serve_slurm("--executor", "slurm-steps")
     with s2.client() as c:

@@ -95,10 +95,10 @@ class SlurmLauncher(SlurmClient):
             return ",".join(f"gpu:{node.types[g]}:1" for g in sorted(gpus))
         return f"gpu:{len(gpus)}"
 
-    def script(self, spec: LaunchSpec, exit_dir: str | None = None, mem_mb: int = 0) -> str:
+    def script(self, spec: LaunchSpec, exit_dir: str | None = None, mem_mb: int = 0, exit_tag: str = "") -> str:
         """The batch script: the job's environment, then its command, waited for through SIGTERM; then,
-        with ``exit_dir``, its exit code written to ``<exit_dir>/<id>.<Slurm job id>.exit`` (seen by the
-        next poll, before Slurm has torn the job down).  ``mem_mb``: the job's memory where Slurm sets
+        with ``exit_dir``, its exit code written to ``<exit_dir>/<id>.<Slurm job id><exit_tag>.exit`` (seen
+        by the next poll, before Slurm has torn the job down).  ``mem_mb``: the job's memory where Slurm sets
         no ``SLURM_MEM_PER_NODE`` (a step)."""
         env = dict(spec.env)
         bad = [k for k in env if not _NAME_OK.match(k)]
@@ -123,7 +123,7 @@ class SlurmLauncher(SlurmClient):
             'while :; do wait "$c"; rc=$?; kill -0 "$c" 2>/dev/null || break; done',
         ]
         if exit_dir is not None:
-            f = shlex.quote(f"{exit_dir}/{spec.job_id}.") + '"$SLURM_JOB_ID".exit'
+            f = shlex.quote(f"{exit_dir}/{spec.job_id}.") + '"$SLURM_JOB_ID"' + shlex.quote(f"{exit_tag}.exit")
             lines.append(f'echo "$rc" > {f}.tmp && mv -f {f}.tmp {f}')
         lines += ['exit "$rc"', ""]
         return "\n".join(lines)
@@ -227,8 +227,9 @@ class SlurmLauncher(SlurmClient):
             raise ExecutorError(f"job {spec.job_id}: cannot make its Slurm output directory: {e}") from None
         return str(d / f"{spec.job_id}.%j.log")
 
-    def _write_script(self, spec: LaunchSpec, out: str) -> tuple[str, str]:
-        """Write the job's script for srun next to its output ``out``; (a tag naming this launch, the path)."""
+    def _write_script(self, spec: LaunchSpec, out: str, exit_tag: str = "") -> tuple[str, str]:
+        """Write the job's script for srun next to its output ``out`` (``exit_tag``: see :meth:`script`);
+        (a tag naming this launch, the path)."""
         d = os.path.dirname(out)
         tag = f"{spec.job_id}.{time.time_ns()}"
         script = f"{d}/{tag}.sh"
@@ -236,7 +237,7 @@ class SlurmLauncher(SlurmClient):
         try:  # the script has the job's environment: its account's only (the directory is the account's)
             fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o500)
             with os.fdopen(fd, "w") as f:
-                f.write(self.script(spec, d, spec.mem_mb))
+                f.write(self.script(spec, d, spec.mem_mb, exit_tag))
                 if acc is not None:
                     os.fchown(f.fileno(), acc.uid, acc.gid)
         except OSError as e:

@@ -25,7 +25,15 @@ kill, a time limit, a cancel: :meth:`SlurmStepsExecutor._step_reason`).
 A stop sends SIGTERM to the step (``scancel --signal=TERM A.S``), waits up to
 the grace period, then cancels the step; the allocation stays for the resume.
 A restarted service finds its allocations by name and its jobs' steps by
-their names (``<prefix>:<id>``); srun runs in its own session and outlives it.
+their names; srun runs in its own session and outlives it.  Each launch is
+marked with its attempt ``N`` (:attr:`~.executor.LaunchSpec.attempt`) where a
+dead service's successor finds it: its step's name (``<prefix>:<id>:aN``;
+``<prefix>:<id>`` without one, and from older versions) and its exit record's
+(``<id>.<allocation>.aN.exit``); a stop is marked before its first signal by a
+file of the service's own (``.stopped-<exit record's name>`` in ``out_dir``).
+So :meth:`SlurmStepsExecutor.launched` finds the step of a launch the service
+did not confirm, still running or ended with its code, and
+:meth:`SlurmStepsExecutor.stopped` tells a stop's end from the job's own.
 """
 
 from __future__ import annotations
@@ -33,12 +41,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .executor import ExecutorError, LaunchSpec, NodeUnavailable, ProcInfo
+from .identity import lookup
 from .logmirror import set_mirror_offset
 from .slurm import ENDED_GRACE_S, SlurmExecutor
 from .slurm_client import SlurmError, log
@@ -63,6 +73,8 @@ SACCT_WAIT_S = 5.0
 #: how much of the end of a step's output is searched for slurmstepd's line naming why it ended
 REASON_TAIL = 64 << 10
 _GRANTED = re.compile(r"Granted job allocation (\d+)")
+#: the attempt a step's exit record's name carries (``<id>.<allocation>.aN.exit``)
+_EXIT_ATTEMPT = re.compile(r"\.a(\d+)\.exit\Z")
 _STEP = re.compile(r"launching StepId=(\d+\.\d+)")
 
 
@@ -107,6 +119,33 @@ NO_EXIT_RECORD = "its step ended (srun exit 0) without its script's exit record:
 def srun_aborted(text: str, step: str) -> bool:
     """Whether srun's ``-v`` output says Slurm ended step ``step`` ("A.S") before it had fully launched."""
     return re.search(rf"StepId={re.escape(step)} aborted before step completely launched", text) is not None
+
+
+def _tag(attempt: int) -> str:
+    """What names of a launch's step and exit record carry of its attempt (nothing without one)."""
+    return f".a{attempt}" if attempt > 0 else ""
+
+
+def exit_record(d: str, eid: str, sid: int, attempt: int) -> str:
+    """Where launch ``attempt`` of ``eid`` in allocation ``sid`` writes its exit code: its account's
+    output directory ``d`` (``<id>.<allocation>.aN.exit``; ``<id>.<allocation>.exit`` without an attempt)."""
+    return f"{d}/{eid}.{sid}{_tag(attempt)}.exit"
+
+
+def _attempt_of(exit_path: str) -> int:
+    """The attempt an exit record's name carries (0: none)."""
+    m = _EXIT_ATTEMPT.search(exit_path)
+    return int(m.group(1)) if m is not None else 0
+
+
+def _owner(rec: Mapping[str, str]) -> int:
+    """The uid of a job record's ``UserId`` (``name(uid)``; -1 if none)."""
+    return int(re.sub(r"\D", "", rec.get("UserId", "").partition("(")[2]) or -1)
+
+
+def _recorded(data: bytes | None) -> int | None:
+    """The code in a whole exit record of a step's script (its code and a newline); None for another text."""
+    return int(data) if data is not None and data.endswith(b"\n") and data.strip().isdigit() else None
 
 
 @dataclass(slots=True)
@@ -165,6 +204,23 @@ class SlurmStepsExecutor(SlurmExecutor):
     @property
     def alloc_name(self) -> str:
         return f"{self.prefix}.alloc"
+
+    def step_name(self, eid: str, attempt: int) -> str:
+        """The name of the step of launch ``attempt`` of ``eid`` (``<prefix>:<id>:aN``; without an attempt,
+        the job's name)."""
+        return self.job_name(eid) + (f":a{attempt}" if attempt > 0 else "")
+
+    def _named(self, name: str) -> tuple[str, int] | None:
+        """(executor id, attempt; 0: none) of a step named by :meth:`step_name`, or by an older version
+        (``<prefix>:<id>``); None for a name of another's."""
+        if not name.startswith(self.prefix + ":"):
+            return None
+        m = re.fullmatch(r"(.+?)(?::a(\d+))?", name[len(self.prefix) + 1:])
+        return (m.group(1), int(m.group(2) or 0)) if m is not None else None
+
+    def _stop_mark(self, exit_path: str) -> str:
+        """The service's own file that marks the stop of the step whose exit record is ``exit_path``."""
+        return f"{self.out_dir}/.stopped-{os.path.basename(exit_path)}"
 
     def _mine(self) -> set[int]:
         return super()._mine() | set(self.allocs)
@@ -239,14 +295,15 @@ class SlurmStepsExecutor(SlurmExecutor):
     def _start_step(self, spec: LaunchSpec, a: Alloc, gres: str | None, cpus: int,
                     acct: tuple[int, int] | None) -> Step:
         out = self._output(spec).replace("%j", str(a.sid))
-        exit_file = f"{os.path.dirname(out)}/{spec.job_id}.{a.sid}.exit"
-        _unlink(exit_file)  # a stopped run's, in the same allocation
+        exit_file = exit_record(os.path.dirname(out), spec.job_id, a.sid, spec.attempt)
+        _unlink(exit_file)  # a stopped run's, in the same allocation (launches without an attempt)
+        _unlink(self._stop_mark(exit_file))
         if not os.path.exists(out):  # its output was copied whole and removed: this step's starts afresh
             set_mirror_offset(spec.log_path, "slurm", out, 0)
-        tag, script = self._write_script(spec, out)
+        tag, script = self._write_script(spec, out, _tag(spec.attempt))
         err = f"{self.out_dir}/.srun-{tag}.err"
-        argv = slurm_argv("step", name=self.job_name(spec.job_id), node=spec.node, cpus=cpus, mem_mb=spec.mem_mb,
-                          gres=gres, workdir=spec.workdir, out=out, account=acct, jobid=a.sid)
+        argv = slurm_argv("step", name=self.step_name(spec.job_id, spec.attempt), node=spec.node, cpus=cpus,
+                          mem_mb=spec.mem_mb, gres=gres, workdir=spec.workdir, out=out, account=acct, jobid=a.sid)
         with open(err, "wb") as ef:
             p = subprocess.Popen([self._which("srun"), *argv[1:], script], stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=ef, env=self.env, cwd="/", start_new_session=True)
@@ -276,9 +333,9 @@ class SlurmStepsExecutor(SlurmExecutor):
         srun's 0 with no record is no success: the script never reached its end (srun can say 0 for a
         step Slurm ended before its task ran); unknown, once ``ENDED_GRACE_S`` has
         given a record written just before srun's end the time to show (at once without ``eid``: a stop)."""
-        data = read_output(st.exit_file, 0, 64, self._warned)
-        if data and data.endswith(b"\n") and data.strip().isdigit():
-            return True, int(data)
+        code = _recorded(read_output(st.exit_file, 0, 64, self._warned))
+        if code is not None:
+            return True, code
         if st.proc is not None and st.proc.poll() is not None:
             rc = st.proc.returncode
             if rc == 0 and eid is not None:
@@ -390,6 +447,8 @@ class SlurmStepsExecutor(SlurmExecutor):
         remote = self.outputs.get(eid)
         self._forget(eid)
         _unlink(remote)
+        if st is not None and st.exit_file:
+            _unlink(self._stop_mark(st.exit_file))
 
     @staticmethod
     def _leave(a: Alloc, eid: str) -> None:
@@ -419,12 +478,12 @@ class SlurmStepsExecutor(SlurmExecutor):
                     or rec.get("JobState") == "COMPLETING"):  # (cancelled already: ending)
                 continue
             c, m = tres(rec.get("TRES", ""))
-            uid = int(re.sub(r"\D", "", rec.get("UserId", "").partition("(")[2]) or -1)
-            self.allocs[sid] = Alloc(sid, uid, rec.get("NodeList", ""), frozenset(gres_indices(rec.get("GRES", ""))),
+            self.allocs[sid] = Alloc(sid, _owner(rec), rec.get("NodeList", ""), frozenset(gres_indices(rec.get("GRES", ""))),
                                      c, m, _time(rec.get("SubmitTime")), {}, time.monotonic())
             for r in self.read_steps().values():  # (what each holds is not known here: all of it)
-                if r["StepId"].split(".")[0] == str(sid) and r.get("Name", "").startswith(self.prefix + ":"):
-                    self.allocs[sid].jobs[r["Name"][len(self.prefix) + 1:]] = (self.allocs[sid].gpus, c, m)
+                named = self._named(r.get("Name", ""))
+                if r["StepId"].split(".")[0] == str(sid) and named is not None:
+                    self.allocs[sid].jobs[named[0]] = (self.allocs[sid].gpus, c, m)
 
     def _expire_idle(self) -> None:
         now = time.monotonic()
@@ -449,11 +508,24 @@ class SlurmStepsExecutor(SlurmExecutor):
             return code
         self._stopping.add(job_id)
         try:
+            self._mark_step_stopped(st)
             code = self._stop_step(st, grace_s)
         finally:
             self._stopping.discard(job_id)
         self._end(job_id)
         return code
+
+    def _mark_step_stopped(self, st: Step) -> None:
+        """Mark the step's stop before its first signal (its mark goes with the step, :meth:`_end`): a restart
+        then takes its end for the stop's (:meth:`stopped`), never for the job's own (:meth:`launched`).  In
+        ``out_dir`` itself, the service's: the job's account cannot forge or remove it."""
+        if not st.exit_file:  # (a step found with no output: no record to read, none to mark)
+            return
+        try:
+            fd = os.open(self._stop_mark(st.exit_file), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+        except OSError as e:
+            log.warning("cannot mark Slurm step %s as stopped by the service: %s", st.step or "?", e)
 
     def _stop_step(self, st: Step, grace_s: float) -> int | None:
         end = time.monotonic() + grace_s
@@ -476,9 +548,11 @@ class SlurmStepsExecutor(SlurmExecutor):
         return code
 
     # -- after a restart ----------------------------------------------------------------------
-    def _step_named(self, eid: str, sid: int) -> str | None:
+    def _step_named(self, eid: str, sid: int, attempt: int = 0) -> str | None:
+        """The step of ``eid`` in allocation ``sid`` (of launch ``attempt`` only, where one is given)."""
         for step_id, rec in self.read_steps().items():
-            if step_id.split(".")[0] == str(sid) and rec.get("Name") == self.job_name(eid):
+            named = self._named(rec.get("Name", ""))
+            if step_id.split(".")[0] == str(sid) and named is not None and named[0] == eid and attempt in (0, named[1]):
                 return step_id
         return None
 
@@ -490,8 +564,10 @@ class SlurmStepsExecutor(SlurmExecutor):
         if (rec is None or rec.get("JobName") != self.alloc_name or rec.get("JobState") not in LIVE
                 or abs(_time(rec.get("SubmitTime")) - info.start_time) > 1):
             return False
-        step = self._step_named(info.job_id, info.pid)
-        if step is None and not os.path.exists(info.exit_path):
+        step = self._step_named(info.job_id, info.pid, _attempt_of(info.exit_path))
+        # an ended step is taken only for its output still to be copied into the job's log (its exit record
+        # tells its end at the next poll); one with no log (found by :meth:`launched`) is gone
+        if step is None and (not info.log_path or not os.path.exists(info.exit_path)):
             return False
         self.read_jobs()
         self._find_allocs()
@@ -511,18 +587,57 @@ class SlurmStepsExecutor(SlurmExecutor):
         return int(data) if data and data.strip().isdigit() else None
 
     def exit_time(self, info: ProcInfo) -> float | None:
-        try:
-            return os.stat(info.exit_path).st_mtime if info.exit_path else None
+        try:  # (the record's own time, never a link's target's)
+            return os.lstat(info.exit_path).st_mtime if info.exit_path else None
         except OSError:
             return None
 
     def launched(self, job_id: str, node: str, attempt: int, user: str | None = None) -> ProcInfo | None:
-        """None: a step is not marked with its launch's attempt (Slurm keeps no comment per step), so an
-        unconfirmed launch is queued again, a step of it still running stopped (:meth:`orphans`)."""
-        return None
+        """The step of launch ``attempt`` of ``job_id``, by the marks its launch left (see the module notes):
+        one still running, named for that attempt, in an allocation of this service's that ``user``'s account
+        owns (the service's own for None), for :meth:`adopt`; else one that ended, by that attempt's exit
+        record in the account's output directory, for :meth:`exit_code` and :meth:`exit_time`.  None where
+        neither is found, or the service's stop of it is marked (:meth:`stopped`: its end is the stop's).
+        Any Slurm user can name an allocation and a step like this service's: only the account's count.  The
+        exit record is the account's own file, read only as a plain file of its directory's owner, never
+        through a link: a forged one ends only that account's job.  Raises SlurmError where slurmctld does
+        not answer."""
+        if attempt <= 0:
+            return None
+        uid = lookup(user).uid if user is not None else os.geteuid()
+        self.read_jobs()
+
+        def ours(sid: int) -> bool:
+            rec = self.jobs.get(sid, {})
+            return rec.get("JobName") == self.alloc_name and _owner(rec) == uid
+
+        d = f"{self.out_dir}/{user or '_server'}"  # (as :meth:`_output` makes it)
+        found = None
+        for step_id, rec in self.read_steps().items():
+            sid = int(step_id.split(".")[0])
+            if self._named(rec.get("Name", "")) == (job_id, attempt) and rec.get("UserId") == str(uid) and ours(sid):
+                alloc = self.jobs[sid]
+                found = ProcInfo(job_id, alloc.get("NodeList") or node, sid, _time(alloc.get("SubmitTime")), "",
+                                 exit_record(d, job_id, sid, attempt))
+                break
+        if found is None:  # ended: its exit record, in an allocation of the account's (one Slurm forgot: any)
+            try:
+                names = os.listdir(d) if stat.S_ISDIR(os.lstat(d).st_mode) else []
+            except OSError:
+                names = []
+            mine = re.compile(rf"{re.escape(job_id)}\.(\d+){re.escape(_tag(attempt))}\.exit")
+            for sid in sorted((int(m.group(1)) for n in names if (m := mine.fullmatch(n))), reverse=True):
+                path = exit_record(d, job_id, sid, attempt)
+                if _recorded(read_output(path, 0, 64, self._warned)) is not None and (sid not in self.jobs or ours(sid)):
+                    rec = self.jobs.get(sid, {})
+                    found = ProcInfo(job_id, rec.get("NodeList") or node, sid, _time(rec.get("SubmitTime")), "", path)
+                    break
+        return None if found is None or self.stopped(found) else found
 
     def stopped(self, info: ProcInfo) -> bool:
-        return False  # (a stop of a step is not marked)
+        """Whether the service stopped the step of ``info``: :meth:`stop` marks it first
+        (:meth:`_mark_step_stopped`)."""
+        return bool(info.exit_path) and os.path.lexists(self._stop_mark(info.exit_path))
 
     def alive(self, job_id: str) -> bool:
         st = self.steps.get(job_id)
@@ -549,12 +664,12 @@ class SlurmStepsExecutor(SlurmExecutor):
         for step_id, rec in steps.items():
             sid = int(step_id.split(".")[0])
             alloc = self.jobs.get(sid, {})
-            name = rec.get("Name", "")
-            if step_id in known or alloc.get("JobName") != self.alloc_name or not name.startswith(self.prefix + ":"):
+            named = self._named(rec.get("Name", ""))
+            if step_id in known or alloc.get("JobName") != self.alloc_name or named is None:
                 continue
-            eid = name[len(self.prefix) + 1:]
+            eid, attempt = named
             out_path = self._srun_output(eid, sid, alloc)
-            exit_path = f"{os.path.dirname(out_path)}/{eid}.{sid}.exit" if out_path else ""
+            exit_path = exit_record(os.path.dirname(out_path), eid, sid, attempt) if out_path else ""
             out.append(ProcInfo(eid, alloc.get("NodeList", ""), sid, _time(alloc.get("SubmitTime")), "", exit_path))
         return out
 
