@@ -34,10 +34,9 @@ Otherwise its intent is cleared and it is queued again; a process of it still
 running, and any other process the previous service launched and never
 recorded (profiling runs), is found from the pid file its wrapper writes first
 and stopped gracefully (here, or :func:`_sweep`), so no job runs twice.
-The local and Ray executors keep such records (their node agents'), and the
-Slurm executor marks each Slurm job with its attempt (its Comment); Slurm's
-steps executor does not, so there every unconfirmed launch is queued again,
-its live steps stopped.
+The local and Ray executors keep such records (their node agents'), the
+Slurm executor marks each Slurm job with its attempt (its Comment), and
+Slurm's steps executor each step's name and exit record.
 Lifecycles restart from the stored state (the history before the restart is
 in the events table).
 
