@@ -720,6 +720,8 @@ def test_a_slurm_job_still_running_after_its_server_died_unconfirmed_is_stopped_
 
     row = wait_until(final, 90, "the job to end")
     assert (row.state, row.attempts) == ("finished", 2) and ledger.read_text() == "started\nstarted\nran\n"
+    if servers.launcher == "steps":  # the first launch's files (its script, srun's messages, its exit) went with it
+        assert not list((servers.dir / "jobs" / "slurm-out").rglob(f"*{jid}.*.a1.*"))
 
 
 def test_serve_slurm_plans_around_a_job_submitted_directly(serve_slurm: Any, slurm: SlurmCluster,

@@ -181,14 +181,19 @@ def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(
         steps: SlurmStepsExecutor, slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each launch marks its step's name and its exit record's with its attempt: a restarted service's executor
     finds the step of that very launch, ended (with its code) or running, of the job's account, and no other."""
-    d = steps.launch(spec("ud", "exit 4", tmp_path / "ud.log", (0,), attempt=2))
+    pre = steps.launch(spec("pre", "sleep 2", tmp_path / "pre.log", (0,), attempt=1))
+    assert wait_until(lambda: steps.poll(), 30, "pre's exit") == {"pre": 0}
+    t0 = time.time()
+    d = steps.launch(spec("ud", "exit 4", tmp_path / "ud.log", (0,), attempt=2))  # (in pre's allocation)
     e = steps.launch(spec("ue", "sleep 60", tmp_path / "ue.log", (1,), attempt=1))
+    assert d.pid == pre.pid and d.start_time < t0 - 1
     assert d.exit_path.endswith(f"/ud.{d.pid}.a2.exit") and steps_named(steps, f"{steps.prefix}:ue:a1")
     again = SlurmStepsExecutor(steps.prefix, grace_s=5.0, env=slurm.env, out_dir=steps.out_dir)  # the first died
     again.read_nodes()
     wait_until(lambda: not steps_named(again, f"{steps.prefix}:ud:a2"), 30, "ud's step to end")
     found = again.launched("ud", "gpn0", 2, "gpuloom")
     assert found is not None and (found.job_id, found.node, found.pid) == ("ud", "gpn0", d.pid)
+    assert t0 <= found.start_time <= time.time()  # its launch's time, not its allocation's
     assert not again.adopt(found) and again.exit_code(found) == 4 and again.exit_time(found) is not None
     assert not again.stopped(found)
     assert again.launched("ud", "gpn0", 1, "gpuloom") is None and again.launched("ud", "gpn0", 3, "gpuloom") is None

@@ -237,8 +237,8 @@ class SlurmExecutor(SlurmLauncher):
         out = self.outputs.get(eid)
         if self.launcher != "sbatch" and out is not None:  # srun's files of its launches, an earlier service's too
             live = {f for _, err, script in self._sruns.values() for f in (err, script)}
-            for d, pat in ((os.path.dirname(out), rf"{re.escape(eid)}\.\d+\.sh"),
-                           (str(self.out_dir), rf"\.srun-{re.escape(eid)}\.\d+\.err")):
+            for d, pat in ((os.path.dirname(out), rf"{re.escape(eid)}\.\d+(?:\.a\d+)?\.sh"),
+                           (str(self.out_dir), rf"\.srun-{re.escape(eid)}\.\d+(?:\.a\d+)?\.err")):
                 try:
                     names = os.listdir(d)
                 except OSError:

@@ -229,9 +229,9 @@ class SlurmLauncher(SlurmClient):
 
     def _write_script(self, spec: LaunchSpec, out: str, exit_tag: str = "") -> tuple[str, str]:
         """Write the job's script for srun next to its output ``out`` (``exit_tag``: see :meth:`script`);
-        (a tag naming this launch, the path)."""
+        (a tag naming this launch: ``<id>.<wall time in ns><exit_tag>``, the path)."""
         d = os.path.dirname(out)
-        tag = f"{spec.job_id}.{time.time_ns()}"
+        tag = f"{spec.job_id}.{time.time_ns()}{exit_tag}"  # (its wall time, and the attempt a step's records carry)
         script = f"{d}/{tag}.sh"
         acc = lookup(spec.user) if spec.user is not None else None
         try:  # the script has the job's environment: its account's only (the directory is the account's)

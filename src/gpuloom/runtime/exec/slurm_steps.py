@@ -29,8 +29,10 @@ their names; srun runs in its own session and outlives it.  Each launch is
 marked with its attempt ``N`` (:attr:`~.executor.LaunchSpec.attempt`) where a
 dead service's successor finds it: its step's name (``<prefix>:<id>:aN``;
 ``<prefix>:<id>`` without one, and from older versions) and its exit record's
-(``<id>.<allocation>.aN.exit``); a stop is marked before its first signal by a
-file of the service's own (``.stopped-<exit record's name>`` in ``out_dir``).
+(``<id>.<allocation>.aN.exit``), and the service's own file of srun's messages
+(``.srun-<id>.<wall time in ns>.aN.err`` in ``out_dir``: when it launched); a
+stop is marked before its first signal by a file of the service's own too
+(``.stopped-<exit record's name>`` in ``out_dir``).
 So :meth:`SlurmStepsExecutor.launched` finds the step of a launch the service
 did not confirm, still running or ended with its code, and
 :meth:`SlurmStepsExecutor.stopped` tells a stop's end from the job's own.
@@ -630,9 +632,21 @@ class SlurmStepsExecutor(SlurmExecutor):
                 path = exit_record(d, job_id, sid, attempt)
                 if _recorded(read_output(path, 0, 64, self._warned)) is not None and (sid not in self.jobs or ours(sid)):
                     rec = self.jobs.get(sid, {})
-                    found = ProcInfo(job_id, rec.get("NodeList") or node, sid, _time(rec.get("SubmitTime")), "", path)
+                    # (its start: the launch's own, not its allocation's, which an earlier job may have opened)
+                    start = self._launched_at(job_id, attempt) or _time(rec.get("SubmitTime"))
+                    found = ProcInfo(job_id, rec.get("NodeList") or node, sid, start, "", path)
                     break
         return None if found is None or self.stopped(found) else found
+
+    def _launched_at(self, eid: str, attempt: int) -> float:
+        """The wall time of launch ``attempt`` of ``eid`` by this service's (or an earlier incarnation's) srun:
+        its messages' file in ``out_dir`` is named with it (:meth:`_write_script`'s tag); 0 if none is left."""
+        mine = re.compile(rf"\.srun-{re.escape(eid)}\.(\d+){re.escape(_tag(attempt))}\.err")
+        try:
+            names = os.listdir(str(self.out_dir))
+        except OSError:
+            return 0.0
+        return max((int(m.group(1)) / 1e9 for n in names if (m := mine.fullmatch(n))), default=0.0)
 
     def stopped(self, info: ProcInfo) -> bool:
         """Whether the service stopped the step of ``info``: :meth:`stop` marks it first
