@@ -178,10 +178,11 @@ def final_check(store: Store, acked: set[int], ledger: Path) -> dict[str, Any]:
 
 class Arrivals:
     """Submits a short job every ``gap`` seconds from a thread (each appends its id to ``ledger`` as its last
-    act), retrying a refused or failed submission with the same idempotency key until it is acknowledged."""
+    act, after running ``first``), retrying a refused or failed submission with the same idempotency key until
+    it is acknowledged."""
 
-    def __init__(self, url: str, token: str, ledger: Path, gap: float = 0.25, seed: int = 0) -> None:
-        self.url, self.token, self.ledger, self.gap = url, token, ledger, gap
+    def __init__(self, url: str, token: str, ledger: Path, gap: float = 0.25, seed: int = 0, first: str = "") -> None:
+        self.url, self.token, self.ledger, self.gap, self.first = url, token, ledger, gap, first
         self.rng = random.Random(seed)
         self.acked: set[int] = set()
         self.refused = 0  # answers other than 200/201 (503 while the store is down or full)
@@ -200,7 +201,7 @@ class Arrivals:
     def _run(self) -> None:
         with httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10) as c:
             while not self._stop.is_set():
-                body = {"command": f"sleep {self.rng.uniform(0.3, 2.0):.2f}; echo $GPULOOM_JOB_ID >> {self.ledger}",
+                body = {"command": f"{self.first}sleep {self.rng.uniform(0.3, 2.0):.2f}; echo $GPULOOM_JOB_ID >> {self.ledger}",
                         "gpus": self.rng.choice([1, 1, 2])}
                 key = uuid.uuid4().hex
                 while True:

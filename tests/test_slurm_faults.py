@@ -1,0 +1,159 @@
+"""The fault suite with Slurm as the engine (``gpuloom serve --slurm``, batch jobs and ``--executor slurm-srun``):
+the server SIGKILLed at random points, PostgreSQL stopped and restarted mid-run.
+
+Each scenario ends as the local executor's do (tests/test_service_faults.py, tests/test_service_chaos.py):
+0 lost, 0 stuck, every job run to its end exactly once (its ledger), 0 GPU overlaps in the allocation
+records and ``/cluster`` matching the jobs that hold GPUs.  The test Slurm is tests/slurm_util.py's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuloom.runtime.state.store import Store
+from service_util import Server, job, job_writable, ledger, stepper_cmd, submit, wait_for
+from slurm_util import SlurmCluster, slurm_fixture  # noqa: F401 (a fixture)
+from test_service_faults import (  # noqa: F401 (pg: a fixture)
+    Arrivals,
+    Postgres,
+    cluster_matches_store,
+    final_check,
+    launched,
+    ledger_counts,
+    overlaps,
+    pg,
+    ready,
+)
+
+LAUNCHERS = {"sbatch": (), "srun": ("--executor", "slurm-srun")}
+
+
+@pytest.fixture
+def serve(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Server]]:
+    """``serve(*args)`` -> a started ``gpuloom serve --slurm all`` on ``tmp_path``'s state (a new one each call,
+    as after a crash); every one is stopped after the test, then the test Slurm's jobs are cancelled."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    jobs = job_writable(tmp_path) / "jobs"  # (the server makes it its own: the test's jobs write beside it)
+    jobs.mkdir()
+    made: list[Server] = []
+
+    def make(*args: str, state: Path = tmp_path) -> Server:
+        s = Server(state, "--slurm", "all", "--round", "0.2", "--job-dir", str(jobs), *args).start()
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+    slurm.cancel_all()
+    slurm.run("scancel", "--user=gpuloom", check=False)
+
+
+def ended(c: Any, jid: int, timeout: float) -> dict[str, Any]:
+    return wait_for(lambda: (j := job(c, jid))["state"] in ("finished", "failed", "cancelled") and j, timeout,
+                    f"job {jid} to end")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["sbatch", "srun"])
+def test_sigkill_at_random_points_every_ledger_exactly_once(serve: Callable[..., Server], launcher: str) -> None:
+    """Stepper jobs of 1, 2 or 4 GPUs on the test node's 4 under SRTF with preemption; the server is SIGKILLed
+    at random moments (launches before or after their record, preemptions, completions, recovery) and
+    started again: every job finishes, every step in its ledger exactly once."""
+    rng = random.Random(7)
+    args = ("--order", "srtf", "--grace", "10", *LAUNCHERS[launcher])
+    steps: dict[int, int] = {}
+    s = serve(*args)
+    kills = 0
+    while kills < 7:
+        with s.client() as c:
+            for _ in range(rng.choice([1, 1, 2])):
+                n = rng.randint(5, 25)
+                jid = submit(c, name=f"s{n}", command=stepper_cmd(n, 0.1), gpus=rng.choice([1, 2, 2, 4]),
+                             time_limit=f"{10 * n}s")
+                steps[jid] = n
+        time.sleep(rng.uniform(0.05, 2.0))
+        s.kill()
+        kills += 1
+        s = serve(*args)
+    store = Store(f"sqlite:///{s.state_dir / 'gpuloom.db'}")
+    try:
+        with s.client() as c:
+            rows = {jid: ended(c, jid, 180) for jid in steps}
+            assert overlaps(store) == [] and cluster_matches_store(c, store)
+    finally:
+        store.close()
+    ledgers = {jid: ledger(r["checkpoint_dir"]) for jid, r in rows.items()}
+    assert {jid: (r["state"], r["reason"]) for jid, r in rows.items() if r["state"] != "finished"} == {}
+    assert {jid: ledgers[jid] for jid, n in steps.items() if ledgers[jid] != list(range(n))} == {}
+    print(f"\nchaos on Slurm ({launcher}): {kills} SIGKILLs of the server, {len(steps)} jobs, "
+          f"{sum(steps.values())} steps, {sum(r['preemptions'] for r in rows.values())} preemptions, "
+          f"{sum(r['attempts'] for r in rows.values())} launches; 0 steps lost or repeated")
+
+
+def settle(c: Any, store: Store, arrivals: Arrivals, ledger: Path) -> dict[str, Any]:
+    """After the fault: nothing left to record, the cluster as the store has it; arrivals go on 2 s more, then
+    every job acknowledged ends, once, with the cluster still matching the store."""
+    assert c.get("/health").json()["unrecorded"] == 0
+    wait_for(lambda: cluster_matches_store(c, store), timeout=20, what="/cluster to match the store")
+    time.sleep(2.0)  # arrivals go on
+    arrivals.stop()
+    wait_for(lambda: all(j in ledger_counts(ledger) for j in arrivals.acked), timeout=120, what="every job to end")
+    wait_for(lambda: all(job(c, j)["state"] == "finished" for j in arrivals.acked), timeout=30,
+             what="every end recorded")
+    assert cluster_matches_store(c, store) and arrivals.errors == []
+    return final_check(store, arrivals.acked, ledger)
+
+
+def hold_job(c: Any, d: Path, ledger: Path) -> tuple[int, Path]:
+    """A job that runs until the test touches the file returned, started and its launch recorded."""
+    started, go = d / "started", d / "go"
+    jid = submit(c, command=f"touch {started}; until [ -e {go} ]; do sleep 0.05; done; "
+                            f"echo $GPULOOM_JOB_ID >> {ledger}", gpus=1)
+    wait_for(lambda: started.exists() and launched(job(c, jid)), timeout=60,
+             what="the held job to start and its launch to be recorded")
+    return jid, go
+
+
+@pytest.mark.parametrize("launcher", ["sbatch", "srun"])
+def test_postgres_stopped_and_restarted_while_slurm_jobs_run_and_end(serve: Callable[..., Server], pg: Postgres,  # noqa: F811
+                                                                      tmp_path: Path, launcher: str) -> None:
+    """PostgreSQL stops for 15 s while Slurm jobs run and end: their ends wait in the service and are recorded
+    once it is back; nothing starts meanwhile; 0 lost, 0 stuck, each job run once, no GPU given twice."""
+    d = job_writable(tmp_path)
+    ledger = d / "ledger"
+    s = serve("--db", pg.url, "--grace", "2", *LAUNCHERS[launcher])
+    store = Store(pg.url)
+    arrivals = Arrivals(s.url, s.token, ledger, gap=0.7, first="echo out $GPULOOM_JOB_ID; ").start()
+    try:
+        with s.client() as c:
+            wait_for(lambda: len(ledger_counts(ledger)) >= 2, timeout=60, what="jobs to end")
+            held, go = hold_job(c, d, ledger)
+            pg.stop()
+            t_stop = time.monotonic()
+            wait_for(lambda: ready(c)[0] == 503, what="/ready to say so")
+            go.touch()
+            wait_for(lambda: held in ledger_counts(ledger), timeout=60, what="a job to end while the database is down")
+            wait_for(lambda: c.get("/health").json()["unrecorded"] > 0, timeout=60,
+                     what="an end waiting to be recorded")
+            time.sleep(max(0.0, 15.0 - (time.monotonic() - t_stop)))
+            t_start = pg.start()
+            wait_for(lambda: ready(c)[0] == 200, timeout=60, what="/ready after the restart")
+            recovered = time.monotonic() - t_start
+            out = settle(c, store, arrivals, ledger)
+            assert "out" in c.get(f"/jobs/{max(arrivals.acked)}/logs").text
+        row = store.get_job(held)
+        assert row is not None and (row.state, row.attempts) == ("finished", 1)
+        print(f"\nPostgreSQL down {t_start - t_stop:.1f} s under Slurm ({launcher}): {out['jobs']} jobs, "
+              f"{out['launches']} launches, {arrivals.refused} submissions refused meanwhile; ready again "
+              f"{recovered:.2f} s after it restarted; 0 lost, 0 stuck, 0 overlaps")
+    finally:
+        arrivals.stop()
+        store.close()
+
