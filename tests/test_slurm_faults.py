@@ -1,5 +1,5 @@
 """The fault suite with Slurm as the engine (``gpuloom serve --slurm``, batch jobs and ``--executor slurm-srun``):
-the server SIGKILLed at random points, PostgreSQL stopped and restarted mid-run.
+the server SIGKILLed at random points, PostgreSQL stopped and restarted mid-run, the state disk filled and freed.
 
 Each scenario ends as the local executor's do (tests/test_service_faults.py, tests/test_service_chaos.py):
 0 lost, 0 stuck, every job run to its end exactly once (its ledger), 0 GPU overlaps in the allocation
@@ -8,6 +8,7 @@ records and ``/cluster`` matching the jobs that hold GPUs.  The test Slurm is te
 
 from __future__ import annotations
 
+import errno
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +18,10 @@ from typing import Any
 import pytest
 
 from gpuloom.runtime.state.store import Store
-from service_util import Server, job, job_writable, ledger, stepper_cmd, submit, wait_for
+from service_util import Server, fill, job, job_writable, ledger, stepper_cmd, submit, wait_for
 from slurm_util import SlurmCluster, slurm_fixture  # noqa: F401 (a fixture)
 from test_service_faults import (  # noqa: F401 (pg: a fixture)
+    ROOT,
     Arrivals,
     Postgres,
     cluster_matches_store,
@@ -111,10 +113,11 @@ def settle(c: Any, store: Store, arrivals: Arrivals, ledger: Path) -> dict[str, 
     return final_check(store, arrivals.acked, ledger)
 
 
-def hold_job(c: Any, d: Path, ledger: Path) -> tuple[int, Path]:
-    """A job that runs until the test touches the file returned, started and its launch recorded."""
+def hold_job(c: Any, d: Path, ledger: Path, then: str = "") -> tuple[int, Path]:
+    """A job that runs until the test touches the file returned (then runs ``then``), started and its launch
+    recorded."""
     started, go = d / "started", d / "go"
-    jid = submit(c, command=f"touch {started}; until [ -e {go} ]; do sleep 0.05; done; "
+    jid = submit(c, command=f"touch {started}; until [ -e {go} ]; do sleep 0.05; done; {then}"
                             f"echo $GPULOOM_JOB_ID >> {ledger}", gpus=1)
     wait_for(lambda: started.exists() and launched(job(c, jid)), timeout=60,
              what="the held job to start and its launch to be recorded")
@@ -157,3 +160,66 @@ def test_postgres_stopped_and_restarted_while_slurm_jobs_run_and_end(serve: Call
         arrivals.stop()
         store.close()
 
+
+@pytest.mark.skipif(not ROOT, reason="mounting a small tmpfs needs root")
+@pytest.mark.parametrize("launcher", ["sbatch", "srun"])
+def test_state_disk_filled_and_freed_while_slurm_jobs_print(serve: Callable[..., Server], tmp_path: Path,
+                                                            tmpfs: Callable[[str, str], Path], launcher: str) -> None:
+    """The state disk (the database, and the jobs' logs the service copies Slurm's output into) fills while
+    Slurm jobs print and end: their ends wait, nothing starts; once space is freed every job ends once, and
+    each log has its output once."""
+    state = tmpfs("state", "48m")
+    d = job_writable(tmp_path)
+    ledger = d / "ledger"
+    s = serve("--grace", "2", *LAUNCHERS[launcher], state=state)
+    store = Store(f"sqlite:///{state / 'gpuloom.db'}")
+    lines = "seq 1 2000 | sed s/^/line/; "
+    arrivals = Arrivals(s.url, s.token, ledger, gap=0.7, first=lines).start()
+    try:
+        with s.client() as c:
+            wait_for(lambda: len(ledger_counts(ledger)) >= 2, timeout=60, what="jobs to end")
+            held, go = hold_job(c, d, ledger, lines)  # (its output comes while the disk is full)
+            filler = fill(state)
+            t_full = time.monotonic()
+            assert ready(c)[0] == 503
+            go.touch()
+            wait_for(lambda: held in ledger_counts(ledger), timeout=60, what="a job to end on the full disk")
+            wait_for(lambda: c.get("/health").json()["unrecorded"] > 0, timeout=60,
+                     what="an end waiting to be recorded")
+            time.sleep(max(0.0, 5.0 - (time.monotonic() - t_full)))
+            filler.unlink()
+            t_free = time.monotonic()
+            wait_for(lambda: ready(c)[0] == 200, timeout=60, what="/ready once space is freed")
+            recovered = time.monotonic() - t_free
+            out = settle(c, store, arrivals, ledger)
+            logs = {j: c.get(f"/jobs/{j}/logs").text for j in {*arrivals.acked, held}}
+        numbered = [f"line{i}" for i in range(1, 2001)]
+        assert {j for j, text in logs.items() if [ln for ln in text.splitlines() if ln.startswith("line")]
+                != numbered} == set()
+        print(f"\nstate disk full {t_free - t_full:.1f} s under Slurm ({launcher}): {out['jobs']} jobs, "
+              f"{out['launches']} launches, {arrivals.refused} submissions refused meanwhile; ready again "
+              f"{recovered:.2f} s after space was freed; 0 lost, 0 stuck, 0 overlaps, every log whole")
+    finally:
+        arrivals.stop()
+        store.close()
+
+
+def test_a_copy_into_a_log_its_disk_refuses_is_undone_and_made_once_later(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The append went through, the record of how far the copy got did not (the disk filled in between): the
+    append is undone, so the next copy, from the same byte, leaves each line in the log once."""
+    from gpuloom.runtime.exec import logmirror
+
+    local = tmp_path / "j.log"
+    local.write_bytes(b"a\n")
+    record = logmirror.set_mirror_offset
+
+    def full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(logmirror, "set_mirror_offset", full)
+    assert not logmirror.copy_new(str(local), "slurm", "/out/j.log", 0, b"b\nc\n")
+    assert local.read_bytes() == b"a\n" and logmirror.mirror_offset(str(local), "slurm", "/out/j.log") == 0
+    monkeypatch.setattr(logmirror, "set_mirror_offset", record)
+    assert logmirror.copy_new(str(local), "slurm", "/out/j.log", 0, b"b\nc\n")
+    assert local.read_bytes() == b"a\nb\nc\n" and logmirror.mirror_offset(str(local), "slurm", "/out/j.log") == 4

@@ -5,6 +5,8 @@ When the service does not share a log directory with the nodes
 node-local log to its own copy and keeps, beside the copy, ``<log>.mirror``:
 ``{"<node>:<remote path>": bytes copied}``, rewritten atomically after every
 append, so a restarted service goes on where its predecessor stopped.
+An append the copy's disk refuses (full) is undone with its record (:func:`copy_new`): the next
+copy goes on from the same byte, so a full disk delays the copy, never repeats or loses a line.
 """
 
 from __future__ import annotations
@@ -41,3 +43,25 @@ def append_to(path: str, data: bytes) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab") as f:
         f.write(data)
+
+
+def copy_new(local: str, node: str, remote: str, off: int, data: bytes) -> bool:
+    """Append ``data`` (``remote``'s bytes from ``off``) to ``local`` and record how far its copy got; False
+    and ``local`` as it was where its disk refuses either (full): the next copy starts at ``off`` again."""
+    try:
+        size: int | None = os.path.getsize(local)
+    except OSError:
+        size = None
+    try:
+        append_to(local, data)
+        set_mirror_offset(local, node, remote, off + len(data))
+    except OSError:
+        try:  # (a part of data may have been written)
+            if size is None:
+                os.unlink(local)
+            else:
+                os.truncate(local, size)
+        except OSError:
+            pass
+        return False
+    return True

@@ -101,7 +101,7 @@ from collections.abc import Mapping, Sequence
 from ...core.cluster import ClusterError
 from .executor import ExecutorError, InventoryChange, ProcInfo
 from .identity import lookup
-from .logmirror import append_to, mirror_offset, set_mirror_offset
+from .logmirror import copy_new, mirror_offset
 from .slurm_client import SlurmClient, SlurmError, _Held, log
 from .slurm_files import _unlink, read_output
 from .slurm_launch import REVOKE_S, SlurmLauncher, run_as, slurm_argv
@@ -267,9 +267,8 @@ class SlurmExecutor(SlurmLauncher):
                 continue
             if not final:
                 data = data[:data.rfind(b"\n") + 1]
-            if data:
-                append_to(p.log_path, data)
-                set_mirror_offset(p.log_path, "slurm", remote, off + len(data))
+            if data:  # (refused on a full disk: copied at a later poll, from the same byte)
+                copy_new(p.log_path, "slurm", remote, off, data)
 
     # -- observe ------------------------------------------------------------------------------
     def poll(self) -> dict[str, int | None]:
@@ -314,16 +313,26 @@ class SlurmExecutor(SlurmLauncher):
             self.mirror([e for e in self.outputs if e not in self.exits])
         out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
         for x in out:
-            self._wait_srun(self.procs[x].pid)
+            p = self.procs[x]
+            self._wait_srun(p.pid)
             remote = self.outputs.get(x)
             self._forget(x)
             self._keys.pop(x, None)
-            if remote is not None:  # copied whole into the job's log
-                try:
-                    os.unlink(remote)
-                except OSError:
-                    pass
+            if remote is not None:
+                self._copying[remote] = p.log_path
+        self._copy_rest()
         return out
+
+    def _copy_rest(self) -> None:
+        """Remove the output of each ended job once it is copied whole into the job's log: at once, or (where
+        the log's disk was full) at the first poll that finds room for the rest."""
+        for remote, local in list(self._copying.items()):
+            off = mirror_offset(local, "slurm", remote) if local else 0
+            data = read_output(remote, off, warned=self._warned) if local else None
+            if data and not copy_new(local, "slurm", remote, off, data):
+                continue
+            del self._copying[remote]
+            _unlink(remote)
 
     def _read_exit_files(self) -> None:
         """Exits the batch scripts wrote, seen before Slurm's teardown ends: code 0 only (a failure waits

@@ -81,6 +81,7 @@ class SlurmClient(Executor):
         #: hold them (tearing down): like direct jobs, their GPUs are not free, but a refusal names them
         self._leaving: dict[int, str] = {}
         self._warned: set[str] = set()  # jobs' files refused (read_output), logged once each
+        self._copying: dict[str, str] = {}  # ended jobs' outputs (out_dir) -> their logs, until copied whole
         #: plan hooks the service adds to its scheduler: the plan leaves what direct jobs hold alone
         self.plan_hooks = (ForeignJobs(self.foreign_use),)
 
