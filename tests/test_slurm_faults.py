@@ -1,5 +1,6 @@
 """The fault suite with Slurm as the engine (``gpuloom serve --slurm``, batch jobs and ``--executor slurm-srun``):
-the server SIGKILLed at random points, PostgreSQL stopped and restarted mid-run, the state disk filled and freed.
+the server SIGKILLed at random points, PostgreSQL stopped and restarted mid-run, the state disk filled and freed,
+a second server after a database restart.
 
 Each scenario ends as the local executor's do (tests/test_service_faults.py, tests/test_service_chaos.py):
 0 lost, 0 stuck, every job run to its end exactly once (its ledger), 0 GPU overlaps in the allocation
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import random
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -223,3 +225,45 @@ def test_a_copy_into_a_log_its_disk_refuses_is_undone_and_made_once_later(tmp_pa
     monkeypatch.setattr(logmirror, "set_mirror_offset", record)
     assert logmirror.copy_new(str(local), "slurm", "/out/j.log", 0, b"b\nc\n")
     assert local.read_bytes() == b"a\nb\nc\n" and logmirror.mirror_offset(str(local), "slurm", "/out/j.log") == 4
+
+
+@pytest.mark.parametrize("launcher", ["sbatch", "srun"])
+def test_a_second_server_after_a_database_restart_adopts_the_slurm_jobs_and_the_first_gives_up(
+        serve: Callable[..., Server], pg: Postgres, tmp_path: Path, launcher: str) -> None:  # noqa: F811
+    """The first server is stopped (SIGSTOP) while PostgreSQL restarts, and a second one takes the database:
+    it adopts the Slurm jobs; the first, resumed, gives up (exit 3) and touches none of them; each runs once."""
+    d = job_writable(tmp_path)
+    ledger = d / "ledger"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = serve("--db", pg.url, *LAUNCHERS[launcher], state=tmp_path / "a")
+    store = Store(pg.url)
+    try:
+        with a.client() as c:
+            cmd = f"while [ ! -e {d}/end ]; do sleep 0.05; done; echo $GPULOOM_JOB_ID >> {ledger}"
+            ids = [submit(c, command=cmd, gpus=1) for _ in range(4)]
+            wait_for(lambda: all(launched(job(c, j)) for j in ids), timeout=90, what="the jobs to run")
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGSTOP)
+        pg.stop()
+        pg.start()
+        b = serve("--db", pg.url, *LAUNCHERS[launcher], state=tmp_path / "b")
+        with b.client() as c:
+            wait_for(lambda: all("adopt" in [e["kind"] for e in c.get(f"/jobs/{j}/events").json()] for j in ids),
+                     timeout=60, what="the second server to adopt the jobs")
+            a.proc.send_signal(signal.SIGCONT)
+            assert a.proc.wait(timeout=60) == 3, (tmp_path / "a" / "serve.out").read_text()[-2000:]
+            time.sleep(1.0)  # rounds of the second server: every job still its own, running
+            rows = [job(c, j) for j in ids]
+            assert {(r["state"] in ("launching", "running", "running_protected"), r["attempts"]) for r in rows} == \
+                {(True, 1)}, rows
+            (d / "end").touch()
+            wait_for(lambda: all(job(c, j)["state"] == "finished" for j in ids), timeout=90,
+                     what="the jobs to end under the second server")
+            assert cluster_matches_store(c, store)
+        out = final_check(store, set(ids), ledger)
+        assert out["launches"] == 4  # adopted, not launched again
+    finally:
+        if a.proc is not None and a.proc.poll() is None:
+            a.proc.send_signal(signal.SIGCONT)
+        store.close()
