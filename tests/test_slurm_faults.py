@@ -13,15 +13,18 @@ import errno
 import random
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuloom.runtime.exec.executor import LaunchSpec
+from gpuloom.runtime.exec.slurm import SlurmExecutor
 from gpuloom.runtime.state.store import Store
 from service_util import Server, fill, job, job_writable, ledger, stepper_cmd, submit, wait_for
-from slurm_util import SlurmCluster, slurm_fixture  # noqa: F401 (a fixture)
+from slurm_util import SlurmCluster, slurm_fixture, wait_until  # noqa: F401 (a fixture)
 from test_service_faults import (  # noqa: F401 (pg: a fixture)
     ROOT,
     Arrivals,
@@ -267,3 +270,29 @@ def test_a_second_server_after_a_database_restart_adopts_the_slurm_jobs_and_the_
         if a.proc is not None and a.proc.poll() is None:
             a.proc.send_signal(signal.SIGCONT)
         store.close()
+
+
+def test_a_resume_after_the_wall_clock_stepped_back_is_a_new_slurm_job(slurm: SlurmCluster, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopped job is kept held in Slurm for its resume, which releases it once the wall clock has passed the
+    second of its requeue (slurmd refuses launch credentials as old as that).  The wall clock steps back 2 h
+    in between: that release would wait 2 h (and slurmd would refuse the job till then), so the resume is a new
+    Slurm job, which starts at once."""
+    ex = SlurmExecutor(f"glclock{uuid.uuid4().hex[:6]}", grace_s=5.0, env=slurm.env, start_wait_s=20.0)
+    ex.read_nodes()
+    log = tmp_path / "c.log"
+    spec = LaunchSpec("c", 'echo "run ${GPULOOM_RESUME:-0}"; sleep 30', "gpn0", (1,), (0,), 100, str(log), {},
+                      attempt=1)
+    try:
+        first = ex.launch(spec)
+        wait_until(lambda: "run 0" in log.read_text(), 30, "the first run")
+        assert ex.stop("c", 5.0) == 143 and "c" in ex.held
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() - 7200.0)  # (this process's wall clock alone)
+        again = ex.launch(LaunchSpec("c", spec.command, "gpn0", (1,), (0,), 100, str(log), {"GPULOOM_RESUME": "1"},
+                                     attempt=2))
+        wait_until(lambda: ex.poll() == {} and "run 1" in log.read_text(), 30, "the resumed run")
+        assert again.pid != first.pid and slurm.job(first.pid)["JobState"] == "CANCELLED"
+    finally:
+        monkeypatch.undo()
+        slurm.cancel_all()

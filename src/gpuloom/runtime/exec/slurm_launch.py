@@ -168,7 +168,10 @@ class SlurmLauncher(SlurmClient):
                 rec = self._job(held.slurm_id)
             except SlurmError:
                 rec = None
-            if held.key == self._key(spec) and rec is not None and rec.get("JobState") == "PENDING":
+            # (reused only if the wall clock has not stepped back since its requeue: slurmd would refuse the
+            # job's launch credentials until it passes the requeue's second again; a new Slurm job starts)
+            if held.key == self._key(spec) and rec is not None and rec.get("JobState") == "PENDING" and \
+                    time.time() >= held.wall:
                 try:
                     mark = [f"Comment={c}"] if (c := _comment(spec)) is not None else []  # this launch's attempt
                     self.cmd("scontrol", "update", f"JobId={held.slurm_id}", f"NumCPUs={cpus}",
