@@ -681,6 +681,97 @@ def test_a_restart_with_an_end_unrecorded_and_the_disk_still_full_runs_no_job_ag
         kill_jobs(state)
 
 
+@needs_root
+def test_a_server_started_on_a_full_disk_waits_for_room_and_keeps_the_stored_queues(
+        tmp_path: Path, tmpfs: Callable[[str, str], Path]) -> None:
+    """A server stopped cleanly (SQLite's WAL gone with it), the state disk then filled: a new server cannot
+    open the database (no room for its WAL) nor write its epoch.  It waits, saying why, instead of exiting;
+    once there is room it starts with the tree and policy it had stored, and runs jobs."""
+    state = tmpfs("state", "16m")
+    tree = tmp_path / "q.toml"
+    tree.write_text('default = "small"\n[[queue]]\nname = "small"\nguarantee = 2\n')
+    args = ("--cluster", "1x2", "--round", "0.2")
+    first = Server(state, *args, "--queues", str(tree), "--queue-policy", "drf").start()
+    with first.client() as c:
+        a = c.post("/jobs", json={"command": "true", "gpus": 1}).json()["id"]
+    wait_for(lambda: first.client().get(f"/jobs/{a}").json()["state"] == "finished", what="the first job's end")
+    first.stop()
+    store = Store(f"sqlite:///{state / 'gpuloom.db'}")
+    with store.engine.connect() as conn:  # the WAL emptied: a new server's first write must grow it
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    token = (state / "admin.token").read_text().strip()
+    filler = fill(state)
+    port = free_port()
+    out = tmp_path / "serve.out"
+    with open(out, "ab") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuloom", "serve", "--port", str(port), "--state-dir",
+                                 str(state), "--log-level", "warning", *args],
+                                env=dict(os.environ, PYTHONPATH=str(REPO / "src")), stdout=f,
+                                stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        wait_for(lambda: proc.poll() is not None or "the state disk is full: waiting for room" in out.read_text(),
+                 timeout=120, what="the server to say it waits")
+        assert proc.poll() is None, out.read_text()[-3000:]  # waiting, not exited
+        filler.unlink()
+        t_free = time.monotonic()
+        c = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
+                         timeout=10)
+
+        def up() -> bool:
+            assert proc.poll() is None, out.read_text()[-3000:]
+            try:
+                return c.get("/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout=120, what="the server to answer once there is room")
+        started = time.monotonic() - t_free
+        q = c.get("/queues").json()
+        assert q["policy"] == "drf" and [x["name"] for x in q["queues"]] == ["small"]
+        assert c.get(f"/jobs/{a}").json()["state"] == "finished"
+        b = c.post("/jobs", json={"command": "true", "gpus": 1}).json()["id"]
+        wait_for(lambda: c.get(f"/jobs/{b}").json()["state"] == "finished", what="a new job's end")
+        c.close()
+        print(f"\nstarted on a full disk: up {started:.2f} s after space was freed")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        kill_jobs(state)
+
+
+def test_open_served_waits_only_while_the_disk_is_full(tmp_path: Path) -> None:
+    from gpuloom.runtime.state.locks import open_served
+
+    url = f"sqlite:///{tmp_path / 'gpuloom.db'}"
+    tries: list[int] = []
+
+    def opener(u: str) -> Store:
+        tries.append(1)
+        if len(tries) < 3:
+            raise RuntimeError("database or disk is full")  # (what SQLite says, as a store's error would)
+        return Store(u)
+
+    store, locks = open_served(url, tmp_path, opener, retry_s=0.01)
+    try:
+        assert len(tries) == 3 and store.fence == 1
+        with pytest.raises(AlreadyServed):  # another server: at once, not waited for
+            open_served(url, tmp_path, Store, retry_s=0.01)
+    finally:
+        locks.release()
+        store.close()
+    tries.clear()
+
+    def broken(u: str) -> Store:
+        tries.append(1)
+        raise RuntimeError("no such database driver")
+
+    with pytest.raises(RuntimeError, match="no such database driver"):  # any other error: at once
+        open_served(url, tmp_path, broken, retry_s=0.01)
+    assert len(tries) == 1
+
+
 def kill_stored_jobs(store: Store) -> None:
     """Kill the job processes a store still records (clean-up when a scenario fails half way)."""
     import psutil

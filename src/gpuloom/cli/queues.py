@@ -62,16 +62,17 @@ def queue_stage(policy: str | None, queues: str | None) -> str:
     return policy or ("quota" if queues else "none")
 
 
-def served_queue_stage(policy: str | None, queues: str | None, url: str) -> str:
+def served_queue_stage(policy: str | None, queues: str | None, url: str, store: Any = None) -> str:
     """``serve``'s queue stage: as given, or ``quota`` with ``--queues``; else, when the store at ``url``
-    holds a tree, the policy stored with it (``quota`` if none was).  A policy given beside a stored tree
-    overrides the stored one, which is logged (``none``: a warning that the stored tree is not used)."""
+    (``store``, the server's, once opened) holds a tree, the policy stored with it (``quota`` if none was).  A
+    policy given beside a stored tree overrides the stored one, which is logged (``none``: a warning that the
+    stored tree is not used)."""
     if queues:
         return queue_stage(policy, queues)
     from ..runtime.service.queues import stored_queues
 
     try:
-        found = stored_queues(url)
+        found = stored_queues(url, store)
     except Exception as e:  # (the store is opened again below, and its error reported there)
         log.debug("queues: cannot read the stored tree: %s", e)
         found = None

@@ -173,7 +173,7 @@ def serve(
     from ..runtime.api.app import create_app, ensure_admin_token
     from ..runtime.exec.identity import Identities, IdentityError, private_dir
     from ..runtime.service.logfmt import configure
-    from ..runtime.state.locks import AlreadyServed, ServerLocks
+    from ..runtime.state.locks import AlreadyServed, open_served
     from ..runtime.state.specs import parse_duration, parse_mem_bytes
     from ..runtime.state.store import Store
 
@@ -225,11 +225,20 @@ def serve(
     if ray_address is not None and (cluster is not None or (gpus is not None and ray_address != "local")):
         raise typer.BadParameter("--ray takes the inventory from the Ray cluster: give no --cluster, and --gpus "
                                  "only with --ray local (the GPUs its one node declares)")
+    if not round_s > 0:
+        raise typer.BadParameter(f"--round must be > 0, got {round_s}")
+    url = db or f"sqlite:///{sd / 'gpuloom.db'}"
+    from ..runtime.state.store import StoreError
+
+    try:  # one server per state directory and per database; on a full state disk, once there is room
+        store, locks = open_served(url, sd, Store)
+    except (StoreError, AlreadyServed) as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
     with user_errors():
         params = stack_params(param, model_opts)
-        # (without --queues and --queue-policy: the stored tree's policy)
-        queue = served_queue_stage(queue_policy, str(queues) if queues else None,
-                                   db or f"sqlite:///{state_dir_path(state_dir) / 'gpuloom.db'}")
+        # (without --queues and --queue-policy: the stored tree's policy, read from the store just opened)
+        queue = served_queue_stage(queue_policy, str(queues) if queues else None, url, store)
         check_policies(order, group, size, place, list(params), queue)  # did-you-mean, accepted -P names
         from .executors import EXECUTORS  # the executor by name: local, ray, or a plugin's
 
@@ -244,18 +253,6 @@ def serve(
             inventory = _inventory(gpus, cluster, cpus_per_node, mem_gb_per_node)
             # (bound to each other by the service's driver, after it adds what profiling needs)
             model = stack.model(inventory, seed)
-    if not round_s > 0:
-        raise typer.BadParameter(f"--round must be > 0, got {round_s}")
-    url = db or f"sqlite:///{sd / 'gpuloom.db'}"
-    from ..runtime.state.store import StoreError
-
-    locks = ServerLocks()
-    try:
-        store = Store(url)
-        locks.acquire(sd, store)  # one server per state directory and per database
-    except (StoreError, AlreadyServed) as e:
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-        raise typer.Exit(2) from None
     listeners = _listen(sd, host, port, socket_path, ssl_certfile is not None, connections.backlog)  # before any adoption
     token = ensure_admin_token(store, sd)
     del token

@@ -80,14 +80,14 @@ queue_config_t = Table(
 POLICY_KEY = "queue_policy"  # (meta) the queue stage the stored tree was last scheduled with
 
 
-def stored_queues(url: str) -> tuple[int, str] | None:
-    """(queues, policy) of the tree stored in the database at ``url``, or None when none is (a service
-    restarted without ``--queue-policy`` schedules with them)."""
+def stored_queues(url: str, opened: Store | None = None) -> tuple[int, str] | None:
+    """(queues, policy) of the tree stored in the database at ``url`` (or in the store ``opened``, left open),
+    or None when none is (a service restarted without ``--queue-policy`` schedules with them)."""
     from sqlalchemy import inspect as sa_inspect
 
     from ..state.store import Store
 
-    store = Store(url)
+    store = opened if opened is not None else Store(url)
     try:
         if not sa_inspect(store.engine).has_table(queue_config_t.name):
             return None
@@ -98,7 +98,8 @@ def stored_queues(url: str) -> tuple[int, str] | None:
         queues = json.loads(doc).get("queue") or []
         return len(queues), store.get_meta(POLICY_KEY) or "quota"
     finally:
-        store.close()
+        if opened is None:
+            store.close()
 
 
 _ACCESS = ("users", "groups", "open", "max_priority", "max_pending", "per_user", "per_user_limit")

@@ -33,9 +33,12 @@ otherwise another server held the database meanwhile, and this one stops.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +227,58 @@ class ServerLocks:
         for lk in reversed(self.held):
             lk.release()
         self.held.clear()
+
+
+#: how often a server that cannot open its store on a full disk tries again
+ROOM_RETRY_S = 1.0
+
+
+def _no_room(e: BaseException, url: str) -> bool:
+    """Whether opening or first writing the store at ``url`` failed for want of disk space: an error that says so,
+    or (SQLite, which reports a WAL it cannot create as an I/O error) any error while its directory's file system
+    has no block free."""
+    from .storeerrors import is_full
+
+    if is_full(e) or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+        return True
+    if url.startswith("sqlite") and "///" in url:
+        db = url.split("///", 1)[1]
+        if db and db != ":memory:":
+            try:
+                return os.statvfs(os.path.dirname(os.path.abspath(db))).f_bavail == 0
+            except OSError:
+                return False
+    return False
+
+
+def open_served(url: str, state_dir: str | Path, open_store: Callable[[str], Any],
+                stop: Callable[[], bool] = lambda: False, retry_s: float = ROOM_RETRY_S) -> tuple[Any, ServerLocks]:
+    """Open the store at ``url`` and take the server's locks (:meth:`ServerLocks.acquire`).  While the state disk
+    is full (the database cannot be opened, or the server epoch not written) it waits, trying again every
+    ``retry_s``, rather than exit: a restart on a full disk starts once there is room, as a running server
+    goes on (its processes run on meanwhile; recovery adopts or ends them).  Any other error is raised, as is
+    :class:`AlreadyServed`; ``stop()`` true ends the wait with the last error."""
+    warned = False
+    while True:
+        store = None
+        locks = ServerLocks()
+        try:
+            store = open_store(url)
+            return store, locks.acquire(state_dir, store)
+        except AlreadyServed:
+            if store is not None:
+                store.close()
+            raise
+        except Exception as e:
+            if store is not None:
+                try:
+                    store.close()
+                except Exception:  # (closing a store that could not write: nothing to keep)
+                    pass
+            if not _no_room(e, url) or stop():
+                raise
+            if not warned:
+                log.warning("the state disk is full: waiting for room to open the database %s (trying again every "
+                            "%g s): %s", _safe_url(url), retry_s, e)
+                warned = True
+        time.sleep(retry_s)
