@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import shutil
@@ -244,6 +245,37 @@ def fill(d: Path) -> Path:
         os.close(fd)
     assert os.statvfs(d).f_bavail == 0
     return f
+
+
+class FullLogDisk:
+    """While ``full``, the disk of the logs the service copies jobs' output into is full: each append
+    (:func:`gpuloom.runtime.exec.logmirror.append_to`'s) is half written, then refused with ENOSPC."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from gpuloom.runtime.exec import logmirror
+
+        self.full = True
+        monkeypatch.setattr(logmirror, "open", self._open, raising=False)  # (its own open only)
+
+    def _open(self, path: str, mode: str = "r", *args: Any, **kw: Any) -> Any:
+        f = open(path, mode, *args, **kw)
+        return _HalfWritten(f) if self.full and "a" in mode else f
+
+
+class _HalfWritten:
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def __enter__(self) -> _HalfWritten:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.f.close()
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
 
 
 # -- the dashboard in a real headless browser (playwright driving the system's Chromium) -----------------

@@ -37,6 +37,7 @@ from gpuloom.scheduler import Scheduler  # noqa: E402
 from service_util import (  # noqa: E402
     JOB_PY,
     REPO,
+    FullLogDisk,
     Server,
     job,
     key_events,
@@ -366,6 +367,44 @@ def test_a_launch_a_dead_service_did_not_confirm_is_found_by_its_attempt(fake: F
         assert live is not None and live.pid == e.pid and again.adopt(live) and again.stop("e", 30.0) == 143
         assert again.launched("e", "n1", 1) is None  # stopped: not an end of its own
         assert again.stopped(live) and not again.stopped(found)  # (its exit record's stop mark, or none)
+    finally:
+        ex.kill_agents()
+        for n in fake.nodes:
+            remove_cgroups(f"{ns}-{n}")
+
+
+def test_log_copies_a_full_disk_refuses_are_made_later_each_line_once(fake: Fake, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With logs through the agents, the service's disk refuses every copy (full; each append half written)
+    while jobs print and end: their ends are reported, a stop works, and once there is room each log is
+    copied whole, each line once, at later polls (3 MB: more than one read of the agent's)."""
+    from gpuloom.runtime.exec.executor import LaunchSpec
+
+    disk = FullLogDisk(monkeypatch)
+    ns = f"gpuloom-test-{uuid.uuid4().hex[:6]}"
+    ex = RayExecutor(ns, node_dir=str(tmp_path / "nodes"), cgroup_parent=ns, grace_s=3.0, logs="agent",
+                     log_every_s=0.1)
+    try:
+        ex.refresh(wait_s=60)
+        lines = "seq 1 {} | sed s/^/line/"
+        logs = {e: tmp_path / f"{e}.log" for e in "abc"}
+        ex.launch(LaunchSpec("a", lines.format(2000) + "; exit 3", "n1", (0,), (0,), 100, str(logs["a"])))
+        ex.launch(LaunchSpec("b", lines.format(300_000), "n2", (0,), (0,), 100, str(logs["b"])))
+        ex.launch(LaunchSpec("c", lines.format(1000) + "; exec sleep 60", "n1", (1,), (1,), 100, str(logs["c"])))
+        got: dict[str, int | None] = {}
+        wait_for(lambda: got.update(ex.poll()) or len(got) == 2, 60, "a and b to end on the full disk")
+        assert got == {"a": 3, "b": 0}
+        time.sleep(0.3)  # (c's 1,000 lines are out)
+        assert ex.stop("c", 10.0) == 143
+        assert all(not f.exists() or f.read_bytes() == b"" for f in logs.values())  # (every copy undone)
+        disk.full = False
+        want = {"a": 2000, "b": 300_000, "c": 1000}
+        wait_for(lambda: ex.poll() == {} and all(f.exists() and f.read_text().count("line") >= want[e]
+                                                  for e, f in logs.items()), 60, "the logs to be copied")
+        for e, f in logs.items():
+            assert [x for x in f.read_text().splitlines() if x.startswith("line")] == \
+                [f"line{i}" for i in range(1, want[e] + 1)], e
+        assert ex._copying == {}
     finally:
         ex.kill_agents()
         for n in fake.nodes:

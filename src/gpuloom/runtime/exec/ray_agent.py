@@ -64,6 +64,8 @@ FENCE_PERIOD_S = 0.2
 EXIT_POLL_S = 0.02
 #: how long the fence waits for the processes it SIGKILLed to be gone (a SIGKILL acts when they next run)
 FENCE_KILL_WAIT_S = 10.0
+#: the most bytes of one log one read_logs call returns (a log with more left is read again)
+READ_LIMIT = 1 << 20
 
 
 class NodeLost(RuntimeError):
@@ -186,7 +188,7 @@ class AgentActor:
     def free_port(self) -> int:
         return free_port()
 
-    def read_logs(self, wants: list[tuple[str, int, bool]], limit: int = 1 << 20) -> list[bytes]:
+    def read_logs(self, wants: list[tuple[str, int, bool]], limit: int = READ_LIMIT) -> list[bytes]:
         """For each ``(path, offset, whole)``: the file's bytes from ``offset`` (at most ``limit``),
         cut after the last newline unless ``whole`` (the writer has ended)."""
         out = []

@@ -30,7 +30,10 @@ with three differences:
   where the service reads it; otherwise (``logs="agent"``) it writes a
   node-local file and :meth:`RayExecutor.poll` appends what is new (whole lines)
   to the service's copy, remembering how far it got in ``<log>.mirror`` so a
-  restarted service goes on from there.  Part ``r >= 1`` of a job spanning
+  restarted service goes on from there.  A copy the service's disk refuses
+  (full) is undone and made again from the same byte (:func:`.logmirror.copy_new`);
+  an ended job's log is followed until copied to its end, at a later poll where
+  the disk, or the node's agent, was not ready.  Part ``r >= 1`` of a job spanning
   nodes logs to ``<log>.<r>`` (one writer per file, also on NFS);
 * **rendezvous** for jobs spanning nodes: rank 0's node address and a port the
   agent found free there.
@@ -64,8 +67,8 @@ from .cgroups import MB  # the service's memory unit: 10^6 bytes
 from .executor import Executor, ExecutorError, InventoryChange, LaunchSpec, NodeUnavailable, ProcInfo
 from .gpustats import GpuReading
 from .local import DEFAULT_ENV_ALLOW
-from .logmirror import append_to, mirror_offset, set_mirror_offset
-from .ray_agent import AgentActor, stop_orphan
+from .logmirror import copy_new, mirror_offset
+from .ray_agent import READ_LIMIT, AgentActor, stop_orphan
 
 log = logging.getLogger("gpuloom.service")
 
@@ -147,6 +150,8 @@ class RayExecutor(Executor):
         self.agents: dict[str, Any] = {}  # node name -> actor handle
         self.procs: dict[str, ProcInfo] = {}  # executor id -> process, launched or adopted through us
         self.remote_logs: dict[str, str] = {}  # executor id -> its node-local log (logs="agent")
+        #: ended processes' node-local logs, (node, log) -> the service's copy, until copied to their end
+        self._copying: dict[tuple[str, str], str] = {}
         self.exits: dict[str, int | None] = {}  # collected, not yet returned by poll()
         self._waits: dict[str, Any] = {}  # node -> outstanding wait_exits() reference
         self._acks: dict[str, list[tuple[str, int]]] = {}  # node -> exits received, acknowledged in the next call
@@ -230,6 +235,8 @@ class RayExecutor(Executor):
         for e in [e for e, p in self.procs.items() if p.node == node]:
             self.procs.pop(e)
             self.remote_logs.pop(e, None)
+        for k in [k for k in self._copying if k[0] == node]:  # (its files are out of reach: lost too)
+            del self._copying[k]
         log.warning("node %s left the Ray cluster: its processes are lost", node)
 
     def cluster(self) -> Cluster:
@@ -303,6 +310,7 @@ class RayExecutor(Executor):
         self.procs[spec.job_id] = info
         if self.logs == "agent":
             self.remote_logs[spec.job_id] = sent.log_path
+            self._copying.pop((spec.node, sent.log_path), None)  # (its log goes on: copied as it runs)
         return info
 
     def stop(self, job_id: str, grace_s: float) -> int | None:
@@ -319,10 +327,9 @@ class RayExecutor(Executor):
                                   grace_s + self.call_timeout_s)
             except ExecutorError:
                 code = self._exit_in_flight(p.node, job_id) if p.node in self.agents else self._stop_on_node(p, grace_s)
-        self._mirror([job_id], final=True)
+        self._end_logs([job_id])
         self._ended(job_id, p.node)
         self.procs.pop(job_id, None)
-        self.remote_logs.pop(job_id, None)
         self.exits.pop(job_id, None)
         return code
 
@@ -396,13 +403,12 @@ class RayExecutor(Executor):
         if self.logs == "agent" and time.monotonic() - self._last_logs >= self.log_every_s:
             self._last_logs = time.monotonic()
             self._mirror(list(self.remote_logs))
+            self._copy_rest()
         out = {e: c for e, c in self.exits.items() if e in self.procs}
-        if out and self.logs == "agent":
-            self._mirror(list(out), final=True)
+        self._end_logs(list(out))
         for e in out:
             self._ended(e, self.procs[e].node)
             self.procs.pop(e, None)
-            self.remote_logs.pop(e, None)
         self.exits.clear()
         return out
 
@@ -487,29 +493,51 @@ class RayExecutor(Executor):
         self._waits.clear()  # the agents and their jobs live on (detached)
 
     # -- logs through the agents ----------------------------------------------------------------
-    def _mirror(self, eids: list[str], final: bool = False) -> None:
-        """Append what is new in the node-local logs of ``eids`` to the service's copies (whole lines
-        unless ``final``: the process ended)."""
-        if self.logs != "agent":
-            return
-        by_node: dict[str, list[tuple[str, str, str]]] = {}
+    def _mirror(self, eids: list[str]) -> None:
+        """Append what is new (whole lines) in the node-local logs of the running ``eids`` to the service's
+        copies."""
+        self._copy([(p.node, r, p.log_path) for e in eids
+                    if (p := self.procs.get(e)) is not None and (r := self.remote_logs.get(e)) is not None], False)
+
+    def _end_logs(self, eids: list[str]) -> None:
+        """The processes of ``eids`` have ended: their logs are copied to their end, then forgotten."""
         for e in eids:
-            p, remote = self.procs.get(e), self.remote_logs.get(e)
-            if p is not None and remote is not None and p.node in self.agents:
-                by_node.setdefault(p.node, []).append((e, remote, p.log_path))
+            p, remote = self.procs.get(e), self.remote_logs.pop(e, None)
+            if p is not None and remote is not None:
+                self._copying[(p.node, remote)] = p.log_path
+        if eids:
+            self._copy_rest()
+
+    def _copy_rest(self) -> None:
+        """Copy the rest of each ended process's log; one is kept for a later poll until read to its end and
+        copied (the service's disk full, the node's agent not answering, or more than a read's worth left)."""
+        for k in self._copy([(node, remote, local) for (node, remote), local in self._copying.items()], True):
+            del self._copying[k]
+
+    def _copy(self, logs: list[tuple[str, str, str]], final: bool) -> list[tuple[str, str]]:
+        """Append what is new in each ``(node, node-local log, the service's copy)`` to the copy (whole lines
+        unless ``final``: the process ended); the (node, log) of those copied to their end."""
+        if self.logs != "agent":
+            return []
+        by_node: dict[str, list[tuple[str, str]]] = {}
+        for node, remote, local in logs:
+            if node in self.agents:
+                by_node.setdefault(node, []).append((remote, local))
+        done = []
         for node, items in by_node.items():
-            offsets = [mirror_offset(local, node, remote) for _, remote, local in items]
+            offsets = [mirror_offset(local, node, remote) for remote, local in items]
             try:
                 chunks = self._ray.get(self.agents[node].read_logs.remote(
-                    [(remote, off, final) for (_, remote, _), off in zip(items, offsets, strict=True)]),
+                    [(remote, off, final) for (remote, _), off in zip(items, offsets, strict=True)]),
                     timeout=self.call_timeout_s)
             except Exception as e:
                 log.warning("node %s: cannot read logs (%s)", node, _why(e))
                 continue
-            for (_, remote, local), off, data in zip(items, offsets, chunks, strict=True):
-                if data:
-                    append_to(local, data)
-                    set_mirror_offset(local, node, remote, off + len(data))
+            for (remote, local), off, data in zip(items, offsets, chunks, strict=True):
+                # (a copy the disk refuses is undone: made again from the same byte)
+                if (not data or copy_new(local, node, remote, off, data)) and len(data) < READ_LIMIT:
+                    done.append((node, remote))
+        return done
 
 
 def _why(e: BaseException) -> str:
