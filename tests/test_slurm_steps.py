@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from gpuloom.runtime.exec.executor import NodeUnavailable
 from gpuloom.runtime.exec.identity import lookup
 from gpuloom.runtime.exec.slurm import LIVE, parse_records
 from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
-from service_util import JOB_PY, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
+from service_util import JOB_PY, FullLogDisk, job, job_writable, ledger, start_records, stepper_cmd, submit, wait_for
 from slurm_util import (  # noqa: F401 (*_fixture: fixtures)
     SlurmCluster,
     fresh_steps_prefix,
@@ -152,6 +153,33 @@ def test_steps_preempt_and_resume_in_the_same_allocation_run_each_step_once(
     assert [int(x) for x in (ckpt / "ledger").read_text().split()] == list(range(1, 41))
     text = log.read_text()
     assert text.count("resumed from ") == 1 and text.count("checkpointed at step") == 1 and "result=820" in text
+
+
+def test_outputs_whose_logs_a_full_disk_refuses_are_kept_until_copied_whole(
+        steps: SlurmStepsExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk of the jobs' logs is full (each append half written, then refused) while a step prints and
+    ends and another is stopped and resumed in its allocation: the end and the stop are reported, each
+    step's output is kept; once there is room every log has its lines once, and the outputs go."""
+    disk = FullLogDisk(monkeypatch)
+    logs = {e: tmp_path / f"{e}.log" for e in "ac"}
+    lines = "seq {} {} | sed s/^/line/"
+    steps.launch(spec("a", lines.format(1, 2000) + "; exit 3", logs["a"], (0,), cpus=1, mem=100))
+    c = spec("c", lines.format(1, 1000) + "; exec sleep 60", logs["c"], (1,), cpus=1, mem=100)
+    steps.launch(c)
+    outs = {e: Path(steps.outputs[e]) for e in "ac"}
+    assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 3}
+    wait_until(lambda: outs["c"].read_text().count("line") == 1000, 30, "c's lines")
+    assert steps.stop("c", 5.0) == 143
+    assert all(f.exists() for f in outs.values()) and not any(f.exists() and f.read_bytes() for f in logs.values())
+    # c resumes in its allocation, appending to its output not yet copied; room comes while it runs
+    steps.launch(replace(c, command="sleep 1; " + lines.format(1001, 2000)))
+    assert Path(steps.outputs["c"]) == outs["c"]
+    disk.full = False
+    assert wait_until(lambda: steps.poll(), 30, "c's exit") == {"c": 0}
+    wait_until(lambda: steps.poll() == {} and not any(f.exists() for f in outs.values()), 30, "the outputs to go")
+    for e, f in logs.items():
+        assert [x for x in f.read_text().splitlines() if x.startswith("line")] == \
+            [f"line{i}" for i in range(1, 2001)], e
 
 
 def test_a_restarted_executor_adopts_its_step_and_allocation(steps: SlurmStepsExecutor, slurm: SlurmCluster,

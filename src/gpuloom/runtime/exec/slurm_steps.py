@@ -300,6 +300,7 @@ class SlurmStepsExecutor(SlurmExecutor):
         exit_file = exit_record(os.path.dirname(out), spec.job_id, a.sid, spec.attempt)
         _unlink(exit_file)  # a stopped run's, in the same allocation (launches without an attempt)
         _unlink(self._stop_mark(exit_file))
+        self._copying.pop(out, None)  # (a stopped step's, not yet copied whole: this one appends, copied as it runs)
         if not os.path.exists(out):  # its output was copied whole and removed: this step's starts afresh
             set_mirror_offset(spec.log_path, "slurm", out, 0)
         tag, script = self._write_script(spec, out, _tag(spec.attempt))
@@ -408,6 +409,7 @@ class SlurmStepsExecutor(SlurmExecutor):
         out = {x: self.exits.pop(x) for x in list(self.exits) if x in self.procs}
         for x in out:
             self._end(x)
+        self._copy_rest()  # (outputs the full disk of their logs kept: removed once copied whole)
         return out
 
     def _follow_slurm(self) -> None:
@@ -430,7 +432,7 @@ class SlurmStepsExecutor(SlurmExecutor):
         self.mirror([e for e in self.outputs if e not in self.exits])
 
     def _end(self, eid: str) -> None:
-        """The job's step is over: its allocation is idle from now, its files go."""
+        """The job's step is over: its allocation is idle from now, its files go (its output once copied whole)."""
         st = self.steps.pop(eid, None)
         self._failing.pop(eid, None)
         if st is not None:
@@ -446,9 +448,11 @@ class SlurmStepsExecutor(SlurmExecutor):
                     log.warning("job %s: its step has ended but its srun runs on: its log may lack its last lines",
                                 eid)
                 self._ending.append((st.proc, st.err, st.step, time.monotonic()))
-        remote = self.outputs.get(eid)
+        remote, p = self.outputs.get(eid), self.procs.get(eid)
         self._forget(eid)
-        _unlink(remote)
+        if remote is not None:
+            self._copying[remote] = p.log_path if p is not None else ""
+            self._copy_rest()
         if st is not None and st.exit_file:
             _unlink(self._stop_mark(st.exit_file))
 
