@@ -103,7 +103,7 @@ from .executor import ExecutorError, InventoryChange, ProcInfo
 from .identity import lookup
 from .logmirror import copy_new, mirror_offset
 from .slurm_client import SlurmClient, SlurmError, _Held, log
-from .slurm_files import _unlink, read_output
+from .slurm_files import READ_MOST, _unlink, read_output
 from .slurm_launch import REVOKE_S, SlurmLauncher, run_as, slurm_argv
 from .slurm_parse import (
     ENDED,
@@ -329,8 +329,8 @@ class SlurmExecutor(SlurmLauncher):
         for remote, local in list(self._copying.items()):
             off = mirror_offset(local, "slurm", remote) if local else 0
             data = read_output(remote, off, warned=self._warned) if local else None
-            if data and not copy_new(local, "slurm", remote, off, data):
-                continue
+            if data and (not copy_new(local, "slurm", remote, off, data) or len(data) == READ_MOST):
+                continue  # (refused: the log's disk is full; or more left than one read: the rest at the next poll)
             del self._copying[remote]
             _unlink(remote)
 

@@ -10,7 +10,11 @@ import stat
 log = logging.getLogger("gpuloom.service")
 
 
-def read_output(path: str, offset: int, most: int = 16 << 20, warned: set[str] | None = None) -> bytes | None:
+#: the most bytes of a job's output one read copies into its log (an output with more left is read again)
+READ_MOST = 16 << 20
+
+
+def read_output(path: str, offset: int, most: int = READ_MOST, warned: set[str] | None = None) -> bytes | None:
     """Up to ``most`` bytes from ``offset`` of a job's output file, which its account owns and could replace:
     only a regular file with one name, owned by the owner of its directory, is read (never through a link,
     so a job cannot have the service copy another file into its log); None otherwise.  ``warned``: paths
