@@ -390,12 +390,14 @@ def test_log_copies_a_full_disk_refuses_are_made_later_each_line_once(fake: Fake
         logs = {e: tmp_path / f"{e}.log" for e in "abc"}
         ex.launch(LaunchSpec("a", lines.format(2000) + "; exit 3", "n1", (0,), (0,), 100, str(logs["a"])))
         ex.launch(LaunchSpec("b", lines.format(300_000), "n2", (0,), (0,), 100, str(logs["b"])))
-        ex.launch(LaunchSpec("c", lines.format(1000) + "; exec sleep 60", "n1", (1,), (1,), 100, str(logs["c"])))
+        out = tmp_path / "c.out"  # (its 1,000 lines printed)
+        ex.launch(LaunchSpec("c", lines.format(1000) + f"; touch {out}; exec sleep 60", "n1", (1,), (1,), 100,
+                             str(logs["c"])))
         got: dict[str, int | None] = {}
         wait_for(lambda: got.update(ex.poll()) or len(got) == 2, 60, "a and b to end on the full disk")
         assert got == {"a": 3, "b": 0}
-        time.sleep(0.3)  # (c's 1,000 lines are out)
-        assert ex.stop("c", 10.0) == 143
+        wait_for(out.exists, 60, "c to print its lines")
+        assert ex.stop("c", 30.0) == 143
         assert all(not f.exists() or f.read_bytes() == b"" for f in logs.values())  # (every copy undone)
         disk.full = False
         want = {"a": 2000, "b": 300_000, "c": 1000}

@@ -63,7 +63,7 @@ def test_a_step_runs_in_an_allocation_of_its_account_and_the_next_job_reuses_it(
     assert slurm.scontrol("show", "job", "-d", str(a.pid)).count("GRES=gpu:g1:1(IDX:1),gpu:g3:1(IDX:3)") == 1
     step = parse_records(slurm.scontrol("show", "step", f"{a.pid}.0"))[0]
     assert (step["Name"], step["UserId"]) == (f"{steps.prefix}:a", str(lookup("gpuloom").uid))
-    assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 0}
+    assert wait_until(lambda: steps.poll(), 120, "a's exit") == {"a": 0}
     assert (tmp_path / "a.log").read_text() == "cvd=1,3 cpus=2 mem=300 id=gpuloom step=0\n"
     # the account's next job on the same GPUs is a step in the same allocation
     b = steps.launch(spec("b", CMD + "; exit 3", tmp_path / "b.log", (1, 3), cpus=1, mem=200))
@@ -113,7 +113,7 @@ def test_a_step_that_writes_its_exit_and_runs_on_is_cancelled(slurm: SlurmCluste
 def test_another_accounts_job_never_runs_in_an_accounts_allocation(steps: SlurmStepsExecutor, slurm: SlurmCluster,
                                                                    tmp_path: Path) -> None:
     a = steps.launch(spec("a", "true", tmp_path / "a.log", (0, 1)))
-    assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 0}
+    assert wait_until(lambda: steps.poll(), 120, "a's exit") == {"a": 0}
     y = steps.launch(spec("y", "sleep 1", tmp_path / "y.log", (0,)))
     assert y.pid == a.pid
     # Slurm itself refuses a step of another uid in it
@@ -133,7 +133,7 @@ def test_another_accounts_job_never_runs_in_an_accounts_allocation(steps: SlurmS
     # a job of the account on other GPUs gets an allocation of its own beside the idle one
     c = steps.launch(spec("c", "true", tmp_path / "c.log", (2,)))
     assert c.pid not in (a.pid, b.pid) and b.pid in steps.allocs
-    assert wait_until(lambda: steps.poll(), 30, "c's exit") == {"c": 0}
+    assert wait_until(lambda: steps.poll(), 120, "c's exit") == {"c": 0}
 
 
 def test_steps_preempt_and_resume_in_the_same_allocation_run_each_step_once(
@@ -168,16 +168,16 @@ def test_outputs_whose_logs_a_full_disk_refuses_are_kept_until_copied_whole(
     c = spec("c", lines.format(1, 1000) + "; exec sleep 60", logs["c"], (1,), cpus=1, mem=100)
     steps.launch(c)
     outs = {e: Path(steps.outputs[e]) for e in "ac"}
-    assert wait_until(lambda: steps.poll(), 30, "a's exit") == {"a": 3}
-    wait_until(lambda: outs["c"].read_text().count("line") == 1000, 30, "c's lines")
-    assert steps.stop("c", 5.0) == 143
+    assert wait_until(lambda: steps.poll(), 120, "a's exit") == {"a": 3}
+    wait_until(lambda: outs["c"].read_text().count("line") == 1000, 120, "c's lines")
+    assert steps.stop("c", 30.0) == 143
     assert all(f.exists() for f in outs.values()) and not any(f.exists() and f.read_bytes() for f in logs.values())
     # c resumes in its allocation, appending to its output not yet copied; room comes while it runs
     steps.launch(replace(c, command="sleep 1; " + lines.format(1001, 2000)))
     assert Path(steps.outputs["c"]) == outs["c"]
     disk.full = False
-    assert wait_until(lambda: steps.poll(), 30, "c's exit") == {"c": 0}
-    wait_until(lambda: steps.poll() == {} and not any(f.exists() for f in outs.values()), 30, "the outputs to go")
+    assert wait_until(lambda: steps.poll(), 120, "c's exit") == {"c": 0}
+    wait_until(lambda: steps.poll() == {} and not any(f.exists() for f in outs.values()), 120, "the outputs to go")
     assert logs["a"].read_bytes() == "".join(f"line{i}\n" for i in range(1, 4_000_001)).encode()
     assert [x for x in logs["c"].read_text().splitlines() if x.startswith("line")] == [f"line{i}" for i in range(1, 2001)]
 
