@@ -415,7 +415,9 @@ def test_serve_slurm_places_preempts_and_resumes_each_step_once(serve_slurm: Any
     # the resumed launch is the same Slurm job, released again (Slurm counts the restart)
     first, again = slurm_ids(s, long_id)
     assert first == again
-    rec = slurm.job(first)
+    # (the service takes a clean exit from the job's exit record, before Slurm has torn the job down)
+    rec = wait_until(lambda: (r := slurm.job(first)).get("JobState") not in ("RUNNING", "COMPLETING") and r, 60,
+                     "Slurm's teardown")
     assert (rec["JobName"], rec["Restarts"], rec["JobState"]) == (f"gpuloom-{service_id(s)}:{long_id}", "1",
                                                                    "COMPLETED")
     assert rec["UserId"].startswith("gpuloom(")  # the job's own account, not root
@@ -475,7 +477,9 @@ def test_service_sigkill_then_the_new_service_adopts_its_slurm_job(serve_slurm: 
     assert events_of(s2, jid) == ["submit", "launch", "adopt", "finished"], (s2.state_dir / "serve.out").read_text()
     assert ledger(row["checkpoint_dir"]) == list(range(400))  # ran once, through the restart
     assert len(start_records(log)) == 1 and log.count("GPULOOM_PROGRESS iter=400") == 1  # its log copied once
-    assert (slurm.job(sid)["Restarts"], slurm.job(sid)["JobState"]) == ("0", "COMPLETED")
+    rec = wait_until(lambda: (r := slurm.job(sid)).get("JobState") not in ("RUNNING", "COMPLETING") and r, 60,
+                     "Slurm's teardown")
+    assert (rec["Restarts"], rec["JobState"]) == ("0", "COMPLETED")
 
 
 def test_slurmctld_restart_loses_no_job(serve_slurm: Any, slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -892,7 +896,8 @@ def test_serve_slurm_srun_preempts_and_resumes_each_step_once(serve_slurm: Any, 
     long_id = long["id"]
     first, again = slurm_ids(s, long_id)
     assert first != again
-    rec = slurm.job(again)
+    rec = wait_until(lambda: (r := slurm.job(again)).get("JobState") not in ("RUNNING", "COMPLETING") and r, 60,
+                     "Slurm's teardown")
     assert (rec["JobName"], rec["BatchFlag"], rec["JobState"]) == (f"gpuloom-{service_id(s)}:{long_id}", "0",
                                                                    "COMPLETED")
     assert rec["UserId"].startswith("gpuloom(") and rec["GroupId"].startswith("gpuloom(")
