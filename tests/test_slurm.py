@@ -30,7 +30,7 @@ from gpuloom.runtime.exec.slurm import (
     slurm_argv,
     slurm_node,
 )
-from gpuloom.runtime.exec.slurm_parse import attempt_comment, attempt_mark, stop_marked
+from gpuloom.runtime.exec.slurm_parse import attempt_comment, attempt_mark, owner_uid, stop_marked
 from gpuloom.runtime.exec.slurm_steps import SlurmStepsExecutor
 from gpuloom.runtime.service.config import ServiceConfig
 from gpuloom.runtime.service.service import Service
@@ -112,6 +112,12 @@ def test_attempt_comments_name_the_launch_and_its_stop() -> None:
     assert attempt_mark("mine gpuloom:attempt=2") is None  # (a comment someone else gave the job)
     assert stop_marked("gpuloom:attempt=2:stopped") and not stop_marked("gpuloom:attempt=2")
     assert not stop_marked("x:stopped")
+
+
+def test_owner_uid_reads_scontrol_jobs_and_steps_and_sacct() -> None:
+    assert owner_uid({"UserId": "gpuloom(1001)"}) == 1001 and owner_uid({"UserId": "0"}) == 0  # a job's, a step's
+    assert owner_uid({"UID": "1001", "UserId": "x(7)"}) == 1001 and owner_uid({}) == -1
+    assert owner_uid({"UserId": "nobody(x)"}) == -1
 
 
 def test_a_launch_ended_longer_ago_than_min_job_age_is_found_in_accounting(monkeypatch: pytest.MonkeyPatch) -> None:

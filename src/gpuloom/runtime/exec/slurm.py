@@ -119,6 +119,7 @@ from .slurm_parse import (
     gres_gpus,
     gres_indices,
     node_state_ok,
+    owner_uid,
     parse_records,
     slurm_node,
     stop_marked,
@@ -417,13 +418,11 @@ class SlurmExecutor(SlurmLauncher):
         end another user's.  Raises SlurmError where slurmctld does not answer."""
         if attempt <= 0:
             return None
-        uid = str(lookup(user).uid if user is not None else os.geteuid())
+        uid = lookup(user).uid if user is not None else os.geteuid()
 
         def of_attempt(rec: Mapping[str, str]) -> bool:
             mark = attempt_mark(rec.get("Comment", ""))
-            # (scontrol's UserId is "name(uid)"; sacct's UID the number)
-            owner = rec.get("UID") or rec.get("UserId", "").rpartition("(")[2].rstrip(")")
-            return mark is not None and mark[0] == attempt and owner == uid
+            return mark is not None and mark[0] == attempt and owner_uid(rec) == uid
 
         self.read_jobs()
         ours = [(sid, rec) for sid, rec in self.jobs.items() if self._eid_of(rec) == job_id and of_attempt(rec)]

@@ -125,6 +125,14 @@ def stop_marked(comment: str) -> bool:
     return mark is not None and mark[1]
 
 
+def owner_uid(rec: Mapping[str, str]) -> int:
+    """The uid that owns a Slurm record: sacct's ``UID``, or scontrol's ``UserId`` (``name(uid)`` for a job, the
+    number alone for a step); -1 if it names none."""
+    raw = rec.get("UID") or rec.get("UserId", "")
+    uid = raw.rpartition("(")[2].rstrip(")")
+    return int(uid) if uid.isdigit() else -1
+
+
 def exit_of(code: str) -> int | None:
     """Shell-style exit of a Slurm ``ExitCode=code:signal`` (``128 + signal`` when a signal ended it)."""
     try:

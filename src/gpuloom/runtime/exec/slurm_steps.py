@@ -56,7 +56,7 @@ from .slurm import ENDED_GRACE_S, SlurmExecutor
 from .slurm_client import SlurmError, log
 from .slurm_files import _read_text, _unlink, read_output
 from .slurm_launch import run_as, slurm_argv
-from .slurm_parse import LIVE, REASONS, SlurmNode, _time, gres_indices, parse_records, tres
+from .slurm_parse import LIVE, REASONS, SlurmNode, _time, gres_indices, owner_uid, parse_records, tres
 
 #: how long an allocation stays open with no job in it: the service's round after an exit (a round a
 #: second by default) launches the account's next job, and a preempted job's relaunch comes in the
@@ -138,11 +138,6 @@ def _attempt_of(exit_path: str) -> int:
     """The attempt an exit record's name carries (0: none)."""
     m = _EXIT_ATTEMPT.search(exit_path)
     return int(m.group(1)) if m is not None else 0
-
-
-def _owner(rec: Mapping[str, str]) -> int:
-    """The uid of a job record's ``UserId`` (``name(uid)``; -1 if none)."""
-    return int(re.sub(r"\D", "", rec.get("UserId", "").partition("(")[2]) or -1)
 
 
 def _recorded(data: bytes | None) -> int | None:
@@ -484,7 +479,7 @@ class SlurmStepsExecutor(SlurmExecutor):
                     or rec.get("JobState") == "COMPLETING"):  # (cancelled already: ending)
                 continue
             c, m = tres(rec.get("TRES", ""))
-            self.allocs[sid] = Alloc(sid, _owner(rec), rec.get("NodeList", ""), frozenset(gres_indices(rec.get("GRES", ""))),
+            self.allocs[sid] = Alloc(sid, owner_uid(rec), rec.get("NodeList", ""), frozenset(gres_indices(rec.get("GRES", ""))),
                                      c, m, _time(rec.get("SubmitTime")), {}, time.monotonic())
             for r in self.read_steps().values():  # (what each holds is not known here: all of it)
                 named = self._named(r.get("Name", ""))
@@ -615,13 +610,13 @@ class SlurmStepsExecutor(SlurmExecutor):
 
         def ours(sid: int) -> bool:
             rec = self.jobs.get(sid, {})
-            return rec.get("JobName") == self.alloc_name and _owner(rec) == uid
+            return rec.get("JobName") == self.alloc_name and owner_uid(rec) == uid
 
         d = f"{self.out_dir}/{user or '_server'}"  # (as :meth:`_output` makes it)
         found = None
         for step_id, rec in self.read_steps().items():
             sid = int(step_id.split(".")[0])
-            if self._named(rec.get("Name", "")) == (job_id, attempt) and rec.get("UserId") == str(uid) and ours(sid):
+            if self._named(rec.get("Name", "")) == (job_id, attempt) and owner_uid(rec) == uid and ours(sid):
                 alloc = self.jobs[sid]
                 found = ProcInfo(job_id, alloc.get("NodeList") or node, sid, _time(alloc.get("SubmitTime")), "",
                                  exit_record(d, job_id, sid, attempt))
