@@ -265,17 +265,13 @@ def open_served(url: str, state_dir: str | Path, open_store: Callable[[str], Any
         try:
             store = open_store(url)
             return store, locks.acquire(state_dir, store)
-        except AlreadyServed:
-            if store is not None:
-                store.close()
-            raise
         except Exception as e:
             if store is not None:
                 try:
                     store.close()
                 except Exception:  # (closing a store that could not write: nothing to keep)
                     pass
-            if not _no_room(e, url) or stop():
+            if isinstance(e, AlreadyServed) or not _no_room(e, url) or stop():
                 raise
             if not warned:
                 log.warning("the state disk is full: waiting for room to open the database %s (trying again every "
